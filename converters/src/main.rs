@@ -1,0 +1,349 @@
+//! `pack-dataset`: packs ImageFolder trees into dataset files, and inspects and verifies them.
+//!
+//! A thin layer over the `imagefeed` library: parse flags, call the library, print.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context as _, Result, bail};
+use clap::{Parser, Subcommand};
+use imagefeed::inspect::Inspection;
+use imagefeed::pack::{self, PackFormat, PackObserver, PackOptions, PackSummary, Rejection, StartMode};
+use imagefeed::synthetic::{self, SyntheticSpec};
+use indicatif::{ProgressBar, ProgressStyle};
+
+#[derive(Parser)]
+#[command(name = "pack-dataset", version, about = "Pack, inspect and verify image datasets for imagefeed")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Pack an ImageFolder tree (one sub-folder per class) into a single-file LMDB.
+    #[command(name = "imagefolder2lmdb")]
+    ImageFolder2Lmdb(PackArgs),
+    /// Show what a dataset holds: format, samples, classes, bytes, image sizes, completeness.
+    Inspect {
+        /// A packed dataset file or an ImageFolder directory.
+        dataset: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check every record reads and decodes; with --against, that it equals its source tree.
+    Verify {
+        /// A packed dataset file or an ImageFolder directory.
+        dataset: PathBuf,
+        /// The ImageFolder tree the dataset was packed from.
+        #[arg(long, value_name = "SRC_DIR")]
+        against: Option<PathBuf>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a deterministic synthetic ImageFolder tree (for demos and tests).
+    Synth {
+        /// Output directory.
+        out: PathBuf,
+        /// Number of classes.
+        #[arg(long, default_value_t = 10)]
+        classes: usize,
+        /// Images per class.
+        #[arg(long, default_value_t = 100)]
+        per_class: usize,
+        /// Image size, WIDTHxHEIGHT.
+        #[arg(long, default_value = "64x48", value_parser = parse_size)]
+        size: (u32, u32),
+        /// Seed for the pixel noise.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Add unusual and broken files (grayscale, CMYK, progressive, PNG+alpha, truncated,
+        /// empty, text, decompression bomb).
+        #[arg(long)]
+        edge_cases: bool,
+    },
+}
+
+#[derive(clap::Args)]
+struct PackArgs {
+    /// Root of the ImageFolder tree.
+    src_dir: PathBuf,
+    /// Output file.
+    out: PathBuf,
+    /// Shrink images whose shorter side exceeds this, re-encoding them as JPEG.
+    #[arg(long, value_name = "SHORT_SIDE")]
+    resize: Option<u32>,
+    /// JPEG quality for re-encoded images.
+    #[arg(long, default_value_t = 90, value_parser = clap::value_parser!(u8).range(1..=100))]
+    quality: u8,
+    /// Store decoded RGB pixels instead of the encoded files.
+    #[arg(long)]
+    raw: bool,
+    /// Fail on the first file that is not a usable image, leaving nothing behind.
+    #[arg(long)]
+    strict: bool,
+    /// Finish an interrupted run (OUT.partial) without redoing finished samples.
+    #[arg(long)]
+    resume: bool,
+    /// Replace an existing output (the old one stays until the new one is complete).
+    #[arg(long)]
+    force: bool,
+    /// Worker threads (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Reject images with more pixels than this (decompression bombs).
+    #[arg(long, default_value_t = imagefeed::decode::DEFAULT_MAX_PIXELS)]
+    max_pixels: u64,
+    /// No progress bar.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+fn parse_size(text: &str) -> Result<(u32, u32), String> {
+    let (w, h) = text.split_once('x').ok_or("expected WIDTHxHEIGHT, e.g. 64x48")?;
+    let parse = |v: &str| v.parse::<u32>().map_err(|e| format!("{v:?}: {e}"));
+    Ok((parse(w)?, parse(h)?))
+}
+
+/// Draws the progress bar: files done, rate, ETA.
+struct Progress {
+    bar: ProgressBar,
+}
+
+impl PackObserver for Progress {
+    fn started(&self, total: usize, already_done: usize) {
+        self.bar.set_length(total as u64);
+        self.bar.set_position(already_done as u64);
+        self.bar.reset_eta();
+        if already_done > 0 {
+            self.bar.println(format!("resuming: {already_done} of {total} files already packed"));
+        }
+    }
+
+    fn advanced(&self, done: usize, payload_bytes: u64) {
+        self.bar.set_position(done as u64);
+        self.bar.set_message(human_bytes(payload_bytes));
+    }
+
+    fn rejected(&self, rejection: &Rejection) {
+        self.bar.println(format!("rejected {}: {}", rejection.key, rejection.reason));
+    }
+}
+
+fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KB", "MB", "GB", "TB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1000.0 && unit < UNITS.len() - 1 {
+        value /= 1000.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+fn pack(args: PackArgs, format: PackFormat) -> Result<ExitCode> {
+    let options = PackOptions {
+        resize_short_side: args.resize,
+        quality: args.quality,
+        raw: args.raw,
+        strict: args.strict,
+        mode: StartMode {
+            resume: args.resume,
+            force: args.force,
+        },
+        max_pixels: args.max_pixels,
+        threads: args.threads,
+        ..PackOptions::default()
+    };
+    let bar = if args.quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(0)
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} files, {msg}, {per_sec}, ETA {eta}")
+            .expect("valid template"),
+    );
+    let progress = Progress { bar };
+    let result = pack::pack_image_folder(&args.src_dir, &args.out, format, &options, &progress);
+    progress.bar.finish_and_clear();
+    let summary = result.with_context(|| format!("packing {} into {}", args.src_dir.display(), args.out.display()))?;
+    print_summary(&summary);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_summary(s: &PackSummary) {
+    println!(
+        "packed {} samples ({} classes) into {}: {} of payload, {} file",
+        s.samples,
+        s.classes,
+        s.output.display(),
+        human_bytes(s.payload_bytes),
+        human_bytes(s.file_bytes)
+    );
+    if s.resumed_from > 0 {
+        println!("resumed after {} files done by an earlier run", s.resumed_from);
+    }
+    if s.skipped_non_images > 0 {
+        println!("skipped {} files without an image extension", s.skipped_non_images);
+    }
+    if s.rejected.is_empty() {
+        println!("rejected 0 files");
+    } else {
+        println!("rejected {} files:", s.rejected.len());
+        for r in &s.rejected {
+            println!("  {}: {}", r.key, r.reason);
+        }
+    }
+    println!(
+        "{:.2} s, {:.0} images/s; report: {}",
+        s.seconds,
+        s.images_per_sec,
+        pack::report_path(&s.output).display()
+    );
+}
+
+fn print_inspection(i: &Inspection) {
+    println!("dataset:     {}", i.path.display());
+    println!("format:      {} ({:?} payloads)", i.format, i.payload);
+    println!(
+        "complete:    {}",
+        if i.complete {
+            "yes".to_string()
+        } else {
+            "NO: an interrupted pack; rerun it with --resume".to_string()
+        }
+    );
+    println!("samples:     {}", i.num_samples);
+    if let Some(s) = i.resized_short_side {
+        println!("resized:     shorter side at most {s}");
+    }
+    println!("bytes:       {} payload, {} on disk", human_bytes(i.payload_bytes), human_bytes(i.file_bytes));
+    println!(
+        "image size:  width {}..{} (median {}), height {}..{} (median {})",
+        i.width.min, i.width.max, i.width.median, i.height.min, i.height.max, i.height.median
+    );
+    let common: Vec<String> = i
+        .common_sizes
+        .iter()
+        .map(|s| format!("{}x{} ({})", s.width, s.height, s.count))
+        .collect();
+    println!("most common: {}", common.join(", "));
+    let formats: Vec<String> = i.payload_formats.iter().map(|(f, n)| format!("{f} {n}")).collect();
+    println!("encodings:   {}", formats.join(", "));
+    if let Some(n) = i.rejected_at_pack {
+        println!("rejected when packed: {n}");
+    }
+    println!("classes:     {}", i.classes.len());
+    for (label, c) in i.classes.iter().enumerate() {
+        println!("  {label:>5}  {:<30} {}", c.name, c.count);
+    }
+    if !i.bad_records.is_empty() {
+        println!("unreadable records: {}", i.bad_records.len());
+        for b in &i.bad_records {
+            println!("  {} ({}): {}", b.index, b.key, b.reason);
+        }
+    }
+}
+
+fn run() -> Result<ExitCode> {
+    match Cli::parse().command {
+        Command::ImageFolder2Lmdb(args) => pack(args, PackFormat::Lmdb),
+        Command::Inspect { dataset, json } => {
+            let inspection =
+                imagefeed::inspect::inspect(&dataset).with_context(|| format!("inspecting {}", dataset.display()))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&inspection)?);
+            } else {
+                print_inspection(&inspection);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Verify { dataset, against, json } => {
+            let report = imagefeed::verify::verify(&dataset, against.as_deref())
+                .with_context(|| format!("verifying {}", dataset.display()))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                for p in &report.problems {
+                    match p.index {
+                        Some(i) => println!("MISMATCH record {i} ({}): {}", p.key, p.problem),
+                        None => println!("MISMATCH {}: {}", p.key, p.problem),
+                    }
+                }
+                let against = match &report.against {
+                    Some(src) => format!(
+                        " against {} ({} undecodable source files skipped, as packing rejects them)",
+                        src.display(),
+                        report.source_rejects
+                    ),
+                    None => String::new(),
+                };
+                println!(
+                    "{}: {} records checked{against}: {}",
+                    dataset.display(),
+                    report.checked,
+                    if report.is_ok() {
+                        "OK".to_string()
+                    } else {
+                        format!("{} problems", report.problems.len())
+                    }
+                );
+            }
+            Ok(if report.is_ok() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::Synth {
+            out,
+            classes,
+            per_class,
+            size: (width, height),
+            seed,
+            edge_cases,
+        } => {
+            let spec = SyntheticSpec {
+                classes,
+                per_class,
+                width,
+                height,
+                seed,
+                edge_cases,
+                ..SyntheticSpec::default()
+            };
+            if classes == 0 || per_class == 0 {
+                bail!("--classes and --per-class must be at least 1");
+            }
+            let tree = synthetic::write_image_folder(&out, &spec)?;
+            println!(
+                "wrote {} image files in {} classes under {}",
+                tree.image_files,
+                tree.classes.len(),
+                out.display()
+            );
+            for case in &tree.edge_cases {
+                let verdict = if case.valid { "valid" } else { "broken" };
+                println!("  {} ({verdict}: {})", case.key, case.what);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::from(2)
+        }
+    }
+}

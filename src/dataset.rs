@@ -1,0 +1,175 @@
+//! The sample model shared by every format, and the reader trait the loader depends on.
+//!
+//! A dataset is an ordered list of records `{index, key, label, payload}` plus [`DatasetInfo`]
+//! (class names, payload kind, sample count, completeness). `key` is the sample's path relative to
+//! the ImageFolder root it came from, with `/` separators; `payload` is the encoded image file as
+//! it was on disk, or decoded pixels in the [raw payload](crate::decode::RawImage) layout.
+//!
+//! Reading is split in two so that worker threads never share a handle:
+//! [`Dataset`] is the shared, thread-safe description (`Send + Sync`, cheap to clone behind an
+//! `Arc`), and [`RecordReader`] is a per-worker handle that [`Dataset::open_reader`] creates. A
+//! handle keeps whatever per-thread state its format needs (an LMDB read transaction, a reusable
+//! file buffer) and returns records that borrow from it, so LMDB reads are zero-copy.
+//! [`LazyReader`] opens that handle on first use, which is what a worker thread wants.
+//!
+//! Panic versus error: an index `>= len()` is a bug in the caller and panics; anything the data on
+//! disk can cause (a missing file, a corrupt record, a label out of range) returns `Err` naming the
+//! file and record.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// What a dataset's payloads hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PayloadKind {
+    /// Encoded image files (JPEG, PNG, ...), byte for byte as they were packed.
+    Encoded,
+    /// Decoded 8-bit RGB pixels in the [`RawImage`](crate::decode::RawImage) layout.
+    RawRgb8,
+}
+
+/// Which on-disk format a dataset is stored in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FormatKind {
+    /// A torchvision-style ImageFolder tree, read file by file.
+    Folder,
+    /// A single-file LMDB written by `pack-dataset imagefolder2lmdb`.
+    Lmdb,
+}
+
+impl FormatKind {
+    /// The short name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            FormatKind::Folder => "folder",
+            FormatKind::Lmdb => "lmdb",
+        }
+    }
+}
+
+/// Dataset-level metadata.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DatasetInfo {
+    /// The storage format.
+    pub format: FormatKind,
+    /// Class names; a record's label indexes this list.
+    pub classes: Vec<String>,
+    /// Number of records.
+    pub num_samples: usize,
+    /// What the payloads hold.
+    pub payload: PayloadKind,
+    /// Set when images were shrunk at pack time so that their shorter side is at most this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resized_short_side: Option<u32>,
+}
+
+impl DatasetInfo {
+    /// Returns `Err` naming the record when `label` is not a valid class index.
+    ///
+    /// Labels outside `0..num_classes` are what later becomes CUDA's opaque "device-side assert"
+    /// in a loss function, so every reader checks them on the way out.
+    pub fn check_label(&self, path: &Path, index: usize, key: &str, label: u32) -> Result<()> {
+        if (label as usize) < self.classes.len() {
+            Ok(())
+        } else {
+            Err(Error::CorruptRecord {
+                path: path.to_path_buf(),
+                index,
+                key: key.to_string(),
+                reason: format!(
+                    "label {label} is outside 0..{} (the number of classes)",
+                    self.classes.len()
+                ),
+            })
+        }
+    }
+}
+
+/// One sample, borrowed from the reader that produced it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Record<'a> {
+    /// Position in the dataset, `0..len`.
+    pub index: usize,
+    /// Relative path of the source file, `/`-separated.
+    pub key: &'a str,
+    /// Class index, always `< classes.len()`.
+    pub label: u32,
+    /// Encoded image bytes or a raw payload, per [`DatasetInfo::payload`].
+    pub payload: &'a [u8],
+}
+
+/// A dataset that can be read by many worker threads, each through its own handle.
+pub trait Dataset: Send + Sync {
+    /// Metadata: format, classes, sample count, payload kind.
+    fn info(&self) -> &DatasetInfo;
+
+    /// The path the dataset was opened from (for messages).
+    fn path(&self) -> &Path;
+
+    /// Opens a per-worker handle. Cheap enough to call once per worker thread; the handle is
+    /// `Send`, so it may be created on one thread and used on another.
+    fn open_reader(&self) -> Result<Box<dyn RecordReader>>;
+
+    /// Number of records.
+    fn len(&self) -> usize {
+        self.info().num_samples
+    }
+
+    /// True when the dataset holds no records.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Class names, indexed by label.
+    fn classes(&self) -> &[String] {
+        &self.info().classes
+    }
+}
+
+/// A per-worker read handle.
+pub trait RecordReader: Send {
+    /// Reads record `index`. The returned record borrows from the handle (zero-copy where the
+    /// format allows) until the next call.
+    ///
+    /// # Panics
+    /// When `index >= len()`.
+    fn read(&mut self, index: usize) -> Result<Record<'_>>;
+}
+
+/// A reader that opens its handle on the first read and keeps it: the "lazily opened per-worker
+/// handle" a worker thread holds. Opening errors are returned by that first read (and retried on
+/// the next one).
+pub struct LazyReader {
+    dataset: Arc<dyn Dataset>,
+    handle: Option<Box<dyn RecordReader>>,
+}
+
+impl LazyReader {
+    /// A reader over `dataset` that has not opened anything yet.
+    pub fn new(dataset: Arc<dyn Dataset>) -> Self {
+        LazyReader {
+            dataset,
+            handle: None,
+        }
+    }
+
+    /// True once the handle has been opened.
+    pub fn is_open(&self) -> bool {
+        self.handle.is_some()
+    }
+
+    /// Reads record `index`, opening the handle first if needed.
+    pub fn read(&mut self, index: usize) -> Result<Record<'_>> {
+        let handle = match &mut self.handle {
+            Some(handle) => handle,
+            slot @ None => slot.insert(self.dataset.open_reader()?),
+        };
+        handle.read(index)
+    }
+}

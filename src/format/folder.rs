@@ -1,0 +1,314 @@
+//! Raw ImageFolder trees: `root/<class>/**/<file>`, read one file per sample.
+//!
+//! Classes and order follow torchvision's `ImageFolder` exactly, so labels never change when a
+//! user switches loaders:
+//! - classes are the sub-directories of `root` (symlinks followed), sorted by name
+//!   (code-point order, as Python sorts `str`); a class's label is its position in that list;
+//! - inside a class, files are collected recursively like `sorted(os.walk(class_dir,
+//!   followlinks=True))`: directories in sorted path order, each directory's files sorted by name;
+//! - a file counts when its name ends, case-insensitively, with one of [`IMAGE_EXTENSIONS`];
+//!   other files are skipped (and counted in [`ImageFolder::skipped_files`]);
+//! - a class with no image file, or a root with no class, is an error, as in torchvision.
+//!
+//! Writing is `pack-dataset`'s job; the only "writer" of this format is
+//! [`synthetic`](crate::synthetic), which makes test trees.
+
+use std::collections::HashSet;
+use std::fs;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::dataset::{Dataset, DatasetInfo, FormatKind, PayloadKind, Record, RecordReader};
+use crate::error::{Error, IoContext as _, Result};
+
+/// torchvision's `IMG_EXTENSIONS`, matched case-insensitively at the end of the file name.
+pub const IMAGE_EXTENSIONS: &[&str] = &[
+    ".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp",
+];
+
+/// True when `name` has one of [`IMAGE_EXTENSIONS`] (case-insensitive).
+pub fn has_image_extension(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    IMAGE_EXTENSIONS.iter().any(|ext| lower.ends_with(ext))
+}
+
+/// One sample of a scanned tree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FolderEntry {
+    /// Path relative to the root, `/`-separated (the record key in packed formats).
+    pub key: String,
+    /// Class index.
+    pub label: u32,
+}
+
+/// A scanned ImageFolder tree.
+#[derive(Debug, Clone)]
+pub struct ImageFolder {
+    root: PathBuf,
+    info: DatasetInfo,
+    entries: Arc<[FolderEntry]>,
+    skipped_files: usize,
+}
+
+impl ImageFolder {
+    /// Scans `root`. Fails when it is not a directory, has no class directory, when a class holds
+    /// no image file, or when a name is not valid UTF-8.
+    pub fn open(root: impl AsRef<Path>) -> Result<ImageFolder> {
+        let root = root.as_ref().to_path_buf();
+        let meta = fs::metadata(&root).at(&root)?;
+        if !meta.is_dir() {
+            return Err(Error::not_a_dataset(&root, "not a directory"));
+        }
+        let mut classes = Vec::new();
+        for entry in fs::read_dir(&root).at(&root)? {
+            let entry = entry.at(&root)?;
+            // fs::metadata follows symlinks, like os.scandir's is_dir().
+            if fs::metadata(entry.path()).map(|m| m.is_dir()).unwrap_or(false) {
+                classes.push(utf8_name(&entry.path())?);
+            }
+        }
+        classes.sort();
+        if classes.is_empty() {
+            return Err(Error::BadImageFolder {
+                path: root,
+                reason: "no class directories (expected root/<class>/<image files>)".into(),
+            });
+        }
+        let mut entries = Vec::new();
+        let mut skipped_files = 0;
+        let mut empty = Vec::new();
+        for (label, class) in classes.iter().enumerate() {
+            let before = entries.len();
+            let mut files = Vec::new();
+            walk_sorted(&root, Path::new(class), &mut HashSet::new(), &mut files)?;
+            for key in files {
+                let name = key.rsplit('/').next().unwrap_or(&key);
+                if has_image_extension(name) {
+                    entries.push(FolderEntry {
+                        key,
+                        label: label as u32,
+                    });
+                } else {
+                    skipped_files += 1;
+                }
+            }
+            if entries.len() == before {
+                empty.push(class.clone());
+            }
+        }
+        if !empty.is_empty() {
+            return Err(Error::BadImageFolder {
+                path: root,
+                reason: format!(
+                    "no image file in class folder(s) {} (extensions: {})",
+                    empty.join(", "),
+                    IMAGE_EXTENSIONS.join(" ")
+                ),
+            });
+        }
+        let info = DatasetInfo {
+            format: FormatKind::Folder,
+            num_samples: entries.len(),
+            classes,
+            payload: PayloadKind::Encoded,
+            resized_short_side: None,
+        };
+        Ok(ImageFolder {
+            root,
+            info,
+            entries: entries.into(),
+            skipped_files,
+        })
+    }
+
+    /// The samples, in dataset order.
+    pub fn entries(&self) -> &[FolderEntry] {
+        &self.entries
+    }
+
+    /// Files skipped because their extension is not an image extension.
+    pub fn skipped_files(&self) -> usize {
+        self.skipped_files
+    }
+
+    /// The full path of sample `index`.
+    pub fn file_path(&self, index: usize) -> PathBuf {
+        self.root.join(&self.entries[index].key)
+    }
+}
+
+/// Collects the files under `root/rel` as `/`-joined keys, in `sorted(os.walk(...))` order:
+/// every directory of the subtree sorted by its full path *as a string* (so `a/sub` <
+/// `a/sub b` < `a/sub/deeper`, because ' ' < '/'), and each directory's files sorted by name.
+fn walk_sorted(root: &Path, rel: &Path, visited: &mut HashSet<PathBuf>, out: &mut Vec<String>) -> Result<()> {
+    let mut dirs = Vec::new();
+    collect_dirs(root, rel, visited, &mut dirs)?;
+    dirs.sort();
+    for (prefix, files) in dirs {
+        out.extend(files.into_iter().map(|f| format!("{prefix}/{f}")));
+    }
+    Ok(())
+}
+
+/// Pushes `(relative dir path, sorted file names)` for `rel` and every directory below it.
+fn collect_dirs(
+    root: &Path,
+    rel: &Path,
+    visited: &mut HashSet<PathBuf>,
+    out: &mut Vec<(String, Vec<String>)>,
+) -> Result<()> {
+    let dir = root.join(rel);
+    // Guard against symlink cycles, which os.walk(followlinks=True) would loop on.
+    let canonical = fs::canonicalize(&dir).at(&dir)?;
+    if !visited.insert(canonical) {
+        return Ok(());
+    }
+    let mut files = Vec::new();
+    let mut subdirs = Vec::new();
+    for entry in fs::read_dir(&dir).at(&dir)? {
+        let entry = entry.at(&dir)?;
+        let name = utf8_name(&entry.path())?;
+        match fs::metadata(entry.path()) {
+            Ok(m) if m.is_dir() => subdirs.push(name),
+            // Files, and dangling symlinks (os.walk lists them as files; reading one fails with
+            // its path).
+            _ => files.push(name),
+        }
+    }
+    files.sort();
+    let prefix = rel.to_str().expect("built from UTF-8 names").replace('\\', "/");
+    out.push((prefix, files));
+    for d in subdirs {
+        collect_dirs(root, &rel.join(d), visited, out)?;
+    }
+    Ok(())
+}
+
+fn utf8_name(path: &Path) -> Result<String> {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .map(str::to_owned)
+        .ok_or_else(|| Error::BadImageFolder {
+            path: path.to_path_buf(),
+            reason: "file name is not valid UTF-8".into(),
+        })
+}
+
+impl Dataset for ImageFolder {
+    fn info(&self) -> &DatasetInfo {
+        &self.info
+    }
+
+    fn path(&self) -> &Path {
+        &self.root
+    }
+
+    fn open_reader(&self) -> Result<Box<dyn RecordReader>> {
+        Ok(Box::new(FolderReader {
+            root: self.root.clone(),
+            entries: Arc::clone(&self.entries),
+            buffer: Vec::new(),
+        }))
+    }
+}
+
+/// Per-worker handle: reads whole files into a reused buffer.
+struct FolderReader {
+    root: PathBuf,
+    entries: Arc<[FolderEntry]>,
+    buffer: Vec<u8>,
+}
+
+impl RecordReader for FolderReader {
+    fn read(&mut self, index: usize) -> Result<Record<'_>> {
+        let entry = &self.entries[index];
+        let path = self.root.join(&entry.key);
+        self.buffer.clear();
+        fs::File::open(&path)
+            .and_then(|mut f| f.read_to_end(&mut self.buffer))
+            .at(&path)?;
+        Ok(Record {
+            index,
+            key: &entry.key,
+            label: entry.label,
+            payload: &self.buffer,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn touch(root: &Path, rel: &str) {
+        let path = root.join(rel);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, rel.as_bytes()).unwrap();
+    }
+
+    #[test]
+    fn order_and_labels_follow_torchvision() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        // Classes sort by code point: "B" < "a" < "b"; extensions are case-insensitive;
+        // nested files come after the directory's own files, sub-directories in path order.
+        for rel in [
+            "b/2.JPG", "b/10.jpeg", "b/notes.txt", "a/z.png", "a/sub/a.webp", "a/sub b/c.bmp",
+            "a/sub/deeper/d.tif", "a/a.jpg", "B/x.PPM",
+        ] {
+            touch(root, rel);
+        }
+        let folder = ImageFolder::open(root).unwrap();
+        assert_eq!(folder.classes(), ["B", "a", "b"]);
+        let got: Vec<(&str, u32)> = folder.entries().iter().map(|e| (e.key.as_str(), e.label)).collect();
+        // sorted(os.walk): "a" < "a/sub" < "a/sub b" < "a/sub/deeper" as full path strings.
+        assert_eq!(
+            got,
+            [
+                ("B/x.PPM", 0),
+                ("a/a.jpg", 1),
+                ("a/z.png", 1),
+                ("a/sub/a.webp", 1),
+                ("a/sub b/c.bmp", 1),
+                ("a/sub/deeper/d.tif", 1),
+                ("b/10.jpeg", 2),
+                ("b/2.JPG", 2),
+            ]
+        );
+        assert_eq!(folder.skipped_files(), 1);
+        assert_eq!(folder.len(), 8);
+    }
+
+    #[test]
+    fn reader_returns_file_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        touch(dir.path(), "cat/1.jpg");
+        touch(dir.path(), "dog/2.jpg");
+        let folder = ImageFolder::open(dir.path()).unwrap();
+        let mut reader = folder.open_reader().unwrap();
+        let record = reader.read(1).unwrap();
+        assert_eq!((record.key, record.label, record.payload), ("dog/2.jpg", 1, &b"dog/2.jpg"[..]));
+    }
+
+    #[test]
+    fn empty_class_and_empty_root_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = ImageFolder::open(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("no class directories"), "{err}");
+        touch(dir.path(), "cat/1.jpg");
+        touch(dir.path(), "dog/readme.txt");
+        let err = ImageFolder::open(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("no image file in class folder(s) dog"), "{err}");
+    }
+
+    #[test]
+    fn missing_file_error_names_it() {
+        let dir = tempfile::tempdir().unwrap();
+        touch(dir.path(), "cat/1.jpg");
+        let folder = ImageFolder::open(dir.path()).unwrap();
+        fs::remove_file(dir.path().join("cat/1.jpg")).unwrap();
+        let err = folder.open_reader().unwrap().read(0).unwrap_err();
+        assert!(err.to_string().contains("cat/1.jpg"), "{err}");
+    }
+}

@@ -1,0 +1,550 @@
+//! Single-file LMDB datasets: the writer `pack-dataset imagefolder2lmdb` uses, and the reader.
+//!
+//! # Layout (version 1)
+//!
+//! One LMDB data file, opened with `MDB_NOSUBDIR` (as Python's `lmdb.open(path, subdir=False)`),
+//! holding two named databases:
+//!
+//! - `meta`, UTF-8 keys, JSON values:
+//!   - `info`: `{"magic": "imagefeed-lmdb", "version": 1, "complete": bool, "format": "lmdb",
+//!     "classes": [names...], "num_samples": N, "payload": "encoded" | "raw-rgb8",
+//!     "resized_short_side": S (only when resized at pack time)}`
+//!   - `pack-plan`: what the pack was asked to do (source fingerprint, options); `--resume`
+//!     refuses to continue a partial file made from another source or with other options.
+//!   - `pack-progress`: `{"sources_done", "samples_written", "payload_bytes", "rejected":
+//!     [{"key", "reason"}]}`, updated in the same transaction as each chunk of samples.
+//! - `samples`: key = the sample index as a `u64` big-endian (8 bytes, so keys sort in index
+//!   order); value =
+//!
+//!   ```text
+//!   offset 0      u32 LE   label (0 ≤ label < number of classes)
+//!   offset 4      u32 LE   K, the key's length in bytes
+//!   offset 8      K bytes  key: the path relative to the ImageFolder root, UTF-8, '/'-separated
+//!   offset 8 + K  ...      payload to the end of the value: the original file's bytes, or a raw
+//!                          payload (`"RGB8" | u32 LE width | u32 LE height | RGB pixels`)
+//!   ```
+//!
+//! Python reads sample `i` with
+//! `env = lmdb.open(p, subdir=False, readonly=True, lock=False, max_dbs=2)`,
+//! `v = env.begin(db=env.open_db(b"samples")).get(i.to_bytes(8, "big"))`, then
+//! `label, k = struct.unpack_from("<II", v)` and `payload = v[8 + k:]`.
+//!
+//! # Crash safety
+//!
+//! The writer builds `OUT.partial` and renames it to `OUT` only after the final transaction has
+//! marked `complete: true` and been synced. Every chunk of samples is committed together with the
+//! progress record, so a killed run loses at most the chunk in flight and `--resume` continues
+//! from the last commit. A reader refuses a file whose `info` says `complete: false`.
+//!
+//! # Sharing
+//!
+//! heed allows one open environment per file per process. [`Lmdb::open`] therefore shares one
+//! environment between every `Lmdb` value of the same file, and each [`RecordReader`] holds its
+//! own read transaction (created without thread-local storage, so it can move to a worker).
+//! Reads return slices into the memory map: zero-copy.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::Read as _;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use heed::types::{Bytes, Str};
+use heed::{Database, Env, EnvFlags, EnvOpenOptions, RoTxn, WithoutTls};
+use serde::{Deserialize, Serialize};
+
+use crate::dataset::{Dataset, DatasetInfo, FormatKind, Record, RecordReader};
+use crate::error::{Error, IoContext as _, Result};
+use crate::pack::{self, PackPlan, PackProgress, PackSink, PackedRecord, StartMode};
+
+/// The `magic` value in `meta/info`.
+pub const MAGIC: &str = "imagefeed-lmdb";
+/// The layout version this build writes and the newest it reads.
+pub const VERSION: u32 = 1;
+/// Default LMDB map size for writing: address space only; the file grows as data is written.
+pub const DEFAULT_MAP_SIZE: usize = 1 << 40;
+
+const META_DB: &str = "meta";
+const SAMPLES_DB: &str = "samples";
+const INFO_KEY: &str = "info";
+const PLAN_KEY: &str = "pack-plan";
+const PROGRESS_KEY: &str = "pack-progress";
+/// liblmdb's magic number, at byte 16 of the first meta page.
+const LMDB_FILE_MAGIC: u32 = 0xBEEF_C0DE;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct InfoRecord {
+    magic: String,
+    version: u32,
+    complete: bool,
+    #[serde(flatten)]
+    info: DatasetInfo,
+}
+
+/// Encodes a sample's key in the `samples` database.
+fn sample_key(index: usize) -> [u8; 8] {
+    (index as u64).to_be_bytes()
+}
+
+/// Appends a sample value (`label | key length | key | payload`) to `out`.
+fn encode_value(out: &mut Vec<u8>, label: u32, key: &str, payload: &[u8]) {
+    out.clear();
+    out.reserve(8 + key.len() + payload.len());
+    out.extend_from_slice(&label.to_le_bytes());
+    out.extend_from_slice(&(key.len() as u32).to_le_bytes());
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(payload);
+}
+
+/// Splits a sample value into label, key and payload.
+fn decode_value(value: &[u8]) -> std::result::Result<(u32, &str, &[u8]), String> {
+    if value.len() < 8 {
+        return Err(format!("value is {} bytes, shorter than its 8-byte header", value.len()));
+    }
+    let label = u32::from_le_bytes(value[0..4].try_into().expect("4 bytes"));
+    let key_len = u32::from_le_bytes(value[4..8].try_into().expect("4 bytes")) as usize;
+    let rest = &value[8..];
+    if key_len > rest.len() {
+        return Err(format!("key length {key_len} runs past the {}-byte value", value.len()));
+    }
+    let key = std::str::from_utf8(&rest[..key_len]).map_err(|_| "key is not valid UTF-8".to_string())?;
+    Ok((label, key, &rest[key_len..]))
+}
+
+fn corrupt(path: &Path, index: usize, key: &str, reason: impl Into<String>) -> Error {
+    Error::CorruptRecord {
+        path: path.to_path_buf(),
+        index,
+        key: key.to_string(),
+        reason: reason.into(),
+    }
+}
+
+fn to_json<T: Serialize>(value: &T) -> String {
+    serde_json::to_string(value).expect("metadata serializes")
+}
+
+fn from_json<T: for<'de> Deserialize<'de>>(path: &Path, what: &str, text: &str) -> Result<T> {
+    serde_json::from_str(text).map_err(|e| Error::not_a_dataset(path, format!("malformed meta/{what}: {e}")))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writer
+// ---------------------------------------------------------------------------------------------
+
+/// Writes a dataset into `OUT.partial`, chunk by chunk, and renames it to `OUT` when finished.
+pub struct LmdbWriter {
+    env: Env,
+    meta: Database<Str, Str>,
+    samples: Database<Bytes, Bytes>,
+    partial: PathBuf,
+    out: PathBuf,
+    value: Vec<u8>,
+}
+
+impl LmdbWriter {
+    /// Starts (or, with `mode.resume`, continues) writing `out` for `plan`. Returns the writer and
+    /// the progress already committed (empty for a fresh start).
+    ///
+    /// Refuses to touch an existing `out` unless `mode.force`; refuses an existing partial file
+    /// unless resuming (then its plan must equal `plan`) or forcing (then it is discarded).
+    pub fn start(out: &Path, plan: &PackPlan, mode: StartMode, map_size: usize) -> Result<(Self, PackProgress)> {
+        let partial = pack::prepare_output(out, mode)?;
+        let fresh = !partial.exists();
+        let env = open_write_env(&partial, map_size)?;
+        let mut wtxn = env.write_txn().map_err(|e| Error::lmdb(&partial, e))?;
+        let meta: Database<Str, Str> = env
+            .create_database(&mut wtxn, Some(META_DB))
+            .map_err(|e| Error::lmdb(&partial, e))?;
+        let samples: Database<Bytes, Bytes> = env
+            .create_database(&mut wtxn, Some(SAMPLES_DB))
+            .map_err(|e| Error::lmdb(&partial, e))?;
+        let progress = if fresh {
+            let info = InfoRecord {
+                magic: MAGIC.into(),
+                version: VERSION,
+                complete: false,
+                info: plan.dataset_info(FormatKind::Lmdb, 0),
+            };
+            let progress = PackProgress::default();
+            for (key, value) in [(INFO_KEY, to_json(&info)), (PLAN_KEY, to_json(plan)), (PROGRESS_KEY, to_json(&progress))] {
+                meta.put(&mut wtxn, key, &value).map_err(|e| Error::lmdb(&partial, e))?;
+            }
+            progress
+        } else {
+            let get = |k: &str| -> Result<String> {
+                meta.get(&wtxn, k)
+                    .map_err(|e| Error::lmdb(&partial, e))?
+                    .map(str::to_owned)
+                    .ok_or_else(|| Error::ResumeMismatch {
+                        path: partial.clone(),
+                        reason: format!("meta/{k} is missing: not a partial imagefeed LMDB"),
+                    })
+            };
+            let old_plan: PackPlan = from_json(&partial, PLAN_KEY, &get(PLAN_KEY)?)?;
+            old_plan.check_resumable(plan, &partial)?;
+            let progress: PackProgress = from_json(&partial, PROGRESS_KEY, &get(PROGRESS_KEY)?)?;
+            let written = samples.len(&wtxn).map_err(|e| Error::lmdb(&partial, e))?;
+            if written != progress.samples_written as u64 {
+                return Err(Error::ResumeMismatch {
+                    path: partial,
+                    reason: format!(
+                        "{written} samples stored but the progress record says {}",
+                        progress.samples_written
+                    ),
+                });
+            }
+            progress
+        };
+        wtxn.commit().map_err(|e| Error::lmdb(&partial, e))?;
+        let writer = LmdbWriter {
+            env,
+            meta,
+            samples,
+            partial,
+            out: out.to_path_buf(),
+            value: Vec::new(),
+        };
+        Ok((writer, progress))
+    }
+}
+
+fn open_write_env(path: &Path, map_size: usize) -> Result<Env> {
+    let mut options = EnvOpenOptions::new();
+    options.map_size(map_size).max_dbs(2);
+    // SAFETY: NO_SUB_DIR only changes where LMDB puts its files (PATH and PATH-lock).
+    unsafe { options.flags(EnvFlags::NO_SUB_DIR) };
+    // SAFETY: the partial file is private to this writer until it is renamed; nothing else in
+    // this process maps it, and other processes would go through LMDB's lock file.
+    unsafe { options.open(path) }.map_err(|e| Error::lmdb(path, e))
+}
+
+impl PackSink for LmdbWriter {
+    fn write_chunk(&mut self, records: &[PackedRecord<'_>], progress: &PackProgress) -> Result<()> {
+        let first = progress.samples_written - records.len();
+        let mut wtxn = self.env.write_txn().map_err(|e| Error::lmdb(&self.partial, e))?;
+        for (offset, record) in records.iter().enumerate() {
+            encode_value(&mut self.value, record.label, record.key, record.payload);
+            self.samples
+                .put(&mut wtxn, &sample_key(first + offset), &self.value)
+                .map_err(|e| Error::lmdb(&self.partial, e))?;
+        }
+        self.meta
+            .put(&mut wtxn, PROGRESS_KEY, &to_json(progress))
+            .map_err(|e| Error::lmdb(&self.partial, e))?;
+        wtxn.commit().map_err(|e| Error::lmdb(&self.partial, e))
+    }
+
+    fn finish(self: Box<Self>, info: &DatasetInfo, progress: &PackProgress) -> Result<()> {
+        let record = InfoRecord {
+            magic: MAGIC.into(),
+            version: VERSION,
+            complete: true,
+            info: info.clone(),
+        };
+        let mut wtxn = self.env.write_txn().map_err(|e| Error::lmdb(&self.partial, e))?;
+        self.meta
+            .put(&mut wtxn, INFO_KEY, &to_json(&record))
+            .and_then(|()| self.meta.put(&mut wtxn, PROGRESS_KEY, &to_json(progress)))
+            .map_err(|e| Error::lmdb(&self.partial, e))?;
+        wtxn.commit().map_err(|e| Error::lmdb(&self.partial, e))?;
+        self.env.force_sync().map_err(|e| Error::lmdb(&self.partial, e))?;
+        let LmdbWriter { env, partial, out, .. } = *self;
+        env.prepare_for_closing().wait();
+        remove_lock_file(&partial);
+        pack::publish(&partial, &out)
+    }
+
+    fn abandon(self: Box<Self>) {
+        let LmdbWriter { env, partial, .. } = *self;
+        env.prepare_for_closing().wait();
+        remove_lock_file(&partial);
+        let _ = fs::remove_file(&partial);
+    }
+}
+
+fn lock_file(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push("-lock");
+    PathBuf::from(name)
+}
+
+fn remove_lock_file(path: &Path) {
+    let _ = fs::remove_file(lock_file(path));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reader
+// ---------------------------------------------------------------------------------------------
+
+type ReadEnv = Env<WithoutTls>;
+
+/// Environments open in this process, by canonical path, with the file's identity so that a
+/// file replaced on disk is not served from a stale map.
+static OPEN_ENVS: Mutex<Option<HashMap<PathBuf, (u64, u64, Weak<ReadEnv>)>>> = Mutex::new(None);
+
+/// A packed LMDB dataset opened for reading.
+pub struct Lmdb {
+    path: PathBuf,
+    env: Arc<ReadEnv>,
+    samples: Database<Bytes, Bytes>,
+    info: DatasetInfo,
+    complete: bool,
+    progress: Option<PackProgress>,
+}
+
+impl std::fmt::Debug for Lmdb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lmdb")
+            .field("path", &self.path)
+            .field("info", &self.info)
+            .field("complete", &self.complete)
+            .finish()
+    }
+}
+
+impl Lmdb {
+    /// Opens a complete dataset. An interrupted pack (`complete: false`, or only `PATH.partial`
+    /// on disk) is an [`Error::Incomplete`] that says how to finish it.
+    pub fn open(path: impl AsRef<Path>) -> Result<Lmdb> {
+        let path = path.as_ref();
+        let lmdb = Self::open_incomplete(path)?;
+        if !lmdb.complete {
+            return Err(Error::Incomplete {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "the pack that wrote it did not finish ({} samples so far); rerun it with --resume",
+                    lmdb.info.num_samples
+                ),
+            });
+        }
+        Ok(lmdb)
+    }
+
+    /// Opens a dataset whether or not it is complete (for `inspect`). For an incomplete one,
+    /// `len()` is the number of samples committed so far.
+    pub fn open_incomplete(path: impl AsRef<Path>) -> Result<Lmdb> {
+        let path = path.as_ref();
+        check_lmdb_file(path)?;
+        let env = shared_read_env(path)?;
+        let rtxn = env.read_txn().map_err(|e| Error::lmdb(path, e))?;
+        let meta: Database<Str, Str> = env
+            .open_database(&rtxn, Some(META_DB))
+            .map_err(|e| Error::lmdb(path, e))?
+            .ok_or_else(|| Error::not_a_dataset(path, "LMDB file without imagefeed's meta database"))?;
+        let get = |key: &str| meta.get(&rtxn, key).map_err(|e| Error::lmdb(path, e));
+        let info_text = get(INFO_KEY)?.ok_or_else(|| Error::not_a_dataset(path, "meta/info is missing"))?;
+        let record: InfoRecord = from_json(path, INFO_KEY, info_text)?;
+        if record.magic != MAGIC {
+            return Err(Error::not_a_dataset(path, format!("meta/info magic is {:?}", record.magic)));
+        }
+        if record.version > VERSION {
+            return Err(Error::not_a_dataset(
+                path,
+                format!(
+                    "layout version {} is newer than this build reads ({VERSION}); upgrade imagefeed",
+                    record.version
+                ),
+            ));
+        }
+        let progress = match get(PROGRESS_KEY)? {
+            Some(text) => Some(from_json::<PackProgress>(path, PROGRESS_KEY, text)?),
+            None => None,
+        };
+        let samples: Database<Bytes, Bytes> = env
+            .open_database(&rtxn, Some(SAMPLES_DB))
+            .map_err(|e| Error::lmdb(path, e))?
+            .ok_or_else(|| Error::not_a_dataset(path, "the samples database is missing"))?;
+        let stored = samples.len(&rtxn).map_err(|e| Error::lmdb(path, e))? as usize;
+        let mut info = record.info;
+        if record.complete && stored != info.num_samples {
+            return Err(Error::not_a_dataset(
+                path,
+                format!("meta/info says {} samples but {stored} are stored", info.num_samples),
+            ));
+        }
+        info.num_samples = stored;
+        info.format = FormatKind::Lmdb;
+        // Database handles opened in a read transaction become usable by others after commit.
+        rtxn.commit().map_err(|e| Error::lmdb(path, e))?;
+        Ok(Lmdb {
+            path: path.to_path_buf(),
+            env,
+            samples,
+            info,
+            complete: record.complete,
+            progress,
+        })
+    }
+
+    /// True when the pack that wrote this file finished.
+    pub fn is_complete(&self) -> bool {
+        self.complete
+    }
+
+    /// The pack's progress record: files consumed and files rejected (with reasons).
+    pub fn pack_progress(&self) -> Option<&PackProgress> {
+        self.progress.as_ref()
+    }
+}
+
+/// Refuses what is clearly not an LMDB data file, with a message better than `MDB_INVALID`.
+fn check_lmdb_file(path: &Path) -> Result<()> {
+    let meta = match fs::metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let partial = pack::partial_path(path);
+            if partial.exists() {
+                return Err(Error::Incomplete {
+                    path: path.to_path_buf(),
+                    reason: format!(
+                        "only {} exists: the pack was interrupted; rerun it with --resume",
+                        partial.display()
+                    ),
+                });
+            }
+            return Err(Error::io(path, e));
+        }
+        Err(e) => return Err(Error::io(path, e)),
+    };
+    if meta.is_dir() {
+        return Err(Error::not_a_dataset(path, "a directory, not a single-file LMDB"));
+    }
+    let mut head = [0u8; 20];
+    let n = fs::File::open(path).and_then(|mut f| f.read(&mut head)).at(path)?;
+    if n < head.len() || u32::from_le_bytes(head[16..20].try_into().expect("4 bytes")) != LMDB_FILE_MAGIC {
+        return Err(Error::not_a_dataset(path, "not an LMDB file (bad magic number)"));
+    }
+    Ok(())
+}
+
+fn shared_read_env(path: &Path) -> Result<Arc<ReadEnv>> {
+    let canonical = fs::canonicalize(path).at(path)?;
+    let meta = fs::metadata(&canonical).at(path)?;
+    let identity = (meta.dev(), meta.ino());
+    let mut guard = OPEN_ENVS.lock().unwrap_or_else(|e| e.into_inner());
+    let envs = guard.get_or_insert_with(HashMap::new);
+    if let Some((dev, ino, weak)) = envs.get(&canonical)
+        && (*dev, *ino) == identity
+        && let Some(env) = weak.upgrade()
+    {
+        return Ok(env);
+    }
+    let mut options = EnvOpenOptions::new().read_txn_without_tls();
+    options.max_dbs(2);
+    // SAFETY: these flags make the environment read-only and lock-free, which is sound because
+    // imagefeed never modifies a published (renamed, complete) file.
+    unsafe {
+        options.flags(EnvFlags::READ_ONLY | EnvFlags::NO_SUB_DIR | EnvFlags::NO_LOCK | EnvFlags::NO_READ_AHEAD)
+    };
+    // The last user of an earlier environment may still be closing it on another thread; heed
+    // answers EnvAlreadyOpened until it has. Wait a little for that rather than fail.
+    let mut attempts = 0;
+    let env = loop {
+        // SAFETY: the file is opened read-only and not modified while mapped (see above); the
+        // registry ensures one environment per file in this process.
+        match unsafe { options.open(&canonical) } {
+            Ok(env) => break env,
+            Err(heed::Error::EnvAlreadyOpened) if attempts < 200 => {
+                attempts += 1;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(heed::Error::EnvAlreadyOpened) => {
+                return Err(Error::not_a_dataset(
+                    path,
+                    "the file was replaced on disk while an earlier handle to it is still open",
+                ));
+            }
+            Err(e) => return Err(Error::lmdb(path, e)),
+        }
+    };
+    let env = Arc::new(env);
+    envs.insert(canonical, (identity.0, identity.1, Arc::downgrade(&env)));
+    Ok(env)
+}
+
+impl Dataset for Lmdb {
+    fn info(&self) -> &DatasetInfo {
+        &self.info
+    }
+
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn open_reader(&self) -> Result<Box<dyn RecordReader>> {
+        let txn = ReadEnv::clone(&self.env)
+            .static_read_txn()
+            .map_err(|e| Error::lmdb(&self.path, e))?;
+        Ok(Box::new(LmdbReader {
+            txn,
+            _env: Arc::clone(&self.env),
+            samples: self.samples,
+            path: self.path.clone(),
+            info: self.info.clone(),
+        }))
+    }
+}
+
+/// Per-worker handle: one long-lived read transaction over the shared map.
+struct LmdbReader {
+    // Field order matters: the transaction must go before the last `Arc` to its environment.
+    txn: RoTxn<'static, WithoutTls>,
+    _env: Arc<ReadEnv>,
+    samples: Database<Bytes, Bytes>,
+    path: PathBuf,
+    info: DatasetInfo,
+}
+
+impl RecordReader for LmdbReader {
+    fn read(&mut self, index: usize) -> Result<Record<'_>> {
+        assert!(
+            index < self.info.num_samples,
+            "index {index} out of range for {} samples",
+            self.info.num_samples
+        );
+        let value = self
+            .samples
+            .get(&self.txn, &sample_key(index))
+            .map_err(|e| Error::lmdb(&self.path, e))?
+            .ok_or_else(|| corrupt(&self.path, index, "?", "record is missing"))?;
+        let (label, key, payload) = decode_value(value).map_err(|reason| corrupt(&self.path, index, "?", reason))?;
+        self.info.check_label(&self.path, index, key, label)?;
+        Ok(Record {
+            index,
+            key,
+            label,
+            payload,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn value_layout_round_trips() {
+        let mut buf = Vec::new();
+        encode_value(&mut buf, 7, "cat/ü.jpg", b"\xff\xd8payload");
+        assert_eq!(&buf[..8], &[7, 0, 0, 0, 10, 0, 0, 0]);
+        assert_eq!(decode_value(&buf).unwrap(), (7, "cat/ü.jpg", &b"\xff\xd8payload"[..]));
+    }
+
+    #[test]
+    fn malformed_values_are_explained() {
+        assert!(decode_value(&[1, 2, 3]).unwrap_err().contains("shorter than its 8-byte header"));
+        let mut buf = Vec::new();
+        encode_value(&mut buf, 0, "abc", b"");
+        buf[4] = 200;
+        assert!(decode_value(&buf).unwrap_err().contains("key length 200 runs past"));
+    }
+
+    #[test]
+    fn sample_keys_sort_in_index_order() {
+        let keys: Vec<[u8; 8]> = [0, 1, 255, 256, 70_000].into_iter().map(sample_key).collect();
+        assert!(keys.windows(2).all(|w| w[0] < w[1]));
+    }
+}

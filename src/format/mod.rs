@@ -1,0 +1,31 @@
+//! On-disk formats, one module each, reader and writer side by side, all behind the
+//! [`Dataset`](crate::dataset::Dataset) trait.
+//!
+//! - [`folder`]: raw ImageFolder trees (torchvision's layout and order).
+//! - [`lmdb`]: single-file LMDB written by `pack-dataset imagefolder2lmdb`.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::dataset::Dataset;
+use crate::error::{Error, Result};
+
+pub mod folder;
+pub mod lmdb;
+
+/// Opens any dataset this library reads, choosing the format from what is on disk: a directory
+/// is an ImageFolder tree, a file is a packed dataset (identified by its magic bytes).
+pub fn open(path: impl AsRef<Path>) -> Result<Arc<dyn Dataset>> {
+    let path = path.as_ref();
+    if path.is_dir() {
+        return Ok(Arc::new(folder::ImageFolder::open(path)?));
+    }
+    match lmdb::Lmdb::open(path) {
+        Ok(lmdb) => Ok(Arc::new(lmdb)),
+        Err(Error::NotADataset { reason, .. }) if reason.contains("bad magic") => Err(Error::not_a_dataset(
+            path,
+            "neither an ImageFolder directory nor a dataset file this build reads (LMDB)",
+        )),
+        Err(e) => Err(e),
+    }
+}

@@ -1,0 +1,242 @@
+//! What a dataset holds: `pack-dataset inspect`.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+use serde::Serialize;
+
+use crate::dataset::{Dataset, PayloadKind, Record};
+use crate::decode::Decoder;
+use crate::error::{Error, Result};
+use crate::format::{self, lmdb::Lmdb};
+use crate::pack;
+
+/// Samples of one class.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ClassCount {
+    /// Class name.
+    pub name: String,
+    /// Number of samples with this label.
+    pub count: usize,
+}
+
+/// Minimum, median and maximum of one dimension.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Spread {
+    /// Smallest value.
+    pub min: u32,
+    /// Median (lower middle for an even count).
+    pub median: u32,
+    /// Largest value.
+    pub max: u32,
+}
+
+impl Spread {
+    fn of(mut values: Vec<u32>) -> Spread {
+        if values.is_empty() {
+            return Spread::default();
+        }
+        values.sort_unstable();
+        Spread {
+            min: values[0],
+            median: values[(values.len() - 1) / 2],
+            max: values[values.len() - 1],
+        }
+    }
+}
+
+/// A frequent image size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct SizeCount {
+    /// Width in pixels.
+    pub width: u32,
+    /// Height in pixels.
+    pub height: u32,
+    /// Samples of this size.
+    pub count: usize,
+}
+
+/// A record that could not be read or whose header could not be parsed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BadRecord {
+    /// Record index.
+    pub index: usize,
+    /// Record key, or `?` if unreadable.
+    pub key: String,
+    /// What went wrong.
+    pub reason: String,
+}
+
+/// The result of [`inspect`].
+#[derive(Debug, Clone, Serialize)]
+pub struct Inspection {
+    /// Path inspected.
+    pub path: PathBuf,
+    /// Format name.
+    pub format: String,
+    /// False for an interrupted pack.
+    pub complete: bool,
+    /// Number of samples (committed so far, for an incomplete pack).
+    pub num_samples: usize,
+    /// Payload kind.
+    pub payload: PayloadKind,
+    /// Pack-time resize, if any.
+    pub resized_short_side: Option<u32>,
+    /// Samples per class, in label order.
+    pub classes: Vec<ClassCount>,
+    /// Sum of payload sizes.
+    pub payload_bytes: u64,
+    /// Size on disk (the file, or all sample files of a folder).
+    pub file_bytes: u64,
+    /// Spread of widths.
+    pub width: Spread,
+    /// Spread of heights.
+    pub height: Spread,
+    /// The most common sizes (up to 5).
+    pub common_sizes: Vec<SizeCount>,
+    /// Samples per payload format (jpeg, png, raw-rgb8, ...).
+    pub payload_formats: BTreeMap<String, usize>,
+    /// Records that could not be read or parsed.
+    pub bad_records: Vec<BadRecord>,
+    /// Files rejected when the dataset was packed (packed formats only).
+    pub rejected_at_pack: Option<usize>,
+}
+
+/// Runs `f` on every record of `dataset` in parallel, each rayon thread with its own reader and
+/// decoder, and returns the results in index order. A reader that cannot be opened turns into an
+/// `Err` for each record that thread would have read.
+pub(crate) fn map_records<T, F>(dataset: &dyn Dataset, f: F) -> Vec<T>
+where
+    T: Send,
+    F: Fn(&mut Decoder, std::result::Result<Record<'_>, String>) -> T + Sync,
+{
+    (0..dataset.len())
+        .into_par_iter()
+        .map_init(
+            || (dataset.open_reader().map_err(|e| e.to_string()), Decoder::new()),
+            |(reader, decoder), index| match reader {
+                Ok(reader) => f(decoder, reader.read(index).map_err(|e| e.to_string())),
+                Err(e) => f(decoder, Err(format!("cannot open a reader: {e}"))),
+            },
+        )
+        .collect()
+}
+
+/// Inspects the dataset at `path`: complete or not, classes with counts, bytes, image sizes.
+/// An interrupted pack is reported as incomplete rather than refused.
+pub fn inspect(path: impl AsRef<Path>) -> Result<Inspection> {
+    let path = path.as_ref();
+    let (dataset, complete, rejected_at_pack): (Box<dyn Dataset>, bool, Option<usize>) = if path.is_dir() {
+        let folder = format::folder::ImageFolder::open(path)?;
+        (Box::new(folder), true, None)
+    } else {
+        let target = if !path.exists() && pack::partial_path(path).exists() {
+            pack::partial_path(path)
+        } else {
+            path.to_path_buf()
+        };
+        let lmdb = match Lmdb::open_incomplete(&target) {
+            Err(Error::NotADataset { reason, .. }) if reason.contains("bad magic") => {
+                return Err(format::open(path).err().unwrap_or_else(|| Error::not_a_dataset(path, reason)));
+            }
+            other => other?,
+        };
+        let rejected = lmdb.pack_progress().map(|p| p.rejected.len());
+        let complete = lmdb.is_complete();
+        (Box::new(lmdb), complete, rejected)
+    };
+    let info = dataset.info().clone();
+
+    struct Seen {
+        label: u32,
+        bytes: u64,
+        size: Option<(u32, u32, &'static str)>,
+        error: Option<BadRecord>,
+    }
+    let seen = map_records(dataset.as_ref(), |decoder, record| match record {
+        Ok(record) => {
+            let header = decoder.header(record.payload);
+            Seen {
+                label: record.label,
+                bytes: record.payload.len() as u64,
+                size: header.as_ref().ok().map(|h| (h.width, h.height, h.format.name())),
+                error: header.err().map(|e| BadRecord {
+                    index: record.index,
+                    key: record.key.to_string(),
+                    reason: e.to_string(),
+                }),
+            }
+        }
+        Err(reason) => Seen {
+            label: u32::MAX,
+            bytes: 0,
+            size: None,
+            error: Some(BadRecord {
+                index: usize::MAX,
+                key: "?".into(),
+                reason,
+            }),
+        },
+    });
+
+    let mut counts = vec![0usize; info.classes.len()];
+    let mut sizes: BTreeMap<(u32, u32), usize> = BTreeMap::new();
+    let mut formats = BTreeMap::new();
+    let (mut widths, mut heights) = (Vec::new(), Vec::new());
+    let mut bad_records = Vec::new();
+    let mut payload_bytes = 0;
+    for (index, s) in seen.into_iter().enumerate() {
+        if let Some(c) = counts.get_mut(s.label as usize) {
+            *c += 1;
+        }
+        payload_bytes += s.bytes;
+        if let Some((w, h, fmt)) = s.size {
+            *sizes.entry((w, h)).or_default() += 1;
+            *formats.entry(fmt.to_string()).or_default() += 1;
+            widths.push(w);
+            heights.push(h);
+        }
+        if let Some(mut bad) = s.error {
+            bad.index = index;
+            bad_records.push(bad);
+        }
+    }
+    let mut common_sizes: Vec<SizeCount> = sizes
+        .into_iter()
+        .map(|((width, height), count)| SizeCount { width, height, count })
+        .collect();
+    common_sizes.sort_by(|a, b| b.count.cmp(&a.count).then((a.width, a.height).cmp(&(b.width, b.height))));
+    common_sizes.truncate(5);
+    let file_bytes = if path.is_dir() {
+        payload_bytes
+    } else {
+        fs::metadata(dataset.path()).map(|m| m.len()).unwrap_or(0)
+    };
+    Ok(Inspection {
+        path: path.to_path_buf(),
+        format: info.format.name().into(),
+        complete,
+        num_samples: info.num_samples,
+        payload: info.payload,
+        resized_short_side: info.resized_short_side,
+        classes: info
+            .classes
+            .iter()
+            .zip(counts)
+            .map(|(name, count)| ClassCount {
+                name: name.clone(),
+                count,
+            })
+            .collect(),
+        payload_bytes,
+        file_bytes,
+        width: Spread::of(widths),
+        height: Spread::of(heights),
+        common_sizes,
+        payload_formats: formats,
+        bad_records,
+        rejected_at_pack,
+    })
+}

@@ -1,0 +1,42 @@
+//! imagefeed feeds images to training fast, reproducibly, and without crashing on bad data.
+//!
+//! The main pieces:
+//! - [`format`]: datasets on disk. [`format::open`] opens an ImageFolder tree or a packed file
+//!   behind the [`Dataset`] trait; each worker thread reads through its own [`RecordReader`]
+//!   (zero-copy for LMDB).
+//! - [`pack`]: packs an ImageFolder tree into a crash-safe, resumable dataset file (what the
+//!   `pack-dataset` binary runs).
+//! - [`decode`]: JPEG (libjpeg-turbo), PNG and others into caller buffers, with a
+//!   decompression-bomb limit; corrupt data is always an error, never garbage pixels.
+//! - [`inspect`] and [`verify`]: what a dataset holds, and whether it matches its source.
+//! - [`synthetic`]: deterministic ImageFolder trees (including broken files) for demos and tests.
+//!
+//! ```no_run
+//! use imagefeed::{decode::Decoder, format};
+//!
+//! let dataset = format::open("train.lmdb")?;
+//! let mut reader = dataset.open_reader()?;
+//! let mut decoder = Decoder::new();
+//! let mut rgb = Vec::new();
+//! for index in 0..dataset.len() {
+//!     let record = reader.read(index)?;
+//!     let header = decoder.decode_rgb(record.payload, &mut rgb).map_err(|source| {
+//!         imagefeed::Error::Decode { location: record.key.to_string(), source }
+//!     })?;
+//!     println!("{} {} {}x{}", record.key, dataset.classes()[record.label as usize], header.width, header.height);
+//! }
+//! # Ok::<(), imagefeed::Error>(())
+//! ```
+
+pub mod dataset;
+pub mod decode;
+pub mod error;
+pub mod format;
+pub mod inspect;
+pub mod pack;
+pub mod resize;
+pub mod synthetic;
+pub mod verify;
+
+pub use dataset::{Dataset, DatasetInfo, LazyReader, PayloadKind, Record, RecordReader};
+pub use error::{Error, Result};

@@ -1,0 +1,519 @@
+//! Packing an ImageFolder tree into a dataset file: the work behind `pack-dataset`.
+//!
+//! The pipeline: scan the tree ([`ImageFolder`]) → read and check files in parallel (rayon), a
+//! chunk at a time → hand each chunk, in source order, to the format's writer, which commits it
+//! atomically together with a progress record → mark the output complete and rename it into
+//! place.
+//!
+//! Every file is fully decoded once while packing, so a truncated or corrupt image is *rejected*
+//! (its path and reason are listed in the summary and the report) instead of being stored for a
+//! training run to trip over. Rejection does not stop the run unless [`PackOptions::strict`].
+//!
+//! Crash safety comes from two rules: the output is built under `OUT.partial` and only renamed
+//! to `OUT` once complete, and each chunk is committed with the count of source files consumed.
+//! [`StartMode::resume`] picks up from that count; the plan check makes sure a resumed run uses
+//! the same source tree and options.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+
+use crate::dataset::{Dataset as _, DatasetInfo, FormatKind, PayloadKind};
+use crate::decode::{DEFAULT_MAX_PIXELS, Decoder, RawImage};
+use crate::error::{Error, IoContext as _, Result};
+use crate::format::folder::ImageFolder;
+use crate::format::lmdb::{self, LmdbWriter};
+use crate::resize::{RgbResizer, short_side_size};
+
+/// Output formats `pack` can write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PackFormat {
+    /// A single-file LMDB ([`crate::format::lmdb`]).
+    Lmdb,
+}
+
+/// How to pack.
+#[derive(Debug, Clone)]
+pub struct PackOptions {
+    /// Shrink images whose shorter side is longer than this (torchvision `Resize` rules) and
+    /// re-encode them as JPEG at [`quality`](Self::quality). Smaller images are kept as they are.
+    pub resize_short_side: Option<u32>,
+    /// JPEG quality for re-encoded images (1..=100).
+    pub quality: u8,
+    /// Store decoded RGB pixels instead of encoded files, so training skips decoding.
+    pub raw: bool,
+    /// Fail on the first rejected file, leaving nothing behind.
+    pub strict: bool,
+    /// Continue an interrupted run, replace, or refuse to touch existing output.
+    pub mode: StartMode,
+    /// Decompression-bomb limit, in pixels.
+    pub max_pixels: u64,
+    /// Worker threads for reading and checking (`None`: rayon's default, one per core).
+    pub threads: Option<usize>,
+    /// Source files per committed chunk.
+    pub chunk_size: usize,
+    /// LMDB map size (address space reserved for the file).
+    pub lmdb_map_size: usize,
+}
+
+impl Default for PackOptions {
+    fn default() -> Self {
+        PackOptions {
+            resize_short_side: None,
+            quality: 90,
+            raw: false,
+            strict: false,
+            mode: StartMode::default(),
+            max_pixels: DEFAULT_MAX_PIXELS,
+            threads: None,
+            chunk_size: 256,
+            lmdb_map_size: lmdb::DEFAULT_MAP_SIZE,
+        }
+    }
+}
+
+/// What to do about output that already exists.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StartMode {
+    /// Continue from `OUT.partial` if there is one.
+    pub resume: bool,
+    /// Replace an existing `OUT` (only once the new one is complete) and discard a partial one
+    /// when not resuming.
+    pub force: bool,
+}
+
+/// What a pack was asked to do; stored in the partial output so `--resume` can check it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PackPlan {
+    /// SHA-256 over the source listing (key, label, size of every file).
+    pub source_fingerprint: String,
+    /// Number of source files.
+    pub num_sources: usize,
+    /// Class names.
+    pub classes: Vec<String>,
+    /// Payload kind written.
+    pub payload: PayloadKind,
+    /// `--resize`, if any.
+    pub resize_short_side: Option<u32>,
+    /// JPEG quality for re-encoded images.
+    pub quality: u8,
+}
+
+impl PackPlan {
+    /// The dataset metadata this plan produces, for `num_samples` samples.
+    pub fn dataset_info(&self, format: FormatKind, num_samples: usize) -> DatasetInfo {
+        DatasetInfo {
+            format,
+            classes: self.classes.clone(),
+            num_samples,
+            payload: self.payload,
+            resized_short_side: self.resize_short_side,
+        }
+    }
+
+    /// `Ok` when a partial output made with `self` can be continued with `new`.
+    pub fn check_resumable(&self, new: &PackPlan, partial: &Path) -> Result<()> {
+        let mismatch = |reason: String| {
+            Err(Error::ResumeMismatch {
+                path: partial.to_path_buf(),
+                reason,
+            })
+        };
+        if self.source_fingerprint != new.source_fingerprint {
+            return mismatch(format!(
+                "the source tree changed since the interrupted run ({} files then, {} now, or different \
+                 names/sizes); use --force to start over",
+                self.num_sources, new.num_sources
+            ));
+        }
+        if self != new {
+            return mismatch("it was started with other options (--raw/--resize/--quality); use the same ones, or --force".into());
+        }
+        Ok(())
+    }
+}
+
+/// A file left out of the dataset, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rejection {
+    /// Path relative to the source root.
+    pub key: String,
+    /// Why it was rejected.
+    pub reason: String,
+}
+
+/// How far a pack has got; committed with every chunk.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PackProgress {
+    /// Source files consumed (written or rejected), in source order.
+    pub sources_done: usize,
+    /// Samples written.
+    pub samples_written: usize,
+    /// Payload bytes written.
+    pub payload_bytes: u64,
+    /// Files rejected so far.
+    pub rejected: Vec<Rejection>,
+}
+
+/// One sample handed to a writer.
+#[derive(Debug, Clone, Copy)]
+pub struct PackedRecord<'a> {
+    /// Class index.
+    pub label: u32,
+    /// Path relative to the source root.
+    pub key: &'a str,
+    /// Bytes to store.
+    pub payload: &'a [u8],
+}
+
+/// A format's writing side, as the pack pipeline drives it.
+pub trait PackSink {
+    /// Appends `records` (indices `progress.samples_written - records.len()..`) and commits them
+    /// atomically with `progress`.
+    fn write_chunk(&mut self, records: &[PackedRecord<'_>], progress: &PackProgress) -> Result<()>;
+    /// Marks the output complete and moves it to its final name.
+    fn finish(self: Box<Self>, info: &DatasetInfo, progress: &PackProgress) -> Result<()>;
+    /// Deletes the partial output (strict mode's "nothing left behind").
+    fn abandon(self: Box<Self>);
+}
+
+/// Receives progress while packing (the binary draws a progress bar with it).
+pub trait PackObserver: Sync {
+    /// Called once, with the number of source files and how many a resumed run already did.
+    fn started(&self, _total: usize, _already_done: usize) {}
+    /// Called after each committed chunk.
+    fn advanced(&self, _done: usize, _payload_bytes: u64) {}
+    /// Called for each rejected file.
+    fn rejected(&self, _rejection: &Rejection) {}
+}
+
+/// An observer that ignores everything.
+pub struct NoProgress;
+impl PackObserver for NoProgress {}
+
+/// The outcome of a pack, also written as JSON to [`report_path`]`(out)`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PackSummary {
+    /// Source root.
+    pub source: PathBuf,
+    /// Output path.
+    pub output: PathBuf,
+    /// Output format name.
+    pub format: String,
+    /// Samples written.
+    pub samples: usize,
+    /// Number of classes.
+    pub classes: usize,
+    /// Payload bytes written.
+    pub payload_bytes: u64,
+    /// Size of the output file.
+    pub file_bytes: u64,
+    /// Files rejected, with reasons.
+    pub rejected: Vec<Rejection>,
+    /// Files skipped for not having an image extension.
+    pub skipped_non_images: usize,
+    /// Source files a resumed run found already done.
+    pub resumed_from: usize,
+    /// Wall time of this run.
+    pub seconds: f64,
+    /// Source files processed per second in this run.
+    pub images_per_sec: f64,
+}
+
+/// `OUT.partial`: where an output is built.
+pub fn partial_path(out: &Path) -> PathBuf {
+    let mut name = out.as_os_str().to_owned();
+    name.push(".partial");
+    PathBuf::from(name)
+}
+
+/// `OUT.report.json`: the machine-readable pack report.
+pub fn report_path(out: &Path) -> PathBuf {
+    let mut name = out.as_os_str().to_owned();
+    name.push(".report.json");
+    PathBuf::from(name)
+}
+
+/// Applies `mode` to an output path: errors if `out` exists without `force`, or a partial file
+/// exists without `resume`/`force`; removes a partial file when forcing a fresh start. Returns
+/// the partial path to write.
+pub fn prepare_output(out: &Path, mode: StartMode) -> Result<PathBuf> {
+    let partial = partial_path(out);
+    if out.exists() && !mode.force {
+        return Err(Error::AlreadyExists {
+            path: out.to_path_buf(),
+            hint: "use --force to replace it".into(),
+        });
+    }
+    if partial.exists() && !mode.resume {
+        if !mode.force {
+            return Err(Error::AlreadyExists {
+                path: partial,
+                hint: "an interrupted run left it: --resume to finish it, or --force to start over".into(),
+            });
+        }
+        remove_path(&partial)?;
+    }
+    if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        fs::create_dir_all(parent).at(parent)?;
+    }
+    Ok(partial)
+}
+
+fn remove_path(path: &Path) -> Result<()> {
+    let result = if path.is_dir() {
+        fs::remove_dir_all(path)
+    } else {
+        fs::remove_file(path)
+    };
+    result.at(path)
+}
+
+/// Renames the finished `partial` to `out` (replacing it), and syncs the directory so the rename
+/// survives a crash.
+pub fn publish(partial: &Path, out: &Path) -> Result<()> {
+    // LMDB creates files 0600; a dataset is meant to be shared (readable by all, like cp).
+    if partial.is_file() {
+        use std::os::unix::fs::PermissionsExt as _;
+        fs::set_permissions(partial, fs::Permissions::from_mode(0o644)).at(partial)?;
+    }
+    if out.is_dir() {
+        remove_path(out)?;
+    }
+    fs::rename(partial, out).at(out)?;
+    if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        fs::File::open(parent).and_then(|d| d.sync_all()).at(parent)?;
+    }
+    Ok(())
+}
+
+/// SHA-256 of the listing (key, label, size of each file): changes when the tree does.
+fn fingerprint(folder: &ImageFolder) -> Result<String> {
+    let mut hasher = Sha256::new();
+    for (index, entry) in folder.entries().iter().enumerate() {
+        let path = folder.file_path(index);
+        // A file that vanished hashes as size u64::MAX; reading it will reject it with the reason.
+        let size = fs::metadata(&path).map(|m| m.len()).unwrap_or(u64::MAX);
+        hasher.update(entry.key.as_bytes());
+        hasher.update([0]);
+        hasher.update(entry.label.to_le_bytes());
+        hasher.update(size.to_le_bytes());
+    }
+    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Per-thread state for checking and transforming files.
+struct PackWorker {
+    decoder: Decoder,
+    rgb: Vec<u8>,
+    resized: Vec<u8>,
+    resizer: Option<RgbResizer>,
+    compressor: Option<turbojpeg::Compressor>,
+}
+
+impl PackWorker {
+    fn new(max_pixels: u64) -> Self {
+        PackWorker {
+            decoder: Decoder::new().with_max_pixels(max_pixels),
+            rgb: Vec::new(),
+            resized: Vec::new(),
+            resizer: None,
+            compressor: None,
+        }
+    }
+
+    /// Reads and checks one file; returns the payload to store, or the rejection reason.
+    fn prepare(&mut self, path: &Path, options: &PackOptions) -> std::result::Result<Vec<u8>, String> {
+        let bytes = fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
+        let header = self.decoder.decode_rgb(&bytes, &mut self.rgb).map_err(|e| e.to_string())?;
+        let (w, h) = (header.width, header.height);
+        let target = options
+            .resize_short_side
+            .filter(|&s| w.min(h) > s)
+            .map(|s| short_side_size(w, h, s));
+        let (pixels, pw, ph) = match target {
+            Some((tw, th)) => {
+                self.resized.resize(tw as usize * th as usize * 3, 0);
+                self.resizer
+                    .get_or_insert_with(RgbResizer::new)
+                    .resize(&self.rgb, w, h, &mut self.resized, tw, th);
+                (&self.resized, tw, th)
+            }
+            None if !options.raw => return Ok(bytes),
+            None => (&self.rgb, w, h),
+        };
+        if options.raw {
+            return Ok(RawImage::encode(pw, ph, pixels));
+        }
+        let compressor = match &mut self.compressor {
+            Some(c) => c,
+            slot @ None => {
+                let mut c = turbojpeg::Compressor::new().map_err(|e| format!("JPEG encoder: {e}"))?;
+                c.set_quality(options.quality as i32).map_err(|e| format!("JPEG encoder: {e}"))?;
+                c.set_subsamp(turbojpeg::Subsamp::Sub2x2).map_err(|e| format!("JPEG encoder: {e}"))?;
+                slot.insert(c)
+            }
+        };
+        let image = turbojpeg::Image {
+            pixels: &pixels[..],
+            width: pw as usize,
+            pitch: pw as usize * 3,
+            height: ph as usize,
+            format: turbojpeg::PixelFormat::RGB,
+        };
+        compressor.compress_to_vec(image).map_err(|e| format!("JPEG encoder: {e}"))
+    }
+}
+
+/// Packs the ImageFolder tree at `source` into `out`.
+///
+/// Returns the summary (also written to [`report_path`]`(out)`). Rejected files are listed there;
+/// with `options.strict` the first one is an [`Error::Rejected`] and no output remains.
+pub fn pack_image_folder(
+    source: &Path,
+    out: &Path,
+    format: PackFormat,
+    options: &PackOptions,
+    observer: &dyn PackObserver,
+) -> Result<PackSummary> {
+    let started = Instant::now();
+    let folder = ImageFolder::open(source)?;
+    let plan = PackPlan {
+        source_fingerprint: fingerprint(&folder)?,
+        num_sources: folder.len(),
+        classes: folder.classes().to_vec(),
+        payload: if options.raw {
+            PayloadKind::RawRgb8
+        } else {
+            PayloadKind::Encoded
+        },
+        resize_short_side: options.resize_short_side,
+        quality: options.quality,
+    };
+    let (sink, mut progress): (Box<dyn PackSink>, PackProgress) = match format {
+        PackFormat::Lmdb => {
+            let (writer, progress) = LmdbWriter::start(out, &plan, options.mode, options.lmdb_map_size)?;
+            (Box::new(writer), progress)
+        }
+    };
+    let resumed_from = progress.sources_done;
+    observer.started(folder.len(), resumed_from);
+
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(options.threads.unwrap_or(0))
+        .thread_name(|i| format!("pack-{i}"))
+        .build()
+        .map_err(|e| Error::io(source, std::io::Error::other(e)))?;
+    let todo: Vec<usize> = (resumed_from..folder.len()).collect();
+    let chunk_size = options.chunk_size.max(1);
+    let (sender, receiver) = crossbeam_channel::bounded::<Vec<std::result::Result<Vec<u8>, String>>>(1);
+
+    // A producer thread checks chunk k+1 on the pool while this thread commits chunk k.
+    let mut sink = Some(sink);
+    let outcome = std::thread::scope(|scope| -> Result<()> {
+        let folder = &folder;
+        let pool = &pool;
+        let todo = &todo;
+        scope.spawn(move || {
+            for chunk in todo.chunks(chunk_size) {
+                let results: Vec<_> = pool.install(|| {
+                    chunk
+                        .par_iter()
+                        .map_init(
+                            || PackWorker::new(options.max_pixels),
+                            |worker, &index| worker.prepare(&folder.file_path(index), options),
+                        )
+                        .collect()
+                });
+                if sender.send(results).is_err() {
+                    break; // the committing side stopped (error or strict rejection)
+                }
+            }
+        });
+        let result = (|| {
+            for (chunk, results) in todo.chunks(chunk_size).zip(receiver.iter()) {
+                let mut records = Vec::with_capacity(chunk.len());
+                for (&index, result) in chunk.iter().zip(&results) {
+                    let entry = &folder.entries()[index];
+                    match result {
+                        Ok(payload) => {
+                            records.push(PackedRecord {
+                                label: entry.label,
+                                key: &entry.key,
+                                payload,
+                            });
+                            progress.payload_bytes += payload.len() as u64;
+                        }
+                        Err(reason) => {
+                            if options.strict {
+                                return Err(Error::Rejected {
+                                    path: folder.file_path(index),
+                                    reason: reason.clone(),
+                                });
+                            }
+                            let rejection = Rejection {
+                                key: entry.key.clone(),
+                                reason: reason.clone(),
+                            };
+                            observer.rejected(&rejection);
+                            progress.rejected.push(rejection);
+                        }
+                    }
+                }
+                progress.samples_written += records.len();
+                progress.sources_done += chunk.len();
+                sink.as_mut().expect("sink lives until finish").write_chunk(&records, &progress)?;
+                observer.advanced(progress.sources_done, progress.payload_bytes);
+            }
+            Ok(())
+        })();
+        drop(receiver); // unblocks the producer if we stopped early
+        result
+    });
+    let sink = sink.take().expect("sink not consumed yet");
+    if let Err(err) = outcome {
+        if options.strict {
+            sink.abandon();
+        }
+        return Err(err);
+    }
+    if progress.samples_written == 0 {
+        sink.abandon();
+        return Err(Error::BadImageFolder {
+            path: source.to_path_buf(),
+            reason: format!("all {} files were rejected; nothing to pack", folder.len()),
+        });
+    }
+    let info = plan.dataset_info(format_kind(format), progress.samples_written);
+    sink.finish(&info, &progress)?;
+
+    let seconds = started.elapsed().as_secs_f64();
+    let processed = folder.len() - resumed_from;
+    let summary = PackSummary {
+        source: source.to_path_buf(),
+        output: out.to_path_buf(),
+        format: format_kind(format).name().into(),
+        samples: progress.samples_written,
+        classes: plan.classes.len(),
+        payload_bytes: progress.payload_bytes,
+        file_bytes: fs::metadata(out).map(|m| m.len()).unwrap_or(0),
+        rejected: progress.rejected,
+        skipped_non_images: folder.skipped_files(),
+        resumed_from,
+        seconds,
+        images_per_sec: processed as f64 / seconds.max(1e-9),
+    };
+    let report = report_path(out);
+    fs::write(&report, serde_json::to_vec_pretty(&summary).expect("summary serializes")).at(&report)?;
+    Ok(summary)
+}
+
+fn format_kind(format: PackFormat) -> FormatKind {
+    match format {
+        PackFormat::Lmdb => FormatKind::Lmdb,
+    }
+}

@@ -1,0 +1,241 @@
+//! Checking a dataset: `pack-dataset verify DATASET [--against SRC_DIR]`.
+//!
+//! Without a source, every record must read and decode. With `--against`, the dataset must also
+//! be exactly what packing the source produces:
+//! - the same classes, in the same order;
+//! - every record's key names a source file, with the source's label, in source order;
+//! - payloads equal the source: byte for byte for stored files; pixel for pixel (after the same
+//!   pack-time resize) for raw datasets; for re-encoded (resized) JPEGs, the resized size;
+//! - every source file is in the dataset, unless it is not a decodable image (those were
+//!   rejected when packing, and are counted separately).
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+use serde::Serialize;
+
+use crate::dataset::{Dataset, PayloadKind};
+use crate::decode::{Decoder, RawImage};
+use crate::error::Result;
+use crate::format::{self, folder::ImageFolder};
+use crate::inspect::map_records;
+use crate::resize::{RgbResizer, short_side_size};
+
+/// One thing wrong with a dataset.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    /// Record index, when the problem is about a record.
+    pub index: Option<usize>,
+    /// Record key or source path (relative), or `classes`.
+    pub key: String,
+    /// What is wrong.
+    pub problem: String,
+}
+
+/// The result of [`verify`].
+#[derive(Debug, Clone, Serialize)]
+pub struct VerifyReport {
+    /// The dataset checked.
+    pub dataset: PathBuf,
+    /// The source it was compared with.
+    pub against: Option<PathBuf>,
+    /// Records checked.
+    pub checked: usize,
+    /// Source files that are not decodable images (expected to be absent from the dataset).
+    pub source_rejects: usize,
+    /// Everything wrong; empty when the dataset is good.
+    pub problems: Vec<Problem>,
+}
+
+impl VerifyReport {
+    /// True when nothing is wrong.
+    pub fn is_ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Verifies the dataset at `path`, optionally against the ImageFolder tree it was packed from.
+/// Returns `Err` only when the dataset or source cannot be opened at all; everything found inside
+/// them is a [`Problem`] in the report.
+pub fn verify(path: impl AsRef<Path>, against: Option<&Path>) -> Result<VerifyReport> {
+    let path = path.as_ref();
+    let dataset = format::open(path)?;
+    let source = against.map(ImageFolder::open).transpose()?;
+    let mut problems = Vec::new();
+    if let Some(source) = &source
+        && source.classes() != dataset.classes()
+    {
+        problems.push(Problem {
+            index: None,
+            key: "classes".into(),
+            problem: format!("dataset has classes {:?}, source has {:?}", dataset.classes(), source.classes()),
+        });
+    }
+    let by_key: HashMap<&str, usize> = source
+        .as_ref()
+        .map(|s| s.entries().iter().enumerate().map(|(i, e)| (e.key.as_str(), i)).collect())
+        .unwrap_or_default();
+    let checker = Checker {
+        dataset: dataset.as_ref(),
+        source: source.as_ref(),
+        by_key: &by_key,
+    };
+
+    // One parallel pass: read, decode, compare. Each result: (source index, problems).
+    let results = map_records(dataset.as_ref(), |decoder, record| checker.check(decoder, record));
+    let mut last_source_index = None;
+    let mut in_dataset = vec![false; source.as_ref().map_or(0, |s| s.len())];
+    for (index, (source_index, found)) in results.into_iter().enumerate() {
+        problems.extend(found.into_iter().map(|mut p| {
+            p.index = Some(index);
+            p
+        }));
+        if let Some(si) = source_index {
+            in_dataset[si] = true;
+            if last_source_index.is_some_and(|last| si <= last) {
+                problems.push(Problem {
+                    index: Some(index),
+                    key: source.as_ref().expect("source set").entries()[si].key.clone(),
+                    problem: "out of source order (ImageFolder order differs)".into(),
+                });
+            }
+            last_source_index = Some(si);
+        }
+    }
+
+    // Source files absent from the dataset must be ones packing rejects.
+    let mut source_rejects = 0;
+    if let Some(source) = &source {
+        let missing: Vec<usize> = (0..source.len()).filter(|&i| !in_dataset[i]).collect();
+        let decodable: Vec<bool> = missing
+            .par_iter()
+            .map_init(Decoder::new, |decoder, &i| {
+                fs::read(source.file_path(i))
+                    .ok()
+                    .is_some_and(|bytes| decoder.decode_rgb(&bytes, &mut Vec::new()).is_ok())
+            })
+            .collect();
+        for (&i, ok) in missing.iter().zip(decodable) {
+            if ok {
+                problems.push(Problem {
+                    index: None,
+                    key: source.entries()[i].key.clone(),
+                    problem: "decodable source file is missing from the dataset".into(),
+                });
+            } else {
+                source_rejects += 1;
+            }
+        }
+    }
+    problems.sort_by_key(|p| p.index.unwrap_or(usize::MAX));
+    Ok(VerifyReport {
+        dataset: path.to_path_buf(),
+        against: against.map(Path::to_path_buf),
+        checked: dataset.len(),
+        source_rejects,
+        problems,
+    })
+}
+
+struct Checker<'a> {
+    dataset: &'a dyn Dataset,
+    source: Option<&'a ImageFolder>,
+    by_key: &'a HashMap<&'a str, usize>,
+}
+
+impl Checker<'_> {
+    fn check(
+        &self,
+        decoder: &mut Decoder,
+        record: std::result::Result<crate::Record<'_>, String>,
+    ) -> (Option<usize>, Vec<Problem>) {
+        let problem = |key: &str, problem: String| Problem {
+            index: None,
+            key: key.to_string(),
+            problem,
+        };
+        let record = match record {
+            Ok(r) => r,
+            Err(reason) => return (None, vec![problem("?", reason)]),
+        };
+        let mut problems = Vec::new();
+        let mut pixels = Vec::new();
+        let header = match decoder.decode_rgb(record.payload, &mut pixels) {
+            Ok(h) => h,
+            Err(e) => return (None, vec![problem(record.key, format!("payload does not decode: {e}"))]),
+        };
+        let Some(source) = self.source else {
+            return (None, problems);
+        };
+        let Some(&si) = self.by_key.get(record.key) else {
+            return (None, vec![problem(record.key, "no such file in the source tree".into())]);
+        };
+        let expected_label = source.entries()[si].label;
+        if record.label != expected_label {
+            problems.push(problem(
+                record.key,
+                format!("label {} but the source's class gives {expected_label}", record.label),
+            ));
+        }
+        let src_path = source.file_path(si);
+        let src_bytes = match fs::read(&src_path) {
+            Ok(b) => b,
+            Err(e) => {
+                problems.push(problem(record.key, format!("cannot read source {}: {e}", src_path.display())));
+                return (Some(si), problems);
+            }
+        };
+        let info = self.dataset.info();
+        let resize = info.resized_short_side;
+        match (info.payload, resize) {
+            (PayloadKind::Encoded, None) => {
+                if record.payload != src_bytes.as_slice() {
+                    problems.push(problem(
+                        record.key,
+                        format!(
+                            "payload ({} bytes) differs from the source file ({} bytes)",
+                            record.payload.len(),
+                            src_bytes.len()
+                        ),
+                    ));
+                }
+            }
+            (payload, _) => {
+                let mut src_rgb = Vec::new();
+                let src = match decoder.decode_rgb(&src_bytes, &mut src_rgb) {
+                    Ok(h) => h,
+                    Err(e) => {
+                        problems.push(problem(record.key, format!("source does not decode: {e}")));
+                        return (Some(si), problems);
+                    }
+                };
+                let (ew, eh) = match resize {
+                    Some(s) if src.width.min(src.height) > s => short_side_size(src.width, src.height, s),
+                    _ => (src.width, src.height),
+                };
+                if (header.width, header.height) != (ew, eh) {
+                    problems.push(problem(
+                        record.key,
+                        format!("stored {}x{}, expected {ew}x{eh}", header.width, header.height),
+                    ));
+                } else if payload == PayloadKind::RawRgb8 {
+                    let expected = if (ew, eh) == (src.width, src.height) {
+                        src_rgb
+                    } else {
+                        let mut out = vec![0; ew as usize * eh as usize * 3];
+                        RgbResizer::new().resize(&src_rgb, src.width, src.height, &mut out, ew, eh);
+                        out
+                    };
+                    if RawImage::parse(record.payload).map(|(_, _, p)| p) != Ok(expected.as_slice()) {
+                        problems.push(problem(record.key, "raw pixels differ from the decoded source".into()));
+                    }
+                } else if (ew, eh) == (src.width, src.height) && record.payload != src_bytes.as_slice() {
+                    problems.push(problem(record.key, "payload differs from the (unresized) source file".into()));
+                }
+            }
+        }
+        (Some(si), problems)
+    }
+}
