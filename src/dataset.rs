@@ -132,6 +132,15 @@ pub trait Dataset: Send + Sync {
     }
 }
 
+impl std::fmt::Debug for dyn Dataset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dataset")
+            .field("path", &self.path())
+            .field("info", self.info())
+            .finish()
+    }
+}
+
 /// A per-worker read handle.
 pub trait RecordReader: Send {
     /// Reads record `index`. The returned record borrows from the handle (zero-copy where the

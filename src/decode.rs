@@ -217,7 +217,8 @@ impl Decoder {
 
     fn jpeg(&mut self) -> Result<&mut turbojpeg::Decompressor, DecodeError> {
         if self.jpeg.is_none() {
-            let handle = turbojpeg::Decompressor::new().map_err(|e| DecodeError::Jpeg(e.to_string()))?;
+            let handle =
+                turbojpeg::Decompressor::new().map_err(|e| DecodeError::Jpeg(e.to_string()))?;
             self.jpeg = Some(handle);
         }
         Ok(self.jpeg.as_mut().expect("just set"))
@@ -267,7 +268,11 @@ impl Decoder {
     }
 
     /// Decodes `data` into `out`, resizing it to `width × height × 3` (its capacity is reused).
-    pub fn decode_rgb(&mut self, data: &[u8], out: &mut Vec<u8>) -> Result<ImageHeader, DecodeError> {
+    pub fn decode_rgb(
+        &mut self,
+        data: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<ImageHeader, DecodeError> {
         let header = self.header(data)?;
         match header.format {
             PayloadFormat::Jpeg | PayloadFormat::Raw => {
@@ -287,7 +292,11 @@ impl Decoder {
     ///
     /// # Panics
     /// When `out` has the wrong length (read the header first).
-    pub fn decode_rgb_into(&mut self, data: &[u8], out: &mut [u8]) -> Result<ImageHeader, DecodeError> {
+    pub fn decode_rgb_into(
+        &mut self,
+        data: &[u8],
+        out: &mut [u8],
+    ) -> Result<ImageHeader, DecodeError> {
         let header = self.header(data)?;
         assert_eq!(
             out.len(),
@@ -303,7 +312,12 @@ impl Decoder {
         Ok(header)
     }
 
-    fn decode_known(&mut self, data: &[u8], header: ImageHeader, out: &mut [u8]) -> Result<(), DecodeError> {
+    fn decode_known(
+        &mut self,
+        data: &[u8],
+        header: ImageHeader,
+        out: &mut [u8],
+    ) -> Result<(), DecodeError> {
         let (width, height) = (header.width as usize, header.height as usize);
         if header.format == PayloadFormat::Raw {
             let (_, _, pixels) = RawImage::parse(data)?;
@@ -316,7 +330,10 @@ impl Decoder {
             .read_header(data)
             .map_err(|e| DecodeError::Jpeg(e.to_string()))?
             .colorspace;
-        let result = if matches!(colorspace, turbojpeg::Colorspace::CMYK | turbojpeg::Colorspace::YCCK) {
+        let result = if matches!(
+            colorspace,
+            turbojpeg::Colorspace::CMYK | turbojpeg::Colorspace::YCCK
+        ) {
             // libjpeg-turbo only decodes CMYK JPEGs to CMYK pixels; convert as PIL does.
             cmyk.resize(width * height * 4, 0);
             let image = turbojpeg::Image {
@@ -326,7 +343,8 @@ impl Decoder {
                 height,
                 format: turbojpeg::PixelFormat::CMYK,
             };
-            jpeg.decompress(data, image).map(|()| cmyk_to_rgb(&cmyk, out))
+            jpeg.decompress(data, image)
+                .map(|()| cmyk_to_rgb(&cmyk, out))
         } else {
             let image = turbojpeg::Image {
                 pixels: out,
@@ -388,7 +406,10 @@ fn image_error(format: PayloadFormat, e: image::ImageError) -> DecodeError {
     }
 }
 
-fn image_decoder(data: &[u8], format: PayloadFormat) -> Result<impl image::ImageDecoder + '_, DecodeError> {
+fn image_decoder(
+    data: &[u8],
+    format: PayloadFormat,
+) -> Result<impl image::ImageDecoder + '_, DecodeError> {
     let mut reader = image::ImageReader::with_format(Cursor::new(data), image_format(format));
     // The image crate's own limits: no allocation beyond what our pixel limit allows (RGBA16).
     let mut limits = image::Limits::default();
@@ -397,7 +418,11 @@ fn image_decoder(data: &[u8], format: PayloadFormat) -> Result<impl image::Image
     reader.into_decoder().map_err(|e| image_error(format, e))
 }
 
-fn decode_with_image_crate(data: &[u8], format: PayloadFormat, max_pixels: u64) -> Result<Vec<u8>, DecodeError> {
+fn decode_with_image_crate(
+    data: &[u8],
+    format: PayloadFormat,
+    max_pixels: u64,
+) -> Result<Vec<u8>, DecodeError> {
     let decoder = image_decoder(data, format)?;
     let (w, h) = decoder.dimensions();
     if (w as u64) * (h as u64) > max_pixels {
@@ -417,7 +442,12 @@ mod tests {
 
     fn png(width: u32, height: u32, color: image::ColorType, pixel: &[u8]) -> Vec<u8> {
         let n = (width * height) as usize;
-        let data: Vec<u8> = pixel.iter().copied().cycle().take(n * pixel.len()).collect();
+        let data: Vec<u8> = pixel
+            .iter()
+            .copied()
+            .cycle()
+            .take(n * pixel.len())
+            .collect();
         let mut out = Vec::new();
         image::write_buffer_with_format(
             &mut Cursor::new(&mut out),
@@ -436,7 +466,10 @@ mod tests {
         let data = png(3, 2, image::ColorType::Rgba8, &[10, 20, 30, 40]);
         let mut out = Vec::new();
         let header = Decoder::new().decode_rgb(&data, &mut out).unwrap();
-        assert_eq!((header.width, header.height, header.format), (3, 2, PayloadFormat::Png));
+        assert_eq!(
+            (header.width, header.height, header.format),
+            (3, 2, PayloadFormat::Png)
+        );
         assert_eq!(out, [10, 20, 30].repeat(6));
     }
 
@@ -456,14 +489,19 @@ mod tests {
         let header = Decoder::new().decode_rgb(&raw, &mut out).unwrap();
         assert_eq!((header.width, header.height), (2, 3));
         assert_eq!(out, pixels);
-        let err = Decoder::new().decode_rgb(&raw[..raw.len() - 1], &mut out).unwrap_err();
+        let err = Decoder::new()
+            .decode_rgb(&raw[..raw.len() - 1], &mut out)
+            .unwrap_err();
         assert!(matches!(err, DecodeError::BadRaw(_)), "{err}");
     }
 
     #[test]
     fn pixel_limit_applies_before_decoding() {
         let data = png(20, 20, image::ColorType::Rgb8, &[1, 2, 3]);
-        let err = Decoder::new().with_max_pixels(399).header(&data).unwrap_err();
+        let err = Decoder::new()
+            .with_max_pixels(399)
+            .header(&data)
+            .unwrap_err();
         assert_eq!(
             err,
             DecodeError::TooLarge {
@@ -478,9 +516,17 @@ mod tests {
     #[test]
     fn unknown_and_empty_payloads_are_explained() {
         let mut out = Vec::new();
-        assert_eq!(Decoder::new().decode_rgb(b"", &mut out), Err(DecodeError::Empty));
-        let err = Decoder::new().decode_rgb(b"hello world", &mut out).unwrap_err();
-        assert_eq!(err.to_string(), "not a recognized image format (starts with text \"hello wo\")");
+        assert_eq!(
+            Decoder::new().decode_rgb(b"", &mut out),
+            Err(DecodeError::Empty)
+        );
+        let err = Decoder::new()
+            .decode_rgb(b"hello world", &mut out)
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "not a recognized image format (starts with text \"hello wo\")"
+        );
     }
 
     #[test]

@@ -115,7 +115,12 @@ where
     (0..dataset.len())
         .into_par_iter()
         .map_init(
-            || (dataset.open_reader().map_err(|e| e.to_string()), Decoder::new()),
+            || {
+                (
+                    dataset.open_reader().map_err(|e| e.to_string()),
+                    Decoder::new(),
+                )
+            },
             |(reader, decoder), index| match reader {
                 Ok(reader) => f(decoder, reader.read(index).map_err(|e| e.to_string())),
                 Err(e) => f(decoder, Err(format!("cannot open a reader: {e}"))),
@@ -128,25 +133,28 @@ where
 /// An interrupted pack is reported as incomplete rather than refused.
 pub fn inspect(path: impl AsRef<Path>) -> Result<Inspection> {
     let path = path.as_ref();
-    let (dataset, complete, rejected_at_pack): (Box<dyn Dataset>, bool, Option<usize>) = if path.is_dir() {
-        let folder = format::folder::ImageFolder::open(path)?;
-        (Box::new(folder), true, None)
-    } else {
-        let target = if !path.exists() && pack::partial_path(path).exists() {
-            pack::partial_path(path)
+    let (dataset, complete, rejected_at_pack): (Box<dyn Dataset>, bool, Option<usize>) =
+        if path.is_dir() {
+            let folder = format::folder::ImageFolder::open(path)?;
+            (Box::new(folder), true, None)
         } else {
-            path.to_path_buf()
+            let target = if !path.exists() && pack::partial_path(path).exists() {
+                pack::partial_path(path)
+            } else {
+                path.to_path_buf()
+            };
+            let lmdb = match Lmdb::open_incomplete(&target) {
+                Err(Error::NotADataset { reason, .. }) if reason.contains("bad magic") => {
+                    return Err(format::open(path)
+                        .err()
+                        .unwrap_or_else(|| Error::not_a_dataset(path, reason)));
+                }
+                other => other?,
+            };
+            let rejected = lmdb.pack_progress().map(|p| p.rejected.len());
+            let complete = lmdb.is_complete();
+            (Box::new(lmdb), complete, rejected)
         };
-        let lmdb = match Lmdb::open_incomplete(&target) {
-            Err(Error::NotADataset { reason, .. }) if reason.contains("bad magic") => {
-                return Err(format::open(path).err().unwrap_or_else(|| Error::not_a_dataset(path, reason)));
-            }
-            other => other?,
-        };
-        let rejected = lmdb.pack_progress().map(|p| p.rejected.len());
-        let complete = lmdb.is_complete();
-        (Box::new(lmdb), complete, rejected)
-    };
     let info = dataset.info().clone();
 
     struct Seen {
@@ -161,7 +169,10 @@ pub fn inspect(path: impl AsRef<Path>) -> Result<Inspection> {
             Seen {
                 label: record.label,
                 bytes: record.payload.len() as u64,
-                size: header.as_ref().ok().map(|h| (h.width, h.height, h.format.name())),
+                size: header
+                    .as_ref()
+                    .ok()
+                    .map(|h| (h.width, h.height, h.format.name())),
                 error: header.err().map(|e| BadRecord {
                     index: record.index,
                     key: record.key.to_string(),
@@ -205,9 +216,17 @@ pub fn inspect(path: impl AsRef<Path>) -> Result<Inspection> {
     }
     let mut common_sizes: Vec<SizeCount> = sizes
         .into_iter()
-        .map(|((width, height), count)| SizeCount { width, height, count })
+        .map(|((width, height), count)| SizeCount {
+            width,
+            height,
+            count,
+        })
         .collect();
-    common_sizes.sort_by(|a, b| b.count.cmp(&a.count).then((a.width, a.height).cmp(&(b.width, b.height))));
+    common_sizes.sort_by(|a, b| {
+        b.count
+            .cmp(&a.count)
+            .then((a.width, a.height).cmp(&(b.width, b.height)))
+    });
     common_sizes.truncate(5);
     let file_bytes = if path.is_dir() {
         payload_bytes

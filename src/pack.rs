@@ -253,7 +253,8 @@ pub fn prepare_output(out: &Path, mode: StartMode) -> Result<PathBuf> {
         if !mode.force {
             return Err(Error::AlreadyExists {
                 path: partial,
-                hint: "an interrupted run left it: --resume to finish it, or --force to start over".into(),
+                hint: "an interrupted run left it: --resume to finish it, or --force to start over"
+                    .into(),
             });
         }
         remove_path(&partial)?;
@@ -286,7 +287,9 @@ pub fn publish(partial: &Path, out: &Path) -> Result<()> {
     }
     fs::rename(partial, out).at(out)?;
     if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
-        fs::File::open(parent).and_then(|d| d.sync_all()).at(parent)?;
+        fs::File::open(parent)
+            .and_then(|d| d.sync_all())
+            .at(parent)?;
     }
     Ok(())
 }
@@ -303,7 +306,11 @@ fn fingerprint(folder: &ImageFolder) -> Result<String> {
         hasher.update(entry.label.to_le_bytes());
         hasher.update(size.to_le_bytes());
     }
-    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    Ok(hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
 }
 
 /// Per-thread state for checking and transforming files.
@@ -327,9 +334,16 @@ impl PackWorker {
     }
 
     /// Reads and checks one file; returns the payload to store, or the rejection reason.
-    fn prepare(&mut self, path: &Path, options: &PackOptions) -> std::result::Result<Vec<u8>, String> {
+    fn prepare(
+        &mut self,
+        path: &Path,
+        options: &PackOptions,
+    ) -> std::result::Result<Vec<u8>, String> {
         let bytes = fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
-        let header = self.decoder.decode_rgb(&bytes, &mut self.rgb).map_err(|e| e.to_string())?;
+        let header = self
+            .decoder
+            .decode_rgb(&bytes, &mut self.rgb)
+            .map_err(|e| e.to_string())?;
         let (w, h) = (header.width, header.height);
         let target = options
             .resize_short_side
@@ -338,9 +352,14 @@ impl PackWorker {
         let (pixels, pw, ph) = match target {
             Some((tw, th)) => {
                 self.resized.resize(tw as usize * th as usize * 3, 0);
-                self.resizer
-                    .get_or_insert_with(RgbResizer::new)
-                    .resize(&self.rgb, w, h, &mut self.resized, tw, th);
+                self.resizer.get_or_insert_with(RgbResizer::new).resize(
+                    &self.rgb,
+                    w,
+                    h,
+                    &mut self.resized,
+                    tw,
+                    th,
+                );
                 (&self.resized, tw, th)
             }
             None if !options.raw => return Ok(bytes),
@@ -352,9 +371,12 @@ impl PackWorker {
         let compressor = match &mut self.compressor {
             Some(c) => c,
             slot @ None => {
-                let mut c = turbojpeg::Compressor::new().map_err(|e| format!("JPEG encoder: {e}"))?;
-                c.set_quality(options.quality as i32).map_err(|e| format!("JPEG encoder: {e}"))?;
-                c.set_subsamp(turbojpeg::Subsamp::Sub2x2).map_err(|e| format!("JPEG encoder: {e}"))?;
+                let mut c =
+                    turbojpeg::Compressor::new().map_err(|e| format!("JPEG encoder: {e}"))?;
+                c.set_quality(options.quality as i32)
+                    .map_err(|e| format!("JPEG encoder: {e}"))?;
+                c.set_subsamp(turbojpeg::Subsamp::Sub2x2)
+                    .map_err(|e| format!("JPEG encoder: {e}"))?;
                 slot.insert(c)
             }
         };
@@ -365,7 +387,9 @@ impl PackWorker {
             height: ph as usize,
             format: turbojpeg::PixelFormat::RGB,
         };
-        compressor.compress_to_vec(image).map_err(|e| format!("JPEG encoder: {e}"))
+        compressor
+            .compress_to_vec(image)
+            .map_err(|e| format!("JPEG encoder: {e}"))
     }
 }
 
@@ -396,7 +420,8 @@ pub fn pack_image_folder(
     };
     let (sink, mut progress): (Box<dyn PackSink>, PackProgress) = match format {
         PackFormat::Lmdb => {
-            let (writer, progress) = LmdbWriter::start(out, &plan, options.mode, options.lmdb_map_size)?;
+            let (writer, progress) =
+                LmdbWriter::start(out, &plan, options.mode, options.lmdb_map_size)?;
             (Box::new(writer), progress)
         }
     };
@@ -410,7 +435,8 @@ pub fn pack_image_folder(
         .map_err(|e| Error::io(source, std::io::Error::other(e)))?;
     let todo: Vec<usize> = (resumed_from..folder.len()).collect();
     let chunk_size = options.chunk_size.max(1);
-    let (sender, receiver) = crossbeam_channel::bounded::<Vec<std::result::Result<Vec<u8>, String>>>(1);
+    let (sender, receiver) =
+        crossbeam_channel::bounded::<Vec<std::result::Result<Vec<u8>, String>>>(1);
 
     // A producer thread checks chunk k+1 on the pool while this thread commits chunk k.
     let mut sink = Some(sink);
@@ -466,7 +492,9 @@ pub fn pack_image_folder(
                 }
                 progress.samples_written += records.len();
                 progress.sources_done += chunk.len();
-                sink.as_mut().expect("sink lives until finish").write_chunk(&records, &progress)?;
+                sink.as_mut()
+                    .expect("sink lives until finish")
+                    .write_chunk(&records, &progress)?;
                 observer.advanced(progress.sources_done, progress.payload_bytes);
             }
             Ok(())
@@ -508,7 +536,11 @@ pub fn pack_image_folder(
         images_per_sec: processed as f64 / seconds.max(1e-9),
     };
     let report = report_path(out);
-    fs::write(&report, serde_json::to_vec_pretty(&summary).expect("summary serializes")).at(&report)?;
+    fs::write(
+        &report,
+        serde_json::to_vec_pretty(&summary).expect("summary serializes"),
+    )
+    .at(&report)?;
     Ok(summary)
 }
 

@@ -40,8 +40,17 @@ impl RgbResizer {
     ///
     /// # Panics
     /// When a buffer's length does not match its size, or a size is zero (caller bugs).
-    pub fn resize(&mut self, src: &[u8], width: u32, height: u32, dst: &mut [u8], dst_width: u32, dst_height: u32) {
-        let src = ImageRef::new(width, height, src, PixelType::U8x3).expect("source buffer matches its size");
+    pub fn resize(
+        &mut self,
+        src: &[u8],
+        width: u32,
+        height: u32,
+        dst: &mut [u8],
+        dst_width: u32,
+        dst_height: u32,
+    ) {
+        let src = ImageRef::new(width, height, src, PixelType::U8x3)
+            .expect("source buffer matches its size");
         let mut dst = Image::from_slice_u8(dst_width, dst_height, dst, PixelType::U8x3)
             .expect("destination buffer matches its size");
         self.resizer

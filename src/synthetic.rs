@@ -80,7 +80,11 @@ fn splitmix64(mut x: u64) -> u64 {
 pub fn synthetic_pixels(spec: &SyntheticSpec, class: usize, index: usize) -> Vec<u8> {
     let (w, h) = (spec.width as usize, spec.height as usize);
     let base = splitmix64(spec.seed ^ (class as u64).wrapping_mul(0x1000_0001));
-    let tint = [(base & 0xFF) as i32, ((base >> 8) & 0xFF) as i32, ((base >> 16) & 0xFF) as i32];
+    let tint = [
+        (base & 0xFF) as i32,
+        ((base >> 8) & 0xFF) as i32,
+        ((base >> 16) & 0xFF) as i32,
+    ];
     let mut pixels = Vec::with_capacity(w * h * 3);
     let mut state = splitmix64(base ^ (index as u64).wrapping_mul(0x9E37));
     for y in 0..h {
@@ -97,7 +101,13 @@ pub fn synthetic_pixels(spec: &SyntheticSpec, class: usize, index: usize) -> Vec
     pixels
 }
 
-fn encode_jpeg(pixels: &[u8], width: u32, height: u32, color: image::ExtendedColorType, quality: u8) -> Vec<u8> {
+fn encode_jpeg(
+    pixels: &[u8],
+    width: u32,
+    height: u32,
+    color: image::ExtendedColorType,
+    quality: u8,
+) -> Vec<u8> {
     let mut out = Vec::new();
     image::codecs::jpeg::JpegEncoder::new_with_quality(&mut Cursor::new(&mut out), quality)
         .encode(pixels, width, height, color)
@@ -120,7 +130,9 @@ pub fn write_image_folder(root: impl AsRef<Path>, spec: &SyntheticSpec) -> Resul
     if spec.classes == 0 || spec.per_class == 0 || spec.width == 0 || spec.height == 0 {
         return Err(Error::BadImageFolder {
             path: root.to_path_buf(),
-            reason: "synthetic spec needs at least one class, one image per class and a non-zero size".into(),
+            reason:
+                "synthetic spec needs at least one class, one image per class and a non-zero size"
+                    .into(),
         });
     }
     if spec.edge_cases && spec.classes < 2 {
@@ -133,7 +145,13 @@ pub fn write_image_folder(root: impl AsRef<Path>, spec: &SyntheticSpec) -> Resul
     for (c, class) in classes.iter().enumerate() {
         for i in 0..spec.per_class {
             let pixels = synthetic_pixels(spec, c, i);
-            let jpeg = encode_jpeg(&pixels, spec.width, spec.height, image::ExtendedColorType::Rgb8, spec.quality);
+            let jpeg = encode_jpeg(
+                &pixels,
+                spec.width,
+                spec.height,
+                image::ExtendedColorType::Rgb8,
+                spec.quality,
+            );
             write(root, &format!("{class}/img{i:05}.jpg"), &jpeg)?;
         }
     }
@@ -149,7 +167,12 @@ pub fn write_image_folder(root: impl AsRef<Path>, spec: &SyntheticSpec) -> Resul
     })
 }
 
-fn write_edge_cases(root: &Path, spec: &SyntheticSpec, good: &str, bad: &str) -> Result<Vec<EdgeCase>> {
+fn write_edge_cases(
+    root: &Path,
+    spec: &SyntheticSpec,
+    good: &str,
+    bad: &str,
+) -> Result<Vec<EdgeCase>> {
     let (w, h) = (spec.width, spec.height);
     let rgb = synthetic_pixels(spec, 0, 1_000_000);
     let normal = encode_jpeg(&rgb, w, h, image::ExtendedColorType::Rgb8, spec.quality);
@@ -161,21 +184,32 @@ fn write_edge_cases(root: &Path, spec: &SyntheticSpec, good: &str, bad: &str) ->
     };
 
     // Valid files in unusual encodings: each must come out as w×h RGB.
-    let gray: Vec<u8> = rgb.chunks(3).map(|p| ((p[0] as u32 + p[1] as u32 + p[2] as u32) / 3) as u8).collect();
+    let gray: Vec<u8> = rgb
+        .chunks(3)
+        .map(|p| ((p[0] as u32 + p[1] as u32 + p[2] as u32) / 3) as u8)
+        .collect();
     add(
         format!("{good}/edge-grayscale.jpg"),
         &encode_jpeg(&gray, w, h, image::ExtendedColorType::L8, spec.quality),
         true,
         "grayscale JPEG",
     )?;
-    add(format!("{good}/edge-cmyk.jpg"), &cmyk_jpeg(&rgb, w, h, spec.quality)?, true, "CMYK JPEG (Adobe)")?;
+    add(
+        format!("{good}/edge-cmyk.jpg"),
+        &cmyk_jpeg(&rgb, w, h, spec.quality)?,
+        true,
+        "CMYK JPEG (Adobe)",
+    )?;
     add(
         format!("{good}/edge-progressive.JPEG"),
         &turbo_jpeg(&rgb, w, h, spec.quality, true)?,
         true,
         "progressive JPEG, upper-case extension",
     )?;
-    let rgba: Vec<u8> = rgb.chunks(3).flat_map(|p| [p[0], p[1], p[2], 128]).collect();
+    let rgba: Vec<u8> = rgb
+        .chunks(3)
+        .flat_map(|p| [p[0], p[1], p[2], 128])
+        .collect();
     let mut png = Vec::new();
     image::write_buffer_with_format(
         &mut Cursor::new(&mut png),
@@ -186,10 +220,20 @@ fn write_edge_cases(root: &Path, spec: &SyntheticSpec, good: &str, bad: &str) ->
         image::ImageFormat::Png,
     )
     .expect("in-memory PNG encoding of a valid buffer");
-    add(format!("{good}/edge-alpha.png"), &png, true, "PNG with alpha channel")?;
+    add(
+        format!("{good}/edge-alpha.png"),
+        &png,
+        true,
+        "PNG with alpha channel",
+    )?;
 
     // Broken files: each must be rejected with its path and a reason.
-    add(format!("{bad}/bad-truncated.jpg"), &normal[..normal.len() / 2], false, "truncated JPEG")?;
+    add(
+        format!("{bad}/bad-truncated.jpg"),
+        &normal[..normal.len() / 2],
+        false,
+        "truncated JPEG",
+    )?;
     add(format!("{bad}/bad-empty.jpg"), b"", false, "zero-byte file")?;
     add(
         format!("{bad}/bad-text.jpg"),
@@ -197,9 +241,18 @@ fn write_edge_cases(root: &Path, spec: &SyntheticSpec, good: &str, bad: &str) ->
         false,
         "text file named .jpg",
     )?;
-    add(format!("{bad}/bad-bomb.jpg"), &claim_size(&normal, 60000, 60000), false, "JPEG header claiming 60000x60000")?;
+    add(
+        format!("{bad}/bad-bomb.jpg"),
+        &claim_size(&normal, 60000, 60000),
+        false,
+        "JPEG header claiming 60000x60000",
+    )?;
     // Not an image extension: skipped by the scan, not rejected.
-    write(root, &format!("{bad}/notes.txt"), b"not an image; ImageFolder skips this file\n")?;
+    write(
+        root,
+        &format!("{bad}/notes.txt"),
+        b"not an image; ImageFolder skips this file\n",
+    )?;
     Ok(cases)
 }
 
@@ -238,8 +291,12 @@ fn cmyk_jpeg(rgb: &[u8], w: u32, h: u32, quality: u8) -> Result<Vec<u8>> {
     };
     let mut compressor = turbojpeg::Compressor::new().map_err(jpeg_err)?;
     compressor.set_quality(quality as i32).map_err(jpeg_err)?;
-    compressor.set_subsamp(turbojpeg::Subsamp::None).map_err(jpeg_err)?;
-    compressor.set_colorspace(turbojpeg::Colorspace::CMYK).map_err(jpeg_err)?;
+    compressor
+        .set_subsamp(turbojpeg::Subsamp::None)
+        .map_err(jpeg_err)?;
+    compressor
+        .set_colorspace(turbojpeg::Colorspace::CMYK)
+        .map_err(jpeg_err)?;
     compressor.compress_to_vec(image).map_err(jpeg_err)
 }
 
@@ -270,14 +327,26 @@ mod tests {
         assert_eq!(synthetic_pixels(&spec, 3, 7), synthetic_pixels(&spec, 3, 7));
         assert_ne!(synthetic_pixels(&spec, 3, 7), synthetic_pixels(&spec, 3, 8));
         assert_ne!(synthetic_pixels(&spec, 3, 7), synthetic_pixels(&spec, 4, 7));
-        let other = SyntheticSpec { seed: 1, ..spec.clone() };
-        assert_ne!(synthetic_pixels(&spec, 3, 7), synthetic_pixels(&other, 3, 7));
+        let other = SyntheticSpec {
+            seed: 1,
+            ..spec.clone()
+        };
+        assert_ne!(
+            synthetic_pixels(&spec, 3, 7),
+            synthetic_pixels(&other, 3, 7)
+        );
     }
 
     #[test]
     fn claimed_size_is_what_the_header_says() {
         let spec = SyntheticSpec::default();
-        let jpeg = encode_jpeg(&synthetic_pixels(&spec, 0, 0), 64, 48, image::ExtendedColorType::Rgb8, 90);
+        let jpeg = encode_jpeg(
+            &synthetic_pixels(&spec, 0, 0),
+            64,
+            48,
+            image::ExtendedColorType::Rgb8,
+            90,
+        );
         let header = turbojpeg::read_header(&claim_size(&jpeg, 60000, 50000)).unwrap();
         assert_eq!((header.width, header.height), (60000, 50000));
     }

@@ -70,12 +70,22 @@ pub fn verify(path: impl AsRef<Path>, against: Option<&Path>) -> Result<VerifyRe
         problems.push(Problem {
             index: None,
             key: "classes".into(),
-            problem: format!("dataset has classes {:?}, source has {:?}", dataset.classes(), source.classes()),
+            problem: format!(
+                "dataset has classes {:?}, source has {:?}",
+                dataset.classes(),
+                source.classes()
+            ),
         });
     }
     let by_key: HashMap<&str, usize> = source
         .as_ref()
-        .map(|s| s.entries().iter().enumerate().map(|(i, e)| (e.key.as_str(), i)).collect())
+        .map(|s| {
+            s.entries()
+                .iter()
+                .enumerate()
+                .map(|(i, e)| (e.key.as_str(), i))
+                .collect()
+        })
         .unwrap_or_default();
     let checker = Checker {
         dataset: dataset.as_ref(),
@@ -84,7 +94,9 @@ pub fn verify(path: impl AsRef<Path>, against: Option<&Path>) -> Result<VerifyRe
     };
 
     // One parallel pass: read, decode, compare. Each result: (source index, problems).
-    let results = map_records(dataset.as_ref(), |decoder, record| checker.check(decoder, record));
+    let results = map_records(dataset.as_ref(), |decoder, record| {
+        checker.check(decoder, record)
+    });
     let mut last_source_index = None;
     let mut in_dataset = vec![false; source.as_ref().map_or(0, |s| s.len())];
     for (index, (source_index, found)) in results.into_iter().enumerate() {
@@ -97,7 +109,9 @@ pub fn verify(path: impl AsRef<Path>, against: Option<&Path>) -> Result<VerifyRe
             if last_source_index.is_some_and(|last| si <= last) {
                 problems.push(Problem {
                     index: Some(index),
-                    key: source.as_ref().expect("source set").entries()[si].key.clone(),
+                    key: source.as_ref().expect("source set").entries()[si]
+                        .key
+                        .clone(),
                     problem: "out of source order (ImageFolder order differs)".into(),
                 });
             }
@@ -164,26 +178,43 @@ impl Checker<'_> {
         let mut pixels = Vec::new();
         let header = match decoder.decode_rgb(record.payload, &mut pixels) {
             Ok(h) => h,
-            Err(e) => return (None, vec![problem(record.key, format!("payload does not decode: {e}"))]),
+            Err(e) => {
+                return (
+                    None,
+                    vec![problem(record.key, format!("payload does not decode: {e}"))],
+                );
+            }
         };
         let Some(source) = self.source else {
             return (None, problems);
         };
         let Some(&si) = self.by_key.get(record.key) else {
-            return (None, vec![problem(record.key, "no such file in the source tree".into())]);
+            return (
+                None,
+                vec![problem(
+                    record.key,
+                    "no such file in the source tree".into(),
+                )],
+            );
         };
         let expected_label = source.entries()[si].label;
         if record.label != expected_label {
             problems.push(problem(
                 record.key,
-                format!("label {} but the source's class gives {expected_label}", record.label),
+                format!(
+                    "label {} but the source's class gives {expected_label}",
+                    record.label
+                ),
             ));
         }
         let src_path = source.file_path(si);
         let src_bytes = match fs::read(&src_path) {
             Ok(b) => b,
             Err(e) => {
-                problems.push(problem(record.key, format!("cannot read source {}: {e}", src_path.display())));
+                problems.push(problem(
+                    record.key,
+                    format!("cannot read source {}: {e}", src_path.display()),
+                ));
                 return (Some(si), problems);
             }
         };
@@ -212,13 +243,18 @@ impl Checker<'_> {
                     }
                 };
                 let (ew, eh) = match resize {
-                    Some(s) if src.width.min(src.height) > s => short_side_size(src.width, src.height, s),
+                    Some(s) if src.width.min(src.height) > s => {
+                        short_side_size(src.width, src.height, s)
+                    }
                     _ => (src.width, src.height),
                 };
                 if (header.width, header.height) != (ew, eh) {
                     problems.push(problem(
                         record.key,
-                        format!("stored {}x{}, expected {ew}x{eh}", header.width, header.height),
+                        format!(
+                            "stored {}x{}, expected {ew}x{eh}",
+                            header.width, header.height
+                        ),
                     ));
                 } else if payload == PayloadKind::RawRgb8 {
                     let expected = if (ew, eh) == (src.width, src.height) {
@@ -228,11 +264,20 @@ impl Checker<'_> {
                         RgbResizer::new().resize(&src_rgb, src.width, src.height, &mut out, ew, eh);
                         out
                     };
-                    if RawImage::parse(record.payload).map(|(_, _, p)| p) != Ok(expected.as_slice()) {
-                        problems.push(problem(record.key, "raw pixels differ from the decoded source".into()));
+                    if RawImage::parse(record.payload).map(|(_, _, p)| p) != Ok(expected.as_slice())
+                    {
+                        problems.push(problem(
+                            record.key,
+                            "raw pixels differ from the decoded source".into(),
+                        ));
                     }
-                } else if (ew, eh) == (src.width, src.height) && record.payload != src_bytes.as_slice() {
-                    problems.push(problem(record.key, "payload differs from the (unresized) source file".into()));
+                } else if (ew, eh) == (src.width, src.height)
+                    && record.payload != src_bytes.as_slice()
+                {
+                    problems.push(problem(
+                        record.key,
+                        "payload differs from the (unresized) source file".into(),
+                    ));
                 }
             }
         }

@@ -8,12 +8,18 @@ use std::process::ExitCode;
 use anyhow::{Context as _, Result, bail};
 use clap::{Parser, Subcommand};
 use imagefeed::inspect::Inspection;
-use imagefeed::pack::{self, PackFormat, PackObserver, PackOptions, PackSummary, Rejection, StartMode};
+use imagefeed::pack::{
+    self, PackFormat, PackObserver, PackOptions, PackSummary, Rejection, StartMode,
+};
 use imagefeed::synthetic::{self, SyntheticSpec};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Parser)]
-#[command(name = "pack-dataset", version, about = "Pack, inspect and verify image datasets for imagefeed")]
+#[command(
+    name = "pack-dataset",
+    version,
+    about = "Pack, inspect and verify image datasets for imagefeed"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -102,7 +108,9 @@ struct PackArgs {
 }
 
 fn parse_size(text: &str) -> Result<(u32, u32), String> {
-    let (w, h) = text.split_once('x').ok_or("expected WIDTHxHEIGHT, e.g. 64x48")?;
+    let (w, h) = text
+        .split_once('x')
+        .ok_or("expected WIDTHxHEIGHT, e.g. 64x48")?;
     let parse = |v: &str| v.parse::<u32>().map_err(|e| format!("{v:?}: {e}"));
     Ok((parse(w)?, parse(h)?))
 }
@@ -118,7 +126,9 @@ impl PackObserver for Progress {
         self.bar.set_position(already_done as u64);
         self.bar.reset_eta();
         if already_done > 0 {
-            self.bar.println(format!("resuming: {already_done} of {total} files already packed"));
+            self.bar.println(format!(
+                "resuming: {already_done} of {total} files already packed"
+            ));
         }
     }
 
@@ -128,7 +138,8 @@ impl PackObserver for Progress {
     }
 
     fn rejected(&self, rejection: &Rejection) {
-        self.bar.println(format!("rejected {}: {}", rejection.key, rejection.reason));
+        self.bar
+            .println(format!("rejected {}: {}", rejection.key, rejection.reason));
     }
 }
 
@@ -173,7 +184,13 @@ fn pack(args: PackArgs, format: PackFormat) -> Result<ExitCode> {
     let progress = Progress { bar };
     let result = pack::pack_image_folder(&args.src_dir, &args.out, format, &options, &progress);
     progress.bar.finish_and_clear();
-    let summary = result.with_context(|| format!("packing {} into {}", args.src_dir.display(), args.out.display()))?;
+    let summary = result.with_context(|| {
+        format!(
+            "packing {} into {}",
+            args.src_dir.display(),
+            args.out.display()
+        )
+    })?;
     print_summary(&summary);
     Ok(ExitCode::SUCCESS)
 }
@@ -188,10 +205,16 @@ fn print_summary(s: &PackSummary) {
         human_bytes(s.file_bytes)
     );
     if s.resumed_from > 0 {
-        println!("resumed after {} files done by an earlier run", s.resumed_from);
+        println!(
+            "resumed after {} files done by an earlier run",
+            s.resumed_from
+        );
     }
     if s.skipped_non_images > 0 {
-        println!("skipped {} files without an image extension", s.skipped_non_images);
+        println!(
+            "skipped {} files without an image extension",
+            s.skipped_non_images
+        );
     }
     if s.rejected.is_empty() {
         println!("rejected 0 files");
@@ -224,7 +247,11 @@ fn print_inspection(i: &Inspection) {
     if let Some(s) = i.resized_short_side {
         println!("resized:     shorter side at most {s}");
     }
-    println!("bytes:       {} payload, {} on disk", human_bytes(i.payload_bytes), human_bytes(i.file_bytes));
+    println!(
+        "bytes:       {} payload, {} on disk",
+        human_bytes(i.payload_bytes),
+        human_bytes(i.file_bytes)
+    );
     println!(
         "image size:  width {}..{} (median {}), height {}..{} (median {})",
         i.width.min, i.width.max, i.width.median, i.height.min, i.height.max, i.height.median
@@ -235,7 +262,11 @@ fn print_inspection(i: &Inspection) {
         .map(|s| format!("{}x{} ({})", s.width, s.height, s.count))
         .collect();
     println!("most common: {}", common.join(", "));
-    let formats: Vec<String> = i.payload_formats.iter().map(|(f, n)| format!("{f} {n}")).collect();
+    let formats: Vec<String> = i
+        .payload_formats
+        .iter()
+        .map(|(f, n)| format!("{f} {n}"))
+        .collect();
     println!("encodings:   {}", formats.join(", "));
     if let Some(n) = i.rejected_at_pack {
         println!("rejected when packed: {n}");
@@ -256,8 +287,8 @@ fn run() -> Result<ExitCode> {
     match Cli::parse().command {
         Command::ImageFolder2Lmdb(args) => pack(args, PackFormat::Lmdb),
         Command::Inspect { dataset, json } => {
-            let inspection =
-                imagefeed::inspect::inspect(&dataset).with_context(|| format!("inspecting {}", dataset.display()))?;
+            let inspection = imagefeed::inspect::inspect(&dataset)
+                .with_context(|| format!("inspecting {}", dataset.display()))?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&inspection)?);
             } else {
@@ -265,7 +296,11 @@ fn run() -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Verify { dataset, against, json } => {
+        Command::Verify {
+            dataset,
+            against,
+            json,
+        } => {
             let report = imagefeed::verify::verify(&dataset, against.as_deref())
                 .with_context(|| format!("verifying {}", dataset.display()))?;
             if json {

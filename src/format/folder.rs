@@ -64,7 +64,10 @@ impl ImageFolder {
         for entry in fs::read_dir(&root).at(&root)? {
             let entry = entry.at(&root)?;
             // fs::metadata follows symlinks, like os.scandir's is_dir().
-            if fs::metadata(entry.path()).map(|m| m.is_dir()).unwrap_or(false) {
+            if fs::metadata(entry.path())
+                .map(|m| m.is_dir())
+                .unwrap_or(false)
+            {
                 classes.push(utf8_name(&entry.path())?);
             }
         }
@@ -141,7 +144,12 @@ impl ImageFolder {
 /// Collects the files under `root/rel` as `/`-joined keys, in `sorted(os.walk(...))` order:
 /// every directory of the subtree sorted by its full path *as a string* (so `a/sub` <
 /// `a/sub b` < `a/sub/deeper`, because ' ' < '/'), and each directory's files sorted by name.
-fn walk_sorted(root: &Path, rel: &Path, visited: &mut HashSet<PathBuf>, out: &mut Vec<String>) -> Result<()> {
+fn walk_sorted(
+    root: &Path,
+    rel: &Path,
+    visited: &mut HashSet<PathBuf>,
+    out: &mut Vec<String>,
+) -> Result<()> {
     let mut dirs = Vec::new();
     collect_dirs(root, rel, visited, &mut dirs)?;
     dirs.sort();
@@ -177,7 +185,10 @@ fn collect_dirs(
         }
     }
     files.sort();
-    let prefix = rel.to_str().expect("built from UTF-8 names").replace('\\', "/");
+    let prefix = rel
+        .to_str()
+        .expect("built from UTF-8 names")
+        .replace('\\', "/");
     out.push((prefix, files));
     for d in subdirs {
         collect_dirs(root, &rel.join(d), visited, out)?;
@@ -254,14 +265,25 @@ mod tests {
         // Classes sort by code point: "B" < "a" < "b"; extensions are case-insensitive;
         // nested files come after the directory's own files, sub-directories in path order.
         for rel in [
-            "b/2.JPG", "b/10.jpeg", "b/notes.txt", "a/z.png", "a/sub/a.webp", "a/sub b/c.bmp",
-            "a/sub/deeper/d.tif", "a/a.jpg", "B/x.PPM",
+            "b/2.JPG",
+            "b/10.jpeg",
+            "b/notes.txt",
+            "a/z.png",
+            "a/sub/a.webp",
+            "a/sub b/c.bmp",
+            "a/sub/deeper/d.tif",
+            "a/a.jpg",
+            "B/x.PPM",
         ] {
             touch(root, rel);
         }
         let folder = ImageFolder::open(root).unwrap();
         assert_eq!(folder.classes(), ["B", "a", "b"]);
-        let got: Vec<(&str, u32)> = folder.entries().iter().map(|e| (e.key.as_str(), e.label)).collect();
+        let got: Vec<(&str, u32)> = folder
+            .entries()
+            .iter()
+            .map(|e| (e.key.as_str(), e.label))
+            .collect();
         // sorted(os.walk): "a" < "a/sub" < "a/sub b" < "a/sub/deeper" as full path strings.
         assert_eq!(
             got,
@@ -288,7 +310,10 @@ mod tests {
         let folder = ImageFolder::open(dir.path()).unwrap();
         let mut reader = folder.open_reader().unwrap();
         let record = reader.read(1).unwrap();
-        assert_eq!((record.key, record.label, record.payload), ("dog/2.jpg", 1, &b"dog/2.jpg"[..]));
+        assert_eq!(
+            (record.key, record.label, record.payload),
+            ("dog/2.jpg", 1, &b"dog/2.jpg"[..])
+        );
     }
 
     #[test]
@@ -299,7 +324,11 @@ mod tests {
         touch(dir.path(), "cat/1.jpg");
         touch(dir.path(), "dog/readme.txt");
         let err = ImageFolder::open(dir.path()).unwrap_err();
-        assert!(err.to_string().contains("no image file in class folder(s) dog"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("no image file in class folder(s) dog"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -101,15 +101,22 @@ fn encode_value(out: &mut Vec<u8>, label: u32, key: &str, payload: &[u8]) {
 /// Splits a sample value into label, key and payload.
 fn decode_value(value: &[u8]) -> std::result::Result<(u32, &str, &[u8]), String> {
     if value.len() < 8 {
-        return Err(format!("value is {} bytes, shorter than its 8-byte header", value.len()));
+        return Err(format!(
+            "value is {} bytes, shorter than its 8-byte header",
+            value.len()
+        ));
     }
     let label = u32::from_le_bytes(value[0..4].try_into().expect("4 bytes"));
     let key_len = u32::from_le_bytes(value[4..8].try_into().expect("4 bytes")) as usize;
     let rest = &value[8..];
     if key_len > rest.len() {
-        return Err(format!("key length {key_len} runs past the {}-byte value", value.len()));
+        return Err(format!(
+            "key length {key_len} runs past the {}-byte value",
+            value.len()
+        ));
     }
-    let key = std::str::from_utf8(&rest[..key_len]).map_err(|_| "key is not valid UTF-8".to_string())?;
+    let key =
+        std::str::from_utf8(&rest[..key_len]).map_err(|_| "key is not valid UTF-8".to_string())?;
     Ok((label, key, &rest[key_len..]))
 }
 
@@ -127,7 +134,8 @@ fn to_json<T: Serialize>(value: &T) -> String {
 }
 
 fn from_json<T: for<'de> Deserialize<'de>>(path: &Path, what: &str, text: &str) -> Result<T> {
-    serde_json::from_str(text).map_err(|e| Error::not_a_dataset(path, format!("malformed meta/{what}: {e}")))
+    serde_json::from_str(text)
+        .map_err(|e| Error::not_a_dataset(path, format!("malformed meta/{what}: {e}")))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -150,7 +158,12 @@ impl LmdbWriter {
     ///
     /// Refuses to touch an existing `out` unless `mode.force`; refuses an existing partial file
     /// unless resuming (then its plan must equal `plan`) or forcing (then it is discarded).
-    pub fn start(out: &Path, plan: &PackPlan, mode: StartMode, map_size: usize) -> Result<(Self, PackProgress)> {
+    pub fn start(
+        out: &Path,
+        plan: &PackPlan,
+        mode: StartMode,
+        map_size: usize,
+    ) -> Result<(Self, PackProgress)> {
         let partial = pack::prepare_output(out, mode)?;
         let fresh = !partial.exists();
         let env = open_write_env(&partial, map_size)?;
@@ -169,8 +182,13 @@ impl LmdbWriter {
                 info: plan.dataset_info(FormatKind::Lmdb, 0),
             };
             let progress = PackProgress::default();
-            for (key, value) in [(INFO_KEY, to_json(&info)), (PLAN_KEY, to_json(plan)), (PROGRESS_KEY, to_json(&progress))] {
-                meta.put(&mut wtxn, key, &value).map_err(|e| Error::lmdb(&partial, e))?;
+            for (key, value) in [
+                (INFO_KEY, to_json(&info)),
+                (PLAN_KEY, to_json(plan)),
+                (PROGRESS_KEY, to_json(&progress)),
+            ] {
+                meta.put(&mut wtxn, key, &value)
+                    .map_err(|e| Error::lmdb(&partial, e))?;
             }
             progress
         } else {
@@ -224,7 +242,10 @@ fn open_write_env(path: &Path, map_size: usize) -> Result<Env> {
 impl PackSink for LmdbWriter {
     fn write_chunk(&mut self, records: &[PackedRecord<'_>], progress: &PackProgress) -> Result<()> {
         let first = progress.samples_written - records.len();
-        let mut wtxn = self.env.write_txn().map_err(|e| Error::lmdb(&self.partial, e))?;
+        let mut wtxn = self
+            .env
+            .write_txn()
+            .map_err(|e| Error::lmdb(&self.partial, e))?;
         for (offset, record) in records.iter().enumerate() {
             encode_value(&mut self.value, record.label, record.key, record.payload);
             self.samples
@@ -244,14 +265,21 @@ impl PackSink for LmdbWriter {
             complete: true,
             info: info.clone(),
         };
-        let mut wtxn = self.env.write_txn().map_err(|e| Error::lmdb(&self.partial, e))?;
+        let mut wtxn = self
+            .env
+            .write_txn()
+            .map_err(|e| Error::lmdb(&self.partial, e))?;
         self.meta
             .put(&mut wtxn, INFO_KEY, &to_json(&record))
             .and_then(|()| self.meta.put(&mut wtxn, PROGRESS_KEY, &to_json(progress)))
             .map_err(|e| Error::lmdb(&self.partial, e))?;
         wtxn.commit().map_err(|e| Error::lmdb(&self.partial, e))?;
-        self.env.force_sync().map_err(|e| Error::lmdb(&self.partial, e))?;
-        let LmdbWriter { env, partial, out, .. } = *self;
+        self.env
+            .force_sync()
+            .map_err(|e| Error::lmdb(&self.partial, e))?;
+        let LmdbWriter {
+            env, partial, out, ..
+        } = *self;
         env.prepare_for_closing().wait();
         remove_lock_file(&partial);
         pack::publish(&partial, &out)
@@ -281,9 +309,16 @@ fn remove_lock_file(path: &Path) {
 
 type ReadEnv = Env<WithoutTls>;
 
+/// An open environment and the identity (device, inode) of the file it maps.
+struct OpenEnv {
+    dev: u64,
+    ino: u64,
+    env: Weak<ReadEnv>,
+}
+
 /// Environments open in this process, by canonical path, with the file's identity so that a
 /// file replaced on disk is not served from a stale map.
-static OPEN_ENVS: Mutex<Option<HashMap<PathBuf, (u64, u64, Weak<ReadEnv>)>>> = Mutex::new(None);
+static OPEN_ENVS: Mutex<Option<HashMap<PathBuf, OpenEnv>>> = Mutex::new(None);
 
 /// A packed LMDB dataset opened for reading.
 pub struct Lmdb {
@@ -333,12 +368,18 @@ impl Lmdb {
         let meta: Database<Str, Str> = env
             .open_database(&rtxn, Some(META_DB))
             .map_err(|e| Error::lmdb(path, e))?
-            .ok_or_else(|| Error::not_a_dataset(path, "LMDB file without imagefeed's meta database"))?;
+            .ok_or_else(|| {
+                Error::not_a_dataset(path, "LMDB file without imagefeed's meta database")
+            })?;
         let get = |key: &str| meta.get(&rtxn, key).map_err(|e| Error::lmdb(path, e));
-        let info_text = get(INFO_KEY)?.ok_or_else(|| Error::not_a_dataset(path, "meta/info is missing"))?;
+        let info_text =
+            get(INFO_KEY)?.ok_or_else(|| Error::not_a_dataset(path, "meta/info is missing"))?;
         let record: InfoRecord = from_json(path, INFO_KEY, info_text)?;
         if record.magic != MAGIC {
-            return Err(Error::not_a_dataset(path, format!("meta/info magic is {:?}", record.magic)));
+            return Err(Error::not_a_dataset(
+                path,
+                format!("meta/info magic is {:?}", record.magic),
+            ));
         }
         if record.version > VERSION {
             return Err(Error::not_a_dataset(
@@ -362,7 +403,10 @@ impl Lmdb {
         if record.complete && stored != info.num_samples {
             return Err(Error::not_a_dataset(
                 path,
-                format!("meta/info says {} samples but {stored} are stored", info.num_samples),
+                format!(
+                    "meta/info says {} samples but {stored} are stored",
+                    info.num_samples
+                ),
             ));
         }
         info.num_samples = stored;
@@ -390,7 +434,12 @@ impl Lmdb {
     }
 }
 
-/// Refuses what is clearly not an LMDB data file, with a message better than `MDB_INVALID`.
+/// Refuses what is clearly not an LMDB data file, or one cut short, with a clear message.
+///
+/// The length check matters: liblmdb maps the whole database and trusts its meta page, so a
+/// truncated copy would fault with SIGBUS on the first read of a missing page instead of failing.
+/// We read both meta pages (LMDB keeps two and uses the one with the larger transaction id) and
+/// require the file to hold every page up to that meta's last page.
 fn check_lmdb_file(path: &Path) -> Result<()> {
     let meta = match fs::metadata(path) {
         Ok(meta) => meta,
@@ -410,25 +459,99 @@ fn check_lmdb_file(path: &Path) -> Result<()> {
         Err(e) => return Err(Error::io(path, e)),
     };
     if meta.is_dir() {
-        return Err(Error::not_a_dataset(path, "a directory, not a single-file LMDB"));
+        return Err(Error::not_a_dataset(
+            path,
+            "a directory, not a single-file LMDB",
+        ));
     }
-    let mut head = [0u8; 20];
-    let n = fs::File::open(path).and_then(|mut f| f.read(&mut head)).at(path)?;
-    if n < head.len() || u32::from_le_bytes(head[16..20].try_into().expect("4 bytes")) != LMDB_FILE_MAGIC {
-        return Err(Error::not_a_dataset(path, "not an LMDB file (bad magic number)"));
+    let mut file = fs::File::open(path).at(path)?;
+    let mut page0 = [0u8; META_PAGE_BYTES];
+    let n = read_up_to(&mut file, &mut page0).at(path)?;
+    let Some(first) = LmdbMeta::parse(&page0[..n]) else {
+        return Err(Error::not_a_dataset(
+            path,
+            "not an LMDB file (bad magic number)",
+        ));
+    };
+    let mut page1 = [0u8; META_PAGE_BYTES];
+    let second = {
+        use std::io::{Seek as _, SeekFrom};
+        file.seek(SeekFrom::Start(first.page_size)).at(path)?;
+        let n = read_up_to(&mut file, &mut page1).at(path)?;
+        LmdbMeta::parse(&page1[..n])
+    };
+    let live = match second {
+        Some(second) if second.txn_id > first.txn_id => second,
+        _ => first,
+    };
+    let needed = (live.last_page + 1).saturating_mul(live.page_size);
+    if meta.len() < needed {
+        return Err(Error::not_a_dataset(
+            path,
+            format!(
+                "truncated: LMDB's meta page needs {needed} bytes but the file has {} (an incomplete copy?)",
+                meta.len()
+            ),
+        ));
     }
     Ok(())
+}
+
+/// Bytes of a meta page we look at: page header (16) + MDB_meta up to mm_txnid (136).
+const META_PAGE_BYTES: usize = 152;
+
+/// The fields of liblmdb's `MDB_meta` (64-bit build) that the length check needs.
+struct LmdbMeta {
+    page_size: u64,
+    last_page: u64,
+    txn_id: u64,
+}
+
+impl LmdbMeta {
+    /// Parses a meta page: a 16-byte page header, then `mm_magic`, `mm_version`, `mm_address`,
+    /// `mm_mapsize`, two 48-byte `MDB_db` (the free-list DB's `md_pad` holds the page size),
+    /// `mm_last_pg`, `mm_txnid`.
+    fn parse(page: &[u8]) -> Option<LmdbMeta> {
+        if page.len() < META_PAGE_BYTES {
+            return None;
+        }
+        let u32_at = |o: usize| u32::from_le_bytes(page[o..o + 4].try_into().expect("4 bytes"));
+        let u64_at = |o: usize| u64::from_le_bytes(page[o..o + 8].try_into().expect("8 bytes"));
+        if u32_at(16) != LMDB_FILE_MAGIC {
+            return None;
+        }
+        let page_size = u32_at(40) as u64;
+        if !(512..=65536).contains(&page_size) || !page_size.is_power_of_two() {
+            return None;
+        }
+        Some(LmdbMeta {
+            page_size,
+            last_page: u64_at(136),
+            txn_id: u64_at(144),
+        })
+    }
+}
+
+fn read_up_to(file: &mut fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match file.read(&mut buf[filled..])? {
+            0 => break,
+            n => filled += n,
+        }
+    }
+    Ok(filled)
 }
 
 fn shared_read_env(path: &Path) -> Result<Arc<ReadEnv>> {
     let canonical = fs::canonicalize(path).at(path)?;
     let meta = fs::metadata(&canonical).at(path)?;
-    let identity = (meta.dev(), meta.ino());
+    let (dev, ino) = (meta.dev(), meta.ino());
     let mut guard = OPEN_ENVS.lock().unwrap_or_else(|e| e.into_inner());
     let envs = guard.get_or_insert_with(HashMap::new);
-    if let Some((dev, ino, weak)) = envs.get(&canonical)
-        && (*dev, *ino) == identity
-        && let Some(env) = weak.upgrade()
+    if let Some(open) = envs.get(&canonical)
+        && (open.dev, open.ino) == (dev, ino)
+        && let Some(env) = open.env.upgrade()
     {
         return Ok(env);
     }
@@ -437,7 +560,12 @@ fn shared_read_env(path: &Path) -> Result<Arc<ReadEnv>> {
     // SAFETY: these flags make the environment read-only and lock-free, which is sound because
     // imagefeed never modifies a published (renamed, complete) file.
     unsafe {
-        options.flags(EnvFlags::READ_ONLY | EnvFlags::NO_SUB_DIR | EnvFlags::NO_LOCK | EnvFlags::NO_READ_AHEAD)
+        options.flags(
+            EnvFlags::READ_ONLY
+                | EnvFlags::NO_SUB_DIR
+                | EnvFlags::NO_LOCK
+                | EnvFlags::NO_READ_AHEAD,
+        )
     };
     // The last user of an earlier environment may still be closing it on another thread; heed
     // answers EnvAlreadyOpened until it has. Wait a little for that rather than fail.
@@ -461,7 +589,14 @@ fn shared_read_env(path: &Path) -> Result<Arc<ReadEnv>> {
         }
     };
     let env = Arc::new(env);
-    envs.insert(canonical, (identity.0, identity.1, Arc::downgrade(&env)));
+    envs.insert(
+        canonical,
+        OpenEnv {
+            dev,
+            ino,
+            env: Arc::downgrade(&env),
+        },
+    );
     Ok(env)
 }
 
@@ -510,7 +645,8 @@ impl RecordReader for LmdbReader {
             .get(&self.txn, &sample_key(index))
             .map_err(|e| Error::lmdb(&self.path, e))?
             .ok_or_else(|| corrupt(&self.path, index, "?", "record is missing"))?;
-        let (label, key, payload) = decode_value(value).map_err(|reason| corrupt(&self.path, index, "?", reason))?;
+        let (label, key, payload) =
+            decode_value(value).map_err(|reason| corrupt(&self.path, index, "?", reason))?;
         self.info.check_label(&self.path, index, key, label)?;
         Ok(Record {
             index,
@@ -530,21 +666,35 @@ mod tests {
         let mut buf = Vec::new();
         encode_value(&mut buf, 7, "cat/ü.jpg", b"\xff\xd8payload");
         assert_eq!(&buf[..8], &[7, 0, 0, 0, 10, 0, 0, 0]);
-        assert_eq!(decode_value(&buf).unwrap(), (7, "cat/ü.jpg", &b"\xff\xd8payload"[..]));
+        assert_eq!(
+            decode_value(&buf).unwrap(),
+            (7, "cat/ü.jpg", &b"\xff\xd8payload"[..])
+        );
     }
 
     #[test]
     fn malformed_values_are_explained() {
-        assert!(decode_value(&[1, 2, 3]).unwrap_err().contains("shorter than its 8-byte header"));
+        assert!(
+            decode_value(&[1, 2, 3])
+                .unwrap_err()
+                .contains("shorter than its 8-byte header")
+        );
         let mut buf = Vec::new();
         encode_value(&mut buf, 0, "abc", b"");
         buf[4] = 200;
-        assert!(decode_value(&buf).unwrap_err().contains("key length 200 runs past"));
+        assert!(
+            decode_value(&buf)
+                .unwrap_err()
+                .contains("key length 200 runs past")
+        );
     }
 
     #[test]
     fn sample_keys_sort_in_index_order() {
-        let keys: Vec<[u8; 8]> = [0, 1, 255, 256, 70_000].into_iter().map(sample_key).collect();
+        let keys: Vec<[u8; 8]> = [0, 1, 255, 256, 70_000]
+            .into_iter()
+            .map(sample_key)
+            .collect();
         assert!(keys.windows(2).all(|w| w[0] < w[1]));
     }
 }

@@ -22,10 +22,12 @@ pub fn open(path: impl AsRef<Path>) -> Result<Arc<dyn Dataset>> {
     }
     match lmdb::Lmdb::open(path) {
         Ok(lmdb) => Ok(Arc::new(lmdb)),
-        Err(Error::NotADataset { reason, .. }) if reason.contains("bad magic") => Err(Error::not_a_dataset(
-            path,
-            "neither an ImageFolder directory nor a dataset file this build reads (LMDB)",
-        )),
+        Err(Error::NotADataset { reason, .. }) if reason.contains("bad magic") => {
+            Err(Error::not_a_dataset(
+                path,
+                "neither an ImageFolder directory nor a dataset file this build reads (LMDB)",
+            ))
+        }
         Err(e) => Err(e),
     }
 }

@@ -1,0 +1,214 @@
+//! The `pack-dataset` binary: a real SIGKILL mid-pack and `--resume`, exit codes and messages.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use imagefeed::synthetic::{self, SyntheticSpec};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_pack-dataset"))
+}
+
+fn run(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
+    let mut cmd = bin();
+    for a in args {
+        cmd.arg(a);
+    }
+    cmd.output().expect("pack-dataset runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/imagefolder")
+}
+
+fn partial(out: &Path) -> PathBuf {
+    imagefeed::pack::partial_path(out)
+}
+
+#[test]
+fn sigkill_mid_pack_leaves_nothing_readable_and_resume_finishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let spec = SyntheticSpec {
+        classes: 4,
+        per_class: 1500,
+        width: 64,
+        height: 48,
+        ..SyntheticSpec::default()
+    };
+    synthetic::write_image_folder(&src, &spec).unwrap();
+    let out = dir.path().join("big.lmdb");
+
+    let mut child = bin()
+        .args(["imagefolder2lmdb", "-q", "--threads", "1"])
+        .arg(&src)
+        .arg(&out)
+        .spawn()
+        .unwrap();
+    // Wait until at least one chunk is committed, then kill -9. LMDB writes a transaction's pages
+    // before its meta page, so growth alone proves nothing: a chunk is ~0.8 MB here, and the file
+    // passes 2 MB only once the first chunk's commit is done and the second is under way.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let size = std::fs::metadata(partial(&out))
+            .map(|m| m.len())
+            .unwrap_or(0);
+        if size > 2 * 1024 * 1024 {
+            break;
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "pack finished before it could be killed"
+        );
+        assert!(Instant::now() < deadline, "pack made no progress");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    child.kill().unwrap(); // SIGKILL
+    let status = child.wait().unwrap();
+    assert!(!status.success());
+    assert!(
+        !out.exists(),
+        "a killed pack must not leave the final output"
+    );
+
+    let inspected = run(&[&"inspect", &out]);
+    assert!(inspected.status.success(), "{}", stderr(&inspected));
+    assert!(
+        stdout(&inspected).contains("complete:    NO"),
+        "{}",
+        stdout(&inspected)
+    );
+    let verified = run(&[&"verify", &out]);
+    assert_eq!(verified.status.code(), Some(2));
+    assert!(
+        stderr(&verified).contains("incomplete dataset"),
+        "{}",
+        stderr(&verified)
+    );
+
+    let resumed = run(&[&"imagefolder2lmdb", &"-q", &"--resume", &src, &out]);
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
+    let text = stdout(&resumed);
+    assert!(text.contains("packed 6000 samples"), "{text}");
+    assert!(text.contains("resumed after"), "{text}");
+    let verified = run(&[&"verify", &out, &"--against", &src]);
+    assert!(
+        verified.status.success(),
+        "{}{}",
+        stdout(&verified),
+        stderr(&verified)
+    );
+    assert!(
+        stdout(&verified).contains("6000 records checked"),
+        "{}",
+        stdout(&verified)
+    );
+}
+
+#[test]
+fn pack_reports_rejections_and_inspect_json_describes_the_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("f.lmdb");
+    let packed = run(&[&"imagefolder2lmdb", &"-q", &fixtures(), &out]);
+    assert!(packed.status.success(), "{}", stderr(&packed));
+    let text = stdout(&packed);
+    assert!(text.contains("packed 16 samples (3 classes)"), "{text}");
+    assert!(text.contains("rejected 4 files:"), "{text}");
+    assert!(
+        text.contains(
+            "class01/bad-truncated.jpg: JPEG: TurboJPEG error: Premature end of JPEG file"
+        ),
+        "{text}"
+    );
+
+    let inspected = run(&[&"inspect", &"--json", &out]);
+    assert!(inspected.status.success());
+    let json: serde_json::Value = serde_json::from_slice(&inspected.stdout).unwrap();
+    assert_eq!(json["complete"], true);
+    assert_eq!(json["num_samples"], 16);
+    assert_eq!(json["rejected_at_pack"], 4);
+    assert_eq!(json["classes"][0]["count"], 8);
+
+    let verified = run(&[&"verify", &out, &"--against", &fixtures()]);
+    assert!(verified.status.success(), "{}", stdout(&verified));
+}
+
+#[test]
+fn verify_mismatch_exits_one_and_lists_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    synthetic::write_image_folder(
+        &src,
+        &SyntheticSpec {
+            classes: 2,
+            per_class: 3,
+            ..SyntheticSpec::default()
+        },
+    )
+    .unwrap();
+    let out = dir.path().join("o.lmdb");
+    assert!(
+        run(&[&"imagefolder2lmdb", &"-q", &src, &out])
+            .status
+            .success()
+    );
+    std::fs::copy(
+        src.join("class01/img00000.jpg"),
+        src.join("class01/img00002.jpg"),
+    )
+    .unwrap();
+    let verified = run(&[&"verify", &out, &"--against", &src]);
+    assert_eq!(verified.status.code(), Some(1));
+    let text = stdout(&verified);
+    assert!(
+        text.contains("MISMATCH record 5 (class01/img00002.jpg): payload"),
+        "{text}"
+    );
+    assert!(text.contains("1 problems"), "{text}");
+}
+
+#[test]
+fn strict_and_bad_inputs_fail_with_the_path_and_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("s.lmdb");
+    let strict = run(&[&"imagefolder2lmdb", &"-q", &"--strict", &fixtures(), &out]);
+    assert_eq!(strict.status.code(), Some(2));
+    let err = stderr(&strict);
+    assert!(
+        err.contains("bad-bomb.jpg: rejected in strict mode"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "strict failure left files"
+    );
+
+    let missing = dir.path().join("no-such-dir");
+    let failed = run(&[&"imagefolder2lmdb", &"-q", &missing, &out]);
+    assert_eq!(failed.status.code(), Some(2));
+    assert!(
+        stderr(&failed).contains("no-such-dir"),
+        "{}",
+        stderr(&failed)
+    );
+
+    let bogus = dir.path().join("bogus.lmdb");
+    std::fs::write(&bogus, "not a dataset at all, just some text").unwrap();
+    let inspected = run(&[&"inspect", &bogus]);
+    assert_eq!(inspected.status.code(), Some(2));
+    assert!(
+        stderr(&inspected).contains("bogus.lmdb"),
+        "{}",
+        stderr(&inspected)
+    );
+}

@@ -1,0 +1,401 @@
+//! `imagefolder2lmdb` through the library: rejection of broken files, strict mode, overwrite
+//! rules, interruption and resume, raw and resized payloads, and verify catching mismatches.
+
+mod support;
+
+use std::fs;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use imagefeed::dataset::{Dataset as _, PayloadKind};
+use imagefeed::decode::{Decoder, RawImage};
+use imagefeed::format::folder::ImageFolder;
+use imagefeed::format::lmdb::Lmdb;
+use imagefeed::pack::{self, PackFormat, PackObserver, PackOptions, PackSummary, StartMode};
+use imagefeed::{Error, inspect, verify};
+use support::{BROKEN, copy_tree, fixture_root, pack_lmdb, small_options};
+
+/// (key, label, payload) of every record.
+fn records(path: &Path) -> Vec<(String, u32, Vec<u8>)> {
+    let dataset = Lmdb::open(path).unwrap();
+    let mut reader = dataset.open_reader().unwrap();
+    (0..dataset.len())
+        .map(|i| {
+            let r = reader.read(i).unwrap();
+            (r.key.to_string(), r.label, r.payload.to_vec())
+        })
+        .collect()
+}
+
+#[test]
+fn broken_files_are_rejected_by_path_and_the_run_completes() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("fixtures.lmdb");
+    let summary = pack_lmdb(&fixture_root(), &out, &small_options());
+
+    assert_eq!(summary.samples, 16);
+    assert_eq!(summary.classes, 3);
+    assert_eq!(summary.skipped_non_images, 1);
+    let rejected: Vec<&str> = summary.rejected.iter().map(|r| r.key.as_str()).collect();
+    assert_eq!(rejected, BROKEN);
+    let reason = |key: &str| {
+        &summary
+            .rejected
+            .iter()
+            .find(|r| r.key == key)
+            .unwrap()
+            .reason
+    };
+    assert!(reason("class01/bad-empty.jpg").contains("empty file"));
+    assert!(reason("class01/bad-text.jpg").contains("not a recognized image format"));
+    assert!(reason("class01/bad-truncated.jpg").contains("Premature end of JPEG file"));
+    assert!(reason("class01/bad-bomb.jpg").contains("60000x60000"));
+
+    // The machine-readable report says the same.
+    let report: PackSummary =
+        serde_json::from_slice(&fs::read(pack::report_path(&out)).unwrap()).unwrap();
+    assert_eq!(report.rejected, summary.rejected);
+    assert_eq!(report.samples, 16);
+
+    // Records: the source listing in ImageFolder order, minus the rejected files, bytes unchanged.
+    let listing = ImageFolder::open(fixture_root()).unwrap();
+    let expected: Vec<(String, u32, Vec<u8>)> = listing
+        .entries()
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| !BROKEN.contains(&e.key.as_str()))
+        .map(|(i, e)| {
+            (
+                e.key.clone(),
+                e.label,
+                fs::read(listing.file_path(i)).unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(records(&out), expected);
+
+    let report = verify::verify(&out, Some(&fixture_root())).unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert_eq!((report.checked, report.source_rejects), (16, 4));
+    // No leftovers beside the output.
+    let mut names: Vec<String> = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["fixtures.lmdb", "fixtures.lmdb.report.json"]);
+}
+
+#[test]
+fn strict_mode_fails_on_the_first_broken_file_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("strict.lmdb");
+    let options = PackOptions {
+        strict: true,
+        ..small_options()
+    };
+    let err = pack::pack_image_folder(
+        &fixture_root(),
+        &out,
+        PackFormat::Lmdb,
+        &options,
+        &pack::NoProgress,
+    )
+    .unwrap_err();
+    match &err {
+        Error::Rejected { path, reason } => {
+            assert!(path.ends_with("class01/bad-bomb.jpg"), "{}", path.display());
+            assert!(reason.contains("decompression-bomb"), "{reason}");
+        }
+        other => panic!("expected a rejection, got {other}"),
+    }
+    assert_eq!(
+        fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "strict failure left files behind"
+    );
+}
+
+#[test]
+fn existing_output_is_kept_unless_forced() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    copy_tree(&fixture_root(), &src);
+    let out = dir.path().join("out.lmdb");
+    pack_lmdb(&src, &out, &small_options());
+    let before = fs::read(&out).unwrap();
+
+    let err = pack::pack_image_folder(
+        &src,
+        &out,
+        PackFormat::Lmdb,
+        &small_options(),
+        &pack::NoProgress,
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::AlreadyExists { .. }), "{err}");
+    assert!(err.to_string().contains("--force"), "{err}");
+    assert_eq!(
+        fs::read(&out).unwrap(),
+        before,
+        "refused pack modified the output"
+    );
+
+    // Forced, with a different source: the output is replaced.
+    fs::remove_dir_all(src.join("class02")).unwrap();
+    let forced = PackOptions {
+        mode: StartMode {
+            force: true,
+            resume: false,
+        },
+        ..small_options()
+    };
+    let summary = pack_lmdb(&src, &out, &forced);
+    assert_eq!(summary.classes, 2);
+    assert_eq!(Lmdb::open(&out).unwrap().classes(), ["class00", "class01"]);
+}
+
+/// Stops the pack (by panicking, which unwinds like an abort at that point: the open write
+/// transaction is discarded) after `stop_after` chunks have been committed.
+struct Crash {
+    chunks: AtomicUsize,
+    stop_after: usize,
+}
+
+impl PackObserver for Crash {
+    fn advanced(&self, _done: usize, _bytes: u64) {
+        if self.chunks.fetch_add(1, Ordering::SeqCst) + 1 == self.stop_after {
+            panic!("simulated crash");
+        }
+    }
+}
+
+fn crash_after(src: &Path, out: &Path, options: &PackOptions, chunks: usize) {
+    let crash = Crash {
+        chunks: AtomicUsize::new(0),
+        stop_after: chunks,
+    };
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        pack::pack_image_folder(src, out, PackFormat::Lmdb, options, &crash)
+    }));
+    assert!(
+        result.is_err(),
+        "the pack finished before the simulated crash"
+    );
+}
+
+#[test]
+fn an_interrupted_pack_is_never_accepted_and_resume_completes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixture_root();
+    let out = dir.path().join("resumed.lmdb");
+    // chunk_size 4: chunks 0..4 hold files 0..16, so after 3 chunks some rejected files are done.
+    crash_after(&src, &out, &small_options(), 3);
+
+    assert!(!out.exists());
+    let err = Lmdb::open(&out).unwrap_err();
+    assert!(
+        matches!(err, Error::Incomplete { .. }) && err.to_string().contains("--resume"),
+        "{err}"
+    );
+    let err = Lmdb::open(pack::partial_path(&out)).unwrap_err();
+    assert!(matches!(err, Error::Incomplete { .. }), "{err}");
+    assert!(imagefeed::format::open(&out).is_err());
+    let seen = inspect::inspect(&out).unwrap();
+    assert!(!seen.complete);
+    assert!(
+        seen.num_samples > 0 && seen.num_samples < 16,
+        "{}",
+        seen.num_samples
+    );
+
+    // Without --resume the partial file is not silently discarded.
+    let err = pack::pack_image_folder(
+        &src,
+        &out,
+        PackFormat::Lmdb,
+        &small_options(),
+        &pack::NoProgress,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("--resume"), "{err}");
+
+    // Other options: refused, the partial file untouched.
+    let raw_resume = PackOptions {
+        raw: true,
+        mode: StartMode {
+            resume: true,
+            force: false,
+        },
+        ..small_options()
+    };
+    let err = pack::pack_image_folder(&src, &out, PackFormat::Lmdb, &raw_resume, &pack::NoProgress)
+        .unwrap_err();
+    assert!(matches!(err, Error::ResumeMismatch { .. }), "{err}");
+
+    let resume = PackOptions {
+        mode: StartMode {
+            resume: true,
+            force: false,
+        },
+        ..small_options()
+    };
+    let summary = pack_lmdb(&src, &out, &resume);
+    assert_eq!(
+        summary.resumed_from, 12,
+        "3 chunks of 4 files were committed"
+    );
+    assert_eq!(summary.samples, 16);
+    let rejected: Vec<&str> = summary.rejected.iter().map(|r| r.key.as_str()).collect();
+    assert_eq!(
+        rejected, BROKEN,
+        "rejections from before the crash are kept"
+    );
+    assert!(!pack::partial_path(&out).exists());
+
+    // Identical to a pack that was never interrupted.
+    let clean = dir.path().join("clean.lmdb");
+    pack_lmdb(&src, &clean, &small_options());
+    assert_eq!(records(&out), records(&clean));
+    assert!(verify::verify(&out, Some(&src)).unwrap().is_ok());
+}
+
+#[test]
+fn resume_refuses_a_changed_source_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    copy_tree(&fixture_root(), &src);
+    let out = dir.path().join("out.lmdb");
+    crash_after(&src, &out, &small_options(), 1);
+    fs::write(src.join("class02/img00000.jpg"), b"changed").unwrap();
+    let resume = PackOptions {
+        mode: StartMode {
+            resume: true,
+            force: false,
+        },
+        ..small_options()
+    };
+    let err = pack::pack_image_folder(&src, &out, PackFormat::Lmdb, &resume, &pack::NoProgress)
+        .unwrap_err();
+    assert!(matches!(err, Error::ResumeMismatch { .. }), "{err}");
+    assert!(err.to_string().contains("source tree changed"), "{err}");
+}
+
+#[test]
+fn raw_payloads_hold_the_decoded_pixels() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("raw.lmdb");
+    let options = PackOptions {
+        raw: true,
+        ..small_options()
+    };
+    let summary = pack_lmdb(&fixture_root(), &out, &options);
+    assert_eq!(summary.samples, 16);
+    let dataset = Lmdb::open(&out).unwrap();
+    assert_eq!(dataset.info().payload, PayloadKind::RawRgb8);
+    let mut reader = dataset.open_reader().unwrap();
+    let record = reader.read(0).unwrap();
+    let (w, h, pixels) = RawImage::parse(record.payload).unwrap();
+    let mut expected = Vec::new();
+    Decoder::new()
+        .decode_rgb(
+            &fs::read(fixture_root().join(record.key)).unwrap(),
+            &mut expected,
+        )
+        .unwrap();
+    assert_eq!((w, h), (40, 32));
+    assert_eq!(pixels, expected.as_slice());
+    assert!(verify::verify(&out, Some(&fixture_root())).unwrap().is_ok());
+}
+
+#[test]
+fn resize_shrinks_the_shorter_side_and_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    for raw in [false, true] {
+        let out = dir.path().join(format!("resized-{raw}.lmdb"));
+        let options = PackOptions {
+            resize_short_side: Some(16),
+            raw,
+            ..small_options()
+        };
+        pack_lmdb(&fixture_root(), &out, &options);
+        let seen = inspect::inspect(&out).unwrap();
+        // 40x32 -> shorter side 16 -> 20x16 (torchvision: int(16 * 40 / 32) = 20).
+        assert_eq!((seen.width.max, seen.height.max), (20, 16), "raw={raw}");
+        assert_eq!(seen.resized_short_side, Some(16));
+        let report = verify::verify(&out, Some(&fixture_root())).unwrap();
+        assert!(report.is_ok(), "raw={raw}: {:?}", report.problems);
+    }
+}
+
+#[test]
+fn verify_reports_changed_missing_and_relabelled_samples() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    copy_tree(&fixture_root(), &src);
+    let out = dir.path().join("out.lmdb");
+    pack_lmdb(&src, &out, &small_options());
+    assert!(verify::verify(&out, Some(&src)).unwrap().is_ok());
+
+    // A changed file, a file only in the dataset, a new decodable file only in the source.
+    fs::copy(
+        src.join("class02/img00001.jpg"),
+        src.join("class02/img00000.jpg"),
+    )
+    .unwrap();
+    fs::remove_file(src.join("class02/img00003.jpg")).unwrap();
+    fs::copy(
+        src.join("class02/img00001.jpg"),
+        src.join("class02/img00009.jpg"),
+    )
+    .unwrap();
+    let report = verify::verify(&out, Some(&src)).unwrap();
+    let found: Vec<(String, &str)> = report
+        .problems
+        .iter()
+        .map(|p| (p.key.clone(), p.problem.split(' ').next().unwrap()))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            ("class02/img00000.jpg".to_string(), "payload"),
+            ("class02/img00003.jpg".to_string(), "no"),
+            ("class02/img00009.jpg".to_string(), "decodable"),
+        ],
+        "{:?}",
+        report.problems
+    );
+
+    // Classes renamed: labels no longer match the source's classes.
+    let renamed = dir.path().join("renamed");
+    copy_tree(&fixture_root(), &renamed);
+    fs::rename(renamed.join("class00"), renamed.join("zzz")).unwrap();
+    let report = verify::verify(&out, Some(&renamed)).unwrap();
+    assert!(
+        report.problems.iter().any(|p| p.key == "classes"),
+        "{:?}",
+        report.problems
+    );
+}
+
+#[test]
+fn a_tree_of_only_broken_files_packs_nothing_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    fs::create_dir_all(src.join("a")).unwrap();
+    fs::write(src.join("a/x.jpg"), b"").unwrap();
+    let out = dir.path().join("out.lmdb");
+    let err = pack::pack_image_folder(
+        &src,
+        &out,
+        PackFormat::Lmdb,
+        &small_options(),
+        &pack::NoProgress,
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("all 1 files were rejected"),
+        "{err}"
+    );
+    assert!(!out.exists() && !pack::partial_path(&out).exists());
+}

@@ -1,0 +1,298 @@
+//! One reader suite run over every backend: the raw folder, LMDB with encoded payloads and LMDB
+//! with raw pixels must present the same samples (keys, labels, pixels), per worker handle, from
+//! any number of threads. Then the backend-specific error paths.
+
+mod support;
+
+use std::fs;
+use std::path::Path;
+use std::sync::Arc;
+
+use imagefeed::dataset::{Dataset, LazyReader, PayloadKind};
+use imagefeed::decode::Decoder;
+use imagefeed::format::folder::ImageFolder;
+use imagefeed::format::lmdb::{Lmdb, LmdbWriter};
+use imagefeed::pack::{PackOptions, PackPlan, PackProgress, PackSink, PackedRecord, StartMode};
+use imagefeed::{Error, format};
+use support::{BROKEN, copy_tree, fixture_root, pack_lmdb, small_options};
+
+/// A copy of the fixture tree without the broken files, so every backend holds the same samples.
+fn clean_tree(dir: &Path) -> std::path::PathBuf {
+    let src = dir.join("src");
+    copy_tree(&fixture_root(), &src);
+    for key in BROKEN {
+        fs::remove_file(src.join(key)).unwrap();
+    }
+    src
+}
+
+/// Every backend over the same samples, by name.
+fn backends(dir: &Path) -> Vec<(&'static str, Arc<dyn Dataset>)> {
+    let src = clean_tree(dir);
+    pack_lmdb(&src, &dir.join("encoded.lmdb"), &small_options());
+    pack_lmdb(
+        &src,
+        &dir.join("raw.lmdb"),
+        &PackOptions {
+            raw: true,
+            ..small_options()
+        },
+    );
+    vec![
+        ("folder", format::open(&src).unwrap()),
+        ("lmdb", format::open(dir.join("encoded.lmdb")).unwrap()),
+        ("lmdb-raw", format::open(dir.join("raw.lmdb")).unwrap()),
+    ]
+}
+
+/// (key, label, decoded RGB) of every sample, read through one handle.
+fn read_all(
+    dataset: &dyn Dataset,
+    order: impl Iterator<Item = usize>,
+) -> Vec<(usize, String, u32, Vec<u8>)> {
+    let mut reader = dataset.open_reader().unwrap();
+    let mut decoder = Decoder::new();
+    let mut out: Vec<_> = order
+        .map(|i| {
+            let record = reader.read(i).unwrap();
+            assert_eq!(record.index, i);
+            let mut rgb = Vec::new();
+            decoder.decode_rgb(record.payload, &mut rgb).unwrap();
+            (i, record.key.to_string(), record.label, rgb)
+        })
+        .collect();
+    out.sort_by_key(|s| s.0);
+    out
+}
+
+#[test]
+fn every_backend_presents_the_same_samples() {
+    let dir = tempfile::tempdir().unwrap();
+    let backends = backends(dir.path());
+    let listing = ImageFolder::open(dir.path().join("src")).unwrap();
+    let expected: Vec<(String, u32)> = listing
+        .entries()
+        .iter()
+        .map(|e| (e.key.clone(), e.label))
+        .collect();
+    let reference = read_all(backends[0].1.as_ref(), 0..expected.len());
+    for (name, dataset) in &backends {
+        assert_eq!(dataset.len(), 16, "{name}");
+        assert_eq!(dataset.classes(), listing.classes(), "{name}");
+        let samples = read_all(dataset.as_ref(), 0..dataset.len());
+        let got: Vec<(String, u32)> = samples.iter().map(|s| (s.1.clone(), s.2)).collect();
+        assert_eq!(got, expected, "{name}: keys and labels");
+        // Raw pixels were decoded with the same decoder, so pixels match exactly.
+        assert!(
+            samples == reference,
+            "{name}: decoded pixels differ from the folder's"
+        );
+    }
+    assert_eq!(backends[2].1.info().payload, PayloadKind::RawRgb8);
+}
+
+#[test]
+fn per_thread_handles_read_the_same_in_any_order() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, dataset) in backends(dir.path()) {
+        let n = dataset.len();
+        let forward = read_all(dataset.as_ref(), 0..n);
+        let results: Vec<_> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..4)
+                .map(|t| {
+                    let dataset = &dataset;
+                    // Each thread reads everything in its own order (rotated, reversed for odd t).
+                    scope.spawn(move || {
+                        let order: Vec<usize> = (0..n).map(|i| (i + t * 5) % n).collect();
+                        if t % 2 == 1 {
+                            read_all(dataset.as_ref(), order.into_iter().rev())
+                        } else {
+                            read_all(dataset.as_ref(), order.into_iter())
+                        }
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for r in results {
+            assert!(r == forward, "{name}: a thread read different samples");
+        }
+    }
+}
+
+#[test]
+fn lazy_reader_opens_on_first_read() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, dataset) in backends(dir.path()) {
+        let mut lazy = LazyReader::new(Arc::clone(&dataset));
+        assert!(!lazy.is_open(), "{name}");
+        let key = lazy.read(3).unwrap().key.to_string();
+        assert!(lazy.is_open(), "{name}");
+        assert_eq!(key, dataset.open_reader().unwrap().read(3).unwrap().key);
+    }
+}
+
+#[test]
+fn out_of_range_reads_panic_on_every_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, dataset) in backends(dir.path()) {
+        let n = dataset.len();
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _ = dataset.open_reader().unwrap().read(n);
+        }));
+        assert!(
+            result.is_err(),
+            "{name}: reading index {n} of {n} did not panic"
+        );
+    }
+}
+
+#[test]
+fn the_same_lmdb_can_be_opened_twice_in_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = clean_tree(dir.path());
+    let path = dir.path().join("twice.lmdb");
+    pack_lmdb(&src, &path, &small_options());
+    let a = Lmdb::open(&path).unwrap();
+    let b = Lmdb::open(&path).unwrap();
+    let key_a = a.open_reader().unwrap().read(5).unwrap().key.to_string();
+    drop(a);
+    assert_eq!(b.open_reader().unwrap().read(5).unwrap().key, key_a);
+    drop(b);
+    // And again after every handle is gone.
+    assert_eq!(Lmdb::open(&path).unwrap().len(), 16);
+}
+
+/// Writes an LMDB by hand through the writer interface, with whatever records we like.
+fn write_lmdb(path: &Path, classes: &[&str], records: &[PackedRecord<'_>]) {
+    let plan = PackPlan {
+        source_fingerprint: "test".into(),
+        num_sources: records.len(),
+        classes: classes.iter().map(|c| c.to_string()).collect(),
+        payload: PayloadKind::Encoded,
+        resize_short_side: None,
+        quality: 90,
+    };
+    let (mut writer, _) = LmdbWriter::start(path, &plan, StartMode::default(), 16 << 20).unwrap();
+    let progress = PackProgress {
+        sources_done: records.len(),
+        samples_written: records.len(),
+        ..PackProgress::default()
+    };
+    writer.write_chunk(records, &progress).unwrap();
+    let info = plan.dataset_info(imagefeed::dataset::FormatKind::Lmdb, records.len());
+    Box::new(writer).finish(&info, &progress).unwrap();
+}
+
+#[test]
+fn label_out_of_range_is_an_error_naming_the_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad-label.lmdb");
+    let jpeg = fs::read(fixture_root().join("class00/img00000.jpg")).unwrap();
+    let record = |label, key| PackedRecord {
+        label,
+        key,
+        payload: &jpeg,
+    };
+    write_lmdb(
+        &path,
+        &["a", "b", "c"],
+        &[record(2, "c/ok.jpg"), record(7, "c/bad.jpg")],
+    );
+    let dataset = Lmdb::open(&path).unwrap();
+    let mut reader = dataset.open_reader().unwrap();
+    assert_eq!(reader.read(0).unwrap().label, 2);
+    let err = reader.read(1).unwrap_err();
+    assert!(
+        matches!(err, Error::CorruptRecord { index: 1, .. }),
+        "{err}"
+    );
+    let message = err.to_string();
+    assert!(
+        message.contains("bad-label.lmdb") && message.contains("c/bad.jpg"),
+        "{message}"
+    );
+    assert!(message.contains("label 7 is outside 0..3"), "{message}");
+}
+
+#[test]
+fn files_that_are_not_datasets_are_refused_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let garbage = dir.path().join("garbage.lmdb");
+    fs::write(&garbage, vec![0x42u8; 10_000]).unwrap();
+    let err = format::open(&garbage).unwrap_err().to_string();
+    assert!(
+        err.contains("garbage.lmdb") && err.contains("neither an ImageFolder"),
+        "{err}"
+    );
+
+    let tiny = dir.path().join("tiny.lmdb");
+    fs::write(&tiny, b"").unwrap();
+    assert!(matches!(Lmdb::open(&tiny), Err(Error::NotADataset { .. })));
+
+    let missing = dir.path().join("missing.lmdb");
+    let err = format::open(&missing).unwrap_err();
+    assert!(
+        matches!(err, Error::Io { .. }) && err.to_string().contains("missing.lmdb"),
+        "{err}"
+    );
+
+    let no_classes = dir.path().join("empty-dir");
+    fs::create_dir(&no_classes).unwrap();
+    let err = format::open(&no_classes).unwrap_err();
+    assert!(matches!(err, Error::BadImageFolder { .. }), "{err}");
+}
+
+#[test]
+fn a_truncated_lmdb_is_an_error_not_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = clean_tree(dir.path());
+    let path = dir.path().join("cut.lmdb");
+    pack_lmdb(&src, &path, &small_options());
+    let full = fs::read(&path).unwrap();
+    fs::write(&path, &full[..full.len() / 2]).unwrap();
+    let err = Lmdb::open(&path).unwrap_err().to_string();
+    assert!(
+        err.contains("cut.lmdb") && err.contains("truncated"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_lmdb_from_a_newer_layout_is_refused() {
+    // Simulate a future writer by rewriting meta/info's version through heed directly.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("future.lmdb");
+    let jpeg = fs::read(fixture_root().join("class00/img00000.jpg")).unwrap();
+    write_lmdb(
+        &path,
+        &["a"],
+        &[PackedRecord {
+            label: 0,
+            key: "a/x.jpg",
+            payload: &jpeg,
+        }],
+    );
+    {
+        let mut options = heed::EnvOpenOptions::new();
+        options.max_dbs(2);
+        // SAFETY: test-only; nothing else has this file open.
+        unsafe { options.flags(heed::EnvFlags::NO_SUB_DIR) };
+        // SAFETY: as above.
+        let env = unsafe { options.open(&path) }.unwrap();
+        let mut wtxn = env.write_txn().unwrap();
+        let meta: heed::Database<heed::types::Str, heed::types::Str> =
+            env.open_database(&wtxn, Some("meta")).unwrap().unwrap();
+        let info = meta
+            .get(&wtxn, "info")
+            .unwrap()
+            .unwrap()
+            .replace("\"version\":1", "\"version\":99");
+        meta.put(&mut wtxn, "info", &info).unwrap();
+        wtxn.commit().unwrap();
+        env.prepare_for_closing().wait();
+    }
+    let _ = fs::remove_file(dir.path().join("future.lmdb-lock"));
+    let err = Lmdb::open(&path).unwrap_err().to_string();
+    assert!(err.contains("layout version 99 is newer"), "{err}");
+}

@@ -1,0 +1,87 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use imagefeed::pack::{self, NoProgress, PackFormat, PackOptions, PackSummary};
+use imagefeed::synthetic::SyntheticSpec;
+
+/// The committed fixture tree.
+pub fn fixture_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/imagefolder")
+}
+
+/// The spec that generated the fixture tree (see fixtures/README.md).
+pub fn fixture_spec() -> SyntheticSpec {
+    SyntheticSpec {
+        classes: 3,
+        per_class: 4,
+        width: 40,
+        height: 32,
+        edge_cases: true,
+        ..SyntheticSpec::default()
+    }
+}
+
+/// Keys of the broken fixture files, which packing must reject.
+pub const BROKEN: [&str; 4] = [
+    "class01/bad-bomb.jpg",
+    "class01/bad-empty.jpg",
+    "class01/bad-text.jpg",
+    "class01/bad-truncated.jpg",
+];
+
+/// Test-sized pack options (small map, small chunks so several commits happen).
+pub fn small_options() -> PackOptions {
+    PackOptions {
+        lmdb_map_size: 64 << 20,
+        chunk_size: 4,
+        threads: Some(2),
+        ..PackOptions::default()
+    }
+}
+
+/// Packs `src` into `out` as LMDB.
+pub fn pack_lmdb(src: &Path, out: &Path, options: &PackOptions) -> PackSummary {
+    pack::pack_image_folder(src, out, PackFormat::Lmdb, options, &NoProgress)
+        .expect("pack succeeds")
+}
+
+/// Copies a directory tree.
+pub fn copy_tree(src: &Path, dst: &Path) {
+    fs::create_dir_all(dst).unwrap();
+    for entry in fs::read_dir(src).unwrap() {
+        let entry = entry.unwrap();
+        let target = dst.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// Every file under `root`, as sorted relative paths with contents.
+pub fn tree_contents(root: &Path) -> Vec<(String, Vec<u8>)> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, Vec<u8>)>) {
+        for entry in fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(root, &path, out);
+            } else {
+                let rel = path
+                    .strip_prefix(root)
+                    .unwrap()
+                    .to_str()
+                    .unwrap()
+                    .to_string();
+                out.push((rel, fs::read(&path).unwrap()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(root, root, &mut out);
+    out.sort();
+    out
+}
