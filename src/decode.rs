@@ -267,6 +267,51 @@ impl Decoder {
         })
     }
 
+    /// Checks that `data` decodes completely, as cheaply as possible, without producing pixels.
+    ///
+    /// JPEGs are decoded at 1/8 scale: libjpeg-turbo still entropy-decodes every block, so a
+    /// truncated file or corrupt data fails exactly as a full decode would, but most of the
+    /// inverse DCT, upsampling and colour conversion is skipped. Other formats decode fully.
+    pub fn validate(&mut self, data: &[u8]) -> Result<ImageHeader, DecodeError> {
+        let header = self.header(data)?;
+        match header.format {
+            PayloadFormat::Raw => Ok(header),
+            PayloadFormat::Jpeg => {
+                let mut scratch = std::mem::take(&mut self.cmyk);
+                let jpeg = self.jpeg()?;
+                let eighth = turbojpeg::ScalingFactor::ONE_EIGHTH;
+                let result = jpeg
+                    .read_header(data)
+                    .and_then(|full| {
+                        jpeg.set_scaling_factor(eighth)?;
+                        let scaled = full.scaled(eighth);
+                        // CMYK pixels for CMYK/YCCK files (the only output they allow), else RGB.
+                        let format = match full.colorspace {
+                            turbojpeg::Colorspace::CMYK | turbojpeg::Colorspace::YCCK => {
+                                turbojpeg::PixelFormat::CMYK
+                            }
+                            _ => turbojpeg::PixelFormat::RGB,
+                        };
+                        scratch.resize(scaled.width * scaled.height * format.size(), 0);
+                        let image = turbojpeg::Image {
+                            pixels: &mut scratch[..],
+                            width: scaled.width,
+                            pitch: scaled.width * format.size(),
+                            height: scaled.height,
+                            format,
+                        };
+                        let decoded = jpeg.decompress(data, image);
+                        jpeg.set_scaling_factor(turbojpeg::ScalingFactor::ONE)?;
+                        decoded
+                    })
+                    .map_err(|e| DecodeError::Jpeg(e.to_string()));
+                self.cmyk = scratch;
+                result.map(|()| header)
+            }
+            other => decode_with_image_crate(data, other, self.max_pixels).map(|_| header),
+        }
+    }
+
     /// Decodes `data` into `out`, resizing it to `width × height × 3` (its capacity is reused).
     pub fn decode_rgb(
         &mut self,

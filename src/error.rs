@@ -145,3 +145,35 @@ impl<T> IoContext<T> for io::Result<T> {
         self.map_err(|e| Error::io(path, e))
     }
 }
+
+/// Formats an error and its causes as `outer: cause: cause`, leaving out a cause whose text the
+/// message before it already ends with (this crate's messages include their cause, so that
+/// `to_string()` alone is complete; printing the chain as well would repeat it).
+pub fn display_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = err.to_string();
+    let mut last = out.clone();
+    let mut cause = err.source();
+    while let Some(e) = cause {
+        let text = e.to_string();
+        if !last.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        last = text;
+        cause = e.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chain_skips_causes_already_in_the_message() {
+        let err = Error::io("/data/x.jpg", io::Error::other("disk on fire"));
+        assert_eq!(display_chain(&err), "/data/x.jpg: disk on fire");
+        let outer = io::Error::other(err);
+        assert_eq!(display_chain(&outer), "/data/x.jpg: disk on fire");
+    }
+}

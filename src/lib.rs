@@ -34,6 +34,7 @@ pub mod error;
 pub mod format;
 pub mod inspect;
 pub mod pack;
+pub mod pagecache;
 pub mod resize;
 pub mod synthetic;
 pub mod verify;

@@ -242,6 +242,8 @@ pub fn report_path(out: &Path) -> PathBuf {
 /// exists without `resume`/`force`; removes a partial file when forcing a fresh start. Returns
 /// the partial path to write.
 pub fn prepare_output(out: &Path, mode: StartMode) -> Result<PathBuf> {
+    // Absolute, so that libraries that canonicalize the parent (heed does) accept a bare name.
+    let out = &std::path::absolute(out).at(out)?;
     let partial = partial_path(out);
     if out.exists() && !mode.force {
         return Err(Error::AlreadyExists {
@@ -340,6 +342,11 @@ impl PackWorker {
         options: &PackOptions,
     ) -> std::result::Result<Vec<u8>, String> {
         let bytes = fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
+        if !options.raw && options.resize_short_side.is_none() {
+            // Stored as is: only check that it decodes (the cheap way).
+            self.decoder.validate(&bytes).map_err(|e| e.to_string())?;
+            return Ok(bytes);
+        }
         let header = self
             .decoder
             .decode_rgb(&bytes, &mut self.rgb)

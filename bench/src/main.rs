@@ -35,25 +35,52 @@ enum Command {
         /// Passes over the dataset; one line each.
         #[arg(long, default_value_t = 1)]
         epochs: usize,
+        /// Evict the dataset's pages from the page cache before each pass (posix_fadvise).
+        #[arg(long)]
+        cold: bool,
     },
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {}", imagefeed::error::display_chain(err.as_ref()));
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+fn run() -> Result<()> {
     match Cli::parse().command {
         Command::Read {
             dataset,
             threads,
             decode,
             epochs,
+            cold,
         } => {
-            let ds = imagefeed::format::open(&dataset)
-                .with_context(|| format!("opening {}", dataset.display()))?;
-            let n = ds.len();
             let threads = threads.max(1);
             for epoch in 0..epochs {
+                let cache = if cold {
+                    let stats = imagefeed::pagecache::evict(&dataset)?;
+                    format!(
+                        ", cold: {:.1}% of {} files resident at start",
+                        stats.resident_fraction() * 100.0,
+                        stats.files
+                    )
+                } else {
+                    String::new()
+                };
+                // Opened after eviction, dropped after the pass: the kernel does not evict pages
+                // that this process keeps mapped. Opening is timed too (a folder scans its
+                // directories; an LMDB may start streaming into the page cache).
+                let start = Instant::now();
+                let ds = imagefeed::format::open(&dataset)
+                    .with_context(|| format!("opening {}", dataset.display()))?;
+                let n = ds.len();
                 let bytes = AtomicU64::new(0);
                 let bad = AtomicU64::new(0);
-                let start = Instant::now();
                 std::thread::scope(|scope| -> Result<()> {
                     let workers: Vec<_> = (0..threads)
                         .map(|t| {
@@ -89,7 +116,7 @@ fn main() -> Result<()> {
                 let secs = start.elapsed().as_secs_f64();
                 let mb = bytes.load(Ordering::Relaxed) as f64 / 1e6;
                 println!(
-                    "read{} {} epoch {epoch}: {n} samples ({} bad), {mb:.1} MB in {secs:.3} s: {:.0} images/s, {:.1} MB/s ({threads} threads)",
+                    "read{} {} epoch {epoch}: {n} samples ({} bad), {mb:.1} MB in {secs:.3} s: {:.0} images/s, {:.1} MB/s ({threads} threads{cache})",
                     if decode { "+decode" } else { "" },
                     ds.info().format.name(),
                     bad.load(Ordering::Relaxed),

@@ -107,6 +107,34 @@ struct PackArgs {
     quiet: bool,
 }
 
+/// `writeln!` into a String (which cannot fail).
+macro_rules! w {
+    ($out:expr, $($arg:tt)*) => {{
+        use std::fmt::Write as _;
+        let _ = writeln!($out, $($arg)*);
+    }};
+}
+
+/// `println!` through [`emit`].
+macro_rules! out {
+    ($($arg:tt)*) => {
+        emit(&format!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// Writes to stdout; a closed pipe (`pack-dataset inspect X | head`) is not an error.
+fn emit(text: &str) {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+        && e.kind() != std::io::ErrorKind::BrokenPipe
+    {
+        eprintln!("error: writing to stdout: {e}");
+    }
+}
+
 fn parse_size(text: &str) -> Result<(u32, u32), String> {
     let (w, h) = text
         .split_once('x')
@@ -191,12 +219,14 @@ fn pack(args: PackArgs, format: PackFormat) -> Result<ExitCode> {
             args.out.display()
         )
     })?;
-    print_summary(&summary);
+    emit(&format_summary(&summary));
     Ok(ExitCode::SUCCESS)
 }
 
-fn print_summary(s: &PackSummary) {
-    println!(
+fn format_summary(s: &PackSummary) -> String {
+    let mut o = String::new();
+    w!(
+        o,
         "packed {} samples ({} classes) into {}: {} of payload, {} file",
         s.samples,
         s.classes,
@@ -205,37 +235,43 @@ fn print_summary(s: &PackSummary) {
         human_bytes(s.file_bytes)
     );
     if s.resumed_from > 0 {
-        println!(
+        w!(
+            o,
             "resumed after {} files done by an earlier run",
             s.resumed_from
         );
     }
     if s.skipped_non_images > 0 {
-        println!(
+        w!(
+            o,
             "skipped {} files without an image extension",
             s.skipped_non_images
         );
     }
     if s.rejected.is_empty() {
-        println!("rejected 0 files");
+        w!(o, "rejected 0 files");
     } else {
-        println!("rejected {} files:", s.rejected.len());
+        w!(o, "rejected {} files:", s.rejected.len());
         for r in &s.rejected {
-            println!("  {}: {}", r.key, r.reason);
+            w!(o, "  {}: {}", r.key, r.reason);
         }
     }
-    println!(
+    w!(
+        o,
         "{:.2} s, {:.0} images/s; report: {}",
         s.seconds,
         s.images_per_sec,
         pack::report_path(&s.output).display()
     );
+    o
 }
 
-fn print_inspection(i: &Inspection) {
-    println!("dataset:     {}", i.path.display());
-    println!("format:      {} ({:?} payloads)", i.format, i.payload);
-    println!(
+fn format_inspection(i: &Inspection) -> String {
+    let mut o = String::new();
+    w!(o, "dataset:     {}", i.path.display());
+    w!(o, "format:      {} ({:?} payloads)", i.format, i.payload);
+    w!(
+        o,
         "complete:    {}",
         if i.complete {
             "yes".to_string()
@@ -243,44 +279,52 @@ fn print_inspection(i: &Inspection) {
             "NO: an interrupted pack; rerun it with --resume".to_string()
         }
     );
-    println!("samples:     {}", i.num_samples);
+    w!(o, "samples:     {}", i.num_samples);
     if let Some(s) = i.resized_short_side {
-        println!("resized:     shorter side at most {s}");
+        w!(o, "resized:     shorter side at most {s}");
     }
-    println!(
+    w!(
+        o,
         "bytes:       {} payload, {} on disk",
         human_bytes(i.payload_bytes),
         human_bytes(i.file_bytes)
     );
-    println!(
+    w!(
+        o,
         "image size:  width {}..{} (median {}), height {}..{} (median {})",
-        i.width.min, i.width.max, i.width.median, i.height.min, i.height.max, i.height.median
+        i.width.min,
+        i.width.max,
+        i.width.median,
+        i.height.min,
+        i.height.max,
+        i.height.median
     );
     let common: Vec<String> = i
         .common_sizes
         .iter()
         .map(|s| format!("{}x{} ({})", s.width, s.height, s.count))
         .collect();
-    println!("most common: {}", common.join(", "));
+    w!(o, "most common: {}", common.join(", "));
     let formats: Vec<String> = i
         .payload_formats
         .iter()
         .map(|(f, n)| format!("{f} {n}"))
         .collect();
-    println!("encodings:   {}", formats.join(", "));
+    w!(o, "encodings:   {}", formats.join(", "));
     if let Some(n) = i.rejected_at_pack {
-        println!("rejected when packed: {n}");
+        w!(o, "rejected when packed: {n}");
     }
-    println!("classes:     {}", i.classes.len());
+    w!(o, "classes:     {}", i.classes.len());
     for (label, c) in i.classes.iter().enumerate() {
-        println!("  {label:>5}  {:<30} {}", c.name, c.count);
+        w!(o, "  {label:>5}  {:<30} {}", c.name, c.count);
     }
     if !i.bad_records.is_empty() {
-        println!("unreadable records: {}", i.bad_records.len());
+        w!(o, "unreadable records: {}", i.bad_records.len());
         for b in &i.bad_records {
-            println!("  {} ({}): {}", b.index, b.key, b.reason);
+            w!(o, "  {} ({}): {}", b.index, b.key, b.reason);
         }
     }
+    o
 }
 
 fn run() -> Result<ExitCode> {
@@ -290,9 +334,9 @@ fn run() -> Result<ExitCode> {
             let inspection = imagefeed::inspect::inspect(&dataset)
                 .with_context(|| format!("inspecting {}", dataset.display()))?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&inspection)?);
+                out!("{}", serde_json::to_string_pretty(&inspection)?);
             } else {
-                print_inspection(&inspection);
+                emit(&format_inspection(&inspection));
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -304,12 +348,12 @@ fn run() -> Result<ExitCode> {
             let report = imagefeed::verify::verify(&dataset, against.as_deref())
                 .with_context(|| format!("verifying {}", dataset.display()))?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
+                out!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 for p in &report.problems {
                     match p.index {
-                        Some(i) => println!("MISMATCH record {i} ({}): {}", p.key, p.problem),
-                        None => println!("MISMATCH {}: {}", p.key, p.problem),
+                        Some(i) => out!("MISMATCH record {i} ({}): {}", p.key, p.problem),
+                        None => out!("MISMATCH {}: {}", p.key, p.problem),
                     }
                 }
                 let against = match &report.against {
@@ -320,7 +364,7 @@ fn run() -> Result<ExitCode> {
                     ),
                     None => String::new(),
                 };
-                println!(
+                out!(
                     "{}: {} records checked{against}: {}",
                     dataset.display(),
                     report.checked,
@@ -358,7 +402,7 @@ fn run() -> Result<ExitCode> {
                 bail!("--classes and --per-class must be at least 1");
             }
             let tree = synthetic::write_image_folder(&out, &spec)?;
-            println!(
+            out!(
                 "wrote {} image files in {} classes under {}",
                 tree.image_files,
                 tree.classes.len(),
@@ -366,7 +410,7 @@ fn run() -> Result<ExitCode> {
             );
             for case in &tree.edge_cases {
                 let verdict = if case.valid { "valid" } else { "broken" };
-                println!("  {} ({verdict}: {})", case.key, case.what);
+                out!("  {} ({verdict}: {})", case.key, case.what);
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -377,7 +421,7 @@ fn main() -> ExitCode {
     match run() {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", imagefeed::error::display_chain(err.as_ref()));
             ExitCode::from(2)
         }
     }

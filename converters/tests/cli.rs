@@ -212,3 +212,28 @@ fn strict_and_bad_inputs_fail_with_the_path_and_reason() {
         stderr(&inspected)
     );
 }
+
+/// Regression: a bare relative output name failed ("LMDB: No such file or directory") because
+/// heed canonicalizes the parent of the path it opens, and the parent of "x.lmdb.partial" is "".
+#[test]
+fn relative_output_names_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let packed = bin()
+        .current_dir(dir.path())
+        .args(["imagefolder2lmdb", "-q"])
+        .arg(fixtures())
+        .arg("rel.lmdb")
+        .output()
+        .unwrap();
+    assert!(packed.status.success(), "{}", stderr(&packed));
+    let verified = bin()
+        .current_dir(dir.path())
+        .args(["verify", "rel.lmdb"])
+        .output()
+        .unwrap();
+    assert!(verified.status.success(), "{}", stderr(&verified));
+    assert!(
+        !stderr(&packed).contains("os error 2): No such file"),
+        "doubled cause"
+    );
+}

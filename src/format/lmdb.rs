@@ -42,6 +42,15 @@
 //! environment between every `Lmdb` value of the same file, and each [`RecordReader`] holds its
 //! own read transaction (created without thread-local storage, so it can move to a worker).
 //! Reads return slices into the memory map: zero-copy.
+//!
+//! # Page cache
+//!
+//! Unlike the Python convention (`readahead=False`), kernel read-ahead stays on, and a file that
+//! fits in half the available memory is handed to the kernel to stream in at open
+//! ([`prefetch_if_it_fits`](crate::pagecache::prefetch_if_it_fits)). Small records live in
+//! B-tree leaf pages that are not in file order, so without this a cold epoch faults in one 4 KiB
+//! page at a time: measured on CIFAR-10 (14 MB file, cold cache), 0.45 s with `NO_READ_AHEAD`
+//! against 0.02 s with read-ahead and the prefetch. A file larger than that is read on demand.
 
 use std::collections::HashMap;
 use std::fs;
@@ -221,8 +230,8 @@ impl LmdbWriter {
             env,
             meta,
             samples,
+            out: std::path::absolute(out).at(out)?,
             partial,
-            out: out.to_path_buf(),
             value: Vec::new(),
         };
         Ok((writer, progress))
@@ -362,7 +371,9 @@ impl Lmdb {
     /// `len()` is the number of samples committed so far.
     pub fn open_incomplete(path: impl AsRef<Path>) -> Result<Lmdb> {
         let path = path.as_ref();
-        check_lmdb_file(path)?;
+        let file = check_lmdb_file(path)?;
+        // Small datasets stream into the page cache in one sequential read; see pagecache.
+        crate::pagecache::prefetch_if_it_fits(&file);
         let env = shared_read_env(path)?;
         let rtxn = env.read_txn().map_err(|e| Error::lmdb(path, e))?;
         let meta: Database<Str, Str> = env
@@ -434,13 +445,14 @@ impl Lmdb {
     }
 }
 
-/// Refuses what is clearly not an LMDB data file, or one cut short, with a clear message.
+/// Refuses what is clearly not an LMDB data file, or one cut short, with a clear message;
+/// returns the opened file.
 ///
 /// The length check matters: liblmdb maps the whole database and trusts its meta page, so a
 /// truncated copy would fault with SIGBUS on the first read of a missing page instead of failing.
 /// We read both meta pages (LMDB keeps two and uses the one with the larger transaction id) and
 /// require the file to hold every page up to that meta's last page.
-fn check_lmdb_file(path: &Path) -> Result<()> {
+fn check_lmdb_file(path: &Path) -> Result<fs::File> {
     let meta = match fs::metadata(path) {
         Ok(meta) => meta,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -494,7 +506,7 @@ fn check_lmdb_file(path: &Path) -> Result<()> {
             ),
         ));
     }
-    Ok(())
+    Ok(file)
 }
 
 /// Bytes of a meta page we look at: page header (16) + MDB_meta up to mm_txnid (136).
@@ -559,14 +571,7 @@ fn shared_read_env(path: &Path) -> Result<Arc<ReadEnv>> {
     options.max_dbs(2);
     // SAFETY: these flags make the environment read-only and lock-free, which is sound because
     // imagefeed never modifies a published (renamed, complete) file.
-    unsafe {
-        options.flags(
-            EnvFlags::READ_ONLY
-                | EnvFlags::NO_SUB_DIR
-                | EnvFlags::NO_LOCK
-                | EnvFlags::NO_READ_AHEAD,
-        )
-    };
+    unsafe { options.flags(EnvFlags::READ_ONLY | EnvFlags::NO_SUB_DIR | EnvFlags::NO_LOCK) };
     // The last user of an earlier environment may still be closing it on another thread; heed
     // answers EnvAlreadyOpened until it has. Wait a little for that rather than fail.
     let mut attempts = 0;

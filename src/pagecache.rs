@@ -1,0 +1,189 @@
+//! Page-cache control, for honest cold-cache measurements.
+//!
+//! [`evict`] asks the kernel to drop the cached pages of every file under a path
+//! (`posix_fadvise(POSIX_FADV_DONTNEED)` after flushing dirty data, which needs no privileges),
+//! and [`residency`] counts how much of them is still cached (`mincore` over a read-only map), so
+//! a "cold" benchmark can prove it started cold. Linux semantics; elsewhere the advice may be
+//! ignored, which `residency` then shows.
+
+use std::fs;
+use std::os::fd::AsRawFd as _;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, IoContext as _, Result};
+
+/// Files and bytes under a path, and how many of those bytes are in the page cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Regular files found.
+    pub files: usize,
+    /// Their total size.
+    pub bytes: u64,
+    /// Bytes of them resident in the page cache (page granularity).
+    pub resident_bytes: u64,
+}
+
+impl CacheStats {
+    /// Resident share, 0.0 to 1.0 (0 for an empty set).
+    pub fn resident_fraction(&self) -> f64 {
+        if self.bytes == 0 {
+            0.0
+        } else {
+            (self.resident_bytes as f64 / self.bytes as f64).min(1.0)
+        }
+    }
+}
+
+/// Every regular file at or below `path` (symlinks followed), sorted.
+fn files_under(path: &Path) -> Result<Vec<PathBuf>> {
+    let meta = fs::metadata(path).at(path)?;
+    if !meta.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let mut out = Vec::new();
+    let mut stack = vec![path.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in fs::read_dir(&dir).at(&dir)? {
+            let p = entry.at(&dir)?.path();
+            match fs::metadata(&p) {
+                Ok(m) if m.is_dir() => stack.push(p),
+                Ok(m) if m.is_file() => out.push(p),
+                _ => {}
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Drops the cached pages of every file at or below `path`; returns the residency afterwards.
+pub fn evict(path: impl AsRef<Path>) -> Result<CacheStats> {
+    let path = path.as_ref();
+    for file_path in files_under(path)? {
+        let file = fs::File::open(&file_path).at(&file_path)?;
+        // Dirty pages are not dropped; flush first (no-op for files we only read).
+        let _ = file.sync_data();
+        // SAFETY: a plain syscall on a valid, open file descriptor; offset 0 and length 0 mean
+        // "the whole file".
+        let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        if rc != 0 {
+            return Err(Error::io(&file_path, std::io::Error::from_raw_os_error(rc)));
+        }
+    }
+    residency(path)
+}
+
+/// `MemAvailable` from `/proc/meminfo`, in bytes (`None` where there is no such file).
+pub fn available_memory() -> Option<u64> {
+    let text = fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Asks the kernel to read `file` into the page cache in the background
+/// (`POSIX_FADV_WILLNEED`): one sequential stream instead of one small read per page fault.
+/// Done only when the file is at most half of the available memory, so a dataset larger than
+/// RAM is never pushed through the cache this way. Returns whether the advice was given.
+pub fn prefetch_if_it_fits(file: &fs::File) -> bool {
+    let Ok(len) = file.metadata().map(|m| m.len()) else {
+        return false;
+    };
+    if available_memory().is_none_or(|available| len > available / 2) {
+        return false;
+    }
+    // SAFETY: a plain syscall on a valid, open file descriptor; offset 0 and length 0 mean
+    // "the whole file". The advice is asynchronous and has no effect on correctness.
+    unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_WILLNEED) == 0 }
+}
+
+/// Counts how much of the files at or below `path` is in the page cache.
+pub fn residency(path: impl AsRef<Path>) -> Result<CacheStats> {
+    let path = path.as_ref();
+    // SAFETY: sysconf with a valid name has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    let mut stats = CacheStats::default();
+    let mut vec = Vec::new();
+    for file_path in files_under(path)? {
+        let file = fs::File::open(&file_path).at(&file_path)?;
+        let len = file.metadata().at(&file_path)?.len();
+        stats.files += 1;
+        stats.bytes += len;
+        if len == 0 {
+            continue;
+        }
+        // SAFETY: the map is read-only and only its address range is used (by mincore); no byte
+        // of it is read, so a concurrent change to the file cannot cause undefined behaviour.
+        let map = unsafe { memmap2::Mmap::map(&file) }.at(&file_path)?;
+        let pages = len.div_ceil(page) as usize;
+        vec.clear();
+        vec.resize(pages, 0u8);
+        // SAFETY: `map` is a live mapping of `len` bytes at a page-aligned address, and `vec`
+        // has one byte per page of that range, as mincore requires.
+        let rc = unsafe {
+            libc::mincore(
+                map.as_ptr() as *mut libc::c_void,
+                len as usize,
+                vec.as_mut_ptr(),
+            )
+        };
+        if rc != 0 {
+            return Err(Error::io(&file_path, std::io::Error::last_os_error()));
+        }
+        let resident_pages = vec.iter().filter(|&&b| b & 1 == 1).count() as u64;
+        stats.resident_bytes += (resident_pages * page).min(len);
+    }
+    Ok(stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read as _;
+
+    #[test]
+    fn evicting_a_read_file_drops_its_pages() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data.bin");
+        fs::write(&path, vec![7u8; 1 << 20]).unwrap();
+        let mut sink = Vec::new();
+        fs::File::open(&path)
+            .unwrap()
+            .read_to_end(&mut sink)
+            .unwrap();
+        let before = residency(dir.path()).unwrap();
+        assert_eq!((before.files, before.bytes), (1, 1 << 20));
+        let after = evict(dir.path()).unwrap();
+        assert!(
+            after.resident_bytes < before.resident_bytes || before.resident_bytes == 0,
+            "{before:?} -> {after:?}"
+        );
+        assert!(after.resident_fraction() < 0.5, "{after:?}");
+    }
+
+    #[test]
+    fn prefetch_streams_a_small_file_into_the_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("small.bin");
+        fs::write(&path, vec![1u8; 4 << 20]).unwrap();
+        evict(&path).unwrap();
+        let file = fs::File::open(&path).unwrap();
+        assert!(prefetch_if_it_fits(&file), "a 4 MiB file fits in memory");
+        // The advice is asynchronous: wait (bounded) for the pages to arrive.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while residency(&path).unwrap().resident_fraction() < 0.99 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{:?}",
+                residency(&path)
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn missing_path_is_an_error_naming_it() {
+        let err = evict("/no/such/place").unwrap_err().to_string();
+        assert!(err.contains("/no/such/place"), "{err}");
+    }
+}
