@@ -240,31 +240,42 @@ impl Decoder {
 
     /// Reads the header only: size and format. Applies the pixel limit.
     pub fn header(&mut self, data: &[u8]) -> Result<ImageHeader, DecodeError> {
+        self.probe(data).map(|(header, _)| header)
+    }
+
+    /// The header, plus whether a JPEG is CMYK/YCCK (which libjpeg-turbo can only decode to
+    /// CMYK pixels). One header parse serves both, so small images pay for it once.
+    fn probe(&mut self, data: &[u8]) -> Result<(ImageHeader, bool), DecodeError> {
         let format = sniff_or_explain(data)?;
-        let (width, height) = match format {
+        let (width, height, cmyk) = match format {
             PayloadFormat::Raw => {
                 let (w, h, _) = RawImage::parse(data)?;
-                (w as u64, h as u64)
+                (w as u64, h as u64, false)
             }
             PayloadFormat::Jpeg => {
                 let header = self
                     .jpeg()?
                     .read_header(data)
                     .map_err(|e| DecodeError::Jpeg(e.to_string()))?;
-                (header.width as u64, header.height as u64)
+                let cmyk = matches!(
+                    header.colorspace,
+                    turbojpeg::Colorspace::CMYK | turbojpeg::Colorspace::YCCK
+                );
+                (header.width as u64, header.height as u64, cmyk)
             }
             other => {
                 let decoder = image_decoder(data, other)?;
                 let (w, h) = decoder.dimensions();
-                (w as u64, h as u64)
+                (w as u64, h as u64, false)
             }
         };
         self.check_size(width, height)?;
-        Ok(ImageHeader {
+        let header = ImageHeader {
             width: width as u32,
             height: height as u32,
             format,
-        })
+        };
+        Ok((header, cmyk))
     }
 
     /// Checks that `data` decodes completely, as cheaply as possible, without producing pixels.
@@ -273,33 +284,34 @@ impl Decoder {
     /// truncated file or corrupt data fails exactly as a full decode would, but most of the
     /// inverse DCT, upsampling and colour conversion is skipped. Other formats decode fully.
     pub fn validate(&mut self, data: &[u8]) -> Result<ImageHeader, DecodeError> {
-        let header = self.header(data)?;
+        let (header, cmyk) = self.probe(data)?;
         match header.format {
             PayloadFormat::Raw => Ok(header),
             PayloadFormat::Jpeg => {
                 let mut scratch = std::mem::take(&mut self.cmyk);
                 let jpeg = self.jpeg()?;
                 let eighth = turbojpeg::ScalingFactor::ONE_EIGHTH;
+                // CMYK pixels for CMYK/YCCK files (the only output they allow), else RGB.
+                let format = if cmyk {
+                    turbojpeg::PixelFormat::CMYK
+                } else {
+                    turbojpeg::PixelFormat::RGB
+                };
+                let (w, h) = (
+                    eighth.scale(header.width as usize),
+                    eighth.scale(header.height as usize),
+                );
+                scratch.resize(w * h * format.size(), 0);
+                let image = turbojpeg::Image {
+                    pixels: &mut scratch[..],
+                    width: w,
+                    pitch: w * format.size(),
+                    height: h,
+                    format,
+                };
                 let result = jpeg
-                    .read_header(data)
-                    .and_then(|full| {
-                        jpeg.set_scaling_factor(eighth)?;
-                        let scaled = full.scaled(eighth);
-                        // CMYK pixels for CMYK/YCCK files (the only output they allow), else RGB.
-                        let format = match full.colorspace {
-                            turbojpeg::Colorspace::CMYK | turbojpeg::Colorspace::YCCK => {
-                                turbojpeg::PixelFormat::CMYK
-                            }
-                            _ => turbojpeg::PixelFormat::RGB,
-                        };
-                        scratch.resize(scaled.width * scaled.height * format.size(), 0);
-                        let image = turbojpeg::Image {
-                            pixels: &mut scratch[..],
-                            width: scaled.width,
-                            pitch: scaled.width * format.size(),
-                            height: scaled.height,
-                            format,
-                        };
+                    .set_scaling_factor(eighth)
+                    .and_then(|()| {
                         let decoded = jpeg.decompress(data, image);
                         jpeg.set_scaling_factor(turbojpeg::ScalingFactor::ONE)?;
                         decoded
@@ -318,11 +330,11 @@ impl Decoder {
         data: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<ImageHeader, DecodeError> {
-        let header = self.header(data)?;
+        let (header, cmyk) = self.probe(data)?;
         match header.format {
             PayloadFormat::Jpeg | PayloadFormat::Raw => {
                 out.resize(header.rgb_len(), 0);
-                self.decode_known(data, header, out)?;
+                self.decode_known(data, header, cmyk, out)?;
             }
             other => {
                 // The image crate allocates its own buffer; take it instead of copying.
@@ -342,7 +354,7 @@ impl Decoder {
         data: &[u8],
         out: &mut [u8],
     ) -> Result<ImageHeader, DecodeError> {
-        let header = self.header(data)?;
+        let (header, cmyk) = self.probe(data)?;
         assert_eq!(
             out.len(),
             header.rgb_len(),
@@ -351,7 +363,9 @@ impl Decoder {
             header.height
         );
         match header.format {
-            PayloadFormat::Jpeg | PayloadFormat::Raw => self.decode_known(data, header, out)?,
+            PayloadFormat::Jpeg | PayloadFormat::Raw => {
+                self.decode_known(data, header, cmyk, out)?
+            }
             other => out.copy_from_slice(&decode_with_image_crate(data, other, self.max_pixels)?),
         }
         Ok(header)
@@ -361,6 +375,7 @@ impl Decoder {
         &mut self,
         data: &[u8],
         header: ImageHeader,
+        cmyk_jpeg: bool,
         out: &mut [u8],
     ) -> Result<(), DecodeError> {
         let (width, height) = (header.width as usize, header.height as usize);
@@ -371,14 +386,7 @@ impl Decoder {
         }
         let mut cmyk = std::mem::take(&mut self.cmyk);
         let jpeg = self.jpeg()?;
-        let colorspace = jpeg
-            .read_header(data)
-            .map_err(|e| DecodeError::Jpeg(e.to_string()))?
-            .colorspace;
-        let result = if matches!(
-            colorspace,
-            turbojpeg::Colorspace::CMYK | turbojpeg::Colorspace::YCCK
-        ) {
+        let result = if cmyk_jpeg {
             // libjpeg-turbo only decodes CMYK JPEGs to CMYK pixels; convert as PIL does.
             cmyk.resize(width * height * 4, 0);
             let image = turbojpeg::Image {
