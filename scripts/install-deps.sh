@@ -15,7 +15,7 @@ for p in "${packages[@]}"; do
 done
 
 if ! command -v cargo >/dev/null 2>&1; then
-    echo "error: cargo (Rust toolchain) not found; install Rust 1.85 or newer from https://rustup.rs" >&2
+    echo "error: cargo (Rust toolchain) not found; install Rust 1.88 or newer from https://rustup.rs" >&2
     exit 1
 fi
 

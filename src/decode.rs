@@ -344,6 +344,72 @@ impl Decoder {
         Ok(header)
     }
 
+    /// Decodes `data` into `out` at the smallest size that is still at least
+    /// `min_width × min_height`, and returns that size (in the header).
+    ///
+    /// For JPEG this uses libjpeg-turbo's DCT-domain scaling (factors M/8, M = 1..8), which skips
+    /// most of the work for pixels that would be thrown away by a later downscale; the result is
+    /// `ceil(width·M/8) × ceil(height·M/8)`. Other formats decode at full size. Pass
+    /// `(0, 0)` for the smallest size, `(u32::MAX, u32::MAX)` for full size.
+    pub fn decode_rgb_reduced(
+        &mut self,
+        data: &[u8],
+        min_width: u32,
+        min_height: u32,
+        out: &mut Vec<u8>,
+    ) -> Result<ImageHeader, DecodeError> {
+        self.decode_rgb_fit(data, out, |_| (min_width, min_height))
+            .map(|(_, decoded)| decoded)
+    }
+
+    /// Like [`decode_rgb_reduced`](Self::decode_rgb_reduced), with the minimum size chosen by
+    /// `fit` from the full-size header (parsed once). Returns the full-size and decoded headers.
+    pub fn decode_rgb_fit(
+        &mut self,
+        data: &[u8],
+        out: &mut Vec<u8>,
+        fit: impl FnOnce(&ImageHeader) -> (u32, u32),
+    ) -> Result<(ImageHeader, ImageHeader), DecodeError> {
+        let (header, cmyk) = self.probe(data)?;
+        let (min_width, min_height) = fit(&header);
+        if header.format != PayloadFormat::Jpeg {
+            match header.format {
+                PayloadFormat::Raw => {
+                    out.resize(header.rgb_len(), 0);
+                    self.decode_known(data, header, false, out)?;
+                }
+                other => *out = decode_with_image_crate(data, other, self.max_pixels)?,
+            }
+            return Ok((header, header));
+        }
+        let scaled = |m: u32, v: u32| (v as u64 * m as u64).div_ceil(8) as u32;
+        let m = (1..=8u32)
+            .find(|&m| {
+                scaled(m, header.width) >= min_width && scaled(m, header.height) >= min_height
+            })
+            .unwrap_or(8);
+        if m == 8 {
+            out.resize(header.rgb_len(), 0);
+            self.decode_known(data, header, cmyk, out)?;
+            return Ok((header, header));
+        }
+        let reduced = ImageHeader {
+            width: scaled(m, header.width),
+            height: scaled(m, header.height),
+            format: header.format,
+        };
+        out.resize(reduced.rgb_len(), 0);
+        let factor = turbojpeg::ScalingFactor::new(m as usize, 8);
+        self.jpeg()?
+            .set_scaling_factor(factor)
+            .map_err(|e| DecodeError::Jpeg(e.to_string()))?;
+        let result = self.decode_known(data, reduced, cmyk, out);
+        self.jpeg()?
+            .set_scaling_factor(turbojpeg::ScalingFactor::ONE)
+            .map_err(|e| DecodeError::Jpeg(e.to_string()))?;
+        result.map(|()| (header, reduced))
+    }
+
     /// Decodes `data` into `out`, which must be exactly `header(data).rgb_len()` bytes: the path
     /// for writing straight into a batch slot.
     ///

@@ -101,6 +101,60 @@ pub enum Error {
         reason: String,
     },
 
+    /// A sample failed under the `error` bad-sample policy.
+    #[error("sample {index} ({key}): {reason}")]
+    BadSample {
+        /// Dataset index.
+        index: usize,
+        /// Record key, or `?` when it could not be read.
+        key: String,
+        /// Why it failed.
+        reason: String,
+    },
+
+    /// More bad samples than `max_bad` allows.
+    #[error(
+        "{count} bad samples after {seen} samples exceed the limit ({limit}); last: sample {index} ({key}): {reason}"
+    )]
+    TooManyBadSamples {
+        /// Bad samples so far.
+        count: u64,
+        /// Samples delivered or dropped so far.
+        seen: u64,
+        /// The limit, as configured.
+        limit: String,
+        /// The last bad sample's index.
+        index: usize,
+        /// Its key.
+        key: String,
+        /// Its reason.
+        reason: String,
+    },
+
+    /// Images of different sizes in one batch with no resizing transform.
+    #[error(
+        "images of different sizes in one batch with no resizing transform: sample {first_index} ({first_key}) is          {}x{} but sample {index} ({key}) is {}x{}; add a Resize/crop transform",
+        first_size.0, first_size.1, size.0, size.1
+    )]
+    ShapeMismatch {
+        /// The sample that fixed the batch's size.
+        first_index: usize,
+        /// Its key.
+        first_key: String,
+        /// Its size (width, height).
+        first_size: (u32, u32),
+        /// The sample that differs.
+        index: usize,
+        /// Its key.
+        key: String,
+        /// Its size (width, height).
+        size: (u32, u32),
+    },
+
+    /// The loader was configured with impossible settings.
+    #[error("invalid loader configuration: {0}")]
+    Config(String),
+
     /// Strict packing stopped at the first file that is not a usable image.
     #[error("{}: rejected in strict mode: {reason}", path.display())]
     Rejected {

@@ -28,15 +28,21 @@
 //! # Ok::<(), imagefeed::Error>(())
 //! ```
 
+pub mod batch;
 pub mod dataset;
 pub mod decode;
 pub mod error;
 pub mod format;
 pub mod inspect;
+pub mod loader;
 pub mod pack;
 pub mod pagecache;
+pub mod pool;
 pub mod resize;
+pub mod rng;
+pub mod sampler;
 pub mod synthetic;
+pub mod transform;
 pub mod verify;
 
 pub use dataset::{Dataset, DatasetInfo, LazyReader, PayloadKind, Record, RecordReader};

@@ -57,6 +57,33 @@ impl RgbResizer {
             .resize(&src, &mut dst, &self.options)
             .expect("same pixel type, non-zero sizes");
     }
+
+    /// Resizes the region `(left, top, region_width, region_height)` of `src` (fractional source
+    /// pixels, inside the image) into `dst`: crop and resize in one pass.
+    ///
+    /// # Panics
+    /// When a buffer's length does not match its size, or a size is zero (caller bugs).
+    #[allow(clippy::too_many_arguments)]
+    pub fn resize_region(
+        &mut self,
+        src: &[u8],
+        width: u32,
+        height: u32,
+        region: (f64, f64, f64, f64),
+        dst: &mut [u8],
+        dst_width: u32,
+        dst_height: u32,
+    ) {
+        let src = ImageRef::new(width, height, src, PixelType::U8x3)
+            .expect("source buffer matches its size");
+        let mut dst = Image::from_slice_u8(dst_width, dst_height, dst, PixelType::U8x3)
+            .expect("destination buffer matches its size");
+        let (left, top, w, h) = region;
+        let options = self.options.crop(left, top, w, h);
+        self.resizer
+            .resize(&src, &mut dst, &options)
+            .expect("same pixel type, non-zero sizes");
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,118 @@
+//! A collated batch: one contiguous buffer with its shape, strides and labels.
+
+use serde::{Deserialize, Serialize};
+
+use crate::pool::PooledBuffer;
+use crate::transform::{DType, Layout};
+
+/// A sample that could not be read or decoded, and what was done about it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BadSample {
+    /// Dataset index.
+    pub index: usize,
+    /// Record key, or `?` when the record could not be read.
+    pub key: String,
+    /// Why it failed.
+    pub reason: String,
+    /// The dataset index that took its slot (`replace` policy), if any.
+    pub replaced_by: Option<usize>,
+}
+
+/// One batch, delivered in order. Its memory returns to the loader's pool when dropped.
+pub struct Batch {
+    /// Epoch it belongs to.
+    pub epoch: u64,
+    /// Position in the epoch, `0..batches_per_epoch`.
+    pub index: usize,
+    /// Dataset index of each slot, in order.
+    pub samples: Vec<usize>,
+    /// Class label of each slot.
+    pub labels: Vec<u32>,
+    /// Bad samples met while building this batch.
+    pub bad: Vec<BadSample>,
+    /// `[n, 3, h, w]` for NCHW, `[n, h, w, 3]` for NHWC.
+    pub shape: [usize; 4],
+    /// Element type.
+    pub dtype: DType,
+    /// Dimension order.
+    pub layout: Layout,
+    pub(crate) data: PooledBuffer,
+}
+
+impl std::fmt::Debug for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch")
+            .field("epoch", &self.epoch)
+            .field("index", &self.index)
+            .field("shape", &self.shape)
+            .field("dtype", &self.dtype)
+            .field("layout", &self.layout)
+            .field("bad", &self.bad)
+            .finish()
+    }
+}
+
+impl Batch {
+    /// Number of samples.
+    pub fn len(&self) -> usize {
+        self.shape[0]
+    }
+
+    /// True for a batch with no samples (every sample was bad under `skip`).
+    pub fn is_empty(&self) -> bool {
+        self.shape[0] == 0
+    }
+
+    /// Strides in elements, C-contiguous: the batch is always one dense block.
+    pub fn strides(&self) -> [usize; 4] {
+        let [_, a, b, c] = self.shape;
+        [a * b * c, b * c, c, 1]
+    }
+
+    /// The raw bytes (native-endian elements).
+    pub fn bytes(&self) -> &[u8] {
+        self.data.as_slice()
+    }
+
+    /// The elements as `f32`.
+    ///
+    /// # Panics
+    /// When the batch is not `f32`.
+    pub fn as_f32(&self) -> &[f32] {
+        assert_eq!(self.dtype, DType::F32, "batch holds {}", self.dtype.name());
+        let bytes = self.bytes();
+        // SAFETY: pool buffers are at least 16-byte aligned and the length is a multiple of 4
+        // (whole f32 elements); any bit pattern is a valid f32.
+        let (head, floats, tail) = unsafe { bytes.align_to::<f32>() };
+        assert!(
+            head.is_empty() && tail.is_empty(),
+            "batch buffer is not f32-aligned"
+        );
+        floats
+    }
+
+    /// The elements as IEEE binary16 bit patterns (`half::f16::from_bits` reads them).
+    ///
+    /// # Panics
+    /// When the batch is not `f16`.
+    pub fn as_f16_bits(&self) -> &[u16] {
+        assert_eq!(self.dtype, DType::F16, "batch holds {}", self.dtype.name());
+        let bytes = self.bytes();
+        // SAFETY: as for `as_f32`, with 2-byte elements; any bit pattern is a valid u16.
+        let (head, halves, tail) = unsafe { bytes.align_to::<u16>() };
+        assert!(
+            head.is_empty() && tail.is_empty(),
+            "batch buffer is not u16-aligned"
+        );
+        halves
+    }
+
+    /// The elements as `u8`.
+    ///
+    /// # Panics
+    /// When the batch is not `u8`.
+    pub fn as_u8(&self) -> &[u8] {
+        assert_eq!(self.dtype, DType::U8, "batch holds {}", self.dtype.name());
+        self.bytes()
+    }
+}

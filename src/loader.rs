@@ -1,0 +1,713 @@
+//! The loader: worker threads turn sampler batches into collated [`Batch`]es, delivered in order.
+//!
+//! ```text
+//! Sampler (seed, epoch, rank) ──batch ids──▶ job queue ──▶ worker threads (persistent)
+//!   each worker: LazyReader (its own handle, opened on first use) + SampleTransformer
+//!   per sample: rng = (seed, epoch, index) → read → decode → transform → write into its slot
+//! results ──▶ reorder by batch id ──▶ Epoch iterator (bounded: `prefetch` batches in flight)
+//! ```
+//!
+//! Guarantees:
+//! - **Determinism.** A batch is a function of `(seed, epoch, batch position)` and the data:
+//!   membership comes from the [`Sampler`], every random choice from the sample's own
+//!   [`SampleRng`], and batches are delivered by position, never in completion order. The stream
+//!   is bit-identical for any number of workers and any prefetch depth.
+//! - **Bounded memory.** At most `prefetch` batches are being built or waiting; their buffers come
+//!   from a [`BufferPool`] and return to it when the caller drops the [`Batch`], so steady state
+//!   allocates nothing. Workers are threads sharing one dataset, not processes copying it.
+//! - **Bad data is not fatal** unless asked: a sample that fails to read or decode is reported
+//!   (index, key, reason) on its batch and in the running total, and handled by the
+//!   [`BadSamplePolicy`]; `max_bad` turns too many into a clear error.
+//! - **Exact resume.** [`Epoch::state`] is serializable; [`Loader::resume`] yields exactly the
+//!   remaining batches of that epoch, identical to an uninterrupted run.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use serde::{Deserialize, Serialize};
+
+use crate::batch::{BadSample, Batch};
+use crate::dataset::{Dataset, LazyReader};
+use crate::decode::DEFAULT_MAX_PIXELS;
+use crate::error::{Error, Result};
+use crate::pool::{BatchAllocator, BufferPool, HeapAllocator, PooledBuffer};
+use crate::rng::SampleRng;
+use crate::sampler::{Sampler, Uneven};
+use crate::transform::{Layout, SampleTransformer, Transform};
+
+/// What to do with a sample that cannot be read or decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BadSamplePolicy {
+    /// Leave it out: the batch is one sample shorter.
+    #[default]
+    Skip,
+    /// Put another sample in its slot (chosen deterministically from `(seed, epoch, index)`),
+    /// so the batch keeps its shape.
+    Replace,
+    /// Fail with the sample's index, key and reason.
+    Error,
+}
+
+/// How many bad samples one epoch may hold before the loader stops with an error.
+///
+/// Counted per epoch: a file that is bad is met again every epoch, so a lifetime total would
+/// eventually stop any long run. The lifetime total is in [`Stats::bad_samples`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum MaxBad {
+    /// More than this many bad samples in the epoch.
+    Count(u64),
+    /// More than this fraction of the rank's samples per epoch.
+    Fraction(f64),
+}
+
+/// Loader settings.
+#[derive(Debug, Clone)]
+pub struct LoaderConfig {
+    /// Samples per batch.
+    pub batch_size: usize,
+    /// Worker threads.
+    pub workers: usize,
+    /// Batches being built or waiting at any time (>= 1).
+    pub prefetch: usize,
+    /// Seed for shuffling and augmentation.
+    pub seed: u64,
+    /// Shuffle every epoch.
+    pub shuffle: bool,
+    /// Drop a final short batch.
+    pub drop_last: bool,
+    /// This process's rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub world_size: usize,
+    /// Pad or drop when samples do not divide evenly between ranks.
+    pub uneven: Uneven,
+    /// Per-sample transform.
+    pub transform: Transform,
+    /// Bad-sample handling.
+    pub bad_samples: BadSamplePolicy,
+    /// Stop after too many bad samples.
+    pub max_bad: Option<MaxBad>,
+    /// Decompression-bomb limit in pixels.
+    pub max_pixels: u64,
+}
+
+impl Default for LoaderConfig {
+    fn default() -> Self {
+        LoaderConfig {
+            batch_size: 32,
+            workers: 2,
+            prefetch: 4,
+            seed: 0,
+            shuffle: true,
+            drop_last: false,
+            rank: 0,
+            world_size: 1,
+            uneven: Uneven::Pad,
+            transform: Transform::none(),
+            bad_samples: BadSamplePolicy::Skip,
+            max_bad: None,
+            max_pixels: DEFAULT_MAX_PIXELS,
+        }
+    }
+}
+
+/// Where an epoch stands; enough to resume it exactly. Serializable (serde).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoaderState {
+    /// The loader's seed (checked on resume).
+    pub seed: u64,
+    /// The epoch.
+    pub epoch: u64,
+    /// The next batch to deliver.
+    pub next_batch: usize,
+    /// Bad samples met so far in this epoch (what `max_bad` applies to).
+    pub bad_samples: u64,
+    /// Sample slots of this epoch consumed so far.
+    pub samples_seen: u64,
+    /// Rank and world size (checked on resume).
+    pub rank: usize,
+    /// World size.
+    pub world_size: usize,
+    /// Batch size (checked on resume).
+    pub batch_size: usize,
+}
+
+/// Time per stage, summed over workers, and counts. A snapshot from [`Loader::stats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Stats {
+    /// Reading records.
+    pub read: Duration,
+    /// Decoding.
+    pub decode: Duration,
+    /// Resizing and cropping.
+    pub transform: Duration,
+    /// Writing slots (flip, normalize, layout).
+    pub collate: Duration,
+    /// Time the consumer spent waiting for the next batch.
+    pub waiting: Duration,
+    /// Samples delivered.
+    pub samples: u64,
+    /// Batches delivered.
+    pub batches: u64,
+    /// Bad samples met.
+    pub bad_samples: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    read: AtomicU64,
+    decode: AtomicU64,
+    transform: AtomicU64,
+    collate: AtomicU64,
+    waiting: AtomicU64,
+    samples: AtomicU64,
+    batches: AtomicU64,
+    bad: AtomicU64,
+}
+
+fn add(counter: &AtomicU64, d: Duration) {
+    counter.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+}
+
+/// What workers share.
+struct Shared {
+    dataset: Arc<dyn Dataset>,
+    config: LoaderConfig,
+    pool: BufferPool,
+    counters: Counters,
+}
+
+struct Job {
+    epoch: u64,
+    position: usize,
+    indices: Vec<usize>,
+    reply: Sender<(usize, Result<Batch>)>,
+    cancel: Arc<AtomicBool>,
+}
+
+/// A multi-threaded, deterministic, fault-tolerant batch loader over a [`Dataset`].
+pub struct Loader {
+    shared: Arc<Shared>,
+    sampler: Sampler,
+    jobs: Option<Sender<Job>>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl Loader {
+    /// A loader with heap batch buffers.
+    pub fn new(dataset: Arc<dyn Dataset>, config: LoaderConfig) -> Result<Loader> {
+        Self::with_allocator(dataset, config, Arc::new(HeapAllocator))
+    }
+
+    /// A loader whose batch buffers come from `allocator` (e.g. page-locked memory).
+    pub fn with_allocator(
+        dataset: Arc<dyn Dataset>,
+        config: LoaderConfig,
+        allocator: Arc<dyn BatchAllocator>,
+    ) -> Result<Loader> {
+        let invalid = |m: &str| Err(Error::Config(m.to_string()));
+        if config.batch_size == 0 {
+            return invalid("batch_size must be at least 1");
+        }
+        if config.workers == 0 {
+            return invalid("workers must be at least 1");
+        }
+        if config.prefetch == 0 {
+            return invalid("prefetch must be at least 1");
+        }
+        if config.world_size == 0 || config.rank >= config.world_size {
+            return Err(Error::Config(format!(
+                "rank {} is not in 0..{} (world_size)",
+                config.rank, config.world_size
+            )));
+        }
+        if let Some(MaxBad::Fraction(f)) = config.max_bad
+            && !(0.0..=1.0).contains(&f)
+        {
+            return invalid("max_bad fraction must be in 0..1");
+        }
+        config.transform.validate().map_err(Error::Config)?;
+        let sampler = Sampler {
+            len: dataset.len(),
+            batch_size: config.batch_size,
+            seed: config.seed,
+            shuffle: config.shuffle,
+            drop_last: config.drop_last,
+            rank: config.rank,
+            world_size: config.world_size,
+            uneven: config.uneven,
+        };
+        let shared = Arc::new(Shared {
+            dataset,
+            config,
+            pool: BufferPool::new(allocator),
+            counters: Counters::default(),
+        });
+        let (jobs, queue) = crossbeam_channel::unbounded::<Job>();
+        let workers = (0..shared.config.workers)
+            .map(|i| {
+                let shared = Arc::clone(&shared);
+                let queue = queue.clone();
+                std::thread::Builder::new()
+                    .name(format!("imagefeed-worker-{i}"))
+                    .spawn(move || worker_loop(&shared, &queue))
+                    .map_err(|e| Error::Config(format!("cannot start worker thread: {e}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Loader {
+            shared,
+            sampler,
+            jobs: Some(jobs),
+            workers,
+        })
+    }
+
+    /// The dataset being loaded.
+    pub fn dataset(&self) -> &Arc<dyn Dataset> {
+        &self.shared.dataset
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &LoaderConfig {
+        &self.shared.config
+    }
+
+    /// Batches per epoch for this rank.
+    pub fn batches_per_epoch(&self) -> usize {
+        self.sampler.batches_per_epoch()
+    }
+
+    /// The batch buffer pool (its allocation count shows steady-state reuse).
+    pub fn pool(&self) -> &BufferPool {
+        &self.shared.pool
+    }
+
+    /// Iterates over `epoch`'s batches from the start.
+    pub fn epoch(&self, epoch: u64) -> Epoch<'_> {
+        self.start(epoch, 0)
+    }
+
+    /// Continues the epoch recorded in `state` from its next batch, with its running totals.
+    pub fn resume(&self, state: &LoaderState) -> Result<Epoch<'_>> {
+        let c = &self.shared.config;
+        if (state.seed, state.rank, state.world_size, state.batch_size)
+            != (c.seed, c.rank, c.world_size, c.batch_size)
+        {
+            return Err(Error::Config(format!(
+                "state is for seed {} rank {}/{} batch size {}, this loader has seed {} rank {}/{} batch size {}",
+                state.seed,
+                state.rank,
+                state.world_size,
+                state.batch_size,
+                c.seed,
+                c.rank,
+                c.world_size,
+                c.batch_size
+            )));
+        }
+        if state.next_batch > self.batches_per_epoch() {
+            return Err(Error::Config(format!(
+                "state's next batch {} is past the epoch's {} batches",
+                state.next_batch,
+                self.batches_per_epoch()
+            )));
+        }
+        let mut epoch = self.start(state.epoch, state.next_batch);
+        epoch.bad_samples = state.bad_samples;
+        epoch.samples_seen = state.samples_seen;
+        Ok(epoch)
+    }
+
+    fn start(&self, epoch: u64, first: usize) -> Epoch<'_> {
+        let (reply_tx, reply_rx) = crossbeam_channel::unbounded();
+        Epoch {
+            loader: self,
+            epoch,
+            batches: self.sampler.batches(epoch),
+            next_send: first,
+            next_deliver: first,
+            pending: HashMap::new(),
+            reply_tx,
+            reply_rx,
+            cancel: Arc::new(AtomicBool::new(false)),
+            bad_samples: 0,
+            samples_seen: 0,
+            done: false,
+        }
+    }
+
+    /// Stage times and counts so far.
+    pub fn stats(&self) -> Stats {
+        let c = &self.shared.counters;
+        let d = |a: &AtomicU64| Duration::from_nanos(a.load(Ordering::Relaxed));
+        Stats {
+            read: d(&c.read),
+            decode: d(&c.decode),
+            transform: d(&c.transform),
+            collate: d(&c.collate),
+            waiting: d(&c.waiting),
+            samples: c.samples.load(Ordering::Relaxed),
+            batches: c.batches.load(Ordering::Relaxed),
+            bad_samples: c.bad.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        self.jobs.take(); // closes the queue: workers finish their job and exit
+        for worker in self.workers.drain(..) {
+            let _ = worker.join();
+        }
+    }
+}
+
+/// One epoch's batches, in order. Dropping it cancels the batches still being built.
+pub struct Epoch<'a> {
+    loader: &'a Loader,
+    epoch: u64,
+    batches: Vec<Vec<usize>>,
+    next_send: usize,
+    next_deliver: usize,
+    pending: HashMap<usize, Result<Batch>>,
+    reply_tx: Sender<(usize, Result<Batch>)>,
+    reply_rx: Receiver<(usize, Result<Batch>)>,
+    cancel: Arc<AtomicBool>,
+    bad_samples: u64,
+    samples_seen: u64,
+    done: bool,
+}
+
+impl Epoch<'_> {
+    /// Where this epoch stands: the next batch [`next`](Iterator::next) would return.
+    pub fn state(&self) -> LoaderState {
+        let c = &self.loader.shared.config;
+        LoaderState {
+            seed: c.seed,
+            epoch: self.epoch,
+            next_batch: self.next_deliver,
+            bad_samples: self.bad_samples,
+            samples_seen: self.samples_seen,
+            rank: c.rank,
+            world_size: c.world_size,
+            batch_size: c.batch_size,
+        }
+    }
+
+    /// Batches left in this epoch.
+    pub fn remaining(&self) -> usize {
+        self.batches.len().saturating_sub(self.next_deliver)
+    }
+
+    fn max_bad_exceeded(&self) -> Option<String> {
+        match self.loader.shared.config.max_bad? {
+            MaxBad::Count(n) if self.bad_samples > n => Some(format!("max {n}")),
+            MaxBad::Fraction(f) => {
+                let per_epoch = self.batches.iter().map(Vec::len).sum::<usize>() as f64;
+                (self.bad_samples as f64 > f * per_epoch)
+                    .then(|| format!("max {:.4}% of the epoch's {per_epoch} samples", f * 100.0))
+            }
+            _ => None,
+        }
+    }
+}
+
+impl Iterator for Epoch<'_> {
+    type Item = Result<Batch>;
+
+    fn next(&mut self) -> Option<Result<Batch>> {
+        if self.done || self.next_deliver >= self.batches.len() {
+            return None;
+        }
+        let shared = &self.loader.shared;
+        let prefetch = shared.config.prefetch;
+        while self.next_send < self.batches.len() && self.next_send < self.next_deliver + prefetch {
+            let job = Job {
+                epoch: self.epoch,
+                position: self.next_send,
+                indices: self.batches[self.next_send].clone(),
+                reply: self.reply_tx.clone(),
+                cancel: Arc::clone(&self.cancel),
+            };
+            let jobs = self
+                .loader
+                .jobs
+                .as_ref()
+                .expect("queue open while the loader lives");
+            if jobs.send(job).is_err() {
+                self.done = true;
+                return Some(Err(Error::Config("the worker threads have stopped".into())));
+            }
+            self.next_send += 1;
+        }
+        let waited = Instant::now();
+        let result = loop {
+            if let Some(result) = self.pending.remove(&self.next_deliver) {
+                break result;
+            }
+            match self.reply_rx.recv() {
+                Ok((position, result)) => {
+                    self.pending.insert(position, result);
+                }
+                Err(_) => unreachable!("the epoch holds a sender"),
+            }
+        };
+        add(&shared.counters.waiting, waited.elapsed());
+        let position = self.next_deliver;
+        self.next_deliver += 1;
+        let batch = match result {
+            Ok(batch) => batch,
+            Err(e) => {
+                self.done = true;
+                self.cancel.store(true, Ordering::Relaxed);
+                return Some(Err(e));
+            }
+        };
+        self.samples_seen += self.batches[position].len() as u64;
+        self.bad_samples += batch.bad.len() as u64;
+        let c = &shared.counters;
+        c.samples.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        c.batches.fetch_add(1, Ordering::Relaxed);
+        c.bad.fetch_add(batch.bad.len() as u64, Ordering::Relaxed);
+        if let Some(limit) = self.max_bad_exceeded() {
+            self.done = true;
+            self.cancel.store(true, Ordering::Relaxed);
+            let last = batch
+                .bad
+                .last()
+                .cloned()
+                .expect("the limit is only crossed by a batch with bad samples");
+            return Some(Err(Error::TooManyBadSamples {
+                count: self.bad_samples,
+                seen: self.samples_seen,
+                limit,
+                index: last.index,
+                key: last.key,
+                reason: last.reason,
+            }));
+        }
+        Some(Ok(batch))
+    }
+}
+
+impl Drop for Epoch<'_> {
+    fn drop(&mut self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workers
+// ---------------------------------------------------------------------------------------------
+
+/// Domain of the replacement-choice streams (sample streams use 0, the shuffle 1).
+const REPLACE_DOMAIN: u64 = 2;
+/// Candidates tried for one bad sample under `Replace`.
+const REPLACE_ATTEMPTS: usize = 16;
+
+fn worker_loop(shared: &Shared, queue: &Receiver<Job>) {
+    let mut worker = Worker {
+        reader: LazyReader::new(Arc::clone(&shared.dataset)),
+        transformer: SampleTransformer::new(shared.config.max_pixels),
+    };
+    for job in queue.iter() {
+        if job.cancel.load(Ordering::Relaxed) {
+            continue;
+        }
+        let result =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.build(shared, &job)))
+                .unwrap_or_else(|panic| {
+                    let message = panic
+                        .downcast_ref::<String>()
+                        .map(String::as_str)
+                        .or_else(|| panic.downcast_ref::<&str>().copied())
+                        .unwrap_or("unknown panic");
+                    Err(Error::Config(format!(
+                        "a worker panicked building batch {}: {message}",
+                        job.position
+                    )))
+                });
+        let _ = job.reply.send((job.position, result)); // the epoch may be gone
+    }
+}
+
+/// A worker's private state: its own reader handle and transformer.
+struct Worker {
+    reader: LazyReader,
+    transformer: SampleTransformer,
+}
+
+/// How one sample went.
+enum Outcome {
+    Ok(u32),
+    Bad { key: String, reason: String },
+}
+
+/// The batch being filled: slot memory is taken once the slot size is known.
+struct Collator {
+    buffer: Option<PooledBuffer>,
+    capacity: usize,
+    slot_len: usize,
+    size: Option<(u32, u32, usize, String)>,
+    written: usize,
+}
+
+impl Worker {
+    fn build(&mut self, shared: &Shared, job: &Job) -> Result<Batch> {
+        let config = &shared.config;
+        let mut collator = Collator {
+            buffer: None,
+            capacity: job.indices.len(),
+            slot_len: 0,
+            size: None,
+            written: 0,
+        };
+        let mut samples = Vec::with_capacity(job.indices.len());
+        let mut labels = Vec::with_capacity(job.indices.len());
+        let mut bad = Vec::new();
+        for &index in &job.indices {
+            if job.cancel.load(Ordering::Relaxed) {
+                return Err(Error::Config("cancelled".into()));
+            }
+            match self.sample(shared, job.epoch, index, &mut collator)? {
+                Outcome::Ok(label) => {
+                    samples.push(index);
+                    labels.push(label);
+                }
+                Outcome::Bad { key, reason } => {
+                    if config.bad_samples == BadSamplePolicy::Error {
+                        return Err(Error::BadSample { index, key, reason });
+                    }
+                    let mut record = BadSample {
+                        index,
+                        key,
+                        reason,
+                        replaced_by: None,
+                    };
+                    if config.bad_samples == BadSamplePolicy::Replace {
+                        let mut rng =
+                            SampleRng::keyed(config.seed, job.epoch, index as u64, REPLACE_DOMAIN);
+                        let len = shared.dataset.len() as u64;
+                        for _ in 0..REPLACE_ATTEMPTS {
+                            let candidate = rng.below(len) as usize;
+                            if candidate == index {
+                                continue;
+                            }
+                            match self.sample(shared, job.epoch, candidate, &mut collator)? {
+                                Outcome::Ok(label) => {
+                                    samples.push(candidate);
+                                    labels.push(label);
+                                    record.replaced_by = Some(candidate);
+                                    break;
+                                }
+                                Outcome::Bad { key, reason } => bad.push(BadSample {
+                                    index: candidate,
+                                    key,
+                                    reason: format!("{reason} (while replacing sample {index})"),
+                                    replaced_by: None,
+                                }),
+                            }
+                        }
+                    }
+                    bad.push(record);
+                }
+            }
+        }
+        let (width, height) = collator.size.as_ref().map_or((0, 0), |s| (s.0, s.1));
+        let mut data = collator
+            .buffer
+            .take()
+            .unwrap_or_else(|| shared.pool.take(0));
+        data.truncate(collator.written * collator.slot_len);
+        let (h, w, n) = (height as usize, width as usize, collator.written);
+        let shape = match config.transform.output.layout {
+            Layout::Nchw => [n, 3, h, w],
+            Layout::Nhwc => [n, h, w, 3],
+        };
+        Ok(Batch {
+            epoch: job.epoch,
+            index: job.position,
+            samples,
+            labels,
+            bad,
+            shape,
+            dtype: config.transform.output.dtype,
+            layout: config.transform.output.layout,
+            data,
+        })
+    }
+
+    /// Reads, decodes and transforms sample `index` into the next free slot. A problem with the
+    /// sample is an `Outcome::Bad`; only a batch-level problem (mixed sizes) is an `Err`.
+    fn sample(
+        &mut self,
+        shared: &Shared,
+        epoch: u64,
+        index: usize,
+        collator: &mut Collator,
+    ) -> Result<Outcome> {
+        let config = &shared.config;
+        let counters = &shared.counters;
+        let started = Instant::now();
+        let record = match self.reader.read(index) {
+            Ok(record) => record,
+            Err(e) => {
+                return Ok(Outcome::Bad {
+                    key: "?".into(),
+                    reason: e.to_string(),
+                });
+            }
+        };
+        add(&counters.read, started.elapsed());
+        let label = record.label;
+        let mut rng = SampleRng::new(config.seed, epoch, index as u64);
+        let prepared = match self
+            .transformer
+            .apply(&config.transform, record.payload, &mut rng)
+        {
+            Ok(p) => p,
+            Err(e) => {
+                return Ok(Outcome::Bad {
+                    key: record.key.to_string(),
+                    reason: e.to_string(),
+                });
+            }
+        };
+        add(&counters.decode, prepared.decode_time);
+        add(&counters.transform, prepared.transform_time);
+        let started = Instant::now();
+        let (w, h) = (prepared.width, prepared.height);
+        match &collator.size {
+            None => {
+                collator.size = Some((w, h, index, record.key.to_string()));
+                collator.slot_len = config.transform.output.slot_len(w, h);
+                collator.buffer = Some(shared.pool.take(collator.slot_len * collator.capacity));
+            }
+            Some((fw, fh, first_index, first_key)) if (*fw, *fh) != (w, h) => {
+                return Err(Error::ShapeMismatch {
+                    first_index: *first_index,
+                    first_key: first_key.clone(),
+                    first_size: (*fw, *fh),
+                    index,
+                    key: record.key.to_string(),
+                    size: (w, h),
+                });
+            }
+            Some(_) => {}
+        }
+        let at = collator.written * collator.slot_len;
+        let buffer = collator.buffer.as_mut().expect("allocated with the size");
+        let slot = &mut buffer.as_mut_slice()[at..at + collator.slot_len];
+        config
+            .transform
+            .output
+            .write(prepared.pixels, w, h, prepared.flip, slot);
+        collator.written += 1;
+        add(&counters.collate, started.elapsed());
+        Ok(Outcome::Ok(label))
+    }
+}

@@ -1,0 +1,219 @@
+//! Batch memory: where collate writes, and how it is reused.
+//!
+//! [`BatchAllocator`] is the one interface through which the loader gets memory, so a GPU feed can
+//! supply page-locked buffers and collate writes straight into them (no extra copy). The default,
+//! [`HeapAllocator`], gives 64-byte-aligned heap buffers (aligned for any element type and for
+//! SIMD). [`BufferPool`] keeps returned buffers and hands them out again: in steady state no
+//! batch allocates.
+
+use std::alloc::{Layout, dealloc};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// A block of host memory a batch is written into.
+pub trait BatchMemory: Send + Sync {
+    /// The whole block.
+    fn as_slice(&self) -> &[u8];
+    /// The whole block, writable.
+    fn as_mut_slice(&mut self) -> &mut [u8];
+}
+
+/// Supplies [`BatchMemory`] blocks of at least a given size.
+pub trait BatchAllocator: Send + Sync {
+    /// A block of at least `bytes` bytes, aligned to at least 16 bytes.
+    fn allocate(&self, bytes: usize) -> Box<dyn BatchMemory>;
+}
+
+/// Alignment of [`AlignedBuffer`]s.
+pub const ALIGNMENT: usize = 64;
+
+/// A 64-byte-aligned, zero-initialized heap block.
+pub struct AlignedBuffer {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the buffer owns its allocation exclusively; &self gives only shared reads and
+// &mut self exclusive writes, so moving or sharing it between threads is sound.
+unsafe impl Send for AlignedBuffer {}
+// SAFETY: as above; no interior mutability.
+unsafe impl Sync for AlignedBuffer {}
+
+impl AlignedBuffer {
+    /// Allocates `len` zeroed bytes (at least one byte is reserved).
+    pub fn new(len: usize) -> AlignedBuffer {
+        let layout =
+            Layout::from_size_align(len.max(1), ALIGNMENT).expect("batch size fits in isize");
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let Some(ptr) = NonNull::new(ptr) else {
+            std::alloc::handle_alloc_error(layout)
+        };
+        AlignedBuffer { ptr, len }
+    }
+}
+
+impl Drop for AlignedBuffer {
+    fn drop(&mut self) {
+        let layout =
+            Layout::from_size_align(self.len.max(1), ALIGNMENT).expect("same layout as allocated");
+        // SAFETY: `ptr` came from `alloc_zeroed` with exactly this layout and is freed once.
+        unsafe { dealloc(self.ptr.as_ptr(), layout) };
+    }
+}
+
+impl BatchMemory for AlignedBuffer {
+    fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` is valid for `len` initialized (zeroed, then written) bytes for the life
+        // of `self`, and `&self` excludes writers.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` makes this the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+/// The default allocator: [`AlignedBuffer`]s on the heap.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HeapAllocator;
+
+impl BatchAllocator for HeapAllocator {
+    fn allocate(&self, bytes: usize) -> Box<dyn BatchMemory> {
+        Box::new(AlignedBuffer::new(bytes))
+    }
+}
+
+/// Reuses batch memory. Cheap to clone (shared).
+#[derive(Clone)]
+pub struct BufferPool {
+    inner: Arc<PoolInner>,
+}
+
+struct PoolInner {
+    allocator: Arc<dyn BatchAllocator>,
+    free: Mutex<Vec<Box<dyn BatchMemory>>>,
+    allocations: AtomicU64,
+    allocated_bytes: AtomicU64,
+}
+
+impl BufferPool {
+    /// A pool over `allocator`.
+    pub fn new(allocator: Arc<dyn BatchAllocator>) -> BufferPool {
+        BufferPool {
+            inner: Arc::new(PoolInner {
+                allocator,
+                free: Mutex::new(Vec::new()),
+                allocations: AtomicU64::new(0),
+                allocated_bytes: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// A buffer of exactly `len` visible bytes: a free one that is large enough, else a new one.
+    pub fn take(&self, len: usize) -> PooledBuffer {
+        let reused = {
+            let mut free = self.inner.free.lock().unwrap_or_else(|e| e.into_inner());
+            // Best fit: the smallest free block that is large enough.
+            let best = free
+                .iter()
+                .enumerate()
+                .filter(|(_, m)| m.as_slice().len() >= len)
+                .min_by_key(|(_, m)| m.as_slice().len())
+                .map(|(i, _)| i);
+            best.map(|i| free.swap_remove(i))
+        };
+        let memory = reused.unwrap_or_else(|| {
+            self.inner.allocations.fetch_add(1, Ordering::Relaxed);
+            self.inner
+                .allocated_bytes
+                .fetch_add(len as u64, Ordering::Relaxed);
+            self.inner.allocator.allocate(len)
+        });
+        PooledBuffer {
+            memory: Some(memory),
+            len,
+            pool: self.clone(),
+        }
+    }
+
+    /// Blocks allocated so far (a steady state stops growing this).
+    pub fn allocations(&self) -> u64 {
+        self.inner.allocations.load(Ordering::Relaxed)
+    }
+
+    /// Bytes requested by those allocations.
+    pub fn allocated_bytes(&self) -> u64 {
+        self.inner.allocated_bytes.load(Ordering::Relaxed)
+    }
+
+    fn give_back(&self, memory: Box<dyn BatchMemory>) {
+        self.inner
+            .free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(memory);
+    }
+}
+
+/// A buffer on loan from a [`BufferPool`]; goes back to the pool when dropped.
+pub struct PooledBuffer {
+    memory: Option<Box<dyn BatchMemory>>,
+    len: usize,
+    pool: BufferPool,
+}
+
+impl PooledBuffer {
+    /// The visible bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        &self.memory.as_ref().expect("present until drop").as_slice()[..self.len]
+    }
+
+    /// The visible bytes, writable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self
+            .memory
+            .as_mut()
+            .expect("present until drop")
+            .as_mut_slice()[..self.len]
+    }
+
+    /// Shrinks the visible length (e.g. a batch that lost samples to the `skip` policy).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+}
+
+impl Drop for PooledBuffer {
+    fn drop(&mut self) {
+        if let Some(memory) = self.memory.take() {
+            self.pool.give_back(memory);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_aligned_and_reused() {
+        let pool = BufferPool::new(Arc::new(HeapAllocator));
+        let a = pool.take(1000);
+        assert_eq!(a.as_slice().as_ptr() as usize % ALIGNMENT, 0);
+        assert_eq!(a.as_slice().len(), 1000);
+        let addr = a.as_slice().as_ptr();
+        drop(a);
+        let b = pool.take(800);
+        assert_eq!(
+            b.as_slice().as_ptr(),
+            addr,
+            "a large-enough free buffer is reused"
+        );
+        assert_eq!(b.as_slice().len(), 800);
+        let _c = pool.take(2000);
+        assert_eq!(pool.allocations(), 2);
+    }
+}

@@ -1,0 +1,535 @@
+//! Per-sample transforms: decode → geometry (resize / crop) → flip → write into a batch slot.
+//!
+//! A [`Transform`] is a plain description; a [`SampleTransformer`] (one per worker) applies it.
+//! Geometry follows torchvision's semantics (`Resize`, `CenterCrop`, `RandomResizedCrop` with
+//! the same size rules and crop arithmetic, Python rounding included), and every random decision
+//! is drawn from the sample's own [`SampleRng`] in a fixed order (crop box, then flip), so the
+//! result depends only on `(seed, epoch, index)`.
+//!
+//! Work is cut where it can be: a JPEG whose crop will be shrunk is decoded at the smallest
+//! libjpeg-turbo DCT scale (M/8) that still covers the output resolution, and the crop and resize
+//! happen in one SIMD pass (fast_image_resize, antialiased bilinear like PIL). The flip, the
+//! layout change and the normalization happen while writing the slot
+//! ([`output::SlotWriter`]).
+
+pub mod crop;
+pub mod output;
+
+use std::time::{Duration, Instant};
+
+use crate::decode::{DEFAULT_MAX_PIXELS, DecodeError, Decoder};
+use crate::resize::{RgbResizer, short_side_size};
+use crate::rng::SampleRng;
+use crop::{CropBox, center_crop, random_resized_crop};
+pub use output::{DType, Layout, Normalize, SlotWriter};
+
+/// Resizing and cropping.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Geometry {
+    /// Keep the decoded size; all images of a batch must then have the same size.
+    Native,
+    /// torchvision `Resize(short)`: the shorter side becomes `short`.
+    Resize {
+        /// Target shorter side.
+        short: u32,
+    },
+    /// torchvision `CenterCrop((height, width))` (zero padding when the image is smaller).
+    CenterCrop {
+        /// Output width.
+        width: u32,
+        /// Output height.
+        height: u32,
+    },
+    /// `Resize(short)` then `CenterCrop((height, width))`: the usual evaluation transform.
+    ResizeCenterCrop {
+        /// Shorter side after the resize.
+        short: u32,
+        /// Output width.
+        width: u32,
+        /// Output height.
+        height: u32,
+    },
+    /// torchvision `RandomResizedCrop((height, width), scale, ratio)`.
+    RandomResizedCrop {
+        /// Output width.
+        width: u32,
+        /// Output height.
+        height: u32,
+        /// Range of the crop's area as a fraction of the image's.
+        scale: (f64, f64),
+        /// Range of the crop's aspect ratio (width / height).
+        ratio: (f64, f64),
+    },
+}
+
+/// What happens to each sample between its payload and its batch slot.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Transform {
+    /// Resize / crop.
+    pub geometry: Geometry,
+    /// Probability of a horizontal flip (0 = never).
+    pub hflip: f64,
+    /// Element type, layout, normalization.
+    pub output: SlotWriter,
+}
+
+/// CIFAR-10 channel statistics.
+pub const CIFAR10_NORMALIZE: Normalize = Normalize {
+    mean: [0.4914, 0.4822, 0.4465],
+    std: [0.2470, 0.2435, 0.2616],
+};
+
+impl Transform {
+    /// Decode only: native size, `u8`, NHWC (the decoder's own layout).
+    pub fn none() -> Transform {
+        Transform {
+            geometry: Geometry::Native,
+            hflip: 0.0,
+            output: SlotWriter {
+                dtype: DType::U8,
+                layout: Layout::Nhwc,
+                normalize: None,
+            },
+        }
+    }
+
+    /// CIFAR training: random flip and normalize at native size, `f32` NCHW.
+    pub fn cifar() -> Transform {
+        Transform {
+            geometry: Geometry::Native,
+            hflip: 0.5,
+            output: SlotWriter {
+                dtype: DType::F32,
+                layout: Layout::Nchw,
+                normalize: Some(CIFAR10_NORMALIZE),
+            },
+        }
+    }
+
+    /// ImageNet training: `RandomResizedCrop(size)` (scale 0.08–1, ratio 3/4–4/3), random flip,
+    /// ImageNet normalization, `f32` NCHW.
+    pub fn imagenet_train(size: u32) -> Transform {
+        Transform {
+            geometry: Geometry::RandomResizedCrop {
+                width: size,
+                height: size,
+                scale: (0.08, 1.0),
+                ratio: (3.0 / 4.0, 4.0 / 3.0),
+            },
+            hflip: 0.5,
+            output: SlotWriter {
+                dtype: DType::F32,
+                layout: Layout::Nchw,
+                normalize: Some(Normalize::IMAGENET),
+            },
+        }
+    }
+
+    /// ImageNet evaluation: `Resize(resize)`, `CenterCrop(size)`, ImageNet normalization, `f32`
+    /// NCHW.
+    pub fn imagenet_eval(resize: u32, size: u32) -> Transform {
+        Transform {
+            geometry: Geometry::ResizeCenterCrop {
+                short: resize,
+                width: size,
+                height: size,
+            },
+            hflip: 0.0,
+            output: SlotWriter {
+                dtype: DType::F32,
+                layout: Layout::Nchw,
+                normalize: Some(Normalize::IMAGENET),
+            },
+        }
+    }
+
+    /// The same transform with another output element type and layout.
+    pub fn with_output(mut self, dtype: DType, layout: Layout) -> Transform {
+        self.output.dtype = dtype;
+        self.output.layout = layout;
+        self
+    }
+
+    /// Checks the description makes sense (sizes non-zero, ranges ordered, no normalization of
+    /// `u8` output).
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = |w: u32, h: u32| {
+            if w == 0 || h == 0 {
+                Err("output size must be non-zero".to_string())
+            } else {
+                Ok(())
+            }
+        };
+        match self.geometry {
+            Geometry::Native => {}
+            Geometry::Resize { short } => positive(short, short)?,
+            Geometry::CenterCrop { width, height } => positive(width, height)?,
+            Geometry::ResizeCenterCrop {
+                short,
+                width,
+                height,
+            } => {
+                positive(short, short)?;
+                positive(width, height)?;
+            }
+            Geometry::RandomResizedCrop {
+                width,
+                height,
+                scale,
+                ratio,
+            } => {
+                positive(width, height)?;
+                if !(0.0 < scale.0 && scale.0 <= scale.1 && scale.1 <= 1.0) {
+                    return Err(format!(
+                        "RandomResizedCrop scale {scale:?} must satisfy 0 < min <= max <= 1"
+                    ));
+                }
+                if !(0.0 < ratio.0 && ratio.0 <= ratio.1) {
+                    return Err(format!(
+                        "RandomResizedCrop ratio {ratio:?} must satisfy 0 < min <= max"
+                    ));
+                }
+            }
+        }
+        if !(0.0..=1.0).contains(&self.hflip) {
+            return Err(format!("flip probability {} is not in 0..1", self.hflip));
+        }
+        if self.output.dtype == DType::U8 && self.output.normalize.is_some() {
+            return Err("normalization needs a float output (f32 or f16), not u8".into());
+        }
+        Ok(())
+    }
+
+    /// The output size when the geometry fixes it (`None` for `Native` and `Resize`).
+    pub fn fixed_size(&self) -> Option<(u32, u32)> {
+        match self.geometry {
+            Geometry::Native | Geometry::Resize { .. } => None,
+            Geometry::CenterCrop { width, height }
+            | Geometry::ResizeCenterCrop { width, height, .. }
+            | Geometry::RandomResizedCrop { width, height, .. } => Some((width, height)),
+        }
+    }
+}
+
+/// A transformed sample, ready for [`SlotWriter::write`].
+#[derive(Debug)]
+pub struct Prepared<'a> {
+    /// HWC RGB `u8` pixels.
+    pub pixels: &'a [u8],
+    /// Width.
+    pub width: u32,
+    /// Height.
+    pub height: u32,
+    /// Mirror left-right while writing.
+    pub flip: bool,
+    /// Time spent decoding.
+    pub decode_time: Duration,
+    /// Time spent resizing and cropping.
+    pub transform_time: Duration,
+}
+
+/// Applies [`Transform`]s; holds a decoder, a resizer and scratch buffers. One per worker.
+pub struct SampleTransformer {
+    decoder: Decoder,
+    resizer: RgbResizer,
+    decoded: Vec<u8>,
+    image: Vec<u8>,
+    staging: Vec<u8>,
+}
+
+impl Default for SampleTransformer {
+    fn default() -> Self {
+        Self::new(DEFAULT_MAX_PIXELS)
+    }
+}
+
+impl SampleTransformer {
+    /// A transformer whose decoder refuses images over `max_pixels`.
+    pub fn new(max_pixels: u64) -> Self {
+        SampleTransformer {
+            decoder: Decoder::new().with_max_pixels(max_pixels),
+            resizer: RgbResizer::new(),
+            decoded: Vec::new(),
+            image: Vec::new(),
+            staging: Vec::new(),
+        }
+    }
+
+    /// Decodes `payload` and applies `transform`'s geometry, drawing random choices from `rng`.
+    pub fn apply(
+        &mut self,
+        transform: &Transform,
+        payload: &[u8],
+        rng: &mut SampleRng,
+    ) -> Result<Prepared<'_>, DecodeError> {
+        let started = Instant::now();
+        let geometry = transform.geometry;
+        let hflip = transform.hflip;
+        let mut plan = None;
+        // One header parse: the crop box (drawn from `rng`, crop first, then flip) decides the
+        // decode scale.
+        let (header, decoded) =
+            self.decoder
+                .decode_rgb_fit(payload, &mut self.decoded, |header| {
+                    let (w, h) = (header.width, header.height);
+                    let (crop, out_w, out_h) = match geometry {
+                        Geometry::Native => (CropBox::full(w, h), w, h),
+                        Geometry::Resize { short } => {
+                            let (rw, rh) = short_side_size(w, h, short);
+                            (CropBox::full(w, h), rw, rh)
+                        }
+                        Geometry::CenterCrop { width, height } => {
+                            (center_crop(w, h, width, height), width, height)
+                        }
+                        Geometry::ResizeCenterCrop {
+                            short,
+                            width,
+                            height,
+                        } => {
+                            let (rw, rh) = short_side_size(w, h, short);
+                            let c = center_crop(rw, rh, width, height);
+                            let (sx, sy) = (w as f64 / rw as f64, h as f64 / rh as f64);
+                            let crop = CropBox {
+                                top: c.top * sy,
+                                left: c.left * sx,
+                                height: c.height * sy,
+                                width: c.width * sx,
+                            };
+                            (crop, width, height)
+                        }
+                        Geometry::RandomResizedCrop {
+                            width,
+                            height,
+                            scale,
+                            ratio,
+                        } => (random_resized_crop(rng, w, h, scale, ratio), width, height),
+                    };
+                    let flip = hflip > 0.0 && rng.chance(hflip);
+                    plan = Some((crop, out_w, out_h, flip));
+                    // Decode at the smallest DCT scale whose crop still covers the output resolution.
+                    if matches!(geometry, Geometry::Native) {
+                        (u32::MAX, u32::MAX)
+                    } else {
+                        (
+                            (out_w as f64 * w as f64 / crop.width).ceil() as u32,
+                            (out_h as f64 * h as f64 / crop.height).ceil() as u32,
+                        )
+                    }
+                })?;
+        let (crop, out_w, out_h, flip) = plan.expect("fit runs once the header is read");
+        let (w, h) = (header.width, header.height);
+        let decode_time = started.elapsed();
+        let started = Instant::now();
+        let (fx, fy) = (
+            decoded.width as f64 / w as f64,
+            decoded.height as f64 / h as f64,
+        );
+        let crop = CropBox {
+            top: crop.top * fy,
+            left: crop.left * fx,
+            height: crop.height * fy,
+            width: crop.width * fx,
+        };
+        let (dw, dh) = (decoded.width as f64, decoded.height as f64);
+        let whole = crop.top == 0.0 && crop.left == 0.0 && crop.width == dw && crop.height == dh;
+        let inside = crop.top >= 0.0
+            && crop.left >= 0.0
+            && crop.top + crop.height <= dh
+            && crop.left + crop.width <= dw;
+        let pixels: &[u8] = if whole && (out_w, out_h) == (decoded.width, decoded.height) {
+            &self.decoded
+        } else if inside {
+            self.image.resize(out_w as usize * out_h as usize * 3, 0);
+            self.resizer.resize_region(
+                &self.decoded,
+                decoded.width,
+                decoded.height,
+                (crop.left, crop.top, crop.width, crop.height),
+                &mut self.image,
+                out_w,
+                out_h,
+            );
+            &self.image
+        } else {
+            // A center crop larger than the (resized) image: resize to the scale the crop is
+            // taken at, then copy the overlap into a zero canvas, as torchvision pads.
+            let (sw, sh) = (
+                (dw * out_w as f64 / crop.width).round().max(1.0) as u32,
+                (dh * out_h as f64 / crop.height).round().max(1.0) as u32,
+            );
+            let source: &[u8] = if (sw, sh) == (decoded.width, decoded.height) {
+                &self.decoded
+            } else {
+                self.staging.resize(sw as usize * sh as usize * 3, 0);
+                self.resizer.resize(
+                    &self.decoded,
+                    decoded.width,
+                    decoded.height,
+                    &mut self.staging,
+                    sw,
+                    sh,
+                );
+                &self.staging
+            };
+            let top = (crop.top * sh as f64 / dh).round() as i64;
+            let left = (crop.left * sw as f64 / dw).round() as i64;
+            self.image.clear();
+            self.image.resize(out_w as usize * out_h as usize * 3, 0);
+            for y in 0..out_h as i64 {
+                let sy = y + top;
+                if !(0..sh as i64).contains(&sy) {
+                    continue;
+                }
+                let x0 = (-left).max(0);
+                let x1 = (sw as i64 - left).min(out_w as i64);
+                if x0 >= x1 {
+                    continue;
+                }
+                let src = ((sy * sw as i64 + x0 + left) * 3) as usize;
+                let dst = ((y * out_w as i64 + x0) * 3) as usize;
+                let n = ((x1 - x0) * 3) as usize;
+                self.image[dst..dst + n].copy_from_slice(&source[src..src + n]);
+            }
+            &self.image
+        };
+        Ok(Prepared {
+            pixels,
+            width: out_w,
+            height: out_h,
+            flip,
+            decode_time,
+            transform_time: started.elapsed(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::RawImage;
+
+    /// A raw payload whose pixel (x, y) is [x, y, 7].
+    fn ramp(w: u32, h: u32) -> Vec<u8> {
+        let pixels: Vec<u8> = (0..h)
+            .flat_map(|y| (0..w).flat_map(move |x| [x as u8, y as u8, 7]))
+            .collect();
+        RawImage::encode(w, h, &pixels)
+    }
+
+    fn geometry(g: Geometry) -> Transform {
+        Transform {
+            geometry: g,
+            ..Transform::none()
+        }
+    }
+
+    #[test]
+    fn native_passes_pixels_through() {
+        let payload = ramp(5, 4);
+        let mut t = SampleTransformer::default();
+        let p = t
+            .apply(&Transform::none(), &payload, &mut SampleRng::new(0, 0, 0))
+            .unwrap();
+        assert_eq!((p.width, p.height, p.flip), (5, 4, false));
+        assert_eq!(p.pixels, RawImage::parse(&payload).unwrap().2);
+    }
+
+    #[test]
+    fn center_crop_takes_the_middle_and_pads_when_larger() {
+        let payload = ramp(10, 8);
+        let mut t = SampleTransformer::default();
+        let p = t
+            .apply(
+                &geometry(Geometry::CenterCrop {
+                    width: 4,
+                    height: 2,
+                }),
+                &payload,
+                &mut SampleRng::new(0, 0, 0),
+            )
+            .unwrap();
+        // left = round((10-4)/2) = 3, top = round((8-2)/2) = 3.
+        assert_eq!(&p.pixels[..6], &[3, 3, 7, 4, 3, 7]);
+        let p = t
+            .apply(
+                &geometry(Geometry::CenterCrop {
+                    width: 12,
+                    height: 8,
+                }),
+                &payload,
+                &mut SampleRng::new(0, 0, 0),
+            )
+            .unwrap();
+        // left = round(-1) = -1: one zero column on each side.
+        assert_eq!(&p.pixels[..6], &[0, 0, 0, 0, 0, 7]);
+        assert_eq!(&p.pixels[11 * 3..12 * 3], &[0, 0, 0]);
+    }
+
+    #[test]
+    fn resize_center_crop_of_a_flat_image_is_flat_and_sized() {
+        let pixels = [90u8, 60, 30].repeat(64 * 48);
+        let payload = RawImage::encode(64, 48, &pixels);
+        let mut t = SampleTransformer::default();
+        let p = t
+            .apply(
+                &geometry(Geometry::ResizeCenterCrop {
+                    short: 24,
+                    width: 20,
+                    height: 20,
+                }),
+                &payload,
+                &mut SampleRng::new(0, 0, 0),
+            )
+            .unwrap();
+        assert_eq!((p.width, p.height), (20, 20));
+        assert!(p.pixels.chunks(3).all(|px| px == [90, 60, 30]));
+    }
+
+    #[test]
+    fn random_resized_crop_is_a_function_of_the_sample_rng() {
+        let payload = ramp(200, 150);
+        let t = Transform {
+            hflip: 0.5,
+            ..geometry(Geometry::RandomResizedCrop {
+                width: 32,
+                height: 32,
+                scale: (0.08, 1.0),
+                ratio: (0.75, 4.0 / 3.0),
+            })
+        };
+        let mut a = SampleTransformer::default();
+        let mut b = SampleTransformer::default();
+        let mut flips = 0;
+        for index in 0..40 {
+            let pa = a
+                .apply(&t, &payload, &mut SampleRng::new(3, 1, index))
+                .unwrap();
+            let (pixels, flip) = (pa.pixels.to_vec(), pa.flip);
+            let pb = b
+                .apply(&t, &payload, &mut SampleRng::new(3, 1, index))
+                .unwrap();
+            assert_eq!((pixels.as_slice(), flip), (pb.pixels, pb.flip));
+            flips += flip as usize;
+        }
+        assert!((8..=32).contains(&flips), "{flips} flips in 40");
+    }
+
+    #[test]
+    fn invalid_descriptions_are_refused() {
+        let mut t = Transform::cifar();
+        assert!(t.validate().is_ok());
+        t.output.dtype = DType::U8;
+        assert!(t.validate().unwrap_err().contains("float output"));
+        let rrc = |scale| Transform {
+            geometry: Geometry::RandomResizedCrop {
+                width: 8,
+                height: 8,
+                scale,
+                ratio: (0.75, 1.33),
+            },
+            ..Transform::imagenet_train(8)
+        };
+        assert!(rrc((0.5, 0.2)).validate().is_err());
+        assert!(rrc((0.08, 1.0)).validate().is_ok());
+    }
+}

@@ -1,0 +1,534 @@
+//! The loader: determinism across worker counts and prefetch depths, exact resume, bad-sample
+//! policies, sharding, batch contents and steady-state buffer reuse.
+
+mod support;
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+
+use imagefeed::dataset::Dataset;
+use imagefeed::decode::{Decoder, RawImage};
+use imagefeed::loader::{BadSamplePolicy, Loader, LoaderConfig, LoaderState, MaxBad};
+use imagefeed::pack::PackOptions;
+use imagefeed::sampler::Uneven;
+use imagefeed::synthetic::{self, SyntheticSpec};
+use imagefeed::transform::{DType, Geometry, Layout, Transform};
+use imagefeed::{Error, format};
+use sha2::{Digest as _, Sha256};
+use support::{BROKEN, fixture_root, pack_lmdb, small_options};
+
+/// A synthetic tree (3 classes × 10, 24×16 JPEGs) packed as LMDB, encoded and raw.
+fn datasets(dir: &Path) -> (Arc<dyn Dataset>, Arc<dyn Dataset>, Arc<dyn Dataset>) {
+    let src = dir.join("src");
+    let spec = SyntheticSpec {
+        classes: 3,
+        per_class: 10,
+        width: 24,
+        height: 16,
+        ..SyntheticSpec::default()
+    };
+    synthetic::write_image_folder(&src, &spec).unwrap();
+    pack_lmdb(&src, &dir.join("enc.lmdb"), &small_options());
+    let raw = PackOptions {
+        raw: true,
+        ..small_options()
+    };
+    pack_lmdb(&src, &dir.join("raw.lmdb"), &raw);
+    (
+        format::open(&src).unwrap(),
+        format::open(dir.join("enc.lmdb")).unwrap(),
+        format::open(dir.join("raw.lmdb")).unwrap(),
+    )
+}
+
+fn config(transform: Transform, workers: usize, prefetch: usize) -> LoaderConfig {
+    LoaderConfig {
+        batch_size: 4,
+        workers,
+        prefetch,
+        seed: 7,
+        shuffle: true,
+        transform,
+        ..LoaderConfig::default()
+    }
+}
+
+/// SHA-256 over every batch of `epoch`: shape, bytes, labels, sample indices, in order.
+fn epoch_digest(loader: &Loader, epoch: u64) -> String {
+    let mut h = Sha256::new();
+    for batch in loader.epoch(epoch) {
+        let batch = batch.unwrap();
+        for d in batch.shape {
+            h.update((d as u64).to_le_bytes());
+        }
+        h.update(batch.bytes());
+        for (&l, &s) in batch.labels.iter().zip(&batch.samples) {
+            h.update(l.to_le_bytes());
+            h.update((s as u64).to_le_bytes());
+        }
+    }
+    format!("{:x}", h.finalize())
+}
+
+fn rrc(size: u32) -> Transform {
+    Transform::imagenet_train(size)
+}
+
+#[test]
+fn batches_are_bit_identical_for_any_worker_count_and_prefetch() {
+    let dir = tempfile::tempdir().unwrap();
+    let (folder, lmdb, _) = datasets(dir.path());
+    for (name, transform) in [
+        ("cifar", Transform::cifar()),
+        (
+            "rrc-f16-nhwc",
+            rrc(12).with_output(DType::F16, Layout::Nhwc),
+        ),
+        ("none", Transform::none()),
+    ] {
+        for dataset in [&folder, &lmdb] {
+            let reference = epoch_digest(
+                &Loader::new(Arc::clone(dataset), config(transform, 1, 1)).unwrap(),
+                3,
+            );
+            for (workers, prefetch) in [(2, 2), (4, 8), (4, 1), (3, 5)] {
+                let loader =
+                    Loader::new(Arc::clone(dataset), config(transform, workers, prefetch)).unwrap();
+                assert_eq!(
+                    epoch_digest(&loader, 3),
+                    reference,
+                    "{name}: {workers} workers, prefetch {prefetch}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn seed_and_epoch_change_the_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, lmdb, _) = datasets(dir.path());
+    let loader = Loader::new(Arc::clone(&lmdb), config(rrc(12), 2, 2)).unwrap();
+    let other_seed = Loader::new(
+        Arc::clone(&lmdb),
+        LoaderConfig {
+            seed: 8,
+            ..config(rrc(12), 2, 2)
+        },
+    )
+    .unwrap();
+    assert_ne!(epoch_digest(&loader, 0), epoch_digest(&loader, 1));
+    assert_ne!(epoch_digest(&loader, 0), epoch_digest(&other_seed, 0));
+    assert_eq!(epoch_digest(&loader, 0), epoch_digest(&loader, 0));
+}
+
+#[test]
+fn resume_yields_exactly_the_remaining_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, lmdb, _) = datasets(dir.path());
+    let transform = rrc(12);
+    let full: Vec<(Vec<u8>, Vec<u32>)> = Loader::new(Arc::clone(&lmdb), config(transform, 2, 3))
+        .unwrap()
+        .epoch(5)
+        .map(|b| b.map(|b| (b.bytes().to_vec(), b.labels.clone())).unwrap())
+        .collect();
+    assert_eq!(full.len(), 8);
+    for stop_after in [0, 1, 3, 7, 8] {
+        let first = Loader::new(Arc::clone(&lmdb), config(transform, 3, 2)).unwrap();
+        let mut epoch = first.epoch(5);
+        for _ in 0..stop_after {
+            epoch.next().unwrap().unwrap();
+        }
+        // The state survives serialization (a checkpoint file).
+        let saved = serde_json::to_string(&epoch.state()).unwrap();
+        drop(epoch);
+        drop(first);
+        let state: LoaderState = serde_json::from_str(&saved).unwrap();
+        assert_eq!((state.epoch, state.next_batch), (5, stop_after));
+        let second = Loader::new(Arc::clone(&lmdb), config(transform, 1, 5)).unwrap();
+        let rest: Vec<(Vec<u8>, Vec<u32>)> = second
+            .resume(&state)
+            .unwrap()
+            .map(|b| b.map(|b| (b.bytes().to_vec(), b.labels.clone())).unwrap())
+            .collect();
+        assert_eq!(
+            rest,
+            full[stop_after..],
+            "resumed after {stop_after} batches"
+        );
+    }
+    // A state from another configuration is refused.
+    let other = Loader::new(
+        Arc::clone(&lmdb),
+        LoaderConfig {
+            seed: 99,
+            ..config(transform, 1, 1)
+        },
+    )
+    .unwrap();
+    let state = Loader::new(Arc::clone(&lmdb), config(transform, 1, 1))
+        .unwrap()
+        .epoch(0)
+        .state();
+    assert!(matches!(other.resume(&state), Err(Error::Config(_))));
+}
+
+#[test]
+fn raw_u8_batches_hold_the_stored_pixels_in_sampler_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, _, raw) = datasets(dir.path());
+    let loader = Loader::new(
+        Arc::clone(&raw),
+        LoaderConfig {
+            shuffle: false,
+            ..config(Transform::none(), 2, 2)
+        },
+    )
+    .unwrap();
+    let mut reader = raw.open_reader().unwrap();
+    let mut next = 0;
+    for batch in loader.epoch(0) {
+        let batch = batch.unwrap();
+        assert_eq!(batch.shape[1..], [16, 24, 3]);
+        assert_eq!(batch.strides(), [16 * 24 * 3, 24 * 3, 3, 1]);
+        for (slot, &index) in batch.samples.iter().enumerate() {
+            assert_eq!(index, next);
+            next += 1;
+            let record = reader.read(index).unwrap();
+            let pixels = RawImage::parse(record.payload).unwrap().2;
+            let len = pixels.len();
+            assert_eq!(&batch.as_u8()[slot * len..(slot + 1) * len], pixels);
+            assert_eq!(batch.labels[slot], record.label);
+        }
+    }
+    assert_eq!(next, 30);
+}
+
+#[test]
+fn cifar_transform_normalizes_and_flips_like_torchvision() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, _, raw) = datasets(dir.path());
+    let transform = Transform::cifar();
+    let loader = Loader::new(Arc::clone(&raw), config(transform, 2, 2)).unwrap();
+    let norm = transform.output.normalize.unwrap();
+    let mut reader = raw.open_reader().unwrap();
+    let (mut flipped, mut kept) = (0, 0);
+    for batch in loader.epoch(0) {
+        let batch = batch.unwrap();
+        assert_eq!(batch.shape[1..], [3, 16, 24]);
+        let values = batch.as_f32();
+        for (slot, &index) in batch.samples.iter().enumerate() {
+            let record = reader.read(index).unwrap();
+            let rgb = RawImage::parse(record.payload).unwrap().2;
+            let plane = |c: usize, y: usize, x: usize| {
+                values[slot * 3 * 16 * 24 + c * 16 * 24 + y * 24 + x]
+            };
+            let expect = |c: usize, y: usize, x: usize| {
+                (rgb[(y * 24 + x) * 3 + c] as f32 / 255.0 - norm.mean[c]) / norm.std[c]
+            };
+            let same = (0..3).all(|c| {
+                (0..16).all(|y| (0..24).all(|x| (plane(c, y, x) - expect(c, y, x)).abs() < 1e-5))
+            });
+            let mirrored = (0..3).all(|c| {
+                (0..16)
+                    .all(|y| (0..24).all(|x| (plane(c, y, x) - expect(c, y, 23 - x)).abs() < 1e-5))
+            });
+            assert!(
+                same || mirrored,
+                "sample {index} is neither the image nor its mirror"
+            );
+            if mirrored && !same {
+                flipped += 1;
+            } else {
+                kept += 1;
+            }
+        }
+    }
+    assert!(flipped > 3 && kept > 3, "{flipped} flipped, {kept} kept");
+}
+
+fn fixture_loader(policy: BadSamplePolicy, max_bad: Option<MaxBad>, workers: usize) -> Loader {
+    Loader::new(
+        format::open(fixture_root()).unwrap(),
+        LoaderConfig {
+            batch_size: 4,
+            workers,
+            prefetch: 3,
+            seed: 1,
+            shuffle: false,
+            transform: Transform::cifar(),
+            bad_samples: policy,
+            max_bad,
+            ..LoaderConfig::default()
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn skip_policy_reports_every_bad_sample_and_shrinks_batches() {
+    let loader = fixture_loader(BadSamplePolicy::Skip, None, 2);
+    let batches: Vec<_> = loader.epoch(0).map(Result::unwrap).collect();
+    assert_eq!(batches.len(), 5);
+    let delivered: usize = batches.iter().map(|b| b.len()).sum();
+    assert_eq!(delivered, 16);
+    let mut bad: Vec<String> = batches
+        .iter()
+        .flat_map(|b| b.bad.iter().map(|s| s.key.clone()))
+        .collect();
+    bad.sort();
+    assert_eq!(bad, BROKEN);
+    // Fixture order: class01's four bad files are samples 8..12, i.e. batch 2.
+    assert_eq!(batches[2].len(), 0);
+    assert_eq!(batches[2].shape, [0, 3, 0, 0]);
+    assert!(
+        batches[2]
+            .bad
+            .iter()
+            .any(|b| b.reason.contains("Premature end of JPEG file"))
+    );
+    assert_eq!(loader.stats().bad_samples, 4);
+    assert_eq!(loader.stats().samples, 16);
+}
+
+#[test]
+fn replace_policy_keeps_batches_full_deterministically() {
+    let run = |workers| -> Vec<(Vec<usize>, Vec<u8>)> {
+        let loader = fixture_loader(BadSamplePolicy::Replace, None, workers);
+        loader
+            .epoch(0)
+            .map(|b| {
+                let b = b.unwrap();
+                assert_eq!(b.len(), 4, "batch {} not full", b.index);
+                for bad in &b.bad {
+                    let by = bad.replaced_by.expect("replaced");
+                    assert!(b.samples.contains(&by));
+                }
+                (b.samples.clone(), b.bytes().to_vec())
+            })
+            .collect()
+    };
+    let one = run(1);
+    assert_eq!(run(4), one);
+    let replaced: HashSet<usize> = one[2].0.iter().copied().collect();
+    assert!(
+        replaced.iter().all(|&i| !(8..12).contains(&i)),
+        "{replaced:?}"
+    );
+}
+
+#[test]
+fn error_policy_fails_naming_the_sample() {
+    let loader = fixture_loader(BadSamplePolicy::Error, None, 2);
+    let results: Vec<_> = loader.epoch(0).collect();
+    assert_eq!(
+        results.len(),
+        3,
+        "two good batches, then the error, then nothing"
+    );
+    match results[2].as_ref().unwrap_err() {
+        Error::BadSample { index, key, reason } => {
+            assert_eq!((*index, key.as_str()), (8, "class01/bad-bomb.jpg"));
+            assert!(reason.contains("decompression-bomb"), "{reason}");
+        }
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn max_bad_stops_the_loader_with_a_clear_error() {
+    let loader = fixture_loader(BadSamplePolicy::Skip, Some(MaxBad::Count(3)), 2);
+    let err = loader
+        .epoch(0)
+        .find_map(Result::err)
+        .expect("the limit is crossed");
+    let message = err.to_string();
+    assert!(
+        matches!(err, Error::TooManyBadSamples { count: 4, .. }),
+        "{message}"
+    );
+    assert!(message.contains("class01/bad-truncated.jpg"), "{message}");
+    // 4 of the epoch's 20 samples is 20%: a 25% limit is not crossed, a 10% one is.
+    assert!(
+        fixture_loader(BadSamplePolicy::Skip, Some(MaxBad::Fraction(0.25)), 2)
+            .epoch(0)
+            .all(|b| b.is_ok())
+    );
+    let loader = fixture_loader(BadSamplePolicy::Skip, Some(MaxBad::Fraction(0.10)), 2);
+    assert!(loader.epoch(0).any(|b| b.is_err()));
+    // Per epoch: a loader that tolerates 4 bad samples runs many epochs over the same 4.
+    let loader = fixture_loader(BadSamplePolicy::Skip, Some(MaxBad::Count(4)), 2);
+    for epoch in 0..3 {
+        assert!(loader.epoch(epoch).all(|b| b.is_ok()), "epoch {epoch}");
+    }
+    assert_eq!(
+        loader.stats().bad_samples,
+        12,
+        "the lifetime total keeps counting"
+    );
+}
+
+#[test]
+fn mixed_sizes_without_resizing_name_both_samples() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    for (class, (w, h)) in [("a", (24, 16)), ("b", (20, 20))] {
+        let spec = SyntheticSpec {
+            classes: 1,
+            per_class: 2,
+            width: w,
+            height: h,
+            ..SyntheticSpec::default()
+        };
+        synthetic::write_image_folder(src.join("tmp"), &spec).unwrap();
+        std::fs::rename(src.join("tmp/class00"), src.join(class)).unwrap();
+    }
+    std::fs::remove_dir(src.join("tmp")).unwrap();
+    let mut cfg = config(Transform::cifar(), 2, 2);
+    cfg.shuffle = false;
+    let loader = Loader::new(format::open(&src).unwrap(), cfg.clone()).unwrap();
+    let err = loader.epoch(0).find_map(Result::err).unwrap().to_string();
+    assert!(
+        err.contains("a/img00000.jpg") && err.contains("24x16"),
+        "{err}"
+    );
+    assert!(
+        err.contains("b/img00000.jpg") && err.contains("20x20"),
+        "{err}"
+    );
+    // With a resizing transform the same data loads.
+    cfg.transform.geometry = Geometry::ResizeCenterCrop {
+        short: 16,
+        width: 16,
+        height: 16,
+    };
+    let loader = Loader::new(format::open(&src).unwrap(), cfg).unwrap();
+    assert!(loader.epoch(0).all(|b| b.is_ok()));
+}
+
+#[test]
+fn ranks_get_disjoint_samples_and_equal_batch_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, lmdb, _) = datasets(dir.path());
+    for (world, uneven) in [
+        (2, Uneven::Pad),
+        (4, Uneven::Pad),
+        (4, Uneven::Drop),
+        (7, Uneven::Drop),
+    ] {
+        let per_rank: Vec<Vec<usize>> = (0..world)
+            .map(|rank| {
+                let loader = Loader::new(
+                    Arc::clone(&lmdb),
+                    LoaderConfig {
+                        rank,
+                        world_size: world,
+                        uneven,
+                        ..config(Transform::none(), 2, 2)
+                    },
+                )
+                .unwrap();
+                let batches: Vec<_> = loader.epoch(2).map(Result::unwrap).collect();
+                assert_eq!(batches.len(), loader.batches_per_epoch());
+                batches.iter().flat_map(|b| b.samples.clone()).collect()
+            })
+            .collect();
+        let counts: HashSet<usize> = per_rank.iter().map(Vec::len).collect();
+        assert_eq!(counts.len(), 1, "world {world}: unequal ranks");
+        let all: Vec<usize> = per_rank.concat();
+        let unique: HashSet<usize> = all.iter().copied().collect();
+        match uneven {
+            Uneven::Drop => assert_eq!(unique.len(), all.len(), "world {world}: overlap"),
+            Uneven::Pad => assert_eq!(unique.len(), 30, "world {world}: not every sample seen"),
+        }
+    }
+}
+
+#[test]
+fn steady_state_allocates_no_batch_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, lmdb, _) = datasets(dir.path());
+    let loader = Loader::new(Arc::clone(&lmdb), config(rrc(12), 2, 3)).unwrap();
+    for batch in loader.epoch(0) {
+        batch.unwrap();
+    }
+    let after_first = loader.pool().allocations();
+    assert!(after_first <= 4, "{after_first} buffers for prefetch 3");
+    for epoch in 1..4 {
+        for batch in loader.epoch(epoch) {
+            batch.unwrap();
+        }
+    }
+    assert_eq!(
+        loader.pool().allocations(),
+        after_first,
+        "later epochs allocated batch memory"
+    );
+}
+
+#[test]
+fn decoded_pixels_match_a_direct_decode_for_native_u8() {
+    // The loader's u8 NHWC output for a JPEG dataset equals decoding the payload directly.
+    let dir = tempfile::tempdir().unwrap();
+    let (_, lmdb, _) = datasets(dir.path());
+    let loader = Loader::new(Arc::clone(&lmdb), config(Transform::none(), 3, 2)).unwrap();
+    let mut reader = lmdb.open_reader().unwrap();
+    let mut decoder = Decoder::new();
+    for batch in loader.epoch(1) {
+        let batch = batch.unwrap();
+        let slot = 16 * 24 * 3;
+        for (i, &index) in batch.samples.iter().enumerate() {
+            let mut rgb = Vec::new();
+            decoder
+                .decode_rgb(reader.read(index).unwrap().payload, &mut rgb)
+                .unwrap();
+            assert_eq!(&batch.as_u8()[i * slot..(i + 1) * slot], rgb.as_slice());
+        }
+    }
+}
+
+#[test]
+fn invalid_configurations_are_refused() {
+    let dataset = format::open(fixture_root()).unwrap();
+    let bad = |cfg: LoaderConfig| {
+        Loader::new(Arc::clone(&dataset), cfg)
+            .err()
+            .map(|e| e.to_string())
+    };
+    assert!(
+        bad(LoaderConfig {
+            batch_size: 0,
+            ..LoaderConfig::default()
+        })
+        .unwrap()
+        .contains("batch_size")
+    );
+    assert!(
+        bad(LoaderConfig {
+            workers: 0,
+            ..LoaderConfig::default()
+        })
+        .unwrap()
+        .contains("workers")
+    );
+    assert!(
+        bad(LoaderConfig {
+            rank: 2,
+            world_size: 2,
+            ..LoaderConfig::default()
+        })
+        .unwrap()
+        .contains("rank 2")
+    );
+    let mut t = Transform::cifar();
+    t.output.dtype = DType::U8;
+    assert!(
+        bad(LoaderConfig {
+            transform: t,
+            ..LoaderConfig::default()
+        })
+        .unwrap()
+        .contains("float output")
+    );
+}
