@@ -1,5 +1,5 @@
 # imagefeed: two commands do all the setup on a fresh Debian/Ubuntu machine.
-#   make demo   build, make (or take SRC=) an ImageFolder tree, pack it, inspect, verify, read it
+#   make demo   build, make (or take SRC=) an ImageFolder tree, pack it, inspect, verify, read it, load it
 #   make test   every test, plus formatting and lint checks
 SHELL := /bin/bash
 CARGO ?= cargo
@@ -36,6 +36,8 @@ endif
 	@echo "== read throughput (read + decode, $(THREADS) threads, warm cache)"
 	$(RELEASE)/imagefeed-bench read $(DEMO_DIR)/demo.lmdb --decode --threads $(THREADS)
 	$(RELEASE)/imagefeed-bench read $(DEMO_SRC) --decode --threads $(THREADS)
+	@echo "== the loader: $(THREADS) workers, random flip + normalize (f32 NCHW), 2 epochs, with digests"
+	$(RELEASE)/imagefeed-bench load $(DEMO_DIR)/demo.lmdb --workers $(THREADS) --batch-size 256 --epochs 2 --transform cifar --digest
 
 test: deps
 	$(CARGO) test --workspace

@@ -128,8 +128,10 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-/// Resident and peak resident memory of this process, in MB (Linux /proc).
-fn memory_mb() -> (f64, f64) {
+/// Resident memory of this process in MB (Linux /proc): total, peak, and anonymous (the
+/// process's own allocations, without pages of memory-mapped dataset files, which the kernel
+/// can drop at will).
+fn memory_mb() -> (f64, f64, f64) {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let field = |name: &str| {
         status
@@ -139,7 +141,7 @@ fn memory_mb() -> (f64, f64) {
             .and_then(|v| v.parse::<f64>().ok())
             .map_or(0.0, |kb| kb / 1024.0)
     };
-    (field("VmRSS:"), field("VmHWM:"))
+    (field("VmRSS:"), field("VmHWM:"), field("RssAnon:"))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -234,9 +236,9 @@ fn load(
         }
         let secs = start.elapsed().as_secs_f64();
         let rate = images as f64 / secs;
-        let (rss, peak) = memory_mb();
+        let (rss, peak, anon) = memory_mb();
         let mut line = format!(
-            "epoch {epoch}: {images} images in {secs:.3} s: {rate:.0} images/s, {bad_samples} bad, rss {rss:.0} MB (peak {peak:.0} MB)"
+            "epoch {epoch}: {images} images in {secs:.3} s: {rate:.0} images/s, {bad_samples} bad, rss {rss:.0} MB (anon {anon:.0} MB, peak {peak:.0} MB)"
         );
         if let Some(c) = ceiling {
             line.push_str(&format!(", {:.0}% of ceiling", 100.0 * rate / c));

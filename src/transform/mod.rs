@@ -17,7 +17,7 @@ pub mod output;
 
 use std::time::{Duration, Instant};
 
-use crate::decode::{DEFAULT_MAX_PIXELS, DecodeError, Decoder};
+use crate::decode::{CropPlan, DEFAULT_MAX_PIXELS, DecodeError, Decoder};
 use crate::resize::{RgbResizer, short_side_size};
 use crate::rng::SampleRng;
 use crop::{CropBox, center_crop, random_resized_crop};
@@ -267,68 +267,60 @@ impl SampleTransformer {
         let hflip = transform.hflip;
         let mut plan = None;
         // One header parse: the crop box (drawn from `rng`, crop first, then flip) decides the
-        // decode scale.
-        let (header, decoded) =
-            self.decoder
-                .decode_rgb_fit(payload, &mut self.decoded, |header| {
-                    let (w, h) = (header.width, header.height);
-                    let (crop, out_w, out_h) = match geometry {
-                        Geometry::Native => (CropBox::full(w, h), w, h),
-                        Geometry::Resize { short } => {
-                            let (rw, rh) = short_side_size(w, h, short);
-                            (CropBox::full(w, h), rw, rh)
-                        }
-                        Geometry::CenterCrop { width, height } => {
-                            (center_crop(w, h, width, height), width, height)
-                        }
-                        Geometry::ResizeCenterCrop {
-                            short,
-                            width,
-                            height,
-                        } => {
-                            let (rw, rh) = short_side_size(w, h, short);
-                            let c = center_crop(rw, rh, width, height);
-                            let (sx, sy) = (w as f64 / rw as f64, h as f64 / rh as f64);
-                            let crop = CropBox {
-                                top: c.top * sy,
-                                left: c.left * sx,
-                                height: c.height * sy,
-                                width: c.width * sx,
-                            };
-                            (crop, width, height)
-                        }
-                        Geometry::RandomResizedCrop {
-                            width,
-                            height,
-                            scale,
-                            ratio,
-                        } => (random_resized_crop(rng, w, h, scale, ratio), width, height),
-                    };
-                    let flip = hflip > 0.0 && rng.chance(hflip);
-                    plan = Some((crop, out_w, out_h, flip));
-                    // Decode at the smallest DCT scale whose crop still covers the output resolution.
-                    if matches!(geometry, Geometry::Native) {
-                        (u32::MAX, u32::MAX)
-                    } else {
-                        (
-                            (out_w as f64 * w as f64 / crop.width).ceil() as u32,
-                            (out_h as f64 * h as f64 / crop.height).ceil() as u32,
-                        )
+        // decode scale and region.
+        let decoded = self
+            .decoder
+            .decode_crop(payload, &mut self.decoded, |header| {
+                let (w, h) = (header.width, header.height);
+                let (crop, out_w, out_h) = match geometry {
+                    Geometry::Native => (CropBox::full(w, h), w, h),
+                    Geometry::Resize { short } => {
+                        let (rw, rh) = short_side_size(w, h, short);
+                        (CropBox::full(w, h), rw, rh)
                     }
-                })?;
-        let (crop, out_w, out_h, flip) = plan.expect("fit runs once the header is read");
-        let (w, h) = (header.width, header.height);
+                    Geometry::CenterCrop { width, height } => {
+                        (center_crop(w, h, width, height), width, height)
+                    }
+                    Geometry::ResizeCenterCrop {
+                        short,
+                        width,
+                        height,
+                    } => {
+                        let (rw, rh) = short_side_size(w, h, short);
+                        let c = center_crop(rw, rh, width, height);
+                        let (sx, sy) = (w as f64 / rw as f64, h as f64 / rh as f64);
+                        let crop = CropBox {
+                            top: c.top * sy,
+                            left: c.left * sx,
+                            height: c.height * sy,
+                            width: c.width * sx,
+                        };
+                        (crop, width, height)
+                    }
+                    Geometry::RandomResizedCrop {
+                        width,
+                        height,
+                        scale,
+                        ratio,
+                    } => (random_resized_crop(rng, w, h, scale, ratio), width, height),
+                };
+                let flip = hflip > 0.0 && rng.chance(hflip);
+                plan = Some((out_w, out_h, flip));
+                (!matches!(geometry, Geometry::Native)).then_some(CropPlan {
+                    crop: (crop.left, crop.top, crop.width, crop.height),
+                    out_width: out_w,
+                    out_height: out_h,
+                })
+            })?;
+        let (out_w, out_h, flip) = plan.expect("the plan runs once the header is read");
         let decode_time = started.elapsed();
         let started = Instant::now();
-        let (fx, fy) = (
-            decoded.width as f64 / w as f64,
-            decoded.height as f64 / h as f64,
-        );
+        let (left, top, width, height) = decoded.crop;
         let crop = CropBox {
-            top: crop.top * fy,
-            left: crop.left * fx,
-            height: crop.height * fy,
-            width: crop.width * fx,
+            top,
+            left,
+            height,
+            width,
         };
         let (dw, dh) = (decoded.width as f64, decoded.height as f64);
         let whole = crop.top == 0.0 && crop.left == 0.0 && crop.width == dw && crop.height == dh;
@@ -512,6 +504,78 @@ mod tests {
             flips += flip as usize;
         }
         assert!((8..=32).contains(&flips), "{flips} flips in 40");
+    }
+
+    /// A noisy 200x150 JPEG: any misplaced crop shows up as a large difference.
+    fn photo() -> Vec<u8> {
+        let spec = crate::synthetic::SyntheticSpec {
+            width: 200,
+            height: 150,
+            ..Default::default()
+        };
+        let pixels = crate::synthetic::synthetic_pixels(&spec, 2, 5);
+        let mut out = Vec::new();
+        image::codecs::jpeg::JpegEncoder::new_with_quality(&mut std::io::Cursor::new(&mut out), 95)
+            .encode(&pixels, 200, 150, image::ExtendedColorType::Rgb8)
+            .unwrap();
+        out
+    }
+
+    fn mean_abs_diff(a: &[u8], b: &[u8]) -> f64 {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (*x as f64 - *y as f64).abs())
+            .sum::<f64>()
+            / a.len() as f64
+    }
+
+    #[test]
+    fn region_decoding_crops_the_same_pixels_as_a_full_decode() {
+        let jpeg = photo();
+        let mut full = Vec::new();
+        Decoder::new().decode_rgb(&jpeg, &mut full).unwrap();
+        // (left, top, width, height, output): output near the crop size keeps full DCT scale
+        // (only the region decode is tested); the last one also scales down (DCT 1/2).
+        for (crop, out, tolerance) in [
+            ((37.0, 21.0, 90.0, 70.0), (90, 70), 1.0),
+            ((0.0, 80.0, 57.0, 70.0), (50, 60), 3.0),
+            ((131.0, 0.0, 69.0, 40.0), (69, 40), 1.0),
+            ((20.0, 10.0, 160.0, 120.0), (40, 30), 6.0),
+        ] {
+            let mut transformer = SampleTransformer::default();
+            // Drive decode_crop + resize the way `apply` does, with a chosen crop.
+            let decoded = transformer
+                .decoder
+                .decode_crop(&jpeg, &mut transformer.decoded, |_| {
+                    Some(CropPlan {
+                        crop,
+                        out_width: out.0,
+                        out_height: out.1,
+                    })
+                })
+                .unwrap();
+            assert!(
+                (decoded.width, decoded.height) != (200, 150) || crop.2 > 150.0,
+                "{crop:?}: expected a region or scaled decode"
+            );
+            let mut got = vec![0; out.0 as usize * out.1 as usize * 3];
+            transformer.resizer.resize_region(
+                &transformer.decoded,
+                decoded.width,
+                decoded.height,
+                decoded.crop,
+                &mut got,
+                out.0,
+                out.1,
+            );
+            let mut want = vec![0; got.len()];
+            RgbResizer::new().resize_region(&full, 200, 150, crop, &mut want, out.0, out.1);
+            let diff = mean_abs_diff(&got, &want);
+            assert!(
+                diff <= tolerance,
+                "{crop:?} -> {out:?}: mean abs diff {diff}"
+            );
+        }
     }
 
     #[test]

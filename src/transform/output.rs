@@ -172,41 +172,39 @@ fn write_float<T: Copy>(
     out: &mut [T],
     convert: impl Fn(f32) -> T,
 ) {
-    let value = |p: u8, c: usize| convert(p as f32 * scale[c] + bias[c]);
+    let [s0, s1, s2] = scale;
+    let [b0, b1, b2] = bias;
+    // Iterators rather than indices: no bounds checks in the inner loop.
     match layout {
         Layout::Nchw => {
             let plane = w * h;
             let (r, rest) = out.split_at_mut(plane);
             let (g, b) = rest.split_at_mut(plane);
-            for y in 0..h {
-                let row = &image[y * w * 3..(y + 1) * w * 3];
-                let range = y * w..(y + 1) * w;
-                let (r, g, b) = (&mut r[range.clone()], &mut g[range.clone()], &mut b[range]);
-                let mut put = |x: usize, px: &[u8]| {
-                    r[x] = value(px[0], 0);
-                    g[x] = value(px[1], 1);
-                    b[x] = value(px[2], 2);
+            let rows = image.chunks_exact(w * 3);
+            let planes = r
+                .chunks_exact_mut(w)
+                .zip(g.chunks_exact_mut(w))
+                .zip(b.chunks_exact_mut(w));
+            for (row, ((r, g), b)) in rows.zip(planes) {
+                let dst = r.iter_mut().zip(g.iter_mut()).zip(b.iter_mut());
+                let put = |(((r, g), b), px): (((&mut T, &mut T), &mut T), &[u8])| {
+                    *r = convert(px[0] as f32 * s0 + b0);
+                    *g = convert(px[1] as f32 * s1 + b1);
+                    *b = convert(px[2] as f32 * s2 + b2);
                 };
                 if flip {
-                    row.chunks_exact(3)
-                        .rev()
-                        .enumerate()
-                        .for_each(|(x, px)| put(x, px));
+                    dst.zip(row.chunks_exact(3).rev()).for_each(put);
                 } else {
-                    row.chunks_exact(3)
-                        .enumerate()
-                        .for_each(|(x, px)| put(x, px));
+                    dst.zip(row.chunks_exact(3)).for_each(put);
                 }
             }
         }
         Layout::Nhwc => {
-            for y in 0..h {
-                let row = &image[y * w * 3..(y + 1) * w * 3];
-                let dst = &mut out[y * w * 3..(y + 1) * w * 3];
+            for (row, dst) in image.chunks_exact(w * 3).zip(out.chunks_exact_mut(w * 3)) {
                 let put = |(d, px): (&mut [T], &[u8])| {
-                    d[0] = value(px[0], 0);
-                    d[1] = value(px[1], 1);
-                    d[2] = value(px[2], 2);
+                    d[0] = convert(px[0] as f32 * s0 + b0);
+                    d[1] = convert(px[1] as f32 * s1 + b1);
+                    d[2] = convert(px[2] as f32 * s2 + b2);
                 };
                 if flip {
                     dst.chunks_exact_mut(3)
@@ -220,6 +218,7 @@ fn write_float<T: Copy>(
             }
         }
     }
+    let _ = h;
 }
 
 #[cfg(test)]

@@ -19,6 +19,10 @@ use std::io::Cursor;
 
 use image::ImageDecoder as _;
 
+mod turbo;
+
+use turbo::{JpegHeader, Region, Turbo};
+
 /// PIL refuses images over twice its `MAX_IMAGE_PIXELS` (89,478,485) as decompression bombs; we
 /// use the same limit so that what opens in torchvision opens here.
 pub const DEFAULT_MAX_PIXELS: u64 = 2 * 89_478_485;
@@ -181,7 +185,9 @@ impl RawImage {
 
 /// Decodes payloads to RGB. One per worker thread.
 pub struct Decoder {
-    jpeg: Option<turbojpeg::Decompressor>,
+    jpeg: Option<Turbo>,
+    /// The header `probe` just read into the JPEG handle, and for which bytes.
+    last_jpeg: Option<JpegHeader>,
     max_pixels: u64,
     cmyk: Vec<u8>,
 }
@@ -192,12 +198,39 @@ impl Default for Decoder {
     }
 }
 
+/// How to decode an image that will be cropped to `crop` (full-size pixels: left, top, width,
+/// height) and resized to `out_width × out_height`; see [`Decoder::decode_crop`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CropPlan {
+    /// Left, top, width, height of the crop in full-size source pixels. It may extend past the
+    /// image (a padded center crop); then the whole image is decoded.
+    pub crop: (f64, f64, f64, f64),
+    /// Width the crop will be resized to.
+    pub out_width: u32,
+    /// Height the crop will be resized to.
+    pub out_height: u32,
+}
+
+/// The result of [`Decoder::decode_crop`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CropDecoded {
+    /// The full-size image's header.
+    pub header: ImageHeader,
+    /// Width of the decoded buffer.
+    pub width: u32,
+    /// Height of the decoded buffer.
+    pub height: u32,
+    /// The crop in the decoded buffer's pixels (left, top, width, height).
+    pub crop: (f64, f64, f64, f64),
+}
+
 impl Decoder {
     /// A decoder with the default pixel limit ([`DEFAULT_MAX_PIXELS`]). The libjpeg-turbo handle
     /// is created on the first JPEG.
     pub fn new() -> Self {
         Decoder {
             jpeg: None,
+            last_jpeg: None,
             max_pixels: DEFAULT_MAX_PIXELS,
             cmyk: Vec::new(),
         }
@@ -215,11 +248,9 @@ impl Decoder {
         self.max_pixels
     }
 
-    fn jpeg(&mut self) -> Result<&mut turbojpeg::Decompressor, DecodeError> {
+    fn jpeg(&mut self) -> Result<&mut Turbo, DecodeError> {
         if self.jpeg.is_none() {
-            let handle =
-                turbojpeg::Decompressor::new().map_err(|e| DecodeError::Jpeg(e.to_string()))?;
-            self.jpeg = Some(handle);
+            self.jpeg = Some(Turbo::new()?);
         }
         Ok(self.jpeg.as_mut().expect("just set"))
     }
@@ -240,42 +271,36 @@ impl Decoder {
 
     /// Reads the header only: size and format. Applies the pixel limit.
     pub fn header(&mut self, data: &[u8]) -> Result<ImageHeader, DecodeError> {
-        self.probe(data).map(|(header, _)| header)
+        self.probe(data)
     }
 
-    /// The header, plus whether a JPEG is CMYK/YCCK (which libjpeg-turbo can only decode to
-    /// CMYK pixels). One header parse serves both, so small images pay for it once.
-    fn probe(&mut self, data: &[u8]) -> Result<(ImageHeader, bool), DecodeError> {
+    /// Reads the header (for a JPEG, into the handle, ready for one decompression of the same
+    /// bytes: libjpeg-turbo then does not parse it again) and applies the pixel limit.
+    fn probe(&mut self, data: &[u8]) -> Result<ImageHeader, DecodeError> {
+        self.last_jpeg = None;
         let format = sniff_or_explain(data)?;
-        let (width, height, cmyk) = match format {
+        let (width, height) = match format {
             PayloadFormat::Raw => {
                 let (w, h, _) = RawImage::parse(data)?;
-                (w as u64, h as u64, false)
+                (w as u64, h as u64)
             }
             PayloadFormat::Jpeg => {
-                let header = self
-                    .jpeg()?
-                    .read_header(data)
-                    .map_err(|e| DecodeError::Jpeg(e.to_string()))?;
-                let cmyk = matches!(
-                    header.colorspace,
-                    turbojpeg::Colorspace::CMYK | turbojpeg::Colorspace::YCCK
-                );
-                (header.width as u64, header.height as u64, cmyk)
+                let header = self.jpeg()?.read_header(data)?;
+                self.last_jpeg = Some(header);
+                (header.width as u64, header.height as u64)
             }
             other => {
                 let decoder = image_decoder(data, other)?;
                 let (w, h) = decoder.dimensions();
-                (w as u64, h as u64, false)
+                (w as u64, h as u64)
             }
         };
         self.check_size(width, height)?;
-        let header = ImageHeader {
+        Ok(ImageHeader {
             width: width as u32,
             height: height as u32,
             format,
-        };
-        Ok((header, cmyk))
+        })
     }
 
     /// Checks that `data` decodes completely, as cheaply as possible, without producing pixels.
@@ -284,39 +309,20 @@ impl Decoder {
     /// truncated file or corrupt data fails exactly as a full decode would, but most of the
     /// inverse DCT, upsampling and colour conversion is skipped. Other formats decode fully.
     pub fn validate(&mut self, data: &[u8]) -> Result<ImageHeader, DecodeError> {
-        let (header, cmyk) = self.probe(data)?;
+        let header = self.probe(data)?;
         match header.format {
             PayloadFormat::Raw => Ok(header),
             PayloadFormat::Jpeg => {
+                let jh = self.last_jpeg.take().expect("probe read the JPEG header");
                 let mut scratch = std::mem::take(&mut self.cmyk);
-                let jpeg = self.jpeg()?;
-                let eighth = turbojpeg::ScalingFactor::ONE_EIGHTH;
-                // CMYK pixels for CMYK/YCCK files (the only output they allow), else RGB.
-                let format = if cmyk {
-                    turbojpeg::PixelFormat::CMYK
-                } else {
-                    turbojpeg::PixelFormat::RGB
-                };
-                let (w, h) = (
-                    eighth.scale(header.width as usize),
-                    eighth.scale(header.height as usize),
+                let channels = if jh.cmyk { 4 } else { 3 };
+                scratch.resize(
+                    turbo::scaled(jh.width, 1) as usize
+                        * turbo::scaled(jh.height, 1) as usize
+                        * channels,
+                    0,
                 );
-                scratch.resize(w * h * format.size(), 0);
-                let image = turbojpeg::Image {
-                    pixels: &mut scratch[..],
-                    width: w,
-                    pitch: w * format.size(),
-                    height: h,
-                    format,
-                };
-                let result = jpeg
-                    .set_scaling_factor(eighth)
-                    .and_then(|()| {
-                        let decoded = jpeg.decompress(data, image);
-                        jpeg.set_scaling_factor(turbojpeg::ScalingFactor::ONE)?;
-                        decoded
-                    })
-                    .map_err(|e| DecodeError::Jpeg(e.to_string()));
+                let result = self.jpeg()?.decompress(data, &jh, 1, None, &mut scratch);
                 self.cmyk = scratch;
                 result.map(|()| header)
             }
@@ -330,18 +336,7 @@ impl Decoder {
         data: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<ImageHeader, DecodeError> {
-        let (header, cmyk) = self.probe(data)?;
-        match header.format {
-            PayloadFormat::Jpeg | PayloadFormat::Raw => {
-                out.resize(header.rgb_len(), 0);
-                self.decode_known(data, header, cmyk, out)?;
-            }
-            other => {
-                // The image crate allocates its own buffer; take it instead of copying.
-                *out = decode_with_image_crate(data, other, self.max_pixels)?;
-            }
-        }
-        Ok(header)
+        self.decode_crop(data, out, |_| None).map(|d| d.header)
     }
 
     /// Decodes `data` into `out` at the smallest size that is still at least
@@ -358,56 +353,151 @@ impl Decoder {
         min_height: u32,
         out: &mut Vec<u8>,
     ) -> Result<ImageHeader, DecodeError> {
-        self.decode_rgb_fit(data, out, |_| (min_width, min_height))
-            .map(|(_, decoded)| decoded)
+        let header = self.probe(data)?;
+        if header.format != PayloadFormat::Jpeg {
+            return self.decode_rgb(data, out);
+        }
+        let jh = self.last_jpeg.take().expect("probe read the JPEG header");
+        let m = (1..=8u32)
+            .find(|&m| {
+                turbo::scaled(jh.width, m) >= min_width && turbo::scaled(jh.height, m) >= min_height
+            })
+            .unwrap_or(8);
+        let (w, h) = (turbo::scaled(jh.width, m), turbo::scaled(jh.height, m));
+        self.decompress_rgb(data, &jh, m, None, w, h, out)?;
+        Ok(ImageHeader {
+            width: w,
+            height: h,
+            format: header.format,
+        })
     }
 
-    /// Like [`decode_rgb_reduced`](Self::decode_rgb_reduced), with the minimum size chosen by
-    /// `fit` from the full-size header (parsed once). Returns the full-size and decoded headers.
-    pub fn decode_rgb_fit(
+    /// Decodes just enough of `data` for a crop that will be resized: `plan` sees the full-size
+    /// header (parsed once) and returns the crop and output size, or `None` for a plain full
+    /// decode. For JPEG, the image is decoded at the smallest DCT scale M/8 whose crop still
+    /// covers the output resolution, and only the rows and (iMCU-aligned) columns around the crop
+    /// are decoded. Other formats decode fully. The returned crop is in the decoded buffer's
+    /// pixels.
+    pub fn decode_crop(
         &mut self,
         data: &[u8],
         out: &mut Vec<u8>,
-        fit: impl FnOnce(&ImageHeader) -> (u32, u32),
-    ) -> Result<(ImageHeader, ImageHeader), DecodeError> {
-        let (header, cmyk) = self.probe(data)?;
-        let (min_width, min_height) = fit(&header);
-        if header.format != PayloadFormat::Jpeg {
-            match header.format {
-                PayloadFormat::Raw => {
-                    out.resize(header.rgb_len(), 0);
-                    self.decode_known(data, header, false, out)?;
-                }
-                other => *out = decode_with_image_crate(data, other, self.max_pixels)?,
-            }
-            return Ok((header, header));
-        }
-        let scaled = |m: u32, v: u32| (v as u64 * m as u64).div_ceil(8) as u32;
-        let m = (1..=8u32)
-            .find(|&m| {
-                scaled(m, header.width) >= min_width && scaled(m, header.height) >= min_height
-            })
-            .unwrap_or(8);
-        if m == 8 {
-            out.resize(header.rgb_len(), 0);
-            self.decode_known(data, header, cmyk, out)?;
-            return Ok((header, header));
-        }
-        let reduced = ImageHeader {
-            width: scaled(m, header.width),
-            height: scaled(m, header.height),
-            format: header.format,
+        plan: impl FnOnce(&ImageHeader) -> Option<CropPlan>,
+    ) -> Result<CropDecoded, DecodeError> {
+        let header = self.probe(data)?;
+        let plan = plan(&header);
+        let full_crop = |w: u32, h: u32| (0.0, 0.0, w as f64, h as f64);
+        let whole = |header: ImageHeader, crop| CropDecoded {
+            header,
+            width: header.width,
+            height: header.height,
+            crop,
         };
-        out.resize(reduced.rgb_len(), 0);
-        let factor = turbojpeg::ScalingFactor::new(m as usize, 8);
-        self.jpeg()?
-            .set_scaling_factor(factor)
-            .map_err(|e| DecodeError::Jpeg(e.to_string()))?;
-        let result = self.decode_known(data, reduced, cmyk, out);
-        self.jpeg()?
-            .set_scaling_factor(turbojpeg::ScalingFactor::ONE)
-            .map_err(|e| DecodeError::Jpeg(e.to_string()))?;
-        result.map(|()| (header, reduced))
+        match header.format {
+            PayloadFormat::Jpeg => {}
+            PayloadFormat::Raw => {
+                let (_, _, pixels) = RawImage::parse(data)?;
+                out.clear();
+                out.extend_from_slice(pixels);
+                let crop = plan.map_or(full_crop(header.width, header.height), |p| p.crop);
+                return Ok(whole(header, crop));
+            }
+            other => {
+                *out = decode_with_image_crate(data, other, self.max_pixels)?;
+                let crop = plan.map_or(full_crop(header.width, header.height), |p| p.crop);
+                return Ok(whole(header, crop));
+            }
+        }
+        let jh = self.last_jpeg.take().expect("probe read the JPEG header");
+        let Some(plan) = plan else {
+            self.decompress_rgb(data, &jh, 8, None, jh.width, jh.height, out)?;
+            return Ok(whole(header, full_crop(header.width, header.height)));
+        };
+        let (left, top, cw, ch) = plan.crop;
+        // The smallest scale M/8 at which the crop still has the output's resolution.
+        let min_w = (plan.out_width as f64 * jh.width as f64 / cw).ceil() as u32;
+        let min_h = (plan.out_height as f64 * jh.height as f64 / ch).ceil() as u32;
+        let m = (1..=8u32)
+            .find(|&m| turbo::scaled(jh.width, m) >= min_w && turbo::scaled(jh.height, m) >= min_h)
+            .unwrap_or(8);
+        let (sw, sh) = (turbo::scaled(jh.width, m), turbo::scaled(jh.height, m));
+        let (fx, fy) = (sw as f64 / jh.width as f64, sh as f64 / jh.height as f64);
+        let scaled_crop = (left * fx, top * fy, cw * fx, ch * fy);
+        let inside = left >= 0.0
+            && top >= 0.0
+            && left + cw <= jh.width as f64
+            && top + ch <= jh.height as f64;
+        // Pixels of margin around the crop, for the resampling filter's support.
+        let margin = (scaled_crop.2 / plan.out_width as f64)
+            .max(scaled_crop.3 / plan.out_height as f64)
+            .ceil() as u32
+            + 2;
+        let region = if inside {
+            let x0 = (scaled_crop.0.floor() as u32).saturating_sub(margin);
+            let y0 = (scaled_crop.1.floor() as u32).saturating_sub(margin);
+            let x1 = ((scaled_crop.0 + scaled_crop.2).ceil() as u32 + margin).min(sw);
+            let y1 = ((scaled_crop.1 + scaled_crop.3).ceil() as u32 + margin).min(sh);
+            turbo::aligned_region(&jh, m, x0, y0, x1 - x0, y1 - y0)
+                .map(|(region, dx)| (region, region.x + dx - x0))
+                .filter(|(r, _)| (r.width, r.height) != (sw, sh))
+        } else {
+            None
+        };
+        match region {
+            Some((r, _)) => {
+                self.decompress_rgb(data, &jh, m, Some(r), r.width, r.height, out)?;
+                Ok(CropDecoded {
+                    header,
+                    width: r.width,
+                    height: r.height,
+                    crop: (
+                        scaled_crop.0 - r.x as f64,
+                        scaled_crop.1 - r.y as f64,
+                        scaled_crop.2,
+                        scaled_crop.3,
+                    ),
+                })
+            }
+            None => {
+                self.decompress_rgb(data, &jh, m, None, sw, sh, out)?;
+                Ok(CropDecoded {
+                    header,
+                    width: sw,
+                    height: sh,
+                    crop: scaled_crop,
+                })
+            }
+        }
+    }
+
+    /// Decompresses into `out` as `w × h` RGB (through the CMYK scratch buffer for CMYK files).
+    #[allow(clippy::too_many_arguments)]
+    fn decompress_rgb(
+        &mut self,
+        data: &[u8],
+        jh: &JpegHeader,
+        eighths: u32,
+        region: Option<Region>,
+        w: u32,
+        h: u32,
+        out: &mut Vec<u8>,
+    ) -> Result<(), DecodeError> {
+        let pixels = w as usize * h as usize;
+        out.resize(pixels * 3, 0);
+        if jh.cmyk {
+            let mut cmyk = std::mem::take(&mut self.cmyk);
+            cmyk.resize(pixels * 4, 0);
+            let result = self
+                .jpeg()?
+                .decompress(data, jh, eighths, region, &mut cmyk);
+            if result.is_ok() {
+                cmyk_to_rgb(&cmyk, out);
+            }
+            self.cmyk = cmyk;
+            result
+        } else {
+            self.jpeg()?.decompress(data, jh, eighths, region, out)
+        }
     }
 
     /// Decodes `data` into `out`, which must be exactly `header(data).rgb_len()` bytes: the path
@@ -420,7 +510,7 @@ impl Decoder {
         data: &[u8],
         out: &mut [u8],
     ) -> Result<ImageHeader, DecodeError> {
-        let (header, cmyk) = self.probe(data)?;
+        let header = self.probe(data)?;
         assert_eq!(
             out.len(),
             header.rgb_len(),
@@ -429,53 +519,20 @@ impl Decoder {
             header.height
         );
         match header.format {
-            PayloadFormat::Jpeg | PayloadFormat::Raw => {
-                self.decode_known(data, header, cmyk, out)?
+            PayloadFormat::Raw => out.copy_from_slice(RawImage::parse(data)?.2),
+            PayloadFormat::Jpeg => {
+                let jh = self.last_jpeg.take().expect("probe read the JPEG header");
+                if jh.cmyk {
+                    let mut rgb = Vec::new();
+                    self.decompress_rgb(data, &jh, 8, None, jh.width, jh.height, &mut rgb)?;
+                    out.copy_from_slice(&rgb);
+                } else {
+                    self.jpeg()?.decompress(data, &jh, 8, None, out)?;
+                }
             }
             other => out.copy_from_slice(&decode_with_image_crate(data, other, self.max_pixels)?),
         }
         Ok(header)
-    }
-
-    fn decode_known(
-        &mut self,
-        data: &[u8],
-        header: ImageHeader,
-        cmyk_jpeg: bool,
-        out: &mut [u8],
-    ) -> Result<(), DecodeError> {
-        let (width, height) = (header.width as usize, header.height as usize);
-        if header.format == PayloadFormat::Raw {
-            let (_, _, pixels) = RawImage::parse(data)?;
-            out.copy_from_slice(pixels);
-            return Ok(());
-        }
-        let mut cmyk = std::mem::take(&mut self.cmyk);
-        let jpeg = self.jpeg()?;
-        let result = if cmyk_jpeg {
-            // libjpeg-turbo only decodes CMYK JPEGs to CMYK pixels; convert as PIL does.
-            cmyk.resize(width * height * 4, 0);
-            let image = turbojpeg::Image {
-                pixels: &mut cmyk[..],
-                width,
-                pitch: width * 4,
-                height,
-                format: turbojpeg::PixelFormat::CMYK,
-            };
-            jpeg.decompress(data, image)
-                .map(|()| cmyk_to_rgb(&cmyk, out))
-        } else {
-            let image = turbojpeg::Image {
-                pixels: out,
-                width,
-                pitch: width * 3,
-                height,
-                format: turbojpeg::PixelFormat::RGB,
-            };
-            jpeg.decompress(data, image)
-        };
-        self.cmyk = cmyk;
-        result.map_err(|e| DecodeError::Jpeg(e.to_string()))
     }
 }
 
