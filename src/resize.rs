@@ -49,13 +49,8 @@ impl RgbResizer {
         dst_width: u32,
         dst_height: u32,
     ) {
-        let src = ImageRef::new(width, height, src, PixelType::U8x3)
-            .expect("source buffer matches its size");
-        let mut dst = Image::from_slice_u8(dst_width, dst_height, dst, PixelType::U8x3)
-            .expect("destination buffer matches its size");
-        self.resizer
-            .resize(&src, &mut dst, &self.options)
-            .expect("same pixel type, non-zero sizes");
+        let full = (0.0, 0.0, width as f64, height as f64);
+        self.resize_region(src, width, height, full, dst, dst_width, dst_height);
     }
 
     /// Resizes the region `(left, top, region_width, region_height)` of `src` (fractional source

@@ -13,7 +13,7 @@ use imagefeed::format::folder::ImageFolder;
 use imagefeed::format::lmdb::Lmdb;
 use imagefeed::pack::{self, PackFormat, PackObserver, PackOptions, PackSummary, StartMode};
 use imagefeed::{Error, inspect, verify};
-use support::{BROKEN, copy_tree, fixture_root, pack_lmdb, small_options};
+use support::{BROKEN, copy_tree, fixture_root, pack_lmdb, small_options, try_pack_lmdb};
 
 /// (key, label, payload) of every record.
 fn records(path: &Path) -> Vec<(String, u32, Vec<u8>)> {
@@ -94,14 +94,7 @@ fn strict_mode_fails_on_the_first_broken_file_and_leaves_nothing() {
         strict: true,
         ..small_options()
     };
-    let err = pack::pack_image_folder(
-        &fixture_root(),
-        &out,
-        PackFormat::Lmdb,
-        &options,
-        &pack::NoProgress,
-    )
-    .unwrap_err();
+    let err = try_pack_lmdb(&fixture_root(), &out, &options).unwrap_err();
     match &err {
         Error::Rejected { path, reason } => {
             assert!(path.ends_with("class01/bad-bomb.jpg"), "{}", path.display());
@@ -125,14 +118,7 @@ fn existing_output_is_kept_unless_forced() {
     pack_lmdb(&src, &out, &small_options());
     let before = fs::read(&out).unwrap();
 
-    let err = pack::pack_image_folder(
-        &src,
-        &out,
-        PackFormat::Lmdb,
-        &small_options(),
-        &pack::NoProgress,
-    )
-    .unwrap_err();
+    let err = try_pack_lmdb(&src, &out, &small_options()).unwrap_err();
     assert!(matches!(err, Error::AlreadyExists { .. }), "{err}");
     assert!(err.to_string().contains("--force"), "{err}");
     assert_eq!(
@@ -210,14 +196,7 @@ fn an_interrupted_pack_is_never_accepted_and_resume_completes_it() {
     );
 
     // Without --resume the partial file is not silently discarded.
-    let err = pack::pack_image_folder(
-        &src,
-        &out,
-        PackFormat::Lmdb,
-        &small_options(),
-        &pack::NoProgress,
-    )
-    .unwrap_err();
+    let err = try_pack_lmdb(&src, &out, &small_options()).unwrap_err();
     assert!(err.to_string().contains("--resume"), "{err}");
 
     // Other options: refused, the partial file untouched.
@@ -229,8 +208,7 @@ fn an_interrupted_pack_is_never_accepted_and_resume_completes_it() {
         },
         ..small_options()
     };
-    let err = pack::pack_image_folder(&src, &out, PackFormat::Lmdb, &raw_resume, &pack::NoProgress)
-        .unwrap_err();
+    let err = try_pack_lmdb(&src, &out, &raw_resume).unwrap_err();
     assert!(matches!(err, Error::ResumeMismatch { .. }), "{err}");
 
     let resume = PackOptions {
@@ -275,8 +253,7 @@ fn resume_refuses_a_changed_source_tree() {
         },
         ..small_options()
     };
-    let err = pack::pack_image_folder(&src, &out, PackFormat::Lmdb, &resume, &pack::NoProgress)
-        .unwrap_err();
+    let err = try_pack_lmdb(&src, &out, &resume).unwrap_err();
     assert!(matches!(err, Error::ResumeMismatch { .. }), "{err}");
     assert!(err.to_string().contains("source tree changed"), "{err}");
 }
@@ -385,14 +362,7 @@ fn a_tree_of_only_broken_files_packs_nothing_and_says_so() {
     fs::create_dir_all(src.join("a")).unwrap();
     fs::write(src.join("a/x.jpg"), b"").unwrap();
     let out = dir.path().join("out.lmdb");
-    let err = pack::pack_image_folder(
-        &src,
-        &out,
-        PackFormat::Lmdb,
-        &small_options(),
-        &pack::NoProgress,
-    )
-    .unwrap_err();
+    let err = try_pack_lmdb(&src, &out, &small_options()).unwrap_err();
     assert!(
         err.to_string().contains("all 1 files were rejected"),
         "{err}"

@@ -55,50 +55,53 @@ enum PolicyArg {
     Error,
 }
 
+#[derive(clap::Args)]
+struct LoadArgs {
+    /// A packed dataset file or an ImageFolder directory.
+    dataset: PathBuf,
+    /// Samples per batch.
+    #[arg(long, default_value_t = 256)]
+    batch_size: usize,
+    /// Worker threads.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// Batches in flight (default: 2 per worker).
+    #[arg(long)]
+    prefetch: Option<usize>,
+    /// Seed for shuffling and augmentation.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Epochs to run.
+    #[arg(long, default_value_t = 1)]
+    epochs: u64,
+    /// Per-sample transform.
+    #[arg(long, value_enum, default_value = "cifar")]
+    transform: TransformArg,
+    /// Output element type (default: f32, or u8 for `--transform none`).
+    #[arg(long, value_enum)]
+    dtype: Option<DTypeArg>,
+    /// Output layout (default: nchw, or nhwc for `--transform none`).
+    #[arg(long, value_enum)]
+    layout: Option<LayoutArg>,
+    /// Bad-sample policy.
+    #[arg(long, value_enum, default_value = "skip")]
+    bad: PolicyArg,
+    /// Keep dataset order instead of shuffling.
+    #[arg(long)]
+    no_shuffle: bool,
+    /// Print a SHA-256 over each epoch's batches (pixels and labels, in order).
+    #[arg(long)]
+    digest: bool,
+    /// Also measure the decode ceiling (1-thread libjpeg-turbo rate × workers) on the first
+    /// N payloads (0: skip).
+    #[arg(long, default_value_t = 0)]
+    ceiling_samples: usize,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Run the loader over a dataset: one line per epoch with images/s (and a digest).
-    Load {
-        /// A packed dataset file or an ImageFolder directory.
-        dataset: PathBuf,
-        /// Samples per batch.
-        #[arg(long, default_value_t = 256)]
-        batch_size: usize,
-        /// Worker threads.
-        #[arg(long, default_value_t = 2)]
-        workers: usize,
-        /// Batches in flight (default: 2 per worker).
-        #[arg(long)]
-        prefetch: Option<usize>,
-        /// Seed for shuffling and augmentation.
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        /// Epochs to run.
-        #[arg(long, default_value_t = 1)]
-        epochs: u64,
-        /// Per-sample transform.
-        #[arg(long, value_enum, default_value = "cifar")]
-        transform: TransformArg,
-        /// Output element type (default: f32, or u8 for `--transform none`).
-        #[arg(long, value_enum)]
-        dtype: Option<DTypeArg>,
-        /// Output layout (default: nchw, or nhwc for `--transform none`).
-        #[arg(long, value_enum)]
-        layout: Option<LayoutArg>,
-        /// Bad-sample policy.
-        #[arg(long, value_enum, default_value = "skip")]
-        bad: PolicyArg,
-        /// Keep dataset order instead of shuffling.
-        #[arg(long)]
-        no_shuffle: bool,
-        /// Print a SHA-256 over each epoch's batches (pixels and labels, in order).
-        #[arg(long)]
-        digest: bool,
-        /// Also measure the decode ceiling (1-thread libjpeg-turbo rate × workers) on the first
-        /// N payloads (0: skip).
-        #[arg(long, default_value_t = 0)]
-        ceiling_samples: usize,
-    },
+    Load(LoadArgs),
     /// Read every record of a dataset (a packed file or an ImageFolder directory).
     Read {
         /// The dataset.
@@ -144,22 +147,22 @@ fn memory_mb() -> (f64, f64, f64) {
     (field("VmRSS:"), field("VmHWM:"), field("RssAnon:"))
 }
 
-#[allow(clippy::too_many_arguments)]
-fn load(
-    dataset: PathBuf,
-    batch_size: usize,
-    workers: usize,
-    prefetch: Option<usize>,
-    seed: u64,
-    epochs: u64,
-    transform: TransformArg,
-    dtype: Option<DTypeArg>,
-    layout: Option<LayoutArg>,
-    bad: PolicyArg,
-    no_shuffle: bool,
-    digest: bool,
-    ceiling_samples: usize,
-) -> Result<()> {
+fn load(args: LoadArgs) -> Result<()> {
+    let LoadArgs {
+        dataset,
+        batch_size,
+        workers,
+        prefetch,
+        seed,
+        epochs,
+        transform,
+        dtype,
+        layout,
+        bad,
+        no_shuffle,
+        digest,
+        ceiling_samples,
+    } = args;
     let ds = imagefeed::format::open(&dataset)
         .with_context(|| format!("opening {}", dataset.display()))?;
     let mut t = match transform {
@@ -264,35 +267,7 @@ fn load(
 
 fn run() -> Result<()> {
     match Cli::parse().command {
-        Command::Load {
-            dataset,
-            batch_size,
-            workers,
-            prefetch,
-            seed,
-            epochs,
-            transform,
-            dtype,
-            layout,
-            bad,
-            no_shuffle,
-            digest,
-            ceiling_samples,
-        } => load(
-            dataset,
-            batch_size,
-            workers,
-            prefetch,
-            seed,
-            epochs,
-            transform,
-            dtype,
-            layout,
-            bad,
-            no_shuffle,
-            digest,
-            ceiling_samples,
-        ),
+        Command::Load(args) => load(args),
         Command::Read {
             dataset,
             threads,

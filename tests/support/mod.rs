@@ -44,8 +44,16 @@ pub fn small_options() -> PackOptions {
 
 /// Packs `src` into `out` as LMDB.
 pub fn pack_lmdb(src: &Path, out: &Path, options: &PackOptions) -> PackSummary {
+    try_pack_lmdb(src, out, options).expect("pack succeeds")
+}
+
+/// Packs `src` into `out` as LMDB, returning the error if any.
+pub fn try_pack_lmdb(
+    src: &Path,
+    out: &Path,
+    options: &PackOptions,
+) -> imagefeed::Result<PackSummary> {
     pack::pack_image_folder(src, out, PackFormat::Lmdb, options, &NoProgress)
-        .expect("pack succeeds")
 }
 
 /// Copies a directory tree.
