@@ -237,3 +237,33 @@ fn relative_output_names_work() {
         "doubled cause"
     );
 }
+
+/// Regression: readers mapped the 1 TiB map size the writer recorded in the LMDB meta page, so
+/// any process under an address-space limit (ulimit -v, valgrind) failed with "Invalid argument".
+#[test]
+fn datasets_open_under_an_address_space_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("limited.lmdb");
+    assert!(
+        run(&[&"imagefolder2lmdb", &"-q", &fixtures(), &out])
+            .status
+            .success()
+    );
+    let script = format!(
+        "ulimit -v 4000000 && exec '{}' verify '{}'",
+        env!("CARGO_BIN_EXE_pack-dataset"),
+        out.display()
+    );
+    let verified = Command::new("sh").arg("-c").arg(script).output().unwrap();
+    assert!(
+        verified.status.success(),
+        "{}{}",
+        stdout(&verified),
+        stderr(&verified)
+    );
+    assert!(
+        stdout(&verified).contains("16 records checked"),
+        "{}",
+        stdout(&verified)
+    );
+}

@@ -374,7 +374,8 @@ impl Lmdb {
         let file = check_lmdb_file(path)?;
         // Small datasets stream into the page cache in one sequential read; see pagecache.
         crate::pagecache::prefetch_if_it_fits(&file);
-        let env = shared_read_env(path)?;
+        let len = file.metadata().at(path)?.len();
+        let env = shared_read_env(path, len)?;
         let rtxn = env.read_txn().map_err(|e| Error::lmdb(path, e))?;
         let meta: Database<Str, Str> = env
             .open_database(&rtxn, Some(META_DB))
@@ -555,7 +556,7 @@ fn read_up_to(file: &mut fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(filled)
 }
 
-fn shared_read_env(path: &Path) -> Result<Arc<ReadEnv>> {
+fn shared_read_env(path: &Path, file_len: u64) -> Result<Arc<ReadEnv>> {
     let canonical = fs::canonicalize(path).at(path)?;
     let meta = fs::metadata(&canonical).at(path)?;
     let (dev, ino) = (meta.dev(), meta.ino());
@@ -568,7 +569,17 @@ fn shared_read_env(path: &Path) -> Result<Arc<ReadEnv>> {
         return Ok(env);
     }
     let mut options = EnvOpenOptions::new().read_txn_without_tls();
-    options.max_dbs(2);
+    // Map the file's length, not the map size the writer recorded (1 TiB by default: LMDB keeps
+    // the largest size ever configured in the meta page). A configured size takes precedence
+    // and LMDB raises it to the committed data size if needed, so nothing is cut off; a process
+    // under an address-space limit (ulimit -v, valgrind) can then open the file.
+    // SAFETY: sysconf with a valid name has no preconditions.
+    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
+        .unwrap_or(4096)
+        .max(4096);
+    options
+        .max_dbs(2)
+        .map_size((file_len as usize).max(1).div_ceil(page) * page);
     // SAFETY: these flags make the environment read-only and lock-free, which is sound because
     // imagefeed never modifies a published (renamed, complete) file.
     unsafe { options.flags(EnvFlags::READ_ONLY | EnvFlags::NO_SUB_DIR | EnvFlags::NO_LOCK) };
