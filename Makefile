@@ -11,7 +11,11 @@ THREADS ?= 2
 RELEASE := target/release
 DEMO_SRC := $(if $(SRC),$(SRC),$(DEMO_DIR)/imagefolder)
 
-.PHONY: all deps build demo test lint fixtures clean-demo
+.PHONY: all deps build demo test lint fixtures compat-fixtures pyenv clean-demo
+
+# Python for the cross-tool tests (py-lmdb reads what we write; fixtures written by py-lmdb).
+PYENV := .venv
+PY_PACKAGES := lmdb==3.0.0
 
 all: build
 
@@ -39,9 +43,19 @@ endif
 	@echo "== the loader: $(THREADS) workers, random flip + normalize (f32 NCHW), 2 epochs, with digests"
 	$(RELEASE)/imagefeed-bench load $(DEMO_DIR)/demo.lmdb --workers $(THREADS) --batch-size 256 --epochs 2 --transform cifar --digest
 
-test: deps
-	$(CARGO) test --workspace
+test: deps pyenv
+	IMAGEFEED_PYTHON=$(CURDIR)/$(PYENV)/bin/python $(CARGO) test --workspace
 	$(MAKE) lint
+
+# A virtual environment with the Python packages the cross-tool tests use. Without Python the
+# tests that need it skip and say so.
+pyenv:
+	@if ! command -v python3 >/dev/null 2>&1; then \
+		echo "python3 not found: the cross-tool tests will skip"; \
+	elif ! $(PYENV)/bin/python -c "import lmdb" 2>/dev/null; then \
+		python3 -m venv $(PYENV) && $(PYENV)/bin/pip install -q $(PY_PACKAGES) \
+		|| echo "could not set up $(PYENV): the cross-tool tests will skip"; \
+	fi
 
 lint:
 	$(CARGO) fmt --all -- --check
@@ -51,6 +65,10 @@ lint:
 fixtures: deps
 	rm -rf fixtures/imagefolder
 	$(CARGO) run --release -p pack-dataset -- synth fixtures/imagefolder --classes 3 --per-class 4 --size 40x32 --edge-cases
+
+# Regenerates fixtures/compat/ (datasets written by py-lmdb the way folder2lmdb scripts do).
+compat-fixtures: pyenv
+	$(PYENV)/bin/python scripts/make_compat_fixtures.py
 
 clean-demo:
 	rm -rf $(DEMO_DIR)

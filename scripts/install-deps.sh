@@ -3,10 +3,11 @@
 #   cmake, nasm     build the vendored libjpeg-turbo 3 (turbojpeg crate, SIMD on)
 #   pkg-config, libhdf5-dev   HDF5 format support
 #   gcc/g++, make   C toolchain for the -sys crates
+#   python3-venv    a virtual environment for the cross-tool tests (py-lmdb)
 # As root it runs apt-get; otherwise it prints the exact command to run and fails.
 set -euo pipefail
 
-packages=(cmake nasm pkg-config libhdf5-dev gcc g++ make)
+packages=(cmake nasm pkg-config libhdf5-dev gcc g++ make python3-venv)
 missing=()
 for p in "${packages[@]}"; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -66,6 +66,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dataset::{Dataset, DatasetInfo, FormatKind, Record, RecordReader};
 use crate::error::{Error, IoContext as _, Result};
+use crate::format::pickle;
 use crate::pack::{self, PackPlan, PackProgress, PackSink, PackedRecord, StartMode};
 
 /// The `magic` value in `meta/info`.
@@ -329,11 +330,27 @@ struct OpenEnv {
 /// file replaced on disk is not served from a stale map.
 static OPEN_ENVS: Mutex<Option<HashMap<PathBuf, OpenEnv>>> = Mutex::new(None);
 
-/// A packed LMDB dataset opened for reading.
+/// Which of the two LMDB layouts a file has.
+#[derive(Clone)]
+enum Layout {
+    /// imagefeed's own (module docs): `samples` database keyed by big-endian index.
+    Imagefeed(Database<Bytes, Bytes>),
+    /// Python folder2lmdb: the unnamed database, keys listed in `__keys__`, pickled
+    /// `(image_bytes, label)` values.
+    Folder2Lmdb {
+        db: Database<Bytes, Bytes>,
+        keys: Arc<[String]>,
+    },
+}
+
+/// A packed LMDB dataset opened for reading: imagefeed's layout, or one written by the Python
+/// folder2lmdb scripts (Efficient-PyTorch `tools/folder2lmdb.py` and its forks), detected by its
+/// `__len__` key. Those store no class names: classes are then `"0"..="max label"`, found by a
+/// scan of every value's label at open (one read of each value's last page).
 pub struct Lmdb {
     path: PathBuf,
     env: Arc<ReadEnv>,
-    samples: Database<Bytes, Bytes>,
+    layout: Layout,
     info: DatasetInfo,
     complete: bool,
     progress: Option<PackProgress>,
@@ -377,12 +394,12 @@ impl Lmdb {
         let len = file.metadata().at(path)?.len();
         let env = shared_read_env(path, len)?;
         let rtxn = env.read_txn().map_err(|e| Error::lmdb(path, e))?;
-        let meta: Database<Str, Str> = env
+        let meta: Option<Database<Str, Str>> = env
             .open_database(&rtxn, Some(META_DB))
-            .map_err(|e| Error::lmdb(path, e))?
-            .ok_or_else(|| {
-                Error::not_a_dataset(path, "LMDB file without imagefeed's meta database")
-            })?;
+            .map_err(|e| Error::lmdb(path, e))?;
+        let Some(meta) = meta else {
+            return open_folder2lmdb(path, &env, rtxn);
+        };
         let get = |key: &str| meta.get(&rtxn, key).map_err(|e| Error::lmdb(path, e));
         let info_text =
             get(INFO_KEY)?.ok_or_else(|| Error::not_a_dataset(path, "meta/info is missing"))?;
@@ -428,7 +445,7 @@ impl Lmdb {
         Ok(Lmdb {
             path: path.to_path_buf(),
             env,
-            samples,
+            layout: Layout::Imagefeed(samples),
             info,
             complete: record.complete,
             progress,
@@ -632,7 +649,7 @@ impl Dataset for Lmdb {
         Ok(Box::new(LmdbReader {
             txn,
             _env: Arc::clone(&self.env),
-            samples: self.samples,
+            layout: self.layout.clone(),
             path: self.path.clone(),
             info: self.info.clone(),
         }))
@@ -644,7 +661,7 @@ struct LmdbReader {
     // Field order matters: the transaction must go before the last `Arc` to its environment.
     txn: RoTxn<'static, WithoutTls>,
     _env: Arc<ReadEnv>,
-    samples: Database<Bytes, Bytes>,
+    layout: Layout,
     path: PathBuf,
     info: DatasetInfo,
 }
@@ -656,13 +673,30 @@ impl RecordReader for LmdbReader {
             "index {index} out of range for {} samples",
             self.info.num_samples
         );
-        let value = self
-            .samples
-            .get(&self.txn, &sample_key(index))
-            .map_err(|e| Error::lmdb(&self.path, e))?
-            .ok_or_else(|| corrupt(&self.path, index, "?", "record is missing"))?;
-        let (label, key, payload) =
-            decode_value(value).map_err(|reason| corrupt(&self.path, index, "?", reason))?;
+        let (label, key, payload) = match &self.layout {
+            Layout::Imagefeed(samples) => {
+                let value = samples
+                    .get(&self.txn, &sample_key(index))
+                    .map_err(|e| Error::lmdb(&self.path, e))?
+                    .ok_or_else(|| corrupt(&self.path, index, "?", "record is missing"))?;
+                decode_value(value).map_err(|reason| corrupt(&self.path, index, "?", reason))?
+            }
+            Layout::Folder2Lmdb { db, keys } => {
+                let key = keys[index].as_str();
+                let value = db
+                    .get(&self.txn, key.as_bytes())
+                    .map_err(|e| Error::lmdb(&self.path, e))?
+                    .ok_or_else(|| {
+                        corrupt(&self.path, index, key, "key listed in __keys__ is missing")
+                    })?;
+                let (image, label) = pickle::image_and_label(value)
+                    .map_err(|reason| corrupt(&self.path, index, key, reason))?;
+                let label = u32::try_from(label).map_err(|_| {
+                    corrupt(&self.path, index, key, format!("negative label {label}"))
+                })?;
+                (label, key, &value[image])
+            }
+        };
         self.info.check_label(&self.path, index, key, label)?;
         Ok(Record {
             index,
@@ -671,6 +705,92 @@ impl RecordReader for LmdbReader {
             payload,
         })
     }
+}
+
+/// Opens the Python folder2lmdb layout (see [`Lmdb`]); `rtxn` is a read transaction on `env`.
+fn open_folder2lmdb(path: &Path, env: &Arc<ReadEnv>, rtxn: RoTxn<'_, WithoutTls>) -> Result<Lmdb> {
+    let not_ours = || {
+        Error::not_a_dataset(
+            path,
+            "LMDB file with neither imagefeed's meta database nor folder2lmdb's __len__ key",
+        )
+    };
+    let db: Database<Bytes, Bytes> = env
+        .open_database(&rtxn, None)
+        .map_err(|e| Error::lmdb(path, e))?
+        .ok_or_else(not_ours)?;
+    let get = |key: &[u8]| db.get(&rtxn, key).map_err(|e| Error::lmdb(path, e));
+    let len_value = get(b"__len__")?.ok_or_else(not_ours)?;
+    let len = match pickle::parse(len_value) {
+        Ok(pickle::Value::Int(n)) if n >= 0 => n as usize,
+        _ => {
+            return Err(Error::not_a_dataset(
+                path,
+                "__len__ is not a pickled non-negative int",
+            ));
+        }
+    };
+    let keys: Vec<String> = match get(b"__keys__")? {
+        None => (0..len).map(|i| i.to_string()).collect(),
+        Some(value) => match pickle::parse(value) {
+            Ok(pickle::Value::List(items)) => items
+                .into_iter()
+                .map(|item| match item {
+                    pickle::Value::Bytes(r) => String::from_utf8(value[r].to_vec()).ok(),
+                    _ => None,
+                })
+                .collect::<Option<Vec<String>>>()
+                .ok_or_else(|| {
+                    Error::not_a_dataset(
+                        path,
+                        "__keys__ holds something other than UTF-8 bytes keys",
+                    )
+                })?,
+            Ok(_) => return Err(Error::not_a_dataset(path, "__keys__ is not a pickled list")),
+            Err(reason) => return Err(Error::not_a_dataset(path, format!("__keys__: {reason}"))),
+        },
+    };
+    if keys.len() != len {
+        return Err(Error::not_a_dataset(
+            path,
+            format!("__len__ is {len} but __keys__ lists {} keys", keys.len()),
+        ));
+    }
+    // No class names are stored: classes are 0..=max label over the readable values. A value
+    // that does not parse is left to the reader, which reports it as a bad sample.
+    let mut max_label: i64 = -1;
+    for key in &keys {
+        if let Some(value) = get(key.as_bytes())?
+            && let Ok((_, label)) = pickle::image_and_label(value)
+        {
+            max_label = max_label.max(label);
+        }
+    }
+    if len > 0 && max_label < 0 {
+        return Err(Error::not_a_dataset(
+            path,
+            "no value holds a pickled (bytes, label) with a label >= 0",
+        ));
+    }
+    let info = DatasetInfo {
+        format: FormatKind::Lmdb,
+        classes: (0..=max_label).map(|c| c.to_string()).collect(),
+        num_samples: len,
+        payload: crate::dataset::PayloadKind::Encoded,
+        resized_short_side: None,
+    };
+    rtxn.commit().map_err(|e| Error::lmdb(path, e))?;
+    Ok(Lmdb {
+        path: path.to_path_buf(),
+        env: Arc::clone(env),
+        layout: Layout::Folder2Lmdb {
+            db,
+            keys: keys.into(),
+        },
+        info,
+        complete: true,
+        progress: None,
+    })
 }
 
 #[cfg(test)]
