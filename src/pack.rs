@@ -22,7 +22,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
-use crate::dataset::{Dataset as _, DatasetInfo, FormatKind, PayloadKind};
+use crate::dataset::{Dataset, DatasetInfo, FormatKind, PayloadKind, RecordReader};
 use crate::decode::{DEFAULT_MAX_PIXELS, Decoder, RawImage};
 use crate::error::{Error, IoContext as _, Result};
 use crate::format::folder::ImageFolder;
@@ -315,8 +315,74 @@ fn fingerprint(folder: &ImageFolder) -> Result<String> {
         .collect())
 }
 
+/// What a pack reads: the files of an ImageFolder tree, or the records of any dataset.
+enum Source<'a> {
+    Folder(&'a ImageFolder),
+    Records(&'a dyn Dataset),
+}
+
+impl Source<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Source::Folder(f) => f.len(),
+            Source::Records(d) => d.len(),
+        }
+    }
+
+    fn classes(&self) -> &[String] {
+        match self {
+            Source::Folder(f) => f.classes(),
+            Source::Records(d) => d.classes(),
+        }
+    }
+
+    /// What changes when the source does: the listing for a tree; path, size, modification
+    /// time and sample count for a dataset file.
+    fn fingerprint(&self) -> Result<String> {
+        match self {
+            Source::Folder(f) => fingerprint(f),
+            Source::Records(d) => {
+                let meta = fs::metadata(d.path()).at(d.path())?;
+                let mut hasher = Sha256::new();
+                hasher.update(
+                    fs::canonicalize(d.path())
+                        .at(d.path())?
+                        .as_os_str()
+                        .as_encoded_bytes(),
+                );
+                hasher.update(meta.len().to_le_bytes());
+                let mtime = meta
+                    .modified()
+                    .ok()
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
+                hasher.update(mtime.map_or(0, |d| d.as_nanos()).to_le_bytes());
+                hasher.update((d.len() as u64).to_le_bytes());
+                Ok(hasher
+                    .finalize()
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect())
+            }
+        }
+    }
+
+    /// Where a rejected item lives, for strict mode's error.
+    fn locate(&self, index: usize, key: &str) -> PathBuf {
+        match self {
+            Source::Folder(f) => f.file_path(index),
+            Source::Records(d) => {
+                PathBuf::from(format!("{}: record {index} ({key})", d.path().display()))
+            }
+        }
+    }
+}
+
+/// One fetched item: (key, label, payload to store), or (key, rejection reason).
+type Fetched = std::result::Result<(String, u32, Vec<u8>), (String, String)>;
+
 /// Per-thread state for checking and transforming files.
 struct PackWorker {
+    reader: Option<Box<dyn RecordReader>>,
     decoder: Decoder,
     rgb: Vec<u8>,
     resized: Vec<u8>,
@@ -327,6 +393,7 @@ struct PackWorker {
 impl PackWorker {
     fn new(max_pixels: u64) -> Self {
         PackWorker {
+            reader: None,
             decoder: Decoder::new().with_max_pixels(max_pixels),
             rgb: Vec::new(),
             resized: Vec::new(),
@@ -335,13 +402,50 @@ impl PackWorker {
         }
     }
 
-    /// Reads and checks one file; returns the payload to store, or the rejection reason.
-    fn prepare(
+    /// Fetches source item `index`: its key, label and bytes, or (key, reason) when it cannot
+    /// be read.
+    fn fetch(&mut self, source: &Source<'_>, index: usize) -> Fetched {
+        match source {
+            Source::Folder(folder) => {
+                let entry = &folder.entries()[index];
+                match fs::read(folder.file_path(index)) {
+                    Ok(bytes) => Ok((entry.key.clone(), entry.label, bytes)),
+                    Err(e) => Err((entry.key.clone(), format!("cannot read: {e}"))),
+                }
+            }
+            Source::Records(dataset) => {
+                let reader = match &mut self.reader {
+                    Some(reader) => reader,
+                    slot @ None => match dataset.open_reader() {
+                        Ok(reader) => slot.insert(reader),
+                        Err(e) => {
+                            return Err((index.to_string(), format!("cannot open a reader: {e}")));
+                        }
+                    },
+                };
+                match reader.read(index) {
+                    Ok(r) => Ok((r.key.to_string(), r.label, r.payload.to_vec())),
+                    Err(e) => Err((index.to_string(), e.to_string())),
+                }
+            }
+        }
+    }
+
+    /// Fetches and checks one item; returns what to store, or the rejection.
+    fn prepare(&mut self, source: &Source<'_>, index: usize, options: &PackOptions) -> Fetched {
+        let (key, label, bytes) = self.fetch(source, index)?;
+        match self.prepare_bytes(bytes, options) {
+            Ok(payload) => Ok((key, label, payload)),
+            Err(reason) => Err((key, reason)),
+        }
+    }
+
+    /// Checks (and with --raw/--resize, transforms) one image's bytes.
+    fn prepare_bytes(
         &mut self,
-        path: &Path,
+        bytes: Vec<u8>,
         options: &PackOptions,
     ) -> std::result::Result<Vec<u8>, String> {
-        let bytes = fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
         if !options.raw && options.resize_short_side.is_none() {
             // Stored as is: only check that it decodes (the cheap way).
             self.decoder.validate(&bytes).map_err(|e| e.to_string())?;
@@ -411,12 +515,66 @@ pub fn pack_image_folder(
     options: &PackOptions,
     observer: &dyn PackObserver,
 ) -> Result<PackSummary> {
-    let started = Instant::now();
     let folder = ImageFolder::open(source)?;
+    pack_source(
+        &Source::Folder(&folder),
+        source,
+        out,
+        format,
+        options,
+        observer,
+    )
+}
+
+/// Rewrites any dataset this library reads (an imagefeed LMDB, a Python folder2lmdb LMDB, an
+/// ImageFolder tree) into `out`, with the same checks, options, crash safety and report as
+/// [`pack_image_folder`]. Records keep their keys, labels and order; classes are the source's.
+pub fn convert(
+    source: &Path,
+    out: &Path,
+    format: PackFormat,
+    options: &PackOptions,
+    observer: &dyn PackObserver,
+) -> Result<PackSummary> {
+    if source.is_dir() && !source.join("data.mdb").is_file() {
+        return pack_image_folder(source, out, format, options, observer);
+    }
+    let same = |a: &Path, b: &Path| {
+        fs::canonicalize(a)
+            .ok()
+            .zip(fs::canonicalize(b).ok())
+            .is_some_and(|(a, b)| a == b)
+    };
+    if same(source, out) {
+        return Err(Error::AlreadyExists {
+            path: out.to_path_buf(),
+            hint: "is the source itself; write the converted dataset elsewhere".into(),
+        });
+    }
+    let dataset = crate::format::open(source)?;
+    pack_source(
+        &Source::Records(dataset.as_ref()),
+        source,
+        out,
+        format,
+        options,
+        observer,
+    )
+}
+
+fn pack_source(
+    items: &Source<'_>,
+    source: &Path,
+    out: &Path,
+    format: PackFormat,
+    options: &PackOptions,
+    observer: &dyn PackObserver,
+) -> Result<PackSummary> {
+    let started = Instant::now();
     let plan = PackPlan {
-        source_fingerprint: fingerprint(&folder)?,
-        num_sources: folder.len(),
-        classes: folder.classes().to_vec(),
+        source_fingerprint: items.fingerprint()?,
+        num_sources: items.len(),
+        classes: items.classes().to_vec(),
         payload: if options.raw {
             PayloadKind::RawRgb8
         } else {
@@ -433,22 +591,20 @@ pub fn pack_image_folder(
         }
     };
     let resumed_from = progress.sources_done;
-    observer.started(folder.len(), resumed_from);
+    observer.started(items.len(), resumed_from);
 
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(options.threads.unwrap_or(0))
         .thread_name(|i| format!("pack-{i}"))
         .build()
         .map_err(|e| Error::io(source, std::io::Error::other(e)))?;
-    let todo: Vec<usize> = (resumed_from..folder.len()).collect();
+    let todo: Vec<usize> = (resumed_from..items.len()).collect();
     let chunk_size = options.chunk_size.max(1);
-    let (sender, receiver) =
-        crossbeam_channel::bounded::<Vec<std::result::Result<Vec<u8>, String>>>(1);
+    let (sender, receiver) = crossbeam_channel::bounded::<Vec<Fetched>>(1);
 
     // A producer thread checks chunk k+1 on the pool while this thread commits chunk k.
     let mut sink = Some(sink);
     let outcome = std::thread::scope(|scope| -> Result<()> {
-        let folder = &folder;
         let pool = &pool;
         let todo = &todo;
         scope.spawn(move || {
@@ -458,7 +614,7 @@ pub fn pack_image_folder(
                         .par_iter()
                         .map_init(
                             || PackWorker::new(options.max_pixels),
-                            |worker, &index| worker.prepare(&folder.file_path(index), options),
+                            |worker, &index| worker.prepare(items, index, options),
                         )
                         .collect()
                 });
@@ -471,25 +627,24 @@ pub fn pack_image_folder(
             for (chunk, results) in todo.chunks(chunk_size).zip(receiver.iter()) {
                 let mut records = Vec::with_capacity(chunk.len());
                 for (&index, result) in chunk.iter().zip(&results) {
-                    let entry = &folder.entries()[index];
                     match result {
-                        Ok(payload) => {
+                        Ok((key, label, payload)) => {
                             records.push(PackedRecord {
-                                label: entry.label,
-                                key: &entry.key,
+                                label: *label,
+                                key,
                                 payload,
                             });
                             progress.payload_bytes += payload.len() as u64;
                         }
-                        Err(reason) => {
+                        Err((key, reason)) => {
                             if options.strict {
                                 return Err(Error::Rejected {
-                                    path: folder.file_path(index),
+                                    path: items.locate(index, key),
                                     reason: reason.clone(),
                                 });
                             }
                             let rejection = Rejection {
-                                key: entry.key.clone(),
+                                key: key.clone(),
                                 reason: reason.clone(),
                             };
                             observer.rejected(&rejection);
@@ -520,14 +675,14 @@ pub fn pack_image_folder(
         sink.abandon();
         return Err(Error::BadImageFolder {
             path: source.to_path_buf(),
-            reason: format!("all {} files were rejected; nothing to pack", folder.len()),
+            reason: format!("all {} files were rejected; nothing to pack", items.len()),
         });
     }
     let info = plan.dataset_info(format_kind(format), progress.samples_written);
     sink.finish(&info, &progress)?;
 
     let seconds = started.elapsed().as_secs_f64();
-    let processed = folder.len() - resumed_from;
+    let processed = items.len() - resumed_from;
     let summary = PackSummary {
         source: source.to_path_buf(),
         output: out.to_path_buf(),
@@ -537,7 +692,10 @@ pub fn pack_image_folder(
         payload_bytes: progress.payload_bytes,
         file_bytes: fs::metadata(out).map(|m| m.len()).unwrap_or(0),
         rejected: progress.rejected,
-        skipped_non_images: folder.skipped_files(),
+        skipped_non_images: match items {
+            Source::Folder(f) => f.skipped_files(),
+            Source::Records(_) => 0,
+        },
         resumed_from,
         seconds,
         images_per_sec: processed as f64 / seconds.max(1e-9),

@@ -170,3 +170,57 @@ with env.begin() as txn:
         .collect();
     assert_eq!(got, expected);
 }
+
+#[test]
+fn convert_rewrites_a_python_lmdb_into_ours() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("converted.lmdb");
+    let summary = imagefeed::pack::convert(
+        &compat("folder2lmdb.lmdb"),
+        &out,
+        imagefeed::pack::PackFormat::Lmdb,
+        &small_options(),
+        &imagefeed::pack::NoProgress,
+    )
+    .unwrap();
+    assert_eq!(summary.samples, 16);
+    // The broken images stored unchecked by the Python script are rejected by key, with reasons.
+    let source = ImageFolder::open(fixture_root()).unwrap();
+    let mut rejected: Vec<String> = summary
+        .rejected
+        .iter()
+        .map(|r| {
+            source.entries()[r.key.parse::<usize>().unwrap()]
+                .key
+                .clone()
+        })
+        .collect();
+    rejected.sort();
+    assert_eq!(rejected, BROKEN);
+    let converted = format::open(&out).unwrap();
+    assert_eq!(converted.classes(), ["0", "1", "2"]);
+    let python = format::open(compat("folder2lmdb.lmdb")).unwrap();
+    let keep: Vec<_> = records(python.as_ref())
+        .into_iter()
+        .filter(|(key, _, _)| !summary.rejected.iter().any(|r| &r.key == key))
+        .collect();
+    assert_eq!(records(converted.as_ref()), keep);
+    assert!(imagefeed::verify::verify(&out, None).unwrap().is_ok());
+
+    // Refuses to overwrite its own source.
+    let err = imagefeed::pack::convert(
+        &out,
+        &out,
+        imagefeed::pack::PackFormat::Lmdb,
+        &imagefeed::pack::PackOptions {
+            mode: imagefeed::pack::StartMode {
+                force: true,
+                resume: false,
+            },
+            ..small_options()
+        },
+        &imagefeed::pack::NoProgress,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("is the source itself"), "{err}");
+}

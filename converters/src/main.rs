@@ -30,6 +30,15 @@ enum Command {
     /// Pack an ImageFolder tree (one sub-folder per class) into a single-file LMDB.
     #[command(name = "imagefolder2lmdb")]
     ImageFolder2Lmdb(PackArgs),
+    /// Rewrite any dataset imagefeed reads (an imagefeed or Python folder2lmdb LMDB, an
+    /// ImageFolder tree) into one of our formats. Takes the same options as imagefolder2lmdb.
+    Convert {
+        /// Output format.
+        #[arg(long, value_enum, default_value = "lmdb")]
+        to: OutputFormat,
+        #[command(flatten)]
+        args: PackArgs,
+    },
     /// Show what a dataset holds: format, samples, classes, bytes, image sizes, completeness.
     Inspect {
         /// A packed dataset file or an ImageFolder directory.
@@ -72,9 +81,15 @@ enum Command {
     },
 }
 
+/// Formats `convert` writes (HDF5 and record shards are not written yet).
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum OutputFormat {
+    Lmdb,
+}
+
 #[derive(clap::Args)]
 struct PackArgs {
-    /// Root of the ImageFolder tree.
+    /// Root of the ImageFolder tree (for convert: any dataset imagefeed reads).
     src_dir: PathBuf,
     /// Output file.
     out: PathBuf,
@@ -186,7 +201,7 @@ fn human_bytes(bytes: u64) -> String {
     }
 }
 
-fn pack(args: PackArgs, format: PackFormat) -> Result<ExitCode> {
+fn pack(args: PackArgs, format: PackFormat, convert: bool) -> Result<ExitCode> {
     let options = PackOptions {
         resize_short_side: args.resize,
         quality: args.quality,
@@ -210,7 +225,11 @@ fn pack(args: PackArgs, format: PackFormat) -> Result<ExitCode> {
             .expect("valid template"),
     );
     let progress = Progress { bar };
-    let result = pack::pack_image_folder(&args.src_dir, &args.out, format, &options, &progress);
+    let result = if convert {
+        pack::convert(&args.src_dir, &args.out, format, &options, &progress)
+    } else {
+        pack::pack_image_folder(&args.src_dir, &args.out, format, &options, &progress)
+    };
     progress.bar.finish_and_clear();
     let summary = result.with_context(|| {
         format!(
@@ -329,7 +348,14 @@ fn format_inspection(i: &Inspection) -> String {
 
 fn run() -> Result<ExitCode> {
     match Cli::parse().command {
-        Command::ImageFolder2Lmdb(args) => pack(args, PackFormat::Lmdb),
+        Command::ImageFolder2Lmdb(args) => pack(args, PackFormat::Lmdb, false),
+        Command::Convert { to, args } => pack(
+            args,
+            match to {
+                OutputFormat::Lmdb => PackFormat::Lmdb,
+            },
+            true,
+        ),
         Command::Inspect { dataset, json } => {
             let inspection = imagefeed::inspect::inspect(&dataset)
                 .with_context(|| format!("inspecting {}", dataset.display()))?;

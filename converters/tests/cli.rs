@@ -267,3 +267,28 @@ fn datasets_open_under_an_address_space_limit() {
         stdout(&verified)
     );
 }
+
+#[test]
+fn convert_reads_a_python_lmdb_and_writes_ours() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("c.lmdb");
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/compat/folder2lmdb.lmdb");
+    let converted = run(&[&"convert", &"-q", &"--to", &"lmdb", &python, &out]);
+    assert!(converted.status.success(), "{}", stderr(&converted));
+    assert!(
+        stdout(&converted).contains("packed 16 samples (3 classes)"),
+        "{}",
+        stdout(&converted)
+    );
+    assert!(
+        stdout(&converted).contains("rejected 4 files:"),
+        "{}",
+        stdout(&converted)
+    );
+    let inspected = run(&[&"inspect", &python]);
+    assert!(
+        stdout(&inspected).contains("samples:     20"),
+        "{}",
+        stdout(&inspected)
+    );
+}
