@@ -1,14 +1,19 @@
 //! imagefeed feeds images to training fast, reproducibly, and without crashing on bad data.
 //!
 //! The main pieces:
-//! - [`format`]: datasets on disk. [`format::open`] opens an ImageFolder tree or a packed file
+//! - [`format`](mod@format): datasets on disk. [`format::open`](fn@format::open) opens an ImageFolder tree or a packed file
 //!   behind the [`Dataset`] trait; each worker thread reads through its own [`RecordReader`]
 //!   (zero-copy for LMDB).
 //! - [`pack`]: packs an ImageFolder tree into a crash-safe, resumable dataset file (what the
 //!   `pack-dataset` binary runs).
 //! - [`decode`]: JPEG (libjpeg-turbo), PNG and others into caller buffers, with a
 //!   decompression-bomb limit; corrupt data is always an error, never garbage pixels.
+//! - [`loader`]: the multi-threaded loader: [`sampler`] (shuffle, rank sharding), per-sample
+//!   seeded [`rng`], [`transform`]s (torchvision's crop and resize arithmetic, normalize, layout)
+//!   written straight into pooled batch buffers ([`pool`], [`batch`]), bad-sample policies and
+//!   exact resume. Batches are bit-identical for a seed whatever the number of workers.
 //! - [`inspect`] and [`verify`]: what a dataset holds, and whether it matches its source.
+//! - [`pagecache`]: cold-cache control for honest measurements.
 //! - [`synthetic`]: deterministic ImageFolder trees (including broken files) for demos and tests.
 //!
 //! ```no_run

@@ -1,5 +1,5 @@
 //! On-disk formats, one module each, reader and writer side by side, all behind the
-//! [`Dataset`](crate::dataset::Dataset) trait.
+//! [`Dataset`] trait.
 //!
 //! - [`folder`]: raw ImageFolder trees (torchvision's layout and order).
 //! - [`lmdb`]: single-file LMDB written by `pack-dataset imagefolder2lmdb`, and the LMDBs the
