@@ -79,16 +79,7 @@ impl Batch {
     /// # Panics
     /// When the batch is not `f32`.
     pub fn as_f32(&self) -> &[f32] {
-        assert_eq!(self.dtype, DType::F32, "batch holds {}", self.dtype.name());
-        let bytes = self.bytes();
-        // SAFETY: pool buffers are at least 16-byte aligned and the length is a multiple of 4
-        // (whole f32 elements); any bit pattern is a valid f32.
-        let (head, floats, tail) = unsafe { bytes.align_to::<f32>() };
-        assert!(
-            head.is_empty() && tail.is_empty(),
-            "batch buffer is not f32-aligned"
-        );
-        floats
+        self.elements(DType::F32)
     }
 
     /// The elements as IEEE binary16 bit patterns (`half::f16::from_bits` reads them).
@@ -96,15 +87,22 @@ impl Batch {
     /// # Panics
     /// When the batch is not `f16`.
     pub fn as_f16_bits(&self) -> &[u16] {
-        assert_eq!(self.dtype, DType::F16, "batch holds {}", self.dtype.name());
-        let bytes = self.bytes();
-        // SAFETY: as for `as_f32`, with 2-byte elements; any bit pattern is a valid u16.
-        let (head, halves, tail) = unsafe { bytes.align_to::<u16>() };
+        self.elements(DType::F16)
+    }
+
+    /// The bytes viewed as elements of `dtype`, which must be the batch's and `T`'s size.
+    fn elements<T: Copy>(&self, dtype: DType) -> &[T] {
+        assert_eq!(self.dtype, dtype, "batch holds {}", self.dtype.name());
+        debug_assert_eq!(std::mem::size_of::<T>(), dtype.size());
+        // SAFETY: `T` is f32 or u16 (plain numbers: any bit pattern is valid); pool buffers are
+        // at least 16-byte aligned and hold whole elements, which the assert below confirms.
+        let (head, elements, tail) = unsafe { self.bytes().align_to::<T>() };
         assert!(
             head.is_empty() && tail.is_empty(),
-            "batch buffer is not u16-aligned"
+            "batch buffer is not aligned for {}",
+            dtype.name()
         );
-        halves
+        elements
     }
 
     /// The elements as `u8`.

@@ -21,6 +21,9 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use rayon::prelude::*;
+
+use crate::decode::Decoder;
 use crate::error::{Error, Result};
 
 /// What a dataset's payloads hold.
@@ -181,4 +184,29 @@ impl LazyReader {
         };
         handle.read(index)
     }
+}
+
+/// Runs `f` on every record of `dataset` in parallel, each rayon thread with its own reader and
+/// decoder, and returns the results in index order. A reader that cannot be opened turns into an
+/// `Err` for each record that thread would have read.
+pub(crate) fn par_map_records<T, F>(dataset: &dyn Dataset, f: F) -> Vec<T>
+where
+    T: Send,
+    F: Fn(&mut Decoder, std::result::Result<Record<'_>, String>) -> T + Sync,
+{
+    (0..dataset.len())
+        .into_par_iter()
+        .map_init(
+            || {
+                (
+                    dataset.open_reader().map_err(|e| e.to_string()),
+                    Decoder::new(),
+                )
+            },
+            |(reader, decoder), index| match reader {
+                Ok(reader) => f(decoder, reader.read(index).map_err(|e| e.to_string())),
+                Err(e) => f(decoder, Err(format!("cannot open a reader: {e}"))),
+            },
+        )
+        .collect()
 }

@@ -4,11 +4,9 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::dataset::{Dataset, PayloadKind, Record};
-use crate::decode::Decoder;
+use crate::dataset::{Dataset, PayloadKind, par_map_records};
 use crate::error::{Error, Result};
 use crate::format::{self, lmdb::Lmdb};
 use crate::pack;
@@ -104,31 +102,6 @@ pub struct Inspection {
     pub rejected_at_pack: Option<usize>,
 }
 
-/// Runs `f` on every record of `dataset` in parallel, each rayon thread with its own reader and
-/// decoder, and returns the results in index order. A reader that cannot be opened turns into an
-/// `Err` for each record that thread would have read.
-pub(crate) fn map_records<T, F>(dataset: &dyn Dataset, f: F) -> Vec<T>
-where
-    T: Send,
-    F: Fn(&mut Decoder, std::result::Result<Record<'_>, String>) -> T + Sync,
-{
-    (0..dataset.len())
-        .into_par_iter()
-        .map_init(
-            || {
-                (
-                    dataset.open_reader().map_err(|e| e.to_string()),
-                    Decoder::new(),
-                )
-            },
-            |(reader, decoder), index| match reader {
-                Ok(reader) => f(decoder, reader.read(index).map_err(|e| e.to_string())),
-                Err(e) => f(decoder, Err(format!("cannot open a reader: {e}"))),
-            },
-        )
-        .collect()
-}
-
 /// Inspects the dataset at `path`: complete or not, classes with counts, bytes, image sizes.
 /// An interrupted pack is reported as incomplete rather than refused.
 pub fn inspect(path: impl AsRef<Path>) -> Result<Inspection> {
@@ -163,7 +136,7 @@ pub fn inspect(path: impl AsRef<Path>) -> Result<Inspection> {
         size: Option<(u32, u32, &'static str)>,
         error: Option<BadRecord>,
     }
-    let seen = map_records(dataset.as_ref(), |decoder, record| match record {
+    let seen = par_map_records(dataset.as_ref(), |decoder, record| match record {
         Ok(record) => {
             let header = decoder.header(record.payload);
             Seen {

@@ -296,6 +296,11 @@ pub fn publish(partial: &Path, out: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Lower-case hex of a digest.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// SHA-256 of the listing (key, label, size of each file): changes when the tree does.
 fn fingerprint(folder: &ImageFolder) -> Result<String> {
     let mut hasher = Sha256::new();
@@ -308,11 +313,7 @@ fn fingerprint(folder: &ImageFolder) -> Result<String> {
         hasher.update(entry.label.to_le_bytes());
         hasher.update(size.to_le_bytes());
     }
-    Ok(hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
+    Ok(hex(&hasher.finalize()))
 }
 
 /// What a pack reads: the files of an ImageFolder tree, or the records of any dataset.
@@ -357,11 +358,7 @@ impl Source<'_> {
                     .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok());
                 hasher.update(mtime.map_or(0, |d| d.as_nanos()).to_le_bytes());
                 hasher.update((d.len() as u64).to_le_bytes());
-                Ok(hasher
-                    .finalize()
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect())
+                Ok(hex(&hasher.finalize()))
             }
         }
     }

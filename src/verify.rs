@@ -16,11 +16,10 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::dataset::{Dataset, PayloadKind};
+use crate::dataset::{Dataset, PayloadKind, par_map_records};
 use crate::decode::{Decoder, RawImage};
 use crate::error::Result;
 use crate::format::{self, folder::ImageFolder};
-use crate::inspect::map_records;
 use crate::resize::{RgbResizer, short_side_size};
 
 /// One thing wrong with a dataset.
@@ -94,7 +93,7 @@ pub fn verify(path: impl AsRef<Path>, against: Option<&Path>) -> Result<VerifyRe
     };
 
     // One parallel pass: read, decode, compare. Each result: (source index, problems).
-    let results = map_records(dataset.as_ref(), |decoder, record| {
+    let results = par_map_records(dataset.as_ref(), |decoder, record| {
         checker.check(decoder, record)
     });
     let mut last_source_index = None;

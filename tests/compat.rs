@@ -11,23 +11,14 @@ use imagefeed::format;
 use imagefeed::format::folder::ImageFolder;
 use imagefeed::loader::{BadSamplePolicy, Loader, LoaderConfig};
 use imagefeed::transform::Transform;
-use support::{BROKEN, fixture_root, pack_lmdb, small_options};
+use support::{
+    BROKEN, fixture_records_without_broken, fixture_root, pack_lmdb, records, small_options,
+};
 
 fn compat(name: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("fixtures/compat")
         .join(name)
-}
-
-/// (key, label, payload) of every record.
-fn records(dataset: &dyn imagefeed::Dataset) -> Vec<(String, u32, Vec<u8>)> {
-    let mut reader = dataset.open_reader().unwrap();
-    (0..dataset.len())
-        .map(|i| {
-            let r = reader.read(i).unwrap();
-            (r.key.to_string(), r.label, r.payload.to_vec())
-        })
-        .collect()
 }
 
 #[test]
@@ -154,20 +145,7 @@ with env.begin() as txn:
             (key, label, bytes)
         })
         .collect();
-    let source = ImageFolder::open(fixture_root()).unwrap();
-    let expected: Vec<(String, u32, Vec<u8>)> = source
-        .entries()
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| !BROKEN.contains(&e.key.as_str()))
-        .map(|(i, e)| {
-            (
-                e.key.clone(),
-                e.label,
-                fs::read(source.file_path(i)).unwrap(),
-            )
-        })
-        .collect();
+    let expected = fixture_records_without_broken();
     assert_eq!(got, expected);
 }
 

@@ -9,22 +9,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use imagefeed::dataset::{Dataset as _, PayloadKind};
 use imagefeed::decode::{Decoder, RawImage};
-use imagefeed::format::folder::ImageFolder;
 use imagefeed::format::lmdb::Lmdb;
 use imagefeed::pack::{self, PackFormat, PackObserver, PackOptions, PackSummary, StartMode};
 use imagefeed::{Error, inspect, verify};
-use support::{BROKEN, copy_tree, fixture_root, pack_lmdb, small_options, try_pack_lmdb};
+use support::{
+    BROKEN, copy_tree, fixture_records_without_broken, fixture_root, pack_lmdb, records,
+    small_options, try_pack_lmdb,
+};
 
-/// (key, label, payload) of every record.
-fn records(path: &Path) -> Vec<(String, u32, Vec<u8>)> {
-    let dataset = Lmdb::open(path).unwrap();
-    let mut reader = dataset.open_reader().unwrap();
-    (0..dataset.len())
-        .map(|i| {
-            let r = reader.read(i).unwrap();
-            (r.key.to_string(), r.label, r.payload.to_vec())
-        })
-        .collect()
+/// (key, label, payload) of every record of the LMDB at `path`.
+fn lmdb_records(path: &Path) -> Vec<support::Row> {
+    records(&Lmdb::open(path).unwrap())
 }
 
 #[test]
@@ -58,21 +53,8 @@ fn broken_files_are_rejected_by_path_and_the_run_completes() {
     assert_eq!(report.samples, 16);
 
     // Records: the source listing in ImageFolder order, minus the rejected files, bytes unchanged.
-    let listing = ImageFolder::open(fixture_root()).unwrap();
-    let expected: Vec<(String, u32, Vec<u8>)> = listing
-        .entries()
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| !BROKEN.contains(&e.key.as_str()))
-        .map(|(i, e)| {
-            (
-                e.key.clone(),
-                e.label,
-                fs::read(listing.file_path(i)).unwrap(),
-            )
-        })
-        .collect();
-    assert_eq!(records(&out), expected);
+    let expected = fixture_records_without_broken();
+    assert_eq!(lmdb_records(&out), expected);
 
     let report = verify::verify(&out, Some(&fixture_root())).unwrap();
     assert!(report.is_ok(), "{:?}", report.problems);
@@ -234,7 +216,7 @@ fn an_interrupted_pack_is_never_accepted_and_resume_completes_it() {
     // Identical to a pack that was never interrupted.
     let clean = dir.path().join("clean.lmdb");
     pack_lmdb(&src, &clean, &small_options());
-    assert_eq!(records(&out), records(&clean));
+    assert_eq!(lmdb_records(&out), lmdb_records(&clean));
     assert!(verify::verify(&out, Some(&src)).unwrap().is_ok());
 }
 

@@ -18,6 +18,11 @@ fn run(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
     cmd.output().expect("pack-dataset runs")
 }
 
+/// Asserts the command exited 0, showing its output otherwise.
+fn succeeded(o: &Output) {
+    assert!(o.status.success(), "{}{}", stdout(o), stderr(o));
+}
+
 fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
@@ -101,12 +106,7 @@ fn sigkill_mid_pack_leaves_nothing_readable_and_resume_finishes() {
     assert!(text.contains("packed 6000 samples"), "{text}");
     assert!(text.contains("resumed after"), "{text}");
     let verified = run(&[&"verify", &out, &"--against", &src]);
-    assert!(
-        verified.status.success(),
-        "{}{}",
-        stdout(&verified),
-        stderr(&verified)
-    );
+    succeeded(&verified);
     assert!(
         stdout(&verified).contains("6000 records checked"),
         "{}",
@@ -255,12 +255,7 @@ fn datasets_open_under_an_address_space_limit() {
         out.display()
     );
     let verified = Command::new("sh").arg("-c").arg(script).output().unwrap();
-    assert!(
-        verified.status.success(),
-        "{}{}",
-        stdout(&verified),
-        stderr(&verified)
-    );
+    succeeded(&verified);
     assert!(
         stdout(&verified).contains("16 records checked"),
         "{}",

@@ -353,22 +353,18 @@ impl Decoder {
         min_height: u32,
         out: &mut Vec<u8>,
     ) -> Result<ImageHeader, DecodeError> {
-        let header = self.probe(data)?;
-        if header.format != PayloadFormat::Jpeg {
-            return self.decode_rgb(data, out);
-        }
-        let jh = self.last_jpeg.take().expect("probe read the JPEG header");
-        let m = (1..=8u32)
-            .find(|&m| {
-                turbo::scaled(jh.width, m) >= min_width && turbo::scaled(jh.height, m) >= min_height
+        // A whole-image "crop" resized to the minimum size: decode_crop picks the scale.
+        let decoded = self.decode_crop(data, out, |h| {
+            Some(CropPlan {
+                crop: (0.0, 0.0, h.width as f64, h.height as f64),
+                out_width: min_width,
+                out_height: min_height,
             })
-            .unwrap_or(8);
-        let (w, h) = (turbo::scaled(jh.width, m), turbo::scaled(jh.height, m));
-        self.decompress_rgb(data, &jh, m, None, w, h, out)?;
+        })?;
         Ok(ImageHeader {
-            width: w,
-            height: h,
-            format: header.format,
+            width: decoded.width,
+            height: decoded.height,
+            format: decoded.header.format,
         })
     }
 

@@ -590,10 +590,7 @@ fn shared_read_env(path: &Path, file_len: u64) -> Result<Arc<ReadEnv>> {
     // the largest size ever configured in the meta page). A configured size takes precedence
     // and LMDB raises it to the committed data size if needed, so nothing is cut off; a process
     // under an address-space limit (ulimit -v, valgrind) can then open the file.
-    // SAFETY: sysconf with a valid name has no preconditions.
-    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
-        .unwrap_or(4096)
-        .max(4096);
+    let page = crate::pagecache::page_size();
     options
         .max_dbs(2)
         .map_size((file_len as usize).max(1).div_ceil(page) * page);

@@ -93,3 +93,36 @@ pub fn tree_contents(root: &Path) -> Vec<(String, Vec<u8>)> {
     out.sort();
     out
 }
+
+/// (key, label, payload) of a record.
+pub type Row = (String, u32, Vec<u8>);
+
+/// (key, label, payload) of every record of `dataset`, in order.
+pub fn records(dataset: &dyn imagefeed::Dataset) -> Vec<Row> {
+    let mut reader = dataset.open_reader().unwrap();
+    (0..dataset.len())
+        .map(|i| {
+            let r = reader.read(i).unwrap();
+            (r.key.to_string(), r.label, r.payload.to_vec())
+        })
+        .collect()
+}
+
+/// The fixture tree as records (path key, label, file bytes) in ImageFolder order, without the
+/// broken files: what packing it must store.
+pub fn fixture_records_without_broken() -> Vec<Row> {
+    let source = imagefeed::format::folder::ImageFolder::open(fixture_root()).unwrap();
+    source
+        .entries()
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| !BROKEN.contains(&e.key.as_str()))
+        .map(|(i, e)| {
+            (
+                e.key.clone(),
+                e.label,
+                fs::read(source.file_path(i)).unwrap(),
+            )
+        })
+        .collect()
+}
