@@ -561,7 +561,9 @@ impl Worker {
         let config = &shared.config;
         let mut collator = Collator {
             buffer: None,
-            capacity: job.indices.len(),
+            // A full batch's capacity even for the short last batch, so every buffer fits every
+            // batch and the pool never needs more than `prefetch` of them (fixed-size outputs).
+            capacity: config.batch_size.max(job.indices.len()),
             slot_len: 0,
             size: None,
             written: 0,
