@@ -15,7 +15,7 @@ DEMO_SRC := $(if $(SRC),$(SRC),$(DEMO_DIR)/imagefolder)
 
 # Python for the cross-tool tests (py-lmdb reads what we write; fixtures written by py-lmdb).
 PYENV := .venv
-PY_PACKAGES := lmdb==3.0.0
+PY_PACKAGES := lmdb==3.0.0 h5py==3.16.0 numpy==2.4.6 tfrecord==1.14.6 protobuf==7.36.2 crc32c==2.9.post0
 
 all: build
 
@@ -37,6 +37,11 @@ endif
 	$(RELEASE)/pack-dataset inspect $(DEMO_DIR)/demo.lmdb
 	@echo "== verify against the source"
 	$(RELEASE)/pack-dataset verify $(DEMO_DIR)/demo.lmdb --against $(DEMO_SRC)
+	@echo "== the same tree as HDF5 and as record shards, each verified"
+	$(RELEASE)/pack-dataset imagefolder2hdf5 $(DEMO_SRC) $(DEMO_DIR)/demo.h5 --force -q --threads $(THREADS)
+	$(RELEASE)/pack-dataset verify $(DEMO_DIR)/demo.h5 --against $(DEMO_SRC)
+	$(RELEASE)/pack-dataset imagefolder2records $(DEMO_SRC) $(DEMO_DIR)/demo.records --shard-size 512KiB --force -q --threads $(THREADS)
+	$(RELEASE)/pack-dataset verify $(DEMO_DIR)/demo.records --against $(DEMO_SRC)
 	@echo "== read throughput (read + decode, $(THREADS) threads, warm cache)"
 	$(RELEASE)/imagefeed-bench read $(DEMO_DIR)/demo.lmdb --decode --threads $(THREADS)
 	$(RELEASE)/imagefeed-bench read $(DEMO_SRC) --decode --threads $(THREADS)
@@ -52,7 +57,7 @@ test: deps pyenv
 pyenv:
 	@if ! command -v python3 >/dev/null 2>&1; then \
 		echo "python3 not found: the cross-tool tests will skip"; \
-	elif ! $(PYENV)/bin/python -c "import lmdb" 2>/dev/null; then \
+	elif ! $(PYENV)/bin/python -c "import lmdb, h5py, tfrecord" 2>/dev/null; then \
 		python3 -m venv $(PYENV) && $(PYENV)/bin/pip install -q $(PY_PACKAGES) \
 		|| echo "could not set up $(PYENV): the cross-tool tests will skip"; \
 	fi
@@ -66,7 +71,7 @@ fixtures: deps
 	rm -rf fixtures/imagefolder
 	$(CARGO) run --release -p pack-dataset -- synth fixtures/imagefolder --classes 3 --per-class 4 --size 40x32 --edge-cases
 
-# Regenerates fixtures/compat/ (datasets written by py-lmdb the way folder2lmdb scripts do).
+# Regenerates fixtures/compat/ (datasets written by py-lmdb, h5py and tfrecord; see the script).
 compat-fixtures: pyenv
 	$(PYENV)/bin/python scripts/make_compat_fixtures.py
 

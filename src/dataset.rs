@@ -42,8 +42,12 @@ pub enum PayloadKind {
 pub enum FormatKind {
     /// A torchvision-style ImageFolder tree, read file by file.
     Folder,
-    /// A single-file LMDB written by `pack-dataset imagefolder2lmdb`.
+    /// A single-file LMDB (ours, or a Python folder2lmdb one).
     Lmdb,
+    /// An HDF5 file (ours, or an h5py file in one of the common layouts).
+    Hdf5,
+    /// TFRecord shards holding `tf.train.Example` records.
+    Records,
 }
 
 impl FormatKind {
@@ -52,6 +56,8 @@ impl FormatKind {
         match self {
             FormatKind::Folder => "folder",
             FormatKind::Lmdb => "lmdb",
+            FormatKind::Hdf5 => "hdf5",
+            FormatKind::Records => "records",
         }
     }
 }
@@ -70,6 +76,41 @@ pub struct DatasetInfo {
     /// Set when images were shrunk at pack time so that their shorter side is at most this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resized_short_side: Option<u32>,
+    /// Set when this dataset is one part of a conversion split across machines
+    /// (`--num-shards/--shard-index`); `pack-dataset join` puts the parts together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub part: Option<PartInfo>,
+}
+
+/// Which part of a split conversion a dataset holds.
+///
+/// The source listing (every file of the ImageFolder tree, or every record of a source dataset)
+/// is cut into `count` contiguous ranges of nearly equal length; part `index` holds range
+/// `index` (as [`PartInfo::range`] computes it). Joining the parts in index order gives exactly the
+/// dataset an unsplit conversion would have written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartInfo {
+    /// This part's number, `0..count`.
+    pub index: usize,
+    /// How many parts the source was split into.
+    pub count: usize,
+    /// Fingerprint of the whole source listing: parts of different sources never join.
+    pub source_fingerprint: String,
+    /// Number of source items in the whole listing.
+    pub source_items: usize,
+}
+
+impl PartInfo {
+    /// The source items part `index` of `count` covers, for a listing of `items`.
+    ///
+    /// # Panics
+    /// When `count == 0` or `index >= count`.
+    pub fn range(items: usize, index: usize, count: usize) -> std::ops::Range<usize> {
+        assert!(index < count, "part {index} of {count}");
+        let start = items * index / count;
+        let end = items * (index + 1) / count;
+        start..end
+    }
 }
 
 impl DatasetInfo {

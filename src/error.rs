@@ -34,6 +34,15 @@ pub enum Error {
         source: heed::Error,
     },
 
+    /// The HDF5 library reported an error for the file at `path`.
+    #[error("{}: HDF5: {reason}", path.display())]
+    Hdf5 {
+        /// The HDF5 file.
+        path: PathBuf,
+        /// What the library said, with what we were doing.
+        reason: String,
+    },
+
     /// `path` is not a dataset this library can read, or its metadata is malformed.
     #[error("{}: not a readable dataset: {reason}", path.display())]
     NotADataset {
@@ -133,7 +142,7 @@ pub enum Error {
 
     /// Images of different sizes in one batch with no resizing transform.
     #[error(
-        "images of different sizes in one batch with no resizing transform: sample {first_index} ({first_key}) is          {}x{} but sample {index} ({key}) is {}x{}; add a Resize/crop transform",
+        "images of different sizes in one batch with no resizing transform: sample {first_index} ({first_key}) is {}x{} but sample {index} ({key}) is {}x{}; add a Resize/crop transform",
         first_size.0, first_size.1, size.0, size.1
     )]
     ShapeMismatch {
@@ -178,6 +187,13 @@ impl Error {
         Error::Lmdb {
             path: path.as_ref().to_path_buf(),
             source,
+        }
+    }
+
+    pub(crate) fn hdf5(path: impl AsRef<Path>, doing: &str, source: hdf5::Error) -> Self {
+        Error::Hdf5 {
+            path: path.as_ref().to_path_buf(),
+            reason: format!("{doing}: {source}"),
         }
     }
 

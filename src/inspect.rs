@@ -1,7 +1,6 @@
 //! What a dataset holds: `pack-dataset inspect`.
 
 use std::collections::BTreeMap;
-use std::fs;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -102,15 +101,43 @@ pub struct Inspection {
     pub rejected_at_pack: Option<usize>,
 }
 
+/// Lets an `Arc<dyn Dataset>` stand where a `Box<dyn Dataset>` is wanted.
+struct ArcDataset(std::sync::Arc<dyn Dataset>);
+
+impl Dataset for ArcDataset {
+    fn info(&self) -> &crate::dataset::DatasetInfo {
+        self.0.info()
+    }
+    fn path(&self) -> &Path {
+        self.0.path()
+    }
+    fn open_reader(&self) -> Result<Box<dyn crate::dataset::RecordReader>> {
+        self.0.open_reader()
+    }
+}
+
 /// Inspects the dataset at `path`: complete or not, classes with counts, bytes, image sizes.
 /// An interrupted pack is reported as incomplete rather than refused.
 pub fn inspect(path: impl AsRef<Path>) -> Result<Inspection> {
     let path = path.as_ref();
     let (dataset, complete, rejected_at_pack): (Box<dyn Dataset>, bool, Option<usize>) =
-        if path.is_dir() {
-            let folder = format::folder::ImageFolder::open(path)?;
-            (Box::new(folder), true, None)
+        if path.is_dir() && !path.join("data.mdb").is_file() {
+            let dataset = format::open(path)?;
+            (Box::new(ArcDataset(dataset)), true, None)
+        } else if format::hdf5::has_signature(path)
+            || format::records::is_shard_name(path)
+            || (!path.exists() && pack::partial_path(path).is_dir())
+        {
+            // Incomplete HDF5 and records outputs are refused with an error that says how to
+            // finish them.
+            let dataset = format::open(path)?;
+            (Box::new(ArcDataset(dataset)), true, None)
         } else {
+            let path = &if path.is_dir() {
+                path.join("data.mdb")
+            } else {
+                path.to_path_buf()
+            };
             let target = if !path.exists() && pack::partial_path(path).exists() {
                 pack::partial_path(path)
             } else {
@@ -201,10 +228,10 @@ pub fn inspect(path: impl AsRef<Path>) -> Result<Inspection> {
             .then((a.width, a.height).cmp(&(b.width, b.height)))
     });
     common_sizes.truncate(5);
-    let file_bytes = if path.is_dir() {
+    let file_bytes = if info.format == crate::dataset::FormatKind::Folder {
         payload_bytes
     } else {
-        fs::metadata(dataset.path()).map(|m| m.len()).unwrap_or(0)
+        pack::disk_bytes(dataset.path())
     };
     Ok(Inspection {
         path: path.to_path_buf(),

@@ -22,11 +22,13 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
-use crate::dataset::{Dataset, DatasetInfo, FormatKind, PayloadKind, RecordReader};
+use crate::dataset::{Dataset, DatasetInfo, FormatKind, PartInfo, PayloadKind, RecordReader};
 use crate::decode::{DEFAULT_MAX_PIXELS, Decoder, RawImage};
 use crate::error::{Error, IoContext as _, Result};
 use crate::format::folder::ImageFolder;
+use crate::format::hdf5::Hdf5Writer;
 use crate::format::lmdb::{self, LmdbWriter};
+use crate::format::records::{self, RecordsWriter};
 use crate::resize::{RgbResizer, short_side_size};
 
 /// Output formats `pack` can write.
@@ -34,6 +36,17 @@ use crate::resize::{RgbResizer, short_side_size};
 pub enum PackFormat {
     /// A single-file LMDB ([`crate::format::lmdb`]).
     Lmdb,
+    /// A single HDF5 file ([`crate::format::hdf5`]).
+    Hdf5,
+    /// A directory of TFRecord shards with indexes ([`crate::format::records`]).
+    Records,
+}
+
+impl PackFormat {
+    /// The format's short name (`lmdb`, `hdf5`, `records`).
+    pub fn name(self) -> &'static str {
+        format_kind(self).name()
+    }
 }
 
 /// How to pack.
@@ -58,6 +71,13 @@ pub struct PackOptions {
     pub chunk_size: usize,
     /// LMDB map size (address space reserved for the file).
     pub lmdb_map_size: usize,
+    /// Records format: close a shard once it holds this many bytes.
+    pub shard_bytes: u64,
+    /// Records format: store `label + label_base` (ImageNet TFRecords use 1).
+    pub label_base: u32,
+    /// Pack only part `.0` of `.1` of the source listing (a job array's share); see
+    /// [`PartInfo`] and [`join`].
+    pub part: Option<(usize, usize)>,
 }
 
 impl Default for PackOptions {
@@ -72,6 +92,9 @@ impl Default for PackOptions {
             threads: None,
             chunk_size: 256,
             lmdb_map_size: lmdb::DEFAULT_MAP_SIZE,
+            shard_bytes: records::DEFAULT_SHARD_BYTES,
+            label_base: 0,
+            part: None,
         }
     }
 }
@@ -101,6 +124,9 @@ pub struct PackPlan {
     pub resize_short_side: Option<u32>,
     /// JPEG quality for re-encoded images.
     pub quality: u8,
+    /// The part of a split conversion this output holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub part: Option<PartInfo>,
 }
 
 impl PackPlan {
@@ -112,6 +138,7 @@ impl PackPlan {
             num_samples,
             payload: self.payload,
             resized_short_side: self.resize_short_side,
+            part: self.part.clone(),
         }
     }
 
@@ -131,7 +158,7 @@ impl PackPlan {
             ));
         }
         if self != new {
-            return mismatch("it was started with other options (--raw/--resize/--quality); use the same ones, or --force".into());
+            return mismatch("it was started with other options (--raw/--resize/--quality/--shard-index); use the same ones, or --force".into());
         }
         Ok(())
     }
@@ -296,6 +323,38 @@ pub fn publish(partial: &Path, out: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Replaces `path` with `bytes` atomically: writes `PATH.tmp`, syncs it, renames it over `path`.
+pub(crate) fn write_file_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    {
+        use std::io::Write as _;
+        let mut file = fs::File::create(&tmp).at(&tmp)?;
+        file.write_all(bytes).at(&tmp)?;
+        file.sync_all().at(&tmp)?;
+    }
+    fs::rename(&tmp, path).at(path)
+}
+
+/// Bytes a dataset takes: a file's length, or the total of the files in a directory (record
+/// shards, indexes and manifest).
+pub fn disk_bytes(path: &Path) -> u64 {
+    match fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => fs::read_dir(path)
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok()?.metadata().ok())
+                    .filter(|m| m.is_file())
+                    .map(|m| m.len())
+                    .sum()
+            })
+            .unwrap_or(0),
+        Ok(meta) => meta.len(),
+        Err(_) => 0,
+    }
+}
+
 /// Lower-case hex of a digest.
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -320,21 +379,44 @@ fn fingerprint(folder: &ImageFolder) -> Result<String> {
 enum Source<'a> {
     Folder(&'a ImageFolder),
     Records(&'a dyn Dataset),
+    /// The parts of a split conversion, in part order; their payloads were checked when the
+    /// parts were packed and are copied as they are.
+    Joined(&'a JoinedParts),
 }
 
 impl Source<'_> {
-    fn len(&self) -> usize {
+    /// The records of a dataset-backed source.
+    fn dataset(&self) -> Option<&dyn Dataset> {
         match self {
-            Source::Folder(f) => f.len(),
-            Source::Records(d) => d.len(),
+            Source::Folder(_) => None,
+            Source::Records(d) => Some(*d),
+            Source::Joined(j) => Some(*j),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match (self, self.dataset()) {
+            (Source::Folder(f), _) => f.len(),
+            (_, Some(d)) => d.len(),
+            _ => unreachable!("a non-folder source has a dataset"),
         }
     }
 
     fn classes(&self) -> &[String] {
-        match self {
-            Source::Folder(f) => f.classes(),
-            Source::Records(d) => d.classes(),
+        match (self, self.dataset()) {
+            (Source::Folder(f), _) => f.classes(),
+            (_, Some(d)) => d.classes(),
+            _ => unreachable!("a non-folder source has a dataset"),
         }
+    }
+
+    fn payload(&self) -> PayloadKind {
+        self.dataset()
+            .map_or(PayloadKind::Encoded, |d| d.info().payload)
+    }
+
+    fn resized_short_side(&self) -> Option<u32> {
+        self.dataset().and_then(|d| d.info().resized_short_side)
     }
 
     /// What changes when the source does: the listing for a tree; path, size, modification
@@ -342,6 +424,13 @@ impl Source<'_> {
     fn fingerprint(&self) -> Result<String> {
         match self {
             Source::Folder(f) => fingerprint(f),
+            Source::Joined(j) => {
+                let mut hasher = Sha256::new();
+                for part in &j.parts {
+                    hasher.update(Source::Records(part.as_ref()).fingerprint()?.as_bytes());
+                }
+                Ok(hex(&hasher.finalize()))
+            }
             Source::Records(d) => {
                 let meta = fs::metadata(d.path()).at(d.path())?;
                 let mut hasher = Sha256::new();
@@ -365,11 +454,12 @@ impl Source<'_> {
 
     /// Where a rejected item lives, for strict mode's error.
     fn locate(&self, index: usize, key: &str) -> PathBuf {
-        match self {
-            Source::Folder(f) => f.file_path(index),
-            Source::Records(d) => {
+        match (self, self.dataset()) {
+            (Source::Folder(f), _) => f.file_path(index),
+            (_, Some(d)) => {
                 PathBuf::from(format!("{}: record {index} ({key})", d.path().display()))
             }
+            _ => unreachable!("a non-folder source has a dataset"),
         }
     }
 }
@@ -410,7 +500,8 @@ impl PackWorker {
                     Err(e) => Err((entry.key.clone(), format!("cannot read: {e}"))),
                 }
             }
-            Source::Records(dataset) => {
+            Source::Records(_) | Source::Joined(_) => {
+                let dataset = source.dataset().expect("a dataset-backed source");
                 let reader = match &mut self.reader {
                     Some(reader) => reader,
                     slot @ None => match dataset.open_reader() {
@@ -431,6 +522,9 @@ impl PackWorker {
     /// Fetches and checks one item; returns what to store, or the rejection.
     fn prepare(&mut self, source: &Source<'_>, index: usize, options: &PackOptions) -> Fetched {
         let (key, label, bytes) = self.fetch(source, index)?;
+        if let Source::Joined(_) = source {
+            return Ok((key, label, bytes));
+        }
         match self.prepare_bytes(bytes, options) {
             Ok(payload) => Ok((key, label, payload)),
             Err(reason) => Err((key, reason)),
@@ -533,7 +627,30 @@ pub fn convert(
     options: &PackOptions,
     observer: &dyn PackObserver,
 ) -> Result<PackSummary> {
-    if source.is_dir() && !source.join("data.mdb").is_file() {
+    convert_with(
+        source,
+        out,
+        format,
+        options,
+        &crate::format::OpenOptions::default(),
+        observer,
+    )
+}
+
+/// [`convert`], with options for reading a source other tools wrote (h5py dataset names,
+/// TFRecord label base).
+pub fn convert_with(
+    source: &Path,
+    out: &Path,
+    format: PackFormat,
+    options: &PackOptions,
+    input: &crate::format::OpenOptions,
+    observer: &dyn PackObserver,
+) -> Result<PackSummary> {
+    if source.is_dir()
+        && !source.join("data.mdb").is_file()
+        && !crate::format::records::looks_like_records(source)
+    {
         return pack_image_folder(source, out, format, options, observer);
     }
     let same = |a: &Path, b: &Path| {
@@ -548,7 +665,7 @@ pub fn convert(
             hint: "is the source itself; write the converted dataset elsewhere".into(),
         });
     }
-    let dataset = crate::format::open(source)?;
+    let dataset = crate::format::open_with(source, input)?;
     pack_source(
         &Source::Records(dataset.as_ref()),
         source,
@@ -568,17 +685,39 @@ fn pack_source(
     observer: &dyn PackObserver,
 ) -> Result<PackSummary> {
     let started = Instant::now();
+    let part = match options.part {
+        None => None,
+        Some((index, count)) => {
+            if count == 0 || index >= count {
+                return Err(Error::Config(format!(
+                    "--shard-index {index} must be below --num-shards {count}"
+                )));
+            }
+            Some(PartInfo {
+                index,
+                count,
+                source_fingerprint: items.fingerprint()?,
+                source_items: items.len(),
+            })
+        }
+    };
+    let range = match &part {
+        Some(p) => PartInfo::range(items.len(), p.index, p.count),
+        None => 0..items.len(),
+    };
+    let source_raw = items.payload() == PayloadKind::RawRgb8;
     let plan = PackPlan {
         source_fingerprint: items.fingerprint()?,
-        num_sources: items.len(),
+        num_sources: range.len(),
         classes: items.classes().to_vec(),
-        payload: if options.raw {
+        payload: if options.raw || (source_raw && options.resize_short_side.is_none()) {
             PayloadKind::RawRgb8
         } else {
             PayloadKind::Encoded
         },
-        resize_short_side: options.resize_short_side,
+        resize_short_side: items.resized_short_side().or(options.resize_short_side),
         quality: options.quality,
+        part,
     };
     let (sink, mut progress): (Box<dyn PackSink>, PackProgress) = match format {
         PackFormat::Lmdb => {
@@ -586,16 +725,30 @@ fn pack_source(
                 LmdbWriter::start(out, &plan, options.mode, options.lmdb_map_size)?;
             (Box::new(writer), progress)
         }
+        PackFormat::Hdf5 => {
+            let (writer, progress) = Hdf5Writer::start(out, &plan, options.mode)?;
+            (Box::new(writer), progress)
+        }
+        PackFormat::Records => {
+            let (writer, progress) = RecordsWriter::start(
+                out,
+                &plan,
+                options.mode,
+                options.shard_bytes,
+                options.label_base,
+            )?;
+            (Box::new(writer), progress)
+        }
     };
     let resumed_from = progress.sources_done;
-    observer.started(items.len(), resumed_from);
+    observer.started(range.len(), resumed_from);
 
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(options.threads.unwrap_or(0))
         .thread_name(|i| format!("pack-{i}"))
         .build()
         .map_err(|e| Error::io(source, std::io::Error::other(e)))?;
-    let todo: Vec<usize> = (resumed_from..items.len()).collect();
+    let todo: Vec<usize> = (range.start + resumed_from..range.end).collect();
     let chunk_size = options.chunk_size.max(1);
     let (sender, receiver) = crossbeam_channel::bounded::<Vec<Fetched>>(1);
 
@@ -672,14 +825,14 @@ fn pack_source(
         sink.abandon();
         return Err(Error::BadImageFolder {
             path: source.to_path_buf(),
-            reason: format!("all {} files were rejected; nothing to pack", items.len()),
+            reason: format!("all {} files were rejected; nothing to pack", range.len()),
         });
     }
     let info = plan.dataset_info(format_kind(format), progress.samples_written);
     sink.finish(&info, &progress)?;
 
     let seconds = started.elapsed().as_secs_f64();
-    let processed = items.len() - resumed_from;
+    let processed = range.len() - resumed_from;
     let summary = PackSummary {
         source: source.to_path_buf(),
         output: out.to_path_buf(),
@@ -687,11 +840,11 @@ fn pack_source(
         samples: progress.samples_written,
         classes: plan.classes.len(),
         payload_bytes: progress.payload_bytes,
-        file_bytes: fs::metadata(out).map(|m| m.len()).unwrap_or(0),
+        file_bytes: disk_bytes(out),
         rejected: progress.rejected,
         skipped_non_images: match items {
             Source::Folder(f) => f.skipped_files(),
-            Source::Records(_) => 0,
+            Source::Records(_) | Source::Joined(_) => 0,
         },
         resumed_from,
         seconds,
@@ -709,5 +862,160 @@ fn pack_source(
 fn format_kind(format: PackFormat) -> FormatKind {
     match format {
         PackFormat::Lmdb => FormatKind::Lmdb,
+        PackFormat::Hdf5 => FormatKind::Hdf5,
+        PackFormat::Records => FormatKind::Records,
     }
+}
+
+/// The parts of a split conversion, checked to belong together and read as one dataset.
+pub struct JoinedParts {
+    parts: Vec<std::sync::Arc<dyn Dataset>>,
+    /// Index of each part's first record; a final entry holds the total.
+    starts: Vec<usize>,
+    info: DatasetInfo,
+    path: PathBuf,
+}
+
+impl JoinedParts {
+    /// Opens `paths` (in any order) and checks that they are all the parts of one split
+    /// conversion: each part exactly once, the same source fingerprint, classes and payload.
+    pub fn open(paths: &[PathBuf]) -> Result<JoinedParts> {
+        let first = paths.first().ok_or_else(|| {
+            Error::Config("join needs the parts of a split conversion; none were given".into())
+        })?;
+        let mut parts: Vec<(PartInfo, std::sync::Arc<dyn Dataset>)> = Vec::new();
+        for path in paths {
+            let dataset = crate::format::open(path)?;
+            let part = dataset.info().part.clone().ok_or_else(|| {
+                Error::not_a_dataset(
+                    path,
+                    "not a part of a split conversion (packed without --num-shards/--shard-index)",
+                )
+            })?;
+            parts.push((part, dataset));
+        }
+        parts.sort_by_key(|(part, _)| part.index);
+        let (reference, reference_set) = (&parts[0].0, &parts[0].1);
+        let mismatch = |path: &Path, what: &str| {
+            Err(Error::not_a_dataset(
+                path,
+                format!(
+                    "{what} differs from {}'s: parts of different conversions",
+                    reference_set.path().display()
+                ),
+            ))
+        };
+        for (part, dataset) in &parts[1..] {
+            let path = dataset.path();
+            if part.source_fingerprint != reference.source_fingerprint
+                || part.count != reference.count
+            {
+                return mismatch(path, "the source listing or the number of parts");
+            }
+            if dataset.classes() != reference_set.classes() {
+                return mismatch(path, "the class list");
+            }
+            if dataset.info().payload != reference_set.info().payload
+                || dataset.info().resized_short_side != reference_set.info().resized_short_side
+            {
+                return mismatch(path, "the payload kind (--raw/--resize)");
+            }
+        }
+        let have: Vec<usize> = parts.iter().map(|(p, _)| p.index).collect();
+        let want: Vec<usize> = (0..reference.count).collect();
+        if have != want {
+            let missing: Vec<String> = want
+                .iter()
+                .filter(|i| !have.contains(i))
+                .map(|i| i.to_string())
+                .collect();
+            let dupes: Vec<String> = have
+                .windows(2)
+                .filter(|w| w[0] == w[1])
+                .map(|w| w[0].to_string())
+                .collect();
+            return Err(Error::Config(format!(
+                "join needs parts 0..{} exactly once; missing: [{}], given twice: [{}]",
+                reference.count,
+                missing.join(", "),
+                dupes.join(", ")
+            )));
+        }
+        let mut starts = vec![0];
+        for (_, dataset) in &parts {
+            starts.push(starts.last().expect("non-empty") + dataset.len());
+        }
+        let mut info = reference_set.info().clone();
+        info.num_samples = *starts.last().expect("non-empty");
+        info.part = None;
+        Ok(JoinedParts {
+            parts: parts.into_iter().map(|(_, d)| d).collect(),
+            starts,
+            info,
+            path: first.clone(),
+        })
+    }
+}
+
+impl Dataset for JoinedParts {
+    fn info(&self) -> &DatasetInfo {
+        &self.info
+    }
+
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn open_reader(&self) -> Result<Box<dyn RecordReader>> {
+        Ok(Box::new(JoinedReader {
+            readers: self
+                .parts
+                .iter()
+                .map(|p| crate::dataset::LazyReader::new(std::sync::Arc::clone(p)))
+                .collect(),
+            starts: self.starts.clone(),
+        }))
+    }
+}
+
+struct JoinedReader {
+    readers: Vec<crate::dataset::LazyReader>,
+    starts: Vec<usize>,
+}
+
+impl RecordReader for JoinedReader {
+    fn read(&mut self, index: usize) -> Result<crate::dataset::Record<'_>> {
+        let part = self.starts.partition_point(|&s| s <= index) - 1;
+        let mut record = self.readers[part].read(index - self.starts[part])?;
+        record.index = index;
+        Ok(record)
+    }
+}
+
+/// Joins the parts of a split conversion (`--num-shards N --shard-index i` runs, in any order)
+/// into one dataset at `out`, identical to what an unsplit conversion would have written.
+/// Payloads are copied without being decoded again (each part checked its own when packed);
+/// `options` supplies the output side (resume/force, threads, shard size, label base).
+pub fn join(
+    parts: &[PathBuf],
+    out: &Path,
+    format: PackFormat,
+    options: &PackOptions,
+    observer: &dyn PackObserver,
+) -> Result<PackSummary> {
+    let joined = JoinedParts::open(parts)?;
+    if options.raw || options.resize_short_side.is_some() || options.part.is_some() {
+        return Err(Error::Config(
+            "join copies the parts as they are: --raw, --resize and --shard-index do not apply"
+                .into(),
+        ));
+    }
+    pack_source(
+        &Source::Joined(&joined),
+        &joined.path.clone(),
+        out,
+        format,
+        options,
+        observer,
+    )
 }

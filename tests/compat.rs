@@ -7,6 +7,7 @@ use std::fs;
 use std::path::Path;
 use std::process::Command;
 
+use imagefeed::dataset::Dataset as _;
 use imagefeed::format;
 use imagefeed::format::folder::ImageFolder;
 use imagefeed::loader::{BadSamplePolicy, Loader, LoaderConfig};
@@ -201,4 +202,257 @@ fn convert_rewrites_a_python_lmdb_into_ours() {
     )
     .unwrap_err();
     assert!(err.to_string().contains("is the source itself"), "{err}");
+}
+
+/// The fixture tree's image files (broken ones included) as (relative key, label, bytes), in
+/// ImageFolder order: what the Python scripts wrote into the h5py and tfrecord fixtures.
+fn fixture_files() -> Vec<(String, u32, Vec<u8>)> {
+    let source = ImageFolder::open(fixture_root()).unwrap();
+    source
+        .entries()
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            (
+                e.key.clone(),
+                e.label,
+                fs::read(source.file_path(i)).unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn h5py_variable_length_files_read_like_their_source_tree() {
+    let dataset = format::open(compat("h5py-vlen.h5")).unwrap();
+    let expected = fixture_files();
+    assert_eq!(dataset.len(), expected.len());
+    // Class names come from the root `classes` attribute h5py wrote.
+    assert_eq!(dataset.classes(), ["class00", "class01", "class02"]);
+    let got = records(dataset.as_ref());
+    for (i, ((key, label, payload), (_, want_label, want_payload))) in
+        got.iter().zip(&expected).enumerate()
+    {
+        assert_eq!(key, &format!("images[{i}]"));
+        assert_eq!((label, payload), (want_label, want_payload), "sample {i}");
+    }
+}
+
+/// The pixel formula the fixture script used.
+fn fixture_pixel(i: usize, y: usize, x: usize, c: usize) -> u8 {
+    ((i * 7 + y * 3 + x * 5 + c) % 256) as u8
+}
+
+#[test]
+fn h5py_pixel_arrays_read_as_raw_images_chunked_or_contiguous() {
+    use imagefeed::decode::RawImage;
+    use imagefeed::format::hdf5::{Hdf5, Hdf5Names};
+    // Chunked + gzip, RGB, custom dataset names, int32 labels: read through the library.
+    let names = Hdf5Names {
+        images: "pixels".into(),
+        labels: "targets".into(),
+    };
+    let rgb = Hdf5::open_with(compat("h5py-pixels.h5"), &names).unwrap();
+    assert_eq!(rgb.len(), 6);
+    assert_eq!(rgb.classes(), ["0", "1", "2"]);
+    let rows = records(&rgb);
+    for (i, (_, label, payload)) in rows.iter().enumerate() {
+        assert_eq!(*label as usize, i % 3);
+        let (w, h, pixels) = RawImage::parse(payload).unwrap();
+        assert_eq!((w, h), (4, 5));
+        let want: Vec<u8> = (0..5)
+            .flat_map(|y| (0..4).flat_map(move |x| (0..3).map(move |c| fixture_pixel(i, y, x, c))))
+            .collect();
+        assert_eq!(pixels, want, "sample {i}");
+    }
+    // Contiguous grey N×H×W with uint8 labels: read with pread, grey replicated to RGB.
+    let gray = format::open(compat("h5py-gray.h5")).unwrap();
+    let rows = records(gray.as_ref());
+    assert_eq!(rows.iter().map(|r| r.1).collect::<Vec<_>>(), [1, 0, 1, 0]);
+    let (w, h, pixels) = RawImage::parse(&rows[3].2).unwrap();
+    assert_eq!((w, h), (2, 3));
+    let want: Vec<u8> = (0..3)
+        .flat_map(|y| (0..2).flat_map(move |x| [fixture_pixel(3, y, x, 0); 3]))
+        .collect();
+    assert_eq!(pixels, want);
+    // Wrong names are a clear error listing what the file has.
+    let err = format::open(compat("h5py-pixels.h5"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("h5py-pixels.h5") && err.contains("pixels, targets"),
+        "{err}"
+    );
+}
+
+#[test]
+fn tfrecord_shards_without_an_index_get_one_and_read_like_their_source() {
+    use imagefeed::format::records::{Records, RecordsOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let shards = dir.path().join("tfrecord");
+    support::copy_tree(&compat("tfrecord"), &shards);
+    let options = RecordsOptions {
+        label_base: Some(1),
+        num_classes: None,
+    };
+    let dataset = Records::open_with(&shards, &options).unwrap();
+    assert_eq!(dataset.notices().len(), 2, "{:?}", dataset.notices());
+    assert!(dataset.notices()[0].contains("no index; built one by scanning"));
+    assert!(shards.join("train-00000-of-00002.index").is_file());
+    let expected = fixture_files();
+    assert_eq!(records(&dataset), expected);
+    assert_eq!(dataset.classes(), ["0", "1", "2"]);
+    // The second open uses the saved indexes and says nothing.
+    let again = Records::open_with(&shards, &options).unwrap();
+    assert!(again.notices().is_empty());
+    assert_eq!(records(&again), expected);
+    // With label base 0 the ImageNet-style labels are one higher (and class 0 is unused).
+    let base0 = Records::open(&shards).unwrap();
+    assert_eq!(base0.classes().len(), 4);
+    assert_eq!(records(&base0)[0].1, expected[0].1 + 1);
+}
+
+fn python_with(modules: &str) -> Option<String> {
+    let python = std::env::var("IMAGEFEED_PYTHON").unwrap_or_else(|_| "python3".into());
+    match Command::new(&python)
+        .args(["-c", &format!("import {modules}")])
+        .output()
+    {
+        Ok(o) if o.status.success() => Some(python),
+        Ok(_) => {
+            eprintln!(
+                "SKIPPED: {python} lacks one of {modules} (make test installs them into .venv)"
+            );
+            None
+        }
+        Err(e) => {
+            eprintln!("SKIPPED: no Python ({python}: {e})");
+            None
+        }
+    }
+}
+
+/// Runs a Python script that prints "key label payload-hex" lines and parses them.
+fn python_rows(python: &str, script: &str, args: &[&Path]) -> Vec<(String, u32, Vec<u8>)> {
+    let output = Command::new(python)
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut parts = l.split(' ');
+            let key = parts.next().unwrap().to_string();
+            let label = parts.next().unwrap().parse().unwrap();
+            let hex = parts.next().unwrap();
+            let bytes = (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+                .collect();
+            (key, label, bytes)
+        })
+        .collect()
+}
+
+#[test]
+fn h5py_reads_our_hdf5_as_the_readme_documents() {
+    let Some(python) = python_with("h5py") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("ours.h5");
+    support::pack_as(
+        &fixture_root(),
+        &out,
+        imagefeed::pack::PackFormat::Hdf5,
+        &small_options(),
+    );
+    let script = r#"
+import h5py, json, sys
+with h5py.File(sys.argv[1], "r") as f:
+    info = json.loads(f.attrs["imagefeed"])
+    assert list(f.attrs["classes"]) == info["classes"], "classes attribute"
+    o = f["offsets"]
+    for i in range(len(f["labels"])):
+        image_bytes = f["images"][o[i]:o[i + 1]].tobytes()
+        label = int(f["labels"][i])
+        print(f["keys"][i].decode(), label, image_bytes.hex())
+"#;
+    assert_eq!(
+        python_rows(&python, script, &[&out]),
+        fixture_records_without_broken()
+    );
+}
+
+#[test]
+fn the_tfrecord_package_reads_our_shards_with_and_without_the_index() {
+    let Some(python) = python_with("tfrecord") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("ours.records");
+    support::pack_as(
+        &fixture_root(),
+        &out,
+        imagefeed::pack::PackFormat::Records,
+        &imagefeed::pack::PackOptions {
+            shard_bytes: 20_000,
+            label_base: 1,
+            ..small_options()
+        },
+    );
+    // Every shard through tfrecord_loader, once through its index's offsets and once read
+    // sequentially; labels are stored with base 1.
+    let script = r#"
+import json, os, sys
+from tfrecord.reader import tfrecord_loader
+d = sys.argv[1]
+manifest = json.load(open(os.path.join(d, "imagefeed-records.json")))
+desc = {"image/encoded": "byte", "image/class/label": "int", "image/filename": "byte",
+        "image/height": "int", "image/width": "int", "image/format": "byte"}
+def read(shard, index, split):
+    if index is None:
+        yield from tfrecord_loader(shard, None, desc)
+    else:  # the index's offsets, read as two halves (without `shard` it starts at random)
+        for half in range(split):
+            yield from tfrecord_loader(shard, index, desc, shard=(half, split))
+for use_index in (True, False):
+    for shard in manifest["shards"]:
+        index = os.path.join(d, shard["index"]) if use_index else None
+        for r in read(os.path.join(d, shard["file"]), index, 2):
+            assert r["image/height"][0] > 0 and r["image/width"][0] > 0
+            assert r["image/format"] in (b"JPEG", b"PNG"), r["image/format"]
+            print(r["image/filename"].decode(), int(r["image/class/label"][0]) - 1,
+                  r["image/encoded"].tobytes().hex() if hasattr(r["image/encoded"], "tobytes")
+                  else bytes(r["image/encoded"]).hex())
+"#;
+    let rows = python_rows(&python, script, &[&out]);
+    let expected = fixture_records_without_broken();
+    let keys = |rows: &[(String, u32, Vec<u8>)]| -> Vec<(String, u32)> {
+        rows.iter().map(|r| (r.0.clone(), r.1)).collect()
+    };
+    assert_eq!(rows.len(), 2 * expected.len(), "{:?}", keys(&rows));
+    let (indexed, sequential) = rows.split_at(expected.len());
+    assert_eq!(keys(indexed), keys(&expected), "with the index");
+    assert!(indexed == &expected[..], "with the index: payloads differ");
+    assert!(sequential == &expected[..], "without the index: differ");
+    let shards = fs::read_dir(&out)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "tfrecord")
+        })
+        .count();
+    assert!(shards >= 2, "only {shards} shard of 20 kB");
 }

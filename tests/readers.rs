@@ -1,6 +1,7 @@
-//! One reader suite run over every backend: the raw folder, LMDB with encoded payloads and LMDB
-//! with raw pixels must present the same samples (keys, labels, pixels), per worker handle, from
-//! any number of threads. Then the backend-specific error paths.
+//! One reader suite run over every backend: the raw folder, LMDB, HDF5 and record shards, each
+//! with encoded payloads and with raw pixels, and a dataset joined from the parts of a split
+//! conversion, must present the same samples (keys, labels, pixels), per worker handle, from any
+//! number of threads. Then the error paths every packed format shares.
 
 mod support;
 
@@ -11,10 +12,15 @@ use std::sync::Arc;
 use imagefeed::dataset::{Dataset, LazyReader, PayloadKind};
 use imagefeed::decode::Decoder;
 use imagefeed::format::folder::ImageFolder;
+use imagefeed::format::hdf5::Hdf5Writer;
 use imagefeed::format::lmdb::{Lmdb, LmdbWriter};
-use imagefeed::pack::{PackOptions, PackPlan, PackProgress, PackSink, PackedRecord, StartMode};
+use imagefeed::format::records::RecordsWriter;
+use imagefeed::pack::{
+    self, NoProgress, PackFormat, PackOptions, PackPlan, PackProgress, PackSink, PackedRecord,
+    StartMode,
+};
 use imagefeed::{Error, format};
-use support::{BROKEN, copy_tree, fixture_root, pack_lmdb, small_options};
+use support::{BROKEN, copy_tree, fixture_root, pack_as, pack_lmdb, small_options};
 
 /// A copy of the fixture tree without the broken files, so every backend holds the same samples.
 fn clean_tree(dir: &Path) -> std::path::PathBuf {
@@ -30,18 +36,74 @@ fn clean_tree(dir: &Path) -> std::path::PathBuf {
 fn backends(dir: &Path) -> Vec<(&'static str, Arc<dyn Dataset>)> {
     let src = clean_tree(dir);
     pack_lmdb(&src, &dir.join("encoded.lmdb"), &small_options());
-    pack_lmdb(
+    let raw = PackOptions {
+        raw: true,
+        ..small_options()
+    };
+    // Small shards, so samples span several of them.
+    let sharded = PackOptions {
+        shard_bytes: 8 << 10,
+        ..small_options()
+    };
+    pack_lmdb(&src, &dir.join("raw.lmdb"), &raw);
+    pack_as(
         &src,
-        &dir.join("raw.lmdb"),
+        &dir.join("encoded.h5"),
+        PackFormat::Hdf5,
+        &small_options(),
+    );
+    pack_as(&src, &dir.join("raw.h5"), PackFormat::Hdf5, &raw);
+    pack_as(
+        &src,
+        &dir.join("encoded.records"),
+        PackFormat::Records,
+        &sharded,
+    );
+    pack_as(
+        &src,
+        &dir.join("raw.records"),
+        PackFormat::Records,
         &PackOptions {
             raw: true,
-            ..small_options()
+            ..sharded
         },
     );
+    // Three parts of a split conversion (written out of order), joined into one HDF5 file.
+    let parts: Vec<std::path::PathBuf> = [2, 0, 1]
+        .iter()
+        .map(|&i| {
+            let part = dir.join(format!("part{i}.records"));
+            let options = PackOptions {
+                part: Some((i, 3)),
+                ..small_options()
+            };
+            pack_as(&src, &part, PackFormat::Records, &options);
+            part
+        })
+        .collect();
+    pack::join(
+        &parts,
+        &dir.join("joined.h5"),
+        PackFormat::Hdf5,
+        &small_options(),
+        &NoProgress,
+    )
+    .unwrap();
     vec![
         ("folder", format::open(&src).unwrap()),
         ("lmdb", format::open(dir.join("encoded.lmdb")).unwrap()),
         ("lmdb-raw", format::open(dir.join("raw.lmdb")).unwrap()),
+        ("hdf5", format::open(dir.join("encoded.h5")).unwrap()),
+        ("hdf5-raw", format::open(dir.join("raw.h5")).unwrap()),
+        (
+            "records",
+            format::open(dir.join("encoded.records")).unwrap(),
+        ),
+        (
+            "records-raw",
+            format::open(dir.join("raw.records")).unwrap(),
+        ),
+        ("hdf5-joined", format::open(dir.join("joined.h5")).unwrap()),
     ]
 }
 
@@ -88,7 +150,14 @@ fn every_backend_presents_the_same_samples() {
             "{name}: decoded pixels differ from the folder's"
         );
     }
-    assert_eq!(backends[2].1.info().payload, PayloadKind::RawRgb8);
+    for (name, dataset) in &backends {
+        let raw = name.ends_with("-raw");
+        assert_eq!(
+            dataset.info().payload == PayloadKind::RawRgb8,
+            raw,
+            "{name}: payload kind"
+        );
+    }
 }
 
 #[test]
@@ -163,8 +232,8 @@ fn the_same_lmdb_can_be_opened_twice_in_one_process() {
     assert_eq!(Lmdb::open(&path).unwrap().len(), 16);
 }
 
-/// Writes an LMDB by hand through the writer interface, with whatever records we like.
-fn write_lmdb(path: &Path, classes: &[&str], records: &[PackedRecord<'_>]) {
+/// Writes a dataset by hand through a format's writer interface, with whatever records we like.
+fn write_with(format: PackFormat, path: &Path, classes: &[&str], records: &[PackedRecord<'_>]) {
     let plan = PackPlan {
         source_fingerprint: "test".into(),
         num_sources: records.len(),
@@ -172,47 +241,74 @@ fn write_lmdb(path: &Path, classes: &[&str], records: &[PackedRecord<'_>]) {
         payload: PayloadKind::Encoded,
         resize_short_side: None,
         quality: 90,
+        part: None,
     };
-    let (mut writer, _) = LmdbWriter::start(path, &plan, StartMode::default(), 16 << 20).unwrap();
+    let mode = StartMode::default();
+    let mut writer: Box<dyn PackSink> = match format {
+        PackFormat::Lmdb => Box::new(LmdbWriter::start(path, &plan, mode, 16 << 20).unwrap().0),
+        PackFormat::Hdf5 => Box::new(Hdf5Writer::start(path, &plan, mode).unwrap().0),
+        PackFormat::Records => Box::new(
+            RecordsWriter::start(path, &plan, mode, 1 << 20, 0)
+                .unwrap()
+                .0,
+        ),
+    };
     let progress = PackProgress {
         sources_done: records.len(),
         samples_written: records.len(),
         ..PackProgress::default()
     };
     writer.write_chunk(records, &progress).unwrap();
-    let info = plan.dataset_info(imagefeed::dataset::FormatKind::Lmdb, records.len());
-    Box::new(writer).finish(&info, &progress).unwrap();
+    let kind = match format {
+        PackFormat::Lmdb => imagefeed::dataset::FormatKind::Lmdb,
+        PackFormat::Hdf5 => imagefeed::dataset::FormatKind::Hdf5,
+        PackFormat::Records => imagefeed::dataset::FormatKind::Records,
+    };
+    writer
+        .finish(&plan.dataset_info(kind, records.len()), &progress)
+        .unwrap();
+}
+
+fn write_lmdb(path: &Path, classes: &[&str], records: &[PackedRecord<'_>]) {
+    write_with(PackFormat::Lmdb, path, classes, records);
 }
 
 #[test]
 fn label_out_of_range_is_an_error_naming_the_record() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("bad-label.lmdb");
     let jpeg = fs::read(fixture_root().join("class00/img00000.jpg")).unwrap();
     let record = |label, key| PackedRecord {
         label,
         key,
         payload: &jpeg,
     };
-    write_lmdb(
-        &path,
-        &["a", "b", "c"],
-        &[record(2, "c/ok.jpg"), record(7, "c/bad.jpg")],
-    );
-    let dataset = Lmdb::open(&path).unwrap();
-    let mut reader = dataset.open_reader().unwrap();
-    assert_eq!(reader.read(0).unwrap().label, 2);
-    let err = reader.read(1).unwrap_err();
-    assert!(
-        matches!(err, Error::CorruptRecord { index: 1, .. }),
-        "{err}"
-    );
-    let message = err.to_string();
-    assert!(
-        message.contains("bad-label.lmdb") && message.contains("c/bad.jpg"),
-        "{message}"
-    );
-    assert!(message.contains("label 7 is outside 0..3"), "{message}");
+    for (format, name) in [
+        (PackFormat::Lmdb, "bad-label.lmdb"),
+        (PackFormat::Hdf5, "bad-label.h5"),
+        (PackFormat::Records, "bad-label.records"),
+    ] {
+        let path = dir.path().join(name);
+        write_with(
+            format,
+            &path,
+            &["a", "b", "c"],
+            &[record(2, "c/ok.jpg"), record(7, "c/bad.jpg")],
+        );
+        let dataset = format::open(&path).unwrap();
+        let mut reader = dataset.open_reader().unwrap();
+        assert_eq!(reader.read(0).unwrap().label, 2, "{name}");
+        let err = reader.read(1).unwrap_err();
+        assert!(
+            matches!(err, Error::CorruptRecord { index: 1, .. }),
+            "{name}: {err}"
+        );
+        let message = err.to_string();
+        assert!(
+            message.contains(name) && message.contains("c/bad.jpg"),
+            "{message}"
+        );
+        assert!(message.contains("label 7 is outside 0..3"), "{message}");
+    }
 }
 
 #[test]
@@ -222,7 +318,7 @@ fn files_that_are_not_datasets_are_refused_clearly() {
     fs::write(&garbage, vec![0x42u8; 10_000]).unwrap();
     let err = format::open(&garbage).unwrap_err().to_string();
     assert!(
-        err.contains("garbage.lmdb") && err.contains("neither an ImageFolder"),
+        err.contains("garbage.lmdb") && err.contains("neither a directory"),
         "{err}"
     );
 

@@ -30,14 +30,53 @@ enum Command {
     /// Pack an ImageFolder tree (one sub-folder per class) into a single-file LMDB.
     #[command(name = "imagefolder2lmdb")]
     ImageFolder2Lmdb(PackArgs),
-    /// Rewrite any dataset imagefeed reads (an imagefeed or Python folder2lmdb LMDB, an
-    /// ImageFolder tree) into one of our formats. Takes the same options as imagefolder2lmdb.
+    /// Pack an ImageFolder tree into one HDF5 file (h5py-friendly: images, offsets, labels,
+    /// keys; see the README).
+    #[command(name = "imagefolder2hdf5")]
+    ImageFolder2Hdf5(PackArgs),
+    /// Pack an ImageFolder tree into a directory of TFRecord shards of tf.train.Example
+    /// records, each with an index (TensorFlow and the Python tfrecord package read them).
+    #[command(name = "imagefolder2records")]
+    ImageFolder2Records(PackArgs),
+    /// Rewrite any dataset imagefeed reads (an imagefeed or Python folder2lmdb LMDB, an HDF5 or
+    /// h5py file, TFRecord shards, an ImageFolder tree) into one of our formats. Takes the same
+    /// options as the imagefolder2* commands.
     Convert {
         /// Output format.
         #[arg(long, value_enum, default_value = "lmdb")]
         to: OutputFormat,
         #[command(flatten)]
+        input: InputArgs,
+        #[command(flatten)]
         args: PackArgs,
+    },
+    /// Join the parts of a split conversion (made with --num-shards N --shard-index i) into one
+    /// dataset, identical to an unsplit conversion.
+    Join {
+        /// Output format.
+        #[arg(long, value_enum, default_value = "lmdb")]
+        to: OutputFormat,
+        /// Output path.
+        #[arg(long, short)]
+        out: PathBuf,
+        /// The parts, in any order.
+        #[arg(required = true)]
+        parts: Vec<PathBuf>,
+        /// Records output: close a shard at this size (bytes; K, M, G, KiB, MiB, GiB suffixes).
+        #[arg(long, default_value = "128MiB", value_parser = parse_bytes)]
+        shard_size: u64,
+        /// Records output: store labels as class index + this (ImageNet TFRecords use 1).
+        #[arg(long, default_value_t = 0)]
+        label_base: u32,
+        /// Finish an interrupted join.
+        #[arg(long)]
+        resume: bool,
+        /// Replace an existing output.
+        #[arg(long)]
+        force: bool,
+        /// No progress bar.
+        #[arg(long, short)]
+        quiet: bool,
     },
     /// Show what a dataset holds: format, samples, classes, bytes, image sizes, completeness.
     Inspect {
@@ -81,10 +120,54 @@ enum Command {
     },
 }
 
-/// Formats `convert` writes (HDF5 and record shards are not written yet).
+/// Formats `convert` and `join` write.
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum OutputFormat {
     Lmdb,
+    Hdf5,
+    Records,
+}
+
+impl OutputFormat {
+    fn pack_format(self) -> PackFormat {
+        match self {
+            OutputFormat::Lmdb => PackFormat::Lmdb,
+            OutputFormat::Hdf5 => PackFormat::Hdf5,
+            OutputFormat::Records => PackFormat::Records,
+        }
+    }
+}
+
+/// How to read an input that other tools wrote.
+#[derive(clap::Args)]
+struct InputArgs {
+    /// h5py input: the dataset holding the images (variable-length uint8, or N×H×W×C uint8).
+    #[arg(long, default_value = "images")]
+    images_dataset: String,
+    /// h5py input: the dataset holding the labels.
+    #[arg(long, default_value = "labels")]
+    labels_dataset: String,
+    /// TFRecord input without a manifest: the smallest label (ImageNet TFRecords: 1).
+    #[arg(long)]
+    input_label_base: Option<u32>,
+    /// TFRecord input without a manifest: the number of classes (else found by a scan).
+    #[arg(long)]
+    num_classes: Option<usize>,
+}
+
+impl InputArgs {
+    fn open_options(&self) -> imagefeed::format::OpenOptions {
+        imagefeed::format::OpenOptions {
+            hdf5: imagefeed::format::hdf5::Hdf5Names {
+                images: self.images_dataset.clone(),
+                labels: self.labels_dataset.clone(),
+            },
+            records: imagefeed::format::records::RecordsOptions {
+                label_base: self.input_label_base,
+                num_classes: self.num_classes,
+            },
+        }
+    }
 }
 
 #[derive(clap::Args)]
@@ -117,6 +200,19 @@ struct PackArgs {
     /// Reject images with more pixels than this (decompression bombs).
     #[arg(long, default_value_t = imagefeed::decode::DEFAULT_MAX_PIXELS)]
     max_pixels: u64,
+    /// Split the conversion into this many parts (one per machine or job-array task); pack
+    /// only part --shard-index, then put the parts together with `pack-dataset join`.
+    #[arg(long, requires = "shard_index")]
+    num_shards: Option<usize>,
+    /// Which part to pack, 0..num-shards.
+    #[arg(long, requires = "num_shards")]
+    shard_index: Option<usize>,
+    /// Records output: close a shard at this size (bytes; K, M, G, KiB, MiB, GiB suffixes).
+    #[arg(long, default_value = "128MiB", value_parser = parse_bytes)]
+    shard_size: u64,
+    /// Records output: store labels as class index + this (ImageNet TFRecords use 1).
+    #[arg(long, default_value_t = 0)]
+    label_base: u32,
     /// No progress bar.
     #[arg(long, short)]
     quiet: bool,
@@ -148,6 +244,31 @@ fn emit(text: &str) {
     {
         eprintln!("error: writing to stdout: {e}");
     }
+}
+
+/// Parses a byte count: `1000`, `64K`, `128MiB`, `1G`, ...
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?}: expected a number of bytes, e.g. 128MiB"))?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1_000,
+        "m" | "mb" => 1_000_000,
+        "g" | "gb" => 1_000_000_000,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        other => return Err(format!("{text:?}: unknown unit {other:?}")),
+    };
+    number
+        .checked_mul(scale)
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("{text:?}: must be between 1 byte and 16 EiB"))
 }
 
 fn parse_size(text: &str) -> Result<(u32, u32), String> {
@@ -201,7 +322,24 @@ fn human_bytes(bytes: u64) -> String {
     }
 }
 
-fn pack(args: PackArgs, format: PackFormat, convert: bool) -> Result<ExitCode> {
+fn progress_bar(quiet: bool) -> Progress {
+    let bar = if quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(0)
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} files, {msg}, {per_sec}, ETA {eta}")
+            .expect("valid template"),
+    );
+    Progress { bar }
+}
+
+fn pack(
+    args: PackArgs,
+    format: PackFormat,
+    input: Option<imagefeed::format::OpenOptions>,
+) -> Result<ExitCode> {
     let options = PackOptions {
         resize_short_side: args.resize,
         quality: args.quality,
@@ -213,20 +351,21 @@ fn pack(args: PackArgs, format: PackFormat, convert: bool) -> Result<ExitCode> {
         },
         max_pixels: args.max_pixels,
         threads: args.threads,
+        shard_bytes: args.shard_size,
+        label_base: args.label_base,
+        part: args.shard_index.zip(args.num_shards),
         ..PackOptions::default()
     };
-    let bar = if args.quiet {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(0)
-    };
-    bar.set_style(
-        ProgressStyle::with_template("{bar:40} {pos}/{len} files, {msg}, {per_sec}, ETA {eta}")
-            .expect("valid template"),
-    );
-    let progress = Progress { bar };
-    let result = if convert {
-        pack::convert(&args.src_dir, &args.out, format, &options, &progress)
+    let progress = progress_bar(args.quiet);
+    let result = if let Some(input) = input {
+        pack::convert_with(
+            &args.src_dir,
+            &args.out,
+            format,
+            &options,
+            &input,
+            &progress,
+        )
     } else {
         pack::pack_image_folder(&args.src_dir, &args.out, format, &options, &progress)
     };
@@ -348,14 +487,36 @@ fn format_inspection(i: &Inspection) -> String {
 
 fn run() -> Result<ExitCode> {
     match Cli::parse().command {
-        Command::ImageFolder2Lmdb(args) => pack(args, PackFormat::Lmdb, false),
-        Command::Convert { to, args } => pack(
-            args,
-            match to {
-                OutputFormat::Lmdb => PackFormat::Lmdb,
-            },
-            true,
-        ),
+        Command::ImageFolder2Lmdb(args) => pack(args, PackFormat::Lmdb, None),
+        Command::ImageFolder2Hdf5(args) => pack(args, PackFormat::Hdf5, None),
+        Command::ImageFolder2Records(args) => pack(args, PackFormat::Records, None),
+        Command::Convert { to, input, args } => {
+            pack(args, to.pack_format(), Some(input.open_options()))
+        }
+        Command::Join {
+            to,
+            out,
+            parts,
+            shard_size,
+            label_base,
+            resume,
+            force,
+            quiet,
+        } => {
+            let options = PackOptions {
+                mode: StartMode { resume, force },
+                shard_bytes: shard_size,
+                label_base,
+                ..PackOptions::default()
+            };
+            let progress = progress_bar(quiet);
+            let result = pack::join(&parts, &out, to.pack_format(), &options, &progress);
+            progress.bar.finish_and_clear();
+            let summary = result
+                .with_context(|| format!("joining {} parts into {}", parts.len(), out.display()))?;
+            emit(&format_summary(&summary));
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Inspect { dataset, json } => {
             let inspection = imagefeed::inspect::inspect(&dataset)
                 .with_context(|| format!("inspecting {}", dataset.display()))?;

@@ -287,3 +287,82 @@ fn convert_reads_a_python_lmdb_and_writes_ours() {
         stdout(&inspected)
     );
 }
+
+#[test]
+fn hdf5_records_split_and_join_from_the_command_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixtures();
+    let h5 = dir.path().join("all.h5");
+    let recs = dir.path().join("all.records");
+    succeeded(&run(&[&"imagefolder2hdf5", &"-q", &src, &h5]));
+    succeeded(&run(&[
+        &"imagefolder2records",
+        &"-q",
+        &"--shard-size",
+        &"16KiB",
+        &"--label-base",
+        &"1",
+        &src,
+        &recs,
+    ]));
+    let shards = std::fs::read_dir(&recs)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "tfrecord")
+        })
+        .count();
+    assert!(shards >= 3, "{shards} shards");
+    // Two parts, packed as separate jobs would, then joined.
+    let parts: Vec<PathBuf> = (0..2)
+        .map(|i| {
+            let part = dir.path().join(format!("part{i}.records"));
+            let index = i.to_string();
+            succeeded(&run(&[
+                &"imagefolder2records",
+                &"-q",
+                &"--num-shards",
+                &"2",
+                &"--shard-index",
+                &index,
+                &src,
+                &part,
+            ]));
+            part
+        })
+        .collect();
+    let joined = dir.path().join("joined.h5");
+    succeeded(&run(&[
+        &"join", &"-q", &"--to", &"hdf5", &"-o", &joined, &parts[1], &parts[0],
+    ]));
+    let converted = dir.path().join("from-h5.records");
+    succeeded(&run(&[
+        &"convert", &"-q", &"--to", &"records", &h5, &converted,
+    ]));
+    for dataset in [&h5, &recs, &joined, &converted] {
+        let o = run(&[&"verify", dataset, &"--against", &src]);
+        succeeded(&o);
+        assert!(stdout(&o).contains("16 records checked"), "{}", stdout(&o));
+    }
+    let o = run(&[&"inspect", &recs]);
+    succeeded(&o);
+    assert!(
+        stdout(&o).contains("format:      records"),
+        "{}",
+        stdout(&o)
+    );
+
+    // A join with a part missing fails, names the problem, and writes nothing.
+    let never = dir.path().join("never.lmdb");
+    let o = run(&[&"join", &"-q", &"-o", &never, &parts[0]]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("missing: [1]"), "{}", stderr(&o));
+    assert!(!never.exists());
+    // --shard-index without --num-shards is a usage error.
+    let o = run(&[&"imagefolder2hdf5", &"--shard-index", &"0", &src, &never]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--num-shards"), "{}", stderr(&o));
+}

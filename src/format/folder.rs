@@ -116,6 +116,7 @@ impl ImageFolder {
             classes,
             payload: PayloadKind::Encoded,
             resized_short_side: None,
+            part: None,
         };
         Ok(ImageFolder {
             root,

@@ -775,6 +775,7 @@ fn open_folder2lmdb(path: &Path, env: &Arc<ReadEnv>, rtxn: RoTxn<'_, WithoutTls>
         num_samples: len,
         payload: crate::dataset::PayloadKind::Encoded,
         resized_short_side: None,
+        part: None,
     };
     rtxn.commit().map_err(|e| Error::lmdb(path, e))?;
     Ok(Lmdb {

@@ -4,6 +4,10 @@
 //! - [`folder`]: raw ImageFolder trees (torchvision's layout and order).
 //! - [`lmdb`]: single-file LMDB written by `pack-dataset imagefolder2lmdb`, and the LMDBs the
 //!   Python folder2lmdb scripts write (pickled `(image_bytes, label)` values).
+//! - [`hdf5`]: HDF5 written by `pack-dataset imagefolder2hdf5` (payloads read with `pread`,
+//!   outside the HDF5 lock), and h5py files with variable-length encoded images or pixel arrays.
+//! - [`records`]: TFRecord shards of `tf.train.Example` ([`example`]) with per-shard indexes,
+//!   ours or TensorFlow's.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -11,27 +15,74 @@ use std::sync::Arc;
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 
+pub mod example;
 pub mod folder;
+pub mod hdf5;
 pub mod lmdb;
 pub(crate) mod pickle;
+pub mod records;
+
+/// How to read datasets whose files do not say everything themselves (files other tools wrote).
+/// The defaults suit imagefeed's own formats.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OpenOptions {
+    /// Dataset names in an h5py file not in imagefeed's layout.
+    pub hdf5: hdf5::Hdf5Names,
+    /// Label base and class count for TFRecord shards without an imagefeed manifest.
+    pub records: records::RecordsOptions,
+}
 
 /// Opens any dataset this library reads, choosing the format from what is on disk: a directory
-/// is an ImageFolder tree, a file is a packed dataset (identified by its magic bytes).
+/// is an ImageFolder tree, a records directory or an LMDB directory; a file is identified by its
+/// magic bytes (LMDB, HDF5) or its name (a TFRecord shard).
 pub fn open(path: impl AsRef<Path>) -> Result<Arc<dyn Dataset>> {
+    open_with(path, &OpenOptions::default())
+}
+
+/// [`open`], with options for files other tools wrote.
+pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Arc<dyn Dataset>> {
     let path = path.as_ref();
+    if !path.exists() {
+        let partial = crate::pack::partial_path(path);
+        if partial.is_dir() && partial.join("index.bin").exists() {
+            return Ok(Arc::new(hdf5::Hdf5::open_with(path, &options.hdf5)?));
+        }
+        if partial.is_dir() {
+            return Ok(Arc::new(records::Records::open_with(
+                path,
+                &options.records,
+            )?));
+        }
+    }
     // An LMDB in directory form (Python's lmdb.open default): DIR/data.mdb.
     if path.is_dir() && path.join("data.mdb").is_file() {
         return Ok(Arc::new(lmdb::Lmdb::open(path.join("data.mdb"))?));
     }
+    if path.is_dir() && records::looks_like_records(path) {
+        return Ok(Arc::new(records::Records::open_with(
+            path,
+            &options.records,
+        )?));
+    }
     if path.is_dir() {
         return Ok(Arc::new(folder::ImageFolder::open(path)?));
+    }
+    if hdf5::has_signature(path) {
+        return Ok(Arc::new(hdf5::Hdf5::open_with(path, &options.hdf5)?));
+    }
+    if records::is_shard_name(path) {
+        return Ok(Arc::new(records::Records::open_with(
+            path,
+            &options.records,
+        )?));
     }
     match lmdb::Lmdb::open(path) {
         Ok(lmdb) => Ok(Arc::new(lmdb)),
         Err(Error::NotADataset { reason, .. }) if reason.contains("bad magic") => {
             Err(Error::not_a_dataset(
                 path,
-                "neither an ImageFolder directory nor a dataset file this build reads (LMDB)",
+                "neither a directory (ImageFolder tree, records shards) nor a dataset file this \
+                 build reads (LMDB, HDF5, *.tfrecord)",
             ))
         }
         Err(e) => Err(e),

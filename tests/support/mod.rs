@@ -56,6 +56,11 @@ pub fn try_pack_lmdb(
     pack::pack_image_folder(src, out, PackFormat::Lmdb, options, &NoProgress)
 }
 
+/// Packs `src` into `out` in `format`.
+pub fn pack_as(src: &Path, out: &Path, format: PackFormat, options: &PackOptions) -> PackSummary {
+    pack::pack_image_folder(src, out, format, options, &NoProgress).expect("pack succeeds")
+}
+
 /// Copies a directory tree.
 pub fn copy_tree(src: &Path, dst: &Path) {
     fs::create_dir_all(dst).unwrap();

@@ -1,0 +1,967 @@
+//! HDF5 datasets: the writer `pack-dataset imagefolder2hdf5` uses, and a reader for that layout
+//! and for the two layouts h5py users most often already have.
+//!
+//! # Layout (version 1)
+//!
+//! One HDF5 file with four datasets in the root group, all uncompressed:
+//!
+//! | name      | type                  | shape   | content                                         |
+//! |-----------|-----------------------|---------|-------------------------------------------------|
+//! | `images`  | `uint8`, contiguous   | `(B,)`  | every payload, concatenated in sample order    |
+//! | `offsets` | `uint64`              | `(N+1,)`| sample `i` is `images[offsets[i]:offsets[i+1]]` |
+//! | `labels`  | `int64`               | `(N,)`  | class index, `0 ≤ label < len(classes)`         |
+//! | `keys`    | variable-length UTF-8 | `(N,)`  | path relative to the ImageFolder root           |
+//!
+//! and two root attributes: `classes` (variable-length UTF-8 strings, indexed by label) and
+//! `imagefeed`, a JSON string `{"magic": "imagefeed-hdf5", "version": 1, "complete": true,
+//! "format": "hdf5", "classes": [...], "num_samples": N, "payload": "encoded" | "raw-rgb8", ...}`.
+//! Payloads are the original files' bytes, or with `--raw` decoded pixels
+//! (`"RGB8" | u32 LE width | u32 LE height | RGB`). h5py reads sample `i` with
+//!
+//! ```python
+//! with h5py.File("train.h5", "r") as f:
+//!     o = f["offsets"]
+//!     image_bytes = f["images"][o[i]:o[i + 1]].tobytes()
+//!     label = int(f["labels"][i])
+//! ```
+//!
+//! # Reading without the HDF5 lock
+//!
+//! Every call into libhdf5 takes one process-wide lock, so worker threads reading through the
+//! library would take turns. `images` is contiguous and unfiltered, so its bytes sit at one file
+//! offset ([`hdf5::Dataset::offset`]): the library is used once at open to read the metadata and
+//! that offset, and each worker then reads payloads with `pread` on its own file handle. The
+//! same holds for a contiguous pixel array written by h5py.
+//!
+//! # Layouts written by others
+//!
+//! Opened with [`Hdf5::open_with`] (dataset names configurable, default `images` and `labels`):
+//!
+//! - **encoded images in a variable-length dataset** (`h5py.vlen_dtype(np.uint8)`), one element
+//!   per sample: read through the library (and its lock), one element at a time.
+//! - **a fixed-shape pixel array** `N×H×W×C` (C = 1, 3 or 4) or `N×H×W` of `uint8`: contiguous
+//!   arrays are read with `pread`; chunked or compressed ones through the library. Samples come
+//!   out as raw RGB payloads (grey replicated to three channels, a fourth channel dropped).
+//!
+//! with a labels dataset of any integer type. Class names come from a `classes` attribute on the
+//! root or on the labels dataset when there is one, else they are `"0"..="max label"`.
+//!
+//! # File locks
+//!
+//! Files are opened and created with HDF5's file locking off (see `open_unlocked`): libhdf5
+//! does not open files close-on-exec, so any child process started meanwhile would inherit and
+//! hold the lock.
+//!
+//! # Crash safety
+//!
+//! A contiguous dataset cannot grow, and its size is only known once every file has been checked.
+//! The writer therefore stages payloads and an index in the directory `OUT.partial/`
+//! (`payloads.bin`, `index.bin`, and `progress.json`, which is replaced atomically after each
+//! chunk has been synced), so a killed run resumes from its last chunk. Finishing writes the HDF5
+//! file inside that directory in one sequential pass, syncs it, renames it to `OUT` and deletes
+//! the staging directory: `OUT` only ever exists complete. The cost is writing the payloads twice.
+
+use std::fs;
+use std::io::{BufReader, Read as _};
+use std::os::unix::fs::FileExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use hdf5::types::{TypeDescriptor, VarLenArray, VarLenUnicode};
+use serde::{Deserialize, Serialize};
+
+use crate::dataset::{Dataset, DatasetInfo, FormatKind, PayloadKind, Record, RecordReader};
+use crate::decode::RawImage;
+use crate::error::{Error, IoContext as _, Result};
+use crate::pack::{self, PackPlan, PackProgress, PackSink, PackedRecord, StartMode};
+
+/// The `magic` value in the `imagefeed` attribute.
+pub const MAGIC: &str = "imagefeed-hdf5";
+/// The layout version this build writes and the newest it reads.
+pub const VERSION: u32 = 1;
+/// The eight bytes every HDF5 file starts with (at offset 0 when there is no user block).
+pub const SIGNATURE: &[u8; 8] = b"\x89HDF\r\n\x1a\n";
+
+const INFO_ATTR: &str = "imagefeed";
+const CLASSES_ATTR: &str = "classes";
+const IMAGES: &str = "images";
+const OFFSETS: &str = "offsets";
+const LABELS: &str = "labels";
+const KEYS: &str = "keys";
+
+/// Bytes copied per HDF5 write when the staged payloads are moved into the file.
+const COPY_BLOCK: usize = 32 << 20;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct InfoRecord {
+    magic: String,
+    version: u32,
+    complete: bool,
+    #[serde(flatten)]
+    info: DatasetInfo,
+}
+
+/// Names of the datasets to read in an HDF5 file imagefeed did not write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hdf5Names {
+    /// The images: encoded files in a variable-length `uint8` dataset, or an `N×H×W[×C]` `uint8`
+    /// pixel array.
+    pub images: String,
+    /// The labels: an integer dataset of length `N`.
+    pub labels: String,
+}
+
+impl Default for Hdf5Names {
+    fn default() -> Self {
+        Hdf5Names {
+            images: IMAGES.into(),
+            labels: LABELS.into(),
+        }
+    }
+}
+
+/// True when `path` is a file that starts with the HDF5 signature.
+pub fn has_signature(path: &Path) -> bool {
+    let mut head = [0u8; 8];
+    fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .is_ok()
+        && &head == SIGNATURE
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writer
+// ---------------------------------------------------------------------------------------------
+
+const STAGED_PAYLOADS: &str = "payloads.bin";
+const STAGED_INDEX: &str = "index.bin";
+const STAGED_PROGRESS: &str = "progress.json";
+const STAGED_HDF5: &str = "dataset.h5";
+
+/// What `OUT.partial/progress.json` holds: enough to resume, and the staged files' lengths at
+/// the last commit (anything past them is a chunk that was in flight and is discarded).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct StagedProgress {
+    magic: String,
+    plan: PackPlan,
+    progress: PackProgress,
+    payload_bytes: u64,
+    index_bytes: u64,
+}
+
+/// Writes an HDF5 dataset: stages chunks in `OUT.partial/`, then writes `OUT` in one pass.
+pub struct Hdf5Writer {
+    partial: PathBuf,
+    out: PathBuf,
+    plan: PackPlan,
+    payloads: fs::File,
+    index: fs::File,
+    payload_bytes: u64,
+    index_bytes: u64,
+    buffer: Vec<u8>,
+}
+
+impl Hdf5Writer {
+    /// Starts (or, with `mode.resume`, continues) writing `out` for `plan`. Returns the writer and
+    /// the progress already committed; the rules for existing output are
+    /// [`LmdbWriter::start`](crate::format::lmdb::LmdbWriter::start)'s.
+    pub fn start(out: &Path, plan: &PackPlan, mode: StartMode) -> Result<(Self, PackProgress)> {
+        let partial = pack::prepare_output(out, mode)?;
+        let out = std::path::absolute(out).at(out)?;
+        let open = |name: &str, create: bool| {
+            let path = partial.join(name);
+            fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(create)
+                .truncate(false)
+                .open(&path)
+                .at(&path)
+        };
+        if !partial.exists() {
+            fs::create_dir(&partial).at(&partial)?;
+            let mut writer = Hdf5Writer {
+                payloads: open(STAGED_PAYLOADS, true)?,
+                index: open(STAGED_INDEX, true)?,
+                partial,
+                out,
+                plan: plan.clone(),
+                payload_bytes: 0,
+                index_bytes: 0,
+                buffer: Vec::new(),
+            };
+            let progress = PackProgress::default();
+            writer.save_progress(&progress)?;
+            return Ok((writer, progress));
+        }
+        let progress_path = partial.join(STAGED_PROGRESS);
+        let text = fs::read_to_string(&progress_path).map_err(|e| Error::ResumeMismatch {
+            path: partial.clone(),
+            reason: format!("not a partial imagefeed HDF5 (no readable {STAGED_PROGRESS}: {e})"),
+        })?;
+        let staged: StagedProgress =
+            serde_json::from_str(&text).map_err(|e| Error::ResumeMismatch {
+                path: progress_path.clone(),
+                reason: format!("malformed: {e}"),
+            })?;
+        staged.plan.check_resumable(plan, &partial)?;
+        let payloads = open(STAGED_PAYLOADS, false)?;
+        let index = open(STAGED_INDEX, false)?;
+        for (file, len, name) in [
+            (&payloads, staged.payload_bytes, STAGED_PAYLOADS),
+            (&index, staged.index_bytes, STAGED_INDEX),
+        ] {
+            let path = partial.join(name);
+            let have = file.metadata().at(&path)?.len();
+            if have < len {
+                return Err(Error::ResumeMismatch {
+                    path,
+                    reason: format!("{have} bytes, but {len} were committed: the file was cut"),
+                });
+            }
+            // Drop the chunk that was in flight when the run stopped.
+            file.set_len(len).at(&path)?;
+        }
+        let writer = Hdf5Writer {
+            partial,
+            out,
+            plan: staged.plan,
+            payloads,
+            index,
+            payload_bytes: staged.payload_bytes,
+            index_bytes: staged.index_bytes,
+            buffer: Vec::new(),
+        };
+        Ok((writer, staged.progress))
+    }
+
+    fn save_progress(&mut self, progress: &PackProgress) -> Result<()> {
+        let staged = StagedProgress {
+            magic: MAGIC.into(),
+            plan: self.plan.clone(),
+            progress: progress.clone(),
+            payload_bytes: self.payload_bytes,
+            index_bytes: self.index_bytes,
+        };
+        pack::write_file_atomically(
+            &self.partial.join(STAGED_PROGRESS),
+            &serde_json::to_vec(&staged).expect("progress serializes"),
+        )
+    }
+
+    /// Writes the final HDF5 file from the staged data.
+    fn write_hdf5(&mut self, path: &Path, info: &DatasetInfo) -> Result<()> {
+        let h5 = |doing: &str| {
+            let doing = doing.to_string();
+            move |e: hdf5::Error| Error::hdf5(path, &doing, e)
+        };
+        // Read the staged index back: (payload end, label, key) per sample.
+        let mut index_bytes = Vec::with_capacity(self.index_bytes as usize);
+        let index_path = self.partial.join(STAGED_INDEX);
+        (&self.index)
+            .read_to_end(&mut index_bytes)
+            .at(&index_path)?;
+        let (ends, labels, keys) =
+            parse_staged_index(&index_bytes).map_err(|reason| Error::Incomplete {
+                path: index_path.clone(),
+                reason,
+            })?;
+        if keys.len() != info.num_samples {
+            return Err(Error::Incomplete {
+                path: index_path,
+                reason: format!(
+                    "{} samples staged but {} were committed",
+                    keys.len(),
+                    info.num_samples
+                ),
+            });
+        }
+        let mut offsets = Vec::with_capacity(ends.len() + 1);
+        offsets.push(0u64);
+        offsets.extend_from_slice(&ends);
+
+        let file = hdf5::File::with_options()
+            .with_fapl(|fapl| fapl.file_locking(false))
+            .create(path)
+            .map_err(h5("creating the file"))?;
+        {
+            let images = file
+                .new_dataset::<u8>()
+                .no_chunk()
+                .shape(self.payload_bytes as usize)
+                .create(IMAGES)
+                .map_err(h5("creating the images dataset"))?;
+            let staged_path = self.partial.join(STAGED_PAYLOADS);
+            let mut staged = BufReader::with_capacity(1 << 20, &self.payloads);
+            use std::io::Seek as _;
+            staged.seek(std::io::SeekFrom::Start(0)).at(&staged_path)?;
+            self.buffer.resize(COPY_BLOCK, 0);
+            let mut done = 0usize;
+            while (done as u64) < self.payload_bytes {
+                let n = COPY_BLOCK.min(self.payload_bytes as usize - done);
+                staged.read_exact(&mut self.buffer[..n]).at(&staged_path)?;
+                images
+                    .write_slice(&self.buffer[..n], done..done + n)
+                    .map_err(h5("writing the images dataset"))?;
+                done += n;
+            }
+            self.buffer = Vec::new();
+            file.new_dataset_builder()
+                .with_data(offsets.as_slice())
+                .create(OFFSETS)
+                .map_err(h5("writing offsets"))?;
+            file.new_dataset_builder()
+                .with_data(labels.as_slice())
+                .create(LABELS)
+                .map_err(h5("writing labels"))?;
+            let keys: Vec<VarLenUnicode> = keys
+                .iter()
+                .map(|k| k.parse().expect("keys are UTF-8 without NUL"))
+                .collect();
+            file.new_dataset_builder()
+                .with_data(keys.as_slice())
+                .create(KEYS)
+                .map_err(h5("writing keys"))?;
+            let classes: Vec<VarLenUnicode> = info
+                .classes
+                .iter()
+                .map(|c| c.parse().expect("class names are UTF-8 without NUL"))
+                .collect();
+            file.new_attr_builder()
+                .with_data(classes.as_slice())
+                .create(CLASSES_ATTR)
+                .map_err(h5("writing the classes attribute"))?;
+            let record = InfoRecord {
+                magic: MAGIC.into(),
+                version: VERSION,
+                complete: true,
+                info: info.clone(),
+            };
+            let json: VarLenUnicode = serde_json::to_string(&record)
+                .expect("info serializes")
+                .parse()
+                .expect("JSON has no NUL");
+            file.new_attr::<VarLenUnicode>()
+                .create(INFO_ATTR)
+                .and_then(|a| a.write_scalar(&json))
+                .map_err(h5("writing the imagefeed attribute"))?;
+        }
+        file.close().map_err(h5("closing the file"))?;
+        fs::File::open(path).and_then(|f| f.sync_all()).at(path)
+    }
+}
+
+/// The staged index, one entry per sample.
+type StagedIndex = (Vec<u64>, Vec<i64>, Vec<String>);
+
+/// Parses `index.bin`: per sample `u64 LE payload end | u32 LE label | u32 LE key length | key`;
+/// returns (payload ends, labels, keys).
+fn parse_staged_index(bytes: &[u8]) -> std::result::Result<StagedIndex, String> {
+    let (mut ends, mut labels, mut keys) = (Vec::new(), Vec::new(), Vec::new());
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        if rest.len() < 16 {
+            return Err("index.bin ends inside an entry".into());
+        }
+        let end = u64::from_le_bytes(rest[0..8].try_into().expect("8 bytes"));
+        let label = u32::from_le_bytes(rest[8..12].try_into().expect("4 bytes"));
+        let key_len = u32::from_le_bytes(rest[12..16].try_into().expect("4 bytes")) as usize;
+        let key = rest
+            .get(16..16 + key_len)
+            .ok_or("index.bin ends inside a key")?;
+        let key = std::str::from_utf8(key).map_err(|_| "a staged key is not UTF-8")?;
+        ends.push(end);
+        labels.push(i64::from(label));
+        keys.push(key.to_string());
+        rest = &rest[16 + key_len..];
+    }
+    Ok((ends, labels, keys))
+}
+
+impl PackSink for Hdf5Writer {
+    fn write_chunk(&mut self, records: &[PackedRecord<'_>], progress: &PackProgress) -> Result<()> {
+        let mut index = Vec::with_capacity(records.len() * 48);
+        let mut end = self.payload_bytes;
+        for record in records {
+            self.payloads
+                .write_all_at(record.payload, end)
+                .at(self.partial.join(STAGED_PAYLOADS))?;
+            end += record.payload.len() as u64;
+            index.extend_from_slice(&end.to_le_bytes());
+            index.extend_from_slice(&record.label.to_le_bytes());
+            index.extend_from_slice(&(record.key.len() as u32).to_le_bytes());
+            index.extend_from_slice(record.key.as_bytes());
+        }
+        self.index
+            .write_all_at(&index, self.index_bytes)
+            .at(self.partial.join(STAGED_INDEX))?;
+        self.payloads
+            .sync_data()
+            .at(self.partial.join(STAGED_PAYLOADS))?;
+        self.index.sync_data().at(self.partial.join(STAGED_INDEX))?;
+        self.payload_bytes = end;
+        self.index_bytes += index.len() as u64;
+        self.save_progress(progress)
+    }
+
+    fn finish(mut self: Box<Self>, info: &DatasetInfo, progress: &PackProgress) -> Result<()> {
+        self.save_progress(progress)?;
+        let staged_h5 = self.partial.join(STAGED_HDF5);
+        let _ = fs::remove_file(&staged_h5);
+        self.write_hdf5(&staged_h5, info)?;
+        pack::publish(&staged_h5, &self.out)?;
+        // The dataset is in place; the staging directory is only scratch now.
+        let _ = fs::remove_dir_all(&self.partial);
+        Ok(())
+    }
+
+    fn abandon(self: Box<Self>) {
+        let _ = fs::remove_dir_all(&self.partial);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reader
+// ---------------------------------------------------------------------------------------------
+
+/// How samples are laid out in the file, with what reading them needs.
+enum Layout {
+    /// imagefeed's layout: payload `i` is at `data_offset + offsets[i]..data_offset + offsets[i+1]`.
+    Imagefeed {
+        data_offset: u64,
+        data_len: u64,
+        offsets: Vec<u64>,
+        keys: Vec<String>,
+    },
+    /// h5py `vlen_dtype(uint8)`: one encoded image per element, read through the library.
+    VarLen { images: String },
+    /// An `N×H×W×C` `uint8` array; `file_offset` is set when it is contiguous and unfiltered.
+    Pixels {
+        images: String,
+        rank: usize,
+        height: usize,
+        width: usize,
+        channels: usize,
+        file_offset: Option<u64>,
+    },
+}
+
+struct Shared {
+    path: PathBuf,
+    info: DatasetInfo,
+    labels: Vec<i64>,
+    layout: Layout,
+}
+
+/// An HDF5 dataset opened for reading (see the module docs for the layouts).
+pub struct Hdf5 {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Hdf5 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hdf5")
+            .field("path", &self.shared.path)
+            .field("info", &self.shared.info)
+            .finish()
+    }
+}
+
+impl Hdf5 {
+    /// Opens an imagefeed HDF5 file, or an h5py file with datasets named `images` and `labels`.
+    pub fn open(path: impl AsRef<Path>) -> Result<Hdf5> {
+        Self::open_with(path, &Hdf5Names::default())
+    }
+
+    /// Opens an HDF5 file; `names` says which datasets hold images and labels when the file is
+    /// not in imagefeed's layout.
+    pub fn open_with(path: impl AsRef<Path>, names: &Hdf5Names) -> Result<Hdf5> {
+        let path = path.as_ref();
+        if !path.exists() && pack::partial_path(path).exists() {
+            return Err(Error::Incomplete {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "only {} exists: the pack was interrupted; rerun it with --resume",
+                    pack::partial_path(path).display()
+                ),
+            });
+        }
+        let file_len = fs::metadata(path).at(path)?.len();
+        if !has_signature(path) {
+            return Err(Error::not_a_dataset(
+                path,
+                "not an HDF5 file (bad signature)",
+            ));
+        }
+        let file = open_unlocked(path).map_err(|e| Error::hdf5(path, "opening", e))?;
+        let shared = if file
+            .attr_names()
+            .is_ok_and(|n| n.iter().any(|n| n == INFO_ATTR))
+        {
+            open_imagefeed(path, &file, file_len)?
+        } else {
+            open_foreign(path, &file, names, file_len)?
+        };
+        Ok(Hdf5 {
+            shared: Arc::new(shared),
+        })
+    }
+}
+
+/// Opens a file read-only without HDF5's file lock.
+///
+/// libhdf5 opens files without `O_CLOEXEC` and `flock`s them, so a child process started while
+/// a file is open (a DataLoader worker, a `Command`) inherits the lock and keeps it for its
+/// lifetime, and another process's open then fails with "unable to lock file". imagefeed never
+/// modifies a published file (and writes only a private staging copy), so the lock protects
+/// nothing here.
+fn open_unlocked(path: &Path) -> hdf5::Result<hdf5::File> {
+    hdf5::File::with_options()
+        .with_fapl(|fapl| fapl.file_locking(false))
+        .open(path)
+}
+
+fn open_imagefeed(path: &Path, file: &hdf5::File, file_len: u64) -> Result<Shared> {
+    let h5 = |doing: &'static str| move |e: hdf5::Error| Error::hdf5(path, doing, e);
+    let json: VarLenUnicode = file
+        .attr(INFO_ATTR)
+        .and_then(|a| a.read_scalar())
+        .map_err(h5("reading the imagefeed attribute"))?;
+    let record: InfoRecord = serde_json::from_str(json.as_str())
+        .map_err(|e| Error::not_a_dataset(path, format!("malformed imagefeed attribute: {e}")))?;
+    if record.magic != MAGIC {
+        return Err(Error::not_a_dataset(
+            path,
+            format!("imagefeed attribute magic is {:?}", record.magic),
+        ));
+    }
+    if record.version > VERSION {
+        return Err(Error::not_a_dataset(
+            path,
+            format!(
+                "layout version {} is newer than this build reads ({VERSION}); upgrade imagefeed",
+                record.version
+            ),
+        ));
+    }
+    if !record.complete {
+        return Err(Error::Incomplete {
+            path: path.to_path_buf(),
+            reason: "the file is marked incomplete".into(),
+        });
+    }
+    let mut info = record.info;
+    info.format = FormatKind::Hdf5;
+    let n = info.num_samples;
+    let offsets: Vec<u64> = file
+        .dataset(OFFSETS)
+        .and_then(|d| d.read_raw())
+        .map_err(h5("reading offsets"))?;
+    let labels: Vec<i64> = file
+        .dataset(LABELS)
+        .and_then(|d| d.read_raw())
+        .map_err(h5("reading labels"))?;
+    let keys: Vec<VarLenUnicode> = file
+        .dataset(KEYS)
+        .and_then(|d| d.read_raw())
+        .map_err(h5("reading keys"))?;
+    if offsets.len() != n + 1 || labels.len() != n || keys.len() != n {
+        return Err(Error::not_a_dataset(
+            path,
+            format!(
+                "{n} samples, but {} offsets (want N+1), {} labels and {} keys",
+                offsets.len(),
+                labels.len(),
+                keys.len()
+            ),
+        ));
+    }
+    let images = file.dataset(IMAGES).map_err(h5("opening images"))?;
+    let data_len = images.size() as u64;
+    let data_offset = contiguous_offset(&images, data_len)
+        .ok_or_else(|| Error::not_a_dataset(path, "the images dataset is chunked or compressed"))?;
+    check_inside_file(path, data_offset, data_len, file_len)?;
+    Ok(Shared {
+        path: path.to_path_buf(),
+        info,
+        labels,
+        layout: Layout::Imagefeed {
+            data_offset,
+            data_len,
+            offsets,
+            keys: keys.iter().map(|k| k.as_str().to_string()).collect(),
+        },
+    })
+}
+
+/// The file offset of a dataset's bytes, when they are one contiguous unfiltered run.
+fn contiguous_offset(dataset: &hdf5::Dataset, len: u64) -> Option<u64> {
+    if dataset.is_chunked() || !dataset.filters().is_empty() {
+        return None;
+    }
+    if len == 0 {
+        return Some(0);
+    }
+    dataset.offset()
+}
+
+fn check_inside_file(path: &Path, offset: u64, len: u64, file_len: u64) -> Result<()> {
+    if offset.saturating_add(len) > file_len {
+        return Err(Error::not_a_dataset(
+            path,
+            format!(
+                "truncated: the images data needs bytes {offset}..{} but the file has {file_len}",
+                offset.saturating_add(len)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn open_foreign(
+    path: &Path,
+    file: &hdf5::File,
+    names: &Hdf5Names,
+    file_len: u64,
+) -> Result<Shared> {
+    let h5 = |doing: String| move |e: hdf5::Error| Error::hdf5(path, &doing, e);
+    let members = file.member_names().unwrap_or_default();
+    let missing = |name: &str| {
+        Error::not_a_dataset(
+            path,
+            format!(
+                "HDF5 file without imagefeed's layout and without a dataset {name:?} (it has {}); \
+                 name the images and labels datasets",
+                if members.is_empty() {
+                    "no datasets".to_string()
+                } else {
+                    members.join(", ")
+                }
+            ),
+        )
+    };
+    if !file.link_exists(&names.images) {
+        return Err(missing(&names.images));
+    }
+    if !file.link_exists(&names.labels) {
+        return Err(missing(&names.labels));
+    }
+    let images = file
+        .dataset(&names.images)
+        .map_err(h5(format!("opening {:?}", names.images)))?;
+    let labels_ds = file
+        .dataset(&names.labels)
+        .map_err(h5(format!("opening {:?}", names.labels)))?;
+    let labels: Vec<i64> = labels_ds
+        .read_raw()
+        .map_err(h5(format!("reading {:?} as integers", names.labels)))?;
+    let shape = images.shape();
+    let n = shape.first().copied().unwrap_or(0);
+    if labels.len() != n {
+        return Err(Error::not_a_dataset(
+            path,
+            format!(
+                "{:?} has {n} images but {:?} has {} labels",
+                names.images,
+                names.labels,
+                labels.len()
+            ),
+        ));
+    }
+    let dtype = images
+        .dtype()
+        .and_then(|t| t.to_descriptor())
+        .map_err(h5(format!("reading the type of {:?}", names.images)))?;
+    let (layout, payload) = match (&dtype, shape.len()) {
+        (TypeDescriptor::VarLenArray(inner), 1)
+            if **inner == TypeDescriptor::Unsigned(hdf5::types::IntSize::U1) =>
+        {
+            (
+                Layout::VarLen {
+                    images: names.images.clone(),
+                },
+                PayloadKind::Encoded,
+            )
+        }
+        (TypeDescriptor::Unsigned(hdf5::types::IntSize::U1), 3 | 4) => {
+            let (height, width) = (shape[1], shape[2]);
+            let channels = shape.get(3).copied().unwrap_or(1);
+            if !matches!(channels, 1 | 3 | 4) {
+                return Err(Error::not_a_dataset(
+                    path,
+                    format!(
+                        "{:?} has {channels} channels; pixel arrays need 1, 3 or 4",
+                        names.images
+                    ),
+                ));
+            }
+            let len = (n * height * width * channels) as u64;
+            let file_offset = contiguous_offset(&images, len);
+            if let Some(offset) = file_offset {
+                check_inside_file(path, offset, len, file_len)?;
+            }
+            (
+                Layout::Pixels {
+                    images: names.images.clone(),
+                    rank: shape.len(),
+                    height,
+                    width,
+                    channels,
+                    file_offset,
+                },
+                PayloadKind::RawRgb8,
+            )
+        }
+        _ => {
+            return Err(Error::not_a_dataset(
+                path,
+                format!(
+                    "{:?} is {dtype} with shape {shape:?}; expected variable-length uint8 \
+                     (encoded images) or an N×H×W×C uint8 array",
+                    names.images
+                ),
+            ));
+        }
+    };
+    let classes = class_names(file)
+        .or_else(|| class_names(&labels_ds))
+        .unwrap_or_else(|| {
+            let max = labels.iter().copied().max().unwrap_or(-1);
+            (0..=max).map(|c| c.to_string()).collect()
+        });
+    Ok(Shared {
+        path: path.to_path_buf(),
+        info: DatasetInfo {
+            format: FormatKind::Hdf5,
+            classes,
+            num_samples: n,
+            payload,
+            resized_short_side: None,
+            part: None,
+        },
+        labels,
+        layout,
+    })
+}
+
+/// The `classes` attribute of `location` as strings, when it has one.
+fn class_names(location: &hdf5::Location) -> Option<Vec<String>> {
+    let attr = location.attr(CLASSES_ATTR).ok()?;
+    if let Ok(names) = attr.read_raw::<VarLenUnicode>() {
+        return Some(names.iter().map(|s| s.as_str().to_string()).collect());
+    }
+    attr.read_raw::<hdf5::types::VarLenAscii>()
+        .ok()
+        .map(|names| names.iter().map(|s| s.as_str().to_string()).collect())
+}
+
+impl Dataset for Hdf5 {
+    fn info(&self) -> &DatasetInfo {
+        &self.shared.info
+    }
+
+    fn path(&self) -> &Path {
+        &self.shared.path
+    }
+
+    fn open_reader(&self) -> Result<Box<dyn RecordReader>> {
+        let shared = Arc::clone(&self.shared);
+        let path = &shared.path;
+        let pread = matches!(
+            shared.layout,
+            Layout::Imagefeed { .. }
+                | Layout::Pixels {
+                    file_offset: Some(_),
+                    ..
+                }
+        );
+        let (file, dataset) = if pread {
+            (Some(fs::File::open(path).at(path)?), None)
+        } else {
+            let name = match &shared.layout {
+                Layout::VarLen { images } | Layout::Pixels { images, .. } => images,
+                Layout::Imagefeed { .. } => unreachable!("read with pread"),
+            };
+            let dataset = open_unlocked(path)
+                .and_then(|f| f.dataset(name))
+                .map_err(|e| Error::hdf5(path, "opening a reader", e))?;
+            (None, Some(dataset))
+        };
+        Ok(Box::new(Hdf5Reader {
+            shared,
+            file,
+            dataset,
+            buffer: Vec::new(),
+            key: String::new(),
+        }))
+    }
+}
+
+/// Per-worker handle: its own file descriptor for `pread`, or its own library handle.
+struct Hdf5Reader {
+    shared: Arc<Shared>,
+    file: Option<fs::File>,
+    dataset: Option<hdf5::Dataset>,
+    buffer: Vec<u8>,
+    key: String,
+}
+
+impl Hdf5Reader {
+    fn corrupt(&self, index: usize, key: &str, reason: impl Into<String>) -> Error {
+        Error::CorruptRecord {
+            path: self.shared.path.clone(),
+            index,
+            key: key.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    fn pread(&mut self, index: usize, key: &str, offset: u64, len: usize) -> Result<()> {
+        self.buffer.resize(len, 0);
+        let file = self.file.as_ref().expect("pread layouts open a file");
+        file.read_exact_at(&mut self.buffer, offset).map_err(|e| {
+            let reason = if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                format!(
+                    "bytes {offset}..{} are past the end of the file (truncated?)",
+                    offset + len as u64
+                )
+            } else {
+                format!("read failed: {e}")
+            };
+            self.corrupt(index, key, reason)
+        })
+    }
+
+    /// Turns `H×W×C` pixels in `self.buffer` into a raw RGB payload.
+    fn pixels_to_raw(&mut self, height: usize, width: usize, channels: usize) {
+        let rgb: Vec<u8> = match channels {
+            3 => std::mem::take(&mut self.buffer),
+            1 => self.buffer.iter().flat_map(|&g| [g, g, g]).collect(),
+            _ => self
+                .buffer
+                .chunks_exact(channels)
+                .flat_map(|p| [p[0], p[1], p[2]])
+                .collect(),
+        };
+        self.buffer = RawImage::encode(width as u32, height as u32, &rgb);
+    }
+}
+
+impl RecordReader for Hdf5Reader {
+    fn read(&mut self, index: usize) -> Result<Record<'_>> {
+        let shared = Arc::clone(&self.shared);
+        assert!(
+            index < shared.info.num_samples,
+            "index {index} out of range for {} samples",
+            shared.info.num_samples
+        );
+        match &shared.layout {
+            Layout::Imagefeed {
+                data_offset,
+                data_len,
+                offsets,
+                keys,
+            } => {
+                let key = keys[index].as_str();
+                let (start, end) = (offsets[index], offsets[index + 1]);
+                if start > end || end > *data_len {
+                    return Err(self.corrupt(
+                        index,
+                        key,
+                        format!(
+                            "offsets {start}..{end} are outside the {data_len}-byte images dataset"
+                        ),
+                    ));
+                }
+                self.pread(index, key, data_offset + start, (end - start) as usize)?;
+            }
+            Layout::VarLen { images } => {
+                self.key = format!("{images}[{index}]");
+                let element = self
+                    .dataset
+                    .as_ref()
+                    .expect("library layouts open a dataset")
+                    .read_slice_1d::<VarLenArray<u8>, _>(index..index + 1)
+                    .map_err(|e| self.corrupt(index, &self.key, format!("HDF5: {e}")))?;
+                self.buffer.clear();
+                self.buffer.extend_from_slice(element[0].as_slice());
+            }
+            &Layout::Pixels {
+                ref images,
+                rank,
+                height,
+                width,
+                channels,
+                file_offset,
+            } => {
+                let key = format!("{images}[{index}]");
+                let len = height * width * channels;
+                match file_offset {
+                    Some(offset) => self.pread(index, &key, offset + (index * len) as u64, len)?,
+                    None => {
+                        let mut selection = vec![hdf5::SliceOrIndex::Index(index)];
+                        selection.resize(rank, hdf5::SliceOrIndex::from(..));
+                        let pixels = self
+                            .dataset
+                            .as_ref()
+                            .expect("library layouts open a dataset")
+                            .read_slice::<u8, _, ndarray::IxDyn>(hdf5::Hyperslab::from(selection))
+                            .map_err(|e| self.corrupt(index, &key, format!("HDF5: {e}")))?;
+                        self.buffer.clear();
+                        self.buffer.extend(pixels.iter().copied());
+                    }
+                }
+                self.key = key;
+                self.pixels_to_raw(height, width, channels);
+            }
+        }
+        let key: &str = match &self.shared.layout {
+            Layout::Imagefeed { keys, .. } => keys[index].as_str(),
+            _ => self.key.as_str(),
+        };
+        let label = shared.labels[index];
+        let label = u32::try_from(label).map_err(|_| Error::CorruptRecord {
+            path: shared.path.clone(),
+            index,
+            key: key.to_string(),
+            reason: format!("negative label {label}"),
+        })?;
+        shared.info.check_label(&shared.path, index, key, label)?;
+        Ok(Record {
+            index,
+            key,
+            label,
+            payload: &self.buffer,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staged_index_round_trips_and_rejects_cut_entries() {
+        let mut bytes = Vec::new();
+        for (end, label, key) in [(10u64, 2u32, "a/x.jpg"), (25, 0, "b/ü.png")] {
+            bytes.extend_from_slice(&end.to_le_bytes());
+            bytes.extend_from_slice(&label.to_le_bytes());
+            bytes.extend_from_slice(&(key.len() as u32).to_le_bytes());
+            bytes.extend_from_slice(key.as_bytes());
+        }
+        let (ends, labels, keys) = parse_staged_index(&bytes).unwrap();
+        assert_eq!(ends, [10, 25]);
+        assert_eq!(labels, [2, 0]);
+        assert_eq!(keys, ["a/x.jpg", "b/ü.png"]);
+        assert!(
+            parse_staged_index(&bytes[..bytes.len() - 1])
+                .unwrap_err()
+                .contains("inside a key")
+        );
+        assert!(
+            parse_staged_index(&bytes[..20])
+                .unwrap_err()
+                .contains("inside")
+        );
+    }
+}

@@ -1,0 +1,967 @@
+//! Record shards: TFRecord files of `tf.train.Example` records, with per-shard indexes. The
+//! writer `pack-dataset imagefolder2records` uses, and the reader for those and for TFRecord
+//! shards other tools made.
+//!
+//! # Layout (version 1)
+//!
+//! A directory holding:
+//!
+//! - `shard-00000.tfrecord`, `shard-00001.tfrecord`, …: TFRecord framing, each record
+//!   `u64 LE length | u32 LE masked CRC-32C of the length | data | u32 LE masked CRC-32C of data`
+//!   (mask: `((crc >> 15) | (crc << 17)) + 0xa282ead8`), a shard closed once it reaches the shard
+//!   size. Each record is a `tf.train.Example` with the ImageNet-standard features:
+//!   `image/encoded` (the file's bytes), `image/class/label` (int64: class index + label base),
+//!   `image/class/synset` (the class folder's name), `image/format` (`JPEG`, `PNG`, …, or
+//!   `RAW-RGB8` for `--raw` payloads), `image/filename` (path relative to the ImageFolder root),
+//!   `image/height` and `image/width`.
+//! - `shard-00000.index`, …: the Python `tfrecord` package's index format, one text line per
+//!   record, `"<byte offset> <record length in bytes>"`.
+//! - `imagefeed-records.json`: `{"magic": "imagefeed-records", "version": 1, "complete": true,
+//!   "label_base": 0, "shards": [{"file", "index", "records", "bytes"}], …dataset info}`.
+//!
+//! TensorFlow reads the shards with `tf.data.TFRecordDataset`, the `tfrecord` package with
+//! `tfrecord.reader.tfrecord_loader(shard, index, description)`.
+//!
+//! # Reading
+//!
+//! Shards and indexes are memory-mapped (memmap2). At open each index is parsed once, giving
+//! O(1) access to any record; reading returns `image/encoded` as a slice of the mapped shard
+//! (zero-copy). Both CRCs are checked on every read: a corrupt record, or one an index places
+//! past the end of a truncated shard, is a bad sample naming the shard and record, never a crash.
+//!
+//! Shards without an imagefeed manifest (a directory of `*.tfrecord` / `*-NNNNN-of-NNNNN` files,
+//! or a single shard) are read too. The label base is then an option (0, or 1 for ImageNet
+//! TFRecords, whose labels run 1..=1000), and classes are `"0"..="max label"` unless a class
+//! count is given. A shard with no index gets one built by scanning it; it is saved beside the
+//! shard when the directory is writable, and [`Records::notices`] says what happened.
+//!
+//! # Crash safety
+//!
+//! The writer builds `OUT.partial/` and renames it to `OUT` once complete. After each chunk the
+//! open shard and its index are synced and `progress.json` (the committed length of every shard
+//! and index) is replaced atomically; `--resume` cuts the files back to those lengths.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use memmap2::Mmap;
+use serde::{Deserialize, Serialize};
+
+use crate::dataset::{Dataset, DatasetInfo, FormatKind, PayloadKind, Record, RecordReader};
+use crate::decode::{PayloadFormat, RawImage};
+use crate::error::{Error, IoContext as _, Result};
+use crate::format::example::{self, FeatureValue};
+use crate::pack::{self, PackPlan, PackProgress, PackSink, PackedRecord, StartMode};
+
+/// The `magic` value in the manifest.
+pub const MAGIC: &str = "imagefeed-records";
+/// The layout version this build writes and the newest it reads.
+pub const VERSION: u32 = 1;
+/// The manifest's file name inside a records directory.
+pub const MANIFEST: &str = "imagefeed-records.json";
+/// Default shard size: large enough for efficient streaming, small enough to spread over
+/// machines (TensorFlow's guidance is 100–200 MB per file).
+pub const DEFAULT_SHARD_BYTES: u64 = 128 << 20;
+
+/// Feature names.
+pub mod features {
+    /// The image file's bytes.
+    pub const ENCODED: &str = "image/encoded";
+    /// Class index plus the label base (int64).
+    pub const LABEL: &str = "image/class/label";
+    /// Class folder name.
+    pub const SYNSET: &str = "image/class/synset";
+    /// `JPEG`, `PNG`, …
+    pub const FORMAT: &str = "image/format";
+    /// Path relative to the ImageFolder root.
+    pub const FILENAME: &str = "image/filename";
+    /// Height in pixels (int64).
+    pub const HEIGHT: &str = "image/height";
+    /// Width in pixels (int64).
+    pub const WIDTH: &str = "image/width";
+}
+
+const MASK_DELTA: u32 = 0xa282_ead8;
+const HEADER_BYTES: usize = 12;
+const FOOTER_BYTES: usize = 4;
+
+/// TFRecord's masked CRC-32C.
+pub fn masked_crc(data: &[u8]) -> u32 {
+    let crc = crc32c::crc32c(data);
+    crc.rotate_right(15).wrapping_add(MASK_DELTA)
+}
+
+/// Appends one TFRecord frame holding `data` to `out`.
+pub fn frame(out: &mut Vec<u8>, data: &[u8]) {
+    let len = (data.len() as u64).to_le_bytes();
+    out.extend_from_slice(&len);
+    out.extend_from_slice(&masked_crc(&len).to_le_bytes());
+    out.extend_from_slice(data);
+    out.extend_from_slice(&masked_crc(data).to_le_bytes());
+}
+
+/// Checks the frame at the start of `bytes` (exactly one record's bytes, as an index gives them)
+/// and returns its data.
+pub fn unframe(bytes: &[u8]) -> std::result::Result<&[u8], String> {
+    if bytes.len() < HEADER_BYTES + FOOTER_BYTES {
+        return Err(format!(
+            "{} bytes is shorter than a TFRecord frame",
+            bytes.len()
+        ));
+    }
+    let len_bytes = &bytes[..8];
+    let len = u64::from_le_bytes(len_bytes.try_into().expect("8 bytes"));
+    let len_crc = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes"));
+    if masked_crc(len_bytes) != len_crc {
+        return Err("the length's CRC does not match (corrupt record header)".into());
+    }
+    if len != (bytes.len() - HEADER_BYTES - FOOTER_BYTES) as u64 {
+        return Err(format!(
+            "the frame says {len} data bytes but the index gives the record {} bytes",
+            bytes.len()
+        ));
+    }
+    let data = &bytes[HEADER_BYTES..bytes.len() - FOOTER_BYTES];
+    let data_crc = u32::from_le_bytes(bytes[bytes.len() - 4..].try_into().expect("4 bytes"));
+    if masked_crc(data) != data_crc {
+        return Err("the data's CRC does not match (corrupt record)".into());
+    }
+    Ok(data)
+}
+
+/// One shard in the manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardEntry {
+    /// Shard file name, relative to the directory.
+    pub file: String,
+    /// Index file name, relative to the directory.
+    pub index: String,
+    /// Records in the shard.
+    pub records: usize,
+    /// Bytes in the shard.
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Manifest {
+    magic: String,
+    version: u32,
+    complete: bool,
+    label_base: u32,
+    shards: Vec<ShardEntry>,
+    #[serde(flatten)]
+    info: DatasetInfo,
+}
+
+fn shard_names(number: usize) -> (String, String) {
+    (
+        format!("shard-{number:05}.tfrecord"),
+        format!("shard-{number:05}.index"),
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writer
+// ---------------------------------------------------------------------------------------------
+
+const PROGRESS: &str = "progress.json";
+
+/// What `OUT.partial/progress.json` holds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct StagedProgress {
+    magic: String,
+    plan: PackPlan,
+    progress: PackProgress,
+    label_base: u32,
+    shard_bytes: u64,
+    /// Committed shards; the last one is the one being written. `bytes` and `records` are the
+    /// committed amounts; `index_bytes` the index file's committed length.
+    shards: Vec<(ShardEntry, u64)>,
+}
+
+/// Writes record shards into `OUT.partial/` and renames the directory when finished.
+pub struct RecordsWriter {
+    partial: PathBuf,
+    out: PathBuf,
+    staged: StagedProgress,
+    shard: Option<(fs::File, fs::File)>,
+    classes: Vec<String>,
+    example: Vec<u8>,
+    framed: Vec<u8>,
+    index_lines: String,
+    decoder: crate::decode::Decoder,
+}
+
+impl RecordsWriter {
+    /// Starts (or, with `mode.resume`, continues) writing shards of about `shard_bytes` into the
+    /// directory `out`, storing labels as `label + label_base`.
+    pub fn start(
+        out: &Path,
+        plan: &PackPlan,
+        mode: StartMode,
+        shard_bytes: u64,
+        label_base: u32,
+    ) -> Result<(Self, PackProgress)> {
+        let partial = pack::prepare_output(out, mode)?;
+        let out = std::path::absolute(out).at(out)?;
+        let staged = if partial.exists() {
+            let path = partial.join(PROGRESS);
+            let text = fs::read_to_string(&path).map_err(|e| Error::ResumeMismatch {
+                path: partial.clone(),
+                reason: format!("not a partial records directory (no readable {PROGRESS}: {e})"),
+            })?;
+            let staged: StagedProgress =
+                serde_json::from_str(&text).map_err(|e| Error::ResumeMismatch {
+                    path: path.clone(),
+                    reason: format!("malformed: {e}"),
+                })?;
+            staged.plan.check_resumable(plan, &partial)?;
+            if (staged.shard_bytes, staged.label_base) != (shard_bytes, label_base) {
+                return Err(Error::ResumeMismatch {
+                    path: partial,
+                    reason: "it was started with another --shard-size or --label-base".into(),
+                });
+            }
+            staged
+        } else {
+            fs::create_dir(&partial).at(&partial)?;
+            StagedProgress {
+                magic: MAGIC.into(),
+                plan: plan.clone(),
+                progress: PackProgress::default(),
+                label_base,
+                shard_bytes,
+                shards: Vec::new(),
+            }
+        };
+        let mut writer = RecordsWriter {
+            partial,
+            out,
+            classes: plan.classes.clone(),
+            staged,
+            shard: None,
+            example: Vec::new(),
+            framed: Vec::new(),
+            index_lines: String::new(),
+            decoder: crate::decode::Decoder::new(),
+        };
+        // Cut every listed shard and index back to its committed length (only the last can
+        // have grown since, but checking all costs nothing), and reopen the last one.
+        for (entry, index_bytes) in writer.staged.shards.clone() {
+            let shard = writer.open_shard_files(&entry, false)?;
+            for (file, len, name) in [
+                (&shard.0, entry.bytes, &entry.file),
+                (&shard.1, index_bytes, &entry.index),
+            ] {
+                let path = writer.partial.join(name);
+                let have = file.metadata().at(&path)?.len();
+                if have < len {
+                    return Err(Error::ResumeMismatch {
+                        path,
+                        reason: format!("{have} bytes, but {len} were committed: the file was cut"),
+                    });
+                }
+                file.set_len(len).at(&path)?;
+            }
+            writer.shard = Some(shard);
+        }
+        // Shards opened after the last commit (a crash right after rollover) are not listed.
+        let listed = writer.staged.shards.len();
+        for number in listed..listed + 2 {
+            let (file, index) = shard_names(number);
+            let _ = fs::remove_file(writer.partial.join(file));
+            let _ = fs::remove_file(writer.partial.join(index));
+        }
+        writer.save_progress()?;
+        let progress = writer.staged.progress.clone();
+        Ok((writer, progress))
+    }
+
+    fn open_shard_files(&self, entry: &ShardEntry, create: bool) -> Result<(fs::File, fs::File)> {
+        let open = |name: &str| {
+            let path = self.partial.join(name);
+            fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(create)
+                .truncate(false)
+                .open(&path)
+                .at(&path)
+        };
+        Ok((open(&entry.file)?, open(&entry.index)?))
+    }
+
+    fn save_progress(&self) -> Result<()> {
+        pack::write_file_atomically(
+            &self.partial.join(PROGRESS),
+            &serde_json::to_vec(&self.staged).expect("progress serializes"),
+        )
+    }
+
+    fn sync_open_shard(&self) -> Result<()> {
+        if let (Some((shard, index)), Some((entry, _))) = (&self.shard, self.staged.shards.last()) {
+            shard.sync_data().at(self.partial.join(&entry.file))?;
+            index.sync_data().at(self.partial.join(&entry.index))?;
+        }
+        Ok(())
+    }
+
+    /// Appends one framed record (in `self.framed`) to the open shard, rolling over to a new
+    /// shard first when the open one is full.
+    fn append(&mut self) -> Result<()> {
+        use std::os::unix::fs::FileExt as _;
+        let full = self.staged.shards.last().is_none_or(|(entry, _)| {
+            entry.records > 0 && entry.bytes + self.framed.len() as u64 > self.staged.shard_bytes
+        });
+        if full {
+            self.sync_open_shard()?;
+            let (file, index) = shard_names(self.staged.shards.len());
+            let entry = ShardEntry {
+                file,
+                index,
+                records: 0,
+                bytes: 0,
+            };
+            self.shard = Some(self.open_shard_files(&entry, true)?);
+            self.staged.shards.push((entry, 0));
+        }
+        let (entry, index_bytes) = self.staged.shards.last_mut().expect("a shard is open");
+        let (shard, index) = self.shard.as_ref().expect("a shard is open");
+        shard
+            .write_all_at(&self.framed, entry.bytes)
+            .at(self.partial.join(&entry.file))?;
+        self.index_lines.clear();
+        self.index_lines
+            .push_str(&format!("{} {}\n", entry.bytes, self.framed.len()));
+        index
+            .write_all_at(self.index_lines.as_bytes(), *index_bytes)
+            .at(self.partial.join(&entry.index))?;
+        entry.bytes += self.framed.len() as u64;
+        entry.records += 1;
+        *index_bytes += self.index_lines.len() as u64;
+        Ok(())
+    }
+}
+
+impl PackSink for RecordsWriter {
+    fn write_chunk(&mut self, records: &[PackedRecord<'_>], progress: &PackProgress) -> Result<()> {
+        for record in records {
+            let (format, width, height) = match PayloadFormat::sniff(record.payload) {
+                Some(PayloadFormat::Raw) => {
+                    let (w, h, _) =
+                        RawImage::parse(record.payload).map_err(|e| Error::Rejected {
+                            path: PathBuf::from(record.key),
+                            reason: e.to_string(),
+                        })?;
+                    ("RAW-RGB8", w, h)
+                }
+                _ => {
+                    let header =
+                        self.decoder
+                            .header(record.payload)
+                            .map_err(|e| Error::Rejected {
+                                path: PathBuf::from(record.key),
+                                reason: e.to_string(),
+                            })?;
+                    (format_name(header.format), header.width, header.height)
+                }
+            };
+            let label = i64::from(record.label) + i64::from(self.staged.label_base);
+            let synset = self
+                .classes
+                .get(record.label as usize)
+                .map_or("", String::as_str);
+            example::encode(
+                &mut self.example,
+                &[
+                    (features::ENCODED, FeatureValue::Bytes(record.payload)),
+                    (features::LABEL, FeatureValue::Int64(label)),
+                    (features::SYNSET, FeatureValue::Bytes(synset.as_bytes())),
+                    (features::FORMAT, FeatureValue::Bytes(format.as_bytes())),
+                    (
+                        features::FILENAME,
+                        FeatureValue::Bytes(record.key.as_bytes()),
+                    ),
+                    (features::HEIGHT, FeatureValue::Int64(height.into())),
+                    (features::WIDTH, FeatureValue::Int64(width.into())),
+                ],
+            );
+            self.framed.clear();
+            frame(&mut self.framed, &self.example);
+            self.append()?;
+        }
+        self.sync_open_shard()?;
+        self.staged.progress = progress.clone();
+        self.save_progress()
+    }
+
+    fn finish(mut self: Box<Self>, info: &DatasetInfo, progress: &PackProgress) -> Result<()> {
+        self.sync_open_shard()?;
+        self.staged.progress = progress.clone();
+        let manifest = Manifest {
+            magic: MAGIC.into(),
+            version: VERSION,
+            complete: true,
+            label_base: self.staged.label_base,
+            shards: self.staged.shards.iter().map(|(e, _)| e.clone()).collect(),
+            info: info.clone(),
+        };
+        pack::write_file_atomically(
+            &self.partial.join(MANIFEST),
+            &serde_json::to_vec_pretty(&manifest).expect("manifest serializes"),
+        )?;
+        let _ = fs::remove_file(self.partial.join(PROGRESS));
+        pack::publish(&self.partial, &self.out)
+    }
+
+    fn abandon(self: Box<Self>) {
+        let _ = fs::remove_dir_all(&self.partial);
+    }
+}
+
+/// The `image/format` value for a payload format (TensorFlow's ImageNet scripts write `JPEG`).
+fn format_name(format: PayloadFormat) -> &'static str {
+    match format {
+        PayloadFormat::Jpeg => "JPEG",
+        PayloadFormat::Png => "PNG",
+        PayloadFormat::Bmp => "BMP",
+        PayloadFormat::Pnm => "PNM",
+        PayloadFormat::Tiff => "TIFF",
+        PayloadFormat::WebP => "WEBP",
+        PayloadFormat::Raw => "RAW-RGB8",
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reader
+// ---------------------------------------------------------------------------------------------
+
+/// How to read TFRecord shards that carry no imagefeed manifest.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecordsOptions {
+    /// The smallest label in the shards (ImageNet TFRecords: 1). Ignored when a manifest says.
+    pub label_base: Option<u32>,
+    /// Number of classes; when unset, found by scanning every record's label at open.
+    pub num_classes: Option<usize>,
+}
+
+struct Shard {
+    path: PathBuf,
+    map: Mmap,
+    /// `(offset, length)` of each record.
+    records: Vec<(u64, u64)>,
+}
+
+struct Shared {
+    path: PathBuf,
+    info: DatasetInfo,
+    label_base: u32,
+    shards: Vec<Shard>,
+    /// Index of each shard's first record; a final entry holds the total.
+    starts: Vec<usize>,
+    notices: Vec<String>,
+}
+
+/// Record shards opened for reading.
+pub struct Records {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Records {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Records")
+            .field("path", &self.shared.path)
+            .field("info", &self.shared.info)
+            .field("shards", &self.shared.shards.len())
+            .finish()
+    }
+}
+
+/// True when `path` looks like a TFRecord shard by name.
+pub fn is_shard_name(path: &Path) -> bool {
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+        return false;
+    };
+    if matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("tfrecord" | "tfrecords" | "tfr")
+    ) {
+        return true;
+    }
+    // TensorFlow's sharded names: train-00000-of-01024.
+    let parts: Vec<&str> = name.rsplitn(3, '-').collect();
+    parts.len() == 3
+        && parts[1] == "of"
+        && parts[0].len() == 5
+        && parts[0].bytes().all(|b| b.is_ascii_digit())
+        && parts[2]
+            .rsplit('-')
+            .next()
+            .is_some_and(|n| n.len() == 5 && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The index file for a shard: `x.index` for `x.tfrecord`, else the shard name plus `.index`.
+pub fn index_path_for(shard: &Path) -> PathBuf {
+    match shard.extension().and_then(|e| e.to_str()) {
+        Some("tfrecord" | "tfrecords" | "tfr") => shard.with_extension("index"),
+        _ => {
+            let mut name = shard.as_os_str().to_owned();
+            name.push(".index");
+            PathBuf::from(name)
+        }
+    }
+}
+
+/// True when `path` is a records directory (with a manifest or with shard files) or a shard.
+pub fn looks_like_records(path: &Path) -> bool {
+    if path.is_dir() {
+        path.join(MANIFEST).is_file()
+            || fs::read_dir(path).is_ok_and(|entries| {
+                entries
+                    .filter_map(|e| e.ok())
+                    .any(|e| e.path().is_file() && is_shard_name(&e.path()))
+            })
+    } else {
+        is_shard_name(path)
+    }
+}
+
+impl Records {
+    /// Opens a records directory (ours or foreign) or a single shard with default options.
+    pub fn open(path: impl AsRef<Path>) -> Result<Records> {
+        Self::open_with(path, &RecordsOptions::default())
+    }
+
+    /// Opens a records directory or a single shard.
+    pub fn open_with(path: impl AsRef<Path>, options: &RecordsOptions) -> Result<Records> {
+        let path = path.as_ref();
+        if !path.exists() && pack::partial_path(path).exists() {
+            return Err(Error::Incomplete {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "only {} exists: the pack was interrupted; rerun it with --resume",
+                    pack::partial_path(path).display()
+                ),
+            });
+        }
+        let manifest_path = path.join(MANIFEST);
+        if path.is_dir() && manifest_path.is_file() {
+            return open_ours(path, &manifest_path);
+        }
+        let shard_paths: Vec<PathBuf> = if path.is_dir() {
+            let mut found: Vec<PathBuf> = fs::read_dir(path)
+                .at(path)?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.is_file() && is_shard_name(p))
+                .collect();
+            found.sort();
+            found
+        } else {
+            fs::metadata(path).at(path)?;
+            vec![path.to_path_buf()]
+        };
+        if shard_paths.is_empty() {
+            return Err(Error::not_a_dataset(
+                path,
+                format!("no {MANIFEST} and no TFRecord shards (*.tfrecord, *-NNNNN-of-NNNNN)"),
+            ));
+        }
+        open_foreign(path, &shard_paths, options)
+    }
+
+    /// What opening did that the user should know (indexes built, records the index scan
+    /// could not reach).
+    pub fn notices(&self) -> &[String] {
+        &self.shared.notices
+    }
+
+    /// The label base: stored labels are class index + this.
+    pub fn label_base(&self) -> u32 {
+        self.shared.label_base
+    }
+}
+
+fn map_file(path: &Path) -> Result<Mmap> {
+    let file = fs::File::open(path).at(path)?;
+    // SAFETY: the mapping is read-only, and imagefeed never modifies a published shard. Another
+    // process truncating the file while it is mapped would make reads past the new end fault;
+    // every read is first checked against the length the file had when mapped.
+    unsafe { Mmap::map(&file) }.at(path)
+}
+
+/// Parses an index: one `"<offset> <length>"` line per record.
+fn parse_index(path: &Path, text: &[u8]) -> Result<Vec<(u64, u64)>> {
+    let text = std::str::from_utf8(text)
+        .map_err(|_| Error::not_a_dataset(path, "index file is not text"))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(number, line)| {
+            let mut parts = line.split_whitespace();
+            let parse = |s: Option<&str>| s.and_then(|s| s.parse::<u64>().ok());
+            match (parse(parts.next()), parse(parts.next()), parts.next()) {
+                (Some(offset), Some(len), None) => Ok((offset, len)),
+                _ => Err(Error::not_a_dataset(
+                    path,
+                    format!(
+                        "index line {} is not \"<offset> <length>\": {line:?}",
+                        number + 1
+                    ),
+                )),
+            }
+        })
+        .collect()
+}
+
+/// Builds an index by walking the frames of a shard. Stops at the first frame whose header is
+/// corrupt or runs past the end; returns the records found and, if it stopped early, why.
+pub fn scan_shard(bytes: &[u8]) -> (Vec<(u64, u64)>, Option<String>) {
+    let mut records = Vec::new();
+    let mut offset = 0usize;
+    while offset < bytes.len() {
+        let rest = &bytes[offset..];
+        if rest.len() < HEADER_BYTES {
+            return (
+                records,
+                Some(format!("{} stray bytes at the end", rest.len())),
+            );
+        }
+        let len_bytes = &rest[..8];
+        let crc = u32::from_le_bytes(rest[8..12].try_into().expect("4 bytes"));
+        if masked_crc(len_bytes) != crc {
+            let reason = format!("record {} at byte {offset}: bad length CRC", records.len());
+            return (records, Some(reason));
+        }
+        let len = u64::from_le_bytes(len_bytes.try_into().expect("8 bytes"));
+        let total = len.saturating_add((HEADER_BYTES + FOOTER_BYTES) as u64);
+        if total > rest.len() as u64 {
+            let reason = format!(
+                "record {} at byte {offset} needs {total} bytes but only {} are left (truncated)",
+                records.len(),
+                rest.len()
+            );
+            return (records, Some(reason));
+        }
+        records.push((offset as u64, total));
+        offset += total as usize;
+    }
+    (records, None)
+}
+
+fn open_ours(dir: &Path, manifest_path: &Path) -> Result<Records> {
+    let text = fs::read_to_string(manifest_path).at(manifest_path)?;
+    let manifest: Manifest = serde_json::from_str(&text)
+        .map_err(|e| Error::not_a_dataset(manifest_path, format!("malformed manifest: {e}")))?;
+    if manifest.magic != MAGIC {
+        return Err(Error::not_a_dataset(
+            manifest_path,
+            format!("magic is {:?}", manifest.magic),
+        ));
+    }
+    if manifest.version > VERSION {
+        return Err(Error::not_a_dataset(
+            manifest_path,
+            format!(
+                "layout version {} is newer than this build reads ({VERSION}); upgrade imagefeed",
+                manifest.version
+            ),
+        ));
+    }
+    if !manifest.complete {
+        return Err(Error::Incomplete {
+            path: dir.to_path_buf(),
+            reason: "the manifest is marked incomplete".into(),
+        });
+    }
+    let mut shards = Vec::with_capacity(manifest.shards.len());
+    for entry in &manifest.shards {
+        let path = dir.join(&entry.file);
+        let index_path = dir.join(&entry.index);
+        let map = map_file(&path)?;
+        let index = fs::read(&index_path).at(&index_path)?;
+        let records = parse_index(&index_path, &index)?;
+        if records.len() != entry.records {
+            return Err(Error::not_a_dataset(
+                &index_path,
+                format!(
+                    "lists {} records but the manifest says {}",
+                    records.len(),
+                    entry.records
+                ),
+            ));
+        }
+        shards.push(Shard { path, map, records });
+    }
+    let mut info = manifest.info;
+    info.format = FormatKind::Records;
+    let starts = starts(&shards);
+    if starts.last() != Some(&info.num_samples) {
+        return Err(Error::not_a_dataset(
+            manifest_path,
+            format!(
+                "the shards hold {} records but the manifest says {}",
+                starts.last().copied().unwrap_or(0),
+                info.num_samples
+            ),
+        ));
+    }
+    Ok(Records {
+        shared: Arc::new(Shared {
+            path: dir.to_path_buf(),
+            info,
+            label_base: manifest.label_base,
+            shards,
+            starts,
+            notices: Vec::new(),
+        }),
+    })
+}
+
+fn starts(shards: &[Shard]) -> Vec<usize> {
+    let mut starts = Vec::with_capacity(shards.len() + 1);
+    let mut total = 0;
+    starts.push(0);
+    for shard in shards {
+        total += shard.records.len();
+        starts.push(total);
+    }
+    starts
+}
+
+fn open_foreign(path: &Path, shard_paths: &[PathBuf], options: &RecordsOptions) -> Result<Records> {
+    let mut notices = Vec::new();
+    let mut shards = Vec::with_capacity(shard_paths.len());
+    for shard_path in shard_paths {
+        let map = map_file(shard_path)?;
+        let index_path = index_path_for(shard_path);
+        let records = if index_path.is_file() {
+            parse_index(&index_path, &fs::read(&index_path).at(&index_path)?)?
+        } else {
+            let (records, stopped) = scan_shard(&map);
+            let lines: String = records
+                .iter()
+                .map(|(offset, len)| format!("{offset} {len}\n"))
+                .collect();
+            let saved = pack::write_file_atomically(&index_path, lines.as_bytes());
+            notices.push(format!(
+                "{}: no index; built one by scanning ({} records){}",
+                shard_path.display(),
+                records.len(),
+                match &saved {
+                    Ok(()) => format!(", saved as {}", index_path.display()),
+                    Err(e) => format!(", kept in memory (could not save it: {e})"),
+                }
+            ));
+            if let Some(reason) = stopped {
+                notices.push(format!(
+                    "{}: the scan stopped early, records after it are unreachable: {reason}",
+                    shard_path.display()
+                ));
+            }
+            records
+        };
+        shards.push(Shard {
+            path: shard_path.clone(),
+            map,
+            records,
+        });
+    }
+    let label_base = options.label_base.unwrap_or(0);
+    let starts = starts(&shards);
+    let num_samples = *starts.last().expect("starts has a total");
+    let num_classes = match options.num_classes {
+        Some(n) => n,
+        None => {
+            // One pass over the labels: every record is parsed (its CRCs too); unreadable ones
+            // are left for the reader to report as bad samples.
+            let mut max: i64 = -1;
+            for shard in &shards {
+                for &(offset, len) in &shard.records {
+                    if let Some(bytes) = record_bytes(&shard.map, offset, len)
+                        && let Ok(data) = unframe(bytes)
+                        && let Ok(features) = example::parse(data)
+                        && let Some(label) = example::int64(&features, features::LABEL)
+                    {
+                        max = max.max(label - i64::from(label_base));
+                    }
+                }
+            }
+            if num_samples > 0 && max < 0 {
+                return Err(Error::not_a_dataset(
+                    path,
+                    format!(
+                        "no record has an {} at or above the label base {label_base}",
+                        features::LABEL
+                    ),
+                ));
+            }
+            (max + 1) as usize
+        }
+    };
+    Ok(Records {
+        shared: Arc::new(Shared {
+            path: path.to_path_buf(),
+            info: DatasetInfo {
+                format: FormatKind::Records,
+                classes: (0..num_classes).map(|c| c.to_string()).collect(),
+                num_samples,
+                payload: PayloadKind::Encoded,
+                resized_short_side: None,
+                part: None,
+            },
+            label_base,
+            shards,
+            starts,
+            notices,
+        }),
+    })
+}
+
+fn record_bytes(map: &[u8], offset: u64, len: u64) -> Option<&[u8]> {
+    let end = offset.checked_add(len)?;
+    map.get(usize::try_from(offset).ok()?..usize::try_from(end).ok()?)
+}
+
+impl Dataset for Records {
+    fn info(&self) -> &DatasetInfo {
+        &self.shared.info
+    }
+
+    fn path(&self) -> &Path {
+        &self.shared.path
+    }
+
+    fn open_reader(&self) -> Result<Box<dyn RecordReader>> {
+        Ok(Box::new(RecordsReader {
+            shared: Arc::clone(&self.shared),
+            key: String::new(),
+        }))
+    }
+}
+
+/// Per-worker handle over the shared maps.
+struct RecordsReader {
+    shared: Arc<Shared>,
+    key: String,
+}
+
+impl RecordReader for RecordsReader {
+    fn read(&mut self, index: usize) -> Result<Record<'_>> {
+        let shared = &*self.shared;
+        assert!(
+            index < shared.info.num_samples,
+            "index {index} out of range for {} samples",
+            shared.info.num_samples
+        );
+        let shard_number = shared.starts.partition_point(|&s| s <= index) - 1;
+        let shard = &shared.shards[shard_number];
+        let within = index - shared.starts[shard_number];
+        let corrupt = |key: &str, reason: String| Error::CorruptRecord {
+            path: shard.path.clone(),
+            index,
+            key: key.to_string(),
+            reason: format!("record {within} of the shard: {reason}"),
+        };
+        let (offset, len) = shard.records[within];
+        let bytes = record_bytes(&shard.map, offset, len).ok_or_else(|| {
+            corrupt(
+                "?",
+                format!(
+                    "the index puts it at bytes {offset}..{} but the shard has {} (truncated?)",
+                    offset.saturating_add(len),
+                    shard.map.len()
+                ),
+            )
+        })?;
+        let data = unframe(bytes).map_err(|reason| corrupt("?", reason))?;
+        let features = example::parse(data).map_err(|reason| corrupt("?", reason))?;
+        let key = match example::bytes(&features, features::FILENAME)
+            .and_then(|k| std::str::from_utf8(k).ok())
+        {
+            Some(key) => key,
+            None => {
+                self.key = format!("{}#{within}", shard.path.display());
+                self.key.as_str()
+            }
+        };
+        let payload = example::bytes(&features, features::ENCODED)
+            .ok_or_else(|| corrupt(key, format!("no {} feature", features::ENCODED)))?;
+        let stored = example::int64(&features, features::LABEL)
+            .ok_or_else(|| corrupt(key, format!("no {} feature", features::LABEL)))?;
+        let label = u32::try_from(stored - i64::from(shared.label_base)).map_err(|_| {
+            corrupt(
+                key,
+                format!(
+                    "label {stored} is below the label base {}",
+                    shared.label_base
+                ),
+            )
+        })?;
+        shared.info.check_label(&shard.path, index, key, label)?;
+        Ok(Record {
+            index,
+            key,
+            label,
+            payload,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc_is_castagnoli() {
+        // The CRC-32C check value; the mask itself is checked against TensorFlow-format files
+        // written by the Python tfrecord package (tests/compat.rs).
+        assert_eq!(crc32c::crc32c(b"123456789"), 0xe306_9283);
+        assert_ne!(masked_crc(b"123456789"), 0xe306_9283);
+    }
+
+    #[test]
+    fn frames_round_trip_and_corruption_is_detected() {
+        let mut shard = Vec::new();
+        frame(&mut shard, b"first");
+        frame(&mut shard, b"second record");
+        let (records, stopped) = scan_shard(&shard);
+        assert_eq!(stopped, None);
+        assert_eq!(records, [(0, 21), (21, 29)]);
+        assert_eq!(unframe(&shard[21..]).unwrap(), b"second record");
+
+        let mut bad = shard.clone();
+        bad[21 + 14] ^= 1; // a data byte of the second record
+        assert!(unframe(&bad[21..]).unwrap_err().contains("data's CRC"));
+        let mut bad = shard.clone();
+        bad[21] ^= 1; // its length
+        assert!(unframe(&bad[21..]).unwrap_err().contains("length's CRC"));
+        let (records, stopped) = scan_shard(&bad);
+        assert_eq!(records.len(), 1);
+        assert!(
+            stopped
+                .unwrap()
+                .contains("record 1 at byte 21: bad length CRC")
+        );
+
+        let (records, stopped) = scan_shard(&shard[..40]);
+        assert_eq!(records.len(), 1);
+        assert!(stopped.unwrap().contains("truncated"));
+    }
+
+    #[test]
+    fn shard_names_and_index_paths() {
+        assert!(is_shard_name(Path::new("/d/train-00000-of-01024")));
+        assert!(is_shard_name(Path::new("/d/x.tfrecord")));
+        assert!(!is_shard_name(Path::new("/d/x.index")));
+        assert!(!is_shard_name(Path::new("/d/notes-of-12345")));
+        assert_eq!(
+            index_path_for(Path::new("/d/x.tfrecord")),
+            Path::new("/d/x.index")
+        );
+        assert_eq!(
+            index_path_for(Path::new("/d/train-00000-of-01024")),
+            Path::new("/d/train-00000-of-01024.index")
+        );
+    }
+}

@@ -1,0 +1,348 @@
+//! What only the HDF5 and record-shard formats have: staged crash-safe writing and resume,
+//! corrupt files (bad CRCs, offsets past the end, truncation) reported by file and record, and
+//! split conversions joined back together.
+
+mod support;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use imagefeed::loader::{BadSamplePolicy, Loader, LoaderConfig};
+use imagefeed::pack::{self, NoProgress, PackFormat, PackObserver, PackOptions, StartMode};
+use imagefeed::transform::Transform;
+use imagefeed::{Error, format, verify};
+use support::{BROKEN, Row, fixture_root, pack_as, records, small_options};
+
+/// Panics (unwinding like a crash at that point) once `stop_after` chunks are committed.
+struct Crash {
+    chunks: AtomicUsize,
+    stop_after: usize,
+}
+
+impl PackObserver for Crash {
+    fn advanced(&self, _done: usize, _bytes: u64) {
+        if self.chunks.fetch_add(1, Ordering::SeqCst) + 1 == self.stop_after {
+            panic!("simulated crash");
+        }
+    }
+}
+
+fn all_records(path: &Path) -> Vec<Row> {
+    records(format::open(path).unwrap().as_ref())
+}
+
+fn append_garbage(path: &Path) {
+    use std::io::Write as _;
+    let mut file = fs::OpenOptions::new().append(true).open(path).unwrap();
+    file.write_all(b"half-written chunk that was never committed")
+        .unwrap();
+}
+
+#[test]
+fn interrupted_hdf5_and_records_packs_resume_to_the_same_dataset() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixture_root();
+    for (format, name) in [
+        (PackFormat::Hdf5, "resumed.h5"),
+        (PackFormat::Records, "resumed.records"),
+    ] {
+        let out = dir.path().join(name);
+        let options = PackOptions {
+            shard_bytes: 8 << 10,
+            ..small_options()
+        };
+        let crash = Crash {
+            chunks: AtomicUsize::new(0),
+            stop_after: 2,
+        };
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pack::pack_image_folder(&src, &out, format, &options, &crash)
+        }));
+        assert!(result.is_err(), "{name}: finished before the crash");
+        assert!(
+            !out.exists(),
+            "{name}: a partial output under the final name"
+        );
+        let err = format::open(&out).unwrap_err();
+        assert!(
+            matches!(err, Error::Incomplete { .. }) && err.to_string().contains("--resume"),
+            "{name}: {err}"
+        );
+        // What a crash in the middle of the next chunk leaves: bytes past the last commit.
+        let partial = pack::partial_path(&out);
+        let staged: Vec<PathBuf> = fs::read_dir(&partial)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                p.extension()
+                    .is_some_and(|x| x == "bin" || x == "tfrecord" || x == "index")
+            })
+            .collect();
+        assert!(!staged.is_empty(), "{name}: nothing staged");
+        for path in &staged {
+            append_garbage(path);
+        }
+        // Without --resume the partial output is left alone.
+        let err = pack::pack_image_folder(&src, &out, format, &options, &NoProgress).unwrap_err();
+        assert!(err.to_string().contains("--resume"), "{name}: {err}");
+
+        let resume = PackOptions {
+            mode: StartMode {
+                resume: true,
+                force: false,
+            },
+            ..options.clone()
+        };
+        let summary = pack::pack_image_folder(&src, &out, format, &resume, &NoProgress).unwrap();
+        assert_eq!(
+            summary.resumed_from, 8,
+            "{name}: 2 chunks of 4 were committed"
+        );
+        assert_eq!(summary.samples, 16);
+        let rejected: Vec<&str> = summary.rejected.iter().map(|r| r.key.as_str()).collect();
+        assert_eq!(rejected, BROKEN, "{name}");
+        assert!(!partial.exists(), "{name}: staging left behind");
+
+        let clean = dir.path().join(format!("clean-{name}"));
+        pack_as(&src, &clean, format, &options);
+        assert!(all_records(&out) == all_records(&clean), "{name}: differs");
+        let report = verify::verify(&out, Some(&src)).unwrap();
+        assert!(report.is_ok(), "{name}: {:?}", report.problems);
+    }
+}
+
+#[test]
+fn hdf5_offsets_past_the_data_and_truncated_files_are_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad-offsets.h5");
+    pack_as(&fixture_root(), &path, PackFormat::Hdf5, &small_options());
+    {
+        let file = hdf5::File::open_rw(&path).unwrap();
+        let offsets = file.dataset("offsets").unwrap();
+        offsets.write_slice(&[u64::MAX / 2][..], 4..5).unwrap();
+    }
+    let dataset = format::open(&path).unwrap();
+    let mut reader = dataset.open_reader().unwrap();
+    assert!(reader.read(2).is_ok());
+    for index in [3, 4] {
+        let err = reader.read(index).unwrap_err();
+        let message = err.to_string();
+        assert!(
+            matches!(err, Error::CorruptRecord { .. })
+                && message.contains("bad-offsets.h5")
+                && message.contains(&format!("record {index} ("))
+                && message.contains("outside the"),
+            "{message}"
+        );
+    }
+
+    let cut = dir.path().join("cut.h5");
+    pack_as(&fixture_root(), &cut, PackFormat::Hdf5, &small_options());
+    let bytes = fs::read(&cut).unwrap();
+    fs::write(&cut, &bytes[..bytes.len() * 3 / 4]).unwrap();
+    let err = format::open(&cut).unwrap_err().to_string();
+    assert!(err.contains("cut.h5"), "{err}");
+
+    let garbage = dir.path().join("garbage.h5");
+    let mut fake = imagefeed::format::hdf5::SIGNATURE.to_vec();
+    fake.extend_from_slice(&[0u8; 600]);
+    fs::write(&garbage, fake).unwrap();
+    let err = format::open(&garbage).unwrap_err().to_string();
+    assert!(err.contains("garbage.h5") && err.contains("HDF5"), "{err}");
+}
+
+/// Where record `index` lies in its shard: (shard path, offset, length), from the indexes.
+fn locate(dir: &Path, index: usize) -> (PathBuf, u64, u64) {
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&fs::read(dir.join("imagefeed-records.json")).unwrap()).unwrap();
+    let mut left = index;
+    for shard in manifest["shards"].as_array().unwrap() {
+        let n = shard["records"].as_u64().unwrap() as usize;
+        if left < n {
+            let index_text =
+                fs::read_to_string(dir.join(shard["index"].as_str().unwrap())).unwrap();
+            let line = index_text.lines().nth(left).unwrap();
+            let (offset, len) = line.split_once(' ').unwrap();
+            return (
+                dir.join(shard["file"].as_str().unwrap()),
+                offset.parse().unwrap(),
+                len.parse().unwrap(),
+            );
+        }
+        left -= n;
+    }
+    panic!("no record {index}");
+}
+
+#[test]
+fn corrupt_and_truncated_shards_are_bad_samples_naming_shard_and_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.records");
+    let options = PackOptions {
+        shard_bytes: 8 << 10,
+        ..small_options()
+    };
+    pack_as(&fixture_root(), &path, PackFormat::Records, &options);
+    // Flip one byte inside record 5's data.
+    let (shard, offset, len) = locate(&path, 5);
+    let mut bytes = fs::read(&shard).unwrap();
+    bytes[(offset + len / 2) as usize] ^= 0x55;
+    fs::write(&shard, bytes).unwrap();
+    // Cut the last shard short, in the middle of its last record.
+    let (last_shard, last_offset, last_len) = locate(&path, 15);
+    let bytes = fs::read(&last_shard).unwrap();
+    fs::write(&last_shard, &bytes[..(last_offset + last_len / 2) as usize]).unwrap();
+
+    let dataset = format::open(&path).unwrap();
+    let mut reader = dataset.open_reader().unwrap();
+    let err = reader.read(5).unwrap_err().to_string();
+    assert!(
+        err.contains(&shard.file_name().unwrap().to_string_lossy().to_string())
+            && err.contains("record 5 (")
+            && err.contains("CRC"),
+        "{err}"
+    );
+    let err = reader.read(15).unwrap_err().to_string();
+    assert!(err.contains("truncated"), "{err}");
+    assert!(reader.read(4).is_ok() && reader.read(6).is_ok());
+
+    // The loader skips both and reports them by index; the epoch completes.
+    let config = LoaderConfig {
+        batch_size: 4,
+        workers: 2,
+        transform: Transform::none(),
+        bad_samples: BadSamplePolicy::Skip,
+        ..LoaderConfig::default()
+    };
+    let loader = Loader::new(dataset, config).unwrap();
+    let mut bad = Vec::new();
+    let mut delivered = 0;
+    for batch in loader.epoch(0) {
+        let batch = batch.unwrap();
+        delivered += batch.len();
+        bad.extend(batch.bad.iter().map(|b| b.index));
+    }
+    bad.sort();
+    assert_eq!(bad, [5, 15]);
+    assert_eq!(delivered, 14);
+}
+
+#[test]
+fn a_split_conversion_joins_into_exactly_the_unsplit_dataset() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixture_root();
+    // Four parts of the tree with its broken files: each part rejects its own.
+    let mut rejected = Vec::new();
+    let parts: Vec<PathBuf> = (0..4)
+        .rev()
+        .map(|i| {
+            let part = dir.path().join(format!("part-{i}.lmdb"));
+            let options = PackOptions {
+                part: Some((i, 4)),
+                ..small_options()
+            };
+            let summary = pack_as(&src, &part, PackFormat::Lmdb, &options);
+            rejected.extend(summary.rejected.into_iter().map(|r| r.key));
+            part
+        })
+        .collect();
+    rejected.sort();
+    assert_eq!(rejected, BROKEN);
+    let part_info = format::open(&parts[0])
+        .unwrap()
+        .info()
+        .part
+        .clone()
+        .unwrap();
+    assert_eq!((part_info.index, part_info.count), (3, 4));
+
+    let whole = dir.path().join("whole.records");
+    pack_as(&src, &whole, PackFormat::Records, &small_options());
+    for (format, name) in [
+        (PackFormat::Records, "joined.records"),
+        (PackFormat::Lmdb, "joined.lmdb"),
+    ] {
+        let joined = dir.path().join(name);
+        let summary = pack::join(&parts, &joined, format, &small_options(), &NoProgress).unwrap();
+        assert_eq!(summary.samples, 16);
+        assert!(all_records(&joined) == all_records(&whole), "{name}");
+        assert!(format::open(&joined).unwrap().info().part.is_none());
+        assert!(verify::verify(&joined, Some(&src)).unwrap().is_ok());
+    }
+
+    // Missing and repeated parts, parts of another conversion, and whole datasets are refused.
+    let out = dir.path().join("never.lmdb");
+    let join = |parts: &[PathBuf]| {
+        pack::join(parts, &out, PackFormat::Lmdb, &small_options(), &NoProgress)
+            .unwrap_err()
+            .to_string()
+    };
+    let err = join(&parts[..3]);
+    assert!(err.contains("missing: [0]"), "{err}");
+    let err = join(&[
+        parts[0].clone(),
+        parts[0].clone(),
+        parts[1].clone(),
+        parts[2].clone(),
+    ]);
+    assert!(err.contains("given twice: [3]"), "{err}");
+    let other = dir.path().join("other-part.lmdb");
+    let other_src = dir.path().join("other-src");
+    support::copy_tree(&src, &other_src);
+    fs::remove_file(other_src.join("class02/img00003.jpg")).unwrap();
+    pack_as(
+        &other_src,
+        &other,
+        PackFormat::Lmdb,
+        &PackOptions {
+            part: Some((0, 4)),
+            ..small_options()
+        },
+    );
+    let mixed = [parts[0].clone(), parts[1].clone(), parts[2].clone(), other];
+    let err = join(&mixed);
+    assert!(err.contains("parts of different conversions"), "{err}");
+    let err = join(std::slice::from_ref(&whole));
+    assert!(err.contains("not a part of a split conversion"), "{err}");
+    assert!(!out.exists());
+
+    // A part index past the count is a configuration error, not a panic.
+    let err = pack::pack_image_folder(
+        &src,
+        &dir.path().join("x.lmdb"),
+        PackFormat::Lmdb,
+        &PackOptions {
+            part: Some((4, 4)),
+            ..small_options()
+        },
+        &NoProgress,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("--shard-index 4"), "{err}");
+}
+
+#[test]
+fn convert_writes_every_format_from_an_h5py_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let h5py = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/compat/h5py-vlen.h5");
+    let source = records(format::open(&h5py).unwrap().as_ref());
+    for (format, name) in [
+        (PackFormat::Lmdb, "c.lmdb"),
+        (PackFormat::Hdf5, "c.h5"),
+        (PackFormat::Records, "c.records"),
+    ] {
+        let out = dir.path().join(name);
+        let summary = pack::convert(&h5py, &out, format, &small_options(), &NoProgress).unwrap();
+        // The broken files h5py stored unchecked are rejected by key.
+        assert_eq!(summary.rejected.len(), BROKEN.len(), "{name}");
+        let kept: Vec<Row> = source
+            .iter()
+            .filter(|r| !summary.rejected.iter().any(|x| x.key == r.0))
+            .cloned()
+            .collect();
+        assert!(all_records(&out) == kept, "{name}");
+        let dataset = format::open(&out).unwrap();
+        assert_eq!(dataset.classes(), ["class00", "class01", "class02"]);
+    }
+}
