@@ -174,6 +174,12 @@ pub trait Dataset: Send + Sync {
     fn classes(&self) -> &[String] {
         &self.info().classes
     }
+
+    /// Things opening the dataset did or found that the user should hear about (for example an
+    /// index built for a TFRecord shard that had none). Programs print them; empty by default.
+    fn notices(&self) -> &[String] {
+        &[]
+    }
 }
 
 impl std::fmt::Debug for dyn Dataset {

@@ -99,6 +99,9 @@ pub struct Inspection {
     pub bad_records: Vec<BadRecord>,
     /// Files rejected when the dataset was packed (packed formats only).
     pub rejected_at_pack: Option<usize>,
+    /// What opening the dataset reported (e.g. an index built for a TFRecord shard).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notices: Vec<String>,
 }
 
 /// Lets an `Arc<dyn Dataset>` stand where a `Box<dyn Dataset>` is wanted.
@@ -113,6 +116,9 @@ impl Dataset for ArcDataset {
     }
     fn open_reader(&self) -> Result<Box<dyn crate::dataset::RecordReader>> {
         self.0.open_reader()
+    }
+    fn notices(&self) -> &[String] {
+        self.0.notices()
     }
 }
 
@@ -257,5 +263,6 @@ pub fn inspect(path: impl AsRef<Path>) -> Result<Inspection> {
         payload_formats: formats,
         bad_records,
         rejected_at_pack,
+        notices: dataset.notices().to_vec(),
     })
 }

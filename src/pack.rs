@@ -245,6 +245,9 @@ pub struct PackSummary {
     pub skipped_non_images: usize,
     /// Source files a resumed run found already done.
     pub resumed_from: usize,
+    /// What opening the source reported (e.g. an index built for a TFRecord shard).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notices: Vec<String>,
     /// Wall time of this run.
     pub seconds: f64,
     /// Source files processed per second in this run.
@@ -847,6 +850,10 @@ fn pack_source(
             Source::Records(_) | Source::Joined(_) => 0,
         },
         resumed_from,
+        notices: items
+            .dataset()
+            .map(|d| d.notices().to_vec())
+            .unwrap_or_default(),
         seconds,
         images_per_sec: processed as f64 / seconds.max(1e-9),
     };
@@ -874,6 +881,7 @@ pub struct JoinedParts {
     starts: Vec<usize>,
     info: DatasetInfo,
     path: PathBuf,
+    notices: Vec<String>,
 }
 
 impl JoinedParts {
@@ -948,7 +956,12 @@ impl JoinedParts {
         let mut info = reference_set.info().clone();
         info.num_samples = *starts.last().expect("non-empty");
         info.part = None;
+        let notices = parts
+            .iter()
+            .flat_map(|(_, d)| d.notices().iter().cloned())
+            .collect();
         Ok(JoinedParts {
+            notices,
             parts: parts.into_iter().map(|(_, d)| d).collect(),
             starts,
             info,
@@ -964,6 +977,10 @@ impl Dataset for JoinedParts {
 
     fn path(&self) -> &Path {
         &self.path
+    }
+
+    fn notices(&self) -> &[String] {
+        &self.notices
     }
 
     fn open_reader(&self) -> Result<Box<dyn RecordReader>> {

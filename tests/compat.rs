@@ -297,6 +297,7 @@ fn tfrecord_shards_without_an_index_get_one_and_read_like_their_source() {
     };
     let dataset = Records::open_with(&shards, &options).unwrap();
     assert_eq!(dataset.notices().len(), 2, "{:?}", dataset.notices());
+    assert!(dataset.notices()[1].contains("train-00001-of-00002"));
     assert!(dataset.notices()[0].contains("no index; built one by scanning"));
     assert!(shards.join("train-00000-of-00002.index").is_file());
     let expected = fixture_files();
@@ -310,6 +311,20 @@ fn tfrecord_shards_without_an_index_get_one_and_read_like_their_source() {
     let base0 = Records::open(&shards).unwrap();
     assert_eq!(base0.classes().len(), 4);
     assert_eq!(records(&base0)[0].1, expected[0].1 + 1);
+    // A base above the smallest label makes those records bad samples, with the reason.
+    let base2 = RecordsOptions {
+        label_base: Some(2),
+        num_classes: Some(2),
+    };
+    let base2 = Records::open_with(&shards, &base2).unwrap();
+    let mut reader = base2.open_reader().unwrap();
+    let first = expected.iter().position(|r| r.1 == 0).unwrap();
+    let err = reader.read(first).unwrap_err().to_string();
+    assert!(
+        err.contains("train-00000-of-00002") && err.contains("label 1 is below the label base 2"),
+        "{err}"
+    );
+    assert!(reader.read(expected.len() - 1).is_ok());
 }
 
 fn python_with(modules: &str) -> Option<String> {

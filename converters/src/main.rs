@@ -383,6 +383,9 @@ fn pack(
 
 fn format_summary(s: &PackSummary) -> String {
     let mut o = String::new();
+    for notice in &s.notices {
+        w!(o, "note: {notice}");
+    }
     w!(
         o,
         "packed {} samples ({} classes) into {}: {} of payload, {} file",
@@ -426,6 +429,9 @@ fn format_summary(s: &PackSummary) -> String {
 
 fn format_inspection(i: &Inspection) -> String {
     let mut o = String::new();
+    for notice in &i.notices {
+        w!(o, "note: {notice}");
+    }
     w!(o, "dataset:     {}", i.path.display());
     w!(o, "format:      {} ({:?} payloads)", i.format, i.payload);
     w!(

@@ -355,6 +355,37 @@ fn hdf5_records_split_and_join_from_the_command_line() {
         stdout(&o)
     );
 
+    // TFRecord shards another tool wrote, without indexes: converted, and the user is told.
+    let shards = dir.path().join("tf");
+    std::fs::create_dir(&shards).unwrap();
+    let compat = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/compat/tfrecord");
+    for entry in std::fs::read_dir(compat).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), shards.join(entry.file_name())).unwrap();
+    }
+    let from_tf = dir.path().join("from-tf.h5");
+    let o = run(&[
+        &"convert",
+        &"-q",
+        &"--to",
+        &"hdf5",
+        &"--input-label-base",
+        &"1",
+        &shards,
+        &from_tf,
+    ]);
+    succeeded(&o);
+    assert!(
+        stdout(&o).contains("note: ") && stdout(&o).contains("no index; built one by scanning"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(
+        stdout(&o).contains("packed 16 samples (3 classes)"),
+        "{}",
+        stdout(&o)
+    );
+
     // A join with a part missing fails, names the problem, and writes nothing.
     let never = dir.path().join("never.lmdb");
     let o = run(&[&"join", &"-q", &"-o", &never, &parts[0]]);

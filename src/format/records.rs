@@ -570,12 +570,6 @@ impl Records {
         open_foreign(path, &shard_paths, options)
     }
 
-    /// What opening did that the user should know (indexes built, records the index scan
-    /// could not reach).
-    pub fn notices(&self) -> &[String] {
-        &self.shared.notices
-    }
-
     /// The label base: stored labels are class index + this.
     pub fn label_base(&self) -> u32 {
         self.shared.label_base
@@ -826,6 +820,10 @@ fn record_bytes(map: &[u8], offset: u64, len: u64) -> Option<&[u8]> {
 impl Dataset for Records {
     fn info(&self) -> &DatasetInfo {
         &self.shared.info
+    }
+
+    fn notices(&self) -> &[String] {
+        &self.shared.notices
     }
 
     fn path(&self) -> &Path {
