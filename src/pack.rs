@@ -326,6 +326,52 @@ pub fn publish(partial: &Path, out: &Path) -> Result<()> {
     Ok(())
 }
 
+/// `Err(Incomplete)` when `path` does not exist but `PATH.partial` does: a pack was interrupted,
+/// and the message says how to finish it.
+pub(crate) fn refuse_interrupted(path: &Path) -> Result<()> {
+    let partial = partial_path(path);
+    if !path.exists() && partial.exists() {
+        return Err(Error::Incomplete {
+            path: path.to_path_buf(),
+            reason: format!(
+                "only {} exists: the pack was interrupted; rerun it with --resume",
+                partial.display()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Reads the JSON progress record `name` that a staged writer keeps in `partial`.
+pub(crate) fn read_staged_progress<T: for<'de> Deserialize<'de>>(
+    partial: &Path,
+    name: &str,
+    what: &str,
+) -> Result<T> {
+    let path = partial.join(name);
+    let text = fs::read_to_string(&path).map_err(|e| Error::ResumeMismatch {
+        path: partial.to_path_buf(),
+        reason: format!("not a partial {what} (no readable {name}: {e})"),
+    })?;
+    serde_json::from_str(&text).map_err(|e| Error::ResumeMismatch {
+        path,
+        reason: format!("malformed: {e}"),
+    })
+}
+
+/// Cuts a staged file back to the `committed` length its progress record gives, dropping what
+/// a chunk in flight wrote before the run stopped; refuses a file shorter than that.
+pub(crate) fn cut_to_committed(file: &fs::File, path: &Path, committed: u64) -> Result<()> {
+    let have = file.metadata().at(path)?.len();
+    if have < committed {
+        return Err(Error::ResumeMismatch {
+            path: path.to_path_buf(),
+            reason: format!("{have} bytes, but {committed} were committed: the file was cut"),
+        });
+    }
+    file.set_len(committed).at(path)
+}
+
 /// Replaces `path` with `bytes` atomically: writes `PATH.tmp`, syncs it, renames it over `path`.
 pub(crate) fn write_file_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut tmp = path.as_os_str().to_owned();

@@ -85,24 +85,9 @@ fn the_loader_reports_the_broken_files_inside_a_python_lmdb() {
 /// The Python used for the cross-reads: $IMAGEFEED_PYTHON (make test points it at a virtual
 /// environment with the `lmdb` package), else `python3`. `None`, with the reason printed, when it
 /// or its `lmdb` package is missing.
-fn python_with_lmdb() -> Option<String> {
-    let python = std::env::var("IMAGEFEED_PYTHON").unwrap_or_else(|_| "python3".into());
-    match Command::new(&python).args(["-c", "import lmdb"]).output() {
-        Ok(o) if o.status.success() => Some(python),
-        Ok(_) => {
-            eprintln!("SKIPPED: {python} has no `lmdb` package (make test installs it into .venv)");
-            None
-        }
-        Err(e) => {
-            eprintln!("SKIPPED: no Python ({python}: {e})");
-            None
-        }
-    }
-}
-
 #[test]
 fn py_lmdb_reads_our_lmdb_as_the_readme_documents() {
-    let Some(python) = python_with_lmdb() else {
+    let Some(python) = python_with("lmdb") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -120,32 +105,7 @@ with env.begin() as txn:
         label, k = struct.unpack_from("<II", v)
         print(v[8:8 + k].decode(), label, v[8 + k:].hex())
 "#;
-    let output = Command::new(&python)
-        .arg("-c")
-        .arg(script)
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let text = String::from_utf8(output.stdout).unwrap();
-    let got: Vec<(String, u32, Vec<u8>)> = text
-        .lines()
-        .map(|l| {
-            let mut parts = l.split(' ');
-            let key = parts.next().unwrap().to_string();
-            let label = parts.next().unwrap().parse().unwrap();
-            let hex = parts.next().unwrap();
-            let bytes = (0..hex.len())
-                .step_by(2)
-                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-                .collect();
-            (key, label, bytes)
-        })
-        .collect();
+    let got = python_rows(&python, script, &[&out]);
     let expected = fixture_records_without_broken();
     assert_eq!(got, expected);
 }

@@ -6,27 +6,12 @@ mod support;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use imagefeed::loader::{BadSamplePolicy, Loader, LoaderConfig};
-use imagefeed::pack::{self, NoProgress, PackFormat, PackObserver, PackOptions, StartMode};
+use imagefeed::pack::{self, NoProgress, PackFormat, PackOptions, StartMode};
 use imagefeed::transform::Transform;
 use imagefeed::{Error, format, verify};
-use support::{BROKEN, Row, fixture_root, pack_as, records, small_options};
-
-/// Panics (unwinding like a crash at that point) once `stop_after` chunks are committed.
-struct Crash {
-    chunks: AtomicUsize,
-    stop_after: usize,
-}
-
-impl PackObserver for Crash {
-    fn advanced(&self, _done: usize, _bytes: u64) {
-        if self.chunks.fetch_add(1, Ordering::SeqCst) + 1 == self.stop_after {
-            panic!("simulated crash");
-        }
-    }
-}
+use support::{BROKEN, Crash, Row, fixture_root, pack_as, records, small_options};
 
 fn all_records(path: &Path) -> Vec<Row> {
     records(format::open(path).unwrap().as_ref())
@@ -52,10 +37,7 @@ fn interrupted_hdf5_and_records_packs_resume_to_the_same_dataset() {
             shard_bytes: 8 << 10,
             ..small_options()
         };
-        let crash = Crash {
-            chunks: AtomicUsize::new(0),
-            stop_after: 2,
-        };
+        let crash = Crash::after(2);
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             pack::pack_image_folder(&src, &out, format, &options, &crash)
         }));

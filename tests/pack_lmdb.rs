@@ -5,15 +5,14 @@ mod support;
 
 use std::fs;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use imagefeed::dataset::{Dataset as _, PayloadKind};
 use imagefeed::decode::{Decoder, RawImage};
 use imagefeed::format::lmdb::Lmdb;
-use imagefeed::pack::{self, PackFormat, PackObserver, PackOptions, PackSummary, StartMode};
+use imagefeed::pack::{self, PackFormat, PackOptions, PackSummary, StartMode};
 use imagefeed::{Error, inspect, verify};
 use support::{
-    BROKEN, copy_tree, fixture_records_without_broken, fixture_root, pack_lmdb, records,
+    BROKEN, Crash, copy_tree, fixture_records_without_broken, fixture_root, pack_lmdb, records,
     small_options, try_pack_lmdb,
 };
 
@@ -123,26 +122,8 @@ fn existing_output_is_kept_unless_forced() {
     assert_eq!(Lmdb::open(&out).unwrap().classes(), ["class00", "class01"]);
 }
 
-/// Stops the pack (by panicking, which unwinds like an abort at that point: the open write
-/// transaction is discarded) after `stop_after` chunks have been committed.
-struct Crash {
-    chunks: AtomicUsize,
-    stop_after: usize,
-}
-
-impl PackObserver for Crash {
-    fn advanced(&self, _done: usize, _bytes: u64) {
-        if self.chunks.fetch_add(1, Ordering::SeqCst) + 1 == self.stop_after {
-            panic!("simulated crash");
-        }
-    }
-}
-
 fn crash_after(src: &Path, out: &Path, options: &PackOptions, chunks: usize) {
-    let crash = Crash {
-        chunks: AtomicUsize::new(0),
-        stop_after: chunks,
-    };
+    let crash = Crash::after(chunks);
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         pack::pack_image_folder(src, out, PackFormat::Lmdb, options, &crash)
     }));

@@ -157,11 +157,18 @@ impl RawImage {
     pub fn encode(width: u32, height: u32, pixels: &[u8]) -> Vec<u8> {
         assert_eq!(pixels.len(), width as usize * height as usize * 3);
         let mut out = Vec::with_capacity(Self::HEADER_LEN + pixels.len());
+        Self::start(&mut out, width, height);
+        out.extend_from_slice(pixels);
+        out
+    }
+
+    /// Clears `out` and writes a raw payload's header into it; the caller appends the
+    /// `width × height × 3` pixel bytes (this lets a reader reuse one buffer per sample).
+    pub fn start(out: &mut Vec<u8>, width: u32, height: u32) {
+        out.clear();
         out.extend_from_slice(Self::MAGIC);
         out.extend_from_slice(&width.to_le_bytes());
         out.extend_from_slice(&height.to_le_bytes());
-        out.extend_from_slice(pixels);
-        out
     }
 
     /// Splits a raw payload into its size and pixels, checking the length.

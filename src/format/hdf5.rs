@@ -158,7 +158,6 @@ pub struct Hdf5Writer {
     index: fs::File,
     payload_bytes: u64,
     index_bytes: u64,
-    buffer: Vec<u8>,
 }
 
 impl Hdf5Writer {
@@ -188,40 +187,22 @@ impl Hdf5Writer {
                 plan: plan.clone(),
                 payload_bytes: 0,
                 index_bytes: 0,
-                buffer: Vec::new(),
             };
             let progress = PackProgress::default();
             writer.save_progress(&progress)?;
             return Ok((writer, progress));
         }
-        let progress_path = partial.join(STAGED_PROGRESS);
-        let text = fs::read_to_string(&progress_path).map_err(|e| Error::ResumeMismatch {
-            path: partial.clone(),
-            reason: format!("not a partial imagefeed HDF5 (no readable {STAGED_PROGRESS}: {e})"),
-        })?;
         let staged: StagedProgress =
-            serde_json::from_str(&text).map_err(|e| Error::ResumeMismatch {
-                path: progress_path.clone(),
-                reason: format!("malformed: {e}"),
-            })?;
+            pack::read_staged_progress(&partial, STAGED_PROGRESS, "imagefeed HDF5")?;
         staged.plan.check_resumable(plan, &partial)?;
         let payloads = open(STAGED_PAYLOADS, false)?;
         let index = open(STAGED_INDEX, false)?;
-        for (file, len, name) in [
-            (&payloads, staged.payload_bytes, STAGED_PAYLOADS),
-            (&index, staged.index_bytes, STAGED_INDEX),
-        ] {
-            let path = partial.join(name);
-            let have = file.metadata().at(&path)?.len();
-            if have < len {
-                return Err(Error::ResumeMismatch {
-                    path,
-                    reason: format!("{have} bytes, but {len} were committed: the file was cut"),
-                });
-            }
-            // Drop the chunk that was in flight when the run stopped.
-            file.set_len(len).at(&path)?;
-        }
+        pack::cut_to_committed(
+            &payloads,
+            &partial.join(STAGED_PAYLOADS),
+            staged.payload_bytes,
+        )?;
+        pack::cut_to_committed(&index, &partial.join(STAGED_INDEX), staged.index_bytes)?;
         let writer = Hdf5Writer {
             partial,
             out,
@@ -230,7 +211,6 @@ impl Hdf5Writer {
             index,
             payload_bytes: staged.payload_bytes,
             index_bytes: staged.index_bytes,
-            buffer: Vec::new(),
         };
         Ok((writer, staged.progress))
     }
@@ -250,7 +230,7 @@ impl Hdf5Writer {
     }
 
     /// Writes the final HDF5 file from the staged data.
-    fn write_hdf5(&mut self, path: &Path, info: &DatasetInfo) -> Result<()> {
+    fn write_hdf5(&self, path: &Path, info: &DatasetInfo) -> Result<()> {
         let h5 = |doing: &str| {
             let doing = doing.to_string();
             move |e: hdf5::Error| Error::hdf5(path, &doing, e)
@@ -295,17 +275,16 @@ impl Hdf5Writer {
             let mut staged = BufReader::with_capacity(1 << 20, &self.payloads);
             use std::io::Seek as _;
             staged.seek(std::io::SeekFrom::Start(0)).at(&staged_path)?;
-            self.buffer.resize(COPY_BLOCK, 0);
+            let mut block = vec![0u8; COPY_BLOCK];
             let mut done = 0usize;
             while (done as u64) < self.payload_bytes {
                 let n = COPY_BLOCK.min(self.payload_bytes as usize - done);
-                staged.read_exact(&mut self.buffer[..n]).at(&staged_path)?;
+                staged.read_exact(&mut block[..n]).at(&staged_path)?;
                 images
-                    .write_slice(&self.buffer[..n], done..done + n)
+                    .write_slice(&block[..n], done..done + n)
                     .map_err(h5("writing the images dataset"))?;
                 done += n;
             }
-            self.buffer = Vec::new();
             file.new_dataset_builder()
                 .with_data(offsets.as_slice())
                 .create(OFFSETS)
@@ -477,15 +456,7 @@ impl Hdf5 {
     /// not in imagefeed's layout.
     pub fn open_with(path: impl AsRef<Path>, names: &Hdf5Names) -> Result<Hdf5> {
         let path = path.as_ref();
-        if !path.exists() && pack::partial_path(path).exists() {
-            return Err(Error::Incomplete {
-                path: path.to_path_buf(),
-                reason: format!(
-                    "only {} exists: the pack was interrupted; rerun it with --resume",
-                    pack::partial_path(path).display()
-                ),
-            });
-        }
+        pack::refuse_interrupted(path)?;
         let file_len = fs::metadata(path).at(path)?.len();
         if !has_signature(path) {
             return Err(Error::not_a_dataset(
@@ -529,21 +500,14 @@ fn open_imagefeed(path: &Path, file: &hdf5::File, file_len: u64) -> Result<Share
         .map_err(h5("reading the imagefeed attribute"))?;
     let record: InfoRecord = serde_json::from_str(json.as_str())
         .map_err(|e| Error::not_a_dataset(path, format!("malformed imagefeed attribute: {e}")))?;
-    if record.magic != MAGIC {
-        return Err(Error::not_a_dataset(
-            path,
-            format!("imagefeed attribute magic is {:?}", record.magic),
-        ));
-    }
-    if record.version > VERSION {
-        return Err(Error::not_a_dataset(
-            path,
-            format!(
-                "layout version {} is newer than this build reads ({VERSION}); upgrade imagefeed",
-                record.version
-            ),
-        ));
-    }
+    crate::format::check_layout(
+        path,
+        "imagefeed attribute magic",
+        &record.magic,
+        MAGIC,
+        record.version,
+        VERSION,
+    )?;
     if !record.complete {
         return Err(Error::Incomplete {
             path: path.to_path_buf(),
@@ -792,6 +756,7 @@ impl Dataset for Hdf5 {
             file,
             dataset,
             buffer: Vec::new(),
+            pixels: Vec::new(),
             key: String::new(),
         }))
     }
@@ -802,11 +767,21 @@ struct Hdf5Reader {
     shared: Arc<Shared>,
     file: Option<fs::File>,
     dataset: Option<hdf5::Dataset>,
+    /// The payload handed out by `read`.
     buffer: Vec<u8>,
+    /// Pixels of a pixel-array sample before they become a raw payload.
+    pixels: Vec<u8>,
+    /// The key of a sample from a file without keys (`images[i]`).
     key: String,
 }
 
 impl Hdf5Reader {
+    fn set_key(&mut self, images: &str, index: usize) {
+        use std::fmt::Write as _;
+        self.key.clear();
+        let _ = write!(self.key, "{images}[{index}]");
+    }
+
     fn corrupt(&self, index: usize, key: &str, reason: impl Into<String>) -> Error {
         Error::CorruptRecord {
             path: self.shared.path.clone(),
@@ -816,35 +791,42 @@ impl Hdf5Reader {
         }
     }
 
-    fn pread(&mut self, index: usize, key: &str, offset: u64, len: usize) -> Result<()> {
-        self.buffer.resize(len, 0);
-        let file = self.file.as_ref().expect("pread layouts open a file");
-        file.read_exact_at(&mut self.buffer, offset).map_err(|e| {
-            let reason = if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                format!(
-                    "bytes {offset}..{} are past the end of the file (truncated?)",
-                    offset + len as u64
-                )
-            } else {
-                format!("read failed: {e}")
-            };
-            self.corrupt(index, key, reason)
-        })
-    }
-
-    /// Turns `H×W×C` pixels in `self.buffer` into a raw RGB payload.
+    /// Turns the `H×W×C` pixels in `self.pixels` into a raw RGB payload in `self.buffer`.
     fn pixels_to_raw(&mut self, height: usize, width: usize, channels: usize) {
-        let rgb: Vec<u8> = match channels {
-            3 => std::mem::take(&mut self.buffer),
-            1 => self.buffer.iter().flat_map(|&g| [g, g, g]).collect(),
-            _ => self
+        RawImage::start(&mut self.buffer, width as u32, height as u32);
+        match channels {
+            3 => self.buffer.extend_from_slice(&self.pixels),
+            1 => self
                 .buffer
-                .chunks_exact(channels)
-                .flat_map(|p| [p[0], p[1], p[2]])
-                .collect(),
-        };
-        self.buffer = RawImage::encode(width as u32, height as u32, &rgb);
+                .extend(self.pixels.iter().flat_map(|&g| [g, g, g])),
+            _ => self.buffer.extend(
+                self.pixels
+                    .chunks_exact(channels)
+                    .flat_map(|p| [p[0], p[1], p[2]]),
+            ),
+        }
     }
+}
+
+/// Reads `len` bytes at `offset` into `buffer` (resized to fit), or says why it could not.
+fn pread_exact(
+    file: Option<&fs::File>,
+    buffer: &mut Vec<u8>,
+    offset: u64,
+    len: usize,
+) -> std::result::Result<(), String> {
+    buffer.resize(len, 0);
+    let file = file.expect("pread layouts open a file");
+    file.read_exact_at(buffer, offset).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            format!(
+                "bytes {offset}..{} are past the end of the file (truncated?)",
+                offset + len as u64
+            )
+        } else {
+            format!("read failed: {e}")
+        }
+    })
 }
 
 impl RecordReader for Hdf5Reader {
@@ -873,10 +855,17 @@ impl RecordReader for Hdf5Reader {
                         ),
                     ));
                 }
-                self.pread(index, key, data_offset + start, (end - start) as usize)?;
+                let len = (end - start) as usize;
+                pread_exact(
+                    self.file.as_ref(),
+                    &mut self.buffer,
+                    data_offset + start,
+                    len,
+                )
+                .map_err(|reason| self.corrupt(index, key, reason))?;
             }
             Layout::VarLen { images } => {
-                self.key = format!("{images}[{index}]");
+                self.set_key(images, index);
                 let element = self
                     .dataset
                     .as_ref()
@@ -894,10 +883,14 @@ impl RecordReader for Hdf5Reader {
                 channels,
                 file_offset,
             } => {
-                let key = format!("{images}[{index}]");
+                self.set_key(images, index);
                 let len = height * width * channels;
                 match file_offset {
-                    Some(offset) => self.pread(index, &key, offset + (index * len) as u64, len)?,
+                    Some(offset) => {
+                        let offset = offset + (index * len) as u64;
+                        pread_exact(self.file.as_ref(), &mut self.pixels, offset, len)
+                            .map_err(|reason| self.corrupt(index, &self.key, reason))?
+                    }
                     None => {
                         let mut selection = vec![hdf5::SliceOrIndex::Index(index)];
                         selection.resize(rank, hdf5::SliceOrIndex::from(..));
@@ -906,12 +899,11 @@ impl RecordReader for Hdf5Reader {
                             .as_ref()
                             .expect("library layouts open a dataset")
                             .read_slice::<u8, _, ndarray::IxDyn>(hdf5::Hyperslab::from(selection))
-                            .map_err(|e| self.corrupt(index, &key, format!("HDF5: {e}")))?;
-                        self.buffer.clear();
-                        self.buffer.extend(pixels.iter().copied());
+                            .map_err(|e| self.corrupt(index, &self.key, format!("HDF5: {e}")))?;
+                        self.pixels.clear();
+                        self.pixels.extend(pixels.iter().copied());
                     }
                 }
-                self.key = key;
                 self.pixels_to_raw(height, width, channels);
             }
         }

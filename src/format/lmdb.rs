@@ -404,21 +404,14 @@ impl Lmdb {
         let info_text =
             get(INFO_KEY)?.ok_or_else(|| Error::not_a_dataset(path, "meta/info is missing"))?;
         let record: InfoRecord = from_json(path, INFO_KEY, info_text)?;
-        if record.magic != MAGIC {
-            return Err(Error::not_a_dataset(
-                path,
-                format!("meta/info magic is {:?}", record.magic),
-            ));
-        }
-        if record.version > VERSION {
-            return Err(Error::not_a_dataset(
-                path,
-                format!(
-                    "layout version {} is newer than this build reads ({VERSION}); upgrade imagefeed",
-                    record.version
-                ),
-            ));
-        }
+        crate::format::check_layout(
+            path,
+            "meta/info magic",
+            &record.magic,
+            MAGIC,
+            record.version,
+            VERSION,
+        )?;
         let progress = match get(PROGRESS_KEY)? {
             Some(text) => Some(from_json::<PackProgress>(path, PROGRESS_KEY, text)?),
             None => None,
@@ -474,16 +467,7 @@ fn check_lmdb_file(path: &Path) -> Result<fs::File> {
     let meta = match fs::metadata(path) {
         Ok(meta) => meta,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let partial = pack::partial_path(path);
-            if partial.exists() {
-                return Err(Error::Incomplete {
-                    path: path.to_path_buf(),
-                    reason: format!(
-                        "only {} exists: the pack was interrupted; rerun it with --resume",
-                        partial.display()
-                    ),
-                });
-            }
+            pack::refuse_interrupted(path)?;
             return Err(Error::io(path, e));
         }
         Err(e) => return Err(Error::io(path, e)),

@@ -22,6 +22,33 @@ pub mod lmdb;
 pub(crate) mod pickle;
 pub mod records;
 
+/// Refuses metadata whose magic is not `expected` or whose layout `version` is newer than
+/// `newest`. `magic_label` names where the magic was read, for the message.
+pub(crate) fn check_layout(
+    path: &Path,
+    magic_label: &str,
+    magic: &str,
+    expected: &str,
+    version: u32,
+    newest: u32,
+) -> Result<()> {
+    if magic != expected {
+        return Err(Error::not_a_dataset(
+            path,
+            format!("{magic_label} is {magic:?}"),
+        ));
+    }
+    if version > newest {
+        return Err(Error::not_a_dataset(
+            path,
+            format!(
+                "layout version {version} is newer than this build reads ({newest}); upgrade imagefeed"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// How to read datasets whose files do not say everything themselves (files other tools wrote).
 /// The defaults suit imagefeed's own formats.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -206,16 +206,8 @@ impl RecordsWriter {
         let partial = pack::prepare_output(out, mode)?;
         let out = std::path::absolute(out).at(out)?;
         let staged = if partial.exists() {
-            let path = partial.join(PROGRESS);
-            let text = fs::read_to_string(&path).map_err(|e| Error::ResumeMismatch {
-                path: partial.clone(),
-                reason: format!("not a partial records directory (no readable {PROGRESS}: {e})"),
-            })?;
             let staged: StagedProgress =
-                serde_json::from_str(&text).map_err(|e| Error::ResumeMismatch {
-                    path: path.clone(),
-                    reason: format!("malformed: {e}"),
-                })?;
+                pack::read_staged_progress(&partial, PROGRESS, "records directory")?;
             staged.plan.check_resumable(plan, &partial)?;
             if (staged.shard_bytes, staged.label_base) != (shard_bytes, label_base) {
                 return Err(Error::ResumeMismatch {
@@ -250,20 +242,8 @@ impl RecordsWriter {
         // have grown since, but checking all costs nothing), and reopen the last one.
         for (entry, index_bytes) in writer.staged.shards.clone() {
             let shard = writer.open_shard_files(&entry, false)?;
-            for (file, len, name) in [
-                (&shard.0, entry.bytes, &entry.file),
-                (&shard.1, index_bytes, &entry.index),
-            ] {
-                let path = writer.partial.join(name);
-                let have = file.metadata().at(&path)?.len();
-                if have < len {
-                    return Err(Error::ResumeMismatch {
-                        path,
-                        reason: format!("{have} bytes, but {len} were committed: the file was cut"),
-                    });
-                }
-                file.set_len(len).at(&path)?;
-            }
+            pack::cut_to_committed(&shard.0, &writer.partial.join(&entry.file), entry.bytes)?;
+            pack::cut_to_committed(&shard.1, &writer.partial.join(&entry.index), index_bytes)?;
             writer.shard = Some(shard);
         }
         // Shards opened after the last commit (a crash right after rollover) are not listed.
@@ -332,8 +312,10 @@ impl RecordsWriter {
             .write_all_at(&self.framed, entry.bytes)
             .at(self.partial.join(&entry.file))?;
         self.index_lines.clear();
-        self.index_lines
-            .push_str(&format!("{} {}\n", entry.bytes, self.framed.len()));
+        {
+            use std::fmt::Write as _;
+            let _ = writeln!(self.index_lines, "{} {}", entry.bytes, self.framed.len());
+        }
         index
             .write_all_at(self.index_lines.as_bytes(), *index_bytes)
             .at(self.partial.join(&entry.index))?;
@@ -536,15 +518,7 @@ impl Records {
     /// Opens a records directory or a single shard.
     pub fn open_with(path: impl AsRef<Path>, options: &RecordsOptions) -> Result<Records> {
         let path = path.as_ref();
-        if !path.exists() && pack::partial_path(path).exists() {
-            return Err(Error::Incomplete {
-                path: path.to_path_buf(),
-                reason: format!(
-                    "only {} exists: the pack was interrupted; rerun it with --resume",
-                    pack::partial_path(path).display()
-                ),
-            });
-        }
+        pack::refuse_interrupted(path)?;
         let manifest_path = path.join(MANIFEST);
         if path.is_dir() && manifest_path.is_file() {
             return open_ours(path, &manifest_path);
@@ -647,21 +621,14 @@ fn open_ours(dir: &Path, manifest_path: &Path) -> Result<Records> {
     let text = fs::read_to_string(manifest_path).at(manifest_path)?;
     let manifest: Manifest = serde_json::from_str(&text)
         .map_err(|e| Error::not_a_dataset(manifest_path, format!("malformed manifest: {e}")))?;
-    if manifest.magic != MAGIC {
-        return Err(Error::not_a_dataset(
-            manifest_path,
-            format!("magic is {:?}", manifest.magic),
-        ));
-    }
-    if manifest.version > VERSION {
-        return Err(Error::not_a_dataset(
-            manifest_path,
-            format!(
-                "layout version {} is newer than this build reads ({VERSION}); upgrade imagefeed",
-                manifest.version
-            ),
-        ));
-    }
+    crate::format::check_layout(
+        manifest_path,
+        "magic",
+        &manifest.magic,
+        MAGIC,
+        manifest.version,
+        VERSION,
+    )?;
     if !manifest.complete {
         return Err(Error::Incomplete {
             path: dir.to_path_buf(),

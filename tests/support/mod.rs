@@ -56,6 +56,32 @@ pub fn try_pack_lmdb(
     pack::pack_image_folder(src, out, PackFormat::Lmdb, options, &NoProgress)
 }
 
+/// Stops a pack by panicking (which unwinds like a crash at that point: nothing after the last
+/// commit is kept) once `stop_after` chunks have been committed.
+pub struct Crash {
+    chunks: std::sync::atomic::AtomicUsize,
+    stop_after: usize,
+}
+
+impl Crash {
+    /// A crash after `stop_after` committed chunks.
+    pub fn after(stop_after: usize) -> Crash {
+        Crash {
+            chunks: std::sync::atomic::AtomicUsize::new(0),
+            stop_after,
+        }
+    }
+}
+
+impl pack::PackObserver for Crash {
+    fn advanced(&self, _done: usize, _bytes: u64) {
+        use std::sync::atomic::Ordering;
+        if self.chunks.fetch_add(1, Ordering::SeqCst) + 1 == self.stop_after {
+            panic!("simulated crash");
+        }
+    }
+}
+
 /// Packs `src` into `out` in `format`.
 pub fn pack_as(src: &Path, out: &Path, format: PackFormat, options: &PackOptions) -> PackSummary {
     pack::pack_image_folder(src, out, format, options, &NoProgress).expect("pack succeeds")
