@@ -1,6 +1,7 @@
 # imagefeed: two commands do all the setup on a fresh Debian/Ubuntu machine.
 #   make demo   build, make (or take SRC=) an ImageFolder tree, pack it, inspect, verify, read it, load it
 #   make test   every test, plus formatting and lint checks
+#   make compare  imagefeed vs the PyTorch DataLoader on SRC (TORCH=1: install torch first)
 SHELL := /bin/bash
 CARGO ?= cargo
 DEMO_DIR ?= demo-data
@@ -11,7 +12,7 @@ THREADS ?= 2
 RELEASE := target/release
 DEMO_SRC := $(if $(SRC),$(SRC),$(DEMO_DIR)/imagefolder)
 
-.PHONY: all deps build demo test lint fixtures compat-fixtures pyenv clean-demo
+.PHONY: all deps build demo test lint fixtures compat-fixtures pyenv clean-demo compare
 
 # Python for the cross-tool tests (py-lmdb reads what we write; fixtures written by py-lmdb).
 PYENV := .venv
@@ -47,6 +48,17 @@ endif
 	$(RELEASE)/imagefeed-bench read $(DEMO_SRC) --decode --threads $(THREADS)
 	@echo "== the loader: $(THREADS) workers, random flip + normalize (f32 NCHW), 2 epochs, with digests"
 	$(RELEASE)/imagefeed-bench load $(DEMO_DIR)/demo.lmdb --workers $(THREADS) --batch-size 256 --epochs 2 --transform cifar --digest
+
+# imagefeed over the raw folder and every packed format, warm and cold, beside the PyTorch
+# DataLoader when a Python with torch is found (TORCH=1 creates .venv-torch with it: a large
+# download). Table, JSON and chart in $(DEMO_DIR)/compare/.
+# The generated tree has no broken files here: torchvision's ImageFolder stops at the first one.
+COMPARE_SRC := $(if $(SRC),$(SRC),$(DEMO_DIR)/clean-imagefolder)
+compare: build
+ifeq ($(SRC),)
+	@test -d $(COMPARE_SRC) || $(RELEASE)/pack-dataset synth $(COMPARE_SRC) --classes 10 --per-class 300 --size 64x48
+endif
+	$(RELEASE)/imagefeed-bench compare $(COMPARE_SRC) --cold --workers 1,$(THREADS) $(if $(TORCH),--with-torch,) --out $(DEMO_DIR)/compare
 
 test: deps pyenv
 	IMAGEFEED_PYTHON=$(CURDIR)/$(PYENV)/bin/python $(CARGO) test --workspace

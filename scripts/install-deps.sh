@@ -4,10 +4,13 @@
 #   pkg-config, libhdf5-dev   HDF5 format support
 #   gcc/g++, make   C toolchain for the -sys crates
 #   python3-venv    a virtual environment for the cross-tool tests (py-lmdb)
+#   libfontconfig1-dev, libfreetype-dev, fonts-dejavu-core
+#                   text in the benchmark charts (plotters' ttf backend finds a font via fontconfig)
 # As root it runs apt-get; otherwise it prints the exact command to run and fails.
 set -euo pipefail
 
-packages=(cmake nasm pkg-config libhdf5-dev gcc g++ make python3-venv)
+packages=(cmake nasm pkg-config libhdf5-dev gcc g++ make python3-venv
+          libfontconfig1-dev libfreetype-dev fonts-dejavu-core)
 missing=()
 for p in "${packages[@]}"; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -410,7 +410,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// SHA-256 of the listing (key, label, size of each file): changes when the tree does.
-fn fingerprint(folder: &ImageFolder) -> Result<String> {
+pub fn source_fingerprint(folder: &ImageFolder) -> Result<String> {
     let mut hasher = Sha256::new();
     for (index, entry) in folder.entries().iter().enumerate() {
         let path = folder.file_path(index);
@@ -472,7 +472,7 @@ impl Source<'_> {
     /// time and sample count for a dataset file.
     fn fingerprint(&self) -> Result<String> {
         match self {
-            Source::Folder(f) => fingerprint(f),
+            Source::Folder(f) => source_fingerprint(f),
             Source::Joined(j) => {
                 let mut hasher = Sha256::new();
                 for part in &j.parts {

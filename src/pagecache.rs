@@ -75,8 +75,17 @@ pub fn evict(path: impl AsRef<Path>) -> Result<CacheStats> {
 
 /// `MemAvailable` from `/proc/meminfo`, in bytes (`None` where there is no such file).
 pub fn available_memory() -> Option<u64> {
+    meminfo_bytes("MemAvailable:")
+}
+
+/// Installed memory in bytes (Linux `/proc/meminfo`); `None` elsewhere.
+pub fn total_memory() -> Option<u64> {
+    meminfo_bytes("MemTotal:")
+}
+
+fn meminfo_bytes(field: &str) -> Option<u64> {
     let text = fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let line = text.lines().find(|l| l.starts_with(field))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }

@@ -1,18 +1,27 @@
-//! `imagefeed-bench`: throughput measurements. For now `read`: read (and optionally decode)
-//! every record of a dataset with N threads, each through its own reader handle.
+//! `imagefeed-bench`: throughput measurements.
+//!
+//! - `read`: read (and optionally decode) every record of a dataset with N threads, each
+//!   through its own reader handle;
+//! - `load`: run the loader over a dataset, one line per epoch;
+//! - `compare`: the loader over the raw folder and every packed format, beside the PyTorch
+//!   DataLoader, in one table, JSON file and chart.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
 use imagefeed::decode::Decoder;
-use imagefeed::loader::{BadSamplePolicy, Loader, LoaderConfig};
+use imagefeed::loader::{BadSamplePolicy, Loader, LoaderConfig, Stats};
 use imagefeed::transform::{DType, Layout, Transform};
 use sha2::{Digest as _, Sha256};
 
 mod ceiling;
+mod chart;
+mod compare;
+mod report;
 
 #[derive(Parser)]
 #[command(
@@ -96,10 +105,25 @@ struct LoadArgs {
     /// N payloads (0: skip).
     #[arg(long, default_value_t = 0)]
     ceiling_samples: usize,
+    /// Untimed epochs before the timed ones (not counted in `--epochs`).
+    #[arg(long, default_value_t = 0)]
+    warmup: u64,
+    /// Evict the dataset's pages from the page cache before each epoch, then open the dataset
+    /// and start the loader again (both timed).
+    #[arg(long)]
+    cold: bool,
+    /// Print JSON lines (start, one per timed epoch, stages) instead of text: what `compare`
+    /// reads.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Subcommand)]
 enum Command {
+    /// Compare imagefeed over the raw folder and each packed format with the PyTorch
+    /// DataLoader on the same images: warm and cold cache, across worker counts; writes a
+    /// Markdown table, JSON and a PNG chart.
+    Compare(compare::CompareArgs),
     /// Run the loader over a dataset: one line per epoch with images/s (and a digest).
     Load(LoadArgs),
     /// Read every record of a dataset (a packed file or an ImageFolder directory).
@@ -147,6 +171,33 @@ fn memory_mb() -> (f64, f64, f64) {
     (field("VmRSS:"), field("VmHWM:"), field("RssAnon:"))
 }
 
+/// One stage snapshot minus another (the loader's counters only grow).
+fn stats_since(now: Stats, before: Stats) -> Stats {
+    Stats {
+        read: now.read.saturating_sub(before.read),
+        decode: now.decode.saturating_sub(before.decode),
+        transform: now.transform.saturating_sub(before.transform),
+        collate: now.collate.saturating_sub(before.collate),
+        waiting: now.waiting.saturating_sub(before.waiting),
+        samples: now.samples - before.samples,
+        batches: now.batches - before.batches,
+        bad_samples: now.bad_samples - before.bad_samples,
+    }
+}
+
+fn stats_sum(a: Stats, b: Stats) -> Stats {
+    Stats {
+        read: a.read + b.read,
+        decode: a.decode + b.decode,
+        transform: a.transform + b.transform,
+        collate: a.collate + b.collate,
+        waiting: a.waiting + b.waiting,
+        samples: a.samples + b.samples,
+        batches: a.batches + b.batches,
+        bad_samples: a.bad_samples + b.bad_samples,
+    }
+}
+
 fn load(args: LoadArgs) -> Result<()> {
     let LoadArgs {
         dataset,
@@ -162,9 +213,13 @@ fn load(args: LoadArgs) -> Result<()> {
         no_shuffle,
         digest,
         ceiling_samples,
+        warmup,
+        cold,
+        json,
     } = args;
-    let ds = imagefeed::format::open(&dataset)
-        .with_context(|| format!("opening {}", dataset.display()))?;
+    let open = || -> Result<Arc<dyn imagefeed::Dataset>> {
+        imagefeed::format::open(&dataset).with_context(|| format!("opening {}", dataset.display()))
+    };
     let mut t = match transform {
         TransformArg::Cifar => Transform::cifar(),
         TransformArg::Imagenet => Transform::imagenet_train(224),
@@ -197,36 +252,79 @@ fn load(args: LoadArgs) -> Result<()> {
         },
         ..LoaderConfig::default()
     };
+    let transform_name = match transform {
+        TransformArg::Cifar => "cifar",
+        TransformArg::Imagenet => "imagenet",
+        TransformArg::None => "none",
+    };
+    let ds = open()?;
     let ceiling = if ceiling_samples > 0 {
         let rate = ceiling::single_thread_decode_rate(ds.as_ref(), Some(ceiling_samples))?;
-        println!(
-            "decode ceiling: {rate:.0} images/s per thread (libjpeg-turbo, full size) x {workers} = {:.0} images/s",
-            rate * workers as f64
-        );
+        if !json {
+            println!(
+                "decode ceiling: {rate:.0} images/s per thread (libjpeg-turbo, full size) x {workers} = {:.0} images/s",
+                rate * workers as f64
+            );
+        }
         Some(rate * workers as f64)
     } else {
         None
     };
-    let loader = Loader::new(ds, config)?;
-    println!(
-        "{}: {} samples, {} batches/epoch of {batch_size}, {workers} workers, transform {}, {} {:?}",
-        dataset.display(),
-        loader.dataset().len(),
-        loader.batches_per_epoch(),
-        match transform {
-            TransformArg::Cifar => "cifar",
-            TransformArg::Imagenet => "imagenet",
-            TransformArg::None => "none",
-        },
-        t.output.dtype.name(),
-        t.output.layout
-    );
-    for epoch in 0..epochs {
-        let start = Instant::now();
+    let mut loader = Some(Loader::new(ds, config.clone())?);
+    let first = loader.as_ref().expect("just made");
+    if json {
+        let start = serde_json::json!({
+            "event": "start",
+            "loader": "imagefeed",
+            "format": first.dataset().info().format.name(),
+            "samples": first.dataset().len(),
+            "workers": workers,
+            "batch_size": batch_size,
+            "transform": transform_name,
+            "dtype": t.output.dtype.name(),
+            "layout": format!("{:?}", t.output.layout),
+        });
+        println!("{start}");
+    } else {
+        println!(
+            "{}: {} samples, {} batches/epoch of {batch_size}, {workers} workers, transform {transform_name}, {} {:?}{}",
+            dataset.display(),
+            first.dataset().len(),
+            first.batches_per_epoch(),
+            t.output.dtype.name(),
+            t.output.layout,
+            if cold { ", cold page cache" } else { "" }
+        );
+    }
+    // Stage times of the timed epochs only: earlier loaders' totals plus the current loader's
+    // counters since `baseline`.
+    let mut finished = Stats::default();
+    let mut baseline = Stats::default();
+    for epoch in 0..warmup + epochs {
+        let timed = epoch >= warmup;
+        if timed && epoch == warmup {
+            baseline = loader.as_ref().map(Loader::stats).unwrap_or_default();
+        }
+        let start = if cold {
+            // The kernel keeps pages this process maps: close everything, evict, reopen.
+            if let Some(done) = loader.take() {
+                if timed {
+                    finished = stats_sum(finished, stats_since(done.stats(), baseline));
+                }
+                baseline = Stats::default();
+            }
+            imagefeed::pagecache::evict(&dataset)?;
+            let start = Instant::now();
+            loader = Some(Loader::new(open()?, config.clone())?);
+            start
+        } else {
+            Instant::now()
+        };
+        let current = loader.as_ref().expect("a loader is open");
         let mut images = 0usize;
         let mut bad_samples = 0usize;
         let mut hasher = Sha256::new();
-        for batch in loader.epoch(epoch) {
+        for batch in current.epoch(epoch) {
             let batch = batch?;
             images += batch.len();
             bad_samples += batch.bad.len();
@@ -238,7 +336,21 @@ fn load(args: LoadArgs) -> Result<()> {
             }
         }
         let secs = start.elapsed().as_secs_f64();
+        if !timed {
+            continue;
+        }
         let rate = images as f64 / secs;
+        if json {
+            let line = serde_json::json!({
+                "event": "epoch",
+                "epoch": epoch,
+                "images": images,
+                "seconds": secs,
+                "bad": bad_samples,
+            });
+            println!("{line}");
+            continue;
+        }
         let (rss, peak, anon) = memory_mb();
         let mut line = format!(
             "epoch {epoch}: {images} images in {secs:.3} s: {rate:.0} images/s, {bad_samples} bad, rss {rss:.0} MB (anon {anon:.0} MB, peak {peak:.0} MB)"
@@ -251,23 +363,40 @@ fn load(args: LoadArgs) -> Result<()> {
         }
         println!("{line}");
     }
-    let s = loader.stats();
-    let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
-    println!(
-        "stages (summed over workers): read {:.0} ms, decode {:.0} ms, transform {:.0} ms, collate {:.0} ms; consumer waited {:.0} ms; buffers allocated {}",
-        ms(s.read),
-        ms(s.decode),
-        ms(s.transform),
-        ms(s.collate),
-        ms(s.waiting),
-        loader.pool().allocations()
-    );
+    let current = loader.as_ref().expect("a loader is open");
+    let s = stats_sum(finished, stats_since(current.stats(), baseline));
+    let secs = |d: std::time::Duration| d.as_secs_f64();
+    if json {
+        let (_, peak, anon) = memory_mb();
+        let line = serde_json::json!({
+            "event": "stages",
+            "read_s": secs(s.read),
+            "decode_s": secs(s.decode),
+            "transform_s": secs(s.transform),
+            "collate_s": secs(s.collate),
+            "wait_s": secs(s.waiting),
+            "peak_rss_mb": peak,
+            "anon_mb": anon,
+        });
+        println!("{line}");
+    } else {
+        println!(
+            "stages of the timed epochs (summed over workers): read {:.0} ms, decode {:.0} ms, transform {:.0} ms, collate {:.0} ms; consumer waited {:.0} ms; buffers allocated {}",
+            1e3 * secs(s.read),
+            1e3 * secs(s.decode),
+            1e3 * secs(s.transform),
+            1e3 * secs(s.collate),
+            1e3 * secs(s.waiting),
+            current.pool().allocations()
+        );
+    }
     Ok(())
 }
 
 fn run() -> Result<()> {
     match Cli::parse().command {
         Command::Load(args) => load(args),
+        Command::Compare(args) => compare::compare(args),
         Command::Read {
             dataset,
             threads,

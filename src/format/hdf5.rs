@@ -464,6 +464,11 @@ impl Hdf5 {
                 "not an HDF5 file (bad signature)",
             ));
         }
+        // Small files stream into the page cache in one sequential read, as an LMDB's do
+        // (see `pagecache`); payloads are then `pread` without a disk seek each.
+        if let Ok(plain) = fs::File::open(path) {
+            crate::pagecache::prefetch_if_it_fits(&plain);
+        }
         let file = open_unlocked(path).map_err(|e| Error::hdf5(path, "opening", e))?;
         let shared = if file
             .attr_names()
