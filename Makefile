@@ -2,6 +2,7 @@
 #   make demo   build, make (or take SRC=) an ImageFolder tree, pack it, inspect, verify, read it, load it
 #   make test   every test, plus formatting and lint checks
 #   make compare  imagefeed vs the PyTorch DataLoader on SRC (TORCH=1: install torch first)
+#   make gpu-check  package the GPU checks for a CUDA machine (bench/gpu-check.sh)
 SHELL := /bin/bash
 CARGO ?= cargo
 DEMO_DIR ?= demo-data
@@ -12,7 +13,7 @@ THREADS ?= 2
 RELEASE := target/release
 DEMO_SRC := $(if $(SRC),$(SRC),$(DEMO_DIR)/imagefolder)
 
-.PHONY: all deps build demo test lint fixtures compat-fixtures pyenv clean-demo compare
+.PHONY: all deps build demo test lint fixtures compat-fixtures pyenv clean-demo compare gpu-check
 
 # Python for the cross-tool tests (py-lmdb reads what we write; fixtures written by py-lmdb).
 PYENV := .venv
@@ -59,6 +60,11 @@ ifeq ($(SRC),)
 	@test -d $(COMPARE_SRC) || $(RELEASE)/pack-dataset synth $(COMPARE_SRC) --classes 10 --per-class 300 --size 64x48
 endif
 	$(RELEASE)/imagefeed-bench compare $(COMPARE_SRC) --cold --workers 1,$(THREADS) $(if $(TORCH),--with-torch,) --out $(DEMO_DIR)/compare
+
+# Packages the GPU tests, measurements and training example for a CUDA machine (no Rust needed
+# there): copy gpu-check/ over and run gpu-check/gpu-check.sh run gpu-check.
+gpu-check: deps
+	bench/gpu-check.sh build gpu-check
 
 test: deps pyenv
 	IMAGEFEED_PYTHON=$(CURDIR)/$(PYENV)/bin/python $(CARGO) test --workspace

@@ -172,6 +172,10 @@ pub enum Error {
         /// Why it was rejected.
         reason: String,
     },
+
+    /// No usable CUDA driver or device, or a CUDA call failed (the GPU feed).
+    #[error("CUDA: {0}")]
+    Cuda(String),
 }
 
 impl Error {

@@ -38,6 +38,8 @@ pub mod dataset;
 pub mod decode;
 pub mod error;
 pub mod format;
+#[cfg(feature = "cuda")]
+pub mod gpu;
 pub mod inspect;
 pub mod loader;
 pub mod pack;

@@ -21,6 +21,8 @@ use sha2::{Digest as _, Sha256};
 mod ceiling;
 mod chart;
 mod compare;
+#[cfg(feature = "cuda")]
+mod gpu;
 mod report;
 
 #[derive(Parser)]
@@ -124,6 +126,10 @@ enum Command {
     /// DataLoader on the same images: warm and cold cache, across worker counts; writes a
     /// Markdown table, JSON and a PNG chart.
     Compare(compare::CompareArgs),
+    /// GPU feed: host-to-device bandwidth (page-locked vs pageable), and a stand-in training
+    /// loop at prefetch depth 1, 2, 3 against data already on the GPU (needs CUDA).
+    #[cfg(feature = "cuda")]
+    Gpu(gpu::GpuArgs),
     /// Run the loader over a dataset: one line per epoch with images/s (and a digest).
     Load(LoadArgs),
     /// Read every record of a dataset (a packed file or an ImageFolder directory).
@@ -397,6 +403,8 @@ fn run() -> Result<()> {
     match Cli::parse().command {
         Command::Load(args) => load(args),
         Command::Compare(args) => compare::compare(args),
+        #[cfg(feature = "cuda")]
+        Command::Gpu(args) => gpu::run(args),
         Command::Read {
             dataset,
             threads,

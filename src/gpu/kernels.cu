@@ -1,0 +1,112 @@
+// imagefeed's GPU kernels. Compiled to PTX by scripts/make_ptx.py (NVRTC, compute_70) and
+// shipped as src/gpu/kernels.ptx, so no CUDA compiler is needed at build or run time; the driver
+// JIT-compiles the PTX for the GPU it runs on. Only builtins: no headers.
+
+extern "C" {
+
+// Float to IEEE half, round to nearest even, as raw bits.
+__device__ __forceinline__ unsigned short to_half_bits(float x) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+}
+
+// Index of output element `i` in a u8 NHWC input, for an NCHW (nchw != 0) or NHWC output.
+__device__ __forceinline__ long long source_index(long long i, int h, int w, int nchw, int *c) {
+    if (nchw) {
+        long long plane = (long long)h * w;
+        long long b = i / (3 * plane);
+        long long r = i - b * 3 * plane;
+        *c = (int)(r / plane);
+        long long yx = r - (long long)(*c) * plane;
+        return (b * plane + yx) * 3 + *c;
+    }
+    *c = (int)(i % 3);
+    return i;
+}
+
+// Output element `i`: its source pixel times scale[c] plus bias[c].
+__device__ __forceinline__ float converted(const unsigned char *in, long long i, int h, int w,
+                                           int nchw, float s0, float s1, float s2, float b0,
+                                           float b1, float b2) {
+    int c;
+    long long src = source_index(i, h, w, nchw, &c);
+    float scale = c == 0 ? s0 : (c == 1 ? s1 : s2);
+    float bias = c == 0 ? b0 : (c == 1 ? b1 : b2);
+    return (float)in[src] * scale + bias;
+}
+
+// out = pixel * scale[c] + bias[c], with scale = 1 / (255 std) and bias = -mean / std: the
+// normalization of torchvision's ToTensor + Normalize. `total` = n * h * w * 3.
+__global__ void u8_nhwc_to_f32(const unsigned char *in, float *out, long long total, int h,
+                               int w, int nchw, float s0, float s1, float s2, float b0, float b1,
+                               float b2) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)blockDim.x * gridDim.x) {
+        out[i] = converted(in, i, h, w, nchw, s0, s1, s2, b0, b1, b2);
+    }
+}
+
+// As u8_nhwc_to_f32, writing IEEE half floats.
+__global__ void u8_nhwc_to_f16(const unsigned char *in, unsigned short *out, long long total,
+                               int h, int w, int nchw, float s0, float s1, float s2, float b0,
+                               float b1, float b2) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)blockDim.x * gridDim.x) {
+        out[i] = to_half_bits(converted(in, i, h, w, nchw, s0, s1, s2, b0, b1, b2));
+    }
+}
+
+// Softmax cross-entropy over row-major logits [n, classes] (one block per row):
+// grad = (softmax - onehot) / n, and the row's loss / n is added to *loss.
+__global__ void softmax_xent(const float *logits, const unsigned int *labels, int n, int classes,
+                             float *grad, float *loss) {
+    int row = blockIdx.x;
+    if (row >= n || threadIdx.x != 0) return;
+    const float *z = logits + (long long)row * classes;
+    float *g = grad + (long long)row * classes;
+    float m = z[0];
+    for (int k = 1; k < classes; k++) m = fmaxf(m, z[k]);
+    float sum = 0.f;
+    for (int k = 0; k < classes; k++) sum += __expf(z[k] - m);
+    unsigned int label = labels[row];
+    for (int k = 0; k < classes; k++) {
+        float p = __expf(z[k] - m) / sum;
+        g[k] = (p - (k == (int)label ? 1.f : 0.f)) / n;
+    }
+    atomicAdd(loss, (logf(sum) + m - z[label]) / n);
+}
+
+// bias_grad[k] = sum over rows of grad[row, k] (row-major [n, classes]).
+__global__ void column_sums(const float *grad, int n, int classes, float *bias_grad) {
+    int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= classes) return;
+    float s = 0.f;
+    for (int r = 0; r < n; r++) s += grad[(long long)r * classes + k];
+    bias_grad[k] = s;
+}
+
+// logits[row, k] += bias[k] (row-major [n, classes]).
+__global__ void add_bias(float *logits, const float *bias, int n, int classes) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= (long long)n * classes) return;
+    logits[i] += bias[i % classes];
+}
+
+// param -= lr * grad.
+__global__ void sgd_step(float *param, const float *grad, long long len, float lr) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < len) param[i] -= lr * grad[i];
+}
+
+// Keeps one thread busy for `ns` nanoseconds of GPU time (the global timer): a stand-in for a
+// training step of known length, for measuring whether copies overlap with compute.
+__global__ void busy_wait(unsigned long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < ns);
+}
+
+}  // extern "C"
