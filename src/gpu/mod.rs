@@ -657,6 +657,17 @@ impl<I: Iterator<Item = Result<Batch>>> Prefetcher<I> {
     }
 }
 
+impl<I: Iterator<Item = Result<Batch>>> Drop for Prefetcher<I> {
+    /// Device buffers are freed on the copy stream and host batches go back to the pool: both
+    /// only after the trainer's work enqueued so far and every copy in flight have finished.
+    fn drop(&mut self) {
+        if let Ok(done) = self.compute.record_event(None) {
+            let _ = self.copy.wait(&done);
+        }
+        let _ = self.copy.synchronize();
+    }
+}
+
 /// Makes `buffer` hold at least `len` elements (reallocating on `stream` when it is smaller).
 fn grow<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
     stream: &Arc<CudaStream>,
