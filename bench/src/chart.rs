@@ -66,7 +66,19 @@ pub fn draw(report: &Report, path: &Path) -> Result<()> {
     let (y_lo, y_hi) = log_bounds(lowest / 1.5, highest);
 
     let width = 520 * caches.len() as u32 + 40;
-    let root = BitMapBackend::new(path, (width, 560)).into_drawing_area();
+    // Legend entries, wrapped to rows that fit the width.
+    let mut legend = Vec::new();
+    let (mut x, mut y) = (50, 8);
+    for &subject in &subjects {
+        let step = 32 + 8 * subject.label().len() as i32;
+        if x > 50 && x + step > width as i32 - 10 {
+            (x, y) = (50, y + 24);
+        }
+        legend.push((subject, x, y));
+        x += step;
+    }
+    let height = 40 + 470 + y as u32 + 30;
+    let root = BitMapBackend::new(path, (width, height)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
     let title = format!(
         "{}: {} images, transform {}, batch {}",
@@ -160,6 +172,31 @@ pub fn draw(report: &Report, path: &Path) -> Result<()> {
                         .pos(Pos::new(HPos::Left, VPos::Bottom)),
                 )))
                 .map_err(|e| anyhow!("{e}"))?;
+            // What `w` threads decoding at once really reach here (dashed, grey).
+            let measured = report.measured_decode_rate(w);
+            if w > 1 && measured < c * 0.98 {
+                let grey = RGBColor(110, 110, 110);
+                let dashes = (0..24).map(|i| {
+                    let a = x0 + 0.03 + 0.94 * i as f64 / 24.0;
+                    PathElement::new(
+                        vec![(a, measured), (a + 0.94 / 48.0, measured)],
+                        grey.stroke_width(2),
+                    )
+                });
+                chart.draw_series(dashes).map_err(|e| anyhow!("{e}"))?;
+                // Labelled at the group's right end, under the line (the PyTorch bar's place,
+                // far below).
+                chart
+                    .draw_series(std::iter::once(Text::new(
+                        format!("{w} threads at once {}", thousands(measured)),
+                        (x0 + 0.97, measured / 1.04),
+                        ("sans-serif", 11)
+                            .into_font()
+                            .color(&grey)
+                            .pos(Pos::new(HPos::Right, VPos::Top)),
+                    )))
+                    .map_err(|e| anyhow!("{e}"))?;
+            }
             // The group's name under the axis, in pixels below the plot's bottom edge.
             let (px, py) = chart.backend_coord(&(x0 + 0.5, y_lo));
             let text = format!("{w} worker{}", if w == 1 { "" } else { "s" });
@@ -172,22 +209,20 @@ pub fn draw(report: &Report, path: &Path) -> Result<()> {
         }
     }
     // Legend: one swatch per loader.
-    let mut x = 50;
-    for &subject in &subjects {
+    for &(subject, x, y) in &legend {
         legend_area
             .draw(&Rectangle::new(
-                [(x, 14), (x + 16, 30)],
+                [(x, y), (x + 16, y + 16)],
                 color(subject).filled(),
             ))
             .map_err(|e| anyhow!("{e}"))?;
         legend_area
             .draw(&Text::new(
                 subject.label(),
-                (x + 22, 14),
+                (x + 22, y),
                 ("sans-serif", 15).into_font().color(&BLACK),
             ))
             .map_err(|e| anyhow!("{e}"))?;
-        x += 32 + 8 * subject.label().len() as i32;
     }
     root.present()
         .map_err(|e| anyhow!("writing {}: {e}", path.display()))?;

@@ -14,7 +14,8 @@
 //!   share are not counted twice; an imagefeed run also reports its own peak RSS, which counts
 //!   when higher (a run shorter than the interval can end between two samples);
 //! - the decode ceiling (one thread of libjpeg-turbo on the same payloads, full size, in memory,
-//!   × workers) is measured in the same run, before and after the configurations.
+//!   × workers) is measured in the same run, before and after the configurations, and so is
+//!   what `workers` threads decoding at once really reach on this machine.
 
 use std::io::{BufRead as _, BufReader, Read as _};
 use std::path::{Path, PathBuf};
@@ -210,6 +211,8 @@ pub struct RunResult {
     pub mb_per_s: f64,
     /// Median as a share of the decode ceiling × workers.
     pub ceiling_share: f64,
+    /// Median as a share of what `workers` threads decoding together measured.
+    pub measured_share: f64,
     pub stages: Option<StageTimes>,
     /// Peak PSS of the process and its descendants (MB), and the anonymous part of it.
     pub peak_pss_mb: f64,
@@ -232,6 +235,9 @@ pub struct Report {
     /// Single-thread decode rates measured before and after the runs; the ceiling uses the higher.
     pub ceiling_per_thread: Vec<f64>,
     pub ceiling_per_thread_used: f64,
+    /// For each worker count: what that many threads decoding at once reach together
+    /// (measured before and after the runs; the higher is used).
+    pub measured_decode: Vec<MeasuredDecode>,
     pub results: Vec<RunResult>,
     /// Configurations that failed, with the reason.
     pub failures: Vec<(String, String)>,
@@ -241,7 +247,23 @@ pub struct Report {
     pub command: String,
 }
 
+/// Decode rate of several threads at once.
+#[derive(Debug, Clone, Serialize)]
+pub struct MeasuredDecode {
+    pub threads: usize,
+    pub rates: Vec<f64>,
+    pub used: f64,
+}
+
 impl Report {
+    /// The measured decode rate for `threads` (the ideal when it was not measured).
+    pub fn measured_decode_rate(&self, threads: usize) -> f64 {
+        self.measured_decode
+            .iter()
+            .find(|m| m.threads == threads)
+            .map_or(self.ceiling_per_thread_used * threads as f64, |m| m.used)
+    }
+
     pub fn find(&self, subject: Subject, workers: usize, cache: Cache) -> Option<&RunResult> {
         self.results
             .iter()
@@ -337,12 +359,36 @@ pub fn compare(args: CompareArgs) -> Result<()> {
             .with_context(|| format!("writing {}", script.display()))?;
     }
 
-    // 2. The decode ceiling, before the runs.
-    let mut ceiling_per_thread = vec![measure_ceiling(&folder, args.ceiling_samples)?];
+    // 2. The decode ceiling, before the runs: one thread, and each worker count at once.
+    let payloads = ceiling::payloads(&folder, Some(args.ceiling_samples.max(1)))?;
+    let mut thread_counts: Vec<usize> = std::iter::once(1)
+        .chain(args.workers.iter().copied())
+        .collect();
+    thread_counts.sort_unstable();
+    thread_counts.dedup();
+    let mut decode_rates: Vec<Vec<f64>> = Vec::new();
+    let measure = |rates: &mut Vec<Vec<f64>>| -> Result<()> {
+        for (k, &threads) in thread_counts.iter().enumerate() {
+            let rate = ceiling::decode_rate(&payloads, threads)?;
+            if rates.len() <= k {
+                rates.push(Vec::new());
+            }
+            rates[k].push(rate);
+        }
+        Ok(())
+    };
+    measure(&mut decode_rates)?;
     eprintln!(
-        "decode ceiling: {:.0} images/s per thread (libjpeg-turbo, full size, {} payloads)",
-        ceiling_per_thread[0],
-        args.ceiling_samples.min(folder.len())
+        "decode ceiling: {:.0} images/s per thread (libjpeg-turbo, full size, {} payloads); {}",
+        decode_rates[0][0],
+        payloads.len(),
+        thread_counts
+            .iter()
+            .zip(&decode_rates)
+            .skip(1)
+            .map(|(t, r)| format!("{t} threads together: {:.0}", r[0]))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
 
     // 3. The runs, interleaved so that drift in machine speed spreads over every loader.
@@ -402,8 +448,19 @@ pub fn compare(args: CompareArgs) -> Result<()> {
     }
 
     // 4. The ceiling again, after the runs.
-    ceiling_per_thread.push(measure_ceiling(&folder, args.ceiling_samples)?);
-    let ceiling = ceiling_per_thread.iter().cloned().fold(0.0, f64::max);
+    measure(&mut decode_rates)?;
+    let best = |rates: &[f64]| rates.iter().copied().fold(0.0, f64::max);
+    let ceiling_per_thread = decode_rates[0].clone();
+    let ceiling = best(&ceiling_per_thread);
+    let measured_decode = thread_counts
+        .iter()
+        .zip(&decode_rates)
+        .map(|(&threads, rates)| MeasuredDecode {
+            threads,
+            rates: rates.clone(),
+            used: best(rates),
+        })
+        .collect();
     let mut report = Report {
         source: args.src.clone(),
         samples: folder.len(),
@@ -413,6 +470,7 @@ pub fn compare(args: CompareArgs) -> Result<()> {
         epochs: args.epochs,
         ceiling_per_thread,
         ceiling_per_thread_used: ceiling,
+        measured_decode,
         results,
         failures,
         notes,
@@ -424,6 +482,10 @@ pub fn compare(args: CompareArgs) -> Result<()> {
     for r in &mut report.results {
         r.mb_per_s = r.median * mean_bytes / 1e6;
         r.ceiling_share = r.median / (ceiling * r.workers as f64);
+    }
+    for k in 0..report.results.len() {
+        let measured = report.measured_decode_rate(report.results[k].workers);
+        report.results[k].measured_share = report.results[k].median / measured;
     }
 
     // 5. Output.
@@ -500,10 +562,6 @@ fn stamp_path(path: &Path) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_os_string();
     name.push(".source");
     path.with_file_name(name)
-}
-
-fn measure_ceiling(folder: &ImageFolder, samples: usize) -> Result<f64> {
-    ceiling::single_thread_decode_rate(folder, Some(samples.max(1)))
 }
 
 /// A Python that imports torch and torchvision: `--python`, else the virtual environment
@@ -680,6 +738,7 @@ fn summarize(subject: Subject, workers: usize, cache: Cache, child: ChildOutput)
         epoch_rates,
         mb_per_s: 0.0,
         ceiling_share: 0.0,
+        measured_share: 0.0,
         stages,
         peak_pss_mb: child.peak_pss_mb.max(own_peak),
         peak_anon_mb: child.peak_anon_mb.max(own_anon),

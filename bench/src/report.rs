@@ -50,7 +50,8 @@ pub fn markdown(report: &Report) -> String {
         md,
         "{}; {}. Median of {} timed epochs after one warm-up epoch (range in brackets). \
          Decode ceiling: {} images/s per thread (libjpeg-turbo, full size; measured before and \
-         after the runs: {}; the higher is used) × workers.\n",
+         after the runs: {}; the higher is used) × workers. Measured with N threads decoding \
+         at once: {}.\n",
         report.machine,
         report.date,
         report.epochs,
@@ -61,15 +62,22 @@ pub fn markdown(report: &Report) -> String {
             .map(|v| thousands(*v))
             .collect::<Vec<_>>()
             .join(" / "),
+        report
+            .measured_decode
+            .iter()
+            .filter(|m| m.threads > 1)
+            .map(|m| format!("{} threads {}", m.threads, thousands(m.used)))
+            .collect::<Vec<_>>()
+            .join(", "),
     );
     let _ = writeln!(md, "```sh\n{}\n```\n", report.command);
     let _ = writeln!(
         md,
-        "| loader | workers | cache | images/s (median) | range | MB/s | of ceiling | vs PyTorch | read / decode / transform / collate ms per epoch | waited ms | peak memory MB (anon) |"
+        "| loader | workers | cache | images/s (median) | range | MB/s | of ceiling | of N-thread decode | vs PyTorch | read / decode / transform / collate ms per epoch | waited ms | peak memory MB (anon) |"
     );
     let _ = writeln!(
         md,
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     );
     for r in &report.results {
         let stages = r.stages.as_ref().map_or("–".into(), |s| {
@@ -84,7 +92,7 @@ pub fn markdown(report: &Report) -> String {
         let waited = r.stages.as_ref().map_or("–".into(), |s| ms(s.wait));
         let _ = writeln!(
             md,
-            "| {} | {} | {} | **{}** | {}–{} | {:.1} | {:.0}% | {} | {} | {} | {:.0} ({:.0}) |",
+            "| {} | {} | {} | **{}** | {}–{} | {:.1} | {:.0}% | {:.0}% | {} | {} | {} | {:.0} ({:.0}) |",
             r.subject.label(),
             r.workers,
             r.cache.name(),
@@ -93,6 +101,7 @@ pub fn markdown(report: &Report) -> String {
             thousands(r.max),
             r.mb_per_s,
             100.0 * r.ceiling_share,
+            100.0 * r.measured_share,
             versus_pytorch(report, r).map_or("–".into(), |x| format!("{x:.1}×")),
             stages,
             waited,
@@ -101,7 +110,7 @@ pub fn markdown(report: &Report) -> String {
         );
     }
     for (what, why) in &report.failures {
-        let _ = writeln!(md, "| {what}: **failed** ({why}) | | | | | | | | | | |");
+        let _ = writeln!(md, "| {what}: **failed** ({why}) | | | | | | | | | | | |");
     }
     // Packed formats against the raw folder, cold and warm.
     let mut ratios = Vec::new();

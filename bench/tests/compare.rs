@@ -113,6 +113,22 @@ fn every_format_warm_and_cold_with_table_json_and_chart() {
     let ceilings = report["ceiling_per_thread"].as_array().unwrap();
     assert_eq!(ceilings.len(), 2, "measured before and after");
     assert!(report["ceiling_per_thread_used"].as_f64().unwrap() > 0.0);
+    let measured: Vec<u64> = report["measured_decode"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .inspect(|m| assert!(m["used"].as_f64().unwrap() > 0.0, "{m}"))
+        .map(|m| m["threads"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        measured,
+        [1, 2],
+        "decode measured with 1 thread and with each worker count"
+    );
+    assert!(
+        runs.iter()
+            .all(|r| r["measured_share"].as_f64().unwrap() > 0.0)
+    );
 
     let md = std::fs::read_to_string(out.join("results.md")).unwrap();
     assert!(md.contains("| imagefeed, LMDB | 2 | cold |"), "{md}");
