@@ -18,8 +18,13 @@ pub fn payloads(dataset: &dyn Dataset, samples: Option<usize>) -> Result<Vec<Vec
         .collect()
 }
 
-/// Images per second of `threads` threads decoding every payload once each, at the same time
-/// (each after an untimed warm-up over the first 64).
+/// Each measurement decodes for at least this long (whole passes over the payloads), so small
+/// images are not timed over a few milliseconds.
+const MIN_SECONDS: f64 = 0.5;
+
+/// Images per second of `threads` threads decoding the payloads at the same time, each thread
+/// making whole passes until [`MIN_SECONDS`] have gone by (after an untimed warm-up over the
+/// first 64).
 pub fn decode_rate(payloads: &[Vec<u8>], threads: usize) -> Result<f64> {
     let threads = threads.max(1);
     let barrier = std::sync::Barrier::new(threads);
@@ -35,13 +40,18 @@ pub fn decode_rate(payloads: &[Vec<u8>], threads: usize) -> Result<f64> {
                         let _ = decoder.decode_rgb(p, &mut rgb);
                     }
                     barrier.wait();
-                    start.get_or_init(Instant::now);
+                    let started = *start.get_or_init(Instant::now);
                     let mut decoded = 0usize;
-                    for (i, p) in payloads.iter().enumerate() {
-                        if decoder.decode_rgb(p, &mut rgb).is_ok() {
-                            decoded += 1;
-                        } else if decoded == 0 && i > 64 {
-                            anyhow::bail!("no payload decodes");
+                    loop {
+                        for (i, p) in payloads.iter().enumerate() {
+                            if decoder.decode_rgb(p, &mut rgb).is_ok() {
+                                decoded += 1;
+                            } else if decoded == 0 && i > 64 {
+                                anyhow::bail!("no payload decodes");
+                            }
+                        }
+                        if decoded == 0 || started.elapsed().as_secs_f64() >= MIN_SECONDS {
+                            break;
                         }
                     }
                     Ok(decoded)
@@ -53,6 +63,8 @@ pub fn decode_rate(payloads: &[Vec<u8>], threads: usize) -> Result<f64> {
             .map(|w| w.join().expect("decode thread panicked"))
             .collect()
     });
+    // Every thread ran whole passes past the minimum; the wall time is until the last one
+    // stopped.
     let secs = start.get().map_or(f64::NAN, |s| s.elapsed().as_secs_f64());
     let mut total = 0;
     for d in decoded {
