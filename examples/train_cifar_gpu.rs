@@ -156,28 +156,12 @@ fn train(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             let x = batch.device_ptr();
             let labels = batch.labels_device_ptr();
             let (c, d, ni) = (classes as i32, features as i32, n as i32);
-            let (one, zero) = (1f32, 0f32);
             // SAFETY: every pointer is a live device allocation of the size the call reads or
             // writes (x: n×d, W: d×c, logits/grad: n×c, dW: d×c, b/db: c, loss: 1), all
             // ordered on the compute stream, which already waits for this batch's copy.
             unsafe {
                 // logits[n,c] = x[n,d] · W[d,c]  (row-major, as column-major transposes)
-                blas::sgemm(
-                    *cublas.handle(),
-                    blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                    blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                    c,
-                    ni,
-                    d,
-                    &one,
-                    m.w as *const f32,
-                    c,
-                    x as *const f32,
-                    d,
-                    &zero,
-                    m.logits as *mut f32,
-                    c,
-                )?;
+                gemm(&cublas, false, c, ni, d, m.w, x, d, m.logits)?;
                 let mut l = compute.launch_builder(&add_bias);
                 l.arg(&m.logits).arg(&m.b).arg(&ni).arg(&c);
                 l.launch(LaunchConfig::for_num_elems((n * classes) as u32))?;
@@ -195,22 +179,7 @@ fn train(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                     shared_mem_bytes: 0,
                 })?;
                 // dW[d,c] = x[n,d]ᵀ · grad[n,c]
-                blas::sgemm(
-                    *cublas.handle(),
-                    blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                    blas_sys::cublasOperation_t::CUBLAS_OP_T,
-                    c,
-                    d,
-                    ni,
-                    &one,
-                    m.grad as *const f32,
-                    c,
-                    x as *const f32,
-                    d,
-                    &zero,
-                    m.dw as *mut f32,
-                    c,
-                )?;
+                gemm(&cublas, true, c, d, ni, m.grad, x, d, m.dw)?;
                 let mut l = compute.launch_builder(&column_sums);
                 l.arg(&m.grad).arg(&ni).arg(&c).arg(&m.db);
                 l.launch(LaunchConfig::for_num_elems(classes as u32))?;
@@ -244,6 +213,51 @@ fn train(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         allocator.pinned(),
         allocator.fallbacks()
     );
+    Ok(())
+}
+
+/// `out = a · op(b)` in cuBLAS's column-major terms, with `a` `m×k` (leading dimension `m`),
+/// `b` `k×n` or, with `transpose_b`, `n×k` (leading dimension `ldb`), and `out` `m×n`.
+///
+/// # Safety
+/// The addresses must be live device allocations of those sizes, ordered on cuBLAS's stream.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm(
+    cublas: &CudaBlas,
+    transpose_b: bool,
+    m: i32,
+    n: i32,
+    k: i32,
+    a: u64,
+    b: u64,
+    ldb: i32,
+    out: u64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let (one, zero) = (1f32, 0f32);
+    let op_b = if transpose_b {
+        blas_sys::cublasOperation_t::CUBLAS_OP_T
+    } else {
+        blas_sys::cublasOperation_t::CUBLAS_OP_N
+    };
+    // SAFETY: the caller's contract above.
+    unsafe {
+        blas::sgemm(
+            *cublas.handle(),
+            blas_sys::cublasOperation_t::CUBLAS_OP_N,
+            op_b,
+            m,
+            n,
+            k,
+            &one,
+            a as *const f32,
+            m,
+            b as *const f32,
+            ldb,
+            &zero,
+            out as *mut f32,
+            m,
+        )?;
+    }
     Ok(())
 }
 

@@ -421,13 +421,7 @@ for use_index in (True, False):
     assert!(sequential == &expected[..], "without the index: differ");
     let shards = fs::read_dir(&out)
         .unwrap()
-        .filter(|e| {
-            e.as_ref()
-                .unwrap()
-                .path()
-                .extension()
-                .is_some_and(|x| x == "tfrecord")
-        })
+        .filter(|e| imagefeed::format::records::is_shard_name(&e.as_ref().unwrap().path()))
         .count();
     assert!(shards >= 2, "only {shards} shard of 20 kB");
 }

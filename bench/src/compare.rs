@@ -320,6 +320,7 @@ pub fn compare(args: CompareArgs) -> Result<()> {
     let mut notes = Vec::new();
 
     // 1. The datasets: the tree itself and each packed format (cached).
+    let fingerprint = pack::source_fingerprint(&folder)?;
     let mut subjects: Vec<(Subject, PathBuf)> = Vec::new();
     for &subject in &args.formats {
         if subject == Subject::Pytorch {
@@ -332,7 +333,7 @@ pub fn compare(args: CompareArgs) -> Result<()> {
             None => args.src.clone(),
             Some((format, ext)) => {
                 let path = pack_dir.join(format!("{name}.{ext}"));
-                ensure_packed(&folder, &args.src, &path, format, args.pack_threads)?;
+                ensure_packed(&fingerprint, &args.src, &path, format, args.pack_threads)?;
                 path
             }
         };
@@ -516,17 +517,17 @@ pub fn compare(args: CompareArgs) -> Result<()> {
 }
 
 /// Packs `src` into `path` unless a pack of the same tree is already there. The stamp beside it
-/// holds the tree's fingerprint (keys, labels, sizes) and is written only after a complete pack.
+/// holds the tree's `fingerprint` ([`pack::source_fingerprint`]: keys, labels, sizes) and is
+/// written only after a complete pack.
 fn ensure_packed(
-    folder: &ImageFolder,
+    fingerprint: &str,
     src: &Path,
     path: &Path,
     format: PackFormat,
     threads: Option<usize>,
 ) -> Result<()> {
-    let fingerprint = pack::source_fingerprint(folder)?;
     let stamp = stamp_path(path);
-    if path.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(&fingerprint) {
+    if path.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(fingerprint) {
         eprintln!(
             "using {} (packed earlier from the same tree)",
             path.display()
@@ -554,7 +555,7 @@ fn ensure_packed(
         summary.rejected.len(),
         summary.seconds
     );
-    std::fs::write(&stamp, &fingerprint).with_context(|| format!("writing {}", stamp.display()))?;
+    std::fs::write(&stamp, fingerprint).with_context(|| format!("writing {}", stamp.display()))?;
     Ok(())
 }
 

@@ -73,6 +73,7 @@ use serde::{Deserialize, Serialize};
 use crate::dataset::{Dataset, DatasetInfo, FormatKind, PayloadKind, Record, RecordReader};
 use crate::decode::RawImage;
 use crate::error::{Error, IoContext as _, Result};
+use crate::format::InfoRecord;
 use crate::pack::{self, PackPlan, PackProgress, PackSink, PackedRecord, StartMode};
 
 /// The `magic` value in the `imagefeed` attribute.
@@ -91,15 +92,6 @@ const KEYS: &str = "keys";
 
 /// Bytes copied per HDF5 write when the staged payloads are moved into the file.
 const COPY_BLOCK: usize = 32 << 20;
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct InfoRecord {
-    magic: String,
-    version: u32,
-    complete: bool,
-    #[serde(flatten)]
-    info: DatasetInfo,
-}
 
 /// Names of the datasets to read in an HDF5 file imagefeed did not write.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -310,12 +302,7 @@ impl Hdf5Writer {
                 .with_data(classes.as_slice())
                 .create(CLASSES_ATTR)
                 .map_err(h5("writing the classes attribute"))?;
-            let record = InfoRecord {
-                magic: MAGIC.into(),
-                version: VERSION,
-                complete: true,
-                info: info.clone(),
-            };
+            let record = InfoRecord::new(MAGIC, VERSION, true, info.clone());
             let json: VarLenUnicode = serde_json::to_string(&record)
                 .expect("info serializes")
                 .parse()
@@ -513,12 +500,7 @@ fn open_imagefeed(path: &Path, file: &hdf5::File, file_len: u64) -> Result<Share
         record.version,
         VERSION,
     )?;
-    if !record.complete {
-        return Err(Error::Incomplete {
-            path: path.to_path_buf(),
-            reason: "the file is marked incomplete".into(),
-        });
-    }
+    crate::format::require_complete(path, record.complete, "the file")?;
     let mut info = record.info;
     info.format = FormatKind::Hdf5;
     let n = info.num_samples;

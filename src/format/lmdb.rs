@@ -66,7 +66,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dataset::{Dataset, DatasetInfo, FormatKind, Record, RecordReader};
 use crate::error::{Error, IoContext as _, Result};
-use crate::format::pickle;
+use crate::format::{InfoRecord, pickle};
 use crate::pack::{self, PackPlan, PackProgress, PackSink, PackedRecord, StartMode};
 
 /// The `magic` value in `meta/info`.
@@ -83,15 +83,6 @@ const PLAN_KEY: &str = "pack-plan";
 const PROGRESS_KEY: &str = "pack-progress";
 /// liblmdb's magic number, at byte 16 of the first meta page.
 const LMDB_FILE_MAGIC: u32 = 0xBEEF_C0DE;
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct InfoRecord {
-    magic: String,
-    version: u32,
-    complete: bool,
-    #[serde(flatten)]
-    info: DatasetInfo,
-}
 
 /// Encodes a sample's key in the `samples` database.
 fn sample_key(index: usize) -> [u8; 8] {
@@ -185,12 +176,12 @@ impl LmdbWriter {
             .create_database(&mut wtxn, Some(SAMPLES_DB))
             .map_err(|e| Error::lmdb(&partial, e))?;
         let progress = if fresh {
-            let info = InfoRecord {
-                magic: MAGIC.into(),
-                version: VERSION,
-                complete: false,
-                info: plan.dataset_info(FormatKind::Lmdb, 0),
-            };
+            let info = InfoRecord::new(
+                MAGIC,
+                VERSION,
+                false,
+                plan.dataset_info(FormatKind::Lmdb, 0),
+            );
             let progress = PackProgress::default();
             for (key, value) in [
                 (INFO_KEY, to_json(&info)),
@@ -269,12 +260,7 @@ impl PackSink for LmdbWriter {
     }
 
     fn finish(self: Box<Self>, info: &DatasetInfo, progress: &PackProgress) -> Result<()> {
-        let record = InfoRecord {
-            magic: MAGIC.into(),
-            version: VERSION,
-            complete: true,
-            info: info.clone(),
-        };
+        let record = InfoRecord::new(MAGIC, VERSION, true, info.clone());
         let mut wtxn = self
             .env
             .write_txn()

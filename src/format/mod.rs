@@ -12,7 +12,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::dataset::Dataset;
+use serde::{Deserialize, Serialize};
+
+use crate::dataset::{Dataset, DatasetInfo};
 use crate::error::{Error, Result};
 
 pub mod example;
@@ -47,6 +49,40 @@ pub(crate) fn check_layout(
         ));
     }
     Ok(())
+}
+
+/// The metadata record imagefeed stores in an LMDB (`meta/info`) or HDF5 file (the `imagefeed`
+/// attribute): layout magic and version, whether the pack finished, and the dataset's info.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct InfoRecord {
+    pub magic: String,
+    pub version: u32,
+    pub complete: bool,
+    #[serde(flatten)]
+    pub info: DatasetInfo,
+}
+
+impl InfoRecord {
+    /// A record of the given layout.
+    pub fn new(magic: &str, version: u32, complete: bool, info: DatasetInfo) -> InfoRecord {
+        InfoRecord {
+            magic: magic.into(),
+            version,
+            complete,
+            info,
+        }
+    }
+}
+
+/// Refuses a dataset whose metadata says the pack did not finish; `what` names that metadata.
+pub(crate) fn require_complete(path: &Path, complete: bool, what: &str) -> Result<()> {
+    if complete {
+        return Ok(());
+    }
+    Err(Error::Incomplete {
+        path: path.to_path_buf(),
+        reason: format!("{what} is marked incomplete"),
+    })
 }
 
 /// How to read datasets whose files do not say everything themselves (files other tools wrote).

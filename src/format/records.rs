@@ -629,12 +629,7 @@ fn open_ours(dir: &Path, manifest_path: &Path) -> Result<Records> {
         manifest.version,
         VERSION,
     )?;
-    if !manifest.complete {
-        return Err(Error::Incomplete {
-            path: dir.to_path_buf(),
-            reason: "the manifest is marked incomplete".into(),
-        });
-    }
+    crate::format::require_complete(dir, manifest.complete, "the manifest")?;
     let mut shards = Vec::with_capacity(manifest.shards.len());
     for entry in &manifest.shards {
         let path = dir.join(&entry.file);

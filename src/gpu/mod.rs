@@ -83,6 +83,7 @@ pub fn unavailable_reason() -> Option<String> {
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     module: Arc<CudaModule>,
+    busy_wait: CudaFunction,
 }
 
 impl Gpu {
@@ -110,7 +111,14 @@ impl Gpu {
         let module = ctx.load_module(Ptx::from_src(PTX)).map_err(cuda(
             "loading the kernels (PTX ISA 8.0 needs driver 525 or newer)",
         ))?;
-        Ok(Gpu { ctx, module })
+        let busy_wait = module
+            .load_function("busy_wait")
+            .map_err(cuda("kernel busy_wait"))?;
+        Ok(Gpu {
+            ctx,
+            module,
+            busy_wait,
+        })
     }
 
     /// The context.
@@ -138,8 +146,7 @@ impl Gpu {
     /// Enqueues `ns` nanoseconds of GPU work on `stream` (one spinning thread): a stand-in
     /// for a training step of known length.
     pub fn busy_wait(&self, stream: &CudaStream, ns: u64) -> Result<()> {
-        let function = self.function("busy_wait")?;
-        let mut launch = stream.launch_builder(&function);
+        let mut launch = stream.launch_builder(&self.busy_wait);
         launch.arg(&ns);
         // SAFETY: `busy_wait(unsigned long long)` takes exactly this one argument.
         unsafe { launch.launch(LaunchConfig::for_num_elems(1)) }
