@@ -173,6 +173,26 @@ fn add(counter: &AtomicU64, d: Duration) {
     counter.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
 }
 
+/// Stage times of one batch, kept by its worker and added to the shared [`Counters`] once per
+/// batch: per-sample atomic adds on one shared cache line would bounce it between the workers'
+/// cores tens of thousands of times a second.
+#[derive(Default)]
+struct StageTimes {
+    read: Duration,
+    decode: Duration,
+    transform: Duration,
+    collate: Duration,
+}
+
+impl StageTimes {
+    fn add_to(&self, counters: &Counters) {
+        add(&counters.read, self.read);
+        add(&counters.decode, self.decode);
+        add(&counters.transform, self.transform);
+        add(&counters.collate, self.collate);
+    }
+}
+
 /// What workers share.
 struct Shared {
     dataset: Arc<dyn Dataset>,
@@ -571,54 +591,78 @@ impl Worker {
         let mut samples = Vec::with_capacity(job.indices.len());
         let mut labels = Vec::with_capacity(job.indices.len());
         let mut bad = Vec::new();
-        for &index in &job.indices {
-            if job.cancel.load(Ordering::Relaxed) {
-                return Err(Error::Config("cancelled".into()));
-            }
-            match self.sample(shared, job.epoch, index, &mut collator)? {
-                Outcome::Ok(label) => {
-                    samples.push(index);
-                    labels.push(label);
+        let mut times = StageTimes::default();
+        // The samples, in a closure so that the stage times are counted however it ends.
+        let mut fill = || -> Result<()> {
+            for (position, &index) in job.indices.iter().enumerate() {
+                if job.cancel.load(Ordering::Relaxed) {
+                    return Err(Error::Config("cancelled".into()));
                 }
-                Outcome::Bad { key, reason } => {
-                    if config.bad_samples == BadSamplePolicy::Error {
-                        return Err(Error::BadSample { index, key, reason });
+                // The next sample's bytes load while this one decodes.
+                if let Some(&next) = job.indices.get(position + 1) {
+                    self.reader.prefetch(next);
+                }
+                match self.sample(shared, job.epoch, index, &mut collator, &mut times)? {
+                    Outcome::Ok(label) => {
+                        samples.push(index);
+                        labels.push(label);
                     }
-                    let mut record = BadSample {
-                        index,
-                        key,
-                        reason,
-                        replaced_by: None,
-                    };
-                    if config.bad_samples == BadSamplePolicy::Replace {
-                        let mut rng =
-                            SampleRng::keyed(config.seed, job.epoch, index as u64, REPLACE_DOMAIN);
-                        let len = shared.dataset.len() as u64;
-                        for _ in 0..REPLACE_ATTEMPTS {
-                            let candidate = rng.below(len) as usize;
-                            if candidate == index {
-                                continue;
-                            }
-                            match self.sample(shared, job.epoch, candidate, &mut collator)? {
-                                Outcome::Ok(label) => {
-                                    samples.push(candidate);
-                                    labels.push(label);
-                                    record.replaced_by = Some(candidate);
-                                    break;
+                    Outcome::Bad { key, reason } => {
+                        if config.bad_samples == BadSamplePolicy::Error {
+                            return Err(Error::BadSample { index, key, reason });
+                        }
+                        let mut record = BadSample {
+                            index,
+                            key,
+                            reason,
+                            replaced_by: None,
+                        };
+                        if config.bad_samples == BadSamplePolicy::Replace {
+                            let mut rng = SampleRng::keyed(
+                                config.seed,
+                                job.epoch,
+                                index as u64,
+                                REPLACE_DOMAIN,
+                            );
+                            let len = shared.dataset.len() as u64;
+                            for _ in 0..REPLACE_ATTEMPTS {
+                                let candidate = rng.below(len) as usize;
+                                if candidate == index {
+                                    continue;
                                 }
-                                Outcome::Bad { key, reason } => bad.push(BadSample {
-                                    index: candidate,
-                                    key,
-                                    reason: format!("{reason} (while replacing sample {index})"),
-                                    replaced_by: None,
-                                }),
+                                match self.sample(
+                                    shared,
+                                    job.epoch,
+                                    candidate,
+                                    &mut collator,
+                                    &mut times,
+                                )? {
+                                    Outcome::Ok(label) => {
+                                        samples.push(candidate);
+                                        labels.push(label);
+                                        record.replaced_by = Some(candidate);
+                                        break;
+                                    }
+                                    Outcome::Bad { key, reason } => bad.push(BadSample {
+                                        index: candidate,
+                                        key,
+                                        reason: format!(
+                                            "{reason} (while replacing sample {index})"
+                                        ),
+                                        replaced_by: None,
+                                    }),
+                                }
                             }
                         }
+                        bad.push(record);
                     }
-                    bad.push(record);
                 }
             }
-        }
+            Ok(())
+        };
+        let result = fill();
+        times.add_to(&shared.counters);
+        result?;
         let (width, height) = collator.size.as_ref().map_or((0, 0), |s| (s.0, s.1));
         let mut data = collator
             .buffer
@@ -651,9 +695,9 @@ impl Worker {
         epoch: u64,
         index: usize,
         collator: &mut Collator,
+        times: &mut StageTimes,
     ) -> Result<Outcome> {
         let config = &shared.config;
-        let counters = &shared.counters;
         let started = Instant::now();
         let record = match self.reader.read(index) {
             Ok(record) => record,
@@ -664,7 +708,7 @@ impl Worker {
                 });
             }
         };
-        add(&counters.read, started.elapsed());
+        times.read += started.elapsed();
         let label = record.label;
         let mut rng = SampleRng::new(config.seed, epoch, index as u64);
         let prepared = match self
@@ -679,8 +723,8 @@ impl Worker {
                 });
             }
         };
-        add(&counters.decode, prepared.decode_time);
-        add(&counters.transform, prepared.transform_time);
+        times.decode += prepared.decode_time;
+        times.transform += prepared.transform_time;
         let started = Instant::now();
         let (w, h) = (prepared.width, prepared.height);
         match &collator.size {
@@ -709,7 +753,7 @@ impl Worker {
             .output
             .write(prepared.pixels, w, h, prepared.flip, slot);
         collator.written += 1;
-        add(&counters.collate, started.elapsed());
+        times.collate += started.elapsed();
         Ok(Outcome::Ok(label))
     }
 }

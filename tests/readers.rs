@@ -189,6 +189,45 @@ fn per_thread_handles_read_the_same_in_any_order() {
     }
 }
 
+/// One handle reading every record over and over (LMDB then serves repeats from its table of
+/// values already found), in shuffled orders, with a prefetch hint for the next record before
+/// each read (and hints past the end, which must be ignored), sees exactly what a fresh handle
+/// sees.
+#[test]
+fn rereads_and_prefetch_hints_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, dataset) in backends(dir.path()) {
+        let n = dataset.len();
+        let fresh: Vec<(String, u32, Vec<u8>)> = {
+            let mut reader = dataset.open_reader().unwrap();
+            (0..n)
+                .map(|i| {
+                    let r = reader.read(i).unwrap();
+                    (r.key.to_string(), r.label, r.payload.to_vec())
+                })
+                .collect()
+        };
+        let mut reader = LazyReader::new(Arc::clone(&dataset));
+        reader.prefetch(0); // not open yet: nothing to do
+        for pass in 0..3u64 {
+            let mut order: Vec<usize> = (0..n).collect();
+            let mut rng = imagefeed::rng::SampleRng::new(pass, 0, 0);
+            for i in (1..n).rev() {
+                order.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+            for (position, &i) in order.iter().enumerate() {
+                reader.prefetch(order.get(position + 1).copied().unwrap_or(n + 7));
+                let r = reader.read(i).unwrap();
+                assert_eq!(
+                    (r.key, r.label, r.payload),
+                    (fresh[i].0.as_str(), fresh[i].1, fresh[i].2.as_slice()),
+                    "{name}: pass {pass}, record {i}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn lazy_reader_opens_on_first_read() {
     let dir = tempfile::tempdir().unwrap();

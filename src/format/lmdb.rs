@@ -619,9 +619,15 @@ impl Dataset for Lmdb {
             layout: self.layout.clone(),
             path: self.path.clone(),
             info: self.info.clone(),
+            found: Vec::new(),
         }))
     }
 }
+
+/// Datasets of at most this many records get a per-reader table of where each value lies
+/// (16 bytes a record: 16 MiB at the limit). Past it the B-tree lookup is kept: its ~1 µs
+/// matters for small images, and datasets with millions of records are mostly large ones.
+const FOUND_TABLE_MAX_RECORDS: usize = 1 << 20;
 
 /// Per-worker handle: one long-lived read transaction over the shared map.
 struct LmdbReader {
@@ -631,6 +637,43 @@ struct LmdbReader {
     layout: Layout,
     path: PathBuf,
     info: DatasetInfo,
+    /// `(address, length)` of each record's value once read (address 0: not read yet; empty
+    /// when the dataset is over [`FOUND_TABLE_MAX_RECORDS`]). LMDB keeps a value's bytes valid
+    /// until the transaction that returned them ends, and `txn` lives as long as this reader,
+    /// so a later read (every epoch after the first) skips the lookup, and
+    /// [`prefetch`](RecordReader::prefetch) knows where to fetch from.
+    found: Vec<(usize, usize)>,
+}
+
+impl LmdbReader {
+    /// The value of record `index`, stored under `key` in `db`: from the table of values
+    /// already found, or looked up (and remembered).
+    fn value<'t>(
+        txn: &'t RoTxn<'static, WithoutTls>,
+        found: &mut Vec<(usize, usize)>,
+        num_samples: usize,
+        db: &Database<Bytes, Bytes>,
+        index: usize,
+        key: &[u8],
+    ) -> heed::Result<Option<&'t [u8]>> {
+        if found.is_empty() && num_samples <= FOUND_TABLE_MAX_RECORDS {
+            found.resize(num_samples, (0, 0));
+        }
+        if let Some(&(address, len)) = found.get(index).filter(|(address, _)| *address != 0) {
+            // SAFETY: `address` and `len` are those of a value that `db.get` returned in
+            // `txn` (this reader's one read-only transaction, which `found` belongs to). LMDB
+            // keeps such bytes valid and unchanged until the transaction ends, and the slice
+            // borrows `txn` for `'t`.
+            return Ok(Some(unsafe {
+                std::slice::from_raw_parts(address as *const u8, len)
+            }));
+        }
+        let value = db.get(txn, key)?;
+        if let (Some(value), Some(slot)) = (value, found.get_mut(index)) {
+            *slot = (value.as_ptr() as usize, value.len());
+        }
+        Ok(value)
+    }
 }
 
 impl RecordReader for LmdbReader {
@@ -640,18 +683,17 @@ impl RecordReader for LmdbReader {
             "index {index} out of range for {} samples",
             self.info.num_samples
         );
+        let (txn, found, n) = (&self.txn, &mut self.found, self.info.num_samples);
         let (label, key, payload) = match &self.layout {
             Layout::Imagefeed(samples) => {
-                let value = samples
-                    .get(&self.txn, &sample_key(index))
+                let value = Self::value(txn, found, n, samples, index, &sample_key(index))
                     .map_err(|e| Error::lmdb(&self.path, e))?
                     .ok_or_else(|| corrupt(&self.path, index, "?", "record is missing"))?;
                 decode_value(value).map_err(|reason| corrupt(&self.path, index, "?", reason))?
             }
             Layout::Folder2Lmdb { db, keys } => {
                 let key = keys[index].as_str();
-                let value = db
-                    .get(&self.txn, key.as_bytes())
+                let value = Self::value(txn, found, n, db, index, key.as_bytes())
                     .map_err(|e| Error::lmdb(&self.path, e))?
                     .ok_or_else(|| {
                         corrupt(&self.path, index, key, "key listed in __keys__ is missing")
@@ -671,6 +713,15 @@ impl RecordReader for LmdbReader {
             label,
             payload,
         })
+    }
+
+    fn prefetch(&mut self, index: usize) {
+        if let Some(&(address, len)) = self.found.get(index).filter(|(address, _)| *address != 0) {
+            // SAFETY: a value found in this reader's live transaction (see `value`).
+            crate::dataset::prefetch(unsafe {
+                std::slice::from_raw_parts(address as *const u8, len)
+            });
+        }
     }
 }
 

@@ -875,6 +875,19 @@ impl RecordReader for RecordsReader {
             payload,
         })
     }
+
+    fn prefetch(&mut self, index: usize) {
+        let shared = &*self.shared;
+        if index >= shared.info.num_samples {
+            return;
+        }
+        let shard_number = shared.starts.partition_point(|&s| s <= index) - 1;
+        let shard = &shared.shards[shard_number];
+        let (offset, len) = shard.records[index - shared.starts[shard_number]];
+        if let Some(bytes) = record_bytes(&shard.map, offset, len) {
+            crate::dataset::prefetch(bytes);
+        }
+    }
 }
 
 #[cfg(test)]

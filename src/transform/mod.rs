@@ -14,6 +14,8 @@
 
 pub mod crop;
 pub mod output;
+#[cfg(target_arch = "x86_64")]
+mod simd;
 
 use std::time::{Duration, Instant};
 
