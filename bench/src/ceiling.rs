@@ -73,7 +73,27 @@ pub fn decode_rate(payloads: &[Vec<u8>], threads: usize) -> Result<f64> {
     Ok(total as f64 / secs)
 }
 
-/// Images per second for one thread decoding `samples` payloads (all of them when `None`).
-pub fn single_thread_decode_rate(dataset: &dyn Dataset, samples: Option<usize>) -> Result<f64> {
-    decode_rate(&payloads(dataset, samples)?, 1)
+/// Both decode references at one moment: one thread alone, and `threads` threads at once.
+#[derive(Debug, Clone, Copy)]
+pub struct References {
+    /// Images/s of one thread.
+    pub one_thread: f64,
+    /// Images/s of `threads` threads together (the one-thread rate when `threads` is 1).
+    pub n_threads: f64,
+}
+
+impl References {
+    /// Measures both, one after the other.
+    pub fn measure(payloads: &[Vec<u8>], threads: usize) -> Result<References> {
+        let one_thread = decode_rate(payloads, 1)?;
+        let n_threads = if threads > 1 {
+            decode_rate(payloads, threads)?
+        } else {
+            one_thread
+        };
+        Ok(References {
+            one_thread,
+            n_threads,
+        })
+    }
 }

@@ -103,8 +103,11 @@ struct LoadArgs {
     /// Print a SHA-256 over each epoch's batches (pixels and labels, in order).
     #[arg(long)]
     digest: bool,
-    /// Also measure the decode ceiling (1-thread libjpeg-turbo rate × workers) on the first
-    /// N payloads (0: skip).
+    /// Also measure decode references on the first N payloads (0: skip), before each timed
+    /// epoch and after the last: one thread of libjpeg-turbo (the ceiling is that rate ×
+    /// workers) and, with several workers, that many threads decoding at once. Each epoch is
+    /// quoted against the mean of the measurements just before and just after it, so drift in
+    /// machine speed falls on both sides of the ratio.
     #[arg(long, default_value_t = 0)]
     ceiling_samples: usize,
     /// Untimed epochs before the timed ones (not counted in `--epochs`).
@@ -264,18 +267,25 @@ fn load(args: LoadArgs) -> Result<()> {
         TransformArg::None => "none",
     };
     let ds = open()?;
-    let ceiling = if ceiling_samples > 0 {
-        let rate = ceiling::single_thread_decode_rate(ds.as_ref(), Some(ceiling_samples))?;
+    let references = if ceiling_samples > 0 {
+        let payloads = ceiling::payloads(ds.as_ref(), Some(ceiling_samples))?;
         if !json {
             println!(
-                "decode ceiling: {rate:.0} images/s per thread (libjpeg-turbo, full size) x {workers} = {:.0} images/s",
-                rate * workers as f64
+                "decode references on {} payloads (libjpeg-turbo, full size, in memory), measured before each timed epoch and after the last",
+                payloads.len()
             );
         }
-        Some(rate * workers as f64)
+        Some(payloads)
     } else {
         None
     };
+    let measure_references = || -> Result<Option<ceiling::References>> {
+        references
+            .as_deref()
+            .map(|p| ceiling::References::measure(p, workers))
+            .transpose()
+    };
+    let mut shares: Vec<(f64, f64)> = Vec::new();
     let mut loader = Some(Loader::new(ds, config.clone())?);
     let first = loader.as_ref().expect("just made");
     if json {
@@ -306,10 +316,12 @@ fn load(args: LoadArgs) -> Result<()> {
     // counters since `baseline`.
     let mut finished = Stats::default();
     let mut baseline = Stats::default();
+    let mut before = None;
     for epoch in 0..warmup + epochs {
         let timed = epoch >= warmup;
         if timed && epoch == warmup {
             baseline = loader.as_ref().map(Loader::stats).unwrap_or_default();
+            before = measure_references()?;
         }
         let start = if cold {
             // The kernel keeps pages this process maps: close everything, evict, reopen.
@@ -346,14 +358,34 @@ fn load(args: LoadArgs) -> Result<()> {
             continue;
         }
         let rate = images as f64 / secs;
+        // The references just after this epoch are also those just before the next.
+        let around = match (before, measure_references()?) {
+            (Some(b), Some(a)) => {
+                before = Some(a);
+                Some((b, a))
+            }
+            _ => None,
+        };
+        let share = around.map(|(b, a)| {
+            let one = (b.one_thread + a.one_thread) / 2.0;
+            let together = (b.n_threads + a.n_threads) / 2.0;
+            (rate / (one * workers as f64), rate / together)
+        });
+        shares.extend(share);
         if json {
-            let line = serde_json::json!({
+            let mut line = serde_json::json!({
                 "event": "epoch",
                 "epoch": epoch,
                 "images": images,
                 "seconds": secs,
                 "bad": bad_samples,
             });
+            if let Some((b, a)) = around {
+                line["decode_references"] = serde_json::json!({
+                    "one_thread": [b.one_thread, a.one_thread],
+                    "n_threads": [b.n_threads, a.n_threads],
+                });
+            }
             println!("{line}");
             continue;
         }
@@ -361,8 +393,21 @@ fn load(args: LoadArgs) -> Result<()> {
         let mut line = format!(
             "epoch {epoch}: {images} images in {secs:.3} s: {rate:.0} images/s, {bad_samples} bad, rss {rss:.0} MB (anon {anon:.0} MB, peak {peak:.0} MB)"
         );
-        if let Some(c) = ceiling {
-            line.push_str(&format!(", {:.0}% of ceiling", 100.0 * rate / c));
+        if let (Some((b, a)), Some((of_ceiling, of_together))) = (around, share) {
+            line.push_str(&format!(
+                "; {:.0}% of ceiling (1 thread decodes {:.0} / {:.0} images/s before / after)",
+                100.0 * of_ceiling,
+                b.one_thread,
+                a.one_thread
+            ));
+            if workers > 1 {
+                line.push_str(&format!(
+                    ", {:.0}% of {workers} threads decoding at once ({:.0} / {:.0})",
+                    100.0 * of_together,
+                    b.n_threads,
+                    a.n_threads
+                ));
+            }
         }
         if digest {
             line.push_str(&format!(", sha256 {:x}", hasher.finalize()));
@@ -386,6 +431,17 @@ fn load(args: LoadArgs) -> Result<()> {
         });
         println!("{line}");
     } else {
+        if !shares.is_empty() {
+            let median = |mut v: Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            println!(
+                "median over the timed epochs: {:.0}% of ceiling, {:.0}% of {workers} threads decoding at once",
+                100.0 * median(shares.iter().map(|s| s.0).collect()),
+                100.0 * median(shares.iter().map(|s| s.1).collect()),
+            );
+        }
         println!(
             "stages of the timed epochs (summed over workers): read {:.0} ms, decode {:.0} ms, transform {:.0} ms, collate {:.0} ms; consumer waited {:.0} ms; buffers allocated {}",
             1e3 * secs(s.read),

@@ -1,0 +1,90 @@
+//! `imagefeed-bench load` with decode references: measured around every timed epoch, each
+//! epoch quoted against the measurements just before and after it.
+
+use std::process::Command;
+
+use imagefeed::synthetic::{self, SyntheticSpec};
+use serde_json::Value;
+
+fn load(args: &[&str]) -> String {
+    let o = Command::new(env!("CARGO_BIN_EXE_imagefeed-bench"))
+        .arg("load")
+        .args(args)
+        .output()
+        .expect("imagefeed-bench runs");
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "stdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn decode_references_bracket_every_timed_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("tree");
+    let spec = SyntheticSpec {
+        classes: 2,
+        per_class: 8,
+        width: 32,
+        height: 32,
+        ..SyntheticSpec::default()
+    };
+    synthetic::write_image_folder(&root, &spec).unwrap();
+    let tree = root.to_str().unwrap();
+    let common = [
+        tree,
+        "--workers",
+        "2",
+        "--batch-size",
+        "4",
+        "--warmup",
+        "1",
+        "--epochs",
+        "2",
+        "--ceiling-samples",
+        "16",
+    ];
+
+    let json = load(&[&common[..], &["--json"]].concat());
+    let epochs: Vec<Value> = json
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["event"] == "epoch")
+        .collect();
+    assert_eq!(epochs.len(), 2, "{json}");
+    let mut previous_after = None;
+    for e in &epochs {
+        let refs = &e["decode_references"];
+        for key in ["one_thread", "n_threads"] {
+            let pair = refs[key].as_array().unwrap_or_else(|| panic!("{key}: {e}"));
+            assert_eq!(pair.len(), 2, "before and after: {e}");
+            assert!(pair.iter().all(|r| r.as_f64().unwrap() > 0.0), "{e}");
+        }
+        // The measurement after one epoch is the one before the next.
+        let before = refs["one_thread"][0].as_f64().unwrap();
+        if let Some(after) = previous_after {
+            assert_eq!(before, after, "{json}");
+        }
+        previous_after = refs["one_thread"][1].as_f64();
+    }
+
+    let text = load(&common);
+    assert!(
+        text.contains("measured before each timed epoch and after the last"),
+        "{text}"
+    );
+    let quoted = text
+        .lines()
+        .filter(|l| l.starts_with("epoch ") && l.contains("% of ceiling"))
+        .filter(|l| l.contains("% of 2 threads decoding at once"))
+        .count();
+    assert_eq!(quoted, 2, "{text}");
+    assert!(text.contains("median over the timed epochs:"), "{text}");
+
+    // Without references, no ratios.
+    let plain = load(&common[..common.len() - 2]);
+    assert!(!plain.contains("of ceiling"), "{plain}");
+}
