@@ -619,7 +619,11 @@ impl Dataset for Lmdb {
             layout: self.layout.clone(),
             path: self.path.clone(),
             info: self.info.clone(),
-            found: Vec::new(),
+            found: if self.info.num_samples <= FOUND_TABLE_MAX_RECORDS {
+                vec![(0, 0); self.info.num_samples]
+            } else {
+                Vec::new()
+            },
         }))
     }
 }
@@ -638,7 +642,7 @@ struct LmdbReader {
     path: PathBuf,
     info: DatasetInfo,
     /// `(address, length)` of each record's value once read (address 0: not read yet; empty
-    /// when the dataset is over [`FOUND_TABLE_MAX_RECORDS`]). LMDB keeps a value's bytes valid
+    /// when the dataset is over [`FOUND_TABLE_MAX_RECORDS`]; read through [`remembered`]). LMDB keeps a value's bytes valid
     /// until the transaction that returned them ends, and `txn` lives as long as this reader,
     /// so a later read (every epoch after the first) skips the lookup, and
     /// [`prefetch`](RecordReader::prefetch) knows where to fetch from.
@@ -650,23 +654,13 @@ impl LmdbReader {
     /// already found, or looked up (and remembered).
     fn value<'t>(
         txn: &'t RoTxn<'static, WithoutTls>,
-        found: &mut Vec<(usize, usize)>,
-        num_samples: usize,
+        found: &mut [(usize, usize)],
         db: &Database<Bytes, Bytes>,
         index: usize,
         key: &[u8],
     ) -> heed::Result<Option<&'t [u8]>> {
-        if found.is_empty() && num_samples <= FOUND_TABLE_MAX_RECORDS {
-            found.resize(num_samples, (0, 0));
-        }
-        if let Some(&(address, len)) = found.get(index).filter(|(address, _)| *address != 0) {
-            // SAFETY: `address` and `len` are those of a value that `db.get` returned in
-            // `txn` (this reader's one read-only transaction, which `found` belongs to). LMDB
-            // keeps such bytes valid and unchanged until the transaction ends, and the slice
-            // borrows `txn` for `'t`.
-            return Ok(Some(unsafe {
-                std::slice::from_raw_parts(address as *const u8, len)
-            }));
+        if let Some(value) = remembered(txn, found, index) {
+            return Ok(Some(value));
         }
         let value = db.get(txn, key)?;
         if let (Some(value), Some(slot)) = (value, found.get_mut(index)) {
@@ -676,6 +670,20 @@ impl LmdbReader {
     }
 }
 
+/// The value of record `index` if `found` (the table of `txn`'s reader) has it. `txn` is
+/// only taken for its lifetime: the slice cannot outlive the transaction that keeps it valid.
+fn remembered<'t>(
+    _txn: &'t RoTxn<'static, WithoutTls>,
+    found: &[(usize, usize)],
+    index: usize,
+) -> Option<&'t [u8]> {
+    let &(address, len) = found.get(index).filter(|(address, _)| *address != 0)?;
+    // SAFETY: `address` and `len` are those of a value that `db.get` returned in `_txn` (the
+    // reader's one read-only transaction, which `found` belongs to). LMDB keeps such bytes
+    // valid and unchanged until the transaction ends, and the slice borrows `_txn` for `'t`.
+    Some(unsafe { std::slice::from_raw_parts(address as *const u8, len) })
+}
+
 impl RecordReader for LmdbReader {
     fn read(&mut self, index: usize) -> Result<Record<'_>> {
         assert!(
@@ -683,17 +691,17 @@ impl RecordReader for LmdbReader {
             "index {index} out of range for {} samples",
             self.info.num_samples
         );
-        let (txn, found, n) = (&self.txn, &mut self.found, self.info.num_samples);
+        let (txn, found) = (&self.txn, &mut self.found);
         let (label, key, payload) = match &self.layout {
             Layout::Imagefeed(samples) => {
-                let value = Self::value(txn, found, n, samples, index, &sample_key(index))
+                let value = Self::value(txn, found, samples, index, &sample_key(index))
                     .map_err(|e| Error::lmdb(&self.path, e))?
                     .ok_or_else(|| corrupt(&self.path, index, "?", "record is missing"))?;
                 decode_value(value).map_err(|reason| corrupt(&self.path, index, "?", reason))?
             }
             Layout::Folder2Lmdb { db, keys } => {
                 let key = keys[index].as_str();
-                let value = Self::value(txn, found, n, db, index, key.as_bytes())
+                let value = Self::value(txn, found, db, index, key.as_bytes())
                     .map_err(|e| Error::lmdb(&self.path, e))?
                     .ok_or_else(|| {
                         corrupt(&self.path, index, key, "key listed in __keys__ is missing")
@@ -716,11 +724,8 @@ impl RecordReader for LmdbReader {
     }
 
     fn prefetch(&mut self, index: usize) {
-        if let Some(&(address, len)) = self.found.get(index).filter(|(address, _)| *address != 0) {
-            // SAFETY: a value found in this reader's live transaction (see `value`).
-            crate::dataset::prefetch(unsafe {
-                std::slice::from_raw_parts(address as *const u8, len)
-            });
+        if let Some(value) = remembered(&self.txn, &self.found, index) {
+            crate::dataset::prefetch(value);
         }
     }
 }

@@ -445,6 +445,17 @@ struct Shared {
     notices: Vec<String>,
 }
 
+impl Shared {
+    /// The shard holding record `index` (`< num_samples`), and the record's place in it.
+    fn locate(&self, index: usize) -> (&Shard, usize) {
+        let shard_number = self.starts.partition_point(|&s| s <= index) - 1;
+        (
+            &self.shards[shard_number],
+            index - self.starts[shard_number],
+        )
+    }
+}
+
 /// Record shards opened for reading.
 pub struct Records {
     shared: Arc<Shared>,
@@ -823,9 +834,7 @@ impl RecordReader for RecordsReader {
             "index {index} out of range for {} samples",
             shared.info.num_samples
         );
-        let shard_number = shared.starts.partition_point(|&s| s <= index) - 1;
-        let shard = &shared.shards[shard_number];
-        let within = index - shared.starts[shard_number];
+        let (shard, within) = shared.locate(index);
         let corrupt = |key: &str, reason: String| Error::CorruptRecord {
             path: shard.path.clone(),
             index,
@@ -881,9 +890,8 @@ impl RecordReader for RecordsReader {
         if index >= shared.info.num_samples {
             return;
         }
-        let shard_number = shared.starts.partition_point(|&s| s <= index) - 1;
-        let shard = &shared.shards[shard_number];
-        let (offset, len) = shard.records[index - shared.starts[shard_number]];
+        let (shard, within) = shared.locate(index);
+        let (offset, len) = shard.records[within];
         if let Some(bytes) = record_bytes(&shard.map, offset, len) {
             crate::dataset::prefetch(bytes);
         }

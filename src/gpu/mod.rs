@@ -583,22 +583,9 @@ impl<I: Iterator<Item = Result<Batch>>> Prefetcher<I> {
                 .map_err(cuda("waiting for an old copy"))?;
             drop(old);
         }
-        grow(&self.copy, &mut slot.input, total)?;
-        grow(&self.copy, &mut slot.output, out_bytes)?;
-        grow(&self.copy, &mut slot.labels, n.max(1))?;
-        let input = slot.input.as_ref().expect("grown").device_ptr(&self.copy).0;
-        let output = slot
-            .output
-            .as_ref()
-            .expect("grown")
-            .device_ptr(&self.copy)
-            .0;
-        let labels = slot
-            .labels
-            .as_ref()
-            .expect("grown")
-            .device_ptr(&self.copy)
-            .0;
+        let input = grow(&self.copy, &mut slot.input, total)?;
+        let output = grow(&self.copy, &mut slot.output, out_bytes)?;
+        let labels = grow(&self.copy, &mut slot.labels, n.max(1))?;
         let stream = self.copy.cu_stream();
         // SAFETY: the destinations hold at least as many bytes as the sources; the sources
         // (the batch's pixels, page-locked when the pool's allocator is pinned, and its labels)
@@ -675,21 +662,22 @@ impl<I: Iterator<Item = Result<Batch>>> Drop for Prefetcher<I> {
     }
 }
 
-/// Makes `buffer` hold at least `len` elements (reallocating on `stream` when it is smaller).
+/// Makes `buffer` hold at least `len` elements (reallocating on `stream` when it is smaller)
+/// and returns its device address.
 fn grow<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
     stream: &Arc<CudaStream>,
     buffer: &mut Option<CudaSlice<T>>,
     len: usize,
-) -> Result<()> {
-    if buffer.as_ref().is_some_and(|b| b.len() >= len) {
-        return Ok(());
+) -> Result<cudarc::driver::sys::CUdeviceptr> {
+    if buffer.as_ref().is_none_or(|b| b.len() < len) {
+        *buffer = Some(
+            stream
+                .alloc_zeros::<T>(len.max(1))
+                .map_err(cuda("allocating device memory"))?,
+        );
     }
-    *buffer = Some(
-        stream
-            .alloc_zeros::<T>(len.max(1))
-            .map_err(cuda("allocating device memory"))?,
-    );
-    Ok(())
+    let buffer = buffer.as_ref().expect("allocated above");
+    Ok(buffer.device_ptr(stream).0)
 }
 
 #[cfg(test)]
