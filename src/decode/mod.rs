@@ -640,6 +640,56 @@ mod tests {
         out
     }
 
+    /// A 4:2:0 JPEG of `w × h` varied pixels (decoded by libjpeg-turbo's SIMD colour
+    /// converter, the one that streams aligned rows).
+    fn jpeg_420(w: u32, h: u32) -> Vec<u8> {
+        let pixels: Vec<u8> = (0..w * h * 3)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) as u8 / 2 + (i % 97) as u8)
+            .collect();
+        let image = turbojpeg::Image {
+            pixels: pixels.as_slice(),
+            width: w as usize,
+            pitch: w as usize * 3,
+            height: h as usize,
+            format: turbojpeg::PixelFormat::RGB,
+        };
+        turbojpeg::compress(image, 90, turbojpeg::Subsamp::Sub2x2)
+            .unwrap()
+            .to_vec()
+    }
+
+    #[test]
+    fn output_alignment_never_changes_the_pixels() {
+        // Rows of 96 bytes (all rows as aligned as the first), 48 bytes (every other row),
+        // 111 bytes (one in 32) and 672 bytes; every start offset modulo 64, so both the staged
+        // and the in-place paths run.
+        let mut decoder = Decoder::new();
+        for (w, h) in [(32, 32), (16, 24), (37, 21), (224, 40)] {
+            let jpeg = jpeg_420(w, h);
+            let mut expected = Vec::new();
+            decoder.decode_rgb(&jpeg, &mut expected).unwrap();
+            let len = (w * h * 3) as usize;
+            assert_eq!(expected.len(), len);
+            let mut buffer = vec![0u8; len + 128];
+            for offset in 0..64 {
+                buffer.fill(0xA5);
+                let out = &mut buffer[offset..offset + len];
+                decoder.decode_rgb_into(&jpeg, out).unwrap();
+                assert!(
+                    out == expected.as_slice(),
+                    "{w}x{h} at offset {offset}: pixels differ"
+                );
+                assert!(
+                    buffer[..offset]
+                        .iter()
+                        .chain(&buffer[offset + len..])
+                        .all(|&b| b == 0xA5),
+                    "{w}x{h} at offset {offset}: wrote outside the output"
+                );
+            }
+        }
+    }
+
     #[test]
     fn png_with_alpha_drops_alpha() {
         let data = png(3, 2, image::ColorType::Rgba8, &[10, 20, 30, 40]);
