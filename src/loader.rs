@@ -617,42 +617,19 @@ impl Worker {
                             reason,
                             replaced_by: None,
                         };
-                        if config.bad_samples == BadSamplePolicy::Replace {
-                            let mut rng = SampleRng::keyed(
-                                config.seed,
+                        if config.bad_samples == BadSamplePolicy::Replace
+                            && let Some((candidate, label)) = self.replacement(
+                                shared,
                                 job.epoch,
-                                index as u64,
-                                REPLACE_DOMAIN,
-                            );
-                            let len = shared.dataset.len() as u64;
-                            for _ in 0..REPLACE_ATTEMPTS {
-                                let candidate = rng.below(len) as usize;
-                                if candidate == index {
-                                    continue;
-                                }
-                                match self.sample(
-                                    shared,
-                                    job.epoch,
-                                    candidate,
-                                    &mut collator,
-                                    &mut times,
-                                )? {
-                                    Outcome::Ok(label) => {
-                                        samples.push(candidate);
-                                        labels.push(label);
-                                        record.replaced_by = Some(candidate);
-                                        break;
-                                    }
-                                    Outcome::Bad { key, reason } => bad.push(BadSample {
-                                        index: candidate,
-                                        key,
-                                        reason: format!(
-                                            "{reason} (while replacing sample {index})"
-                                        ),
-                                        replaced_by: None,
-                                    }),
-                                }
-                            }
+                                index,
+                                &mut collator,
+                                &mut times,
+                                &mut bad,
+                            )?
+                        {
+                            samples.push(candidate);
+                            labels.push(label);
+                            record.replaced_by = Some(candidate);
                         }
                         bad.push(record);
                     }
@@ -685,6 +662,39 @@ impl Worker {
             layout: config.transform.output.layout,
             data,
         })
+    }
+
+    /// Under `Replace`: the first of up to [`REPLACE_ATTEMPTS`] candidates, drawn from
+    /// `(seed, epoch, index)`, that loads into the next slot, with its label. Candidates that
+    /// are bad themselves are recorded in `bad`.
+    fn replacement(
+        &mut self,
+        shared: &Shared,
+        epoch: u64,
+        index: usize,
+        collator: &mut Collator,
+        times: &mut StageTimes,
+        bad: &mut Vec<BadSample>,
+    ) -> Result<Option<(usize, u32)>> {
+        let config = &shared.config;
+        let mut rng = SampleRng::keyed(config.seed, epoch, index as u64, REPLACE_DOMAIN);
+        let len = shared.dataset.len() as u64;
+        for _ in 0..REPLACE_ATTEMPTS {
+            let candidate = rng.below(len) as usize;
+            if candidate == index {
+                continue;
+            }
+            match self.sample(shared, epoch, candidate, collator, times)? {
+                Outcome::Ok(label) => return Ok(Some((candidate, label))),
+                Outcome::Bad { key, reason } => bad.push(BadSample {
+                    index: candidate,
+                    key,
+                    reason: format!("{reason} (while replacing sample {index})"),
+                    replaced_by: None,
+                }),
+            }
+        }
+        Ok(None)
     }
 
     /// Reads, decodes and transforms sample `index` into the next free slot. A problem with the

@@ -640,12 +640,15 @@ mod tests {
         out
     }
 
-    /// A 4:2:0 JPEG of `w × h` varied pixels (decoded by libjpeg-turbo's SIMD colour
+    /// A 4:2:0 JPEG of `w × h` synthetic pixels (decoded by libjpeg-turbo's SIMD colour
     /// converter, the one that streams aligned rows).
     fn jpeg_420(w: u32, h: u32) -> Vec<u8> {
-        let pixels: Vec<u8> = (0..w * h * 3)
-            .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) as u8 / 2 + (i % 97) as u8)
-            .collect();
+        let spec = crate::synthetic::SyntheticSpec {
+            width: w,
+            height: h,
+            ..Default::default()
+        };
+        let pixels = crate::synthetic::synthetic_pixels(&spec, 0, 0);
         let image = turbojpeg::Image {
             pixels: pixels.as_slice(),
             width: w as usize,
