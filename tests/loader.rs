@@ -468,6 +468,38 @@ fn steady_state_allocates_no_batch_memory() {
 }
 
 #[test]
+fn stage_times_cover_every_stage_and_never_exceed_the_workers_time() {
+    // The stages are timed as one chain of clock readings per worker, so each is counted once:
+    // their sum cannot exceed the workers' wall time, and every stage of a resizing transform
+    // takes some time.
+    let dir = tempfile::tempdir().unwrap();
+    let (_, lmdb, _) = datasets(dir.path());
+    let workers = 2;
+    let loader = Loader::new(Arc::clone(&lmdb), config(rrc(12), workers, 2)).unwrap();
+    let started = std::time::Instant::now();
+    for epoch in 0..3 {
+        for batch in loader.epoch(epoch) {
+            batch.unwrap();
+        }
+    }
+    let wall = started.elapsed();
+    let stats = loader.stats();
+    for (stage, time) in [
+        ("read", stats.read),
+        ("decode", stats.decode),
+        ("transform", stats.transform),
+        ("collate", stats.collate),
+    ] {
+        assert!(time > std::time::Duration::ZERO, "{stage} took no time");
+    }
+    let stages = stats.read + stats.decode + stats.transform + stats.collate;
+    assert!(
+        stages <= wall * workers as u32,
+        "stages sum to {stages:?}, more than {workers} workers × {wall:?}"
+    );
+}
+
+#[test]
 fn decoded_pixels_match_a_direct_decode_for_native_u8() {
     // The loader's u8 NHWC output for a JPEG dataset equals decoding the payload directly.
     let dir = tempfile::tempdir().unwrap();

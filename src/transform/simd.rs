@@ -60,7 +60,6 @@ static MASKS: [[Masks; 2]; 2] = [
 /// # Safety
 /// [`available`] must have returned true. `image` must hold `w × h × 3` bytes and `slot`
 /// `w × h × 3` elements of `dtype` (checked by the caller); `slot` need not be aligned.
-#[target_feature(enable = "avx2,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn write(
     image: &[u8],
@@ -73,16 +72,46 @@ pub(super) unsafe fn write(
     bias: [f32; 3],
     slot: &mut [u8],
 ) {
+    // One kernel per layout and type, so that neither is decided inside the loop and the NCHW
+    // kernels keep their six constant registers (no spills).
+    const U8: u8 = 0;
+    const F32: u8 = 1;
+    const F16: u8 = 2;
+    type Kernel = unsafe fn(&[u8], usize, usize, bool, [f32; 3], [f32; 3], &mut [u8]);
+    let kernel: Kernel = match (layout, dtype) {
+        (Layout::Nchw, DType::U8) => kernel::<false, U8>,
+        (Layout::Nchw, DType::F32) => kernel::<false, F32>,
+        (Layout::Nchw, DType::F16) => kernel::<false, F16>,
+        (Layout::Nhwc, DType::U8) => kernel::<true, U8>,
+        (Layout::Nhwc, DType::F32) => kernel::<true, F32>,
+        (Layout::Nhwc, DType::F16) => kernel::<true, F16>,
+    };
+    // SAFETY: the caller's contract, passed on unchanged.
+    unsafe { kernel(image, w, h, flip, scale, bias, slot) }
+}
+
+/// [`write`] for one layout (`NHWC`, else NCHW) and type (`DTYPE`: 0 `u8`, 1 `f32`, 2 `f16`).
+///
+/// # Safety
+/// As [`write`].
+#[target_feature(enable = "avx2,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn kernel<const NHWC: bool, const DTYPE: u8>(
+    image: &[u8],
+    w: usize,
+    h: usize,
+    flip: bool,
+    scale: [f32; 3],
+    bias: [f32; 3],
+    slot: &mut [u8],
+) {
+    let (layout, dtype) = (
+        if NHWC { Layout::Nhwc } else { Layout::Nchw },
+        [DType::U8, DType::F32, DType::F16][DTYPE as usize],
+    );
     debug_assert_eq!(image.len(), w * h * 3);
     debug_assert_eq!(slot.len(), w * h * 3 * dtype.size());
-    let masks = &MASKS[(layout == Layout::Nhwc) as usize][flip as usize];
-    // Scale and bias for the 8 lanes of half `j` of output register `k`.
-    let lanes = |values: [f32; 3], k: usize, j: usize| -> [f32; 8] {
-        std::array::from_fn(|lane| match layout {
-            Layout::Nchw => values[k],
-            Layout::Nhwc => values[(16 * k + 8 * j + lane) % 3],
-        })
-    };
+    let masks = &MASKS[NHWC as usize][flip as usize];
     // SAFETY (whole block): the CPU has AVX2 and F16C (caller's contract). Every pointer below
     // stays inside `image` or `slot`: a block's loads read bytes 3·src .. 3·src + 48 of a row
     // with src + 16 <= w, and its stores write elements of the output row's first
@@ -91,17 +120,34 @@ pub(super) unsafe fn write(
         let load_mask = |k: usize, r: usize| _mm_loadu_si128(masks[k][r].as_ptr().cast());
         let mask: [[__m128i; 3]; 3] =
             std::array::from_fn(|k| std::array::from_fn(|r| load_mask(k, r)));
-        let scale_v: [[__m256; 2]; 3] = std::array::from_fn(|k| {
-            std::array::from_fn(|j| _mm256_loadu_ps(lanes(scale, k, j).as_ptr()))
-        });
-        let bias_v: [[__m256; 2]; 3] = std::array::from_fn(|k| {
-            std::array::from_fn(|j| _mm256_loadu_ps(lanes(bias, k, j).as_ptr()))
-        });
+        // Scale or bias for the 8 lanes of half `j` of output register `k`: one channel's value
+        // in every lane for NCHW (the same register for both halves), the channels' repeating
+        // pattern for NHWC.
+        let lanes = |values: [f32; 3], k: usize, j: usize| -> __m256 {
+            if NHWC {
+                let pattern: [f32; 8] =
+                    std::array::from_fn(|lane| values[(16 * k + 8 * j + lane) % 3]);
+                _mm256_loadu_ps(pattern.as_ptr())
+            } else {
+                _mm256_set1_ps(values[k])
+            }
+        };
+        let scale_v: [[__m256; 2]; 3] =
+            std::array::from_fn(|k| std::array::from_fn(|j| lanes(scale, k, j)));
+        let bias_v: [[__m256; 2]; 3] =
+            std::array::from_fn(|k| std::array::from_fn(|j| lanes(bias, k, j)));
         let blocks = w / BLOCK;
         let element = dtype.size();
+        // Elements between the output registers of consecutive blocks.
+        let step = if NHWC { 3 * BLOCK } else { BLOCK };
         let out = slot.as_mut_ptr();
         for y in 0..h {
             let row = image.as_ptr().add(y * w * 3);
+            // First element of output register k of the row's first block.
+            let first: [usize; 3] = std::array::from_fn(|k| match layout {
+                Layout::Nchw => k * w * h + y * w,
+                Layout::Nhwc => y * w * 3 + 16 * k,
+            });
             for b in 0..blocks {
                 let src = if flip { w - BLOCK * (b + 1) } else { BLOCK * b };
                 let p = row.add(3 * src).cast::<__m128i>();
@@ -118,12 +164,7 @@ pub(super) unsafe fn write(
                         ),
                         _mm_shuffle_epi8(v[2], mask[k][2]),
                     );
-                    // First element of output register k, counted in elements of the slot.
-                    let at = match layout {
-                        Layout::Nchw => k * w * h + y * w + BLOCK * b,
-                        Layout::Nhwc => (y * w + BLOCK * b) * 3 + 16 * k,
-                    };
-                    let dst = out.add(at * element);
+                    let dst = out.add((first[k] + step * b) * element);
                     if dtype == DType::U8 {
                         _mm_storeu_si128(dst.cast(), bytes);
                         continue;
