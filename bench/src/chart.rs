@@ -1,4 +1,4 @@
-//! The PNG chart of a [`Report`](crate::compare::Report): images/s per configuration as bars on
+//! The PNG chart of a [`Report`]: images/s per configuration as bars on
 //! a log scale, one panel per page-cache state, grouped by worker count, with the decode ceiling
 //! (one thread × workers) drawn across each group.
 

@@ -1,4 +1,4 @@
-//! The Markdown table of a [`Report`](crate::compare::Report).
+//! The Markdown table of a [`Report`].
 
 use std::fmt::Write as _;
 
