@@ -178,15 +178,14 @@ fn add(counter: &AtomicU64, d: Duration) {
 /// batch: per-sample atomic adds on one shared cache line would bounce it between the workers'
 /// cores tens of thousands of times a second.
 ///
-/// The stages are timed as one chain of clock readings: each stage ends where the next begins
-/// (`clock`), four readings per sample instead of two per stage.
+/// The stages are timed as one chain of clock readings (`clock`): each stage ends where the
+/// next begins, four readings per sample instead of two per stage.
 struct StageTimes {
     read: Duration,
     decode: Duration,
     transform: Duration,
     collate: Duration,
-    /// The last reading: the end of the previous stage.
-    clock: Instant,
+    clock: Stopwatch,
 }
 
 impl StageTimes {
@@ -197,16 +196,10 @@ impl StageTimes {
             decode: Duration::ZERO,
             transform: Duration::ZERO,
             collate: Duration::ZERO,
-            clock: Instant::now(),
+            clock: Stopwatch {
+                last: Instant::now(),
+            },
         }
-    }
-
-    /// Ends the stage that began at `self.clock`: returns its length and starts the next.
-    fn lap(&mut self) -> Duration {
-        let now = Instant::now();
-        let stage = now - self.clock;
-        self.clock = now;
-        stage
     }
 
     fn add_to(&self, counters: &Counters) {
@@ -214,6 +207,22 @@ impl StageTimes {
         add(&counters.decode, self.decode);
         add(&counters.transform, self.transform);
         add(&counters.collate, self.collate);
+    }
+}
+
+/// A chain of clock readings.
+struct Stopwatch {
+    /// The last reading: the end of the previous stage.
+    last: Instant,
+}
+
+impl Stopwatch {
+    /// Ends the stage that began at `last`: returns its length and starts the next.
+    fn lap(&mut self) -> Duration {
+        let now = Instant::now();
+        let stage = now - self.last;
+        self.last = now;
+        stage
     }
 }
 
@@ -735,8 +744,7 @@ impl Worker {
         // The read stage runs from the end of the previous sample (or the batch's start), so
         // it includes the loop's own work, such as the prefetch hint for this record.
         let record = self.reader.read(index);
-        let stage = times.lap();
-        times.read += stage;
+        times.read += times.clock.lap();
         let record = match record {
             Ok(record) => record,
             Err(e) => {
@@ -749,15 +757,14 @@ impl Worker {
         let label = record.label;
         let mut rng = SampleRng::new(config.seed, epoch, index as u64);
         let prepared = match self.transformer.apply_since(
-            times.clock,
+            times.clock.last,
             &config.transform,
             record.payload,
             &mut rng,
         ) {
             Ok(p) => p,
             Err(e) => {
-                let stage = times.lap();
-                times.decode += stage;
+                times.decode += times.clock.lap();
                 return Ok(Outcome::Bad {
                     key: record.key.to_string(),
                     reason: e.to_string(),
@@ -766,7 +773,7 @@ impl Worker {
         };
         times.decode += prepared.decode_time;
         times.transform += prepared.transform_time;
-        times.clock = prepared.finished;
+        times.clock.last = prepared.finished;
         let (w, h) = (prepared.width, prepared.height);
         match &collator.size {
             None => {
@@ -794,8 +801,7 @@ impl Worker {
             .output
             .write(prepared.pixels, w, h, prepared.flip, slot);
         collator.written += 1;
-        let stage = times.lap();
-        times.collate += stage;
+        times.collate += times.clock.lap();
         Ok(Outcome::Ok(label))
     }
 }

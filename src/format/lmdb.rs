@@ -643,9 +643,9 @@ struct LmdbReader {
     info: DatasetInfo,
     /// `(address, length)` of each record's value once read (address 0: not read yet; empty
     /// when the dataset is over [`FOUND_TABLE_MAX_RECORDS`]; read through [`remembered`]).
-    /// LMDB keeps a value's bytes valid until the transaction that returned them ends, and `txn` lives as long as this reader,
-    /// so a later read (every epoch after the first) skips the lookup, and
-    /// [`prefetch`](RecordReader::prefetch) knows where to fetch from.
+    /// LMDB keeps a value's bytes valid until the transaction that returned them ends, and
+    /// `txn` lives as long as this reader, so a later read (every epoch after the first) skips
+    /// the lookup, and [`prefetch`](RecordReader::prefetch) knows where to fetch from.
     found: Vec<(usize, usize)>,
 }
 

@@ -105,10 +105,7 @@ unsafe fn kernel<const NHWC: bool, const DTYPE: u8>(
     bias: [f32; 3],
     slot: &mut [u8],
 ) {
-    let (layout, dtype) = (
-        if NHWC { Layout::Nhwc } else { Layout::Nchw },
-        [DType::U8, DType::F32, DType::F16][DTYPE as usize],
-    );
+    let dtype = [DType::U8, DType::F32, DType::F16][DTYPE as usize];
     debug_assert_eq!(image.len(), w * h * 3);
     debug_assert_eq!(slot.len(), w * h * 3 * dtype.size());
     let masks = &MASKS[NHWC as usize][flip as usize];
@@ -144,9 +141,12 @@ unsafe fn kernel<const NHWC: bool, const DTYPE: u8>(
         for y in 0..h {
             let row = image.as_ptr().add(y * w * 3);
             // First element of output register k of the row's first block.
-            let first: [usize; 3] = std::array::from_fn(|k| match layout {
-                Layout::Nchw => k * w * h + y * w,
-                Layout::Nhwc => y * w * 3 + 16 * k,
+            let first: [usize; 3] = std::array::from_fn(|k| {
+                if NHWC {
+                    y * w * 3 + 16 * k
+                } else {
+                    k * w * h + y * w
+                }
             });
             for b in 0..blocks {
                 let src = if flip { w - BLOCK * (b + 1) } else { BLOCK * b };
