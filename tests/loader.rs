@@ -564,3 +564,42 @@ fn invalid_configurations_are_refused() {
         .contains("float output")
     );
 }
+
+#[test]
+fn a_corrupt_huffman_table_never_makes_the_samples_after_it_bad() {
+    // Regression: over a folder, one worker delivered 1 image and called the other 300 bad.
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let bad = support::tree_with_bad_huffman_tables(&src, 40, &[3, 20]);
+    for (workers, policy) in [
+        (1, BadSamplePolicy::Skip),
+        (2, BadSamplePolicy::Skip),
+        (1, BadSamplePolicy::Replace),
+    ] {
+        let loader = Loader::new(
+            format::open(&src).unwrap(),
+            LoaderConfig {
+                batch_size: 8,
+                workers,
+                transform: Transform::cifar(),
+                bad_samples: policy,
+                ..LoaderConfig::default()
+            },
+        )
+        .unwrap();
+        let batches: Vec<_> = loader.epoch(0).map(Result::unwrap).collect();
+        let mut reported: Vec<String> = batches
+            .iter()
+            .flat_map(|b| b.bad.iter().map(|s| s.key.clone()))
+            .collect();
+        reported.sort();
+        assert_eq!(reported, bad, "{workers} workers, {policy:?}");
+        let delivered: usize = batches.iter().map(|b| b.len()).sum();
+        let expected = if policy == BadSamplePolicy::Replace {
+            42
+        } else {
+            40
+        };
+        assert_eq!(delivered, expected, "{workers} workers, {policy:?}");
+    }
+}

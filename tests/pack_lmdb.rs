@@ -332,3 +332,32 @@ fn a_tree_of_only_broken_files_packs_nothing_and_says_so() {
     );
     assert!(!out.exists() && !pack::partial_path(&out).exists());
 }
+
+#[test]
+fn a_corrupt_huffman_table_never_costs_the_good_files_after_it() {
+    // Regression: one corrupt JPEG left libjpeg-turbo's handle mid-header, and every good file
+    // the same thread checked after it was rejected with "Bogus Huffman table definition".
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let bad = support::tree_with_bad_huffman_tables(&src, 30, &[5, 17]);
+    for threads in [1, 2] {
+        let out = dir.path().join(format!("t{threads}.lmdb"));
+        let options = PackOptions {
+            threads: Some(threads),
+            ..small_options()
+        };
+        let summary = pack_lmdb(&src, &out, &options);
+        let rejected: Vec<&str> = summary.rejected.iter().map(|r| r.key.as_str()).collect();
+        assert_eq!(rejected, bad, "{threads} threads");
+        assert!(
+            summary
+                .rejected
+                .iter()
+                .all(|r| r.reason.contains("Bogus Huffman table"))
+        );
+        assert_eq!(summary.samples, 30, "{threads} threads");
+        let report = verify::verify(&out, Some(&src)).unwrap();
+        assert!(report.is_ok(), "{threads} threads: {:?}", report.problems);
+        assert_eq!(report.checked, 30);
+    }
+}

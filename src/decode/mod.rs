@@ -11,7 +11,13 @@
 //! - Raw payloads ([`RawImage`]) are copied as they are.
 //!
 //! Every path reads the header first and refuses images over [`Decoder::max_pixels`] *before*
-//! allocating, so a 60000×60000 header on a 1 KB file costs nothing.
+//! allocating, so a 60000×60000 header on a 1 KB file costs nothing. A JPEG whose header claims
+//! more 8×8 blocks than its bytes can code is refused the same way ([`DecodeError::Implausible`]),
+//! and libjpeg-turbo's whole-image buffers are capped in proportion to the file's size, so a 7 KB
+//! progressive file claiming 13000×13000 pixels costs no more than a real 7 KB image.
+//!
+//! After any libjpeg-turbo error the handle is replaced (see `turbo`): one corrupt file never
+//! changes how the files after it decode.
 //!
 //! A `Decoder` holds a libjpeg-turbo handle, which is `Send` but not `Sync`: make one per worker.
 
@@ -50,6 +56,21 @@ pub enum DecodeError {
     /// The header declares a zero-sized image.
     #[error("image has zero width or height")]
     ZeroSized,
+    /// A Huffman-coded JPEG whose header declares more 8×8 blocks than its bytes can code (at
+    /// least one bit each): a truncated file, or one made to make the decoder allocate.
+    #[error(
+        "{width}x{height} JPEG needs at least one bit per 8x8 block ({blocks} blocks) but has only {bytes} bytes: truncated, or a decompression bomb"
+    )]
+    Implausible {
+        /// Declared width.
+        width: u32,
+        /// Declared height.
+        height: u32,
+        /// The fewest blocks the declared size implies.
+        blocks: u64,
+        /// The file's length.
+        bytes: usize,
+    },
     /// libjpeg-turbo reported an error or warning.
     #[error("JPEG: {0}")]
     Jpeg(String),
@@ -303,6 +324,9 @@ impl Decoder {
             }
         };
         self.check_size(width, height)?;
+        if let Some(jpeg) = &self.last_jpeg {
+            jpeg_blocks_fit(jpeg, data.len())?;
+        }
         Ok(ImageHeader {
             width: width as u32,
             height: height as u32,
@@ -537,6 +561,29 @@ impl Decoder {
         }
         Ok(header)
     }
+}
+
+/// Refuses a Huffman-coded JPEG whose declared size needs more 8×8 blocks than `len` bytes can
+/// code. Every block of a sequential scan, and of a progressive file's first DC scan, costs at
+/// least one bit; so does every sample of a lossless file. The first component has the largest
+/// sampling factors when TurboJPEG knows the subsampling, so it has `⌈w/8⌉·⌈h/8⌉` blocks;
+/// otherwise a component may be sampled down by up to 4 each way. Arithmetic-coding has no such
+/// bound (libjpeg-turbo's memory limit covers it, see `turbo::buffer_memory_limit_mb`).
+fn jpeg_blocks_fit(header: &JpegHeader, len: usize) -> Result<(), DecodeError> {
+    if header.arithmetic {
+        return Ok(());
+    }
+    let block = if header.imcu_width.is_some() { 8 } else { 32 };
+    let blocks = u64::from(header.width).div_ceil(block) * u64::from(header.height).div_ceil(block);
+    if blocks > (len as u64).saturating_mul(8) {
+        return Err(DecodeError::Implausible {
+            width: header.width,
+            height: header.height,
+            blocks,
+            bytes: len,
+        });
+    }
+    Ok(())
 }
 
 /// Converts Adobe-inverted CMYK (what Photoshop and libjpeg write, and PIL assumes) to RGB.

@@ -11,6 +11,13 @@
 //!
 //! Any error *or warning* from libjpeg-turbo is an error here: a truncated file never becomes
 //! grey pixels.
+//!
+//! A handle whose call failed is never used again. libjpeg-turbo does not always clean up after
+//! an error: `tj3DecompressHeader` returns from its `setjmp` without aborting the decompressor,
+//! which stays half-way through the bad file's markers, and the next file's header is then parsed
+//! from that state ("Bogus Huffman table definition" for good files after one corrupt one). So
+//! every failed call destroys the handle and the next call makes a fresh one: an error costs one
+//! `tj3Init`, and a good file decodes exactly as it would in a fresh process.
 
 use std::ffi::CStr;
 use std::ptr::NonNull;
@@ -32,6 +39,8 @@ pub(crate) struct JpegHeader {
     pub cmyk: bool,
     /// iMCU width in pixels at full scale (`None`: unknown subsampling, no region decoding).
     pub imcu_width: Option<u32>,
+    /// Arithmetic-coded (rare): no lower bound on the bits per block.
+    pub arithmetic: bool,
 }
 
 /// A rectangle of the *scaled* image, in pixels.
@@ -45,7 +54,8 @@ pub(crate) struct Region {
 
 /// A TurboJPEG decompression handle. `Send`, not `Sync`: one per worker.
 pub(crate) struct Turbo {
-    handle: NonNull<std::ffi::c_void>,
+    /// `None` after a failed call (see the module docs); made again on the next call.
+    handle: Option<NonNull<std::ffi::c_void>>,
     /// Where rows are decoded when `out`'s own rows would be streamed (see
     /// [`STREAMED_ROW_ALIGNMENT`]); at most [`MAX_STAGED_BYTES`] plus the alignment.
     staging: Vec<u8>,
@@ -60,8 +70,7 @@ unsafe impl Send for Turbo {}
 
 impl Drop for Turbo {
     fn drop(&mut self) {
-        // SAFETY: the handle came from tj3Init and is destroyed exactly once.
-        unsafe { sys::tj3Destroy(self.handle.as_ptr()) };
+        self.discard();
     }
 }
 
@@ -72,47 +81,70 @@ pub(crate) fn scaled(dimension: u32, eighths: u32) -> u32 {
 
 impl Turbo {
     pub(crate) fn new() -> Result<Turbo, DecodeError> {
+        let mut turbo = Turbo {
+            handle: None,
+            staging: Vec::new(),
+            header_of: None,
+        };
+        turbo.handle()?;
+        Ok(turbo)
+    }
+
+    /// The live handle, made first if the last one was discarded.
+    fn handle(&mut self) -> Result<*mut std::ffi::c_void, DecodeError> {
+        if let Some(handle) = self.handle {
+            return Ok(handle.as_ptr());
+        }
         // SAFETY: tj3Init has no preconditions; a null result is handled.
         let handle = unsafe { sys::tj3Init(sys::TJINIT_TJINIT_DECOMPRESS as libc::c_int) };
         let handle = NonNull::new(handle)
             .ok_or_else(|| DecodeError::Jpeg("cannot create a TurboJPEG handle".into()))?;
-        Ok(Turbo {
-            handle,
-            staging: Vec::new(),
-            header_of: None,
-        })
+        self.handle = Some(handle);
+        Ok(handle.as_ptr())
     }
 
-    fn error(&mut self) -> DecodeError {
-        // SAFETY: the handle is valid; tj3GetErrorStr returns a NUL-terminated string owned by
-        // the handle (or a static one), copied here before any other call.
-        let message = unsafe { CStr::from_ptr(sys::tj3GetErrorStr(self.handle.as_ptr())) };
-        DecodeError::Jpeg(format!("TurboJPEG error: {}", message.to_string_lossy()))
+    /// Destroys the handle, if there is one.
+    fn discard(&mut self) {
+        self.header_of = None;
+        if let Some(handle) = self.handle.take() {
+            // SAFETY: the handle came from tj3Init and is destroyed exactly once (it was just
+            // taken out of `self.handle`).
+            unsafe { sys::tj3Destroy(handle.as_ptr()) };
+        }
     }
 
-    fn get(&mut self, param: sys::TJPARAM) -> libc::c_int {
-        // SAFETY: the handle is valid and `param` is one of the library's parameter ids.
-        unsafe { sys::tj3Get(self.handle.as_ptr(), param as libc::c_int) }
+    /// The error of the call that just failed on `handle`; the handle is then discarded, so
+    /// whatever state the failure left it in cannot affect the next image.
+    fn fail(&mut self, handle: *mut std::ffi::c_void) -> DecodeError {
+        // SAFETY: `handle` is the live handle; tj3GetErrorStr returns a NUL-terminated string
+        // owned by the handle (or a static one), copied here before the handle is destroyed.
+        let message = unsafe { CStr::from_ptr(sys::tj3GetErrorStr(handle)) }
+            .to_string_lossy()
+            .into_owned();
+        self.discard();
+        DecodeError::Jpeg(format!("TurboJPEG error: {message}"))
+    }
+
+    fn get(handle: *mut std::ffi::c_void, param: sys::TJPARAM) -> libc::c_int {
+        // SAFETY: the caller passes the live handle; `param` is one of the library's ids.
+        unsafe { sys::tj3Get(handle, param as libc::c_int) }
     }
 
     /// Parses the headers of `data` and leaves the handle ready to decompress it.
     pub(crate) fn read_header(&mut self, data: &[u8]) -> Result<JpegHeader, DecodeError> {
         self.header_of = None;
-        // SAFETY: the handle is valid and `data` is a live buffer of `data.len()` bytes.
-        let rc = unsafe {
-            sys::tj3DecompressHeader(
-                self.handle.as_ptr(),
-                data.as_ptr(),
-                data.len() as sys::size_t,
-            )
-        };
+        let handle = self.handle()?;
+        // SAFETY: the handle is live and `data` is a live buffer of `data.len()` bytes.
+        let rc =
+            unsafe { sys::tj3DecompressHeader(handle, data.as_ptr(), data.len() as sys::size_t) };
         if rc != 0 {
-            return Err(self.error());
+            return Err(self.fail(handle));
         }
-        let width = self.get(sys::TJPARAM_TJPARAM_JPEGWIDTH);
-        let height = self.get(sys::TJPARAM_TJPARAM_JPEGHEIGHT);
-        let subsamp = self.get(sys::TJPARAM_TJPARAM_SUBSAMP);
-        let colorspace = self.get(sys::TJPARAM_TJPARAM_COLORSPACE);
+        let width = Self::get(handle, sys::TJPARAM_TJPARAM_JPEGWIDTH);
+        let height = Self::get(handle, sys::TJPARAM_TJPARAM_JPEGHEIGHT);
+        let subsamp = Self::get(handle, sys::TJPARAM_TJPARAM_SUBSAMP);
+        let colorspace = Self::get(handle, sys::TJPARAM_TJPARAM_COLORSPACE);
+        let arithmetic = Self::get(handle, sys::TJPARAM_TJPARAM_ARITHMETIC) == 1;
         if width <= 0 || height <= 0 {
             return Err(DecodeError::ZeroSized);
         }
@@ -126,6 +158,7 @@ impl Turbo {
             cmyk: colorspace == sys::TJCS_TJCS_CMYK as libc::c_int
                 || colorspace == sys::TJCS_TJCS_YCCK as libc::c_int,
             imcu_width,
+            arithmetic,
         })
     }
 
@@ -169,9 +202,21 @@ impl Turbo {
             num: (eighths / gcd) as libc::c_int,
             denom: (8 / gcd) as libc::c_int,
         };
-        // SAFETY: valid handle; a scaling factor of M/8 is one libjpeg-turbo supports.
-        if unsafe { sys::tj3SetScalingFactor(self.handle.as_ptr(), factor) } != 0 {
-            return Err(self.error());
+        let handle = self.handle()?;
+        // SAFETY: live handle; a scaling factor of M/8 is one libjpeg-turbo supports.
+        if unsafe { sys::tj3SetScalingFactor(handle, factor) } != 0 {
+            return Err(self.fail(handle));
+        }
+        // SAFETY: live handle; TJPARAM_MAXMEMORY takes any non-negative number of megabytes.
+        if unsafe {
+            sys::tj3Set(
+                handle,
+                sys::TJPARAM_TJPARAM_MAXMEMORY as libc::c_int,
+                buffer_memory_limit_mb(data.len()),
+            )
+        } != 0
+        {
+            return Err(self.fail(handle));
         }
         let crop = match region {
             Some(r) => sys::tjregion {
@@ -187,9 +232,9 @@ impl Turbo {
                 h: 0,
             }, // TJUNCROPPED
         };
-        // SAFETY: valid handle whose header has been read (required for a cropping region).
-        if unsafe { sys::tj3SetCroppingRegion(self.handle.as_ptr(), crop) } != 0 {
-            return Err(self.error());
+        // SAFETY: live handle whose header has been read (required for a cropping region).
+        if unsafe { sys::tj3SetCroppingRegion(handle, crop) } != 0 {
+            return Err(self.fail(handle));
         }
         let format = if header.cmyk {
             sys::TJPF_TJPF_CMYK
@@ -242,12 +287,13 @@ impl Turbo {
         pitch: usize,
         format: sys::TJPF,
     ) -> Result<(), DecodeError> {
+        let handle = self.handle()?;
         // SAFETY: `data` is the live buffer whose header the handle holds (checked by
         // `decompress`); `rows` is valid for the output's `pitch × height` bytes (the caller's
         // contract).
         let rc = unsafe {
             sys::tj3Decompress8(
-                self.handle.as_ptr(),
+                handle,
                 data.as_ptr(),
                 data.len() as sys::size_t,
                 rows,
@@ -256,10 +302,25 @@ impl Turbo {
             )
         };
         if rc != 0 {
-            return Err(self.error());
+            return Err(self.fail(handle));
         }
         Ok(())
     }
+}
+
+/// The most memory, in megabytes, libjpeg-turbo may take for the whole-image buffers of a
+/// progressive, multi-scan or arithmetic-coded JPEG of `len` bytes (`TJPARAM_MAXMEMORY`):
+/// 4096 bytes of buffer per byte of file, and never less than 64 MB.
+///
+/// A Huffman-coded file spends at least one bit per 8×8 block, and a block takes 128 bytes of
+/// coefficients, so a complete file with up to three components never needs more than about
+/// 3072 bytes of buffer per byte of file; [`Decoder`](super::Decoder) refuses files that claim
+/// more blocks than their bytes can code before anything is decoded. The limit is the backstop
+/// for arithmetic-coded files, which have no such bound: a 7 KB file claiming 13000×13000 pixels
+/// would otherwise take ~1 GB before its missing data is noticed.
+pub(crate) fn buffer_memory_limit_mb(len: usize) -> libc::c_int {
+    let mb = (len as u64).saturating_mul(4096).div_ceil(1 << 20).max(64);
+    mb.min(libc::c_int::MAX as u64) as libc::c_int
 }
 
 /// libjpeg-turbo's SIMD colour converters (YCbCr to RGB, SSE2 and AVX2) write an output row
@@ -330,6 +391,7 @@ mod tests {
             height: 375,
             cmyk: false,
             imcu_width: Some(16),
+            arithmetic: false,
         };
         // Full scale: step 16. x = 37 -> 32, offset 5.
         let (r, dx) = aligned_region(&header, 8, 37, 10, 100, 50).unwrap();

@@ -157,3 +157,49 @@ pub fn fixture_records_without_broken() -> Vec<Row> {
         })
         .collect()
 }
+
+/// A JPEG whose Huffman table counts are overwritten (`0xFF` × 16): libjpeg-turbo fails on its
+/// header with "Bogus Huffman table definition".
+pub fn with_bad_huffman_table(jpeg: &[u8]) -> Vec<u8> {
+    let mut bad = jpeg.to_vec();
+    let dht = bad
+        .windows(2)
+        .position(|w| w == [0xFF, 0xC4])
+        .expect("a DHT segment");
+    bad[dht + 5..dht + 21].fill(0xFF);
+    bad
+}
+
+/// A one-class tree `root/cls/` of `good` synthetic 32×32 JPEGs (`0000.jpg`, ...) with a copy of
+/// one whose Huffman table is corrupt sorted in after each of `bad_after` (`NNNN_bad.jpg`).
+/// Returns the keys of the corrupt files.
+pub fn tree_with_bad_huffman_tables(root: &Path, good: usize, bad_after: &[usize]) -> Vec<String> {
+    let spec = SyntheticSpec {
+        classes: 1,
+        per_class: good,
+        width: 32,
+        height: 32,
+        ..SyntheticSpec::default()
+    };
+    let tmp = root.with_extension("synth");
+    imagefeed::synthetic::write_image_folder(&tmp, &spec).unwrap();
+    let class = root.join("cls");
+    fs::create_dir_all(&class).unwrap();
+    let mut files: Vec<_> = fs::read_dir(tmp.join("class00"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    let mut bad = Vec::new();
+    for (i, file) in files.iter().enumerate() {
+        let bytes = fs::read(file).unwrap();
+        fs::write(class.join(format!("{i:04}.jpg")), &bytes).unwrap();
+        if bad_after.contains(&i) {
+            let key = format!("cls/{i:04}_bad.jpg");
+            fs::write(root.join(&key), with_bad_huffman_table(&bytes)).unwrap();
+            bad.push(key);
+        }
+    }
+    fs::remove_dir_all(tmp).unwrap();
+    bad
+}
