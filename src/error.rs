@@ -101,6 +101,16 @@ pub enum Error {
         hint: String,
     },
 
+    /// `--force` was asked to replace something that is not an imagefeed output (a source tree,
+    /// another tool's file, a directory of other files), or the source itself.
+    #[error("{}: will not replace it: {reason}", path.display())]
+    NotReplaceable {
+        /// The existing path.
+        path: PathBuf,
+        /// What it is, and what to do instead.
+        reason: String,
+    },
+
     /// `--resume` found a partial output that does not belong to this source or these options.
     #[error("{}: cannot resume: {reason}", path.display())]
     ResumeMismatch {

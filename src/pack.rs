@@ -268,20 +268,30 @@ pub fn report_path(out: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Applies `mode` to an output path: errors if `out` exists without `force`, or a partial file
-/// exists without `resume`/`force`; removes a partial file when forcing a fresh start. Returns
+/// Applies `mode` to an output path: errors if `out` exists without `force`, or a partial output
+/// exists without `resume`/`force`; deletes a partial output when forcing a fresh start. Returns
 /// the partial path to write.
+///
+/// `force` only ever replaces what an imagefeed writer made ([`format::is_own_output`]): an
+/// existing `out` or `OUT.partial` that is anything else (a source tree, a folder2lmdb or h5py
+/// file, a directory of other files) is an [`Error::NotReplaceable`], and nothing is touched.
+/// The old `out` itself stays in place until the new one is complete ([`publish`]).
+///
+/// [`format::is_own_output`]: crate::format::is_own_output
 pub fn prepare_output(out: &Path, mode: StartMode) -> Result<PathBuf> {
     // Absolute, so that libraries that canonicalize the parent (heed does) accept a bare name.
     let out = &std::path::absolute(out).at(out)?;
     let partial = partial_path(out);
-    if out.exists() && !mode.force {
-        return Err(Error::AlreadyExists {
-            path: out.to_path_buf(),
-            hint: "use --force to replace it".into(),
-        });
+    if exists(out) {
+        if !mode.force {
+            return Err(Error::AlreadyExists {
+                path: out.to_path_buf(),
+                hint: "use --force to replace it".into(),
+            });
+        }
+        refuse_foreign(out)?;
     }
-    if partial.exists() && !mode.resume {
+    if exists(&partial) && !mode.resume {
         if !mode.force {
             return Err(Error::AlreadyExists {
                 path: partial,
@@ -289,7 +299,8 @@ pub fn prepare_output(out: &Path, mode: StartMode) -> Result<PathBuf> {
                     .into(),
             });
         }
-        remove_path(&partial)?;
+        refuse_foreign(&partial)?;
+        crate::format::remove_own_output(&partial)?;
     }
     if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
         fs::create_dir_all(parent).at(parent)?;
@@ -297,39 +308,166 @@ pub fn prepare_output(out: &Path, mode: StartMode) -> Result<PathBuf> {
     Ok(partial)
 }
 
-fn remove_path(path: &Path) -> Result<()> {
-    let result = if path.is_dir() {
-        fs::remove_dir_all(path)
-    } else {
-        fs::remove_file(path)
-    };
-    result.at(path)
+/// True when something (even a dangling symlink) is at `path`.
+fn exists(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok()
 }
 
-/// Renames the finished `partial` to `out` (replacing it), and syncs the directory so the rename
-/// survives a crash.
+/// `Err(NotReplaceable)` unless `path` is an output an imagefeed writer made.
+fn refuse_foreign(path: &Path) -> Result<()> {
+    if crate::format::is_own_output(path) {
+        return Ok(());
+    }
+    let what = match fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => "a directory that is not an imagefeed dataset",
+        Ok(m) if m.is_file() => "a file that is not an imagefeed dataset",
+        _ => "not an imagefeed dataset",
+    };
+    Err(Error::NotReplaceable {
+        path: path.to_path_buf(),
+        reason: format!(
+            "it is {what} (no imagefeed manifest or magic); --force only replaces datasets \
+             pack-dataset wrote. Move it away or write somewhere else"
+        ),
+    })
+}
+
+/// Refuses an output that would replace or delete a source: `out` (or `OUT.partial`) is one of
+/// `sources`, or a directory that holds one.
+pub(crate) fn refuse_source_as_output(out: &Path, sources: &[&Path]) -> Result<()> {
+    let canonical = |p: &Path| fs::canonicalize(p).ok();
+    for target in [out.to_path_buf(), partial_path(out)] {
+        let Some(target) = canonical(&target) else {
+            continue; // does not exist yet: it cannot hold anything
+        };
+        for source in sources {
+            if let Some(source) = canonical(source)
+                && source.starts_with(&target)
+            {
+                return Err(Error::NotReplaceable {
+                    path: target.clone(),
+                    reason: if source == target {
+                        "it is the source being packed; write the output elsewhere".into()
+                    } else {
+                        format!(
+                            "it holds the source being packed ({}); write the output elsewhere",
+                            source.display()
+                        )
+                    },
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Moves the finished `partial` to `out`, replacing what is there, so that at every instant
+/// `out` is either the old dataset or the new complete one, and syncs the directory so the
+/// change survives a crash.
+///
+/// A file replaces a file with one `rename`, which is atomic. Where a directory is involved (a
+/// records dataset), the two are swapped with `renameat2(RENAME_EXCHANGE)`, atomic too, and the
+/// old one, now at `partial`, is deleted afterwards (manifest first: see
+/// [`format::remove_own_output`](crate::format::remove_own_output)); a crash during that
+/// deletion leaves the new dataset in place and the remains of the old one at `partial`, which no
+/// reader accepts and the next `--force` run deletes. On a file system without
+/// `RENAME_EXCHANGE` the old one is first renamed to `OUT.replaced`, then the new one into place.
 pub fn publish(partial: &Path, out: &Path) -> Result<()> {
     // LMDB creates files 0600; a dataset is meant to be shared (readable by all, like cp).
     if partial.is_file() {
         use std::os::unix::fs::PermissionsExt as _;
         fs::set_permissions(partial, fs::Permissions::from_mode(0o644)).at(partial)?;
     }
-    if out.is_dir() {
-        remove_path(out)?;
+    let sync_parent = || -> Result<()> {
+        if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+            fs::File::open(parent)
+                .and_then(|d| d.sync_all())
+                .at(parent)?;
+        }
+        Ok(())
+    };
+    let old = fs::symlink_metadata(out).ok();
+    let involves_a_directory = old.as_ref().is_some_and(|m| m.is_dir()) || partial.is_dir();
+    if old.is_none() || !involves_a_directory {
+        fs::rename(partial, out).at(out)?;
+        return sync_parent();
     }
-    fs::rename(partial, out).at(out)?;
-    if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
-        fs::File::open(parent)
-            .and_then(|d| d.sync_all())
-            .at(parent)?;
+    match exchange(partial, out) {
+        Ok(()) => {
+            sync_parent()?;
+            // The new dataset is in place; what is at `partial` now is the old one.
+            crate::format::remove_own_output(partial)
+        }
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EINVAL | libc::ENOSYS | libc::ENOTSUP)
+            ) =>
+        {
+            let mut aside = out.as_os_str().to_owned();
+            aside.push(".replaced");
+            let aside = PathBuf::from(aside);
+            fs::rename(out, &aside).at(out)?;
+            fs::rename(partial, out).at(out)?;
+            sync_parent()?;
+            crate::format::remove_own_output(&aside)
+        }
+        Err(e) => Err(Error::io(out, e)),
     }
-    Ok(())
+}
+
+/// Swaps two paths atomically (Linux `renameat2` with `RENAME_EXCHANGE`).
+#[cfg(target_os = "linux")]
+fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt as _;
+    let c = |p: &Path| {
+        CString::new(p.as_os_str().as_bytes()).map_err(|_| std::io::Error::other("NUL in path"))
+    };
+    let (a, b) = (c(a)?, c(b)?);
+    // SAFETY: both paths are NUL-terminated strings that live across the call; renameat2 reads
+    // them and touches no memory of ours.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_renameat2,
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn exchange(_a: &Path, _b: &Path) -> std::io::Result<()> {
+    Err(std::io::Error::from_raw_os_error(libc::ENOSYS))
 }
 
 /// `Err(Incomplete)` when `path` does not exist but `PATH.partial` does: a pack was interrupted,
 /// and the message says how to finish it.
 pub(crate) fn refuse_interrupted(path: &Path) -> Result<()> {
     let partial = partial_path(path);
+    let mut aside = path.as_os_str().to_owned();
+    aside.push(".replaced");
+    let aside = PathBuf::from(aside);
+    if !exists(path) && exists(&aside) {
+        return Err(Error::Incomplete {
+            path: path.to_path_buf(),
+            reason: format!(
+                "a replacement was interrupted: the old dataset is {} and the new one {}; \
+                 rename the one you want to {}",
+                aside.display(),
+                partial.display(),
+                path.display()
+            ),
+        });
+    }
     if !path.exists() && partial.exists() {
         return Err(Error::Incomplete {
             path: path.to_path_buf(),
@@ -498,6 +636,15 @@ impl Source<'_> {
                 hasher.update((d.len() as u64).to_le_bytes());
                 Ok(hex(&hasher.finalize()))
             }
+        }
+    }
+
+    /// The files or directories the items are read from.
+    fn paths(&self) -> Vec<&Path> {
+        match self {
+            Source::Folder(f) => vec![f.path()],
+            Source::Records(d) => vec![d.path()],
+            Source::Joined(j) => j.parts.iter().map(|p| p.path()).collect(),
         }
     }
 
@@ -702,18 +849,6 @@ pub fn convert_with(
     {
         return pack_image_folder(source, out, format, options, observer);
     }
-    let same = |a: &Path, b: &Path| {
-        fs::canonicalize(a)
-            .ok()
-            .zip(fs::canonicalize(b).ok())
-            .is_some_and(|(a, b)| a == b)
-    };
-    if same(source, out) {
-        return Err(Error::AlreadyExists {
-            path: out.to_path_buf(),
-            hint: "is the source itself; write the converted dataset elsewhere".into(),
-        });
-    }
     let dataset = crate::format::open_with(source, input)?;
     pack_source(
         &Source::Records(dataset.as_ref()),
@@ -754,6 +889,7 @@ fn pack_source(
         Some(p) => PartInfo::range(items.len(), p.index, p.count),
         None => 0..items.len(),
     };
+    refuse_source_as_output(out, &items.paths())?;
     let source_raw = items.payload() == PayloadKind::RawRgb8;
     let plan = PackPlan {
         source_fingerprint: items.fingerprint()?,

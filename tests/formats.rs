@@ -46,13 +46,16 @@ fn interrupted_hdf5_and_records_packs_resume_to_the_same_dataset() {
             !out.exists(),
             "{name}: a partial output under the final name"
         );
-        let err = format::open(&out).unwrap_err();
-        assert!(
-            matches!(err, Error::Incomplete { .. }) && err.to_string().contains("--resume"),
-            "{name}: {err}"
-        );
-        // What a crash in the middle of the next chunk leaves: bytes past the last commit.
         let partial = pack::partial_path(&out);
+        for path in [&out, &partial] {
+            let err = format::open(path).unwrap_err();
+            assert!(
+                matches!(err, Error::Incomplete { .. }) && err.to_string().contains("--resume"),
+                "{name}: {}: {err}",
+                path.display()
+            );
+        }
+        // What a crash in the middle of the next chunk leaves: bytes past the last commit.
         let staged: Vec<PathBuf> = fs::read_dir(&partial)
             .unwrap()
             .map(|e| e.unwrap().path())
@@ -327,4 +330,170 @@ fn convert_writes_every_format_from_an_h5py_file() {
         let dataset = format::open(&out).unwrap();
         assert_eq!(dataset.classes(), ["class00", "class01", "class02"]);
     }
+}
+
+#[test]
+fn a_records_staging_directory_is_never_taken_for_a_dataset() {
+    // Regression: a records OUT.partial left by a kill opened as foreign shards, verified "OK"
+    // and inspected as "complete: yes".
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("cut.records");
+    let options = PackOptions {
+        shard_bytes: 8 << 10,
+        ..small_options()
+    };
+    let crash = Crash::after(2);
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        pack::pack_image_folder(&fixture_root(), &out, PackFormat::Records, &options, &crash)
+    }));
+    assert!(result.is_err());
+    let partial = pack::partial_path(&out);
+    assert!(partial.join("shard-00000.tfrecord").is_file());
+    for path in [&partial, &out] {
+        let err = format::open(path).unwrap_err();
+        assert!(
+            matches!(err, Error::Incomplete { .. }) && err.to_string().contains("--resume"),
+            "{}: {err}",
+            path.display()
+        );
+        let err = imagefeed::inspect::inspect(path).unwrap_err();
+        assert!(matches!(err, Error::Incomplete { .. }), "{err}");
+        let err = verify::verify(path, None).unwrap_err();
+        assert!(matches!(err, Error::Incomplete { .. }), "{err}");
+    }
+    // The same directory under another name (a copy, a rename) is still refused: its
+    // progress record says what it is.
+    let copy = dir.path().join("renamed");
+    support::copy_tree(&partial, &copy);
+    let err = format::open(&copy).unwrap_err();
+    assert!(matches!(err, Error::Incomplete { .. }), "{err}");
+}
+
+/// A single TFRecord shard of `n` records from the fixture tree (no manifest, no index), and
+/// the payloads it holds in order.
+fn foreign_shard(dir: &Path, n: usize) -> (PathBuf, Vec<Vec<u8>>) {
+    let packed = dir.join("packed.records");
+    let options = PackOptions {
+        shard_bytes: u64::MAX,
+        ..small_options()
+    };
+    pack_as(&fixture_root(), &packed, PackFormat::Records, &options);
+    let payloads: Vec<Vec<u8>> = all_records(&packed).into_iter().map(|r| r.2).collect();
+    assert_eq!(payloads.len(), n);
+    let shard = dir.join("train-00000-of-00001");
+    fs::copy(packed.join("shard-00000.tfrecord"), &shard).unwrap();
+    (shard, payloads)
+}
+
+#[test]
+fn an_unindexed_shard_damaged_anywhere_keeps_every_good_record_and_saves_no_index() {
+    // Regression: a shard without an index whose length CRC was corrupt, whose declared length
+    // was huge, or which was cut, was indexed up to the damage, the rest silently dropped, and
+    // the short index saved so that later opens were silent too.
+    let dir = tempfile::tempdir().unwrap();
+    let (pristine, payloads) = foreign_shard(dir.path(), 16);
+    let bytes = fs::read(&pristine).unwrap();
+    let scan = imagefeed::format::records::scan_shard(&bytes);
+    assert!(scan.damaged.is_empty());
+    let offsets = scan.records;
+    let (at, _) = offsets[5];
+    let at = at as usize;
+    let mut bad_crc = bytes.clone();
+    bad_crc[at + 9] ^= 0x40;
+    let mut huge = bytes.clone();
+    let len = (1u64 << 50).to_le_bytes();
+    huge[at..at + 8].copy_from_slice(&len);
+    huge[at + 8..at + 12]
+        .copy_from_slice(&imagefeed::format::records::masked_crc(&len).to_le_bytes());
+    let (last, last_len) = offsets[15];
+    let cut = bytes[..(last + last_len / 2) as usize].to_vec();
+    for (what, damaged, bad_index, total) in [
+        ("bad length CRC", bad_crc, 5, 16),
+        ("huge length", huge, 5, 16),
+        ("cut short", cut, 15, 16),
+    ] {
+        let case = dir.path().join(what.replace(' ', "-"));
+        fs::create_dir(&case).unwrap();
+        let shard = case.join("train-00000-of-00001");
+        fs::write(&shard, &damaged).unwrap();
+        for open in 0..2 {
+            let dataset = format::open(&case).unwrap();
+            assert_eq!(
+                dataset.len(),
+                total,
+                "{what}: every record is still counted"
+            );
+            assert!(
+                dataset
+                    .notices()
+                    .iter()
+                    .any(|n| n.contains("not saved: the shard is damaged"))
+                    && dataset
+                        .notices()
+                        .iter()
+                        .any(|n| n.contains(&format!("record {bad_index} is damaged"))),
+                "{what} (open {open}): {:?}",
+                dataset.notices()
+            );
+            let mut reader = dataset.open_reader().unwrap();
+            for (i, payload) in payloads.iter().enumerate() {
+                match reader.read(i) {
+                    Ok(r) => {
+                        assert_ne!(i, bad_index, "{what}");
+                        assert_eq!(r.payload, payload.as_slice(), "{what}: record {i}");
+                    }
+                    Err(e) => {
+                        assert_eq!(i, bad_index, "{what}: {e}");
+                        let message = e.to_string();
+                        assert!(
+                            message.contains("train-00000-of-00001")
+                                && message.contains("not a TFRecord frame"),
+                            "{what}: {message}"
+                        );
+                    }
+                }
+            }
+            assert!(
+                !imagefeed::format::records::index_path_for(&shard).exists(),
+                "{what}: a damaged shard's index was saved"
+            );
+            let report = verify::verify(&case, None).unwrap();
+            assert_eq!(report.problems.len(), 1, "{what}: {:?}", report.problems);
+        }
+    }
+    // A clean shard's index is saved, and an index that stops short of its shard is refused.
+    let clean = dir.path().join("clean");
+    fs::create_dir(&clean).unwrap();
+    let shard = clean.join("train-00000-of-00001");
+    fs::copy(&pristine, &shard).unwrap();
+    assert_eq!(format::open(&clean).unwrap().len(), 16);
+    let index = imagefeed::format::records::index_path_for(&shard);
+    let text = fs::read_to_string(&index).unwrap();
+    let short: String = text.lines().take(5).map(|l| format!("{l}\n")).collect();
+    fs::write(&index, short).unwrap();
+    let err = format::open(&clean).unwrap_err().to_string();
+    assert!(
+        err.contains("train-00000-of-00001.index") && err.contains("delete the index"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bytes_appended_to_a_shard_of_ours_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ours.records");
+    pack_as(
+        &fixture_root(),
+        &path,
+        PackFormat::Records,
+        &small_options(),
+    );
+    let shard = path.join("shard-00000.tfrecord");
+    // Bytes appended: the manifest no longer describes the shard.
+    append_garbage(&shard);
+    let err = format::open(&path).unwrap_err().to_string();
+    assert!(
+        err.contains("shard-00000.index") && err.contains("was changed"),
+        "{err}"
+    );
 }

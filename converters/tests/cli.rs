@@ -391,3 +391,280 @@ fn hdf5_records_split_and_join_from_the_command_line() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("--num-shards"), "{}", stderr(&o));
 }
+
+/// Every file under `root` with its contents (sorted), to show a tree was not touched.
+fn snapshot(root: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    fn walk(dir: &Path, out: &mut Vec<(PathBuf, Vec<u8>)>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else {
+                out.push((path.clone(), std::fs::read(&path).unwrap()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(root, &mut out);
+    out.sort();
+    out
+}
+
+fn copy_dir(src: &Path, dst: &Path) {
+    std::fs::create_dir_all(dst).unwrap();
+    for entry in std::fs::read_dir(src).unwrap() {
+        let entry = entry.unwrap();
+        let target = dst.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+#[test]
+fn force_never_deletes_a_source_tree_or_anything_that_is_not_our_dataset() {
+    // Regression: `imagefolder2records data/train data --force` deleted data/ with the source
+    // in it, and `imagefolder2hdf5 x/train x/train --force` replaced the source with a file.
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let train = data.join("train");
+    copy_dir(&fixtures(), &train);
+    std::fs::write(data.join("notes.txt"), "unrelated").unwrap();
+    let python_lmdb =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/compat/folder2lmdb.lmdb");
+    let h5py = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/compat/h5py-vlen.h5");
+    let foreign_lmdb = dir.path().join("python.lmdb");
+    std::fs::copy(&python_lmdb, &foreign_lmdb).unwrap();
+    let foreign_h5 = dir.path().join("theirs.h5");
+    std::fs::copy(&h5py, &foreign_h5).unwrap();
+    let text = dir.path().join("notes.lmdb");
+    std::fs::write(&text, "my notes").unwrap();
+    let other_dir = dir.path().join("results");
+    std::fs::create_dir(&other_dir).unwrap();
+    std::fs::write(other_dir.join("run1.csv"), "1,2,3").unwrap();
+    let partial_of_other = dir.path().join("mine");
+    std::fs::create_dir(dir.path().join("mine.partial")).unwrap();
+    std::fs::write(dir.path().join("mine.partial/keep.txt"), "keep").unwrap();
+    let before = snapshot(dir.path());
+
+    let cases: Vec<(&str, PathBuf, &str)> = vec![
+        (
+            "imagefolder2records",
+            data.clone(),
+            "it holds the source being packed",
+        ),
+        (
+            "imagefolder2hdf5",
+            train.clone(),
+            "it is the source being packed",
+        ),
+        (
+            "imagefolder2lmdb",
+            train.clone(),
+            "it is the source being packed",
+        ),
+        (
+            "imagefolder2lmdb",
+            dir.path().to_path_buf(),
+            "it holds the source",
+        ),
+        (
+            "imagefolder2lmdb",
+            foreign_lmdb.clone(),
+            "a file that is not an imagefeed dataset",
+        ),
+        (
+            "imagefolder2hdf5",
+            foreign_h5.clone(),
+            "a file that is not an imagefeed dataset",
+        ),
+        (
+            "imagefolder2lmdb",
+            text.clone(),
+            "a file that is not an imagefeed dataset",
+        ),
+        (
+            "imagefolder2records",
+            other_dir.clone(),
+            "a directory that is not an imagefeed dataset",
+        ),
+        (
+            "imagefolder2lmdb",
+            other_dir.clone(),
+            "a directory that is not an imagefeed dataset",
+        ),
+        (
+            "imagefolder2lmdb",
+            partial_of_other.clone(),
+            "mine.partial: will not replace it",
+        ),
+    ];
+    for (command, out, expected) in cases {
+        let o = run(&[&command, &"-q", &"--force", &train, &out]);
+        assert_eq!(o.status.code(), Some(2), "{command} -> {}", out.display());
+        assert!(
+            stderr(&o).contains("will not replace it") && stderr(&o).contains(expected),
+            "{command} -> {}: {}",
+            out.display(),
+            stderr(&o)
+        );
+        assert!(
+            snapshot(dir.path()) == before,
+            "{command} -> {}: files changed",
+            out.display()
+        );
+    }
+    // `convert` onto its own source, and onto a folder2lmdb file.
+    let o = run(&[&"convert", &"-q", &"--force", &foreign_lmdb, &foreign_lmdb]);
+    assert!(
+        stderr(&o).contains("it is the source being packed"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(snapshot(dir.path()) == before, "convert changed files");
+
+    // What --force is for still works: our datasets of any format replace each other.
+    let out = dir.path().join("out");
+    succeeded(&run(&[&"imagefolder2records", &"-q", &train, &out]));
+    succeeded(&run(&[
+        &"imagefolder2lmdb",
+        &"-q",
+        &"--force",
+        &train,
+        &out,
+    ]));
+    assert!(out.is_file());
+    succeeded(&run(&[
+        &"imagefolder2hdf5",
+        &"-q",
+        &"--force",
+        &train,
+        &out,
+    ]));
+    succeeded(&run(&[
+        &"imagefolder2records",
+        &"-q",
+        &"--force",
+        &train,
+        &out,
+    ]));
+    assert!(out.is_dir());
+    succeeded(&run(&[&"verify", &out, &"--against", &train]));
+    assert!(!partial(&out).exists());
+}
+
+#[test]
+fn a_killed_forced_replacement_leaves_the_old_dataset_or_the_complete_new_one() {
+    // Regression: SIGKILL while `--force` replaced a records directory left the old one
+    // half-deleted, "verifying OK" with a third of its records.
+    let dir = tempfile::tempdir().unwrap();
+    let tree = |name: &str, per_class: usize, seed: u64| {
+        let root = dir.path().join(name);
+        let spec = SyntheticSpec {
+            classes: 3,
+            per_class,
+            width: 48,
+            height: 40,
+            seed,
+            ..SyntheticSpec::default()
+        };
+        synthetic::write_image_folder(&root, &spec).unwrap();
+        root
+    };
+    let (old_src, new_src) = (tree("old-src", 120, 1), tree("new-src", 80, 2));
+    let summary = |out: &Path| -> String {
+        let o = run(&[&"verify", &out]);
+        assert!(
+            o.status.success(),
+            "{}: {}{}",
+            out.display(),
+            stdout(&o),
+            stderr(&o)
+        );
+        stdout(&o)
+    };
+    for (command, name) in [
+        ("imagefolder2records", "d.records"),
+        ("imagefolder2lmdb", "d.lmdb"),
+        ("imagefolder2hdf5", "d.h5"),
+    ] {
+        let pristine = dir.path().join(format!("pristine-{name}"));
+        let pack = |src: &Path, out: &Path, force: bool| {
+            let mut cmd = bin();
+            cmd.args([command, "-q", "--threads", "1", "--shard-size", "4K"]);
+            if force {
+                cmd.arg("--force");
+            }
+            cmd.arg(src).arg(out);
+            cmd.stdout(std::process::Stdio::null());
+            cmd
+        };
+        assert!(pack(&old_src, &pristine, false).status().unwrap().success());
+        let old_summary = summary(&pristine).replace(&*pristine.to_string_lossy(), "");
+        assert!(old_summary.contains("360 records checked"), "{old_summary}");
+        let out = dir.path().join(name);
+        let restore = || {
+            let _ = std::fs::remove_dir_all(&out);
+            let _ = std::fs::remove_file(&out);
+            let _ = std::fs::remove_dir_all(partial(&out));
+            let _ = std::fs::remove_file(partial(&out));
+            if pristine.is_dir() {
+                copy_dir(&pristine, &out);
+            } else {
+                std::fs::copy(&pristine, &out).unwrap();
+            }
+        };
+        // How long an uninterrupted replacement takes, then kills spread over that time.
+        restore();
+        let started = Instant::now();
+        assert!(pack(&new_src, &out, true).status().unwrap().success());
+        let full = started.elapsed();
+        let (mut old_seen, mut new_seen) = (0, 0);
+        // Kills spread over the run, then (records) kills the moment the new manifest is
+        // written, which is just before the old directory is replaced.
+        let manifest = partial(&out).join("imagefeed-records.json");
+        let spread = 16u32;
+        let at_publish = if command == "imagefolder2records" {
+            8
+        } else {
+            0
+        };
+        for step in 0..spread + at_publish {
+            restore();
+            let mut child = pack(&new_src, &out, true).spawn().unwrap();
+            if step < spread {
+                std::thread::sleep(full * step / (spread / 2));
+            } else {
+                while !manifest.exists() && child.try_wait().unwrap().is_none() {
+                    std::hint::spin_loop();
+                }
+                std::thread::sleep(Duration::from_micros(250 << (step - spread)));
+            }
+            let _ = child.kill();
+            child.wait().unwrap();
+            assert!(out.exists(), "{name}, kill {step}: the dataset is gone");
+            let now = summary(&out).replace(&*out.to_string_lossy(), "");
+            if now == old_summary {
+                old_seen += 1;
+            } else {
+                assert!(
+                    now.contains("240 records checked"),
+                    "{name}, kill {step}: {now}"
+                );
+                new_seen += 1;
+            }
+            // Whatever a kill left beside it, the next forced run replaces cleanly.
+            if step % 4 == 3 {
+                assert!(pack(&new_src, &out, true).status().unwrap().success());
+                assert!(summary(&out).contains("240 records checked"));
+                assert!(!partial(&out).exists(), "{name}: staging left behind");
+            }
+        }
+        assert!(
+            old_seen > 0 && new_seen > 0,
+            "{name}: {old_seen} old, {new_seen} new"
+        );
+    }
+}

@@ -471,6 +471,38 @@ impl Hdf5 {
     }
 }
 
+/// True when `path` is an HDF5 file an imagefeed writer made (its `imagefeed` attribute carries
+/// [`MAGIC`]): what `--force` may replace. h5py files of other layouts are not.
+pub(crate) fn is_own_file(path: &Path) -> bool {
+    if !has_signature(path) {
+        return false;
+    }
+    let Ok(file) = open_unlocked(path) else {
+        return false;
+    };
+    file.attr(INFO_ATTR)
+        .and_then(|a| a.read_scalar::<VarLenUnicode>())
+        .ok()
+        .and_then(|json| serde_json::from_str::<InfoRecord>(json.as_str()).ok())
+        .is_some_and(|record| record.magic == MAGIC)
+}
+
+/// True when the directory `path` is an HDF5 writer's staging directory (`OUT.partial/`): its
+/// progress record carries [`MAGIC`], or (a staging directory being deleted) it holds nothing
+/// but the files the writer makes there.
+pub(crate) fn is_own_staging(path: &Path) -> bool {
+    is_staging_with_progress(path)
+        || crate::format::holds_only(path, |name| {
+            [STAGED_PAYLOADS, STAGED_INDEX, STAGED_PROGRESS, STAGED_HDF5].contains(&name)
+                || name.ends_with(".tmp")
+        })
+}
+
+/// True when the directory `path` holds an HDF5 writer's progress record.
+pub(crate) fn is_staging_with_progress(path: &Path) -> bool {
+    crate::format::staged_magic(path, STAGED_PROGRESS).as_deref() == Some(MAGIC)
+}
+
 /// Opens a file read-only without HDF5's file lock.
 ///
 /// libhdf5 opens files without `O_CLOEXEC` and `flock`s them, so a child process started while

@@ -730,6 +730,32 @@ impl RecordReader for LmdbReader {
     }
 }
 
+/// True when `path` is an LMDB file an imagefeed writer made, finished or not (its `meta/info`
+/// carries [`MAGIC`]): what `--force` may replace. A Python folder2lmdb file, an LMDB of any
+/// other layout, a truncated file or anything else is not. Reads only the metadata.
+pub(crate) fn is_own_file(path: &Path) -> bool {
+    let own = || -> Result<bool> {
+        let file = check_lmdb_file(path)?;
+        let env = shared_read_env(path, file.metadata().at(path)?.len())?;
+        let rtxn = env.read_txn().map_err(|e| Error::lmdb(path, e))?;
+        let Some(meta) = env
+            .open_database::<Str, Str>(&rtxn, Some(META_DB))
+            .map_err(|e| Error::lmdb(path, e))?
+        else {
+            return Ok(false);
+        };
+        let Some(text) = meta
+            .get(&rtxn, INFO_KEY)
+            .map_err(|e| Error::lmdb(path, e))?
+        else {
+            return Ok(false);
+        };
+        let record: InfoRecord = from_json(path, INFO_KEY, text)?;
+        Ok(record.magic == MAGIC)
+    };
+    own().unwrap_or(false)
+}
+
 /// Opens the Python folder2lmdb layout (see [`Lmdb`]); `rtxn` is a read transaction on `env`.
 fn open_folder2lmdb(path: &Path, env: &Arc<ReadEnv>, rtxn: RoTxn<'_, WithoutTls>) -> Result<Lmdb> {
     let not_ours = || {

@@ -85,6 +85,66 @@ pub(crate) fn require_complete(path: &Path, complete: bool, what: &str) -> Resul
     })
 }
 
+/// True when `path` holds something an imagefeed writer made, which `pack-dataset --force` may
+/// replace or delete: a dataset of ours (an LMDB or HDF5 file whose metadata carries our magic,
+/// a records directory with our manifest) or a writer's partial output. Anything else (a source
+/// tree, an h5py or folder2lmdb file, a directory of other files) is not, whatever its name.
+/// A missing path is not either.
+pub fn is_own_output(path: &Path) -> bool {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.is_dir() => records::is_own_dir(path) || hdf5::is_own_staging(path),
+        Ok(meta) if meta.is_file() => lmdb::is_own_file(path) || hdf5::is_own_file(path),
+        _ => false,
+    }
+}
+
+/// Deletes an output [`is_own_output`] recognised. A directory loses its manifest first, so one
+/// whose deletion is interrupted is never taken for a complete dataset.
+pub(crate) fn remove_own_output(path: &Path) -> Result<()> {
+    use crate::error::IoContext as _;
+    let meta = std::fs::symlink_metadata(path).at(path)?;
+    if meta.is_dir() {
+        let manifest = path.join(records::MANIFEST);
+        match std::fs::remove_file(&manifest) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(Error::io(manifest, e));
+            }
+            _ => {}
+        }
+        std::fs::remove_dir_all(path).at(path)
+    } else {
+        std::fs::remove_file(path).at(path)?;
+        // An LMDB writer's lock file, if one was left.
+        let mut lock = path.as_os_str().to_owned();
+        lock.push("-lock");
+        let _ = std::fs::remove_file(lock);
+        Ok(())
+    }
+}
+
+/// The `magic` field of the JSON file `name` in the directory `dir`, if it has one.
+pub(crate) fn staged_magic(dir: &Path, name: &str) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Magic {
+        magic: String,
+    }
+    let text = std::fs::read(dir.join(name)).ok()?;
+    serde_json::from_slice::<Magic>(&text).ok().map(|m| m.magic)
+}
+
+/// True when `dir` is a directory whose entries are all regular files whose names `own`
+/// accepts (an empty directory included).
+pub(crate) fn holds_only(dir: &Path, own: impl Fn(&str) -> bool) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.into_iter().all(|entry| {
+        entry.is_ok_and(|e| {
+            e.file_type().is_ok_and(|t| t.is_file()) && e.file_name().to_str().is_some_and(&own)
+        })
+    })
+}
+
 /// How to read datasets whose files do not say everything themselves (files other tools wrote).
 /// The defaults suit imagefeed's own formats.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -116,6 +176,14 @@ pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Arc<dy
                 &options.records,
             )?));
         }
+    }
+    if path.is_dir() && hdf5::is_staging_with_progress(path) {
+        return Err(Error::Incomplete {
+            path: path.to_path_buf(),
+            reason: "the staging directory of an interrupted HDF5 pack, not a dataset; rerun the \
+                     pack with --resume to finish it"
+                .into(),
+        });
     }
     // An LMDB in directory form (Python's lmdb.open default): DIR/data.mdb.
     if path.is_dir() && path.join("data.mdb").is_file() {

@@ -154,6 +154,31 @@ struct Manifest {
     info: DatasetInfo,
 }
 
+/// True when the directory `path` is a records dataset or staging directory an imagefeed writer
+/// made: its manifest or progress record carries [`MAGIC`], or (one being deleted) it holds
+/// nothing but the files the writer makes. What `--force` may replace.
+pub(crate) fn is_own_dir(path: &Path) -> bool {
+    crate::format::staged_magic(path, MANIFEST).as_deref() == Some(MAGIC)
+        || crate::format::staged_magic(path, PROGRESS).as_deref() == Some(MAGIC)
+        || crate::format::holds_only(path, is_own_file_name)
+}
+
+/// Whether `name` is one the records writer gives a file: the manifest, the progress record,
+/// `shard-NNNNN.tfrecord`/`.index`, or a `.tmp` being replaced.
+fn is_own_file_name(name: &str) -> bool {
+    let shard = |stem: &str| {
+        stem.strip_prefix("shard-")
+            .is_some_and(|n| n.len() >= 5 && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    name == MANIFEST
+        || name == PROGRESS
+        || name.ends_with(".tmp")
+        || name
+            .strip_suffix(".tfrecord")
+            .or_else(|| name.strip_suffix(".index"))
+            .is_some_and(shard)
+}
+
 fn shard_names(number: usize) -> (String, String) {
     (
         format!("shard-{number:05}.tfrecord"),
@@ -433,6 +458,9 @@ struct Shard {
     map: Mmap,
     /// `(offset, length)` of each record.
     records: Vec<(u64, u64)>,
+    /// Records that are damaged byte ranges a scan could not frame, by position in `records`,
+    /// with what the scan found; reading one is a bad record that says so.
+    damaged: std::collections::HashMap<usize, String>,
 }
 
 struct Shared {
@@ -534,6 +562,22 @@ impl Records {
         if path.is_dir() && manifest_path.is_file() {
             return open_ours(path, &manifest_path);
         }
+        // A writer's staging directory holds shards and indexes that look like a foreign
+        // dataset's, but only some of the records: it is never opened as one.
+        if path.is_dir()
+            && (crate::format::staged_magic(path, PROGRESS).as_deref() == Some(MAGIC)
+                || path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.ends_with(".partial")))
+        {
+            return Err(Error::Incomplete {
+                path: path.to_path_buf(),
+                reason: "the staging directory of an interrupted or replaced pack, not a dataset; \
+                         rerun the pack with --resume to finish it"
+                    .into(),
+            });
+        }
         let shard_paths: Vec<PathBuf> = if path.is_dir() {
             let mut found: Vec<PathBuf> = fs::read_dir(path)
                 .at(path)?
@@ -593,39 +637,111 @@ fn parse_index(path: &Path, text: &[u8]) -> Result<Vec<(u64, u64)>> {
         .collect()
 }
 
-/// Builds an index by walking the frames of a shard. Stops at the first frame whose header is
-/// corrupt or runs past the end; returns the records found and, if it stopped early, why.
-pub fn scan_shard(bytes: &[u8]) -> (Vec<(u64, u64)>, Option<String>) {
-    let mut records = Vec::new();
+/// What [`scan_shard`] found: every record's `(offset, length)` in file order, and the entries
+/// among them that are damaged byte ranges rather than records.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShardScan {
+    /// `(offset, length)` of each entry; together they cover the whole shard.
+    pub records: Vec<(u64, u64)>,
+    /// `(position in records, what is wrong)` for each damaged range.
+    pub damaged: Vec<(usize, String)>,
+}
+
+/// Builds an index by walking the frames of a shard, from its first byte to its last.
+///
+/// A frame whose length CRC is wrong, whose declared length runs past the end, or a tail too
+/// short for a header does not end the walk: the bytes from there to the next place where a
+/// whole frame checks out (length CRC, length and data CRC) become one damaged entry, and the
+/// walk goes on from that frame. So nothing after damage is silently dropped: a damaged range is
+/// a record that reads as bad, named with the reason, and the shard keeps every good record.
+pub fn scan_shard(bytes: &[u8]) -> ShardScan {
+    let mut scan = ShardScan::default();
     let mut offset = 0usize;
     while offset < bytes.len() {
-        let rest = &bytes[offset..];
-        if rest.len() < HEADER_BYTES {
-            return (
-                records,
-                Some(format!("{} stray bytes at the end", rest.len())),
-            );
+        match frame_at(bytes, offset) {
+            Ok(total) => {
+                scan.records.push((offset as u64, total as u64));
+                offset += total;
+            }
+            Err(problem) => {
+                let next = (offset + 1..bytes.len())
+                    .find(|&o| frame_at(bytes, o).is_ok_and(|_| full_frame_ok(bytes, o)))
+                    .unwrap_or(bytes.len());
+                let reason = format!(
+                    "bytes {offset}..{next} of the shard are not a TFRecord frame ({problem}){}",
+                    if next == bytes.len() {
+                        " and nothing after them is"
+                    } else {
+                        "; the next frame starts after them"
+                    }
+                );
+                scan.damaged.push((scan.records.len(), reason));
+                scan.records.push((offset as u64, (next - offset) as u64));
+                offset = next;
+            }
         }
-        let len_bytes = &rest[..8];
-        let crc = u32::from_le_bytes(rest[8..12].try_into().expect("4 bytes"));
-        if masked_crc(len_bytes) != crc {
-            let reason = format!("record {} at byte {offset}: bad length CRC", records.len());
-            return (records, Some(reason));
-        }
-        let len = u64::from_le_bytes(len_bytes.try_into().expect("8 bytes"));
-        let total = len.saturating_add((HEADER_BYTES + FOOTER_BYTES) as u64);
-        if total > rest.len() as u64 {
-            let reason = format!(
-                "record {} at byte {offset} needs {total} bytes but only {} are left (truncated)",
-                records.len(),
-                rest.len()
-            );
-            return (records, Some(reason));
-        }
-        records.push((offset as u64, total));
-        offset += total as usize;
     }
-    (records, None)
+    scan
+}
+
+/// The total length of the frame whose header starts at `offset`, when the header's CRC checks
+/// out and the frame fits in `bytes`; otherwise what is wrong.
+fn frame_at(bytes: &[u8], offset: usize) -> std::result::Result<usize, String> {
+    let rest = &bytes[offset..];
+    if rest.len() < HEADER_BYTES + FOOTER_BYTES {
+        return Err(format!("{} bytes left, too few for a frame", rest.len()));
+    }
+    let len_bytes = &rest[..8];
+    let crc = u32::from_le_bytes(rest[8..12].try_into().expect("4 bytes"));
+    if masked_crc(len_bytes) != crc {
+        return Err("bad length CRC".into());
+    }
+    let len = u64::from_le_bytes(len_bytes.try_into().expect("8 bytes"));
+    let total = len.saturating_add((HEADER_BYTES + FOOTER_BYTES) as u64);
+    if total > rest.len() as u64 {
+        return Err(format!(
+            "declares {len} data bytes but only {} are left",
+            rest.len()
+        ));
+    }
+    Ok(total as usize)
+}
+
+/// Whether the frame at `offset` (whose header [`frame_at`] accepted) has a good data CRC too:
+/// the check that makes a place found by resynchronising a real frame.
+fn full_frame_ok(bytes: &[u8], offset: usize) -> bool {
+    frame_at(bytes, offset).is_ok_and(|total| unframe(&bytes[offset..offset + total]).is_ok())
+}
+
+/// Refuses an index that does not account for every byte of its shard: its records must follow
+/// one another from byte 0 to at least the shard's end. A stale or cut index would otherwise make
+/// the records it does not list silently unreachable. (An index reaching past the end is a cut
+/// shard: the records past the end read as bad records that say so.) Returns where the index
+/// says the shard ends.
+fn check_index_covers(index_path: &Path, records: &[(u64, u64)], shard_len: u64) -> Result<u64> {
+    let mut end = 0u64;
+    for (number, &(offset, len)) in records.iter().enumerate() {
+        if offset != end {
+            return Err(Error::not_a_dataset(
+                index_path,
+                format!(
+                    "record {number} starts at byte {offset}, but the one before ends at {end}: \
+                     the index does not match its shard (delete it to have it rebuilt)"
+                ),
+            ));
+        }
+        end = offset.saturating_add(len);
+    }
+    if end < shard_len {
+        return Err(Error::not_a_dataset(
+            index_path,
+            format!(
+                "lists records up to byte {end} but the shard has {shard_len} bytes: the index or \
+                 the shard was changed (delete the index to have it rebuilt)"
+            ),
+        ));
+    }
+    Ok(end)
 }
 
 fn open_ours(dir: &Path, manifest_path: &Path) -> Result<Records> {
@@ -648,6 +764,21 @@ fn open_ours(dir: &Path, manifest_path: &Path) -> Result<Records> {
         let map = map_file(&path)?;
         let index = fs::read(&index_path).at(&index_path)?;
         let records = parse_index(&index_path, &index)?;
+        // The index must list the shard as the manifest describes it. A shard cut short since
+        // leaves its last records unreadable, each a bad record that says so; a longer one holds
+        // bytes that no record of ours covers.
+        let end = check_index_covers(&index_path, &records, entry.bytes)?;
+        if end != entry.bytes || map.len() as u64 > entry.bytes {
+            return Err(Error::not_a_dataset(
+                &index_path,
+                format!(
+                    "the index ends at byte {end}, the shard has {} bytes, the manifest says {}: \
+                     the shard or its index was changed",
+                    map.len(),
+                    entry.bytes
+                ),
+            ));
+        }
         if records.len() != entry.records {
             return Err(Error::not_a_dataset(
                 &index_path,
@@ -658,7 +789,12 @@ fn open_ours(dir: &Path, manifest_path: &Path) -> Result<Records> {
                 ),
             ));
         }
-        shards.push(Shard { path, map, records });
+        shards.push(Shard {
+            path,
+            map,
+            records,
+            damaged: Default::default(),
+        });
     }
     // Shards that together fit in half the available memory stream into the page cache in one
     // sequential read each, as an LMDB does (see `pagecache`), instead of a fault per page.
@@ -711,36 +847,47 @@ fn open_foreign(path: &Path, shard_paths: &[PathBuf], options: &RecordsOptions) 
     for shard_path in shard_paths {
         let map = map_file(shard_path)?;
         let index_path = index_path_for(shard_path);
-        let records = if index_path.is_file() {
-            parse_index(&index_path, &fs::read(&index_path).at(&index_path)?)?
+        let (records, damaged) = if index_path.is_file() {
+            let records = parse_index(&index_path, &fs::read(&index_path).at(&index_path)?)?;
+            check_index_covers(&index_path, &records, map.len() as u64)?;
+            (records, Default::default())
         } else {
-            let (records, stopped) = scan_shard(&map);
-            let lines: String = records
-                .iter()
-                .map(|(offset, len)| format!("{offset} {len}\n"))
-                .collect();
-            let saved = pack::write_file_atomically(&index_path, lines.as_bytes());
+            let scan = scan_shard(&map);
+            // An index is only saved for a shard that scanned clean: one with damage is scanned
+            // again at every open, and says so every time.
+            let saved = if scan.damaged.is_empty() {
+                let lines: String = scan
+                    .records
+                    .iter()
+                    .map(|(offset, len)| format!("{offset} {len}\n"))
+                    .collect();
+                Some(pack::write_file_atomically(&index_path, lines.as_bytes()))
+            } else {
+                None
+            };
             notices.push(format!(
                 "{}: no index; built one by scanning ({} records){}",
                 shard_path.display(),
-                records.len(),
+                scan.records.len() - scan.damaged.len(),
                 match &saved {
-                    Ok(()) => format!(", saved as {}", index_path.display()),
-                    Err(e) => format!(", kept in memory (could not save it: {e})"),
+                    Some(Ok(())) => format!(", saved as {}", index_path.display()),
+                    Some(Err(e)) => format!(", kept in memory (could not save it: {e})"),
+                    None => ", not saved: the shard is damaged".into(),
                 }
             ));
-            if let Some(reason) = stopped {
+            for (number, reason) in &scan.damaged {
                 notices.push(format!(
-                    "{}: the scan stopped early, records after it are unreachable: {reason}",
+                    "{}: record {number} is damaged and reads as a bad record: {reason}",
                     shard_path.display()
                 ));
             }
-            records
+            (scan.records, scan.damaged.into_iter().collect())
         };
         shards.push(Shard {
             path: shard_path.clone(),
             map,
             records,
+            damaged,
         });
     }
     let label_base = options.label_base.unwrap_or(0);
@@ -841,6 +988,9 @@ impl RecordReader for RecordsReader {
             key: key.to_string(),
             reason: format!("record {within} of the shard: {reason}"),
         };
+        if let Some(reason) = shard.damaged.get(&within) {
+            return Err(corrupt("?", reason.clone()));
+        }
         let (offset, len) = shard.records[within];
         let bytes = record_bytes(&shard.map, offset, len).ok_or_else(|| {
             corrupt(
@@ -915,9 +1065,9 @@ mod tests {
         let mut shard = Vec::new();
         frame(&mut shard, b"first");
         frame(&mut shard, b"second record");
-        let (records, stopped) = scan_shard(&shard);
-        assert_eq!(stopped, None);
-        assert_eq!(records, [(0, 21), (21, 29)]);
+        let scan = scan_shard(&shard);
+        assert_eq!(scan.damaged, []);
+        assert_eq!(scan.records, [(0, 21), (21, 29)]);
         assert_eq!(unframe(&shard[21..]).unwrap(), b"second record");
 
         let mut bad = shard.clone();
@@ -926,17 +1076,82 @@ mod tests {
         let mut bad = shard.clone();
         bad[21] ^= 1; // its length
         assert!(unframe(&bad[21..]).unwrap_err().contains("length's CRC"));
-        let (records, stopped) = scan_shard(&bad);
-        assert_eq!(records.len(), 1);
+        let scan = scan_shard(&bad);
+        assert_eq!(scan.records, [(0, 21), (21, 29)]);
+        assert_eq!(scan.damaged.len(), 1);
+        assert_eq!(scan.damaged[0].0, 1);
         assert!(
-            stopped
-                .unwrap()
-                .contains("record 1 at byte 21: bad length CRC")
+            scan.damaged[0].1.contains("bytes 21..50"),
+            "{:?}",
+            scan.damaged
         );
+        assert!(scan.damaged[0].1.contains("bad length CRC"));
 
-        let (records, stopped) = scan_shard(&shard[..40]);
-        assert_eq!(records.len(), 1);
-        assert!(stopped.unwrap().contains("truncated"));
+        let scan = scan_shard(&shard[..40]);
+        assert_eq!(scan.records, [(0, 21), (21, 19)]);
+        assert_eq!(scan.damaged.len(), 1);
+        assert!(
+            scan.damaged[0]
+                .1
+                .contains("declares 13 data bytes but only 19 are left")
+        );
+    }
+
+    #[test]
+    fn a_damaged_frame_costs_only_its_own_bytes() {
+        let mut shard = Vec::new();
+        for data in [&b"first"[..], b"second record", b"third"] {
+            frame(&mut shard, data);
+        }
+        // The second record's length CRC, then instead a huge length with a valid CRC.
+        let mut bad_crc = shard.clone();
+        bad_crc[21 + 8] ^= 0xFF;
+        let mut huge = shard.clone();
+        let len = (1u64 << 60).to_le_bytes();
+        huge[21..29].copy_from_slice(&len);
+        huge[29..33].copy_from_slice(&masked_crc(&len).to_le_bytes());
+        for (what, bytes) in [("bad CRC", bad_crc), ("huge length", huge)] {
+            let scan = scan_shard(&bytes);
+            assert_eq!(scan.records, [(0, 21), (21, 29), (50, 21)], "{what}");
+            assert_eq!(scan.damaged.len(), 1, "{what}");
+            assert_eq!(scan.damaged[0].0, 1, "{what}");
+            assert!(
+                scan.damaged[0]
+                    .1
+                    .contains("the next frame starts after them"),
+                "{what}: {}",
+                scan.damaged[0].1
+            );
+            assert_eq!(unframe(&bytes[50..]).unwrap(), b"third");
+        }
+        // Stray bytes after the last frame are damage too, never ignored.
+        let mut tail = shard.clone();
+        tail.extend_from_slice(b"junk");
+        let scan = scan_shard(&tail);
+        assert_eq!(scan.records.last(), Some(&(71, 4)));
+        assert!(scan.damaged[0].1.contains("nothing after them is"));
+    }
+
+    #[test]
+    fn an_index_must_cover_its_shard() {
+        let path = Path::new("x.index");
+        assert_eq!(
+            check_index_covers(path, &[(0, 21), (21, 29)], 50).unwrap(),
+            50
+        );
+        // A shard cut after its index was written: the last record reads as truncated.
+        assert_eq!(
+            check_index_covers(path, &[(0, 21), (21, 29)], 40).unwrap(),
+            50
+        );
+        let short = check_index_covers(path, &[(0, 21)], 50).unwrap_err();
+        assert!(
+            short
+                .to_string()
+                .contains("up to byte 21 but the shard has 50")
+        );
+        let gap = check_index_covers(path, &[(0, 21), (30, 20)], 50).unwrap_err();
+        assert!(gap.to_string().contains("record 1 starts at byte 30"));
     }
 
     #[test]
