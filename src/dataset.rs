@@ -119,10 +119,22 @@ impl DatasetInfo {
     /// Labels outside `0..num_classes` are what later becomes CUDA's opaque "device-side assert"
     /// in a loss function, so every reader checks them on the way out.
     pub fn check_label(&self, path: &Path, index: usize, key: &str, label: u32) -> Result<()> {
-        if (label as usize) < self.classes.len() {
-            Ok(())
-        } else {
-            Err(Error::CorruptRecord {
+        self.check_stored_label(path, index, key, label.into())
+            .map(|_| ())
+    }
+
+    /// [`check_label`](Self::check_label) for a label as a file stores it (any `i64`, negative
+    /// or past `u32` included); returns it as a class index.
+    pub fn check_stored_label(
+        &self,
+        path: &Path,
+        index: usize,
+        key: &str,
+        label: i64,
+    ) -> Result<u32> {
+        match u32::try_from(label) {
+            Ok(class) if (class as usize) < self.classes.len() => Ok(class),
+            _ => Err(Error::CorruptRecord {
                 path: path.to_path_buf(),
                 index,
                 key: key.to_string(),
@@ -130,8 +142,66 @@ impl DatasetInfo {
                     "label {label} is outside 0..{} (the number of classes)",
                     self.classes.len()
                 ),
-            })
+            }),
         }
+    }
+}
+
+/// The most classes a dataset may have when its file names none: classes are then inferred as
+/// `"0"..="largest label"`, or given as a count, and 2²⁰ of them are more than any image dataset
+/// has (ImageNet-21k: 21,841; Google Landmarks v2: 203,094). A label read from such a file at or
+/// above this (2³¹ − 1, say, which would otherwise make a table of two billion names) does not
+/// count towards the classes: its record reads as a bad record whose label is outside them.
+pub const MAX_CLASSES: usize = 1 << 20;
+
+/// Infers the classes of a file that names none from the labels of its records (see
+/// [`MAX_CLASSES`]): feed it every `(record, label)` with [`see`](Self::see), then
+/// [`classes`](Self::classes).
+#[derive(Debug, Default)]
+pub(crate) struct ClassInference {
+    largest: Option<usize>,
+    ignored: usize,
+    first_ignored: Option<(String, i64)>,
+}
+
+impl ClassInference {
+    /// Counts one record's label (`None`: a label that is not even an integer in range, such as
+    /// `i64::MIN` minus a label base). `record` names the record, for the notice.
+    pub fn see(&mut self, record: impl FnOnce() -> String, label: Option<i64>) {
+        match label
+            .and_then(|l| usize::try_from(l).ok())
+            .filter(|&l| l < MAX_CLASSES)
+        {
+            Some(label) => self.largest = Some(self.largest.map_or(label, |m| m.max(label))),
+            None => {
+                self.ignored += 1;
+                if self.first_ignored.is_none() {
+                    self.first_ignored = Some((record(), label.unwrap_or(i64::MIN)));
+                }
+            }
+        }
+    }
+
+    /// The classes `"0"..="largest label counted"`, and a notice when labels were left out.
+    pub fn classes(self) -> (Vec<String>, Option<String>) {
+        let classes = match self.largest {
+            Some(largest) => (0..=largest).map(|c| c.to_string()).collect(),
+            None => Vec::new(),
+        };
+        let notice = self.first_ignored.map(|(record, label)| {
+            format!(
+                "{} record(s) have a label outside 0..{MAX_CLASSES} (the most classes a dataset \
+                 without class names may have), the first {record} with label {label}; they \
+                 read as bad records",
+                self.ignored
+            )
+        });
+        (classes, notice)
+    }
+
+    /// True when no label was counted.
+    pub fn is_empty(&self) -> bool {
+        self.largest.is_none()
     }
 }
 

@@ -174,6 +174,11 @@ pub enum Error {
     #[error("invalid loader configuration: {0}")]
     Config(String),
 
+    /// Packing, converting or opening was asked for with impossible options (a thread count of
+    /// zero, a class count beyond [`MAX_CLASSES`](crate::dataset::MAX_CLASSES), ...).
+    #[error("invalid options: {0}")]
+    Options(String),
+
     /// Strict packing stopped at the first file that is not a usable image.
     #[error("{}: rejected in strict mode: {reason}", path.display())]
     Rejected {

@@ -718,6 +718,11 @@ impl PackWorker {
     /// Fetches and checks one item; returns what to store, or the rejection.
     fn prepare(&mut self, source: &Source<'_>, index: usize, options: &PackOptions) -> Fetched {
         let (key, label, bytes) = self.fetch(source, index)?;
+        if key.contains('\0') {
+            // A key is a path relative to the source root, which cannot hold a NUL; HDF5's
+            // strings cannot store one either.
+            return Err((key.replace('\0', "\\0"), "its key holds a NUL byte".into()));
+        }
         if let Source::Joined(_) = source {
             return Ok((key, label, bytes));
         }
@@ -873,7 +878,7 @@ fn pack_source(
         None => None,
         Some((index, count)) => {
             if count == 0 || index >= count {
-                return Err(Error::Config(format!(
+                return Err(Error::Options(format!(
                     "--shard-index {index} must be below --num-shards {count}"
                 )));
             }
@@ -890,6 +895,12 @@ fn pack_source(
         None => 0..items.len(),
     };
     refuse_source_as_output(out, &items.paths())?;
+    if let Some(class) = items.classes().iter().find(|c| c.contains('\0')) {
+        return Err(Error::not_a_dataset(
+            source,
+            format!("class name {class:?} holds a NUL byte, which no output can store"),
+        ));
+    }
     let source_raw = items.payload() == PayloadKind::RawRgb8;
     let plan = PackPlan {
         source_fingerprint: items.fingerprint()?,
@@ -1071,7 +1082,7 @@ impl JoinedParts {
     /// conversion: each part exactly once, the same source fingerprint, classes and payload.
     pub fn open(paths: &[PathBuf]) -> Result<JoinedParts> {
         let first = paths.first().ok_or_else(|| {
-            Error::Config("join needs the parts of a split conversion; none were given".into())
+            Error::Options("join needs the parts of a split conversion; none were given".into())
         })?;
         let mut parts: Vec<(PartInfo, std::sync::Arc<dyn Dataset>)> = Vec::new();
         for path in paths {
@@ -1124,7 +1135,7 @@ impl JoinedParts {
                 .filter(|w| w[0] == w[1])
                 .map(|w| w[0].to_string())
                 .collect();
-            return Err(Error::Config(format!(
+            return Err(Error::Options(format!(
                 "join needs parts 0..{} exactly once; missing: [{}], given twice: [{}]",
                 reference.count,
                 missing.join(", "),
@@ -1204,7 +1215,7 @@ pub fn join(
 ) -> Result<PackSummary> {
     let joined = JoinedParts::open(parts)?;
     if options.raw || options.resize_short_side.is_some() || options.part.is_some() {
-        return Err(Error::Config(
+        return Err(Error::Options(
             "join copies the parts as they are: --raw, --resize and --shard-index do not apply"
                 .into(),
         ));

@@ -285,10 +285,14 @@ impl Hdf5Writer {
                 .with_data(labels.as_slice())
                 .create(LABELS)
                 .map_err(h5("writing labels"))?;
-            let keys: Vec<VarLenUnicode> = keys
-                .iter()
-                .map(|k| k.parse().expect("keys are UTF-8 without NUL"))
-                .collect();
+            let text = |what: &str, s: &str| -> Result<VarLenUnicode> {
+                s.parse().map_err(|_| Error::Hdf5 {
+                    path: path.to_path_buf(),
+                    reason: format!("{what} {s:?} holds a NUL byte, which HDF5 cannot store"),
+                })
+            };
+            let keys: Vec<VarLenUnicode> =
+                keys.iter().map(|k| text("key", k)).collect::<Result<_>>()?;
             file.new_dataset_builder()
                 .with_data(keys.as_slice())
                 .create(KEYS)
@@ -296,8 +300,8 @@ impl Hdf5Writer {
             let classes: Vec<VarLenUnicode> = info
                 .classes
                 .iter()
-                .map(|c| c.parse().expect("class names are UTF-8 without NUL"))
-                .collect();
+                .map(|c| text("class name", c))
+                .collect::<Result<_>>()?;
             file.new_attr_builder()
                 .with_data(classes.as_slice())
                 .create(CLASSES_ATTR)
@@ -417,6 +421,8 @@ struct Shared {
     info: DatasetInfo,
     labels: Vec<i64>,
     layout: Layout,
+    /// What opening found that a user should hear about (labels left out of the classes).
+    notices: Vec<String>,
 }
 
 /// An HDF5 dataset opened for reading (see the module docs for the layouts).
@@ -536,19 +542,16 @@ fn open_imagefeed(path: &Path, file: &hdf5::File, file_len: u64) -> Result<Share
     let mut info = record.info;
     info.format = FormatKind::Hdf5;
     let n = info.num_samples;
-    let offsets: Vec<u64> = file
-        .dataset(OFFSETS)
-        .and_then(|d| d.read_raw())
-        .map_err(h5("reading offsets"))?;
-    let labels: Vec<i64> = file
-        .dataset(LABELS)
-        .and_then(|d| d.read_raw())
-        .map_err(h5("reading labels"))?;
-    let keys: Vec<VarLenUnicode> = file
-        .dataset(KEYS)
-        .and_then(|d| d.read_raw())
-        .map_err(h5("reading keys"))?;
-    if offsets.len() != n + 1 || labels.len() != n || keys.len() != n {
+    // Each dataset's size is checked against the file before it is read into memory.
+    let open = |name: &'static str| -> Result<hdf5::Dataset> {
+        let dataset = file.dataset(name).map_err(h5("opening a dataset"))?;
+        check_stored(path, &dataset, name, file_len)?;
+        Ok(dataset)
+    };
+    let offsets: Vec<u64> = open(OFFSETS)?.read_raw().map_err(h5("reading offsets"))?;
+    let labels: Vec<i64> = open(LABELS)?.read_raw().map_err(h5("reading labels"))?;
+    let keys: Vec<VarLenUnicode> = open(KEYS)?.read_raw().map_err(h5("reading keys"))?;
+    if Some(offsets.len()) != n.checked_add(1) || labels.len() != n || keys.len() != n {
         return Err(Error::not_a_dataset(
             path,
             format!(
@@ -560,7 +563,7 @@ fn open_imagefeed(path: &Path, file: &hdf5::File, file_len: u64) -> Result<Share
         ));
     }
     let images = file.dataset(IMAGES).map_err(h5("opening images"))?;
-    let data_len = images.size() as u64;
+    let data_len = check_stored(path, &images, IMAGES, file_len)?;
     let data_offset = contiguous_offset(&images, data_len)
         .ok_or_else(|| Error::not_a_dataset(path, "the images dataset is chunked or compressed"))?;
     check_inside_file(path, data_offset, data_len, file_len)?;
@@ -574,7 +577,46 @@ fn open_imagefeed(path: &Path, file: &hdf5::File, file_len: u64) -> Result<Share
             offsets,
             keys: keys.iter().map(|k| k.as_str().to_string()).collect(),
         },
+        notices: Vec::new(),
     })
+}
+
+/// How much smaller than its data a filtered (compressed) dataset's storage can be: deflate's
+/// limit is about 1032:1.
+const MAX_COMPRESSION: u64 = 1100;
+
+/// Refuses a dataset whose declared shape needs more bytes than the file can hold, before it is
+/// read into memory: a hostile file can declare a shape of 10¹² elements with no storage behind
+/// it, and reading it would allocate that much. Unfiltered data must fit in the file; filtered
+/// data in what its allocated storage can decompress to. Returns the declared size in bytes.
+fn check_stored(path: &Path, dataset: &hdf5::Dataset, name: &str, file_len: u64) -> Result<u64> {
+    let shape = dataset.shape();
+    let element = dataset.dtype().map(|t| t.size()).unwrap_or(1).max(1) as u64;
+    let bytes = shape
+        .iter()
+        .try_fold(element, |n, &d| n.checked_mul(d as u64));
+    let filtered = !dataset.filters().is_empty();
+    let can_hold = if filtered {
+        dataset.storage_size().saturating_mul(MAX_COMPRESSION)
+    } else {
+        file_len
+    };
+    match bytes {
+        Some(bytes) if bytes <= can_hold => Ok(bytes),
+        _ => Err(Error::not_a_dataset(
+            path,
+            format!(
+                "dataset {name:?} declares shape {shape:?} ({} bytes), more than the {} can hold \
+                 ({can_hold} bytes)",
+                bytes.map_or("over 2^64".to_string(), |b| b.to_string()),
+                if filtered {
+                    "storage allocated for it"
+                } else {
+                    "file"
+                }
+            ),
+        )),
+    }
 }
 
 /// The file offset of a dataset's bytes, when they are one contiguous unfiltered run.
@@ -635,6 +677,25 @@ fn open_foreign(
     let labels_ds = file
         .dataset(&names.labels)
         .map_err(h5(format!("opening {:?}", names.labels)))?;
+    let label_type = labels_ds
+        .dtype()
+        .and_then(|t| t.to_descriptor())
+        .map_err(h5(format!("reading the type of {:?}", names.labels)))?;
+    if !matches!(
+        label_type,
+        TypeDescriptor::Integer(_) | TypeDescriptor::Unsigned(_)
+    ) {
+        return Err(Error::not_a_dataset(
+            path,
+            format!(
+                "{:?} holds {label_type} values; labels must be integers (class indices), and \
+                 non-integer ones would be cut silently",
+                names.labels
+            ),
+        ));
+    }
+    check_stored(path, &labels_ds, &names.labels, file_len)?;
+    check_stored(path, &images, &names.images, file_len)?;
     let labels: Vec<i64> = labels_ds
         .read_raw()
         .map_err(h5(format!("reading {:?} as integers", names.labels)))?;
@@ -678,7 +739,19 @@ fn open_foreign(
                     ),
                 ));
             }
-            let len = (n * height * width * channels) as u64;
+            let pixels = (height as u64).saturating_mul(width as u64);
+            if pixels == 0 || pixels > crate::decode::DEFAULT_MAX_PIXELS {
+                return Err(Error::not_a_dataset(
+                    path,
+                    format!(
+                        "{:?} holds {height}x{width} images; each must have 1..={} pixels",
+                        names.images,
+                        crate::decode::DEFAULT_MAX_PIXELS
+                    ),
+                ));
+            }
+            // Fits in u64: check_stored accepted the whole array's size.
+            let len = n as u64 * pixels * channels as u64;
             let file_offset = contiguous_offset(&images, len);
             if let Some(offset) = file_offset {
                 check_inside_file(path, offset, len, file_len)?;
@@ -706,12 +779,19 @@ fn open_foreign(
             ));
         }
     };
-    let classes = class_names(file)
-        .or_else(|| class_names(&labels_ds))
-        .unwrap_or_else(|| {
-            let max = labels.iter().copied().max().unwrap_or(-1);
-            (0..=max).map(|c| c.to_string()).collect()
-        });
+    let mut notices = Vec::new();
+    let classes = match class_names(file).or_else(|| class_names(&labels_ds)) {
+        Some(classes) => classes,
+        None => {
+            let mut inference = crate::dataset::ClassInference::default();
+            for (index, &label) in labels.iter().enumerate() {
+                inference.see(|| format!("{}[{index}]", names.labels), Some(label));
+            }
+            let (classes, notice) = inference.classes();
+            notices.extend(notice);
+            classes
+        }
+    };
     Ok(Shared {
         path: path.to_path_buf(),
         info: DatasetInfo {
@@ -724,6 +804,7 @@ fn open_foreign(
         },
         labels,
         layout,
+        notices,
     })
 }
 
@@ -741,6 +822,10 @@ fn class_names(location: &hdf5::Location) -> Option<Vec<String>> {
 impl Dataset for Hdf5 {
     fn info(&self) -> &DatasetInfo {
         &self.shared.info
+    }
+
+    fn notices(&self) -> &[String] {
+        &self.shared.notices
     }
 
     fn path(&self) -> &Path {
@@ -930,14 +1015,10 @@ impl RecordReader for Hdf5Reader {
             Layout::Imagefeed { keys, .. } => keys[index].as_str(),
             _ => self.key.as_str(),
         };
-        let label = shared.labels[index];
-        let label = u32::try_from(label).map_err(|_| Error::CorruptRecord {
-            path: shared.path.clone(),
-            index,
-            key: key.to_string(),
-            reason: format!("negative label {label}"),
-        })?;
-        shared.info.check_label(&shared.path, index, key, label)?;
+        let label =
+            shared
+                .info
+                .check_stored_label(&shared.path, index, key, shared.labels[index])?;
         Ok(Record {
             index,
             key,

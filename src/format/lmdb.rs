@@ -340,6 +340,8 @@ pub struct Lmdb {
     info: DatasetInfo,
     complete: bool,
     progress: Option<PackProgress>,
+    /// What opening found that a user should hear about (labels left out of the classes).
+    notices: Vec<String>,
 }
 
 impl std::fmt::Debug for Lmdb {
@@ -384,7 +386,7 @@ impl Lmdb {
             .open_database(&rtxn, Some(META_DB))
             .map_err(|e| Error::lmdb(path, e))?;
         let Some(meta) = meta else {
-            return open_folder2lmdb(path, &env, rtxn);
+            return open_folder2lmdb(path, &env, rtxn, len);
         };
         let get = |key: &str| meta.get(&rtxn, key).map_err(|e| Error::lmdb(path, e));
         let info_text =
@@ -428,6 +430,7 @@ impl Lmdb {
             info,
             complete: record.complete,
             progress,
+            notices: Vec::new(),
         })
     }
 
@@ -605,6 +608,10 @@ impl Dataset for Lmdb {
         &self.info
     }
 
+    fn notices(&self) -> &[String] {
+        &self.notices
+    }
+
     fn path(&self) -> &Path {
         &self.path
     }
@@ -708,9 +715,9 @@ impl RecordReader for LmdbReader {
                     })?;
                 let (image, label) = pickle::image_and_label(value)
                     .map_err(|reason| corrupt(&self.path, index, key, reason))?;
-                let label = u32::try_from(label).map_err(|_| {
-                    corrupt(&self.path, index, key, format!("negative label {label}"))
-                })?;
+                let label = self
+                    .info
+                    .check_stored_label(&self.path, index, key, label)?;
                 (label, key, &value[image])
             }
         };
@@ -757,7 +764,12 @@ pub(crate) fn is_own_file(path: &Path) -> bool {
 }
 
 /// Opens the Python folder2lmdb layout (see [`Lmdb`]); `rtxn` is a read transaction on `env`.
-fn open_folder2lmdb(path: &Path, env: &Arc<ReadEnv>, rtxn: RoTxn<'_, WithoutTls>) -> Result<Lmdb> {
+fn open_folder2lmdb(
+    path: &Path,
+    env: &Arc<ReadEnv>,
+    rtxn: RoTxn<'_, WithoutTls>,
+    file_len: u64,
+) -> Result<Lmdb> {
     let not_ours = || {
         Error::not_a_dataset(
             path,
@@ -771,7 +783,7 @@ fn open_folder2lmdb(path: &Path, env: &Arc<ReadEnv>, rtxn: RoTxn<'_, WithoutTls>
     let get = |key: &[u8]| db.get(&rtxn, key).map_err(|e| Error::lmdb(path, e));
     let len_value = get(b"__len__")?.ok_or_else(not_ours)?;
     let len = match pickle::parse(len_value) {
-        Ok(pickle::Value::Int(n)) if n >= 0 => n as usize,
+        Ok(pickle::Value::Int(n)) if n >= 0 => n as u64,
         _ => {
             return Err(Error::not_a_dataset(
                 path,
@@ -779,6 +791,21 @@ fn open_folder2lmdb(path: &Path, env: &Arc<ReadEnv>, rtxn: RoTxn<'_, WithoutTls>
             ));
         }
     };
+    // Every sample is an entry of the database, and an entry takes at least its node header
+    // (8 bytes), a key byte and a line pointer (2 bytes) of a leaf page. Checked before the key
+    // list (or anything else sized by __len__) is made.
+    let entries = db.len(&rtxn).map_err(|e| Error::lmdb(path, e))?;
+    let can_hold = entries.min(file_len / 11);
+    if len > can_hold {
+        return Err(Error::not_a_dataset(
+            path,
+            format!(
+                "__len__ is {len}, but the database holds {entries} entries in a {file_len}-byte \
+                 file: it cannot hold that many samples"
+            ),
+        ));
+    }
+    let len = len as usize;
     let keys: Vec<String> = match get(b"__keys__")? {
         None => (0..len).map(|i| i.to_string()).collect(),
         Some(value) => match pickle::parse(value) {
@@ -805,25 +832,30 @@ fn open_folder2lmdb(path: &Path, env: &Arc<ReadEnv>, rtxn: RoTxn<'_, WithoutTls>
             format!("__len__ is {len} but __keys__ lists {} keys", keys.len()),
         ));
     }
-    // No class names are stored: classes are 0..=max label over the readable values. A value
-    // that does not parse is left to the reader, which reports it as a bad sample.
-    let mut max_label: i64 = -1;
-    for key in &keys {
+    // No class names are stored: classes are 0..=max label over the readable values (see
+    // MAX_CLASSES). A value that does not parse is left to the reader, which reports it as a bad
+    // sample.
+    let mut inference = crate::dataset::ClassInference::default();
+    for (index, key) in keys.iter().enumerate() {
         if let Some(value) = get(key.as_bytes())?
             && let Ok((_, label)) = pickle::image_and_label(value)
         {
-            max_label = max_label.max(label);
+            inference.see(|| format!("{index} (key {key:?})"), Some(label));
         }
     }
-    if len > 0 && max_label < 0 {
+    if len > 0 && inference.is_empty() {
         return Err(Error::not_a_dataset(
             path,
-            "no value holds a pickled (bytes, label) with a label >= 0",
+            format!(
+                "no value holds a pickled (bytes, label) with a label in 0..{}",
+                crate::dataset::MAX_CLASSES
+            ),
         ));
     }
+    let (classes, notice) = inference.classes();
     let info = DatasetInfo {
         format: FormatKind::Lmdb,
-        classes: (0..=max_label).map(|c| c.to_string()).collect(),
+        classes,
         num_samples: len,
         payload: crate::dataset::PayloadKind::Encoded,
         resized_short_side: None,
@@ -840,6 +872,7 @@ fn open_folder2lmdb(path: &Path, env: &Arc<ReadEnv>, rtxn: RoTxn<'_, WithoutTls>
         info,
         complete: true,
         progress: None,
+        notices: notice.into_iter().collect(),
     })
 }
 

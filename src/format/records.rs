@@ -893,33 +893,46 @@ fn open_foreign(path: &Path, shard_paths: &[PathBuf], options: &RecordsOptions) 
     let label_base = options.label_base.unwrap_or(0);
     let starts = starts(&shards);
     let num_samples = *starts.last().expect("starts has a total");
-    let num_classes = match options.num_classes {
-        Some(n) => n,
+    let classes = match options.num_classes {
+        Some(n) if n > crate::dataset::MAX_CLASSES => {
+            return Err(Error::Options(format!(
+                "{n} classes: at most {} are allowed",
+                crate::dataset::MAX_CLASSES
+            )));
+        }
+        Some(n) => (0..n).map(|c| c.to_string()).collect(),
         None => {
             // One pass over the labels: every record is parsed (its CRCs too); unreadable ones
             // are left for the reader to report as bad samples.
-            let mut max: i64 = -1;
+            let mut inference = crate::dataset::ClassInference::default();
             for shard in &shards {
-                for &(offset, len) in &shard.records {
+                for (number, &(offset, len)) in shard.records.iter().enumerate() {
                     if let Some(bytes) = record_bytes(&shard.map, offset, len)
                         && let Ok(data) = unframe(bytes)
                         && let Ok(features) = example::parse(data)
                         && let Some(label) = example::int64(&features, features::LABEL)
                     {
-                        max = max.max(label - i64::from(label_base));
+                        inference.see(
+                            || format!("{} record {number}", shard.path.display()),
+                            label.checked_sub(i64::from(label_base)),
+                        );
                     }
                 }
             }
-            if num_samples > 0 && max < 0 {
+            if num_samples > 0 && inference.is_empty() {
                 return Err(Error::not_a_dataset(
                     path,
                     format!(
-                        "no record has an {} at or above the label base {label_base}",
-                        features::LABEL
+                        "no record has an {} in {label_base}..{} (the label base and the most \
+                         classes allowed)",
+                        features::LABEL,
+                        i64::from(label_base) + crate::dataset::MAX_CLASSES as i64
                     ),
                 ));
             }
-            (max + 1) as usize
+            let (classes, notice) = inference.classes();
+            notices.extend(notice);
+            classes
         }
     };
     Ok(Records {
@@ -927,7 +940,7 @@ fn open_foreign(path: &Path, shard_paths: &[PathBuf], options: &RecordsOptions) 
             path: path.to_path_buf(),
             info: DatasetInfo {
                 format: FormatKind::Records,
-                classes: (0..num_classes).map(|c| c.to_string()).collect(),
+                classes,
                 num_samples,
                 payload: PayloadKind::Encoded,
                 resized_short_side: None,
@@ -1017,16 +1030,16 @@ impl RecordReader for RecordsReader {
             .ok_or_else(|| corrupt(key, format!("no {} feature", features::ENCODED)))?;
         let stored = example::int64(&features, features::LABEL)
             .ok_or_else(|| corrupt(key, format!("no {} feature", features::LABEL)))?;
-        let label = u32::try_from(stored - i64::from(shared.label_base)).map_err(|_| {
-            corrupt(
+        let base = i64::from(shared.label_base);
+        if stored < base {
+            return Err(corrupt(
                 key,
-                format!(
-                    "label {stored} is below the label base {}",
-                    shared.label_base
-                ),
-            )
-        })?;
-        shared.info.check_label(&shard.path, index, key, label)?;
+                format!("label {stored} is below the label base {base}"),
+            ));
+        }
+        let label = shared
+            .info
+            .check_stored_label(&shard.path, index, key, stored - base)?;
         Ok(Record {
             index,
             key,

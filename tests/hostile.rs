@@ -1,0 +1,351 @@
+//! Hostile and corrupt files other tools could have written: every count, label, length and
+//! memo index read from a file is checked against what the file can hold before anything is
+//! allocated, and the error (or bad record) names the file, the record and the value. Before,
+//! each of these aborted or panicked every tool (`inspect`, `verify`, `load`, `convert`).
+
+mod support;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use imagefeed::dataset::MAX_CLASSES;
+use imagefeed::format::records::{self, RecordsOptions};
+use imagefeed::format::{self, OpenOptions, example};
+use imagefeed::pack::{self, NoProgress, PackFormat};
+use imagefeed::{Error, inspect, verify};
+use support::{fixture_root, small_options};
+
+fn jpeg() -> Vec<u8> {
+    fs::read(fixture_root().join("class02/img00000.jpg")).unwrap()
+}
+
+/// `pickle.dumps((image, label), protocol=4)` with the label as LONG1 (any i64).
+fn pickled(image: &[u8], label: i64) -> Vec<u8> {
+    let mut out = b"\x80\x04B".to_vec();
+    out.extend_from_slice(&(image.len() as u32).to_le_bytes());
+    out.extend_from_slice(image);
+    out.extend_from_slice(&[0x8a, 8]);
+    out.extend_from_slice(&label.to_le_bytes());
+    out.extend_from_slice(b"\x86.");
+    out
+}
+
+/// A pickled int as LONG1.
+fn pickled_int(n: i64) -> Vec<u8> {
+    let mut out = b"\x80\x04\x8a\x08".to_vec();
+    out.extend_from_slice(&n.to_le_bytes());
+    out.push(b'.');
+    out
+}
+
+/// A single-file LMDB in the Python folder2lmdb layout: `entries` in the unnamed database.
+fn write_folder2lmdb(path: &Path, entries: &[(Vec<u8>, Vec<u8>)]) {
+    let mut options = heed::EnvOpenOptions::new();
+    options.map_size(64 << 20);
+    // SAFETY: test-only; nothing else has this file open.
+    unsafe { options.flags(heed::EnvFlags::NO_SUB_DIR) };
+    // SAFETY: as above.
+    let env = unsafe { options.open(path) }.unwrap();
+    let mut wtxn = env.write_txn().unwrap();
+    let db: heed::Database<heed::types::Bytes, heed::types::Bytes> =
+        env.create_database(&mut wtxn, None).unwrap();
+    for (key, value) in entries {
+        db.put(&mut wtxn, key, value).unwrap();
+    }
+    wtxn.commit().unwrap();
+    env.prepare_for_closing().wait();
+    let mut lock = path.as_os_str().to_owned();
+    lock.push("-lock");
+    let _ = fs::remove_file(lock);
+}
+
+fn corrupt_record_text(err: &Error) -> String {
+    assert!(matches!(err, Error::CorruptRecord { .. }), "{err}");
+    err.to_string()
+}
+
+#[test]
+fn huge_labels_in_a_folder2lmdb_file_are_bad_records_not_a_huge_class_table() {
+    // Regression: a label of 2^31-1 or 2^40 made the class table allocate ~50 GB (abort), and
+    // 2^63-1 panicked.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("hostile.lmdb");
+    let image = jpeg();
+    let labels = [0, (1 << 31) - 1, 2, 1 << 40, i64::MAX, -3, 1];
+    let mut entries: Vec<(Vec<u8>, Vec<u8>)> = labels
+        .iter()
+        .enumerate()
+        .map(|(i, &label)| (i.to_string().into_bytes(), pickled(&image, label)))
+        .collect();
+    entries.push((b"__len__".to_vec(), pickled_int(labels.len() as i64)));
+    write_folder2lmdb(&path, &entries);
+
+    let dataset = format::open(&path).unwrap();
+    assert_eq!(dataset.classes(), ["0", "1", "2"]);
+    assert!(
+        dataset
+            .notices()
+            .iter()
+            .any(|n| n.contains("4 record(s) have a label outside") && n.contains("2147483647")),
+        "{:?}",
+        dataset.notices()
+    );
+    let mut reader = dataset.open_reader().unwrap();
+    for (i, &label) in labels.iter().enumerate() {
+        match reader.read(i) {
+            Ok(record) => assert_eq!(i64::from(record.label), label),
+            Err(e) => {
+                let text = corrupt_record_text(&e);
+                assert!(
+                    text.contains("hostile.lmdb")
+                        && text.contains(&format!("record {i} "))
+                        && text.contains(&label.to_string()),
+                    "{text}"
+                );
+                assert!(!(0..3).contains(&label));
+            }
+        }
+    }
+    let inspection = inspect::inspect(&path).unwrap();
+    assert_eq!(inspection.bad_records.len(), 4);
+    let report = verify::verify(&path, None).unwrap();
+    assert_eq!(report.problems.len(), 4);
+    let out = dir.path().join("converted.lmdb");
+    let summary = pack::convert(&path, &out, PackFormat::Hdf5, &small_options(), &NoProgress)
+        .expect("convert rejects the hostile records and carries on");
+    assert_eq!((summary.samples, summary.rejected.len()), (3, 4));
+}
+
+#[test]
+fn a_folder2lmdb_len_larger_than_the_file_is_refused_before_listing_keys() {
+    // Regression: __len__ of 10^8 or 10^12 with no __keys__ made 10^12 key strings (abort).
+    let dir = tempfile::tempdir().unwrap();
+    for len in [100_000_000i64, 1_000_000_000_000] {
+        let path = dir.path().join(format!("len-{len}.lmdb"));
+        write_folder2lmdb(
+            &path,
+            &[
+                (b"0".to_vec(), pickled(&jpeg(), 0)),
+                (b"__len__".to_vec(), pickled_int(len)),
+            ],
+        );
+        let err = format::open(&path).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            matches!(err, Error::NotADataset { .. })
+                && text.contains(&format!("__len__ is {len}"))
+                && text.contains("cannot hold that many samples")
+                && text.contains(&path.display().to_string()),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn a_memo_index_near_two_to_the_32_in_a_value_allocates_nothing() {
+    // Regression: LONG_BINPUT 0xFFFFFFF0 resized the unpickler's memo to 2^32 entries (137 GB).
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("memo.lmdb");
+    let image = jpeg();
+    let mut value = b"\x80\x04B".to_vec();
+    value.extend_from_slice(&(image.len() as u32).to_le_bytes());
+    value.extend_from_slice(&image);
+    value.extend_from_slice(b"r\xf0\xff\xff\xffK\x01\x86.");
+    write_folder2lmdb(
+        &path,
+        &[
+            (b"0".to_vec(), pickled(&image, 0)),
+            (b"1".to_vec(), value),
+            (b"__len__".to_vec(), pickled_int(2)),
+        ],
+    );
+    let dataset = format::open(&path).unwrap();
+    let mut reader = dataset.open_reader().unwrap();
+    let record = reader.read(1).unwrap();
+    assert_eq!((record.label, record.payload), (1, image.as_slice()));
+}
+
+/// A TFRecord shard of `tf.train.Example`s with the given `(label, filename)`s, each holding the
+/// fixture JPEG, in `dir/train-00000-of-00001`.
+fn write_shard(dir: &Path, records: &[(i64, &[u8])]) -> PathBuf {
+    fs::create_dir_all(dir).unwrap();
+    let image = jpeg();
+    let mut shard = Vec::new();
+    let mut example = Vec::new();
+    for &(label, filename) in records {
+        example::encode(
+            &mut example,
+            &[
+                (
+                    records::features::ENCODED,
+                    example::FeatureValue::Bytes(&image),
+                ),
+                (
+                    records::features::LABEL,
+                    example::FeatureValue::Int64(label),
+                ),
+                (
+                    records::features::FILENAME,
+                    example::FeatureValue::Bytes(filename),
+                ),
+            ],
+        );
+        records::frame(&mut shard, &example);
+    }
+    let path = dir.join("train-00000-of-00001");
+    fs::write(&path, shard).unwrap();
+    path
+}
+
+#[test]
+fn hostile_tfrecord_labels_and_label_bases_are_bad_records_not_panics() {
+    // Regression: a label of 2^63-1 or 2^40 made a huge class table; --input-label-base 1 with
+    // a label of 0 or i64::MIN panicked with "capacity overflow".
+    let dir = tempfile::tempdir().unwrap();
+    let shard_dir = dir.path().join("tf");
+    let labels = [1, i64::MAX, 0, i64::MIN, 1 << 40, 3, (1 << 31) - 1];
+    let names: Vec<String> = (0..labels.len()).map(|i| format!("n{i}.jpg")).collect();
+    let recs: Vec<(i64, &[u8])> = labels
+        .iter()
+        .zip(&names)
+        .map(|(&l, n)| (l, n.as_bytes()))
+        .collect();
+    write_shard(&shard_dir, &recs);
+    let options = OpenOptions {
+        records: RecordsOptions {
+            label_base: Some(1),
+            num_classes: None,
+        },
+        ..OpenOptions::default()
+    };
+    let dataset = format::open_with(&shard_dir, &options).unwrap();
+    assert_eq!(dataset.classes(), ["0", "1", "2"]);
+    let mut reader = dataset.open_reader().unwrap();
+    let good: Vec<usize> = (0..labels.len())
+        .filter(|&i| reader.read(i).is_ok())
+        .collect();
+    assert_eq!(good, [0, 5]);
+    let text = corrupt_record_text(&reader.read(3).unwrap_err());
+    assert!(
+        text.contains("n3.jpg") && text.contains(&i64::MIN.to_string()),
+        "{text}"
+    );
+    let out = dir.path().join("tf.lmdb");
+    let summary = pack::convert_with(
+        &shard_dir,
+        &out,
+        PackFormat::Lmdb,
+        &small_options(),
+        &options,
+        &NoProgress,
+    )
+    .unwrap();
+    assert_eq!((summary.samples, summary.rejected.len()), (2, 5));
+
+    // A class count beyond what any dataset has is an options error, not an allocation.
+    let huge = OpenOptions {
+        records: RecordsOptions {
+            label_base: None,
+            num_classes: Some(100_000_000_000),
+        },
+        ..OpenOptions::default()
+    };
+    let err = format::open_with(&shard_dir, &huge).unwrap_err();
+    assert!(
+        matches!(err, Error::Options(_)) && err.to_string().contains(&MAX_CLASSES.to_string()),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_nul_in_a_filename_is_a_rejected_record_when_converting_to_hdf5() {
+    // Regression: a NUL byte in image/filename panicked the HDF5 writer and left .partial.
+    let dir = tempfile::tempdir().unwrap();
+    let shard_dir = dir.path().join("tf");
+    write_shard(
+        &shard_dir,
+        &[(0, b"ok.jpg"), (1, b"bad\0name.jpg"), (1, b"fine.jpg")],
+    );
+    let out = dir.path().join("out.h5");
+    let summary = pack::convert(
+        &shard_dir,
+        &out,
+        PackFormat::Hdf5,
+        &small_options(),
+        &NoProgress,
+    )
+    .unwrap();
+    assert_eq!(summary.samples, 2);
+    assert_eq!(summary.rejected.len(), 1);
+    assert!(
+        summary.rejected[0].reason.contains("NUL"),
+        "{:?}",
+        summary.rejected
+    );
+    assert!(!pack::partial_path(&out).exists());
+    assert!(verify::verify(&out, None).unwrap().is_ok());
+}
+
+#[test]
+fn hostile_h5py_labels_are_bad_records_and_float_labels_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = jpeg();
+    // h5py's layout: `images` (variable-length uint8, one element per sample) and `labels`.
+    let make = |name: &str, labels: &dyn Fn(&hdf5::File)| -> PathBuf {
+        let path = dir.path().join(name);
+        let file = hdf5::File::create(&path).unwrap();
+        let images: Vec<hdf5::types::VarLenArray<u8>> = (0..4)
+            .map(|_| hdf5::types::VarLenArray::from_slice(&image))
+            .collect();
+        file.new_dataset_builder()
+            .with_data(images.as_slice())
+            .create("images")
+            .unwrap();
+        labels(&file);
+        path
+    };
+    // Labels 2^40 and 2^31-1 beside 0 and 1: classes 0..=1, two bad records.
+    let path = make("big.h5", &|f| {
+        f.new_dataset_builder()
+            .with_data(&[0i64, 1 << 40, 1, (1 << 31) - 1][..])
+            .create("labels")
+            .unwrap();
+    });
+    let dataset = format::open(&path).unwrap();
+    assert_eq!(dataset.classes(), ["0", "1"]);
+    let mut reader = dataset.open_reader().unwrap();
+    assert!(reader.read(0).is_ok() && reader.read(2).is_ok());
+    let text = corrupt_record_text(&reader.read(1).unwrap_err());
+    assert!(
+        text.contains("big.h5") && text.contains("1099511627776"),
+        "{text}"
+    );
+    assert_eq!(verify::verify(&path, None).unwrap().problems.len(), 2);
+
+    // Float labels were cut to integers silently; now the file is refused, saying why.
+    let path = make("float.h5", &|f| {
+        f.new_dataset_builder()
+            .with_data(&[0.0f64, 1.5, 2.0, 0.25][..])
+            .create("labels")
+            .unwrap();
+    });
+    let err = format::open(&path).unwrap_err().to_string();
+    assert!(
+        err.contains("float.h5") && err.contains("labels must be integers"),
+        "{err}"
+    );
+
+    // A labels dataset declaring 10^12 elements with no storage behind them is refused before
+    // it is read into memory.
+    let path = make("shape.h5", &|f| {
+        f.new_dataset::<i64>()
+            .shape(1_000_000_000_000usize)
+            .create("labels")
+            .unwrap();
+    });
+    let err = format::open(&path).unwrap_err().to_string();
+    assert!(
+        err.contains("shape.h5") && err.contains("declares shape"),
+        "{err}"
+    );
+}
