@@ -80,6 +80,10 @@ pub struct DatasetInfo {
     /// (`--num-shards/--shard-index`); `pack-dataset join` puts the parts together.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub part: Option<PartInfo>,
+    /// How many source files the pack that wrote this dataset rejected (the pack report lists
+    /// them); `None` for datasets imagefeed did not pack, or packed before this was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rejected_at_pack: Option<usize>,
 }
 
 /// Which part of a split conversion a dataset holds.

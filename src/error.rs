@@ -179,6 +179,16 @@ pub enum Error {
     #[error("invalid options: {0}")]
     Options(String),
 
+    /// A file was not read: it is not a regular file (a FIFO, a device, a directory), or it is
+    /// far longer than an image of its kind can be.
+    #[error("{}: refused: {reason}", path.display())]
+    RefusedFile {
+        /// The file.
+        path: PathBuf,
+        /// What it is, and why it was not read.
+        reason: String,
+    },
+
     /// Strict packing stopped at the first file that is not a usable image.
     #[error("{}: rejected in strict mode: {reason}", path.display())]
     Rejected {

@@ -157,11 +157,15 @@ pub fn inspect(path: impl AsRef<Path>) -> Result<Inspection> {
                 }
                 other => other?,
             };
-            let rejected = lmdb.pack_progress().map(|p| p.rejected.len());
+            let rejected = lmdb
+                .info()
+                .rejected_at_pack
+                .or_else(|| lmdb.pack_progress().map(|p| p.rejected.len()));
             let complete = lmdb.is_complete();
             (Box::new(lmdb), complete, rejected)
         };
     let info = dataset.info().clone();
+    let rejected_at_pack = rejected_at_pack.or(info.rejected_at_pack);
 
     struct Seen {
         label: u32,

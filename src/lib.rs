@@ -37,6 +37,7 @@ pub mod batch;
 pub mod dataset;
 pub mod decode;
 pub mod error;
+pub mod file;
 pub mod format;
 #[cfg(feature = "cuda")]
 pub mod gpu;

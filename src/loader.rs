@@ -229,6 +229,9 @@ impl Stopwatch {
 /// What workers share.
 struct Shared {
     dataset: Arc<dyn Dataset>,
+    /// The most samples a batch can hold ([`Sampler::largest_batch`]): what batch buffers are
+    /// sized for, so that `batch_size` 100,000 over 1,004 samples allocates 1,004 slots.
+    largest_batch: usize,
     config: LoaderConfig,
     pool: BufferPool,
     counters: Counters,
@@ -266,8 +269,12 @@ impl Loader {
         if config.batch_size == 0 {
             return invalid("batch_size must be at least 1");
         }
-        if config.workers == 0 {
-            return invalid("workers must be at least 1");
+        if !(1..=crate::pack::MAX_THREADS).contains(&config.workers) {
+            return Err(Error::Config(format!(
+                "workers {} must be 1..={}",
+                config.workers,
+                crate::pack::MAX_THREADS
+            )));
         }
         if config.prefetch == 0 {
             return invalid("prefetch must be at least 1");
@@ -296,6 +303,7 @@ impl Loader {
         };
         let shared = Arc::new(Shared {
             dataset,
+            largest_batch: sampler.largest_batch(),
             config,
             pool: BufferPool::new(allocator),
             counters: Counters::default(),
@@ -614,9 +622,10 @@ impl Worker {
         let config = &shared.config;
         let mut collator = Collator {
             buffer: None,
-            // A full batch's capacity even for the short last batch, so every buffer fits every
-            // batch and the pool never needs more than `prefetch` of them (fixed-size outputs).
-            capacity: config.batch_size.max(job.indices.len()),
+            // The largest batch's capacity even for the short last batch, so every buffer fits
+            // every batch and the pool never needs more than `prefetch` of them (fixed-size
+            // outputs); never more than an epoch can fill.
+            capacity: shared.largest_batch.max(job.indices.len()),
             slot_len: 0,
             size: None,
             written: 0,

@@ -31,6 +31,10 @@ use crate::format::lmdb::{self, LmdbWriter};
 use crate::format::records::{self, RecordsWriter};
 use crate::resize::{RgbResizer, short_side_size};
 
+/// The most worker threads a pack (or a loader) may be asked for: more than any machine has
+/// cores, far fewer than would exhaust its memory for stacks.
+pub const MAX_THREADS: usize = 1024;
+
 /// Output formats `pack` can write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PackFormat {
@@ -78,6 +82,31 @@ pub struct PackOptions {
     /// Pack only part `.0` of `.1` of the source listing (a job array's share); see
     /// [`PartInfo`] and [`join`].
     pub part: Option<(usize, usize)>,
+}
+
+impl PackOptions {
+    /// `Err(Error::Options)` for settings no pack can run with.
+    pub fn validate(&self) -> Result<()> {
+        let invalid = |m: String| Err(Error::Options(m));
+        if let Some(threads) = self.threads
+            && !(1..=MAX_THREADS).contains(&threads)
+        {
+            return invalid(format!("--threads {threads}: must be 1..={MAX_THREADS}"));
+        }
+        if self.resize_short_side == Some(0) {
+            return invalid("--resize 0: the shorter side must be at least 1 pixel".into());
+        }
+        if !(1..=100).contains(&self.quality) {
+            return invalid(format!("--quality {}: must be 1..=100", self.quality));
+        }
+        if self.max_pixels == 0 {
+            return invalid("--max-pixels 0 would reject every image".into());
+        }
+        if self.shard_bytes == 0 {
+            return invalid("--shard-size 0: a shard must hold at least a byte".into());
+        }
+        Ok(())
+    }
 }
 
 impl Default for PackOptions {
@@ -139,6 +168,7 @@ impl PackPlan {
             payload: self.payload,
             resized_short_side: self.resize_short_side,
             part: self.part.clone(),
+            rejected_at_pack: None,
         }
     }
 
@@ -691,8 +721,10 @@ impl PackWorker {
         match source {
             Source::Folder(folder) => {
                 let entry = &folder.entries()[index];
-                match fs::read(folder.file_path(index)) {
-                    Ok(bytes) => Ok((entry.key.clone(), entry.label, bytes)),
+                let mut bytes = Vec::new();
+                match folder.read_file(index, &mut bytes) {
+                    Ok(()) => Ok((entry.key.clone(), entry.label, bytes)),
+                    Err(Error::RefusedFile { reason, .. }) => Err((entry.key.clone(), reason)),
                     Err(e) => Err((entry.key.clone(), format!("cannot read: {e}"))),
                 }
             }
@@ -874,6 +906,7 @@ fn pack_source(
     observer: &dyn PackObserver,
 ) -> Result<PackSummary> {
     let started = Instant::now();
+    options.validate()?;
     let part = match options.part {
         None => None,
         Some((index, count)) => {
@@ -1024,7 +1057,13 @@ fn pack_source(
             reason: format!("all {} files were rejected; nothing to pack", range.len()),
         });
     }
-    let info = plan.dataset_info(format_kind(format), progress.samples_written);
+    let mut info = plan.dataset_info(format_kind(format), progress.samples_written);
+    // A joined dataset counts what its parts rejected too.
+    let earlier = match items {
+        Source::Joined(j) => j.info.rejected_at_pack.unwrap_or(0),
+        Source::Folder(_) | Source::Records(_) => 0,
+    };
+    info.rejected_at_pack = Some(progress.rejected.len() + earlier);
     sink.finish(&info, &progress)?;
 
     let seconds = started.elapsed().as_secs_f64();
@@ -1149,6 +1188,12 @@ impl JoinedParts {
         let mut info = reference_set.info().clone();
         info.num_samples = *starts.last().expect("non-empty");
         info.part = None;
+        info.rejected_at_pack = Some(
+            parts
+                .iter()
+                .map(|(_, d)| d.info().rejected_at_pack.unwrap_or(0))
+                .sum(),
+        );
         let notices = parts
             .iter()
             .flat_map(|(_, d)| d.notices().iter().cloned())

@@ -106,12 +106,23 @@ impl Sampler {
         order.into_iter().skip(self.rank).step_by(w).collect()
     }
 
-    /// Number of batches each rank gets per epoch.
-    pub fn batches_per_epoch(&self) -> usize {
-        let per_rank = match self.uneven {
+    /// Number of samples each rank gets per epoch.
+    pub fn samples_per_rank(&self) -> usize {
+        match self.uneven {
             Uneven::Drop => self.len / self.world_size,
             Uneven::Pad => self.len.div_ceil(self.world_size),
-        };
+        }
+    }
+
+    /// The most samples any batch of an epoch holds: `batch_size`, or fewer when a rank's whole
+    /// epoch is smaller than that.
+    pub fn largest_batch(&self) -> usize {
+        self.batch_size.min(self.samples_per_rank())
+    }
+
+    /// Number of batches each rank gets per epoch.
+    pub fn batches_per_epoch(&self) -> usize {
+        let per_rank = self.samples_per_rank();
         if self.drop_last {
             per_rank / self.batch_size
         } else {

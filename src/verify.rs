@@ -10,7 +10,6 @@
 //!   rejected when packing, and are counted separately).
 
 use std::collections::HashMap;
-use std::fs;
 use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
@@ -125,9 +124,9 @@ pub fn verify(path: impl AsRef<Path>, against: Option<&Path>) -> Result<VerifyRe
         let decodable: Vec<bool> = missing
             .par_iter()
             .map_init(Decoder::new, |decoder, &i| {
-                fs::read(source.file_path(i))
-                    .ok()
-                    .is_some_and(|bytes| decoder.decode_rgb(&bytes, &mut Vec::new()).is_ok())
+                let mut bytes = Vec::new();
+                source.read_file(i, &mut bytes).is_ok()
+                    && decoder.decode_rgb(&bytes, &mut Vec::new()).is_ok()
             })
             .collect();
         for (&i, ok) in missing.iter().zip(decodable) {
@@ -206,17 +205,11 @@ impl Checker<'_> {
                 ),
             ));
         }
-        let src_path = source.file_path(si);
-        let src_bytes = match fs::read(&src_path) {
-            Ok(b) => b,
-            Err(e) => {
-                problems.push(problem(
-                    record.key,
-                    format!("cannot read source {}: {e}", src_path.display()),
-                ));
-                return (Some(si), problems);
-            }
-        };
+        let mut src_bytes = Vec::new();
+        if let Err(e) = source.read_file(si, &mut src_bytes) {
+            problems.push(problem(record.key, format!("cannot read source: {e}")));
+            return (Some(si), problems);
+        }
         let info = self.dataset.info();
         let resize = info.resized_short_side;
         match (info.payload, resize) {

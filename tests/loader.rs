@@ -603,3 +603,37 @@ fn a_corrupt_huffman_table_never_makes_the_samples_after_it_bad() {
         assert_eq!(delivered, expected, "{workers} workers, {policy:?}");
     }
 }
+
+#[test]
+fn a_batch_size_past_the_epoch_allocates_only_what_the_epoch_holds() {
+    // Regression: --batch-size 100000 on a 1,004-sample dataset allocated 3.5 GB of batch
+    // buffers (sized for 100,000 slots each).
+    let dir = tempfile::tempdir().unwrap();
+    let (folder, _, _) = datasets(dir.path());
+    let samples = folder.len();
+    for world_size in [1, 2] {
+        let loader = Loader::new(
+            Arc::clone(&folder),
+            LoaderConfig {
+                batch_size: 100_000,
+                workers: 2,
+                world_size,
+                transform: Transform::cifar(),
+                ..LoaderConfig::default()
+            },
+        )
+        .unwrap();
+        let batches: Vec<_> = loader.epoch(0).map(Result::unwrap).collect();
+        assert_eq!(batches.len(), 1);
+        let per_rank = samples.div_ceil(world_size);
+        assert_eq!(batches[0].len(), per_rank);
+        let slot = batches[0].bytes().len() / per_rank;
+        assert_eq!(slot, 3 * 24 * 16 * 4, "f32 NCHW of the 24x16 images");
+        let allocated = loader.pool().allocated_bytes();
+        assert!(
+            allocated <= (per_rank * slot) as u64 * loader.pool().allocations(),
+            "{allocated} bytes in {} buffers for {per_rank} samples",
+            loader.pool().allocations()
+        );
+    }
+}

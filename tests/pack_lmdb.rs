@@ -361,3 +361,69 @@ fn a_corrupt_huffman_table_never_costs_the_good_files_after_it() {
         assert_eq!(report.checked, 30);
     }
 }
+
+#[test]
+fn a_file_name_that_is_not_utf8_is_rejected_by_its_lossy_path() {
+    // Regression: one non-UTF-8 file name aborted the whole pack.
+    use std::os::unix::ffi::OsStrExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    copy_tree(&fixture_root(), &src);
+    let good = fs::read(fixture_root().join("class02/img00000.jpg")).unwrap();
+    let name = std::ffi::OsStr::from_bytes(b"bad-\xff-name.jpg");
+    fs::write(src.join("class02").join(name), &good).unwrap();
+    let nested = src
+        .join("class02")
+        .join(std::ffi::OsStr::from_bytes(b"sub-\xfe"));
+    fs::create_dir(&nested).unwrap();
+    fs::write(nested.join("inside.jpg"), &good).unwrap();
+    let summary = pack_lmdb(&src, &dir.path().join("o.lmdb"), &small_options());
+    assert_eq!(summary.samples, 16, "the good files are all packed");
+    let bad: Vec<(&str, &str)> = summary
+        .rejected
+        .iter()
+        .filter(|r| r.reason.contains("not valid UTF-8"))
+        .map(|r| (r.key.as_str(), r.reason.as_str()))
+        .collect();
+    let keys: Vec<&str> = bad.iter().map(|b| b.0).collect();
+    assert_eq!(
+        keys,
+        [
+            "class02/bad-\u{FFFD}-name.jpg",
+            "class02/sub-\u{FFFD}/inside.jpg"
+        ],
+        "{:?}",
+        summary.rejected
+    );
+    assert_eq!(summary.rejected.len(), 4 + 2);
+}
+
+#[test]
+fn impossible_pack_options_are_refused_as_options_not_loader_settings() {
+    // Regression: packer errors were worded "invalid loader configuration".
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("o.lmdb");
+    for options in [
+        PackOptions {
+            threads: Some(0),
+            ..small_options()
+        },
+        PackOptions {
+            threads: Some(100_000),
+            ..small_options()
+        },
+        PackOptions {
+            resize_short_side: Some(0),
+            ..small_options()
+        },
+        PackOptions {
+            part: Some((3, 2)),
+            ..small_options()
+        },
+    ] {
+        let err = try_pack_lmdb(&fixture_root(), &out, &options).unwrap_err();
+        assert!(matches!(err, Error::Options(_)), "{err}");
+        assert!(err.to_string().starts_with("invalid options: "), "{err}");
+        assert!(!out.exists() && !pack::partial_path(&out).exists());
+    }
+}

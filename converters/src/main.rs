@@ -151,8 +151,8 @@ struct InputArgs {
     #[arg(long)]
     input_label_base: Option<u32>,
     /// TFRecord input without a manifest: the number of classes (else found by a scan).
-    #[arg(long)]
-    num_classes: Option<usize>,
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=imagefeed::dataset::MAX_CLASSES as i64))]
+    num_classes: Option<u32>,
 }
 
 impl InputArgs {
@@ -164,7 +164,7 @@ impl InputArgs {
             },
             records: imagefeed::format::records::RecordsOptions {
                 label_base: self.input_label_base,
-                num_classes: self.num_classes,
+                num_classes: self.num_classes.map(|n| n as usize),
             },
         }
     }
@@ -177,7 +177,7 @@ struct PackArgs {
     /// Output file.
     out: PathBuf,
     /// Shrink images whose shorter side exceeds this, re-encoding them as JPEG.
-    #[arg(long, value_name = "SHORT_SIDE")]
+    #[arg(long, value_name = "SHORT_SIDE", value_parser = clap::value_parser!(u32).range(1..))]
     resize: Option<u32>,
     /// JPEG quality for re-encoded images.
     #[arg(long, default_value_t = 90, value_parser = clap::value_parser!(u8).range(1..=100))]
@@ -195,10 +195,10 @@ struct PackArgs {
     #[arg(long)]
     force: bool,
     /// Worker threads (default: one per core).
-    #[arg(long)]
+    #[arg(long, value_parser = parse_threads)]
     threads: Option<usize>,
     /// Reject images with more pixels than this (decompression bombs).
-    #[arg(long, default_value_t = imagefeed::decode::DEFAULT_MAX_PIXELS)]
+    #[arg(long, default_value_t = imagefeed::decode::DEFAULT_MAX_PIXELS, value_parser = clap::value_parser!(u64).range(1..))]
     max_pixels: u64,
     /// Split the conversion into this many parts (one per machine or job-array task); pack
     /// only part --shard-index, then put the parts together with `pack-dataset join`.
@@ -269,6 +269,14 @@ fn parse_bytes(text: &str) -> Result<u64, String> {
         .checked_mul(scale)
         .filter(|&n| n > 0)
         .ok_or_else(|| format!("{text:?}: must be between 1 byte and 16 EiB"))
+}
+
+fn parse_threads(text: &str) -> Result<usize, String> {
+    let max = imagefeed::pack::MAX_THREADS;
+    text.parse::<usize>()
+        .ok()
+        .filter(|n| (1..=max).contains(n))
+        .ok_or_else(|| format!("{text:?}: expected a number of threads, 1..={max}"))
 }
 
 fn parse_size(text: &str) -> Result<(u32, u32), String> {

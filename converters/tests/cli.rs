@@ -668,3 +668,225 @@ fn a_killed_forced_replacement_leaves_the_old_dataset_or_the_complete_new_one() 
         );
     }
 }
+
+/// Runs `script` with `sh -c`, failing the test if it takes longer than `limit`.
+fn run_shell_within(script: &str, limit: Duration) -> Output {
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("`{script}` still running after {limit:?} (hung?)");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn fifos_devices_sparse_files_and_bombs_are_rejected_by_path_without_hanging_or_memory() {
+    // Regression: a FIFO named pipe.jpg hung packing forever; a symlink to /dev/zero or a 2 GiB
+    // sparse .jpg was read whole into memory; a 7 KB progressive JPEG claiming 13000x13000 cost
+    // ~1 GB per thread. Under a 1 GB address-space limit any of those fails the run.
+    let dir = tempfile::tempdir().unwrap();
+    let class = dir.path().join("tree/cls");
+    std::fs::create_dir_all(&class).unwrap();
+    for i in 0..4 {
+        std::fs::copy(
+            fixtures().join(format!("class02/img0000{i}.jpg")),
+            class.join(format!("good{i}.jpg")),
+        )
+        .unwrap();
+    }
+    let fifo =
+        std::ffi::CString::new(class.join("pipe.jpg").as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    std::os::unix::fs::symlink("/dev/zero", class.join("zero.jpg")).unwrap();
+    std::fs::File::create(class.join("sparse.jpg"))
+        .unwrap()
+        .set_len(2 << 30)
+        .unwrap();
+    // A real JPEG header in front of 2 GiB: refused for its length, not its first bytes.
+    let mut huge = std::fs::File::create(class.join("huge.jpg")).unwrap();
+    std::io::Write::write_all(
+        &mut huge,
+        &std::fs::read(fixtures().join("class02/img00001.jpg")).unwrap(),
+    )
+    .unwrap();
+    huge.set_len(2 << 30).unwrap();
+    let mut bomb = std::fs::read(fixtures().join("class00/edge-progressive.JPEG")).unwrap();
+    let sof = bomb.windows(2).position(|w| w == [0xFF, 0xC2]).unwrap();
+    bomb[sof + 5..sof + 9].copy_from_slice(&[0x32, 0xC8, 0x32, 0xC8]); // 13000x13000
+    std::fs::write(class.join("bomb.jpg"), bomb).unwrap();
+
+    let out = dir.path().join("out.records");
+    let packed = run_shell_within(
+        &format!(
+            "ulimit -v 1000000 && exec '{}' imagefolder2records -q --threads 2 '{}' '{}'",
+            env!("CARGO_BIN_EXE_pack-dataset"),
+            dir.path().join("tree").display(),
+            out.display()
+        ),
+        Duration::from_secs(120),
+    );
+    succeeded(&packed);
+    let text = stdout(&packed);
+    assert!(text.contains("packed 4 samples"), "{text}");
+    for expected in [
+        "cls/pipe.jpg: a FIFO (named pipe), not a regular file",
+        "cls/zero.jpg: a character device, not a regular file",
+        "cls/sparse.jpg: 2147483648 bytes, and its first bytes are not an image format",
+        "cls/huge.jpg: 2147483648 bytes, more than a 40x32 jpeg can take",
+        "cls/bomb.jpg: 13000x13000 JPEG needs at least one bit per 8x8 block",
+    ] {
+        assert!(text.contains(expected), "{expected:?} not in:\n{text}");
+    }
+    let verified = run_shell_within(
+        &format!(
+            "exec '{}' verify '{}' --against '{}'",
+            env!("CARGO_BIN_EXE_pack-dataset"),
+            out.display(),
+            dir.path().join("tree").display()
+        ),
+        Duration::from_secs(120),
+    );
+    succeeded(&verified);
+}
+
+#[test]
+fn a_full_disk_is_reported_as_such_naming_the_output() {
+    // Regression: LMDB reported a full disk as "Input/output error". A 2 MB tmpfs in a private
+    // mount namespace stands in for a full disk (unshare -rm needs no privileges where user
+    // namespaces are enabled).
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let spec = SyntheticSpec {
+        classes: 4,
+        per_class: 400,
+        width: 64,
+        height: 48,
+        ..SyntheticSpec::default()
+    };
+    synthetic::write_image_folder(&src, &spec).unwrap();
+    let small = dir.path().join("small");
+    std::fs::create_dir(&small).unwrap();
+    let bin = env!("CARGO_BIN_EXE_pack-dataset");
+    let mut script = format!(
+        "mount -t tmpfs -o size=2M tmpfs '{}' || exit 77\n",
+        small.display()
+    );
+    for (command, name) in [
+        ("imagefolder2lmdb", "out.lmdb"),
+        ("imagefolder2hdf5", "out.h5"),
+        ("imagefolder2records", "out.records"),
+    ] {
+        let out = small.join(name);
+        script.push_str(&format!(
+            "'{bin}' {command} -q --threads 1 '{}' '{}'; echo \"{name} exit $?\"; \
+             ls '{}' >/dev/null 2>&1 && echo \"{name} partial kept\"; rm -rf '{}'\n",
+            src.display(),
+            out.display(),
+            partial(&out).display(),
+            partial(&out).display(),
+        ));
+    }
+    let o = Command::new("unshare")
+        .args(["-rm", "sh", "-c", &script])
+        .output();
+    let o = match o {
+        Ok(o) if o.status.code() != Some(77) && o.status.success() => o,
+        other => {
+            eprintln!("skipped: cannot mount a small tmpfs in a private namespace ({other:?})");
+            return;
+        }
+    };
+    let (out, err) = (stdout(&o), stderr(&o));
+    for name in ["out.lmdb", "out.h5", "out.records"] {
+        assert!(out.contains(&format!("{name} exit 2")), "{out}\n{err}");
+        assert!(
+            out.contains(&format!("{name} partial kept")),
+            "{out}\n{err}"
+        );
+        let line = err
+            .lines()
+            .find(|l| l.contains(&format!("{name}.partial")))
+            .unwrap_or_else(|| panic!("no error naming {name}.partial:\n{err}"));
+        assert!(
+            line.to_lowercase().contains("no space left"),
+            "{name}: {line}"
+        );
+    }
+}
+
+#[test]
+fn impossible_counts_are_usage_errors_before_anything_runs() {
+    // Regression: --threads 0 was accepted and --threads 100000 ran on; --resize 0 rejected
+    // every file; --num-classes 100000000000 aborted.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("o.records");
+    for (flag, value, expected) in [
+        ("--threads", "0", "expected a number of threads, 1..=1024"),
+        (
+            "--threads",
+            "100000",
+            "expected a number of threads, 1..=1024",
+        ),
+        ("--resize", "0", "--resize"),
+        ("--max-pixels", "0", "--max-pixels"),
+    ] {
+        let o = run(&[
+            &"imagefolder2records",
+            &"-q",
+            &flag,
+            &value,
+            &fixtures(),
+            &out,
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{flag} {value}");
+        assert!(
+            stderr(&o).contains(expected),
+            "{flag} {value}: {}",
+            stderr(&o)
+        );
+        assert!(!out.exists() && !partial(&out).exists());
+    }
+    let tf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/compat/tfrecord");
+    let o = run(&[
+        &"convert",
+        &"-q",
+        &"--num-classes",
+        &"100000000000",
+        &tf,
+        &out,
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--num-classes"), "{}", stderr(&o));
+}
+
+#[test]
+fn inspect_reports_rejections_for_every_packed_format() {
+    // Regression: inspect left out the rejected-file count for HDF5 and records.
+    let dir = tempfile::tempdir().unwrap();
+    for (command, name) in [
+        ("imagefolder2lmdb", "f.lmdb"),
+        ("imagefolder2hdf5", "f.h5"),
+        ("imagefolder2records", "f.records"),
+    ] {
+        let out = dir.path().join(name);
+        succeeded(&run(&[&command, &"-q", &fixtures(), &out]));
+        let inspected = run(&[&"inspect", &out]);
+        succeeded(&inspected);
+        assert!(
+            stdout(&inspected).contains("rejected when packed: 4"),
+            "{name}: {}",
+            stdout(&inspected)
+        );
+    }
+}

@@ -15,7 +15,6 @@
 
 use std::collections::HashSet;
 use std::fs;
-use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -40,6 +39,10 @@ pub struct FolderEntry {
     pub key: String,
     /// Class index.
     pub label: u32,
+    /// The file's name (or a directory's on its path) is not valid UTF-8: `key` is its lossy
+    /// form, and reading the entry fails with a reason naming it. One such file costs only
+    /// itself, not the scan of the tree.
+    pub non_utf8_name: bool,
 }
 
 /// A scanned ImageFolder tree.
@@ -53,7 +56,9 @@ pub struct ImageFolder {
 
 impl ImageFolder {
     /// Scans `root`. Fails when it is not a directory, has no class directory, when a class holds
-    /// no image file, or when a name is not valid UTF-8.
+    /// no image file, or when a class directory's name is not valid UTF-8 (a file or a nested
+    /// directory with such a name becomes an entry that fails to read; see
+    /// [`FolderEntry::non_utf8_name`]).
     pub fn open(root: impl AsRef<Path>) -> Result<ImageFolder> {
         let root = root.as_ref().to_path_buf();
         let meta = fs::metadata(&root).at(&root)?;
@@ -84,13 +89,14 @@ impl ImageFolder {
         for (label, class) in classes.iter().enumerate() {
             let before = entries.len();
             let mut files = Vec::new();
-            walk_sorted(&root, Path::new(class), &mut HashSet::new(), &mut files)?;
-            for key in files {
+            walk_sorted(&root, class, &mut HashSet::new(), &mut files)?;
+            for (key, non_utf8_name) in files {
                 let name = key.rsplit('/').next().unwrap_or(&key);
                 if has_image_extension(name) {
                     entries.push(FolderEntry {
                         key,
                         label: label as u32,
+                        non_utf8_name,
                     });
                 } else {
                     skipped_files += 1;
@@ -117,6 +123,7 @@ impl ImageFolder {
             payload: PayloadKind::Encoded,
             resized_short_side: None,
             part: None,
+            rejected_at_pack: None,
         };
         Ok(ImageFolder {
             root,
@@ -136,36 +143,75 @@ impl ImageFolder {
         self.skipped_files
     }
 
-    /// The full path of sample `index`.
+    /// The full path of sample `index` (lossy when [`FolderEntry::non_utf8_name`]).
     pub fn file_path(&self, index: usize) -> PathBuf {
         self.root.join(&self.entries[index].key)
     }
+
+    /// Reads sample `index`'s file into `buffer` with [`read_image_file`]'s checks; an entry
+    /// whose name is not UTF-8 is an [`Error::RefusedFile`] naming its lossy path.
+    ///
+    /// [`read_image_file`]: crate::file::read_image_file
+    pub fn read_file(&self, index: usize, buffer: &mut Vec<u8>) -> Result<()> {
+        read_entry(&self.root, &self.entries[index], buffer)
+    }
+}
+
+fn read_entry(root: &Path, entry: &FolderEntry, buffer: &mut Vec<u8>) -> Result<()> {
+    let path = root.join(&entry.key);
+    if entry.non_utf8_name {
+        return Err(Error::RefusedFile {
+            path,
+            reason: "its name is not valid UTF-8 (shown with U+FFFD in its place); rename it"
+                .into(),
+        });
+    }
+    crate::file::read_image_file(&path, buffer)
 }
 
 /// Collects the files under `root/rel` as `/`-joined keys, in `sorted(os.walk(...))` order:
 /// every directory of the subtree sorted by its full path *as a string* (so `a/sub` <
 /// `a/sub b` < `a/sub/deeper`, because ' ' < '/'), and each directory's files sorted by name.
+/// Each key comes with whether a name on its path is not UTF-8 (its key then holds the lossy
+/// form).
 fn walk_sorted(
     root: &Path,
-    rel: &Path,
+    class: &str,
     visited: &mut HashSet<PathBuf>,
-    out: &mut Vec<String>,
+    out: &mut Vec<(String, bool)>,
 ) -> Result<()> {
     let mut dirs = Vec::new();
-    collect_dirs(root, rel, visited, &mut dirs)?;
-    dirs.sort();
-    for (prefix, files) in dirs {
-        out.extend(files.into_iter().map(|f| format!("{prefix}/{f}")));
+    collect_dirs(
+        root,
+        Path::new(class),
+        class.to_string(),
+        false,
+        visited,
+        &mut dirs,
+    )?;
+    dirs.sort_by(|a, b| a.0.cmp(&b.0));
+    for (prefix, prefix_bad, files) in dirs {
+        out.extend(
+            files
+                .into_iter()
+                .map(|(f, bad)| (format!("{prefix}/{f}"), prefix_bad || bad)),
+        );
     }
     Ok(())
 }
 
-/// Pushes `(relative dir path, sorted file names)` for `rel` and every directory below it.
+/// A directory's key prefix, whether a name on it is not UTF-8, and its files' names (sorted)
+/// each with whether it is not UTF-8.
+type DirListing = (String, bool, Vec<(String, bool)>);
+
+/// Pushes the listing of `rel` (whose key prefix is `prefix`) and of every directory below it.
 fn collect_dirs(
     root: &Path,
     rel: &Path,
+    prefix: String,
+    prefix_bad: bool,
     visited: &mut HashSet<PathBuf>,
-    out: &mut Vec<(String, Vec<String>)>,
+    out: &mut Vec<DirListing>,
 ) -> Result<()> {
     let dir = root.join(rel);
     // Guard against symlink cycles, which os.walk(followlinks=True) would loop on.
@@ -177,22 +223,29 @@ fn collect_dirs(
     let mut subdirs = Vec::new();
     for entry in fs::read_dir(&dir).at(&dir)? {
         let entry = entry.at(&dir)?;
-        let name = utf8_name(&entry.path())?;
+        let os_name = entry.file_name();
+        let (name, bad) = match os_name.to_str() {
+            Some(name) => (name.to_string(), false),
+            None => (os_name.to_string_lossy().into_owned(), true),
+        };
         match fs::metadata(entry.path()) {
-            Ok(m) if m.is_dir() => subdirs.push(name),
+            Ok(m) if m.is_dir() => subdirs.push((os_name, name, bad)),
             // Files, and dangling symlinks (os.walk lists them as files; reading one fails with
             // its path).
-            _ => files.push(name),
+            _ => files.push((name, bad)),
         }
     }
     files.sort();
-    let prefix = rel
-        .to_str()
-        .expect("built from UTF-8 names")
-        .replace('\\', "/");
-    out.push((prefix, files));
-    for d in subdirs {
-        collect_dirs(root, &rel.join(d), visited, out)?;
+    out.push((prefix.clone(), prefix_bad, files));
+    for (os_name, name, bad) in subdirs {
+        collect_dirs(
+            root,
+            &rel.join(os_name),
+            format!("{prefix}/{name}"),
+            prefix_bad || bad,
+            visited,
+            out,
+        )?;
     }
     Ok(())
 }
@@ -235,11 +288,7 @@ struct FolderReader {
 impl RecordReader for FolderReader {
     fn read(&mut self, index: usize) -> Result<Record<'_>> {
         let entry = &self.entries[index];
-        let path = self.root.join(&entry.key);
-        self.buffer.clear();
-        fs::File::open(&path)
-            .and_then(|mut f| f.read_to_end(&mut self.buffer))
-            .at(&path)?;
+        read_entry(&self.root, entry, &mut self.buffer)?;
         Ok(Record {
             index,
             key: &entry.key,

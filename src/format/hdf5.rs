@@ -115,9 +115,7 @@ impl Default for Hdf5Names {
 /// True when `path` is a file that starts with the HDF5 signature.
 pub fn has_signature(path: &Path) -> bool {
     let mut head = [0u8; 8];
-    fs::File::open(path)
-        .and_then(|mut f| f.read_exact(&mut head))
-        .is_ok()
+    crate::file::open_regular(path).is_ok_and(|(mut f, _)| f.read_exact(&mut head).is_ok())
         && &head == SIGNATURE
 }
 
@@ -801,6 +799,7 @@ fn open_foreign(
             payload,
             resized_short_side: None,
             part: None,
+            rejected_at_pack: None,
         },
         labels,
         layout,

@@ -240,23 +240,51 @@ fn open_write_env(path: &Path, map_size: usize) -> Result<Env> {
     unsafe { options.open(path) }.map_err(|e| Error::lmdb(path, e))
 }
 
+/// The error for a failed write to the LMDB at `path`, which needed about `needed` bytes.
+///
+/// liblmdb turns a short write, which is how a full disk shows up on many file systems, into
+/// `EIO` ("Input/output error"), so the file system is asked: when it has less room left than
+/// the write needed, the error says the disk is full.
+fn write_error(path: &Path, needed: u64, e: heed::Error) -> Error {
+    let code = match &e {
+        heed::Error::Io(io) => io.raw_os_error(),
+        _ => None,
+    };
+    if matches!(code, Some(libc::EIO | libc::ENOSPC))
+        && let Some(free) = crate::file::free_space(path)
+        && (code == Some(libc::ENOSPC) || free < needed.saturating_add(1 << 20))
+    {
+        return Error::io(
+            path,
+            std::io::Error::new(
+                std::io::ErrorKind::StorageFull,
+                format!(
+                    "no space left on the device ({free} bytes free, about {needed} needed; \
+                     LMDB said: {e}); free some and rerun with --resume"
+                ),
+            ),
+        );
+    }
+    Error::lmdb(path, e)
+}
+
 impl PackSink for LmdbWriter {
     fn write_chunk(&mut self, records: &[PackedRecord<'_>], progress: &PackProgress) -> Result<()> {
         let first = progress.samples_written - records.len();
-        let mut wtxn = self
-            .env
-            .write_txn()
-            .map_err(|e| Error::lmdb(&self.partial, e))?;
+        let needed: u64 = records.iter().map(|r| r.payload.len() as u64 + 64).sum();
+        let fail = |e| write_error(&self.partial, needed, e);
+        let mut wtxn = self.env.write_txn().map_err(fail)?;
         for (offset, record) in records.iter().enumerate() {
             encode_value(&mut self.value, record.label, record.key, record.payload);
             self.samples
                 .put(&mut wtxn, &sample_key(first + offset), &self.value)
-                .map_err(|e| Error::lmdb(&self.partial, e))?;
+                .map_err(|e| write_error(&self.partial, needed, e))?;
         }
         self.meta
             .put(&mut wtxn, PROGRESS_KEY, &to_json(progress))
-            .map_err(|e| Error::lmdb(&self.partial, e))?;
-        wtxn.commit().map_err(|e| Error::lmdb(&self.partial, e))
+            .map_err(|e| write_error(&self.partial, needed, e))?;
+        wtxn.commit()
+            .map_err(|e| write_error(&self.partial, needed, e))
     }
 
     fn finish(self: Box<Self>, info: &DatasetInfo, progress: &PackProgress) -> Result<()> {
@@ -467,7 +495,7 @@ fn check_lmdb_file(path: &Path) -> Result<fs::File> {
             "a directory, not a single-file LMDB",
         ));
     }
-    let mut file = fs::File::open(path).at(path)?;
+    let (mut file, _) = crate::file::open_regular(path)?;
     let mut page0 = [0u8; META_PAGE_BYTES];
     let n = read_up_to(&mut file, &mut page0).at(path)?;
     let Some(first) = LmdbMeta::parse(&page0[..n]) else {
@@ -860,6 +888,7 @@ fn open_folder2lmdb(
         payload: crate::dataset::PayloadKind::Encoded,
         resized_short_side: None,
         part: None,
+        rejected_at_pack: None,
     };
     rtxn.commit().map_err(|e| Error::lmdb(path, e))?;
     Ok(Lmdb {

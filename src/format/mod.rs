@@ -128,7 +128,11 @@ pub(crate) fn staged_magic(dir: &Path, name: &str) -> Option<String> {
     struct Magic {
         magic: String,
     }
-    let text = std::fs::read(dir.join(name)).ok()?;
+    use std::io::Read as _;
+    let (file, _) = crate::file::open_regular(&dir.join(name)).ok()?;
+    let mut text = Vec::new();
+    // A progress record or manifest is small; a huge file under that name is not ours.
+    file.take(64 << 20).read_to_end(&mut text).ok()?;
     serde_json::from_slice::<Magic>(&text).ok().map(|m| m.magic)
 }
 

@@ -606,7 +606,7 @@ impl Records {
 }
 
 fn map_file(path: &Path) -> Result<Mmap> {
-    let file = fs::File::open(path).at(path)?;
+    let (file, _) = crate::file::open_regular(path)?;
     // SAFETY: the mapping is read-only, and imagefeed never modifies a published shard. Another
     // process truncating the file while it is mapped would make reads past the new end fault;
     // every read is first checked against the length the file had when mapped.
@@ -945,6 +945,7 @@ fn open_foreign(path: &Path, shard_paths: &[PathBuf], options: &RecordsOptions) 
                 payload: PayloadKind::Encoded,
                 resized_short_side: None,
                 part: None,
+                rejected_at_pack: None,
             },
             label_base,
             shards,
