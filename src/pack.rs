@@ -397,7 +397,7 @@ pub(crate) fn refuse_source_as_output(out: &Path, sources: &[&Path]) -> Result<(
 ///
 /// A file replaces a file with one `rename`, which is atomic. Where a directory is involved (a
 /// records dataset), the two are swapped with `renameat2(RENAME_EXCHANGE)`, atomic too, and the
-/// old one, now at `partial`, is deleted afterwards (manifest first: see
+/// old one, now at `partial`, is deleted afterwards (marked, then manifest first: see
 /// [`format::remove_own_output`](crate::format::remove_own_output)); a crash during that
 /// deletion leaves the new dataset in place and the remains of the old one at `partial`, which no
 /// reader accepts and the next `--force` run deletes. On a file system without
@@ -417,6 +417,10 @@ pub fn publish(partial: &Path, out: &Path) -> Result<()> {
         Ok(())
     };
     let old = fs::symlink_metadata(out).ok();
+    if old.is_some() {
+        // Checked when the pack started, and again now: something may have been put there since.
+        refuse_foreign(out)?;
+    }
     let involves_a_directory = old.as_ref().is_some_and(|m| m.is_dir()) || partial.is_dir();
     if old.is_none() || !involves_a_directory {
         fs::rename(partial, out).at(out)?;

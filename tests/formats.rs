@@ -369,6 +369,57 @@ fn a_records_staging_directory_is_never_taken_for_a_dataset() {
     assert!(matches!(err, Error::Incomplete { .. }), "{err}");
 }
 
+#[test]
+fn a_records_dataset_whose_deletion_was_interrupted_is_never_a_dataset_and_force_replaces_it() {
+    // A kill while `--force` deleted an old records directory left it a third deleted; it then
+    // "verified OK" with the records left. The deletion marks the directory first (on disk:
+    // the file `format::DELETING` holding `{"magic": "imagefeed-deleting"}`) and drops the
+    // manifest next, so what is left is refused by every reader and still recognised as ours.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("old.records");
+    let options = PackOptions {
+        shard_bytes: 8 << 10,
+        ..small_options()
+    };
+    pack_as(&fixture_root(), &out, PackFormat::Records, &options);
+    // Where an interrupted deletion stops: marked, manifest gone, shards left.
+    fs::write(
+        out.join(format::DELETING),
+        "{\"magic\": \"imagefeed-deleting\"}\n",
+    )
+    .unwrap();
+    fs::remove_file(out.join(format::records::MANIFEST)).unwrap();
+    assert!(out.join("shard-00001.tfrecord").is_file());
+    let err = format::open(&out).unwrap_err();
+    assert!(matches!(err, Error::Incomplete { .. }), "{err}");
+    let err = verify::verify(&out, None).unwrap_err();
+    assert!(matches!(err, Error::Incomplete { .. }), "{err}");
+    assert!(format::is_own_output(&out));
+
+    // The same shards without the mark (someone's copy of them) are not ours to delete.
+    let copy = dir.path().join("copy");
+    support::copy_tree(&out, &copy);
+    fs::remove_file(copy.join(format::DELETING)).unwrap();
+    assert!(!format::is_own_output(&copy));
+    // Nor is a mark holding anything else.
+    fs::write(copy.join(format::DELETING), "{\"magic\": \"other\"}").unwrap();
+    assert!(!format::is_own_output(&copy));
+
+    // --force replaces what is left with a complete dataset.
+    let forced = PackOptions {
+        mode: StartMode {
+            force: true,
+            resume: false,
+        },
+        ..options
+    };
+    pack_as(&fixture_root(), &out, PackFormat::Records, &forced);
+    assert!(!out.join(format::DELETING).exists());
+    let clean = dir.path().join("clean.records");
+    pack_as(&fixture_root(), &clean, PackFormat::Records, &options);
+    assert!(all_records(&out) == all_records(&clean));
+}
+
 /// A single TFRecord shard of `n` records from the fixture tree (no manifest, no index), and
 /// the payloads it holds in order.
 fn foreign_shard(dir: &Path, n: usize) -> (PathBuf, Vec<Vec<u8>>) {

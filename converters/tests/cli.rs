@@ -447,6 +447,12 @@ fn force_never_deletes_a_source_tree_or_anything_that_is_not_our_dataset() {
     let partial_of_other = dir.path().join("mine");
     std::fs::create_dir(dir.path().join("mine.partial")).unwrap();
     std::fs::write(dir.path().join("mine.partial/keep.txt"), "keep").unwrap();
+    // Named like our shards, but with no manifest or progress record of ours: not ours.
+    let lookalike = dir.path().join("lookalike");
+    std::fs::create_dir(&lookalike).unwrap();
+    std::fs::write(lookalike.join("shard-00000.tfrecord"), "their shard").unwrap();
+    std::fs::write(lookalike.join("shard-00000.index"), "0 11\n").unwrap();
+    std::fs::write(lookalike.join("progress.json"), "{\"epoch\": 3}").unwrap();
     let before = snapshot(dir.path());
 
     let cases: Vec<(&str, PathBuf, &str)> = vec![
@@ -499,6 +505,16 @@ fn force_never_deletes_a_source_tree_or_anything_that_is_not_our_dataset() {
             "imagefolder2lmdb",
             partial_of_other.clone(),
             "mine.partial: will not replace it",
+        ),
+        (
+            "imagefolder2records",
+            lookalike.clone(),
+            "a directory that is not an imagefeed dataset",
+        ),
+        (
+            "imagefolder2hdf5",
+            lookalike.clone(),
+            "a directory that is not an imagefeed dataset",
         ),
     ];
     for (command, out, expected) in cases {

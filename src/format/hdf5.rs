@@ -125,7 +125,7 @@ pub fn has_signature(path: &Path) -> bool {
 
 const STAGED_PAYLOADS: &str = "payloads.bin";
 const STAGED_INDEX: &str = "index.bin";
-const STAGED_PROGRESS: &str = "progress.json";
+pub(crate) const STAGED_PROGRESS: &str = "progress.json";
 const STAGED_HDF5: &str = "dataset.h5";
 
 /// What `OUT.partial/progress.json` holds: enough to resume, and the staged files' lengths at
@@ -169,7 +169,11 @@ impl Hdf5Writer {
         };
         if !partial.exists() {
             fs::create_dir(&partial).at(&partial)?;
-            let mut writer = Hdf5Writer {
+            // The progress record goes in before any other file, so a staging directory is
+            // recognised as ours (and never taken for anything else) from its first entry on.
+            let progress = PackProgress::default();
+            save_staged_progress(&partial, plan, &progress, 0, 0)?;
+            let writer = Hdf5Writer {
                 payloads: open(STAGED_PAYLOADS, true)?,
                 index: open(STAGED_INDEX, true)?,
                 partial,
@@ -178,8 +182,6 @@ impl Hdf5Writer {
                 payload_bytes: 0,
                 index_bytes: 0,
             };
-            let progress = PackProgress::default();
-            writer.save_progress(&progress)?;
             return Ok((writer, progress));
         }
         let staged: StagedProgress =
@@ -206,16 +208,12 @@ impl Hdf5Writer {
     }
 
     fn save_progress(&mut self, progress: &PackProgress) -> Result<()> {
-        let staged = StagedProgress {
-            magic: MAGIC.into(),
-            plan: self.plan.clone(),
-            progress: progress.clone(),
-            payload_bytes: self.payload_bytes,
-            index_bytes: self.index_bytes,
-        };
-        pack::write_file_atomically(
-            &self.partial.join(STAGED_PROGRESS),
-            &serde_json::to_vec(&staged).expect("progress serializes"),
+        save_staged_progress(
+            &self.partial,
+            &self.plan,
+            progress,
+            self.payload_bytes,
+            self.index_bytes,
         )
     }
 
@@ -491,19 +489,30 @@ pub(crate) fn is_own_file(path: &Path) -> bool {
         .is_some_and(|record| record.magic == MAGIC)
 }
 
-/// True when the directory `path` is an HDF5 writer's staging directory (`OUT.partial/`): its
-/// progress record carries [`MAGIC`], or (a staging directory being deleted) it holds nothing
-/// but the files the writer makes there.
-pub(crate) fn is_own_staging(path: &Path) -> bool {
-    is_staging_with_progress(path)
-        || crate::format::holds_only(path, |name| {
-            [STAGED_PAYLOADS, STAGED_INDEX, STAGED_PROGRESS, STAGED_HDF5].contains(&name)
-                || name.ends_with(".tmp")
-        })
+/// Replaces the progress record in the staging directory `partial`.
+fn save_staged_progress(
+    partial: &Path,
+    plan: &PackPlan,
+    progress: &PackProgress,
+    payload_bytes: u64,
+    index_bytes: u64,
+) -> Result<()> {
+    let staged = StagedProgress {
+        magic: MAGIC.into(),
+        plan: plan.clone(),
+        progress: progress.clone(),
+        payload_bytes,
+        index_bytes,
+    };
+    pack::write_file_atomically(
+        &partial.join(STAGED_PROGRESS),
+        &serde_json::to_vec(&staged).expect("progress serializes"),
+    )
 }
 
-/// True when the directory `path` holds an HDF5 writer's progress record.
-pub(crate) fn is_staging_with_progress(path: &Path) -> bool {
+/// True when the directory `path` is an HDF5 writer's staging directory (`OUT.partial/`): its
+/// progress record carries [`MAGIC`]. (The writer makes that record before anything else.)
+pub(crate) fn is_own_staging(path: &Path) -> bool {
     crate::format::staged_magic(path, STAGED_PROGRESS).as_deref() == Some(MAGIC)
 }
 

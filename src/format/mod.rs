@@ -87,31 +87,71 @@ pub(crate) fn require_complete(path: &Path, complete: bool, what: &str) -> Resul
 
 /// True when `path` holds something an imagefeed writer made, which `pack-dataset --force` may
 /// replace or delete: a dataset of ours (an LMDB or HDF5 file whose metadata carries our magic,
-/// a records directory with our manifest) or a writer's partial output. Anything else (a source
-/// tree, an h5py or folder2lmdb file, a directory of other files) is not, whatever its name.
-/// A missing path is not either.
+/// a records directory with our manifest), a writer's partial output (its progress record
+/// carries our magic), one of those whose deletion was interrupted ([`DELETING`]), or an empty
+/// directory. Anything else (a source tree, an h5py or folder2lmdb file, a directory of other
+/// files, even ones named like our shards) is not, whatever its name. Symlinks are followed for
+/// the question (what is replaced or deleted is the link, never what it points to). A missing
+/// path is not ours either.
 pub fn is_own_output(path: &Path) -> bool {
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.is_dir() => records::is_own_dir(path) || hdf5::is_own_staging(path),
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => {
+            records::is_own_dir(path)
+                || hdf5::is_own_staging(path)
+                || is_being_deleted(path)
+                || std::fs::read_dir(path).is_ok_and(|mut entries| entries.next().is_none())
+        }
         Ok(meta) if meta.is_file() => lmdb::is_own_file(path) || hdf5::is_own_file(path),
         _ => false,
     }
 }
 
-/// Deletes an output [`is_own_output`] recognised. A directory loses its manifest first, so one
-/// whose deletion is interrupted is never taken for a complete dataset.
+/// The file [`remove_own_output`] puts in a directory before deleting anything in it, and
+/// deletes last: a directory whose deletion was interrupted still says it is ours, and that it
+/// is not a dataset.
+pub const DELETING: &str = "imagefeed-deleting";
+
+/// The magic [`DELETING`] holds.
+const DELETING_MAGIC: &str = "imagefeed-deleting";
+
+/// True when `dir` is a directory of ours whose deletion was interrupted (see [`DELETING`]).
+pub(crate) fn is_being_deleted(dir: &Path) -> bool {
+    staged_magic(dir, DELETING).as_deref() == Some(DELETING_MAGIC)
+}
+
+/// Deletes an output [`is_own_output`] recognised; a symlink is removed, not what it points to.
+/// A directory is marked first ([`DELETING`]), then loses its manifest and progress record, its
+/// other files, and the mark last: if this is interrupted, what is left is never taken for a
+/// dataset, and is still recognised as ours.
 pub(crate) fn remove_own_output(path: &Path) -> Result<()> {
     use crate::error::IoContext as _;
     let meta = std::fs::symlink_metadata(path).at(path)?;
     if meta.is_dir() {
-        let manifest = path.join(records::MANIFEST);
-        match std::fs::remove_file(&manifest) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(Error::io(manifest, e));
+        let mark = path.join(DELETING);
+        let json = format!("{{\"magic\": \"{DELETING_MAGIC}\"}}\n");
+        std::fs::write(&mark, json).at(&mark)?;
+        let remove = |name: &std::ffi::OsStr| -> Result<()> {
+            let entry = path.join(name);
+            let result = match std::fs::symlink_metadata(&entry) {
+                Ok(m) if m.is_dir() => std::fs::remove_dir_all(&entry),
+                Ok(_) => std::fs::remove_file(&entry),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(e),
+            };
+            result.at(entry)
+        };
+        // What makes it a dataset (or a resumable pack) goes first.
+        remove(records::MANIFEST.as_ref())?;
+        remove(records::PROGRESS.as_ref())?;
+        remove(hdf5::STAGED_PROGRESS.as_ref())?;
+        for entry in std::fs::read_dir(path).at(path)? {
+            let name = entry.at(path)?.file_name();
+            if name != DELETING {
+                remove(&name)?;
             }
-            _ => {}
         }
-        std::fs::remove_dir_all(path).at(path)
+        std::fs::remove_file(&mark).at(&mark)?;
+        std::fs::remove_dir(path).at(path)
     } else {
         std::fs::remove_file(path).at(path)?;
         // An LMDB writer's lock file, if one was left.
@@ -134,19 +174,6 @@ pub(crate) fn staged_magic(dir: &Path, name: &str) -> Option<String> {
     // A progress record or manifest is small; a huge file under that name is not ours.
     file.take(64 << 20).read_to_end(&mut text).ok()?;
     serde_json::from_slice::<Magic>(&text).ok().map(|m| m.magic)
-}
-
-/// True when `dir` is a directory whose entries are all regular files whose names `own`
-/// accepts (an empty directory included).
-pub(crate) fn holds_only(dir: &Path, own: impl Fn(&str) -> bool) -> bool {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return false;
-    };
-    entries.into_iter().all(|entry| {
-        entry.is_ok_and(|e| {
-            e.file_type().is_ok_and(|t| t.is_file()) && e.file_name().to_str().is_some_and(&own)
-        })
-    })
 }
 
 /// How to read datasets whose files do not say everything themselves (files other tools wrote).
@@ -181,7 +208,7 @@ pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Arc<dy
             )?));
         }
     }
-    if path.is_dir() && hdf5::is_staging_with_progress(path) {
+    if path.is_dir() && hdf5::is_own_staging(path) {
         return Err(Error::Incomplete {
             path: path.to_path_buf(),
             reason: "the staging directory of an interrupted HDF5 pack, not a dataset; rerun the \

@@ -155,28 +155,10 @@ struct Manifest {
 }
 
 /// True when the directory `path` is a records dataset or staging directory an imagefeed writer
-/// made: its manifest or progress record carries [`MAGIC`], or (one being deleted) it holds
-/// nothing but the files the writer makes. What `--force` may replace.
+/// made: its manifest or progress record carries [`MAGIC`].
 pub(crate) fn is_own_dir(path: &Path) -> bool {
     crate::format::staged_magic(path, MANIFEST).as_deref() == Some(MAGIC)
         || crate::format::staged_magic(path, PROGRESS).as_deref() == Some(MAGIC)
-        || crate::format::holds_only(path, is_own_file_name)
-}
-
-/// Whether `name` is one the records writer gives a file: the manifest, the progress record,
-/// `shard-NNNNN.tfrecord`/`.index`, or a `.tmp` being replaced.
-fn is_own_file_name(name: &str) -> bool {
-    let shard = |stem: &str| {
-        stem.strip_prefix("shard-")
-            .is_some_and(|n| n.len() >= 5 && n.bytes().all(|b| b.is_ascii_digit()))
-    };
-    name == MANIFEST
-        || name == PROGRESS
-        || name.ends_with(".tmp")
-        || name
-            .strip_suffix(".tfrecord")
-            .or_else(|| name.strip_suffix(".index"))
-            .is_some_and(shard)
 }
 
 fn shard_names(number: usize) -> (String, String) {
@@ -190,7 +172,7 @@ fn shard_names(number: usize) -> (String, String) {
 // Writer
 // ---------------------------------------------------------------------------------------------
 
-const PROGRESS: &str = "progress.json";
+pub(crate) const PROGRESS: &str = "progress.json";
 
 /// What `OUT.partial/progress.json` holds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -566,6 +548,7 @@ impl Records {
         // dataset's, but only some of the records: it is never opened as one.
         if path.is_dir()
             && (crate::format::staged_magic(path, PROGRESS).as_deref() == Some(MAGIC)
+                || crate::format::is_being_deleted(path)
                 || path
                     .file_name()
                     .and_then(|n| n.to_str())
