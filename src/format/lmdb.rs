@@ -496,24 +496,11 @@ fn check_lmdb_file(path: &Path) -> Result<fs::File> {
         ));
     }
     let (mut file, _) = crate::file::open_regular(path)?;
-    let mut page0 = [0u8; META_PAGE_BYTES];
-    let n = read_up_to(&mut file, &mut page0).at(path)?;
-    let Some(first) = LmdbMeta::parse(&page0[..n]) else {
+    let Some(live) = LmdbMeta::read_live(&mut file, path)? else {
         return Err(Error::not_a_dataset(
             path,
             "not an LMDB file (bad magic number)",
         ));
-    };
-    let mut page1 = [0u8; META_PAGE_BYTES];
-    let second = {
-        use std::io::{Seek as _, SeekFrom};
-        file.seek(SeekFrom::Start(first.page_size)).at(path)?;
-        let n = read_up_to(&mut file, &mut page1).at(path)?;
-        LmdbMeta::parse(&page1[..n])
-    };
-    let live = match second {
-        Some(second) if second.txn_id > first.txn_id => second,
-        _ => first,
     };
     let needed = (live.last_page + 1).saturating_mul(live.page_size);
     if meta.len() < needed {
@@ -560,6 +547,26 @@ impl LmdbMeta {
             last_page: u64_at(136),
             txn_id: u64_at(144),
         })
+    }
+}
+
+impl LmdbMeta {
+    /// The live meta page of the LMDB file `file` (of the two, the one with the later
+    /// transaction), or `None` when the first page is not an LMDB meta page. Reads from the start.
+    fn read_live(file: &mut fs::File, path: &Path) -> Result<Option<LmdbMeta>> {
+        use std::io::{Seek as _, SeekFrom};
+        let mut page = [0u8; META_PAGE_BYTES];
+        file.seek(SeekFrom::Start(0)).at(path)?;
+        let n = read_up_to(file, &mut page).at(path)?;
+        let Some(first) = LmdbMeta::parse(&page[..n]) else {
+            return Ok(None);
+        };
+        file.seek(SeekFrom::Start(first.page_size)).at(path)?;
+        let n = read_up_to(file, &mut page).at(path)?;
+        Ok(Some(match LmdbMeta::parse(&page[..n]) {
+            Some(second) if second.txn_id > first.txn_id => second,
+            _ => first,
+        }))
     }
 }
 
@@ -766,9 +773,25 @@ impl RecordReader for LmdbReader {
 }
 
 /// True when `path` is an LMDB file an imagefeed writer made, finished or not (its `meta/info`
-/// carries [`MAGIC`]): what `--force` may replace. A Python folder2lmdb file, an LMDB of any
-/// other layout, a truncated file or anything else is not. Reads only the metadata.
+/// carries [`MAGIC`]), or one that holds nothing (an LMDB in which no transaction was ever
+/// committed, as a writer killed before its first commit leaves it, or an empty file): what
+/// `--force` may replace. A Python folder2lmdb file, an LMDB of any other layout with anything
+/// in it, a truncated file or anything else is not. Reads only the metadata.
 pub(crate) fn is_own_file(path: &Path) -> bool {
+    holds_our_magic(path) || holds_nothing(path)
+}
+
+/// True when `path` is a regular file that is empty, or an LMDB file in which no transaction
+/// was ever committed.
+fn holds_nothing(path: &Path) -> bool {
+    let Ok((mut file, len)) = crate::file::open_regular(path) else {
+        return false;
+    };
+    len == 0 || LmdbMeta::read_live(&mut file, path).is_ok_and(|m| m.is_some_and(|m| m.txn_id == 0))
+}
+
+/// True when the LMDB file at `path` has a `meta/info` that carries [`MAGIC`].
+fn holds_our_magic(path: &Path) -> bool {
     let own = || -> Result<bool> {
         let file = check_lmdb_file(path)?;
         let env = shared_read_env(path, file.metadata().at(path)?.len())?;
@@ -908,6 +931,35 @@ fn open_folder2lmdb(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_lmdb_that_holds_nothing_is_ours_to_replace_and_one_holding_anything_else_is_not() {
+        // A writer killed between creating OUT.partial and its first commit leaves an LMDB
+        // that stores nothing; `--force` must be able to start over from it.
+        let dir = tempfile::tempdir().unwrap();
+        let never_committed = dir.path().join("killed.lmdb.partial");
+        drop(open_write_env(&never_committed, 1 << 20).unwrap());
+        assert!(fs::metadata(&never_committed).unwrap().len() > 0);
+        assert!(is_own_file(&never_committed));
+        let empty = dir.path().join("empty");
+        fs::write(&empty, b"").unwrap();
+        assert!(is_own_file(&empty));
+
+        // One committed transaction of anyone else's data, and the file is not ours.
+        let theirs = dir.path().join("theirs.lmdb");
+        let env = open_write_env(&theirs, 1 << 20).unwrap();
+        let mut wtxn = env.write_txn().unwrap();
+        let db = env
+            .create_database::<Str, Str>(&mut wtxn, Some("theirs"))
+            .unwrap();
+        db.put(&mut wtxn, "key", "value").unwrap();
+        wtxn.commit().unwrap();
+        drop(env);
+        assert!(!is_own_file(&theirs));
+        let text = dir.path().join("notes");
+        fs::write(&text, b"x").unwrap();
+        assert!(!is_own_file(&text));
+    }
 
     #[test]
     fn value_layout_round_trips() {

@@ -88,8 +88,8 @@ pub(crate) fn require_complete(path: &Path, complete: bool, what: &str) -> Resul
 /// True when `path` holds something an imagefeed writer made, which `pack-dataset --force` may
 /// replace or delete: a dataset of ours (an LMDB or HDF5 file whose metadata carries our magic,
 /// a records directory with our manifest), a writer's partial output (its progress record
-/// carries our magic), one of those whose deletion was interrupted ([`DELETING`]), or an empty
-/// directory. Anything else (a source tree, an h5py or folder2lmdb file, a directory of other
+/// carries our magic), one of those whose deletion was interrupted ([`DELETING`]), or something
+/// that holds nothing (an empty directory or file, an LMDB never committed to). Anything else (a source tree, an h5py or folder2lmdb file, a directory of other
 /// files, even ones named like our shards) is not, whatever its name. Symlinks are followed for
 /// the question (what is replaced or deleted is the link, never what it points to). A missing
 /// path is not ours either.
