@@ -332,10 +332,37 @@ pub fn prepare_output(out: &Path, mode: StartMode) -> Result<PathBuf> {
         refuse_foreign(&partial)?;
         crate::format::remove_own_output(&partial)?;
     }
+    refuse_foreign_report(out)?;
     if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
         fs::create_dir_all(parent).at(parent)?;
     }
     Ok(partial)
+}
+
+/// `Err(NotReplaceable)` when `OUT.report.json` exists and is not a pack report (a regular file
+/// holding one): the report written at the end replaces only an earlier report, never a file of
+/// someone else's, and never through a symlink.
+fn refuse_foreign_report(out: &Path) -> Result<()> {
+    let report = report_path(out);
+    let meta = match fs::symlink_metadata(&report) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io(report, e)),
+    };
+    let is_report = meta.is_file()
+        && meta.len() <= 1 << 30
+        && fs::read(&report)
+            .ok()
+            .is_some_and(|bytes| serde_json::from_slice::<PackSummary>(&bytes).is_ok());
+    if is_report {
+        return Ok(());
+    }
+    Err(Error::NotReplaceable {
+        path: report,
+        reason: "the pack report goes there, and it is not an earlier pack report; move it away \
+                 or write the output somewhere else"
+            .into(),
+    })
 }
 
 /// True when something (even a dangling symlink) is at `path`.
@@ -348,16 +375,25 @@ fn refuse_foreign(path: &Path) -> Result<()> {
     if crate::format::is_own_output(path) {
         return Ok(());
     }
-    let what = match fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => "a directory that is not an imagefeed dataset",
-        Ok(m) if m.is_file() => "a file that is not an imagefeed dataset",
-        _ => "not an imagefeed dataset",
+    let what = match fs::metadata(path) {
+        Ok(m) if m.is_dir() => match crate::format::foreign_entry(path) {
+            Some(name) if crate::format::dir_says_ours(path) => format!(
+                "a directory holding {:?}, which pack-dataset did not write",
+                name
+            ),
+            _ => "a directory that is not an imagefeed dataset (no imagefeed manifest or magic)"
+                .to_string(),
+        },
+        Ok(m) if m.is_file() => {
+            "a file that is not an imagefeed dataset (no imagefeed magic)".to_string()
+        }
+        _ => "not an imagefeed dataset".to_string(),
     };
     Err(Error::NotReplaceable {
         path: path.to_path_buf(),
         reason: format!(
-            "it is {what} (no imagefeed manifest or magic); --force only replaces datasets \
-             pack-dataset wrote. Move it away or write somewhere else"
+            "it is {what}; --force only replaces datasets pack-dataset wrote, and only when \
+             they hold nothing else. Move it away or write somewhere else"
         ),
     })
 }
@@ -551,7 +587,17 @@ pub(crate) fn write_file_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = PathBuf::from(tmp);
     {
         use std::io::Write as _;
-        let mut file = fs::File::create(&tmp).at(&tmp)?;
+        // A `.tmp` left by a crash (or put there by anyone) is unlinked, never written through:
+        // the new one is created exclusively, so a symlink there cannot redirect the write.
+        match fs::remove_file(&tmp) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(Error::io(tmp, e)),
+            _ => {}
+        }
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .at(&tmp)?;
         file.write_all(bytes).at(&tmp)?;
         file.sync_all().at(&tmp)?;
     }
@@ -1093,12 +1139,11 @@ fn pack_source(
         seconds,
         images_per_sec: processed as f64 / seconds.max(1e-9),
     };
-    let report = report_path(out);
-    fs::write(
-        &report,
-        serde_json::to_vec_pretty(&summary).expect("summary serializes"),
-    )
-    .at(&report)?;
+    // Replaced with a rename: an earlier report's path is never followed or written through.
+    write_file_atomically(
+        &report_path(out),
+        &serde_json::to_vec_pretty(&summary).expect("summary serializes"),
+    )?;
     Ok(summary)
 }
 

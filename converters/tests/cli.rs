@@ -572,6 +572,105 @@ fn force_never_deletes_a_source_tree_or_anything_that_is_not_our_dataset() {
 }
 
 #[test]
+fn force_never_replaces_a_dataset_look_alike_holding_other_files_nor_writes_through_report_links() {
+    // Regression: a manifest of ours copied into a project directory made --force delete the
+    // whole project; a dataset someone added notes to lost the notes; a symlink at
+    // OUT.report.json (or OUT.report.json.tmp) had the pack report written through it into
+    // whatever it pointed at.
+    let dir = tempfile::tempdir().unwrap();
+    let train = dir.path().join("train");
+    copy_dir(&fixtures(), &train);
+    let genuine = dir.path().join("genuine");
+    succeeded(&run(&[&"imagefolder2records", &"-q", &train, &genuine]));
+    let project = dir.path().join("project");
+    std::fs::create_dir_all(project.join(".git")).unwrap();
+    std::fs::create_dir_all(project.join("src")).unwrap();
+    std::fs::write(project.join(".git/HEAD"), "ref: refs/heads/main\n").unwrap();
+    std::fs::write(project.join("src/main.rs"), "fn main() {}\n").unwrap();
+    std::fs::write(project.join("thesis.tex"), "\\section{Results}").unwrap();
+    std::fs::copy(
+        genuine.join("imagefeed-records.json"),
+        project.join("imagefeed-records.json"),
+    )
+    .unwrap();
+    let annotated = dir.path().join("annotated");
+    copy_dir(&genuine, &annotated);
+    std::fs::write(annotated.join("notes.txt"), "label 3 is wrong in shard 0").unwrap();
+    let precious = dir.path().join("precious.txt");
+    std::fs::write(&precious, "irreplaceable").unwrap();
+    let before = snapshot(dir.path());
+
+    for (command, out, expected) in [
+        ("imagefolder2records", &project, "a directory holding"),
+        ("imagefolder2lmdb", &project, "a directory holding"),
+        ("imagefolder2records", &annotated, "\"notes.txt\""),
+        ("imagefolder2hdf5", &annotated, "\"notes.txt\""),
+    ] {
+        let o = run(&[&command, &"-q", &"--force", &train, out]);
+        assert_eq!(o.status.code(), Some(2), "{command} -> {}", out.display());
+        assert!(
+            stderr(&o).contains("will not replace it") && stderr(&o).contains(expected),
+            "{command} -> {}: {}",
+            out.display(),
+            stderr(&o)
+        );
+        assert!(snapshot(dir.path()) == before, "{command}: files changed");
+    }
+
+    // A report path held by a link to someone's file, or by a file that is no pack report, is
+    // refused before anything is packed; nothing is written there or next to it.
+    let out = dir.path().join("new");
+    let report = imagefeed::pack::report_path(&out);
+    for make in [
+        &(|r: &Path| std::os::unix::fs::symlink(dir.path().join("precious.txt"), r).unwrap())
+            as &dyn Fn(&Path),
+        &|r: &Path| std::fs::write(r, "my own notes").unwrap(),
+    ] {
+        make(&report);
+        let before = snapshot(dir.path());
+        for command in [
+            "imagefolder2lmdb",
+            "imagefolder2records",
+            "imagefolder2hdf5",
+        ] {
+            let o = run(&[&command, &"-q", &train, &out]);
+            assert_eq!(o.status.code(), Some(2), "{command}: {}", stderr(&o));
+            assert!(
+                stderr(&o).contains("new.report.json") && stderr(&o).contains("pack report"),
+                "{command}: {}",
+                stderr(&o)
+            );
+            assert!(!out.exists() && !partial(&out).exists(), "{command} packed");
+            assert!(snapshot(dir.path()) == before, "{command}: files changed");
+        }
+        std::fs::remove_file(&report).unwrap();
+    }
+
+    // A link left at OUT.report.json.tmp is replaced, never written through; an earlier report
+    // of ours is replaced by the new one.
+    let mut tmp = report.clone().into_os_string();
+    tmp.push(".tmp");
+    std::os::unix::fs::symlink(&precious, &tmp).unwrap();
+    succeeded(&run(&[&"imagefolder2lmdb", &"-q", &train, &out]));
+    assert_eq!(std::fs::read_to_string(&precious).unwrap(), "irreplaceable");
+    assert!(
+        std::fs::symlink_metadata(&tmp).is_err(),
+        "the .tmp link is left"
+    );
+    let first = std::fs::read_to_string(&report).unwrap();
+    assert!(first.contains("\"samples\""), "{first}");
+    succeeded(&run(&[
+        &"imagefolder2hdf5",
+        &"-q",
+        &"--force",
+        &train,
+        &out,
+    ]));
+    assert!(std::fs::symlink_metadata(&report).unwrap().is_file());
+    assert_eq!(std::fs::read_to_string(&precious).unwrap(), "irreplaceable");
+}
+
+#[test]
 fn a_killed_forced_replacement_leaves_the_old_dataset_or_the_complete_new_one() {
     // Regression: SIGKILL while `--force` replaced a records directory left the old one
     // half-deleted, "verifying OK" with a third of its records.
@@ -673,7 +772,8 @@ fn a_killed_forced_replacement_leaves_the_old_dataset_or_the_complete_new_one() 
             }
             // Whatever a kill left beside it, the next forced run replaces cleanly.
             if step % 4 == 3 {
-                assert!(pack(&new_src, &out, true).status().unwrap().success());
+                let o = pack(&new_src, &out, true).output().unwrap();
+                assert!(o.status.success(), "{name}, kill {step}: {}", stderr(&o));
                 assert!(summary(&out).contains("240 records checked"));
                 assert!(!partial(&out).exists(), "{name}: staging left behind");
             }

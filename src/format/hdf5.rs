@@ -510,6 +510,11 @@ fn save_staged_progress(
     )
 }
 
+/// Whether `name` is one the HDF5 writer gives a file in its staging directory.
+pub(crate) fn is_staging_file(name: &str) -> bool {
+    [STAGED_PAYLOADS, STAGED_INDEX, STAGED_PROGRESS, STAGED_HDF5].contains(&name)
+}
+
 /// True when the directory `path` is an HDF5 writer's staging directory (`OUT.partial/`): its
 /// progress record carries [`MAGIC`]. (The writer makes that record before anything else.)
 pub(crate) fn is_own_staging(path: &Path) -> bool {

@@ -89,21 +89,56 @@ pub(crate) fn require_complete(path: &Path, complete: bool, what: &str) -> Resul
 /// replace or delete: a dataset of ours (an LMDB or HDF5 file whose metadata carries our magic,
 /// a records directory with our manifest), a writer's partial output (its progress record
 /// carries our magic), one of those whose deletion was interrupted ([`DELETING`]), or something
-/// that holds nothing (an empty directory or file, an LMDB never committed to). Anything else (a source tree, an h5py or folder2lmdb file, a directory of other
-/// files, even ones named like our shards) is not, whatever its name. Symlinks are followed for
-/// the question (what is replaced or deleted is the link, never what it points to). A missing
-/// path is not ours either.
+/// that holds nothing (an empty directory or file, an LMDB never committed to).
+///
+/// A directory must say so by its content (the magic) *and* hold nothing but the regular files
+/// our writers make there ([`foreign_entry`]): a directory of other files, even ones named like
+/// our shards, is not ours, nor is one with a manifest of ours copied or forged into it next to
+/// other files (a project tree, or a dataset someone added notes to). Anything else (a source
+/// tree, an h5py or folder2lmdb file) is not ours either, whatever its name. Symlinks are
+/// followed for the question (what is replaced or deleted is the link, never what it points
+/// to). A missing path is not ours.
 pub fn is_own_output(path: &Path) -> bool {
     match std::fs::metadata(path) {
         Ok(meta) if meta.is_dir() => {
-            records::is_own_dir(path)
-                || hdf5::is_own_staging(path)
-                || is_being_deleted(path)
-                || std::fs::read_dir(path).is_ok_and(|mut entries| entries.next().is_none())
+            let empty = std::fs::read_dir(path).is_ok_and(|mut entries| entries.next().is_none());
+            (empty || dir_says_ours(path)) && foreign_entry(path).is_none()
         }
         Ok(meta) if meta.is_file() => lmdb::is_own_file(path) || hdf5::is_own_file(path),
         _ => false,
     }
+}
+
+/// True when the directory `path` carries our magic: a records manifest or progress record, an
+/// HDF5 staging progress record, or the [`DELETING`] mark. (What else it holds is
+/// [`foreign_entry`]'s question.)
+pub(crate) fn dir_says_ours(path: &Path) -> bool {
+    records::is_own_dir(path) || hdf5::is_own_staging(path) || is_being_deleted(path)
+}
+
+/// The first entry of the directory `dir` that no imagefeed writer makes there (anything but a
+/// regular file named like a records manifest, progress record, shard or shard index, an HDF5
+/// staging file, the [`DELETING`] mark, or one of those with `.tmp` appended); `None` when
+/// there is none. An unreadable directory answers with its own name.
+pub fn foreign_entry(dir: &Path) -> Option<std::ffi::OsString> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Some(dir.as_os_str().to_owned());
+    };
+    for entry in entries {
+        let Ok(entry) = entry else {
+            return Some(dir.as_os_str().to_owned());
+        };
+        let name = entry.file_name();
+        let ours = entry.file_type().is_ok_and(|t| t.is_file())
+            && name.to_str().is_some_and(|name| {
+                let name = name.strip_suffix(".tmp").unwrap_or(name);
+                name == DELETING || records::is_writer_file(name) || hdf5::is_staging_file(name)
+            });
+        if !ours {
+            return Some(name);
+        }
+    }
+    None
 }
 
 /// The file [`remove_own_output`] puts in a directory before deleting anything in it, and

@@ -161,6 +161,21 @@ pub(crate) fn is_own_dir(path: &Path) -> bool {
         || crate::format::staged_magic(path, PROGRESS).as_deref() == Some(MAGIC)
 }
 
+/// Whether `name` is one the records writer gives a file: the manifest, the progress record,
+/// `shard-NNNNN.tfrecord` or `shard-NNNNN.index`.
+pub(crate) fn is_writer_file(name: &str) -> bool {
+    let shard = |stem: &str| {
+        stem.strip_prefix("shard-")
+            .is_some_and(|n| n.len() >= 5 && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    name == MANIFEST
+        || name == PROGRESS
+        || name
+            .strip_suffix(".tfrecord")
+            .or_else(|| name.strip_suffix(".index"))
+            .is_some_and(shard)
+}
+
 fn shard_names(number: usize) -> (String, String) {
     (
         format!("shard-{number:05}.tfrecord"),
