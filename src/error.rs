@@ -102,7 +102,9 @@ pub enum Error {
     },
 
     /// `--force` was asked to replace something that is not an imagefeed output (a source tree,
-    /// another tool's file, a directory of other files), or the source itself.
+    /// another tool's file, a directory of other files), or the source itself; or a path a
+    /// writer creates beside its output (the pack report, the LMDB lock file) holds something
+    /// that is not ours to overwrite.
     #[error("{}: will not replace it: {reason}", path.display())]
     NotReplaceable {
         /// The existing path.

@@ -668,6 +668,32 @@ fn force_never_replaces_a_dataset_look_alike_holding_other_files_nor_writes_thro
     ]));
     assert!(std::fs::symlink_metadata(&report).unwrap().is_file());
     assert_eq!(std::fs::read_to_string(&precious).unwrap(), "irreplaceable");
+
+    // liblmdb opens its lock file following links and rewrites it: a link at the LMDB
+    // writer's lock path is refused, for packing and for converting, and nothing is written.
+    let lmdb_out = dir.path().join("locked.lmdb");
+    let mut lock = partial(&lmdb_out).into_os_string();
+    lock.push("-lock");
+    std::os::unix::fs::symlink(&precious, &lock).unwrap();
+    for args in [
+        vec![
+            &"imagefolder2lmdb" as &dyn AsRef<std::ffi::OsStr>,
+            &"-q",
+            &train,
+            &lmdb_out,
+        ],
+        vec![&"convert", &"-q", &"--to", &"lmdb", &genuine, &lmdb_out],
+    ] {
+        let o = run(&args);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("locked.lmdb.partial-lock") && stderr(&o).contains("lock file"),
+            "{}",
+            stderr(&o)
+        );
+        assert_eq!(std::fs::read_to_string(&precious).unwrap(), "irreplaceable");
+        assert!(!lmdb_out.exists());
+    }
 }
 
 #[test]

@@ -167,6 +167,7 @@ impl LmdbWriter {
     ) -> Result<(Self, PackProgress)> {
         let partial = pack::prepare_output(out, mode)?;
         let fresh = !partial.exists();
+        refuse_odd_lock_file(&partial)?;
         let env = open_write_env(&partial, map_size)?;
         let mut wtxn = env.write_txn().map_err(|e| Error::lmdb(&partial, e))?;
         let meta: Database<Str, Str> = env
@@ -321,6 +322,25 @@ fn lock_file(path: &Path) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
     name.push("-lock");
     PathBuf::from(name)
+}
+
+/// `Err(NotReplaceable)` when the lock file liblmdb will open for the partial file `partial`
+/// exists and is not a regular file. liblmdb opens it with `O_CREAT`, following links, and
+/// truncates and rewrites it: a link there (to anyone's file) must never be written through.
+/// A regular lock file left by a killed writer is reused, as liblmdb intends.
+fn refuse_odd_lock_file(partial: &Path) -> Result<()> {
+    let lock = lock_file(partial);
+    match fs::symlink_metadata(&lock) {
+        Ok(meta) if !meta.is_file() => Err(Error::NotReplaceable {
+            path: lock,
+            reason: "the LMDB writer's lock file goes there, and this is not a regular file \
+                     (a link, directory or device); move it away"
+                .into(),
+        }),
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(lock, e)),
+    }
 }
 
 fn remove_lock_file(path: &Path) {
