@@ -115,16 +115,51 @@ fn encode_jpeg(
     out
 }
 
+/// The largest width or height [`write_image_folder`] makes: 8192 (a 192 MiB RGB buffer while
+/// encoding). Larger sizes are refused before anything is allocated or written.
+pub const MAX_SIDE: u32 = 8192;
+
+/// Writes `bytes` as `root/key`: into a new temporary file beside it, then renamed over it. So a
+/// link already at that name is replaced, never written through, and a file is never seen half
+/// written. A class directory that is a link is refused: what it points at is not ours to fill.
 fn write(root: &Path, key: &str, bytes: &[u8]) -> Result<()> {
+    use std::io::Write as _;
     let path = root.join(key);
-    if let Some(parent) = path.parent() {
-        fs::create_dir_all(parent).at(parent)?;
+    let parent = path.parent().expect("a key names a file below root");
+    match fs::symlink_metadata(parent) {
+        Ok(meta) if !meta.is_dir() => return Err(not_a_class_dir(parent)),
+        Ok(_) => {}
+        Err(_) => fs::create_dir_all(parent).at(parent)?,
     }
-    fs::write(&path, bytes).at(&path)
+    let name = path.file_name().expect("a key names a file");
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".{}.tmp", std::process::id()));
+    let tmp = parent.join(tmp_name);
+    let _ = fs::remove_file(&tmp);
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .at(&tmp)?;
+    file.write_all(bytes).at(&tmp)?;
+    drop(file);
+    fs::rename(&tmp, &path).at(&path)
 }
 
-/// Writes the tree described by `spec` under `root` (created if needed). Existing files with the
-/// same names are overwritten; nothing else in `root` is touched.
+fn not_a_class_dir(path: &Path) -> Error {
+    Error::BadImageFolder {
+        path: path.to_path_buf(),
+        reason: "a class directory is needed here, and this is a link or a file; the synthetic \
+                 tree is written only into directories of its own"
+            .into(),
+    }
+}
+
+/// Writes the tree described by `spec` under `root` (created if needed). A file already at one
+/// of the names written is replaced (a link there is replaced by the file, never followed);
+/// nothing else in `root` is touched. Refuses, before writing anything, an empty spec, a side
+/// longer than [`MAX_SIDE`], and a class directory that exists as a link or a file.
 pub fn write_image_folder(root: impl AsRef<Path>, spec: &SyntheticSpec) -> Result<SyntheticTree> {
     let root = root.as_ref();
     if spec.classes == 0 || spec.per_class == 0 || spec.width == 0 || spec.height == 0 {
@@ -135,6 +170,15 @@ pub fn write_image_folder(root: impl AsRef<Path>, spec: &SyntheticSpec) -> Resul
                     .into(),
         });
     }
+    if spec.width > MAX_SIDE || spec.height > MAX_SIDE {
+        return Err(Error::BadImageFolder {
+            path: root.to_path_buf(),
+            reason: format!(
+                "synthetic images are at most {MAX_SIDE}x{MAX_SIDE}; asked for {}x{}",
+                spec.width, spec.height
+            ),
+        });
+    }
     if spec.edge_cases && spec.classes < 2 {
         return Err(Error::BadImageFolder {
             path: root.to_path_buf(),
@@ -142,6 +186,12 @@ pub fn write_image_folder(root: impl AsRef<Path>, spec: &SyntheticSpec) -> Resul
         });
     }
     let classes: Vec<String> = (0..spec.classes).map(|c| format!("class{c:02}")).collect();
+    for class in &classes {
+        let dir = root.join(class);
+        if fs::symlink_metadata(&dir).is_ok_and(|meta| !meta.is_dir()) {
+            return Err(not_a_class_dir(&dir));
+        }
+    }
     for (c, class) in classes.iter().enumerate() {
         for i in 0..spec.per_class {
             let pixels = synthetic_pixels(spec, c, i);

@@ -97,7 +97,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Write a deterministic synthetic ImageFolder tree (for demos and tests).
+    /// Write a deterministic synthetic ImageFolder tree (for demos and tests). Files already at
+    /// the names it writes are replaced (links there are replaced, never followed); nothing
+    /// else is touched.
     Synth {
         /// Output directory.
         out: PathBuf,
@@ -107,7 +109,7 @@ enum Command {
         /// Images per class.
         #[arg(long, default_value_t = 100)]
         per_class: usize,
-        /// Image size, WIDTHxHEIGHT.
+        /// Image size, WIDTHxHEIGHT, each side at most 8192.
         #[arg(long, default_value = "64x48", value_parser = parse_size)]
         size: (u32, u32),
         /// Seed for the pixel noise.
@@ -283,7 +285,13 @@ fn parse_size(text: &str) -> Result<(u32, u32), String> {
     let (w, h) = text
         .split_once('x')
         .ok_or("expected WIDTHxHEIGHT, e.g. 64x48")?;
-    let parse = |v: &str| v.parse::<u32>().map_err(|e| format!("{v:?}: {e}"));
+    let max = imagefeed::synthetic::MAX_SIDE;
+    let parse = |v: &str| {
+        v.parse::<u32>()
+            .ok()
+            .filter(|n| (1..=max).contains(n))
+            .ok_or_else(|| format!("{v:?}: each side must be a number in 1..={max}"))
+    };
     Ok((parse(w)?, parse(h)?))
 }
 

@@ -1013,6 +1013,74 @@ fn impossible_counts_are_usage_errors_before_anything_runs() {
 }
 
 #[test]
+fn synth_refuses_huge_sizes_and_never_writes_through_links() {
+    // Regression: `synth --size 100000x100000` aborted allocating 30 GB; a symlink at an image
+    // name had the JPEG written into the file it pointed at, and a class directory that was a
+    // link had the images written into wherever it led.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("tree");
+    for size in ["100000x100000", "8193x8", "0x48", "64x"] {
+        let o = run(&[
+            &"synth",
+            &out,
+            &"--classes",
+            &"2",
+            &"--per-class",
+            &"1",
+            &"--size",
+            &size,
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{size}: {}", stderr(&o));
+        assert!(stderr(&o).contains("--size"), "{size}: {}", stderr(&o));
+        assert!(!out.exists(), "{size}: wrote {}", out.display());
+    }
+    let too_big = SyntheticSpec {
+        width: synthetic::MAX_SIDE + 1,
+        ..SyntheticSpec::default()
+    };
+    let err = synthetic::write_image_folder(&out, &too_big).unwrap_err();
+    assert!(err.to_string().contains("at most 8192x8192"), "{err}");
+    assert!(!out.exists());
+
+    let precious = dir.path().join("precious.txt");
+    std::fs::write(&precious, "irreplaceable").unwrap();
+    std::fs::create_dir_all(out.join("class00")).unwrap();
+    std::os::unix::fs::symlink(&precious, out.join("class00/img00000.jpg")).unwrap();
+    succeeded(&run(&[
+        &"synth",
+        &out,
+        &"--classes",
+        &"1",
+        &"--per-class",
+        &"2",
+    ]));
+    assert_eq!(std::fs::read_to_string(&precious).unwrap(), "irreplaceable");
+    let written = std::fs::symlink_metadata(out.join("class00/img00000.jpg")).unwrap();
+    assert!(written.is_file(), "the link was not replaced by the image");
+    assert_eq!(
+        std::fs::read(out.join("class00/img00000.jpg")).unwrap()[..2],
+        [0xFF, 0xD8]
+    );
+
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, out.join("class01")).unwrap();
+    let before = snapshot(&out);
+    let o = run(&[&"synth", &out, &"--classes", &"2", &"--per-class", &"1"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("class01") && stderr(&o).contains("link"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+    assert!(
+        snapshot(&out) == before,
+        "files were written before the link was refused"
+    );
+}
+
+#[test]
 fn inspect_reports_rejections_for_every_packed_format() {
     // Regression: inspect left out the rejected-file count for HDF5 and records.
     let dir = tempfile::tempdir().unwrap();
