@@ -161,7 +161,9 @@ pub fn inspect(path: impl AsRef<Path>) -> Result<Inspection> {
                 .info()
                 .rejected_at_pack
                 .or_else(|| lmdb.pack_progress().map(|p| p.rejected.len()));
-            let complete = lmdb.is_complete();
+            // Under a staging name it is unfinished whatever it says: a kill between marking
+            // it complete and renaming it, or the old dataset of a replacement.
+            let complete = lmdb.is_complete() && !pack::is_staging_name(&target);
             (Box::new(lmdb), complete, rejected)
         };
     let info = dataset.info().clone();

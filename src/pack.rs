@@ -291,6 +291,15 @@ pub fn partial_path(out: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// Whether `path` is named like a writer's staging output (`*.partial`). Readers refuse such
+/// paths whatever they hold, and writers refuse them as outputs: a dataset under that name
+/// could not be told from a half-written one.
+pub fn is_staging_name(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.ends_with(".partial"))
+}
+
 /// `OUT.report.json`: the machine-readable pack report.
 pub fn report_path(out: &Path) -> PathBuf {
     let mut name = out.as_os_str().to_owned();
@@ -311,6 +320,13 @@ pub fn report_path(out: &Path) -> PathBuf {
 pub fn prepare_output(out: &Path, mode: StartMode) -> Result<PathBuf> {
     // Absolute, so that libraries that canonicalize the parent (heed does) accept a bare name.
     let out = &std::path::absolute(out).at(out)?;
+    if is_staging_name(out) {
+        return Err(Error::Options(format!(
+            "{}: an output may not be named *.partial: that name is how pack-dataset marks \
+             unfinished output, and readers refuse it",
+            out.display()
+        )));
+    }
     let partial = partial_path(out);
     if exists(out) {
         if !mode.force {
@@ -522,6 +538,16 @@ fn exchange(_a: &Path, _b: &Path) -> std::io::Result<()> {
 /// `Err(Incomplete)` when `path` does not exist but `PATH.partial` does: a pack was interrupted,
 /// and the message says how to finish it.
 pub(crate) fn refuse_interrupted(path: &Path) -> Result<()> {
+    if is_staging_name(path) {
+        return Err(Error::Incomplete {
+            path: path.to_path_buf(),
+            reason: "named like a pack's staging output (*.partial), which is never a dataset: \
+                     it may hold part of one, or the old dataset of an interrupted --force \
+                     replacement. Finish the pack with --resume, start over with --force, or \
+                     rename it if you know it is complete"
+                .into(),
+        });
+    }
     let partial = partial_path(path);
     let mut aside = path.as_os_str().to_owned();
     aside.push(".replaced");

@@ -420,6 +420,138 @@ fn a_records_dataset_whose_deletion_was_interrupted_is_never_a_dataset_and_force
     assert!(all_records(&out) == all_records(&clean));
 }
 
+#[test]
+fn a_complete_dataset_under_a_partial_name_is_never_opened_and_resume_says_to_force() {
+    // Regression: a kill between an LMDB's `complete: true` and its rename, or right after a
+    // records replacement swapped the directories, left a complete dataset at OUT.partial
+    // (the old one, in the records case) that verify and the loader accepted as the dataset;
+    // `--resume` on the records one said only "not a partial records directory".
+    let dir = tempfile::tempdir().unwrap();
+    for format in [PackFormat::Lmdb, PackFormat::Hdf5, PackFormat::Records] {
+        let out = dir.path().join(format!("k.{}", format.name()));
+        pack_as(&fixture_root(), &out, format, &small_options());
+        let partial = pack::partial_path(&out);
+        fs::rename(&out, &partial).unwrap();
+        for path in [&partial, &out] {
+            let err = format::open(path).map(|_| ()).unwrap_err();
+            assert!(
+                matches!(err, Error::Incomplete { .. }),
+                "{}: {err}",
+                path.display()
+            );
+            let err = verify::verify(path, None).unwrap_err();
+            assert!(matches!(err, Error::Incomplete { .. }), "{err}");
+            // inspect describes an unfinished LMDB as such; the others it refuses.
+            match imagefeed::inspect::inspect(path) {
+                Ok(seen) => assert!(!seen.complete && format == PackFormat::Lmdb),
+                Err(err) => assert!(matches!(err, Error::Incomplete { .. }), "{err}"),
+            }
+        }
+        assert!(
+            format::open(&partial)
+                .map(|_| ())
+                .unwrap_err()
+                .to_string()
+                .contains("*.partial")
+        );
+        // Nothing is written under such a name either.
+        let named_partial = dir.path().join(format!("mine.{}.partial", format.name()));
+        let err = pack::pack_image_folder(
+            &fixture_root(),
+            &named_partial,
+            format,
+            &small_options(),
+            &NoProgress,
+        )
+        .unwrap_err();
+        assert!(matches!(err, Error::Options(_)), "{err}");
+        assert!(!named_partial.exists());
+        assert!(!pack::partial_path(&named_partial).exists());
+    }
+    // --resume on the records one has nothing to resume and says what to do.
+    let out = dir.path().join("k.records");
+    let resume = PackOptions {
+        mode: StartMode {
+            force: false,
+            resume: true,
+        },
+        ..small_options()
+    };
+    let err = pack::pack_image_folder(
+        &fixture_root(),
+        &out,
+        PackFormat::Records,
+        &resume,
+        &NoProgress,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, Error::ResumeMismatch { .. }) && err.to_string().contains("--force"),
+        "{err}"
+    );
+    let force = PackOptions {
+        mode: StartMode {
+            force: true,
+            resume: false,
+        },
+        ..small_options()
+    };
+    pack_as(&fixture_root(), &out, PackFormat::Records, &force);
+    assert!(format::open(&out).is_ok());
+    assert!(!pack::partial_path(&out).exists());
+}
+
+#[test]
+fn a_manifest_naming_paths_outside_its_directory_or_a_shard_twice_is_refused() {
+    // Regression: the manifest's shard and index names were joined to the directory as given,
+    // so a manifest naming "../x" or "/etc/x" read files outside the dataset, and one naming a
+    // shard twice served its records twice.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("k.records");
+    let options = PackOptions {
+        shard_bytes: 8 << 10,
+        ..small_options()
+    };
+    pack_as(&fixture_root(), &out, PackFormat::Records, &options);
+    let manifest_path = out.join(format::records::MANIFEST);
+    let original: serde_json::Value =
+        serde_json::from_slice(&fs::read(&manifest_path).unwrap()).unwrap();
+    assert!(original["shards"].as_array().unwrap().len() >= 2);
+    let outside = dir.path().join("outside.tfrecord");
+    fs::copy(out.join("shard-00001.tfrecord"), &outside).unwrap();
+    let first_shard = original["shards"][0]["file"].clone();
+    for (field, name, expected) in [
+        (
+            "file",
+            serde_json::json!("../outside.tfrecord"),
+            "as a path",
+        ),
+        (
+            "file",
+            serde_json::json!(outside.to_str().unwrap()),
+            "as a path",
+        ),
+        (
+            "index",
+            serde_json::json!("sub/shard-00001.index"),
+            "as a path",
+        ),
+        ("file", first_shard, "twice"),
+    ] {
+        let mut forged = original.clone();
+        forged["shards"][1][field] = name.clone();
+        fs::write(&manifest_path, serde_json::to_vec(&forged).unwrap()).unwrap();
+        let err = format::open(&out).map(|_| ()).unwrap_err();
+        assert!(
+            matches!(err, Error::NotADataset { .. }) && err.to_string().contains(expected),
+            "{name}: {err}"
+        );
+        assert!(err.to_string().contains("imagefeed-records.json"), "{err}");
+    }
+    fs::write(&manifest_path, serde_json::to_vec(&original).unwrap()).unwrap();
+    assert!(format::open(&out).is_ok());
+}
+
 /// A single TFRecord shard of `n` records from the fixture tree (no manifest, no index), and
 /// the payloads it holds in order.
 fn foreign_shard(dir: &Path, n: usize) -> (PathBuf, Vec<Vec<u8>>) {

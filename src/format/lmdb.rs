@@ -403,10 +403,12 @@ impl std::fmt::Debug for Lmdb {
 }
 
 impl Lmdb {
-    /// Opens a complete dataset. An interrupted pack (`complete: false`, or only `PATH.partial`
-    /// on disk) is an [`Error::Incomplete`] that says how to finish it.
+    /// Opens a complete dataset. An interrupted pack (`complete: false`, only `PATH.partial` on
+    /// disk, or a path named `*.partial` whatever it holds) is an [`Error::Incomplete`] that
+    /// says how to finish it.
     pub fn open(path: impl AsRef<Path>) -> Result<Lmdb> {
         let path = path.as_ref();
+        pack::refuse_interrupted(path)?;
         let lmdb = Self::open_incomplete(path)?;
         if !lmdb.complete {
             return Err(Error::Incomplete {

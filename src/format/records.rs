@@ -228,6 +228,16 @@ impl RecordsWriter {
         let partial = pack::prepare_output(out, mode)?;
         let out = std::path::absolute(out).at(out)?;
         let staged = if partial.exists() {
+            if !partial.join(PROGRESS).exists() && partial.join(MANIFEST).exists() {
+                return Err(Error::ResumeMismatch {
+                    path: partial,
+                    reason: "it holds a complete records dataset (an interrupted --force \
+                             replacement, or a pack whose final rename was cut short), so \
+                             there is nothing to resume: use --force to pack again, or rename \
+                             it yourself if it is the dataset you want"
+                        .into(),
+                });
+            }
             let staged: StagedProgress =
                 pack::read_staged_progress(&partial, PROGRESS, "records directory")?;
             staged.plan.check_resumable(plan, &partial)?;
@@ -755,12 +765,36 @@ fn open_ours(dir: &Path, manifest_path: &Path) -> Result<Records> {
         VERSION,
     )?;
     crate::format::require_complete(dir, manifest.complete, "the manifest")?;
+    // Every shard and index the manifest names is a plain file name inside `dir`, named once:
+    // a manifest naming `../x`, an absolute path or one shard twice is not one we wrote.
+    let mut named = std::collections::HashSet::new();
+    for name in manifest.shards.iter().flat_map(|e| [&e.file, &e.index]) {
+        let mut components = Path::new(name).components();
+        let plain = matches!(components.next(), Some(std::path::Component::Normal(_)))
+            && components.next().is_none();
+        if !plain || !named.insert(name.as_str()) {
+            return Err(Error::not_a_dataset(
+                manifest_path,
+                format!(
+                    "the manifest names {name:?} {}: a manifest of ours names each shard and \
+                     index once, as a file in its own directory",
+                    if plain { "twice" } else { "as a path" }
+                ),
+            ));
+        }
+    }
     let mut shards = Vec::with_capacity(manifest.shards.len());
     for entry in &manifest.shards {
         let path = dir.join(&entry.file);
         let index_path = dir.join(&entry.index);
         let map = map_file(&path)?;
-        let index = fs::read(&index_path).at(&index_path)?;
+        let index = {
+            use std::io::Read as _;
+            let (file, len) = crate::file::open_regular(&index_path)?;
+            let mut index = Vec::with_capacity(len.min(1 << 30) as usize);
+            file.take(len).read_to_end(&mut index).at(&index_path)?;
+            index
+        };
         let records = parse_index(&index_path, &index)?;
         // The index must list the shard as the manifest describes it. A shard cut short since
         // leaves its last records unreadable, each a bad record that says so; a longer one holds
