@@ -1003,6 +1003,16 @@ fn pack_source(
         Some(p) => PartInfo::range(items.len(), p.index, p.count),
         None => 0..items.len(),
     };
+    if let Some(p) = part.as_ref().filter(|_| range.is_empty()) {
+        return Err(Error::Options(format!(
+            "--shard-index {} of --num-shards {} holds none of the {} source files; split into \
+             at most {} parts",
+            p.index,
+            p.count,
+            items.len(),
+            items.len().max(1)
+        )));
+    }
     refuse_source_as_output(out, &items.paths())?;
     if let Some(class) = items.classes().iter().find(|c| c.contains('\0')) {
         return Err(Error::not_a_dataset(

@@ -1010,6 +1010,24 @@ fn impossible_counts_are_usage_errors_before_anything_runs() {
     ]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("--num-classes"), "{}", stderr(&o));
+    // More parts than files: the empty part is an option error, not "all 0 files rejected".
+    let o = run(&[
+        &"imagefolder2records",
+        &"-q",
+        &"--num-shards",
+        &"100000",
+        &"--shard-index",
+        &"0",
+        &fixtures(),
+        &out,
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("holds none of the") && stderr(&o).contains("--num-shards 100000"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!out.exists() && !partial(&out).exists());
 }
 
 #[test]

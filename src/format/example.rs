@@ -284,20 +284,34 @@ fn parse_feature(data: &[u8]) -> Result<Feature<'_>, String> {
     Ok(result)
 }
 
-/// The first value of a bytes feature named `name`.
-pub fn bytes<'a>(features: &[(&str, Feature<'a>)], name: &str) -> Option<&'a [u8]> {
-    features.iter().find_map(|(n, f)| match f {
-        Feature::Bytes(values) if *n == name => values.first().copied(),
-        _ => None,
-    })
+/// The one value of the bytes feature `name`: `Err` with a reason when there is no such
+/// feature, or it holds no value or several (a reader never guesses which one was meant).
+pub fn bytes<'a>(features: &[(&str, Feature<'a>)], name: &str) -> Result<&'a [u8], String> {
+    match features.iter().find(|(n, _)| *n == name) {
+        Some((_, Feature::Bytes(values))) => only(values, name),
+        Some(_) => Err(format!("{name} is not a bytes_list")),
+        None => Err(format!("no {name} feature")),
+    }
 }
 
-/// The first value of an int64 feature named `name`.
-pub fn int64(features: &[(&str, Feature<'_>)], name: &str) -> Option<i64> {
-    features.iter().find_map(|(n, f)| match f {
-        Feature::Int64(values) if *n == name => values.first().copied(),
-        _ => None,
-    })
+/// The one value of the int64 feature `name`: `Err` with a reason when there is no such
+/// feature, or it holds no value or several (a multi-label record is not a class label).
+pub fn int64(features: &[(&str, Feature<'_>)], name: &str) -> Result<i64, String> {
+    match features.iter().find(|(n, _)| *n == name) {
+        Some((_, Feature::Int64(values))) => only(values, name),
+        Some(_) => Err(format!("{name} is not an int64_list")),
+        None => Err(format!("no {name} feature")),
+    }
+}
+
+fn only<T: Copy>(values: &[T], name: &str) -> Result<T, String> {
+    match values {
+        [value] => Ok(*value),
+        _ => Err(format!(
+            "{name} holds {} values, one expected",
+            values.len()
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -336,8 +350,14 @@ mod tests {
         let mut example = vec![0x0a, features.len() as u8];
         example.extend_from_slice(&features);
         let parsed = parse(&example).unwrap();
-        assert_eq!(int64(&parsed, "n"), Some(7));
         assert_eq!(parsed[0].1, Feature::Int64(vec![7, 300]));
+        // Regression: a two-valued label read as its first value; it is not a class label.
+        assert_eq!(
+            int64(&parsed, "n").unwrap_err(),
+            "n holds 2 values, one expected"
+        );
+        assert_eq!(int64(&parsed, "m").unwrap_err(), "no m feature");
+        assert_eq!(bytes(&parsed, "n").unwrap_err(), "n is not a bytes_list");
     }
 
     #[test]
@@ -366,9 +386,9 @@ mod tests {
                 (name.as_str(), FeatureValue::Int64(label)),
             ]);
             let parsed = parse(&out).unwrap();
-            prop_assert_eq!(bytes(&parsed, "image/encoded"), Some(&payload[..]));
+            prop_assert_eq!(bytes(&parsed, "image/encoded"), Ok(&payload[..]));
             if name != "image/encoded" {
-                prop_assert_eq!(int64(&parsed, &name), Some(label));
+                prop_assert_eq!(int64(&parsed, &name), Ok(label));
             }
         }
     }

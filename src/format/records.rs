@@ -942,7 +942,7 @@ fn open_foreign(path: &Path, shard_paths: &[PathBuf], options: &RecordsOptions) 
                     if let Some(bytes) = record_bytes(&shard.map, offset, len)
                         && let Ok(data) = unframe(bytes)
                         && let Ok(features) = example::parse(data)
-                        && let Some(label) = example::int64(&features, features::LABEL)
+                        && let Ok(label) = example::int64(&features, features::LABEL)
                     {
                         inference.see(
                             || format!("{} record {number}", shard.path.display()),
@@ -1051,6 +1051,7 @@ impl RecordReader for RecordsReader {
         let data = unframe(bytes).map_err(|reason| corrupt("?", reason))?;
         let features = example::parse(data).map_err(|reason| corrupt("?", reason))?;
         let key = match example::bytes(&features, features::FILENAME)
+            .ok()
             .and_then(|k| std::str::from_utf8(k).ok())
         {
             Some(key) => key,
@@ -1059,10 +1060,10 @@ impl RecordReader for RecordsReader {
                 self.key.as_str()
             }
         };
-        let payload = example::bytes(&features, features::ENCODED)
-            .ok_or_else(|| corrupt(key, format!("no {} feature", features::ENCODED)))?;
-        let stored = example::int64(&features, features::LABEL)
-            .ok_or_else(|| corrupt(key, format!("no {} feature", features::LABEL)))?;
+        let payload =
+            example::bytes(&features, features::ENCODED).map_err(|reason| corrupt(key, reason))?;
+        let stored =
+            example::int64(&features, features::LABEL).map_err(|reason| corrupt(key, reason))?;
         let base = i64::from(shared.label_base);
         if stored < base {
             return Err(corrupt(
