@@ -337,6 +337,10 @@ pub fn prepare_output(out: &Path, mode: StartMode) -> Result<PathBuf> {
         }
         refuse_foreign(out)?;
     }
+    if exists(&partial) && mode.resume {
+        refuse_to_resume_into_foreign(&partial)?;
+        drop(lock_staging(&partial)?);
+    }
     if exists(&partial) && !mode.resume {
         if !mode.force {
             return Err(Error::AlreadyExists {
@@ -346,6 +350,7 @@ pub fn prepare_output(out: &Path, mode: StartMode) -> Result<PathBuf> {
             });
         }
         refuse_foreign(&partial)?;
+        let _writer_lock = lock_staging(&partial)?;
         crate::format::remove_own_output(&partial)?;
     }
     refuse_foreign_report(out)?;
@@ -353,6 +358,54 @@ pub fn prepare_output(out: &Path, mode: StartMode) -> Result<PathBuf> {
         fs::create_dir_all(parent).at(parent)?;
     }
     Ok(partial)
+}
+
+/// Takes the writer's lock on the staging output `partial` (a directory or file): an exclusive,
+/// non-blocking `flock` held as long as the returned handle lives, and released by the kernel
+/// when the process dies however it dies. A second pack to the same `OUT` (with `--force` or
+/// `--resume`) is refused while one is writing, instead of deleting or appending to its files.
+pub(crate) fn lock_staging(partial: &Path) -> Result<fs::File> {
+    use std::os::fd::AsRawFd as _;
+    let file = fs::File::open(partial).at(partial)?;
+    // SAFETY: flock on a descriptor this function owns; no memory is passed.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Err(Error::NotReplaceable {
+                path: partial.to_path_buf(),
+                reason: "another pack-dataset run is writing it right now; wait for it to \
+                         finish, or stop it first"
+                    .into(),
+            });
+        }
+        return Err(Error::io(partial, e));
+    }
+    Ok(file)
+}
+
+/// `Err(NotReplaceable)` unless the staging output `partial` that `--resume` would continue is
+/// our own, reached without links: not a link itself, recognised by content, a directory holding
+/// only regular files our writers make (no link inside to write through), and a file with no
+/// other hard link (a resume rewrites it in place).
+fn refuse_to_resume_into_foreign(partial: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = fs::symlink_metadata(partial).at(partial)?;
+    let refuse = |why: &str| {
+        Err(Error::NotReplaceable {
+            path: partial.to_path_buf(),
+            reason: format!("--resume continues only its own staging output, and this is {why}"),
+        })
+    };
+    if meta.file_type().is_symlink() {
+        return refuse("a link (resuming would write wherever it leads)");
+    }
+    if meta.is_file() && meta.nlink() > 1 {
+        return refuse("a file with other hard links (resuming would rewrite them too)");
+    }
+    match foreign_description(partial) {
+        None => Ok(()),
+        Some(what) => refuse(&what),
+    }
 }
 
 /// `Err(NotReplaceable)` when `OUT.report.json` exists and is not a pack report (a regular file
@@ -388,15 +441,29 @@ fn exists(path: &Path) -> bool {
 
 /// `Err(NotReplaceable)` unless `path` is an output an imagefeed writer made.
 fn refuse_foreign(path: &Path) -> Result<()> {
-    if crate::format::is_own_output(path) {
-        return Ok(());
-    }
-    let what = match fs::metadata(path) {
-        Ok(m) if m.is_dir() => match crate::format::foreign_entry(path) {
-            Some(name) if crate::format::dir_says_ours(path) => format!(
-                "a directory holding {:?}, which pack-dataset did not write",
-                name
+    match foreign_description(path) {
+        None => Ok(()),
+        Some(what) => Err(Error::NotReplaceable {
+            path: path.to_path_buf(),
+            reason: format!(
+                "it is {what}; --force only replaces datasets pack-dataset wrote, and only when \
+                 they hold nothing else. Move it away or write somewhere else"
             ),
+        }),
+    }
+}
+
+/// `None` when `path` is an output an imagefeed writer made ([`crate::format::is_own_output`]);
+/// otherwise what it is, for the message that refuses it.
+fn foreign_description(path: &Path) -> Option<String> {
+    if crate::format::is_own_output(path) {
+        return None;
+    }
+    Some(match fs::metadata(path) {
+        Ok(m) if m.is_dir() => match crate::format::foreign_entry(path) {
+            Some(name) if crate::format::dir_says_ours(path) => {
+                format!("a directory holding {name:?}, which pack-dataset did not write")
+            }
             _ => "a directory that is not an imagefeed dataset (no imagefeed manifest or magic)"
                 .to_string(),
         },
@@ -404,13 +471,6 @@ fn refuse_foreign(path: &Path) -> Result<()> {
             "a file that is not an imagefeed dataset (no imagefeed magic)".to_string()
         }
         _ => "not an imagefeed dataset".to_string(),
-    };
-    Err(Error::NotReplaceable {
-        path: path.to_path_buf(),
-        reason: format!(
-            "it is {what}; --force only replaces datasets pack-dataset wrote, and only when \
-             they hold nothing else. Move it away or write somewhere else"
-        ),
     })
 }
 

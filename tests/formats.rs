@@ -552,6 +552,199 @@ fn a_manifest_naming_paths_outside_its_directory_or_a_shard_twice_is_refused() {
     assert!(format::open(&out).is_ok());
 }
 
+/// Packs the fixture tree into `out` and crashes after `chunks` committed chunks, leaving
+/// `OUT.partial` behind.
+fn crash_pack(out: &Path, format: PackFormat, options: &PackOptions, chunks: usize) {
+    let crash = support::Crash::after(chunks);
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        pack::pack_image_folder(&fixture_root(), out, format, options, &crash)
+    }));
+    assert!(result.is_err(), "the pack finished before the crash");
+    assert!(pack::partial_path(out).exists());
+}
+
+/// Every file under `dir` (not following links) with its bytes.
+fn contents(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut all: Vec<_> = walkdir(dir)
+        .into_iter()
+        .map(|p| {
+            let bytes = fs::read(&p).unwrap_or_default();
+            (p, bytes)
+        })
+        .collect();
+    all.sort();
+    all
+}
+
+fn walkdir(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_dir() {
+            out.extend(walkdir(&entry.path()));
+        } else {
+            out.push(entry.path());
+        }
+    }
+    out
+}
+
+#[test]
+fn resume_and_concurrent_runs_never_write_outside_their_own_staging_output() {
+    // Regressions found by a hostile review: `--resume` followed a progress record naming
+    // "../victim.bin" and overwrote it; followed an OUT.partial that was a link (or a hard link)
+    // to another dataset, and links inside a staging directory; resumed a complete LMDB in
+    // place; two `--force` runs to one records OUT deleted each other's staging files; a file
+    // hard-linked at the LMDB lock path was overwritten; `--force` deleted a user's file named
+    // like a shard inside a dataset of ours.
+    let dir = tempfile::tempdir().unwrap();
+    let victims = dir.path().join("victims");
+    fs::create_dir(&victims).unwrap();
+    fs::write(victims.join("victim.bin"), vec![7u8; 100_000]).unwrap();
+    let keep = victims.join("keep.lmdb");
+    pack_as(&fixture_root(), &keep, PackFormat::Lmdb, &small_options());
+    let before = contents(&victims);
+    let work = dir.path().join("work");
+    fs::create_dir(&work).unwrap();
+    let small_shards = PackOptions {
+        shard_bytes: 8 << 10,
+        ..small_options()
+    };
+    let resume = |options: &PackOptions| PackOptions {
+        mode: StartMode {
+            force: false,
+            resume: true,
+        },
+        ..options.clone()
+    };
+    let force = |options: &PackOptions| PackOptions {
+        mode: StartMode {
+            force: true,
+            resume: false,
+        },
+        ..options.clone()
+    };
+    let run = |out: &Path, format: PackFormat, options: &PackOptions| {
+        pack::pack_image_folder(&fixture_root(), out, format, options, &NoProgress)
+    };
+
+    // A progress record naming a file outside the staging directory.
+    let out = work.join("named.records");
+    crash_pack(&out, PackFormat::Records, &small_shards, 2);
+    let progress_path = pack::partial_path(&out).join("progress.json");
+    let mut progress: serde_json::Value =
+        serde_json::from_slice(&fs::read(&progress_path).unwrap()).unwrap();
+    progress["shards"][0][0]["file"] = serde_json::json!("../../victims/victim.bin");
+    fs::write(&progress_path, serde_json::to_vec(&progress).unwrap()).unwrap();
+    let err = run(&out, PackFormat::Records, &resume(&small_shards)).unwrap_err();
+    assert!(matches!(err, Error::ResumeMismatch { .. }), "{err}");
+    assert!(
+        err.to_string().contains("not a progress record of ours"),
+        "{err}"
+    );
+
+    // A link inside a staging directory.
+    let out = work.join("linked.records");
+    crash_pack(&out, PackFormat::Records, &small_shards, 2);
+    let shard = pack::partial_path(&out).join("shard-00000.tfrecord");
+    fs::remove_file(&shard).unwrap();
+    std::os::unix::fs::symlink(victims.join("victim.bin"), &shard).unwrap();
+    let err = run(&out, PackFormat::Records, &resume(&small_shards)).unwrap_err();
+    assert!(
+        matches!(err, Error::NotReplaceable { .. }) && err.to_string().contains("--resume"),
+        "{err}"
+    );
+
+    // OUT.partial as a link, or a hard link, to a finished dataset; or a copy of one.
+    for (name, make) in [
+        (
+            "symlink.lmdb",
+            &(|p: &Path| std::os::unix::fs::symlink(&keep, p).unwrap()) as &dyn Fn(&Path),
+        ),
+        ("hardlink.lmdb", &|p: &Path| {
+            fs::hard_link(&keep, p).unwrap()
+        }),
+        ("copy.lmdb", &|p: &Path| {
+            fs::copy(&keep, p).unwrap();
+        }),
+    ] {
+        let out = work.join(name);
+        make(&pack::partial_path(&out));
+        let err = run(&out, PackFormat::Lmdb, &resume(&small_options())).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::NotReplaceable { .. } | Error::ResumeMismatch { .. }
+            ),
+            "{name}: {err}"
+        );
+        assert!(!out.exists(), "{name}");
+    }
+
+    // Another run holding the staging output: --force and --resume both wait their turn.
+    for format in [PackFormat::Lmdb, PackFormat::Hdf5, PackFormat::Records] {
+        let out = work.join(format!("busy.{}", format.name()));
+        crash_pack(&out, format, &small_shards, 2);
+        let partial = pack::partial_path(&out);
+        let holder = fs::File::open(&partial).unwrap();
+        use std::os::fd::AsRawFd as _;
+        // SAFETY: flock on a descriptor this test owns.
+        assert_eq!(
+            unsafe { libc::flock(holder.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+            0
+        );
+        let staged = contents(&work);
+        for options in [force(&small_shards), resume(&small_shards)] {
+            let err = run(&out, format, &options).unwrap_err();
+            assert!(
+                err.to_string()
+                    .contains("another pack-dataset run is writing it"),
+                "{err}"
+            );
+            assert!(
+                contents(&work) == staged,
+                "{}: staging changed",
+                format.name()
+            );
+        }
+        drop(holder);
+        run(&out, format, &resume(&small_shards)).unwrap();
+        assert!(format::open(&out).is_ok());
+    }
+
+    // Something that is not an LMDB lock file at the LMDB writer's lock path.
+    let out = work.join("lockpath.lmdb");
+    let mut lock = pack::partial_path(&out).into_os_string();
+    lock.push("-lock");
+    fs::hard_link(victims.join("victim.bin"), &lock).unwrap();
+    let err = run(&out, PackFormat::Lmdb, &small_options()).unwrap_err();
+    assert!(matches!(err, Error::NotReplaceable { .. }), "{err}");
+    fs::remove_file(&lock).unwrap();
+    fs::write(&lock, "my notes").unwrap();
+    let err = run(&out, PackFormat::Lmdb, &small_options()).unwrap_err();
+    assert!(matches!(err, Error::NotReplaceable { .. }), "{err}");
+    assert_eq!(fs::read(&lock).unwrap(), b"my notes");
+
+    // A file named like a shard that the manifest does not list is not ours to delete.
+    let out = work.join("extra.records");
+    pack_as(&fixture_root(), &out, PackFormat::Records, &small_shards);
+    fs::write(out.join("shard-00099.tfrecord"), "precious").unwrap();
+    let err = run(&out, PackFormat::Records, &force(&small_shards)).unwrap_err();
+    assert!(
+        matches!(err, Error::NotReplaceable { .. }) && err.to_string().contains("shard-00099"),
+        "{err}"
+    );
+    assert_eq!(
+        fs::read(out.join("shard-00099.tfrecord")).unwrap(),
+        b"precious"
+    );
+
+    assert!(
+        contents(&victims) == before,
+        "a file outside the outputs changed"
+    );
+}
+
 /// A single TFRecord shard of `n` records from the fixture tree (no manifest, no index), and
 /// the payloads it holds in order.
 fn foreign_shard(dir: &Path, n: usize) -> (PathBuf, Vec<Vec<u8>>) {

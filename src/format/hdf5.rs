@@ -142,6 +142,8 @@ struct StagedProgress {
 /// Writes an HDF5 dataset: stages chunks in `OUT.partial/`, then writes `OUT` in one pass.
 pub struct Hdf5Writer {
     partial: PathBuf,
+    /// Held while writing: see [`pack::lock_staging`].
+    _lock: fs::File,
     out: PathBuf,
     plan: PackPlan,
     payloads: fs::File,
@@ -169,11 +171,13 @@ impl Hdf5Writer {
         };
         if !partial.exists() {
             fs::create_dir(&partial).at(&partial)?;
+            let lock = pack::lock_staging(&partial)?;
             // The progress record goes in before any other file, so a staging directory is
             // recognised as ours (and never taken for anything else) from its first entry on.
             let progress = PackProgress::default();
             save_staged_progress(&partial, plan, &progress, 0, 0)?;
             let writer = Hdf5Writer {
+                _lock: lock,
                 payloads: open(STAGED_PAYLOADS, true)?,
                 index: open(STAGED_INDEX, true)?,
                 partial,
@@ -184,6 +188,7 @@ impl Hdf5Writer {
             };
             return Ok((writer, progress));
         }
+        let lock = pack::lock_staging(&partial)?;
         let staged: StagedProgress =
             pack::read_staged_progress(&partial, STAGED_PROGRESS, "imagefeed HDF5")?;
         staged.plan.check_resumable(plan, &partial)?;
@@ -196,6 +201,7 @@ impl Hdf5Writer {
         )?;
         pack::cut_to_committed(&index, &partial.join(STAGED_INDEX), staged.index_bytes)?;
         let writer = Hdf5Writer {
+            _lock: lock,
             partial,
             out,
             plan: staged.plan,

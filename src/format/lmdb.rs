@@ -146,6 +146,8 @@ fn from_json<T: for<'de> Deserialize<'de>>(path: &Path, what: &str, text: &str) 
 /// Writes a dataset into `OUT.partial`, chunk by chunk, and renames it to `OUT` when finished.
 pub struct LmdbWriter {
     env: Env,
+    /// Held while writing: see [`pack::lock_staging`].
+    _lock: fs::File,
     meta: Database<Str, Str>,
     samples: Database<Bytes, Bytes>,
     partial: PathBuf,
@@ -169,6 +171,7 @@ impl LmdbWriter {
         let fresh = !partial.exists();
         refuse_odd_lock_file(&partial)?;
         let env = open_write_env(&partial, map_size)?;
+        let lock = pack::lock_staging(&partial)?;
         let mut wtxn = env.write_txn().map_err(|e| Error::lmdb(&partial, e))?;
         let meta: Database<Str, Str> = env
             .create_database(&mut wtxn, Some(META_DB))
@@ -203,6 +206,17 @@ impl LmdbWriter {
                         reason: format!("meta/{k} is missing: not a partial imagefeed LMDB"),
                     })
             };
+            let info: InfoRecord = from_json(&partial, INFO_KEY, &get(INFO_KEY)?)?;
+            if info.complete {
+                return Err(Error::ResumeMismatch {
+                    path: partial,
+                    reason: "it holds a complete dataset (a pack whose final rename was cut \
+                             short, or a copy of a finished one), so there is nothing to resume: \
+                             use --force to pack again, or rename it yourself if it is the \
+                             dataset you want"
+                        .into(),
+                });
+            }
             let old_plan: PackPlan = from_json(&partial, PLAN_KEY, &get(PLAN_KEY)?)?;
             old_plan.check_resumable(plan, &partial)?;
             let progress: PackProgress = from_json(&partial, PROGRESS_KEY, &get(PROGRESS_KEY)?)?;
@@ -221,6 +235,7 @@ impl LmdbWriter {
         wtxn.commit().map_err(|e| Error::lmdb(&partial, e))?;
         let writer = LmdbWriter {
             env,
+            _lock: lock,
             meta,
             samples,
             out: std::path::absolute(out).at(out)?,
@@ -324,23 +339,40 @@ fn lock_file(path: &Path) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// `Err(NotReplaceable)` when the lock file liblmdb will open for the partial file `partial`
-/// exists and is not a regular file. liblmdb opens it with `O_CREAT`, following links, and
-/// truncates and rewrites it: a link there (to anyone's file) must never be written through.
-/// A regular lock file left by a killed writer is reused, as liblmdb intends.
+/// `Err(NotReplaceable)` when something is at the path of the lock file liblmdb will open for
+/// the partial file `partial` and it is not a lock file a writer of ours left: liblmdb opens
+/// that path with `O_CREAT`, following links, and truncates and rewrites it, so a link, a file
+/// with other hard links, or a file that does not start with LMDB's lock magic (`0xBEEFC0DE`)
+/// is refused rather than overwritten. An empty file or a stale lock file is reused, as liblmdb
+/// intends.
 fn refuse_odd_lock_file(partial: &Path) -> Result<()> {
+    use std::io::Read as _;
+    use std::os::unix::fs::MetadataExt as _;
+    const LOCK_MAGIC: [u8; 4] = 0xBEEF_C0DE_u32.to_le_bytes();
     let lock = lock_file(partial);
-    match fs::symlink_metadata(&lock) {
-        Ok(meta) if !meta.is_file() => Err(Error::NotReplaceable {
-            path: lock,
-            reason: "the LMDB writer's lock file goes there, and this is not a regular file \
-                     (a link, directory or device); move it away"
-                .into(),
-        }),
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Error::io(lock, e)),
+    let meta = match fs::symlink_metadata(&lock) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io(lock, e)),
+    };
+    let ours = meta.is_file()
+        && meta.nlink() == 1
+        && (meta.len() == 0 || {
+            let mut head = [0u8; 4];
+            fs::File::open(&lock)
+                .and_then(|mut f| f.read_exact(&mut head))
+                .is_ok()
+                && head == LOCK_MAGIC
+        });
+    if ours {
+        return Ok(());
     }
+    Err(Error::NotReplaceable {
+        path: lock,
+        reason: "the LMDB writer's lock file goes there, and this is not one (a link, a file \
+                 with other hard links, or a file that is not an LMDB lock file); move it away"
+            .into(),
+    })
 }
 
 fn remove_lock_file(path: &Path) {

@@ -118,8 +118,8 @@ pub(crate) fn dir_says_ours(path: &Path) -> bool {
 
 /// The first entry of the directory `dir` that no imagefeed writer makes there (anything but a
 /// regular file named like a records manifest, progress record, shard or shard index, an HDF5
-/// staging file, the [`DELETING`] mark, or one of those with `.tmp` appended); `None` when
-/// there is none. An unreadable directory answers with its own name.
+/// staging file, the [`DELETING`] mark, or one of those with `.tmp` appended; and, beside a
+/// manifest of ours, a shard or index it does not list); `None` when there is none. An unreadable directory answers with its own name.
 pub fn foreign_entry(dir: &Path) -> Option<std::ffi::OsString> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Some(dir.as_os_str().to_owned());
@@ -138,7 +138,7 @@ pub fn foreign_entry(dir: &Path) -> Option<std::ffi::OsString> {
             return Some(name);
         }
     }
-    None
+    records::unlisted_shard_file(dir)
 }
 
 /// The file [`remove_own_output`] puts in a directory before deleting anything in it, and

@@ -176,6 +176,29 @@ pub(crate) fn is_writer_file(name: &str) -> bool {
             .is_some_and(shard)
 }
 
+/// In a directory holding a manifest of ours, the first file named like a shard or index that
+/// the manifest does not list (someone's file that only looks like ours); `None` when there is
+/// none, or no readable manifest (a staging directory's in-flight shard is not listed yet).
+pub(crate) fn unlisted_shard_file(dir: &Path) -> Option<std::ffi::OsString> {
+    #[derive(Deserialize)]
+    struct Listed {
+        shards: Vec<ShardEntry>,
+    }
+    let text = fs::read(dir.join(MANIFEST)).ok()?;
+    let listed: Listed = serde_json::from_slice(&text).ok()?;
+    let names: std::collections::HashSet<&str> = listed
+        .shards
+        .iter()
+        .flat_map(|e| [e.file.as_str(), e.index.as_str()])
+        .collect();
+    fs::read_dir(dir).ok()?.flatten().find_map(|entry| {
+        let name = entry.file_name();
+        let text = name.to_str()?;
+        (is_writer_file(text) && text != MANIFEST && text != PROGRESS && !names.contains(text))
+            .then_some(name)
+    })
+}
+
 fn shard_names(number: usize) -> (String, String) {
     (
         format!("shard-{number:05}.tfrecord"),
@@ -205,6 +228,8 @@ struct StagedProgress {
 /// Writes record shards into `OUT.partial/` and renames the directory when finished.
 pub struct RecordsWriter {
     partial: PathBuf,
+    /// Held while writing: see [`pack::lock_staging`].
+    _lock: fs::File,
     out: PathBuf,
     staged: StagedProgress,
     shard: Option<(fs::File, fs::File)>,
@@ -227,7 +252,12 @@ impl RecordsWriter {
     ) -> Result<(Self, PackProgress)> {
         let partial = pack::prepare_output(out, mode)?;
         let out = std::path::absolute(out).at(out)?;
-        let staged = if partial.exists() {
+        let resuming = partial.exists();
+        if !resuming {
+            fs::create_dir(&partial).at(&partial)?;
+        }
+        let lock = pack::lock_staging(&partial)?;
+        let staged = if resuming {
             if !partial.join(PROGRESS).exists() && partial.join(MANIFEST).exists() {
                 return Err(Error::ResumeMismatch {
                     path: partial,
@@ -247,9 +277,23 @@ impl RecordsWriter {
                     reason: "it was started with another --shard-size or --label-base".into(),
                 });
             }
+            // The writer names shard i `shard-{i:05}.*` and nothing else: a progress record
+            // naming other files (`../x`, an absolute path) is not ours, and is never followed.
+            for (number, (entry, _)) in staged.shards.iter().enumerate() {
+                let (file, index) = shard_names(number);
+                if (entry.file.as_str(), entry.index.as_str()) != (&file, &index) {
+                    return Err(Error::ResumeMismatch {
+                        path: partial.join(PROGRESS),
+                        reason: format!(
+                            "shard {number} is recorded as {:?} and {:?}; this writer names it \
+                             {file:?} and {index:?}: not a progress record of ours",
+                            entry.file, entry.index
+                        ),
+                    });
+                }
+            }
             staged
         } else {
-            fs::create_dir(&partial).at(&partial)?;
             StagedProgress {
                 magic: MAGIC.into(),
                 plan: plan.clone(),
@@ -260,6 +304,7 @@ impl RecordsWriter {
             }
         };
         let mut writer = RecordsWriter {
+            _lock: lock,
             partial,
             out,
             classes: plan.classes.clone(),
