@@ -127,6 +127,38 @@ pub fn free_space(path: &Path) -> Option<u64> {
     Some(free)
 }
 
+/// What is at `path` itself (a link is described, not followed); `None` when nothing is.
+pub(crate) fn entry_metadata(path: &Path) -> Result<Option<fs::Metadata>> {
+    match fs::symlink_metadata(path) {
+        Ok(meta) => Ok(Some(meta)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io(path, e)),
+    }
+}
+
+/// Replaces `path` with a file holding `bytes`: written to `tmp` (beside it), synced when
+/// `sync`, then renamed over `path`. Whatever was at `tmp` (a crash's leftover, a link) is
+/// unlinked and the new file created exclusively, and the rename replaces a link at `path`:
+/// no link is ever written through, and `path` is never seen half written.
+pub(crate) fn replace_via(tmp: &Path, path: &Path, bytes: &[u8], sync: bool) -> Result<()> {
+    use std::io::Write as _;
+    match fs::remove_file(tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(Error::io(tmp, e)),
+        _ => {}
+    }
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(tmp)
+        .at(tmp)?;
+    file.write_all(bytes).at(tmp)?;
+    if sync {
+        file.sync_all().at(tmp)?;
+    }
+    drop(file);
+    fs::rename(tmp, path).at(path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -413,10 +413,8 @@ fn refuse_to_resume_into_foreign(partial: &Path) -> Result<()> {
 /// someone else's, and never through a symlink.
 fn refuse_foreign_report(out: &Path) -> Result<()> {
     let report = report_path(out);
-    let meta = match fs::symlink_metadata(&report) {
-        Ok(meta) => meta,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(Error::io(report, e)),
+    let Some(meta) = crate::file::entry_metadata(&report)? else {
+        return Ok(());
     };
     let is_report = meta.is_file()
         && meta.len() <= 1 << 30
@@ -666,28 +664,12 @@ pub(crate) fn cut_to_committed(file: &fs::File, path: &Path, committed: u64) -> 
     file.set_len(committed).at(path)
 }
 
-/// Replaces `path` with `bytes` atomically: writes `PATH.tmp`, syncs it, renames it over `path`.
+/// Replaces `path` with `bytes` atomically: writes `PATH.tmp`, syncs it, renames it over `path`
+/// ([`crate::file::replace_via`]: never through a link).
 pub(crate) fn write_file_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    {
-        use std::io::Write as _;
-        // A `.tmp` left by a crash (or put there by anyone) is unlinked, never written through:
-        // the new one is created exclusively, so a symlink there cannot redirect the write.
-        match fs::remove_file(&tmp) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(Error::io(tmp, e)),
-            _ => {}
-        }
-        let mut file = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-            .at(&tmp)?;
-        file.write_all(bytes).at(&tmp)?;
-        file.sync_all().at(&tmp)?;
-    }
-    fs::rename(&tmp, path).at(path)
+    crate::file::replace_via(Path::new(&tmp), path, bytes, true)
 }
 
 /// Bytes a dataset takes: a file's length, or the total of the files in a directory (record

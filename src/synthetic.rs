@@ -123,7 +123,6 @@ pub const MAX_SIDE: u32 = 8192;
 /// link already at that name is replaced, never written through, and a file is never seen half
 /// written. A class directory that is a link is refused: what it points at is not ours to fill.
 fn write(root: &Path, key: &str, bytes: &[u8]) -> Result<()> {
-    use std::io::Write as _;
     let path = root.join(key);
     let parent = path.parent().expect("a key names a file below root");
     match fs::symlink_metadata(parent) {
@@ -135,16 +134,8 @@ fn write(root: &Path, key: &str, bytes: &[u8]) -> Result<()> {
     let mut tmp_name = std::ffi::OsString::from(".");
     tmp_name.push(name);
     tmp_name.push(format!(".{}.tmp", std::process::id()));
-    let tmp = parent.join(tmp_name);
-    let _ = fs::remove_file(&tmp);
-    let mut file = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&tmp)
-        .at(&tmp)?;
-    file.write_all(bytes).at(&tmp)?;
-    drop(file);
-    fs::rename(&tmp, &path).at(&path)
+    // Not synced: a synthetic tree is regenerated, not recovered, after a crash.
+    crate::file::replace_via(&parent.join(tmp_name), &path, bytes, false)
 }
 
 fn not_a_class_dir(path: &Path) -> Error {

@@ -350,10 +350,8 @@ fn refuse_odd_lock_file(partial: &Path) -> Result<()> {
     use std::os::unix::fs::MetadataExt as _;
     const LOCK_MAGIC: [u8; 4] = 0xBEEF_C0DE_u32.to_le_bytes();
     let lock = lock_file(partial);
-    let meta = match fs::symlink_metadata(&lock) {
-        Ok(meta) => meta,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(Error::io(lock, e)),
+    let Some(meta) = crate::file::entry_metadata(&lock)? else {
+        return Ok(());
     };
     let ours = meta.is_file()
         && meta.nlink() == 1
