@@ -99,14 +99,12 @@ fn train(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let ds = imagefeed::format::open(&args.dataset)?;
     let classes = ds.info().classes.len();
     let allocator = gpu.pinned_allocator();
-    let config = LoaderConfig {
-        batch_size: args.batch_size,
-        workers: args.workers,
-        prefetch: 2 * args.workers,
-        drop_last: true,
-        transform: Transform::cifar().with_output(DType::U8, Layout::Nhwc),
-        ..LoaderConfig::default()
-    };
+    let config = LoaderConfig::default()
+        .with_batch_size(args.batch_size)
+        .with_workers(args.workers)
+        .with_prefetch(2 * args.workers)
+        .with_drop_last(true)
+        .with_transform(Transform::cifar().with_output(DType::U8, Layout::Nhwc));
     let loader = Loader::with_allocator(ds, config, allocator.clone())?;
     let output = DeviceOutput {
         dtype: DType::F32,

@@ -256,6 +256,59 @@ pub trait Dataset: Send + Sync {
     }
 }
 
+/// Records whose keys and labels go into a [`fingerprint`].
+const FINGERPRINT_PROBES: usize = 8;
+
+/// A short hex digest that tells datasets apart: SHA-256 over the format, sample count, payload
+/// kind, pack-time resize, class names, and the keys and labels of up to eight records spread
+/// evenly over the dataset (a record that cannot be read counts as unreadable, not as an error).
+///
+/// Two opens of the same dataset give the same fingerprint, wherever the dataset was moved; a
+/// dataset with other classes, another sample count, another order or other files at the probed
+/// positions gives another. It reads at most eight records, so it can miss an edit elsewhere:
+/// it guards a checkpoint against the wrong dataset, not against tampering.
+pub fn fingerprint(dataset: &dyn Dataset) -> String {
+    use sha2::{Digest as _, Sha256};
+    let mut hash = Sha256::new();
+    let mut field = |bytes: &[u8]| {
+        hash.update((bytes.len() as u64).to_le_bytes());
+        hash.update(bytes);
+    };
+    let info = dataset.info();
+    field(info.format.name().as_bytes());
+    field(&(info.num_samples as u64).to_le_bytes());
+    field(match info.payload {
+        PayloadKind::Encoded => b"encoded",
+        PayloadKind::RawRgb8 => b"raw-rgb8",
+    });
+    field(&u64::from(info.resized_short_side.unwrap_or(0)).to_le_bytes());
+    field(&(info.classes.len() as u64).to_le_bytes());
+    for class in &info.classes {
+        field(class.as_bytes());
+    }
+    let len = dataset.len();
+    if len > 0 {
+        let probes = FINGERPRINT_PROBES.min(len);
+        let mut reader = dataset.open_reader().ok();
+        for probe in 0..probes {
+            let index = if probes == 1 {
+                0
+            } else {
+                probe * (len - 1) / (probes - 1)
+            };
+            match reader.as_mut().map(|r| r.read(index)) {
+                Some(Ok(record)) => {
+                    field(record.key.as_bytes());
+                    field(&record.label.to_le_bytes());
+                }
+                _ => field(b"unreadable"),
+            }
+        }
+    }
+    let digest = hash.finalize();
+    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
 impl std::fmt::Debug for dyn Dataset {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Dataset")

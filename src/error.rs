@@ -176,6 +176,21 @@ pub enum Error {
     #[error("invalid loader configuration: {0}")]
     Config(String),
 
+    /// A saved [`LoaderState`](crate::loader::LoaderState) does not fit the loader asked to
+    /// resume it: one of the settings that decide the stream, or the dataset, differs.
+    #[error(
+        "cannot resume: the state was saved with {setting} {saved}, but this loader has {setting} {current}; resuming would give a different stream"
+    )]
+    StateMismatch {
+        /// The setting that differs (`seed`, `batch_size`, `shuffle`, `drop_last`, `uneven`,
+        /// `dataset`, ...).
+        setting: &'static str,
+        /// Its value in the state.
+        saved: String,
+        /// Its value in this loader.
+        current: String,
+    },
+
     /// Packing, converting or opening was asked for with impossible options (a thread count of
     /// zero, a class count beyond [`MAX_CLASSES`](crate::dataset::MAX_CLASSES), ...).
     #[error("invalid options: {0}")]

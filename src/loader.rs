@@ -19,7 +19,11 @@
 //!   (index, key, reason) on its batch and in the running total, and handled by the
 //!   [`BadSamplePolicy`]; `max_bad` turns too many into a clear error.
 //! - **Exact resume.** [`Epoch::state`] is serializable; [`Loader::resume`] yields exactly the
-//!   remaining batches of that epoch, identical to an uninterrupted run.
+//!   remaining batches of that epoch, identical to an uninterrupted run, and refuses a loader
+//!   or dataset that would give another stream ([`Error::StateMismatch`]). At another world
+//!   size it continues the epoch with exactly the samples no rank had been given, each once.
+//! - **Owned epochs.** An [`Epoch`] shares the loader's workers instead of borrowing the
+//!   [`Loader`], so the two can live side by side in a trainer's struct (or a Python object).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -31,12 +35,13 @@ use crossbeam_channel::{Receiver, Sender};
 use serde::{Deserialize, Serialize};
 
 use crate::batch::{BadSample, Batch};
+use crate::dataset::fingerprint;
 use crate::dataset::{Dataset, LazyReader};
 use crate::decode::DEFAULT_MAX_PIXELS;
 use crate::error::{Error, Result};
 use crate::pool::{BatchAllocator, BufferPool, HeapAllocator, PooledBuffer};
 use crate::rng::SampleRng;
-use crate::sampler::{Sampler, Uneven};
+use crate::sampler::{Sampler, Sampling, Uneven};
 use crate::transform::{Layout, SampleTransformer, Transform};
 
 /// What to do with a sample that cannot be read or decoded.
@@ -64,27 +69,34 @@ pub enum MaxBad {
     Fraction(f64),
 }
 
-/// Loader settings.
+/// Loader settings: build them with [`LoaderConfig::default`] and the `with_*` methods.
+///
+/// ```
+/// use imagefeed::loader::{BadSamplePolicy, LoaderConfig};
+/// use imagefeed::transform::Transform;
+///
+/// let config = LoaderConfig::default()
+///     .with_batch_size(256)
+///     .with_workers(8)
+///     .with_seed(42)
+///     .with_transform(Transform::imagenet_train(224))
+///     .with_bad_samples(BadSamplePolicy::Replace)
+///     .with_rank(1, 4);
+/// assert_eq!(config.sampling.batch_size, 256);
+/// assert_eq!((config.sampling.rank, config.sampling.world_size), (1, 4));
+/// ```
+///
+/// The fields are public to read (and to set one at a time); new fields may be added in any
+/// release, so the struct cannot be written as a literal outside this crate.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct LoaderConfig {
-    /// Samples per batch.
-    pub batch_size: usize,
+    /// Batch size, shuffling, seed and sharding: everything that decides batch membership.
+    pub sampling: Sampling,
     /// Worker threads.
     pub workers: usize,
     /// Batches being built or waiting at any time (>= 1).
     pub prefetch: usize,
-    /// Seed for shuffling and augmentation.
-    pub seed: u64,
-    /// Shuffle every epoch.
-    pub shuffle: bool,
-    /// Drop a final short batch.
-    pub drop_last: bool,
-    /// This process's rank.
-    pub rank: usize,
-    /// Number of ranks.
-    pub world_size: usize,
-    /// Pad or drop when samples do not divide evenly between ranks.
-    pub uneven: Uneven,
     /// Per-sample transform.
     pub transform: Transform,
     /// Bad-sample handling.
@@ -96,17 +108,13 @@ pub struct LoaderConfig {
 }
 
 impl Default for LoaderConfig {
+    /// Batches of 32, 2 workers, 4 batches prefetched, seed 0, shuffled, one rank, no
+    /// transform, bad samples skipped without limit.
     fn default() -> Self {
         LoaderConfig {
-            batch_size: 32,
+            sampling: Sampling::default(),
             workers: 2,
             prefetch: 4,
-            seed: 0,
-            shuffle: true,
-            drop_last: false,
-            rank: 0,
-            world_size: 1,
-            uneven: Uneven::Pad,
             transform: Transform::none(),
             bad_samples: BadSamplePolicy::Skip,
             max_bad: None,
@@ -115,25 +123,161 @@ impl Default for LoaderConfig {
     }
 }
 
-/// Where an epoch stands; enough to resume it exactly. Serializable (serde).
+impl LoaderConfig {
+    /// Samples per batch.
+    pub fn with_batch_size(mut self, batch_size: usize) -> Self {
+        self.sampling.batch_size = batch_size;
+        self
+    }
+
+    /// Seed for shuffling and augmentation.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.sampling.seed = seed;
+        self
+    }
+
+    /// Shuffle every epoch (the default) or keep the dataset's order.
+    pub fn with_shuffle(mut self, shuffle: bool) -> Self {
+        self.sampling.shuffle = shuffle;
+        self
+    }
+
+    /// Drop a final batch shorter than the batch size.
+    pub fn with_drop_last(mut self, drop_last: bool) -> Self {
+        self.sampling.drop_last = drop_last;
+        self
+    }
+
+    /// This process's rank among `world_size` (distributed training).
+    pub fn with_rank(mut self, rank: usize, world_size: usize) -> Self {
+        self.sampling.rank = rank;
+        self.sampling.world_size = world_size;
+        self
+    }
+
+    /// Pad or drop when the samples do not divide evenly between ranks.
+    pub fn with_uneven(mut self, uneven: Uneven) -> Self {
+        self.sampling.uneven = uneven;
+        self
+    }
+
+    /// All the sampling settings at once.
+    pub fn with_sampling(mut self, sampling: Sampling) -> Self {
+        self.sampling = sampling;
+        self
+    }
+
+    /// Worker threads.
+    pub fn with_workers(mut self, workers: usize) -> Self {
+        self.workers = workers;
+        self
+    }
+
+    /// Batches being built or waiting at any time.
+    pub fn with_prefetch(mut self, prefetch: usize) -> Self {
+        self.prefetch = prefetch;
+        self
+    }
+
+    /// Per-sample transform.
+    pub fn with_transform(mut self, transform: Transform) -> Self {
+        self.transform = transform;
+        self
+    }
+
+    /// Bad-sample handling.
+    pub fn with_bad_samples(mut self, policy: BadSamplePolicy) -> Self {
+        self.bad_samples = policy;
+        self
+    }
+
+    /// Stop after too many bad samples in an epoch (`None`: never).
+    pub fn with_max_bad(mut self, max_bad: Option<MaxBad>) -> Self {
+        self.max_bad = max_bad;
+        self
+    }
+
+    /// Decompression-bomb limit in pixels.
+    pub fn with_max_pixels(mut self, max_pixels: u64) -> Self {
+        self.max_pixels = max_pixels;
+        self
+    }
+
+    /// Checks the settings, naming the first impossible one.
+    pub fn validate(&self) -> Result<()> {
+        let invalid = |m: String| Err(Error::Config(m));
+        let s = &self.sampling;
+        if s.batch_size == 0 {
+            return invalid("batch_size must be at least 1".into());
+        }
+        if !(1..=crate::pack::MAX_THREADS).contains(&self.workers) {
+            return invalid(format!(
+                "workers {} must be 1..={}",
+                self.workers,
+                crate::pack::MAX_THREADS
+            ));
+        }
+        if self.prefetch == 0 {
+            return invalid("prefetch must be at least 1".into());
+        }
+        if s.world_size == 0 || s.rank >= s.world_size {
+            return invalid(format!(
+                "rank {} is not in 0..{} (world_size)",
+                s.rank, s.world_size
+            ));
+        }
+        if let Some(MaxBad::Fraction(f)) = self.max_bad
+            && !(0.0..=1.0).contains(&f)
+        {
+            return invalid("max_bad fraction must be in 0..1".into());
+        }
+        self.transform.validate().map_err(Error::Config)
+    }
+}
+
+/// The version of [`LoaderState`]'s layout; a state of another version is refused.
+pub const LOADER_STATE_VERSION: u32 = 2;
+
+/// Where an epoch stands, with everything that decides its stream: enough to resume it exactly,
+/// and to refuse a loader that would give a different stream. Serializable (serde).
+///
+/// [`Loader::resume`] checks `version`, `seed`, `batch_size`, `shuffle`, `drop_last`, `uneven`
+/// and `dataset` against the loader. `rank` and `world_size` may differ: every rank of a job
+/// stands at the same batch of an epoch, so any rank's state resumes any rank, and a state saved
+/// at another world size continues the epoch with exactly the samples no rank has been given yet
+/// ([`Loader::resume`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LoaderState {
-    /// The loader's seed (checked on resume).
+    /// [`LOADER_STATE_VERSION`] when saved.
+    pub version: u32,
+    /// The loader's seed.
     pub seed: u64,
     /// The epoch.
     pub epoch: u64,
-    /// The next batch to deliver.
-    pub next_batch: usize,
-    /// Bad samples met so far in this epoch (what `max_bad` applies to).
-    pub bad_samples: u64,
-    /// Sample slots of this epoch consumed so far.
-    pub samples_seen: u64,
-    /// Rank and world size (checked on resume).
-    pub rank: usize,
-    /// World size.
-    pub world_size: usize,
-    /// Batch size (checked on resume).
+    /// Samples per batch.
     pub batch_size: usize,
+    /// Whether epochs are shuffled.
+    pub shuffle: bool,
+    /// Whether a final short batch is dropped.
+    pub drop_last: bool,
+    /// Padding or dropping between ranks.
+    pub uneven: Uneven,
+    /// The rank that saved the state.
+    pub rank: usize,
+    /// The world size the epoch was running at.
+    pub world_size: usize,
+    /// [`fingerprint`] of the dataset.
+    pub dataset: String,
+    /// Samples of the epoch's order given out before the current world size took over: 0,
+    /// unless the epoch was resumed at another world size.
+    pub start: usize,
+    /// The next batch to deliver, counted from `start`.
+    pub next_batch: usize,
+    /// Bad samples met so far in this epoch by the rank that saved the state (what `max_bad`
+    /// applies to).
+    pub bad_samples: u64,
+    /// Sample slots of this epoch this rank has consumed so far.
+    pub samples_seen: u64,
 }
 
 /// Time per stage, summed over workers, and counts. A snapshot from [`Loader::stats`].
@@ -246,11 +390,31 @@ struct Job {
 }
 
 /// A multi-threaded, deterministic, fault-tolerant batch loader over a [`Dataset`].
+///
+/// The worker threads live as long as the loader or any [`Epoch`] it made, whichever is
+/// dropped last; an epoch owns what it needs, so a trainer (or a Python object) can keep the
+/// loader and its current epoch side by side.
 pub struct Loader {
+    inner: Arc<Inner>,
+}
+
+/// What a loader and its epochs share.
+struct Inner {
     shared: Arc<Shared>,
     sampler: Sampler,
+    /// [`fingerprint`] of the dataset, taken when the loader was made.
+    fingerprint: String,
     jobs: Option<Sender<Job>>,
     workers: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.jobs.take(); // closes the queue: workers finish their job and exit
+        for worker in self.workers.drain(..) {
+            let _ = worker.join();
+        }
+    }
 }
 
 impl Loader {
@@ -265,42 +429,12 @@ impl Loader {
         config: LoaderConfig,
         allocator: Arc<dyn BatchAllocator>,
     ) -> Result<Loader> {
-        let invalid = |m: &str| Err(Error::Config(m.to_string()));
-        if config.batch_size == 0 {
-            return invalid("batch_size must be at least 1");
-        }
-        if !(1..=crate::pack::MAX_THREADS).contains(&config.workers) {
-            return Err(Error::Config(format!(
-                "workers {} must be 1..={}",
-                config.workers,
-                crate::pack::MAX_THREADS
-            )));
-        }
-        if config.prefetch == 0 {
-            return invalid("prefetch must be at least 1");
-        }
-        if config.world_size == 0 || config.rank >= config.world_size {
-            return Err(Error::Config(format!(
-                "rank {} is not in 0..{} (world_size)",
-                config.rank, config.world_size
-            )));
-        }
-        if let Some(MaxBad::Fraction(f)) = config.max_bad
-            && !(0.0..=1.0).contains(&f)
-        {
-            return invalid("max_bad fraction must be in 0..1");
-        }
-        config.transform.validate().map_err(Error::Config)?;
+        config.validate()?;
         let sampler = Sampler {
             len: dataset.len(),
-            batch_size: config.batch_size,
-            seed: config.seed,
-            shuffle: config.shuffle,
-            drop_last: config.drop_last,
-            rank: config.rank,
-            world_size: config.world_size,
-            uneven: config.uneven,
+            sampling: config.sampling,
         };
+        let fingerprint = fingerprint(dataset.as_ref());
         let shared = Arc::new(Shared {
             dataset,
             largest_batch: sampler.largest_batch(),
@@ -320,75 +454,156 @@ impl Loader {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Loader {
-            shared,
-            sampler,
-            jobs: Some(jobs),
-            workers,
+            inner: Arc::new(Inner {
+                shared,
+                sampler,
+                fingerprint,
+                jobs: Some(jobs),
+                workers,
+            }),
         })
     }
 
     /// The dataset being loaded.
     pub fn dataset(&self) -> &Arc<dyn Dataset> {
-        &self.shared.dataset
+        &self.inner.shared.dataset
     }
 
     /// The configuration.
     pub fn config(&self) -> &LoaderConfig {
-        &self.shared.config
+        &self.inner.shared.config
+    }
+
+    /// The dataset's [`fingerprint`], as a [`LoaderState`] records it.
+    pub fn dataset_fingerprint(&self) -> &str {
+        &self.inner.fingerprint
     }
 
     /// Batches per epoch for this rank.
     pub fn batches_per_epoch(&self) -> usize {
-        self.sampler.batches_per_epoch()
+        self.inner.sampler.batches_per_epoch()
     }
 
     /// The batch buffer pool (its allocation count shows steady-state reuse).
     pub fn pool(&self) -> &BufferPool {
-        &self.shared.pool
+        &self.inner.shared.pool
     }
 
     /// Iterates over `epoch`'s batches from the start.
-    pub fn epoch(&self, epoch: u64) -> Epoch<'_> {
-        self.start(epoch, 0)
+    pub fn epoch(&self, epoch: u64) -> Epoch {
+        self.start(epoch, 0, 0)
     }
 
-    /// Continues the epoch recorded in `state` from its next batch, with its running totals.
-    pub fn resume(&self, state: &LoaderState) -> Result<Epoch<'_>> {
-        let c = &self.shared.config;
-        if (state.seed, state.rank, state.world_size, state.batch_size)
-            != (c.seed, c.rank, c.world_size, c.batch_size)
-        {
+    /// Continues the epoch recorded in `state`, with its running totals.
+    ///
+    /// At the state's world size the epoch continues from its next batch, exactly as an
+    /// uninterrupted run would. At another world size (elastic resume), the rest of the epoch
+    /// is every sample of the epoch's order that no rank had been given when the state was
+    /// saved, each once, dealt out again between this loader's ranks with equal batch counts
+    /// per rank (padding, under [`Uneven::Pad`], repeats samples already given).
+    ///
+    /// # Errors
+    /// [`Error::StateMismatch`] naming the first setting that differs (seed, batch size,
+    /// shuffle, drop_last, uneven, dataset, state version); [`Error::Config`] when the state's
+    /// position lies past its epoch.
+    pub fn resume(&self, state: &LoaderState) -> Result<Epoch> {
+        self.check_resumable(state)?;
+        let sampler = &self.inner.sampler;
+        let saved = Sampler {
+            len: sampler.len,
+            sampling: Sampling {
+                rank: 0,
+                world_size: state.world_size,
+                ..sampler.sampling
+            },
+        };
+        let batches = saved.batches_per_epoch_from(state.start);
+        if state.world_size == 0 || state.start > sampler.len || state.next_batch > batches {
             return Err(Error::Config(format!(
-                "state is for seed {} rank {}/{} batch size {}, this loader has seed {} rank {}/{} batch size {}",
-                state.seed,
-                state.rank,
-                state.world_size,
-                state.batch_size,
-                c.seed,
-                c.rank,
-                c.world_size,
-                c.batch_size
+                "the state's position (batch {} of the part from sample {} at world size {}) \
+                 is past its epoch's {batches} batches",
+                state.next_batch, state.start, state.world_size
             )));
         }
-        if state.next_batch > self.batches_per_epoch() {
-            return Err(Error::Config(format!(
-                "state's next batch {} is past the epoch's {} batches",
-                state.next_batch,
-                self.batches_per_epoch()
-            )));
-        }
-        let mut epoch = self.start(state.epoch, state.next_batch);
+        let mut epoch = if state.world_size == sampler.sampling.world_size {
+            self.start(state.epoch, state.start, state.next_batch)
+        } else {
+            let start = saved.position_after(state.start, state.next_batch);
+            let mut epoch = self.start(state.epoch, start, 0);
+            epoch.samples_before_part = state.samples_seen;
+            epoch
+        };
         epoch.bad_samples = state.bad_samples;
         epoch.samples_seen = state.samples_seen;
         Ok(epoch)
     }
 
-    fn start(&self, epoch: u64, first: usize) -> Epoch<'_> {
+    /// Refuses a state whose stream this loader would not continue.
+    fn check_resumable(&self, state: &LoaderState) -> Result<()> {
+        let s = &self.inner.sampler.sampling;
+        let differs = |setting: &'static str, saved: String, current: String| {
+            Err(Error::StateMismatch {
+                setting,
+                saved,
+                current,
+            })
+        };
+        if state.version != LOADER_STATE_VERSION {
+            return differs(
+                "state version",
+                state.version.to_string(),
+                LOADER_STATE_VERSION.to_string(),
+            );
+        }
+        if state.dataset != self.inner.fingerprint {
+            return differs(
+                "dataset",
+                format!("fingerprint {}", state.dataset),
+                format!(
+                    "fingerprint {} ({})",
+                    self.inner.fingerprint,
+                    self.dataset().path().display()
+                ),
+            );
+        }
+        if state.seed != s.seed {
+            return differs("seed", state.seed.to_string(), s.seed.to_string());
+        }
+        if state.batch_size != s.batch_size {
+            return differs(
+                "batch_size",
+                state.batch_size.to_string(),
+                s.batch_size.to_string(),
+            );
+        }
+        if state.shuffle != s.shuffle {
+            return differs("shuffle", state.shuffle.to_string(), s.shuffle.to_string());
+        }
+        if state.drop_last != s.drop_last {
+            return differs(
+                "drop_last",
+                state.drop_last.to_string(),
+                s.drop_last.to_string(),
+            );
+        }
+        if state.uneven != s.uneven {
+            return differs(
+                "uneven",
+                format!("{:?}", state.uneven),
+                format!("{:?}", s.uneven),
+            );
+        }
+        Ok(())
+    }
+
+    /// The part of `epoch` from position `start` of its order, from batch `first` of that part.
+    fn start(&self, epoch: u64, start: usize, first: usize) -> Epoch {
         let (reply_tx, reply_rx) = crossbeam_channel::unbounded();
         Epoch {
-            loader: self,
+            loader: Arc::clone(&self.inner),
             epoch,
-            batches: self.sampler.batches(epoch),
+            start,
+            batches: self.inner.sampler.batches_from(epoch, start),
             next_send: first,
             next_deliver: first,
             pending: HashMap::new(),
@@ -397,13 +612,14 @@ impl Loader {
             cancel: Arc::new(AtomicBool::new(false)),
             bad_samples: 0,
             samples_seen: 0,
+            samples_before_part: 0,
             done: false,
         }
     }
 
     /// Stage times and counts so far.
     pub fn stats(&self) -> Stats {
-        let c = &self.shared.counters;
+        let c = &self.inner.shared.counters;
         let d = |a: &AtomicU64| Duration::from_nanos(a.load(Ordering::Relaxed));
         Stats {
             read: d(&c.read),
@@ -418,19 +634,14 @@ impl Loader {
     }
 }
 
-impl Drop for Loader {
-    fn drop(&mut self) {
-        self.jobs.take(); // closes the queue: workers finish their job and exit
-        for worker in self.workers.drain(..) {
-            let _ = worker.join();
-        }
-    }
-}
-
-/// One epoch's batches, in order. Dropping it cancels the batches still being built.
-pub struct Epoch<'a> {
-    loader: &'a Loader,
+/// One epoch's batches, in order. It owns a share of its loader, so it may outlive the
+/// [`Loader`] value it came from (the worker threads stay until both are gone). Dropping it
+/// cancels the batches still being built.
+pub struct Epoch {
+    loader: Arc<Inner>,
     epoch: u64,
+    /// Where in the epoch's order this part begins (0 unless resumed at another world size).
+    start: usize,
     batches: Vec<Vec<usize>>,
     next_send: usize,
     next_deliver: usize,
@@ -440,23 +651,36 @@ pub struct Epoch<'a> {
     cancel: Arc<AtomicBool>,
     bad_samples: u64,
     samples_seen: u64,
+    /// Sample slots this rank consumed before this part began (elastic resume).
+    samples_before_part: u64,
     done: bool,
 }
 
-impl Epoch<'_> {
+impl Epoch {
     /// Where this epoch stands: the next batch [`next`](Iterator::next) would return.
     pub fn state(&self) -> LoaderState {
-        let c = &self.loader.shared.config;
+        let s = &self.loader.sampler.sampling;
         LoaderState {
-            seed: c.seed,
+            version: LOADER_STATE_VERSION,
+            seed: s.seed,
             epoch: self.epoch,
+            batch_size: s.batch_size,
+            shuffle: s.shuffle,
+            drop_last: s.drop_last,
+            uneven: s.uneven,
+            rank: s.rank,
+            world_size: s.world_size,
+            dataset: self.loader.fingerprint.clone(),
+            start: self.start,
             next_batch: self.next_deliver,
             bad_samples: self.bad_samples,
             samples_seen: self.samples_seen,
-            rank: c.rank,
-            world_size: c.world_size,
-            batch_size: c.batch_size,
         }
+    }
+
+    /// The epoch number.
+    pub fn number(&self) -> u64 {
+        self.epoch
     }
 
     /// Batches left in this epoch.
@@ -468,7 +692,9 @@ impl Epoch<'_> {
         match self.loader.shared.config.max_bad? {
             MaxBad::Count(n) if self.bad_samples > n => Some(format!("max {n}")),
             MaxBad::Fraction(f) => {
-                let per_epoch = self.batches.iter().map(Vec::len).sum::<usize>() as f64;
+                let per_epoch = (self.samples_before_part
+                    + self.batches.iter().map(Vec::len).sum::<usize>() as u64)
+                    as f64;
                 (self.bad_samples as f64 > f * per_epoch)
                     .then(|| format!("max {:.4}% of the epoch's {per_epoch} samples", f * 100.0))
             }
@@ -477,7 +703,7 @@ impl Epoch<'_> {
     }
 }
 
-impl Iterator for Epoch<'_> {
+impl Iterator for Epoch {
     type Item = Result<Batch>;
 
     fn next(&mut self) -> Option<Result<Batch>> {
@@ -555,7 +781,7 @@ impl Iterator for Epoch<'_> {
     }
 }
 
-impl Drop for Epoch<'_> {
+impl Drop for Epoch {
     fn drop(&mut self) {
         self.cancel.store(true, Ordering::Relaxed);
     }
@@ -719,7 +945,7 @@ impl Worker {
         bad: &mut Vec<BadSample>,
     ) -> Result<Option<(usize, u32)>> {
         let config = &shared.config;
-        let mut rng = SampleRng::keyed(config.seed, epoch, index as u64, REPLACE_DOMAIN);
+        let mut rng = SampleRng::keyed(config.sampling.seed, epoch, index as u64, REPLACE_DOMAIN);
         let len = shared.dataset.len() as u64;
         for _ in 0..REPLACE_ATTEMPTS {
             let candidate = rng.below(len) as usize;
@@ -764,7 +990,7 @@ impl Worker {
             }
         };
         let label = record.label;
-        let mut rng = SampleRng::new(config.seed, epoch, index as u64);
+        let mut rng = SampleRng::new(config.sampling.seed, epoch, index as u64);
         let prepared = match self.transformer.apply_since(
             times.clock.last,
             &config.transform,

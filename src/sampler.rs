@@ -13,10 +13,13 @@
 //! Every rank therefore gets the same number of batches per epoch, so a distributed job never
 //! hangs waiting for a rank that ran out of data.
 
+use serde::{Deserialize, Serialize};
+
 use crate::rng::SampleRng;
 
 /// What to do when the dataset does not divide evenly between ranks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Uneven {
     /// Repeat samples from the start of the epoch's order (every sample is seen at least once).
     #[default]
@@ -25,12 +28,11 @@ pub enum Uneven {
     Drop,
 }
 
-/// Batch membership for one rank.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Sampler {
-    /// Number of samples in the dataset.
-    pub len: usize,
-    /// Samples per batch.
+/// Everything that decides which samples a rank's batches hold, besides the dataset's length:
+/// the settings a [`Sampler`] and a [`LoaderConfig`](crate::loader::LoaderConfig) share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sampling {
+    /// Samples per batch (at least 1).
     pub batch_size: usize,
     /// Shuffle seed.
     pub seed: u64,
@@ -42,8 +44,37 @@ pub struct Sampler {
     pub rank: usize,
     /// Number of ranks.
     pub world_size: usize,
-    /// Padding or dropping when `len % world_size != 0`.
+    /// Padding or dropping when the samples do not divide evenly between ranks.
     pub uneven: Uneven,
+}
+
+impl Default for Sampling {
+    /// Batches of 32, shuffled with seed 0, one rank, padding.
+    fn default() -> Self {
+        Sampling {
+            batch_size: 32,
+            seed: 0,
+            shuffle: true,
+            drop_last: false,
+            rank: 0,
+            world_size: 1,
+            uneven: Uneven::Pad,
+        }
+    }
+}
+
+/// Batch membership for one rank.
+///
+/// An epoch may start part-way through its order (`start` in the `*_from` methods): the first
+/// `start` samples of the epoch's order were delivered before, possibly at another world size,
+/// and the rest of the epoch is the remaining order dealt out at this world size. This is what
+/// resuming a checkpoint at another world size uses; `start` 0 is a whole epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sampler {
+    /// Number of samples in the dataset.
+    pub len: usize,
+    /// Batch size, shuffling and sharding.
+    pub sampling: Sampling,
 }
 
 /// Domain separator for the shuffle stream (sample streams use domain 0).
@@ -58,21 +89,19 @@ impl Sampler {
         assert!(batch_size > 0, "batch_size must be at least 1");
         Sampler {
             len,
-            batch_size,
-            seed: 0,
-            shuffle: false,
-            drop_last: false,
-            rank: 0,
-            world_size: 1,
-            uneven: Uneven::Pad,
+            sampling: Sampling {
+                batch_size,
+                shuffle: false,
+                ..Sampling::default()
+            },
         }
     }
 
     /// The epoch's order of all samples (before sharding).
     pub fn order(&self, epoch: u64) -> Vec<usize> {
         let mut order: Vec<usize> = (0..self.len).collect();
-        if self.shuffle {
-            let mut rng = SampleRng::keyed(self.seed, epoch, 0, SHUFFLE_DOMAIN);
+        if self.sampling.shuffle {
+            let mut rng = SampleRng::keyed(self.sampling.seed, epoch, 0, SHUFFLE_DOMAIN);
             for i in (1..order.len()).rev() {
                 let j = rng.below(i as u64 + 1) as usize;
                 order.swap(i, j);
@@ -86,62 +115,110 @@ impl Sampler {
     /// # Panics
     /// When `rank >= world_size` or `world_size == 0`.
     pub fn rank_indices(&self, epoch: u64) -> Vec<usize> {
-        assert!(
-            self.world_size > 0 && self.rank < self.world_size,
-            "rank {} out of 0..{}",
-            self.rank,
-            self.world_size
-        );
-        let mut order = self.order(epoch);
-        let w = self.world_size;
-        match self.uneven {
-            Uneven::Drop => order.truncate(order.len() - order.len() % w),
-            Uneven::Pad if !order.len().is_multiple_of(w) && !order.is_empty() => {
-                let missing = w - order.len() % w;
-                let pad: Vec<usize> = order.iter().copied().cycle().take(missing).collect();
-                order.extend(pad);
+        self.rank_indices_from(epoch, 0)
+    }
+
+    /// This rank's samples for the part of `epoch` that starts at position `start` of the
+    /// epoch's order: the remaining order is padded or cut to a multiple of the world size and
+    /// dealt out round-robin. Padding repeats samples from the start of the order: of the whole
+    /// order for a whole epoch, of the delivered part for a part epoch (so that each remaining
+    /// sample is given out once).
+    ///
+    /// # Panics
+    /// When `rank >= world_size` or `world_size == 0`.
+    pub fn rank_indices_from(&self, epoch: u64, start: usize) -> Vec<usize> {
+        let Sampling {
+            rank,
+            world_size: w,
+            ..
+        } = self.sampling;
+        assert!(w > 0 && rank < w, "rank {rank} out of 0..{w}");
+        let order = self.order(epoch);
+        let mut rest = order[start.min(order.len())..].to_vec();
+        match self.sampling.uneven {
+            Uneven::Drop => rest.truncate(rest.len() - rest.len() % w),
+            Uneven::Pad if !rest.len().is_multiple_of(w) && !rest.is_empty() => {
+                // Padding repeats samples already delivered where there are any, so that the
+                // rest of a part epoch holds each remaining sample once.
+                let missing = w - rest.len() % w;
+                let delivered = &order[..start.min(order.len())];
+                let source = if delivered.is_empty() {
+                    &order
+                } else {
+                    delivered
+                };
+                rest.extend(source.iter().copied().cycle().take(missing));
             }
             Uneven::Pad => {}
         }
-        order.into_iter().skip(self.rank).step_by(w).collect()
+        rest.into_iter().skip(rank).step_by(w).collect()
     }
 
     /// Number of samples each rank gets per epoch.
     pub fn samples_per_rank(&self) -> usize {
-        match self.uneven {
-            Uneven::Drop => self.len / self.world_size,
-            Uneven::Pad => self.len.div_ceil(self.world_size),
+        self.samples_per_rank_from(0)
+    }
+
+    /// Number of samples each rank gets from position `start` of an epoch's order on.
+    pub fn samples_per_rank_from(&self, start: usize) -> usize {
+        let rest = self.len.saturating_sub(start);
+        match self.sampling.uneven {
+            Uneven::Drop => rest / self.sampling.world_size,
+            Uneven::Pad => rest.div_ceil(self.sampling.world_size),
         }
     }
 
     /// The most samples any batch of an epoch holds: `batch_size`, or fewer when a rank's whole
     /// epoch is smaller than that.
     pub fn largest_batch(&self) -> usize {
-        self.batch_size.min(self.samples_per_rank())
+        self.sampling.batch_size.min(self.samples_per_rank())
     }
 
     /// Number of batches each rank gets per epoch.
     pub fn batches_per_epoch(&self) -> usize {
-        let per_rank = self.samples_per_rank();
-        if self.drop_last {
-            per_rank / self.batch_size
+        self.batches_per_epoch_from(0)
+    }
+
+    /// Number of batches each rank gets from position `start` of an epoch's order on.
+    pub fn batches_per_epoch_from(&self, start: usize) -> usize {
+        let per_rank = self.samples_per_rank_from(start);
+        if self.sampling.drop_last {
+            per_rank / self.sampling.batch_size
         } else {
-            per_rank.div_ceil(self.batch_size)
+            per_rank.div_ceil(self.sampling.batch_size)
         }
     }
 
     /// This rank's batches for `epoch`: sample indices per batch, in delivery order.
     pub fn batches(&self, epoch: u64) -> Vec<Vec<usize>> {
-        let indices = self.rank_indices(epoch);
-        let mut batches: Vec<Vec<usize>> = indices
-            .chunks(self.batch_size)
-            .map(<[usize]>::to_vec)
-            .collect();
-        if self.drop_last && batches.last().is_some_and(|b| b.len() < self.batch_size) {
+        self.batches_from(epoch, 0)
+    }
+
+    /// This rank's batches for the part of `epoch` from position `start` of its order on.
+    pub fn batches_from(&self, epoch: u64, start: usize) -> Vec<Vec<usize>> {
+        let batch_size = self.sampling.batch_size;
+        let indices = self.rank_indices_from(epoch, start);
+        let mut batches: Vec<Vec<usize>> =
+            indices.chunks(batch_size).map(<[usize]>::to_vec).collect();
+        if self.sampling.drop_last && batches.last().is_some_and(|b| b.len() < batch_size) {
             batches.pop();
         }
-        debug_assert_eq!(batches.len(), self.batches_per_epoch());
+        debug_assert_eq!(batches.len(), self.batches_per_epoch_from(start));
         batches
+    }
+
+    /// How many samples of the epoch's order every rank together has been given once each rank
+    /// has taken `delivered` batches of the part of the epoch that began at `start`: where that
+    /// part continues, at this or any other world size. Ranks take their samples round-robin,
+    /// so their first `delivered` batches are exactly the next `delivered × batch_size ×
+    /// world_size` samples of the order; once the part's last batch is delivered, the epoch is
+    /// over (`len`), including what `drop_last` or [`Uneven::Drop`] left out.
+    pub fn position_after(&self, start: usize, delivered: usize) -> usize {
+        if delivered >= self.batches_per_epoch_from(start) {
+            return self.len;
+        }
+        let taken = delivered * self.sampling.batch_size * self.sampling.world_size;
+        (start + taken).min(self.len)
     }
 }
 
@@ -153,12 +230,16 @@ mod tests {
 
     fn sampler(len: usize, batch: usize, world: usize, uneven: Uneven, drop_last: bool) -> Sampler {
         Sampler {
-            seed: 42,
-            shuffle: true,
-            drop_last,
-            world_size: world,
-            uneven,
-            ..Sampler::new(len, batch)
+            len,
+            sampling: Sampling {
+                batch_size: batch,
+                seed: 42,
+                shuffle: true,
+                drop_last,
+                world_size: world,
+                uneven,
+                ..Sampling::default()
+            },
         }
     }
 
@@ -177,7 +258,10 @@ mod tests {
         assert_ne!(
             s.order(3),
             Sampler {
-                seed: 43,
+                sampling: Sampling {
+                    seed: 43,
+                    ..s.sampling
+                },
                 ..s.clone()
             }
             .order(3)
@@ -195,7 +279,11 @@ mod tests {
         ) {
             let uneven = if pad { Uneven::Pad } else { Uneven::Drop };
             let ranks: Vec<Sampler> = (0..world)
-                .map(|rank| Sampler { rank, ..sampler(len, batch, world, uneven, drop_last) })
+                .map(|rank| {
+                    let mut s = sampler(len, batch, world, uneven, drop_last);
+                    s.sampling.rank = rank;
+                    s
+                })
                 .collect();
             let counts: HashSet<usize> = ranks.iter().map(|s| s.batches(epoch).len()).collect();
             prop_assert_eq!(counts.len(), 1, "ranks got different batch counts");
@@ -221,6 +309,61 @@ mod tests {
                 if drop_last {
                     prop_assert!(s.batches(epoch).iter().all(|b| b.len() == batch));
                 }
+            }
+        }
+
+        #[test]
+        fn a_part_epoch_at_another_world_size_deals_out_exactly_what_was_not_delivered(
+            len in 0usize..200, batch in 1usize..9, world in 1usize..6, next_world in 1usize..6,
+            pad in any::<bool>(), drop_last in any::<bool>(), pick in 0usize..400,
+        ) {
+            let uneven = if pad { Uneven::Pad } else { Uneven::Drop };
+            let at = |world: usize, rank: usize| {
+                let mut s = sampler(len, batch, world, uneven, drop_last);
+                s.sampling.rank = rank;
+                s
+            };
+            let epoch = 2;
+            let order = at(1, 0).order(epoch);
+            let batches = at(world, 0).batches_per_epoch();
+            // Half the cases stop within the first few batches, where padding could reach the
+            // remaining samples.
+            let delivered = if pick < 200 { pick % 4 } else { pick - 200 }.min(batches);
+            // What every rank at `world` was given in its first `delivered` batches ...
+            let mut given: Vec<usize> = (0..world)
+                .flat_map(|r| at(world, r).batches(epoch).into_iter().take(delivered).flatten())
+                .collect();
+            given.sort_unstable();
+            // ... is exactly the order up to the position the next part starts at.
+            let start = at(world, 0).position_after(0, delivered);
+            if delivered < batches {
+                let mut prefix = order[..start].to_vec();
+                prefix.sort_unstable();
+                prop_assert_eq!(given, prefix);
+            } else {
+                prop_assert_eq!(start, len, "an epoch whose batches were all delivered is over");
+            }
+            // At `next_world`, the rest of the order is dealt out once, in equal batch counts.
+            let ranks: Vec<Vec<Vec<usize>>> =
+                (0..next_world).map(|r| at(next_world, r).batches_from(epoch, start)).collect();
+            let counts: HashSet<usize> = ranks.iter().map(Vec::len).collect();
+            prop_assert!(counts.len() <= 1, "ranks got different batch counts");
+            if start == 0 {
+                return Ok(()); // a whole epoch: the test above
+            }
+            let rest: HashSet<usize> = order[start..].iter().copied().collect();
+            let dealt: Vec<usize> = ranks.concat().concat();
+            let from_rest: Vec<usize> = dealt.iter().copied().filter(|i| rest.contains(i)).collect();
+            let unique: HashSet<usize> = from_rest.iter().copied().collect();
+            prop_assert_eq!(unique.len(), from_rest.len(), "a remaining sample was dealt twice");
+            if pad {
+                // Padding, less than one sample per rank, repeats samples already given.
+                prop_assert!(dealt.len() - from_rest.len() < next_world, "padding beyond one per rank");
+                if !drop_last {
+                    prop_assert_eq!(unique, rest, "a remaining sample was left out");
+                }
+            } else {
+                prop_assert_eq!(dealt.len(), from_rest.len(), "only remaining samples are dealt");
             }
         }
     }

@@ -50,13 +50,11 @@ fn python_folder2lmdb_files_read_like_their_source_tree() {
 fn the_loader_reports_the_broken_files_inside_a_python_lmdb() {
     let loader = Loader::new(
         format::open(compat("folder2lmdb.lmdb")).unwrap(),
-        LoaderConfig {
-            batch_size: 5,
-            shuffle: false,
-            transform: Transform::cifar(),
-            bad_samples: BadSamplePolicy::Skip,
-            ..LoaderConfig::default()
-        },
+        LoaderConfig::default()
+            .with_batch_size(5)
+            .with_shuffle(false)
+            .with_transform(Transform::cifar())
+            .with_bad_samples(BadSamplePolicy::Skip),
     )
     .unwrap();
     let source = ImageFolder::open(fixture_root()).unwrap();

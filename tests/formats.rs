@@ -193,13 +193,11 @@ fn corrupt_and_truncated_shards_are_bad_samples_naming_shard_and_record() {
     assert!(reader.read(4).is_ok() && reader.read(6).is_ok());
 
     // The loader skips both and reports them by index; the epoch completes.
-    let config = LoaderConfig {
-        batch_size: 4,
-        workers: 2,
-        transform: Transform::none(),
-        bad_samples: BadSamplePolicy::Skip,
-        ..LoaderConfig::default()
-    };
+    let config = LoaderConfig::default()
+        .with_batch_size(4)
+        .with_workers(2)
+        .with_transform(Transform::none())
+        .with_bad_samples(BadSamplePolicy::Skip);
     let loader = Loader::new(dataset, config).unwrap();
     let mut bad = Vec::new();
     let mut delivered = 0;

@@ -37,13 +37,11 @@ fn dataset(dir: &Path) -> Arc<dyn Dataset> {
 }
 
 fn config(transform: Transform) -> LoaderConfig {
-    LoaderConfig {
-        batch_size: 8,
-        workers: 2,
-        seed: 7,
-        transform,
-        ..LoaderConfig::default()
-    }
+    LoaderConfig::default()
+        .with_batch_size(8)
+        .with_workers(2)
+        .with_seed(7)
+        .with_transform(transform)
 }
 
 /// Equal up to float rounding: the GPU may fuse the multiply-add, and f16 rounds that

@@ -43,15 +43,13 @@ fn datasets(dir: &Path) -> (Arc<dyn Dataset>, Arc<dyn Dataset>, Arc<dyn Dataset>
 }
 
 fn config(transform: Transform, workers: usize, prefetch: usize) -> LoaderConfig {
-    LoaderConfig {
-        batch_size: 4,
-        workers,
-        prefetch,
-        seed: 7,
-        shuffle: true,
-        transform,
-        ..LoaderConfig::default()
-    }
+    LoaderConfig::default()
+        .with_batch_size(4)
+        .with_workers(workers)
+        .with_prefetch(prefetch)
+        .with_seed(7)
+        .with_shuffle(true)
+        .with_transform(transform)
 }
 
 /// SHA-256 over every batch of `epoch`: shape, bytes, labels, sample indices, in order.
@@ -110,14 +108,7 @@ fn seed_and_epoch_change_the_stream() {
     let dir = tempfile::tempdir().unwrap();
     let (_, lmdb, _) = datasets(dir.path());
     let loader = Loader::new(Arc::clone(&lmdb), config(rrc(12), 2, 2)).unwrap();
-    let other_seed = Loader::new(
-        Arc::clone(&lmdb),
-        LoaderConfig {
-            seed: 8,
-            ..config(rrc(12), 2, 2)
-        },
-    )
-    .unwrap();
+    let other_seed = Loader::new(Arc::clone(&lmdb), config(rrc(12), 2, 2).with_seed(8)).unwrap();
     assert_ne!(epoch_digest(&loader, 0), epoch_digest(&loader, 1));
     assert_ne!(epoch_digest(&loader, 0), epoch_digest(&other_seed, 0));
     assert_eq!(epoch_digest(&loader, 0), epoch_digest(&loader, 0));
@@ -159,19 +150,18 @@ fn resume_yields_exactly_the_remaining_batches() {
         );
     }
     // A state from another configuration is refused.
-    let other = Loader::new(
-        Arc::clone(&lmdb),
-        LoaderConfig {
-            seed: 99,
-            ..config(transform, 1, 1)
-        },
-    )
-    .unwrap();
+    let other = Loader::new(Arc::clone(&lmdb), config(transform, 1, 1).with_seed(99)).unwrap();
     let state = Loader::new(Arc::clone(&lmdb), config(transform, 1, 1))
         .unwrap()
         .epoch(0)
         .state();
-    assert!(matches!(other.resume(&state), Err(Error::Config(_))));
+    assert!(matches!(
+        other.resume(&state),
+        Err(Error::StateMismatch {
+            setting: "seed",
+            ..
+        })
+    ));
 }
 
 #[test]
@@ -180,10 +170,7 @@ fn raw_u8_batches_hold_the_stored_pixels_in_sampler_order() {
     let (_, _, raw) = datasets(dir.path());
     let loader = Loader::new(
         Arc::clone(&raw),
-        LoaderConfig {
-            shuffle: false,
-            ..config(Transform::none(), 2, 2)
-        },
+        config(Transform::none(), 2, 2).with_shuffle(false),
     )
     .unwrap();
     let mut reader = raw.open_reader().unwrap();
@@ -251,17 +238,15 @@ fn cifar_transform_normalizes_and_flips_like_torchvision() {
 fn fixture_loader(policy: BadSamplePolicy, max_bad: Option<MaxBad>, workers: usize) -> Loader {
     Loader::new(
         format::open(fixture_root()).unwrap(),
-        LoaderConfig {
-            batch_size: 4,
-            workers,
-            prefetch: 3,
-            seed: 1,
-            shuffle: false,
-            transform: Transform::cifar(),
-            bad_samples: policy,
-            max_bad,
-            ..LoaderConfig::default()
-        },
+        LoaderConfig::default()
+            .with_batch_size(4)
+            .with_workers(workers)
+            .with_prefetch(3)
+            .with_seed(1)
+            .with_shuffle(false)
+            .with_transform(Transform::cifar())
+            .with_bad_samples(policy)
+            .with_max_bad(max_bad),
     )
     .unwrap()
 }
@@ -386,7 +371,7 @@ fn mixed_sizes_without_resizing_name_both_samples() {
     }
     std::fs::remove_dir(src.join("tmp")).unwrap();
     let mut cfg = config(Transform::cifar(), 2, 2);
-    cfg.shuffle = false;
+    cfg.sampling.shuffle = false;
     let loader = Loader::new(format::open(&src).unwrap(), cfg.clone()).unwrap();
     let err = loader.epoch(0).find_map(Result::err).unwrap().to_string();
     assert!(
@@ -421,12 +406,9 @@ fn ranks_get_disjoint_samples_and_equal_batch_counts() {
             .map(|rank| {
                 let loader = Loader::new(
                     Arc::clone(&lmdb),
-                    LoaderConfig {
-                        rank,
-                        world_size: world,
-                        uneven,
-                        ..config(Transform::none(), 2, 2)
-                    },
+                    config(Transform::none(), 2, 2)
+                        .with_rank(rank, world)
+                        .with_uneven(uneven),
                 )
                 .unwrap();
                 let batches: Vec<_> = loader.epoch(2).map(Result::unwrap).collect();
@@ -529,39 +511,26 @@ fn invalid_configurations_are_refused() {
             .map(|e| e.to_string())
     };
     assert!(
-        bad(LoaderConfig {
-            batch_size: 0,
-            ..LoaderConfig::default()
-        })
-        .unwrap()
-        .contains("batch_size")
+        bad(LoaderConfig::default().with_batch_size(0))
+            .unwrap()
+            .contains("batch_size")
     );
     assert!(
-        bad(LoaderConfig {
-            workers: 0,
-            ..LoaderConfig::default()
-        })
-        .unwrap()
-        .contains("workers")
+        bad(LoaderConfig::default().with_workers(0))
+            .unwrap()
+            .contains("workers")
     );
     assert!(
-        bad(LoaderConfig {
-            rank: 2,
-            world_size: 2,
-            ..LoaderConfig::default()
-        })
-        .unwrap()
-        .contains("rank 2")
+        bad(LoaderConfig::default().with_rank(2, 2))
+            .unwrap()
+            .contains("rank 2")
     );
     let mut t = Transform::cifar();
     t.output.dtype = DType::U8;
     assert!(
-        bad(LoaderConfig {
-            transform: t,
-            ..LoaderConfig::default()
-        })
-        .unwrap()
-        .contains("float output")
+        bad(LoaderConfig::default().with_transform(t))
+            .unwrap()
+            .contains("float output")
     );
 }
 
@@ -578,13 +547,11 @@ fn a_corrupt_huffman_table_never_makes_the_samples_after_it_bad() {
     ] {
         let loader = Loader::new(
             format::open(&src).unwrap(),
-            LoaderConfig {
-                batch_size: 8,
-                workers,
-                transform: Transform::cifar(),
-                bad_samples: policy,
-                ..LoaderConfig::default()
-            },
+            LoaderConfig::default()
+                .with_batch_size(8)
+                .with_workers(workers)
+                .with_transform(Transform::cifar())
+                .with_bad_samples(policy),
         )
         .unwrap();
         let batches: Vec<_> = loader.epoch(0).map(Result::unwrap).collect();
@@ -614,13 +581,11 @@ fn a_batch_size_past_the_epoch_allocates_only_what_the_epoch_holds() {
     for world_size in [1, 2] {
         let loader = Loader::new(
             Arc::clone(&folder),
-            LoaderConfig {
-                batch_size: 100_000,
-                workers: 2,
-                world_size,
-                transform: Transform::cifar(),
-                ..LoaderConfig::default()
-            },
+            LoaderConfig::default()
+                .with_batch_size(100_000)
+                .with_workers(2)
+                .with_rank(0, world_size)
+                .with_transform(Transform::cifar()),
         )
         .unwrap();
         let batches: Vec<_> = loader.epoch(0).map(Result::unwrap).collect();
@@ -636,4 +601,289 @@ fn a_batch_size_past_the_epoch_allocates_only_what_the_epoch_holds() {
             loader.pool().allocations()
         );
     }
+}
+
+/// Each sample of a batch with its slot's bytes.
+fn slots(batch: &imagefeed::batch::Batch) -> Vec<(usize, Vec<u8>)> {
+    let slot = batch.bytes().len() / batch.len().max(1);
+    batch
+        .samples
+        .iter()
+        .zip(batch.bytes().chunks(slot))
+        .map(|(&index, bytes)| (index, bytes.to_vec()))
+        .collect()
+}
+
+#[test]
+fn a_state_resumes_only_a_loader_that_gives_the_same_stream_and_names_what_differs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (folder, lmdb, raw) = datasets(dir.path());
+    let base = config(rrc(12), 2, 2);
+    let mut epoch = Loader::new(Arc::clone(&lmdb), base.clone())
+        .unwrap()
+        .epoch(1);
+    epoch.next().unwrap().unwrap();
+    let state = epoch.state();
+    drop(epoch);
+    let resume = |dataset: &Arc<dyn Dataset>, config: LoaderConfig, state: &LoaderState| {
+        Loader::new(Arc::clone(dataset), config)
+            .unwrap()
+            .resume(state)
+            .map(|epoch| epoch.count())
+    };
+    // What may change: workers, prefetch, rank (same world size), and the dataset's location.
+    assert_eq!(
+        resume(&lmdb, base.clone().with_workers(1), &state).unwrap(),
+        7
+    );
+    assert_eq!(
+        resume(&lmdb, base.clone().with_prefetch(5), &state).unwrap(),
+        7
+    );
+    assert_eq!(
+        resume(&lmdb, base.clone().with_rank(0, 1), &state).unwrap(),
+        7
+    );
+    let moved = dir.path().join("moved.lmdb");
+    std::fs::rename(dir.path().join("enc.lmdb"), &moved).unwrap();
+    let moved = format::open(&moved).unwrap();
+    assert_eq!(resume(&moved, base.clone(), &state).unwrap(), 7);
+    // What decides the stream is checked, and the error names it with both values.
+    let cases: Vec<(&str, Arc<dyn Dataset>, LoaderConfig, LoaderState)> = vec![
+        (
+            "seed",
+            Arc::clone(&lmdb),
+            base.clone().with_seed(8),
+            state.clone(),
+        ),
+        (
+            "batch_size",
+            Arc::clone(&lmdb),
+            base.clone().with_batch_size(5),
+            state.clone(),
+        ),
+        (
+            "shuffle",
+            Arc::clone(&lmdb),
+            base.clone().with_shuffle(false),
+            state.clone(),
+        ),
+        (
+            "drop_last",
+            Arc::clone(&lmdb),
+            base.clone().with_drop_last(true),
+            state.clone(),
+        ),
+        (
+            "uneven",
+            Arc::clone(&lmdb),
+            base.clone().with_uneven(Uneven::Drop),
+            state.clone(),
+        ),
+        // Same records, other format or payload: another dataset.
+        ("dataset", Arc::clone(&folder), base.clone(), state.clone()),
+        ("dataset", Arc::clone(&raw), base.clone(), state.clone()),
+        (
+            "state version",
+            Arc::clone(&lmdb),
+            base.clone(),
+            LoaderState {
+                version: 1,
+                ..state.clone()
+            },
+        ),
+    ];
+    for (setting, dataset, config, state) in cases {
+        match resume(&dataset, config, &state) {
+            Err(err @ Error::StateMismatch { .. }) => {
+                let Error::StateMismatch {
+                    setting: named,
+                    ref saved,
+                    ref current,
+                } = err
+                else {
+                    unreachable!()
+                };
+                assert_eq!(named, setting, "{err}");
+                assert_ne!(saved, current, "{err}");
+                assert!(err.to_string().contains(setting), "{err}");
+            }
+            other => panic!(
+                "{setting}: expected a mismatch, got {:?}",
+                other.map(|_| ())
+            ),
+        }
+    }
+    // A dataset repacked with other contents (one more class) is another dataset too.
+    let spec = SyntheticSpec {
+        classes: 4,
+        per_class: 10,
+        width: 24,
+        height: 16,
+        ..SyntheticSpec::default()
+    };
+    synthetic::write_image_folder(dir.path().join("src4"), &spec).unwrap();
+    let other = format::open(dir.path().join("src4")).unwrap();
+    assert!(matches!(
+        resume(&other, base.clone(), &state),
+        Err(Error::StateMismatch {
+            setting: "dataset",
+            ..
+        })
+    ));
+    // A position past the epoch is a configuration error, not a silent empty epoch.
+    let past = LoaderState {
+        next_batch: 9,
+        ..state.clone()
+    };
+    let err = resume(&lmdb, base.clone(), &past).unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err}");
+}
+
+#[test]
+fn any_rank_of_a_world_size_resumes_from_any_ranks_state() {
+    // Ranks advance in lockstep, so rank 0's checkpoint resumes every rank.
+    let dir = tempfile::tempdir().unwrap();
+    let (_, lmdb, _) = datasets(dir.path());
+    let at = |rank| config(rrc(12), 2, 2).with_rank(rank, 3);
+    let mut rank0 = Loader::new(Arc::clone(&lmdb), at(0)).unwrap().epoch(4);
+    rank0.next().unwrap().unwrap();
+    let state = rank0.state();
+    let full: Vec<Vec<(usize, Vec<u8>)>> = Loader::new(Arc::clone(&lmdb), at(2))
+        .unwrap()
+        .epoch(4)
+        .map(|b| slots(&b.unwrap()))
+        .collect();
+    let rest: Vec<Vec<(usize, Vec<u8>)>> = Loader::new(Arc::clone(&lmdb), at(2))
+        .unwrap()
+        .resume(&state)
+        .unwrap()
+        .map(|b| slots(&b.unwrap()))
+        .collect();
+    assert_eq!(rest, full[1..]);
+}
+
+#[test]
+fn an_epoch_resumed_at_another_world_size_gives_each_undelivered_sample_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, lmdb, _) = datasets(dir.path());
+    let epoch = 3;
+    let at = |rank, world| config(rrc(12), 2, 2).with_rank(rank, world);
+    // Every sample's pixels depend only on (seed, epoch, index): the single-rank epoch is the
+    // reference for what any rank delivers.
+    let reference: std::collections::HashMap<usize, Vec<u8>> =
+        Loader::new(Arc::clone(&lmdb), at(0, 1))
+            .unwrap()
+            .epoch(epoch)
+            .flat_map(|b| slots(&b.unwrap()))
+            .collect();
+    assert_eq!(reference.len(), 30);
+    // Runs `delivered` batches on every rank of `world` (from `state` if given) and returns
+    // the samples they delivered and rank 0's state there.
+    let run = |world: usize, state: Option<&LoaderState>, delivered: Option<usize>| {
+        let mut samples = Vec::new();
+        let mut counts = HashSet::new();
+        let mut saved = None;
+        for rank in 0..world {
+            let loader = Loader::new(Arc::clone(&lmdb), at(rank, world)).unwrap();
+            let mut stream = match state {
+                Some(state) => loader.resume(state).unwrap(),
+                None => loader.epoch(epoch),
+            };
+            counts.insert(stream.remaining());
+            let take = delivered.unwrap_or(usize::MAX);
+            for batch in stream.by_ref().take(take) {
+                for (index, bytes) in slots(&batch.unwrap()) {
+                    assert_eq!(bytes, reference[&index], "sample {index} at world {world}");
+                    samples.push(index);
+                }
+            }
+            if rank == 0 {
+                saved = Some(stream.state());
+            }
+        }
+        assert_eq!(
+            counts.len(),
+            1,
+            "world {world}: unequal batch counts {counts:?}"
+        );
+        (samples, saved.unwrap())
+    };
+    for (world, next_worlds) in [(4, vec![2, 3, 1]), (2, vec![3, 4])] {
+        let (before, state) = run(world, None, Some(1));
+        assert_eq!(state.next_batch, 1);
+        for next_world in next_worlds {
+            let (after, _) = run(next_world, Some(&state), None);
+            let undelivered: HashSet<usize> = (0..30).filter(|i| !before.contains(i)).collect();
+            let fresh: Vec<usize> = after
+                .iter()
+                .copied()
+                .filter(|i| !before.contains(i))
+                .collect();
+            assert_eq!(
+                fresh.len(),
+                undelivered.len(),
+                "{world} -> {next_world}: an undelivered sample came twice or not at all"
+            );
+            assert_eq!(fresh.iter().copied().collect::<HashSet<_>>(), undelivered);
+            assert!(
+                after.len() - fresh.len() < next_world,
+                "{world} -> {next_world}: padding beyond one sample per rank"
+            );
+        }
+    }
+    // Twice: 4 ranks for one batch, 3 for one more, then 1 for the rest; and a state saved in
+    // the part at 3 resumes at 3 exactly as that part continues.
+    let (first, state4) = run(4, None, Some(1));
+    let (second, state3) = run(3, Some(&state4), Some(1));
+    assert!(state3.start > 0 && state3.next_batch == 1, "{state3:?}");
+    let (third, _) = run(1, Some(&state3), None);
+    let mut all = [first, second, third].concat();
+    all.sort_unstable();
+    assert_eq!(all, (0..30).collect::<Vec<_>>());
+    let continued: Vec<Vec<(usize, Vec<u8>)>> = {
+        let loader = Loader::new(Arc::clone(&lmdb), at(1, 3)).unwrap();
+        loader
+            .resume(&state4)
+            .unwrap()
+            .skip(1)
+            .map(|b| slots(&b.unwrap()))
+            .collect()
+    };
+    let resumed: Vec<Vec<(usize, Vec<u8>)>> = Loader::new(Arc::clone(&lmdb), at(1, 3))
+        .unwrap()
+        .resume(&state3)
+        .unwrap()
+        .map(|b| slots(&b.unwrap()))
+        .collect();
+    assert_eq!(resumed, continued);
+}
+
+#[test]
+fn an_epoch_is_owned_and_outlives_its_loader_value() {
+    // A trainer keeps the loader and its current epoch in one struct; the epoch keeps the
+    // workers alive even when the `Loader` value goes first.
+    struct Trainer {
+        loader: Loader,
+        current: Option<imagefeed::loader::Epoch>,
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_, lmdb, _) = datasets(dir.path());
+    let loader = Loader::new(Arc::clone(&lmdb), config(rrc(12), 2, 2)).unwrap();
+    let expected = epoch_digest(&loader, 2);
+    let mut trainer = Trainer {
+        current: Some(loader.epoch(2)),
+        loader,
+    };
+    let first = trainer.current.as_mut().unwrap().next().unwrap().unwrap();
+    assert_eq!(first.index, 0);
+    let Trainer { loader, current } = trainer;
+    drop(loader);
+    let rest = current
+        .unwrap()
+        .map(|b| b.unwrap().index)
+        .collect::<Vec<_>>();
+    assert_eq!(rest, (1..8).collect::<Vec<_>>());
+    let loader = Loader::new(Arc::clone(&lmdb), config(rrc(12), 3, 1)).unwrap();
+    assert_eq!(epoch_digest(&loader, 2), expected);
 }

@@ -66,13 +66,11 @@ pub fn run(args: GpuArgs) -> Result<()> {
         }
     };
     let batch_size = args.batch_size.unwrap_or(batch_size);
-    let config = LoaderConfig {
-        batch_size,
-        workers: args.workers,
-        prefetch: 2 * args.workers,
-        transform: transform.with_output(DType::U8, Layout::Nhwc),
-        ..LoaderConfig::default()
-    };
+    let config = LoaderConfig::default()
+        .with_batch_size(batch_size)
+        .with_workers(args.workers)
+        .with_prefetch(2 * args.workers)
+        .with_transform(transform.with_output(DType::U8, Layout::Nhwc));
     let output = DeviceOutput {
         dtype: DType::F32,
         layout: Layout::Nchw,

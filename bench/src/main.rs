@@ -247,20 +247,18 @@ fn load(args: LoadArgs) -> Result<()> {
         dtype.unwrap_or(t.output.dtype),
         layout.unwrap_or(t.output.layout),
     );
-    let config = LoaderConfig {
-        batch_size,
-        workers,
-        prefetch: prefetch.unwrap_or(2 * workers),
-        seed,
-        shuffle: !no_shuffle,
-        transform: t,
-        bad_samples: match bad {
+    let config = LoaderConfig::default()
+        .with_batch_size(batch_size)
+        .with_workers(workers)
+        .with_prefetch(prefetch.unwrap_or(2 * workers))
+        .with_seed(seed)
+        .with_shuffle(!no_shuffle)
+        .with_transform(t)
+        .with_bad_samples(match bad {
             PolicyArg::Skip => BadSamplePolicy::Skip,
             PolicyArg::Replace => BadSamplePolicy::Replace,
             PolicyArg::Error => BadSamplePolicy::Error,
-        },
-        ..LoaderConfig::default()
-    };
+        });
     let transform_name = match transform {
         TransformArg::Cifar => "cifar",
         TransformArg::Imagenet => "imagenet",
