@@ -68,6 +68,7 @@ gpu-check: deps
 
 test: deps pyenv
 	IMAGEFEED_PYTHON=$(CURDIR)/$(PYENV)/bin/python $(CARGO) test --workspace
+	@CARGO=$(CARGO) scripts/gpu-tests-report.sh
 	$(MAKE) lint
 
 # A virtual environment with the Python packages the cross-tool tests use. Without Python the

@@ -1,28 +1,36 @@
 #!/usr/bin/env bash
 # The GPU feed's verification, in two halves so that the GPU machine needs no Rust toolchain:
 #
-#   bench/gpu-check.sh build [DIR]   here: builds the GPU tests, imagefeed-bench and the training
-#                                    example in release, and puts them in DIR (default
-#                                    gpu-check/) with the shared libraries they link (HDF5 &c.),
-#                                    a CIFAR-like dataset packed as LMDB, and this script
-#   DIR/gpu-check.sh run [DIR]       on a CUDA machine: runs the GPU tests, the bandwidth and
-#                                    prefetch measurements and the training example, and prints
-#                                    a summary table
-#   bench/gpu-check.sh               both, on a CUDA machine that also has Rust
+#   bench/gpu-check.sh build [DIR]   here: builds the GPU tests, imagefeed-bench, pack-dataset
+#                                    and the training example in release, stripped, and packs
+#                                    them into DIR (default gpu-check/, under 64 MiB) with the
+#                                    shared libraries they link beyond the C library, the
+#                                    benchmark data (compressed) and this script
+#   DIR/gpu-check.sh run [DIR]       on a CUDA machine: checks glibc, finds cuBLAS, runs every
+#                                    step below, going on after a failure, and prints a summary
+#   bench/gpu-check.sh find-cublas OUT [ROOT...]
+#                                    links libcublas.so / libcublasLt.so in OUT to the newest
+#                                    CUDA 13 or 12 cuBLAS under ROOTs (default: the Python
+#                                    packages' nvidia/ folders, the CUDA toolkit, ldconfig)
 #
-# DATASET=path/to/cifar10 (an ImageFolder tree or packed file) packs that instead of the
-# generated tree; the shared CIFAR-10 test set is the intended one.
-set -euo pipefail
+# DATA=path/to/folder-with-cifar10-test.tar.gz-and-imagenet-sample-200.tar (default
+# ../shared/data) supplies the real images; without them a synthetic tree stands in.
+# On the GPU machine, TORCH_PYTHON=python-with-torch (default: python3) runs the PyTorch
+# comparisons; they are skipped, saying so, when torch cannot be imported.
+set -uo pipefail
 
-mode=${1:-all}
+mode=${1:-}
 dir=${2:-gpu-check}
+LIMIT_BYTES=$((64 << 20))
 
 build() {
+    set -e
     local root
     root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
     cd "$root"
     scripts/install-deps.sh
-    mkdir -p "$dir/bin" "$dir/lib"
+    rm -rf "$dir"
+    mkdir -p "$dir/payload/bin" "$dir/payload/lib" "$dir/data"
     echo "== building (release)"
     cargo build --release -p imagefeed-bench -p pack-dataset
     cargo build --release -p imagefeed --example train_cifar_gpu
@@ -35,62 +43,220 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
         print(m["target"]["name"], m["executable"])')
     while read -r name exe; do
-        cp "$exe" "$dir/bin/test-$name"
+        cp "$exe" "$dir/payload/bin/test-$name"
     done <<<"$tests"
     cp target/release/imagefeed-bench target/release/pack-dataset \
-        target/release/examples/train_cifar_gpu "$dir/bin/"
-    # Line tables are of no use there; without them the directory is a fraction of the size.
-    strip --strip-debug "$dir"/bin/*
-    cp bench/gpu-check.sh "$dir/"
-    # Shared libraries the binaries need beyond the C library (libcuda comes from the driver).
-    for bin in "$dir"/bin/*; do
+        target/release/examples/train_cifar_gpu "$dir/payload/bin/"
+    strip "$dir"/payload/bin/*
+    # Shared libraries beyond the C library (libcuda comes from the driver). The run uses one
+    # only where the machine lacks it, so its own libssl, libcurl &c. are never shadowed.
+    for bin in "$dir"/payload/bin/*; do
         ldd "$bin" | awk '/=> \// {print $3}'
-    done | sort -u | grep -v -E '/(libc|libm|libdl|libpthread|librt|libresolv|ld-linux[^/]*)\.so' |
-        while read -r lib; do cp -L "$lib" "$dir/lib/"; done
-    echo "== dataset"
-    if [ -n "${DATASET:-}" ]; then
-        target/release/pack-dataset convert "$DATASET" "$dir/data.lmdb" --to lmdb --force -q
+    done | sort -u | grep -v -E '/(libc|libm|libdl|libpthread|librt|libresolv|libgcc_s|ld-linux[^/]*)\.so' |
+        while read -r lib; do cp -L "$lib" "$dir/payload/lib/"; done
+    ldd --version | head -1 | awk '{print $NF}' >"$dir/payload/glibc-built-with"
+    cp bench/torch_baseline.py "$dir/payload/"
+    tar -C "$dir" -czf "$dir/payload.tar.gz" payload
+    rm -rf "$dir/payload"
+    cp bench/gpu-check.sh "$dir/"
+    echo "== data"
+    local data=${DATA:-$root/../shared/data}
+    if [ -f "$data/cifar10-test.tar.gz" ] && [ -f "$data/imagenet-sample-200.tar" ]; then
+        cp "$data/cifar10-test.tar.gz" "$data/imagenet-sample-200.tar" "$dir/data/"
     else
-        target/release/pack-dataset synth "$dir/tree" --classes 10 --per-class 500 --size 32x32
-        target/release/pack-dataset imagefolder2lmdb "$dir/tree" "$dir/data.lmdb" --force -q
-        rm -rf "$dir/tree"
+        echo "no real images in $data: a synthetic CIFAR-like tree stands in"
+        target/release/pack-dataset synth "$dir/data/cifar10-test" --classes 10 --per-class 500 --size 32x32
+        tar -C "$dir/data" -czf "$dir/data/cifar10-test.tar.gz" cifar10-test
+        rm -rf "$dir/data/cifar10-test"
     fi
-    du -sh "$dir"
-    echo "built $dir: copy it to the CUDA machine and run $dir/gpu-check.sh run $dir"
+    local size
+    size=$(du -sb "$dir" | cut -f1)
+    echo "$dir: $((size >> 20)) MiB ($size bytes; the limit is 64 MiB)"
+    if [ "$size" -gt "$LIMIT_BYTES" ]; then
+        echo "error: $dir is over 64 MiB" >&2
+        exit 1
+    fi
+    echo "built $dir; on the CUDA machine, from the folder holding it: $dir/gpu-check.sh run $dir"
+}
+
+# find-cublas OUT [ROOT...]: links OUT/libcublas.so and OUT/libcublasLt.so to the newest CUDA
+# 13 (else 12) cuBLAS found, and prints the folder it is in. cudarc looks for libcublas.so,
+# .so.12, .so.11...: never .so.13, so CUDA 13's is reached through the unversioned link.
+find_cublas() {
+    local out=$1
+    shift
+    local roots=("$@")
+    if [ ${#roots[@]} -eq 0 ]; then
+        local py
+        for py in ${TORCH_PYTHON:-python3} python3; do
+            while read -r site; do
+                [ -d "$site/nvidia" ] && roots+=("$site/nvidia")
+            done < <("$py" -c 'import site, sys; print("\n".join(site.getsitepackages() + [site.getusersitepackages()]))' 2>/dev/null)
+        done
+        roots+=(/usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu)
+    fi
+    local major found=""
+    for major in 13 12; do
+        found=$(find "${roots[@]}" -name "libcublas.so.$major*" \( -type f -o -type l \) 2>/dev/null | sort | head -1)
+        [ -n "$found" ] && break
+    done
+    if [ -z "$found" ]; then
+        echo "no libcublas.so.13 or .so.12 under: ${roots[*]}" >&2
+        return 1
+    fi
+    local folder
+    folder=$(dirname "$found")
+    local lt
+    lt=$(find "$folder" -maxdepth 1 -name "libcublasLt.so.$major*" 2>/dev/null | sort | head -1)
+    mkdir -p "$out"
+    ln -sfn "$found" "$out/libcublas.so"
+    [ -n "$lt" ] && ln -sfn "$lt" "$out/libcublasLt.so"
+    echo "$folder"
+}
+
+# One step of the run: logs its output, reports its status, never stops the run.
+failures=()
+step() {
+    local name=$1
+    shift
+    echo "== $name" | tee -a "$log"
+    "$@" 2>&1 | tee -a "$log"
+    local rc=${PIPESTATUS[0]}
+    if [ "$rc" -ne 0 ]; then
+        echo "!! step failed (exit $rc): $name" | tee -a "$log"
+        failures+=("$name (exit $rc)")
+    fi
+}
+
+# Lines of the log matching a pattern, or a note that there were none (never fails).
+summary() {
+    local label=$1 pattern=$2
+    local lines
+    lines=$(grep -E -- "$pattern" "$log" || true)
+    if [ -n "$lines" ]; then
+        sed "s/^/$label: /" <<<"$lines"
+    else
+        echo "$label: (no output: see the log)"
+    fi
 }
 
 run() {
-    cd "$dir"
-    export LD_LIBRARY_PATH="$PWD/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-    local status=0 log=gpu-check.log
+    cd "$dir" || { echo "no directory $dir" >&2; exit 2; }
+    log=$PWD/gpu-check.log
     : >"$log"
-    echo "== GPU tests" | tee -a "$log"
-    # The library's own GPU unit tests (gpu::tests) and tests/gpu.rs; --nocapture shows a skip.
-    bin/test-imagefeed gpu:: --nocapture --test-threads 1 2>&1 | tee -a "$log" || status=1
-    bin/test-gpu --nocapture --test-threads 1 2>&1 | tee -a "$log" || status=1
-    if grep -q -E "skipped, no GPU|no GPU here" "$log"; then
-        echo "error: the GPU tests skipped: no usable device (see above)"; status=1
+    rm -rf payload work
+    tar -xzf payload.tar.gz
+    mkdir -p work
+    local built have
+    built=$(cat payload/glibc-built-with)
+    have=$(ldd --version | head -1 | awk '{print $NF}')
+    echo "glibc: built with $built, this machine has $have" | tee -a "$log"
+    if [ "$(printf '%s\n%s\n' "$built" "$have" | sort -V | head -1)" != "$built" ]; then
+        echo "error: this machine's glibc $have is older than $built: rebuild on an older system" | tee -a "$log"
+        exit 2
     fi
-    echo "== bandwidth and prefetch depth (CIFAR-size batches, 2 ms steps)" | tee -a "$log"
-    bin/imagefeed-bench gpu data.lmdb --transform cifar --depths 1,2,3 --step-us 2000 2>&1 | tee -a "$log" || status=1
-    echo "== the same with 20 ms steps" | tee -a "$log"
-    bin/imagefeed-bench gpu data.lmdb --transform cifar --depths 1,2 --step-us 20000 2>&1 | tee -a "$log" || status=1
-    echo "== training example (softmax regression, cuBLAS), 5 epochs" | tee -a "$log"
-    bin/train_cifar_gpu data.lmdb --epochs 5 --batch-size 256 --depth 2 2>&1 | tee -a "$log" || status=1
+    # Only the libraries this machine lacks come from the payload.
+    mkdir -p payload/needed
+    local bin lib
+    for bin in payload/bin/*; do
+        ldd "$bin" | awk '/not found/ {print $1}'
+    done | sort -u | while read -r lib; do
+        if [ -f "payload/lib/$lib" ]; then ln -sfn "../lib/$lib" "payload/needed/$lib"; fi
+    done
+    export LD_LIBRARY_PATH="$PWD/payload/needed${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    local cublas_dir
+    if cublas_dir=$(find_cublas "$PWD/payload/cublas"); then
+        export LD_LIBRARY_PATH="$PWD/payload/cublas:$cublas_dir:$LD_LIBRARY_PATH"
+        echo "cuBLAS: $(readlink "$PWD/payload/cublas/libcublas.so")" | tee -a "$log"
+    else
+        echo "cuBLAS: not found; the overlap measurement and the training example will fail" | tee -a "$log"
+    fi
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$log"
+    echo "cores: $(nproc)" | tee -a "$log"
+    local torch_py=${TORCH_PYTHON:-python3}
+    local torch=1
+    if ! "$torch_py" -c 'import torch, torchvision' 2>/dev/null; then
+        torch=0
+        echo "torch/torchvision not importable with $torch_py: the PyTorch comparisons are skipped" | tee -a "$log"
+    fi
+
+    tar -C work -xzf data/cifar10-test.tar.gz
+    [ -f data/imagenet-sample-200.tar ] && tar -C work -xf data/imagenet-sample-200.tar
+    local B=payload/bin
+    step "pack CIFAR-10 test set as LMDB" "$B/pack-dataset" imagefolder2lmdb work/cifar10-test work/cifar.lmdb --force -q --threads "$(nproc)"
+    if [ -d work/imagenet-sample-200 ]; then
+        # 25 hard-linked copies: an epoch long enough to time.
+        local i
+        for i in $(seq -w 1 25); do
+            (cd work/imagenet-sample-200 && find . -type f) | while read -r f; do
+                mkdir -p "work/imagenet-x25/$(dirname "$f")"
+                ln -f "work/imagenet-sample-200/$f" "work/imagenet-x25/${f%.*}-$i.${f##*.}"
+            done
+        done
+        step "pack ImageNet x25 as LMDB" "$B/pack-dataset" imagefolder2lmdb work/imagenet-x25 work/imagenet.lmdb --force -q --threads "$(nproc)"
+    fi
+
+    step "GPU unit tests" "$B/test-imagefeed" gpu:: --nocapture --test-threads 1
+    step "GPU tests (tests/gpu.rs)" "$B/test-gpu" --nocapture --test-threads 1
+    if grep -q -E "skipped, no GPU|no GPU here" "$log"; then
+        echo "!! the GPU tests skipped: no usable device (see above)" | tee -a "$log"
+        failures+=("GPU tests skipped")
+    fi
+    step "bandwidth and overlap, batch 128, 2 ms steps" "$B/imagefeed-bench" gpu --batch 128 --step-ms 2
+    step "overlap, batch 256, 5 ms steps" "$B/imagefeed-bench" gpu --batch 256 --step-ms 5 --copy-mib 64
+    if [ "$torch" = 1 ]; then
+        step "torch host-to-device bandwidth" "$torch_py" - <<'EOF'
+import torch
+for mib in (1, 8, 64):
+    n = mib << 20
+    dev = torch.empty(n, dtype=torch.uint8, device="cuda")
+    for pinned in (True, False):
+        src = torch.ones(n, dtype=torch.uint8)
+        if pinned:
+            src = src.pin_memory()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        rates = []
+        for _ in range(21):
+            start.record()
+            dev.copy_(src, non_blocking=True)
+            end.record()
+            end.synchronize()
+            rates.append(n / (start.elapsed_time(end) * 1e-3) / 1e9)
+        rates = sorted(rates[1:])
+        kind = "page-locked" if pinned else "pageable"
+        print(f"torch host-to-device {mib} MiB, median of 20: {kind} {rates[len(rates) // 2]:.2f} GB/s")
+EOF
+    fi
+    step "training example: softmax regression on CIFAR-10, 5 epochs" "$B/train_cifar_gpu" work/cifar.lmdb --epochs 5 --batch-size 256 --depth 2 --workers 4
+    local w
+    for w in 1 2 4 8 16; do
+        step "load CIFAR-10 LMDB, $w workers" "$B/imagefeed-bench" load work/cifar.lmdb --batch-size 256 --workers "$w" --epochs 5 --warmup 1 --transform cifar
+        [ "$torch" = 1 ] && step "torch DataLoader CIFAR-10, $w workers" "$torch_py" payload/torch_baseline.py work/cifar10-test --transform cifar --batch-size 256 --workers "$w" --epochs 3 --pin-memory
+        if [ -f work/imagenet.lmdb ]; then
+            step "load ImageNet x25 LMDB, $w workers" "$B/imagefeed-bench" load work/imagenet.lmdb --batch-size 64 --workers "$w" --epochs 2 --warmup 1 --transform imagenet
+            [ "$torch" = 1 ] && step "torch DataLoader ImageNet x25, $w workers" "$torch_py" payload/torch_baseline.py work/imagenet-x25 --transform imagenet --batch-size 64 --workers "$w" --epochs 2 --pin-memory
+        fi
+    done
+
     echo
     echo "== summary"
-    grep -E "test result" "$log" | sed 's/^/tests: /'
-    grep -E "host-to-device" "$log"
-    grep -E "^\| [0-9]" "$log" | sed 's/^/prefetch: /'
-    grep -E "^epoch" "$log"
-    echo "full log: $dir/$log"
-    return $status
+    summary tests "test result"
+    summary bandwidth "host-to-device"
+    summary overlap "^\| [0-9]|^step:"
+    summary training "^epoch [0-9]+: mean loss"
+    summary load "^== (load|torch DataLoader)|images/s|\"event\": \"epoch\""
+    if [ ${#failures[@]} -gt 0 ]; then
+        printf 'failed: %s\n' "${failures[@]}"
+    else
+        echo "every step passed"
+    fi
+    echo "full log: $log"
+    [ ${#failures[@]} -eq 0 ]
 }
 
 case "$mode" in
     build) build ;;
     run) run ;;
-    all) build && run ;;
-    *) echo "usage: $0 [build|run] [DIR]" >&2; exit 2 ;;
+    find-cublas) shift; find_cublas "$@" ;;
+    *) echo "usage: $0 build|run [DIR] | find-cublas OUT [ROOT...]" >&2; exit 2 ;;
 esac

@@ -65,6 +65,11 @@ def main():
     parser.add_argument("--warmup", type=int, default=1, help="untimed epochs first")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cold", action="store_true")
+    parser.add_argument(
+        "--pin-memory",
+        action="store_true",
+        help="DataLoader(pin_memory=True): batches in page-locked memory, as a GPU trainer uses it",
+    )
     args = parser.parse_args()
 
     try:
@@ -120,6 +125,7 @@ def main():
         num_workers=args.workers,
         persistent_workers=args.workers > 0,
         generator=generator,
+        pin_memory=args.pin_memory,
     )
     emit(
         event="start",

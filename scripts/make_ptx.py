@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Compiles src/gpu/kernels.cu to src/gpu/kernels.ptx with NVRTC (no GPU needed).
+"""Compiles the CUDA kernels (src/gpu/kernels.cu, examples/train_cifar_gpu.cu) to the PTX files
+shipped beside them, with NVRTC (no GPU needed).
 
     python3 scripts/make_ptx.py /path/to/libnvrtc.so.12
 
@@ -13,8 +14,11 @@ import pathlib
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-SOURCE = ROOT / "src/gpu/kernels.cu"
-OUTPUT = ROOT / "src/gpu/kernels.ptx"
+# (source, output): the library's kernels, and the training example's own.
+PROGRAMS = [
+    ("src/gpu/kernels.cu", "src/gpu/kernels.ptx"),
+    ("examples/train_cifar_gpu.cu", "examples/train_cifar_gpu.ptx"),
+]
 OPTIONS = [b"--gpu-architecture=compute_70", b"--fmad=true"]
 
 
@@ -33,19 +37,13 @@ def check(nvrtc, rc, what, program=None):
     sys.exit(f"error: {what}: {message}\n{log}")
 
 
-def main():
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
-    nvrtc = ctypes.CDLL(sys.argv[1])
-    major, minor = ctypes.c_int(), ctypes.c_int()
-    check(nvrtc, nvrtc.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "nvrtcVersion")
+def compile_program(nvrtc, version, source_path, output_path):
     program = ctypes.c_void_p()
-    source = SOURCE.read_bytes()
+    source = (ROOT / source_path).read_bytes()
+    name = pathlib.Path(source_path).name.encode()
     check(
         nvrtc,
-        nvrtc.nvrtcCreateProgram(
-            ctypes.byref(program), source, b"kernels.cu", 0, None, None
-        ),
+        nvrtc.nvrtcCreateProgram(ctypes.byref(program), source, name, 0, None, None),
         "nvrtcCreateProgram",
     )
     options = (ctypes.c_char_p * len(OPTIONS))(*OPTIONS)
@@ -55,11 +53,21 @@ def main():
     ptx = ctypes.create_string_buffer(size.value)
     check(nvrtc, nvrtc.nvrtcGetPTX(program, ptx), "nvrtcGetPTX")
     header = (
-        f"// Generated from src/gpu/kernels.cu by scripts/make_ptx.py "
-        f"(NVRTC {major.value}.{minor.value}, {OPTIONS[0].decode()}). Do not edit.\n"
+        f"// Generated from {source_path} by scripts/make_ptx.py "
+        f"(NVRTC {version}, {OPTIONS[0].decode()}). Do not edit.\n"
     )
-    OUTPUT.write_text(header + ptx.value.decode())
-    print(f"wrote {OUTPUT.relative_to(ROOT)} (NVRTC {major.value}.{minor.value})")
+    (ROOT / output_path).write_text(header + ptx.value.decode())
+    print(f"wrote {output_path} (NVRTC {version})")
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    nvrtc = ctypes.CDLL(sys.argv[1])
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    check(nvrtc, nvrtc.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "nvrtcVersion")
+    for source_path, output_path in PROGRAMS:
+        compile_program(nvrtc, f"{major.value}.{minor.value}", source_path, output_path)
 
 
 if __name__ == "__main__":

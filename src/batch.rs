@@ -53,6 +53,48 @@ impl std::fmt::Debug for Batch {
 }
 
 impl Batch {
+    /// A batch made outside the loader (a custom source for the GPU feed, a benchmark):
+    /// `data` holds the elements, C-contiguous, `shape` in `layout`'s order, one label and one
+    /// sample index per sample.
+    ///
+    /// # Errors
+    /// [`Error::Config`](crate::Error::Config) when `data`'s length is not the shape's
+    /// element count times the element size, or the labels or samples do not match `shape[0]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_parts(
+        epoch: u64,
+        index: usize,
+        samples: Vec<usize>,
+        labels: Vec<u32>,
+        shape: [usize; 4],
+        dtype: DType,
+        layout: Layout,
+        data: PooledBuffer,
+    ) -> crate::Result<Batch> {
+        let bytes = shape.iter().product::<usize>() * dtype.size();
+        if data.as_slice().len() != bytes || labels.len() != shape[0] || samples.len() != shape[0] {
+            return Err(crate::Error::Config(format!(
+                "a batch of shape {shape:?} {} needs {bytes} bytes and {} labels and samples, got {} bytes, {} labels, {} samples",
+                dtype.name(),
+                shape[0],
+                data.as_slice().len(),
+                labels.len(),
+                samples.len()
+            )));
+        }
+        Ok(Batch {
+            epoch,
+            index,
+            samples,
+            labels,
+            bad: Vec::new(),
+            shape,
+            dtype,
+            layout,
+            data,
+        })
+    }
+
     /// Number of samples.
     pub fn len(&self) -> usize {
         self.shape[0]
@@ -112,5 +154,39 @@ impl Batch {
     pub fn as_u8(&self) -> &[u8] {
         assert_eq!(self.dtype, DType::U8, "batch holds {}", self.dtype.name());
         self.bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::pool::{BufferPool, HeapAllocator};
+
+    #[test]
+    fn a_batch_from_parts_must_hold_exactly_its_shape() {
+        let pool = BufferPool::new(Arc::new(HeapAllocator));
+        let make = |bytes: usize, labels: usize| {
+            Batch::from_parts(
+                0,
+                3,
+                (0..labels).collect(),
+                vec![1; labels],
+                [2, 4, 5, 3],
+                DType::F32,
+                Layout::Nhwc,
+                pool.take(bytes),
+            )
+        };
+        let batch = make(2 * 4 * 5 * 3 * 4, 2).unwrap();
+        assert_eq!(
+            (batch.len(), batch.index, batch.as_f32().len()),
+            (2, 3, 120)
+        );
+        for (bytes, labels) in [(2 * 4 * 5 * 3, 2), (2 * 4 * 5 * 3 * 4 + 4, 2), (480, 3)] {
+            let err = make(bytes, labels).unwrap_err();
+            assert!(matches!(err, crate::Error::Config(_)), "{err}");
+        }
     }
 }

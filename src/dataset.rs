@@ -260,8 +260,9 @@ pub trait Dataset: Send + Sync {
 const FINGERPRINT_PROBES: usize = 8;
 
 /// A short hex digest that tells datasets apart: SHA-256 over the format, sample count, payload
-/// kind, pack-time resize, class names, and the keys and labels of up to eight records spread
-/// evenly over the dataset (a record that cannot be read counts as unreadable, not as an error).
+/// kind, pack-time resize, class names, and the keys, labels and payload bytes of up to eight
+/// records spread evenly over the dataset (a record that cannot be read counts as unreadable,
+/// not as an error).
 ///
 /// Two opens of the same dataset give the same fingerprint, wherever the dataset was moved; a
 /// dataset with other classes, another sample count, another order or other files at the probed
@@ -300,6 +301,7 @@ pub fn fingerprint(dataset: &dyn Dataset) -> String {
                 Some(Ok(record)) => {
                     field(record.key.as_bytes());
                     field(&record.label.to_le_bytes());
+                    field(record.payload);
                 }
                 _ => field(b"unreadable"),
             }

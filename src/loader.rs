@@ -45,7 +45,8 @@ use crate::sampler::{Sampler, Sampling, Uneven};
 use crate::transform::{Layout, SampleTransformer, Transform};
 
 /// What to do with a sample that cannot be read or decoded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum BadSamplePolicy {
     /// Leave it out: the batch is one sample shorter.
     #[default]
@@ -241,8 +242,8 @@ pub const LOADER_STATE_VERSION: u32 = 2;
 /// Where an epoch stands, with everything that decides its stream: enough to resume it exactly,
 /// and to refuse a loader that would give a different stream. Serializable (serde).
 ///
-/// [`Loader::resume`] checks `version`, `seed`, `batch_size`, `shuffle`, `drop_last`, `uneven`
-/// and `dataset` against the loader. `rank` and `world_size` may differ: every rank of a job
+/// [`Loader::resume`] checks `version`, `seed`, `batch_size`, `shuffle`, `drop_last`, `uneven`,
+/// `bad_sample_policy`, `transform` and `dataset` against the loader. `rank` and `world_size` may differ: every rank of a job
 /// stands at the same batch of an epoch, so any rank's state resumes any rank, and a state saved
 /// at another world size continues the epoch with exactly the samples no rank has been given yet
 /// ([`Loader::resume`]).
@@ -273,11 +274,32 @@ pub struct LoaderState {
     pub start: usize,
     /// The next batch to deliver, counted from `start`.
     pub next_batch: usize,
+    /// Sample slots this rank had consumed when the part beginning at `start` began (what a
+    /// `max_bad` fraction counts the part's samples on top of).
+    pub samples_before_start: u64,
+    /// The bad-sample policy (`replace` changes which samples a batch holds).
+    pub bad_sample_policy: BadSamplePolicy,
+    /// A digest of the transform and the pixel limit (they decide the pixels, and which
+    /// samples are bad).
+    pub transform: String,
     /// Bad samples met so far in this epoch by the rank that saved the state (what `max_bad`
     /// applies to).
     pub bad_samples: u64,
     /// Sample slots of this epoch this rank has consumed so far.
     pub samples_seen: u64,
+}
+
+/// The size of a loader's batches, as [`Loader::prewarm`] found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchGeometry {
+    /// Image width after the transform.
+    pub width: u32,
+    /// Image height after the transform.
+    pub height: u32,
+    /// The most samples a batch holds.
+    pub samples: usize,
+    /// Bytes of a batch buffer.
+    pub bytes: usize,
 }
 
 /// Time per stage, summed over workers, and counts. A snapshot from [`Loader::stats`].
@@ -404,6 +426,8 @@ struct Inner {
     sampler: Sampler,
     /// [`fingerprint`] of the dataset, taken when the loader was made.
     fingerprint: String,
+    /// [`LoaderState::transform`] for this loader's transform and pixel limit.
+    transform_digest: String,
     jobs: Option<Sender<Job>>,
     workers: Vec<JoinHandle<()>>,
 }
@@ -435,6 +459,13 @@ impl Loader {
             sampling: config.sampling,
         };
         let fingerprint = fingerprint(dataset.as_ref());
+        let transform_digest = {
+            use sha2::{Digest as _, Sha256};
+            let digest = Sha256::digest(
+                format!("{:?} max_pixels {}", config.transform, config.max_pixels).as_bytes(),
+            );
+            digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+        };
         let shared = Arc::new(Shared {
             dataset,
             largest_batch: sampler.largest_batch(),
@@ -458,6 +489,7 @@ impl Loader {
                 shared,
                 sampler,
                 fingerprint,
+                transform_digest,
                 jobs: Some(jobs),
                 workers,
             }),
@@ -489,6 +521,45 @@ impl Loader {
         &self.inner.shared.pool
     }
 
+    /// Allocates `buffers` batch buffers now, sized for this loader's batches, so that a slow
+    /// allocator (page-locked memory for the GPU feed) runs before the first epoch instead of
+    /// on the worker threads during it. The size comes from preparing the first record that
+    /// decodes (of the first 16): exact for transforms with a fixed output size and for
+    /// datasets of equal-size images; a later batch of another size allocates its own buffer.
+    ///
+    /// Returns the geometry the buffers were sized for, or `None` when none of the first 16
+    /// records could be prepared (nothing is allocated then).
+    pub fn prewarm(&self, buffers: usize) -> Result<Option<BatchGeometry>> {
+        const PROBES: usize = 16;
+        let shared = &self.inner.shared;
+        let config = &shared.config;
+        let mut reader = shared.dataset.open_reader()?;
+        let mut transformer = SampleTransformer::new(config.max_pixels);
+        for index in 0..shared.dataset.len().min(PROBES) {
+            let Ok(record) = reader.read(index) else {
+                continue;
+            };
+            let mut rng = SampleRng::new(config.sampling.seed, 0, index as u64);
+            let Ok(prepared) = transformer.apply(&config.transform, record.payload, &mut rng)
+            else {
+                continue;
+            };
+            let geometry = BatchGeometry {
+                width: prepared.width,
+                height: prepared.height,
+                samples: shared.largest_batch,
+                bytes: config
+                    .transform
+                    .output
+                    .slot_len(prepared.width, prepared.height)
+                    * shared.largest_batch,
+            };
+            shared.pool.reserve(buffers, geometry.bytes);
+            return Ok(Some(geometry));
+        }
+        Ok(None)
+    }
+
     /// Iterates over `epoch`'s batches from the start.
     pub fn epoch(&self, epoch: u64) -> Epoch {
         self.start(epoch, 0, 0)
@@ -509,6 +580,9 @@ impl Loader {
     pub fn resume(&self, state: &LoaderState) -> Result<Epoch> {
         self.check_resumable(state)?;
         let sampler = &self.inner.sampler;
+        if state.world_size == 0 {
+            return Err(Error::Config("the state's world size is 0".into()));
+        }
         let saved = Sampler {
             len: sampler.len,
             sampling: Sampling {
@@ -526,7 +600,9 @@ impl Loader {
             )));
         }
         let mut epoch = if state.world_size == sampler.sampling.world_size {
-            self.start(state.epoch, state.start, state.next_batch)
+            let mut epoch = self.start(state.epoch, state.start, state.next_batch);
+            epoch.samples_before_part = state.samples_before_start;
+            epoch
         } else {
             let start = saved.position_after(state.start, state.next_batch);
             let mut epoch = self.start(state.epoch, start, 0);
@@ -568,6 +644,21 @@ impl Loader {
         }
         if state.seed != s.seed {
             return differs("seed", state.seed.to_string(), s.seed.to_string());
+        }
+        let config = &self.inner.shared.config;
+        if state.bad_sample_policy != config.bad_samples {
+            return differs(
+                "bad_sample_policy",
+                format!("{:?}", state.bad_sample_policy),
+                format!("{:?}", config.bad_samples),
+            );
+        }
+        if state.transform != self.inner.transform_digest {
+            return differs(
+                "transform",
+                format!("digest {}", state.transform),
+                format!("digest {}", self.inner.transform_digest),
+            );
         }
         if state.batch_size != s.batch_size {
             return differs(
@@ -673,6 +764,9 @@ impl Epoch {
             dataset: self.loader.fingerprint.clone(),
             start: self.start,
             next_batch: self.next_deliver,
+            samples_before_start: self.samples_before_part,
+            bad_sample_policy: self.loader.shared.config.bad_samples,
+            transform: self.loader.transform_digest.clone(),
             bad_samples: self.bad_samples,
             samples_seen: self.samples_seen,
         }
@@ -688,14 +782,16 @@ impl Epoch {
         self.batches.len().saturating_sub(self.next_deliver)
     }
 
-    fn max_bad_exceeded(&self) -> Option<String> {
+    /// The limit `bad_samples` bad samples in this epoch would exceed, if any.
+    fn max_bad_exceeded(&self, bad_samples: u64) -> Option<String> {
         match self.loader.shared.config.max_bad? {
-            MaxBad::Count(n) if self.bad_samples > n => Some(format!("max {n}")),
+            MaxBad::Count(n) if bad_samples > n => Some(format!("max {n}")),
             MaxBad::Fraction(f) => {
-                let per_epoch = (self.samples_before_part
-                    + self.batches.iter().map(Vec::len).sum::<usize>() as u64)
+                let per_epoch = (self
+                    .samples_before_part
+                    .saturating_add(self.batches.iter().map(Vec::len).sum::<usize>() as u64))
                     as f64;
-                (self.bad_samples as f64 > f * per_epoch)
+                (bad_samples as f64 > f * per_epoch)
                     .then(|| format!("max {:.4}% of the epoch's {per_epoch} samples", f * 100.0))
             }
             _ => None,
@@ -712,7 +808,9 @@ impl Iterator for Epoch {
         }
         let shared = &self.loader.shared;
         let prefetch = shared.config.prefetch;
-        while self.next_send < self.batches.len() && self.next_send < self.next_deliver + prefetch {
+        while self.next_send < self.batches.len()
+            && self.next_send < self.next_deliver.saturating_add(prefetch)
+        {
             let job = Job {
                 epoch: self.epoch,
                 position: self.next_send,
@@ -745,7 +843,7 @@ impl Iterator for Epoch {
         };
         add(&shared.counters.waiting, waited.elapsed());
         let position = self.next_deliver;
-        self.next_deliver += 1;
+        // A batch that fails is not consumed: the state still points at it.
         let batch = match result {
             Ok(batch) => batch,
             Err(e) => {
@@ -754,29 +852,31 @@ impl Iterator for Epoch {
                 return Some(Err(e));
             }
         };
-        self.samples_seen += self.batches[position].len() as u64;
-        self.bad_samples += batch.bad.len() as u64;
+        let samples_seen = self.samples_seen + self.batches[position].len() as u64;
+        let bad_samples = self.bad_samples + batch.bad.len() as u64;
         let c = &shared.counters;
         c.samples.fetch_add(batch.len() as u64, Ordering::Relaxed);
         c.batches.fetch_add(1, Ordering::Relaxed);
         c.bad.fetch_add(batch.bad.len() as u64, Ordering::Relaxed);
-        if let Some(limit) = self.max_bad_exceeded() {
+        // Only a batch with bad samples can cross the limit (a state resumed under a stricter
+        // limit trips at its next bad sample).
+        if let Some(last) = batch.bad.last()
+            && let Some(limit) = self.max_bad_exceeded(bad_samples)
+        {
             self.done = true;
             self.cancel.store(true, Ordering::Relaxed);
-            let last = batch
-                .bad
-                .last()
-                .cloned()
-                .expect("the limit is only crossed by a batch with bad samples");
             return Some(Err(Error::TooManyBadSamples {
-                count: self.bad_samples,
-                seen: self.samples_seen,
+                count: bad_samples,
+                seen: samples_seen,
                 limit,
                 index: last.index,
-                key: last.key,
-                reason: last.reason,
+                key: last.key.clone(),
+                reason: last.reason.clone(),
             }));
         }
+        self.next_deliver += 1;
+        self.samples_seen = samples_seen;
+        self.bad_samples = bad_samples;
         Some(Ok(batch))
     }
 }

@@ -139,6 +139,24 @@ impl BufferPool {
         }
     }
 
+    /// Makes sure the pool holds at least `count` free buffers of at least `len` bytes,
+    /// allocating the missing ones now: so that a slow allocator (page-locked memory) runs
+    /// before a run starts instead of on the worker threads during its first batches.
+    pub fn reserve(&self, count: usize, len: usize) {
+        let fitting = {
+            let free = self.inner.free.lock().unwrap_or_else(|e| e.into_inner());
+            free.iter().filter(|m| m.as_slice().len() >= len).count()
+        };
+        for _ in fitting..count {
+            self.inner.allocations.fetch_add(1, Ordering::Relaxed);
+            self.inner
+                .allocated_bytes
+                .fetch_add(len as u64, Ordering::Relaxed);
+            let memory = self.inner.allocator.allocate(len);
+            self.give_back(memory);
+        }
+    }
+
     /// Blocks allocated so far (a steady state stops growing this).
     pub fn allocations(&self) -> u64 {
         self.inner.allocations.load(Ordering::Relaxed)
@@ -215,5 +233,34 @@ mod tests {
         assert_eq!(b.as_slice().len(), 800);
         let _c = pool.take(2000);
         assert_eq!(pool.allocations(), 2);
+    }
+
+    #[test]
+    fn reserved_buffers_serve_the_next_takes_without_allocating() {
+        let pool = BufferPool::new(Arc::new(HeapAllocator));
+        let small = pool.take(10);
+        drop(small); // one free buffer, too small for what is reserved next
+        pool.reserve(3, 1000);
+        assert_eq!(pool.allocations(), 4);
+        pool.reserve(3, 1000);
+        assert_eq!(
+            pool.allocations(),
+            4,
+            "already there: nothing more is allocated"
+        );
+        let taken: Vec<PooledBuffer> = (0..3).map(|_| pool.take(1000)).collect();
+        assert_eq!(
+            pool.allocations(),
+            4,
+            "the reserved buffers were handed out"
+        );
+        drop(taken);
+        let _fourth = [
+            pool.take(1000),
+            pool.take(1000),
+            pool.take(1000),
+            pool.take(1000),
+        ];
+        assert_eq!(pool.allocations(), 5, "only a fourth large buffer is new");
     }
 }

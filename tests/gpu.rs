@@ -85,7 +85,9 @@ fn gpu_batches_equal_the_cpu_transform_for_every_output_and_depth() {
                     (b.labels.clone(), values)
                 })
                 .collect();
-            // The same flips (same seed) as u8 NHWC, converted on the GPU.
+            // The same flips (same seed) as u8 NHWC, converted on the GPU: one prefetcher for
+            // two epochs (it lives across epochs), the second equal to the first's stream
+            // for epoch 0 again.
             let u8_transform = flip.with_output(DType::U8, Layout::Nhwc);
             for depth in 1..=3 {
                 let allocator = gpu.pinned_allocator();
@@ -102,40 +104,119 @@ fn gpu_batches_equal_the_cpu_transform_for_every_output_and_depth() {
                 };
                 let stream = gpu.new_stream().unwrap();
                 let mut feed =
-                    Prefetcher::new(&gpu, stream, loader.epoch(0), output, depth).unwrap();
-                let mut got = 0;
-                while let Some(batch) = feed.next_batch().unwrap() {
-                    let (labels, values) = &expected[got];
-                    assert_eq!(batch.labels, &labels[..], "batch {got} labels");
-                    let bytes = batch.to_host().unwrap();
-                    let device: Vec<f32> = match dtype {
-                        DType::F16 => bytes
-                            .chunks_exact(2)
-                            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                            .collect(),
-                        _ => bytes
-                            .chunks_exact(4)
-                            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                            .collect(),
-                    };
-                    assert_eq!(device.len(), values.len());
-                    for (i, (a, b)) in device.iter().zip(values).enumerate() {
-                        assert!(
-                            close(*a, *b, dtype),
-                            "{layout:?} {dtype:?} depth {depth} batch {got} element {i}: {a} vs {b}"
-                        );
+                    Prefetcher::for_loader(&gpu, stream, &loader, output, depth).unwrap();
+                let prewarmed = allocator.pinned();
+                assert_eq!(
+                    prewarmed as usize,
+                    loader.config().prefetch + depth + 1,
+                    "the page-locked buffers are allocated before the first epoch"
+                );
+                for round in 0..2 {
+                    feed.start(loader.epoch(0)).unwrap();
+                    let mut got = 0;
+                    while let Some(batch) = feed.next_batch().unwrap() {
+                        let (labels, values) = &expected[got];
+                        assert_eq!(batch.labels, &labels[..], "batch {got} labels");
+                        let bytes = batch.to_host().unwrap();
+                        let device: Vec<f32> = match dtype {
+                            DType::F16 => bytes
+                                .chunks_exact(2)
+                                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                                .collect(),
+                            _ => bytes
+                                .chunks_exact(4)
+                                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                                .collect(),
+                        };
+                        assert_eq!(device.len(), values.len());
+                        for (i, (a, b)) in device.iter().zip(values).enumerate() {
+                            assert!(
+                                close(*a, *b, dtype),
+                                "{layout:?} {dtype:?} depth {depth} round {round} batch {got} element {i}: {a} vs {b}"
+                            );
+                        }
+                        got += 1;
                     }
-                    got += 1;
+                    assert_eq!(got, expected.len(), "every batch delivered");
                 }
-                assert_eq!(got, expected.len(), "every batch delivered");
                 assert!(
-                    allocator.pinned() > 0,
-                    "collate wrote into page-locked memory"
+                    feed.stats().copy_time > std::time::Duration::ZERO,
+                    "copies are timed with events"
+                );
+                assert_eq!(
+                    allocator.pinned(),
+                    prewarmed,
+                    "no page-locked allocation during the epochs"
                 );
                 assert_eq!(allocator.fallbacks(), 0);
             }
         }
     }
+}
+
+#[test]
+fn a_new_epoch_started_mid_way_discards_the_rest_and_delivers_its_own_batches() {
+    let Some(gpu) = gpu_or_skip("a_new_epoch_started_mid_way") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dataset(dir.path());
+    let u8_transform = Transform::cifar().with_output(DType::U8, Layout::Nhwc);
+    let loader = Loader::with_allocator(
+        Arc::clone(&ds),
+        config(u8_transform),
+        gpu.pinned_allocator(),
+    )
+    .unwrap();
+    let expected: Vec<Vec<u8>> = loader
+        .epoch(1)
+        .map(|b| b.unwrap().bytes().to_vec())
+        .collect();
+    let output = DeviceOutput {
+        dtype: DType::F32,
+        layout: Layout::Nhwc,
+        normalize: None,
+    };
+    let mut feed =
+        Prefetcher::for_loader(&gpu, gpu.new_stream().unwrap(), &loader, output, 3).unwrap();
+    feed.start(loader.epoch(0)).unwrap();
+    let first = feed.next_batch().unwrap().expect("a batch");
+    assert_eq!((first.epoch, first.index), (0, 0));
+    feed.start(loader.epoch(1)).unwrap();
+    let mut index = 0;
+    while let Some(batch) = feed.next_batch().unwrap() {
+        assert_eq!((batch.epoch, batch.index), (1, index));
+        let values: Vec<f32> = batch
+            .to_host()
+            .unwrap()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let pixels: Vec<f32> = expected[index].iter().map(|&p| p as f32 / 255.0).collect();
+        assert_eq!(values.len(), pixels.len());
+        for (a, b) in values.iter().zip(&pixels) {
+            assert!(close(*a, *b, DType::F32), "{a} vs {b}");
+        }
+        index += 1;
+    }
+    assert_eq!(index, expected.len());
+}
+
+#[test]
+fn copies_are_timed_with_events_that_allow_timing() {
+    let Some(gpu) = gpu_or_skip("copies_are_timed_with_events_that_allow_timing") else {
+        return;
+    };
+    let stream = gpu.new_stream().unwrap();
+    let (start, end) = (gpu.timing_event().unwrap(), gpu.timing_event().unwrap());
+    let device = stream.alloc_zeros::<u8>(1 << 20).unwrap();
+    start.record(&stream).unwrap();
+    let host = vec![1u8; 1 << 20];
+    let mut device = device;
+    stream.memcpy_htod(&host, &mut device).unwrap();
+    end.record(&stream).unwrap();
+    let ms = start.elapsed_ms(&end).expect("timing events can be timed");
+    assert!(ms >= 0.0, "{ms}");
 }
 
 #[test]
@@ -152,7 +233,15 @@ fn the_prefetcher_refuses_batches_it_cannot_convert() {
         normalize: None,
     };
     let stream = gpu.new_stream().unwrap();
-    let mut feed = Prefetcher::new(&gpu, stream.clone(), loader.epoch(0), output, 2).unwrap();
+    // A loader whose batches the GPU cannot take is refused when the prefetcher is built.
+    match Prefetcher::for_loader(&gpu, stream.clone(), &loader, output, 2) {
+        Err(Error::Config(msg)) => assert!(msg.contains("u8 NHWC"), "{msg}"),
+        Err(other) => panic!("expected a configuration error, got {other}"),
+        Ok(_) => panic!("expected a configuration error, got a prefetcher"),
+    }
+    // Any other source of such batches is refused at its first batch.
+    let mut feed = Prefetcher::new(&gpu, stream.clone(), output, 2).unwrap();
+    feed.start(loader.epoch(0)).unwrap();
     match feed.next_batch() {
         Err(Error::Config(msg)) => assert!(msg.contains("u8 NHWC"), "{msg}"),
         other => panic!(
@@ -165,11 +254,11 @@ fn the_prefetcher_refuses_batches_it_cannot_convert() {
         ..output
     };
     assert!(matches!(
-        Prefetcher::new(&gpu, stream.clone(), std::iter::empty(), u8_output, 2),
+        Prefetcher::<std::iter::Empty<_>>::new(&gpu, stream.clone(), u8_output, 2),
         Err(Error::Config(_))
     ));
     assert!(matches!(
-        Prefetcher::new(&gpu, stream, std::iter::empty(), output, 0),
+        Prefetcher::<std::iter::Empty<_>>::new(&gpu, stream, output, 0),
         Err(Error::Config(_))
     ));
 }

@@ -887,3 +887,134 @@ fn an_epoch_is_owned_and_outlives_its_loader_value() {
     let loader = Loader::new(Arc::clone(&lmdb), config(rrc(12), 3, 1)).unwrap();
     assert_eq!(epoch_digest(&loader, 2), expected);
 }
+
+#[test]
+fn prewarm_allocates_the_batch_buffers_before_the_first_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, lmdb, _) = datasets(dir.path());
+    let loader = Loader::new(Arc::clone(&lmdb), config(rrc(12), 2, 2)).unwrap();
+    let geometry = loader.prewarm(3).unwrap().expect("the records decode");
+    assert_eq!(
+        (geometry.width, geometry.height, geometry.samples),
+        (12, 12, 4)
+    );
+    assert_eq!(
+        geometry.bytes,
+        12 * 12 * 3 * 4 * 4,
+        "f32 slots of 12x12, 4 per batch"
+    );
+    assert_eq!(loader.pool().allocations(), 3);
+    // Prefetch 2 keeps at most 2 batches in flight plus the one the caller holds: the
+    // prewarmed buffers serve every epoch.
+    for epoch in 0..3 {
+        for batch in loader.epoch(epoch) {
+            batch.unwrap();
+        }
+    }
+    assert_eq!(
+        loader.pool().allocations(),
+        3,
+        "no buffer was allocated during the epochs"
+    );
+    // Nothing decodes: nothing is allocated, and the loader still runs (reporting them).
+    let broken = dir.path().join("broken");
+    std::fs::create_dir_all(broken.join("a")).unwrap();
+    for i in 0..3 {
+        std::fs::write(broken.join(format!("a/{i}.jpg")), b"not a jpeg").unwrap();
+    }
+    let loader = Loader::new(format::open(&broken).unwrap(), config(rrc(12), 1, 1)).unwrap();
+    assert_eq!(loader.prewarm(3).unwrap(), None);
+    assert_eq!(loader.pool().allocations(), 0);
+}
+
+#[test]
+fn forged_states_and_changed_settings_are_errors_never_panics_or_hangs() {
+    use BadSamplePolicy::{Error as Fail, Replace, Skip};
+    let loader = fixture_loader(Skip, None, 1);
+    let state = loader.epoch(0).state();
+    // A world size of 0 is an error, not a division by zero.
+    let zero = LoaderState {
+        world_size: 0,
+        ..state.clone()
+    };
+    assert!(matches!(loader.resume(&zero), Err(Error::Config(_))));
+    // The bad-sample policy and the transform decide the stream too.
+    let mismatch = |loader: &Loader| match loader.resume(&state) {
+        Err(Error::StateMismatch { setting, .. }) => setting,
+        other => panic!("expected a mismatch, got {:?}", other.map(|_| ())),
+    };
+    assert_eq!(
+        mismatch(&fixture_loader(Replace, None, 1)),
+        "bad_sample_policy"
+    );
+    let other_transform = Loader::new(
+        format::open(fixture_root()).unwrap(),
+        loader.config().clone().with_transform(Transform::none()),
+    )
+    .unwrap();
+    assert_eq!(mismatch(&other_transform), "transform");
+    // A prefetch of usize::MAX resumed mid-epoch neither overflows nor hangs.
+    let mut epoch = loader.epoch(0);
+    epoch.next().unwrap().unwrap();
+    let mid = epoch.state();
+    drop(epoch);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let config = loader.config().clone().with_prefetch(usize::MAX);
+    std::thread::spawn(move || {
+        let huge = Loader::new(format::open(fixture_root()).unwrap(), config).unwrap();
+        let count = huge.resume(&mid).unwrap().map(Result::unwrap).count();
+        let _ = tx.send(count);
+    });
+    let count = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the resumed epoch finishes");
+    assert_eq!(count, 4);
+    // A batch that fails is not consumed: the state points at it, so a resume retries it.
+    let failing = fixture_loader(Fail, None, 2);
+    let mut epoch = failing.epoch(0);
+    epoch.next().unwrap().unwrap();
+    epoch.next().unwrap().unwrap();
+    assert!(
+        epoch.next().unwrap().is_err(),
+        "batch 2 holds the bad files"
+    );
+    let state = epoch.state();
+    assert_eq!((state.next_batch, state.samples_seen), (2, 8));
+}
+
+#[test]
+fn a_bad_sample_limit_survives_elastic_resume_without_panicking() {
+    // 20 samples, 8..12 bad; 25% of the epoch may be bad. Three batches at world size 1 meet
+    // all four; the rest of the epoch at world size 4 holds none and must simply run.
+    let at = |rank, world| {
+        Loader::new(
+            format::open(fixture_root()).unwrap(),
+            fixture_loader(BadSamplePolicy::Skip, Some(MaxBad::Fraction(0.25)), 1)
+                .config()
+                .clone()
+                .with_rank(rank, world),
+        )
+        .unwrap()
+    };
+    let mut epoch = at(0, 1).epoch(0);
+    for _ in 0..3 {
+        epoch.next().unwrap().unwrap();
+    }
+    let state = epoch.state();
+    assert_eq!((state.bad_samples, state.samples_seen), (4, 12));
+    let mut delivered = 0;
+    for rank in 0..4 {
+        let loader = at(rank, 4);
+        let mut part = loader.resume(&state).unwrap();
+        part.next().unwrap().unwrap();
+        // Saved and resumed again within the part, at the same world size: still runs, and
+        // the fraction still counts the samples before the part.
+        let again = part.state();
+        assert_eq!(again.samples_before_start, 12);
+        delivered += 1 + loader.resume(&again).unwrap().map(Result::unwrap).count();
+    }
+    assert_eq!(
+        delivered, 4,
+        "8 remaining samples, 2 per rank, one batch each"
+    );
+}

@@ -129,8 +129,9 @@ enum Command {
     /// DataLoader on the same images: warm and cold cache, across worker counts; writes a
     /// Markdown table, JSON and a PNG chart.
     Compare(compare::CompareArgs),
-    /// GPU feed: host-to-device bandwidth (page-locked vs pageable), and a stand-in training
-    /// loop at prefetch depth 1, 2, 3 against data already on the GPU (needs CUDA).
+    /// GPU feed: host-to-device bandwidth (page-locked vs pageable), and copy/compute overlap
+    /// at prefetch depth 1, 2, 3 for ImageNet-size batches against a cuBLAS step of known
+    /// length, beside the same steps on data already on the GPU (needs CUDA and cuBLAS).
     #[cfg(feature = "cuda")]
     Gpu(gpu::GpuArgs),
     /// Run the loader over a dataset: one line per epoch with images/s (and a digest).

@@ -37,6 +37,7 @@ use cudarc::nvrtc::Ptx;
 
 use crate::batch::{BadSample, Batch};
 use crate::error::{Error, Result};
+use crate::loader::{Epoch, Loader};
 use crate::pool::{AlignedBuffer, BatchAllocator, BatchMemory};
 use crate::transform::{DType, Layout, Normalize};
 
@@ -83,7 +84,6 @@ pub fn unavailable_reason() -> Option<String> {
 pub struct Gpu {
     ctx: Arc<CudaContext>,
     module: Arc<CudaModule>,
-    busy_wait: CudaFunction,
 }
 
 impl Gpu {
@@ -111,14 +111,7 @@ impl Gpu {
         let module = ctx.load_module(Ptx::from_src(PTX)).map_err(cuda(
             "loading the kernels (PTX ISA 8.0 needs driver 525 or newer)",
         ))?;
-        let busy_wait = module
-            .load_function("busy_wait")
-            .map_err(cuda("kernel busy_wait"))?;
-        Ok(Gpu {
-            ctx,
-            module,
-            busy_wait,
-        })
+        Ok(Gpu { ctx, module })
     }
 
     /// The context.
@@ -143,50 +136,19 @@ impl Gpu {
         self.ctx.new_stream().map_err(cuda("creating a stream"))
     }
 
-    /// Enqueues `ns` nanoseconds of GPU work on `stream` (one spinning thread): a stand-in
-    /// for a training step of known length.
-    pub fn busy_wait(&self, stream: &CudaStream, ns: u64) -> Result<()> {
-        let mut launch = stream.launch_builder(&self.busy_wait);
-        launch.arg(&ns);
-        // SAFETY: `busy_wait(unsigned long long)` takes exactly this one argument.
-        unsafe { launch.launch(LaunchConfig::for_num_elems(1)) }
-            .map_err(cuda("launching busy_wait"))?;
-        Ok(())
+    /// An event for ordering streams (timing disabled: cheaper to record and wait on).
+    pub fn event(&self) -> Result<CudaEvent> {
+        self.ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .map_err(cuda("creating an event"))
     }
 
-    /// Host-to-device bandwidth in GB/s: the median of `repeats` copies of `bytes`, from
-    /// page-locked memory (`pinned`) or from ordinary heap memory, timed with events.
-    pub fn h2d_bandwidth(&self, bytes: usize, pinned: bool, repeats: usize) -> Result<f64> {
-        let stream = self.new_stream()?;
-        let mut heap = Vec::new();
-        let pinned_buffer;
-        let source: &[u8] = if pinned {
-            pinned_buffer = PinnedBuffer::new(&self.ctx, bytes)?;
-            pinned_buffer.as_slice()
-        } else {
-            heap.resize(bytes, 1u8);
-            &heap
-        };
-        let device = stream
-            .alloc_zeros::<u8>(bytes.max(1))
-            .map_err(cuda("allocating device memory"))?;
-        let dst = device.device_ptr(&stream).0;
-        let event = || self.ctx.new_event(None).map_err(cuda("creating an event"));
-        let (start, end) = (event()?, event()?);
-        let mut rates = Vec::with_capacity(repeats);
-        for _ in 0..repeats.max(1) + 1 {
-            start.record(&stream).map_err(cuda("recording"))?;
-            // SAFETY: `dst` holds `bytes` bytes; `source` outlives the copy (the stream is
-            // synchronized by `elapsed_ms` below before it can be dropped).
-            unsafe { result::memcpy_htod_async(dst, source, stream.cu_stream()) }
-                .map_err(cuda("copying"))?;
-            end.record(&stream).map_err(cuda("recording"))?;
-            let ms = start.elapsed_ms(&end).map_err(cuda("timing"))?;
-            rates.push(bytes as f64 / (f64::from(ms) * 1e-3) / 1e9);
-        }
-        rates.remove(0); // The first copy warms up the path.
-        rates.sort_by(f64::total_cmp);
-        Ok(rates[rates.len() / 2])
+    /// An event that can be timed with [`CudaEvent::elapsed_ms`]. (cudarc's `new_event(None)`
+    /// disables timing, and `cuEventElapsedTime` then fails.)
+    pub fn timing_event(&self) -> Result<CudaEvent> {
+        self.ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(cuda("creating a timing event"))
     }
 
     /// An allocator of page-locked batch buffers, for [`Loader::with_allocator`](crate::loader::Loader::with_allocator).
@@ -335,6 +297,9 @@ pub struct PrefetchStats {
     pub bytes_copied: u64,
     /// Time the caller's thread spent waiting for the loader to produce a host batch.
     pub host_wait: Duration,
+    /// GPU time of the copies and conversions, from events on the copy stream (counted when
+    /// a copy's host batch is returned to the pool).
+    pub copy_time: Duration,
 }
 
 /// A batch on the GPU, valid until the next [`Prefetcher::next_batch`] call (the borrow says
@@ -405,12 +370,19 @@ struct Slot {
     input: Option<CudaSlice<u8>>,
     output: Option<CudaSlice<u8>>,
     labels: Option<CudaSlice<u32>>,
-    /// Recorded on the copy stream after the batch's copy and conversion.
+    /// The labels' page-locked staging copy (an async copy from pageable memory may
+    /// synchronize the host with the device).
+    labels_pinned: Option<PinnedBuffer>,
+    /// Recorded on the copy stream before the batch's copy (timing enabled).
+    copy_started: CudaEvent,
+    /// Recorded on the copy stream after the batch's copy and conversion (timing enabled).
     ready: CudaEvent,
     /// Recorded on the compute stream when the trainer moved past the batch.
     released: CudaEvent,
     /// `released` has been recorded (the slot held a delivered batch).
     used: bool,
+    /// `ready` has been recorded for a copy whose time is not yet counted.
+    timing: bool,
     /// The host batch, held until its copy has completed (and dropped as soon as it has).
     host: Option<Batch>,
     /// What the delivered batch reports; kept apart from `host`, which may go first.
@@ -421,11 +393,45 @@ struct Slot {
     bad: Vec<BadSample>,
 }
 
-/// Feeds a loader's `u8` NHWC batches to the GPU, `depth` batches ahead (2 = double buffering).
-pub struct Prefetcher<I: Iterator<Item = Result<Batch>>> {
-    batches: I,
+impl Slot {
+    /// When the slot's last copy has completed: returns its host batch to the pool and adds
+    /// the copy's duration (from the copy stream's events) to `stats`. `wait`: block until it
+    /// has completed.
+    fn retire(&mut self, wait: bool, stats: &mut PrefetchStats) -> Result<()> {
+        if !self.timing {
+            return Ok(());
+        }
+        if wait {
+            self.ready
+                .synchronize()
+                .map_err(cuda("waiting for an earlier copy"))?;
+        } else if !self.ready.is_complete() {
+            // Not done yet, or the context failed (then the batch is kept: leaking it is
+            // safe, returning memory a copy may still read is not).
+            return Ok(());
+        }
+        let ms = self
+            .copy_started
+            .elapsed_ms(&self.ready)
+            .map_err(cuda("timing a copy"))?;
+        stats.copy_time += Duration::from_secs_f64(f64::from(ms.max(0.0)) * 1e-3);
+        self.timing = false;
+        self.host = None;
+        Ok(())
+    }
+}
+
+/// Feeds `u8` NHWC batches to the GPU, `depth` batches ahead (2 = double buffering).
+///
+/// One prefetcher serves a whole run: its copy stream, events and device buffers are made
+/// once, and each epoch is handed to it with [`start`](Self::start). Batches come from any
+/// iterator of host [`Batch`]es; for a [`Loader`], build it with [`for_loader`](Self::for_loader),
+/// which checks the loader's output format and allocates its page-locked buffers up front.
+pub struct Prefetcher<I: Iterator<Item = Result<Batch>> = Epoch> {
+    batches: Option<I>,
     copy: Arc<CudaStream>,
     compute: Arc<CudaStream>,
+    ctx: Arc<CudaContext>,
     output: DeviceOutput,
     to_f32: CudaFunction,
     to_f16: CudaFunction,
@@ -433,17 +439,45 @@ pub struct Prefetcher<I: Iterator<Item = Result<Batch>>> {
     enqueued: usize,
     delivered: usize,
     finished: bool,
+    /// A CUDA call failed part-way through issuing a copy: nothing more is delivered.
+    failed: bool,
     stats: PrefetchStats,
 }
 
+impl Prefetcher<Epoch> {
+    /// A prefetcher for `loader`'s epochs. Checks at once that the loader's transform outputs
+    /// `u8` NHWC (what the GPU converts), and allocates the batch buffers the run will need
+    /// (the loader's prefetch, plus `depth` being copied, plus one) through the loader's
+    /// allocator, so that a page-locked pool ([`Gpu::pinned_allocator`]) is filled before the
+    /// first epoch rather than by the workers during it.
+    pub fn for_loader(
+        gpu: &Gpu,
+        compute: Arc<CudaStream>,
+        loader: &Loader,
+        output: DeviceOutput,
+        depth: usize,
+    ) -> Result<Self> {
+        let host = loader.config().transform.output;
+        if host.dtype != DType::U8 || host.layout != Layout::Nhwc {
+            return Err(Error::Config(format!(
+                "the GPU prefetcher takes u8 NHWC batches (the GPU converts them), but the \
+                 loader's transform outputs {} {:?}: set it with Transform::with_output(DType::U8, Layout::Nhwc)",
+                host.dtype.name(),
+                host.layout
+            )));
+        }
+        let prefetcher = Self::new(gpu, compute, output, depth)?;
+        loader.prewarm(loader.config().prefetch + depth + 1)?;
+        Ok(prefetcher)
+    }
+}
+
 impl<I: Iterator<Item = Result<Batch>>> Prefetcher<I> {
-    /// A prefetcher over `batches` (e.g. [`Loader::epoch`](crate::loader::Loader::epoch) of a
-    /// loader whose transform outputs `u8` NHWC, ideally built with
-    /// [`Gpu::pinned_allocator`]). Work on delivered batches goes on `compute`.
+    /// A prefetcher with nothing to feed yet: hand it batches with [`start`](Self::start).
+    /// Work on delivered batches goes on `compute`.
     pub fn new(
         gpu: &Gpu,
         compute: Arc<CudaStream>,
-        batches: I,
         output: DeviceOutput,
         depth: usize,
     ) -> Result<Self> {
@@ -456,20 +490,18 @@ impl<I: Iterator<Item = Result<Batch>>> Prefetcher<I> {
                 output.dtype.name()
             )));
         }
-        let event = || {
-            gpu.ctx
-                .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
-                .map_err(cuda("creating an event"))
-        };
         let mut slots = Vec::with_capacity(depth);
         for _ in 0..depth {
             slots.push(Slot {
                 input: None,
                 output: None,
                 labels: None,
-                ready: event()?,
-                released: event()?,
+                labels_pinned: None,
+                copy_started: gpu.timing_event()?,
+                ready: gpu.timing_event()?,
+                released: gpu.event()?,
                 used: false,
+                timing: false,
                 host: None,
                 shape: [0; 4],
                 epoch: 0,
@@ -479,18 +511,33 @@ impl<I: Iterator<Item = Result<Batch>>> Prefetcher<I> {
             });
         }
         Ok(Prefetcher {
-            batches,
+            batches: None,
             copy: gpu.new_stream()?,
             compute,
+            ctx: Arc::clone(&gpu.ctx),
             output,
             to_f32: gpu.function("u8_nhwc_to_f32")?,
             to_f16: gpu.function("u8_nhwc_to_f16")?,
             slots,
             enqueued: 0,
             delivered: 0,
-            finished: false,
+            finished: true,
+            failed: false,
             stats: PrefetchStats::default(),
         })
+    }
+
+    /// Feeds `batches` from now on (an epoch). Batches of the previous source that were copied
+    /// but not delivered are discarded (once their copies complete); device buffers, events
+    /// and the copy stream are kept.
+    pub fn start(&mut self, batches: I) -> Result<()> {
+        self.check_usable()?;
+        self.release_delivered()?;
+        // Undelivered slots were never handed out, so the trainer has nothing to release.
+        self.delivered = self.enqueued;
+        self.batches = Some(batches);
+        self.finished = false;
+        Ok(())
     }
 
     /// Counters so far.
@@ -503,11 +550,22 @@ impl<I: Iterator<Item = Result<Batch>>> Prefetcher<I> {
         &self.copy
     }
 
-    /// The next batch on the GPU, or `None` at the end of the epoch. The previous batch is
-    /// released: the trainer's work enqueued on it so far is the last that may read it.
-    pub fn next_batch(&mut self) -> Result<Option<DeviceBatch<'_>>> {
-        let depth = self.slots.len();
+    fn check_usable(&self) -> Result<()> {
+        if self.failed {
+            return Err(Error::Cuda(
+                "the prefetcher stopped after a failed CUDA call (see the error it returned)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Records that the trainer moved past the last delivered batch: its device buffers may be
+    /// overwritten once the work enqueued on the compute stream so far has finished. (Recording
+    /// again for the same batch only moves that point later, which is still safe.)
+    fn release_delivered(&mut self) -> Result<()> {
         if self.delivered > 0 {
+            let depth = self.slots.len();
             let previous = &mut self.slots[(self.delivered - 1) % depth];
             previous
                 .released
@@ -515,18 +573,25 @@ impl<I: Iterator<Item = Result<Batch>>> Prefetcher<I> {
                 .map_err(cuda("recording a release event"))?;
             previous.used = true;
         }
+        Ok(())
+    }
+
+    /// The next batch on the GPU, or `None` at the end of the current source. The previous
+    /// batch is released: the trainer's work enqueued on it so far is the last that may read it.
+    pub fn next_batch(&mut self) -> Result<Option<DeviceBatch<'_>>> {
+        self.check_usable()?;
+        self.release_delivered()?;
         // Host batches whose copies have completed go back to the pool now.
         for slot in &mut self.slots {
-            if slot.host.is_some() && slot.ready.is_complete() {
-                slot.host = None;
-            }
+            slot.retire(false, &mut self.stats)?;
         }
-        while !self.finished && self.enqueued < self.delivered + depth {
+        while !self.finished && self.enqueued < self.delivered + self.slots.len() {
             self.enqueue()?;
         }
         if self.delivered == self.enqueued {
             return Ok(None);
         }
+        let depth = self.slots.len();
         let slot = &self.slots[self.delivered % depth];
         self.compute
             .wait(&slot.ready)
@@ -550,10 +615,11 @@ impl<I: Iterator<Item = Result<Batch>>> Prefetcher<I> {
     /// Takes the next host batch and issues its copy and conversion into its slot.
     fn enqueue(&mut self) -> Result<()> {
         let started = Instant::now();
-        let next = self.batches.next();
+        let next = self.batches.as_mut().and_then(Iterator::next);
         self.stats.host_wait += started.elapsed();
         let Some(batch) = next else {
             self.finished = true;
+            self.batches = None;
             return Ok(());
         };
         let batch = batch?;
@@ -565,36 +631,97 @@ impl<I: Iterator<Item = Result<Batch>>> Prefetcher<I> {
                 batch.layout
             )));
         }
+        let depth = self.slots.len();
+        let slot_index = self.enqueued % depth;
+        {
+            let slot = &mut self.slots[slot_index];
+            if slot.used {
+                // The device buffers are overwritten only after the step that used them.
+                self.copy
+                    .wait(&slot.released)
+                    .map_err(cuda("waiting for a release"))?;
+            }
+            // Its copy was issued `depth` batches ago; this returns at once in steady state.
+            // The labels' staging buffer is rewritten below, so the old copy must be done.
+            slot.retire(true, &mut self.stats)?;
+        }
+        match self.issue(slot_index, batch) {
+            Ok(()) => {
+                self.enqueued += 1;
+                Ok(())
+            }
+            Err(e) => {
+                // Copies from the batch's memory may be in flight: the batch stays in its
+                // slot (it goes back to the pool only once the copy stream is known to be past
+                // it: here, or when the prefetcher is dropped), and nothing more is delivered.
+                self.failed = true;
+                if self.copy.synchronize().is_ok() {
+                    self.slots[slot_index].host = None;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Issues the copies and the conversion of `batch` into slot `slot_index`. From the first
+    /// copy on, `batch` is held by the slot, so no error path can return its memory to the pool
+    /// while a copy may read it.
+    fn issue(&mut self, slot_index: usize, batch: Batch) -> Result<()> {
         let [n, h, w, c] = batch.shape;
         let total = n * h * w * c;
         let out_bytes = total * self.output.element_bytes();
-        let depth = self.slots.len();
-        let slot = &mut self.slots[self.enqueued % depth];
-        if slot.used {
-            // The device buffers are overwritten only after the step that used them.
-            self.copy
-                .wait(&slot.released)
-                .map_err(cuda("waiting for a release"))?;
-        }
-        if let Some(old) = slot.host.take() {
-            // Its copy was issued `depth` batches ago; this returns at once in steady state.
-            slot.ready
-                .synchronize()
-                .map_err(cuda("waiting for an old copy"))?;
-            drop(old);
-        }
+        let label_bytes = 4 * n.max(1);
+        let slot = &mut self.slots[slot_index];
         let input = grow(&self.copy, &mut slot.input, total)?;
         let output = grow(&self.copy, &mut slot.output, out_bytes)?;
         let labels = grow(&self.copy, &mut slot.labels, n.max(1))?;
+        if slot
+            .labels_pinned
+            .as_ref()
+            .is_none_or(|b| b.as_slice().len() < label_bytes)
+        {
+            slot.labels_pinned = Some(PinnedBuffer::new(&self.ctx, label_bytes)?);
+        }
+        let staging = slot.labels_pinned.as_mut().expect("allocated above");
+        for (chunk, label) in staging
+            .as_mut_slice()
+            .chunks_exact_mut(4)
+            .zip(&batch.labels)
+        {
+            chunk.copy_from_slice(&label.to_ne_bytes());
+        }
+        slot.copy_started
+            .record(&self.copy)
+            .map_err(cuda("recording a copy event"))?;
         let stream = self.copy.cu_stream();
-        // SAFETY: the destinations hold at least as many bytes as the sources; the sources
-        // (the batch's pixels, page-locked when the pool's allocator is pinned, and its labels)
-        // stay alive in `slot.host` until `slot.ready`, recorded after these copies, completes.
+        slot.labels_host.clear();
+        slot.labels_host.extend_from_slice(&batch.labels);
+        slot.bad.clone_from(&batch.bad);
+        slot.epoch = batch.epoch;
+        slot.index = batch.index;
+        slot.shape = match self.output.layout {
+            Layout::Nchw => [n, 3, h, w],
+            Layout::Nhwc => [n, h, w, 3],
+        };
+        let host = slot.host.insert(batch);
+        // SAFETY: the destinations hold at least as many bytes as the sources; the sources (the
+        // batch's pixels, page-locked when the pool's allocator is pinned, and the page-locked
+        // labels staging buffer) stay alive and unwritten until `slot.ready`, recorded after
+        // these copies, has completed: `host` stays in the slot until `retire` sees that, and
+        // the staging buffer is rewritten only after `retire(true)`.
         unsafe {
-            result::memcpy_htod_async(input, &batch.bytes()[..total], stream)
+            result::memcpy_htod_async(input, &host.bytes()[..total], stream)
                 .map_err(cuda("copying a batch to the device"))?;
-            result::memcpy_htod_async(labels, &batch.labels[..], stream)
-                .map_err(cuda("copying labels to the device"))?;
+            result::memcpy_htod_async(
+                labels,
+                &slot
+                    .labels_pinned
+                    .as_ref()
+                    .expect("allocated above")
+                    .as_slice()[..4 * n],
+                stream,
+            )
+            .map_err(cuda("copying labels to the device"))?;
         }
         self.stats.bytes_copied += (total + 4 * n) as u64;
         let (scale, bias) = self.output.affine();
@@ -636,17 +763,7 @@ impl<I: Iterator<Item = Result<Batch>>> Prefetcher<I> {
         slot.ready
             .record(&self.copy)
             .map_err(cuda("recording a copy event"))?;
-        slot.shape = match self.output.layout {
-            Layout::Nchw => [n, 3, h, w],
-            Layout::Nhwc => [n, h, w, 3],
-        };
-        slot.epoch = batch.epoch;
-        slot.index = batch.index;
-        slot.labels_host.clear();
-        slot.labels_host.extend_from_slice(&batch.labels);
-        slot.bad.clone_from(&batch.bad);
-        slot.host = Some(batch);
-        self.enqueued += 1;
+        slot.timing = true;
         Ok(())
     }
 }
@@ -654,11 +771,19 @@ impl<I: Iterator<Item = Result<Batch>>> Prefetcher<I> {
 impl<I: Iterator<Item = Result<Batch>>> Drop for Prefetcher<I> {
     /// Device buffers are freed on the copy stream and host batches go back to the pool: both
     /// only after the trainer's work enqueued so far and every copy in flight have finished.
+    /// Should that wait fail (a failed context), host batches still held are leaked rather
+    /// than returned while a copy might read them.
     fn drop(&mut self) {
         if let Ok(done) = self.compute.record_event(None) {
             let _ = self.copy.wait(&done);
         }
-        let _ = self.copy.synchronize();
+        if self.copy.synchronize().is_err() {
+            for slot in &mut self.slots {
+                if let Some(batch) = slot.host.take() {
+                    std::mem::forget(batch);
+                }
+            }
+        }
     }
 }
 
@@ -714,15 +839,7 @@ mod tests {
     fn the_ptx_has_every_kernel_and_targets_compute_70() {
         assert!(PTX.contains(".target sm_70"), "compute_70 PTX");
         assert!(PTX.contains(".version 8.0"), "PTX ISA 8.0 (driver 525+)");
-        for kernel in [
-            "u8_nhwc_to_f32",
-            "u8_nhwc_to_f16",
-            "softmax_xent",
-            "column_sums",
-            "add_bias",
-            "sgd_step",
-            "busy_wait",
-        ] {
+        for kernel in ["u8_nhwc_to_f32", "u8_nhwc_to_f16"] {
             assert!(
                 PTX.contains(&format!(".visible .entry {kernel}(")),
                 "{kernel} missing from kernels.ptx: run scripts/make_ptx.py"
