@@ -307,8 +307,12 @@ pub fn fingerprint(dataset: &dyn Dataset) -> String {
             }
         }
     }
-    let digest = hash.finalize();
-    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+    hex(&hash.finalize()[..16])
+}
+
+/// Lower-case hex of a digest.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl std::fmt::Debug for dyn Dataset {

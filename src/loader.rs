@@ -35,8 +35,8 @@ use crossbeam_channel::{Receiver, Sender};
 use serde::{Deserialize, Serialize};
 
 use crate::batch::{BadSample, Batch};
-use crate::dataset::fingerprint;
 use crate::dataset::{Dataset, LazyReader};
+use crate::dataset::{fingerprint, hex};
 use crate::decode::DEFAULT_MAX_PIXELS;
 use crate::error::{Error, Result};
 use crate::pool::{BatchAllocator, BufferPool, HeapAllocator, PooledBuffer};
@@ -464,7 +464,7 @@ impl Loader {
             let digest = Sha256::digest(
                 format!("{:?} max_pixels {}", config.transform, config.max_pixels).as_bytes(),
             );
-            digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+            hex(&digest[..8])
         };
         let shared = Arc::new(Shared {
             dataset,
@@ -617,74 +617,63 @@ impl Loader {
     /// Refuses a state whose stream this loader would not continue.
     fn check_resumable(&self, state: &LoaderState) -> Result<()> {
         let s = &self.inner.sampler.sampling;
-        let differs = |setting: &'static str, saved: String, current: String| {
-            Err(Error::StateMismatch {
-                setting,
-                saved,
-                current,
-            })
-        };
-        if state.version != LOADER_STATE_VERSION {
-            return differs(
+        let config = &self.inner.shared.config;
+        // (setting, in the state, in this loader), in the order they are checked.
+        let settings: [(&'static str, String, String); 9] = [
+            (
                 "state version",
                 state.version.to_string(),
                 LOADER_STATE_VERSION.to_string(),
-            );
-        }
-        if state.dataset != self.inner.fingerprint {
-            return differs(
+            ),
+            (
                 "dataset",
                 format!("fingerprint {}", state.dataset),
-                format!(
-                    "fingerprint {} ({})",
-                    self.inner.fingerprint,
-                    self.dataset().path().display()
-                ),
-            );
-        }
-        if state.seed != s.seed {
-            return differs("seed", state.seed.to_string(), s.seed.to_string());
-        }
-        let config = &self.inner.shared.config;
-        if state.bad_sample_policy != config.bad_samples {
-            return differs(
+                format!("fingerprint {}", self.inner.fingerprint),
+            ),
+            ("seed", state.seed.to_string(), s.seed.to_string()),
+            (
                 "bad_sample_policy",
                 format!("{:?}", state.bad_sample_policy),
                 format!("{:?}", config.bad_samples),
-            );
-        }
-        if state.transform != self.inner.transform_digest {
-            return differs(
+            ),
+            (
                 "transform",
                 format!("digest {}", state.transform),
                 format!("digest {}", self.inner.transform_digest),
-            );
-        }
-        if state.batch_size != s.batch_size {
-            return differs(
+            ),
+            (
                 "batch_size",
                 state.batch_size.to_string(),
                 s.batch_size.to_string(),
-            );
-        }
-        if state.shuffle != s.shuffle {
-            return differs("shuffle", state.shuffle.to_string(), s.shuffle.to_string());
-        }
-        if state.drop_last != s.drop_last {
-            return differs(
+            ),
+            ("shuffle", state.shuffle.to_string(), s.shuffle.to_string()),
+            (
                 "drop_last",
                 state.drop_last.to_string(),
                 s.drop_last.to_string(),
-            );
-        }
-        if state.uneven != s.uneven {
-            return differs(
+            ),
+            (
                 "uneven",
                 format!("{:?}", state.uneven),
                 format!("{:?}", s.uneven),
-            );
+            ),
+        ];
+        match settings
+            .into_iter()
+            .find(|(_, saved, current)| saved != current)
+        {
+            None => Ok(()),
+            Some((setting, saved, mut current)) => {
+                if setting == "dataset" {
+                    current.push_str(&format!(" ({})", self.dataset().path().display()));
+                }
+                Err(Error::StateMismatch {
+                    setting,
+                    saved,
+                    current,
+                })
+            }
         }
-        Ok(())
     }
 
     /// The part of `epoch` from position `start` of its order, from batch `first` of that part.

@@ -22,7 +22,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
-use crate::dataset::{Dataset, DatasetInfo, FormatKind, PartInfo, PayloadKind, RecordReader};
+use crate::dataset::{Dataset, DatasetInfo, FormatKind, PartInfo, PayloadKind, RecordReader, hex};
 use crate::decode::{DEFAULT_MAX_PIXELS, Decoder, RawImage};
 use crate::error::{Error, IoContext as _, Result};
 use crate::format::folder::ImageFolder;
@@ -688,11 +688,6 @@ pub fn disk_bytes(path: &Path) -> u64 {
         Ok(meta) => meta.len(),
         Err(_) => 0,
     }
-}
-
-/// Lower-case hex of a digest.
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// SHA-256 of the listing (key, label, size of each file): changes when the tree does.

@@ -54,6 +54,20 @@ fn close(a: f32, b: f32, dtype: DType) -> bool {
     (a - b).abs() <= tolerance
 }
 
+/// A device batch copied back, as floats.
+fn floats(bytes: &[u8], dtype: DType) -> Vec<f32> {
+    match dtype {
+        DType::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        _ => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    }
+}
+
 #[test]
 fn gpu_batches_equal_the_cpu_transform_for_every_output_and_depth() {
     let Some(gpu) = gpu_or_skip("gpu_batches_equal_the_cpu_transform") else {
@@ -117,17 +131,7 @@ fn gpu_batches_equal_the_cpu_transform_for_every_output_and_depth() {
                     while let Some(batch) = feed.next_batch().unwrap() {
                         let (labels, values) = &expected[got];
                         assert_eq!(batch.labels, &labels[..], "batch {got} labels");
-                        let bytes = batch.to_host().unwrap();
-                        let device: Vec<f32> = match dtype {
-                            DType::F16 => bytes
-                                .chunks_exact(2)
-                                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                                .collect(),
-                            _ => bytes
-                                .chunks_exact(4)
-                                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                                .collect(),
-                        };
+                        let device = floats(&batch.to_host().unwrap(), dtype);
                         assert_eq!(device.len(), values.len());
                         for (i, (a, b)) in device.iter().zip(values).enumerate() {
                             assert!(
@@ -186,12 +190,7 @@ fn a_new_epoch_started_mid_way_discards_the_rest_and_delivers_its_own_batches() 
     let mut index = 0;
     while let Some(batch) = feed.next_batch().unwrap() {
         assert_eq!((batch.epoch, batch.index), (1, index));
-        let values: Vec<f32> = batch
-            .to_host()
-            .unwrap()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
+        let values = floats(&batch.to_host().unwrap(), DType::F32);
         let pixels: Vec<f32> = expected[index].iter().map(|&p| p as f32 / 255.0).collect();
         assert_eq!(values.len(), pixels.len());
         for (a, b) in values.iter().zip(&pixels) {

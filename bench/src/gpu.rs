@@ -83,7 +83,7 @@ pub fn run(args: GpuArgs) -> Result<()> {
         );
     }
     let compute = gpu.new_stream()?;
-    let step = GemmStep::calibrated(&compute, args.step_ms)?;
+    let step = GemmStep::calibrated(&gpu, &compute, args.step_ms)?;
     let resident = {
         for _ in 0..WARMUP_STEPS {
             step.run(&compute)?;
@@ -252,11 +252,11 @@ impl GemmStep {
     }
 
     /// A step sized (n a multiple of 256) to take about `target_ms` of GPU time.
-    fn calibrated(stream: &Arc<CudaStream>, target_ms: f64) -> Result<Self> {
+    fn calibrated(gpu: &Gpu, stream: &Arc<CudaStream>, target_ms: f64) -> Result<Self> {
         let mut n = 1024;
         loop {
             let mut step = Self::new(stream, n)?;
-            step.gpu_ms = step.time(stream)?;
+            step.gpu_ms = step.time(gpu, stream)?;
             let scale = (target_ms / step.gpu_ms).cbrt();
             if (0.9..=1.1).contains(&scale) || n >= 16_384 {
                 return Ok(step);
@@ -270,10 +270,8 @@ impl GemmStep {
     }
 
     /// Median GPU time of the step in ms, from events.
-    fn time(&self, stream: &Arc<CudaStream>) -> Result<f64> {
-        let ctx = stream.context();
-        let flags = Some(imagefeed::gpu::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let (start, end) = (ctx.new_event(flags)?, ctx.new_event(flags)?);
+    fn time(&self, gpu: &Gpu, stream: &Arc<CudaStream>) -> Result<f64> {
+        let (start, end) = (gpu.timing_event()?, gpu.timing_event()?);
         self.run(stream)?;
         let mut times = Vec::new();
         for _ in 0..7 {

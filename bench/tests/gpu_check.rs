@@ -39,10 +39,13 @@ fn find_cublas_links_the_newest_cuda_13_or_12_cublas_under_an_unversioned_name()
     fs::write(cu12.join("libcublas.so.12"), b"12").unwrap();
     fs::write(cu12.join("libcublasLt.so.12"), b"12").unwrap();
     let out = dir.path().join("links");
-    let o = run(
-        &["find-cublas", out.to_str().unwrap(), root.to_str().unwrap()],
-        dir.path(),
-    );
+    let find = |root: &Path| {
+        run(
+            &["find-cublas", out.to_str().unwrap(), root.to_str().unwrap()],
+            dir.path(),
+        )
+    };
+    let o = find(&root);
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(
         fs::read_link(out.join("libcublas.so")).unwrap(),
@@ -56,10 +59,7 @@ fn find_cublas_links_the_newest_cuda_13_or_12_cublas_under_an_unversioned_name()
     fs::create_dir_all(&cu13).unwrap();
     fs::write(cu13.join("libcublas.so.13"), b"13").unwrap();
     fs::write(cu13.join("libcublasLt.so.13"), b"13").unwrap();
-    let o = run(
-        &["find-cublas", out.to_str().unwrap(), root.to_str().unwrap()],
-        dir.path(),
-    );
+    let o = find(&root);
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(
         fs::read_link(out.join("libcublas.so")).unwrap(),
@@ -72,14 +72,7 @@ fn find_cublas_links_the_newest_cuda_13_or_12_cublas_under_an_unversioned_name()
     // Nothing there: an error naming where it looked.
     let empty = dir.path().join("empty");
     fs::create_dir_all(&empty).unwrap();
-    let o = run(
-        &[
-            "find-cublas",
-            out.to_str().unwrap(),
-            empty.to_str().unwrap(),
-        ],
-        dir.path(),
-    );
+    let o = find(&empty);
     assert!(!o.status.success());
     assert!(
         text(&o).contains("no libcublas.so.13 or .so.12 under") && text(&o).contains("empty"),
