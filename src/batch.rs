@@ -147,6 +147,13 @@ impl Batch {
         elements
     }
 
+    /// The batch's memory, taken out of the batch: it goes back to the loader's pool when the
+    /// returned buffer is dropped. For a consumer that hands the memory on (a Python tensor
+    /// viewing it); read `shape`, `labels` and the rest first.
+    pub fn into_buffer(self) -> PooledBuffer {
+        self.data
+    }
+
     /// The elements as `u8`.
     ///
     /// # Panics

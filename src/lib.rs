@@ -46,6 +46,8 @@ pub mod loader;
 pub mod pack;
 pub mod pagecache;
 pub mod pool;
+#[cfg(feature = "progress")]
+pub mod progress;
 pub mod resize;
 pub mod rng;
 pub mod sampler;

@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use serde::{Deserialize, Serialize};
 
 use crate::batch::{BadSample, Batch};
@@ -788,12 +788,37 @@ impl Epoch {
     }
 }
 
+/// What waiting for the next batch with a time limit gave ([`Epoch::next_timeout`]).
+#[derive(Debug)]
+pub enum Wait<T> {
+    /// The wait ended with this.
+    Ready(T),
+    /// Nothing arrived in time; the batch is still being built, and a later call waits on.
+    TimedOut,
+}
+
 impl Iterator for Epoch {
     type Item = Result<Batch>;
 
     fn next(&mut self) -> Option<Result<Batch>> {
+        match self.next_until(None) {
+            Wait::Ready(next) => next,
+            Wait::TimedOut => unreachable!("no deadline"),
+        }
+    }
+}
+
+impl Epoch {
+    /// [`next`](Iterator::next), waiting at most `timeout` for the batch: a caller that must
+    /// stay responsive (a Python interpreter checking for Ctrl-C) polls with it. A time-out
+    /// consumes nothing; the next call (timed or not) returns the same batch.
+    pub fn next_timeout(&mut self, timeout: Duration) -> Wait<Option<Result<Batch>>> {
+        self.next_until(Some(Instant::now() + timeout))
+    }
+
+    fn next_until(&mut self, deadline: Option<Instant>) -> Wait<Option<Result<Batch>>> {
         if self.done || self.next_deliver >= self.batches.len() {
-            return None;
+            return Wait::Ready(None);
         }
         let shared = &self.loader.shared;
         let prefetch = shared.config.prefetch;
@@ -814,7 +839,9 @@ impl Iterator for Epoch {
                 .expect("queue open while the loader lives");
             if jobs.send(job).is_err() {
                 self.done = true;
-                return Some(Err(Error::Config("the worker threads have stopped".into())));
+                return Wait::Ready(Some(Err(Error::Config(
+                    "the worker threads have stopped".into(),
+                ))));
             }
             self.next_send += 1;
         }
@@ -823,11 +850,22 @@ impl Iterator for Epoch {
             if let Some(result) = self.pending.remove(&self.next_deliver) {
                 break result;
             }
-            match self.reply_rx.recv() {
+            let received = match deadline {
+                None => self
+                    .reply_rx
+                    .recv()
+                    .map_err(|_| RecvTimeoutError::Disconnected),
+                Some(deadline) => self.reply_rx.recv_deadline(deadline),
+            };
+            match received {
                 Ok((position, result)) => {
                     self.pending.insert(position, result);
                 }
-                Err(_) => unreachable!("the epoch holds a sender"),
+                Err(RecvTimeoutError::Timeout) => {
+                    add(&shared.counters.waiting, waited.elapsed());
+                    return Wait::TimedOut;
+                }
+                Err(RecvTimeoutError::Disconnected) => unreachable!("the epoch holds a sender"),
             }
         };
         add(&shared.counters.waiting, waited.elapsed());
@@ -838,7 +876,7 @@ impl Iterator for Epoch {
             Err(e) => {
                 self.done = true;
                 self.cancel.store(true, Ordering::Relaxed);
-                return Some(Err(e));
+                return Wait::Ready(Some(Err(e)));
             }
         };
         let samples_seen = self.samples_seen + self.batches[position].len() as u64;
@@ -854,19 +892,19 @@ impl Iterator for Epoch {
         {
             self.done = true;
             self.cancel.store(true, Ordering::Relaxed);
-            return Some(Err(Error::TooManyBadSamples {
+            return Wait::Ready(Some(Err(Error::TooManyBadSamples {
                 count: bad_samples,
                 seen: samples_seen,
                 limit,
                 index: last.index,
                 key: last.key.clone(),
                 reason: last.reason.clone(),
-            }));
+            })));
         }
         self.next_deliver += 1;
         self.samples_seen = samples_seen;
         self.bad_samples = bad_samples;
-        Some(Ok(batch))
+        Wait::Ready(Some(Ok(batch)))
     }
 }
 

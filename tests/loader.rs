@@ -1018,3 +1018,74 @@ fn a_bad_sample_limit_survives_elastic_resume_without_panicking() {
         "8 remaining samples, 2 per rank, one batch each"
     );
 }
+
+/// A dataset whose readers open only once the test lets them (a slow disk, on demand).
+struct Gated {
+    inner: Arc<dyn Dataset>,
+    open: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+}
+
+impl Dataset for Gated {
+    fn info(&self) -> &imagefeed::DatasetInfo {
+        self.inner.info()
+    }
+    fn path(&self) -> &Path {
+        self.inner.path()
+    }
+    fn open_reader(&self) -> imagefeed::Result<Box<dyn imagefeed::RecordReader>> {
+        let (lock, ready) = &*self.open;
+        let mut open = lock.lock().unwrap();
+        while !*open {
+            open = ready.wait(open).unwrap();
+        }
+        self.inner.open_reader()
+    }
+}
+
+#[test]
+fn a_timed_wait_gives_up_without_consuming_and_the_next_call_gets_the_same_batch() {
+    use imagefeed::loader::Wait;
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let (encoded, _, _) = datasets(dir.path());
+    let expected: Vec<_> = Loader::new(Arc::clone(&encoded), config(Transform::cifar(), 2, 2))
+        .unwrap()
+        .epoch(0)
+        .map(|b| b.unwrap().samples)
+        .collect();
+    // Open while the loader takes the dataset's fingerprint, shut before any worker reads.
+    let open = Arc::new((std::sync::Mutex::new(true), std::sync::Condvar::new()));
+    let gated = Arc::new(Gated {
+        inner: encoded,
+        open: Arc::clone(&open),
+    });
+    let loader = Loader::new(gated, config(Transform::cifar(), 2, 2)).unwrap();
+    *open.0.lock().unwrap() = false;
+    let mut epoch = loader.epoch(0);
+    // No reader can open yet: every wait times out, and the state does not move.
+    for _ in 0..3 {
+        assert!(matches!(
+            epoch.next_timeout(Duration::from_millis(20)),
+            Wait::TimedOut
+        ));
+        assert_eq!(epoch.state().next_batch, 0);
+    }
+    *open.0.lock().unwrap() = true;
+    open.1.notify_all();
+    let mut got = Vec::new();
+    loop {
+        match epoch.next_timeout(Duration::from_secs(60)) {
+            Wait::Ready(Some(batch)) => got.push(batch.unwrap().samples),
+            Wait::Ready(None) => break,
+            Wait::TimedOut => panic!("a batch took over a minute"),
+        }
+    }
+    assert_eq!(
+        got, expected,
+        "the timed waits gave the untimed epoch's batches"
+    );
+    assert!(matches!(
+        epoch.next_timeout(Duration::ZERO),
+        Wait::Ready(None)
+    ));
+}

@@ -8,11 +8,9 @@ use std::process::ExitCode;
 use anyhow::{Context as _, Result, bail};
 use clap::{Parser, Subcommand};
 use imagefeed::inspect::Inspection;
-use imagefeed::pack::{
-    self, PackFormat, PackObserver, PackOptions, PackSummary, Rejection, StartMode,
-};
+use imagefeed::pack::{self, PackFormat, PackOptions, PackSummary, StartMode};
+use imagefeed::progress::{PackProgressBar, human_bytes};
 use imagefeed::synthetic::{self, SyntheticSpec};
-use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Parser)]
 #[command(
@@ -296,61 +294,6 @@ fn parse_size(text: &str) -> Result<(u32, u32), String> {
 }
 
 /// Draws the progress bar: files done, rate, ETA.
-struct Progress {
-    bar: ProgressBar,
-}
-
-impl PackObserver for Progress {
-    fn started(&self, total: usize, already_done: usize) {
-        self.bar.set_length(total as u64);
-        self.bar.set_position(already_done as u64);
-        self.bar.reset_eta();
-        if already_done > 0 {
-            self.bar.println(format!(
-                "resuming: {already_done} of {total} files already packed"
-            ));
-        }
-    }
-
-    fn advanced(&self, done: usize, payload_bytes: u64) {
-        self.bar.set_position(done as u64);
-        self.bar.set_message(human_bytes(payload_bytes));
-    }
-
-    fn rejected(&self, rejection: &Rejection) {
-        self.bar
-            .println(format!("rejected {}: {}", rejection.key, rejection.reason));
-    }
-}
-
-fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KB", "MB", "GB", "TB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1000.0 && unit < UNITS.len() - 1 {
-        value /= 1000.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
-
-fn progress_bar(quiet: bool) -> Progress {
-    let bar = if quiet {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(0)
-    };
-    bar.set_style(
-        ProgressStyle::with_template("{bar:40} {pos}/{len} files, {msg}, {per_sec}, ETA {eta}")
-            .expect("valid template"),
-    );
-    Progress { bar }
-}
-
 fn pack(
     args: PackArgs,
     format: PackFormat,
@@ -372,7 +315,7 @@ fn pack(
         part: args.shard_index.zip(args.num_shards),
         ..PackOptions::default()
     };
-    let progress = progress_bar(args.quiet);
+    let progress = PackProgressBar::new(args.quiet);
     let result = if let Some(input) = input {
         pack::convert_with(
             &args.src_dir,
@@ -385,7 +328,7 @@ fn pack(
     } else {
         pack::pack_image_folder(&args.src_dir, &args.out, format, &options, &progress)
     };
-    progress.bar.finish_and_clear();
+    progress.finish();
     let summary = result.with_context(|| {
         format!(
             "packing {} into {}",
@@ -531,9 +474,9 @@ fn run() -> Result<ExitCode> {
                 label_base,
                 ..PackOptions::default()
             };
-            let progress = progress_bar(quiet);
+            let progress = PackProgressBar::new(quiet);
             let result = pack::join(&parts, &out, to.pack_format(), &options, &progress);
-            progress.bar.finish_and_clear();
+            progress.finish();
             let summary = result
                 .with_context(|| format!("joining {} parts into {}", parts.len(), out.display()))?;
             emit(&format_summary(&summary));

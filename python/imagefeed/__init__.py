@@ -1,0 +1,63 @@
+"""imagefeed: feeds images to PyTorch training fast, reproducibly, and without crashing on bad data.
+
+::
+
+    import imagefeed
+    loader = imagefeed.Loader("train.lmdb", batch_size=256, workers=8, seed=0,
+                              transform=imagefeed.transforms.imagenet_train(224))
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        for images, labels in loader:
+            ...
+
+- :class:`Loader`: batches built by Rust worker threads, handed over as zero-copy tensors, with
+  exact mid-epoch resume (``state_dict``) and bad-sample reports.
+- :class:`Dataset`: a map-style dataset for existing ``DataLoader`` pipelines.
+- :func:`pack`, :func:`inspect`, :func:`verify`: packing and checking, as ``pack-dataset`` does.
+- :mod:`imagefeed.transforms`, :mod:`imagefeed.errors`.
+"""
+
+from . import errors, transforms
+from ._native import __version__
+from .dataset import Dataset
+from .errors import (
+    BadSampleError,
+    ConfigError,
+    CudaError,
+    DataError,
+    DatasetNotFoundError,
+    Error,
+    FileError,
+    IncompleteDatasetError,
+    OutputExistsError,
+    PoolGrowthWarning,
+    StateMismatchError,
+    TooManyBadSamplesError,
+)
+from .loader import BadSample, Loader
+from .packing import inspect, pack, synthesize, verify
+
+__all__ = [
+    "__version__",
+    "Loader",
+    "BadSample",
+    "Dataset",
+    "pack",
+    "inspect",
+    "verify",
+    "synthesize",
+    "transforms",
+    "errors",
+    "Error",
+    "DataError",
+    "DatasetNotFoundError",
+    "FileError",
+    "IncompleteDatasetError",
+    "BadSampleError",
+    "TooManyBadSamplesError",
+    "OutputExistsError",
+    "ConfigError",
+    "StateMismatchError",
+    "CudaError",
+    "PoolGrowthWarning",
+]

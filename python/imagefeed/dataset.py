@@ -1,0 +1,112 @@
+"""``imagefeed.Dataset``: a map-style dataset over any file imagefeed reads, for pipelines that
+keep ``torch.utils.data.DataLoader`` and torchvision transforms."""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import Any, Callable, List, Optional, Tuple, Union
+
+from . import _native
+from . import errors
+
+__all__ = ["Dataset"]
+
+_DECODES = (None, "numpy", "pil")
+
+
+class Dataset:
+    """``ds[i] -> (sample, label)`` over a packed file or folder, safe in DataLoader workers.
+
+    ``decode`` chooses the sample: ``None`` gives the stored bytes (an encoded image, or raw
+    pixels for a raw pack), ``"numpy"`` an RGB ``uint8`` array ``(height, width, 3)`` decoded by
+    libjpeg-turbo, ``"pil"`` a ``PIL.Image`` in RGB (for torchvision transforms). ``transform``
+    and ``target_transform`` are applied to the sample and the label, as in torchvision.
+
+    The file is opened lazily in each process that reads it, and again after a fork, so the
+    dataset can be passed to ``DataLoader(num_workers=N)`` (forked or spawned workers) without
+    sharing an LMDB or HDF5 handle between processes. Pickling keeps only the path and options.
+    """
+
+    def __init__(
+        self,
+        path: Union[str, "os.PathLike[str]"],
+        *,
+        decode: Optional[str] = None,
+        transform: Optional[Callable[[Any], Any]] = None,
+        target_transform: Optional[Callable[[int], Any]] = None,
+        hdf5_images: Optional[str] = None,
+        hdf5_labels: Optional[str] = None,
+        label_base: Optional[int] = None,
+        max_pixels: Optional[int] = None,
+    ):
+        if decode not in _DECODES:
+            raise errors.ConfigError(f"decode {decode!r}: must be None, \"numpy\" or \"pil\"")
+        self.path = os.fspath(path)
+        self.decode = decode
+        self.transform = transform
+        self.target_transform = target_transform
+        self._options = dict(
+            hdf5_images=hdf5_images, hdf5_labels=hdf5_labels, label_base=label_base, max_pixels=max_pixels
+        )
+        self._native: Optional[_native.NativeDataset] = None
+        self._pid: Optional[int] = None
+        # Open once here so a wrong path fails at construction, and len()/classes are known.
+        native = self._handle()
+        self._len = len(native)
+        self.classes: List[str] = native.classes
+        self.format: str = native.format
+
+    def _handle(self) -> "_native.NativeDataset":
+        pid = os.getpid()
+        if self._native is None or self._pid != pid:
+            # First use in this process (or a forked child): never reuse the parent's handle.
+            self._native = _native.NativeDataset(self.path, **self._options)
+            self._pid = pid
+        return self._native
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index: int) -> Tuple[Any, Any]:
+        if isinstance(index, bool) or not isinstance(index, int):
+            try:
+                index = index.__index__()
+            except AttributeError:
+                raise TypeError(f"dataset indices must be integers, not {type(index).__name__}") from None
+        native = self._handle()
+        if self.decode == "numpy":
+            import numpy  # noqa: PLC0415
+
+            array, label, _key = native.decode(index)
+            sample: Any = numpy.from_dlpack(array)
+        else:
+            payload, label, _key = native.read(index)
+            sample = payload
+            if self.decode == "pil":
+                from PIL import Image  # noqa: PLC0415
+
+                image = Image.open(io.BytesIO(payload))
+                sample = image.convert("RGB")
+        if self.transform is not None:
+            sample = self.transform(sample)
+        target: Any = label
+        if self.target_transform is not None:
+            target = self.target_transform(label)
+        return sample, target
+
+    def key(self, index: int) -> str:
+        """The record's key (its path relative to the source root)."""
+        return self._handle().read(index)[2]
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_native"] = None
+        state["_pid"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        return f"imagefeed.Dataset({self.path!r}, {self.format}, {self._len} samples, {len(self.classes)} classes)"

@@ -1,0 +1,103 @@
+"""The exceptions imagefeed raises.
+
+Every error from the Rust library arrives as one of these, with the message the library wrote
+(naming the file, the record key and the reason) and, as attributes, what that message names:
+``path``, ``key``, ``index`` and ``reason`` where the error has them (``None`` otherwise), and a
+few more on the classes below. Catch :class:`Error` for everything imagefeed raises.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "Error",
+    "DataError",
+    "DatasetNotFoundError",
+    "FileError",
+    "IncompleteDatasetError",
+    "BadSampleError",
+    "TooManyBadSamplesError",
+    "ShapeMismatchError",
+    "RejectedFileError",
+    "OutputExistsError",
+    "ConfigError",
+    "StateMismatchError",
+    "CudaError",
+    "PoolGrowthWarning",
+]
+
+
+class Error(Exception):
+    """Base class of every imagefeed error."""
+
+    path: str | None = None
+    key: str | None = None
+    index: int | None = None
+    reason: str | None = None
+
+
+class DataError(Error):
+    """A dataset, record or image is unreadable or malformed."""
+
+
+class DatasetNotFoundError(DataError, FileNotFoundError):
+    """The path does not exist."""
+
+
+class FileError(Error, OSError):
+    """An operating-system error on a file (``errno`` is set when the system gave one)."""
+
+
+
+class IncompleteDatasetError(DataError):
+    """The dataset was never finished: an interrupted or failed pack (resume it, or pack again)."""
+
+
+class BadSampleError(DataError):
+    """A sample could not be read or decoded (``bad_samples="error"``)."""
+
+
+class TooManyBadSamplesError(BadSampleError):
+    """More bad samples in an epoch than ``max_bad`` allows.
+
+    ``count`` bad samples after ``seen`` samples, over ``limit``; ``key``/``index``/``reason`` are
+    the last bad sample's, and ``keys`` (set by the loader) lists every bad key of the epoch.
+    """
+
+    count: int | None = None
+    seen: int | None = None
+    limit: str | None = None
+    keys: list = []
+
+
+class ShapeMismatchError(DataError):
+    """Images of different sizes in one batch with no resizing transform (``first_key`` and ``key``)."""
+
+    first_key: str | None = None
+
+
+class RejectedFileError(DataError):
+    """A strict pack stopped at a file that is not a usable image."""
+
+
+class OutputExistsError(Error, FileExistsError):
+    """The output exists (pass ``force=True`` to replace an imagefeed output), or is not ours to replace."""
+
+
+class ConfigError(Error, ValueError):
+    """Settings no loader or pack can run with."""
+
+
+class StateMismatchError(ConfigError):
+    """A ``state_dict`` saved with other settings or another dataset: ``setting`` was ``saved``, is ``current``."""
+
+    setting: str | None = None
+    saved: str | None = None
+    current: str | None = None
+
+
+class CudaError(Error):
+    """No usable CUDA driver or device, or a CUDA call failed."""
+
+
+class PoolGrowthWarning(UserWarning):
+    """Batches kept alive from Python make the loader allocate new batch buffers (correct, but uses memory)."""

@@ -1,0 +1,441 @@
+"""``imagefeed.Loader``: the Rust loader as a PyTorch/NumPy iterable."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from typing import Any, Iterator, List, NamedTuple, Optional, Tuple, Union
+
+from . import _native
+from . import errors
+from .transforms import Transform, none as _no_transform
+
+__all__ = ["Loader", "BadSample"]
+
+
+class BadSample(NamedTuple):
+    """A sample that could not be read or decoded, and what was done about it."""
+
+    index: int
+    """Dataset index."""
+    key: str
+    """Record key (relative path), or ``?`` when the record itself was unreadable."""
+    reason: str
+    """Why it failed."""
+    replaced_by: Optional[int]
+    """Under ``bad_samples="replace"``: the dataset index that took its slot."""
+
+
+_OUTPUTS = ("torch", "numpy", "dlpack")
+
+
+def _distributed_rank() -> Tuple[int, int]:
+    """(rank, world_size) from torch.distributed when it is initialised, else RANK/WORLD_SIZE,
+    else (0, 1)."""
+    try:
+        import torch.distributed as dist  # noqa: PLC0415 - torch is optional
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except ImportError:
+        pass
+    try:
+        return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError as e:
+        raise errors.ConfigError(f"RANK/WORLD_SIZE are not integers: {e}") from None
+
+
+class _CudaFeed:
+    """Batches to a CUDA device: the host batch (u8 NHWC, in page-locked memory) is copied on a
+    side stream, then converted (layout, dtype, normalization) on the trainer's current stream,
+    which waits for the copy. The host buffer is kept until its copy has completed; the device
+    tensors are the caching allocator's, marked as used by the trainer's stream."""
+
+    def __init__(self, torch: Any, device: str, spec: dict, dtype: str, layout: str):
+        if not str(device).startswith("cuda"):
+            raise errors.ConfigError(f"device {device!r}: must be \"cpu\" or \"cuda[:N]\"")
+        if not torch.cuda.is_available():
+            raise errors.CudaError(f"device {device!r}: torch sees no CUDA device")
+        self.torch = torch
+        self.device = torch.device(device)
+        if self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        dtypes = {"float32": torch.float32, "float16": torch.float16, "uint8": torch.uint8}
+        if dtype not in dtypes:
+            raise errors.ConfigError(f"dtype {dtype!r}: must be \"float32\", \"float16\" or \"uint8\"")
+        if layout.upper() not in ("NCHW", "NHWC"):
+            raise errors.ConfigError(f"layout {layout!r}: must be \"NCHW\" or \"NHWC\"")
+        self.dtype = dtypes[dtype]
+        self.nchw = layout.upper() == "NCHW"
+        self.copy_stream = torch.cuda.Stream(device=self.device)
+        mean, std = spec.get("mean"), spec.get("std")
+        shape = (1, 3, 1, 1) if self.nchw else (1, 1, 1, 3)
+        if self.dtype == torch.uint8:
+            if mean is not None:
+                raise errors.ConfigError("Normalize needs a float dtype")
+            self.scale = self.bias = None
+        else:
+            # (pixel / 255 - mean) / std == pixel * scale + bias, in float32 as on the CPU.
+            mean = torch.tensor(mean if mean is not None else (0.0, 0.0, 0.0), dtype=torch.float32)
+            std = torch.tensor(std if std is not None else (1.0, 1.0, 1.0), dtype=torch.float32)
+            self.scale = (1.0 / (255.0 * std)).reshape(shape).to(self.device)
+            self.bias = (-mean / std).reshape(shape).to(self.device)
+        # (copy-done event, host tensors) until each copy has completed.
+        self.in_flight: list = []
+
+    def stage(self, images: Any, labels: Any) -> tuple:
+        torch = self.torch
+        host_images, host_labels = torch.from_dlpack(images), torch.from_dlpack(labels)
+        self.in_flight = [(e, h) for e, h in self.in_flight if not e.query()]
+        with torch.cuda.stream(self.copy_stream):
+            dev_images = host_images.to(self.device, non_blocking=True)
+            dev_labels = host_labels.to(self.device, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self.copy_stream)
+        self.in_flight.append((done, (host_images, host_labels)))
+        return dev_images, dev_labels, done
+
+    def finish(self, staged: tuple) -> tuple:
+        torch = self.torch
+        dev_images, dev_labels, done = staged
+        stream = torch.cuda.current_stream(self.device)
+        stream.wait_event(done)
+        # Made on the copy stream, used on the trainer's: the allocator must not reuse them
+        # until the trainer's work on them is done.
+        dev_images.record_stream(stream)
+        dev_labels.record_stream(stream)
+        with torch.cuda.stream(stream):
+            n, h, w, c = dev_images.shape
+            if self.nchw:
+                out = torch.empty((n, c, h, w), dtype=self.dtype, device=self.device)
+                out.copy_(dev_images.permute(0, 3, 1, 2))
+            elif self.dtype == torch.uint8:
+                out = dev_images
+            else:
+                out = dev_images.to(self.dtype)
+            if self.scale is not None:
+                if self.dtype == torch.float32:
+                    out.mul_(self.scale).add_(self.bias)
+                else:
+                    # float16: compute in float32 like the CPU path, then round once.
+                    out.copy_(out.float().mul_(self.scale).add_(self.bias))
+        return out, dev_labels
+
+
+class Loader:
+    """Batches of a dataset, built by Rust worker threads, delivered as tensors without a copy.
+
+    ``path`` is anything imagefeed opens: an imagefeed LMDB, HDF5 file or record-shard
+    directory, an ImageFolder tree, a py-lmdb (folder2lmdb) file, an h5py file
+    (``hdf5_images``/``hdf5_labels`` name its datasets), TFRecord shards (``label_base``).
+
+    Iterating gives ``(images, labels)``: ``images`` is ``[n, 3, h, w]`` (``layout="NCHW"``) or
+    ``[n, h, w, 3]`` of ``dtype``, C-contiguous, viewing the loader's batch buffer; ``labels``
+    is ``int64 [n]``. ``output`` chooses torch tensors, NumPy arrays, or the raw DLPack objects.
+    A batch's buffer goes back to the loader's pool when the last reference to the tensor is
+    dropped, so tensors kept across steps stay intact (the pool grows instead, with a
+    :class:`~imagefeed.errors.PoolGrowthWarning` once).
+
+    Each ``for`` loop over the loader runs one epoch: epoch ``set_epoch(e)`` if it was called
+    since the last loop, else the one after the last loop's (the first loop runs epoch 0). The
+    batches of an epoch depend only on ``seed``, the epoch, the dataset and the settings, never
+    on ``workers`` or ``prefetch``. ``state_dict()`` at any point (mid-epoch included) and
+    ``load_state_dict()`` in a new process continue with exactly the batches that were not
+    delivered; a state saved with other settings or another dataset raises
+    :class:`~imagefeed.errors.StateMismatchError`.
+
+    Bad samples (unreadable or undecodable records) are handled per ``bad_samples``: ``"skip"``
+    (the batch is shorter), ``"replace"`` (another sample, chosen deterministically, takes the
+    slot) or ``"error"`` (raise :class:`~imagefeed.errors.BadSampleError`). ``max_bad`` (an int
+    count or a float fraction of the epoch) raises
+    :class:`~imagefeed.errors.TooManyBadSamplesError` naming the keys. ``bad_samples_seen`` lists
+    the epoch's, ``last_bad_samples`` the last batch's.
+
+    ``device="cuda"`` (or ``"cuda:N"``, torch output only) delivers CUDA tensors: the workers
+    write ``uint8`` NHWC batches into page-locked memory, each batch is copied on a side CUDA
+    stream one batch ahead (overlapping the trainer's compute), and converted to ``dtype`` /
+    ``layout`` and normalized on the GPU, on the trainer's current stream, which waits for the
+    copy. Device tensors come from torch's caching allocator, so tensors kept across steps stay
+    intact.
+
+    ``rank``/``world_size`` shard the epoch (None: from torch.distributed when it is
+    initialised, else the RANK and WORLD_SIZE variables, else one rank): every rank gets the
+    same number of batches (``uneven="pad"`` repeats a few samples, ``"drop"`` leaves them out).
+    """
+
+    def __init__(
+        self,
+        path: Union[str, "os.PathLike[str]"],
+        *,
+        batch_size: int = 256,
+        workers: int = 4,
+        seed: int = 0,
+        prefetch: Optional[int] = None,
+        transform: Optional[Transform] = None,
+        output: str = "torch",
+        device: str = "cpu",
+        dtype: str = "float32",
+        layout: str = "NCHW",
+        shuffle: bool = True,
+        drop_last: bool = False,
+        bad_samples: str = "replace",
+        max_bad: Union[int, float, None] = None,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        uneven: str = "pad",
+        max_pixels: Optional[int] = None,
+        hdf5_images: Optional[str] = None,
+        hdf5_labels: Optional[str] = None,
+        label_base: Optional[int] = None,
+    ):
+        if output not in _OUTPUTS:
+            raise errors.ConfigError(f"output {output!r}: must be one of {', '.join(_OUTPUTS)}")
+        if transform is None:
+            transform = _no_transform()
+        if not isinstance(transform, Transform):
+            raise errors.ConfigError(
+                f"transform {transform!r} is not an imagefeed transform (see imagefeed.transforms)"
+            )
+        if (rank is None) != (world_size is None):
+            raise errors.ConfigError("give both rank and world_size, or neither")
+        if rank is None:
+            rank, world_size = _distributed_rank()
+        for name, value in (("batch_size", batch_size), ("workers", workers), ("seed", seed),
+                            ("rank", rank), ("world_size", world_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise errors.ConfigError(f"{name} {value!r}: must be a non-negative int")
+        if prefetch is None:
+            prefetch = 2 * max(workers, 1)
+        self._output = output
+        self._torch = None
+        self._numpy = None
+        self._cuda: Optional[_CudaFeed] = None
+        if output == "torch" or device != "cpu":
+            try:
+                import torch  # noqa: PLC0415 - only needed for torch output
+            except ImportError:
+                if device != "cpu":
+                    raise errors.CudaError(f"device {device!r} needs torch (with CUDA) installed") from None
+                raise errors.ConfigError("output=\"torch\" needs torch installed (or use output=\"numpy\")") from None
+            self._torch = torch
+        elif output == "numpy":
+            import numpy  # noqa: PLC0415 - only needed for numpy output
+
+            self._numpy = numpy
+        spec = transform.spec()
+        host_dtype, host_layout, pinned_device = dtype, layout, None
+        if device != "cpu":
+            if output != "torch":
+                raise errors.ConfigError(f"device {device!r} gives torch tensors: use output=\"torch\"")
+            self._cuda = _CudaFeed(self._torch, device, spec, dtype, layout)
+            pinned_device = self._cuda.device.index
+            # The workers write u8 NHWC into page-locked memory; the GPU converts and normalizes.
+            spec = {k: v for k, v in spec.items() if k not in ("mean", "std")}
+            host_dtype, host_layout = "uint8", "NHWC"
+        self._native = _native.NativeLoader(
+            os.fspath(path),
+            batch_size=batch_size,
+            workers=workers,
+            seed=seed,
+            prefetch=prefetch,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            rank=rank,
+            world_size=world_size,
+            uneven=uneven,
+            transform=spec,
+            dtype=host_dtype,
+            layout=host_layout,
+            bad_samples=bad_samples,
+            max_bad=max_bad,
+            max_pixels=max_pixels,
+            hdf5_images=hdf5_images,
+            hdf5_labels=hdf5_labels,
+            label_base=label_base,
+            pinned_device=pinned_device,
+        )
+        self.batch_size = batch_size
+        self.device = device
+        self.rank = rank
+        self.world_size = world_size
+        self.transform = transform
+        self._epoch_set: Optional[int] = None
+        self._next_epoch = 0
+        self._epoch: Optional[int] = None
+        self._resumed = False
+        self._bad: List[BadSample] = []
+        self._last_bad: List[BadSample] = []
+        # Each loop gets a generation: an old, abandoned iterator must not stop a newer loop.
+        self._gen = 0
+        # Buffers a loader needs with nothing kept: one per batch in flight, the one being
+        # handed over, and the one the trainer is using (with a GPU: two being copied).
+        self._steady_buffers = prefetch + 2 + (2 if self._cuda is not None else 0)
+        self._warned = False
+
+    # -- the epoch -------------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Makes the next ``for`` loop run epoch ``epoch`` (as ``DistributedSampler.set_epoch``)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise errors.ConfigError(f"epoch {epoch!r}: must be a non-negative int")
+        self._epoch_set = epoch
+        self._resumed = False
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the current (or next) loop runs."""
+        if self._epoch is not None:
+            return self._epoch
+        return self._epoch_set if self._epoch_set is not None else self._next_epoch
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank."""
+        return len(self._native)
+
+    def __iter__(self) -> Iterator[Tuple[Any, Any]]:
+        if self._resumed:
+            self._resumed = False
+        else:
+            epoch = self._epoch_set if self._epoch_set is not None else self._next_epoch
+            self._epoch_set = None
+            self._native.begin(epoch)
+            self._gen += 1
+            self._epoch = epoch
+            self._bad = []
+        self._next_epoch = self._epoch + 1
+        return self._batches(self._gen)
+
+    def _batches(self, gen: int) -> Iterator[Tuple[Any, Any]]:
+        native = self._native
+        convert = self._convert
+        cuda = self._cuda
+        pending = None
+        try:
+            while True:
+                if gen != self._gen:
+                    raise errors.ConfigError(
+                        "this iterator was superseded: a newer loop over the loader started"
+                    )
+                try:
+                    parts = native.next_batch()
+                except errors.TooManyBadSamplesError as e:
+                    e.keys = [b.key for b in self._bad] + [e.key]
+                    raise
+                if parts is None:
+                    break
+                images, labels, _samples, bad = parts
+                if bad:
+                    self._last_bad = [BadSample(*b) for b in bad]
+                    self._bad.extend(self._last_bad)
+                elif self._last_bad:
+                    self._last_bad = []
+                if not self._warned and native.pool_allocations > self._steady_buffers:
+                    self._warn_growth()
+                if cuda is None:
+                    yield convert(images), convert(labels)
+                    continue
+                # One batch ahead: this batch's copy is issued before the previous one is
+                # handed over, so it runs while the trainer computes on that one.
+                staged = cuda.stage(images, labels)
+                if pending is not None:
+                    yield cuda.finish(pending)
+                pending = staged
+            if pending is not None:
+                ready, pending = pending, None
+                yield cuda.finish(ready)
+        finally:
+            # A loop left early (break, an exception, Ctrl-C) cancels the batches in flight and
+            # keeps the position for state_dict().
+            if gen == self._gen:
+                native.stop()
+
+    def _convert(self, array: Any) -> Any:
+        if self._torch is not None:
+            return self._torch.from_dlpack(array)
+        if self._numpy is not None:
+            return self._numpy.from_dlpack(array)
+        return array
+
+    @property
+    def pinned_buffers(self) -> Optional[Tuple[int, int]]:
+        """With a CUDA device: (page-locked batch buffers, heap fallbacks) allocated so far."""
+        return self._native.pinned_buffers
+
+    def _warn_growth(self) -> None:
+        self._warned = True
+        warnings.warn(
+            f"imagefeed.Loader: {self._native.pool_allocations} batch buffers allocated, more than "
+            f"the {self._steady_buffers} the loader itself needs: batches are being kept alive "
+            "from Python (e.g. appended to a list). They stay correct; the pool grows instead. "
+            "Keep .clone() copies, or drop references, to bound memory.",
+            errors.PoolGrowthWarning,
+            stacklevel=3,
+        )
+
+    # -- resume ----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Where the loader stands: the next batch the current epoch would give (after a
+        finished epoch, the start of the next one). Plain JSON types, for ``torch.save``."""
+        state = json.loads(self._native.state(self.epoch))
+        return {"imagefeed_loader_state": state}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Makes the next ``for`` loop continue the saved epoch at its next batch. Raises
+        :class:`~imagefeed.errors.StateMismatchError` when the state was saved with another seed,
+        batch size, shuffle, transform, bad-sample policy or dataset (the rank and world size may
+        differ: the rest of the epoch is dealt out again)."""
+        if not isinstance(state, dict) or "imagefeed_loader_state" not in state:
+            raise errors.ConfigError("not an imagefeed Loader.state_dict()")
+        inner = dict(state["imagefeed_loader_state"])
+        epoch, remaining = self._native.resume(json.dumps(inner))
+        self._gen += 1
+        if remaining == 0:
+            # A finished epoch: continue with the next one.
+            self._native.stop()
+            self._resumed = False
+            self._epoch_set = None
+            self._next_epoch = epoch + 1
+            self._epoch = None
+            return
+        self._epoch = epoch
+        self._epoch_set = None
+        self._resumed = True
+        self._bad = []
+
+    # -- reports ---------------------------------------------------------------------------
+
+    @property
+    def bad_samples_seen(self) -> List[BadSample]:
+        """Bad samples met so far in the current epoch (in this process)."""
+        return list(self._bad)
+
+    @property
+    def last_bad_samples(self) -> List[BadSample]:
+        """Bad samples in the last batch delivered."""
+        return list(self._last_bad)
+
+    @property
+    def classes(self) -> List[str]:
+        """Class names, indexed by label."""
+        return self._native.classes
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in the dataset (all ranks)."""
+        return self._native.num_samples
+
+    def stats(self) -> dict:
+        """Stage times (seconds, summed over workers), counts, and the pool's allocations."""
+        s = self._native.stats()
+        s["pool_allocations"] = self._native.pool_allocations
+        s["pool_bytes"] = self._native.pool_bytes
+        return s
+
+    def __repr__(self) -> str:
+        return (
+            f"imagefeed.Loader({self._native.format}, {self.num_samples} samples, "
+            f"batch_size={self.batch_size}, rank {self.rank}/{self.world_size}, "
+            f"{len(self)} batches/epoch, transform={self.transform!r})"
+        )

@@ -1,0 +1,99 @@
+"""Packing and checking datasets from Python: what ``pack-dataset`` does on the command line."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional, Tuple, Union
+
+from . import _native
+
+__all__ = ["pack", "inspect", "verify", "synthesize"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def pack(
+    source: PathLike,
+    out: PathLike,
+    format: str = "lmdb",
+    *,
+    resize: Optional[int] = None,
+    quality: int = 90,
+    raw: bool = False,
+    strict: bool = False,
+    resume: bool = False,
+    force: bool = False,
+    threads: Optional[int] = None,
+    shard_bytes: Optional[int] = None,
+    label_base: int = 0,
+    part: Optional[Tuple[int, int]] = None,
+    max_pixels: Optional[int] = None,
+    progress: bool = True,
+) -> dict:
+    """Packs an ImageFolder tree (one sub-folder per class), or converts any dataset imagefeed
+    reads, into ``out`` as ``format`` (``"lmdb"``, ``"hdf5"`` or ``"records"``).
+
+    The output is built beside ``out`` and appears under its name only when complete; an
+    interrupted pack continues with ``resume=True``. Files that are not usable images are left
+    out and listed in the returned summary (``rejected``); ``strict=True`` fails on the first
+    one instead. ``force=True`` replaces an existing imagefeed output (never anything else).
+    ``resize`` shrinks images whose shorter side is longer (re-encoded at ``quality``); ``raw``
+    stores decoded pixels. ``part=(i, n)`` packs the i-th of n shares of the source (join them
+    with the CLI's ``pack-dataset join``). A progress bar is drawn on stderr unless
+    ``progress=False``.
+
+    Returns the summary the CLI prints (also written beside the output as a report).
+    """
+    summary = _native.pack_dataset(
+        os.fspath(source),
+        os.fspath(out),
+        format=format,
+        resize=resize,
+        quality=quality,
+        raw=raw,
+        strict=strict,
+        resume=resume,
+        force=force,
+        threads=threads,
+        shard_bytes=shard_bytes,
+        label_base=label_base,
+        part=part,
+        max_pixels=max_pixels,
+        quiet=not progress,
+    )
+    return json.loads(summary)
+
+
+def inspect(path: PathLike) -> dict:
+    """What ``pack-dataset inspect`` shows: format, completeness, classes and their counts,
+    image sizes, payload bytes, bad records."""
+    return json.loads(_native.inspect_dataset(os.fspath(path)))
+
+
+def verify(path: PathLike, against: Optional[PathLike] = None) -> dict:
+    """Decodes every record (and, with ``against``, compares each with the ImageFolder tree it
+    was packed from). Returns the report; ``report["ok"]`` is True when no problem was found."""
+    report = json.loads(_native.verify_dataset(os.fspath(path), None if against is None else os.fspath(against)))
+    report["ok"] = not report.get("problems")
+    return report
+
+
+def synthesize(
+    root: PathLike,
+    *,
+    classes: int = 10,
+    per_class: int = 100,
+    size: Tuple[int, int] = (64, 48),
+    seed: int = 0,
+    edge_cases: bool = False,
+) -> int:
+    """Writes a synthetic ImageFolder tree of ``classes`` x ``per_class`` JPEGs of ``size``
+    (width, height) under ``root`` (what ``pack-dataset synth`` makes: deterministic for a seed).
+    ``edge_cases`` adds grayscale, CMYK, progressive and PNG files and broken ones (truncated,
+    empty, text, a decompression bomb). Returns the number of image files written."""
+    width, height = size
+    return _native.synthesize(
+        os.fspath(root), classes=classes, per_class=per_class, width=width, height=height,
+        seed=seed, edge_cases=edge_cases,
+    )

@@ -1,0 +1,203 @@
+"""Per-sample transforms, as the loader runs them (in Rust, in its worker threads).
+
+A transform is a description, not code: a geometry step (resize / crop), an optional random
+horizontal flip and an optional normalization, followed by the loader's output conversion
+(``dtype``, ``layout``). The names and the arithmetic follow torchvision (``Resize``,
+``CenterCrop``, ``RandomResizedCrop``, ``RandomHorizontalFlip``, ``Normalize`` after
+``ToTensor``), so a torchvision pipeline of these steps maps one to one::
+
+    from imagefeed import transforms as T
+    train = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.Normalize(T.IMAGENET_MEAN, T.IMAGENET_STD)])
+    # the same as
+    train = T.imagenet_train(224)
+
+Without ``Normalize``, float outputs are ``pixel / 255`` (``ToTensor``); ``uint8`` outputs are
+the pixels. Random decisions come from each sample's own generator, seeded by
+``(seed, epoch, index)``, so they do not depend on the worker count.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence, Tuple, Union
+
+__all__ = [
+    "Transform",
+    "Compose",
+    "Resize",
+    "CenterCrop",
+    "RandomResizedCrop",
+    "RandomHorizontalFlip",
+    "Normalize",
+    "none",
+    "cifar_train",
+    "imagenet_train",
+    "imagenet_eval",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "CIFAR10_MEAN",
+    "CIFAR10_STD",
+]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+
+Size = Union[int, Tuple[int, int]]
+
+
+def _hw(size: Size, what: str) -> Tuple[int, int]:
+    """``size`` as (height, width), torchvision style: an int is a square."""
+    if isinstance(size, bool):
+        raise TypeError(f"{what}: size must be an int or (height, width), not a bool")
+    if isinstance(size, int):
+        h = w = size
+    else:
+        h, w = size
+    if not (isinstance(h, int) and isinstance(w, int)) or h < 1 or w < 1:
+        raise ValueError(f"{what}: size {size!r} must be positive integers")
+    return h, w
+
+
+class _Step:
+    """One step of a :class:`Compose`."""
+
+    def _apply(self, spec: dict) -> None:  # pragma: no cover - every step overrides it
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({fields})"
+
+
+class Resize(_Step):
+    """torchvision ``Resize(short)``: the shorter side becomes ``size`` (an int only)."""
+
+    def __init__(self, size: int):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"Resize: size {size!r} must be a positive int (the shorter side)")
+        self.size = size
+
+    def _apply(self, spec: dict) -> None:
+        if spec["geometry"] != "native":
+            raise ValueError("Resize must come before any crop, and only once")
+        spec.update(geometry="resize", short=self.size)
+
+
+class CenterCrop(_Step):
+    """torchvision ``CenterCrop(size)`` (zero padding when the image is smaller)."""
+
+    def __init__(self, size: Size):
+        self.size = _hw(size, "CenterCrop")
+
+    def _apply(self, spec: dict) -> None:
+        h, w = self.size
+        if spec["geometry"] == "native":
+            spec.update(geometry="center_crop", width=w, height=h)
+        elif spec["geometry"] == "resize":
+            spec.update(geometry="resize_center_crop", width=w, height=h)
+        else:
+            raise ValueError("CenterCrop can follow only Resize")
+
+
+class RandomResizedCrop(_Step):
+    """torchvision ``RandomResizedCrop(size, scale, ratio)`` (bilinear, antialiased)."""
+
+    def __init__(
+        self,
+        size: Size,
+        scale: Tuple[float, float] = (0.08, 1.0),
+        ratio: Tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0),
+    ):
+        self.size = _hw(size, "RandomResizedCrop")
+        self.scale = (float(scale[0]), float(scale[1]))
+        self.ratio = (float(ratio[0]), float(ratio[1]))
+
+    def _apply(self, spec: dict) -> None:
+        if spec["geometry"] != "native":
+            raise ValueError("RandomResizedCrop replaces Resize/CenterCrop: use it alone")
+        h, w = self.size
+        spec.update(geometry="random_resized_crop", width=w, height=h, scale=self.scale, ratio=self.ratio)
+
+
+class RandomHorizontalFlip(_Step):
+    """torchvision ``RandomHorizontalFlip(p)``."""
+
+    def __init__(self, p: float = 0.5):
+        if not 0.0 <= float(p) <= 1.0:
+            raise ValueError(f"RandomHorizontalFlip: p {p!r} must be in [0, 1]")
+        self.p = float(p)
+
+    def _apply(self, spec: dict) -> None:
+        spec["hflip"] = self.p
+
+
+class Normalize(_Step):
+    """torchvision ``Normalize(mean, std)`` after ``ToTensor`` (statistics on the 0..1 scale)."""
+
+    def __init__(self, mean: Sequence[float], std: Sequence[float]):
+        if len(mean) != 3 or len(std) != 3:
+            raise ValueError("Normalize: mean and std need three values (RGB)")
+        if any(float(s) <= 0 for s in std):
+            raise ValueError(f"Normalize: std {tuple(std)!r} must be positive")
+        self.mean = tuple(float(m) for m in mean)
+        self.std = tuple(float(s) for s in std)
+
+    def _apply(self, spec: dict) -> None:
+        spec.update(mean=self.mean, std=self.std)
+
+
+class Transform:
+    """A whole per-sample transform; build one with :class:`Compose` or a preset."""
+
+    def __init__(self, spec: dict, name: str):
+        self._spec = dict(spec)
+        self._name = name
+
+    def spec(self) -> dict:
+        """The description the Rust loader takes."""
+        return dict(self._spec)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Transform) and self._spec == other._spec
+
+    def __repr__(self) -> str:
+        return self._name
+
+
+class Compose(Transform):
+    """A chain of steps: at most one geometry (``Resize`` [+ ``CenterCrop``], ``CenterCrop`` or
+    ``RandomResizedCrop``), then optionally ``RandomHorizontalFlip`` and ``Normalize``, in any order
+    (the flip and the normalization are applied while writing the batch slot)."""
+
+    def __init__(self, steps: Sequence[_Step]):
+        spec: dict = {"geometry": "native", "hflip": 0.0}
+        for step in steps:
+            if not isinstance(step, _Step):
+                raise TypeError(
+                    f"{step!r} is not an imagefeed transform step; the loader runs only "
+                    "Resize, CenterCrop, RandomResizedCrop, RandomHorizontalFlip and Normalize "
+                    "(for arbitrary Python transforms use imagefeed.Dataset with a DataLoader)"
+                )
+            step._apply(spec)
+        super().__init__(spec, f"Compose({list(steps)!r})")
+
+
+def none() -> Transform:
+    """Decode only: native size (every image of a batch must then have the same size)."""
+    return Compose([])
+
+
+def cifar_train() -> Transform:
+    """CIFAR training: random flip and CIFAR-10 normalization at native size."""
+    return Compose([RandomHorizontalFlip(0.5), Normalize(CIFAR10_MEAN, CIFAR10_STD)])
+
+
+def imagenet_train(size: int = 224) -> Transform:
+    """ImageNet training: ``RandomResizedCrop(size)``, random flip, ImageNet normalization."""
+    return Compose([RandomResizedCrop(size), RandomHorizontalFlip(0.5), Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+
+
+def imagenet_eval(size: int = 224, resize: int = 256) -> Transform:
+    """ImageNet evaluation: ``Resize(resize)``, ``CenterCrop(size)``, ImageNet normalization."""
+    return Compose([Resize(resize), CenterCrop(size), Normalize(IMAGENET_MEAN, IMAGENET_STD)])

@@ -1,0 +1,154 @@
+//! `imagefeed._native`: the Rust extension behind the `imagefeed` Python package.
+//!
+//! The Python package (`python/imagefeed/`) is the public interface; this module is the thin
+//! layer it stands on: [`loader::NativeLoader`] (epochs, batches as zero-copy DLPack arrays,
+//! resume state), [`dataset::NativeDataset`] (random access for map-style datasets), and packing,
+//! inspecting and verifying. Errors become the exceptions of `imagefeed.errors`
+//! ([`errors::to_py`]). No Python object is touched by the loader's worker threads; every call
+//! that reads, decodes or waits releases the GIL.
+
+mod dataset;
+mod dlpack;
+mod errors;
+mod loader;
+
+use std::path::PathBuf;
+
+use pyo3::prelude::*;
+
+use imagefeed::pack::{self, PackFormat, PackOptions, StartMode};
+use imagefeed::progress::PackProgressBar;
+
+use crate::errors::{config, to_py};
+
+fn pack_format(name: &str) -> PyResult<PackFormat> {
+    Ok(match name {
+        "lmdb" => PackFormat::Lmdb,
+        "hdf5" | "h5" => PackFormat::Hdf5,
+        "records" | "tfrecord" => PackFormat::Records,
+        other => {
+            return Err(config(format!(
+                "format {other:?}: must be \"lmdb\", \"hdf5\" or \"records\""
+            )));
+        }
+    })
+}
+
+/// Packs (or converts) `source` into `out`; returns the summary as JSON. Any source `convert`
+/// reads works: an ImageFolder tree, or a dataset imagefeed opens.
+#[pyfunction]
+#[pyo3(signature = (
+    source, out, *, format, resize=None, quality=90, raw=false, strict=false, resume=false,
+    force=false, threads=None, shard_bytes=None, label_base=0, part=None, max_pixels=None,
+    quiet=false,
+))]
+#[allow(clippy::too_many_arguments)]
+fn pack_dataset(
+    py: Python<'_>,
+    source: PathBuf,
+    out: PathBuf,
+    format: &str,
+    resize: Option<u32>,
+    quality: u8,
+    raw: bool,
+    strict: bool,
+    resume: bool,
+    force: bool,
+    threads: Option<usize>,
+    shard_bytes: Option<u64>,
+    label_base: u32,
+    part: Option<(usize, usize)>,
+    max_pixels: Option<u64>,
+    quiet: bool,
+) -> PyResult<String> {
+    let format = pack_format(format)?;
+    let mut options = PackOptions {
+        resize_short_side: resize,
+        quality,
+        raw,
+        strict,
+        mode: StartMode { resume, force },
+        threads,
+        label_base,
+        part,
+        ..PackOptions::default()
+    };
+    if let Some(bytes) = shard_bytes {
+        options.shard_bytes = bytes;
+    }
+    if let Some(max_pixels) = max_pixels {
+        options.max_pixels = max_pixels;
+    }
+    options.validate().map_err(to_py)?;
+    let summary = py
+        .detach(|| {
+            let progress = PackProgressBar::new(quiet);
+            let summary = pack::convert(&source, &out, format, &options, &progress);
+            progress.finish();
+            summary
+        })
+        .map_err(to_py)?;
+    serde_json::to_string(&summary).map_err(|e| config(format!("summary: {e}")))
+}
+
+/// What `pack-dataset inspect` shows, as JSON.
+#[pyfunction]
+fn inspect_dataset(py: Python<'_>, path: PathBuf) -> PyResult<String> {
+    let inspection = py
+        .detach(|| imagefeed::inspect::inspect(&path))
+        .map_err(to_py)?;
+    serde_json::to_string(&inspection).map_err(|e| config(format!("inspection: {e}")))
+}
+
+/// What `pack-dataset verify` reports, as JSON.
+#[pyfunction]
+#[pyo3(signature = (path, against=None))]
+fn verify_dataset(py: Python<'_>, path: PathBuf, against: Option<PathBuf>) -> PyResult<String> {
+    let report = py
+        .detach(|| imagefeed::verify::verify(&path, against.as_deref()))
+        .map_err(to_py)?;
+    serde_json::to_string(&report).map_err(|e| config(format!("report: {e}")))
+}
+
+/// Writes a synthetic ImageFolder tree (what `pack-dataset synth` makes); returns the number of
+/// files with an image extension.
+#[pyfunction]
+#[pyo3(signature = (root, *, classes=10, per_class=100, width=64, height=48, seed=0, edge_cases=false))]
+#[allow(clippy::too_many_arguments)]
+fn synthesize(
+    py: Python<'_>,
+    root: PathBuf,
+    classes: usize,
+    per_class: usize,
+    width: u32,
+    height: u32,
+    seed: u64,
+    edge_cases: bool,
+) -> PyResult<usize> {
+    let spec = imagefeed::synthetic::SyntheticSpec {
+        classes,
+        per_class,
+        width,
+        height,
+        seed,
+        edge_cases,
+        ..Default::default()
+    };
+    let tree = py
+        .detach(|| imagefeed::synthetic::write_image_folder(&root, &spec))
+        .map_err(to_py)?;
+    Ok(tree.image_files)
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<loader::NativeLoader>()?;
+    m.add_class::<dataset::NativeDataset>()?;
+    m.add_class::<dlpack::HostArray>()?;
+    m.add_function(wrap_pyfunction!(pack_dataset, m)?)?;
+    m.add_function(wrap_pyfunction!(inspect_dataset, m)?)?;
+    m.add_function(wrap_pyfunction!(verify_dataset, m)?)?;
+    m.add_function(wrap_pyfunction!(synthesize, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,438 @@
+//! The loader, as the Python package drives it (`imagefeed.Loader` wraps this class).
+//!
+//! One [`NativeLoader`] owns an [`imagefeed::loader::Loader`] and at most one epoch in progress.
+//! Waiting for a batch releases the GIL and wakes up every [`SIGNAL_POLL`] to let Python run its
+//! signal handlers, so Ctrl-C raises `KeyboardInterrupt` within that time; the interrupted epoch
+//! is then put aside (its batches in flight cancelled, its position kept for `state_dict`).
+
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use imagefeed::batch::BadSample;
+use imagefeed::format::{self, OpenOptions};
+use imagefeed::loader::{BadSamplePolicy, Epoch, Loader, LoaderConfig, LoaderState, MaxBad, Wait};
+use imagefeed::sampler::Uneven;
+use imagefeed::transform::{DType, Geometry, Layout, Normalize, Transform};
+
+use crate::dlpack::{Element, HostArray, HostMemory};
+use crate::errors::{config, to_py};
+
+/// How long a wait for a batch runs before Python gets to check for signals.
+const SIGNAL_POLL: Duration = Duration::from_millis(50);
+
+/// The epoch in progress, or where the last one stopped.
+#[derive(Default)]
+struct Current {
+    epoch: Option<Epoch>,
+    /// The state of an epoch put aside (interrupted, or left by a `break`).
+    stopped: Option<LoaderState>,
+}
+
+/// The Rust loader behind `imagefeed.Loader`.
+#[pyclass(module = "imagefeed._native")]
+pub struct NativeLoader {
+    loader: Loader,
+    current: Mutex<Current>,
+    /// The page-locked allocator, when batches are bound for a GPU.
+    pinned: Option<Arc<imagefeed::gpu::PinnedAllocator>>,
+}
+
+/// One delivered batch: images, labels, sample indices, bad samples
+/// `(index, key, reason, replaced_by)`.
+type BatchParts = (
+    HostArray,
+    HostArray,
+    Vec<usize>,
+    Vec<(usize, String, String, Option<usize>)>,
+);
+
+impl NativeLoader {
+    /// The current-epoch lock, taken without holding the GIL while it is busy: a thread that
+    /// holds it may be waiting for a batch with the GIL released, and must be able to take the
+    /// GIL back when the batch comes.
+    fn current(&self, py: Python<'_>) -> MutexGuard<'_, Current> {
+        loop {
+            match self.current.try_lock() {
+                Ok(guard) => return guard,
+                Err(TryLockError::Poisoned(e)) => return e.into_inner(),
+                Err(TryLockError::WouldBlock) => {
+                    py.detach(|| std::thread::sleep(Duration::from_micros(200)))
+                }
+            }
+        }
+    }
+}
+
+fn parse_dtype(name: &str) -> PyResult<DType> {
+    Ok(match name {
+        "float32" | "f32" => DType::F32,
+        "float16" | "f16" => DType::F16,
+        "uint8" | "u8" => DType::U8,
+        other => {
+            return Err(config(format!(
+                "dtype {other:?}: must be \"float32\", \"float16\" or \"uint8\""
+            )));
+        }
+    })
+}
+
+fn parse_layout(name: &str) -> PyResult<Layout> {
+    Ok(match name.to_ascii_uppercase().as_str() {
+        "NCHW" => Layout::Nchw,
+        "NHWC" => Layout::Nhwc,
+        _ => {
+            return Err(config(format!(
+                "layout {name:?}: must be \"NCHW\" or \"NHWC\""
+            )));
+        }
+    })
+}
+
+fn pair(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Option<(f64, f64)>> {
+    d.get_item(key)?.map(|v| v.extract()).transpose()
+}
+
+fn uint(d: &Bound<'_, PyDict>, key: &str) -> PyResult<u32> {
+    d.get_item(key)?
+        .ok_or_else(|| config(format!("transform: {key} is missing")))?
+        .extract()
+}
+
+/// A transform from the dict `imagefeed.transforms` builds:
+/// `{"geometry": "native" | "resize" | "center_crop" | "resize_center_crop" |
+/// "random_resized_crop", "width", "height", "short", "scale", "ratio", "hflip", "mean", "std"}`.
+fn parse_transform(spec: &Bound<'_, PyDict>) -> PyResult<Transform> {
+    let geometry: String = spec
+        .get_item("geometry")?
+        .map(|v| v.extract())
+        .transpose()?
+        .unwrap_or_else(|| "native".into());
+    let geometry = match geometry.as_str() {
+        "native" => Geometry::Native,
+        "resize" => Geometry::Resize {
+            short: uint(spec, "short")?,
+        },
+        "center_crop" => Geometry::CenterCrop {
+            width: uint(spec, "width")?,
+            height: uint(spec, "height")?,
+        },
+        "resize_center_crop" => Geometry::ResizeCenterCrop {
+            short: uint(spec, "short")?,
+            width: uint(spec, "width")?,
+            height: uint(spec, "height")?,
+        },
+        "random_resized_crop" => Geometry::RandomResizedCrop {
+            width: uint(spec, "width")?,
+            height: uint(spec, "height")?,
+            scale: pair(spec, "scale")?.unwrap_or((0.08, 1.0)),
+            ratio: pair(spec, "ratio")?.unwrap_or((3.0 / 4.0, 4.0 / 3.0)),
+        },
+        other => return Err(config(format!("transform: unknown geometry {other:?}"))),
+    };
+    let hflip: f64 = spec
+        .get_item("hflip")?
+        .map(|v| v.extract())
+        .transpose()?
+        .unwrap_or(0.0);
+    let mean: Option<[f32; 3]> = spec.get_item("mean")?.map(|v| v.extract()).transpose()?;
+    let std: Option<[f32; 3]> = spec.get_item("std")?.map(|v| v.extract()).transpose()?;
+    let normalize = match (mean, std) {
+        (Some(mean), Some(std)) => Some(Normalize { mean, std }),
+        (None, None) => None,
+        _ => return Err(config("transform: Normalize needs both mean and std")),
+    };
+    let mut transform = Transform::none();
+    transform.geometry = geometry;
+    transform.hflip = hflip;
+    transform.output.normalize = normalize;
+    Ok(transform)
+}
+
+fn parse_max_bad(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<MaxBad>> {
+    let Some(value) = value.filter(|v| !v.is_none()) else {
+        return Ok(None);
+    };
+    if value.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(config(
+            "max_bad: a count (int) or a fraction (float), not a bool",
+        ));
+    }
+    if let Ok(count) = value.extract::<u64>()
+        && value.is_instance_of::<pyo3::types::PyInt>()
+    {
+        return Ok(Some(MaxBad::Count(count)));
+    }
+    let fraction: f64 = value.extract().map_err(|_| {
+        config(format!(
+            "max_bad {value}: a count (int >= 0) or a fraction (float)"
+        ))
+    })?;
+    Ok(Some(MaxBad::Fraction(fraction)))
+}
+
+fn bad_tuple(b: BadSample) -> (usize, String, String, Option<usize>) {
+    (b.index, b.key, b.reason, b.replaced_by)
+}
+
+#[pymethods]
+impl NativeLoader {
+    #[new]
+    #[pyo3(signature = (
+        path, *, batch_size, workers, seed, prefetch, shuffle, drop_last, rank, world_size,
+        uneven, transform, dtype, layout, bad_samples, max_bad=None, max_pixels=None,
+        hdf5_images=None, hdf5_labels=None, label_base=None, pinned_device=None,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        batch_size: usize,
+        workers: usize,
+        seed: u64,
+        prefetch: usize,
+        shuffle: bool,
+        drop_last: bool,
+        rank: usize,
+        world_size: usize,
+        uneven: &str,
+        transform: &Bound<'_, PyDict>,
+        dtype: &str,
+        layout: &str,
+        bad_samples: &str,
+        max_bad: Option<&Bound<'_, PyAny>>,
+        max_pixels: Option<u64>,
+        hdf5_images: Option<String>,
+        hdf5_labels: Option<String>,
+        label_base: Option<u32>,
+        pinned_device: Option<usize>,
+    ) -> PyResult<NativeLoader> {
+        let transform =
+            parse_transform(transform)?.with_output(parse_dtype(dtype)?, parse_layout(layout)?);
+        let policy = match bad_samples {
+            "skip" => BadSamplePolicy::Skip,
+            "replace" => BadSamplePolicy::Replace,
+            "error" => BadSamplePolicy::Error,
+            other => {
+                return Err(config(format!(
+                    "bad_samples {other:?}: must be \"skip\", \"replace\" or \"error\""
+                )));
+            }
+        };
+        let uneven = match uneven {
+            "pad" => Uneven::Pad,
+            "drop" => Uneven::Drop,
+            other => {
+                return Err(config(format!(
+                    "uneven {other:?}: must be \"pad\" or \"drop\""
+                )));
+            }
+        };
+        let mut config_ = LoaderConfig::default()
+            .with_batch_size(batch_size)
+            .with_workers(workers)
+            .with_seed(seed)
+            .with_prefetch(prefetch)
+            .with_shuffle(shuffle)
+            .with_drop_last(drop_last)
+            .with_rank(rank, world_size)
+            .with_uneven(uneven)
+            .with_transform(transform)
+            .with_bad_samples(policy)
+            .with_max_bad(parse_max_bad(max_bad)?);
+        if let Some(max_pixels) = max_pixels {
+            config_ = config_.with_max_pixels(max_pixels);
+        }
+        config_.validate().map_err(to_py)?;
+        let mut options = OpenOptions::default();
+        if let Some(images) = hdf5_images {
+            options.hdf5.images = images;
+        }
+        if let Some(labels) = hdf5_labels {
+            options.hdf5.labels = labels;
+        }
+        options.records.label_base = label_base;
+        let (loader, pinned) = py
+            .detach(|| {
+                let dataset = format::open_with(&path, &options)?;
+                match pinned_device {
+                    // Batches bound for the GPU are written straight into page-locked memory,
+                    // so the host-to-device copy is a DMA that overlaps with compute.
+                    Some(ordinal) => {
+                        let gpu = imagefeed::gpu::Gpu::open(ordinal)?;
+                        let pinned = gpu.pinned_allocator();
+                        let allocator: Arc<dyn imagefeed::pool::BatchAllocator> = pinned.clone();
+                        let loader = Loader::with_allocator(dataset, config_, allocator)?;
+                        Ok((loader, Some(pinned)))
+                    }
+                    None => Ok((Loader::new(dataset, config_)?, None)),
+                }
+            })
+            .map_err(to_py)?;
+        Ok(NativeLoader {
+            loader,
+            current: Mutex::new(Current::default()),
+            pinned,
+        })
+    }
+
+    /// Batches per epoch on this rank.
+    fn __len__(&self) -> usize {
+        self.loader.batches_per_epoch()
+    }
+
+    /// Samples in the dataset.
+    #[getter]
+    fn num_samples(&self) -> usize {
+        self.loader.dataset().len()
+    }
+
+    /// Class names, indexed by label.
+    #[getter]
+    fn classes(&self) -> Vec<String> {
+        self.loader.dataset().classes().to_vec()
+    }
+
+    /// Notices from opening the dataset (an index built for a TFRecord shard, ...).
+    #[getter]
+    fn notices(&self) -> Vec<String> {
+        self.loader.dataset().notices().to_vec()
+    }
+
+    /// The dataset's format name.
+    #[getter]
+    fn format(&self) -> &'static str {
+        self.loader.dataset().info().format.name()
+    }
+
+    /// Starts epoch `epoch` from its first batch (cancelling any epoch in progress).
+    fn begin(&self, py: Python<'_>, epoch: u64) {
+        let mut current = self.current(py);
+        current.epoch = None; // cancels its batches in flight before the new ones are queued
+        current.stopped = None;
+        current.epoch = Some(self.loader.epoch(epoch));
+    }
+
+    /// Checks `state` (JSON of a `LoaderState`) against this loader and makes it the epoch in
+    /// progress: the next batch is the one the state points at. Returns the epoch and the
+    /// batches left in it.
+    fn resume(&self, py: Python<'_>, state: &str) -> PyResult<(u64, usize)> {
+        let state: LoaderState =
+            serde_json::from_str(state).map_err(|e| config(format!("not a loader state: {e}")))?;
+        let epoch = py.detach(|| self.loader.resume(&state)).map_err(to_py)?;
+        let (number, remaining) = (epoch.number(), epoch.remaining());
+        let mut current = self.current(py);
+        current.epoch = Some(epoch);
+        current.stopped = None;
+        Ok((number, remaining))
+    }
+
+    /// True while an epoch is in progress (begun or resumed, and not put aside).
+    #[getter]
+    fn active(&self, py: Python<'_>) -> bool {
+        self.current(py).epoch.is_some()
+    }
+
+    /// The next batch of the epoch in progress, or None at its end. Releases the GIL while
+    /// waiting; a signal handler that raises (Ctrl-C) puts the epoch aside and propagates.
+    fn next_batch(&self, py: Python<'_>) -> PyResult<Option<BatchParts>> {
+        let mut current = self.current(py);
+        let Some(epoch) = current.epoch.as_mut() else {
+            return Err(config("no epoch in progress: iterate the loader"));
+        };
+        let batch = loop {
+            match py.detach(|| epoch.next_timeout(SIGNAL_POLL)) {
+                Wait::Ready(None) => return Ok(None),
+                Wait::Ready(Some(result)) => break result.map_err(to_py)?,
+                Wait::TimedOut => {
+                    if let Err(interrupt) = py.check_signals() {
+                        let state = epoch.state();
+                        current.epoch = None;
+                        current.stopped = Some(state);
+                        return Err(interrupt);
+                    }
+                }
+            }
+        };
+        let shape = batch.shape;
+        let element = match batch.dtype {
+            DType::U8 => Element::U8,
+            DType::F16 => Element::F16,
+            DType::F32 => Element::F32,
+        };
+        let labels: Vec<i64> = batch.labels.iter().map(|&l| i64::from(l)).collect();
+        let mut batch = batch;
+        let samples = std::mem::take(&mut batch.samples);
+        let bad: Vec<_> = std::mem::take(&mut batch.bad)
+            .into_iter()
+            .map(bad_tuple)
+            .collect();
+        let mut buffer = batch.into_buffer();
+        let bytes = buffer.as_mut_slice();
+        let (ptr, len) = (bytes.as_mut_ptr(), bytes.len());
+        // SAFETY: the pooled buffer's block is heap memory that stays in place until the buffer
+        // is dropped (it then goes back to the pool); the box below owns it from here on, and
+        // nothing else holds it.
+        let memory = unsafe { HostMemory::new(ptr, len, Box::new(buffer)) };
+        let images = HostArray::new(Arc::new(memory), &shape, element)?;
+        let n = labels.len();
+        let labels = HostArray::new(Arc::new(HostMemory::from_vec(labels)), &[n], Element::I64)?;
+        Ok(Some((images, labels, samples, bad)))
+    }
+
+    /// JSON of where the epoch in progress stands; if none is, where the last one stopped, or
+    /// else the start of epoch `epoch`.
+    fn state(&self, py: Python<'_>, epoch: u64) -> PyResult<String> {
+        let current = self.current(py);
+        let state = match (&current.epoch, &current.stopped) {
+            (Some(e), _) => e.state(),
+            (None, Some(stopped)) => stopped.clone(),
+            (None, None) => self.loader.epoch(epoch).state(),
+        };
+        serde_json::to_string(&state).map_err(|e| config(format!("state: {e}")))
+    }
+
+    /// Puts the epoch in progress aside: its batches in flight are cancelled, its position is
+    /// kept for `state`.
+    fn stop(&self, py: Python<'_>) {
+        let mut current = self.current(py);
+        if let Some(epoch) = current.epoch.take() {
+            current.stopped = Some(epoch.state());
+        }
+    }
+
+    /// Batch buffers the pool has allocated so far (constant in steady state).
+    #[getter]
+    fn pool_allocations(&self) -> u64 {
+        self.loader.pool().allocations()
+    }
+
+    /// `(page-locked buffers, heap fallbacks)` handed out, for a loader bound for a GPU.
+    #[getter]
+    fn pinned_buffers(&self) -> Option<(u64, u64)> {
+        self.pinned.as_ref().map(|p| (p.pinned(), p.fallbacks()))
+    }
+
+    /// Bytes of batch buffers the pool has allocated so far.
+    #[getter]
+    fn pool_bytes(&self) -> u64 {
+        self.loader.pool().allocated_bytes()
+    }
+
+    /// Stage times (seconds, summed over workers) and counts so far.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.loader.stats();
+        let d = PyDict::new(py);
+        d.set_item("read_s", s.read.as_secs_f64())?;
+        d.set_item("decode_s", s.decode.as_secs_f64())?;
+        d.set_item("transform_s", s.transform.as_secs_f64())?;
+        d.set_item("collate_s", s.collate.as_secs_f64())?;
+        d.set_item("wait_s", s.waiting.as_secs_f64())?;
+        d.set_item("samples", s.samples)?;
+        d.set_item("batches", s.batches)?;
+        d.set_item("bad_samples", s.bad_samples)?;
+        Ok(d)
+    }
+}

@@ -1,0 +1,64 @@
+"""Shared test data: a packed synthetic dataset, and the repository's fixture tree (with broken
+files). Nothing here needs ../shared, torch or a GPU."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import shutil
+
+import pytest
+
+import imagefeed
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+FIXTURE_TREE = REPO / "fixtures" / "imagefolder"
+
+
+@pytest.fixture(scope="session")
+def tree(tmp_path_factory) -> pathlib.Path:
+    """A clean ImageFolder tree: 6 classes x 40 JPEGs of 32x24."""
+    root = tmp_path_factory.mktemp("tree") / "imagefolder"
+    imagefeed.synthesize(root, classes=6, per_class=40, size=(32, 24), seed=3)
+    return root
+
+
+@pytest.fixture(scope="session")
+def lmdb_path(tree, tmp_path_factory) -> pathlib.Path:
+    out = tmp_path_factory.mktemp("packed") / "train.lmdb"
+    imagefeed.pack(tree, out, "lmdb", progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def bench() -> str:
+    """The imagefeed-bench binary (IMAGEFEED_BENCH, else the workspace's target directory)."""
+    candidates = [os.environ.get("IMAGEFEED_BENCH", "")]
+    candidates += [str(REPO / "target" / kind / "imagefeed-bench") for kind in ("release", "debug")]
+    for path in candidates:
+        if path and os.access(path, os.X_OK):
+            return path
+    pytest.skip("imagefeed-bench not built (cargo build -p imagefeed-bench, or set IMAGEFEED_BENCH)")
+
+
+def epoch_digest(batches) -> str:
+    """SHA-256 over (image bytes, labels as u32 LE) of each batch in order: what
+    `imagefeed-bench load --digest` prints."""
+    import numpy as np
+
+    h = hashlib.sha256()
+    for images, labels in batches:
+        h.update(np.ascontiguousarray(images).tobytes())
+        h.update(np.asarray(labels).astype("<u4").tobytes())
+    return h.hexdigest()
+
+
+@pytest.fixture
+def copy_tree(tmp_path):
+    def copy(src: pathlib.Path) -> pathlib.Path:
+        dst = tmp_path / src.name
+        shutil.copytree(src, dst)
+        return dst
+
+    return copy

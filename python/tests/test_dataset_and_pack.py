@@ -1,0 +1,121 @@
+"""imagefeed.Dataset (map-style, across processes) and pack / inspect / verify from Python."""
+
+from __future__ import annotations
+
+import io
+import multiprocessing
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+import imagefeed
+
+from conftest import FIXTURE_TREE
+
+
+def read_item(args):
+    dataset, index = args
+    sample, label = dataset[index]
+    return os.getpid(), bytes(sample), label
+
+
+def test_dataset_reads_bytes_labels_and_classes(lmdb_path, tree):
+    ds = imagefeed.Dataset(lmdb_path)
+    assert len(ds) == 240 and ds.format == "lmdb"
+    assert ds.classes == sorted(p.name for p in tree.iterdir())
+    payload, label = ds[0]
+    key = ds.key(0)
+    assert payload == (tree / key).read_bytes(), "the stored bytes are the source file's"
+    assert ds.classes[label] == key.split("/")[0]
+    assert ds[-1] == ds[239]
+    with pytest.raises(IndexError):
+        ds[240]
+    with pytest.raises(TypeError):
+        ds["0"]
+
+
+def test_decoded_samples_and_transforms(lmdb_path):
+    ds = imagefeed.Dataset(lmdb_path, decode="numpy", transform=lambda a: a[:, ::-1], target_transform=str)
+    image, label = ds[5]
+    assert image.shape == (24, 32, 3) and image.dtype == np.uint8
+    plain, _ = imagefeed.Dataset(lmdb_path, decode="numpy")[5]
+    np.testing.assert_array_equal(image, plain[:, ::-1])
+    assert isinstance(label, str)
+    with pytest.raises(imagefeed.ConfigError):
+        imagefeed.Dataset(lmdb_path, decode="cv2")
+
+
+def test_pil_decoding_matches_when_pillow_is_installed(lmdb_path):
+    pytest.importorskip("PIL", reason="Pillow is not installed")
+    image, _ = imagefeed.Dataset(lmdb_path, decode="pil")[3]
+    assert image.mode == "RGB" and image.size == (32, 24)
+
+
+def test_a_corrupt_record_raises_naming_the_key():
+    ds = imagefeed.Dataset(FIXTURE_TREE, decode="numpy")
+    keys = [ds.key(i) for i in range(len(ds))]
+    bad = keys.index("class01/bad-truncated.jpg")
+    with pytest.raises(imagefeed.BadSampleError) as e:
+        ds[bad]
+    assert "bad-truncated.jpg" in str(e.value)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_pickled_dataset_opens_its_own_handle_in_each_worker_process(lmdb_path, method):
+    ds = imagefeed.Dataset(lmdb_path)
+    ds[0]  # the parent has an open handle: workers must not use it
+    clone = pickle.loads(pickle.dumps(ds))
+    assert clone._native is None and len(clone) == 240
+    expected = [(bytes(ds[i][0]), ds[i][1]) for i in range(0, 240, 20)]
+    with multiprocessing.get_context(method).Pool(2) as pool:
+        got = pool.map(read_item, [(ds, i) for i in range(0, 240, 20)])
+    assert [(s, l) for _, s, l in got] == expected
+    assert all(pid != os.getpid() for pid, _, _ in got)
+
+
+def test_pack_inspect_verify_round_trip(tree, tmp_path, capfd):
+    for fmt in ("lmdb", "hdf5", "records"):
+        out = tmp_path / f"data.{fmt}"
+        summary = imagefeed.pack(tree, out, fmt, progress=False)
+        assert summary["samples"] == 240 and summary["rejected"] == []
+        info = imagefeed.inspect(out)
+        assert info["num_samples"] == 240 and info["complete"] is True
+        report = imagefeed.verify(out, against=tree)
+        assert report["ok"] and report["checked"] == 240
+    assert capfd.readouterr().err == "", "progress=False draws nothing"
+    with pytest.raises(imagefeed.OutputExistsError) as e:
+        imagefeed.pack(tree, tmp_path / "data.lmdb", "lmdb", progress=False)
+    assert isinstance(e.value, FileExistsError)
+    again = imagefeed.pack(tree, tmp_path / "data.lmdb", "lmdb", force=True, progress=False)
+    assert again["samples"] == 240
+
+
+def test_pack_rejects_broken_files_or_stops_in_strict_mode(tmp_path):
+    summary = imagefeed.pack(FIXTURE_TREE, tmp_path / "f.lmdb", progress=False)
+    assert {r["key"] for r in summary["rejected"]} == {
+        "class01/bad-truncated.jpg", "class01/bad-bomb.jpg", "class01/bad-empty.jpg", "class01/bad-text.jpg"}
+    with pytest.raises(imagefeed.errors.RejectedFileError):
+        imagefeed.pack(FIXTURE_TREE, tmp_path / "strict.lmdb", strict=True, progress=False)
+    assert not (tmp_path / "strict.lmdb").exists(), "nothing left behind"
+    with pytest.raises(imagefeed.ConfigError):
+        imagefeed.pack(FIXTURE_TREE, tmp_path / "x.lmdb", "zip", progress=False)
+    with pytest.raises(imagefeed.ConfigError):
+        imagefeed.pack(FIXTURE_TREE, tmp_path / "x.lmdb", quality=0, progress=False)
+
+
+def test_verify_reports_a_damaged_dataset(tree, tmp_path):
+    out = tmp_path / "d.lmdb"
+    imagefeed.pack(tree, out, "lmdb", progress=False)
+    payload, _ = imagefeed.Dataset(out)[100]
+    key = imagefeed.Dataset(out).key(100)
+    damaged = bytearray(payload)
+    for i in range(len(damaged) // 2, len(damaged) - 2):
+        damaged[i] ^= 0x5A
+    data = out.read_bytes()
+    assert payload in data
+    # Every copy of the record's bytes (LMDB may keep a stale one in a free page).
+    out.write_bytes(data.replace(payload, bytes(damaged)))
+    report = imagefeed.verify(out, against=tree)
+    assert not report["ok"] and report["problems"]

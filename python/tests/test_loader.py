@@ -1,0 +1,448 @@
+"""imagefeed.Loader from Python: batches, zero copy, determinism, resume, sharding, bad samples,
+errors and Ctrl-C. NumPy output (no torch needed); tests/test_torch.py covers torch output."""
+
+from __future__ import annotations
+
+import gc
+import json
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+import imagefeed
+from imagefeed import transforms as T
+
+from conftest import FIXTURE_TREE, epoch_digest
+
+
+def loader(path, **kw):
+    kw.setdefault("batch_size", 16)
+    kw.setdefault("workers", 2)
+    kw.setdefault("output", "numpy")
+    kw.setdefault("transform", T.cifar_train())
+    kw.setdefault("rank", 0)
+    kw.setdefault("world_size", 1)
+    return imagefeed.Loader(path, **kw)
+
+
+# -- batches ------------------------------------------------------------------------------------
+
+
+def test_batches_have_the_shape_dtype_strides_and_labels_of_the_epoch(lmdb_path):
+    l = loader(lmdb_path, batch_size=32)
+    assert len(l) == 8  # 240 samples / 32, last batch short
+    assert l.classes == [f"class{i:02d}" for i in range(6)]
+    sizes, labels = [], []
+    for images, y in l:
+        n = len(y)
+        assert images.shape == (n, 3, 24, 32)
+        assert images.dtype == np.float32 and y.dtype == np.int64
+        assert images.flags["C_CONTIGUOUS"]
+        assert images.strides == (3 * 24 * 32 * 4, 24 * 32 * 4, 32 * 4, 4)
+        sizes.append(n)
+        labels.extend(y.tolist())
+    assert sizes == [32] * 7 + [16]
+    # Every sample once: each class's 40 images.
+    assert sorted(labels) == sorted([c for c in range(6) for _ in range(40)])
+
+
+def test_uint8_nhwc_holds_the_decoded_pixels(lmdb_path):
+    l = loader(lmdb_path, transform=T.none(), dtype="uint8", layout="NHWC", shuffle=False)
+    ds = imagefeed.Dataset(lmdb_path, decode="numpy")
+    images, labels = next(iter(l))
+    assert images.shape == (16, 24, 32, 3) and images.dtype == np.uint8
+    for i in range(16):
+        pixels, label = ds[i]
+        np.testing.assert_array_equal(images[i], pixels)
+        assert labels[i] == label
+
+
+def test_float16_and_normalization_match_the_float32_output(lmdb_path):
+    a = next(iter(loader(lmdb_path, dtype="float32", shuffle=False)))[0]
+    b = next(iter(loader(lmdb_path, dtype="float16", shuffle=False)))[0]
+    assert b.dtype == np.float16
+    np.testing.assert_allclose(b.astype(np.float32), a, atol=2e-2)
+    # Normalized with the CIFAR statistics: (x/255 - mean)/std spans about [-2, 2.1].
+    assert a.min() < -1.5 and a.max() > 1.5
+
+
+# -- zero copy ----------------------------------------------------------------------------------
+
+
+def test_arrays_view_the_pool_buffer_and_buffers_are_reused(lmdb_path):
+    l = loader(lmdb_path, output="dlpack", prefetch=2)
+    pointers = set()
+    for epoch in range(3):
+        for images, labels in l:
+            array = np.from_dlpack(images)
+            assert array.ctypes.data == images.data_ptr, "the array is a view, not a copy"
+            assert np.from_dlpack(labels).ctypes.data == labels.data_ptr
+            pointers.add(images.data_ptr)
+            del array, images, labels
+        if epoch == 0:
+            after_first = l.stats()["pool_allocations"]
+    # Three epochs of 15 batches went through a handful of buffers, allocated in the first epoch.
+    assert l.stats()["pool_allocations"] == after_first
+    assert len(pointers) <= after_first < 15
+
+
+def test_kept_arrays_stay_intact_and_the_pool_grows_with_one_warning(lmdb_path):
+    reference = [(x.copy(), y.copy()) for x, y in loader(lmdb_path)]
+    l = loader(lmdb_path, prefetch=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kept = list(l)  # every batch kept alive
+        kept += list(loader(lmdb_path, prefetch=2))  # a second loader, its own warning
+    growth = [w for w in caught if issubclass(w.category, imagefeed.PoolGrowthWarning)]
+    assert len(growth) == 2, [str(w.message) for w in caught]
+    assert "kept alive" in str(growth[0].message)
+    assert l.stats()["pool_allocations"] == len(l)
+    for (x, y), (rx, ry) in zip(kept, reference):
+        np.testing.assert_array_equal(x, rx)
+        np.testing.assert_array_equal(y, ry)
+    # Released arrays give their buffers back: the next epoch allocates nothing new.
+    del kept
+    gc.collect()
+    before = l.stats()["pool_allocations"]
+    for _ in l:
+        pass
+    assert l.stats()["pool_allocations"] == before
+
+
+def test_dlpack_refuses_what_it_cannot_do(lmdb_path):
+    images, _ = next(iter(loader(lmdb_path, output="dlpack")))
+    assert images.__dlpack_device__() == (1, 0)
+    with pytest.raises(BufferError):
+        images.__dlpack__(copy=True)
+    with pytest.raises(BufferError):
+        images.__dlpack__(dl_device=(2, 0))
+    with pytest.raises(ValueError):
+        images.__dlpack__(stream=1)
+    # An unconsumed capsule is freed by its destructor (no leak, no crash); versioned ones too.
+    capsule = images.__dlpack__(max_version=(1, 0))
+    assert "dltensor_versioned" in repr(capsule)
+    assert images.views == 2
+    del capsule
+    gc.collect()
+    assert images.views == 1
+
+
+# -- determinism, resume, sharding --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_epoch_digests_equal_the_rust_loaders(lmdb_path, bench, workers):
+    l = loader(lmdb_path, batch_size=32, workers=workers, seed=5, bad_samples="skip")
+    out = subprocess.run(
+        [bench, "load", str(lmdb_path), "--workers", str(workers), "--batch-size", "32",
+         "--epochs", "2", "--seed", "5", "--transform", "cifar", "--digest"],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    rust = re.findall(r"sha256 ([0-9a-f]{64})", out)
+    assert len(rust) == 2, out
+    python = []
+    for epoch in range(2):
+        l.set_epoch(epoch)
+        python.append(epoch_digest(l))
+    assert python == rust
+    assert python[0] != python[1], "epochs are shuffled differently"
+
+
+def test_the_stream_does_not_depend_on_workers_or_prefetch(lmdb_path):
+    digests = {epoch_digest(loader(lmdb_path, workers=w, prefetch=p, seed=9, transform=T.imagenet_train(16)))
+               for w, p in [(1, 1), (2, 4), (4, 2)]}
+    assert len(digests) == 1
+
+
+def test_epochs_advance_by_themselves_and_set_epoch_picks_one(lmdb_path):
+    l = loader(lmdb_path, seed=1)
+    first, second = epoch_digest(l), epoch_digest(l)
+    assert first != second
+    l.set_epoch(0)
+    assert epoch_digest(l) == first
+    assert l.epoch == 0
+
+
+RESUME_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    sys.path.insert(0, {tests!r})
+    import imagefeed
+    from imagefeed import transforms as T
+    from conftest import epoch_digest
+    l = imagefeed.Loader({path!r}, batch_size=16, workers=3, output="numpy", seed=11,
+                         transform=T.imagenet_train(16), rank=0, world_size=1)
+    l.load_state_dict(json.loads(sys.stdin.read()))
+    print(epoch_digest(l))
+    print(epoch_digest(l))
+    """
+)
+
+
+def test_a_state_dict_resumes_the_exact_remaining_batches_in_a_new_process(lmdb_path):
+    def make():
+        return loader(lmdb_path, workers=2, seed=11, transform=T.imagenet_train(16))
+
+    l = make()
+    l.set_epoch(3)
+    full = [(x.copy(), y.copy()) for x, y in l]
+    next_epoch = epoch_digest(l)
+
+    l = make()
+    l.set_epoch(3)
+    it = iter(l)
+    for _ in range(6):
+        next(it)
+    state = l.state_dict()
+    json.dumps(state)  # plain JSON types
+    assert state["imagefeed_loader_state"]["epoch"] == 3
+    assert state["imagefeed_loader_state"]["next_batch"] == 6
+    del it
+
+    script = RESUME_SCRIPT.format(tests=str(__import__("pathlib").Path(__file__).parent), path=str(lmdb_path))
+    out = subprocess.run([sys.executable, "-c", script], input=json.dumps(state), check=True,
+                         capture_output=True, text=True).stdout.split()
+    assert out[0] == epoch_digest(full[6:]), "the new process gave exactly the batches after the sixth"
+    assert out[1] == next_epoch, "and then the next epoch"
+
+
+def test_a_state_from_a_finished_epoch_starts_the_next_one(lmdb_path):
+    l = loader(lmdb_path, seed=2)
+    epoch_digest(l)
+    state = l.state_dict()
+    expected = epoch_digest(l)
+    fresh = loader(lmdb_path, seed=2)
+    fresh.load_state_dict(state)
+    assert epoch_digest(fresh) == expected
+
+
+def test_a_state_from_other_settings_is_refused_naming_the_setting(lmdb_path):
+    state = loader(lmdb_path, seed=1).state_dict()
+    with pytest.raises(imagefeed.StateMismatchError) as e:
+        loader(lmdb_path, seed=2).load_state_dict(state)
+    assert (e.value.setting, e.value.saved, e.value.current) == ("seed", "1", "2")
+    with pytest.raises(imagefeed.StateMismatchError) as e:
+        loader(lmdb_path, seed=1, batch_size=8).load_state_dict(state)
+    assert e.value.setting == "batch_size"
+    with pytest.raises(imagefeed.ConfigError):
+        loader(lmdb_path).load_state_dict({"something": "else"})
+    forged = json.loads(json.dumps(state))
+    forged["imagefeed_loader_state"]["next_batch"] = "x"
+    with pytest.raises(imagefeed.ConfigError):
+        loader(lmdb_path, seed=1).load_state_dict(forged)
+
+
+def test_two_ranks_cover_the_epoch_with_equal_batch_counts(lmdb_path):
+    seen, counts = [], []
+    for rank in range(2):
+        l = loader(lmdb_path, batch_size=7, rank=rank, world_size=2, output="dlpack", transform=T.none(),
+                   dtype="uint8", layout="NHWC")
+        n = 0
+        for images, labels in l:
+            seen.append(np.from_dlpack(images).copy())
+            n += 1
+        counts.append(n)
+        assert n == len(l)
+    assert counts[0] == counts[1]
+    images = np.concatenate(seen)
+    assert len(images) == 240  # 120 per rank, no padding needed
+    unique = {im.tobytes() for im in images}
+    assert len(unique) == 240, "no sample given to both ranks"
+
+
+def test_rank_comes_from_the_environment(lmdb_path, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    l = imagefeed.Loader(lmdb_path, batch_size=8, output="numpy")
+    assert (l.rank, l.world_size) == (1, 3)
+    assert len(l) == 10  # 80 samples on this rank
+    monkeypatch.setenv("RANK", "x")
+    with pytest.raises(imagefeed.ConfigError):
+        imagefeed.Loader(lmdb_path, output="numpy")
+
+
+# -- bad samples --------------------------------------------------------------------------------
+
+BAD_KEYS = {"class01/bad-truncated.jpg", "class01/bad-bomb.jpg", "class01/bad-empty.jpg", "class01/bad-text.jpg"}
+
+
+def fixture_loader(**kw):
+    kw.setdefault("transform", T.Compose([T.Resize(8), T.CenterCrop(8)]))
+    kw.setdefault("batch_size", 4)
+    return loader(FIXTURE_TREE, **kw)
+
+
+def test_skip_reports_every_bad_sample_by_key_and_shortens_batches():
+    l = fixture_loader(bad_samples="skip")
+    total = sum(len(y) for _, y in l)
+    assert {b.key for b in l.bad_samples_seen} == BAD_KEYS
+    assert total == l.num_samples - 4
+    reasons = {b.key: b.reason for b in l.bad_samples_seen}
+    assert "empty" in reasons["class01/bad-empty.jpg"]
+    assert all(b.replaced_by is None for b in l.bad_samples_seen)
+
+
+def test_replace_keeps_batches_full_and_says_what_replaced_what():
+    l = fixture_loader(bad_samples="replace")
+    sizes = [len(y) for _, y in l]
+    assert sum(sizes) == l.num_samples
+    seen = l.bad_samples_seen
+    assert {b.key for b in seen} == BAD_KEYS
+    # A candidate that is itself bad is reported too (replaced_by None); the slot goes to a good one.
+    replaced = [b for b in seen if b.replaced_by is not None]
+    assert replaced
+    assert all(b.replaced_by not in {s.index for s in seen} for b in replaced)
+
+
+def test_last_bad_samples_belong_to_the_last_batch():
+    l = fixture_loader(bad_samples="skip", batch_size=1, shuffle=False)
+    per_batch = []
+    for _ in l:
+        per_batch.append([b.key for b in l.last_bad_samples])
+    assert sorted(k for keys in per_batch for k in keys) == sorted(BAD_KEYS)
+    assert all(len(keys) <= 1 for keys in per_batch)
+
+
+def test_the_error_policy_raises_naming_the_key():
+    with pytest.raises(imagefeed.BadSampleError) as e:
+        for _ in fixture_loader(bad_samples="error"):
+            pass
+    assert e.value.key in BAD_KEYS
+    assert e.value.key in str(e.value)
+
+
+def test_max_bad_raises_naming_every_bad_key():
+    l = fixture_loader(bad_samples="skip", max_bad=1, shuffle=False, batch_size=1)
+    with pytest.raises(imagefeed.TooManyBadSamplesError) as e:
+        for _ in l:
+            pass
+    assert e.value.count == 2
+    assert len(e.value.keys) == 2 and set(e.value.keys) <= BAD_KEYS
+    assert e.value.keys[-1] == e.value.key
+    # A fraction works too, and a generous one lets the epoch finish.
+    assert sum(len(y) for _, y in fixture_loader(bad_samples="skip", max_bad=0.5)) == 16
+
+
+# -- errors -------------------------------------------------------------------------------------
+
+
+def test_every_error_is_an_imagefeed_exception_with_the_path(tmp_path, lmdb_path):
+    with pytest.raises(imagefeed.DatasetNotFoundError) as e:
+        loader(tmp_path / "missing.lmdb")
+    assert isinstance(e.value, FileNotFoundError) and isinstance(e.value, imagefeed.Error)
+    assert e.value.path.endswith("missing.lmdb")
+
+    text = tmp_path / "notes.lmdb"
+    text.write_text("not a dataset")
+    with pytest.raises(imagefeed.DataError) as e:
+        loader(text)
+    assert "notes.lmdb" in str(e.value)
+
+    interrupted = tmp_path / "half.lmdb"
+    (tmp_path / "half.lmdb.partial").write_bytes(lmdb_path.read_bytes())
+    with pytest.raises(imagefeed.IncompleteDatasetError) as e:
+        loader(interrupted)
+    assert "--resume" in e.value.reason
+
+    for bad in [dict(batch_size=0), dict(workers=0), dict(dtype="int7"), dict(layout="CHWN"),
+                dict(bad_samples="ignore"), dict(uneven="wrap"), dict(max_bad=True), dict(output="jax"),
+                dict(rank=2, world_size=2), dict(rank=1), dict(transform="imagenet")]:
+        with pytest.raises(imagefeed.ConfigError):
+            loader(lmdb_path, **bad)
+    assert issubclass(imagefeed.ConfigError, ValueError)
+
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    if not has_cuda:  # without torch, or without a device: a CudaError saying which
+        with pytest.raises(imagefeed.CudaError):
+            loader(lmdb_path, device="cuda", output="torch")
+
+
+def test_mixed_sizes_without_a_resize_name_both_keys(tmp_path):
+    root = tmp_path / "mixed"
+    imagefeed.synthesize(root / "a", classes=2, per_class=2, size=(16, 16))
+    imagefeed.synthesize(root / "b", classes=2, per_class=2, size=(20, 16))
+    for cls in ("class00", "class01"):
+        for f in (root / "b" / cls).iterdir():
+            f.rename(root / "a" / cls / ("b-" + f.name))
+    with pytest.raises(imagefeed.errors.ShapeMismatchError) as e:
+        for _ in loader(root / "a", batch_size=8, transform=T.none(), shuffle=False):
+            pass
+    assert e.value.key and e.value.first_key
+
+
+def test_transforms_refuse_impossible_chains():
+    with pytest.raises(ValueError):
+        T.Compose([T.RandomResizedCrop(8), T.Resize(4)])
+    with pytest.raises(ValueError):
+        T.Compose([T.CenterCrop(8), T.Resize(4)])
+    with pytest.raises(TypeError):
+        T.Compose([lambda x: x])
+    with pytest.raises(ValueError):
+        T.Normalize((0.5, 0.5), (1, 1, 1))
+    with pytest.raises(ValueError):
+        T.RandomHorizontalFlip(2)
+    assert T.imagenet_eval(224) == T.Compose([T.Resize(256), T.CenterCrop(224), T.Normalize(T.IMAGENET_MEAN, T.IMAGENET_STD)])
+
+
+def test_breaking_out_keeps_the_position_and_an_old_iterator_cannot_disturb_a_new_loop(lmdb_path):
+    l = loader(lmdb_path, seed=4)
+    old = iter(l)
+    next(old)
+    next(old)
+    assert l.state_dict()["imagefeed_loader_state"]["next_batch"] == 2
+    new = iter(l)  # the next epoch
+    next(new)
+    with pytest.raises(imagefeed.ConfigError, match="superseded"):
+        next(old)
+    del old
+    gc.collect()
+    assert l.state_dict()["imagefeed_loader_state"]["next_batch"] == 1
+    assert sum(1 for _ in new) == len(l) - 1
+
+
+# -- Ctrl-C -------------------------------------------------------------------------------------
+
+INTERRUPT_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    import imagefeed
+    from imagefeed import transforms as T
+    l = imagefeed.Loader({path!r}, batch_size=48, workers=1, prefetch=1, output="numpy",
+                         transform=T.imagenet_train(224), rank=0, world_size=1)
+    for epoch in range(1000):
+        for i, (x, y) in enumerate(l):
+            print("batch", flush=True)
+    """
+)
+
+
+def test_ctrl_c_while_waiting_for_a_batch_raises_keyboardinterrupt_and_stops(tmp_path):
+    # Large images, one worker, big batches: the main thread spends its time waiting in Rust.
+    root = tmp_path / "big"
+    imagefeed.synthesize(root, classes=2, per_class=48, size=(1600, 1200))
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPT_SCRIPT.format(path=str(root))],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "batch"
+        time.sleep(0.2)  # now waiting for the next batch
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        _, err = proc.communicate(timeout=30)
+        elapsed = time.monotonic() - sent
+    finally:
+        proc.kill()
+    assert "KeyboardInterrupt" in err, err
+    assert proc.returncode != 0
+    assert elapsed < 5, f"took {elapsed:.1f} s to stop"

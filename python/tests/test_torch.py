@@ -1,0 +1,134 @@
+"""torch output and the map-style Dataset inside a torch DataLoader. Skipped without torch
+(`make test-torch` creates a venv with it); the CUDA tests also skip without a GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (make test-torch installs it)")
+
+import numpy as np  # noqa: E402
+
+import imagefeed  # noqa: E402
+from imagefeed import transforms as T  # noqa: E402
+
+from conftest import epoch_digest  # noqa: E402
+
+
+def test_torch_tensors_are_zero_copy_views_of_the_batch(lmdb_path):
+    l = imagefeed.Loader(lmdb_path, batch_size=32, workers=2, output="torch", transform=T.cifar_train(),
+                         rank=0, world_size=1)
+    raw = imagefeed.Loader(lmdb_path, batch_size=32, workers=2, output="dlpack", transform=T.cifar_train(),
+                           rank=0, world_size=1)
+    for (images, labels), (raw_images, _) in zip(l, raw):
+        assert isinstance(images, torch.Tensor) and images.dtype == torch.float32
+        assert labels.dtype == torch.int64
+        assert images.is_contiguous() and images.shape[1:] == (3, 24, 32)
+        assert images.device.type == "cpu"
+        np.testing.assert_array_equal(images.numpy(), np.from_dlpack(raw_images))
+    images, _ = next(iter(raw))
+    assert torch.from_dlpack(images).data_ptr() == images.data_ptr
+
+
+def test_torch_digests_equal_numpy_digests(lmdb_path):
+    kw = dict(batch_size=32, workers=2, seed=3, transform=T.imagenet_train(16), rank=0, world_size=1)
+    as_torch = imagefeed.Loader(lmdb_path, output="torch", **kw)
+    as_numpy = imagefeed.Loader(lmdb_path, output="numpy", **kw)
+    assert epoch_digest((x.numpy(), y.numpy()) for x, y in as_torch) == epoch_digest(as_numpy)
+
+
+def test_a_kept_tensor_survives_the_loader(lmdb_path):
+    l = imagefeed.Loader(lmdb_path, batch_size=32, output="torch", rank=0, world_size=1, transform=T.cifar_train())
+    first, _ = next(iter(l))
+    copy = first.clone()
+    del l
+    import gc
+
+    gc.collect()
+    assert torch.equal(first, copy)
+
+
+def test_the_dataset_works_in_a_torch_dataloader_with_workers(lmdb_path):
+    ds = imagefeed.Dataset(lmdb_path, decode="numpy", transform=lambda a: torch.from_numpy(a.copy()).permute(2, 0, 1))
+    dl = torch.utils.data.DataLoader(ds, batch_size=40, num_workers=2, shuffle=False)
+    labels = []
+    for images, y in dl:
+        assert images.shape[1:] == (3, 24, 32)
+        labels.extend(y.tolist())
+    assert len(labels) == 240 and labels == [ds[i][1] for i in range(240)]
+
+
+def test_rank_comes_from_an_initialised_process_group(lmdb_path, tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        l = imagefeed.Loader(lmdb_path, batch_size=8, output="torch")
+        assert (l.rank, l.world_size) == (0, 1)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_cuda_without_a_gpu_is_a_clear_cuda_error(lmdb_path):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(imagefeed.CudaError, match="cuda"):
+        imagefeed.Loader(lmdb_path, device="cuda", rank=0, world_size=1)
+    with pytest.raises(imagefeed.ConfigError):
+        imagefeed.Loader(lmdb_path, device="cuda", output="numpy", rank=0, world_size=1)
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+def cpu_and_cuda(lmdb_path, **kw):
+    kw = dict(dict(batch_size=32, workers=2, seed=6, transform=T.imagenet_train(16), rank=0, world_size=1), **kw)
+    return imagefeed.Loader(lmdb_path, **kw), imagefeed.Loader(lmdb_path, device="cuda", **kw)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype,layout", [("float32", "NCHW"), ("float16", "NCHW"), ("float32", "NHWC"), ("uint8", "NHWC")])
+def test_cuda_batches_equal_the_cpu_batches(lmdb_path, dtype, layout):
+    kw = dict(dtype=dtype, layout=layout)
+    if dtype == "uint8":
+        kw["transform"] = T.Compose([T.RandomResizedCrop(16), T.RandomHorizontalFlip()])
+    cpu, gpu = cpu_and_cuda(lmdb_path, **kw)
+    n = 0
+    for (x, y), (gx, gy) in zip(cpu, gpu):
+        assert gx.device.type == "cuda" and gy.device.type == "cuda"
+        assert gx.is_contiguous() and gx.dtype == x.dtype and gx.shape == x.shape
+        torch.testing.assert_close(gx.cpu(), x, atol=1e-3 if dtype == "float16" else 1e-5, rtol=0)
+        assert torch.equal(gy.cpu(), y)
+        n += 1
+    assert n == len(cpu)
+    pinned, fallbacks = gpu.pinned_buffers
+    assert pinned > 0 and fallbacks == 0
+
+
+@needs_cuda
+def test_kept_cuda_tensors_stay_intact_on_a_side_stream(lmdb_path):
+    cpu, gpu = cpu_and_cuda(lmdb_path)
+    expected = [x for x, _ in cpu]
+    stream = torch.cuda.Stream()
+    kept = []
+    with torch.cuda.stream(stream):
+        for x, _ in gpu:
+            # The trainer's work on its own stream sees the finished copy.
+            kept.append((x, x.sum()))
+    torch.cuda.synchronize()
+    for (x, total), e in zip(kept, expected):
+        torch.testing.assert_close(x.cpu(), e, atol=1e-5, rtol=0)
+        torch.testing.assert_close(total.cpu(), e.sum(), rtol=1e-4, atol=1e-2)
+
+
+def test_the_training_example_runs_and_resumes_on_a_cpu(tmp_path):
+    import pathlib
+    import subprocess
+    import sys
+
+    example = pathlib.Path(__file__).resolve().parents[2] / "examples" / "train_pytorch.py"
+    run = [sys.executable, str(example), "--data", str(tmp_path), "--batch-size", "256", "--workers", "2"]
+    first = subprocess.run(run + ["--epochs", "1"], check=True, capture_output=True, text=True).stdout
+    assert "packed 2004 images, rejected 4" in first and "epoch 0:" in first
+    second = subprocess.run(run + ["--epochs", "2"], check=True, capture_output=True, text=True).stdout
+    assert "resumed at epoch 1" in second and "epoch 1:" in second and "epoch 0:" not in second
