@@ -84,7 +84,7 @@ test: deps pyenv
 # into .venv. `pip install ./python` does the same from any Python with network access.
 python: deps pyenv
 	rm -f $(WHEEL_DIR)/imagefeed-*.whl
-	PATH=$(CURDIR)/$(PYENV)/bin:$$PATH $(PYENV)/bin/maturin build --release -q -m python/Cargo.toml -o $(WHEEL_DIR) -i $(PYENV)/bin/python
+	PATH=$(CURDIR)/$(PYENV)/bin:$$PATH $(PYENV)/bin/maturin build --release --strip -q -m python/Cargo.toml -o $(WHEEL_DIR) -i $(PYENV)/bin/python
 	$(PYENV)/bin/pip install -q --force-reinstall --no-deps $(WHEEL_DIR)/imagefeed-*.whl
 
 # The Python tests (python/tests) against the installed wheel; the digest tests compare with the

@@ -149,8 +149,9 @@ class Loader:
     (the batch is shorter), ``"replace"`` (another sample, chosen deterministically, takes the
     slot) or ``"error"`` (raise :class:`~imagefeed.errors.BadSampleError`). ``max_bad`` (an int
     count or a float fraction of the epoch) raises
-    :class:`~imagefeed.errors.TooManyBadSamplesError` naming the keys. ``bad_samples_seen`` lists
-    the epoch's, ``last_bad_samples`` the last batch's.
+    :class:`~imagefeed.errors.TooManyBadSamplesError` naming the keys. The ``bad_samples``
+    attribute lists the epoch's bad samples (:class:`BadSample`), ``last_bad_samples`` the last
+    batch's.
 
     ``device="cuda"`` (or ``"cuda:N"``, torch output only) delivers CUDA tensors: the workers
     write ``uint8`` NHWC batches into page-locked memory, each batch is copied on a side CUDA
@@ -260,6 +261,7 @@ class Loader:
         self.rank = rank
         self.world_size = world_size
         self.transform = transform
+        self.bad_sample_policy = bad_samples
         self._epoch_set: Optional[int] = None
         self._next_epoch = 0
         self._epoch: Optional[int] = None
@@ -407,8 +409,8 @@ class Loader:
     # -- reports ---------------------------------------------------------------------------
 
     @property
-    def bad_samples_seen(self) -> List[BadSample]:
-        """Bad samples met so far in the current epoch (in this process)."""
+    def bad_samples(self) -> List[BadSample]:
+        """Bad samples met so far in the current epoch (in this process), in order."""
         return list(self._bad)
 
     @property

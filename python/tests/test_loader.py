@@ -282,18 +282,18 @@ def fixture_loader(**kw):
 def test_skip_reports_every_bad_sample_by_key_and_shortens_batches():
     l = fixture_loader(bad_samples="skip")
     total = sum(len(y) for _, y in l)
-    assert {b.key for b in l.bad_samples_seen} == BAD_KEYS
+    assert {b.key for b in l.bad_samples} == BAD_KEYS
     assert total == l.num_samples - 4
-    reasons = {b.key: b.reason for b in l.bad_samples_seen}
+    reasons = {b.key: b.reason for b in l.bad_samples}
     assert "empty" in reasons["class01/bad-empty.jpg"]
-    assert all(b.replaced_by is None for b in l.bad_samples_seen)
+    assert all(b.replaced_by is None for b in l.bad_samples)
 
 
 def test_replace_keeps_batches_full_and_says_what_replaced_what():
     l = fixture_loader(bad_samples="replace")
     sizes = [len(y) for _, y in l]
     assert sum(sizes) == l.num_samples
-    seen = l.bad_samples_seen
+    seen = l.bad_samples
     assert {b.key for b in seen} == BAD_KEYS
     # A candidate that is itself bad is reported too (replaced_by None); the slot goes to a good one.
     replaced = [b for b in seen if b.replaced_by is not None]
