@@ -56,6 +56,15 @@ for line in sys.stdin:
         while read -r lib; do cp -L "$lib" "$dir/payload/lib/"; done
     ldd --version | head -1 | awk '{print $NF}' >"$dir/payload/glibc-built-with"
     cp bench/torch_baseline.py "$dir/payload/"
+    echo "== the Python package: the wheel, its tests and pytest's wheels (the GPU machine has no network)"
+    make python
+    mkdir -p "$dir/payload/wheels" "$dir/payload/python" "$dir/payload/fixtures" "$dir/payload/examples"
+    cp target/wheels/imagefeed-*.whl "$dir/payload/wheels/"
+    .venv/bin/pip download -q -d "$dir/payload/wheels" pytest==9.2.0
+    cp -r python/tests "$dir/payload/python/"
+    cp -r fixtures/imagefolder "$dir/payload/fixtures/"
+    cp examples/train_pytorch.py "$dir/payload/examples/"
+    cp bench/python_loader.py "$dir/payload/"
     tar -C "$dir" -czf "$dir/payload.tar.gz" payload
     rm -rf "$dir/payload"
     cp bench/gpu-check.sh "$dir/"
@@ -228,6 +237,17 @@ for mib in (1, 8, 64):
 EOF
     fi
     step "training example: softmax regression on CIFAR-10, 5 epochs" "$B/train_cifar_gpu" work/cifar.lmdb --epochs 5 --batch-size 256 --depth 2 --workers 4
+    if [ "$torch" = 1 ]; then
+        # The Python package against this machine's torch and GPU: its whole test suite (the
+        # CUDA tests included), then the Python loop beside the Rust one, CPU and CUDA batches.
+        step "install the Python package into work/pylib" "$torch_py" -m pip install -q --no-index --no-deps --target work/pylib payload/wheels/*.whl
+        step "Python tests (torch, CUDA)" env PYTHONPATH="$PWD/work/pylib" IMAGEFEED_BENCH="$PWD/$B/imagefeed-bench" "$torch_py" -m pytest -q -rs -p no:cacheprovider payload/python/tests
+        local device
+        for device in cpu cuda; do
+            step "Python loop vs Rust loop, CIFAR-10 LMDB, 8 workers, $device batches" env PYTHONPATH="$PWD/work/pylib" "$torch_py" payload/python_loader.py work/cifar.lmdb --bench "$B/imagefeed-bench" --transform cifar --batch-size 256 --workers 8 --epochs 5 --rounds 3 --device "$device"
+            [ -f work/imagenet.lmdb ] && step "Python loop vs Rust loop, ImageNet x25 LMDB, 8 workers, $device batches" env PYTHONPATH="$PWD/work/pylib" "$torch_py" payload/python_loader.py work/imagenet.lmdb --bench "$B/imagefeed-bench" --transform imagenet --batch-size 64 --workers 8 --epochs 2 --rounds 3 --device "$device"
+        done
+    fi
     local w
     for w in 1 2 4 8 16; do
         step "load CIFAR-10 LMDB, $w workers" "$B/imagefeed-bench" load work/cifar.lmdb --batch-size 256 --workers "$w" --epochs 5 --warmup 1 --transform cifar
@@ -244,6 +264,7 @@ EOF
     summary bandwidth "host-to-device"
     summary overlap "^\| [0-9]|^step:"
     summary training "^epoch [0-9]+: mean loss"
+    summary python "[0-9]+ passed|[0-9]+ failed|^\\| (Python|Rust)"
     summary load "^== (load|torch DataLoader)|images/s|\"event\": \"epoch\""
     if [ ${#failures[@]} -gt 0 ]; then
         printf 'failed: %s\n' "${failures[@]}"

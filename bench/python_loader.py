@@ -48,8 +48,13 @@ def python_epochs(args, transform, output):
     loader = imagefeed.Loader(
         args.dataset, batch_size=args.batch_size, workers=args.workers, seed=args.seed,
         transform=transform, output=output, bad_samples="skip", rank=0, world_size=1,
-        prefetch=args.prefetch,
+        prefetch=args.prefetch, device=args.device,
     )
+    sync = lambda: None  # noqa: E731
+    if args.device != "cpu":
+        import torch
+
+        sync = torch.cuda.synchronize
     rates, rss, allocations = [], [], []
     for epoch in range(args.warmup + args.epochs):
         loader.set_epoch(epoch)
@@ -57,6 +62,7 @@ def python_epochs(args, transform, output):
         images = 0
         for _, labels in loader:
             images += len(labels)
+        sync()  # CUDA batches: the epoch ends when its last copy and conversion have
         seconds = time.perf_counter() - start
         if epoch >= args.warmup:
             rates.append(images / seconds)
@@ -104,6 +110,7 @@ def main():
     p.add_argument("--torch-python", help="a Python with torch and torchvision")
     p.add_argument("--output", choices=["torch", "numpy", "dlpack"], default=None,
                    help="default: torch when importable, else numpy")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda[:N]: batches arrive on the GPU (torch output)")
     p.add_argument("--json", help="also write every measurement here")
     args = p.parse_args()
 
@@ -111,6 +118,8 @@ def main():
 
     transform = T.cifar_train() if args.transform == "cifar" else T.imagenet_train(224)
     output = args.output
+    if args.device != "cpu":
+        output = "torch"
     if output is None:
         try:
             import torch  # noqa: F401
@@ -139,7 +148,7 @@ def main():
 
     med = {k: statistics.median(v) for k, v in results.items() if v}
     print(f"dataset {args.dataset}, transform {args.transform}, batch {args.batch_size}, "
-          f"{args.workers} workers, prefetch {args.prefetch}, output {output}; "
+          f"{args.workers} workers, prefetch {args.prefetch}, output {output} on {args.device}; "
           f"{args.rounds} rounds x {args.epochs} timed epochs (after {args.warmup} warm-up) per subject")
     print("| loop | images/s (median) | range | ratio |")
     print("| --- | --- | --- | --- |")

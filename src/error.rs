@@ -215,6 +215,16 @@ pub enum Error {
         reason: String,
     },
 
+    /// A pack was stopped on request ([`PackObserver::should_stop`](crate::pack::PackObserver::should_stop)):
+    /// what was committed is kept for a resume.
+    #[error("{}: interrupted: {reason}", path.display())]
+    Interrupted {
+        /// The output path.
+        path: PathBuf,
+        /// How far it got, and how to finish.
+        reason: String,
+    },
+
     /// No usable CUDA driver or device, or a CUDA call failed (the GPU feed).
     #[error("CUDA: {0}")]
     Cuda(String),

@@ -246,6 +246,12 @@ pub trait PackObserver: Sync {
     fn advanced(&self, _done: usize, _payload_bytes: u64) {}
     /// Called for each rejected file.
     fn rejected(&self, _rejection: &Rejection) {}
+    /// Asked after each committed chunk: `true` stops the pack there with
+    /// [`Error::Interrupted`], leaving the partial output for a `resume` run (a user pressed
+    /// Ctrl-C). The default never stops.
+    fn should_stop(&self) -> bool {
+        false
+    }
 }
 
 /// An observer that ignores everything.
@@ -1160,6 +1166,18 @@ fn pack_source(
                     .expect("sink lives until finish")
                     .write_chunk(&records, &progress)?;
                 observer.advanced(progress.sources_done, progress.payload_bytes);
+                if observer.should_stop() && progress.sources_done < range.len() {
+                    return Err(Error::Interrupted {
+                        path: out.to_path_buf(),
+                        reason: format!(
+                            "stopped after {} of {} files; the part done is kept in {}: \
+                             rerun with --resume to finish",
+                            progress.sources_done,
+                            range.len(),
+                            partial_path(out).display()
+                        ),
+                    });
+                }
             }
             Ok(())
         })();

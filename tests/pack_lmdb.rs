@@ -427,3 +427,55 @@ fn impossible_pack_options_are_refused_as_options_not_loader_settings() {
         assert!(!out.exists() && !pack::partial_path(&out).exists());
     }
 }
+
+/// Asks the pack to stop once `chunks` chunks are committed (what Ctrl-C does in Python).
+struct StopAfter {
+    chunks: usize,
+    seen: std::sync::atomic::AtomicUsize,
+}
+
+impl pack::PackObserver for StopAfter {
+    fn advanced(&self, _done: usize, _payload_bytes: u64) {
+        self.seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    fn should_stop(&self) -> bool {
+        self.seen.load(std::sync::atomic::Ordering::Relaxed) >= self.chunks
+    }
+}
+
+#[test]
+fn a_pack_asked_to_stop_keeps_what_it_committed_and_resume_finishes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixture_root();
+    let out = dir.path().join("stopped.lmdb");
+    let stop = StopAfter {
+        chunks: 2,
+        seen: Default::default(),
+    };
+    let err =
+        pack::pack_image_folder(&src, &out, PackFormat::Lmdb, &small_options(), &stop).unwrap_err();
+    assert!(
+        matches!(err, Error::Interrupted { .. }) && err.to_string().contains("8 of 20"),
+        "{err}"
+    );
+    assert!(!out.exists() && pack::partial_path(&out).exists());
+    let resume = PackOptions {
+        mode: StartMode {
+            resume: true,
+            force: false,
+        },
+        ..small_options()
+    };
+    let summary = pack_lmdb(&src, &out, &resume);
+    assert_eq!((summary.resumed_from, summary.samples), (8, 16));
+    assert!(verify::verify(&out, Some(&src)).unwrap().is_ok());
+
+    // A request that comes with the last chunk changes nothing: the pack completes.
+    let last = StopAfter {
+        chunks: 5,
+        seen: Default::default(),
+    };
+    let whole = dir.path().join("whole.lmdb");
+    pack::pack_image_folder(&src, &whole, PackFormat::Lmdb, &small_options(), &last).unwrap();
+    assert_eq!(lmdb_records(&whole), lmdb_records(&out));
+}

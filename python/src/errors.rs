@@ -133,6 +133,11 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
             attrs.set_item("reason", reason)?;
             "ConfigError"
         }
+        Error::Interrupted { path: p, reason } => {
+            attrs.set_item("path", path(p))?;
+            attrs.set_item("reason", reason)?;
+            "Error"
+        }
         Error::Cuda(reason) => {
             attrs.set_item("reason", reason)?;
             "CudaError"

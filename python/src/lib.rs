@@ -16,7 +16,10 @@ use std::path::PathBuf;
 
 use pyo3::prelude::*;
 
-use imagefeed::pack::{self, PackFormat, PackOptions, StartMode};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use imagefeed::pack::{self, PackFormat, PackObserver, PackOptions, Rejection, StartMode};
 use imagefeed::progress::PackProgressBar;
 
 use crate::errors::{config, to_py};
@@ -32,6 +35,27 @@ fn pack_format(name: &str) -> PyResult<PackFormat> {
             )));
         }
     })
+}
+
+/// The progress bar, plus a flag that stops the pack after its current chunk.
+struct StoppableProgress {
+    bar: PackProgressBar,
+    stop: AtomicBool,
+}
+
+impl PackObserver for StoppableProgress {
+    fn started(&self, total: usize, already_done: usize) {
+        self.bar.started(total, already_done);
+    }
+    fn advanced(&self, done: usize, payload_bytes: u64) {
+        self.bar.advanced(done, payload_bytes);
+    }
+    fn rejected(&self, rejection: &Rejection) {
+        self.bar.rejected(rejection);
+    }
+    fn should_stop(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
 }
 
 /// Packs (or converts) `source` into `out`; returns the summary as JSON. Any source `convert`
@@ -80,14 +104,44 @@ fn pack_dataset(
         options.max_pixels = max_pixels;
     }
     options.validate().map_err(to_py)?;
-    let summary = py
-        .detach(|| {
-            let progress = PackProgressBar::new(quiet);
-            let summary = pack::convert(&source, &out, format, &options, &progress);
-            progress.finish();
-            summary
-        })
-        .map_err(to_py)?;
+    let progress = StoppableProgress {
+        bar: PackProgressBar::new(quiet),
+        stop: AtomicBool::new(false),
+    };
+    // The pack runs on its own thread while this one waits with the GIL released, waking to
+    // let Python handle signals: Ctrl-C stops the pack after its current chunk (what was
+    // committed stays for `resume=True`) and raises KeyboardInterrupt.
+    let summary = std::thread::scope(|scope| {
+        let pack = scope.spawn(|| pack::convert(&source, &out, format, &options, &progress));
+        loop {
+            py.detach(|| {
+                for _ in 0..10 {
+                    if pack.is_finished() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            });
+            if pack.is_finished() {
+                progress.bar.finish();
+                return pack
+                    .join()
+                    .unwrap_or_else(|_| Err(imagefeed::Error::Config("the pack panicked".into())))
+                    .map_err(to_py);
+            }
+            if let Err(interrupt) = py.check_signals() {
+                progress.stop.store(true, Ordering::Relaxed);
+                let stopped = py.detach(|| pack.join());
+                progress.bar.finish();
+                return match stopped {
+                    // Finished or failed before it saw the request: report that instead.
+                    Ok(Ok(_)) | Err(_) => Err(interrupt),
+                    Ok(Err(imagefeed::Error::Interrupted { .. })) => Err(interrupt),
+                    Ok(Err(other)) => Err(to_py(other)),
+                };
+            }
+        }
+    })?;
     serde_json::to_string(&summary).map_err(|e| config(format!("summary: {e}")))
 }
 

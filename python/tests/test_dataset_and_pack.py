@@ -119,3 +119,37 @@ def test_verify_reports_a_damaged_dataset(tree, tmp_path):
     out.write_bytes(data.replace(payload, bytes(damaged)))
     report = imagefeed.verify(out, against=tree)
     assert not report["ok"] and report["problems"]
+
+
+PACK_SCRIPT = """
+import sys, imagefeed
+imagefeed.pack(sys.argv[1], sys.argv[2], threads=1, resize=48, progress=False)
+"""
+
+
+def test_ctrl_c_stops_a_pack_keeping_its_progress_and_resume_finishes_it(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    src, out = tmp_path / "src", tmp_path / "out.lmdb"
+    imagefeed.synthesize(src, classes=4, per_class=300, size=(256, 192))
+    partial = tmp_path / "out.lmdb.partial"
+    proc = subprocess.Popen([sys.executable, "-c", PACK_SCRIPT, str(src), str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not partial.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.002)
+        proc.send_signal(signal.SIGINT)  # the pack is under way: 1,200 files, one thread
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert "KeyboardInterrupt" in err, err
+    assert partial.exists() and not out.exists(), "what was committed is kept, nothing looks complete"
+    with pytest.raises(imagefeed.IncompleteDatasetError):
+        imagefeed.Dataset(out)
+    summary = imagefeed.pack(src, out, threads=1, resize=48, resume=True, progress=False)
+    assert summary["samples"] == 1200 and summary["resumed_from"] < 1200
+    assert imagefeed.verify(out)["ok"]
