@@ -42,7 +42,7 @@ use crate::error::{Error, Result};
 use crate::pool::{BatchAllocator, BufferPool, HeapAllocator, PooledBuffer};
 use crate::rng::SampleRng;
 use crate::sampler::{Sampler, Sampling, Uneven};
-use crate::transform::{Layout, SampleTransformer, Transform};
+use crate::transform::{Geometry, Layout, SampleTransformer, Transform};
 
 /// What to do with a sample that cannot be read or decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -232,7 +232,33 @@ impl LoaderConfig {
         {
             return invalid("max_bad fraction must be in 0..1".into());
         }
-        self.transform.validate().map_err(Error::Config)
+        if self.max_pixels == 0 {
+            return invalid("max_pixels 0 would refuse every image".into());
+        }
+        self.transform.validate().map_err(Error::Config)?;
+        // An output image larger than the pixel limit could never be made: refusing it here
+        // keeps a typo (CenterCrop(65536)) from becoming a batch buffer allocation that aborts.
+        let output = match self.transform.geometry {
+            Geometry::Resize { short } => Some((u64::from(short), u64::from(short))),
+            _ => self
+                .transform
+                .fixed_size()
+                .map(|(w, h)| (u64::from(w), u64::from(h))),
+        };
+        if let Some((w, h)) = output
+            && w * h > self.max_pixels
+        {
+            return invalid(format!(
+                "the transform's output ({w}x{h}{}) exceeds max_pixels {}",
+                if matches!(self.transform.geometry, Geometry::Resize { .. }) {
+                    " at least"
+                } else {
+                    ""
+                },
+                self.max_pixels
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -454,6 +480,13 @@ impl Loader {
         allocator: Arc<dyn BatchAllocator>,
     ) -> Result<Loader> {
         config.validate()?;
+        if config.sampling.world_size > dataset.len().max(1) {
+            return Err(Error::Config(format!(
+                "world_size {} exceeds the dataset's {} samples: some ranks would get none",
+                config.sampling.world_size,
+                dataset.len()
+            )));
+        }
         let sampler = Sampler {
             len: dataset.len(),
             sampling: config.sampling,

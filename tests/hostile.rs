@@ -349,3 +349,30 @@ fn hostile_h5py_labels_are_bad_records_and_float_labels_are_refused() {
         "{err}"
     );
 }
+
+#[test]
+fn an_hdf5_key_that_is_not_utf8_is_an_error_naming_its_index_not_an_invalid_string() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("keys.h5");
+    pack::pack_image_folder(
+        &fixture_root(),
+        &out,
+        PackFormat::Hdf5,
+        &small_options(),
+        &NoProgress,
+    )
+    .unwrap();
+    let mut bytes = fs::read(&out).unwrap();
+    let key = b"class02/img00001.jpg";
+    let at = bytes
+        .windows(key.len())
+        .position(|w| w == key)
+        .expect("the key is stored as is");
+    bytes[at] = 0xFF; // no longer UTF-8
+    fs::write(&out, &bytes).unwrap();
+    let err = format::open(&out).unwrap_err();
+    assert!(
+        matches!(err, Error::CorruptRecord { .. }) && err.to_string().contains("not UTF-8"),
+        "{err}"
+    );
+}

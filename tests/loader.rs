@@ -1089,3 +1089,43 @@ fn a_timed_wait_gives_up_without_consuming_and_the_next_call_gets_the_same_batch
         Wait::Ready(None)
     ));
 }
+
+#[test]
+fn impossible_sizes_are_configuration_errors_not_allocations() {
+    let dir = tempfile::tempdir().unwrap();
+    let (encoded, _, _) = datasets(dir.path());
+    let refused = |config: LoaderConfig| {
+        let Err(err) = Loader::new(Arc::clone(&encoded), config) else {
+            panic!("accepted");
+        };
+        assert!(matches!(err, Error::Config(_)), "{err}");
+        err.to_string()
+    };
+    let crop = |w, h| Transform {
+        geometry: Geometry::CenterCrop {
+            width: w,
+            height: h,
+        },
+        ..Transform::cifar()
+    };
+    let message = refused(config(crop(1 << 16, 1 << 16), 1, 1));
+    assert!(
+        message.contains("65536x65536") && message.contains("max_pixels"),
+        "{message}"
+    );
+    refused(config(crop(1, u32::MAX), 1, 1));
+    let resize = Transform {
+        geometry: Geometry::Resize { short: 100_000 },
+        ..Transform::cifar()
+    };
+    refused(config(resize, 1, 1));
+    let message = refused(config(Transform::cifar(), 1, 1).with_rank(0, 1 << 40));
+    assert!(message.contains("world_size"), "{message}");
+    refused(config(Transform::cifar(), 1, 1).with_max_pixels(0));
+    // At the limit is fine.
+    Loader::new(
+        Arc::clone(&encoded),
+        config(crop(64, 64), 1, 1).with_max_pixels(64 * 64),
+    )
+    .unwrap();
+}

@@ -52,7 +52,10 @@ class Dataset:
         self._native: Optional[_native.NativeDataset] = None
         self._pid: Optional[int] = None
         # Open once here so a wrong path fails at construction, and len()/classes are known.
-        native = self._handle()
+        try:
+            native = self._handle()
+        except (OverflowError, TypeError) as e:
+            raise errors.ConfigError(f"invalid Dataset argument: {e}") from None
         self._len = len(native)
         self.classes: List[str] = native.classes
         self.format: str = native.format
@@ -74,6 +77,8 @@ class Dataset:
                 index = index.__index__()
             except AttributeError:
                 raise TypeError(f"dataset indices must be integers, not {type(index).__name__}") from None
+        if not -self._len <= index < self._len:
+            raise IndexError(f"index {index} is out of range for a dataset of {self._len} samples")
         native = self._handle()
         if self.decode == "numpy":
             import numpy  # noqa: PLC0415
@@ -86,8 +91,12 @@ class Dataset:
             if self.decode == "pil":
                 from PIL import Image  # noqa: PLC0415
 
-                image = Image.open(io.BytesIO(payload))
-                sample = image.convert("RGB")
+                try:
+                    sample = Image.open(io.BytesIO(payload)).convert("RGB")
+                except Exception as e:  # PIL's own errors, a decompression bomb among them
+                    bad = errors.BadSampleError(f"sample {index} ({_key}): PIL: {e}")
+                    bad.index, bad.key, bad.reason, bad.path = index, _key, str(e), self.path
+                    raise bad from e
         if self.transform is not None:
             sample = self.transform(sample)
         target: Any = label

@@ -192,6 +192,8 @@ class Loader:
     ):
         if output not in _OUTPUTS:
             raise errors.ConfigError(f"output {output!r}: must be one of {', '.join(_OUTPUTS)}")
+        if not isinstance(device, str) or not (device == "cpu" or device.startswith("cuda")):
+            raise errors.ConfigError(f"device {device!r}: must be \"cpu\" or \"cuda[:N]\"")
         if transform is None:
             transform = _no_transform()
         if not isinstance(transform, Transform):
@@ -234,28 +236,15 @@ class Loader:
             # The workers write u8 NHWC into page-locked memory; the GPU converts and normalizes.
             spec = {k: v for k, v in spec.items() if k not in ("mean", "std")}
             host_dtype, host_layout = "uint8", "NHWC"
-        self._native = _native.NativeLoader(
-            os.fspath(path),
-            batch_size=batch_size,
-            workers=workers,
-            seed=seed,
-            prefetch=prefetch,
-            shuffle=shuffle,
-            drop_last=drop_last,
-            rank=rank,
-            world_size=world_size,
-            uneven=uneven,
-            transform=spec,
-            dtype=host_dtype,
-            layout=host_layout,
-            bad_samples=bad_samples,
-            max_bad=max_bad,
-            max_pixels=max_pixels,
-            hdf5_images=hdf5_images,
-            hdf5_labels=hdf5_labels,
-            label_base=label_base,
-            pinned_device=pinned_device,
-        )
+        try:
+            native = self._make_native(
+                path, batch_size, workers, seed, prefetch, shuffle, drop_last, rank, world_size,
+                uneven, spec, host_dtype, host_layout, bad_samples, max_bad, max_pixels,
+                hdf5_images, hdf5_labels, label_base, pinned_device,
+            )
+        except (OverflowError, TypeError) as e:
+            raise errors.ConfigError(f"invalid Loader argument: {e}") from None
+        self._native = native
         self.batch_size = batch_size
         self.device = device
         self.rank = rank
@@ -270,10 +259,48 @@ class Loader:
         self._last_bad: List[BadSample] = []
         # Each loop gets a generation: an old, abandoned iterator must not stop a newer loop.
         self._gen = 0
+        self._ahead = False
+        self._pid = os.getpid()
         # Buffers a loader needs with nothing kept: one per batch in flight, the one being
         # handed over, and the one the trainer is using (with a GPU: two being copied).
         self._steady_buffers = prefetch + 2 + (2 if self._cuda is not None else 0)
         self._warned = False
+
+    @staticmethod
+    def _make_native(path, batch_size, workers, seed, prefetch, shuffle, drop_last, rank, world_size,
+                     uneven, spec, dtype, layout, bad_samples, max_bad, max_pixels, hdf5_images,
+                     hdf5_labels, label_base, pinned_device):
+        for name, value in (("shuffle", shuffle), ("drop_last", drop_last)):
+            if not isinstance(value, bool):
+                raise errors.ConfigError(f"{name} {value!r}: must be True or False")
+        for name, value in (("prefetch", prefetch), ("max_pixels", max_pixels), ("label_base", label_base)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise errors.ConfigError(f"{name} {value!r}: must be a non-negative int")
+        for name, value in (("dtype", dtype), ("layout", layout), ("uneven", uneven), ("bad_samples", bad_samples)):
+            if not isinstance(value, str):
+                raise errors.ConfigError(f"{name} {value!r}: must be a string")
+        return _native.NativeLoader(
+            os.fspath(path),
+            batch_size=batch_size,
+            workers=workers,
+            seed=seed,
+            prefetch=prefetch,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            rank=rank,
+            world_size=world_size,
+            uneven=uneven,
+            transform=spec,
+            dtype=dtype,
+            layout=layout,
+            bad_samples=bad_samples,
+            max_bad=max_bad,
+            max_pixels=max_pixels,
+            hdf5_images=hdf5_images,
+            hdf5_labels=hdf5_labels,
+            label_base=label_base,
+            pinned_device=pinned_device,
+        )
 
     # -- the epoch -------------------------------------------------------------------------
 
@@ -286,16 +313,27 @@ class Loader:
 
     @property
     def epoch(self) -> int:
-        """The epoch the current (or next) loop runs."""
+        """The epoch of the loop in progress, else the one the next loop runs."""
+        if self._epoch_set is not None and not self._resumed:
+            return self._epoch_set
         if self._epoch is not None:
             return self._epoch
-        return self._epoch_set if self._epoch_set is not None else self._next_epoch
+        return self._next_epoch
+
+    def _check_process(self) -> None:
+        if os.getpid() != self._pid:
+            raise errors.ConfigError(
+                "this Loader was made in another process: its worker threads do not survive a "
+                "fork; make the Loader in the process that iterates it (imagefeed.Dataset is the "
+                "fork-safe, picklable one)"
+            )
 
     def __len__(self) -> int:
         """Batches per epoch on this rank."""
         return len(self._native)
 
     def __iter__(self) -> Iterator[Tuple[Any, Any]]:
+        self._check_process()
         if self._resumed:
             self._resumed = False
         else:
@@ -312,13 +350,19 @@ class Loader:
         native = self._native
         convert = self._convert
         cuda = self._cuda
-        pending = None
+        pending = None  # CUDA: the batch whose copy is under way, not handed over yet
+        # True from the moment a batch is asked for until it is handed over: an exception in
+        # between (Ctrl-C) means the trainer never saw it, and the position must not count it.
+        # The flag is cleared right before `yield`, with no call in between, so no signal
+        # handler can run between the two.
+        undelivered = False
         try:
             while True:
                 if gen != self._gen:
                     raise errors.ConfigError(
                         "this iterator was superseded: a newer loop over the loader started"
                     )
+                undelivered = True
                 try:
                     parts = native.next_batch()
                 except errors.TooManyBadSamplesError as e:
@@ -335,22 +379,32 @@ class Loader:
                 if not self._warned and native.pool_allocations > self._steady_buffers:
                     self._warn_growth()
                 if cuda is None:
-                    yield convert(images), convert(labels)
+                    item = (convert(images), convert(labels))
+                    undelivered = False
+                    yield item
                     continue
                 # One batch ahead: this batch's copy is issued before the previous one is
-                # handed over, so it runs while the trainer computes on that one.
+                # handed over, so it runs while the trainer computes on that one. While the
+                # trainer holds the previous batch, the position excludes this one.
                 staged = cuda.stage(images, labels)
-                if pending is not None:
-                    yield cuda.finish(pending)
+                if pending is None:
+                    pending = staged
+                    continue
+                item = cuda.finish(pending)
                 pending = staged
+                self._ahead = True
+                undelivered = False
+                yield item
+            self._ahead = False
             if pending is not None:
-                ready, pending = pending, None
-                yield cuda.finish(ready)
+                item, pending = cuda.finish(pending), None
+                yield item
         finally:
+            self._ahead = False
             # A loop left early (break, an exception, Ctrl-C) cancels the batches in flight and
-            # keeps the position for state_dict().
+            # keeps the position for state_dict(), without a batch fetched but never handed over.
             if gen == self._gen:
-                native.stop()
+                native.stop(undelivered or pending is not None)
 
     def _convert(self, array: Any) -> Any:
         if self._torch is not None:
@@ -378,17 +432,21 @@ class Loader:
     # -- resume ----------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        """Where the loader stands: the next batch the current epoch would give (after a
-        finished epoch, the start of the next one). Plain JSON types, for ``torch.save``."""
-        state = json.loads(self._native.state(self.epoch))
-        return {"imagefeed_loader_state": state}
+        """Where the loader stands: the next batch the current epoch would give the trainer
+        (after a finished epoch, the start of the next one; after ``set_epoch(e)``, the start of
+        epoch ``e``). Plain JSON types, for ``torch.save``."""
+        self._check_process()
+        fresh = self._epoch_set is not None and not self._resumed
+        state = self._native.state(self.epoch, fresh=fresh, before_last=self._ahead)
+        return {"imagefeed_loader_state": json.loads(state)}
 
     def load_state_dict(self, state: dict) -> None:
         """Makes the next ``for`` loop continue the saved epoch at its next batch. Raises
         :class:`~imagefeed.errors.StateMismatchError` when the state was saved with another seed,
         batch size, shuffle, transform, bad-sample policy or dataset (the rank and world size may
         differ: the rest of the epoch is dealt out again)."""
-        if not isinstance(state, dict) or "imagefeed_loader_state" not in state:
+        self._check_process()
+        if not isinstance(state, dict) or not isinstance(state.get("imagefeed_loader_state"), dict):
             raise errors.ConfigError("not an imagefeed Loader.state_dict()")
         inner = dict(state["imagefeed_loader_state"])
         epoch, remaining = self._native.resume(json.dumps(inner))

@@ -45,7 +45,19 @@ def pack(
 
     Returns the summary the CLI prints (also written beside the output as a report).
     """
-    summary = _native.pack_dataset(
+    try:
+        summary = _pack(source, out, format, resize, quality, raw, strict, resume, force, threads,
+                        shard_bytes, label_base, part, max_pixels, progress)
+    except (OverflowError, TypeError) as e:
+        from .errors import ConfigError
+
+        raise ConfigError(f"invalid pack argument: {e}") from None
+    return json.loads(summary)
+
+
+def _pack(source, out, format, resize, quality, raw, strict, resume, force, threads, shard_bytes,
+          label_base, part, max_pixels, progress):
+    return _native.pack_dataset(
         os.fspath(source),
         os.fspath(out),
         format=format,
@@ -62,7 +74,6 @@ def pack(
         max_pixels=max_pixels,
         quiet=not progress,
     )
-    return json.loads(summary)
 
 
 def inspect(path: PathLike) -> dict:

@@ -18,6 +18,7 @@ the pixels. Random decisions come from each sample's own generator, seeded by
 
 from __future__ import annotations
 
+import math
 from typing import Sequence, Tuple, Union
 
 __all__ = [
@@ -138,8 +139,10 @@ class Normalize(_Step):
     def __init__(self, mean: Sequence[float], std: Sequence[float]):
         if len(mean) != 3 or len(std) != 3:
             raise ValueError("Normalize: mean and std need three values (RGB)")
-        if any(float(s) <= 0 for s in std):
-            raise ValueError(f"Normalize: std {tuple(std)!r} must be positive")
+        if not all(math.isfinite(float(m)) for m in mean):
+            raise ValueError(f"Normalize: mean {tuple(mean)!r} must be finite")
+        if not all(math.isfinite(float(s)) and float(s) >= 1e-6 for s in std):
+            raise ValueError(f"Normalize: std {tuple(std)!r} must be finite and at least 1e-6")
         self.mean = tuple(float(m) for m in mean)
         self.std = tuple(float(s) for s in std)
 

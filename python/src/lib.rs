@@ -134,7 +134,8 @@ fn pack_dataset(
                 let stopped = py.detach(|| pack.join());
                 progress.bar.finish();
                 return match stopped {
-                    // Finished or failed before it saw the request: report that instead.
+                    // Finished before it saw the request (the output is complete) or panicked:
+                    // the interrupt still propagates.
                     Ok(Ok(_)) | Err(_) => Err(interrupt),
                     Ok(Err(imagefeed::Error::Interrupted { .. })) => Err(interrupt),
                     Ok(Err(other)) => Err(to_py(other)),

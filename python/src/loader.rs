@@ -29,6 +29,9 @@ struct Current {
     epoch: Option<Epoch>,
     /// The state of an epoch put aside (interrupted, or left by a `break`).
     stopped: Option<LoaderState>,
+    /// The epoch's state before the last batch `next_batch` returned: where it stands if Python
+    /// never handed that batch to the trainer (an exception between the two).
+    before_last: Option<LoaderState>,
 }
 
 /// The Rust loader behind `imagefeed.Loader`.
@@ -312,6 +315,7 @@ impl NativeLoader {
         let mut current = self.current(py);
         current.epoch = None; // cancels its batches in flight before the new ones are queued
         current.stopped = None;
+        current.before_last = None;
         current.epoch = Some(self.loader.epoch(epoch));
     }
 
@@ -326,6 +330,7 @@ impl NativeLoader {
         let mut current = self.current(py);
         current.epoch = Some(epoch);
         current.stopped = None;
+        current.before_last = None;
         Ok((number, remaining))
     }
 
@@ -339,9 +344,11 @@ impl NativeLoader {
     /// waiting; a signal handler that raises (Ctrl-C) puts the epoch aside and propagates.
     fn next_batch(&self, py: Python<'_>) -> PyResult<Option<BatchParts>> {
         let mut current = self.current(py);
+        current.before_last = None;
         let Some(epoch) = current.epoch.as_mut() else {
             return Err(config("no epoch in progress: iterate the loader"));
         };
+        let before = epoch.state();
         let batch = loop {
             match py.detach(|| epoch.next_timeout(SIGNAL_POLL)) {
                 Wait::Ready(None) => return Ok(None),
@@ -379,14 +386,27 @@ impl NativeLoader {
         let images = HostArray::new(Arc::new(memory), &shape, element)?;
         let n = labels.len();
         let labels = HostArray::new(Arc::new(HostMemory::from_vec(labels)), &[n], Element::I64)?;
+        current.before_last = Some(before);
         Ok(Some((images, labels, samples, bad)))
     }
 
-    /// JSON of where the epoch in progress stands; if none is, where the last one stopped, or
-    /// else the start of epoch `epoch`.
-    fn state(&self, py: Python<'_>, epoch: u64) -> PyResult<String> {
+    /// JSON of where the epoch in progress stands (`before_last`: as if the last batch returned
+    /// had not been, for a batch Python holds but has not handed over); if none is, where the
+    /// last one stopped; with neither, or with `fresh`, the start of epoch `epoch`.
+    #[pyo3(signature = (epoch, *, fresh=false, before_last=false))]
+    fn state(
+        &self,
+        py: Python<'_>,
+        epoch: u64,
+        fresh: bool,
+        before_last: bool,
+    ) -> PyResult<String> {
         let current = self.current(py);
         let state = match (&current.epoch, &current.stopped) {
+            _ if fresh => self.loader.epoch(epoch).state(),
+            (Some(_), _) if before_last && current.before_last.is_some() => {
+                current.before_last.clone().expect("checked")
+            }
             (Some(e), _) => e.state(),
             (None, Some(stopped)) => stopped.clone(),
             (None, None) => self.loader.epoch(epoch).state(),
@@ -395,11 +415,17 @@ impl NativeLoader {
     }
 
     /// Puts the epoch in progress aside: its batches in flight are cancelled, its position is
-    /// kept for `state`.
-    fn stop(&self, py: Python<'_>) {
+    /// kept for `state`. `undo_last`: the last batch returned never reached the trainer, so the
+    /// position is the one before it.
+    #[pyo3(signature = (undo_last=false))]
+    fn stop(&self, py: Python<'_>, undo_last: bool) {
         let mut current = self.current(py);
+        let before_last = current.before_last.take();
         if let Some(epoch) = current.epoch.take() {
-            current.stopped = Some(epoch.state());
+            current.stopped = Some(match before_last {
+                Some(before) if undo_last => before,
+                _ => epoch.state(),
+            });
         }
     }
 

@@ -446,3 +446,92 @@ def test_ctrl_c_while_waiting_for_a_batch_raises_keyboardinterrupt_and_stops(tmp
     assert "KeyboardInterrupt" in err, err
     assert proc.returncode != 0
     assert elapsed < 5, f"took {elapsed:.1f} s to stop"
+
+
+def test_a_batch_fetched_but_never_handed_over_is_not_counted_as_delivered(lmdb_path):
+    # Ctrl-C can land after the native call returned a batch and before `yield` hands it over;
+    # an exception raised while converting the batch stands in for it, deterministically.
+    l = loader(lmdb_path, seed=8)
+    calls = 0
+    convert = l._convert
+
+    def interrupting(array):
+        nonlocal calls
+        calls += 1
+        if calls == 2 * 5 + 1:  # the sixth batch's images
+            raise KeyboardInterrupt
+        return convert(array)
+
+    l._convert = interrupting
+    delivered = []
+    with pytest.raises(KeyboardInterrupt):
+        for x, y in l:
+            delivered.append((x.copy(), y.copy()))
+    assert len(delivered) == 5
+    state = l.state_dict()
+    assert state["imagefeed_loader_state"]["next_batch"] == 5
+    resumed = loader(lmdb_path, seed=8)
+    resumed.load_state_dict(state)
+    reference = loader(lmdb_path, seed=8)
+    assert epoch_digest(delivered + [(x.copy(), y.copy()) for x, y in resumed]) == epoch_digest(reference)
+
+
+def test_state_dict_after_set_epoch_starts_that_epoch(lmdb_path):
+    l = loader(lmdb_path, seed=3)
+    it = iter(l)
+    next(it)
+    next(it)
+    del it
+    l.set_epoch(10)
+    assert l.epoch == 10
+    state = l.state_dict()["imagefeed_loader_state"]
+    assert (state["epoch"], state["next_batch"]) == (10, 0)
+    fresh = loader(lmdb_path, seed=3)
+    fresh.load_state_dict(l.state_dict())
+    l.set_epoch(10)
+    assert epoch_digest(fresh) == epoch_digest(l)
+
+
+def _iterate_in_child(l, conn):
+    try:
+        next(iter(l))
+        conn.send("iterated")
+    except imagefeed.ConfigError as e:
+        conn.send(f"ConfigError: {e}")
+
+
+def test_a_loader_used_in_a_forked_child_raises_instead_of_hanging(lmdb_path):
+    import multiprocessing
+
+    l = loader(lmdb_path)
+    next(iter(l))
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_iterate_in_child, args=(l, child))
+    proc.start()
+    assert parent.poll(30), "the child hung"
+    message = parent.recv()
+    proc.join(30)
+    assert message.startswith("ConfigError") and "fork" in message, message
+
+
+def test_wrong_argument_types_and_ranges_are_imagefeed_errors(lmdb_path):
+    for bad in [dict(prefetch=-1), dict(prefetch=2**64), dict(prefetch=1.5), dict(prefetch=True),
+                dict(max_pixels=-1), dict(max_pixels=0), dict(label_base=-1), dict(seed=2**64),
+                dict(batch_size=2**64), dict(shuffle=None), dict(drop_last="yes"), dict(dtype=None),
+                dict(uneven=None), dict(device=None), dict(device="cpu:0"),
+                dict(transform=T.CenterCrop(1 << 16) and T.Compose([T.CenterCrop(1 << 16)])),
+                dict(rank=0, world_size=2**40)]:
+        with pytest.raises(imagefeed.ConfigError):
+            loader(lmdb_path, **bad)
+    with pytest.raises(ValueError):
+        T.Normalize((0.5, 0.5, 0.5), (float("nan"), 1, 1))
+    with pytest.raises(imagefeed.ConfigError):
+        loader(lmdb_path).load_state_dict({"imagefeed_loader_state": None})
+    with pytest.raises(imagefeed.ConfigError):
+        imagefeed.pack(lmdb_path, lmdb_path.parent / "q.lmdb", quality=300, progress=False)
+    ds = imagefeed.Dataset(lmdb_path)
+    with pytest.raises(IndexError):
+        ds[2**63]
+    with pytest.raises(imagefeed.ConfigError):
+        imagefeed.Dataset(lmdb_path, max_pixels=-1)

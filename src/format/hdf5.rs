@@ -491,7 +491,7 @@ pub(crate) fn is_own_file(path: &Path) -> bool {
     file.attr(INFO_ATTR)
         .and_then(|a| a.read_scalar::<VarLenUnicode>())
         .ok()
-        .and_then(|json| serde_json::from_str::<InfoRecord>(json.as_str()).ok())
+        .and_then(|json| serde_json::from_str::<InfoRecord>(checked_str(&json)?).ok())
         .is_some_and(|record| record.magic == MAGIC)
 }
 
@@ -546,7 +546,9 @@ fn open_imagefeed(path: &Path, file: &hdf5::File, file_len: u64) -> Result<Share
         .attr(INFO_ATTR)
         .and_then(|a| a.read_scalar())
         .map_err(h5("reading the imagefeed attribute"))?;
-    let record: InfoRecord = serde_json::from_str(json.as_str())
+    let json = checked_str(&json)
+        .ok_or_else(|| Error::not_a_dataset(path, "the imagefeed attribute is not UTF-8"))?;
+    let record: InfoRecord = serde_json::from_str(json)
         .map_err(|e| Error::not_a_dataset(path, format!("malformed imagefeed attribute: {e}")))?;
     crate::format::check_layout(
         path,
@@ -593,7 +595,7 @@ fn open_imagefeed(path: &Path, file: &hdf5::File, file_len: u64) -> Result<Share
             data_offset,
             data_len,
             offsets,
-            keys: keys.iter().map(|k| k.as_str().to_string()).collect(),
+            keys: utf8_keys(path, &keys)?,
         },
         notices: Vec::new(),
     })
@@ -827,15 +829,46 @@ fn open_foreign(
     })
 }
 
+/// The stored keys as strings. `VarLenUnicode::as_str` does not check its bytes, so each is
+/// checked here: a key that is not UTF-8 is an error naming its index, never an invalid string.
+fn utf8_keys(path: &Path, keys: &[VarLenUnicode]) -> Result<Vec<String>> {
+    keys.iter()
+        .enumerate()
+        .map(|(index, k)| {
+            std::str::from_utf8(k.as_bytes())
+                .map(str::to_owned)
+                .map_err(|e| Error::CorruptRecord {
+                    path: path.to_path_buf(),
+                    index,
+                    key: "?".into(),
+                    reason: format!("the stored key is not UTF-8: {e}"),
+                })
+        })
+        .collect()
+}
+
+/// A stored string checked as UTF-8 (`VarLenUnicode::as_str` does not check).
+fn checked_str(s: &VarLenUnicode) -> Option<&str> {
+    std::str::from_utf8(s.as_bytes()).ok()
+}
+
 /// The `classes` attribute of `location` as strings, when it has one.
 fn class_names(location: &hdf5::Location) -> Option<Vec<String>> {
     let attr = location.attr(CLASSES_ATTR).ok()?;
     if let Ok(names) = attr.read_raw::<VarLenUnicode>() {
-        return Some(names.iter().map(|s| s.as_str().to_string()).collect());
+        return names
+            .iter()
+            .map(|s| checked_str(s).map(str::to_owned))
+            .collect();
     }
     attr.read_raw::<hdf5::types::VarLenAscii>()
         .ok()
-        .map(|names| names.iter().map(|s| s.as_str().to_string()).collect())
+        .and_then(|names| {
+            names
+                .iter()
+                .map(|s| std::str::from_utf8(s.as_bytes()).ok().map(str::to_owned))
+                .collect()
+        })
 }
 
 impl Dataset for Hdf5 {
