@@ -35,7 +35,7 @@ from .errors import (
     TooManyBadSamplesError,
 )
 from .loader import BadSample, Loader
-from .packing import inspect, pack, synthesize, verify
+from .packing import inspect, join, pack, synthesize, verify
 
 __all__ = [
     "__version__",
@@ -43,6 +43,7 @@ __all__ = [
     "BadSample",
     "Dataset",
     "pack",
+    "join",
     "inspect",
     "verify",
     "synthesize",

@@ -8,7 +8,7 @@ from typing import Optional, Tuple, Union
 
 from . import _native
 
-__all__ = ["pack", "inspect", "verify", "synthesize"]
+__all__ = ["pack", "join", "inspect", "verify", "synthesize"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -74,6 +74,32 @@ def _pack(source, out, format, resize, quality, raw, strict, resume, force, thre
         max_pixels=max_pixels,
         quiet=not progress,
     )
+
+
+def join(
+    parts,
+    out: PathLike,
+    format: str = "lmdb",
+    *,
+    resume: bool = False,
+    force: bool = False,
+    threads: Optional[int] = None,
+    shard_bytes: Optional[int] = None,
+    progress: bool = True,
+) -> dict:
+    """Joins the parts of a split pack (``pack(src, part_i, part=(i, n))`` for each i, in any
+    order, e.g. one per job of an array) into ``out``: the same dataset an unsplit pack would
+    have written. Payloads are copied, not decoded again. Returns the summary."""
+    try:
+        summary = _native.join_parts(
+            [os.fspath(p) for p in parts], os.fspath(out), format=format, resume=resume, force=force,
+            threads=threads, shard_bytes=shard_bytes, quiet=not progress,
+        )
+    except (OverflowError, TypeError) as e:
+        from .errors import ConfigError
+
+        raise ConfigError(f"invalid join argument: {e}") from None
+    return json.loads(summary)
 
 
 def inspect(path: PathLike) -> dict:

@@ -104,15 +104,26 @@ fn pack_dataset(
         options.max_pixels = max_pixels;
     }
     options.validate().map_err(to_py)?;
+    let summary = run_interruptibly(py, quiet, |observer| {
+        pack::convert(&source, &out, format, &options, observer)
+    })?;
+    serde_json::to_string(&summary).map_err(|e| config(format!("summary: {e}")))
+}
+
+/// Runs a pack (`work`, given the observer to report to) on its own thread while this one
+/// waits with the GIL released, waking every 50 ms to let Python handle signals: Ctrl-C stops
+/// the pack after its current chunk (what was committed stays for `resume=True`) and raises
+/// KeyboardInterrupt.
+fn run_interruptibly<F>(py: Python<'_>, quiet: bool, work: F) -> PyResult<pack::PackSummary>
+where
+    F: FnOnce(&StoppableProgress) -> imagefeed::Result<pack::PackSummary> + Send,
+{
     let progress = StoppableProgress {
         bar: PackProgressBar::new(quiet),
         stop: AtomicBool::new(false),
     };
-    // The pack runs on its own thread while this one waits with the GIL released, waking to
-    // let Python handle signals: Ctrl-C stops the pack after its current chunk (what was
-    // committed stays for `resume=True`) and raises KeyboardInterrupt.
-    let summary = std::thread::scope(|scope| {
-        let pack = scope.spawn(|| pack::convert(&source, &out, format, &options, &progress));
+    std::thread::scope(|scope| {
+        let pack = scope.spawn(|| work(&progress));
         loop {
             py.detach(|| {
                 for _ in 0..10 {
@@ -142,6 +153,37 @@ fn pack_dataset(
                 };
             }
         }
+    })
+}
+
+/// Joins the parts of a split pack (`pack(..., part=(i, n))`) into one dataset at `out`,
+/// identical to an unsplit pack; returns the summary as JSON.
+#[pyfunction]
+#[pyo3(signature = (parts, out, *, format, resume=false, force=false, threads=None, shard_bytes=None, quiet=false))]
+#[allow(clippy::too_many_arguments)]
+fn join_parts(
+    py: Python<'_>,
+    parts: Vec<PathBuf>,
+    out: PathBuf,
+    format: &str,
+    resume: bool,
+    force: bool,
+    threads: Option<usize>,
+    shard_bytes: Option<u64>,
+    quiet: bool,
+) -> PyResult<String> {
+    let format = pack_format(format)?;
+    let mut options = PackOptions {
+        mode: StartMode { resume, force },
+        threads,
+        ..PackOptions::default()
+    };
+    if let Some(bytes) = shard_bytes {
+        options.shard_bytes = bytes;
+    }
+    options.validate().map_err(to_py)?;
+    let summary = run_interruptibly(py, quiet, |observer| {
+        pack::join(&parts, &out, format, &options, observer)
     })?;
     serde_json::to_string(&summary).map_err(|e| config(format!("summary: {e}")))
 }
@@ -201,6 +243,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dataset::NativeDataset>()?;
     m.add_class::<dlpack::HostArray>()?;
     m.add_function(wrap_pyfunction!(pack_dataset, m)?)?;
+    m.add_function(wrap_pyfunction!(join_parts, m)?)?;
     m.add_function(wrap_pyfunction!(inspect_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(verify_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(synthesize, m)?)?;

@@ -153,3 +153,20 @@ def test_ctrl_c_stops_a_pack_keeping_its_progress_and_resume_finishes_it(tmp_pat
     summary = imagefeed.pack(src, out, threads=1, resize=48, resume=True, progress=False)
     assert summary["samples"] == 1200 and summary["resumed_from"] < 1200
     assert imagefeed.verify(out)["ok"]
+
+
+def test_a_split_pack_joins_into_the_unsplit_dataset(tree, tmp_path):
+    whole = tmp_path / "whole.lmdb"
+    imagefeed.pack(tree, whole, progress=False)
+    parts = [tmp_path / f"part{i}.lmdb" for i in range(3)]
+    for i, part in enumerate(parts):
+        imagefeed.pack(tree, part, part=(i, 3), progress=False)
+    joined = tmp_path / "joined.lmdb"
+    summary = imagefeed.join(reversed(parts), joined, progress=False)
+    assert summary["samples"] == 240
+    a, b = imagefeed.Dataset(whole), imagefeed.Dataset(joined)
+    assert [a.key(i) for i in range(240)] == [b.key(i) for i in range(240)]
+    assert all(a[i] == b[i] for i in range(240))
+    assert imagefeed.verify(joined, against=tree)["ok"]
+    with pytest.raises(imagefeed.Error):
+        imagefeed.join(parts[:2], tmp_path / "short.lmdb", progress=False)
