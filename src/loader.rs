@@ -1068,7 +1068,14 @@ impl Worker {
         let result = fill();
         times.add_to(&shared.counters);
         result?;
-        let (width, height) = collator.size.as_ref().map_or((0, 0), |s| (s.0, s.1));
+        // A batch left with no sample keeps the transform's size when it has one, so that its
+        // shape is still [0, 3, h, w] (only a native-size batch with no image has no size).
+        let (width, height) = collator
+            .size
+            .as_ref()
+            .map(|s| (s.0, s.1))
+            .or_else(|| config.transform.fixed_size())
+            .unwrap_or((0, 0));
         let mut data = collator
             .buffer
             .take()

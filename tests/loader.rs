@@ -1129,3 +1129,26 @@ fn impossible_sizes_are_configuration_errors_not_allocations() {
     )
     .unwrap();
 }
+
+#[test]
+fn a_batch_left_empty_keeps_the_transforms_size() {
+    let loader = Loader::new(
+        format::open(fixture_root()).unwrap(),
+        LoaderConfig::default()
+            .with_batch_size(4)
+            .with_shuffle(false)
+            .with_transform(Transform {
+                geometry: Geometry::CenterCrop {
+                    width: 8,
+                    height: 6,
+                },
+                ..Transform::cifar()
+            }),
+    )
+    .unwrap();
+    let batches: Vec<_> = loader.epoch(0).map(Result::unwrap).collect();
+    // Fixture order: class01's four bad files are samples 8..12, i.e. batch 2.
+    assert_eq!(batches[2].shape, [0, 3, 6, 8]);
+    assert!(batches[2].bytes().is_empty());
+    assert_eq!(batches[1].shape, [4, 3, 6, 8]);
+}
