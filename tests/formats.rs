@@ -871,3 +871,43 @@ fn bytes_appended_to_a_shard_of_ours_are_refused() {
         "{err}"
     );
 }
+
+#[test]
+fn a_staging_directory_killed_before_its_first_record_is_replaced_by_force_and_nothing_else_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("d.h5");
+    let partial = pack::partial_path(&out);
+    // A pack killed between writing its progress record's temporary file and renaming it.
+    fs::create_dir(&partial).unwrap();
+    fs::write(partial.join("progress.json.tmp"), "{\"magic\": \"imag").unwrap();
+    assert!(format::is_own_output(&partial));
+    let forced = PackOptions {
+        mode: StartMode {
+            force: true,
+            resume: false,
+        },
+        ..small_options()
+    };
+    pack::pack_image_folder(
+        &support::fixture_root(),
+        &out,
+        PackFormat::Hdf5,
+        &forced,
+        &pack::NoProgress,
+    )
+    .unwrap();
+    assert!(
+        verify::verify(&out, Some(&support::fixture_root()))
+            .unwrap()
+            .is_ok()
+    );
+    // A .tmp file beside anything else, or named like nothing of ours, is not ours.
+    let other = dir.path().join("other.partial");
+    fs::create_dir(&other).unwrap();
+    fs::write(other.join("progress.json.tmp"), "x").unwrap();
+    fs::write(other.join("notes.txt"), "mine").unwrap();
+    assert!(!format::is_own_output(&other));
+    fs::remove_file(other.join("notes.txt")).unwrap();
+    fs::write(other.join("thesis.tmp"), "mine").unwrap();
+    assert!(!format::is_own_output(&other));
+}

@@ -259,7 +259,7 @@ class Loader:
         self._last_bad: List[BadSample] = []
         # Each loop gets a generation: an old, abandoned iterator must not stop a newer loop.
         self._gen = 0
-        self._ahead = False
+        self._handed = 0
         self._pid = os.getpid()
         # Buffers a loader needs with nothing kept: one per batch in flight, the one being
         # handed over, and the one the trainer is using (with a GPU: two being copied).
@@ -340,6 +340,7 @@ class Loader:
             epoch = self._epoch_set if self._epoch_set is not None else self._next_epoch
             self._epoch_set = None
             self._native.begin(epoch)
+            self._handed = 0
             self._gen += 1
             self._epoch = epoch
             self._bad = []
@@ -351,18 +352,17 @@ class Loader:
         convert = self._convert
         cuda = self._cuda
         pending = None  # CUDA: the batch whose copy is under way, not handed over yet
-        # True from the moment a batch is asked for until it is handed over: an exception in
-        # between (Ctrl-C) means the trainer never saw it, and the position must not count it.
-        # The flag is cleared right before `yield`, with no call in between, so no signal
-        # handler can run between the two.
-        undelivered = False
+        # Batches handed to the trainer in this loop. The native side counts the batches it
+        # returned; the difference (a batch held when an exception hits, one staged ahead on
+        # the GPU) is left out of the position. It is counted right before each `yield`, with
+        # no call in between, so no signal handler can run between the two.
+        handed = self._handed
         try:
             while True:
                 if gen != self._gen:
                     raise errors.ConfigError(
                         "this iterator was superseded: a newer loop over the loader started"
                     )
-                undelivered = True
                 try:
                     parts = native.next_batch()
                 except errors.TooManyBadSamplesError as e:
@@ -380,31 +380,31 @@ class Loader:
                     self._warn_growth()
                 if cuda is None:
                     item = (convert(images), convert(labels))
-                    undelivered = False
+                    handed += 1
+                    self._handed = handed
                     yield item
                     continue
                 # One batch ahead: this batch's copy is issued before the previous one is
-                # handed over, so it runs while the trainer computes on that one. While the
-                # trainer holds the previous batch, the position excludes this one.
+                # handed over, so it runs while the trainer computes on that one.
                 staged = cuda.stage(images, labels)
                 if pending is None:
                     pending = staged
                     continue
                 item = cuda.finish(pending)
                 pending = staged
-                self._ahead = True
-                undelivered = False
+                handed += 1
+                self._handed = handed
                 yield item
-            self._ahead = False
             if pending is not None:
                 item, pending = cuda.finish(pending), None
+                handed += 1
+                self._handed = handed
                 yield item
         finally:
-            self._ahead = False
             # A loop left early (break, an exception, Ctrl-C) cancels the batches in flight and
-            # keeps the position for state_dict(), without a batch fetched but never handed over.
+            # keeps the position for state_dict(), without batches never handed over.
             if gen == self._gen:
-                native.stop(undelivered or pending is not None)
+                native.stop(self._handed)
 
     def _convert(self, array: Any) -> Any:
         if self._torch is not None:
@@ -437,7 +437,7 @@ class Loader:
         epoch ``e``). Plain JSON types, for ``torch.save``."""
         self._check_process()
         fresh = self._epoch_set is not None and not self._resumed
-        state = self._native.state(self.epoch, fresh=fresh, before_last=self._ahead)
+        state = self._native.state(self.epoch, fresh=fresh, handed=self._handed)
         return {"imagefeed_loader_state": json.loads(state)}
 
     def load_state_dict(self, state: dict) -> None:
@@ -450,6 +450,7 @@ class Loader:
             raise errors.ConfigError("not an imagefeed Loader.state_dict()")
         inner = dict(state["imagefeed_loader_state"])
         epoch, remaining = self._native.resume(json.dumps(inner))
+        self._handed = 0
         self._gen += 1
         if remaining == 0:
             # A finished epoch: continue with the next one.

@@ -2,9 +2,11 @@
 //!
 //! One [`NativeLoader`] owns an [`imagefeed::loader::Loader`] and at most one epoch in progress.
 //! Waiting for a batch releases the GIL and wakes up every [`SIGNAL_POLL`] to let Python run its
-//! signal handlers, so Ctrl-C raises `KeyboardInterrupt` within that time; the interrupted epoch
-//! is then put aside (its batches in flight cancelled, its position kept for `state_dict`).
+//! signal handlers, so Ctrl-C raises `KeyboardInterrupt` within that time; the Python loop then
+//! puts the epoch aside with `stop` (its batches in flight cancelled, its position kept for
+//! `state_dict`, counting only the batches it handed to the trainer).
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
 
@@ -29,9 +31,41 @@ struct Current {
     epoch: Option<Epoch>,
     /// The state of an epoch put aside (interrupted, or left by a `break`).
     stopped: Option<LoaderState>,
-    /// The epoch's state before the last batch `next_batch` returned: where it stands if Python
-    /// never handed that batch to the trainer (an exception between the two).
-    before_last: Option<LoaderState>,
+    /// Batches `next_batch` has returned in the epoch in progress.
+    returned: usize,
+    /// The epoch's state before each of the last [`HISTORY`] batches returned (oldest first):
+    /// where it stands if Python has not handed the last ones to the trainer (one held while an
+    /// exception hits, one more staged ahead on the GPU).
+    history: VecDeque<LoaderState>,
+}
+
+/// Batches returned but possibly not handed over that a position can step back over.
+const HISTORY: usize = 2;
+
+impl Current {
+    /// Forgets the epoch's bookkeeping (a new or resumed epoch starts).
+    fn reset(&mut self) {
+        self.stopped = None;
+        self.returned = 0;
+        self.history.clear();
+    }
+
+    /// Where the epoch in progress stands for a trainer that has been handed `handed` of the
+    /// batches returned (None: all of them).
+    fn position(&self, epoch: &Epoch, handed: Option<usize>) -> LoaderState {
+        let held = handed.map_or(0, |h| self.returned.saturating_sub(h));
+        match held {
+            0 => epoch.state(),
+            n if n <= self.history.len() => self.history[self.history.len() - n].clone(),
+            // More held than remembered cannot happen with the Python loop; be exact anyway
+            // about what is known.
+            _ => self
+                .history
+                .front()
+                .cloned()
+                .unwrap_or_else(|| epoch.state()),
+        }
+    }
 }
 
 /// The Rust loader behind `imagefeed.Loader`.
@@ -314,8 +348,7 @@ impl NativeLoader {
     fn begin(&self, py: Python<'_>, epoch: u64) {
         let mut current = self.current(py);
         current.epoch = None; // cancels its batches in flight before the new ones are queued
-        current.stopped = None;
-        current.before_last = None;
+        current.reset();
         current.epoch = Some(self.loader.epoch(epoch));
     }
 
@@ -329,8 +362,7 @@ impl NativeLoader {
         let (number, remaining) = (epoch.number(), epoch.remaining());
         let mut current = self.current(py);
         current.epoch = Some(epoch);
-        current.stopped = None;
-        current.before_last = None;
+        current.reset();
         Ok((number, remaining))
     }
 
@@ -344,7 +376,6 @@ impl NativeLoader {
     /// waiting; a signal handler that raises (Ctrl-C) puts the epoch aside and propagates.
     fn next_batch(&self, py: Python<'_>) -> PyResult<Option<BatchParts>> {
         let mut current = self.current(py);
-        current.before_last = None;
         let Some(epoch) = current.epoch.as_mut() else {
             return Err(config("no epoch in progress: iterate the loader"));
         };
@@ -354,12 +385,9 @@ impl NativeLoader {
                 Wait::Ready(None) => return Ok(None),
                 Wait::Ready(Some(result)) => break result.map_err(to_py)?,
                 Wait::TimedOut => {
-                    if let Err(interrupt) = py.check_signals() {
-                        let state = epoch.state();
-                        current.epoch = None;
-                        current.stopped = Some(state);
-                        return Err(interrupt);
-                    }
+                    // The epoch stays as it is: the caller's `stop` puts it aside, at the position
+                    // of the batches it actually handed over.
+                    py.check_signals()?;
                 }
             }
         };
@@ -386,46 +414,44 @@ impl NativeLoader {
         let images = HostArray::new(Arc::new(memory), &shape, element)?;
         let n = labels.len();
         let labels = HostArray::new(Arc::new(HostMemory::from_vec(labels)), &[n], Element::I64)?;
-        current.before_last = Some(before);
+        current.returned += 1;
+        if current.history.len() == HISTORY {
+            current.history.pop_front();
+        }
+        current.history.push_back(before);
         Ok(Some((images, labels, samples, bad)))
     }
 
-    /// JSON of where the epoch in progress stands (`before_last`: as if the last batch returned
-    /// had not been, for a batch Python holds but has not handed over); if none is, where the
-    /// last one stopped; with neither, or with `fresh`, the start of epoch `epoch`.
-    #[pyo3(signature = (epoch, *, fresh=false, before_last=false))]
+    /// JSON of where the epoch in progress stands for a trainer handed `handed` of the batches
+    /// returned (None: all); if none is in progress, where the last one stopped; with neither,
+    /// or with `fresh`, the start of epoch `epoch`.
+    #[pyo3(signature = (epoch, *, fresh=false, handed=None))]
     fn state(
         &self,
         py: Python<'_>,
         epoch: u64,
         fresh: bool,
-        before_last: bool,
+        handed: Option<usize>,
     ) -> PyResult<String> {
         let current = self.current(py);
         let state = match (&current.epoch, &current.stopped) {
             _ if fresh => self.loader.epoch(epoch).state(),
-            (Some(_), _) if before_last && current.before_last.is_some() => {
-                current.before_last.clone().expect("checked")
-            }
-            (Some(e), _) => e.state(),
+            (Some(e), _) => current.position(e, handed),
             (None, Some(stopped)) => stopped.clone(),
             (None, None) => self.loader.epoch(epoch).state(),
         };
         serde_json::to_string(&state).map_err(|e| config(format!("state: {e}")))
     }
 
-    /// Puts the epoch in progress aside: its batches in flight are cancelled, its position is
-    /// kept for `state`. `undo_last`: the last batch returned never reached the trainer, so the
-    /// position is the one before it.
-    #[pyo3(signature = (undo_last=false))]
-    fn stop(&self, py: Python<'_>, undo_last: bool) {
+    /// Puts the epoch in progress aside: its batches in flight are cancelled, and the position
+    /// kept for `state` is the one for a trainer handed `handed` of the batches returned (None:
+    /// all of them).
+    #[pyo3(signature = (handed=None))]
+    fn stop(&self, py: Python<'_>, handed: Option<usize>) {
         let mut current = self.current(py);
-        let before_last = current.before_last.take();
         if let Some(epoch) = current.epoch.take() {
-            current.stopped = Some(match before_last {
-                Some(before) if undo_last => before,
-                _ => epoch.state(),
-            });
+            let position = current.position(&epoch, handed);
+            current.stopped = Some(position);
         }
     }
 

@@ -535,3 +535,17 @@ def test_wrong_argument_types_and_ranges_are_imagefeed_errors(lmdb_path):
         ds[2**63]
     with pytest.raises(imagefeed.ConfigError):
         imagefeed.Dataset(lmdb_path, max_pixels=-1)
+
+
+def test_the_position_leaves_out_batches_returned_but_not_handed_over(lmdb_path):
+    # What the CUDA path relies on: one batch staged ahead on the GPU, one more held when an
+    # exception hits. The native loader remembers the positions before its last two batches.
+    native = loader(lmdb_path)._native
+    native.begin(0)
+    for _ in range(3):
+        assert native.next_batch() is not None
+    position = lambda **kw: json.loads(native.state(0, **kw))["next_batch"]  # noqa: E731
+    assert position() == 3 and position(handed=3) == 3
+    assert position(handed=2) == 2 and position(handed=1) == 1
+    native.stop(1)
+    assert position() == 1, "the epoch put aside where the trainer stood"

@@ -89,7 +89,8 @@ pub(crate) fn require_complete(path: &Path, complete: bool, what: &str) -> Resul
 /// replace or delete: a dataset of ours (an LMDB or HDF5 file whose metadata carries our magic,
 /// a records directory with our manifest), a writer's partial output (its progress record
 /// carries our magic), one of those whose deletion was interrupted ([`DELETING`]), or something
-/// that holds nothing (an empty directory or file, an LMDB never committed to).
+/// that holds nothing (an empty directory or file, an LMDB never committed to, a directory
+/// holding only a writer's uncommitted `.tmp` files).
 ///
 /// A directory must say so by its content (the magic) *and* hold nothing but the regular files
 /// our writers make there ([`foreign_entry`]): a directory of other files, even ones named like
@@ -101,8 +102,14 @@ pub(crate) fn require_complete(path: &Path, complete: bool, what: &str) -> Resul
 pub fn is_own_output(path: &Path) -> bool {
     match std::fs::metadata(path) {
         Ok(meta) if meta.is_dir() => {
-            let empty = std::fs::read_dir(path).is_ok_and(|mut entries| entries.next().is_none());
-            (empty || dir_says_ours(path)) && foreign_entry(path).is_none()
+            // Empty, or holding only a writer's uncommitted `.tmp` files (a pack killed while
+            // writing its first record), it holds nothing; otherwise it must carry our magic.
+            let uncommitted = std::fs::read_dir(path).is_ok_and(|entries| {
+                entries
+                    .into_iter()
+                    .all(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".tmp")))
+            });
+            (uncommitted || dir_says_ours(path)) && foreign_entry(path).is_none()
         }
         Ok(meta) if meta.is_file() => lmdb::is_own_file(path) || hdf5::is_own_file(path),
         _ => false,
