@@ -306,8 +306,8 @@ class Loader:
 
     def set_epoch(self, epoch: int) -> None:
         """Makes the next ``for`` loop run epoch ``epoch`` (as ``DistributedSampler.set_epoch``)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise errors.ConfigError(f"epoch {epoch!r}: must be a non-negative int")
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch < 2**64 - 1:
+            raise errors.ConfigError(f"epoch {epoch!r}: must be an int in 0..2**64-1")
         self._epoch_set = epoch
         self._resumed = False
 
@@ -339,6 +339,8 @@ class Loader:
         else:
             epoch = self._epoch_set if self._epoch_set is not None else self._next_epoch
             self._epoch_set = None
+            if epoch >= 2**64:
+                raise errors.ConfigError(f"epoch {epoch}: past the last epoch there is (2**64 - 1)")
             self._native.begin(epoch)
             self._handed = 0
             self._gen += 1

@@ -85,15 +85,18 @@ def join(
     force: bool = False,
     threads: Optional[int] = None,
     shard_bytes: Optional[int] = None,
+    label_base: int = 0,
     progress: bool = True,
 ) -> dict:
     """Joins the parts of a split pack (``pack(src, part_i, part=(i, n))`` for each i, in any
     order, e.g. one per job of an array) into ``out``: the same dataset an unsplit pack would
-    have written. Payloads are copied, not decoded again. Returns the summary."""
+    have written. Payloads are copied, not decoded again. Give the options of the output side
+    the parts were packed with (``shard_bytes``, ``label_base`` for records). Returns the
+    summary."""
     try:
         summary = _native.join_parts(
             [os.fspath(p) for p in parts], os.fspath(out), format=format, resume=resume, force=force,
-            threads=threads, shard_bytes=shard_bytes, quiet=not progress,
+            threads=threads, shard_bytes=shard_bytes, label_base=label_base, quiet=not progress,
         )
     except (OverflowError, TypeError) as e:
         from .errors import ConfigError

@@ -159,7 +159,7 @@ where
 /// Joins the parts of a split pack (`pack(..., part=(i, n))`) into one dataset at `out`,
 /// identical to an unsplit pack; returns the summary as JSON.
 #[pyfunction]
-#[pyo3(signature = (parts, out, *, format, resume=false, force=false, threads=None, shard_bytes=None, quiet=false))]
+#[pyo3(signature = (parts, out, *, format, resume=false, force=false, threads=None, shard_bytes=None, label_base=0, quiet=false))]
 #[allow(clippy::too_many_arguments)]
 fn join_parts(
     py: Python<'_>,
@@ -170,12 +170,14 @@ fn join_parts(
     force: bool,
     threads: Option<usize>,
     shard_bytes: Option<u64>,
+    label_base: u32,
     quiet: bool,
 ) -> PyResult<String> {
     let format = pack_format(format)?;
     let mut options = PackOptions {
         mode: StartMode { resume, force },
         threads,
+        label_base,
         ..PackOptions::default()
     };
     if let Some(bytes) = shard_bytes {

@@ -33,6 +33,9 @@ struct Current {
     stopped: Option<LoaderState>,
     /// Batches `next_batch` has returned in the epoch in progress.
     returned: usize,
+    /// Counts the epochs begun, resumed or stopped: a wait that let a signal handler run checks
+    /// its epoch is still the one it was waiting on.
+    generation: u64,
     /// The epoch's state before each of the last [`HISTORY`] batches returned (oldest first):
     /// where it stands if Python has not handed the last ones to the trainer (one held while an
     /// exception hits, one more staged ahead on the GPU).
@@ -45,6 +48,7 @@ const HISTORY: usize = 2;
 impl Current {
     /// Forgets the epoch's bookkeeping (a new or resumed epoch starts).
     fn reset(&mut self) {
+        self.generation += 1;
         self.stopped = None;
         self.returned = 0;
         self.history.clear();
@@ -376,18 +380,26 @@ impl NativeLoader {
     /// waiting; a signal handler that raises (Ctrl-C) puts the epoch aside and propagates.
     fn next_batch(&self, py: Python<'_>) -> PyResult<Option<BatchParts>> {
         let mut current = self.current(py);
+        let generation = current.generation;
         let Some(epoch) = current.epoch.as_mut() else {
             return Err(config("no epoch in progress: iterate the loader"));
         };
         let before = epoch.state();
         let batch = loop {
+            let same = current.generation == generation;
+            let epoch = current.epoch.as_mut().filter(|_| same).ok_or_else(|| {
+                config("the epoch was stopped or replaced while waiting for its next batch")
+            })?;
             match py.detach(|| epoch.next_timeout(SIGNAL_POLL)) {
                 Wait::Ready(None) => return Ok(None),
                 Wait::Ready(Some(result)) => break result.map_err(to_py)?,
                 Wait::TimedOut => {
-                    // The epoch stays as it is: the caller's `stop` puts it aside, at the position
-                    // of the batches it actually handed over.
+                    // Signal handlers run without the lock: one may call back into the loader
+                    // (a checkpoint handler taking state_dict()). The epoch stays as it is; the
+                    // caller's `stop` puts it aside at the batches it actually handed over.
+                    drop(current);
                     py.check_signals()?;
+                    current = self.current(py);
                 }
             }
         };
@@ -452,6 +464,7 @@ impl NativeLoader {
         if let Some(epoch) = current.epoch.take() {
             let position = current.position(&epoch, handed);
             current.stopped = Some(position);
+            current.generation += 1;
         }
     }
 

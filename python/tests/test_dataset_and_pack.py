@@ -170,3 +170,18 @@ def test_a_split_pack_joins_into_the_unsplit_dataset(tree, tmp_path):
     assert imagefeed.verify(joined, against=tree)["ok"]
     with pytest.raises(imagefeed.Error):
         imagefeed.join(parts[:2], tmp_path / "short.lmdb", progress=False)
+
+
+def test_joined_record_parts_keep_the_label_base(tree, tmp_path):
+    import filecmp
+
+    whole = tmp_path / "whole.records"
+    imagefeed.pack(tree, whole, "records", label_base=1, progress=False)
+    parts = [tmp_path / f"p{i}.records" for i in range(2)]
+    for i, part in enumerate(parts):
+        imagefeed.pack(tree, part, "records", part=(i, 2), label_base=1, progress=False)
+    joined = tmp_path / "joined.records"
+    imagefeed.join(parts, joined, "records", label_base=1, progress=False)
+    shards = sorted(p.name for p in whole.glob("*.tfrecord"))
+    assert shards and shards == sorted(p.name for p in joined.glob("*.tfrecord"))
+    assert all(filecmp.cmp(whole / s, joined / s, shallow=False) for s in shards)

@@ -549,3 +549,31 @@ def test_the_position_leaves_out_batches_returned_but_not_handed_over(lmdb_path)
     assert position(handed=2) == 2 and position(handed=1) == 1
     native.stop(1)
     assert position() == 1, "the epoch put aside where the trainer stood"
+
+
+CHECKPOINT_SCRIPT = textwrap.dedent(
+    """
+    import signal, imagefeed
+    from imagefeed import transforms as T
+    l = imagefeed.Loader({path!r}, batch_size=48, workers=1, prefetch=1, output="numpy",
+                         transform=T.imagenet_train(224), rank=0, world_size=1)
+    saved = []
+    def checkpoint(sig, frame):  # a preemption handler saving a checkpoint
+        saved.append(l.state_dict()["imagefeed_loader_state"]["next_batch"])
+    signal.signal(signal.SIGALRM, checkpoint)
+    signal.setitimer(signal.ITIMER_REAL, 0.06, 0.06)  # fires while the loop waits for batches
+    n = sum(1 for _ in l)
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    print(n, len(saved), saved == sorted(saved))
+    """
+)
+
+
+def test_a_signal_handler_may_take_state_dict_while_the_loop_waits(tmp_path):
+    root = tmp_path / "big"
+    imagefeed.synthesize(root, classes=2, per_class=48, size=(1600, 1200))
+    out = subprocess.run([sys.executable, "-c", CHECKPOINT_SCRIPT.format(path=str(root))],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    batches, saved, ordered = out.stdout.split()
+    assert batches == "2" and int(saved) > 0 and ordered == "True", out.stdout
