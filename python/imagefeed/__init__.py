@@ -20,20 +20,7 @@
 from . import errors, transforms
 from ._native import __version__
 from .dataset import Dataset
-from .errors import (
-    BadSampleError,
-    ConfigError,
-    CudaError,
-    DataError,
-    DatasetNotFoundError,
-    Error,
-    FileError,
-    IncompleteDatasetError,
-    OutputExistsError,
-    PoolGrowthWarning,
-    StateMismatchError,
-    TooManyBadSamplesError,
-)
+from .errors import *  # noqa: F403 - the exception classes, listed in errors.__all__
 from .loader import BadSample, Loader
 from .packing import inspect, join, pack, synthesize, verify
 
@@ -49,16 +36,5 @@ __all__ = [
     "synthesize",
     "transforms",
     "errors",
-    "Error",
-    "DataError",
-    "DatasetNotFoundError",
-    "FileError",
-    "IncompleteDatasetError",
-    "BadSampleError",
-    "TooManyBadSamplesError",
-    "OutputExistsError",
-    "ConfigError",
-    "StateMismatchError",
-    "CudaError",
-    "PoolGrowthWarning",
+    *errors.__all__,
 ]

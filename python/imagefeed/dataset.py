@@ -52,10 +52,8 @@ class Dataset:
         self._native: Optional[_native.NativeDataset] = None
         self._pid: Optional[int] = None
         # Open once here so a wrong path fails at construction, and len()/classes are known.
-        try:
+        with errors.arguments("Dataset"):
             native = self._handle()
-        except (OverflowError, TypeError) as e:
-            raise errors.ConfigError(f"invalid Dataset argument: {e}") from None
         self._len = len(native)
         self.classes: List[str] = native.classes
         self.format: str = native.format
@@ -106,7 +104,7 @@ class Dataset:
 
     def key(self, index: int) -> str:
         """The record's key (its path relative to the source root)."""
-        return self._handle().read(index)[2]
+        return self._handle().key(index)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)

@@ -8,6 +8,9 @@ few more on the classes below. Catch :class:`Error` for everything imagefeed rai
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 __all__ = [
     "Error",
     "DataError",
@@ -101,3 +104,13 @@ class CudaError(Error):
 
 class PoolGrowthWarning(UserWarning):
     """Batches kept alive from Python make the loader allocate new batch buffers (correct, but uses memory)."""
+
+
+@contextlib.contextmanager
+def arguments(what: str) -> Iterator[None]:
+    """Turns the conversion errors of arguments handed to the native layer (an int out of range,
+    a value of the wrong type) into a :class:`ConfigError` naming ``what`` was called."""
+    try:
+        yield
+    except (OverflowError, TypeError) as e:
+        raise ConfigError(f"invalid {what} argument: {e}") from None

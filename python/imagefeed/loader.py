@@ -208,6 +208,15 @@ class Loader:
                             ("rank", rank), ("world_size", world_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise errors.ConfigError(f"{name} {value!r}: must be a non-negative int")
+        for name, value in (("shuffle", shuffle), ("drop_last", drop_last)):
+            if not isinstance(value, bool):
+                raise errors.ConfigError(f"{name} {value!r}: must be True or False")
+        for name, value in (("prefetch", prefetch), ("max_pixels", max_pixels), ("label_base", label_base)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise errors.ConfigError(f"{name} {value!r}: must be a non-negative int")
+        for name, value in (("dtype", dtype), ("layout", layout), ("uneven", uneven), ("bad_samples", bad_samples)):
+            if not isinstance(value, str):
+                raise errors.ConfigError(f"{name} {value!r}: must be a string")
         if prefetch is None:
             prefetch = 2 * max(workers, 1)
         self._output = output
@@ -236,15 +245,29 @@ class Loader:
             # The workers write u8 NHWC into page-locked memory; the GPU converts and normalizes.
             spec = {k: v for k, v in spec.items() if k not in ("mean", "std")}
             host_dtype, host_layout = "uint8", "NHWC"
-        try:
-            native = self._make_native(
-                path, batch_size, workers, seed, prefetch, shuffle, drop_last, rank, world_size,
-                uneven, spec, host_dtype, host_layout, bad_samples, max_bad, max_pixels,
-                hdf5_images, hdf5_labels, label_base, pinned_device,
+        with errors.arguments("Loader"):
+            self._native = _native.NativeLoader(
+                os.fspath(path),
+                batch_size=batch_size,
+                workers=workers,
+                seed=seed,
+                prefetch=prefetch,
+                shuffle=shuffle,
+                drop_last=drop_last,
+                rank=rank,
+                world_size=world_size,
+                uneven=uneven,
+                transform=spec,
+                dtype=host_dtype,
+                layout=host_layout,
+                bad_samples=bad_samples,
+                max_bad=max_bad,
+                max_pixels=max_pixels,
+                hdf5_images=hdf5_images,
+                hdf5_labels=hdf5_labels,
+                label_base=label_base,
+                pinned_device=pinned_device,
             )
-        except (OverflowError, TypeError) as e:
-            raise errors.ConfigError(f"invalid Loader argument: {e}") from None
-        self._native = native
         self.batch_size = batch_size
         self.device = device
         self.rank = rank
@@ -265,42 +288,6 @@ class Loader:
         # handed over, and the one the trainer is using (with a GPU: two being copied).
         self._steady_buffers = prefetch + 2 + (2 if self._cuda is not None else 0)
         self._warned = False
-
-    @staticmethod
-    def _make_native(path, batch_size, workers, seed, prefetch, shuffle, drop_last, rank, world_size,
-                     uneven, spec, dtype, layout, bad_samples, max_bad, max_pixels, hdf5_images,
-                     hdf5_labels, label_base, pinned_device):
-        for name, value in (("shuffle", shuffle), ("drop_last", drop_last)):
-            if not isinstance(value, bool):
-                raise errors.ConfigError(f"{name} {value!r}: must be True or False")
-        for name, value in (("prefetch", prefetch), ("max_pixels", max_pixels), ("label_base", label_base)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise errors.ConfigError(f"{name} {value!r}: must be a non-negative int")
-        for name, value in (("dtype", dtype), ("layout", layout), ("uneven", uneven), ("bad_samples", bad_samples)):
-            if not isinstance(value, str):
-                raise errors.ConfigError(f"{name} {value!r}: must be a string")
-        return _native.NativeLoader(
-            os.fspath(path),
-            batch_size=batch_size,
-            workers=workers,
-            seed=seed,
-            prefetch=prefetch,
-            shuffle=shuffle,
-            drop_last=drop_last,
-            rank=rank,
-            world_size=world_size,
-            uneven=uneven,
-            transform=spec,
-            dtype=dtype,
-            layout=layout,
-            bad_samples=bad_samples,
-            max_bad=max_bad,
-            max_pixels=max_pixels,
-            hdf5_images=hdf5_images,
-            hdf5_labels=hdf5_labels,
-            label_base=label_base,
-            pinned_device=pinned_device,
-        )
 
     # -- the epoch -------------------------------------------------------------------------
 
@@ -354,11 +341,10 @@ class Loader:
         convert = self._convert
         cuda = self._cuda
         pending = None  # CUDA: the batch whose copy is under way, not handed over yet
-        # Batches handed to the trainer in this loop. The native side counts the batches it
-        # returned; the difference (a batch held when an exception hits, one staged ahead on
-        # the GPU) is left out of the position. It is counted right before each `yield`, with
-        # no call in between, so no signal handler can run between the two.
-        handed = self._handed
+        # self._handed counts the batches handed to the trainer in this epoch. The native side
+        # counts the batches it returned; the difference (a batch held when an exception hits,
+        # one staged ahead on the GPU) is left out of the position. It is counted right before
+        # each `yield`, with no call in between, so no signal handler can run between the two.
         try:
             while True:
                 if gen != self._gen:
@@ -382,8 +368,7 @@ class Loader:
                     self._warn_growth()
                 if cuda is None:
                     item = (convert(images), convert(labels))
-                    handed += 1
-                    self._handed = handed
+                    self._handed += 1
                     yield item
                     continue
                 # One batch ahead: this batch's copy is issued before the previous one is
@@ -394,13 +379,11 @@ class Loader:
                     continue
                 item = cuda.finish(pending)
                 pending = staged
-                handed += 1
-                self._handed = handed
+                self._handed += 1
                 yield item
             if pending is not None:
                 item, pending = cuda.finish(pending), None
-                handed += 1
-                self._handed = handed
+                self._handed += 1
                 yield item
         finally:
             # A loop left early (break, an exception, Ctrl-C) cancels the batches in flight and

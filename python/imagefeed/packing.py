@@ -6,7 +6,7 @@ import json
 import os
 from typing import Optional, Tuple, Union
 
-from . import _native
+from . import _native, errors
 
 __all__ = ["pack", "join", "inspect", "verify", "synthesize"]
 
@@ -40,40 +40,30 @@ def pack(
     one instead. ``force=True`` replaces an existing imagefeed output (never anything else).
     ``resize`` shrinks images whose shorter side is longer (re-encoded at ``quality``); ``raw``
     stores decoded pixels. ``part=(i, n)`` packs the i-th of n shares of the source (join them
-    with the CLI's ``pack-dataset join``). A progress bar is drawn on stderr unless
+    with :func:`join`). A progress bar is drawn on stderr unless
     ``progress=False``.
 
     Returns the summary the CLI prints (also written beside the output as a report).
     """
-    try:
-        summary = _pack(source, out, format, resize, quality, raw, strict, resume, force, threads,
-                        shard_bytes, label_base, part, max_pixels, progress)
-    except (OverflowError, TypeError) as e:
-        from .errors import ConfigError
-
-        raise ConfigError(f"invalid pack argument: {e}") from None
+    with errors.arguments("pack"):
+        summary = _native.pack_dataset(
+            os.fspath(source),
+            os.fspath(out),
+            format=format,
+            resize=resize,
+            quality=quality,
+            raw=raw,
+            strict=strict,
+            resume=resume,
+            force=force,
+            threads=threads,
+            shard_bytes=shard_bytes,
+            label_base=label_base,
+            part=part,
+            max_pixels=max_pixels,
+            quiet=not progress,
+        )
     return json.loads(summary)
-
-
-def _pack(source, out, format, resize, quality, raw, strict, resume, force, threads, shard_bytes,
-          label_base, part, max_pixels, progress):
-    return _native.pack_dataset(
-        os.fspath(source),
-        os.fspath(out),
-        format=format,
-        resize=resize,
-        quality=quality,
-        raw=raw,
-        strict=strict,
-        resume=resume,
-        force=force,
-        threads=threads,
-        shard_bytes=shard_bytes,
-        label_base=label_base,
-        part=part,
-        max_pixels=max_pixels,
-        quiet=not progress,
-    )
 
 
 def join(
@@ -93,15 +83,11 @@ def join(
     have written. Payloads are copied, not decoded again. Give the options of the output side
     the parts were packed with (``shard_bytes``, ``label_base`` for records). Returns the
     summary."""
-    try:
+    with errors.arguments("join"):
         summary = _native.join_parts(
             [os.fspath(p) for p in parts], os.fspath(out), format=format, resume=resume, force=force,
             threads=threads, shard_bytes=shard_bytes, label_base=label_base, quiet=not progress,
         )
-    except (OverflowError, TypeError) as e:
-        from .errors import ConfigError
-
-        raise ConfigError(f"invalid join argument: {e}") from None
     return json.loads(summary)
 
 

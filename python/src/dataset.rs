@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use imagefeed::decode::Decoder;
-use imagefeed::format::{self, OpenOptions};
+use imagefeed::format;
 use imagefeed::{Dataset, LazyReader};
 
 use crate::dlpack::{Element, HostArray, HostMemory};
@@ -55,14 +55,7 @@ impl NativeDataset {
         label_base: Option<u32>,
         max_pixels: Option<u64>,
     ) -> PyResult<NativeDataset> {
-        let mut options = OpenOptions::default();
-        if let Some(images) = hdf5_images {
-            options.hdf5.images = images;
-        }
-        if let Some(labels) = hdf5_labels {
-            options.hdf5.labels = labels;
-        }
-        options.records.label_base = label_base;
+        let options = crate::open_options(hdf5_images, hdf5_labels, label_base);
         let dataset = py
             .detach(|| format::open_with(&path, &options))
             .map_err(to_py)?;
@@ -116,6 +109,15 @@ impl NativeDataset {
             })
             .map_err(to_py)?;
         Ok((PyBytes::new(py, &payload), label, key))
+    }
+
+    /// Record `index`'s key (its path relative to the source root), without copying its payload.
+    fn key(&self, py: Python<'_>, index: i64) -> PyResult<String> {
+        let index = self.check(index)?;
+        let mut guard = self.reading.lock().unwrap_or_else(|e| e.into_inner());
+        let reading = &mut *guard;
+        py.detach(|| reading.reader.read(index).map(|r| r.key.to_owned()))
+            .map_err(to_py)
     }
 
     /// Record `index` decoded to RGB: `(array of shape (height, width, 3) uint8, label, key)`.

@@ -74,9 +74,6 @@ struct DlManagedTensorVersioned {
     dl_tensor: DlTensor,
 }
 
-const LEGACY_NAME: &CStr = c"dltensor";
-const VERSIONED_NAME: &CStr = c"dltensor_versioned";
-
 /// Element types a batch or an array of ours can hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Element {
@@ -206,37 +203,80 @@ impl HostArray {
 
 /// The block a consumer holds: header, shape, strides and the memory handle, freed together by
 /// the deleter.
-struct Exported<M> {
-    managed: M,
+struct Exported<H> {
+    managed: H,
     _shape: Vec<i64>,
     _strides: Vec<i64>,
     _memory: Arc<HostMemory>,
 }
 
-unsafe extern "C" fn delete_legacy(managed: *mut DlManagedTensor) {
+/// The two DLPack headers: how each is named in its capsule, made, and tied to its block.
+trait Header: Sized {
+    /// The capsule name a producer gives it.
+    const NAME: &'static CStr;
+    /// A header over `tensor`, with `delete::<Self>` as its deleter and no context yet.
+    fn new(tensor: DlTensor) -> Self;
+    /// The `manager_ctx` field.
+    fn context(&mut self) -> &mut *mut c_void;
+}
+
+impl Header for DlManagedTensor {
+    const NAME: &'static CStr = c"dltensor";
+    fn new(tensor: DlTensor) -> Self {
+        DlManagedTensor {
+            dl_tensor: tensor,
+            manager_ctx: std::ptr::null_mut(),
+            deleter: Some(delete::<DlManagedTensor>),
+        }
+    }
+    fn context(&mut self) -> &mut *mut c_void {
+        &mut self.manager_ctx
+    }
+}
+
+impl Header for DlManagedTensorVersioned {
+    const NAME: &'static CStr = c"dltensor_versioned";
+    fn new(tensor: DlTensor) -> Self {
+        DlManagedTensorVersioned {
+            version: DlPackVersion { major: 1, minor: 0 },
+            manager_ctx: std::ptr::null_mut(),
+            deleter: Some(delete::<DlManagedTensorVersioned>),
+            flags: 0,
+            dl_tensor: tensor,
+        }
+    }
+    fn context(&mut self) -> &mut *mut c_void {
+        &mut self.manager_ctx
+    }
+}
+
+/// The deleter of either header.
+unsafe extern "C" fn delete<H: Header>(managed: *mut H) {
     if managed.is_null() {
         return;
     }
-    // SAFETY: `managed` is the first field of a `Box<Exported<DlManagedTensor>>` leaked by
-    // `export_legacy` (repr(Rust) puts no guarantee on field order, so the context pointer,
-    // not the header address, is what is freed), and the DLPack contract calls the deleter once.
+    // SAFETY: `managed` is the header of a `Box<Exported<H>>` leaked by `export` (repr(Rust)
+    // puts no guarantee on field order, so the context pointer, not the header address, is what
+    // is freed), and the DLPack contract calls the deleter once.
     unsafe {
-        let ctx = (*managed).manager_ctx.cast::<Exported<DlManagedTensor>>();
+        let ctx = (*(*managed).context()).cast::<Exported<H>>();
         drop(Box::from_raw(ctx));
     }
 }
 
-unsafe extern "C" fn delete_versioned(managed: *mut DlManagedTensorVersioned) {
-    if managed.is_null() {
-        return;
-    }
-    // SAFETY: as in `delete_legacy`, for `export_versioned`'s block.
+/// Frees the header a capsule still holds when it was named `H::NAME` (no consumer took it).
+///
+/// # Safety
+/// `capsule` is a live capsule, and the GIL is held.
+unsafe fn free_unconsumed<H: Header>(capsule: *mut ffi::PyObject) -> bool {
+    // SAFETY: per the contract; a capsule under our name holds a header made by `export::<H>`.
     unsafe {
-        let ctx = (*managed)
-            .manager_ctx
-            .cast::<Exported<DlManagedTensorVersioned>>();
-        drop(Box::from_raw(ctx));
+        if ffi::PyCapsule_IsValid(capsule, H::NAME.as_ptr()) != 1 {
+            return false;
+        }
+        delete::<H>(ffi::PyCapsule_GetPointer(capsule, H::NAME.as_ptr()).cast());
     }
+    true
 }
 
 /// Capsule destructor: frees the tensor if no consumer took it (a consumer renames the capsule
@@ -249,20 +289,18 @@ unsafe extern "C" fn capsule_destructor(capsule: *mut ffi::PyObject) {
         let mut pvalue = std::ptr::null_mut();
         let mut ptrace = std::ptr::null_mut();
         ffi::PyErr_Fetch(&mut ptype, &mut pvalue, &mut ptrace);
-        if ffi::PyCapsule_IsValid(capsule, LEGACY_NAME.as_ptr()) == 1 {
-            let managed = ffi::PyCapsule_GetPointer(capsule, LEGACY_NAME.as_ptr());
-            delete_legacy(managed.cast());
-        } else if ffi::PyCapsule_IsValid(capsule, VERSIONED_NAME.as_ptr()) == 1 {
-            let managed = ffi::PyCapsule_GetPointer(capsule, VERSIONED_NAME.as_ptr());
-            delete_versioned(managed.cast());
-        }
+        let _ = free_unconsumed::<DlManagedTensor>(capsule)
+            || free_unconsumed::<DlManagedTensorVersioned>(capsule);
         ffi::PyErr_Restore(ptype, pvalue, ptrace);
     }
 }
 
 impl HostArray {
-    fn tensor(&self, shape: &mut [i64], strides: &mut [i64]) -> DlTensor {
-        DlTensor {
+    /// A capsule holding a new `H` header over this array.
+    fn export<H: Header>(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let mut shape = self.shape.clone();
+        let mut strides = self.strides();
+        let tensor = DlTensor {
             data: self.memory.ptr.cast(),
             device: DlDevice {
                 device_type: DL_CPU,
@@ -273,80 +311,30 @@ impl HostArray {
             shape: shape.as_mut_ptr(),
             strides: strides.as_mut_ptr(),
             byte_offset: 0,
-        }
-    }
-
-    fn capsule(py: Python<'_>, pointer: *mut c_void, name: &'static CStr) -> PyResult<Py<PyAny>> {
-        // SAFETY: `pointer` is a live DLPack header; the name is a static C string; the
-        // destructor only frees headers this module made under that name.
-        let capsule =
-            unsafe { ffi::PyCapsule_New(pointer, name.as_ptr(), Some(capsule_destructor)) };
-        if capsule.is_null() {
-            // SAFETY: the header was not handed over; free it like a consumer would.
-            unsafe { capsule_destructor_for(pointer, name) };
-            return Err(PyErr::fetch(py));
-        }
-        // SAFETY: PyCapsule_New returned a new reference.
-        Ok(unsafe { Bound::from_owned_ptr(py, capsule) }.unbind())
-    }
-
-    fn export_legacy(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let mut shape = self.shape.clone();
-        let mut strides = self.strides();
-        let tensor = self.tensor(&mut shape, &mut strides);
+        };
         let block = Box::into_raw(Box::new(Exported {
-            managed: DlManagedTensor {
-                dl_tensor: tensor,
-                manager_ctx: std::ptr::null_mut(),
-                deleter: Some(delete_legacy),
-            },
+            managed: H::new(tensor),
             _shape: shape,
             _strides: strides,
             _memory: Arc::clone(&self.memory),
         }));
         // SAFETY: `block` was just leaked; the context points back at it for the deleter.
         let header = unsafe {
-            (*block).managed.manager_ctx = block.cast();
+            *(*block).managed.context() = block.cast();
             &raw mut (*block).managed
         };
-        Self::capsule(py, header.cast(), LEGACY_NAME)
-    }
-
-    fn export_versioned(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let mut shape = self.shape.clone();
-        let mut strides = self.strides();
-        let tensor = self.tensor(&mut shape, &mut strides);
-        let block = Box::into_raw(Box::new(Exported {
-            managed: DlManagedTensorVersioned {
-                version: DlPackVersion { major: 1, minor: 0 },
-                manager_ctx: std::ptr::null_mut(),
-                deleter: Some(delete_versioned),
-                flags: 0,
-                dl_tensor: tensor,
-            },
-            _shape: shape,
-            _strides: strides,
-            _memory: Arc::clone(&self.memory),
-        }));
-        // SAFETY: as in `export_legacy`.
-        let header = unsafe {
-            (*block).managed.manager_ctx = block.cast();
-            &raw mut (*block).managed
+        // SAFETY: `header` is a live DLPack header; the name is a static C string; the
+        // destructor only frees headers this module made under that name.
+        let capsule = unsafe {
+            ffi::PyCapsule_New(header.cast(), H::NAME.as_ptr(), Some(capsule_destructor))
         };
-        Self::capsule(py, header.cast(), VERSIONED_NAME)
-    }
-}
-
-/// Frees a header that never made it into a capsule.
-unsafe fn capsule_destructor_for(pointer: *mut c_void, name: &CStr) {
-    // SAFETY: the caller passes a header made by `export_legacy` / `export_versioned` under the
-    // matching name, not yet handed to anyone.
-    unsafe {
-        if name == LEGACY_NAME {
-            delete_legacy(pointer.cast());
-        } else {
-            delete_versioned(pointer.cast());
+        if capsule.is_null() {
+            // SAFETY: the header was not handed over; free it like a consumer would.
+            unsafe { delete::<H>(header) };
+            return Err(PyErr::fetch(py));
         }
+        // SAFETY: PyCapsule_New returned a new reference.
+        Ok(unsafe { Bound::from_owned_ptr(py, capsule) }.unbind())
     }
 }
 
@@ -382,8 +370,8 @@ impl HostArray {
             ));
         }
         match max_version {
-            Some((major, _)) if major >= 1 => self.export_versioned(py),
-            _ => self.export_legacy(py),
+            Some((major, _)) if major >= 1 => self.export::<DlManagedTensorVersioned>(py),
+            _ => self.export::<DlManagedTensor>(py),
         }
     }
 

@@ -25,51 +25,46 @@ pub fn to_py(err: Error) -> PyErr {
 
 fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
     let attrs = PyDict::new(py);
-    let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
+    // Most errors name a file and a reason: set once below.
+    let mut located: Option<(&std::path::Path, String)> = None;
     let class = match err {
-        Error::Io { path: p, source } => {
-            attrs.set_item("path", path(p))?;
+        Error::Io { path, source } => {
+            located = Some((path, source.to_string()));
             attrs.set_item("errno", source.raw_os_error())?;
-            attrs.set_item("reason", source.to_string())?;
             if source.kind() == std::io::ErrorKind::NotFound {
                 "DatasetNotFoundError"
             } else {
                 "FileError"
             }
         }
-        Error::Lmdb { path: p, source } => {
-            attrs.set_item("path", path(p))?;
-            attrs.set_item("reason", source.to_string())?;
+        Error::Lmdb { path, source } => {
+            located = Some((path, source.to_string()));
             "DataError"
         }
-        Error::Hdf5 { path: p, reason }
-        | Error::NotADataset { path: p, reason }
-        | Error::BadImageFolder { path: p, reason }
-        | Error::RefusedFile { path: p, reason } => {
-            attrs.set_item("path", path(p))?;
-            attrs.set_item("reason", reason)?;
+        Error::Hdf5 { path, reason }
+        | Error::NotADataset { path, reason }
+        | Error::BadImageFolder { path, reason }
+        | Error::RefusedFile { path, reason } => {
+            located = Some((path, reason.clone()));
             "DataError"
         }
-        Error::Rejected { path: p, reason } => {
-            attrs.set_item("path", path(p))?;
-            attrs.set_item("reason", reason)?;
+        Error::Rejected { path, reason } => {
+            located = Some((path, reason.clone()));
             "RejectedFileError"
         }
-        Error::Incomplete { path: p, reason } => {
-            attrs.set_item("path", path(p))?;
-            attrs.set_item("reason", reason)?;
+        Error::Incomplete { path, reason } => {
+            located = Some((path, reason.clone()));
             "IncompleteDatasetError"
         }
         Error::CorruptRecord {
-            path: p,
+            path,
             index,
             key,
             reason,
         } => {
-            attrs.set_item("path", path(p))?;
+            located = Some((path, reason.clone()));
             attrs.set_item("index", index)?;
             attrs.set_item("key", key)?;
-            attrs.set_item("reason", reason)?;
             "DataError"
         }
         Error::Decode { location, source } => {
@@ -104,19 +99,12 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
             attrs.set_item("first_key", first_key)?;
             "ShapeMismatchError"
         }
-        Error::AlreadyExists { path: p, hint } => {
-            attrs.set_item("path", path(p))?;
-            attrs.set_item("reason", hint)?;
+        Error::AlreadyExists { path, hint: reason } | Error::NotReplaceable { path, reason } => {
+            located = Some((path, reason.clone()));
             "OutputExistsError"
         }
-        Error::NotReplaceable { path: p, reason } => {
-            attrs.set_item("path", path(p))?;
-            attrs.set_item("reason", reason)?;
-            "OutputExistsError"
-        }
-        Error::ResumeMismatch { path: p, reason } => {
-            attrs.set_item("path", path(p))?;
-            attrs.set_item("reason", reason)?;
+        Error::ResumeMismatch { path, reason } => {
+            located = Some((path, reason.clone()));
             "ConfigError"
         }
         Error::StateMismatch {
@@ -133,9 +121,8 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
             attrs.set_item("reason", reason)?;
             "ConfigError"
         }
-        Error::Interrupted { path: p, reason } => {
-            attrs.set_item("path", path(p))?;
-            attrs.set_item("reason", reason)?;
+        Error::Interrupted { path, reason } => {
+            located = Some((path, reason.clone()));
             "Error"
         }
         Error::Cuda(reason) => {
@@ -144,6 +131,10 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
         }
         _ => "Error",
     };
+    if let Some((path, reason)) = located {
+        attrs.set_item("path", path.to_string_lossy().into_owned())?;
+        attrs.set_item("reason", reason)?;
+    }
     let module = py.import("imagefeed.errors")?;
     let exception = module.getattr(class)?.call1((err.to_string(),))?;
     for (name, value) in attrs.iter() {

@@ -24,6 +24,24 @@ use imagefeed::progress::PackProgressBar;
 
 use crate::errors::{config, to_py};
 
+/// How to open a dataset other tools wrote: the h5py dataset names and TFRecord label base the
+/// Python calls take (None: imagefeed's defaults).
+pub(crate) fn open_options(
+    hdf5_images: Option<String>,
+    hdf5_labels: Option<String>,
+    label_base: Option<u32>,
+) -> imagefeed::format::OpenOptions {
+    let mut options = imagefeed::format::OpenOptions::default();
+    if let Some(images) = hdf5_images {
+        options.hdf5.images = images;
+    }
+    if let Some(labels) = hdf5_labels {
+        options.hdf5.labels = labels;
+    }
+    options.records.label_base = label_base;
+    options
+}
+
 fn pack_format(name: &str) -> PyResult<PackFormat> {
     Ok(match name {
         "lmdb" => PackFormat::Lmdb,

@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use imagefeed::batch::BadSample;
-use imagefeed::format::{self, OpenOptions};
+use imagefeed::format;
 use imagefeed::loader::{BadSamplePolicy, Epoch, Loader, LoaderConfig, LoaderState, MaxBad, Wait};
 use imagefeed::sampler::Uneven;
 use imagefeed::transform::{DType, Geometry, Layout, Normalize, Transform};
@@ -287,14 +287,7 @@ impl NativeLoader {
             config_ = config_.with_max_pixels(max_pixels);
         }
         config_.validate().map_err(to_py)?;
-        let mut options = OpenOptions::default();
-        if let Some(images) = hdf5_images {
-            options.hdf5.images = images;
-        }
-        if let Some(labels) = hdf5_labels {
-            options.hdf5.labels = labels;
-        }
-        options.records.label_base = label_base;
+        let options = crate::open_options(hdf5_images, hdf5_labels, label_base);
         let (loader, pinned) = py
             .detach(|| {
                 let dataset = format::open_with(&path, &options)?;
@@ -368,12 +361,6 @@ impl NativeLoader {
         current.epoch = Some(epoch);
         current.reset();
         Ok((number, remaining))
-    }
-
-    /// True while an epoch is in progress (begun or resumed, and not put aside).
-    #[getter]
-    fn active(&self, py: Python<'_>) -> bool {
-        self.current(py).epoch.is_some()
     }
 
     /// The next batch of the epoch in progress, or None at its end. Releases the GIL while

@@ -491,7 +491,7 @@ pub(crate) fn is_own_file(path: &Path) -> bool {
     file.attr(INFO_ATTR)
         .and_then(|a| a.read_scalar::<VarLenUnicode>())
         .ok()
-        .and_then(|json| serde_json::from_str::<InfoRecord>(checked_str(&json)?).ok())
+        .and_then(|json| serde_json::from_str::<InfoRecord>(checked_str(json.as_bytes())?).ok())
         .is_some_and(|record| record.magic == MAGIC)
 }
 
@@ -546,7 +546,7 @@ fn open_imagefeed(path: &Path, file: &hdf5::File, file_len: u64) -> Result<Share
         .attr(INFO_ATTR)
         .and_then(|a| a.read_scalar())
         .map_err(h5("reading the imagefeed attribute"))?;
-    let json = checked_str(&json)
+    let json = checked_str(json.as_bytes())
         .ok_or_else(|| Error::not_a_dataset(path, "the imagefeed attribute is not UTF-8"))?;
     let record: InfoRecord = serde_json::from_str(json)
         .map_err(|e| Error::not_a_dataset(path, format!("malformed imagefeed attribute: {e}")))?;
@@ -835,21 +835,21 @@ fn utf8_keys(path: &Path, keys: &[VarLenUnicode]) -> Result<Vec<String>> {
     keys.iter()
         .enumerate()
         .map(|(index, k)| {
-            std::str::from_utf8(k.as_bytes())
+            checked_str(k.as_bytes())
                 .map(str::to_owned)
-                .map_err(|e| Error::CorruptRecord {
+                .ok_or_else(|| Error::CorruptRecord {
                     path: path.to_path_buf(),
                     index,
                     key: "?".into(),
-                    reason: format!("the stored key is not UTF-8: {e}"),
+                    reason: "the stored key is not UTF-8".into(),
                 })
         })
         .collect()
 }
 
-/// A stored string checked as UTF-8 (`VarLenUnicode::as_str` does not check).
-fn checked_str(s: &VarLenUnicode) -> Option<&str> {
-    std::str::from_utf8(s.as_bytes()).ok()
+/// A stored string's bytes checked as UTF-8 (the hdf5 crate's `as_str` does not check).
+fn checked_str(bytes: &[u8]) -> Option<&str> {
+    std::str::from_utf8(bytes).ok()
 }
 
 /// The `classes` attribute of `location` as strings, when it has one.
@@ -858,7 +858,7 @@ fn class_names(location: &hdf5::Location) -> Option<Vec<String>> {
     if let Ok(names) = attr.read_raw::<VarLenUnicode>() {
         return names
             .iter()
-            .map(|s| checked_str(s).map(str::to_owned))
+            .map(|s| checked_str(s.as_bytes()).map(str::to_owned))
             .collect();
     }
     attr.read_raw::<hdf5::types::VarLenAscii>()
@@ -866,7 +866,7 @@ fn class_names(location: &hdf5::Location) -> Option<Vec<String>> {
         .and_then(|names| {
             names
                 .iter()
-                .map(|s| std::str::from_utf8(s.as_bytes()).ok().map(str::to_owned))
+                .map(|s| checked_str(s.as_bytes()).map(str::to_owned))
                 .collect()
         })
 }
