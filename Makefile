@@ -5,6 +5,7 @@
 #   make gpu-check  package the GPU checks for a CUDA machine (bench/gpu-check.sh)
 #   make python     build the Python package (an abi3 wheel) and install it into .venv
 #   make test-torch the Python tests that need torch, in .venv-torch (a large download)
+#   make fuzz / kill-loop / corrupt / soak   the long reliability harnesses (TESTING.md)
 SHELL := /bin/bash
 CARGO ?= cargo
 DEMO_DIR ?= demo-data
@@ -15,6 +16,7 @@ THREADS ?= 2
 RELEASE := target/release
 DEMO_SRC := $(if $(SRC),$(SRC),$(DEMO_DIR)/imagefolder)
 
+.PHONY: fuzz kill-loop corrupt soak
 .PHONY: all deps build demo test lint fixtures compat-fixtures pyenv clean-demo compare gpu-check python test-python test-torch
 
 # Python for the cross-tool tests (py-lmdb reads what we write; fixtures written by py-lmdb).
@@ -97,6 +99,31 @@ test-torch: python
 	@$(TORCH_VENV)/bin/python -c "import torch, pytest" 2>/dev/null || $(TORCH_VENV)/bin/pip install -q $(TORCH_PACKAGES)
 	$(TORCH_VENV)/bin/pip install -q --force-reinstall --no-deps $(WHEEL_DIR)/imagefeed-*.whl
 	$(TORCH_VENV)/bin/pytest -q -rs python/tests
+
+# Reliability harnesses (TESTING.md). `make test` runs short versions of kill-loop, corrupt and
+# soak, and replays the committed fuzz corpora.
+# Coverage-guided fuzzing with AFL++: FUZZ_MINUTES per target, THREADS at once; FUZZ_TARGETS
+# names some (default: all). Installs cargo-afl on first use.
+FUZZ_MINUTES ?= 10
+FUZZ_TARGETS ?=
+fuzz: deps
+	MINUTES=$(FUZZ_MINUTES) JOBS=$(THREADS) scripts/fuzz.sh $(FUZZ_TARGETS)
+
+# SIGKILL every writer at KILLS random moments in all, then check and resume.
+KILLS ?= 120
+kill-loop: deps
+	IMAGEFEED_KILLS=$(KILLS) $(CARGO) test -p pack-dataset --test kill_loop -- --nocapture
+
+# Bytes flipped and files cut at CORRUPTIONS points per file of every format.
+CORRUPTIONS ?= 50
+corrupt: deps
+	IMAGEFEED_CORRUPTIONS=$(CORRUPTIONS) $(CARGO) test --test corrupt
+
+# SOAK_EPOCHS epochs of the loader (4 workers, replace policy) over a tree with broken files.
+SOAK_EPOCHS ?= 100
+soak: build
+	@test -d $(DEMO_DIR)/soak-tree || $(RELEASE)/pack-dataset synth $(DEMO_DIR)/soak-tree --classes 10 --per-class 100 --size 32x32 --edge-cases
+	$(RELEASE)/imagefeed-bench soak $(DEMO_DIR)/soak-tree --epochs $(SOAK_EPOCHS) --workers 4 --batch-size 64
 
 # A virtual environment with the Python packages the cross-tool tests use. Without Python the
 # tests that need it skip and say so.

@@ -413,7 +413,7 @@ impl LazyReader {
 pub(crate) fn par_map_records<T, F>(dataset: &dyn Dataset, f: F) -> Vec<T>
 where
     T: Send,
-    F: Fn(&mut Decoder, std::result::Result<Record<'_>, String>) -> T + Sync,
+    F: Fn(&mut Decoder, std::result::Result<Record<'_>, UnreadRecord>) -> T + Sync,
 {
     (0..dataset.len())
         .into_par_iter()
@@ -425,9 +425,35 @@ where
                 )
             },
             |(reader, decoder), index| match reader {
-                Ok(reader) => f(decoder, reader.read(index).map_err(|e| e.to_string())),
-                Err(e) => f(decoder, Err(format!("cannot open a reader: {e}"))),
+                Ok(reader) => f(decoder, reader.read(index).map_err(UnreadRecord::from)),
+                Err(e) => f(
+                    decoder,
+                    Err(UnreadRecord {
+                        key: "?".into(),
+                        message: format!("cannot open a reader: {e}"),
+                    }),
+                ),
             },
         )
         .collect()
+}
+
+/// A record [`par_map_records`] could not read: its key when the error names one (`?`
+/// otherwise), and the error's message.
+pub(crate) struct UnreadRecord {
+    pub key: String,
+    pub message: String,
+}
+
+impl From<Error> for UnreadRecord {
+    fn from(e: Error) -> Self {
+        let key = match &e {
+            Error::CorruptRecord { key, .. } => key.clone(),
+            _ => "?".into(),
+        };
+        UnreadRecord {
+            key,
+            message: e.to_string(),
+        }
+    }
 }

@@ -192,14 +192,14 @@ pub fn inspect(path: impl AsRef<Path>) -> Result<Inspection> {
                 }),
             }
         }
-        Err(reason) => Seen {
+        Err(unread) => Seen {
             label: u32::MAX,
             bytes: 0,
             size: None,
             error: Some(BadRecord {
                 index: usize::MAX,
-                key: "?".into(),
-                reason,
+                key: unread.key,
+                reason: unread.message,
             }),
         },
     });

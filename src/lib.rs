@@ -39,6 +39,8 @@ pub mod decode;
 pub mod error;
 pub mod file;
 pub mod format;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 #[cfg(feature = "cuda")]
 pub mod gpu;
 pub mod inspect;

@@ -641,6 +641,32 @@ pub(crate) fn refuse_interrupted(path: &Path) -> Result<()> {
 }
 
 /// Reads the JSON progress record `name` that a staged writer keeps in `partial`.
+/// True when the staging directory `partial` was left by a run killed before its first progress
+/// record (`progress_name`) was renamed into place: it holds nothing but uncommitted `.tmp`
+/// files of our writers, so nothing was committed and `--resume` starts afresh in it. Call with
+/// the staging lock held, then [`clear_uncommitted`].
+pub(crate) fn nothing_committed(partial: &Path, progress_name: &str) -> bool {
+    !partial.join(progress_name).exists()
+        && crate::format::foreign_entry(partial).is_none()
+        && fs::read_dir(partial).is_ok_and(|entries| {
+            entries.into_iter().all(|e| {
+                e.is_ok_and(|e| {
+                    e.file_type().is_ok_and(|t| t.is_file())
+                        && e.file_name().to_string_lossy().ends_with(".tmp")
+                })
+            })
+        })
+}
+
+/// Removes the uncommitted `.tmp` files of a staging directory [`nothing_committed`] accepted.
+pub(crate) fn clear_uncommitted(partial: &Path) -> Result<()> {
+    for entry in fs::read_dir(partial).at(partial)? {
+        let path = entry.at(partial)?.path();
+        fs::remove_file(&path).at(&path)?;
+    }
+    Ok(())
+}
+
 pub(crate) fn read_staged_progress<T: for<'de> Deserialize<'de>>(
     partial: &Path,
     name: &str,

@@ -101,6 +101,33 @@ pub fn synthetic_pixels(spec: &SyntheticSpec, class: usize, index: usize) -> Vec
     pixels
 }
 
+/// One synthetic JPEG (`width × height`, quality 90, the pixels of class 0, image 0 of the
+/// default spec at that size): a known-good image for tests and fuzz references.
+pub fn sample_jpeg(width: u32, height: u32) -> Vec<u8> {
+    let spec = SyntheticSpec {
+        width,
+        height,
+        ..SyntheticSpec::default()
+    };
+    let pixels = synthetic_pixels(&spec, 0, 0);
+    encode_jpeg(&pixels, width, height, image::ExtendedColorType::Rgb8, 90)
+}
+
+/// The same pixels as [`sample_jpeg`] as a progressive and as a CMYK JPEG (fuzz seeds).
+#[cfg(feature = "fuzzing")]
+pub(crate) fn sample_jpeg_variants(width: u32, height: u32) -> [Vec<u8>; 2] {
+    let spec = SyntheticSpec {
+        width,
+        height,
+        ..SyntheticSpec::default()
+    };
+    let pixels = synthetic_pixels(&spec, 0, 0);
+    [
+        turbo_jpeg(&pixels, width, height, 90, true).expect("in-memory JPEG"),
+        cmyk_jpeg(&pixels, width, height, 90).expect("in-memory JPEG"),
+    ]
+}
+
 fn encode_jpeg(
     pixels: &[u8],
     width: u32,

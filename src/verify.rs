@@ -161,7 +161,7 @@ impl Checker<'_> {
     fn check(
         &self,
         decoder: &mut Decoder,
-        record: std::result::Result<crate::Record<'_>, String>,
+        record: std::result::Result<crate::Record<'_>, crate::dataset::UnreadRecord>,
     ) -> (Option<usize>, Vec<Problem>) {
         let problem = |key: &str, problem: String| Problem {
             index: None,
@@ -170,7 +170,7 @@ impl Checker<'_> {
         };
         let record = match record {
             Ok(r) => r,
-            Err(reason) => return (None, vec![problem("?", reason)]),
+            Err(unread) => return (None, vec![problem(&unread.key, unread.message)]),
         };
         let mut problems = Vec::new();
         let mut pixels = Vec::new();

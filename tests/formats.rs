@@ -911,3 +911,244 @@ fn a_staging_directory_killed_before_its_first_record_is_replaced_by_force_and_n
     fs::write(other.join("thesis.tmp"), "mine").unwrap();
     assert!(!format::is_own_output(&other));
 }
+
+#[test]
+fn resume_after_a_kill_before_the_first_progress_record_starts_afresh() {
+    // Regression (kill loop): SIGKILL between creating the staging directory and renaming its
+    // first progress record into place left a directory `--resume` refused ("not a partial
+    // imagefeed HDF5 (no readable progress.json)"), although the error told the user to resume;
+    // likewise an LMDB killed before its first commit ("meta/info is missing").
+    let dir = tempfile::tempdir().unwrap();
+    let resume_lmdb = PackOptions {
+        mode: StartMode {
+            force: false,
+            resume: true,
+        },
+        ..small_options()
+    };
+    let out = dir.path().join("d.lmdb");
+    let partial = pack::partial_path(&out);
+    {
+        let mut options = heed::EnvOpenOptions::new();
+        options.max_dbs(3);
+        // SAFETY: test-only; nothing else has this file open. Nothing is committed.
+        let env = unsafe { options.flags(heed::EnvFlags::NO_SUB_DIR).open(&partial) }.unwrap();
+        env.prepare_for_closing().wait();
+    }
+    let _ = fs::remove_file(dir.path().join("d.lmdb.partial-lock"));
+    pack::pack_image_folder(
+        &fixture_root(),
+        &out,
+        PackFormat::Lmdb,
+        &resume_lmdb,
+        &NoProgress,
+    )
+    .unwrap();
+    assert!(verify::verify(&out, Some(&fixture_root())).unwrap().is_ok());
+    let resume = PackOptions {
+        mode: StartMode {
+            force: false,
+            resume: true,
+        },
+        ..small_options()
+    };
+    for (format, name, progress) in [
+        (PackFormat::Hdf5, "d.h5", "progress.json"),
+        (PackFormat::Records, "d.records", "progress.json"),
+    ] {
+        let out = dir.path().join(name);
+        let partial = pack::partial_path(&out);
+        fs::create_dir(&partial).unwrap();
+        fs::write(
+            partial.join(format!("{progress}.tmp")),
+            "{\"magic\": \"imag",
+        )
+        .unwrap();
+        pack::pack_image_folder(&fixture_root(), &out, format, &resume, &NoProgress)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(
+            verify::verify(&out, Some(&fixture_root())).unwrap().is_ok(),
+            "{name}"
+        );
+        assert!(!partial.exists(), "{name}");
+        // Anything not ours in such a directory is never deleted: resume refuses.
+        fs::create_dir(&partial).unwrap();
+        fs::write(partial.join("thesis.tmp"), "mine").unwrap();
+        let err = pack::pack_image_folder(&fixture_root(), &out, format, &resume, &NoProgress)
+            .unwrap_err();
+        assert!(partial.join("thesis.tmp").exists(), "{name}: {err}");
+        fs::remove_dir_all(&partial).unwrap();
+    }
+}
+
+/// Flips one byte at `at` in every copy of `needle` in the file at `path` (LMDB may keep an
+/// old copy in a free page beside the live one).
+fn flip_inside(path: &Path, needle: &[u8], at: usize) {
+    let mut bytes = fs::read(path).unwrap();
+    let found: Vec<usize> = bytes
+        .windows(needle.len())
+        .enumerate()
+        .filter(|(_, w)| *w == needle)
+        .map(|(i, _)| i)
+        .collect();
+    assert!(
+        !found.is_empty(),
+        "{}: the payload is stored",
+        path.display()
+    );
+    for start in found {
+        bytes[start + at] ^= 0x10;
+    }
+    fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn a_byte_changed_in_a_stored_payload_or_label_is_a_bad_record_in_every_format() {
+    // Regression (corruption harness, tests/corrupt.rs): a byte flipped inside a JPEG's entropy
+    // data still decodes, to different pixels; LMDB and HDF5 handed those out as good samples.
+    // Version-2 layouts store a CRC-32C per record, checked on every read.
+    let dir = tempfile::tempdir().unwrap();
+    let key = "class02/img00001.jpg";
+    let payload = fs::read(fixture_root().join(key)).unwrap();
+    for (format, name) in [
+        (PackFormat::Lmdb, "flip.lmdb"),
+        (PackFormat::Hdf5, "flip.h5"),
+        (PackFormat::Records, "flip.records"),
+    ] {
+        let path = dir.path().join(name);
+        pack_as(&fixture_root(), &path, format, &small_options());
+        let index = all_records(&path)
+            .iter()
+            .position(|row| row.0 == key)
+            .unwrap();
+        // Inside the entropy-coded data: the JPEG still decodes, to other pixels.
+        let file = if path.is_dir() {
+            locate(&path, index).0
+        } else {
+            path.clone()
+        };
+        flip_inside(&file, &payload, payload.len() / 2);
+        let mut changed = payload.clone();
+        changed[payload.len() / 2] ^= 0x10;
+        assert!(
+            imagefeed::decode::Decoder::new()
+                .decode_rgb(&changed, &mut Vec::new())
+                .is_ok(),
+            "the changed JPEG must still decode for this test to mean anything"
+        );
+        let dataset = format::open(&path).unwrap();
+        let mut reader = dataset.open_reader().unwrap();
+        let err = reader.read(index).unwrap_err();
+        let message = err.to_string();
+        // A TFRecord's key is inside its (now unreadable) data: it is named by shard and index.
+        let named = if format == PackFormat::Records {
+            format!("record {index} (?)")
+        } else {
+            key.to_string()
+        };
+        assert!(
+            matches!(err, Error::CorruptRecord { .. }) && message.contains(&named),
+            "{name}: {message}"
+        );
+        assert!(
+            reader.read(index + 1).is_ok(),
+            "{name}: the next record is fine"
+        );
+        let report = verify::verify(&path, None).unwrap();
+        assert_eq!(report.problems.len(), 1, "{name}: {:?}", report.problems);
+        assert_eq!(report.problems[0].index, Some(index), "{name}");
+        if format != PackFormat::Records {
+            assert_eq!(report.problems[0].key, key, "{name}");
+        }
+    }
+
+    // A label changed in an LMDB value (the 4 bytes before the key's length) is caught too.
+    let path = dir.path().join("label.lmdb");
+    pack_as(&fixture_root(), &path, PackFormat::Lmdb, &small_options());
+    let mut bytes = fs::read(&path).unwrap();
+    let copies: Vec<usize> = bytes
+        .windows(key.len())
+        .enumerate()
+        .filter(|(at, w)| *w == key.as_bytes() && bytes[at - 4] == key.len() as u8)
+        .map(|(at, _)| at)
+        .collect();
+    assert!(!copies.is_empty());
+    for at in copies {
+        assert_eq!(bytes[at - 8], 2, "class02's label");
+        bytes[at - 8] = 1;
+    }
+    fs::write(&path, bytes).unwrap();
+    let dataset = format::open(&path).unwrap();
+    let mut reader = dataset.open_reader().unwrap();
+    let bad: Vec<String> = (0..dataset.len())
+        .filter_map(|i| reader.read(i).err().map(|e| e.to_string()))
+        .collect();
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert!(
+        bad[0].contains(key) && bad[0].contains("checksum mismatch"),
+        "{}",
+        bad[0]
+    );
+}
+
+#[test]
+fn version_1_lmdb_and_hdf5_files_without_checksums_still_read() {
+    // Files packed before checksums (layout version 1) open and read as before, unchecked.
+    let dir = tempfile::tempdir().unwrap();
+    let lmdb = dir.path().join("v1.lmdb");
+    pack_as(&fixture_root(), &lmdb, PackFormat::Lmdb, &small_options());
+    let want = all_records(&lmdb);
+    {
+        let mut options = heed::EnvOpenOptions::new();
+        options.max_dbs(3);
+        // SAFETY: test-only; nothing else has this file open.
+        let env = unsafe { options.flags(heed::EnvFlags::NO_SUB_DIR).open(&lmdb) }.unwrap();
+        let mut wtxn = env.write_txn().unwrap();
+        let meta: heed::Database<heed::types::Str, heed::types::Str> =
+            env.open_database(&wtxn, Some("meta")).unwrap().unwrap();
+        let info = meta.get(&wtxn, "info").unwrap().unwrap().to_string();
+        assert!(info.contains(r#""version":2"#), "{info}");
+        meta.put(
+            &mut wtxn,
+            "info",
+            &info.replace(r#""version":2"#, r#""version":1"#),
+        )
+        .unwrap();
+        let sums: heed::Database<heed::types::Bytes, heed::types::Bytes> = env
+            .open_database(&wtxn, Some("checksums"))
+            .unwrap()
+            .unwrap();
+        sums.clear(&mut wtxn).unwrap();
+        wtxn.commit().unwrap();
+    }
+    let _ = fs::remove_file(dir.path().join("v1.lmdb-lock"));
+    assert_eq!(all_records(&lmdb), want);
+
+    let h5 = dir.path().join("v1.h5");
+    pack_as(&fixture_root(), &h5, PackFormat::Hdf5, &small_options());
+    let want = all_records(&h5);
+    {
+        let file = hdf5::File::open_rw(&h5).unwrap();
+        file.unlink("checksums").unwrap();
+        let attr = file.attr("imagefeed").unwrap();
+        let json: hdf5::types::VarLenUnicode = attr.read_scalar().unwrap();
+        let json = json.as_str().replace(r#""version":2"#, r#""version":1"#);
+        attr.write_scalar(&json.parse::<hdf5::types::VarLenUnicode>().unwrap())
+            .unwrap();
+    }
+    assert_eq!(all_records(&h5), want);
+    // And a version-2 file whose checksums went missing is refused, naming the file.
+    let no_sums = dir.path().join("v2-no-sums.h5");
+    pack_as(
+        &fixture_root(),
+        &no_sums,
+        PackFormat::Hdf5,
+        &small_options(),
+    );
+    hdf5::File::open_rw(&no_sums)
+        .unwrap()
+        .unlink("checksums")
+        .unwrap();
+    let err = format::open(&no_sums).unwrap_err().to_string();
+    assert!(err.contains("v2-no-sums.h5"), "{err}");
+}

@@ -418,11 +418,10 @@ fn an_lmdb_from_a_newer_layout_is_refused() {
         let mut wtxn = env.write_txn().unwrap();
         let meta: heed::Database<heed::types::Str, heed::types::Str> =
             env.open_database(&wtxn, Some("meta")).unwrap().unwrap();
-        let info = meta
-            .get(&wtxn, "info")
-            .unwrap()
-            .unwrap()
-            .replace("\"version\":1", "\"version\":99");
+        let info = meta.get(&wtxn, "info").unwrap().unwrap().replace(
+            &format!("\"version\":{}", imagefeed::format::lmdb::VERSION),
+            "\"version\":99",
+        );
         meta.put(&mut wtxn, "info", &info).unwrap();
         wtxn.commit().unwrap();
         env.prepare_for_closing().wait();

@@ -24,6 +24,7 @@ mod compare;
 #[cfg(feature = "cuda")]
 mod gpu;
 mod report;
+mod soak;
 
 #[derive(Parser)]
 #[command(
@@ -136,6 +137,9 @@ enum Command {
     Gpu(gpu::GpuArgs),
     /// Run the loader over a dataset: one line per epoch with images/s (and a digest).
     Load(LoadArgs),
+    /// Many epochs of one loader over a dataset with bad samples: resident memory flat, no
+    /// buffer growth, determinism and exact resume checked every few epochs.
+    Soak(soak::SoakArgs),
     /// Read every record of a dataset (a packed file or an ImageFolder directory).
     Read {
         /// The dataset.
@@ -458,6 +462,7 @@ fn run() -> Result<()> {
     match Cli::parse().command {
         Command::Load(args) => load(args),
         Command::Compare(args) => compare::compare(args),
+        Command::Soak(args) => soak::soak(&args),
         #[cfg(feature = "cuda")]
         Command::Gpu(args) => gpu::run(args),
         Command::Read {

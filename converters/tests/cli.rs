@@ -906,7 +906,7 @@ fn fifos_devices_sparse_files_and_bombs_are_rejected_by_path_without_hanging_or_
 fn a_full_disk_is_reported_as_such_naming_the_output() {
     // Regression: LMDB reported a full disk as "Input/output error". A 2 MB tmpfs in a private
     // mount namespace stands in for a full disk (unshare -rm needs no privileges where user
-    // namespaces are enabled).
+    // namespaces are enabled); growing it to 64 MB frees space, and --resume must then finish.
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("src");
     let spec = SyntheticSpec {
@@ -924,19 +924,29 @@ fn a_full_disk_is_reported_as_such_naming_the_output() {
         "mount -t tmpfs -o size=2M tmpfs '{}' || exit 77\n",
         small.display()
     );
+    // Per format: fill the 2 MB disk, then free space (grow the tmpfs) and resume.
     for (command, name) in [
         ("imagefolder2lmdb", "out.lmdb"),
         ("imagefolder2hdf5", "out.h5"),
         ("imagefolder2records", "out.records"),
     ] {
         let out = small.join(name);
-        script.push_str(&format!(
-            "'{bin}' {command} -q --threads 1 '{}' '{}'; echo \"{name} exit $?\"; \
-             ls '{}' >/dev/null 2>&1 && echo \"{name} partial kept\"; rm -rf '{}'\n",
+        let part = partial(&out);
+        let (src, out, part, small) = (
             src.display(),
             out.display(),
-            partial(&out).display(),
-            partial(&out).display(),
+            part.display(),
+            small.display(),
+        );
+        script.push_str(&format!(
+            "mount -o remount,size=2M '{small}'\n\
+             '{bin}' {command} -q --threads 1 '{src}' '{out}'; echo \"{name} exit $?\"\n\
+             ls '{part}' >/dev/null 2>&1 && echo \"{name} partial kept\"\n\
+             ls '{out}' >/dev/null 2>&1 && echo \"{name} output exists\"\n\
+             mount -o remount,size=64M '{small}'\n\
+             '{bin}' {command} -q --threads 1 --resume '{src}' '{out}'; echo \"{name} resumed $?\"\n\
+             '{bin}' verify '{out}' --against '{src}'; echo \"{name} verified $?\"\n\
+             rm -rf '{out}' '{part}'\n"
         ));
     }
     let o = Command::new("unshare")
@@ -956,6 +966,14 @@ fn a_full_disk_is_reported_as_such_naming_the_output() {
             out.contains(&format!("{name} partial kept")),
             "{out}\n{err}"
         );
+        assert!(!out.contains(&format!("{name} output exists")), "{out}");
+        // Once space is freed, --resume finishes what was written and the result verifies.
+        for step in ["resumed", "verified"] {
+            assert!(
+                out.contains(&format!("{name} {step} 0")),
+                "{name} {step}:\n{out}\n{err}"
+            );
+        }
         let line = err
             .lines()
             .find(|l| l.contains(&format!("{name}.partial")))

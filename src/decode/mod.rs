@@ -200,10 +200,12 @@ impl RawImage {
         let width = u32::from_le_bytes(data[4..8].try_into().expect("4 bytes"));
         let height = u32::from_le_bytes(data[8..12].try_into().expect("4 bytes"));
         let pixels = &data[Self::HEADER_LEN..];
-        let expected = width as u64 * height as u64 * 3;
-        if pixels.len() as u64 != expected {
+        // 3·w·h overflows u64 for the largest sizes (found by fuzzing): checked, not wrapped.
+        let expected = (width as u64 * height as u64).checked_mul(3);
+        if expected != Some(pixels.len() as u64) {
             return Err(DecodeError::BadRaw(format!(
-                "header says {width}x{height} ({expected} bytes) but {} bytes follow",
+                "header says {width}x{height} ({} bytes) but {} bytes follow",
+                expected.map_or("over 2^64".into(), |e| e.to_string()),
                 pixels.len()
             )));
         }
@@ -318,7 +320,7 @@ impl Decoder {
                 (header.width as u64, header.height as u64)
             }
             other => {
-                let decoder = image_decoder(data, other)?;
+                let decoder = image_decoder(data, other, self.max_pixels)?;
                 let (w, h) = decoder.dimensions();
                 (w as u64, h as u64)
             }
@@ -596,14 +598,18 @@ pub fn max_file_len(prefix: &[u8]) -> Result<FileBound, String> {
             let (w, h) = at(4)
                 .zip(at(8))
                 .ok_or("a raw payload cut inside its header")?;
-            let bytes = RawImage::HEADER_LEN as u64 + u64::from(w) * u64::from(h) * 3;
+            let bytes = (u64::from(w) * u64::from(h))
+                .saturating_mul(3)
+                .saturating_add(RawImage::HEADER_LEN as u64);
             return Ok(FileBound {
                 bytes,
                 what: format!("a {w}x{h} raw RGB payload"),
             });
         }
         PayloadFormat::Jpeg => jpeg_size(prefix),
-        other => image_decoder(prefix, other).ok().map(|d| d.dimensions()),
+        other => image_decoder(prefix, other, DEFAULT_MAX_PIXELS)
+            .ok()
+            .map(|d| d.dimensions()),
     };
     let (pixels, what) = match size {
         Some((w, h)) => (
@@ -725,14 +731,97 @@ fn image_error(format: PayloadFormat, e: image::ImageError) -> DecodeError {
     }
 }
 
+/// Refuses a TIFF whose first directory has an entry claiming more values than the file holds.
+///
+/// The tiff crate sizes a value list from the entry's count before reading it (up to 256 MiB
+/// for a 200-byte file, found by fuzzing), and the image crate applies its allocation limits only
+/// after that first directory is read. A value list that is not inline must lie inside the file,
+/// which bounds that allocation by the file's size.
+fn check_tiff_directory(data: &[u8]) -> Result<(), DecodeError> {
+    let refuse = |reason: String| DecodeError::Image {
+        format: "tiff",
+        reason,
+    };
+    let little = match data.get(..2) {
+        Some(b"II") => true,
+        Some(b"MM") => false,
+        _ => return Ok(()), // not TIFF: the decoder says so
+    };
+    let u16_at = |o: usize| {
+        data.get(o..o + 2).map(|b| {
+            let b = [b[0], b[1]];
+            if little {
+                u16::from_le_bytes(b)
+            } else {
+                u16::from_be_bytes(b)
+            }
+        })
+    };
+    let uint_at = |o: usize, n: usize| -> Option<u64> {
+        let b = data.get(o..o + n)?;
+        let mut v = 0u64;
+        for i in 0..n {
+            let byte = if little { b[n - 1 - i] } else { b[i] };
+            v = v << 8 | u64::from(byte);
+        }
+        Some(v)
+    };
+    let big = u16_at(2) == Some(43);
+    // (offset of the first directory, bytes of a count, of an entry, of an inline value)
+    let (ifd, count_len, entry_len, inline) = if big {
+        (uint_at(8, 8), 8, 20, 8)
+    } else {
+        (uint_at(4, 4), 2, 12, 4)
+    };
+    let Some(ifd) = ifd.and_then(|o| usize::try_from(o).ok()) else {
+        return Ok(());
+    };
+    let Some(entries) = uint_at(ifd, count_len) else {
+        return Ok(());
+    };
+    let field = if big { 8 } else { 4 };
+    for i in 0..entries.min(4096) as usize {
+        let at = ifd + count_len + i * entry_len;
+        let (Some(kind), Some(count), Some(offset)) = (
+            u16_at(at + 2),
+            uint_at(at + 4, field),
+            uint_at(at + 4 + field, field),
+        ) else {
+            break;
+        };
+        let size = match kind {
+            1 | 2 | 6 | 7 => 1,
+            3 | 8 => 2,
+            4 | 9 | 11 | 13 => 4,
+            5 | 10 | 12 | 16 | 17 | 18 => 8,
+            _ => continue,
+        };
+        let bytes = count.saturating_mul(size);
+        if bytes > inline && offset.saturating_add(bytes) > data.len() as u64 {
+            return Err(refuse(format!(
+                "directory entry {i} claims {count} values ({bytes} bytes at offset {offset}) \
+                 in a {}-byte file",
+                data.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The image crate's decoder for `data`, allocating no more than an RGBA16 image of
+/// `max_pixels` pixels needs (its decoders size buffers from header fields such as TIFF strip
+/// lengths, which can claim far more than the image's dimensions).
 fn image_decoder(
     data: &[u8],
     format: PayloadFormat,
+    max_pixels: u64,
 ) -> Result<impl image::ImageDecoder + '_, DecodeError> {
+    if format == PayloadFormat::Tiff {
+        check_tiff_directory(data)?;
+    }
     let mut reader = image::ImageReader::with_format(Cursor::new(data), image_format(format));
-    // The image crate's own limits: no allocation beyond what our pixel limit allows (RGBA16).
     let mut limits = image::Limits::default();
-    limits.max_alloc = Some(DEFAULT_MAX_PIXELS.saturating_mul(8));
+    limits.max_alloc = Some(max_pixels.saturating_mul(8));
     reader.limits(limits);
     reader.into_decoder().map_err(|e| image_error(format, e))
 }
@@ -742,7 +831,7 @@ fn decode_with_image_crate(
     format: PayloadFormat,
     max_pixels: u64,
 ) -> Result<Vec<u8>, DecodeError> {
-    let decoder = image_decoder(data, format)?;
+    let decoder = image_decoder(data, format, max_pixels)?;
     let (w, h) = decoder.dimensions();
     if (w as u64) * (h as u64) > max_pixels {
         return Err(DecodeError::TooLarge {

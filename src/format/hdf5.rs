@@ -1,9 +1,9 @@
 //! HDF5 datasets: the writer `pack-dataset imagefolder2hdf5` uses, and a reader for that layout
 //! and for the two layouts h5py users most often already have.
 //!
-//! # Layout (version 1)
+//! # Layout (version 2)
 //!
-//! One HDF5 file with four datasets in the root group, all uncompressed:
+//! One HDF5 file with five datasets in the root group, all uncompressed:
 //!
 //! | name      | type                  | shape   | content                                         |
 //! |-----------|-----------------------|---------|-------------------------------------------------|
@@ -11,9 +11,15 @@
 //! | `offsets` | `uint64`              | `(N+1,)`| sample `i` is `images[offsets[i]:offsets[i+1]]` |
 //! | `labels`  | `int64`               | `(N,)`  | class index, `0 ≤ label < len(classes)`         |
 //! | `keys`    | variable-length UTF-8 | `(N,)`  | path relative to the ImageFolder root           |
+//! | `checksums` | `uint32`            | `(N,)`  | CRC-32C of `label u32 LE, len(key) u32 LE, key, payload` |
+//!
+//! The reader checks each record against its checksum
+//! ([`record_checksum`](crate::format::record_checksum)), so bytes changed since packing make a
+//! bad sample that says so, never wrong pixels, labels or keys handed out as good. Version 1
+//! files (no `checksums`, written before 0.2) are still read, unchecked.
 //!
 //! and two root attributes: `classes` (variable-length UTF-8 strings, indexed by label) and
-//! `imagefeed`, a JSON string `{"magic": "imagefeed-hdf5", "version": 1, "complete": true,
+//! `imagefeed`, a JSON string `{"magic": "imagefeed-hdf5", "version": 2, "complete": true,
 //! "format": "hdf5", "classes": [...], "num_samples": N, "payload": "encoded" | "raw-rgb8", ...}`.
 //! Payloads are the original files' bytes, or with `--raw` decoded pixels
 //! (`"RGB8" | u32 LE width | u32 LE height | RGB`). h5py reads sample `i` with
@@ -79,7 +85,9 @@ use crate::pack::{self, PackPlan, PackProgress, PackSink, PackedRecord, StartMod
 /// The `magic` value in the `imagefeed` attribute.
 pub const MAGIC: &str = "imagefeed-hdf5";
 /// The layout version this build writes and the newest it reads.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
+/// The first layout version with the `checksums` dataset.
+const CHECKSUMS_SINCE: u32 = 2;
 /// The eight bytes every HDF5 file starts with (at offset 0 when there is no user block).
 pub const SIGNATURE: &[u8; 8] = b"\x89HDF\r\n\x1a\n";
 
@@ -89,6 +97,7 @@ const IMAGES: &str = "images";
 const OFFSETS: &str = "offsets";
 const LABELS: &str = "labels";
 const KEYS: &str = "keys";
+const CHECKSUMS: &str = "checksums";
 
 /// Bytes copied per HDF5 write when the staged payloads are moved into the file.
 const COPY_BLOCK: usize = 32 << 20;
@@ -169,9 +178,14 @@ impl Hdf5Writer {
                 .open(&path)
                 .at(&path)
         };
-        if !partial.exists() {
+        let created = !partial.exists();
+        if created {
             fs::create_dir(&partial).at(&partial)?;
-            let lock = pack::lock_staging(&partial)?;
+        }
+        let lock = pack::lock_staging(&partial)?;
+        // A run killed before its first progress record committed nothing: start afresh.
+        if created || pack::nothing_committed(&partial, STAGED_PROGRESS) {
+            pack::clear_uncommitted(&partial)?;
             // The progress record goes in before any other file, so a staging directory is
             // recognised as ours (and never taken for anything else) from its first entry on.
             let progress = PackProgress::default();
@@ -188,7 +202,6 @@ impl Hdf5Writer {
             };
             return Ok((writer, progress));
         }
-        let lock = pack::lock_staging(&partial)?;
         let staged: StagedProgress =
             pack::read_staged_progress(&partial, STAGED_PROGRESS, "imagefeed HDF5")?;
         staged.plan.check_resumable(plan, &partial)?;
@@ -271,14 +284,21 @@ impl Hdf5Writer {
             staged.seek(std::io::SeekFrom::Start(0)).at(&staged_path)?;
             let mut block = vec![0u8; COPY_BLOCK];
             let mut done = 0usize;
+            let mut checksums = RecordChecksums::new(&offsets, &labels, &keys);
             while (done as u64) < self.payload_bytes {
                 let n = COPY_BLOCK.min(self.payload_bytes as usize - done);
                 staged.read_exact(&mut block[..n]).at(&staged_path)?;
+                checksums.update(done as u64, &block[..n]);
                 images
                     .write_slice(&block[..n], done..done + n)
                     .map_err(h5("writing the images dataset"))?;
                 done += n;
             }
+            let checksums = checksums.finish();
+            file.new_dataset_builder()
+                .with_data(checksums.as_slice())
+                .create(CHECKSUMS)
+                .map_err(h5("writing checksums"))?;
             file.new_dataset_builder()
                 .with_data(offsets.as_slice())
                 .create(OFFSETS)
@@ -323,12 +343,116 @@ impl Hdf5Writer {
     }
 }
 
+/// Writes an HDF5 file in imagefeed's layout from raw parts, none of them checked: the
+/// `imagefeed` attribute's bytes, offsets, labels, keys and image bytes. For fuzzing the reader.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn write_raw_parts(
+    path: &Path,
+    info_json: &[u8],
+    offsets: &[u64],
+    labels: &[i64],
+    keys: &[Vec<u8>],
+    images: &[u8],
+) -> hdf5::Result<()> {
+    let file = hdf5::File::with_options()
+        .with_fapl(|fapl| fapl.file_locking(false))
+        .create(path)?;
+    file.new_dataset_builder()
+        .with_data(images)
+        .create(IMAGES)?;
+    file.new_dataset_builder()
+        .with_data(offsets)
+        .create(OFFSETS)?;
+    file.new_dataset_builder()
+        .with_data(labels)
+        .create(LABELS)?;
+    // The bytes as text, with NULs (which HDF5 strings cannot hold) and invalid UTF-8 replaced:
+    // a non-UTF-8 key is tested in tests/hostile.rs.
+    let text = |bytes: &[u8]| -> VarLenUnicode {
+        String::from_utf8_lossy(bytes)
+            .replace('\0', "\u{FFFD}")
+            .parse()
+            .expect("no NUL left")
+    };
+    let keys: Vec<VarLenUnicode> = keys.iter().map(|k| text(k)).collect();
+    file.new_dataset_builder()
+        .with_data(keys.as_slice())
+        .create(KEYS)?;
+    file.new_attr::<VarLenUnicode>()
+        .create(INFO_ATTR)?
+        .write_scalar(&text(info_json))?;
+    file.close()
+}
+
+/// Computes each record's [`record_checksum`](crate::format::record_checksum) while the
+/// payloads stream past in blocks: record `i`'s payload is bytes `offsets[i]..offsets[i + 1]`.
+struct RecordChecksums<'a> {
+    offsets: &'a [u64],
+    labels: &'a [i64],
+    keys: &'a [String],
+    /// The record being summed, and its CRC so far.
+    current: usize,
+    crc: u32,
+    done: Vec<u32>,
+}
+
+impl<'a> RecordChecksums<'a> {
+    fn new(offsets: &'a [u64], labels: &'a [i64], keys: &'a [String]) -> Self {
+        let mut sums = RecordChecksums {
+            offsets,
+            labels,
+            keys,
+            current: 0,
+            crc: 0,
+            done: Vec::with_capacity(keys.len()),
+        };
+        sums.start_record();
+        sums
+    }
+
+    fn start_record(&mut self) {
+        if let Some(key) = self.keys.get(self.current) {
+            self.crc = crate::format::checksum_start(self.labels[self.current] as u32, key);
+        }
+    }
+
+    /// Ends every record whose payload ends at or before `position`.
+    fn close_up_to(&mut self, position: u64) {
+        while self.current < self.keys.len() && self.offsets[self.current + 1] <= position {
+            self.done.push(self.crc);
+            self.current += 1;
+            self.start_record();
+        }
+    }
+
+    /// Adds `block`, the payload bytes starting at `at`.
+    fn update(&mut self, at: u64, block: &[u8]) {
+        let end = at + block.len() as u64;
+        let mut position = at;
+        while position < end {
+            self.close_up_to(position);
+            let Some(&stop) = self.offsets.get(self.current + 1) else {
+                break;
+            };
+            let stop = stop.min(end);
+            let piece = &block[(position - at) as usize..(stop - at) as usize];
+            self.crc = crc32c::crc32c_append(self.crc, piece);
+            position = stop;
+        }
+    }
+
+    fn finish(mut self) -> Vec<u32> {
+        self.close_up_to(u64::MAX);
+        self.done
+    }
+}
+
 /// The staged index, one entry per sample.
 type StagedIndex = (Vec<u64>, Vec<i64>, Vec<String>);
 
 /// Parses `index.bin`: per sample `u64 LE payload end | u32 LE label | u32 LE key length | key`;
 /// returns (payload ends, labels, keys).
-fn parse_staged_index(bytes: &[u8]) -> std::result::Result<StagedIndex, String> {
+pub(crate) fn parse_staged_index(bytes: &[u8]) -> std::result::Result<StagedIndex, String> {
     let (mut ends, mut labels, mut keys) = (Vec::new(), Vec::new(), Vec::new());
     let mut rest = bytes;
     while !rest.is_empty() {
@@ -404,6 +528,8 @@ enum Layout {
         data_len: u64,
         offsets: Vec<u64>,
         keys: Vec<String>,
+        /// Each record's checksum (layout version 2 on).
+        checksums: Option<Vec<u32>>,
     },
     /// h5py `vlen_dtype(uint8)`: one encoded image per element, read through the library.
     VarLen { images: String },
@@ -571,6 +697,20 @@ fn open_imagefeed(path: &Path, file: &hdf5::File, file_len: u64) -> Result<Share
     let offsets: Vec<u64> = open(OFFSETS)?.read_raw().map_err(h5("reading offsets"))?;
     let labels: Vec<i64> = open(LABELS)?.read_raw().map_err(h5("reading labels"))?;
     let keys: Vec<VarLenUnicode> = open(KEYS)?.read_raw().map_err(h5("reading keys"))?;
+    let checksums: Option<Vec<u32>> = if record.version >= CHECKSUMS_SINCE {
+        let sums: Vec<u32> = open(CHECKSUMS)?
+            .read_raw()
+            .map_err(h5("reading checksums"))?;
+        if sums.len() != n {
+            return Err(Error::not_a_dataset(
+                path,
+                format!("{n} samples, but {} checksums", sums.len()),
+            ));
+        }
+        Some(sums)
+    } else {
+        None
+    };
     if Some(offsets.len()) != n.checked_add(1) || labels.len() != n || keys.len() != n {
         return Err(Error::not_a_dataset(
             path,
@@ -596,6 +736,7 @@ fn open_imagefeed(path: &Path, file: &hdf5::File, file_len: u64) -> Result<Share
             data_len,
             offsets,
             keys: utf8_keys(path, &keys)?,
+            checksums,
         },
         notices: Vec::new(),
     })
@@ -999,6 +1140,7 @@ impl RecordReader for Hdf5Reader {
                 data_len,
                 offsets,
                 keys,
+                checksums,
             } => {
                 let key = keys[index].as_str();
                 let (start, end) = (offsets[index], offsets[index + 1]);
@@ -1019,6 +1161,14 @@ impl RecordReader for Hdf5Reader {
                     len,
                 )
                 .map_err(|reason| self.corrupt(index, key, reason))?;
+                if let Some(checksums) = checksums {
+                    let label = shared.labels[index] as u32;
+                    let computed = crate::format::record_checksum(label, key, &self.buffer);
+                    if computed != checksums[index] {
+                        let reason = crate::format::checksum_mismatch(checksums[index], computed);
+                        return Err(self.corrupt(index, key, reason));
+                    }
+                }
             }
             Layout::VarLen { images } => {
                 self.set_key(images, index);

@@ -1,12 +1,12 @@
 //! Single-file LMDB datasets: the writer `pack-dataset imagefolder2lmdb` uses, and the reader.
 //!
-//! # Layout (version 1)
+//! # Layout (version 2)
 //!
 //! One LMDB data file, opened with `MDB_NOSUBDIR` (as Python's `lmdb.open(path, subdir=False)`),
 //! holding two named databases:
 //!
 //! - `meta`, UTF-8 keys, JSON values:
-//!   - `info`: `{"magic": "imagefeed-lmdb", "version": 1, "complete": bool, "format": "lmdb",
+//!   - `info`: `{"magic": "imagefeed-lmdb", "version": 2, "complete": bool, "format": "lmdb",
 //!     "classes": [names...], "num_samples": N, "payload": "encoded" | "raw-rgb8",
 //!     "resized_short_side": S (only when resized at pack time)}`
 //!   - `pack-plan`: what the pack was asked to do (source fingerprint, options); `--resume`
@@ -23,6 +23,12 @@
 //!   offset 8 + K  ...      payload to the end of the value: the original file's bytes, or a raw
 //!                          payload (`"RGB8" | u32 LE width | u32 LE height | RGB pixels`)
 //!   ```
+//!
+//! - `checksums` (version 2 on): key = the first sample index of a committed chunk (`u64`
+//!   big-endian), value = one `u32` LE per sample of the chunk: CRC-32C of the sample's value
+//!   ([`record_checksum`](crate::format::record_checksum)). The reader checks every value
+//!   against it, so bytes changed since packing make a bad sample, never wrong pixels. Version 1
+//!   files (no checksums) are still read, unchecked.
 //!
 //! Python reads sample `i` with
 //! `env = lmdb.open(p, subdir=False, readonly=True, lock=False, max_dbs=2)`,
@@ -72,12 +78,15 @@ use crate::pack::{self, PackPlan, PackProgress, PackSink, PackedRecord, StartMod
 /// The `magic` value in `meta/info`.
 pub const MAGIC: &str = "imagefeed-lmdb";
 /// The layout version this build writes and the newest it reads.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
+/// The first layout version with the `checksums` database.
+const CHECKSUMS_SINCE: u32 = 2;
 /// Default LMDB map size for writing: address space only; the file grows as data is written.
 pub const DEFAULT_MAP_SIZE: usize = 1 << 40;
 
 const META_DB: &str = "meta";
 const SAMPLES_DB: &str = "samples";
+const CHECKSUMS_DB: &str = "checksums";
 const INFO_KEY: &str = "info";
 const PLAN_KEY: &str = "pack-plan";
 const PROGRESS_KEY: &str = "pack-progress";
@@ -90,7 +99,7 @@ fn sample_key(index: usize) -> [u8; 8] {
 }
 
 /// Appends a sample value (`label | key length | key | payload`) to `out`.
-fn encode_value(out: &mut Vec<u8>, label: u32, key: &str, payload: &[u8]) {
+pub(crate) fn encode_value(out: &mut Vec<u8>, label: u32, key: &str, payload: &[u8]) {
     out.clear();
     out.reserve(8 + key.len() + payload.len());
     out.extend_from_slice(&label.to_le_bytes());
@@ -100,7 +109,7 @@ fn encode_value(out: &mut Vec<u8>, label: u32, key: &str, payload: &[u8]) {
 }
 
 /// Splits a sample value into label, key and payload.
-fn decode_value(value: &[u8]) -> std::result::Result<(u32, &str, &[u8]), String> {
+pub(crate) fn decode_value(value: &[u8]) -> std::result::Result<(u32, &str, &[u8]), String> {
     if value.len() < 8 {
         return Err(format!(
             "value is {} bytes, shorter than its 8-byte header",
@@ -130,6 +139,30 @@ fn corrupt(path: &Path, index: usize, key: &str, reason: impl Into<String>) -> E
     }
 }
 
+/// Parses `meta/info` and checks its layout magic and version.
+pub(crate) fn parse_info(path: &Path, text: &str) -> Result<InfoRecord> {
+    let record: InfoRecord = from_json(path, INFO_KEY, text)?;
+    crate::format::check_layout(
+        path,
+        "meta/info magic",
+        &record.magic,
+        MAGIC,
+        record.version,
+        VERSION,
+    )?;
+    Ok(record)
+}
+
+/// Parses `meta/pack-progress`.
+pub(crate) fn parse_progress(path: &Path, text: &str) -> Result<PackProgress> {
+    from_json(path, PROGRESS_KEY, text)
+}
+
+/// Parses `meta/pack-plan`.
+pub(crate) fn parse_plan(path: &Path, text: &str) -> Result<PackPlan> {
+    from_json(path, PLAN_KEY, text)
+}
+
 fn to_json<T: Serialize>(value: &T) -> String {
     serde_json::to_string(value).expect("metadata serializes")
 }
@@ -150,9 +183,12 @@ pub struct LmdbWriter {
     _lock: fs::File,
     meta: Database<Str, Str>,
     samples: Database<Bytes, Bytes>,
+    checksums: Database<Bytes, Bytes>,
     partial: PathBuf,
     out: PathBuf,
     value: Vec<u8>,
+    /// The current chunk's checksums, as stored (`u32` LE each).
+    chunk_checksums: Vec<u8>,
 }
 
 impl LmdbWriter {
@@ -168,7 +204,9 @@ impl LmdbWriter {
         map_size: usize,
     ) -> Result<(Self, PackProgress)> {
         let partial = pack::prepare_output(out, mode)?;
-        let fresh = !partial.exists();
+        // A file in which no transaction was committed (a run killed before its first commit)
+        // holds nothing to resume: start afresh in it.
+        let fresh = !partial.exists() || holds_nothing(&partial);
         refuse_odd_lock_file(&partial)?;
         let env = open_write_env(&partial, map_size)?;
         let lock = pack::lock_staging(&partial)?;
@@ -178,6 +216,9 @@ impl LmdbWriter {
             .map_err(|e| Error::lmdb(&partial, e))?;
         let samples: Database<Bytes, Bytes> = env
             .create_database(&mut wtxn, Some(SAMPLES_DB))
+            .map_err(|e| Error::lmdb(&partial, e))?;
+        let checksums: Database<Bytes, Bytes> = env
+            .create_database(&mut wtxn, Some(CHECKSUMS_DB))
             .map_err(|e| Error::lmdb(&partial, e))?;
         let progress = if fresh {
             let info = InfoRecord::new(
@@ -207,6 +248,16 @@ impl LmdbWriter {
                     })
             };
             let info: InfoRecord = from_json(&partial, INFO_KEY, &get(INFO_KEY)?)?;
+            if info.version < CHECKSUMS_SINCE {
+                return Err(Error::ResumeMismatch {
+                    path: partial,
+                    reason: format!(
+                        "it was started by an older imagefeed (layout version {}, without \
+                         checksums); pack again with --force",
+                        info.version
+                    ),
+                });
+            }
             if info.complete {
                 return Err(Error::ResumeMismatch {
                     path: partial,
@@ -217,9 +268,9 @@ impl LmdbWriter {
                         .into(),
                 });
             }
-            let old_plan: PackPlan = from_json(&partial, PLAN_KEY, &get(PLAN_KEY)?)?;
+            let old_plan = parse_plan(&partial, &get(PLAN_KEY)?)?;
             old_plan.check_resumable(plan, &partial)?;
-            let progress: PackProgress = from_json(&partial, PROGRESS_KEY, &get(PROGRESS_KEY)?)?;
+            let progress = parse_progress(&partial, &get(PROGRESS_KEY)?)?;
             let written = samples.len(&wtxn).map_err(|e| Error::lmdb(&partial, e))?;
             if written != progress.samples_written as u64 {
                 return Err(Error::ResumeMismatch {
@@ -238,9 +289,11 @@ impl LmdbWriter {
             _lock: lock,
             meta,
             samples,
+            checksums,
             out: std::path::absolute(out).at(out)?,
             partial,
             value: Vec::new(),
+            chunk_checksums: Vec::new(),
         };
         Ok((writer, progress))
     }
@@ -248,7 +301,7 @@ impl LmdbWriter {
 
 fn open_write_env(path: &Path, map_size: usize) -> Result<Env> {
     let mut options = EnvOpenOptions::new();
-    options.map_size(map_size).max_dbs(2);
+    options.map_size(map_size).max_dbs(3);
     // SAFETY: NO_SUB_DIR only changes where LMDB puts its files (PATH and PATH-lock).
     unsafe { options.flags(EnvFlags::NO_SUB_DIR) };
     // SAFETY: the partial file is private to this writer until it is renamed; nothing else in
@@ -290,10 +343,18 @@ impl PackSink for LmdbWriter {
         let needed: u64 = records.iter().map(|r| r.payload.len() as u64 + 64).sum();
         let fail = |e| write_error(&self.partial, needed, e);
         let mut wtxn = self.env.write_txn().map_err(fail)?;
+        self.chunk_checksums.clear();
         for (offset, record) in records.iter().enumerate() {
             encode_value(&mut self.value, record.label, record.key, record.payload);
+            self.chunk_checksums
+                .extend_from_slice(&crc32c::crc32c(&self.value).to_le_bytes());
             self.samples
                 .put(&mut wtxn, &sample_key(first + offset), &self.value)
+                .map_err(|e| write_error(&self.partial, needed, e))?;
+        }
+        if !records.is_empty() {
+            self.checksums
+                .put(&mut wtxn, &sample_key(first), &self.chunk_checksums)
                 .map_err(|e| write_error(&self.partial, needed, e))?;
         }
         self.meta
@@ -397,8 +458,12 @@ static OPEN_ENVS: Mutex<Option<HashMap<PathBuf, OpenEnv>>> = Mutex::new(None);
 /// Which of the two LMDB layouts a file has.
 #[derive(Clone)]
 enum Layout {
-    /// imagefeed's own (module docs): `samples` database keyed by big-endian index.
-    Imagefeed(Database<Bytes, Bytes>),
+    /// imagefeed's own (module docs): `samples` database keyed by big-endian index, and each
+    /// sample's checksum (version 2 on).
+    Imagefeed {
+        samples: Database<Bytes, Bytes>,
+        checksums: Option<Arc<[u32]>>,
+    },
     /// Python folder2lmdb: the unnamed database, keys listed in `__keys__`, pickled
     /// `(image_bytes, label)` values.
     Folder2Lmdb {
@@ -471,17 +536,9 @@ impl Lmdb {
         let get = |key: &str| meta.get(&rtxn, key).map_err(|e| Error::lmdb(path, e));
         let info_text =
             get(INFO_KEY)?.ok_or_else(|| Error::not_a_dataset(path, "meta/info is missing"))?;
-        let record: InfoRecord = from_json(path, INFO_KEY, info_text)?;
-        crate::format::check_layout(
-            path,
-            "meta/info magic",
-            &record.magic,
-            MAGIC,
-            record.version,
-            VERSION,
-        )?;
+        let record = parse_info(path, info_text)?;
         let progress = match get(PROGRESS_KEY)? {
-            Some(text) => Some(from_json::<PackProgress>(path, PROGRESS_KEY, text)?),
+            Some(text) => Some(parse_progress(path, text)?),
             None => None,
         };
         let samples: Database<Bytes, Bytes> = env
@@ -489,6 +546,11 @@ impl Lmdb {
             .map_err(|e| Error::lmdb(path, e))?
             .ok_or_else(|| Error::not_a_dataset(path, "the samples database is missing"))?;
         let stored = samples.len(&rtxn).map_err(|e| Error::lmdb(path, e))? as usize;
+        let checksums = if record.version >= CHECKSUMS_SINCE {
+            Some(read_checksums(path, &env, &rtxn, stored)?)
+        } else {
+            None
+        };
         let mut info = record.info;
         if record.complete && stored != info.num_samples {
             return Err(Error::not_a_dataset(
@@ -506,7 +568,7 @@ impl Lmdb {
         Ok(Lmdb {
             path: path.to_path_buf(),
             env,
-            layout: Layout::Imagefeed(samples),
+            layout: Layout::Imagefeed { samples, checksums },
             info,
             complete: record.complete,
             progress,
@@ -523,6 +585,57 @@ impl Lmdb {
     pub fn pack_progress(&self) -> Option<&PackProgress> {
         self.progress.as_ref()
     }
+}
+
+/// Reads the `checksums` database of a version-2 file: one CRC-32C per stored sample, in
+/// chunks keyed by their first index, which must follow one another from 0 to `stored`.
+fn read_checksums(
+    path: &Path,
+    env: &Env<WithoutTls>,
+    rtxn: &RoTxn<'_, WithoutTls>,
+    stored: usize,
+) -> Result<Arc<[u32]>> {
+    let db: Database<Bytes, Bytes> = env
+        .open_database(rtxn, Some(CHECKSUMS_DB))
+        .map_err(|e| Error::lmdb(path, e))?
+        .ok_or_else(|| {
+            Error::not_a_dataset(
+                path,
+                "layout version 2 but the checksums database is missing",
+            )
+        })?;
+    let mut sums = Vec::with_capacity(stored);
+    for entry in db.iter(rtxn).map_err(|e| Error::lmdb(path, e))? {
+        let (key, value) = entry.map_err(|e| Error::lmdb(path, e))?;
+        let first = <[u8; 8]>::try_from(key).ok().map(u64::from_be_bytes);
+        let count = value.len() / 4;
+        if first != Some(sums.len() as u64) || value.len() % 4 != 0 || sums.len() + count > stored {
+            return Err(Error::not_a_dataset(
+                path,
+                format!(
+                    "the checksums database is damaged: an entry of {} bytes at key {key:02x?} \
+                     after {} checksums, for {stored} samples",
+                    value.len(),
+                    sums.len()
+                ),
+            ));
+        }
+        sums.extend(
+            value
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))),
+        );
+    }
+    if sums.len() != stored {
+        return Err(Error::not_a_dataset(
+            path,
+            format!(
+                "the checksums database covers {} of the {stored} samples",
+                sums.len()
+            ),
+        ));
+    }
+    Ok(sums.into())
 }
 
 /// Refuses what is clearly not an LMDB data file, or one cut short, with a clear message;
@@ -554,7 +667,7 @@ fn check_lmdb_file(path: &Path) -> Result<fs::File> {
             "not an LMDB file (bad magic number)",
         ));
     };
-    let needed = (live.last_page + 1).saturating_mul(live.page_size);
+    let needed = live.needed_len();
     if meta.len() < needed {
         return Err(Error::not_a_dataset(
             path,
@@ -568,10 +681,10 @@ fn check_lmdb_file(path: &Path) -> Result<fs::File> {
 }
 
 /// Bytes of a meta page we look at: page header (16) + MDB_meta up to mm_txnid (136).
-const META_PAGE_BYTES: usize = 152;
+pub(crate) const META_PAGE_BYTES: usize = 152;
 
 /// The fields of liblmdb's `MDB_meta` (64-bit build) that the length check needs.
-struct LmdbMeta {
+pub(crate) struct LmdbMeta {
     page_size: u64,
     last_page: u64,
     txn_id: u64,
@@ -581,7 +694,7 @@ impl LmdbMeta {
     /// Parses a meta page: a 16-byte page header, then `mm_magic`, `mm_version`, `mm_address`,
     /// `mm_mapsize`, two 48-byte `MDB_db` (the free-list DB's `md_pad` holds the page size),
     /// `mm_last_pg`, `mm_txnid`.
-    fn parse(page: &[u8]) -> Option<LmdbMeta> {
+    pub(crate) fn parse(page: &[u8]) -> Option<LmdbMeta> {
         if page.len() < META_PAGE_BYTES {
             return None;
         }
@@ -603,6 +716,13 @@ impl LmdbMeta {
 }
 
 impl LmdbMeta {
+    /// The bytes the file must hold: every page up to the last one this meta page uses.
+    pub(crate) fn needed_len(&self) -> u64 {
+        self.last_page
+            .saturating_add(1)
+            .saturating_mul(self.page_size)
+    }
+
     /// The live meta page of the LMDB file `file` (of the two, the one with the later
     /// transaction), or `None` when the first page is not an LMDB meta page. Reads from the start.
     fn read_live(file: &mut fs::File, path: &Path) -> Result<Option<LmdbMeta>> {
@@ -652,7 +772,7 @@ fn shared_read_env(path: &Path, file_len: u64) -> Result<Arc<ReadEnv>> {
     // under an address-space limit (ulimit -v, valgrind) can then open the file.
     let page = crate::pagecache::page_size();
     options
-        .max_dbs(2)
+        .max_dbs(3)
         .map_size((file_len as usize).max(1).div_ceil(page) * page);
     // SAFETY: these flags make the environment read-only and lock-free, which is sound because
     // imagefeed never modifies a published (renamed, complete) file.
@@ -787,11 +907,20 @@ impl RecordReader for LmdbReader {
         );
         let (txn, found) = (&self.txn, &mut self.found);
         let (label, key, payload) = match &self.layout {
-            Layout::Imagefeed(samples) => {
+            Layout::Imagefeed { samples, checksums } => {
                 let value = Self::value(txn, found, samples, index, &sample_key(index))
                     .map_err(|e| Error::lmdb(&self.path, e))?
                     .ok_or_else(|| corrupt(&self.path, index, "?", "record is missing"))?;
-                decode_value(value).map_err(|reason| corrupt(&self.path, index, "?", reason))?
+                let decoded = decode_value(value);
+                if let Some(checksums) = checksums {
+                    let computed = crc32c::crc32c(value);
+                    if computed != checksums[index] {
+                        let key = decoded.as_ref().map_or("?", |d| d.1);
+                        let reason = crate::format::checksum_mismatch(checksums[index], computed);
+                        return Err(corrupt(&self.path, index, key, reason));
+                    }
+                }
+                decoded.map_err(|reason| corrupt(&self.path, index, "?", reason))?
             }
             Layout::Folder2Lmdb { db, keys } => {
                 let key = keys[index].as_str();

@@ -24,6 +24,32 @@ pub mod lmdb;
 pub(crate) mod pickle;
 pub mod records;
 
+/// The checksum of one record, as LMDB and HDF5 datasets of layout version 2 store it:
+/// CRC-32C (Castagnoli) of `label u32 LE | key length u32 LE | key | payload` (the bytes of an
+/// LMDB sample value). Reading a record recomputes it, so bytes changed on disk since packing
+/// (bit rot, a bad copy, a flipped byte) make the record bad instead of handing out wrong
+/// pixels, labels or keys as good.
+pub(crate) fn record_checksum(label: u32, key: &str, payload: &[u8]) -> u32 {
+    crc32c::crc32c_append(checksum_start(label, key), payload)
+}
+
+/// The CRC-32C state after a record's label and key: [`record_checksum`] continued over the
+/// payload with `crc32c::crc32c_append` (for payloads written in pieces).
+pub(crate) fn checksum_start(label: u32, key: &str) -> u32 {
+    let mut head = [0u8; 8];
+    head[..4].copy_from_slice(&label.to_le_bytes());
+    head[4..].copy_from_slice(&(key.len() as u32).to_le_bytes());
+    crc32c::crc32c_append(crc32c::crc32c(&head), key.as_bytes())
+}
+
+/// The reason given for a record whose checksum does not match.
+pub(crate) fn checksum_mismatch(stored: u32, computed: u32) -> String {
+    format!(
+        "checksum mismatch (stored CRC-32C {stored:08x}, the record's bytes give {computed:08x}): \
+         the file changed since it was packed"
+    )
+}
+
 /// Refuses metadata whose magic is not `expected` or whose layout `version` is newer than
 /// `newest`. `magic_label` names where the magic was read, for the message.
 pub(crate) fn check_layout(

@@ -257,6 +257,11 @@ impl RecordsWriter {
             fs::create_dir(&partial).at(&partial)?;
         }
         let lock = pack::lock_staging(&partial)?;
+        // A run killed before its first progress record committed nothing: start afresh.
+        let resuming = resuming && !pack::nothing_committed(&partial, PROGRESS);
+        if !resuming {
+            pack::clear_uncommitted(&partial)?;
+        }
         let staged = if resuming {
             if !partial.join(PROGRESS).exists() && partial.join(MANIFEST).exists() {
                 return Err(Error::ResumeMismatch {
@@ -667,7 +672,7 @@ fn map_file(path: &Path) -> Result<Mmap> {
 }
 
 /// Parses an index: one `"<offset> <length>"` line per record.
-fn parse_index(path: &Path, text: &[u8]) -> Result<Vec<(u64, u64)>> {
+pub(crate) fn parse_index(path: &Path, text: &[u8]) -> Result<Vec<(u64, u64)>> {
     let text = std::str::from_utf8(text)
         .map_err(|_| Error::not_a_dataset(path, "index file is not text"))?;
     text.lines()
@@ -771,7 +776,11 @@ fn full_frame_ok(bytes: &[u8], offset: usize) -> bool {
 /// the records it does not list silently unreachable. (An index reaching past the end is a cut
 /// shard: the records past the end read as bad records that say so.) Returns where the index
 /// says the shard ends.
-fn check_index_covers(index_path: &Path, records: &[(u64, u64)], shard_len: u64) -> Result<u64> {
+pub(crate) fn check_index_covers(
+    index_path: &Path,
+    records: &[(u64, u64)],
+    shard_len: u64,
+) -> Result<u64> {
     let mut end = 0u64;
     for (number, &(offset, len)) in records.iter().enumerate() {
         if offset != end {

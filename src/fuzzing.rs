@@ -1,0 +1,517 @@
+//! Entry points for coverage-guided fuzzing (feature `fuzzing`; see `fuzz/` and TESTING.md).
+//!
+//! One function per parser that reads untrusted bytes. Each takes arbitrary bytes, runs the
+//! parser the way the library does, and checks what the result promises: it returns normally
+//! for every input whose result is `Ok` or a typed `Err`, and panics when an invariant breaks
+//! (a range outside the input, a scan that skips bytes, a decoder that decodes a good image
+//! differently after a bad one). A panic, an abort from the fuzz harness's allocation bound, or
+//! a hang is a finding. [`TARGETS`] lists them by name for the fuzz binary and the corpus replay
+//! test.
+//!
+//! Decoding here uses [`FUZZ_MAX_PIXELS`], so that no input can legitimately need more than a few
+//! tens of MiB; the harness aborts on larger allocations.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::decode::{CropPlan, Decoder, RawImage};
+use crate::format::{example, hdf5 as h5fmt, lmdb, pickle, records};
+use crate::rng::SampleRng;
+use crate::transform::{SampleTransformer, Transform};
+use image::ImageEncoder as _;
+
+use crate::Dataset;
+
+/// The decoders' pixel limit under fuzzing: 4 MP, a 12 MiB RGB image.
+pub const FUZZ_MAX_PIXELS: u64 = 1 << 22;
+
+/// A fuzz target: arbitrary bytes in, a panic on a broken promise.
+pub type Target = fn(&[u8]);
+
+/// Every target, by name.
+pub const TARGETS: &[(&str, Target)] = &[
+    ("pickle", pickle_value),
+    ("tf_example", tf_example),
+    ("tfrecord_shard", tfrecord_shard),
+    ("records_index", records_index),
+    ("records_dataset", records_dataset),
+    ("lmdb_value", lmdb_value),
+    ("lmdb_meta", lmdb_meta),
+    ("hdf5_dataset", hdf5_dataset),
+    ("hdf5_staged_index", hdf5_staged_index),
+    ("raw_payload", raw_payload),
+    ("decode", decode),
+    ("transform", transform),
+];
+
+/// The target called `name`.
+pub fn target(name: &str) -> Option<Target> {
+    TARGETS.iter().find(|(n, _)| *n == name).map(|(_, t)| *t)
+}
+
+/// Reads fuzz input as a sequence of fields; missing bytes read as zero / empty.
+struct Fields<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Fields<'a> {
+    fn u8(&mut self) -> u8 {
+        self.bytes(1).first().copied().unwrap_or(0)
+    }
+
+    fn u16(&mut self) -> u16 {
+        let b = self.bytes(2);
+        let mut a = [0u8; 2];
+        a[..b.len()].copy_from_slice(b);
+        u16::from_le_bytes(a)
+    }
+
+    fn u64(&mut self) -> u64 {
+        let b = self.bytes(8);
+        let mut a = [0u8; 8];
+        a[..b.len()].copy_from_slice(b);
+        u64::from_le_bytes(a)
+    }
+
+    /// Up to `n` bytes.
+    fn bytes(&mut self, n: usize) -> &'a [u8] {
+        let (head, tail) = self.rest.split_at(n.min(self.rest.len()));
+        self.rest = tail;
+        head
+    }
+
+    /// A field of up to 65535 bytes, prefixed by its length.
+    fn field(&mut self) -> &'a [u8] {
+        let n = self.u16() as usize;
+        self.bytes(n)
+    }
+}
+
+/// The pickle reader (Python `folder2lmdb` values).
+pub fn pickle_value(data: &[u8]) {
+    let _ = pickle::parse(data);
+    if let Ok((image, _label)) = pickle::image_and_label(data) {
+        assert!(image.start <= image.end && image.end <= data.len());
+    }
+}
+
+/// The `tf.train.Example` parser and the feature lookups the TFRecord reader makes.
+pub fn tf_example(data: &[u8]) {
+    if let Ok(features) = example::parse(data) {
+        if let Ok(bytes) = example::bytes(&features, "image/encoded") {
+            assert!(inside(data, bytes));
+        }
+        let _ = example::int64(&features, "image/class/label");
+    }
+}
+
+/// True when `part` lies within `whole` (a zero-copy parser returned a view of its input).
+fn inside(whole: &[u8], part: &[u8]) -> bool {
+    let (start, end) = (
+        whole.as_ptr() as usize,
+        whole.as_ptr() as usize + whole.len(),
+    );
+    let p = part.as_ptr() as usize;
+    part.is_empty() || (p >= start && p + part.len() <= end)
+}
+
+/// TFRecord framing: the shard scan that builds a missing index, and unframing one record.
+pub fn tfrecord_shard(data: &[u8]) {
+    let scan = records::scan_shard(data);
+    let mut end = 0u64;
+    for (number, &(offset, len)) in scan.records.iter().enumerate() {
+        assert_eq!(offset, end, "the scan skipped or repeated bytes");
+        assert!(len > 0, "an empty entry");
+        end = offset + len;
+        let frame = &data[offset as usize..end as usize];
+        let damaged = scan.damaged.iter().any(|(n, _)| *n == number);
+        if !damaged {
+            let payload = records::unframe(frame).expect("a record the scan accepted unframes");
+            assert!(inside(frame, payload));
+        }
+    }
+    assert_eq!(end, data.len() as u64, "the scan does not cover the shard");
+    if let Ok(payload) = records::unframe(data) {
+        assert!(inside(data, payload));
+    }
+}
+
+/// A records index file (`<offset> <length>` lines) and the check that it covers its shard.
+pub fn records_index(data: &[u8]) {
+    let mut fields = Fields { rest: data };
+    let shard_len = fields.u64();
+    let path = Path::new("fuzz.index");
+    if let Ok(entries) = records::parse_index(path, fields.rest)
+        && let Ok(end) = records::check_index_covers(path, &entries, shard_len)
+    {
+        assert!(end >= shard_len);
+    }
+}
+
+/// A scratch directory for file-level targets, one per process, on a RAM disk when there is one.
+/// It is left behind when the process ends (a fuzzer kills its targets): `make fuzz` removes
+/// them.
+fn scratch_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let base = Path::new("/dev/shm");
+        let base = if base.is_dir() {
+            base.to_path_buf()
+        } else {
+            std::env::temp_dir()
+        };
+        let dir = base.join(format!("imagefeed-fuzz-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("creating the fuzz scratch directory");
+        dir
+    })
+}
+
+/// Removes this process's scratch directory (the replay test calls it when done).
+pub fn remove_scratch_dir() {
+    let _ = std::fs::remove_dir_all(scratch_dir());
+}
+
+/// A fresh, empty directory `name` under the scratch directory, one per thread (the replay
+/// test runs targets on several).
+fn fresh_dir(name: &str) -> PathBuf {
+    let thread = format!("{:?}", std::thread::current().id());
+    let thread: String = thread.chars().filter(char::is_ascii_digit).collect();
+    let dir = scratch_dir().join(format!("{name}-{thread}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("creating a fuzz directory");
+    dir
+}
+
+static RECORDS_DECODED: AtomicUsize = AtomicUsize::new(0);
+
+/// How many records the file-level targets (`records_dataset`, `hdf5_dataset`) have read and
+/// decoded in this process: how the replay test checks that their seeds are real datasets that
+/// reach the record path, not inputs refused at the door.
+pub fn records_decoded() -> usize {
+    RECORDS_DECODED.load(Ordering::Relaxed)
+}
+
+/// Reads every record of `dataset` and decodes each, as the loader would: every record is `Ok`
+/// or a typed error.
+fn read_everything(dataset: &dyn Dataset) {
+    let Ok(mut reader) = dataset.open_reader() else {
+        return;
+    };
+    let mut decoder = Decoder::new().with_max_pixels(FUZZ_MAX_PIXELS);
+    let mut pixels = Vec::new();
+    for index in 0..dataset.len().min(1024) {
+        if let Ok(record) = reader.read(index) {
+            assert_eq!(record.index, index);
+            if decoder.decode_rgb(record.payload, &mut pixels).is_ok() {
+                RECORDS_DECODED.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// A whole records dataset: a manifest, one index and one shard, each taken from the input
+/// (`u16 length | manifest JSON | u16 length | index text | shard bytes`), opened and read.
+pub fn records_dataset(data: &[u8]) {
+    let mut fields = Fields { rest: data };
+    let manifest = fields.field();
+    let index = fields.field();
+    let shard = fields.rest;
+    let dir = fresh_dir("records");
+    std::fs::write(dir.join(records::MANIFEST), manifest).expect("writing the manifest");
+    std::fs::write(dir.join("s.index"), index).expect("writing the index");
+    std::fs::write(dir.join("s.tfrecord"), shard).expect("writing the shard");
+    if let Ok(dataset) = records::Records::open(&dir) {
+        read_everything(&dataset);
+    }
+}
+
+/// A sample value of an imagefeed LMDB (`label | key length | key | payload`).
+pub fn lmdb_value(data: &[u8]) {
+    if let Ok((_label, key, payload)) = lmdb::decode_value(data) {
+        assert!(inside(data, key.as_bytes()) && inside(data, payload));
+        assert_eq!(8 + key.len() + payload.len(), data.len());
+    }
+}
+
+/// An LMDB file's meta page (the length check that prevents SIGBUS on a cut file) and the JSON
+/// records in the `meta` database: `info`, `pack-progress`, `pack-plan`
+/// (`152-byte page | u16 length | info | u16 length | progress | plan`).
+pub fn lmdb_meta(data: &[u8]) {
+    let mut fields = Fields { rest: data };
+    let page = fields.bytes(lmdb::META_PAGE_BYTES);
+    if let Some(meta) = lmdb::LmdbMeta::parse(page) {
+        let _ = meta.needed_len();
+    }
+    let path = Path::new("fuzz.lmdb");
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    let info = text(fields.field());
+    let progress = text(fields.field());
+    let plan = text(fields.rest);
+    let _ = lmdb::parse_info(path, &info);
+    let _ = lmdb::parse_progress(path, &progress);
+    let _ = lmdb::parse_plan(path, &plan);
+}
+
+/// An imagefeed HDF5 file whose attribute, offsets, labels, keys and image bytes come from the
+/// input; opened and read. The HDF5 library writes a well-formed file: what is fuzzed is our
+/// reading of what it holds (the attribute JSON, offsets against the data, labels against the
+/// classes, key text).
+pub fn hdf5_dataset(data: &[u8]) {
+    let mut fields = Fields { rest: data };
+    let json = fields.field();
+    let count = fields.u8() as usize;
+    let offsets: Vec<u64> = (0..count).map(|_| fields.u64() % (1 << 20)).collect();
+    let labels: Vec<i64> = (0..fields.u8()).map(|_| fields.u64() as i64).collect();
+    let keys: Vec<Vec<u8>> = (0..fields.u8())
+        .map(|_| {
+            let n = fields.u8() as usize;
+            fields.bytes(n).to_vec()
+        })
+        .collect();
+    let images = fields.rest;
+    let dir = fresh_dir("hdf5");
+    let path = dir.join("d.h5");
+    if h5fmt::write_raw_parts(&path, json, &offsets, &labels, &keys, images).is_err() {
+        return;
+    }
+    if let Ok(dataset) = h5fmt::Hdf5::open(&path) {
+        read_everything(&dataset);
+    }
+}
+
+/// The HDF5 writer's staged index (`index.bin`), read back on resume and at the end of a pack.
+pub fn hdf5_staged_index(data: &[u8]) {
+    if let Ok((ends, labels, keys)) = h5fmt::parse_staged_index(data) {
+        assert!(ends.len() == labels.len() && labels.len() == keys.len());
+    }
+}
+
+/// The raw-RGB payload header, and the file-length bound taken from a file's first bytes.
+pub fn raw_payload(data: &[u8]) {
+    if let Ok((w, h, pixels)) = RawImage::parse(data) {
+        assert_eq!(pixels.len() as u64, u64::from(w) * u64::from(h) * 3);
+        assert!(inside(data, pixels));
+    }
+    if let Ok(bound) = crate::decode::max_file_len(data) {
+        assert!(!bound.what.is_empty());
+    }
+}
+
+/// A good JPEG and its pixels decoded by a fresh decoder: the reference every target's decoder
+/// must still reproduce after whatever input it saw.
+fn reference() -> &'static (Vec<u8>, Vec<u8>) {
+    static REFERENCE: OnceLock<(Vec<u8>, Vec<u8>)> = OnceLock::new();
+    REFERENCE.get_or_init(|| {
+        let jpeg = crate::synthetic::sample_jpeg(40, 32);
+        let mut pixels = Vec::new();
+        Decoder::new()
+            .decode_rgb(&jpeg, &mut pixels)
+            .expect("the reference JPEG decodes");
+        (jpeg, pixels)
+    })
+}
+
+/// The decoder entry points, with the pixel limit: header, validate, full decode, a crop
+/// decode (crop and output size taken from the input's last bytes), then a good JPEG through
+/// the same decoder, which must come out exactly as from a fresh one (no poisoned state).
+pub fn decode(data: &[u8]) {
+    let mut decoder = Decoder::new().with_max_pixels(FUZZ_MAX_PIXELS);
+    let header = decoder.header(data);
+    let validated = decoder.validate(data);
+    if validated.is_ok() {
+        assert!(header.is_ok(), "validate accepted what header refused");
+    }
+    let mut out = Vec::new();
+    if let Ok(h) = decoder.decode_rgb(data, &mut out) {
+        assert_eq!(out.len(), h.rgb_len());
+        assert!(h.width as u64 * h.height as u64 <= FUZZ_MAX_PIXELS);
+    }
+    let tail = &data[data.len().saturating_sub(6)..];
+    let byte = |i: usize| tail.get(i).copied().unwrap_or(1) as f64;
+    let _ = decoder.decode_crop(data, &mut out, |h| {
+        let (w, hgt) = (h.width as f64, h.height as f64);
+        Some(CropPlan {
+            crop: (
+                w * byte(0) / 255.0 - 8.0,
+                hgt * byte(1) / 255.0 - 8.0,
+                (w * byte(2) / 128.0).max(1.0),
+                (hgt * byte(3) / 128.0).max(1.0),
+            ),
+            out_width: byte(4) as u32 + 1,
+            out_height: byte(5) as u32 + 1,
+        })
+    });
+    let (jpeg, pixels) = reference();
+    decoder
+        .decode_rgb(jpeg, &mut out)
+        .expect("a good JPEG after the fuzz input");
+    assert!(out == *pixels, "the decoder was poisoned by the input");
+}
+
+/// The loader's per-sample path: decode plus each built-in transform (random resized crop,
+/// center crop, flip), seeded from the input.
+pub fn transform(data: &[u8]) {
+    let mut transformer = SampleTransformer::new(FUZZ_MAX_PIXELS);
+    let seed = data.iter().take(8).fold(0u64, |s, &b| s << 8 | b as u64);
+    for (i, transform) in [
+        Transform::cifar(),
+        Transform::imagenet_train(17),
+        Transform::imagenet_eval(20, 16),
+        Transform::none(),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut rng = SampleRng::new(seed, 0, i as u64);
+        if let Ok(prepared) = transformer.apply(&transform, data, &mut rng) {
+            let (w, h) = (prepared.width as usize, prepared.height as usize);
+            assert_eq!(prepared.pixels.len(), w * h * 3);
+            if let Some((fw, fh)) = transform.fixed_size() {
+                assert_eq!((prepared.width, prepared.height), (fw, fh));
+            }
+        }
+    }
+}
+
+/// Starting inputs for target `name`: well-formed examples of what it parses, made with the
+/// library's own writers, so that the fuzzer starts from inside each format. Empty for an
+/// unknown name.
+pub fn seeds(name: &str) -> Vec<Vec<u8>> {
+    let jpeg = crate::synthetic::sample_jpeg(24, 16);
+    let tiny = crate::synthetic::sample_jpeg(8, 8);
+    let raw = RawImage::encode(3, 2, &[7u8; 18]);
+    let png = {
+        let mut out = Vec::new();
+        image::codecs::png::PngEncoder::new(&mut out)
+            .write_image(&[9u8; 4 * 3 * 3], 4, 3, image::ExtendedColorType::Rgb8)
+            .expect("in-memory PNG");
+        out
+    };
+    let pickled = |image: &[u8], label: i64| {
+        let mut out = b"\x80\x04B".to_vec();
+        out.extend_from_slice(&(image.len() as u32).to_le_bytes());
+        out.extend_from_slice(image);
+        out.extend_from_slice(&[0x8a, 8]);
+        out.extend_from_slice(&label.to_le_bytes());
+        out.extend_from_slice(b"\x86.");
+        out
+    };
+    let example = |image: &[u8], label: i64| {
+        let mut out = Vec::new();
+        example::encode(
+            &mut out,
+            &[
+                ("image/encoded", example::FeatureValue::Bytes(image)),
+                ("image/class/label", example::FeatureValue::Int64(label)),
+            ],
+        );
+        out
+    };
+    let shard = |payloads: &[&[u8]]| {
+        let mut out = Vec::new();
+        let mut index = String::new();
+        for payload in payloads {
+            let start = out.len();
+            records::frame(&mut out, &example(payload, 1));
+            index.push_str(&format!("{start} {}\n", out.len() - start));
+        }
+        (out, index)
+    };
+    let with_len = |out: &mut Vec<u8>, field: &[u8]| {
+        out.extend_from_slice(&(field.len() as u16).to_le_bytes());
+        out.extend_from_slice(field);
+    };
+    let info = |n: usize| {
+        format!(
+            r#"{{"magic":"MAGIC","version":1,"complete":true,"format":"lmdb","classes":["a","b"],"num_samples":{n},"payload":"encoded"}}"#
+        )
+    };
+    match name {
+        "pickle" => vec![
+            pickled(&jpeg, 1),
+            pickled(b"xy", -5),
+            b"\x80\x02]q\x00.".to_vec(),
+        ],
+        "tf_example" => vec![example(&jpeg, 3), example(b"", 0)],
+        "tfrecord_shard" => vec![shard(&[&jpeg, &tiny]).0, shard(&[b"a"]).0],
+        "records_index" => {
+            let (bytes, index) = shard(&[&jpeg, &tiny]);
+            let mut out = (bytes.len() as u64).to_le_bytes().to_vec();
+            out.extend_from_slice(index.as_bytes());
+            vec![out]
+        }
+        "records_dataset" => {
+            let (bytes, index) = shard(&[&jpeg, &tiny, &raw]);
+            let manifest = format!(
+                r#"{{"magic":"{}","version":{},"complete":true,"label_base":0,"shards":[{{"file":"s.tfrecord","index":"s.index","records":3,"bytes":{}}}],"format":"records","classes":["a","b"],"num_samples":3,"payload":"encoded"}}"#,
+                records::MAGIC,
+                records::VERSION,
+                bytes.len()
+            );
+            let mut out = Vec::new();
+            with_len(&mut out, manifest.as_bytes());
+            with_len(&mut out, index.as_bytes());
+            out.extend_from_slice(&bytes);
+            vec![out]
+        }
+        "lmdb_value" => {
+            let mut out = Vec::new();
+            lmdb::encode_value(&mut out, 1, "class/a.jpg", &jpeg);
+            vec![out]
+        }
+        "lmdb_meta" => {
+            let mut page = vec![0u8; lmdb::META_PAGE_BYTES];
+            page[16..20].copy_from_slice(&0xBEEF_C0DEu32.to_le_bytes());
+            page[40..44].copy_from_slice(&4096u32.to_le_bytes());
+            page[136..144].copy_from_slice(&3u64.to_le_bytes());
+            page[144..152].copy_from_slice(&2u64.to_le_bytes());
+            let mut out = page;
+            with_len(&mut out, info(2).replace("MAGIC", lmdb::MAGIC).as_bytes());
+            with_len(
+                &mut out,
+                br#"{"files_done":2,"samples_written":2,"rejected":[{"path":"a/x.jpg","reason":"bad"}]}"#,
+            );
+            vec![out]
+        }
+        "hdf5_dataset" => {
+            let text = info(2)
+                .replace("MAGIC", h5fmt::MAGIC)
+                .replace("lmdb", "hdf5");
+            let mut out = Vec::new();
+            with_len(&mut out, text.as_bytes());
+            out.push(3);
+            for offset in [0u64, jpeg.len() as u64, (jpeg.len() + tiny.len()) as u64] {
+                out.extend_from_slice(&offset.to_le_bytes());
+            }
+            out.push(2);
+            out.extend_from_slice(&0u64.to_le_bytes());
+            out.extend_from_slice(&1u64.to_le_bytes());
+            out.push(2);
+            for key in ["a/0.jpg", "b/1.jpg"] {
+                out.push(key.len() as u8);
+                out.extend_from_slice(key.as_bytes());
+            }
+            out.extend_from_slice(&jpeg);
+            out.extend_from_slice(&tiny);
+            vec![out]
+        }
+        "hdf5_staged_index" => {
+            let mut out = Vec::new();
+            for (end, label, key) in [(100u64, 0u32, "a/0.jpg"), (250, 1, "b/1.jpg")] {
+                out.extend_from_slice(&end.to_le_bytes());
+                out.extend_from_slice(&label.to_le_bytes());
+                out.extend_from_slice(&(key.len() as u32).to_le_bytes());
+                out.extend_from_slice(key.as_bytes());
+            }
+            vec![out]
+        }
+        "raw_payload" => vec![raw.clone(), RawImage::encode(1, 1, &[1, 2, 3])],
+        "decode" | "transform" => {
+            let [progressive, cmyk] = crate::synthetic::sample_jpeg_variants(32, 24);
+            vec![jpeg, tiny, raw, png, progressive, cmyk]
+        }
+        _ => Vec::new(),
+    }
+}
