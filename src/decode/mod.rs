@@ -1021,4 +1021,31 @@ mod tests {
         cmyk_to_rgb(&[255, 255, 255, 255, 255, 0, 128, 128], &mut rgb);
         assert_eq!(rgb, [255, 255, 255, 128, 0, 64]);
     }
+
+    #[test]
+    fn raw_headers_whose_size_overflows_are_errors_not_panics() {
+        // Found by fuzzing: 3·w·h overflowed u64.
+        let mut raw = RawImage::MAGIC.to_vec();
+        raw.extend_from_slice(&u32::MAX.to_le_bytes());
+        raw.extend_from_slice(&u32::MAX.to_le_bytes());
+        raw.extend_from_slice(&[0; 30]);
+        assert!(matches!(RawImage::parse(&raw), Err(DecodeError::BadRaw(_))));
+        assert_eq!(max_file_len(&raw).unwrap().bytes, u64::MAX);
+    }
+
+    #[test]
+    fn a_tiff_entry_claiming_values_past_the_file_is_refused_before_decoding() {
+        // Found by fuzzing: the tiff crate reserved 32 bytes per claimed value (160 MiB for this
+        // 40-byte file) before reading them.
+        let mut tiff = b"II*\0".to_vec();
+        tiff.extend_from_slice(&8u32.to_le_bytes()); // first directory at 8
+        tiff.extend_from_slice(&1u16.to_le_bytes()); // one entry
+        tiff.extend_from_slice(&273u16.to_le_bytes()); // StripOffsets
+        tiff.extend_from_slice(&4u16.to_le_bytes()); // LONG
+        tiff.extend_from_slice(&5_000_000u32.to_le_bytes()); // count
+        tiff.extend_from_slice(&26u32.to_le_bytes()); // offset
+        tiff.extend_from_slice(&0u32.to_le_bytes()); // no next directory
+        let err = Decoder::new().header(&tiff).unwrap_err().to_string();
+        assert!(err.contains("claims 5000000 values"), "{err}");
+    }
 }

@@ -81,6 +81,20 @@ impl Item {
     }
 }
 
+/// The items pushed since the last MARK, popped. A MARK above the stack's top (items popped
+/// since by other opcodes, found by fuzzing) is an error, not a panic.
+fn items_since_mark(
+    stack: &mut Vec<Item>,
+    marks: &mut Vec<usize>,
+    op: &str,
+) -> Result<Vec<Item>, String> {
+    let mark = marks.pop().ok_or(format!("{op} without MARK"))?;
+    if mark > stack.len() {
+        return Err(format!("{op}: its MARK is above the stack's top"));
+    }
+    Ok(stack.split_off(mark))
+}
+
 /// Decodes one pickle.
 ///
 /// Everything the input can ask for is bounded by the input itself: a value is at most as big as
@@ -182,13 +196,11 @@ pub fn parse(data: &[u8]) -> Result<Value, String> {
             }
             b'(' => marks.push(stack.len()),
             b't' => {
-                let mark = marks.pop().ok_or("TUPLE without MARK")?;
-                let items = stack.split_off(mark);
+                let items = items_since_mark(&mut stack, &mut marks, "TUPLE")?;
                 push(&mut stack, Item::container(items, false)?, 1)?;
             }
             b'e' => {
-                let mark = marks.pop().ok_or("APPENDS without MARK")?;
-                let items = stack.split_off(mark);
+                let items = items_since_mark(&mut stack, &mut marks, "APPENDS")?;
                 stack
                     .last_mut()
                     .ok_or("APPENDS onto an empty stack")?
@@ -313,6 +325,11 @@ mod tests {
                 .contains("unsupported pickle opcode 0x63")
         );
         assert!(parse(b"\x80\x04e.").unwrap_err().contains("MARK"));
+        // Found by fuzzing: a MARK left above the stack's top by TUPLE2 panicked in split_off.
+        for op in [b't', b'e'] {
+            let pickle = [b"\x80\x02K\x01K\x02(\x86".as_slice(), &[op, b'.']].concat();
+            assert!(parse(&pickle).unwrap_err().contains("above the stack"));
+        }
     }
 
     #[test]
