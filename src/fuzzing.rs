@@ -270,10 +270,40 @@ pub fn hdf5_dataset(data: &[u8]) {
             fields.bytes(n).to_vec()
         })
         .collect();
+    // 0: no checksums (layout version 1); 1: the right ones, so reads get past the check;
+    // anything else: checksums taken from the input.
+    let checksum_mode = fields.u8();
+    let raw_sums: Vec<u32> = (0..keys.len()).map(|_| fields.u64() as u32).collect();
     let images = fields.rest;
+    let checksums: Option<Vec<u32>> = match checksum_mode {
+        0 => None,
+        1 => Some(
+            (0..keys.len())
+                .map(|i| {
+                    let payload = offsets
+                        .get(i..i + 2)
+                        .and_then(|o| images.get(o[0] as usize..o[1] as usize))
+                        .unwrap_or_default();
+                    let key = String::from_utf8_lossy(&keys[i]).replace('\0', "\u{FFFD}");
+                    let label = labels.get(i).copied().unwrap_or(0) as u32;
+                    crate::format::record_checksum(label, &key, payload)
+                })
+                .collect(),
+        ),
+        _ => Some(raw_sums),
+    };
     let dir = fresh_dir("hdf5");
     let path = dir.join("d.h5");
-    if h5fmt::write_raw_parts(&path, json, &offsets, &labels, &keys, images).is_err() {
+    let written = h5fmt::write_raw_parts(
+        &path,
+        json,
+        &offsets,
+        &labels,
+        &keys,
+        images,
+        checksums.as_deref(),
+    );
+    if written.is_err() {
         return;
     }
     if let Ok(dataset) = h5fmt::Hdf5::open(&path) {
@@ -476,26 +506,35 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
             vec![out]
         }
         "hdf5_dataset" => {
-            let text = info(2)
-                .replace("MAGIC", h5fmt::MAGIC)
-                .replace("lmdb", "hdf5");
-            let mut out = Vec::new();
-            with_len(&mut out, text.as_bytes());
-            out.push(3);
-            for offset in [0u64, jpeg.len() as u64, (jpeg.len() + tiny.len()) as u64] {
-                out.extend_from_slice(&offset.to_le_bytes());
-            }
-            out.push(2);
-            out.extend_from_slice(&0u64.to_le_bytes());
-            out.extend_from_slice(&1u64.to_le_bytes());
-            out.push(2);
-            for key in ["a/0.jpg", "b/1.jpg"] {
-                out.push(key.len() as u8);
-                out.extend_from_slice(key.as_bytes());
-            }
-            out.extend_from_slice(&jpeg);
-            out.extend_from_slice(&tiny);
-            vec![out]
+            // Layout version 1 without checksums, and version 2 with the right ones.
+            [(1, 0u8), (2, 1u8)]
+                .into_iter()
+                .map(|(version, checksum_mode)| {
+                    let text = info(2)
+                        .replace("MAGIC", h5fmt::MAGIC)
+                        .replace("lmdb", "hdf5")
+                        .replace("\"version\":1", &format!("\"version\":{version}"));
+                    let mut out = Vec::new();
+                    with_len(&mut out, text.as_bytes());
+                    out.push(3);
+                    for offset in [0u64, jpeg.len() as u64, (jpeg.len() + tiny.len()) as u64] {
+                        out.extend_from_slice(&offset.to_le_bytes());
+                    }
+                    out.push(2);
+                    out.extend_from_slice(&0u64.to_le_bytes());
+                    out.extend_from_slice(&1u64.to_le_bytes());
+                    out.push(2);
+                    for key in ["a/0.jpg", "b/1.jpg"] {
+                        out.push(key.len() as u8);
+                        out.extend_from_slice(key.as_bytes());
+                    }
+                    out.push(checksum_mode);
+                    out.extend_from_slice(&[0; 16]);
+                    out.extend_from_slice(&jpeg);
+                    out.extend_from_slice(&tiny);
+                    out
+                })
+                .collect()
         }
         "hdf5_staged_index" => {
             let mut out = Vec::new();

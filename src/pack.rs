@@ -640,7 +640,6 @@ pub(crate) fn refuse_interrupted(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Reads the JSON progress record `name` that a staged writer keeps in `partial`.
 /// True when the staging directory `partial` was left by a run killed before its first progress
 /// record (`progress_name`) was renamed into place: it holds nothing but uncommitted `.tmp`
 /// files of our writers, so nothing was committed and `--resume` starts afresh in it. Call with
@@ -667,6 +666,7 @@ pub(crate) fn clear_uncommitted(partial: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Reads the JSON progress record `name` that a staged writer keeps in `partial`.
 pub(crate) fn read_staged_progress<T: for<'de> Deserialize<'de>>(
     partial: &Path,
     name: &str,

@@ -99,7 +99,7 @@ fn child(pristine: &Path, damaged: &Path) {
                 Err(e) => {
                     bad_reads += 1;
                     let text = e.to_string();
-                    if !text.contains(key) && !text.contains(&i.to_string()) {
+                    if !text.contains(key.as_str()) && !text.contains(&format!("record {i}")) {
                         println!("finding: record {i}'s error names neither key nor index: {text}");
                     }
                 }
@@ -254,6 +254,9 @@ fn run_child(pristine: &Path, damaged: &Path, what: &str) -> (Vec<String>, Strin
         .find_map(|l| l.strip_prefix("summary: "))
         .unwrap_or("")
         .to_string();
+    if summary.is_empty() && out.status.success() {
+        findings.push(format!("{what}: the child printed no summary"));
+    }
     (findings, summary)
 }
 

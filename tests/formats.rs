@@ -1150,5 +1150,8 @@ fn version_1_lmdb_and_hdf5_files_without_checksums_still_read() {
         .unlink("checksums")
         .unwrap();
     let err = format::open(&no_sums).unwrap_err().to_string();
-    assert!(err.contains("v2-no-sums.h5"), "{err}");
+    assert!(
+        err.contains("v2-no-sums.h5") && err.contains("checksums"),
+        "{err}"
+    );
 }

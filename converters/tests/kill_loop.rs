@@ -239,7 +239,7 @@ fn every_writer_killed_at_random_moments_leaves_nothing_half_written_and_resumes
     let mut moments = Moments(kills as u64);
     let (mut done, mut finished_before_kill, mut staged) = (0, 0, 0);
     let mut findings = Vec::new();
-    for writer in &writers {
+    for (position, writer) in writers.iter().enumerate() {
         // How long an uninterrupted run takes; kills land in [0, 1.1 x that].
         writer.reset();
         let started = Instant::now();
@@ -247,7 +247,7 @@ fn every_writer_killed_at_random_moments_leaves_nothing_half_written_and_resumes
         assert!(o.status.success(), "{}: {}", writer.name, text(&o));
         let full = started.elapsed();
         assert!(verify(&writer.out, &writer.src).is_ok(), "{}", writer.name);
-        let share = kills / writers.len() + usize::from(done < kills % writers.len());
+        let share = kills / writers.len() + usize::from(position < kills % writers.len());
         for k in 0..share {
             let what = format!("{} kill {k}", writer.name);
             writer.reset();

@@ -731,64 +731,56 @@ fn image_error(format: PayloadFormat, e: image::ImageError) -> DecodeError {
     }
 }
 
-/// Refuses a TIFF whose first directory has an entry claiming more values than the file holds.
+/// Refuses a TIFF whose first directory has an entry, among those the decoder reads, claiming
+/// more values than the file holds.
 ///
 /// The tiff crate sizes a value list from the entry's count before reading it (up to 256 MiB
 /// for a 200-byte file, found by fuzzing), and the image crate applies its allocation limits only
 /// after that first directory is read. A value list that is not inline must lie inside the file,
-/// which bounds that allocation by the file's size.
+/// which bounds that allocation by the file's size. Tags the decoder never reads (a private tag,
+/// XMP, an ICC profile) are not looked at: a dangling one does not stop a file from decoding.
+/// (BigTIFF is not recognised as TIFF by `PayloadFormat::sniff`, so only classic TIFF is here.)
 fn check_tiff_directory(data: &[u8]) -> Result<(), DecodeError> {
-    let refuse = |reason: String| DecodeError::Image {
-        format: "tiff",
-        reason,
+    /// The tags tiff 0.10 and the image crate read while decoding an image.
+    const READ_TAGS: [u16; 21] = [
+        255, 256, 257, 258, 259, 262, 273, 277, 278, 279, 284, 317, 322, 323, 324, 325, 330, 339,
+        347, 0x8769, 0x8825,
+    ];
+    let little = match data.get(..4) {
+        Some(b"II*\0") => true,
+        Some(b"MM\0*") => false,
+        _ => return Ok(()), // not classic TIFF: the decoder says what it is
     };
-    let little = match data.get(..2) {
-        Some(b"II") => true,
-        Some(b"MM") => false,
-        _ => return Ok(()), // not TIFF: the decoder says so
-    };
-    let u16_at = |o: usize| {
-        data.get(o..o + 2).map(|b| {
-            let b = [b[0], b[1]];
-            if little {
-                u16::from_le_bytes(b)
-            } else {
-                u16::from_be_bytes(b)
-            }
+    // An unsigned integer of `n` bytes at `offset`, in the file's byte order.
+    let uint_at = |offset: u64, n: usize| -> Option<u64> {
+        let start = usize::try_from(offset).ok()?;
+        let bytes = data.get(start..start.checked_add(n)?)?;
+        let fold = |v: u64, &b: &u8| v << 8 | u64::from(b);
+        Some(if little {
+            bytes.iter().rev().fold(0, fold)
+        } else {
+            bytes.iter().fold(0, fold)
         })
     };
-    let uint_at = |o: usize, n: usize| -> Option<u64> {
-        let b = data.get(o..o + n)?;
-        let mut v = 0u64;
-        for i in 0..n {
-            let byte = if little { b[n - 1 - i] } else { b[i] };
-            v = v << 8 | u64::from(byte);
-        }
-        Some(v)
-    };
-    let big = u16_at(2) == Some(43);
-    // (offset of the first directory, bytes of a count, of an entry, of an inline value)
-    let (ifd, count_len, entry_len, inline) = if big {
-        (uint_at(8, 8), 8, 20, 8)
-    } else {
-        (uint_at(4, 4), 2, 12, 4)
-    };
-    let Some(ifd) = ifd.and_then(|o| usize::try_from(o).ok()) else {
+    let Some(ifd) = uint_at(4, 4) else {
         return Ok(());
     };
-    let Some(entries) = uint_at(ifd, count_len) else {
+    let Some(entries) = uint_at(ifd, 2) else {
         return Ok(());
     };
-    let field = if big { 8 } else { 4 };
-    for i in 0..entries.min(4096) as usize {
-        let at = ifd + count_len + i * entry_len;
-        let (Some(kind), Some(count), Some(offset)) = (
-            u16_at(at + 2),
-            uint_at(at + 4, field),
-            uint_at(at + 4 + field, field),
+    for i in 0..entries {
+        let at = ifd + 2 + i * 12;
+        let (Some(tag), Some(kind), Some(count), Some(offset)) = (
+            uint_at(at, 2),
+            uint_at(at + 2, 2),
+            uint_at(at + 4, 4),
+            uint_at(at + 8, 4),
         ) else {
             break;
         };
+        if !READ_TAGS.contains(&(tag as u16)) {
+            continue;
+        }
         let size = match kind {
             1 | 2 | 6 | 7 => 1,
             3 | 8 => 2,
@@ -796,13 +788,16 @@ fn check_tiff_directory(data: &[u8]) -> Result<(), DecodeError> {
             5 | 10 | 12 | 16 | 17 | 18 => 8,
             _ => continue,
         };
-        let bytes = count.saturating_mul(size);
-        if bytes > inline && offset.saturating_add(bytes) > data.len() as u64 {
-            return Err(refuse(format!(
-                "directory entry {i} claims {count} values ({bytes} bytes at offset {offset}) \
-                 in a {}-byte file",
-                data.len()
-            )));
+        let bytes = count * size;
+        if bytes > 4 && offset + bytes > data.len() as u64 {
+            return Err(DecodeError::Image {
+                format: "tiff",
+                reason: format!(
+                    "directory entry {i} (tag {tag}) claims {count} values ({bytes} bytes at \
+                     offset {offset}) in a {}-byte file",
+                    data.len()
+                ),
+            });
         }
     }
     Ok(())
@@ -821,7 +816,9 @@ fn image_decoder(
     }
     let mut reader = image::ImageReader::with_format(Cursor::new(data), image_format(format));
     let mut limits = image::Limits::default();
-    limits.max_alloc = Some(max_pixels.saturating_mul(8));
+    // RGBA16 at the pixel limit, plus room for the directory values the TIFF decoder is allowed
+    // beside the image (it gives them what the image leaves of this limit).
+    limits.max_alloc = Some(max_pixels.saturating_mul(8).saturating_add(16 << 20));
     reader.limits(limits);
     reader.into_decoder().map_err(|e| image_error(format, e))
 }
@@ -1047,5 +1044,20 @@ mod tests {
         tiff.extend_from_slice(&0u32.to_le_bytes()); // no next directory
         let err = Decoder::new().header(&tiff).unwrap_err().to_string();
         assert!(err.contains("claims 5000000 values"), "{err}");
+        // The same count in a tag the decoder never reads is not looked at.
+        tiff[10..12].copy_from_slice(&700u16.to_le_bytes()); // XMP
+        let err = Decoder::new().header(&tiff).unwrap_err().to_string();
+        assert!(!err.contains("claims"), "{err}");
+        // Real TIFFs, with their values inline and in the file, decode.
+        for (w, h) in [(4u32, 3u32), (64, 40)] {
+            let pixels: Vec<u8> = (0..w * h * 3).map(|i| i as u8).collect();
+            let mut file = std::io::Cursor::new(Vec::new());
+            image::codecs::tiff::TiffEncoder::new(&mut file)
+                .encode(&pixels, w, h, image::ExtendedColorType::Rgb8)
+                .unwrap();
+            let mut out = Vec::new();
+            Decoder::new().decode_rgb(file.get_ref(), &mut out).unwrap();
+            assert_eq!(out, pixels);
+        }
     }
 }

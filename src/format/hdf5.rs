@@ -353,6 +353,7 @@ pub(crate) fn write_raw_parts(
     labels: &[i64],
     keys: &[Vec<u8>],
     images: &[u8],
+    checksums: Option<&[u32]>,
 ) -> hdf5::Result<()> {
     let file = hdf5::File::with_options()
         .with_fapl(|fapl| fapl.file_locking(false))
@@ -378,6 +379,11 @@ pub(crate) fn write_raw_parts(
     file.new_dataset_builder()
         .with_data(keys.as_slice())
         .create(KEYS)?;
+    if let Some(checksums) = checksums {
+        file.new_dataset_builder()
+            .with_data(checksums)
+            .create(CHECKSUMS)?;
+    }
     file.new_attr::<VarLenUnicode>()
         .create(INFO_ATTR)?
         .write_scalar(&text(info_json))?;
@@ -1233,6 +1239,32 @@ impl RecordReader for Hdf5Reader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn record_checksums_match_whatever_the_block_boundaries() {
+        // Payloads of 0, 1, 5, 0 and 9 bytes; the stream is cut into blocks of every size from
+        // 1 byte to all of it, so boundaries fall inside, at the start and at the end of records.
+        let payloads: [&[u8]; 5] = [b"", b"a", b"bcdef", b"", b"ghijklmno"];
+        let labels = [0i64, 1, 2, 1, 0];
+        let keys: Vec<String> = (0..5).map(|i| format!("c/{i}.jpg")).collect();
+        let mut offsets = vec![0u64];
+        for p in payloads {
+            offsets.push(offsets.last().unwrap() + p.len() as u64);
+        }
+        let stream: Vec<u8> = payloads.concat();
+        let want: Vec<u32> = (0..5)
+            .map(|i| crate::format::record_checksum(labels[i] as u32, &keys[i], payloads[i]))
+            .collect();
+        for block in 1..=stream.len() {
+            let mut sums = RecordChecksums::new(&offsets, &labels, &keys);
+            for (n, chunk) in stream.chunks(block).enumerate() {
+                sums.update((n * block) as u64, chunk);
+            }
+            assert_eq!(sums.finish(), want, "blocks of {block}");
+        }
+        // Zero records.
+        assert!(RecordChecksums::new(&[0], &[], &[]).finish().is_empty());
+    }
 
     #[test]
     fn staged_index_round_trips_and_rejects_cut_entries() {

@@ -204,12 +204,13 @@ impl LmdbWriter {
         map_size: usize,
     ) -> Result<(Self, PackProgress)> {
         let partial = pack::prepare_output(out, mode)?;
-        // A file in which no transaction was committed (a run killed before its first commit)
-        // holds nothing to resume: start afresh in it.
-        let fresh = !partial.exists() || holds_nothing(&partial);
+        let existed = partial.exists();
         refuse_odd_lock_file(&partial)?;
         let env = open_write_env(&partial, map_size)?;
         let lock = pack::lock_staging(&partial)?;
+        // A file in which no transaction was committed (a run killed before its first commit)
+        // holds nothing to resume: start afresh in it. Decided with the lock held.
+        let fresh = !existed || holds_nothing(&partial);
         let mut wtxn = env.write_txn().map_err(|e| Error::lmdb(&partial, e))?;
         let meta: Database<Str, Str> = env
             .create_database(&mut wtxn, Some(META_DB))
