@@ -62,3 +62,10 @@ def copy_tree(tmp_path):
         return dst
 
     return copy
+
+
+def default_sigint():
+    """Restores SIGINT's default in a child: a shell's background job (`make test &`, some CI
+    runners) starts with SIGINT ignored, and Python then never raises KeyboardInterrupt."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -12,7 +12,7 @@ import pytest
 
 import imagefeed
 
-from conftest import FIXTURE_TREE
+from conftest import FIXTURE_TREE, default_sigint
 
 
 def read_item(args):
@@ -137,7 +137,8 @@ def test_ctrl_c_stops_a_pack_keeping_its_progress_and_resume_finishes_it(tmp_pat
     imagefeed.synthesize(src, classes=4, per_class=300, size=(256, 192))
     partial = tmp_path / "out.lmdb.partial"
     proc = subprocess.Popen([sys.executable, "-c", PACK_SCRIPT, str(src), str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)
     try:
         deadline = time.monotonic() + 30
         while not partial.exists() and proc.poll() is None and time.monotonic() < deadline:

@@ -19,7 +19,7 @@ import pytest
 import imagefeed
 from imagefeed import transforms as T
 
-from conftest import FIXTURE_TREE, epoch_digest
+from conftest import FIXTURE_TREE, default_sigint, epoch_digest
 
 
 def loader(path, **kw):
@@ -433,7 +433,8 @@ def test_ctrl_c_while_waiting_for_a_batch_raises_keyboardinterrupt_and_stops(tmp
     root = tmp_path / "big"
     imagefeed.synthesize(root, classes=2, per_class=48, size=(1600, 1200))
     proc = subprocess.Popen([sys.executable, "-c", INTERRUPT_SCRIPT.format(path=str(root))],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)
     try:
         assert proc.stdout.readline().strip() == "batch"
         time.sleep(0.2)  # now waiting for the next batch
