@@ -86,6 +86,9 @@ test: deps pyenv
 # into .venv. `pip install ./python` does the same from any Python with network access.
 python: deps pyenv
 	rm -f $(WHEEL_DIR)/imagefeed-*.whl
+	@# maturin rewrites the built extension in place when it bundles libhdf5 (renaming what it
+	@# links to); cargo would take that copy as up to date and a second build could not repair it.
+	rm -f target/release/deps/lib_native.so target/release/lib_native.so
 	PATH=$(CURDIR)/$(PYENV)/bin:$$PATH $(PYENV)/bin/maturin build --release --strip -q -m python/Cargo.toml -o $(WHEEL_DIR) -i $(PYENV)/bin/python
 	$(PYENV)/bin/pip install -q --force-reinstall --no-deps $(WHEEL_DIR)/imagefeed-*.whl
 

@@ -130,7 +130,11 @@ pub fn tfrecord_shard(data: &[u8]) {
             // A frame whose header checks out is a record, whatever its data: a bad data CRC is
             // that record's error when it is read, not damage to the scan.
             let declared = u64::from_le_bytes(frame[..8].try_into().expect("a header"));
-            assert_eq!(declared + 16, len, "a record whose length is not its header's");
+            assert_eq!(
+                declared + 16,
+                len,
+                "a record whose length is not its header's"
+            );
             match records::unframe(frame) {
                 Ok(payload) => assert!(inside(frame, payload)),
                 Err(e) => assert!(e.contains("data's CRC"), "{e}"),
