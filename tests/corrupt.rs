@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use imagefeed::decode::Decoder;
 use imagefeed::loader::{BadSamplePolicy, Loader, LoaderConfig};
 use imagefeed::pack::{self, NoProgress, PackFormat, PackOptions};
+use imagefeed::rng::SampleRng;
 use imagefeed::synthetic::{self, SyntheticSpec};
 use imagefeed::transform::Transform;
 use imagefeed::{Dataset, format};
@@ -183,19 +184,6 @@ fn child(pristine: &Path, damaged: &Path) {
     );
 }
 
-/// A tiny deterministic generator (SplitMix64) for corruption points.
-struct Points(u64);
-
-impl Points {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut x = self.0;
-        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        (x ^ (x >> 31)) % n.max(1)
-    }
-}
-
 /// Copies the dataset at `src` (a file or a directory of files) to `dst`.
 fn copy_dataset(src: &Path, dst: &Path) {
     let _ = std::fs::remove_dir_all(dst);
@@ -306,7 +294,7 @@ fn harness() {
             vec![PathBuf::new()]
         };
         let damaged = dir.path().join(name);
-        let mut points = Points(0x5eed ^ per_file);
+        let mut points = SampleRng::new(0x5eed ^ per_file, 0, 0);
         for file in &files {
             let target = |root: &Path| {
                 if file.as_os_str().is_empty() {
@@ -322,7 +310,7 @@ fn harness() {
                 let what = if step < per_file {
                     // Flip 1..4 bytes somewhere in the middle 90% of the file.
                     let mut bytes = std::fs::read(&path).unwrap();
-                    let at = (len / 20 + points.below(len * 9 / 10)) as usize;
+                    let at = (len / 20 + points.below((len * 9 / 10).max(1))) as usize;
                     let n = 1 + points.below(4) as usize;
                     for b in bytes.iter_mut().skip(at).take(n) {
                         *b ^= 1 + points.below(255) as u8;
@@ -330,7 +318,7 @@ fn harness() {
                     std::fs::write(&path, bytes).unwrap();
                     format!("{name}/{}: {n} bytes flipped at {at}", file.display())
                 } else {
-                    let at = points.below(len);
+                    let at = points.below(len.max(1));
                     std::fs::OpenOptions::new()
                         .write(true)
                         .open(&path)

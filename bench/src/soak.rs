@@ -19,6 +19,7 @@ use std::sync::Arc;
 use anyhow::{Result, bail};
 use imagefeed::batch::Batch;
 use imagefeed::loader::{BadSamplePolicy, Loader, LoaderConfig};
+use imagefeed::rng::SampleRng;
 use imagefeed::transform::Transform;
 use sha2::{Digest as _, Sha256};
 
@@ -75,15 +76,6 @@ fn epoch_digest(loader: &Loader, epoch: u64) -> Result<String> {
     Ok(hex(hasher))
 }
 
-/// A SplitMix64 step, for the resume points.
-fn splitmix(x: &mut u64) -> u64 {
-    *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *x;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// Runs the soak; see the module docs.
 pub fn soak(args: &SoakArgs) -> Result<()> {
     let dataset = imagefeed::format::open(&args.dataset)?;
@@ -104,7 +96,7 @@ pub fn soak(args: &SoakArgs) -> Result<()> {
     // time would be what a restarted trainer does, but would add its startup to the RSS curve).
     let resumed = Loader::new(Arc::clone(&dataset), config.clone())?;
     let batches = loader.batches_per_epoch();
-    let mut points = args.seed ^ 0x50a4;
+    let mut points = SampleRng::new(args.seed, 0, 0x50a4);
     let (mut first_rss, mut last_rss) = (0.0f64, 0.0f64);
     let mut pool_after_first = 0u64;
     let mut checks = 0;
@@ -118,7 +110,7 @@ pub fn soak(args: &SoakArgs) -> Result<()> {
     );
     for epoch in 0..args.epochs {
         let check = args.check_every > 0 && epoch % args.check_every == args.check_every - 1;
-        let resume_at = (splitmix(&mut points) % batches.max(1) as u64) as usize;
+        let resume_at = points.below(batches.max(1) as u64) as usize;
         let (mut all, mut rest) = (Sha256::new(), Sha256::new());
         let mut saved = None;
         let mut bad = 0;

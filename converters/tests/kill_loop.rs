@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Instant;
 
+use imagefeed::rng::SampleRng;
 use imagefeed::synthetic::{self, SyntheticSpec};
 
 fn bin() -> Command {
@@ -63,19 +64,6 @@ fn copy_dataset(src: &Path, dst: &Path) {
         }
     } else {
         std::fs::copy(src, dst).unwrap();
-    }
-}
-
-/// A tiny deterministic generator (SplitMix64) for kill moments.
-struct Moments(u64);
-
-impl Moments {
-    fn fraction(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut x = self.0;
-        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        (x ^ (x >> 31)) as f64 / u64::MAX as f64
     }
 }
 
@@ -236,7 +224,7 @@ fn every_writer_killed_at_random_moments_leaves_nothing_half_written_and_resumes
             old: Some((old, old_summary.clone())),
         },
     ];
-    let mut moments = Moments(kills as u64);
+    let mut moments = SampleRng::new(kills as u64, 0, 0);
     let (mut done, mut finished_before_kill, mut staged) = (0, 0, 0);
     let mut findings = Vec::new();
     for (position, writer) in writers.iter().enumerate() {
@@ -252,7 +240,7 @@ fn every_writer_killed_at_random_moments_leaves_nothing_half_written_and_resumes
             let what = format!("{} kill {k}", writer.name);
             writer.reset();
             let mut child = writer.command("").spawn().unwrap();
-            std::thread::sleep(full.mul_f64(1.1 * moments.fraction()));
+            std::thread::sleep(full.mul_f64(1.1 * moments.unit()));
             let finished = child.try_wait().unwrap().is_some_and(|s| s.success());
             let _ = child.kill();
             child.wait().unwrap();
