@@ -17,7 +17,7 @@ RELEASE := target/release
 DEMO_SRC := $(if $(SRC),$(SRC),$(DEMO_DIR)/imagefolder)
 
 .PHONY: fuzz kill-loop corrupt soak
-.PHONY: all deps build demo test lint fixtures compat-fixtures pyenv clean-demo compare gpu-check python test-python test-torch
+.PHONY: all deps build demo test test-minimal lint fixtures compat-fixtures pyenv clean-demo compare gpu-check python test-python test-torch
 
 # Python for the cross-tool tests (py-lmdb reads what we write; fixtures written by py-lmdb).
 PYENV := .venv
@@ -79,8 +79,19 @@ gpu-check: deps
 test: deps pyenv
 	IMAGEFEED_PYTHON=$(CURDIR)/$(PYENV)/bin/python $(CARGO) test --workspace
 	@CARGO=$(CARGO) scripts/gpu-tests-report.sh
+	$(MAKE) test-minimal
 	$(MAKE) test-python
 	$(MAKE) lint
+
+# The library as a trainer that reads LMDB, TFRecord or folders builds it, without default
+# features: no libhdf5 and no CUDA. Its tests run (the HDF5 ones are compiled out and a test
+# checks HDF5 paths are refused naming the feature), and its dependency tree must hold neither.
+test-minimal: deps
+	$(CARGO) test -q -p imagefeed --no-default-features
+	@if $(CARGO) tree -q -p imagefeed --no-default-features -e normal --prefix none \
+		| grep -E '^(hdf5|hdf5-metno|hdf5-sys|cudarc)'; then \
+		echo "error: the no-default-features build still depends on the crates above"; exit 1; \
+	else echo "test-minimal: the no-default-features build links neither libhdf5 nor CUDA"; fi
 
 # The Python package: one abi3 wheel (CPython >= 3.9, Linux x86-64) built by maturin, installed
 # into .venv. `pip install ./python` does the same from any Python with network access.
@@ -141,6 +152,7 @@ pyenv:
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy -p imagefeed --no-default-features --all-targets -- -D warnings
 
 # Regenerates the committed test fixtures (tests/fixtures.rs checks they match).
 fixtures: deps

@@ -43,6 +43,21 @@ pub enum Error {
         reason: String,
     },
 
+    /// `path` needs a part of imagefeed this build was compiled without (a Cargo feature, such as
+    /// `hdf5`).
+    #[error(
+        "{}: {what} needs imagefeed's `{feature}` feature, which this build was compiled without",
+        path.display()
+    )]
+    FeatureDisabled {
+        /// The path that was opened or written.
+        path: PathBuf,
+        /// What was asked for ("reading an HDF5 file").
+        what: &'static str,
+        /// The Cargo feature that provides it.
+        feature: &'static str,
+    },
+
     /// `path` is not a dataset this library can read, or its metadata is malformed.
     #[error("{}: not a readable dataset: {reason}", path.display())]
     NotADataset {
@@ -246,6 +261,7 @@ impl Error {
         }
     }
 
+    #[cfg(feature = "hdf5")]
     pub(crate) fn hdf5(path: impl AsRef<Path>, doing: &str, source: hdf5::Error) -> Self {
         Error::Hdf5 {
             path: path.as_ref().to_path_buf(),

@@ -38,7 +38,9 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("records_dataset", records_dataset),
     ("lmdb_value", lmdb_value),
     ("lmdb_meta", lmdb_meta),
+    #[cfg(feature = "hdf5")]
     ("hdf5_dataset", hdf5_dataset),
+    #[cfg(feature = "hdf5")]
     ("hdf5_staged_index", hdf5_staged_index),
     ("raw_payload", raw_payload),
     ("decode", decode),
@@ -56,6 +58,7 @@ struct Fields<'a> {
 }
 
 impl<'a> Fields<'a> {
+    #[cfg_attr(not(feature = "hdf5"), allow(dead_code))]
     fn u8(&mut self) -> u8 {
         self.bytes(1).first().copied().unwrap_or(0)
     }
@@ -268,6 +271,7 @@ pub fn lmdb_meta(data: &[u8]) {
 /// input; opened and read. The HDF5 library writes a well-formed file: what is fuzzed is our
 /// reading of what it holds (the attribute JSON, offsets against the data, labels against the
 /// classes, key text).
+#[cfg(feature = "hdf5")]
 pub fn hdf5_dataset(data: &[u8]) {
     let mut fields = Fields { rest: data };
     let json = fields.field();
@@ -322,6 +326,7 @@ pub fn hdf5_dataset(data: &[u8]) {
 }
 
 /// The HDF5 writer's staged index (`index.bin`), read back on resume and at the end of a pack.
+#[cfg(feature = "hdf5")]
 pub fn hdf5_staged_index(data: &[u8]) {
     if let Ok((ends, labels, keys)) = h5fmt::parse_staged_index(data) {
         assert!(ends.len() == labels.len() && labels.len() == keys.len());

@@ -26,7 +26,6 @@ use crate::dataset::{Dataset, DatasetInfo, FormatKind, PartInfo, PayloadKind, Re
 use crate::decode::{DEFAULT_MAX_PIXELS, Decoder, RawImage};
 use crate::error::{Error, IoContext as _, Result};
 use crate::format::folder::ImageFolder;
-use crate::format::hdf5::Hdf5Writer;
 use crate::format::lmdb::{self, LmdbWriter};
 use crate::format::records::{self, RecordsWriter};
 use crate::resize::{RgbResizer, short_side_size};
@@ -47,9 +46,31 @@ pub enum PackFormat {
 }
 
 impl PackFormat {
+    /// Every format, whether this build can write it or not.
+    pub const ALL: [PackFormat; 3] = [PackFormat::Lmdb, PackFormat::Hdf5, PackFormat::Records];
+
+    /// Whether this build reads and writes the format: HDF5 needs the `hdf5` feature (packing or
+    /// opening it without is [`Error::FeatureDisabled`]); the others are always there.
+    pub fn is_available(self) -> bool {
+        match self {
+            PackFormat::Hdf5 => cfg!(feature = "hdf5"),
+            PackFormat::Lmdb | PackFormat::Records => true,
+        }
+    }
+
+    /// The formats this build reads and writes ([`is_available`](Self::is_available)).
+    pub fn available() -> impl Iterator<Item = PackFormat> {
+        PackFormat::ALL.into_iter().filter(|f| f.is_available())
+    }
+
     /// The format's short name (`lmdb`, `hdf5`, `records`).
     pub fn name(self) -> &'static str {
         format_kind(self).name()
+    }
+
+    /// What a dataset of this format reports as its kind.
+    pub fn kind(self) -> FormatKind {
+        format_kind(self)
     }
 }
 
@@ -514,7 +535,7 @@ pub(crate) fn refuse_source_as_output(out: &Path, sources: &[&Path]) -> Result<(
 /// A file replaces a file with one `rename`, which is atomic. Where a directory is involved (a
 /// records dataset), the two are swapped with `renameat2(RENAME_EXCHANGE)`, atomic too, and the
 /// old one, now at `partial`, is deleted afterwards (marked, then manifest first: see
-/// [`format::remove_own_output`](crate::format::remove_own_output)); a crash during that
+/// `format::remove_own_output`); a crash during that
 /// deletion leaves the new dataset in place and the remains of the old one at `partial`, which no
 /// reader accepts and the next `--force` run deletes. On a file system without
 /// `RENAME_EXCHANGE` the old one is first renamed to `OUT.replaced`, then the new one into place.
@@ -1103,27 +1124,7 @@ fn pack_source(
         quality: options.quality,
         part,
     };
-    let (sink, mut progress): (Box<dyn PackSink>, PackProgress) = match format {
-        PackFormat::Lmdb => {
-            let (writer, progress) =
-                LmdbWriter::start(out, &plan, options.mode, options.lmdb_map_size)?;
-            (Box::new(writer), progress)
-        }
-        PackFormat::Hdf5 => {
-            let (writer, progress) = Hdf5Writer::start(out, &plan, options.mode)?;
-            (Box::new(writer), progress)
-        }
-        PackFormat::Records => {
-            let (writer, progress) = RecordsWriter::start(
-                out,
-                &plan,
-                options.mode,
-                options.shard_bytes,
-                options.label_base,
-            )?;
-            (Box::new(writer), progress)
-        }
-    };
+    let (sink, mut progress) = start_writer(format, out, &plan, options)?;
     let resumed_from = progress.sources_done;
     observer.started(range.len(), resumed_from);
 
@@ -1262,6 +1263,35 @@ fn pack_source(
         &serde_json::to_vec_pretty(&summary).expect("summary serializes"),
     )?;
     Ok(summary)
+}
+
+/// Starts the writer of `format` for `out` (with `options.mode`, `lmdb_map_size`, `shard_bytes`
+/// and `label_base`); returns it with the progress already committed (non-zero when resuming).
+/// HDF5 without the `hdf5` feature is [`Error::FeatureDisabled`].
+pub fn start_writer(
+    format: PackFormat,
+    out: &Path,
+    plan: &PackPlan,
+    options: &PackOptions,
+) -> Result<(Box<dyn PackSink>, PackProgress)> {
+    Ok(match format {
+        PackFormat::Lmdb => {
+            let (writer, progress) =
+                LmdbWriter::start(out, plan, options.mode, options.lmdb_map_size)?;
+            (Box::new(writer), progress)
+        }
+        PackFormat::Hdf5 => crate::format::hdf5::start_writer(out, plan, options.mode)?,
+        PackFormat::Records => {
+            let (writer, progress) = RecordsWriter::start(
+                out,
+                plan,
+                options.mode,
+                options.shard_bytes,
+                options.label_base,
+            )?;
+            (Box::new(writer), progress)
+        }
+    })
 }
 
 fn format_kind(format: PackFormat) -> FormatKind {

@@ -184,6 +184,7 @@ fn fixture_files() -> Vec<(String, u32, Vec<u8>)> {
         .collect()
 }
 
+#[cfg(feature = "hdf5")]
 #[test]
 fn h5py_variable_length_files_read_like_their_source_tree() {
     let dataset = format::open(compat("h5py-vlen.h5")).unwrap();
@@ -201,10 +202,12 @@ fn h5py_variable_length_files_read_like_their_source_tree() {
 }
 
 /// The pixel formula the fixture script used.
+#[cfg(feature = "hdf5")]
 fn fixture_pixel(i: usize, y: usize, x: usize, c: usize) -> u8 {
     ((i * 7 + y * 3 + x * 5 + c) % 256) as u8
 }
 
+#[cfg(feature = "hdf5")]
 #[test]
 fn h5py_pixel_arrays_read_as_raw_images_chunked_or_contiguous() {
     use imagefeed::decode::RawImage;
@@ -339,6 +342,7 @@ fn python_rows(python: &str, script: &str, args: &[&Path]) -> Vec<(String, u32, 
         .collect()
 }
 
+#[cfg(feature = "hdf5")]
 #[test]
 fn h5py_reads_our_hdf5_as_the_readme_documents() {
     let Some(python) = python_with("h5py") else {

@@ -31,7 +31,10 @@ fn interrupted_hdf5_and_records_packs_resume_to_the_same_dataset() {
     for (format, name) in [
         (PackFormat::Hdf5, "resumed.h5"),
         (PackFormat::Records, "resumed.records"),
-    ] {
+    ]
+    .into_iter()
+    .filter(|(f, _)| f.is_available())
+    {
         let out = dir.path().join(name);
         let options = PackOptions {
             shard_bytes: 8 << 10,
@@ -97,6 +100,7 @@ fn interrupted_hdf5_and_records_packs_resume_to_the_same_dataset() {
     }
 }
 
+#[cfg(feature = "hdf5")]
 #[test]
 fn hdf5_offsets_past_the_data_and_truncated_files_are_reported() {
     let dir = tempfile::tempdir().unwrap();
@@ -245,7 +249,10 @@ fn a_split_conversion_joins_into_exactly_the_unsplit_dataset() {
     for (format, name) in [
         (PackFormat::Records, "joined.records"),
         (PackFormat::Lmdb, "joined.lmdb"),
-    ] {
+    ]
+    .into_iter()
+    .filter(|(f, _)| f.is_available())
+    {
         let joined = dir.path().join(name);
         let summary = pack::join(&parts, &joined, format, &small_options(), &NoProgress).unwrap();
         assert_eq!(summary.samples, 16);
@@ -305,6 +312,7 @@ fn a_split_conversion_joins_into_exactly_the_unsplit_dataset() {
     assert!(err.to_string().contains("--shard-index 4"), "{err}");
 }
 
+#[cfg(feature = "hdf5")]
 #[test]
 fn convert_writes_every_format_from_an_h5py_file() {
     let dir = tempfile::tempdir().unwrap();
@@ -314,7 +322,10 @@ fn convert_writes_every_format_from_an_h5py_file() {
         (PackFormat::Lmdb, "c.lmdb"),
         (PackFormat::Hdf5, "c.h5"),
         (PackFormat::Records, "c.records"),
-    ] {
+    ]
+    .into_iter()
+    .filter(|(f, _)| f.is_available())
+    {
         let out = dir.path().join(name);
         let summary = pack::convert(&h5py, &out, format, &small_options(), &NoProgress).unwrap();
         // The broken files h5py stored unchecked are rejected by key.
@@ -425,7 +436,7 @@ fn a_complete_dataset_under_a_partial_name_is_never_opened_and_resume_says_to_fo
     // (the old one, in the records case) that verify and the loader accepted as the dataset;
     // `--resume` on the records one said only "not a partial records directory".
     let dir = tempfile::tempdir().unwrap();
-    for format in [PackFormat::Lmdb, PackFormat::Hdf5, PackFormat::Records] {
+    for format in PackFormat::available() {
         let out = dir.path().join(format!("k.{}", format.name()));
         pack_as(&fixture_root(), &out, format, &small_options());
         let partial = pack::partial_path(&out);
@@ -680,7 +691,7 @@ fn resume_and_concurrent_runs_never_write_outside_their_own_staging_output() {
     }
 
     // Another run holding the staging output: --force and --resume both wait their turn.
-    for format in [PackFormat::Lmdb, PackFormat::Hdf5, PackFormat::Records] {
+    for format in PackFormat::available() {
         let out = work.join(format!("busy.{}", format.name()));
         crash_pack(&out, format, &small_shards, 2);
         let partial = pack::partial_path(&out);
@@ -875,12 +886,6 @@ fn bytes_appended_to_a_shard_of_ours_are_refused() {
 #[test]
 fn a_staging_directory_killed_before_its_first_record_is_replaced_by_force_and_nothing_else_is() {
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("d.h5");
-    let partial = pack::partial_path(&out);
-    // A pack killed between writing its progress record's temporary file and renaming it.
-    fs::create_dir(&partial).unwrap();
-    fs::write(partial.join("progress.json.tmp"), "{\"magic\": \"imag").unwrap();
-    assert!(format::is_own_output(&partial));
     let forced = PackOptions {
         mode: StartMode {
             force: true,
@@ -888,19 +893,34 @@ fn a_staging_directory_killed_before_its_first_record_is_replaced_by_force_and_n
         },
         ..small_options()
     };
-    pack::pack_image_folder(
-        &support::fixture_root(),
-        &out,
-        PackFormat::Hdf5,
-        &forced,
-        &pack::NoProgress,
-    )
-    .unwrap();
-    assert!(
-        verify::verify(&out, Some(&support::fixture_root()))
-            .unwrap()
-            .is_ok()
-    );
+    for (format, name) in [
+        (PackFormat::Hdf5, "d.h5"),
+        (PackFormat::Records, "d.records"),
+    ]
+    .into_iter()
+    .filter(|(f, _)| f.is_available())
+    {
+        let out = dir.path().join(name);
+        let partial = pack::partial_path(&out);
+        // A pack killed between writing its progress record's temporary file and renaming it.
+        fs::create_dir(&partial).unwrap();
+        fs::write(partial.join("progress.json.tmp"), "{\"magic\": \"imag").unwrap();
+        assert!(format::is_own_output(&partial), "{name}");
+        pack::pack_image_folder(
+            &support::fixture_root(),
+            &out,
+            format,
+            &forced,
+            &pack::NoProgress,
+        )
+        .unwrap();
+        assert!(
+            verify::verify(&out, Some(&support::fixture_root()))
+                .unwrap()
+                .is_ok(),
+            "{name}"
+        );
+    }
     // A .tmp file beside anything else, or named like nothing of ours, is not ours.
     let other = dir.path().join("other.partial");
     fs::create_dir(&other).unwrap();
@@ -955,7 +975,10 @@ fn resume_after_a_kill_before_the_first_progress_record_starts_afresh() {
     for (format, name, progress) in [
         (PackFormat::Hdf5, "d.h5", "progress.json"),
         (PackFormat::Records, "d.records", "progress.json"),
-    ] {
+    ]
+    .into_iter()
+    .filter(|(f, ..)| f.is_available())
+    {
         let out = dir.path().join(name);
         let partial = pack::partial_path(&out);
         fs::create_dir(&partial).unwrap();
@@ -1014,7 +1037,10 @@ fn a_byte_changed_in_a_stored_payload_or_label_is_a_bad_record_in_every_format()
         (PackFormat::Lmdb, "flip.lmdb"),
         (PackFormat::Hdf5, "flip.h5"),
         (PackFormat::Records, "flip.records"),
-    ] {
+    ]
+    .into_iter()
+    .filter(|(f, _)| f.is_available())
+    {
         let path = dir.path().join(name);
         pack_as(&fixture_root(), &path, format, &small_options());
         let index = all_records(&path)
@@ -1124,7 +1150,13 @@ fn version_1_lmdb_and_hdf5_files_without_checksums_still_read() {
     let _ = fs::remove_file(dir.path().join("v1.lmdb-lock"));
     assert_eq!(all_records(&lmdb), want);
 
-    let h5 = dir.path().join("v1.h5");
+    #[cfg(feature = "hdf5")]
+    version_1_hdf5_files_still_read(dir.path());
+}
+
+#[cfg(feature = "hdf5")]
+fn version_1_hdf5_files_still_read(dir: &Path) {
+    let h5 = dir.join("v1.h5");
     pack_as(&fixture_root(), &h5, PackFormat::Hdf5, &small_options());
     let want = all_records(&h5);
     {
@@ -1138,7 +1170,7 @@ fn version_1_lmdb_and_hdf5_files_without_checksums_still_read() {
     }
     assert_eq!(all_records(&h5), want);
     // And a version-2 file whose checksums went missing is refused, naming the file.
-    let no_sums = dir.path().join("v2-no-sums.h5");
+    let no_sums = dir.join("v2-no-sums.h5");
     pack_as(
         &fixture_root(),
         &no_sums,
@@ -1154,4 +1186,74 @@ fn version_1_lmdb_and_hdf5_files_without_checksums_still_read() {
         err.contains("v2-no-sums.h5") && err.contains("checksums"),
         "{err}"
     );
+}
+
+#[cfg(not(feature = "hdf5"))]
+#[test]
+fn without_the_hdf5_feature_hdf5_is_recognized_and_refused_naming_path_and_feature() {
+    // A build for trainers that read LMDB: HDF5 input and output are a clear error, never
+    // "not a dataset" and never a half-written output.
+    let dir = tempfile::tempdir().unwrap();
+    let disabled = |err: Error, name: &str| {
+        let message = err.to_string();
+        assert!(
+            matches!(
+                err,
+                Error::FeatureDisabled {
+                    feature: "hdf5",
+                    ..
+                }
+            ) && message.contains(name)
+                && message.contains("`hdf5` feature"),
+            "{message}"
+        );
+    };
+    assert!(!PackFormat::Hdf5.is_available());
+    assert_eq!(
+        PackFormat::available().collect::<Vec<_>>(),
+        [PackFormat::Lmdb, PackFormat::Records]
+    );
+
+    let out = dir.path().join("out.h5");
+    let err = pack::pack_image_folder(
+        &fixture_root(),
+        &out,
+        PackFormat::Hdf5,
+        &small_options(),
+        &NoProgress,
+    )
+    .unwrap_err();
+    disabled(err, "out.h5");
+    assert_eq!(
+        fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "nothing written"
+    );
+
+    // A file with the HDF5 signature (what h5py writes first).
+    let h5 = dir.path().join("theirs.h5");
+    let mut bytes = imagefeed::format::hdf5::SIGNATURE.to_vec();
+    bytes.extend_from_slice(&[0u8; 600]);
+    fs::write(&h5, &bytes).unwrap();
+    disabled(format::open(&h5).unwrap_err(), "theirs.h5");
+    disabled(
+        pack::convert(
+            &h5,
+            &dir.path().join("c.lmdb"),
+            PackFormat::Lmdb,
+            &small_options(),
+            &NoProgress,
+        )
+        .unwrap_err(),
+        "theirs.h5",
+    );
+    disabled(verify::verify(&h5, None).unwrap_err(), "theirs.h5");
+    disabled(imagefeed::inspect::inspect(&h5).unwrap_err(), "theirs.h5");
+    assert!(!dir.path().join("c.lmdb").exists());
+    assert!(!pack::partial_path(&dir.path().join("c.lmdb")).exists());
+
+    // LMDB and records work as in every build.
+    let lmdb = dir.path().join("ok.lmdb");
+    pack_as(&fixture_root(), &lmdb, PackFormat::Lmdb, &small_options());
+    assert_eq!(format::open(&lmdb).unwrap().len(), all_records(&lmdb).len());
 }

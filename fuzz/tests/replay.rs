@@ -46,7 +46,14 @@ fn every_seed_corpus_and_regression_input_runs_clean() {
     // leave the fuzzer outside the record path.
     for name in ["records_dataset", "hdf5_dataset"] {
         let before = imagefeed::fuzzing::records_decoded();
-        let target = imagefeed::fuzzing::target(name).unwrap();
+        let Some(target) = imagefeed::fuzzing::target(name) else {
+            // Only a build without the `hdf5` feature lacks a target.
+            assert!(
+                name == "hdf5_dataset" && cfg!(not(feature = "hdf5")),
+                "{name}"
+            );
+            continue;
+        };
         for seed in seeds(name) {
             target(&seed);
         }

@@ -103,6 +103,15 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
             located = Some((path, reason.clone()));
             "OutputExistsError"
         }
+        Error::FeatureDisabled {
+            path,
+            what,
+            feature,
+        } => {
+            // Not in the wheel (it is built with every feature); for other builds of it.
+            located = Some((path, format!("{what} needs the `{feature}` feature")));
+            "ConfigError"
+        }
         Error::ResumeMismatch { path, reason } => {
             located = Some((path, reason.clone()));
             "ConfigError"

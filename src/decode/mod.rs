@@ -581,7 +581,7 @@ const METADATA_ALLOWANCE: u64 = 64 << 20;
 /// format and size its header declares: twice its pixels as 8-bit RGB for a JPEG (a JPEG at
 /// quality 100 stays near 1 byte per sample), eight bytes per pixel for other formats (16-bit
 /// RGBA, uncompressed), exactly the header and pixels for a raw payload, plus
-/// [`METADATA_ALLOWANCE`]. When the size is not in `prefix`, the [`DEFAULT_MAX_PIXELS`] limit
+/// a metadata allowance (`METADATA_ALLOWANCE`). When the size is not in `prefix`, the [`DEFAULT_MAX_PIXELS`] limit
 /// stands in for it. `Err` says why `prefix` is not an image format at all.
 ///
 /// What reads files of unknown content (an ImageFolder tree) uses this to refuse a file far

@@ -29,12 +29,13 @@ pub mod records;
 /// LMDB sample value). Reading a record recomputes it, so bytes changed on disk since packing
 /// (bit rot, a bad copy, a flipped byte) make the record bad instead of handing out wrong
 /// pixels, labels or keys as good.
-pub(crate) fn record_checksum(label: u32, key: &str, payload: &[u8]) -> u32 {
+pub fn record_checksum(label: u32, key: &str, payload: &[u8]) -> u32 {
     crc32c::crc32c_append(checksum_start(label, key), payload)
 }
 
 /// The CRC-32C state after a record's label and key: [`record_checksum`] continued over the
 /// payload with `crc32c::crc32c_append` (for payloads written in pieces).
+#[cfg_attr(not(feature = "hdf5"), allow(dead_code))]
 pub(crate) fn checksum_start(label: u32, key: &str) -> u32 {
     let mut head = [0u8; 8];
     head[..4].copy_from_slice(&label.to_le_bytes());
@@ -174,7 +175,7 @@ pub fn foreign_entry(dir: &Path) -> Option<std::ffi::OsString> {
     records::unlisted_shard_file(dir)
 }
 
-/// The file [`remove_own_output`] puts in a directory before deleting anything in it, and
+/// The file `remove_own_output` puts in a directory before deleting anything in it, and
 /// deletes last: a directory whose deletion was interrupted still says it is ours, and that it
 /// is not a dataset.
 pub const DELETING: &str = "imagefeed-deleting";
@@ -266,8 +267,8 @@ pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Arc<dy
     let path = path.as_ref();
     if !path.exists() {
         let partial = crate::pack::partial_path(path);
-        if partial.is_dir() && partial.join("index.bin").exists() {
-            return Ok(Arc::new(hdf5::Hdf5::open_with(path, &options.hdf5)?));
+        if partial.is_dir() && hdf5::is_own_staging(&partial) {
+            return hdf5::open_dataset(path, &options.hdf5);
         }
         if partial.is_dir() {
             return Ok(Arc::new(records::Records::open_with(
@@ -298,7 +299,7 @@ pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Arc<dy
         return Ok(Arc::new(folder::ImageFolder::open(path)?));
     }
     if hdf5::has_signature(path) {
-        return Ok(Arc::new(hdf5::Hdf5::open_with(path, &options.hdf5)?));
+        return hdf5::open_dataset(path, &options.hdf5);
     }
     if records::is_shard_name(path) {
         return Ok(Arc::new(records::Records::open_with(

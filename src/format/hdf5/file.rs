@@ -1,71 +1,6 @@
-//! HDF5 datasets: the writer `pack-dataset imagefolder2hdf5` uses, and a reader for that layout
-//! and for the two layouts h5py users most often already have.
-//!
-//! # Layout (version 2)
-//!
-//! One HDF5 file with five datasets in the root group, all uncompressed:
-//!
-//! | name      | type                  | shape   | content                                         |
-//! |-----------|-----------------------|---------|-------------------------------------------------|
-//! | `images`  | `uint8`, contiguous   | `(B,)`  | every payload, concatenated in sample order    |
-//! | `offsets` | `uint64`              | `(N+1,)`| sample `i` is `images[offsets[i]:offsets[i+1]]` |
-//! | `labels`  | `int64`               | `(N,)`  | class index, `0 ≤ label < len(classes)`         |
-//! | `keys`    | variable-length UTF-8 | `(N,)`  | path relative to the ImageFolder root           |
-//! | `checksums` | `uint32`            | `(N,)`  | CRC-32C of `label u32 LE, len(key) u32 LE, key, payload` |
-//!
-//! The reader checks each record against its checksum
-//! ([`record_checksum`](crate::format::record_checksum)), so bytes changed since packing make a
-//! bad sample that says so, never wrong pixels, labels or keys handed out as good. Version 1
-//! files (no `checksums`, written before 0.2) are still read, unchecked.
-//!
-//! and two root attributes: `classes` (variable-length UTF-8 strings, indexed by label) and
-//! `imagefeed`, a JSON string `{"magic": "imagefeed-hdf5", "version": 2, "complete": true,
-//! "format": "hdf5", "classes": [...], "num_samples": N, "payload": "encoded" | "raw-rgb8", ...}`.
-//! Payloads are the original files' bytes, or with `--raw` decoded pixels
-//! (`"RGB8" | u32 LE width | u32 LE height | RGB`). h5py reads sample `i` with
-//!
-//! ```python
-//! with h5py.File("train.h5", "r") as f:
-//!     o = f["offsets"]
-//!     image_bytes = f["images"][o[i]:o[i + 1]].tobytes()
-//!     label = int(f["labels"][i])
-//! ```
-//!
-//! # Reading without the HDF5 lock
-//!
-//! Every call into libhdf5 takes one process-wide lock, so worker threads reading through the
-//! library would take turns. `images` is contiguous and unfiltered, so its bytes sit at one file
-//! offset ([`hdf5::Dataset::offset`]): the library is used once at open to read the metadata and
-//! that offset, and each worker then reads payloads with `pread` on its own file handle. The
-//! same holds for a contiguous pixel array written by h5py.
-//!
-//! # Layouts written by others
-//!
-//! Opened with [`Hdf5::open_with`] (dataset names configurable, default `images` and `labels`):
-//!
-//! - **encoded images in a variable-length dataset** (`h5py.vlen_dtype(np.uint8)`), one element
-//!   per sample: read through the library (and its lock), one element at a time.
-//! - **a fixed-shape pixel array** `N×H×W×C` (C = 1, 3 or 4) or `N×H×W` of `uint8`: contiguous
-//!   arrays are read with `pread`; chunked or compressed ones through the library. Samples come
-//!   out as raw RGB payloads (grey replicated to three channels, a fourth channel dropped).
-//!
-//! with a labels dataset of any integer type. Class names come from a `classes` attribute on the
-//! root or on the labels dataset when there is one, else they are `"0"..="max label"`.
-//!
-//! # File locks
-//!
-//! Files are opened and created with HDF5's file locking off (see `open_unlocked`): libhdf5
-//! does not open files close-on-exec, so any child process started meanwhile would inherit and
-//! hold the lock.
-//!
-//! # Crash safety
-//!
-//! A contiguous dataset cannot grow, and its size is only known once every file has been checked.
-//! The writer therefore stages payloads and an index in the directory `OUT.partial/`
-//! (`payloads.bin`, `index.bin`, and `progress.json`, which is replaced atomically after each
-//! chunk has been synced), so a killed run resumes from its last chunk. Finishing writes the HDF5
-//! file inside that directory in one sequential pass, syncs it, renames it to `OUT` and deletes
-//! the staging directory: `OUT` only ever exists complete. The cost is writing the payloads twice.
+//! The HDF5 reader ([`Hdf5`]) and writer ([`Hdf5Writer`]), side by side; they link libhdf5 and
+//! are built with the `hdf5` feature. The layout they read and write is described in the parent
+//! module.
 
 use std::fs;
 use std::io::{BufReader, Read as _};
@@ -76,66 +11,30 @@ use std::sync::Arc;
 use hdf5::types::{TypeDescriptor, VarLenArray, VarLenUnicode};
 use serde::{Deserialize, Serialize};
 
+use super::{
+    Hdf5Names, IMAGES, LABELS, MAGIC, STAGED_HDF5, STAGED_INDEX, STAGED_PAYLOADS, STAGED_PROGRESS,
+    VERSION, has_signature,
+};
 use crate::dataset::{Dataset, DatasetInfo, FormatKind, PayloadKind, Record, RecordReader};
 use crate::decode::RawImage;
 use crate::error::{Error, IoContext as _, Result};
 use crate::format::InfoRecord;
 use crate::pack::{self, PackPlan, PackProgress, PackSink, PackedRecord, StartMode};
 
-/// The `magic` value in the `imagefeed` attribute.
-pub const MAGIC: &str = "imagefeed-hdf5";
-/// The layout version this build writes and the newest it reads.
-pub const VERSION: u32 = 2;
 /// The first layout version with the `checksums` dataset.
 const CHECKSUMS_SINCE: u32 = 2;
-/// The eight bytes every HDF5 file starts with (at offset 0 when there is no user block).
-pub const SIGNATURE: &[u8; 8] = b"\x89HDF\r\n\x1a\n";
-
 const INFO_ATTR: &str = "imagefeed";
 const CLASSES_ATTR: &str = "classes";
-const IMAGES: &str = "images";
 const OFFSETS: &str = "offsets";
-const LABELS: &str = "labels";
 const KEYS: &str = "keys";
 const CHECKSUMS: &str = "checksums";
 
 /// Bytes copied per HDF5 write when the staged payloads are moved into the file.
 const COPY_BLOCK: usize = 32 << 20;
 
-/// Names of the datasets to read in an HDF5 file imagefeed did not write.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Hdf5Names {
-    /// The images: encoded files in a variable-length `uint8` dataset, or an `N×H×W[×C]` `uint8`
-    /// pixel array.
-    pub images: String,
-    /// The labels: an integer dataset of length `N`.
-    pub labels: String,
-}
-
-impl Default for Hdf5Names {
-    fn default() -> Self {
-        Hdf5Names {
-            images: IMAGES.into(),
-            labels: LABELS.into(),
-        }
-    }
-}
-
-/// True when `path` is a file that starts with the HDF5 signature.
-pub fn has_signature(path: &Path) -> bool {
-    let mut head = [0u8; 8];
-    crate::file::open_regular(path).is_ok_and(|(mut f, _)| f.read_exact(&mut head).is_ok())
-        && &head == SIGNATURE
-}
-
 // ---------------------------------------------------------------------------------------------
 // Writer
 // ---------------------------------------------------------------------------------------------
-
-const STAGED_PAYLOADS: &str = "payloads.bin";
-const STAGED_INDEX: &str = "index.bin";
-pub(crate) const STAGED_PROGRESS: &str = "progress.json";
-const STAGED_HDF5: &str = "dataset.h5";
 
 /// What `OUT.partial/progress.json` holds: enough to resume, and the staged files' lengths at
 /// the last commit (anything past them is a chunk that was in flight and is discarded).
@@ -646,17 +545,6 @@ fn save_staged_progress(
         &partial.join(STAGED_PROGRESS),
         &serde_json::to_vec(&staged).expect("progress serializes"),
     )
-}
-
-/// Whether `name` is one the HDF5 writer gives a file in its staging directory.
-pub(crate) fn is_staging_file(name: &str) -> bool {
-    [STAGED_PAYLOADS, STAGED_INDEX, STAGED_PROGRESS, STAGED_HDF5].contains(&name)
-}
-
-/// True when the directory `path` is an HDF5 writer's staging directory (`OUT.partial/`): its
-/// progress record carries [`MAGIC`]. (The writer makes that record before anything else.)
-pub(crate) fn is_own_staging(path: &Path) -> bool {
-    crate::format::staged_magic(path, STAGED_PROGRESS).as_deref() == Some(MAGIC)
 }
 
 /// Opens a file read-only without HDF5's file lock.
