@@ -34,13 +34,16 @@ pub enum Error {
         source: heed::Error,
     },
 
-    /// The HDF5 library reported an error for the file at `path`.
-    #[error("{}: HDF5: {reason}", path.display())]
+    /// The HDF5 library reported an error for the file at `path` (feature `hdf5`).
+    #[cfg(feature = "hdf5")]
+    #[error("{}: HDF5: {doing}: {source}", path.display())]
     Hdf5 {
         /// The HDF5 file.
         path: PathBuf,
-        /// What the library said, with what we were doing.
-        reason: String,
+        /// What we were doing ("writing offsets").
+        doing: String,
+        /// What the library said.
+        source: hdf5::Error,
     },
 
     /// `path` needs a part of imagefeed this build was compiled without (a Cargo feature, such as
@@ -191,6 +194,32 @@ pub enum Error {
     #[error("invalid loader configuration: {0}")]
     Config(String),
 
+    /// The epoch was cancelled (dropped, or stopped from Python by Ctrl-C) while this batch was
+    /// being built. Nothing is wrong with the data; the batch is simply not delivered.
+    #[error("the epoch was cancelled")]
+    Cancelled,
+
+    /// Code that must not panic did; the panic was caught and is reported here instead of
+    /// unwinding through the caller (a bug in imagefeed or in a dependency: please report it).
+    #[error("{what} panicked: {message}")]
+    Panicked {
+        /// What was running ("a worker building batch 7", "the pack").
+        what: String,
+        /// The panic's message.
+        message: String,
+    },
+
+    /// The loader's worker threads are gone, so no further batch can be built.
+    #[error("the loader's worker threads have stopped")]
+    WorkersStopped,
+
+    /// A loader worker thread could not be started (the process is out of threads or memory).
+    #[error("cannot start a loader worker thread: {source}")]
+    ThreadSpawn {
+        /// What the OS said.
+        source: io::Error,
+    },
+
     /// A saved [`LoaderState`](crate::loader::LoaderState) does not fit the loader asked to
     /// resume it: one of the settings that decide the stream, or the dataset, differs.
     #[error(
@@ -245,6 +274,17 @@ pub enum Error {
     Cuda(String),
 }
 
+/// The message of a caught panic's payload (`panic!` with a literal or a formatted string),
+/// for [`Error::Panicked`].
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())
+        .unwrap_or("a panic without a message")
+        .to_string()
+}
+
 impl Error {
     /// Wraps an I/O error with the path it happened on.
     pub fn io(path: impl AsRef<Path>, source: io::Error) -> Self {
@@ -265,7 +305,8 @@ impl Error {
     pub(crate) fn hdf5(path: impl AsRef<Path>, doing: &str, source: hdf5::Error) -> Self {
         Error::Hdf5 {
             path: path.as_ref().to_path_buf(),
-            reason: format!("{doing}: {source}"),
+            doing: doing.into(),
+            source,
         }
     }
 

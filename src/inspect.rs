@@ -149,14 +149,13 @@ pub fn inspect(path: impl AsRef<Path>) -> Result<Inspection> {
             } else {
                 path.to_path_buf()
             };
-            let lmdb = match Lmdb::open_incomplete(&target) {
-                Err(Error::NotADataset { reason, .. }) if reason.contains("bad magic") => {
-                    return Err(format::open(path)
-                        .err()
-                        .unwrap_or_else(|| Error::not_a_dataset(path, reason)));
-                }
-                other => other?,
-            };
+            if !format::lmdb::has_magic(&target)? {
+                // Not LMDB either: the error `open` gives for what it cannot read.
+                return Err(format::open(path).err().unwrap_or_else(|| {
+                    Error::not_a_dataset(path, "not an LMDB file (bad magic number)")
+                }));
+            }
+            let lmdb = Lmdb::open_incomplete(&target)?;
             let rejected = lmdb
                 .info()
                 .rejected_at_pack

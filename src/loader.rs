@@ -514,7 +514,7 @@ impl Loader {
                 std::thread::Builder::new()
                     .name(format!("imagefeed-worker-{i}"))
                     .spawn(move || worker_loop(&shared, &queue))
-                    .map_err(|e| Error::Config(format!("cannot start worker thread: {e}")))
+                    .map_err(|source| Error::ThreadSpawn { source })
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Loader {
@@ -872,9 +872,7 @@ impl Epoch {
                 .expect("queue open while the loader lives");
             if jobs.send(job).is_err() {
                 self.done = true;
-                return Wait::Ready(Some(Err(Error::Config(
-                    "the worker threads have stopped".into(),
-                ))));
+                return Wait::Ready(Some(Err(Error::WorkersStopped)));
             }
             self.next_send += 1;
         }
@@ -968,15 +966,10 @@ fn worker_loop(shared: &Shared, queue: &Receiver<Job>) {
         let result =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.build(shared, &job)))
                 .unwrap_or_else(|panic| {
-                    let message = panic
-                        .downcast_ref::<String>()
-                        .map(String::as_str)
-                        .or_else(|| panic.downcast_ref::<&str>().copied())
-                        .unwrap_or("unknown panic");
-                    Err(Error::Config(format!(
-                        "a worker panicked building batch {}: {message}",
-                        job.position
-                    )))
+                    Err(Error::Panicked {
+                        what: format!("a worker building batch {}", job.position),
+                        message: crate::error::panic_message(&*panic),
+                    })
                 });
         let _ = job.reply.send((job.position, result)); // the epoch may be gone
     }
@@ -1024,7 +1017,7 @@ impl Worker {
         let mut fill = || -> Result<()> {
             for (position, &index) in job.indices.iter().enumerate() {
                 if job.cancel.load(Ordering::Relaxed) {
-                    return Err(Error::Config("cancelled".into()));
+                    return Err(Error::Cancelled);
                 }
                 // The next sample's bytes load while this one decodes.
                 if let Some(&next) = job.indices.get(position + 1) {

@@ -137,7 +137,14 @@ fn hdf5_offsets_past_the_data_and_truncated_files_are_reported() {
     let mut fake = imagefeed::format::hdf5::SIGNATURE.to_vec();
     fake.extend_from_slice(&[0u8; 600]);
     fs::write(&garbage, fake).unwrap();
-    let err = format::open(&garbage).unwrap_err().to_string();
+    let err = format::open(&garbage).unwrap_err();
+    // The library's own error is kept as the source, not flattened into a string.
+    assert!(
+        matches!(&err, Error::Hdf5 { source, .. } if std::error::Error::source(&err)
+            .is_some_and(|s| s.to_string() == source.to_string())),
+        "{err:?}"
+    );
+    let err = err.to_string();
     assert!(err.contains("garbage.h5") && err.contains("HDF5"), "{err}");
 }
 

@@ -1090,6 +1090,56 @@ fn a_timed_wait_gives_up_without_consuming_and_the_next_call_gets_the_same_batch
     ));
 }
 
+/// A dataset whose readers panic on open while `armed` is set (a bug in a custom dataset).
+struct Panicky {
+    inner: Arc<dyn Dataset>,
+    armed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Dataset for Panicky {
+    fn info(&self) -> &imagefeed::DatasetInfo {
+        self.inner.info()
+    }
+    fn path(&self) -> &Path {
+        self.inner.path()
+    }
+    fn open_reader(&self) -> imagefeed::Result<Box<dyn imagefeed::RecordReader>> {
+        if self.armed.load(std::sync::atomic::Ordering::SeqCst) {
+            panic!("custom reader bug");
+        }
+        self.inner.open_reader()
+    }
+}
+
+#[test]
+fn a_panic_in_a_worker_is_an_error_naming_the_batch_and_the_loader_goes_on() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let (encoded, _, _) = datasets(dir.path());
+    let armed = Arc::new(AtomicBool::new(false));
+    let dataset = Arc::new(Panicky {
+        inner: encoded,
+        armed: Arc::clone(&armed),
+    });
+    let loader = Loader::new(dataset, config(Transform::cifar(), 1, 2)).unwrap();
+    armed.store(true, Ordering::SeqCst);
+    let err = loader.epoch(0).next().unwrap().unwrap_err();
+    match &err {
+        Error::Panicked { what, message } => {
+            assert_eq!(what, "a worker building batch 0");
+            assert_eq!(message, "custom reader bug");
+        }
+        other => panic!("not a Panicked error: {other}"),
+    }
+    assert_eq!(
+        err.to_string(),
+        "a worker building batch 0 panicked: custom reader bug"
+    );
+    // The worker thread survived: once the bug is gone, epochs run.
+    armed.store(false, Ordering::SeqCst);
+    assert!(loader.epoch(0).all(|b| b.is_ok()));
+}
+
 #[test]
 fn impossible_sizes_are_configuration_errors_not_allocations() {
     let dir = tempfile::tempdir().unwrap();

@@ -362,6 +362,17 @@ fn files_that_are_not_datasets_are_refused_clearly() {
         err.contains("garbage.lmdb") && err.contains("neither a directory"),
         "{err}"
     );
+    // Told apart by the magic number, not by an error's text: an LMDB cut short still has it,
+    // and gets the truncation error rather than "not a dataset file".
+    assert!(!format::lmdb::has_magic(&garbage).unwrap());
+    let cut = dir.path().join("cut.lmdb");
+    pack_lmdb(&fixture_root(), &cut, &small_options());
+    assert!(format::lmdb::has_magic(&cut).unwrap());
+    let bytes = fs::read(&cut).unwrap();
+    fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    assert!(format::lmdb::has_magic(&cut).unwrap());
+    let err = format::open(&cut).unwrap_err().to_string();
+    assert!(err.contains("cut.lmdb") && err.contains("truncated"), "{err}");
 
     let tiny = dir.path().join("tiny.lmdb");
     fs::write(&tiny, b"").unwrap();

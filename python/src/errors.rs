@@ -41,8 +41,15 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
             located = Some((path, source.to_string()));
             "DataError"
         }
-        Error::Hdf5 { path, reason }
-        | Error::NotADataset { path, reason }
+        Error::Hdf5 {
+            path,
+            doing,
+            source,
+        } => {
+            located = Some((path, format!("{doing}: {source}")));
+            "DataError"
+        }
+        Error::NotADataset { path, reason }
         | Error::BadImageFolder { path, reason }
         | Error::RefusedFile { path, reason } => {
             located = Some((path, reason.clone()));

@@ -155,7 +155,12 @@ where
                 progress.bar.finish();
                 return pack
                     .join()
-                    .unwrap_or_else(|_| Err(imagefeed::Error::Config("the pack panicked".into())))
+                    .unwrap_or_else(|panic| {
+                        Err(imagefeed::Error::Panicked {
+                            what: "the pack".into(),
+                            message: imagefeed::error::panic_message(&*panic),
+                        })
+                    })
                     .map_err(to_py);
             }
             if let Err(interrupt) = py.check_signals() {

@@ -647,6 +647,36 @@ fn read_checksums(
 /// We read both meta pages (LMDB keeps two and uses the one with the larger transaction id) and
 /// require the file to hold every page up to that meta's last page.
 fn check_lmdb_file(path: &Path) -> Result<fs::File> {
+    let (file, len, live) = read_meta_pages(path)?;
+    let Some(live) = live else {
+        return Err(Error::not_a_dataset(
+            path,
+            "not an LMDB file (bad magic number)",
+        ));
+    };
+    let needed = live.needed_len();
+    if len < needed {
+        return Err(Error::not_a_dataset(
+            path,
+            format!(
+                "truncated: LMDB's meta page needs {needed} bytes but the file has {len} (an incomplete copy?)",
+            ),
+        ));
+    }
+    Ok(file)
+}
+
+/// Whether the file at `path` carries LMDB's magic number in a meta page: what tells an LMDB
+/// file from any other file (nothing else is checked; opening checks the rest). A path that is
+/// missing (or an interrupted pack's), a directory or not a regular file is the error opening
+/// it would give.
+pub fn has_magic(path: &Path) -> Result<bool> {
+    read_meta_pages(path).map(|(_, _, live)| live.is_some())
+}
+
+/// Opens `path` as a regular file and reads its live meta page: (file, length, meta), the meta
+/// `None` when neither page carries LMDB's magic.
+fn read_meta_pages(path: &Path) -> Result<(fs::File, u64, Option<LmdbMeta>)> {
     let meta = match fs::metadata(path) {
         Ok(meta) => meta,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -662,23 +692,8 @@ fn check_lmdb_file(path: &Path) -> Result<fs::File> {
         ));
     }
     let (mut file, _) = crate::file::open_regular(path)?;
-    let Some(live) = LmdbMeta::read_live(&mut file, path)? else {
-        return Err(Error::not_a_dataset(
-            path,
-            "not an LMDB file (bad magic number)",
-        ));
-    };
-    let needed = live.needed_len();
-    if meta.len() < needed {
-        return Err(Error::not_a_dataset(
-            path,
-            format!(
-                "truncated: LMDB's meta page needs {needed} bytes but the file has {} (an incomplete copy?)",
-                meta.len()
-            ),
-        ));
-    }
-    Ok(file)
+    let live = LmdbMeta::read_live(&mut file, path)?;
+    Ok((file, meta.len(), live))
 }
 
 /// Bytes of a meta page we look at: page header (16) + MDB_meta up to mm_txnid (136).

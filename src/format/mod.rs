@@ -307,15 +307,12 @@ pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Arc<dy
             &options.records,
         )?));
     }
-    match lmdb::Lmdb::open(path) {
-        Ok(lmdb) => Ok(Arc::new(lmdb)),
-        Err(Error::NotADataset { reason, .. }) if reason.contains("bad magic") => {
-            Err(Error::not_a_dataset(
-                path,
-                "neither a directory (ImageFolder tree, records shards) nor a dataset file this \
-                 build reads (LMDB, HDF5, *.tfrecord)",
-            ))
-        }
-        Err(e) => Err(e),
+    if !lmdb::has_magic(path)? {
+        return Err(Error::not_a_dataset(
+            path,
+            "neither a directory (ImageFolder tree, records shards) nor a dataset file this build \
+             reads (LMDB, HDF5, *.tfrecord)",
+        ));
     }
+    Ok(Arc::new(lmdb::Lmdb::open(path)?))
 }

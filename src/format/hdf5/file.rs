@@ -207,9 +207,12 @@ impl Hdf5Writer {
                 .create(LABELS)
                 .map_err(h5("writing labels"))?;
             let text = |what: &str, s: &str| -> Result<VarLenUnicode> {
-                s.parse().map_err(|_| Error::Hdf5 {
-                    path: path.to_path_buf(),
-                    reason: format!("{what} {s:?} holds a NUL byte, which HDF5 cannot store"),
+                s.parse().map_err(|_| {
+                    Error::hdf5(
+                        path,
+                        &format!("writing {what} {s:?}"),
+                        "it holds a NUL byte, which HDF5 cannot store".into(),
+                    )
                 })
             };
             let keys: Vec<VarLenUnicode> =
