@@ -372,7 +372,10 @@ fn files_that_are_not_datasets_are_refused_clearly() {
     fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
     assert!(format::lmdb::has_magic(&cut).unwrap());
     let err = format::open(&cut).unwrap_err().to_string();
-    assert!(err.contains("cut.lmdb") && err.contains("truncated"), "{err}");
+    assert!(
+        err.contains("cut.lmdb") && err.contains("truncated"),
+        "{err}"
+    );
 
     let tiny = dir.path().join("tiny.lmdb");
     fs::write(&tiny, b"").unwrap();
