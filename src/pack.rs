@@ -58,6 +58,19 @@ impl PackFormat {
         }
     }
 
+    /// `Ok` when this build writes the format, else [`Error::FeatureDisabled`] for `out`: checked
+    /// before any input is read, so a build without HDF5 says so at once.
+    pub fn require(self, out: &Path) -> Result<()> {
+        if self.is_available() {
+            return Ok(());
+        }
+        Err(Error::FeatureDisabled {
+            path: out.to_path_buf(),
+            what: "writing an HDF5 file",
+            feature: "hdf5",
+        })
+    }
+
     /// The formats this build reads and writes ([`is_available`](Self::is_available)).
     pub fn available() -> impl Iterator<Item = PackFormat> {
         PackFormat::ALL.into_iter().filter(|f| f.is_available())
@@ -468,6 +481,15 @@ fn exists(path: &Path) -> bool {
 fn refuse_foreign(path: &Path) -> Result<()> {
     match foreign_description(path) {
         None => Ok(()),
+        // Whether an HDF5 file is ours takes libhdf5 to tell: without it, say so instead of
+        // calling the file foreign.
+        Some(_) if !PackFormat::Hdf5.is_available() && crate::format::hdf5::has_signature(path) => {
+            Err(Error::FeatureDisabled {
+                path: path.to_path_buf(),
+                what: "replacing an HDF5 file",
+                feature: "hdf5",
+            })
+        }
         Some(what) => Err(Error::NotReplaceable {
             path: path.to_path_buf(),
             reason: format!(
@@ -1005,6 +1027,7 @@ pub fn pack_image_folder(
     options: &PackOptions,
     observer: &dyn PackObserver,
 ) -> Result<PackSummary> {
+    format.require(out)?;
     let folder = ImageFolder::open(source)?;
     pack_source(
         &Source::Folder(&folder),
@@ -1046,6 +1069,7 @@ pub fn convert_with(
     input: &crate::format::OpenOptions,
     observer: &dyn PackObserver,
 ) -> Result<PackSummary> {
+    format.require(out)?;
     if source.is_dir()
         && !source.join("data.mdb").is_file()
         && !crate::format::records::looks_like_records(source)
@@ -1454,6 +1478,7 @@ pub fn join(
     options: &PackOptions,
     observer: &dyn PackObserver,
 ) -> Result<PackSummary> {
+    format.require(out)?;
     let joined = JoinedParts::open(parts)?;
     if options.raw || options.resize_short_side.is_some() || options.part.is_some() {
         return Err(Error::Options(

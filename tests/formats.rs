@@ -1237,11 +1237,14 @@ fn without_the_hdf5_feature_hdf5_is_recognized_and_refused_naming_path_and_featu
         "nothing written"
     );
 
-    // A file with the HDF5 signature (what h5py writes first).
+    // A file h5py wrote.
     let h5 = dir.path().join("theirs.h5");
-    let mut bytes = imagefeed::format::hdf5::SIGNATURE.to_vec();
-    bytes.extend_from_slice(&[0u8; 600]);
-    fs::write(&h5, &bytes).unwrap();
+    fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/compat/h5py-vlen.h5"),
+        &h5,
+    )
+    .unwrap();
+    let bytes = fs::read(&h5).unwrap();
     disabled(format::open(&h5).unwrap_err(), "theirs.h5");
     disabled(
         pack::convert(
@@ -1258,6 +1261,76 @@ fn without_the_hdf5_feature_hdf5_is_recognized_and_refused_naming_path_and_featu
     disabled(imagefeed::inspect::inspect(&h5).unwrap_err(), "theirs.h5");
     assert!(!dir.path().join("c.lmdb").exists());
     assert!(!pack::partial_path(&dir.path().join("c.lmdb")).exists());
+    // Joining: an HDF5 part, or HDF5 output (refused before the parts are opened).
+    let joined = dir.path().join("j.lmdb");
+    disabled(
+        pack::join(
+            std::slice::from_ref(&h5),
+            &joined,
+            PackFormat::Lmdb,
+            &small_options(),
+            &NoProgress,
+        )
+        .unwrap_err(),
+        "theirs.h5",
+    );
+    disabled(
+        pack::join(
+            std::slice::from_ref(&h5),
+            &out,
+            PackFormat::Hdf5,
+            &small_options(),
+            &NoProgress,
+        )
+        .unwrap_err(),
+        "out.h5",
+    );
+    assert!(!joined.exists() && !out.exists());
+    // --force onto an HDF5 file: whether it is ours takes libhdf5 to tell, so it is refused
+    // as such (not called foreign) and left as it was.
+    let force = PackOptions {
+        mode: StartMode {
+            force: true,
+            resume: false,
+        },
+        ..small_options()
+    };
+    disabled(
+        pack::pack_image_folder(&fixture_root(), &h5, PackFormat::Lmdb, &force, &NoProgress)
+            .unwrap_err(),
+        "theirs.h5",
+    );
+    assert_eq!(fs::read(&h5).unwrap(), bytes, "the HDF5 file is untouched");
+    // An interrupted HDF5 pack: resuming it, or opening its output, says what is missing, and
+    // the staging directory is kept for a build that has HDF5.
+    let staged = dir.path().join("d.h5");
+    let partial = pack::partial_path(&staged);
+    fs::create_dir(&partial).unwrap();
+    fs::write(
+        partial.join("progress.json"),
+        r#"{"magic":"imagefeed-hdf5"}"#,
+    )
+    .unwrap();
+    let resume = PackOptions {
+        mode: StartMode {
+            force: false,
+            resume: true,
+        },
+        ..small_options()
+    };
+    disabled(
+        pack::pack_image_folder(
+            &fixture_root(),
+            &staged,
+            PackFormat::Hdf5,
+            &resume,
+            &NoProgress,
+        )
+        .unwrap_err(),
+        "d.h5",
+    );
+    disabled(format::open(&staged).unwrap_err(), "d.h5");
+    assert!(partial.join("progress.json").exists());
 
     // LMDB and records work as in every build.
     let lmdb = dir.path().join("ok.lmdb");

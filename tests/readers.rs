@@ -365,6 +365,12 @@ fn files_that_are_not_datasets_are_refused_clearly() {
     // Told apart by the magic number, not by an error's text: an LMDB cut short still has it,
     // and gets the truncation error rather than "not a dataset file".
     assert!(!format::lmdb::has_magic(&garbage).unwrap());
+    // A file under a staging name is an interrupted pack's, whatever it holds (a writer killed
+    // before its first page): incomplete, not "not a dataset".
+    let staging = dir.path().join("killed.lmdb.partial");
+    fs::write(&staging, b"").unwrap();
+    let err = format::open(&staging).unwrap_err();
+    assert!(matches!(err, Error::Incomplete { .. }), "{err}");
     let cut = dir.path().join("cut.lmdb");
     pack_lmdb(&fixture_root(), &cut, &small_options());
     assert!(format::lmdb::has_magic(&cut).unwrap());

@@ -145,7 +145,11 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
             attrs.set_item("reason", reason)?;
             "CudaError"
         }
-        _ => "Error",
+        // Cancelled, Panicked, WorkersStopped, ThreadSpawn: no file, no better class.
+        _ => {
+            attrs.set_item("reason", err.to_string())?;
+            "Error"
+        }
     };
     if let Some((path, reason)) = located {
         attrs.set_item("path", path.to_string_lossy().into_owned())?;

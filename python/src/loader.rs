@@ -374,9 +374,12 @@ impl NativeLoader {
         let before = epoch.state();
         let batch = loop {
             let same = current.generation == generation;
-            let epoch = current.epoch.as_mut().filter(|_| same).ok_or_else(|| {
-                config("the epoch was stopped or replaced while waiting for its next batch")
-            })?;
+            // Stopped (or replaced by a new one) from another thread while this one waited.
+            let epoch = current
+                .epoch
+                .as_mut()
+                .filter(|_| same)
+                .ok_or_else(|| to_py(imagefeed::Error::Cancelled))?;
             match py.detach(|| epoch.next_timeout(SIGNAL_POLL)) {
                 Wait::Ready(None) => return Ok(None),
                 Wait::Ready(Some(result)) => break result.map_err(to_py)?,

@@ -307,6 +307,8 @@ pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Arc<dy
             &options.records,
         )?));
     }
+    // What the LMDB reader refuses first: a staging name (an interrupted pack's output).
+    crate::pack::refuse_interrupted(path)?;
     if !lmdb::has_magic(path)? {
         return Err(Error::not_a_dataset(
             path,
