@@ -77,7 +77,7 @@ pub struct DatasetInfo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resized_short_side: Option<u32>,
     /// Set when this dataset is one part of a conversion split across machines
-    /// (`--num-shards/--shard-index`); `pack-dataset join` puts the parts together.
+    /// (`--num-parts/--part-index`); `pack-dataset join` puts the parts together.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub part: Option<PartInfo>,
     /// How many source files the pack that wrote this dataset rejected (the pack report lists

@@ -222,7 +222,7 @@ impl PackPlan {
             ));
         }
         if self != new {
-            return mismatch("it was started with other options (--raw/--resize/--quality/--shard-index); use the same ones, or --force".into());
+            return mismatch("it was started with other options (--raw/--resize/--quality/--part-index); use the same ones, or --force".into());
         }
         Ok(())
     }
@@ -1102,7 +1102,7 @@ fn pack_source(
         Some((index, count)) => {
             if count == 0 || index >= count {
                 return Err(Error::Options(format!(
-                    "--shard-index {index} must be below --num-shards {count}"
+                    "--part-index {index} must be below --num-parts {count}"
                 )));
             }
             Some(PartInfo {
@@ -1119,7 +1119,7 @@ fn pack_source(
     };
     if let Some(p) = part.as_ref().filter(|_| range.is_empty()) {
         return Err(Error::Options(format!(
-            "--shard-index {} of --num-shards {} holds none of the {} source files; split into \
+            "--part-index {} of --num-parts {} holds none of the {} source files; split into \
              at most {} parts",
             p.index,
             p.count,
@@ -1349,7 +1349,7 @@ impl JoinedParts {
             let part = dataset.info().part.clone().ok_or_else(|| {
                 Error::not_a_dataset(
                     path,
-                    "not a part of a split conversion (packed without --num-shards/--shard-index)",
+                    "not a part of a split conversion (packed without --num-parts/--part-index)",
                 )
             })?;
             parts.push((part, dataset));
@@ -1467,7 +1467,7 @@ impl RecordReader for JoinedReader {
     }
 }
 
-/// Joins the parts of a split conversion (`--num-shards N --shard-index i` runs, in any order)
+/// Joins the parts of a split conversion (`--num-parts N --part-index i` runs, in any order)
 /// into one dataset at `out`, identical to what an unsplit conversion would have written.
 /// Payloads are copied without being decoded again (each part checked its own when packed);
 /// `options` supplies the output side (resume/force, threads, shard size, label base).
@@ -1482,7 +1482,7 @@ pub fn join(
     let joined = JoinedParts::open(parts)?;
     if options.raw || options.resize_short_side.is_some() || options.part.is_some() {
         return Err(Error::Options(
-            "join copies the parts as they are: --raw, --resize and --shard-index do not apply"
+            "join copies the parts as they are: --raw, --resize and --part-index do not apply"
                 .into(),
         ));
     }

@@ -316,7 +316,7 @@ fn a_split_conversion_joins_into_exactly_the_unsplit_dataset() {
         &NoProgress,
     )
     .unwrap_err();
-    assert!(err.to_string().contains("--shard-index 4"), "{err}");
+    assert!(err.to_string().contains("--part-index 4"), "{err}");
 }
 
 #[cfg(feature = "hdf5")]

@@ -48,7 +48,7 @@ enum Command {
         #[command(flatten)]
         args: PackArgs,
     },
-    /// Join the parts of a split conversion (made with --num-shards N --shard-index i) into one
+    /// Join the parts of a split conversion (made with --num-parts N --part-index i) into one
     /// dataset, identical to an unsplit conversion.
     Join {
         /// Output format.
@@ -201,12 +201,13 @@ struct PackArgs {
     #[arg(long, default_value_t = imagefeed::decode::DEFAULT_MAX_PIXELS, value_parser = clap::value_parser!(u64).range(1..))]
     max_pixels: u64,
     /// Split the conversion into this many parts (one per machine or job-array task); pack
-    /// only part --shard-index, then put the parts together with `pack-dataset join`.
-    #[arg(long, requires = "shard_index")]
-    num_shards: Option<usize>,
-    /// Which part to pack, 0..num-shards.
-    #[arg(long, requires = "num_shards")]
-    shard_index: Option<usize>,
+    /// only part --part-index, then put the parts together with `pack-dataset join`.
+    // `--num-shards` and `--shard-index` are the old names: hidden aliases, still accepted.
+    #[arg(long, alias = "num-shards", requires = "part_index")]
+    num_parts: Option<usize>,
+    /// Which part to pack, 0..num-parts.
+    #[arg(long, alias = "shard-index", requires = "num_parts")]
+    part_index: Option<usize>,
     /// Records output: close a shard at this size (bytes; K, M, G, KiB, MiB, GiB suffixes).
     #[arg(long, default_value = "128MiB", value_parser = parse_bytes)]
     shard_size: u64,
@@ -312,7 +313,7 @@ fn pack(
         threads: args.threads,
         shard_bytes: args.shard_size,
         label_base: args.label_base,
-        part: args.shard_index.zip(args.num_shards),
+        part: args.part_index.zip(args.num_parts),
         ..PackOptions::default()
     };
     let progress = PackProgressBar::new(args.quiet);

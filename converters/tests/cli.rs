@@ -318,6 +318,7 @@ fn hdf5_records_split_and_join_from_the_command_line() {
             succeeded(&run(&[
                 &"imagefolder2records",
                 &"-q",
+                // The old flag names, kept as hidden aliases (the kill loop uses them too).
                 &"--num-shards",
                 &"2",
                 &"--shard-index",
@@ -386,10 +387,20 @@ fn hdf5_records_split_and_join_from_the_command_line() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("missing: [1]"), "{}", stderr(&o));
     assert!(!never.exists());
-    // --shard-index without --num-shards is a usage error.
-    let o = run(&[&"imagefolder2hdf5", &"--shard-index", &"0", &src, &never]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("--num-shards"), "{}", stderr(&o));
+    // --part-index without --num-parts is a usage error (under the old name too).
+    for flag in ["--part-index", "--shard-index"] {
+        let o = run(&[&"imagefolder2hdf5", &flag, &"0", &src, &never]);
+        assert_eq!(o.status.code(), Some(2));
+        assert!(stderr(&o).contains("--num-parts"), "{}", stderr(&o));
+    }
+    // The old names are hidden: help shows only the new ones.
+    let help = String::from_utf8(run(&[&"imagefolder2records", &"--help"]).stdout).unwrap();
+    assert!(
+        help.contains("--num-parts")
+            && help.contains("--part-index")
+            && !help.contains("--shard-index"),
+        "{help}"
+    );
 }
 
 /// Every file under `root` with its contents (sorted), to show a tree was not touched.
@@ -1032,16 +1043,16 @@ fn impossible_counts_are_usage_errors_before_anything_runs() {
     let o = run(&[
         &"imagefolder2records",
         &"-q",
-        &"--num-shards",
+        &"--num-parts",
         &"100000",
-        &"--shard-index",
+        &"--part-index",
         &"0",
         &fixtures(),
         &out,
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(
-        stderr(&o).contains("holds none of the") && stderr(&o).contains("--num-shards 100000"),
+        stderr(&o).contains("holds none of the") && stderr(&o).contains("--num-parts 100000"),
         "{}",
         stderr(&o)
     );
