@@ -551,13 +551,11 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
                 })
                 .collect()
         }
+        #[cfg(feature = "hdf5")]
         "hdf5_staged_index" => {
             let mut out = Vec::new();
             for (end, label, key) in [(100u64, 0u32, "a/0.jpg"), (250, 1, "b/1.jpg")] {
-                out.extend_from_slice(&end.to_le_bytes());
-                out.extend_from_slice(&label.to_le_bytes());
-                out.extend_from_slice(&(key.len() as u32).to_le_bytes());
-                out.extend_from_slice(key.as_bytes());
+                h5fmt::push_staged_entry(&mut out, end, label, key);
             }
             vec![out]
         }

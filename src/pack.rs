@@ -64,11 +64,10 @@ impl PackFormat {
         if self.is_available() {
             return Ok(());
         }
-        Err(Error::FeatureDisabled {
-            path: out.to_path_buf(),
-            what: "writing an HDF5 file",
-            feature: "hdf5",
-        })
+        Err(crate::format::hdf5::feature_disabled(
+            out,
+            "writing an HDF5 file",
+        ))
     }
 
     /// The formats this build reads and writes ([`is_available`](Self::is_available)).
@@ -78,12 +77,16 @@ impl PackFormat {
 
     /// The format's short name (`lmdb`, `hdf5`, `records`).
     pub fn name(self) -> &'static str {
-        format_kind(self).name()
+        self.kind().name()
     }
 
     /// What a dataset of this format reports as its kind.
     pub fn kind(self) -> FormatKind {
-        format_kind(self)
+        match self {
+            PackFormat::Lmdb => FormatKind::Lmdb,
+            PackFormat::Hdf5 => FormatKind::Hdf5,
+            PackFormat::Records => FormatKind::Records,
+        }
     }
 }
 
@@ -484,11 +487,10 @@ fn refuse_foreign(path: &Path) -> Result<()> {
         // Whether an HDF5 file is ours takes libhdf5 to tell: without it, say so instead of
         // calling the file foreign.
         Some(_) if !PackFormat::Hdf5.is_available() && crate::format::hdf5::has_signature(path) => {
-            Err(Error::FeatureDisabled {
-                path: path.to_path_buf(),
-                what: "replacing an HDF5 file",
-                feature: "hdf5",
-            })
+            Err(crate::format::hdf5::feature_disabled(
+                path,
+                "replacing an HDF5 file",
+            ))
         }
         Some(what) => Err(Error::NotReplaceable {
             path: path.to_path_buf(),
@@ -1249,7 +1251,7 @@ fn pack_source(
             reason: format!("all {} files were rejected; nothing to pack", range.len()),
         });
     }
-    let mut info = plan.dataset_info(format_kind(format), progress.samples_written);
+    let mut info = plan.dataset_info(format.kind(), progress.samples_written);
     // A joined dataset counts what its parts rejected too.
     let earlier = match items {
         Source::Joined(j) => j.info.rejected_at_pack.unwrap_or(0),
@@ -1263,7 +1265,7 @@ fn pack_source(
     let summary = PackSummary {
         source: source.to_path_buf(),
         output: out.to_path_buf(),
-        format: format_kind(format).name().into(),
+        format: format.kind().name().into(),
         samples: progress.samples_written,
         classes: plan.classes.len(),
         payload_bytes: progress.payload_bytes,
@@ -1316,14 +1318,6 @@ pub fn start_writer(
             (Box::new(writer), progress)
         }
     })
-}
-
-fn format_kind(format: PackFormat) -> FormatKind {
-    match format {
-        PackFormat::Lmdb => FormatKind::Lmdb,
-        PackFormat::Hdf5 => FormatKind::Hdf5,
-        PackFormat::Records => FormatKind::Records,
-    }
 }
 
 /// The parts of a split conversion, checked to belong together and read as one dataset.

@@ -273,14 +273,11 @@ fn harness() {
     let mut findings = Vec::new();
     let mut tried = 0;
     let mut summaries: BTreeMap<String, usize> = BTreeMap::new();
-    for (format, name) in [
+    for (format, name) in support::writable([
         (PackFormat::Lmdb, "d.lmdb"),
         (PackFormat::Hdf5, "d.h5"),
         (PackFormat::Records, "d.records"),
-    ]
-    .into_iter()
-    .filter(|(f, _)| f.is_available())
-    {
+    ]) {
         let pristine = dir.path().join(format!("pristine-{name}"));
         pack::pack_image_folder(&src, &pristine, format, &options, &NoProgress).unwrap();
         // The files to damage: the dataset file itself, or each shard and index.

@@ -11,7 +11,7 @@ use imagefeed::loader::{BadSamplePolicy, Loader, LoaderConfig};
 use imagefeed::pack::{self, NoProgress, PackFormat, PackOptions, StartMode};
 use imagefeed::transform::Transform;
 use imagefeed::{Error, format, verify};
-use support::{BROKEN, Crash, Row, fixture_root, pack_as, records, small_options};
+use support::{BROKEN, Crash, Row, fixture_root, pack_as, records, small_options, writable};
 
 fn all_records(path: &Path) -> Vec<Row> {
     records(format::open(path).unwrap().as_ref())
@@ -28,13 +28,10 @@ fn append_garbage(path: &Path) {
 fn interrupted_hdf5_and_records_packs_resume_to_the_same_dataset() {
     let dir = tempfile::tempdir().unwrap();
     let src = fixture_root();
-    for (format, name) in [
+    for (format, name) in writable([
         (PackFormat::Hdf5, "resumed.h5"),
         (PackFormat::Records, "resumed.records"),
-    ]
-    .into_iter()
-    .filter(|(f, _)| f.is_available())
-    {
+    ]) {
         let out = dir.path().join(name);
         let options = PackOptions {
             shard_bytes: 8 << 10,
@@ -256,10 +253,7 @@ fn a_split_conversion_joins_into_exactly_the_unsplit_dataset() {
     for (format, name) in [
         (PackFormat::Records, "joined.records"),
         (PackFormat::Lmdb, "joined.lmdb"),
-    ]
-    .into_iter()
-    .filter(|(f, _)| f.is_available())
-    {
+    ] {
         let joined = dir.path().join(name);
         let summary = pack::join(&parts, &joined, format, &small_options(), &NoProgress).unwrap();
         assert_eq!(summary.samples, 16);
@@ -329,10 +323,7 @@ fn convert_writes_every_format_from_an_h5py_file() {
         (PackFormat::Lmdb, "c.lmdb"),
         (PackFormat::Hdf5, "c.h5"),
         (PackFormat::Records, "c.records"),
-    ]
-    .into_iter()
-    .filter(|(f, _)| f.is_available())
-    {
+    ] {
         let out = dir.path().join(name);
         let summary = pack::convert(&h5py, &out, format, &small_options(), &NoProgress).unwrap();
         // The broken files h5py stored unchecked are rejected by key.
@@ -900,13 +891,10 @@ fn a_staging_directory_killed_before_its_first_record_is_replaced_by_force_and_n
         },
         ..small_options()
     };
-    for (format, name) in [
+    for (format, name) in writable([
         (PackFormat::Hdf5, "d.h5"),
         (PackFormat::Records, "d.records"),
-    ]
-    .into_iter()
-    .filter(|(f, _)| f.is_available())
-    {
+    ]) {
         let out = dir.path().join(name);
         let partial = pack::partial_path(&out);
         // A pack killed between writing its progress record's temporary file and renaming it.
@@ -979,21 +967,14 @@ fn resume_after_a_kill_before_the_first_progress_record_starts_afresh() {
         },
         ..small_options()
     };
-    for (format, name, progress) in [
-        (PackFormat::Hdf5, "d.h5", "progress.json"),
-        (PackFormat::Records, "d.records", "progress.json"),
-    ]
-    .into_iter()
-    .filter(|(f, ..)| f.is_available())
-    {
+    for (format, name) in writable([
+        (PackFormat::Hdf5, "d.h5"),
+        (PackFormat::Records, "d.records"),
+    ]) {
         let out = dir.path().join(name);
         let partial = pack::partial_path(&out);
         fs::create_dir(&partial).unwrap();
-        fs::write(
-            partial.join(format!("{progress}.tmp")),
-            "{\"magic\": \"imag",
-        )
-        .unwrap();
+        fs::write(partial.join("progress.json.tmp"), "{\"magic\": \"imag").unwrap();
         pack::pack_image_folder(&fixture_root(), &out, format, &resume, &NoProgress)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(
@@ -1040,14 +1021,11 @@ fn a_byte_changed_in_a_stored_payload_or_label_is_a_bad_record_in_every_format()
     let dir = tempfile::tempdir().unwrap();
     let key = "class02/img00001.jpg";
     let payload = fs::read(fixture_root().join(key)).unwrap();
-    for (format, name) in [
+    for (format, name) in writable([
         (PackFormat::Lmdb, "flip.lmdb"),
         (PackFormat::Hdf5, "flip.h5"),
         (PackFormat::Records, "flip.records"),
-    ]
-    .into_iter()
-    .filter(|(f, _)| f.is_available())
-    {
+    ]) {
         let path = dir.path().join(name);
         pack_as(&fixture_root(), &path, format, &small_options());
         let index = all_records(&path)

@@ -111,11 +111,7 @@ fn huge_labels_in_a_folder2lmdb_file_are_bad_records_not_a_huge_class_table() {
     let report = verify::verify(&path, None).unwrap();
     assert_eq!(report.problems.len(), 4);
     // Into HDF5 where the build has it (its writer stores labels as int64), else LMDB.
-    let to = if PackFormat::Hdf5.is_available() {
-        PackFormat::Hdf5
-    } else {
-        PackFormat::Lmdb
-    };
+    let to = support::hdf5_else_lmdb();
     let out = dir.path().join(format!("converted.{}", to.name()));
     let summary = pack::convert(&path, &out, to, &small_options(), &NoProgress)
         .expect("convert rejects the hostile records and carries on");

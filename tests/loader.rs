@@ -1019,13 +1019,14 @@ fn a_bad_sample_limit_survives_elastic_resume_without_panicking() {
     );
 }
 
-/// A dataset whose readers open only once the test lets them (a slow disk, on demand).
-struct Gated {
+/// A dataset that runs `before_open` each time a reader is opened, then opens `inner`'s: a test
+/// makes readers wait (a slow disk) or panic (a buggy custom dataset) with it.
+struct OnOpen {
     inner: Arc<dyn Dataset>,
-    open: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    before_open: Box<dyn Fn() + Send + Sync>,
 }
 
-impl Dataset for Gated {
+impl Dataset for OnOpen {
     fn info(&self) -> &imagefeed::DatasetInfo {
         self.inner.info()
     }
@@ -1033,11 +1034,7 @@ impl Dataset for Gated {
         self.inner.path()
     }
     fn open_reader(&self) -> imagefeed::Result<Box<dyn imagefeed::RecordReader>> {
-        let (lock, ready) = &*self.open;
-        let mut open = lock.lock().unwrap();
-        while !*open {
-            open = ready.wait(open).unwrap();
-        }
+        (self.before_open)();
         self.inner.open_reader()
     }
 }
@@ -1055,9 +1052,16 @@ fn a_timed_wait_gives_up_without_consuming_and_the_next_call_gets_the_same_batch
         .collect();
     // Open while the loader takes the dataset's fingerprint, shut before any worker reads.
     let open = Arc::new((std::sync::Mutex::new(true), std::sync::Condvar::new()));
-    let gated = Arc::new(Gated {
+    let gate = Arc::clone(&open);
+    let gated = Arc::new(OnOpen {
         inner: encoded,
-        open: Arc::clone(&open),
+        before_open: Box::new(move || {
+            let (lock, ready) = &*gate;
+            let mut open = lock.lock().unwrap();
+            while !*open {
+                open = ready.wait(open).unwrap();
+            }
+        }),
     });
     let loader = Loader::new(gated, config(Transform::cifar(), 2, 2)).unwrap();
     *open.0.lock().unwrap() = false;
@@ -1090,36 +1094,21 @@ fn a_timed_wait_gives_up_without_consuming_and_the_next_call_gets_the_same_batch
     ));
 }
 
-/// A dataset whose readers panic on open while `armed` is set (a bug in a custom dataset).
-struct Panicky {
-    inner: Arc<dyn Dataset>,
-    armed: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl Dataset for Panicky {
-    fn info(&self) -> &imagefeed::DatasetInfo {
-        self.inner.info()
-    }
-    fn path(&self) -> &Path {
-        self.inner.path()
-    }
-    fn open_reader(&self) -> imagefeed::Result<Box<dyn imagefeed::RecordReader>> {
-        if self.armed.load(std::sync::atomic::Ordering::SeqCst) {
-            panic!("custom reader bug");
-        }
-        self.inner.open_reader()
-    }
-}
-
 #[test]
 fn a_panic_in_a_worker_is_an_error_naming_the_batch_and_the_loader_goes_on() {
     use std::sync::atomic::{AtomicBool, Ordering};
     let dir = tempfile::tempdir().unwrap();
     let (encoded, _, _) = datasets(dir.path());
+    // Readers panic on open while `armed` is set (a bug in a custom dataset).
     let armed = Arc::new(AtomicBool::new(false));
-    let dataset = Arc::new(Panicky {
+    let trigger = Arc::clone(&armed);
+    let dataset = Arc::new(OnOpen {
         inner: encoded,
-        armed: Arc::clone(&armed),
+        before_open: Box::new(move || {
+            if trigger.load(Ordering::SeqCst) {
+                panic!("custom reader bug");
+            }
+        }),
     });
     let loader = Loader::new(dataset, config(Transform::cifar(), 1, 2)).unwrap();
     armed.store(true, Ordering::SeqCst);

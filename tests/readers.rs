@@ -17,7 +17,7 @@ use imagefeed::pack::{
     self, NoProgress, PackFormat, PackOptions, PackPlan, PackProgress, PackedRecord,
 };
 use imagefeed::{Error, format};
-use support::{BROKEN, copy_tree, fixture_root, pack_as, pack_lmdb, small_options};
+use support::{BROKEN, copy_tree, fixture_root, pack_as, pack_lmdb, small_options, writable};
 
 /// A copy of the fixture tree without the broken files, so every backend holds the same samples.
 fn clean_tree(dir: &Path) -> std::path::PathBuf {
@@ -60,11 +60,7 @@ fn backends(dir: &Path) -> Vec<(&'static str, Arc<dyn Dataset>)> {
     );
     // Three parts of a split conversion (written out of order), joined into one file: HDF5 when
     // the build has it, else LMDB.
-    let joined_format = if PackFormat::Hdf5.is_available() {
-        PackFormat::Hdf5
-    } else {
-        PackFormat::Lmdb
-    };
+    let joined_format = support::hdf5_else_lmdb();
     let joined = dir.join(format!("joined.{}", joined_format.name()));
     let parts: Vec<std::path::PathBuf> = [2, 0, 1]
         .iter()
@@ -320,14 +316,11 @@ fn label_out_of_range_is_an_error_naming_the_record() {
         key,
         payload: &jpeg,
     };
-    for (format, name) in [
+    for (format, name) in writable([
         (PackFormat::Lmdb, "bad-label.lmdb"),
         (PackFormat::Hdf5, "bad-label.h5"),
         (PackFormat::Records, "bad-label.records"),
-    ]
-    .into_iter()
-    .filter(|(f, _)| f.is_available())
-    {
+    ]) {
         let path = dir.path().join(name);
         write_with(
             format,

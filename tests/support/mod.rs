@@ -7,6 +7,21 @@ use std::path::{Path, PathBuf};
 use imagefeed::pack::{self, NoProgress, PackFormat, PackOptions, PackSummary};
 use imagefeed::synthetic::SyntheticSpec;
 
+/// The entries of `list` whose format this build writes (HDF5 needs the `hdf5` feature), so one
+/// suite runs over every format a build has.
+pub fn writable<T>(list: impl IntoIterator<Item = (PackFormat, T)>) -> Vec<(PackFormat, T)> {
+    list.into_iter().filter(|(f, _)| f.is_available()).collect()
+}
+
+/// HDF5 where the build has it, else LMDB: for tests that need some single-file output.
+pub fn hdf5_else_lmdb() -> PackFormat {
+    if PackFormat::Hdf5.is_available() {
+        PackFormat::Hdf5
+    } else {
+        PackFormat::Lmdb
+    }
+}
+
 /// The committed fixture tree.
 pub fn fixture_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/imagefolder")

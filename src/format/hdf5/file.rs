@@ -358,6 +358,14 @@ impl<'a> RecordChecksums<'a> {
 /// The staged index, one entry per sample.
 type StagedIndex = (Vec<u64>, Vec<i64>, Vec<String>);
 
+/// Appends one `index.bin` entry (the layout [`parse_staged_index`] reads).
+pub(crate) fn push_staged_entry(index: &mut Vec<u8>, payload_end: u64, label: u32, key: &str) {
+    index.extend_from_slice(&payload_end.to_le_bytes());
+    index.extend_from_slice(&label.to_le_bytes());
+    index.extend_from_slice(&(key.len() as u32).to_le_bytes());
+    index.extend_from_slice(key.as_bytes());
+}
+
 /// Parses `index.bin`: per sample `u64 LE payload end | u32 LE label | u32 LE key length | key`;
 /// returns (payload ends, labels, keys).
 pub(crate) fn parse_staged_index(bytes: &[u8]) -> std::result::Result<StagedIndex, String> {
@@ -391,10 +399,7 @@ impl PackSink for Hdf5Writer {
                 .write_all_at(record.payload, end)
                 .at(self.partial.join(STAGED_PAYLOADS))?;
             end += record.payload.len() as u64;
-            index.extend_from_slice(&end.to_le_bytes());
-            index.extend_from_slice(&record.label.to_le_bytes());
-            index.extend_from_slice(&(record.key.len() as u32).to_le_bytes());
-            index.extend_from_slice(record.key.as_bytes());
+            push_staged_entry(&mut index, end, record.label, record.key);
         }
         self.index
             .write_all_at(&index, self.index_bytes)
@@ -1161,10 +1166,7 @@ mod tests {
     fn staged_index_round_trips_and_rejects_cut_entries() {
         let mut bytes = Vec::new();
         for (end, label, key) in [(10u64, 2u32, "a/x.jpg"), (25, 0, "b/ü.png")] {
-            bytes.extend_from_slice(&end.to_le_bytes());
-            bytes.extend_from_slice(&label.to_le_bytes());
-            bytes.extend_from_slice(&(key.len() as u32).to_le_bytes());
-            bytes.extend_from_slice(key.as_bytes());
+            push_staged_entry(&mut bytes, end, label, key);
         }
         let (ends, labels, keys) = parse_staged_index(&bytes).unwrap();
         assert_eq!(ends, [10, 25]);

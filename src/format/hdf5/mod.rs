@@ -80,9 +80,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::dataset::Dataset;
-#[cfg(not(feature = "hdf5"))]
-use crate::error::Error;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::pack::{PackPlan, PackProgress, PackSink, StartMode};
 
 #[cfg(feature = "hdf5")]
@@ -90,7 +88,7 @@ mod file;
 #[cfg(feature = "hdf5")]
 pub use file::{Hdf5, Hdf5Writer};
 #[cfg(all(feature = "hdf5", feature = "fuzzing"))]
-pub(crate) use file::{parse_staged_index, write_raw_parts};
+pub(crate) use file::{parse_staged_index, push_staged_entry, write_raw_parts};
 
 /// The `magic` value in the `imagefeed` attribute.
 pub const MAGIC: &str = "imagefeed-hdf5";
@@ -153,7 +151,7 @@ pub(crate) fn open_dataset(path: &Path, names: &Hdf5Names) -> Result<Arc<dyn Dat
     #[cfg(not(feature = "hdf5"))]
     return {
         let _ = names;
-        Err(disabled(path, "reading an HDF5 file"))
+        Err(feature_disabled(path, "reading an HDF5 file"))
     };
 }
 
@@ -170,12 +168,12 @@ pub(crate) fn start_writer(
     #[cfg(not(feature = "hdf5"))]
     return {
         let _ = (plan, mode);
-        Err(disabled(out, "writing an HDF5 file"))
+        Err(feature_disabled(out, "writing an HDF5 file"))
     };
 }
 
-#[cfg(not(feature = "hdf5"))]
-fn disabled(path: &Path, what: &'static str) -> Error {
+/// [`Error::FeatureDisabled`] for `what` on `path`, in a build without the `hdf5` feature.
+pub(crate) fn feature_disabled(path: &Path, what: &'static str) -> Error {
     Error::FeatureDisabled {
         path: path.to_path_buf(),
         what,
