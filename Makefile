@@ -149,7 +149,9 @@ pyenv:
 		|| echo "could not set up $(PYENV): the cross-tool tests will skip"; \
 	fi
 
+# The library's modules depend only downward (the layers in ARCHITECTURE.md).
 lint:
+	python3 scripts/check_layers.py
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p imagefeed --no-default-features --all-targets -- -D warnings

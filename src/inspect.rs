@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::dataset::{Dataset, PayloadKind, par_map_records};
 use crate::error::{Error, Result};
-use crate::format::{self, lmdb::Lmdb};
+use crate::format::{self, lmdb::Lmdb, output};
 use crate::pack;
 
 /// Samples of one class.
@@ -132,7 +132,7 @@ pub fn inspect(path: impl AsRef<Path>) -> Result<Inspection> {
             (Box::new(ArcDataset(dataset)), true, None)
         } else if format::hdf5::has_signature(path)
             || format::records::is_shard_name(path)
-            || (!path.exists() && pack::partial_path(path).is_dir())
+            || (!path.exists() && output::partial_path(path).is_dir())
         {
             // Incomplete HDF5 and records outputs are refused with an error that says how to
             // finish them.
@@ -144,8 +144,8 @@ pub fn inspect(path: impl AsRef<Path>) -> Result<Inspection> {
             } else {
                 path.to_path_buf()
             };
-            let target = if !path.exists() && pack::partial_path(path).exists() {
-                pack::partial_path(path)
+            let target = if !path.exists() && output::partial_path(path).exists() {
+                output::partial_path(path)
             } else {
                 path.to_path_buf()
             };
@@ -162,7 +162,7 @@ pub fn inspect(path: impl AsRef<Path>) -> Result<Inspection> {
                 .or_else(|| lmdb.pack_progress().map(|p| p.rejected.len()));
             // Under a staging name it is unfinished whatever it says: a kill between marking
             // it complete and renaming it, or the old dataset of a replacement.
-            let complete = lmdb.is_complete() && !pack::is_staging_name(&target);
+            let complete = lmdb.is_complete() && !output::is_staging_name(&target);
             (Box::new(lmdb), complete, rejected)
         };
     let info = dataset.info().clone();

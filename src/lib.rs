@@ -57,5 +57,9 @@ pub mod synthetic;
 pub mod transform;
 pub mod verify;
 
+/// The most worker threads a pack or a loader may be asked for: more than any machine has
+/// cores, far fewer than would exhaust its memory for stacks.
+pub const MAX_THREADS: usize = 1024;
+
 pub use dataset::{Dataset, DatasetInfo, LazyReader, PayloadKind, Record, RecordReader};
 pub use error::{Error, Result};

@@ -211,11 +211,11 @@ impl LoaderConfig {
         if s.batch_size == 0 {
             return invalid("batch_size must be at least 1".into());
         }
-        if !(1..=crate::pack::MAX_THREADS).contains(&self.workers) {
+        if !(1..=crate::MAX_THREADS).contains(&self.workers) {
             return invalid(format!(
                 "workers {} must be 1..={}",
                 self.workers,
-                crate::pack::MAX_THREADS
+                crate::MAX_THREADS
             ));
         }
         if self.prefetch == 0 {

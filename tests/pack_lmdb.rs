@@ -10,7 +10,7 @@ use imagefeed::dataset::{Dataset as _, PayloadKind};
 use imagefeed::decode::{Decoder, RawImage};
 use imagefeed::format::lmdb::Lmdb;
 use imagefeed::pack::{self, PackFormat, PackOptions, PackSummary, StartMode};
-use imagefeed::{Error, inspect, verify};
+use imagefeed::{Error, format, inspect, verify};
 use support::{
     BROKEN, Crash, copy_tree, fixture_records_without_broken, fixture_root, pack_lmdb, records,
     small_options, try_pack_lmdb,
@@ -147,7 +147,7 @@ fn an_interrupted_pack_is_never_accepted_and_resume_completes_it() {
         matches!(err, Error::Incomplete { .. }) && err.to_string().contains("--resume"),
         "{err}"
     );
-    let err = Lmdb::open(pack::partial_path(&out)).unwrap_err();
+    let err = Lmdb::open(format::output::partial_path(&out)).unwrap_err();
     assert!(matches!(err, Error::Incomplete { .. }), "{err}");
     assert!(imagefeed::format::open(&out).is_err());
     let seen = inspect::inspect(&out).unwrap();
@@ -192,7 +192,7 @@ fn an_interrupted_pack_is_never_accepted_and_resume_completes_it() {
         rejected, BROKEN,
         "rejections from before the crash are kept"
     );
-    assert!(!pack::partial_path(&out).exists());
+    assert!(!format::output::partial_path(&out).exists());
 
     // Identical to a pack that was never interrupted.
     let clean = dir.path().join("clean.lmdb");
@@ -330,7 +330,7 @@ fn a_tree_of_only_broken_files_packs_nothing_and_says_so() {
         err.to_string().contains("all 1 files were rejected"),
         "{err}"
     );
-    assert!(!out.exists() && !pack::partial_path(&out).exists());
+    assert!(!out.exists() && !format::output::partial_path(&out).exists());
 }
 
 #[test]
@@ -424,7 +424,7 @@ fn impossible_pack_options_are_refused_as_options_not_loader_settings() {
         let err = try_pack_lmdb(&fixture_root(), &out, &options).unwrap_err();
         assert!(matches!(err, Error::Options(_)), "{err}");
         assert!(err.to_string().starts_with("invalid options: "), "{err}");
-        assert!(!out.exists() && !pack::partial_path(&out).exists());
+        assert!(!out.exists() && !format::output::partial_path(&out).exists());
     }
 }
 
@@ -458,7 +458,7 @@ fn a_pack_asked_to_stop_keeps_what_it_committed_and_resume_finishes_it() {
         matches!(err, Error::Interrupted { .. }) && err.to_string().contains("8 of 20"),
         "{err}"
     );
-    assert!(!out.exists() && pack::partial_path(&out).exists());
+    assert!(!out.exists() && format::output::partial_path(&out).exists());
     let resume = PackOptions {
         mode: StartMode {
             resume: true,
@@ -478,4 +478,41 @@ fn a_pack_asked_to_stop_keeps_what_it_committed_and_resume_finishes_it() {
     let whole = dir.path().join("whole.lmdb");
     pack::pack_image_folder(&src, &whole, PackFormat::Lmdb, &small_options(), &last).unwrap();
     assert_eq!(lmdb_records(&whole), lmdb_records(&out));
+}
+
+#[test]
+fn a_foreign_report_file_is_refused_before_force_discards_an_interrupted_pack() {
+    // Regression: with --force, the interrupted run's OUT.partial was deleted before the
+    // foreign OUT.report.json was noticed and the pack refused.
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixture_root();
+    let out = dir.path().join("stopped.lmdb");
+    let stop = StopAfter {
+        chunks: 1,
+        seen: Default::default(),
+    };
+    pack::pack_image_folder(&src, &out, PackFormat::Lmdb, &small_options(), &stop).unwrap_err();
+    let partial = format::output::partial_path(&out);
+    let staged = fs::read(&partial).unwrap();
+    let report = pack::report_path(&out);
+    fs::write(&report, "my own notes").unwrap();
+    let force = PackOptions {
+        mode: StartMode {
+            resume: false,
+            force: true,
+        },
+        ..small_options()
+    };
+    let err = pack::pack_image_folder(&src, &out, PackFormat::Lmdb, &force, &pack::NoProgress)
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::NotReplaceable { path, .. } if *path == report),
+        "{err}"
+    );
+    assert_eq!(
+        fs::read(&partial).unwrap(),
+        staged,
+        "the interrupted pack was touched"
+    );
+    assert_eq!(fs::read_to_string(&report).unwrap(), "my own notes");
 }

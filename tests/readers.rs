@@ -13,9 +13,10 @@ use imagefeed::dataset::{Dataset, LazyReader, PayloadKind};
 use imagefeed::decode::Decoder;
 use imagefeed::format::folder::ImageFolder;
 use imagefeed::format::lmdb::Lmdb;
-use imagefeed::pack::{
-    self, NoProgress, PackFormat, PackOptions, PackPlan, PackProgress, PackedRecord,
+use imagefeed::format::writer::{
+    PackFormat, PackPlan, PackProgress, PackedRecord, WriterOptions, start_writer,
 };
+use imagefeed::pack::{self, NoProgress, PackOptions};
 use imagefeed::{Error, format};
 use support::{BROKEN, copy_tree, fixture_root, pack_as, pack_lmdb, small_options, writable};
 
@@ -285,13 +286,13 @@ fn write_with(format: PackFormat, path: &Path, classes: &[&str], records: &[Pack
         quality: 90,
         part: None,
     };
-    let options = PackOptions {
+    let options = WriterOptions {
         lmdb_map_size: 16 << 20,
         shard_bytes: 1 << 20,
         label_base: 0,
-        ..small_options()
+        ..small_options().writer_options()
     };
-    let (mut writer, _) = pack::start_writer(format, path, &plan, &options).unwrap();
+    let (mut writer, _) = start_writer(format, path, &plan, &options).unwrap();
     let progress = PackProgress {
         sources_done: records.len(),
         samples_written: records.len(),

@@ -273,7 +273,7 @@ fn parse_bytes(text: &str) -> Result<u64, String> {
 }
 
 fn parse_threads(text: &str) -> Result<usize, String> {
-    let max = imagefeed::pack::MAX_THREADS;
+    let max = imagefeed::MAX_THREADS;
     text.parse::<usize>()
         .ok()
         .filter(|n| (1..=max).contains(n))

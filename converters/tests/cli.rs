@@ -36,7 +36,7 @@ fn fixtures() -> PathBuf {
 }
 
 fn partial(out: &Path) -> PathBuf {
-    imagefeed::pack::partial_path(out)
+    imagefeed::format::output::partial_path(out)
 }
 
 #[test]

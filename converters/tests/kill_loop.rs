@@ -30,7 +30,7 @@ fn text(o: &Output) -> String {
 }
 
 fn partial(out: &Path) -> PathBuf {
-    imagefeed::pack::partial_path(out)
+    imagefeed::format::output::partial_path(out)
 }
 
 /// `verify OUT --against SRC`: Ok(summary) or Err(output).

@@ -72,8 +72,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::dataset::{Dataset, DatasetInfo, FormatKind, Record, RecordReader};
 use crate::error::{Error, IoContext as _, Result};
+use crate::format::output;
+use crate::format::writer::{DatasetWriter, PackPlan, PackProgress, PackedRecord, WriterOptions};
 use crate::format::{InfoRecord, pickle};
-use crate::pack::{self, PackPlan, PackProgress, PackSink, PackedRecord, StartMode};
 
 /// The `magic` value in `meta/info`.
 pub const MAGIC: &str = "imagefeed-lmdb";
@@ -179,7 +180,7 @@ fn from_json<T: for<'de> Deserialize<'de>>(path: &Path, what: &str, text: &str) 
 /// Writes a dataset into `OUT.partial`, chunk by chunk, and renames it to `OUT` when finished.
 pub struct LmdbWriter {
     env: Env,
-    /// Held while writing: see [`pack::lock_staging`].
+    /// Held while writing: see [`output::lock_staging`].
     _lock: fs::File,
     meta: Database<Str, Str>,
     samples: Database<Bytes, Bytes>,
@@ -191,23 +192,52 @@ pub struct LmdbWriter {
     chunk_checksums: Vec<u8>,
 }
 
-impl LmdbWriter {
-    /// Starts (or, with `mode.resume`, continues) writing `out` for `plan`. Returns the writer and
-    /// the progress already committed (empty for a fresh start).
-    ///
-    /// Refuses to touch an existing `out` unless `mode.force`; refuses an existing partial file
-    /// unless resuming (then its plan must equal `plan`) or forcing (then it is discarded).
-    pub fn start(
-        out: &Path,
-        plan: &PackPlan,
-        mode: StartMode,
-        map_size: usize,
-    ) -> Result<(Self, PackProgress)> {
-        let partial = pack::prepare_output(out, mode)?;
+fn open_write_env(path: &Path, map_size: usize) -> Result<Env> {
+    let mut options = EnvOpenOptions::new();
+    options.map_size(map_size).max_dbs(3);
+    // SAFETY: NO_SUB_DIR only changes where LMDB puts its files (PATH and PATH-lock).
+    unsafe { options.flags(EnvFlags::NO_SUB_DIR) };
+    // SAFETY: the partial file is private to this writer until it is renamed; nothing else in
+    // this process maps it, and other processes would go through LMDB's lock file.
+    unsafe { options.open(path) }.map_err(|e| Error::lmdb(path, e))
+}
+
+/// The error for a failed write to the LMDB at `path`, which needed about `needed` bytes.
+///
+/// liblmdb turns a short write, which is how a full disk shows up on many file systems, into
+/// `EIO` ("Input/output error"), so the file system is asked: when it has less room left than
+/// the write needed, the error says the disk is full.
+fn write_error(path: &Path, needed: u64, e: heed::Error) -> Error {
+    let code = match &e {
+        heed::Error::Io(io) => io.raw_os_error(),
+        _ => None,
+    };
+    if matches!(code, Some(libc::EIO | libc::ENOSPC))
+        && let Some(free) = crate::file::free_space(path)
+        && (code == Some(libc::ENOSPC) || free < needed.saturating_add(1 << 20))
+    {
+        return Error::io(
+            path,
+            std::io::Error::new(
+                std::io::ErrorKind::StorageFull,
+                format!(
+                    "no space left on the device ({free} bytes free, about {needed} needed; \
+                     LMDB said: {e}); free some and rerun with --resume"
+                ),
+            ),
+        );
+    }
+    Error::lmdb(path, e)
+}
+
+impl DatasetWriter for LmdbWriter {
+    fn start(out: &Path, plan: &PackPlan, options: &WriterOptions) -> Result<(Self, PackProgress)> {
+        let (mode, map_size) = (options.mode, options.lmdb_map_size);
+        let partial = output::prepare_output(out, mode)?;
         let existed = partial.exists();
         refuse_odd_lock_file(&partial)?;
         let env = open_write_env(&partial, map_size)?;
-        let lock = pack::lock_staging(&partial)?;
+        let lock = output::lock_staging(&partial)?;
         // A file in which no transaction was committed (a run killed before its first commit)
         // holds nothing to resume: start afresh in it. Decided with the lock held.
         let fresh = !existed || holds_nothing(&partial);
@@ -298,47 +328,7 @@ impl LmdbWriter {
         };
         Ok((writer, progress))
     }
-}
 
-fn open_write_env(path: &Path, map_size: usize) -> Result<Env> {
-    let mut options = EnvOpenOptions::new();
-    options.map_size(map_size).max_dbs(3);
-    // SAFETY: NO_SUB_DIR only changes where LMDB puts its files (PATH and PATH-lock).
-    unsafe { options.flags(EnvFlags::NO_SUB_DIR) };
-    // SAFETY: the partial file is private to this writer until it is renamed; nothing else in
-    // this process maps it, and other processes would go through LMDB's lock file.
-    unsafe { options.open(path) }.map_err(|e| Error::lmdb(path, e))
-}
-
-/// The error for a failed write to the LMDB at `path`, which needed about `needed` bytes.
-///
-/// liblmdb turns a short write, which is how a full disk shows up on many file systems, into
-/// `EIO` ("Input/output error"), so the file system is asked: when it has less room left than
-/// the write needed, the error says the disk is full.
-fn write_error(path: &Path, needed: u64, e: heed::Error) -> Error {
-    let code = match &e {
-        heed::Error::Io(io) => io.raw_os_error(),
-        _ => None,
-    };
-    if matches!(code, Some(libc::EIO | libc::ENOSPC))
-        && let Some(free) = crate::file::free_space(path)
-        && (code == Some(libc::ENOSPC) || free < needed.saturating_add(1 << 20))
-    {
-        return Error::io(
-            path,
-            std::io::Error::new(
-                std::io::ErrorKind::StorageFull,
-                format!(
-                    "no space left on the device ({free} bytes free, about {needed} needed; \
-                     LMDB said: {e}); free some and rerun with --resume"
-                ),
-            ),
-        );
-    }
-    Error::lmdb(path, e)
-}
-
-impl PackSink for LmdbWriter {
     fn write_chunk(&mut self, records: &[PackedRecord<'_>], progress: &PackProgress) -> Result<()> {
         let first = progress.samples_written - records.len();
         let needed: u64 = records.iter().map(|r| r.payload.len() as u64 + 64).sum();
@@ -384,7 +374,7 @@ impl PackSink for LmdbWriter {
         } = *self;
         env.prepare_for_closing().wait();
         remove_lock_file(&partial);
-        pack::publish(&partial, &out)
+        output::publish(&partial, &out)
     }
 
     fn abandon(self: Box<Self>) {
@@ -504,7 +494,7 @@ impl Lmdb {
     /// says how to finish it.
     pub fn open(path: impl AsRef<Path>) -> Result<Lmdb> {
         let path = path.as_ref();
-        pack::refuse_interrupted(path)?;
+        output::refuse_interrupted(path)?;
         let lmdb = Self::open_incomplete(path)?;
         if !lmdb.complete {
             return Err(Error::Incomplete {
@@ -680,7 +670,7 @@ fn read_meta_pages(path: &Path) -> Result<(fs::File, u64, Option<LmdbMeta>)> {
     let meta = match fs::metadata(path) {
         Ok(meta) => meta,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            pack::refuse_interrupted(path)?;
+            output::refuse_interrupted(path)?;
             return Err(Error::io(path, e));
         }
         Err(e) => return Err(Error::io(path, e)),

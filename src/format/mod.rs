@@ -8,6 +8,11 @@
 //!   outside the HDF5 lock), and h5py files with variable-length encoded images or pixel arrays.
 //! - [`records`]: TFRecord shards of `tf.train.Example` ([`example`]) with per-shard indexes,
 //!   ours or TensorFlow's.
+//!
+//! Shared by the formats' writers: [`writer`] (the [`DatasetWriter`](writer::DatasetWriter)
+//! trait every writer implements, and [`PackFormat`](writer::PackFormat), the registry of
+//! writable formats) and [`output`] (staging, locking, resuming and publishing an output, and
+//! what `--force` may replace).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -21,8 +26,11 @@ pub mod example;
 pub mod folder;
 pub mod hdf5;
 pub mod lmdb;
+pub mod output;
+pub mod parts;
 pub(crate) mod pickle;
 pub mod records;
+pub mod writer;
 
 /// The checksum of one record, as LMDB and HDF5 datasets of layout version 2 store it:
 /// CRC-32C (Castagnoli) of `label u32 LE | key length u32 LE | key | payload` (the bytes of an
@@ -112,139 +120,6 @@ pub(crate) fn require_complete(path: &Path, complete: bool, what: &str) -> Resul
     })
 }
 
-/// True when `path` holds something an imagefeed writer made, which `pack-dataset --force` may
-/// replace or delete: a dataset of ours (an LMDB or HDF5 file whose metadata carries our magic,
-/// a records directory with our manifest), a writer's partial output (its progress record
-/// carries our magic), one of those whose deletion was interrupted ([`DELETING`]), or something
-/// that holds nothing (an empty directory or file, an LMDB never committed to, a directory
-/// holding only a writer's uncommitted `.tmp` files).
-///
-/// A directory must say so by its content (the magic) *and* hold nothing but the regular files
-/// our writers make there ([`foreign_entry`]): a directory of other files, even ones named like
-/// our shards, is not ours, nor is one with a manifest of ours copied or forged into it next to
-/// other files (a project tree, or a dataset someone added notes to). Anything else (a source
-/// tree, an h5py or folder2lmdb file) is not ours either, whatever its name. Symlinks are
-/// followed for the question (what is replaced or deleted is the link, never what it points
-/// to). A missing path is not ours.
-pub fn is_own_output(path: &Path) -> bool {
-    match std::fs::metadata(path) {
-        Ok(meta) if meta.is_dir() => {
-            // Empty, or holding only a writer's uncommitted `.tmp` files (a pack killed while
-            // writing its first record), it holds nothing; otherwise it must carry our magic.
-            let uncommitted = std::fs::read_dir(path).is_ok_and(|entries| {
-                entries
-                    .into_iter()
-                    .all(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".tmp")))
-            });
-            (uncommitted || dir_says_ours(path)) && foreign_entry(path).is_none()
-        }
-        Ok(meta) if meta.is_file() => lmdb::is_own_file(path) || hdf5::is_own_file(path),
-        _ => false,
-    }
-}
-
-/// True when the directory `path` carries our magic: a records manifest or progress record, an
-/// HDF5 staging progress record, or the [`DELETING`] mark. (What else it holds is
-/// [`foreign_entry`]'s question.)
-pub(crate) fn dir_says_ours(path: &Path) -> bool {
-    records::is_own_dir(path) || hdf5::is_own_staging(path) || is_being_deleted(path)
-}
-
-/// The first entry of the directory `dir` that no imagefeed writer makes there (anything but a
-/// regular file named like a records manifest, progress record, shard or shard index, an HDF5
-/// staging file, the [`DELETING`] mark, or one of those with `.tmp` appended; and, beside a
-/// manifest of ours, a shard or index it does not list); `None` when there is none. An unreadable directory answers with its own name.
-pub fn foreign_entry(dir: &Path) -> Option<std::ffi::OsString> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Some(dir.as_os_str().to_owned());
-    };
-    for entry in entries {
-        let Ok(entry) = entry else {
-            return Some(dir.as_os_str().to_owned());
-        };
-        let name = entry.file_name();
-        let ours = entry.file_type().is_ok_and(|t| t.is_file())
-            && name.to_str().is_some_and(|name| {
-                let name = name.strip_suffix(".tmp").unwrap_or(name);
-                name == DELETING || records::is_writer_file(name) || hdf5::is_staging_file(name)
-            });
-        if !ours {
-            return Some(name);
-        }
-    }
-    records::unlisted_shard_file(dir)
-}
-
-/// The file `remove_own_output` puts in a directory before deleting anything in it, and
-/// deletes last: a directory whose deletion was interrupted still says it is ours, and that it
-/// is not a dataset.
-pub const DELETING: &str = "imagefeed-deleting";
-
-/// The magic [`DELETING`] holds.
-const DELETING_MAGIC: &str = "imagefeed-deleting";
-
-/// True when `dir` is a directory of ours whose deletion was interrupted (see [`DELETING`]).
-pub(crate) fn is_being_deleted(dir: &Path) -> bool {
-    staged_magic(dir, DELETING).as_deref() == Some(DELETING_MAGIC)
-}
-
-/// Deletes an output [`is_own_output`] recognised; a symlink is removed, not what it points to.
-/// A directory is marked first ([`DELETING`]), then loses its manifest and progress record, its
-/// other files, and the mark last: if this is interrupted, what is left is never taken for a
-/// dataset, and is still recognised as ours.
-pub(crate) fn remove_own_output(path: &Path) -> Result<()> {
-    use crate::error::IoContext as _;
-    let meta = std::fs::symlink_metadata(path).at(path)?;
-    if meta.is_dir() {
-        let mark = path.join(DELETING);
-        let json = format!("{{\"magic\": \"{DELETING_MAGIC}\"}}\n");
-        std::fs::write(&mark, json).at(&mark)?;
-        let remove = |name: &std::ffi::OsStr| -> Result<()> {
-            let entry = path.join(name);
-            let result = match std::fs::symlink_metadata(&entry) {
-                Ok(m) if m.is_dir() => std::fs::remove_dir_all(&entry),
-                Ok(_) => std::fs::remove_file(&entry),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(e),
-            };
-            result.at(entry)
-        };
-        // What makes it a dataset (or a resumable pack) goes first.
-        remove(records::MANIFEST.as_ref())?;
-        remove(records::PROGRESS.as_ref())?;
-        remove(hdf5::STAGED_PROGRESS.as_ref())?;
-        for entry in std::fs::read_dir(path).at(path)? {
-            let name = entry.at(path)?.file_name();
-            if name != DELETING {
-                remove(&name)?;
-            }
-        }
-        std::fs::remove_file(&mark).at(&mark)?;
-        std::fs::remove_dir(path).at(path)
-    } else {
-        std::fs::remove_file(path).at(path)?;
-        // An LMDB writer's lock file, if one was left.
-        let mut lock = path.as_os_str().to_owned();
-        lock.push("-lock");
-        let _ = std::fs::remove_file(lock);
-        Ok(())
-    }
-}
-
-/// The `magic` field of the JSON file `name` in the directory `dir`, if it has one.
-pub(crate) fn staged_magic(dir: &Path, name: &str) -> Option<String> {
-    #[derive(Deserialize)]
-    struct Magic {
-        magic: String,
-    }
-    use std::io::Read as _;
-    let (file, _) = crate::file::open_regular(&dir.join(name)).ok()?;
-    let mut text = Vec::new();
-    // A progress record or manifest is small; a huge file under that name is not ours.
-    file.take(64 << 20).read_to_end(&mut text).ok()?;
-    serde_json::from_slice::<Magic>(&text).ok().map(|m| m.magic)
-}
-
 /// How to read datasets whose files do not say everything themselves (files other tools wrote).
 /// The defaults suit imagefeed's own formats.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -266,7 +141,7 @@ pub fn open(path: impl AsRef<Path>) -> Result<Arc<dyn Dataset>> {
 pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Arc<dyn Dataset>> {
     let path = path.as_ref();
     if !path.exists() {
-        let partial = crate::pack::partial_path(path);
+        let partial = output::partial_path(path);
         if partial.is_dir() && hdf5::is_own_staging(&partial) {
             return hdf5::open_dataset(path, &options.hdf5);
         }
@@ -308,7 +183,7 @@ pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Arc<dy
         )?));
     }
     // What the LMDB reader refuses first: a staging name (an interrupted pack's output).
-    crate::pack::refuse_interrupted(path)?;
+    output::refuse_interrupted(path)?;
     if !lmdb::has_magic(path)? {
         return Err(Error::not_a_dataset(
             path,

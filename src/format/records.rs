@@ -52,7 +52,8 @@ use crate::dataset::{Dataset, DatasetInfo, FormatKind, PayloadKind, Record, Reco
 use crate::decode::{PayloadFormat, RawImage};
 use crate::error::{Error, IoContext as _, Result};
 use crate::format::example::{self, FeatureValue};
-use crate::pack::{self, PackPlan, PackProgress, PackSink, PackedRecord, StartMode};
+use crate::format::output;
+use crate::format::writer::{DatasetWriter, PackPlan, PackProgress, PackedRecord, WriterOptions};
 
 /// The `magic` value in the manifest.
 pub const MAGIC: &str = "imagefeed-records";
@@ -157,8 +158,8 @@ struct Manifest {
 /// True when the directory `path` is a records dataset or staging directory an imagefeed writer
 /// made: its manifest or progress record carries [`MAGIC`].
 pub(crate) fn is_own_dir(path: &Path) -> bool {
-    crate::format::staged_magic(path, MANIFEST).as_deref() == Some(MAGIC)
-        || crate::format::staged_magic(path, PROGRESS).as_deref() == Some(MAGIC)
+    output::staged_magic(path, MANIFEST).as_deref() == Some(MAGIC)
+        || output::staged_magic(path, PROGRESS).as_deref() == Some(MAGIC)
 }
 
 /// Whether `name` is one the records writer gives a file: the manifest, the progress record,
@@ -228,7 +229,7 @@ struct StagedProgress {
 /// Writes record shards into `OUT.partial/` and renames the directory when finished.
 pub struct RecordsWriter {
     partial: PathBuf,
-    /// Held while writing: see [`pack::lock_staging`].
+    /// Held while writing: see [`output::lock_staging`].
     _lock: fs::File,
     out: PathBuf,
     staged: StagedProgress,
@@ -241,105 +242,6 @@ pub struct RecordsWriter {
 }
 
 impl RecordsWriter {
-    /// Starts (or, with `mode.resume`, continues) writing shards of about `shard_bytes` into the
-    /// directory `out`, storing labels as `label + label_base`.
-    pub fn start(
-        out: &Path,
-        plan: &PackPlan,
-        mode: StartMode,
-        shard_bytes: u64,
-        label_base: u32,
-    ) -> Result<(Self, PackProgress)> {
-        let partial = pack::prepare_output(out, mode)?;
-        let out = std::path::absolute(out).at(out)?;
-        let resuming = partial.exists();
-        if !resuming {
-            fs::create_dir(&partial).at(&partial)?;
-        }
-        let lock = pack::lock_staging(&partial)?;
-        // A run killed before its first progress record committed nothing: start afresh.
-        let resuming = resuming && !pack::nothing_committed(&partial, PROGRESS);
-        if !resuming {
-            pack::clear_uncommitted(&partial)?;
-        }
-        let staged = if resuming {
-            if !partial.join(PROGRESS).exists() && partial.join(MANIFEST).exists() {
-                return Err(Error::ResumeMismatch {
-                    path: partial,
-                    reason: "it holds a complete records dataset (an interrupted --force \
-                             replacement, or a pack whose final rename was cut short), so \
-                             there is nothing to resume: use --force to pack again, or rename \
-                             it yourself if it is the dataset you want"
-                        .into(),
-                });
-            }
-            let staged: StagedProgress =
-                pack::read_staged_progress(&partial, PROGRESS, "records directory")?;
-            staged.plan.check_resumable(plan, &partial)?;
-            if (staged.shard_bytes, staged.label_base) != (shard_bytes, label_base) {
-                return Err(Error::ResumeMismatch {
-                    path: partial,
-                    reason: "it was started with another --shard-size or --label-base".into(),
-                });
-            }
-            // The writer names shard i `shard-{i:05}.*` and nothing else: a progress record
-            // naming other files (`../x`, an absolute path) is not ours, and is never followed.
-            for (number, (entry, _)) in staged.shards.iter().enumerate() {
-                let (file, index) = shard_names(number);
-                if (entry.file.as_str(), entry.index.as_str()) != (&file, &index) {
-                    return Err(Error::ResumeMismatch {
-                        path: partial.join(PROGRESS),
-                        reason: format!(
-                            "shard {number} is recorded as {:?} and {:?}; this writer names it \
-                             {file:?} and {index:?}: not a progress record of ours",
-                            entry.file, entry.index
-                        ),
-                    });
-                }
-            }
-            staged
-        } else {
-            StagedProgress {
-                magic: MAGIC.into(),
-                plan: plan.clone(),
-                progress: PackProgress::default(),
-                label_base,
-                shard_bytes,
-                shards: Vec::new(),
-            }
-        };
-        let mut writer = RecordsWriter {
-            _lock: lock,
-            partial,
-            out,
-            classes: plan.classes.clone(),
-            staged,
-            shard: None,
-            example: Vec::new(),
-            framed: Vec::new(),
-            index_lines: String::new(),
-            decoder: crate::decode::Decoder::new(),
-        };
-        // Cut every listed shard and index back to its committed length (only the last can
-        // have grown since, but checking all costs nothing), and reopen the last one.
-        for (entry, index_bytes) in writer.staged.shards.clone() {
-            let shard = writer.open_shard_files(&entry, false)?;
-            pack::cut_to_committed(&shard.0, &writer.partial.join(&entry.file), entry.bytes)?;
-            pack::cut_to_committed(&shard.1, &writer.partial.join(&entry.index), index_bytes)?;
-            writer.shard = Some(shard);
-        }
-        // Shards opened after the last commit (a crash right after rollover) are not listed.
-        let listed = writer.staged.shards.len();
-        for number in listed..listed + 2 {
-            let (file, index) = shard_names(number);
-            let _ = fs::remove_file(writer.partial.join(file));
-            let _ = fs::remove_file(writer.partial.join(index));
-        }
-        writer.save_progress()?;
-        let progress = writer.staged.progress.clone();
-        Ok((writer, progress))
-    }
-
     fn open_shard_files(&self, entry: &ShardEntry, create: bool) -> Result<(fs::File, fs::File)> {
         let open = |name: &str| {
             let path = self.partial.join(name);
@@ -355,7 +257,7 @@ impl RecordsWriter {
     }
 
     fn save_progress(&self) -> Result<()> {
-        pack::write_file_atomically(
+        output::write_file_atomically(
             &self.partial.join(PROGRESS),
             &serde_json::to_vec(&self.staged).expect("progress serializes"),
         )
@@ -408,7 +310,100 @@ impl RecordsWriter {
     }
 }
 
-impl PackSink for RecordsWriter {
+impl DatasetWriter for RecordsWriter {
+    fn start(out: &Path, plan: &PackPlan, options: &WriterOptions) -> Result<(Self, PackProgress)> {
+        let (mode, shard_bytes, label_base) =
+            (options.mode, options.shard_bytes, options.label_base);
+        let partial = output::prepare_output(out, mode)?;
+        let out = std::path::absolute(out).at(out)?;
+        let resuming = partial.exists();
+        if !resuming {
+            fs::create_dir(&partial).at(&partial)?;
+        }
+        let lock = output::lock_staging(&partial)?;
+        // A run killed before its first progress record committed nothing: start afresh.
+        let resuming = resuming && !output::nothing_committed(&partial, PROGRESS);
+        if !resuming {
+            output::clear_uncommitted(&partial)?;
+        }
+        let staged = if resuming {
+            if !partial.join(PROGRESS).exists() && partial.join(MANIFEST).exists() {
+                return Err(Error::ResumeMismatch {
+                    path: partial,
+                    reason: "it holds a complete records dataset (an interrupted --force \
+                             replacement, or a pack whose final rename was cut short), so \
+                             there is nothing to resume: use --force to pack again, or rename \
+                             it yourself if it is the dataset you want"
+                        .into(),
+                });
+            }
+            let staged: StagedProgress =
+                output::read_staged_progress(&partial, PROGRESS, "records directory")?;
+            staged.plan.check_resumable(plan, &partial)?;
+            if (staged.shard_bytes, staged.label_base) != (shard_bytes, label_base) {
+                return Err(Error::ResumeMismatch {
+                    path: partial,
+                    reason: "it was started with another --shard-size or --label-base".into(),
+                });
+            }
+            // The writer names shard i `shard-{i:05}.*` and nothing else: a progress record
+            // naming other files (`../x`, an absolute path) is not ours, and is never followed.
+            for (number, (entry, _)) in staged.shards.iter().enumerate() {
+                let (file, index) = shard_names(number);
+                if (entry.file.as_str(), entry.index.as_str()) != (&file, &index) {
+                    return Err(Error::ResumeMismatch {
+                        path: partial.join(PROGRESS),
+                        reason: format!(
+                            "shard {number} is recorded as {:?} and {:?}; this writer names it \
+                             {file:?} and {index:?}: not a progress record of ours",
+                            entry.file, entry.index
+                        ),
+                    });
+                }
+            }
+            staged
+        } else {
+            StagedProgress {
+                magic: MAGIC.into(),
+                plan: plan.clone(),
+                progress: PackProgress::default(),
+                label_base,
+                shard_bytes,
+                shards: Vec::new(),
+            }
+        };
+        let mut writer = RecordsWriter {
+            _lock: lock,
+            partial,
+            out,
+            classes: plan.classes.clone(),
+            staged,
+            shard: None,
+            example: Vec::new(),
+            framed: Vec::new(),
+            index_lines: String::new(),
+            decoder: crate::decode::Decoder::new(),
+        };
+        // Cut every listed shard and index back to its committed length (only the last can
+        // have grown since, but checking all costs nothing), and reopen the last one.
+        for (entry, index_bytes) in writer.staged.shards.clone() {
+            let shard = writer.open_shard_files(&entry, false)?;
+            output::cut_to_committed(&shard.0, &writer.partial.join(&entry.file), entry.bytes)?;
+            output::cut_to_committed(&shard.1, &writer.partial.join(&entry.index), index_bytes)?;
+            writer.shard = Some(shard);
+        }
+        // Shards opened after the last commit (a crash right after rollover) are not listed.
+        let listed = writer.staged.shards.len();
+        for number in listed..listed + 2 {
+            let (file, index) = shard_names(number);
+            let _ = fs::remove_file(writer.partial.join(file));
+            let _ = fs::remove_file(writer.partial.join(index));
+        }
+        writer.save_progress()?;
+        let progress = writer.staged.progress.clone();
+        Ok((writer, progress))
+    }
+
     fn write_chunk(&mut self, records: &[PackedRecord<'_>], progress: &PackProgress) -> Result<()> {
         for record in records {
             let (format, width, height) = match PayloadFormat::sniff(record.payload) {
@@ -471,12 +466,12 @@ impl PackSink for RecordsWriter {
             shards: self.staged.shards.iter().map(|(e, _)| e.clone()).collect(),
             info: info.clone(),
         };
-        pack::write_file_atomically(
+        output::write_file_atomically(
             &self.partial.join(MANIFEST),
             &serde_json::to_vec_pretty(&manifest).expect("manifest serializes"),
         )?;
         let _ = fs::remove_file(self.partial.join(PROGRESS));
-        pack::publish(&self.partial, &self.out)
+        output::publish(&self.partial, &self.out)
     }
 
     fn abandon(self: Box<Self>) {
@@ -614,7 +609,7 @@ impl Records {
     /// Opens a records directory or a single shard.
     pub fn open_with(path: impl AsRef<Path>, options: &RecordsOptions) -> Result<Records> {
         let path = path.as_ref();
-        pack::refuse_interrupted(path)?;
+        output::refuse_interrupted(path)?;
         let manifest_path = path.join(MANIFEST);
         if path.is_dir() && manifest_path.is_file() {
             return open_ours(path, &manifest_path);
@@ -622,8 +617,8 @@ impl Records {
         // A writer's staging directory holds shards and indexes that look like a foreign
         // dataset's, but only some of the records: it is never opened as one.
         if path.is_dir()
-            && (crate::format::staged_magic(path, PROGRESS).as_deref() == Some(MAGIC)
-                || crate::format::is_being_deleted(path)
+            && (output::staged_magic(path, PROGRESS).as_deref() == Some(MAGIC)
+                || output::is_being_deleted(path)
                 || path
                     .file_name()
                     .and_then(|n| n.to_str())
@@ -947,7 +942,7 @@ fn open_foreign(path: &Path, shard_paths: &[PathBuf], options: &RecordsOptions) 
                     .iter()
                     .map(|(offset, len)| format!("{offset} {len}\n"))
                     .collect();
-                Some(pack::write_file_atomically(&index_path, lines.as_bytes()))
+                Some(output::write_file_atomically(&index_path, lines.as_bytes()))
             } else {
                 None
             };

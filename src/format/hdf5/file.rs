@@ -19,7 +19,8 @@ use crate::dataset::{Dataset, DatasetInfo, FormatKind, PayloadKind, Record, Reco
 use crate::decode::RawImage;
 use crate::error::{Error, IoContext as _, Result};
 use crate::format::InfoRecord;
-use crate::pack::{self, PackPlan, PackProgress, PackSink, PackedRecord, StartMode};
+use crate::format::output;
+use crate::format::writer::{DatasetWriter, PackPlan, PackProgress, PackedRecord, WriterOptions};
 
 /// The first layout version with the `checksums` dataset.
 const CHECKSUMS_SINCE: u32 = 2;
@@ -50,7 +51,7 @@ struct StagedProgress {
 /// Writes an HDF5 dataset: stages chunks in `OUT.partial/`, then writes `OUT` in one pass.
 pub struct Hdf5Writer {
     partial: PathBuf,
-    /// Held while writing: see [`pack::lock_staging`].
+    /// Held while writing: see [`output::lock_staging`].
     _lock: fs::File,
     out: PathBuf,
     plan: PackPlan,
@@ -61,70 +62,6 @@ pub struct Hdf5Writer {
 }
 
 impl Hdf5Writer {
-    /// Starts (or, with `mode.resume`, continues) writing `out` for `plan`. Returns the writer and
-    /// the progress already committed; the rules for existing output are
-    /// [`LmdbWriter::start`](crate::format::lmdb::LmdbWriter::start)'s.
-    pub fn start(out: &Path, plan: &PackPlan, mode: StartMode) -> Result<(Self, PackProgress)> {
-        let partial = pack::prepare_output(out, mode)?;
-        let out = std::path::absolute(out).at(out)?;
-        let open = |name: &str, create: bool| {
-            let path = partial.join(name);
-            fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(create)
-                .truncate(false)
-                .open(&path)
-                .at(&path)
-        };
-        let created = !partial.exists();
-        if created {
-            fs::create_dir(&partial).at(&partial)?;
-        }
-        let lock = pack::lock_staging(&partial)?;
-        // A run killed before its first progress record committed nothing: start afresh.
-        if created || pack::nothing_committed(&partial, STAGED_PROGRESS) {
-            pack::clear_uncommitted(&partial)?;
-            // The progress record goes in before any other file, so a staging directory is
-            // recognised as ours (and never taken for anything else) from its first entry on.
-            let progress = PackProgress::default();
-            save_staged_progress(&partial, plan, &progress, 0, 0)?;
-            let writer = Hdf5Writer {
-                _lock: lock,
-                payloads: open(STAGED_PAYLOADS, true)?,
-                index: open(STAGED_INDEX, true)?,
-                partial,
-                out,
-                plan: plan.clone(),
-                payload_bytes: 0,
-                index_bytes: 0,
-            };
-            return Ok((writer, progress));
-        }
-        let staged: StagedProgress =
-            pack::read_staged_progress(&partial, STAGED_PROGRESS, "imagefeed HDF5")?;
-        staged.plan.check_resumable(plan, &partial)?;
-        let payloads = open(STAGED_PAYLOADS, false)?;
-        let index = open(STAGED_INDEX, false)?;
-        pack::cut_to_committed(
-            &payloads,
-            &partial.join(STAGED_PAYLOADS),
-            staged.payload_bytes,
-        )?;
-        pack::cut_to_committed(&index, &partial.join(STAGED_INDEX), staged.index_bytes)?;
-        let writer = Hdf5Writer {
-            _lock: lock,
-            partial,
-            out,
-            plan: staged.plan,
-            payloads,
-            index,
-            payload_bytes: staged.payload_bytes,
-            index_bytes: staged.index_bytes,
-        };
-        Ok((writer, staged.progress))
-    }
-
     fn save_progress(&mut self, progress: &PackProgress) -> Result<()> {
         save_staged_progress(
             &self.partial,
@@ -390,7 +327,69 @@ pub(crate) fn parse_staged_index(bytes: &[u8]) -> std::result::Result<StagedInde
     Ok((ends, labels, keys))
 }
 
-impl PackSink for Hdf5Writer {
+impl DatasetWriter for Hdf5Writer {
+    fn start(out: &Path, plan: &PackPlan, options: &WriterOptions) -> Result<(Self, PackProgress)> {
+        let mode = options.mode;
+        let partial = output::prepare_output(out, mode)?;
+        let out = std::path::absolute(out).at(out)?;
+        let open = |name: &str, create: bool| {
+            let path = partial.join(name);
+            fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(create)
+                .truncate(false)
+                .open(&path)
+                .at(&path)
+        };
+        let created = !partial.exists();
+        if created {
+            fs::create_dir(&partial).at(&partial)?;
+        }
+        let lock = output::lock_staging(&partial)?;
+        // A run killed before its first progress record committed nothing: start afresh.
+        if created || output::nothing_committed(&partial, STAGED_PROGRESS) {
+            output::clear_uncommitted(&partial)?;
+            // The progress record goes in before any other file, so a staging directory is
+            // recognised as ours (and never taken for anything else) from its first entry on.
+            let progress = PackProgress::default();
+            save_staged_progress(&partial, plan, &progress, 0, 0)?;
+            let writer = Hdf5Writer {
+                _lock: lock,
+                payloads: open(STAGED_PAYLOADS, true)?,
+                index: open(STAGED_INDEX, true)?,
+                partial,
+                out,
+                plan: plan.clone(),
+                payload_bytes: 0,
+                index_bytes: 0,
+            };
+            return Ok((writer, progress));
+        }
+        let staged: StagedProgress =
+            output::read_staged_progress(&partial, STAGED_PROGRESS, "imagefeed HDF5")?;
+        staged.plan.check_resumable(plan, &partial)?;
+        let payloads = open(STAGED_PAYLOADS, false)?;
+        let index = open(STAGED_INDEX, false)?;
+        output::cut_to_committed(
+            &payloads,
+            &partial.join(STAGED_PAYLOADS),
+            staged.payload_bytes,
+        )?;
+        output::cut_to_committed(&index, &partial.join(STAGED_INDEX), staged.index_bytes)?;
+        let writer = Hdf5Writer {
+            _lock: lock,
+            partial,
+            out,
+            plan: staged.plan,
+            payloads,
+            index,
+            payload_bytes: staged.payload_bytes,
+            index_bytes: staged.index_bytes,
+        };
+        Ok((writer, staged.progress))
+    }
+
     fn write_chunk(&mut self, records: &[PackedRecord<'_>], progress: &PackProgress) -> Result<()> {
         let mut index = Vec::with_capacity(records.len() * 48);
         let mut end = self.payload_bytes;
@@ -418,7 +417,7 @@ impl PackSink for Hdf5Writer {
         let staged_h5 = self.partial.join(STAGED_HDF5);
         let _ = fs::remove_file(&staged_h5);
         self.write_hdf5(&staged_h5, info)?;
-        pack::publish(&staged_h5, &self.out)?;
+        output::publish(&staged_h5, &self.out)?;
         // The dataset is in place; the staging directory is only scratch now.
         let _ = fs::remove_dir_all(&self.partial);
         Ok(())
@@ -490,7 +489,7 @@ impl Hdf5 {
     /// not in imagefeed's layout.
     pub fn open_with(path: impl AsRef<Path>, names: &Hdf5Names) -> Result<Hdf5> {
         let path = path.as_ref();
-        pack::refuse_interrupted(path)?;
+        output::refuse_interrupted(path)?;
         let file_len = fs::metadata(path).at(path)?.len();
         if !has_signature(path) {
             return Err(Error::not_a_dataset(
@@ -549,7 +548,7 @@ fn save_staged_progress(
         payload_bytes,
         index_bytes,
     };
-    pack::write_file_atomically(
+    output::write_file_atomically(
         &partial.join(STAGED_PROGRESS),
         &serde_json::to_vec(&staged).expect("progress serializes"),
     )

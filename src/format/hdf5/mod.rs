@@ -81,7 +81,7 @@ use std::sync::Arc;
 
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
-use crate::pack::{PackPlan, PackProgress, PackSink, StartMode};
+use crate::format::writer::{DatasetWriter, PackPlan, PackProgress, WriterOptions};
 
 #[cfg(feature = "hdf5")]
 mod file;
@@ -140,7 +140,7 @@ pub(crate) fn is_staging_file(name: &str) -> bool {
 /// True when the directory `path` is an HDF5 writer's staging directory (`OUT.partial/`): its
 /// progress record carries [`MAGIC`]. (The writer makes that record before anything else.)
 pub(crate) fn is_own_staging(path: &Path) -> bool {
-    crate::format::staged_magic(path, STAGED_PROGRESS).as_deref() == Some(MAGIC)
+    super::output::staged_magic(path, STAGED_PROGRESS).as_deref() == Some(MAGIC)
 }
 
 /// Opens the HDF5 dataset at `path` ([`Hdf5::open_with`]); without the `hdf5` feature,
@@ -160,14 +160,13 @@ pub(crate) fn open_dataset(path: &Path, names: &Hdf5Names) -> Result<Arc<dyn Dat
 pub(crate) fn start_writer(
     out: &Path,
     plan: &PackPlan,
-    mode: StartMode,
-) -> Result<(Box<dyn PackSink>, PackProgress)> {
+    options: &WriterOptions,
+) -> Result<(Box<dyn DatasetWriter>, PackProgress)> {
     #[cfg(feature = "hdf5")]
-    return Hdf5Writer::start(out, plan, mode)
-        .map(|(writer, progress)| (Box::new(writer) as Box<dyn PackSink>, progress));
+    return crate::format::writer::boxed::<Hdf5Writer>(out, plan, options);
     #[cfg(not(feature = "hdf5"))]
     return {
-        let _ = (plan, mode);
+        let _ = (plan, options);
         Err(feature_disabled(out, "writing an HDF5 file"))
     };
 }

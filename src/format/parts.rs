@@ -1,0 +1,157 @@
+//! The parts of a split conversion (`pack-dataset --num-parts N --part-index i`), checked to
+//! belong together and read as one dataset: what `pack::join` copies into a single
+//! output.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::dataset::{Dataset, DatasetInfo, LazyReader, PartInfo, Record, RecordReader};
+use crate::error::{Error, Result};
+
+/// The parts of a split conversion, checked to belong together and read as one dataset.
+pub struct JoinedParts {
+    parts: Vec<Arc<dyn Dataset>>,
+    /// Index of each part's first record; a final entry holds the total.
+    starts: Vec<usize>,
+    info: DatasetInfo,
+    path: PathBuf,
+    notices: Vec<String>,
+}
+
+impl JoinedParts {
+    /// Opens `paths` (in any order) and checks that they are all the parts of one split
+    /// conversion: each part exactly once, the same source fingerprint, classes and payload.
+    pub fn open(paths: &[PathBuf]) -> Result<JoinedParts> {
+        let first = paths.first().ok_or_else(|| {
+            Error::Options("join needs the parts of a split conversion; none were given".into())
+        })?;
+        let mut parts: Vec<(PartInfo, Arc<dyn Dataset>)> = Vec::new();
+        for path in paths {
+            let dataset = crate::format::open(path)?;
+            let part = dataset.info().part.clone().ok_or_else(|| {
+                Error::not_a_dataset(
+                    path,
+                    "not a part of a split conversion (packed without --num-parts/--part-index)",
+                )
+            })?;
+            parts.push((part, dataset));
+        }
+        parts.sort_by_key(|(part, _)| part.index);
+        let (reference, reference_set) = (&parts[0].0, &parts[0].1);
+        let mismatch = |path: &Path, what: &str| {
+            Err(Error::not_a_dataset(
+                path,
+                format!(
+                    "{what} differs from {}'s: parts of different conversions",
+                    reference_set.path().display()
+                ),
+            ))
+        };
+        for (part, dataset) in &parts[1..] {
+            let path = dataset.path();
+            if part.source_fingerprint != reference.source_fingerprint
+                || part.count != reference.count
+            {
+                return mismatch(path, "the source listing or the number of parts");
+            }
+            if dataset.classes() != reference_set.classes() {
+                return mismatch(path, "the class list");
+            }
+            if dataset.info().payload != reference_set.info().payload
+                || dataset.info().resized_short_side != reference_set.info().resized_short_side
+            {
+                return mismatch(path, "the payload kind (--raw/--resize)");
+            }
+        }
+        let have: Vec<usize> = parts.iter().map(|(p, _)| p.index).collect();
+        let want: Vec<usize> = (0..reference.count).collect();
+        if have != want {
+            let missing: Vec<String> = want
+                .iter()
+                .filter(|i| !have.contains(i))
+                .map(|i| i.to_string())
+                .collect();
+            let dupes: Vec<String> = have
+                .windows(2)
+                .filter(|w| w[0] == w[1])
+                .map(|w| w[0].to_string())
+                .collect();
+            return Err(Error::Options(format!(
+                "join needs parts 0..{} exactly once; missing: [{}], given twice: [{}]",
+                reference.count,
+                missing.join(", "),
+                dupes.join(", ")
+            )));
+        }
+        let mut starts = vec![0];
+        for (_, dataset) in &parts {
+            starts.push(starts.last().expect("non-empty") + dataset.len());
+        }
+        let mut info = reference_set.info().clone();
+        info.num_samples = *starts.last().expect("non-empty");
+        info.part = None;
+        info.rejected_at_pack = Some(
+            parts
+                .iter()
+                .map(|(_, d)| d.info().rejected_at_pack.unwrap_or(0))
+                .sum(),
+        );
+        let notices = parts
+            .iter()
+            .flat_map(|(_, d)| d.notices().iter().cloned())
+            .collect();
+        Ok(JoinedParts {
+            notices,
+            parts: parts.into_iter().map(|(_, d)| d).collect(),
+            starts,
+            info,
+            path: first.clone(),
+        })
+    }
+}
+
+impl JoinedParts {
+    /// The parts, in part order.
+    pub fn parts(&self) -> &[Arc<dyn Dataset>] {
+        &self.parts
+    }
+}
+
+impl Dataset for JoinedParts {
+    fn info(&self) -> &DatasetInfo {
+        &self.info
+    }
+
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn notices(&self) -> &[String] {
+        &self.notices
+    }
+
+    fn open_reader(&self) -> Result<Box<dyn RecordReader>> {
+        Ok(Box::new(JoinedReader {
+            readers: self
+                .parts
+                .iter()
+                .map(|p| LazyReader::new(Arc::clone(p)))
+                .collect(),
+            starts: self.starts.clone(),
+        }))
+    }
+}
+
+struct JoinedReader {
+    readers: Vec<LazyReader>,
+    starts: Vec<usize>,
+}
+
+impl RecordReader for JoinedReader {
+    fn read(&mut self, index: usize) -> Result<Record<'_>> {
+        let part = self.starts.partition_point(|&s| s <= index) - 1;
+        let mut record = self.readers[part].read(index - self.starts[part])?;
+        record.index = index;
+        Ok(record)
+    }
+}
