@@ -251,7 +251,8 @@ fn h5py_pixel_arrays_read_as_raw_images_chunked_or_contiguous() {
 }
 
 #[test]
-fn tfrecord_shards_without_an_index_get_one_and_read_like_their_source() {
+fn tfrecord_shards_without_an_index_get_one_in_memory_saved_on_request_and_read_like_their_source()
+{
     use imagefeed::format::records::{Records, RecordsOptions};
     let dir = tempfile::tempdir().unwrap();
     let shards = dir.path().join("tfrecord");
@@ -264,11 +265,28 @@ fn tfrecord_shards_without_an_index_get_one_and_read_like_their_source() {
     assert_eq!(dataset.notices().len(), 2, "{:?}", dataset.notices());
     assert!(dataset.notices()[1].contains("train-00001-of-00002"));
     assert!(dataset.notices()[0].contains("no index; built one by scanning"));
-    assert!(shards.join("train-00000-of-00002.index").is_file());
+    // Opening never writes: the indexes are kept in memory until asked for.
+    let index_files = || {
+        let mut found: Vec<_> = fs::read_dir(&shards)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "index"))
+            .collect();
+        found.sort();
+        found
+    };
+    assert!(index_files().is_empty(), "{:?}", index_files());
     let expected = fixture_files();
     assert_eq!(records(&dataset), expected);
     assert_eq!(dataset.classes(), ["0", "1", "2"]);
-    // The second open uses the saved indexes and says nothing.
+    let written = dataset.save_missing_indexes().unwrap();
+    assert_eq!(written, index_files());
+    assert_eq!(written.len(), 2);
+    assert!(
+        dataset.save_missing_indexes().unwrap().is_empty(),
+        "written twice"
+    );
+    // The next open uses the saved indexes and says nothing.
     let again = Records::open_with(&shards, &options).unwrap();
     assert!(again.notices().is_empty());
     assert_eq!(records(&again), expected);

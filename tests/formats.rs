@@ -840,6 +840,11 @@ fn an_unindexed_shard_damaged_anywhere_keeps_every_good_record_and_saves_no_inde
                     }
                 }
             }
+            let saved = imagefeed::format::records::Records::open(&case)
+                .unwrap()
+                .save_missing_indexes()
+                .unwrap();
+            assert!(saved.is_empty(), "{what}: {saved:?}");
             assert!(
                 !imagefeed::format::records::index_path_for(&shard).exists(),
                 "{what}: a damaged shard's index was saved"
@@ -848,13 +853,20 @@ fn an_unindexed_shard_damaged_anywhere_keeps_every_good_record_and_saves_no_inde
             assert_eq!(report.problems.len(), 1, "{what}: {:?}", report.problems);
         }
     }
-    // A clean shard's index is saved, and an index that stops short of its shard is refused.
+    // A clean shard's index is saved on request, and an index that stops short of its shard is
+    // refused.
     let clean = dir.path().join("clean");
     fs::create_dir(&clean).unwrap();
     let shard = clean.join("train-00000-of-00001");
     fs::copy(&pristine, &shard).unwrap();
-    assert_eq!(format::open(&clean).unwrap().len(), 16);
     let index = imagefeed::format::records::index_path_for(&shard);
+    let opened = imagefeed::format::records::Records::open(&clean).unwrap();
+    assert_eq!(imagefeed::Dataset::len(&opened), 16);
+    assert!(!index.exists(), "opening wrote an index");
+    assert_eq!(
+        opened.save_missing_indexes().unwrap(),
+        std::slice::from_ref(&index)
+    );
     let text = fs::read_to_string(&index).unwrap();
     let short: String = text.lines().take(5).map(|l| format!("{l}\n")).collect();
     fs::write(&index, short).unwrap();

@@ -95,6 +95,13 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Save the index of each TFRecord shard that has none (opening such shards scans them and
+    /// keeps the index in memory only), so later opens skip the scan. Shards a scan finds
+    /// damaged get none.
+    Index {
+        /// A directory of TFRecord shards, or one shard.
+        shards: PathBuf,
+    },
     /// Write a deterministic synthetic ImageFolder tree (for demos and tests). Files already at
     /// the names it writes are replaced (links there are replaced, never followed); nothing
     /// else is touched.
@@ -533,6 +540,23 @@ fn run() -> Result<ExitCode> {
             } else {
                 ExitCode::FAILURE
             })
+        }
+        Command::Index { shards } => {
+            let records = imagefeed::format::records::Records::open(&shards)
+                .with_context(|| format!("opening {}", shards.display()))?;
+            let written = records
+                .save_missing_indexes()
+                .with_context(|| format!("saving the indexes of {}", shards.display()))?;
+            for path in &written {
+                out!("wrote {}", path.display());
+            }
+            if written.is_empty() {
+                out!(
+                    "no index written: every shard of {} has one, or is damaged (`pack-dataset inspect` lists the damage)",
+                    shards.display()
+                );
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Command::Synth {
             out,

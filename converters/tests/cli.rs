@@ -380,6 +380,29 @@ fn hdf5_records_split_and_join_from_the_command_line() {
         "{}",
         stdout(&o)
     );
+    // Reading them wrote nothing; `index` saves their indexes, and then the scan is gone.
+    let indexes = ["train-00000-of-00002.index", "train-00001-of-00002.index"];
+    assert!(indexes.iter().all(|i| !shards.join(i).exists()));
+    let o = run(&[&"index", &shards]);
+    succeeded(&o);
+    for index in indexes {
+        assert!(shards.join(index).is_file(), "{index}: {}", stdout(&o));
+        assert!(stdout(&o).contains(&format!("wrote {}", shards.join(index).display())));
+    }
+    let o = run(&[&"index", &shards]);
+    succeeded(&o);
+    assert!(stdout(&o).contains("no index written"), "{}", stdout(&o));
+    let o = run(&[&"inspect", &shards]);
+    succeeded(&o);
+    assert!(!stdout(&o).contains("no index"), "{}", stdout(&o));
+    // Something that is not TFRecord shards is refused, naming it.
+    let o = run(&[&"index", &src]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&*src.to_string_lossy()),
+        "{}",
+        stderr(&o)
+    );
 
     // A join with a part missing fails, names the problem, and writes nothing.
     let never = dir.path().join("never.lmdb");

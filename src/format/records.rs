@@ -32,8 +32,9 @@
 //! Shards without an imagefeed manifest (a directory of `*.tfrecord` / `*-NNNNN-of-NNNNN` files,
 //! or a single shard) are read too. The label base is then an option (0, or 1 for ImageNet
 //! TFRecords, whose labels run 1..=1000), and classes are `"0"..="max label"` unless a class
-//! count is given. A shard with no index gets one built by scanning it; it is saved beside the
-//! shard when the directory is writable, and [`Records::notices`] says what happened.
+//! count is given. A shard with no index gets one built in memory by scanning it, and
+//! [`Records::notices`] says so. Opening never writes: [`Records::save_missing_indexes`]
+//! (`pack-dataset index`) saves those indexes beside their shards, so later opens skip the scan.
 //!
 //! # Crash safety
 //!
@@ -513,6 +514,9 @@ struct Shard {
     /// Records that are damaged byte ranges a scan could not frame, by position in `records`,
     /// with what the scan found; reading one is a bad record that says so.
     damaged: std::collections::HashMap<usize, String>,
+    /// Whether `records` came from scanning a shard that has no index file and scanned clean:
+    /// an index [`Records::save_missing_indexes`] may save.
+    unsaved_index: bool,
 }
 
 struct Shared {
@@ -655,6 +659,33 @@ impl Records {
     /// The label base: stored labels are class index + this.
     pub fn label_base(&self) -> u32 {
         self.shared.label_base
+    }
+
+    /// Saves the index each shard opened without one got by scanning (in the `tfrecord`
+    /// package's format, at [`index_path_for`] the shard), so later opens read it instead of
+    /// scanning. Opening never writes; this is the explicit request (`pack-dataset index`).
+    /// Returns the indexes written.
+    ///
+    /// A shard whose scan found damage gets none (it is scanned, and the damage reported,
+    /// at every open), and an index file that appeared since opening is left as it is. Each
+    /// index is written to a temporary file, synced and renamed into place, never through a
+    /// link; an error names the file and leaves the indexes already written in place.
+    pub fn save_missing_indexes(&self) -> Result<Vec<PathBuf>> {
+        let mut written = Vec::new();
+        for shard in self.shared.shards.iter().filter(|s| s.unsaved_index) {
+            let index_path = index_path_for(&shard.path);
+            if fs::symlink_metadata(&index_path).is_ok() {
+                continue;
+            }
+            let mut lines = String::new();
+            for (offset, len) in &shard.records {
+                use std::fmt::Write as _;
+                let _ = writeln!(lines, "{offset} {len}");
+            }
+            output::write_file_atomically(&index_path, lines.as_bytes())?;
+            written.push(index_path);
+        }
+        Ok(written)
     }
 }
 
@@ -875,6 +906,7 @@ fn open_ours(dir: &Path, manifest_path: &Path) -> Result<Records> {
             map,
             records,
             damaged: Default::default(),
+            unsaved_index: false,
         });
     }
     // Shards that together fit in half the available memory stream into the page cache in one
@@ -928,32 +960,22 @@ fn open_foreign(path: &Path, shard_paths: &[PathBuf], options: &RecordsOptions) 
     for shard_path in shard_paths {
         let map = map_file(shard_path)?;
         let index_path = index_path_for(shard_path);
-        let (records, damaged) = if index_path.is_file() {
+        let (records, damaged, unsaved_index) = if index_path.is_file() {
             let records = parse_index(&index_path, &fs::read(&index_path).at(&index_path)?)?;
             check_index_covers(&index_path, &records, map.len() as u64)?;
-            (records, Default::default())
+            (records, Default::default(), false)
         } else {
             let scan = scan_shard(&map);
-            // An index is only saved for a shard that scanned clean: one with damage is scanned
-            // again at every open, and says so every time.
-            let saved = if scan.damaged.is_empty() {
-                let lines: String = scan
-                    .records
-                    .iter()
-                    .map(|(offset, len)| format!("{offset} {len}\n"))
-                    .collect();
-                Some(output::write_file_atomically(&index_path, lines.as_bytes()))
-            } else {
-                None
-            };
+            let clean = scan.damaged.is_empty();
             notices.push(format!(
-                "{}: no index; built one by scanning ({} records){}",
+                "{}: no index; built one by scanning ({} records), {}",
                 shard_path.display(),
                 scan.records.len() - scan.damaged.len(),
-                match &saved {
-                    Some(Ok(())) => format!(", saved as {}", index_path.display()),
-                    Some(Err(e)) => format!(", kept in memory (could not save it: {e})"),
-                    None => ", not saved: the shard is damaged".into(),
+                if clean {
+                    "kept in memory (`pack-dataset index` saves it)"
+                } else {
+                    // One with damage is scanned again at every open, and says so every time.
+                    "not saved: the shard is damaged"
                 }
             ));
             for (number, reason) in &scan.damaged {
@@ -962,13 +984,14 @@ fn open_foreign(path: &Path, shard_paths: &[PathBuf], options: &RecordsOptions) 
                     shard_path.display()
                 ));
             }
-            (scan.records, scan.damaged.into_iter().collect())
+            (scan.records, scan.damaged.into_iter().collect(), clean)
         };
         shards.push(Shard {
             path: shard_path.clone(),
             map,
             records,
             damaged,
+            unsaved_index,
         });
     }
     let label_base = options.label_base.unwrap_or(0);
