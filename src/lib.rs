@@ -57,6 +57,11 @@ pub mod synthetic;
 pub mod transform;
 pub mod verify;
 
+/// The README's Rust examples, compiled as doctests so they stay true to the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeExamples;
+
 /// The most worker threads a pack or a loader may be asked for: more than any machine has
 /// cores, far fewer than would exhaust its memory for stacks.
 pub const MAX_THREADS: usize = 1024;

@@ -700,10 +700,8 @@ fn resume_and_concurrent_runs_never_write_outside_their_own_staging_output() {
         let holder = fs::File::open(&partial).unwrap();
         use std::os::fd::AsRawFd as _;
         // SAFETY: flock on a descriptor this test owns.
-        assert_eq!(
-            unsafe { libc::flock(holder.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
-            0
-        );
+        let locked = unsafe { libc::flock(holder.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        assert_eq!(locked, 0);
         let staged = contents(&work);
         for options in [force(&small_shards), resume(&small_shards)] {
             let err = run(&out, format, &options).unwrap_err();

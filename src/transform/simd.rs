@@ -109,7 +109,7 @@ unsafe fn kernel<const NHWC: bool, const DTYPE: u8>(
     debug_assert_eq!(image.len(), w * h * 3);
     debug_assert_eq!(slot.len(), w * h * 3 * dtype.size());
     let masks = &MASKS[NHWC as usize][flip as usize];
-    // SAFETY (whole block): the CPU has AVX2 and F16C (caller's contract). Every pointer below
+    // SAFETY: (for the whole block) the CPU has AVX2 and F16C (caller's contract). Every pointer below
     // stays inside `image` or `slot`: a block's loads read bytes 3·src .. 3·src + 48 of a row
     // with src + 16 <= w, and its stores write elements of the output row's first
     // 16·blocks pixels (or of each plane's row), all inside the slot of w × h × 3 elements.
