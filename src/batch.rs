@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::error::BadSampleKind;
 use crate::pool::PooledBuffer;
 use crate::transform::{DType, Layout};
 
@@ -12,7 +13,9 @@ pub struct BadSample {
     pub index: usize,
     /// Record key, or `?` when the record could not be read.
     pub key: String,
-    /// Why it failed.
+    /// What kind of failure it was.
+    pub kind: BadSampleKind,
+    /// Why it failed: the full message, naming the file and what was wrong.
     pub reason: String,
     /// The dataset index that took its slot (`replace` policy), if any.
     pub replaced_by: Option<usize>,

@@ -7,6 +7,8 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
+use serde::{Deserialize, Serialize};
+
 use crate::decode::DecodeError;
 
 /// Result alias for this crate.
@@ -147,6 +149,8 @@ pub enum Error {
         index: usize,
         /// Record key, or `?` when it could not be read.
         key: String,
+        /// What kind of failure it was.
+        kind: BadSampleKind,
         /// Why it failed.
         reason: String,
     },
@@ -166,6 +170,8 @@ pub enum Error {
         index: usize,
         /// Its key.
         key: String,
+        /// Its kind of failure.
+        kind: BadSampleKind,
         /// Its reason.
         reason: String,
     },
@@ -269,9 +275,23 @@ pub enum Error {
         reason: String,
     },
 
-    /// No usable CUDA driver or device, or a CUDA call failed (the GPU feed).
-    #[error("CUDA: {0}")]
-    Cuda(String),
+    /// No usable CUDA driver or device, or a CUDA call failed (the GPU feed). When a call
+    /// failed, the driver's (or cuBLAS's, NVRTC's) error is the `source`.
+    #[error("CUDA: {doing}{}", cuda_cause(.source))]
+    Cuda {
+        /// What was being done ("copying a batch to the device"), or why CUDA cannot be used.
+        doing: String,
+        /// The library's error, when a call failed.
+        source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    },
+}
+
+/// `": {source}"` for an [`Error::Cuda`] with a library error, else nothing.
+fn cuda_cause(source: &Option<Box<dyn std::error::Error + Send + Sync + 'static>>) -> String {
+    source
+        .as_ref()
+        .map(|e| format!(": {e}"))
+        .unwrap_or_default()
 }
 
 /// The message of a caught panic's payload (`panic!` with a literal or a formatted string),
@@ -307,6 +327,27 @@ impl Error {
             path: path.as_ref().to_path_buf(),
             doing: doing.into(),
             source,
+        }
+    }
+
+    /// [`Error::Cuda`] for CUDA that cannot be used at all (no driver, no device), with no
+    /// library error behind it.
+    pub fn cuda_unavailable(why: impl Into<String>) -> Self {
+        Error::Cuda {
+            doing: why.into(),
+            source: None,
+        }
+    }
+
+    /// [`Error::Cuda`] for a CUDA library call that failed while `doing` something, keeping the
+    /// library's error as the source.
+    pub fn cuda_call(
+        doing: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Error::Cuda {
+            doing: doing.into(),
+            source: Some(Box::new(source)),
         }
     }
 
@@ -358,5 +399,70 @@ mod tests {
         assert_eq!(display_chain(&err), "/data/x.jpg: disk on fire");
         let outer = io::Error::other(err);
         assert_eq!(display_chain(&outer), "/data/x.jpg: disk on fire");
+    }
+}
+
+/// What made a sample bad, for code that treats failures differently (counts them by kind,
+/// stops on storage damage but not on odd images). [`BadSample::reason`](crate::batch::BadSample::reason) keeps the full
+/// message for people.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum BadSampleKind {
+    /// The record could not be read: an I/O error, a file cut short, a file refused (not a
+    /// regular file, too large).
+    Unreadable,
+    /// The stored record is damaged: a checksum mismatch, a broken TFRecord frame or index
+    /// entry, a value the format cannot parse, a label out of range. The data changed since
+    /// it was written, or was written wrong.
+    Corrupt,
+    /// The payload is not an image format this build decodes.
+    UnknownFormat,
+    /// The image declares more pixels than the decoder's limit (a decompression bomb).
+    TooLarge,
+    /// The payload is an image whose bytes do not decode: truncated or corrupt data, an empty
+    /// or zero-sized image, a raw payload whose header does not match its length.
+    Undecodable,
+}
+
+impl BadSampleKind {
+    /// The kind of a record the reader could not deliver.
+    pub fn of_read_error(error: &Error) -> BadSampleKind {
+        match error {
+            Error::CorruptRecord { .. } => BadSampleKind::Corrupt,
+            _ => BadSampleKind::Unreadable,
+        }
+    }
+
+    /// The kind of a payload the decoder refused.
+    pub fn of_decode_error(error: &DecodeError) -> BadSampleKind {
+        match error {
+            DecodeError::UnknownFormat(_) => BadSampleKind::UnknownFormat,
+            DecodeError::TooLarge { .. } => BadSampleKind::TooLarge,
+            DecodeError::Empty
+            | DecodeError::ZeroSized
+            | DecodeError::Implausible { .. }
+            | DecodeError::Jpeg(_)
+            | DecodeError::Image { .. }
+            | DecodeError::BadRaw(_) => BadSampleKind::Undecodable,
+        }
+    }
+
+    /// The kind's name as serialized (`unreadable`, `corrupt`, `unknown_format`, `too_large`,
+    /// `undecodable`).
+    pub fn name(self) -> &'static str {
+        match self {
+            BadSampleKind::Unreadable => "unreadable",
+            BadSampleKind::Corrupt => "corrupt",
+            BadSampleKind::UnknownFormat => "unknown_format",
+            BadSampleKind::TooLarge => "too_large",
+            BadSampleKind::Undecodable => "undecodable",
+        }
+    }
+}
+
+impl std::fmt::Display for BadSampleKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use serde::{Deserialize, Serialize};
 
-use crate::batch::{BadSample, Batch};
+use crate::batch::{BadSample, BadSampleKind, Batch};
 use crate::dataset::{Dataset, LazyReader};
 use crate::dataset::{fingerprint, hex};
 use crate::decode::DEFAULT_MAX_PIXELS;
@@ -929,6 +929,7 @@ impl Epoch {
                 limit,
                 index: last.index,
                 key: last.key.clone(),
+                kind: last.kind,
                 reason: last.reason.clone(),
             })));
         }
@@ -984,7 +985,11 @@ struct Worker {
 /// How one sample went.
 enum Outcome {
     Ok(u32),
-    Bad { key: String, reason: String },
+    Bad {
+        key: String,
+        kind: BadSampleKind,
+        reason: String,
+    },
 }
 
 /// The batch being filled: slot memory is taken once the slot size is known.
@@ -1028,13 +1033,19 @@ impl Worker {
                         samples.push(index);
                         labels.push(label);
                     }
-                    Outcome::Bad { key, reason } => {
+                    Outcome::Bad { key, kind, reason } => {
                         if config.bad_samples == BadSamplePolicy::Error {
-                            return Err(Error::BadSample { index, key, reason });
+                            return Err(Error::BadSample {
+                                index,
+                                key,
+                                kind,
+                                reason,
+                            });
                         }
                         let mut record = BadSample {
                             index,
                             key,
+                            kind,
                             reason,
                             replaced_by: None,
                         };
@@ -1114,9 +1125,10 @@ impl Worker {
             }
             match self.sample(shared, epoch, candidate, collator, times)? {
                 Outcome::Ok(label) => return Ok(Some((candidate, label))),
-                Outcome::Bad { key, reason } => bad.push(BadSample {
+                Outcome::Bad { key, kind, reason } => bad.push(BadSample {
                     index: candidate,
                     key,
+                    kind,
                     reason: format!("{reason} (while replacing sample {index})"),
                     replaced_by: None,
                 }),
@@ -1145,6 +1157,7 @@ impl Worker {
             Err(e) => {
                 return Ok(Outcome::Bad {
                     key: "?".into(),
+                    kind: BadSampleKind::of_read_error(&e),
                     reason: e.to_string(),
                 });
             }
@@ -1162,6 +1175,7 @@ impl Worker {
                 times.decode += times.clock.lap();
                 return Ok(Outcome::Bad {
                     key: record.key.to_string(),
+                    kind: BadSampleKind::of_decode_error(&e),
                     reason: e.to_string(),
                 });
             }

@@ -7,6 +7,7 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 
+use imagefeed::batch::BadSampleKind;
 use imagefeed::dataset::Dataset;
 use imagefeed::decode::{Decoder, RawImage};
 use imagefeed::loader::{BadSamplePolicy, Loader, LoaderConfig, LoaderState, MaxBad};
@@ -264,6 +265,24 @@ fn skip_policy_reports_every_bad_sample_and_shrinks_batches() {
         .collect();
     bad.sort();
     assert_eq!(bad, BROKEN);
+    // Each carries the kind of its failure beside the message.
+    let mut kinds: Vec<(String, BadSampleKind)> = batches
+        .iter()
+        .flat_map(|b| b.bad.iter().map(|s| (s.key.clone(), s.kind)))
+        .collect();
+    kinds.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        kinds,
+        [
+            ("class01/bad-bomb.jpg".to_string(), BadSampleKind::TooLarge),
+            ("class01/bad-empty.jpg".into(), BadSampleKind::Undecodable),
+            ("class01/bad-text.jpg".into(), BadSampleKind::UnknownFormat),
+            (
+                "class01/bad-truncated.jpg".into(),
+                BadSampleKind::Undecodable
+            ),
+        ]
+    );
     // Fixture order: class01's four bad files are samples 8..12, i.e. batch 2.
     assert_eq!(batches[2].len(), 0);
     assert_eq!(batches[2].shape, [0, 3, 0, 0]);
@@ -313,8 +332,14 @@ fn error_policy_fails_naming_the_sample() {
         "two good batches, then the error, then nothing"
     );
     match results[2].as_ref().unwrap_err() {
-        Error::BadSample { index, key, reason } => {
+        Error::BadSample {
+            index,
+            key,
+            kind,
+            reason,
+        } => {
             assert_eq!((*index, key.as_str()), (8, "class01/bad-bomb.jpg"));
+            assert_eq!(*kind, BadSampleKind::TooLarge);
             assert!(reason.contains("decompression-bomb"), "{reason}");
         }
         other => panic!("{other}"),
@@ -330,7 +355,14 @@ fn max_bad_stops_the_loader_with_a_clear_error() {
         .expect("the limit is crossed");
     let message = err.to_string();
     assert!(
-        matches!(err, Error::TooManyBadSamples { count: 4, .. }),
+        matches!(
+            err,
+            Error::TooManyBadSamples {
+                count: 4,
+                kind: BadSampleKind::Undecodable,
+                ..
+            }
+        ),
         "{message}"
     );
     assert!(message.contains("class01/bad-truncated.jpg"), "{message}");
@@ -1190,4 +1222,42 @@ fn a_batch_left_empty_keeps_the_transforms_size() {
     assert_eq!(batches[2].shape, [0, 3, 6, 8]);
     assert!(batches[2].bytes().is_empty());
     assert_eq!(batches[1].shape, [4, 3, 6, 8]);
+}
+
+#[test]
+fn a_record_damaged_on_disk_is_a_corrupt_bad_sample_naming_its_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("damaged.lmdb");
+    pack_lmdb(&fixture_root(), &out, &small_options());
+    // A payload is stored verbatim: find one good image's bytes in the file and flip one.
+    let key = "class00/img00001.jpg";
+    let image = std::fs::read(fixture_root().join(key)).unwrap();
+    let needle = &image[image.len() / 2..image.len() / 2 + 32];
+    let mut bytes = std::fs::read(&out).unwrap();
+    let at = bytes
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .expect("the payload is in the file");
+    bytes[at] ^= 0x10;
+    std::fs::write(&out, &bytes).unwrap();
+    let loader = Loader::new(
+        format::open(&out).unwrap(),
+        LoaderConfig::default()
+            .with_batch_size(4)
+            .with_workers(2)
+            .with_shuffle(false)
+            .with_transform(Transform::cifar())
+            .with_bad_samples(BadSamplePolicy::Skip),
+    )
+    .unwrap();
+    let bad: Vec<_> = loader
+        .epoch(0)
+        .flat_map(|b| b.unwrap().bad.clone())
+        .collect();
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert_eq!(bad[0].kind, BadSampleKind::Corrupt, "{bad:?}");
+    assert!(
+        bad[0].reason.contains("checksum mismatch") && bad[0].reason.contains(key),
+        "{bad:?}"
+    );
 }

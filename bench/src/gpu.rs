@@ -310,7 +310,7 @@ impl GemmStep {
                 n,
             )
         }
-        .map_err(|e| Error::Cuda(format!("SGEMM: {e}")))?;
+        .map_err(|e| Error::cuda_call("SGEMM", e))?;
         Ok(())
     }
 }

@@ -56,7 +56,12 @@ class IncompleteDatasetError(DataError):
 
 
 class BadSampleError(DataError):
-    """A sample could not be read or decoded (``bad_samples="error"``)."""
+    """A sample could not be read or decoded (``bad_samples="error"``).
+
+    ``kind`` says what kind of failure (see :class:`imagefeed.BadSample`) when the loader
+    raised it."""
+
+    kind: str | None = None
 
 
 class TooManyBadSamplesError(BadSampleError):

@@ -25,6 +25,9 @@ class BadSample(NamedTuple):
     """Why it failed."""
     replaced_by: Optional[int]
     """Under ``bad_samples="replace"``: the dataset index that took its slot."""
+    kind: str
+    """What kind of failure: ``"unreadable"``, ``"corrupt"`` (the stored record is damaged),
+    ``"unknown_format"``, ``"too_large"`` (over the pixel limit) or ``"undecodable"``."""
 
 
 _OUTPUTS = ("torch", "numpy", "dlpack")

@@ -79,9 +79,15 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
             attrs.set_item("reason", source.to_string())?;
             "BadSampleError"
         }
-        Error::BadSample { index, key, reason } => {
+        Error::BadSample {
+            index,
+            key,
+            kind,
+            reason,
+        } => {
             attrs.set_item("index", index)?;
             attrs.set_item("key", key)?;
+            attrs.set_item("kind", kind.name())?;
             attrs.set_item("reason", reason)?;
             "BadSampleError"
         }
@@ -91,6 +97,7 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
             limit,
             index,
             key,
+            kind,
             reason,
         } => {
             attrs.set_item("count", count)?;
@@ -98,6 +105,7 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
             attrs.set_item("limit", limit)?;
             attrs.set_item("index", index)?;
             attrs.set_item("key", key)?;
+            attrs.set_item("kind", kind.name())?;
             attrs.set_item("reason", reason)?;
             "TooManyBadSamplesError"
         }
@@ -141,8 +149,10 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
             located = Some((path, reason.clone()));
             "Error"
         }
-        Error::Cuda(reason) => {
-            attrs.set_item("reason", reason)?;
+        Error::Cuda { .. } => {
+            // What was done and what the library said, without the "CUDA: " prefix.
+            let text = err.to_string();
+            attrs.set_item("reason", text.strip_prefix("CUDA: ").unwrap_or(&text))?;
             "CudaError"
         }
         // Cancelled, Panicked, WorkersStopped, ThreadSpawn: no file, no better class.

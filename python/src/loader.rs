@@ -82,12 +82,12 @@ pub struct NativeLoader {
 }
 
 /// One delivered batch: images, labels, sample indices, bad samples
-/// `(index, key, reason, replaced_by)`.
+/// `(index, key, reason, replaced_by, kind)`.
 type BatchParts = (
     HostArray,
     HostArray,
     Vec<usize>,
-    Vec<(usize, String, String, Option<usize>)>,
+    Vec<(usize, String, String, Option<usize>, &'static str)>,
 );
 
 impl NativeLoader {
@@ -214,8 +214,8 @@ fn parse_max_bad(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<MaxBad>> {
     Ok(Some(MaxBad::Fraction(fraction)))
 }
 
-fn bad_tuple(b: BadSample) -> (usize, String, String, Option<usize>) {
-    (b.index, b.key, b.reason, b.replaced_by)
+fn bad_tuple(b: BadSample) -> (usize, String, String, Option<usize>, &'static str) {
+    (b.index, b.key, b.reason, b.replaced_by, b.kind.name())
 }
 
 #[pymethods]

@@ -286,6 +286,13 @@ def test_skip_reports_every_bad_sample_by_key_and_shortens_batches():
     assert total == l.num_samples - 4
     reasons = {b.key: b.reason for b in l.bad_samples}
     assert "empty" in reasons["class01/bad-empty.jpg"]
+    kinds = {b.key: b.kind for b in l.bad_samples}
+    assert kinds == {
+        "class01/bad-bomb.jpg": "too_large",
+        "class01/bad-empty.jpg": "undecodable",
+        "class01/bad-text.jpg": "unknown_format",
+        "class01/bad-truncated.jpg": "undecodable",
+    }
     assert all(b.replaced_by is None for b in l.bad_samples)
 
 
@@ -316,6 +323,7 @@ def test_the_error_policy_raises_naming_the_key():
             pass
     assert e.value.key in BAD_KEYS
     assert e.value.key in str(e.value)
+    assert e.value.kind in {"too_large", "undecodable", "unknown_format"}
 
 
 def test_max_bad_raises_naming_every_bad_key():
@@ -326,6 +334,7 @@ def test_max_bad_raises_naming_every_bad_key():
     assert e.value.count == 2
     assert len(e.value.keys) == 2 and set(e.value.keys) <= BAD_KEYS
     assert e.value.keys[-1] == e.value.key
+    assert e.value.kind in {"too_large", "undecodable", "unknown_format"}
     # A fraction works too, and a generous one lets the epoch finish.
     assert sum(len(y) for _, y in fixture_loader(bad_samples="skip", max_bad=0.5)) == 16
 

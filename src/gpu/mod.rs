@@ -49,7 +49,7 @@ pub use cudarc;
 pub const PTX: &str = include_str!("kernels.ptx");
 
 fn cuda(what: &'static str) -> impl FnOnce(DriverError) -> Error {
-    move |e| Error::Cuda(format!("{what}: {e}"))
+    move |e| Error::cuda_call(what, e)
 }
 
 /// Number of CUDA devices, or why CUDA cannot be used here: no driver library, or a driver
@@ -57,16 +57,14 @@ fn cuda(what: &'static str) -> impl FnOnce(DriverError) -> Error {
 pub fn device_count() -> Result<usize> {
     // SAFETY: only tries to dlopen the driver library under its known names and closes it.
     if !unsafe { sys::is_culib_present() } {
-        return Err(Error::Cuda(
-            "no CUDA driver: libcuda.so was not found (this machine has no NVIDIA driver)".into(),
+        return Err(Error::cuda_unavailable(
+            "no CUDA driver: libcuda.so was not found (this machine has no NVIDIA driver)",
         ));
     }
     match CudaContext::device_count() {
         Ok(n) => Ok(usize::try_from(n).unwrap_or(0)),
         Err(DriverError(sys::cudaError_enum::CUDA_ERROR_NO_DEVICE)) => Ok(0),
-        Err(e) => Err(Error::Cuda(format!(
-            "the CUDA driver did not initialize: {e}"
-        ))),
+        Err(e) => Err(Error::cuda_call("the CUDA driver did not initialize", e)),
     }
 }
 
@@ -95,12 +93,12 @@ impl Gpu {
     pub fn open(ordinal: usize) -> Result<Gpu> {
         let count = device_count()?;
         if count == 0 {
-            return Err(Error::Cuda(
-                "no CUDA device: the driver is present but reports no GPU".into(),
+            return Err(Error::cuda_unavailable(
+                "no CUDA device: the driver is present but reports no GPU",
             ));
         }
         if ordinal >= count {
-            return Err(Error::Cuda(format!(
+            return Err(Error::cuda_unavailable(format!(
                 "no device {ordinal}: this machine has {count}"
             )));
         }
@@ -128,7 +126,7 @@ impl Gpu {
     pub fn function(&self, name: &str) -> Result<CudaFunction> {
         self.module
             .load_function(name)
-            .map_err(|e| Error::Cuda(format!("kernel {name}: {e}")))
+            .map_err(|e| Error::cuda_call(format!("kernel {name}"), e))
     }
 
     /// A new stream.
@@ -184,7 +182,7 @@ impl PinnedBuffer {
         let raw = unsafe { result::malloc_host(len.max(1), sys::CU_MEMHOSTALLOC_PORTABLE) }
             .map_err(cuda("allocating page-locked memory"))?;
         let ptr = NonNull::new(raw.cast::<u8>())
-            .ok_or_else(|| Error::Cuda("cuMemHostAlloc returned null".into()))?;
+            .ok_or_else(|| Error::cuda_unavailable("cuMemHostAlloc returned null"))?;
         // SAFETY: the block is `len.max(1)` writable bytes that nothing else references yet.
         unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, len) };
         Ok(PinnedBuffer {
@@ -552,9 +550,8 @@ impl<I: Iterator<Item = Result<Batch>>> Prefetcher<I> {
 
     fn check_usable(&self) -> Result<()> {
         if self.failed {
-            return Err(Error::Cuda(
-                "the prefetcher stopped after a failed CUDA call (see the error it returned)"
-                    .into(),
+            return Err(Error::cuda_unavailable(
+                "the prefetcher stopped after a failed CUDA call (see the error it returned)",
             ));
         }
         Ok(())
@@ -808,6 +805,34 @@ fn grow<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_call_keeps_the_driver_error_as_source() {
+        let driver = DriverError(sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE);
+        let err = cuda("copying a batch to the device")(driver);
+        let source = std::error::Error::source(&err).expect("the driver's error is kept");
+        // (Not formatted here: cudarc formats a DriverError by asking the driver, which this
+        // machine may not have.)
+        assert_eq!(source.downcast_ref::<DriverError>(), Some(&driver));
+        let Error::Cuda { doing, .. } = &err else {
+            panic!("not Error::Cuda")
+        };
+        assert_eq!(doing, "copying a batch to the device");
+        // The message is what was done, then the library's error, each said once.
+        let err = Error::cuda_call(
+            "SGEMM",
+            std::io::Error::other("CUBLAS_STATUS_EXECUTION_FAILED"),
+        );
+        assert_eq!(
+            err.to_string(),
+            "CUDA: SGEMM: CUBLAS_STATUS_EXECUTION_FAILED"
+        );
+        assert_eq!(crate::error::display_chain(&err), err.to_string());
+        // CUDA that cannot be used at all has no library error behind it.
+        let none = Error::cuda_unavailable("no CUDA device");
+        assert!(std::error::Error::source(&none).is_none());
+        assert_eq!(none.to_string(), "CUDA: no CUDA device");
+    }
 
     #[test]
     fn affine_matches_to_tensor_then_normalize() {
