@@ -193,12 +193,14 @@ impl ClassInference {
             None => Vec::new(),
         };
         let notice = self.first_ignored.map(|(record, label)| {
-            format!(
+            let message = format!(
                 "{} record(s) have a label outside 0..{MAX_CLASSES} (the most classes a dataset \
                  without class names may have), the first {record} with label {label}; they \
                  read as bad records",
                 self.ignored
-            )
+            );
+            log::warn!("{message}");
+            message
         });
         (classes, notice)
     }
@@ -250,10 +252,20 @@ pub trait Dataset: Send + Sync {
     }
 
     /// Things opening the dataset did or found that the user should hear about (for example an
-    /// index built for a TFRecord shard that had none). Programs print them; empty by default.
+    /// index built for a TFRecord shard that had none); empty by default. Each was also
+    /// reported through the [`log`] facade when it happened (`log::warn!`, target
+    /// `imagefeed::…`), which is how the CLIs print them; this keeps them for programs that
+    /// show them later (a pack report, `inspect --json`, Python's `Loader.notices`).
     fn notices(&self) -> &[String] {
         &[]
     }
+}
+
+/// Adds `message` to a dataset's notices ([`Dataset::notices`]) and reports it through the
+/// [`log`] facade.
+pub(crate) fn notice(notices: &mut Vec<String>, message: String) {
+    log::warn!("{message}");
+    notices.push(message);
 }
 
 /// Records whose keys and labels go into a [`fingerprint`].

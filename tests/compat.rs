@@ -250,6 +250,30 @@ fn h5py_pixel_arrays_read_as_raw_images_chunked_or_contiguous() {
     );
 }
 
+/// What the library logged in this test process, captured by a logger installed on first use.
+fn logged() -> Vec<(log::Level, String)> {
+    use std::sync::{Mutex, OnceLock};
+    struct Capture(Mutex<Vec<(log::Level, String)>>);
+    impl log::Log for Capture {
+        fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+            true
+        }
+        fn log(&self, record: &log::Record<'_>) {
+            let entry = (record.level(), record.args().to_string());
+            self.0.lock().unwrap().push(entry);
+        }
+        fn flush(&self) {}
+    }
+    static CAPTURE: OnceLock<&'static Capture> = OnceLock::new();
+    let capture = CAPTURE.get_or_init(|| {
+        let capture: &'static Capture = Box::leak(Box::new(Capture(Mutex::new(Vec::new()))));
+        log::set_logger(capture).expect("no other logger in this test binary");
+        log::set_max_level(log::LevelFilter::Trace);
+        capture
+    });
+    capture.0.lock().unwrap().clone()
+}
+
 #[test]
 fn tfrecord_shards_without_an_index_get_one_in_memory_saved_on_request_and_read_like_their_source()
 {
@@ -261,8 +285,16 @@ fn tfrecord_shards_without_an_index_get_one_in_memory_saved_on_request_and_read_
         label_base: Some(1),
         num_classes: None,
     };
+    logged(); // installs the capturing logger
     let dataset = Records::open_with(&shards, &options).unwrap();
     assert_eq!(dataset.notices().len(), 2, "{:?}", dataset.notices());
+    // Each notice was also reported through the log facade as it happened.
+    let logged: Vec<String> = logged()
+        .into_iter()
+        .filter(|(level, m)| *level == log::Level::Warn && m.contains(&*shards.to_string_lossy()))
+        .map(|(_, m)| m)
+        .collect();
+    assert_eq!(logged, dataset.notices());
     assert!(dataset.notices()[1].contains("train-00001-of-00002"));
     assert!(dataset.notices()[0].contains("no index; built one by scanning"));
     // Opening never writes: the indexes are kept in memory until asked for.

@@ -350,9 +350,6 @@ fn pack(
 
 fn format_summary(s: &PackSummary) -> String {
     let mut o = String::new();
-    for notice in &s.notices {
-        w!(o, "note: {notice}");
-    }
     w!(
         o,
         "packed {} samples ({} classes) into {}: {} of payload, {} file",
@@ -396,9 +393,6 @@ fn format_summary(s: &PackSummary) -> String {
 
 fn format_inspection(i: &Inspection) -> String {
     let mut o = String::new();
-    for notice in &i.notices {
-        w!(o, "note: {notice}");
-    }
     w!(o, "dataset:     {}", i.path.display());
     w!(o, "format:      {} ({:?} payloads)", i.format, i.payload);
     w!(
@@ -594,7 +588,30 @@ fn run() -> Result<ExitCode> {
     }
 }
 
+/// Prints what the library reports through the `log` facade (its notices: an index built in
+/// memory for a TFRecord shard, labels out of range) to stderr as `note: …`, when it happens.
+/// `-q` does not silence them: they are about the data, not progress.
+struct NoteLogger;
+
+impl log::Log for NoteLogger {
+    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+        metadata.level() <= log::Level::Warn && metadata.target().starts_with("imagefeed")
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        if self.enabled(record.metadata()) {
+            eprintln!("note: {}", record.args());
+        }
+    }
+
+    fn flush(&self) {}
+}
+
 fn main() -> ExitCode {
+    static LOGGER: NoteLogger = NoteLogger;
+    if log::set_logger(&LOGGER).is_ok() {
+        log::set_max_level(log::LevelFilter::Warn);
+    }
     match run() {
         Ok(code) => code,
         Err(err) => {

@@ -370,11 +370,19 @@ fn hdf5_records_split_and_join_from_the_command_line() {
         &from_tf,
     ]);
     succeeded(&o);
-    assert!(
-        stdout(&o).contains("note: ") && stdout(&o).contains("no index; built one by scanning"),
-        "{}",
-        stdout(&o)
+    // The library's notices are printed once, as they happen, on stderr.
+    assert_eq!(
+        stderr(&o).matches("note: ").count(),
+        2,
+        "one per shard: {}",
+        stderr(&o)
     );
+    assert!(
+        stderr(&o).contains("note: ") && stderr(&o).contains("no index; built one by scanning"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!stdout(&o).contains("no index"), "{}", stdout(&o));
     assert!(
         stdout(&o).contains("packed 16 samples (3 classes)"),
         "{}",

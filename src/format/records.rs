@@ -967,22 +967,28 @@ fn open_foreign(path: &Path, shard_paths: &[PathBuf], options: &RecordsOptions) 
         } else {
             let scan = scan_shard(&map);
             let clean = scan.damaged.is_empty();
-            notices.push(format!(
-                "{}: no index; built one by scanning ({} records), {}",
-                shard_path.display(),
-                scan.records.len() - scan.damaged.len(),
-                if clean {
-                    "kept in memory (`pack-dataset index` saves it)"
-                } else {
-                    // One with damage is scanned again at every open, and says so every time.
-                    "not saved: the shard is damaged"
-                }
-            ));
+            crate::dataset::notice(
+                &mut notices,
+                format!(
+                    "{}: no index; built one by scanning ({} records), {}",
+                    shard_path.display(),
+                    scan.records.len() - scan.damaged.len(),
+                    if clean {
+                        "kept in memory (`pack-dataset index` saves it)"
+                    } else {
+                        // One with damage is scanned again at every open, and says so every time.
+                        "not saved: the shard is damaged"
+                    }
+                ),
+            );
             for (number, reason) in &scan.damaged {
-                notices.push(format!(
-                    "{}: record {number} is damaged and reads as a bad record: {reason}",
-                    shard_path.display()
-                ));
+                crate::dataset::notice(
+                    &mut notices,
+                    format!(
+                        "{}: record {number} is damaged and reads as a bad record: {reason}",
+                        shard_path.display()
+                    ),
+                );
             }
             (scan.records, scan.damaged.into_iter().collect(), clean)
         };
