@@ -28,7 +28,7 @@ use sha2::{Digest as _, Sha256};
 
 use crate::MAX_THREADS;
 use crate::dataset::{Dataset, PartInfo, PayloadKind, RecordReader, hex};
-use crate::decode::{DEFAULT_MAX_PIXELS, Decoder, RawImage};
+use crate::decode::{ChromaSubsampling, DEFAULT_MAX_PIXELS, Decoder, JpegEncoder, RawImage};
 use crate::error::{Error, IoContext as _, Result};
 use crate::format::folder::ImageFolder;
 use crate::format::output::{partial_path, write_file_atomically};
@@ -378,7 +378,7 @@ struct PackWorker {
     rgb: Vec<u8>,
     resized: Vec<u8>,
     resizer: Option<RgbResizer>,
-    compressor: Option<turbojpeg::Compressor>,
+    encoder: Option<JpegEncoder>,
 }
 
 impl PackWorker {
@@ -389,7 +389,7 @@ impl PackWorker {
             rgb: Vec::new(),
             resized: Vec::new(),
             resizer: None,
-            compressor: None,
+            encoder: None,
         }
     }
 
@@ -481,28 +481,16 @@ impl PackWorker {
         if options.raw {
             return Ok(RawImage::encode(pw, ph, pixels));
         }
-        let compressor = match &mut self.compressor {
-            Some(c) => c,
-            slot @ None => {
-                let mut c =
-                    turbojpeg::Compressor::new().map_err(|e| format!("JPEG encoder: {e}"))?;
-                c.set_quality(options.quality as i32)
-                    .map_err(|e| format!("JPEG encoder: {e}"))?;
-                c.set_subsamp(turbojpeg::Subsamp::Sub2x2)
-                    .map_err(|e| format!("JPEG encoder: {e}"))?;
-                slot.insert(c)
-            }
+        let encoder = match &mut self.encoder {
+            Some(encoder) => encoder,
+            slot @ None => slot.insert(
+                JpegEncoder::new(options.quality, ChromaSubsampling::Half)
+                    .map_err(|e| e.to_string())?,
+            ),
         };
-        let image = turbojpeg::Image {
-            pixels: &pixels[..],
-            width: pw as usize,
-            pitch: pw as usize * 3,
-            height: ph as usize,
-            format: turbojpeg::PixelFormat::RGB,
-        };
-        compressor
-            .compress_to_vec(image)
-            .map_err(|e| format!("JPEG encoder: {e}"))
+        encoder
+            .encode_rgb(pixels, pw, ph)
+            .map_err(|e| e.to_string())
     }
 }
 

@@ -11,6 +11,7 @@ use std::fs;
 use std::io::Cursor;
 use std::path::Path;
 
+use crate::decode::{ChromaSubsampling, EncodeError, JpegEncoder};
 use crate::error::{Error, IoContext as _, Result};
 
 /// What to generate.
@@ -128,6 +129,8 @@ pub(crate) fn sample_jpeg_variants(width: u32, height: u32) -> [Vec<u8>; 2] {
     ]
 }
 
+/// The plain images' encoder: the `image` crate's, not [`JpegEncoder`], because these bytes
+/// define the committed fixtures and the demo's digests.
 fn encode_jpeg(
     pixels: &[u8],
     width: u32,
@@ -324,19 +327,11 @@ fn write_edge_cases(
     Ok(cases)
 }
 
-/// Re-encodes `rgb` through libjpeg-turbo (optionally progressive).
+/// Re-encodes `rgb` through libjpeg-turbo (4:4:4, optionally progressive).
 fn turbo_jpeg(rgb: &[u8], w: u32, h: u32, quality: u8, progressive: bool) -> Result<Vec<u8>> {
-    let image = turbojpeg::Image {
-        pixels: rgb,
-        width: w as usize,
-        pitch: w as usize * 3,
-        height: h as usize,
-        format: turbojpeg::PixelFormat::RGB,
-    };
-    let mut compressor = turbojpeg::Compressor::new().map_err(jpeg_err)?;
-    compressor.set_quality(quality as i32).map_err(jpeg_err)?;
-    compressor.set_progressive(progressive).map_err(jpeg_err)?;
-    compressor.compress_to_vec(image).map_err(jpeg_err)
+    let mut encoder = JpegEncoder::new(quality, ChromaSubsampling::Full).map_err(jpeg_err)?;
+    encoder.set_progressive(progressive).map_err(jpeg_err)?;
+    encoder.encode_rgb(rgb, w, h).map_err(jpeg_err)
 }
 
 /// A CMYK JPEG whose Adobe-inverted values convert back to (about) `rgb`: K = max(r, g, b) and
@@ -350,25 +345,12 @@ fn cmyk_jpeg(rgb: &[u8], w: u32, h: u32, quality: u8) -> Result<Vec<u8>> {
             [c(p[0]), c(p[1]), c(p[2]), k as u8]
         })
         .collect();
-    let image = turbojpeg::Image {
-        pixels: &cmyk[..],
-        width: w as usize,
-        pitch: w as usize * 4,
-        height: h as usize,
-        format: turbojpeg::PixelFormat::CMYK,
-    };
-    let mut compressor = turbojpeg::Compressor::new().map_err(jpeg_err)?;
-    compressor.set_quality(quality as i32).map_err(jpeg_err)?;
-    compressor
-        .set_subsamp(turbojpeg::Subsamp::None)
-        .map_err(jpeg_err)?;
-    compressor
-        .set_colorspace(turbojpeg::Colorspace::CMYK)
-        .map_err(jpeg_err)?;
-    compressor.compress_to_vec(image).map_err(jpeg_err)
+    JpegEncoder::new(quality, ChromaSubsampling::Full)
+        .and_then(|mut encoder| encoder.encode_cmyk(&cmyk, w, h))
+        .map_err(jpeg_err)
 }
 
-fn jpeg_err(e: turbojpeg::Error) -> Error {
+fn jpeg_err(e: EncodeError) -> Error {
     Error::io("<synthetic JPEG>", std::io::Error::other(e.to_string()))
 }
 

@@ -25,7 +25,10 @@ use std::io::Cursor;
 
 use image::ImageDecoder as _;
 
+mod encode;
 mod turbo;
+
+pub use encode::{ChromaSubsampling, EncodeError, JpegEncoder};
 
 use turbo::{JpegHeader, Region, Turbo};
 
