@@ -33,7 +33,9 @@ use crate::error::{Error, IoContext as _, Result};
 use crate::format::folder::ImageFolder;
 use crate::format::output::{partial_path, write_file_atomically};
 use crate::format::parts::JoinedParts;
-use crate::format::writer::{PackPlan, PackedRecord, WriterOptions, start_writer};
+use crate::format::writer::{
+    DatasetWriter, PackPlan, PackProgress, PackedRecord, WriterOptions, start_writer,
+};
 use crate::format::{lmdb, records};
 use crate::resize::{RgbResizer, short_side_size};
 
@@ -565,6 +567,10 @@ pub fn convert_with(
     )
 }
 
+/// The pack pipeline, in its steps: check the options and the share of the source this run
+/// packs ([`part_range`]), make the plan the writer records ([`plan_for`]), start the writer
+/// (which resumes where an interrupted run stopped), check and commit the items chunk by chunk
+/// ([`write_chunks`]), seal and publish the output, and write the report ([`report`]).
 fn pack_source(
     items: &Source<'_>,
     source: &Path,
@@ -575,36 +581,7 @@ fn pack_source(
 ) -> Result<PackSummary> {
     let started = Instant::now();
     options.validate()?;
-    let part = match options.part {
-        None => None,
-        Some((index, count)) => {
-            if count == 0 || index >= count {
-                return Err(Error::Options(format!(
-                    "--part-index {index} must be below --num-parts {count}"
-                )));
-            }
-            Some(PartInfo {
-                index,
-                count,
-                source_fingerprint: items.fingerprint()?,
-                source_items: items.len(),
-            })
-        }
-    };
-    let range = match &part {
-        Some(p) => PartInfo::range(items.len(), p.index, p.count),
-        None => 0..items.len(),
-    };
-    if let Some(p) = part.as_ref().filter(|_| range.is_empty()) {
-        return Err(Error::Options(format!(
-            "--part-index {} of --num-parts {} holds none of the {} source files; split into \
-             at most {} parts",
-            p.index,
-            p.count,
-            items.len(),
-            items.len().max(1)
-        )));
-    }
+    let (part, range) = part_range(items, options)?;
     refuse_source_as_output(out, &items.paths())?;
     if let Some(class) = items.classes().iter().find(|c| c.contains('\0')) {
         return Err(Error::not_a_dataset(
@@ -612,10 +589,107 @@ fn pack_source(
             format!("class name {class:?} holds a NUL byte, which no output can store"),
         ));
     }
-    let source_raw = items.payload() == PayloadKind::RawRgb8;
-    let plan = PackPlan {
+    let plan = plan_for(items, options, part, range.len())?;
+    refuse_foreign_report(out)?;
+    let (mut writer, mut progress) = start_writer(format, out, &plan, &options.writer_options())?;
+    let resumed_from = progress.sources_done;
+    observer.started(range.len(), resumed_from);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(options.threads.unwrap_or(0))
+        .thread_name(|i| format!("pack-{i}"))
+        .build()
+        .map_err(|e| Error::io(source, std::io::Error::other(e)))?;
+    let todo: Vec<usize> = (range.start + resumed_from..range.end).collect();
+    let outcome = write_chunks(
+        items,
+        &pool,
+        &todo,
+        range.len(),
+        out,
+        options,
+        observer,
+        &mut progress,
+        writer.as_mut(),
+    );
+    if let Err(err) = outcome {
+        if options.strict {
+            writer.abandon();
+        }
+        return Err(err);
+    }
+    if progress.samples_written == 0 {
+        writer.abandon();
+        return Err(Error::BadImageFolder {
+            path: source.to_path_buf(),
+            reason: format!("all {} files were rejected; nothing to pack", range.len()),
+        });
+    }
+    let mut info = plan.dataset_info(format.kind(), progress.samples_written);
+    // A joined dataset counts what its parts rejected too.
+    let earlier = match items {
+        Source::Joined(j) => j.info().rejected_at_pack.unwrap_or(0),
+        Source::Folder(_) | Source::Records(_) => 0,
+    };
+    info.rejected_at_pack = Some(progress.rejected.len() + earlier);
+    writer.finish(&info, &progress)?;
+    let processed = range.len() - resumed_from;
+    report(
+        items,
+        source,
+        out,
+        format,
+        &plan,
+        progress,
+        resumed_from,
+        processed,
+        started,
+    )
+}
+
+/// The part of the source listing this run packs (`--num-parts`/`--part-index`), checked,
+/// and the range of items it covers (all of them without a part).
+fn part_range(
+    items: &Source<'_>,
+    options: &PackOptions,
+) -> Result<(Option<PartInfo>, std::ops::Range<usize>)> {
+    let Some((index, count)) = options.part else {
+        return Ok((None, 0..items.len()));
+    };
+    if count == 0 || index >= count {
+        return Err(Error::Options(format!(
+            "--part-index {index} must be below --num-parts {count}"
+        )));
+    }
+    let range = PartInfo::range(items.len(), index, count);
+    if range.is_empty() {
+        return Err(Error::Options(format!(
+            "--part-index {index} of --num-parts {count} holds none of the {} source files; \
+             split into at most {} parts",
+            items.len(),
+            items.len().max(1)
+        )));
+    }
+    let part = PartInfo {
+        index,
+        count,
         source_fingerprint: items.fingerprint()?,
-        num_sources: range.len(),
+        source_items: items.len(),
+    };
+    Ok((Some(part), range))
+}
+
+/// What the writer is asked to produce from `num_sources` items of `items`: recorded in the
+/// staging output, so that a resumed run can check it packs the same thing.
+fn plan_for(
+    items: &Source<'_>,
+    options: &PackOptions,
+    part: Option<PartInfo>,
+    num_sources: usize,
+) -> Result<PackPlan> {
+    let source_raw = items.payload() == PayloadKind::RawRgb8;
+    Ok(PackPlan {
+        source_fingerprint: items.fingerprint()?,
+        num_sources,
         classes: items.classes().to_vec(),
         payload: if options.raw || (source_raw && options.resize_short_side.is_none()) {
             PayloadKind::RawRgb8
@@ -625,26 +699,28 @@ fn pack_source(
         resize_short_side: items.resized_short_side().or(options.resize_short_side),
         quality: options.quality,
         part,
-    };
-    refuse_foreign_report(out)?;
-    let (sink, mut progress) = start_writer(format, out, &plan, &options.writer_options())?;
-    let resumed_from = progress.sources_done;
-    observer.started(range.len(), resumed_from);
+    })
+}
 
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(options.threads.unwrap_or(0))
-        .thread_name(|i| format!("pack-{i}"))
-        .build()
-        .map_err(|e| Error::io(source, std::io::Error::other(e)))?;
-    let todo: Vec<usize> = (range.start + resumed_from..range.end).collect();
+/// Checks the items `todo` on a thread pool a chunk at a time, and commits each chunk, in
+/// source order, through `writer` with the progress so far. A producer thread checks chunk
+/// k+1 while this thread commits chunk k. Stops at the first rejection when strict, or when
+/// the observer asks (after a commit, so the work done is kept for `--resume`).
+#[allow(clippy::too_many_arguments)]
+fn write_chunks(
+    items: &Source<'_>,
+    pool: &rayon::ThreadPool,
+    todo: &[usize],
+    total: usize,
+    out: &Path,
+    options: &PackOptions,
+    observer: &dyn PackObserver,
+    progress: &mut PackProgress,
+    writer: &mut dyn DatasetWriter,
+) -> Result<()> {
     let chunk_size = options.chunk_size.max(1);
     let (sender, receiver) = crossbeam_channel::bounded::<Vec<Fetched>>(1);
-
-    // A producer thread checks chunk k+1 on the pool while this thread commits chunk k.
-    let mut sink = Some(sink);
-    let outcome = std::thread::scope(|scope| -> Result<()> {
-        let pool = &pool;
-        let todo = &todo;
+    std::thread::scope(|scope| -> Result<()> {
         scope.spawn(move || {
             for chunk in todo.chunks(chunk_size) {
                 let results: Vec<_> = pool.install(|| {
@@ -663,47 +739,16 @@ fn pack_source(
         });
         let result = (|| {
             for (chunk, results) in todo.chunks(chunk_size).zip(receiver.iter()) {
-                let mut records = Vec::with_capacity(chunk.len());
-                for (&index, result) in chunk.iter().zip(&results) {
-                    match result {
-                        Ok((key, label, payload)) => {
-                            records.push(PackedRecord {
-                                label: *label,
-                                key,
-                                payload,
-                            });
-                            progress.payload_bytes += payload.len() as u64;
-                        }
-                        Err((key, reason)) => {
-                            if options.strict {
-                                return Err(Error::Rejected {
-                                    path: items.locate(index, key),
-                                    reason: reason.clone(),
-                                });
-                            }
-                            let rejection = Rejection {
-                                key: key.clone(),
-                                reason: reason.clone(),
-                            };
-                            observer.rejected(&rejection);
-                            progress.rejected.push(rejection);
-                        }
-                    }
-                }
-                progress.samples_written += records.len();
-                progress.sources_done += chunk.len();
-                sink.as_mut()
-                    .expect("sink lives until finish")
-                    .write_chunk(&records, &progress)?;
+                let records = accept_chunk(items, chunk, &results, options, observer, progress)?;
+                writer.write_chunk(&records, progress)?;
                 observer.advanced(progress.sources_done, progress.payload_bytes);
-                if observer.should_stop() && progress.sources_done < range.len() {
+                if observer.should_stop() && progress.sources_done < total {
                     return Err(Error::Interrupted {
                         path: out.to_path_buf(),
                         reason: format!(
-                            "stopped after {} of {} files; the part done is kept in {}: \
+                            "stopped after {} of {total} files; the part done is kept in {}: \
                              rerun with --resume to finish",
                             progress.sources_done,
-                            range.len(),
                             partial_path(out).display()
                         ),
                     });
@@ -713,32 +758,66 @@ fn pack_source(
         })();
         drop(receiver); // unblocks the producer if we stopped early
         result
-    });
-    let sink = sink.take().expect("sink not consumed yet");
-    if let Err(err) = outcome {
-        if options.strict {
-            sink.abandon();
-        }
-        return Err(err);
-    }
-    if progress.samples_written == 0 {
-        sink.abandon();
-        return Err(Error::BadImageFolder {
-            path: source.to_path_buf(),
-            reason: format!("all {} files were rejected; nothing to pack", range.len()),
-        });
-    }
-    let mut info = plan.dataset_info(format.kind(), progress.samples_written);
-    // A joined dataset counts what its parts rejected too.
-    let earlier = match items {
-        Source::Joined(j) => j.info().rejected_at_pack.unwrap_or(0),
-        Source::Folder(_) | Source::Records(_) => 0,
-    };
-    info.rejected_at_pack = Some(progress.rejected.len() + earlier);
-    sink.finish(&info, &progress)?;
+    })
+}
 
+/// Turns one checked chunk into the records to write, counting them and the rejections into
+/// `progress`; the first rejection is an error when strict.
+fn accept_chunk<'r>(
+    items: &Source<'_>,
+    chunk: &[usize],
+    results: &'r [Fetched],
+    options: &PackOptions,
+    observer: &dyn PackObserver,
+    progress: &mut PackProgress,
+) -> Result<Vec<PackedRecord<'r>>> {
+    let mut records = Vec::with_capacity(chunk.len());
+    for (&index, result) in chunk.iter().zip(results) {
+        match result {
+            Ok((key, label, payload)) => {
+                records.push(PackedRecord {
+                    label: *label,
+                    key,
+                    payload,
+                });
+                progress.payload_bytes += payload.len() as u64;
+            }
+            Err((key, reason)) => {
+                if options.strict {
+                    return Err(Error::Rejected {
+                        path: items.locate(index, key),
+                        reason: reason.clone(),
+                    });
+                }
+                let rejection = Rejection {
+                    key: key.clone(),
+                    reason: reason.clone(),
+                };
+                observer.rejected(&rejection);
+                progress.rejected.push(rejection);
+            }
+        }
+    }
+    progress.samples_written += records.len();
+    progress.sources_done += chunk.len();
+    Ok(records)
+}
+
+/// The summary of a finished pack, also written to [`report_path`]`(out)` (replaced with a
+/// rename: an earlier report's path is never followed or written through).
+#[allow(clippy::too_many_arguments)]
+fn report(
+    items: &Source<'_>,
+    source: &Path,
+    out: &Path,
+    format: PackFormat,
+    plan: &PackPlan,
+    progress: PackProgress,
+    resumed_from: usize,
+    processed: usize,
+    started: Instant,
+) -> Result<PackSummary> {
     let seconds = started.elapsed().as_secs_f64();
-    let processed = range.len() - resumed_from;
     let summary = PackSummary {
         source: source.to_path_buf(),
         output: out.to_path_buf(),
@@ -760,7 +839,6 @@ fn pack_source(
         seconds,
         images_per_sec: processed as f64 / seconds.max(1e-9),
     };
-    // Replaced with a rename: an earlier report's path is never followed or written through.
     write_file_atomically(
         &report_path(out),
         &serde_json::to_vec_pretty(&summary).expect("summary serializes"),
