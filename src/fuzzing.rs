@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::decode::{CropPlan, Decoder, RawImage};
 use crate::format::{example, hdf5 as h5fmt, lmdb, pickle, records};
+use crate::geometry::Rect;
 use crate::rng::SampleRng;
 use crate::transform::{SampleTransformer, Transform};
 use image::ImageEncoder as _;
@@ -378,12 +379,12 @@ pub fn decode(data: &[u8]) {
     let _ = decoder.decode_crop(data, &mut out, |h| {
         let (w, hgt) = (h.width as f64, h.height as f64);
         Some(CropPlan {
-            crop: (
-                w * byte(0) / 255.0 - 8.0,
-                hgt * byte(1) / 255.0 - 8.0,
-                (w * byte(2) / 128.0).max(1.0),
-                (hgt * byte(3) / 128.0).max(1.0),
-            ),
+            crop: Rect {
+                left: w * byte(0) / 255.0 - 8.0,
+                top: hgt * byte(1) / 255.0 - 8.0,
+                width: (w * byte(2) / 128.0).max(1.0),
+                height: (hgt * byte(3) / 128.0).max(1.0),
+            },
             out_width: byte(4) as u32 + 1,
             out_height: byte(5) as u32 + 1,
         })

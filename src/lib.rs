@@ -41,6 +41,7 @@ pub mod file;
 pub mod format;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+pub mod geometry;
 #[cfg(feature = "cuda")]
 pub mod gpu;
 pub mod inspect;

@@ -3,6 +3,8 @@
 use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 
+use crate::geometry::Rect;
+
 /// The size torchvision's `Resize(short)` produces: the shorter side becomes `short`, the longer
 /// one `int(short * long / shorter)` (truncated), keeping the orientation.
 pub fn short_side_size(width: u32, height: u32, short: u32) -> (u32, u32) {
@@ -49,12 +51,12 @@ impl RgbResizer {
         dst_width: u32,
         dst_height: u32,
     ) {
-        let full = (0.0, 0.0, width as f64, height as f64);
+        let full = Rect::full(width, height);
         self.resize_region(src, width, height, full, dst, dst_width, dst_height);
     }
 
-    /// Resizes the region `(left, top, region_width, region_height)` of `src` (fractional source
-    /// pixels, inside the image) into `dst`: crop and resize in one pass.
+    /// Resizes the region `region` of `src` (fractional source pixels, inside the image) into
+    /// `dst`: crop and resize in one pass.
     ///
     /// # Panics
     /// When a buffer's length does not match its size, or a size is zero (caller bugs).
@@ -64,7 +66,7 @@ impl RgbResizer {
         src: &[u8],
         width: u32,
         height: u32,
-        region: (f64, f64, f64, f64),
+        region: Rect,
         dst: &mut [u8],
         dst_width: u32,
         dst_height: u32,
@@ -73,8 +75,9 @@ impl RgbResizer {
             .expect("source buffer matches its size");
         let mut dst = Image::from_slice_u8(dst_width, dst_height, dst, PixelType::U8x3)
             .expect("destination buffer matches its size");
-        let (left, top, w, h) = region;
-        let options = self.options.crop(left, top, w, h);
+        let options = self
+            .options
+            .crop(region.left, region.top, region.width, region.height);
         self.resizer
             .resize(&src, &mut dst, &options)
             .expect("same pixel type, non-zero sizes");

@@ -159,7 +159,12 @@ fn run_path(decoder: &mut Decoder, path: DecodePath, bytes: &[u8]) -> Result<Vec
             let decoded = decoder.decode_crop(bytes, &mut out, |h| {
                 let (w, h) = (h.width as f64, h.height as f64);
                 Some(imagefeed::decode::CropPlan {
-                    crop: (w * 0.3, h * 0.2, w * 0.5, h * 0.6),
+                    crop: imagefeed::geometry::Rect {
+                        left: w * 0.3,
+                        top: h * 0.2,
+                        width: w * 0.5,
+                        height: h * 0.6,
+                    },
                     out_width: 12,
                     out_height: 10,
                 })

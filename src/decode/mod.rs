@@ -30,6 +30,8 @@ mod turbo;
 
 pub use encode::{ChromaSubsampling, EncodeError, JpegEncoder};
 
+use crate::geometry::Rect;
+
 use turbo::{JpegHeader, Region, Turbo};
 
 /// PIL refuses images over twice its `MAX_IMAGE_PIXELS` (89,478,485) as decompression bombs; we
@@ -231,13 +233,13 @@ impl Default for Decoder {
     }
 }
 
-/// How to decode an image that will be cropped to `crop` (full-size pixels: left, top, width,
-/// height) and resized to `out_width × out_height`; see [`Decoder::decode_crop`].
+/// How to decode an image that will be cropped to `crop` (in full-size pixels) and resized to
+/// `out_width × out_height`; see [`Decoder::decode_crop`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CropPlan {
-    /// Left, top, width, height of the crop in full-size source pixels. It may extend past the
-    /// image (a padded center crop); then the whole image is decoded.
-    pub crop: (f64, f64, f64, f64),
+    /// The crop in full-size source pixels. It may extend past the image (a padded center
+    /// crop); then the whole image is decoded.
+    pub crop: Rect,
     /// Width the crop will be resized to.
     pub out_width: u32,
     /// Height the crop will be resized to.
@@ -253,8 +255,8 @@ pub struct CropDecoded {
     pub width: u32,
     /// Height of the decoded buffer.
     pub height: u32,
-    /// The crop in the decoded buffer's pixels (left, top, width, height).
-    pub crop: (f64, f64, f64, f64),
+    /// The crop in the decoded buffer's pixels.
+    pub crop: Rect,
 }
 
 impl Decoder {
@@ -392,7 +394,7 @@ impl Decoder {
         // A whole-image "crop" resized to the minimum size: decode_crop picks the scale.
         let decoded = self.decode_crop(data, out, |h| {
             Some(CropPlan {
-                crop: (0.0, 0.0, h.width as f64, h.height as f64),
+                crop: Rect::full(h.width, h.height),
                 out_width: min_width,
                 out_height: min_height,
             })
@@ -418,7 +420,6 @@ impl Decoder {
     ) -> Result<CropDecoded, DecodeError> {
         let header = self.probe(data)?;
         let plan = plan(&header);
-        let full_crop = |w: u32, h: u32| (0.0, 0.0, w as f64, h as f64);
         let whole = |header: ImageHeader, crop| CropDecoded {
             header,
             width: header.width,
@@ -431,44 +432,41 @@ impl Decoder {
                 let (_, _, pixels) = RawImage::parse(data)?;
                 out.clear();
                 out.extend_from_slice(pixels);
-                let crop = plan.map_or(full_crop(header.width, header.height), |p| p.crop);
+                let crop = plan.map_or(Rect::full(header.width, header.height), |p| p.crop);
                 return Ok(whole(header, crop));
             }
             other => {
                 *out = decode_with_image_crate(data, other, self.max_pixels)?;
-                let crop = plan.map_or(full_crop(header.width, header.height), |p| p.crop);
+                let crop = plan.map_or(Rect::full(header.width, header.height), |p| p.crop);
                 return Ok(whole(header, crop));
             }
         }
         let jh = self.last_jpeg.take().expect("probe read the JPEG header");
         let Some(plan) = plan else {
             self.decompress_rgb(data, &jh, 8, None, jh.width, jh.height, out)?;
-            return Ok(whole(header, full_crop(header.width, header.height)));
+            return Ok(whole(header, Rect::full(header.width, header.height)));
         };
-        let (left, top, cw, ch) = plan.crop;
+        let crop = plan.crop;
         // The smallest scale M/8 at which the crop still has the output's resolution.
-        let min_w = (plan.out_width as f64 * jh.width as f64 / cw).ceil() as u32;
-        let min_h = (plan.out_height as f64 * jh.height as f64 / ch).ceil() as u32;
+        let min_w = (plan.out_width as f64 * jh.width as f64 / crop.width).ceil() as u32;
+        let min_h = (plan.out_height as f64 * jh.height as f64 / crop.height).ceil() as u32;
         let m = (1..=8u32)
             .find(|&m| turbo::scaled(jh.width, m) >= min_w && turbo::scaled(jh.height, m) >= min_h)
             .unwrap_or(8);
         let (sw, sh) = (turbo::scaled(jh.width, m), turbo::scaled(jh.height, m));
         let (fx, fy) = (sw as f64 / jh.width as f64, sh as f64 / jh.height as f64);
-        let scaled_crop = (left * fx, top * fy, cw * fx, ch * fy);
-        let inside = left >= 0.0
-            && top >= 0.0
-            && left + cw <= jh.width as f64
-            && top + ch <= jh.height as f64;
+        let scaled_crop = crop.scaled(fx, fy);
+        let inside = crop.is_inside(jh.width as f64, jh.height as f64);
         // Pixels of margin around the crop, for the resampling filter's support.
-        let margin = (scaled_crop.2 / plan.out_width as f64)
-            .max(scaled_crop.3 / plan.out_height as f64)
+        let margin = (scaled_crop.width / plan.out_width as f64)
+            .max(scaled_crop.height / plan.out_height as f64)
             .ceil() as u32
             + 2;
         let region = if inside {
-            let x0 = (scaled_crop.0.floor() as u32).saturating_sub(margin);
-            let y0 = (scaled_crop.1.floor() as u32).saturating_sub(margin);
-            let x1 = ((scaled_crop.0 + scaled_crop.2).ceil() as u32 + margin).min(sw);
-            let y1 = ((scaled_crop.1 + scaled_crop.3).ceil() as u32 + margin).min(sh);
+            let x0 = (scaled_crop.left.floor() as u32).saturating_sub(margin);
+            let y0 = (scaled_crop.top.floor() as u32).saturating_sub(margin);
+            let x1 = ((scaled_crop.left + scaled_crop.width).ceil() as u32 + margin).min(sw);
+            let y1 = ((scaled_crop.top + scaled_crop.height).ceil() as u32 + margin).min(sh);
             turbo::aligned_region(&jh, m, x0, y0, x1 - x0, y1 - y0)
                 .map(|(region, dx)| (region, region.x + dx - x0))
                 .filter(|(r, _)| (r.width, r.height) != (sw, sh))
@@ -482,12 +480,7 @@ impl Decoder {
                     header,
                     width: r.width,
                     height: r.height,
-                    crop: (
-                        scaled_crop.0 - r.x as f64,
-                        scaled_crop.1 - r.y as f64,
-                        scaled_crop.2,
-                        scaled_crop.3,
-                    ),
+                    crop: scaled_crop.relative_to(r.x as f64, r.y as f64),
                 })
             }
             None => {

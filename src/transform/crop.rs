@@ -1,32 +1,7 @@
-//! Crop boxes with torchvision's exact arithmetic.
+//! Crop boxes ([`Rect`]s) with torchvision's exact arithmetic.
 
+use crate::geometry::Rect;
 use crate::rng::SampleRng;
-
-/// A region of the source image, in source pixels (may extend past its edges for a center crop
-/// larger than the image, which is then zero-padded as torchvision does).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct CropBox {
-    /// Top row (can be negative).
-    pub top: f64,
-    /// Left column (can be negative).
-    pub left: f64,
-    /// Height in source pixels.
-    pub height: f64,
-    /// Width in source pixels.
-    pub width: f64,
-}
-
-impl CropBox {
-    /// The whole image.
-    pub fn full(width: u32, height: u32) -> CropBox {
-        CropBox {
-            top: 0.0,
-            left: 0.0,
-            height: height as f64,
-            width: width as f64,
-        }
-    }
-}
 
 /// Python's `round()`: halves go to the even neighbour.
 fn py_round(x: f64) -> f64 {
@@ -43,7 +18,7 @@ pub fn random_resized_crop(
     height: u32,
     scale: (f64, f64),
     ratio: (f64, f64),
-) -> CropBox {
+) -> Rect {
     let (w_img, h_img) = (width as f64, height as f64);
     let area = w_img * h_img;
     let log_ratio = (ratio.0.ln(), ratio.1.ln());
@@ -56,7 +31,7 @@ pub fn random_resized_crop(
             // torch.randint(0, H - h + 1): an integer in 0..=H-h.
             let top = rng.below((h_img - h) as u64 + 1) as f64;
             let left = rng.below((w_img - w) as u64 + 1) as f64;
-            return CropBox {
+            return Rect {
                 top,
                 left,
                 height: h,
@@ -72,7 +47,7 @@ pub fn random_resized_crop(
     } else {
         (w_img, h_img)
     };
-    CropBox {
+    Rect {
         top: ((h_img - h) / 2.0).floor(),
         left: ((w_img - w) / 2.0).floor(),
         height: h,
@@ -82,8 +57,8 @@ pub fn random_resized_crop(
 
 /// torchvision `CenterCrop((crop_h, crop_w))` on an image of `width × height`: offsets
 /// `int(round((H - h) / 2))`, negative (padding) when the crop is larger.
-pub fn center_crop(width: u32, height: u32, crop_width: u32, crop_height: u32) -> CropBox {
-    CropBox {
+pub fn center_crop(width: u32, height: u32, crop_width: u32, crop_height: u32) -> Rect {
+    Rect {
         top: py_round((height as f64 - crop_height as f64) / 2.0),
         left: py_round((width as f64 - crop_width as f64) / 2.0),
         height: crop_height as f64,

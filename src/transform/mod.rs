@@ -19,10 +19,11 @@ mod simd;
 
 use std::time::{Duration, Instant};
 
-use crate::decode::{CropPlan, DEFAULT_MAX_PIXELS, DecodeError, Decoder};
+use crate::decode::{CropDecoded, CropPlan, DEFAULT_MAX_PIXELS, DecodeError, Decoder, ImageHeader};
+use crate::geometry::Rect;
 use crate::resize::{RgbResizer, short_side_size};
 use crate::rng::SampleRng;
-use crop::{CropBox, center_crop, random_resized_crop};
+use crop::{center_crop, random_resized_crop};
 pub use output::{DType, Layout, Normalize, SlotWriter};
 
 /// Resizing and cropping.
@@ -280,138 +281,141 @@ impl SampleTransformer {
         payload: &[u8],
         rng: &mut SampleRng,
     ) -> Result<Prepared<'_>, DecodeError> {
-        let geometry = transform.geometry;
-        let hflip = transform.hflip;
         let mut plan = None;
         // One header parse: the crop box (drawn from `rng`, crop first, then flip) decides the
         // decode scale and region.
         let decoded = self
             .decoder
             .decode_crop(payload, &mut self.decoded, |header| {
-                let (w, h) = (header.width, header.height);
-                let (crop, out_w, out_h) = match geometry {
-                    Geometry::Native => (CropBox::full(w, h), w, h),
-                    Geometry::Resize { short } => {
-                        let (rw, rh) = short_side_size(w, h, short);
-                        (CropBox::full(w, h), rw, rh)
-                    }
-                    Geometry::CenterCrop { width, height } => {
-                        (center_crop(w, h, width, height), width, height)
-                    }
-                    Geometry::ResizeCenterCrop {
-                        short,
-                        width,
-                        height,
-                    } => {
-                        let (rw, rh) = short_side_size(w, h, short);
-                        let c = center_crop(rw, rh, width, height);
-                        let (sx, sy) = (w as f64 / rw as f64, h as f64 / rh as f64);
-                        let crop = CropBox {
-                            top: c.top * sy,
-                            left: c.left * sx,
-                            height: c.height * sy,
-                            width: c.width * sx,
-                        };
-                        (crop, width, height)
-                    }
-                    Geometry::RandomResizedCrop {
-                        width,
-                        height,
-                        scale,
-                        ratio,
-                    } => (random_resized_crop(rng, w, h, scale, ratio), width, height),
-                };
-                let flip = hflip > 0.0 && rng.chance(hflip);
+                let (crop, out_w, out_h, flip) = plan_crop(transform, header, rng);
                 plan = Some((out_w, out_h, flip));
-                (!matches!(geometry, Geometry::Native)).then_some(CropPlan {
-                    crop: (crop.left, crop.top, crop.width, crop.height),
+                (!matches!(transform.geometry, Geometry::Native)).then_some(CropPlan {
+                    crop,
                     out_width: out_w,
                     out_height: out_h,
                 })
             })?;
         let (out_w, out_h, flip) = plan.expect("the plan runs once the header is read");
         let decoded_at = Instant::now();
-        let decode_time = decoded_at - started;
-        let (left, top, width, height) = decoded.crop;
-        let crop = CropBox {
-            top,
-            left,
-            height,
-            width,
-        };
-        let (dw, dh) = (decoded.width as f64, decoded.height as f64);
-        let whole = crop.top == 0.0 && crop.left == 0.0 && crop.width == dw && crop.height == dh;
-        let inside = crop.top >= 0.0
-            && crop.left >= 0.0
-            && crop.top + crop.height <= dh
-            && crop.left + crop.width <= dw;
-        let pixels: &[u8] = if whole && (out_w, out_h) == (decoded.width, decoded.height) {
-            &self.decoded
-        } else if inside {
-            self.image.resize(out_w as usize * out_h as usize * 3, 0);
-            self.resizer.resize_region(
-                &self.decoded,
-                decoded.width,
-                decoded.height,
-                (crop.left, crop.top, crop.width, crop.height),
-                &mut self.image,
-                out_w,
-                out_h,
-            );
-            &self.image
-        } else {
-            // A center crop larger than the (resized) image: resize to the scale the crop is
-            // taken at, then copy the overlap into a zero canvas, as torchvision pads.
-            let (sw, sh) = (
-                (dw * out_w as f64 / crop.width).round().max(1.0) as u32,
-                (dh * out_h as f64 / crop.height).round().max(1.0) as u32,
-            );
-            let source: &[u8] = if (sw, sh) == (decoded.width, decoded.height) {
-                &self.decoded
-            } else {
-                self.staging.resize(sw as usize * sh as usize * 3, 0);
-                self.resizer.resize(
-                    &self.decoded,
-                    decoded.width,
-                    decoded.height,
-                    &mut self.staging,
-                    sw,
-                    sh,
-                );
-                &self.staging
-            };
-            let top = (crop.top * sh as f64 / dh).round() as i64;
-            let left = (crop.left * sw as f64 / dw).round() as i64;
-            self.image.clear();
-            self.image.resize(out_w as usize * out_h as usize * 3, 0);
-            for y in 0..out_h as i64 {
-                let sy = y + top;
-                if !(0..sh as i64).contains(&sy) {
-                    continue;
-                }
-                let x0 = (-left).max(0);
-                let x1 = (sw as i64 - left).min(out_w as i64);
-                if x0 >= x1 {
-                    continue;
-                }
-                let src = ((sy * sw as i64 + x0 + left) * 3) as usize;
-                let dst = ((y * out_w as i64 + x0) * 3) as usize;
-                let n = ((x1 - x0) * 3) as usize;
-                self.image[dst..dst + n].copy_from_slice(&source[src..src + n]);
-            }
-            &self.image
-        };
+        let pixels = self.crop_and_resize(&decoded, out_w, out_h);
         let finished = Instant::now();
         Ok(Prepared {
             pixels,
             width: out_w,
             height: out_h,
             flip,
-            decode_time,
+            decode_time: decoded_at - started,
             transform_time: finished - decoded_at,
             finished,
         })
     }
+
+    /// The decoded image's crop, resized to `out_w × out_h`: the decoded buffer itself when
+    /// that is already it, one resampling pass for a crop inside the image, or the padded path
+    /// for a crop reaching past it ([`Self::pad_oversized_crop`]).
+    fn crop_and_resize(&mut self, decoded: &CropDecoded, out_w: u32, out_h: u32) -> &[u8] {
+        let crop = decoded.crop;
+        let (dw, dh) = (decoded.width as f64, decoded.height as f64);
+        if crop.is_whole(dw, dh) && (out_w, out_h) == (decoded.width, decoded.height) {
+            &self.decoded
+        } else if crop.is_inside(dw, dh) {
+            self.image.resize(out_w as usize * out_h as usize * 3, 0);
+            self.resizer.resize_region(
+                &self.decoded,
+                decoded.width,
+                decoded.height,
+                crop,
+                &mut self.image,
+                out_w,
+                out_h,
+            );
+            &self.image
+        } else {
+            self.pad_oversized_crop(decoded, out_w, out_h)
+        }
+    }
+
+    /// A center crop larger than the (resized) image: resize to the scale the crop is taken
+    /// at, then copy the overlap into a zero canvas, as torchvision pads.
+    fn pad_oversized_crop(&mut self, decoded: &CropDecoded, out_w: u32, out_h: u32) -> &[u8] {
+        let crop = decoded.crop;
+        let (dw, dh) = (decoded.width as f64, decoded.height as f64);
+        let (sw, sh) = (
+            (dw * out_w as f64 / crop.width).round().max(1.0) as u32,
+            (dh * out_h as f64 / crop.height).round().max(1.0) as u32,
+        );
+        let source: &[u8] = if (sw, sh) == (decoded.width, decoded.height) {
+            &self.decoded
+        } else {
+            self.staging.resize(sw as usize * sh as usize * 3, 0);
+            self.resizer.resize(
+                &self.decoded,
+                decoded.width,
+                decoded.height,
+                &mut self.staging,
+                sw,
+                sh,
+            );
+            &self.staging
+        };
+        let top = (crop.top * sh as f64 / dh).round() as i64;
+        let left = (crop.left * sw as f64 / dw).round() as i64;
+        self.image.clear();
+        self.image.resize(out_w as usize * out_h as usize * 3, 0);
+        for y in 0..out_h as i64 {
+            let sy = y + top;
+            if !(0..sh as i64).contains(&sy) {
+                continue;
+            }
+            let x0 = (-left).max(0);
+            let x1 = (sw as i64 - left).min(out_w as i64);
+            if x0 >= x1 {
+                continue;
+            }
+            let src = ((sy * sw as i64 + x0 + left) * 3) as usize;
+            let dst = ((y * out_w as i64 + x0) * 3) as usize;
+            let n = ((x1 - x0) * 3) as usize;
+            self.image[dst..dst + n].copy_from_slice(&source[src..src + n]);
+        }
+        &self.image
+    }
+}
+
+/// Where `transform` crops an image of `header`'s size, the size it resizes the crop to, and
+/// whether it flips: the sample's random choices, drawn from `rng` in a fixed order (the crop
+/// box, then the flip), so they never depend on which worker runs the sample.
+fn plan_crop(
+    transform: &Transform,
+    header: &ImageHeader,
+    rng: &mut SampleRng,
+) -> (Rect, u32, u32, bool) {
+    let (w, h) = (header.width, header.height);
+    let (crop, out_w, out_h) = match transform.geometry {
+        Geometry::Native => (Rect::full(w, h), w, h),
+        Geometry::Resize { short } => {
+            let (rw, rh) = short_side_size(w, h, short);
+            (Rect::full(w, h), rw, rh)
+        }
+        Geometry::CenterCrop { width, height } => (center_crop(w, h, width, height), width, height),
+        Geometry::ResizeCenterCrop {
+            short,
+            width,
+            height,
+        } => {
+            let (rw, rh) = short_side_size(w, h, short);
+            let c = center_crop(rw, rh, width, height);
+            let crop = c.scaled(w as f64 / rw as f64, h as f64 / rh as f64);
+            (crop, width, height)
+        }
+        Geometry::RandomResizedCrop {
+            width,
+            height,
+            scale,
+            ratio,
+        } => (random_resized_crop(rng, w, h, scale, ratio), width, height),
+    };
+    let flip = transform.hflip > 0.0 && rng.chance(transform.hflip);
+    (crop, out_w, out_h, flip)
 }
 
 #[cfg(test)]
@@ -561,6 +565,13 @@ mod tests {
             ((131.0, 0.0, 69.0, 40.0), (69, 40), 1.0),
             ((20.0, 10.0, 160.0, 120.0), (40, 30), 6.0),
         ] {
+            let (left, top, width, height) = crop;
+            let crop = Rect {
+                left,
+                top,
+                width,
+                height,
+            };
             let mut transformer = SampleTransformer::default();
             // Drive decode_crop + resize the way `apply` does, with a chosen crop.
             let decoded = transformer
@@ -574,7 +585,7 @@ mod tests {
                 })
                 .unwrap();
             assert!(
-                (decoded.width, decoded.height) != (200, 150) || crop.2 > 150.0,
+                (decoded.width, decoded.height) != (200, 150) || crop.width > 150.0,
                 "{crop:?}: expected a region or scaled decode"
             );
             let mut got = vec![0; out.0 as usize * out.1 as usize * 3];
