@@ -212,58 +212,28 @@ fn stats_sum(a: Stats, b: Stats) -> Stats {
     }
 }
 
+/// `imagefeed-bench load`: builds the loader the flags describe ([`load_config`]), runs the
+/// warm-up and timed epochs ([`run_epoch`]), measuring the decode references around each timed
+/// epoch when asked, and prints a line per timed epoch ([`print_epoch`]) and the stage times
+/// of the timed epochs ([`print_stages`]), as text or JSON.
 fn load(args: LoadArgs) -> Result<()> {
+    let (config, t) = load_config(&args);
     let LoadArgs {
         dataset,
         batch_size,
         workers,
-        prefetch,
-        seed,
         epochs,
         transform,
-        dtype,
-        layout,
-        bad,
-        no_shuffle,
         digest,
         ceiling_samples,
         warmup,
         cold,
         json,
+        ..
     } = args;
     let open = || -> Result<Arc<dyn imagefeed::Dataset>> {
         imagefeed::format::open(&dataset).with_context(|| format!("opening {}", dataset.display()))
     };
-    let mut t = match transform {
-        TransformArg::Cifar => Transform::cifar(),
-        TransformArg::Imagenet => Transform::imagenet_train(224),
-        TransformArg::None => Transform::none(),
-    };
-    let dtype = dtype.map(|d| match d {
-        DTypeArg::U8 => DType::U8,
-        DTypeArg::F16 => DType::F16,
-        DTypeArg::F32 => DType::F32,
-    });
-    let layout = layout.map(|l| match l {
-        LayoutArg::Nchw => Layout::Nchw,
-        LayoutArg::Nhwc => Layout::Nhwc,
-    });
-    t = t.with_output(
-        dtype.unwrap_or(t.output.dtype),
-        layout.unwrap_or(t.output.layout),
-    );
-    let config = LoaderConfig::default()
-        .with_batch_size(batch_size)
-        .with_workers(workers)
-        .with_prefetch(prefetch.unwrap_or(2 * workers))
-        .with_seed(seed)
-        .with_shuffle(!no_shuffle)
-        .with_transform(t)
-        .with_bad_samples(match bad {
-            PolicyArg::Skip => BadSamplePolicy::Skip,
-            PolicyArg::Replace => BadSamplePolicy::Replace,
-            PolicyArg::Error => BadSamplePolicy::Error,
-        });
     let transform_name = match transform {
         TransformArg::Cifar => "cifar",
         TransformArg::Imagenet => "imagenet",
@@ -342,25 +312,12 @@ fn load(args: LoadArgs) -> Result<()> {
             Instant::now()
         };
         let current = loader.as_ref().expect("a loader is open");
-        let mut images = 0usize;
-        let mut bad_samples = 0usize;
-        let mut hasher = Sha256::new();
-        for batch in current.epoch(epoch) {
-            let batch = batch?;
-            images += batch.len();
-            bad_samples += batch.bad.len();
-            if digest {
-                hasher.update(batch.bytes());
-                for label in &batch.labels {
-                    hasher.update(label.to_le_bytes());
-                }
-            }
-        }
+        let run = run_epoch(current, epoch, digest)?;
         let secs = start.elapsed().as_secs_f64();
         if !timed {
             continue;
         }
-        let rate = images as f64 / secs;
+        let rate = run.images as f64 / secs;
         // The references just after this epoch are also those just before the next.
         let around = match (before, measure_references()?) {
             (Some(b), Some(a)) => {
@@ -375,50 +332,150 @@ fn load(args: LoadArgs) -> Result<()> {
             (rate / (one * workers as f64), rate / together)
         });
         shares.extend(share);
-        if json {
-            let mut line = serde_json::json!({
-                "event": "epoch",
-                "epoch": epoch,
-                "images": images,
-                "seconds": secs,
-                "bad": bad_samples,
-            });
-            if let Some((b, a)) = around {
-                line["decode_references"] = serde_json::json!({
-                    "one_thread": [b.one_thread, a.one_thread],
-                    "n_threads": [b.n_threads, a.n_threads],
-                });
-            }
-            println!("{line}");
-            continue;
-        }
-        let (rss, peak, anon) = memory_mb();
-        let mut line = format!(
-            "epoch {epoch}: {images} images in {secs:.3} s: {rate:.0} images/s, {bad_samples} bad, rss {rss:.0} MB (anon {anon:.0} MB, peak {peak:.0} MB)"
-        );
-        if let (Some((b, a)), Some((of_ceiling, of_together))) = (around, share) {
-            line.push_str(&format!(
-                "; {:.0}% of ceiling (1 thread decodes {:.0} / {:.0} images/s before / after)",
-                100.0 * of_ceiling,
-                b.one_thread,
-                a.one_thread
-            ));
-            if workers > 1 {
-                line.push_str(&format!(
-                    ", {:.0}% of {workers} threads decoding at once ({:.0} / {:.0})",
-                    100.0 * of_together,
-                    b.n_threads,
-                    a.n_threads
-                ));
-            }
-        }
-        if digest {
-            line.push_str(&format!(", sha256 {:x}", hasher.finalize()));
-        }
-        println!("{line}");
+        print_epoch(epoch, &run, secs, around, share, workers, json);
     }
     let current = loader.as_ref().expect("a loader is open");
-    let s = stats_sum(finished, stats_since(current.stats(), baseline));
+    let stages = stats_sum(finished, stats_since(current.stats(), baseline));
+    print_stages(
+        &stages,
+        &shares,
+        workers,
+        current.pool().allocations(),
+        json,
+    );
+    Ok(())
+}
+
+/// The loader configuration and transform `imagefeed-bench load`'s flags ask for.
+fn load_config(args: &LoadArgs) -> (LoaderConfig, Transform) {
+    let t = match args.transform {
+        TransformArg::Cifar => Transform::cifar(),
+        TransformArg::Imagenet => Transform::imagenet_train(224),
+        TransformArg::None => Transform::none(),
+    };
+    let dtype = args.dtype.map(|d| match d {
+        DTypeArg::U8 => DType::U8,
+        DTypeArg::F16 => DType::F16,
+        DTypeArg::F32 => DType::F32,
+    });
+    let layout = args.layout.map(|l| match l {
+        LayoutArg::Nchw => Layout::Nchw,
+        LayoutArg::Nhwc => Layout::Nhwc,
+    });
+    let t = t.with_output(
+        dtype.unwrap_or(t.output.dtype),
+        layout.unwrap_or(t.output.layout),
+    );
+    let config = LoaderConfig::default()
+        .with_batch_size(args.batch_size)
+        .with_workers(args.workers)
+        .with_prefetch(args.prefetch.unwrap_or(2 * args.workers))
+        .with_seed(args.seed)
+        .with_shuffle(!args.no_shuffle)
+        .with_transform(t)
+        .with_bad_samples(match args.bad {
+            PolicyArg::Skip => BadSamplePolicy::Skip,
+            PolicyArg::Replace => BadSamplePolicy::Replace,
+            PolicyArg::Error => BadSamplePolicy::Error,
+        });
+    (config, t)
+}
+
+/// What one epoch delivered.
+struct EpochRun {
+    images: usize,
+    bad_samples: usize,
+    /// SHA-256 over every batch's bytes and labels, in order (with `--digest`).
+    digest: Option<String>,
+}
+
+/// Iterates epoch `epoch` of `loader` to the end, counting (and with `digest`, hashing) what
+/// it delivers.
+fn run_epoch(loader: &Loader, epoch: u64, digest: bool) -> Result<EpochRun> {
+    let mut images = 0usize;
+    let mut bad_samples = 0usize;
+    let mut hasher = Sha256::new();
+    for batch in loader.epoch(epoch) {
+        let batch = batch?;
+        images += batch.len();
+        bad_samples += batch.bad.len();
+        if digest {
+            hasher.update(batch.bytes());
+            for label in &batch.labels {
+                hasher.update(label.to_le_bytes());
+            }
+        }
+    }
+    Ok(EpochRun {
+        images,
+        bad_samples,
+        digest: digest.then(|| format!("{:x}", hasher.finalize())),
+    })
+}
+
+/// One timed epoch's line: rate, memory, the share of the decode ceiling (with the references
+/// measured `around` it), the digest; or the JSON `epoch` event.
+fn print_epoch(
+    epoch: u64,
+    run: &EpochRun,
+    secs: f64,
+    around: Option<(ceiling::References, ceiling::References)>,
+    share: Option<(f64, f64)>,
+    workers: usize,
+    json: bool,
+) {
+    let EpochRun {
+        images,
+        bad_samples,
+        ..
+    } = *run;
+    if json {
+        let mut line = serde_json::json!({
+            "event": "epoch",
+            "epoch": epoch,
+            "images": images,
+            "seconds": secs,
+            "bad": bad_samples,
+        });
+        if let Some((b, a)) = around {
+            line["decode_references"] = serde_json::json!({
+                "one_thread": [b.one_thread, a.one_thread],
+                "n_threads": [b.n_threads, a.n_threads],
+            });
+        }
+        println!("{line}");
+        return;
+    }
+    let rate = images as f64 / secs;
+    let (rss, peak, anon) = memory_mb();
+    let mut line = format!(
+        "epoch {epoch}: {images} images in {secs:.3} s: {rate:.0} images/s, {bad_samples} bad, rss {rss:.0} MB (anon {anon:.0} MB, peak {peak:.0} MB)"
+    );
+    if let (Some((b, a)), Some((of_ceiling, of_together))) = (around, share) {
+        line.push_str(&format!(
+            "; {:.0}% of ceiling (1 thread decodes {:.0} / {:.0} images/s before / after)",
+            100.0 * of_ceiling,
+            b.one_thread,
+            a.one_thread
+        ));
+        if workers > 1 {
+            line.push_str(&format!(
+                ", {:.0}% of {workers} threads decoding at once ({:.0} / {:.0})",
+                100.0 * of_together,
+                b.n_threads,
+                a.n_threads
+            ));
+        }
+    }
+    if let Some(digest) = &run.digest {
+        line.push_str(&format!(", sha256 {digest}"));
+    }
+    println!("{line}");
+}
+
+/// The stage times of the timed epochs (and the median share of the decode ceiling), or the
+/// JSON `stages` event.
+fn print_stages(s: &Stats, shares: &[(f64, f64)], workers: usize, buffers: u64, json: bool) {
     let secs = |d: std::time::Duration| d.as_secs_f64();
     if json {
         let (_, peak, anon) = memory_mb();
@@ -433,29 +490,27 @@ fn load(args: LoadArgs) -> Result<()> {
             "anon_mb": anon,
         });
         println!("{line}");
-    } else {
-        if !shares.is_empty() {
-            let median = |mut v: Vec<f64>| {
-                v.sort_by(f64::total_cmp);
-                v[v.len() / 2]
-            };
-            println!(
-                "median over the timed epochs: {:.0}% of ceiling, {:.0}% of {workers} threads decoding at once",
-                100.0 * median(shares.iter().map(|s| s.0).collect()),
-                100.0 * median(shares.iter().map(|s| s.1).collect()),
-            );
-        }
+        return;
+    }
+    if !shares.is_empty() {
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
         println!(
-            "stages of the timed epochs (summed over workers): read {:.0} ms, decode {:.0} ms, transform {:.0} ms, collate {:.0} ms; consumer waited {:.0} ms; buffers allocated {}",
-            1e3 * secs(s.read),
-            1e3 * secs(s.decode),
-            1e3 * secs(s.transform),
-            1e3 * secs(s.collate),
-            1e3 * secs(s.waiting),
-            current.pool().allocations()
+            "median over the timed epochs: {:.0}% of ceiling, {:.0}% of {workers} threads decoding at once",
+            100.0 * median(shares.iter().map(|s| s.0).collect()),
+            100.0 * median(shares.iter().map(|s| s.1).collect()),
         );
     }
-    Ok(())
+    println!(
+        "stages of the timed epochs (summed over workers): read {:.0} ms, decode {:.0} ms, transform {:.0} ms, collate {:.0} ms; consumer waited {:.0} ms; buffers allocated {buffers}",
+        1e3 * secs(s.read),
+        1e3 * secs(s.decode),
+        1e3 * secs(s.transform),
+        1e3 * secs(s.collate),
+        1e3 * secs(s.waiting),
+    );
 }
 
 fn run() -> Result<()> {
