@@ -276,27 +276,7 @@ impl Report {
 }
 
 pub fn compare(args: CompareArgs) -> Result<()> {
-    if !args.src.is_dir() {
-        bail!(
-            "{}: not a directory (compare takes an ImageFolder tree)",
-            args.src.display()
-        );
-    }
-    if args.workers.is_empty() || args.workers.contains(&0) {
-        bail!("--workers: give one or more counts of at least 1");
-    }
-    if args.epochs == 0 {
-        bail!("--epochs: at least 1");
-    }
-    let caches: Vec<Cache> = match (args.no_warm, args.cold) {
-        (false, false) => vec![Cache::Warm],
-        (false, true) => vec![Cache::Warm, Cache::Cold],
-        (true, true) => vec![Cache::Cold],
-        (true, false) => bail!("--no-warm without --cold leaves nothing to run"),
-    };
-    if args.drop_caches && !args.cold {
-        bail!("--drop-caches applies to cold runs: add --cold");
-    }
+    let caches = check_args(&args)?;
     let folder =
         ImageFolder::open(&args.src).with_context(|| format!("opening {}", args.src.display()))?;
     let name = args
@@ -309,19 +289,85 @@ pub fn compare(args: CompareArgs) -> Result<()> {
         PathBuf::from("bench-out").join(format!("{name}-{}", args.transform.name()))
     });
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    let pack_dir = args.pack_dir.clone().unwrap_or_else(|| out.join("packed"));
     let batch_size = args.batch_size.unwrap_or(match args.transform {
         CompareTransform::Cifar => 256,
         CompareTransform::Imagenet => 64,
     });
-    let payload_bytes: u64 = (0..folder.len())
-        .map(|i| std::fs::metadata(folder.file_path(i)).map_or(0, |m| m.len()))
-        .sum();
     let mut notes = Vec::new();
 
-    // 1. The datasets: the tree itself and each packed format (cached).
-    let fingerprint = pack::source_fingerprint(&folder)?;
-    let mut subjects: Vec<(Subject, PathBuf)> = Vec::new();
+    // 1. The datasets: the tree itself and each packed format (cached), and the PyTorch
+    //    baseline when a Python with torch is found.
+    let (subjects, torch) = subjects(&args, &folder, &name, &out, &mut notes)?;
+
+    // 2. The decode ceiling, before the runs: one thread, and each worker count at once.
+    let mut ceiling = DecodeCeiling::new(&folder, &args)?;
+    ceiling.measure()?;
+    ceiling.print_first();
+
+    // 3. The runs, interleaved so that drift in machine speed spreads over every loader.
+    let (results, failures) = run_all(&args, &caches, &subjects, torch.as_ref(), batch_size)?;
+
+    // 4. The ceiling again, after the runs.
+    ceiling.measure()?;
+    let report = build_report(
+        &args, &folder, batch_size, ceiling, results, failures, notes,
+    );
+
+    // 5. Output.
+    write_outputs(&report, &out)
+}
+
+/// The cache states to run in; `Err` for flags that cannot run.
+fn check_args(args: &CompareArgs) -> Result<Vec<Cache>> {
+    if !args.src.is_dir() {
+        bail!(
+            "{}: not a directory (compare takes an ImageFolder tree)",
+            args.src.display()
+        );
+    }
+    if args.workers.is_empty() || args.workers.contains(&0) {
+        bail!("--workers: give one or more counts of at least 1");
+    }
+    if args.epochs == 0 {
+        bail!("--epochs: at least 1");
+    }
+    let caches = match (args.no_warm, args.cold) {
+        (false, false) => vec![Cache::Warm],
+        (false, true) => vec![Cache::Warm, Cache::Cold],
+        (true, true) => vec![Cache::Cold],
+        (true, false) => bail!("--no-warm without --cold leaves nothing to run"),
+    };
+    if args.drop_caches && !args.cold {
+        bail!("--drop-caches applies to cold runs: add --cold");
+    }
+    Ok(caches)
+}
+
+/// A loader or format under test, and the path it reads.
+type Subjects = Vec<(Subject, PathBuf)>;
+
+/// A configuration that failed: what it was, and why.
+type Failure = (String, String);
+
+/// The PyTorch baseline: the Python that runs it and the script it runs.
+struct TorchBaseline {
+    python: PathBuf,
+    script: PathBuf,
+}
+
+/// What is measured: the tree itself and each packed format asked for (packed into the pack
+/// directory unless a pack of the same tree is already there), and the PyTorch baseline when
+/// a Python with torch is found (otherwise a note says why not).
+fn subjects(
+    args: &CompareArgs,
+    folder: &ImageFolder,
+    name: &str,
+    out: &Path,
+    notes: &mut Vec<String>,
+) -> Result<(Subjects, Option<TorchBaseline>)> {
+    let pack_dir = args.pack_dir.clone().unwrap_or_else(|| out.join("packed"));
+    let fingerprint = pack::source_fingerprint(folder)?;
+    let mut subjects: Subjects = Vec::new();
     for &subject in &args.formats {
         if subject == Subject::Pytorch {
             continue; // Added below when a Python with torch is found.
@@ -339,72 +385,95 @@ pub fn compare(args: CompareArgs) -> Result<()> {
         };
         subjects.push((subject, path));
     }
-    let python = if args.no_torch {
-        None
-    } else {
-        match find_torch_python(&args)? {
-            Ok(python) => {
-                subjects.push((Subject::Pytorch, args.src.clone()));
-                Some(python)
-            }
-            Err(why) => {
-                eprintln!("note: PyTorch baseline left out: {why}");
-                notes.push(format!("PyTorch baseline left out: {why}"));
-                None
-            }
+    if args.no_torch {
+        return Ok((subjects, None));
+    }
+    let python = match find_torch_python(args)? {
+        Ok(python) => python,
+        Err(why) => {
+            eprintln!("note: PyTorch baseline left out: {why}");
+            notes.push(format!("PyTorch baseline left out: {why}"));
+            return Ok((subjects, None));
         }
     };
+    subjects.push((Subject::Pytorch, args.src.clone()));
     let script = out.join("torch_baseline.py");
-    if python.is_some() {
-        std::fs::write(&script, TORCH_SCRIPT)
-            .with_context(|| format!("writing {}", script.display()))?;
+    std::fs::write(&script, TORCH_SCRIPT)
+        .with_context(|| format!("writing {}", script.display()))?;
+    Ok((subjects, Some(TorchBaseline { python, script })))
+}
+
+/// libjpeg-turbo's decode rate on the tree's payloads (full size, in memory): on one thread
+/// and on each worker count at once, measured before and after the runs.
+struct DecodeCeiling {
+    payloads: Vec<Vec<u8>>,
+    /// 1 and every worker count, ascending.
+    thread_counts: Vec<usize>,
+    /// Per thread count, each measurement.
+    rates: Vec<Vec<f64>>,
+}
+
+impl DecodeCeiling {
+    fn new(folder: &ImageFolder, args: &CompareArgs) -> Result<Self> {
+        let payloads = ceiling::payloads(folder, Some(args.ceiling_samples.max(1)))?;
+        let mut thread_counts: Vec<usize> = std::iter::once(1)
+            .chain(args.workers.iter().copied())
+            .collect();
+        thread_counts.sort_unstable();
+        thread_counts.dedup();
+        Ok(DecodeCeiling {
+            payloads,
+            rates: vec![Vec::new(); thread_counts.len()],
+            thread_counts,
+        })
     }
 
-    // 2. The decode ceiling, before the runs: one thread, and each worker count at once.
-    let payloads = ceiling::payloads(&folder, Some(args.ceiling_samples.max(1)))?;
-    let mut thread_counts: Vec<usize> = std::iter::once(1)
-        .chain(args.workers.iter().copied())
-        .collect();
-    thread_counts.sort_unstable();
-    thread_counts.dedup();
-    let mut decode_rates: Vec<Vec<f64>> = Vec::new();
-    let measure = |rates: &mut Vec<Vec<f64>>| -> Result<()> {
-        for (k, &threads) in thread_counts.iter().enumerate() {
-            let rate = ceiling::decode_rate(&payloads, threads)?;
-            if rates.len() <= k {
-                rates.push(Vec::new());
-            }
-            rates[k].push(rate);
+    /// Measures every thread count once more.
+    fn measure(&mut self) -> Result<()> {
+        for (k, &threads) in self.thread_counts.iter().enumerate() {
+            self.rates[k].push(ceiling::decode_rate(&self.payloads, threads)?);
         }
         Ok(())
-    };
-    measure(&mut decode_rates)?;
-    eprintln!(
-        "decode ceiling: {:.0} images/s per thread (libjpeg-turbo, full size, {} payloads); {}",
-        decode_rates[0][0],
-        payloads.len(),
-        thread_counts
-            .iter()
-            .zip(&decode_rates)
-            .skip(1)
-            .map(|(t, r)| format!("{t} threads together: {:.0}", r[0]))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
+    }
 
-    // 3. The runs, interleaved so that drift in machine speed spreads over every loader.
+    fn print_first(&self) {
+        eprintln!(
+            "decode ceiling: {:.0} images/s per thread (libjpeg-turbo, full size, {} payloads); {}",
+            self.rates[0][0],
+            self.payloads.len(),
+            self.thread_counts
+                .iter()
+                .zip(&self.rates)
+                .skip(1)
+                .map(|(t, r)| format!("{t} threads together: {:.0}", r[0]))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+}
+
+/// Runs every configuration (cache state × worker count × subject) in a child process, in
+/// that interleaved order; returns the results and the configurations that failed, with why.
+fn run_all(
+    args: &CompareArgs,
+    caches: &[Cache],
+    subjects: &[(Subject, PathBuf)],
+    torch: Option<&TorchBaseline>,
+    batch_size: usize,
+) -> Result<(Vec<RunResult>, Vec<Failure>)> {
     let exe = std::env::current_exe().context("finding imagefeed-bench itself")?;
     let mut results = Vec::new();
     let mut failures = Vec::new();
-    for &cache in &caches {
+    for &cache in caches {
         for &workers in &args.workers {
-            for (subject, path) in &subjects {
+            for (subject, path) in subjects {
                 let what = format!("{} {} workers {}", subject.name(), workers, cache.name());
                 eprintln!("== {what}");
                 let mut command = match subject {
                     Subject::Pytorch => {
-                        let mut c = Command::new(python.as_ref().expect("found above"));
-                        c.arg(&script).arg(path);
+                        let torch = torch.expect("a PyTorch subject comes with its baseline");
+                        let mut c = Command::new(&torch.python);
+                        c.arg(&torch.script).arg(path);
                         c
                     }
                     _ => {
@@ -447,21 +516,36 @@ pub fn compare(args: CompareArgs) -> Result<()> {
             }
         }
     }
+    Ok((results, failures))
+}
 
-    // 4. The ceiling again, after the runs.
-    measure(&mut decode_rates)?;
+/// The report: the runs with their throughput in MB/s and their share of the decode ceiling
+/// (the best of its measurements, per thread and for their worker count at once).
+fn build_report(
+    args: &CompareArgs,
+    folder: &ImageFolder,
+    batch_size: usize,
+    ceiling: DecodeCeiling,
+    results: Vec<RunResult>,
+    failures: Vec<Failure>,
+    notes: Vec<String>,
+) -> Report {
     let best = |rates: &[f64]| rates.iter().copied().fold(0.0, f64::max);
-    let ceiling_per_thread = decode_rates[0].clone();
-    let ceiling = best(&ceiling_per_thread);
-    let measured_decode = thread_counts
+    let ceiling_per_thread = ceiling.rates[0].clone();
+    let per_thread = best(&ceiling_per_thread);
+    let measured_decode = ceiling
+        .thread_counts
         .iter()
-        .zip(&decode_rates)
+        .zip(&ceiling.rates)
         .map(|(&threads, rates)| MeasuredDecode {
             threads,
             rates: rates.clone(),
             used: best(rates),
         })
         .collect();
+    let payload_bytes: u64 = (0..folder.len())
+        .map(|i| std::fs::metadata(folder.file_path(i)).map_or(0, |m| m.len()))
+        .sum();
     let mut report = Report {
         source: args.src.clone(),
         samples: folder.len(),
@@ -470,7 +554,7 @@ pub fn compare(args: CompareArgs) -> Result<()> {
         batch_size,
         epochs: args.epochs,
         ceiling_per_thread,
-        ceiling_per_thread_used: ceiling,
+        ceiling_per_thread_used: per_thread,
         measured_decode,
         results,
         failures,
@@ -482,23 +566,27 @@ pub fn compare(args: CompareArgs) -> Result<()> {
     let mean_bytes = report.mean_payload_bytes();
     for r in &mut report.results {
         r.mb_per_s = r.median * mean_bytes / 1e6;
-        r.ceiling_share = r.median / (ceiling * r.workers as f64);
+        r.ceiling_share = r.median / (per_thread * r.workers as f64);
     }
     for k in 0..report.results.len() {
         let measured = report.measured_decode_rate(report.results[k].workers);
         report.results[k].measured_share = report.results[k].median / measured;
     }
+    report
+}
 
-    // 5. Output.
+/// Writes `results.json`, `results.md` and `chart.png` into `out` and prints the table; `Err`
+/// when a configuration failed (after writing everything).
+fn write_outputs(report: &Report, out: &Path) -> Result<()> {
     let json_path = out.join("results.json");
-    std::fs::write(&json_path, serde_json::to_string_pretty(&report)?)
+    std::fs::write(&json_path, serde_json::to_string_pretty(report)?)
         .with_context(|| format!("writing {}", json_path.display()))?;
-    let markdown = crate::report::markdown(&report);
+    let markdown = crate::report::markdown(report);
     let md_path = out.join("results.md");
     std::fs::write(&md_path, &markdown)
         .with_context(|| format!("writing {}", md_path.display()))?;
     let png_path = out.join("chart.png");
-    match crate::chart::draw(&report, &png_path) {
+    match crate::chart::draw(report, &png_path) {
         Ok(()) => eprintln!("chart: {}", png_path.display()),
         Err(err) => eprintln!(
             "note: no chart: {}",
