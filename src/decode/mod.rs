@@ -227,6 +227,36 @@ pub struct Decoder {
     cmyk: Vec<u8>,
 }
 
+/// The smallest DCT scale M (decoding at M/8 of full size) at which `plan`'s crop still has
+/// the output's resolution; 8 (full size) when none smaller does.
+fn dct_scale_for(jh: &JpegHeader, plan: &CropPlan) -> u32 {
+    let crop = plan.crop;
+    let min_w = (plan.out_width as f64 * jh.width as f64 / crop.width).ceil() as u32;
+    let min_h = (plan.out_height as f64 * jh.height as f64 / crop.height).ceil() as u32;
+    (1..=8u32)
+        .find(|&m| turbo::scaled(jh.width, m) >= min_w && turbo::scaled(jh.height, m) >= min_h)
+        .unwrap_or(8)
+}
+
+/// The region to decode at scale `m` for `scaled_crop` (the crop in scaled pixels, inside the
+/// image): the crop plus a margin for the resampling filter's support, aligned as TurboJPEG
+/// requires. `None` when the region would be the whole scaled image, or the subsampling is
+/// unknown: decode everything then.
+fn region_around(jh: &JpegHeader, m: u32, scaled_crop: Rect, plan: &CropPlan) -> Option<Region> {
+    let (sw, sh) = (turbo::scaled(jh.width, m), turbo::scaled(jh.height, m));
+    let margin = (scaled_crop.width / plan.out_width as f64)
+        .max(scaled_crop.height / plan.out_height as f64)
+        .ceil() as u32
+        + 2;
+    let x0 = (scaled_crop.left.floor() as u32).saturating_sub(margin);
+    let y0 = (scaled_crop.top.floor() as u32).saturating_sub(margin);
+    let x1 = ((scaled_crop.left + scaled_crop.width).ceil() as u32 + margin).min(sw);
+    let y1 = ((scaled_crop.top + scaled_crop.height).ceil() as u32 + margin).min(sh);
+    turbo::aligned_region(jh, m, x0, y0, x1 - x0, y1 - y0)
+        .map(|(region, _)| region)
+        .filter(|r| (r.width, r.height) != (sw, sh))
+}
+
 impl Default for Decoder {
     fn default() -> Self {
         Self::new()
@@ -446,35 +476,17 @@ impl Decoder {
             self.decompress_rgb(data, &jh, 8, None, jh.width, jh.height, out)?;
             return Ok(whole(header, Rect::full(header.width, header.height)));
         };
-        let crop = plan.crop;
-        // The smallest scale M/8 at which the crop still has the output's resolution.
-        let min_w = (plan.out_width as f64 * jh.width as f64 / crop.width).ceil() as u32;
-        let min_h = (plan.out_height as f64 * jh.height as f64 / crop.height).ceil() as u32;
-        let m = (1..=8u32)
-            .find(|&m| turbo::scaled(jh.width, m) >= min_w && turbo::scaled(jh.height, m) >= min_h)
-            .unwrap_or(8);
+        let m = dct_scale_for(&jh, &plan);
         let (sw, sh) = (turbo::scaled(jh.width, m), turbo::scaled(jh.height, m));
         let (fx, fy) = (sw as f64 / jh.width as f64, sh as f64 / jh.height as f64);
-        let scaled_crop = crop.scaled(fx, fy);
-        let inside = crop.is_inside(jh.width as f64, jh.height as f64);
-        // Pixels of margin around the crop, for the resampling filter's support.
-        let margin = (scaled_crop.width / plan.out_width as f64)
-            .max(scaled_crop.height / plan.out_height as f64)
-            .ceil() as u32
-            + 2;
-        let region = if inside {
-            let x0 = (scaled_crop.left.floor() as u32).saturating_sub(margin);
-            let y0 = (scaled_crop.top.floor() as u32).saturating_sub(margin);
-            let x1 = ((scaled_crop.left + scaled_crop.width).ceil() as u32 + margin).min(sw);
-            let y1 = ((scaled_crop.top + scaled_crop.height).ceil() as u32 + margin).min(sh);
-            turbo::aligned_region(&jh, m, x0, y0, x1 - x0, y1 - y0)
-                .map(|(region, dx)| (region, region.x + dx - x0))
-                .filter(|(r, _)| (r.width, r.height) != (sw, sh))
+        let scaled_crop = plan.crop.scaled(fx, fy);
+        let region = if plan.crop.is_inside(jh.width as f64, jh.height as f64) {
+            region_around(&jh, m, scaled_crop, &plan)
         } else {
             None
         };
         match region {
-            Some((r, _)) => {
+            Some(r) => {
                 self.decompress_rgb(data, &jh, m, Some(r), r.width, r.height, out)?;
                 Ok(CropDecoded {
                     header,
