@@ -6,9 +6,8 @@ use std::time::{Duration, Instant};
 
 use imagefeed::synthetic::{self, SyntheticSpec};
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_pack-dataset"))
-}
+mod support;
+use support::{bin, copy_path, partial};
 
 fn run(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
     let mut cmd = bin();
@@ -33,10 +32,6 @@ fn stderr(o: &Output) -> String {
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/imagefolder")
-}
-
-fn partial(out: &Path) -> PathBuf {
-    imagefeed::format::output::partial_path(out)
 }
 
 #[test]
@@ -452,19 +447,6 @@ fn snapshot(root: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     out
 }
 
-fn copy_dir(src: &Path, dst: &Path) {
-    std::fs::create_dir_all(dst).unwrap();
-    for entry in std::fs::read_dir(src).unwrap() {
-        let entry = entry.unwrap();
-        let target = dst.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
-}
-
 #[test]
 fn force_never_deletes_a_source_tree_or_anything_that_is_not_our_dataset() {
     // Regression: `imagefolder2records data/train data --force` deleted data/ with the source
@@ -472,7 +454,7 @@ fn force_never_deletes_a_source_tree_or_anything_that_is_not_our_dataset() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let train = data.join("train");
-    copy_dir(&fixtures(), &train);
+    copy_path(&fixtures(), &train);
     std::fs::write(data.join("notes.txt"), "unrelated").unwrap();
     let python_lmdb =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/compat/folder2lmdb.lmdb");
@@ -621,7 +603,7 @@ fn force_never_replaces_a_dataset_look_alike_holding_other_files_nor_writes_thro
     // whatever it pointed at.
     let dir = tempfile::tempdir().unwrap();
     let train = dir.path().join("train");
-    copy_dir(&fixtures(), &train);
+    copy_path(&fixtures(), &train);
     let genuine = dir.path().join("genuine");
     succeeded(&run(&[&"imagefolder2records", &"-q", &train, &genuine]));
     let project = dir.path().join("project");
@@ -636,7 +618,7 @@ fn force_never_replaces_a_dataset_look_alike_holding_other_files_nor_writes_thro
     )
     .unwrap();
     let annotated = dir.path().join("annotated");
-    copy_dir(&genuine, &annotated);
+    copy_path(&genuine, &annotated);
     std::fs::write(annotated.join("notes.txt"), "label 3 is wrong in shard 0").unwrap();
     let precious = dir.path().join("precious.txt");
     std::fs::write(&precious, "irreplaceable").unwrap();
@@ -794,7 +776,7 @@ fn a_killed_forced_replacement_leaves_the_old_dataset_or_the_complete_new_one() 
             let _ = std::fs::remove_dir_all(partial(&out));
             let _ = std::fs::remove_file(partial(&out));
             if pristine.is_dir() {
-                copy_dir(&pristine, &out);
+                copy_path(&pristine, &out);
             } else {
                 std::fs::copy(&pristine, &out).unwrap();
             }

@@ -17,9 +17,8 @@ use std::time::Instant;
 use imagefeed::rng::SampleRng;
 use imagefeed::synthetic::{self, SyntheticSpec};
 
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_pack-dataset"))
-}
+mod support;
+use support::{bin, copy_path, partial};
 
 fn text(o: &Output) -> String {
     format!(
@@ -27,10 +26,6 @@ fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     )
-}
-
-fn partial(out: &Path) -> PathBuf {
-    imagefeed::format::output::partial_path(out)
 }
 
 /// `verify OUT --against SRC`: Ok(summary) or Err(output).
@@ -56,15 +51,7 @@ fn remove(path: &Path) {
 
 fn copy_dataset(src: &Path, dst: &Path) {
     remove(dst);
-    if src.is_dir() {
-        std::fs::create_dir_all(dst).unwrap();
-        for entry in std::fs::read_dir(src).unwrap() {
-            let entry = entry.unwrap();
-            std::fs::copy(entry.path(), dst.join(entry.file_name())).unwrap();
-        }
-    } else {
-        std::fs::copy(src, dst).unwrap();
-    }
+    copy_path(src, dst);
 }
 
 /// One writer under test.
