@@ -733,6 +733,18 @@ fn resume_and_concurrent_runs_never_write_outside_their_own_staging_output() {
     let err = run(&out, PackFormat::Lmdb, &small_options()).unwrap_err();
     assert!(matches!(err, Error::NotReplaceable { .. }), "{err}");
     assert_eq!(fs::read(&lock).unwrap(), b"my notes");
+    // A file of zeros with a non-zero byte in it is not a lock file either.
+    let mut almost = vec![0u8; 8192];
+    almost[100] = 1;
+    fs::write(&lock, &almost).unwrap();
+    let err = run(&out, PackFormat::Lmdb, &small_options()).unwrap_err();
+    assert!(matches!(err, Error::NotReplaceable { .. }), "{err}");
+    // But a lock file liblmdb sized and never got to write (a kill between its ftruncate and
+    // its header: all zeros) is one, and the pack goes on. Regression: found by the CLI's
+    // killed --force replacement test, which then failed on the next --force.
+    fs::write(&lock, vec![0u8; 8192]).unwrap();
+    run(&out, PackFormat::Lmdb, &small_options()).unwrap();
+    assert!(format::open(&out).is_ok());
 
     // A file named like a shard that the manifest does not list is not ours to delete.
     let out = work.join("extra.records");

@@ -395,8 +395,9 @@ fn lock_file(path: &Path) -> PathBuf {
 /// the partial file `partial` and it is not a lock file a writer of ours left: liblmdb opens
 /// that path with `O_CREAT`, following links, and truncates and rewrites it, so a link, a file
 /// with other hard links, or a file that does not start with LMDB's lock magic (`0xBEEFC0DE`)
-/// is refused rather than overwritten. An empty file or a stale lock file is reused, as liblmdb
-/// intends.
+/// is refused rather than overwritten. An empty file, a stale lock file, or an all-zero one (a
+/// writer killed while liblmdb was creating it, between sizing it and writing its header) is
+/// reused, as liblmdb intends.
 fn refuse_odd_lock_file(partial: &Path) -> Result<()> {
     use std::io::Read as _;
     use std::os::unix::fs::MetadataExt as _;
@@ -405,15 +406,22 @@ fn refuse_odd_lock_file(partial: &Path) -> Result<()> {
     let Some(meta) = crate::file::entry_metadata(&lock)? else {
         return Ok(());
     };
+    // Besides a lock file with LMDB's magic: an empty one, or one liblmdb sized but was
+    // killed before writing its header (ftruncate, then the header through a mapping): all
+    // zeros, and no larger than a lock table gets.
+    const MOST_LOCK_BYTES: u64 = 16 << 20;
     let ours = meta.is_file()
         && meta.nlink() == 1
-        && (meta.len() == 0 || {
-            let mut head = [0u8; 4];
-            fs::File::open(&lock)
-                .and_then(|mut f| f.read_exact(&mut head))
-                .is_ok()
-                && head == LOCK_MAGIC
-        });
+        && (meta.len() == 0
+            || {
+                let mut head = [0u8; 4];
+                fs::File::open(&lock)
+                    .and_then(|mut f| f.read_exact(&mut head))
+                    .is_ok()
+                    && head == LOCK_MAGIC
+            }
+            || (meta.len() <= MOST_LOCK_BYTES
+                && fs::read(&lock).is_ok_and(|bytes| bytes.iter().all(|&b| b == 0))));
     if ours {
         return Ok(());
     }

@@ -58,6 +58,11 @@ impl PackFormat {
         self.kind().name()
     }
 
+    /// The format called `name` ([`name`](Self::name)), whether this build writes it or not.
+    pub fn from_name(name: &str) -> Option<PackFormat> {
+        PackFormat::ALL.into_iter().find(|f| f.name() == name)
+    }
+
     /// What a dataset of this format reports as its kind.
     pub fn kind(self) -> FormatKind {
         match self {
