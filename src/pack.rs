@@ -590,7 +590,7 @@ fn pack_source(
         ));
     }
     let plan = plan_for(items, options, part, range.len())?;
-    refuse_foreign_report(out)?;
+    refuse_foreign_report(&std::path::absolute(out).at(out)?)?;
     let (mut writer, mut progress) = start_writer(format, out, &plan, &options.writer_options())?;
     let resumed_from = progress.sources_done;
     observer.started(range.len(), resumed_from);

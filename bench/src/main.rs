@@ -332,7 +332,7 @@ fn load(args: LoadArgs) -> Result<()> {
             (rate / (one * workers as f64), rate / together)
         });
         shares.extend(share);
-        print_epoch(epoch, &run, secs, around, share, workers, json);
+        print_epoch(epoch, run, secs, around, share, workers, json);
     }
     let current = loader.as_ref().expect("a loader is open");
     let stages = stats_sum(finished, stats_since(current.stats(), baseline));
@@ -385,8 +385,9 @@ fn load_config(args: &LoadArgs) -> (LoaderConfig, Transform) {
 struct EpochRun {
     images: usize,
     bad_samples: usize,
-    /// SHA-256 over every batch's bytes and labels, in order (with `--digest`).
-    digest: Option<String>,
+    /// SHA-256 over every batch's bytes and labels, in order (with `--digest`); finished
+    /// after the epoch's clock stops.
+    digest: Option<Sha256>,
 }
 
 /// Iterates epoch `epoch` of `loader` to the end, counting (and with `digest`, hashing) what
@@ -409,7 +410,7 @@ fn run_epoch(loader: &Loader, epoch: u64, digest: bool) -> Result<EpochRun> {
     Ok(EpochRun {
         images,
         bad_samples,
-        digest: digest.then(|| format!("{:x}", hasher.finalize())),
+        digest: digest.then_some(hasher),
     })
 }
 
@@ -417,7 +418,7 @@ fn run_epoch(loader: &Loader, epoch: u64, digest: bool) -> Result<EpochRun> {
 /// measured `around` it), the digest; or the JSON `epoch` event.
 fn print_epoch(
     epoch: u64,
-    run: &EpochRun,
+    run: EpochRun,
     secs: f64,
     around: Option<(ceiling::References, ceiling::References)>,
     share: Option<(f64, f64)>,
@@ -428,7 +429,7 @@ fn print_epoch(
         images,
         bad_samples,
         ..
-    } = *run;
+    } = run;
     if json {
         let mut line = serde_json::json!({
             "event": "epoch",
@@ -467,8 +468,8 @@ fn print_epoch(
             ));
         }
     }
-    if let Some(digest) = &run.digest {
-        line.push_str(&format!(", sha256 {digest}"));
+    if let Some(hasher) = run.digest {
+        line.push_str(&format!(", sha256 {:x}", hasher.finalize()));
     }
     println!("{line}");
 }

@@ -534,7 +534,7 @@ fn run() -> Result<ExitCode> {
             }
             if written.is_empty() {
                 out!(
-                    "no index written: every shard of {} has one, or is damaged (`pack-dataset inspect` lists the damage)",
+                    "no index written: every shard of {} has one, is damaged, or has something else at its index path (`pack-dataset inspect` lists the damage)",
                     shards.display()
                 );
             }

@@ -29,23 +29,31 @@ pub enum ChromaSubsampling {
 /// A reusable libjpeg-turbo encoder with its settings (one per thread).
 pub struct JpegEncoder {
     compressor: turbojpeg::Compressor,
+    quality: u8,
+    subsampling: ChromaSubsampling,
+    progressive: bool,
+    /// Whether the handle was last set up for CMYK: libjpeg-turbo keeps the colour space
+    /// across calls, so an RGB encode after a CMYK one starts from a fresh handle.
+    cmyk: bool,
 }
 
 impl JpegEncoder {
     /// An encoder at `quality` (1..=100) and `subsampling`, baseline (not progressive).
     pub fn new(quality: u8, subsampling: ChromaSubsampling) -> Result<Self, EncodeError> {
-        let mut compressor = turbojpeg::Compressor::new()?;
-        compressor.set_quality(i32::from(quality))?;
-        compressor.set_subsamp(match subsampling {
-            ChromaSubsampling::Full => turbojpeg::Subsamp::None,
-            ChromaSubsampling::Half => turbojpeg::Subsamp::Sub2x2,
-        })?;
-        Ok(JpegEncoder { compressor })
+        Ok(JpegEncoder {
+            compressor: compressor(quality, subsampling, false)?,
+            quality,
+            subsampling,
+            progressive: false,
+            cmyk: false,
+        })
     }
 
     /// Writes progressive JPEGs (several scans of increasing detail) instead of baseline ones.
     pub fn set_progressive(&mut self, progressive: bool) -> Result<(), EncodeError> {
-        Ok(self.compressor.set_progressive(progressive)?)
+        self.compressor.set_progressive(progressive)?;
+        self.progressive = progressive;
+        Ok(())
     }
 
     /// Encodes `width × height` RGB pixels (`rgb.len() == width · height · 3`).
@@ -55,6 +63,10 @@ impl JpegEncoder {
         width: u32,
         height: u32,
     ) -> Result<Vec<u8>, EncodeError> {
+        if self.cmyk {
+            self.compressor = compressor(self.quality, self.subsampling, self.progressive)?;
+            self.cmyk = false;
+        }
         self.encode(rgb, width, height, turbojpeg::PixelFormat::RGB)
     }
 
@@ -66,8 +78,11 @@ impl JpegEncoder {
         width: u32,
         height: u32,
     ) -> Result<Vec<u8>, EncodeError> {
-        self.compressor
-            .set_colorspace(turbojpeg::Colorspace::CMYK)?;
+        if !self.cmyk {
+            self.compressor
+                .set_colorspace(turbojpeg::Colorspace::CMYK)?;
+            self.cmyk = true;
+        }
         self.encode(cmyk, width, height, turbojpeg::PixelFormat::CMYK)
     }
 
@@ -93,6 +108,24 @@ impl JpegEncoder {
         };
         Ok(self.compressor.compress_to_vec(image)?)
     }
+}
+
+/// A libjpeg-turbo handle with these settings.
+fn compressor(
+    quality: u8,
+    subsampling: ChromaSubsampling,
+    progressive: bool,
+) -> Result<turbojpeg::Compressor, EncodeError> {
+    let mut compressor = turbojpeg::Compressor::new()?;
+    compressor.set_quality(i32::from(quality))?;
+    compressor.set_subsamp(match subsampling {
+        ChromaSubsampling::Full => turbojpeg::Subsamp::None,
+        ChromaSubsampling::Half => turbojpeg::Subsamp::Sub2x2,
+    })?;
+    if progressive {
+        compressor.set_progressive(true)?;
+    }
+    Ok(compressor)
 }
 
 #[cfg(test)]
@@ -121,5 +154,23 @@ mod tests {
         }
         let mut encoder = JpegEncoder::new(200, ChromaSubsampling::Full);
         assert!(encoder.as_mut().is_err(), "quality 200 is refused");
+    }
+
+    #[test]
+    fn rgb_after_cmyk_on_one_encoder_is_what_a_fresh_encoder_writes() {
+        let (w, h) = (32u32, 16u32);
+        let rgb: Vec<u8> = (0..w * h * 3).map(|i| (i * 5 % 253) as u8).collect();
+        let cmyk: Vec<u8> = (0..w * h * 4).map(|i| (i * 3 % 251) as u8).collect();
+        let fresh = JpegEncoder::new(90, ChromaSubsampling::Full)
+            .unwrap()
+            .encode_rgb(&rgb, w, h)
+            .unwrap();
+        let mut encoder = JpegEncoder::new(90, ChromaSubsampling::Full).unwrap();
+        let first = encoder.encode_cmyk(&cmyk, w, h).unwrap();
+        assert_eq!(
+            turbojpeg::read_header(&first).unwrap().colorspace,
+            turbojpeg::Colorspace::CMYK
+        );
+        assert_eq!(encoder.encode_rgb(&rgb, w, h).unwrap(), fresh);
     }
 }

@@ -420,8 +420,7 @@ fn refuse_odd_lock_file(partial: &Path) -> Result<()> {
                     .is_ok()
                     && head == LOCK_MAGIC
             }
-            || (meta.len() <= MOST_LOCK_BYTES
-                && fs::read(&lock).is_ok_and(|bytes| bytes.iter().all(|&b| b == 0))));
+            || (meta.len() <= MOST_LOCK_BYTES && all_zero(&lock, MOST_LOCK_BYTES)));
     if ours {
         return Ok(());
     }
@@ -431,6 +430,19 @@ fn refuse_odd_lock_file(partial: &Path) -> Result<()> {
                  with other hard links, or a file that is not an LMDB lock file); move it away"
             .into(),
     })
+}
+
+/// Whether the regular file at `path` holds only zero bytes, reading at most `limit` bytes
+/// (one that is larger, or is not a regular file when opened, is not).
+fn all_zero(path: &Path, limit: u64) -> bool {
+    use std::io::Read as _;
+    let Ok((file, _)) = crate::file::open_regular(path) else {
+        return false;
+    };
+    let mut bytes = Vec::new();
+    file.take(limit + 1).read_to_end(&mut bytes).is_ok()
+        && bytes.len() as u64 <= limit
+        && bytes.iter().all(|&b| b == 0)
 }
 
 fn remove_lock_file(path: &Path) {
