@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use crate::dataset::{Dataset, DatasetInfo, FormatKind, PayloadKind, Record, RecordReader};
 use crate::error::{Error, IoContext as _, Result};
+use crate::format::Recognizer;
 
 /// torchvision's `IMG_EXTENSIONS`, matched case-insensitively at the end of the file name.
 pub const IMAGE_EXTENSIONS: &[&str] = &[
@@ -53,6 +54,13 @@ pub struct ImageFolder {
     entries: Arc<[FolderEntry]>,
     skipped_files: usize,
 }
+
+/// [`format::open`](crate::format::open)'s recognizer for an ImageFolder tree: any directory
+/// no format before it recognised.
+pub(crate) const TREE: Recognizer = Recognizer {
+    holds: |path| Ok(path.is_dir()),
+    open: |path, _| Ok(Arc::new(ImageFolder::open(path)?)),
+};
 
 impl ImageFolder {
     /// Scans `root`. Fails when it is not a directory, has no class directory, when a class holds

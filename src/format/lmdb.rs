@@ -74,7 +74,7 @@ use crate::dataset::{Dataset, DatasetInfo, FormatKind, Record, RecordReader};
 use crate::error::{Error, IoContext as _, Result};
 use crate::format::output;
 use crate::format::writer::{DatasetWriter, PackPlan, PackProgress, PackedRecord, WriterOptions};
-use crate::format::{InfoRecord, pickle};
+use crate::format::{InfoRecord, Recognizer, pickle};
 
 /// The `magic` value in `meta/info`.
 pub const MAGIC: &str = "imagefeed-lmdb";
@@ -448,6 +448,24 @@ fn all_zero(path: &Path, limit: u64) -> bool {
 fn remove_lock_file(path: &Path) {
     let _ = fs::remove_file(lock_file(path));
 }
+
+/// [`format::open`](crate::format::open)'s recognizer for an LMDB in directory form (Python's
+/// `lmdb.open` default): `DIR/data.mdb`.
+pub(crate) const DIRECTORY_FORM: Recognizer = Recognizer {
+    holds: |path| Ok(path.is_dir() && path.join("data.mdb").is_file()),
+    open: |path, _| Ok(Arc::new(Lmdb::open(path.join("data.mdb"))?)),
+};
+
+/// [`format::open`](crate::format::open)'s recognizer for an LMDB file, by its magic number;
+/// asked last. A path named like an interrupted pack's staging output is refused first, as
+/// the reader would.
+pub(crate) const FILE: Recognizer = Recognizer {
+    holds: |path| {
+        output::refuse_interrupted(path)?;
+        has_magic(path)
+    },
+    open: |path, _| Ok(Arc::new(Lmdb::open(path)?)),
+};
 
 // ---------------------------------------------------------------------------------------------
 // Reader

@@ -160,36 +160,39 @@ pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Arc<dy
                 .into(),
         });
     }
-    // An LMDB in directory form (Python's lmdb.open default): DIR/data.mdb.
-    if path.is_dir() && path.join("data.mdb").is_file() {
-        return Ok(Arc::new(lmdb::Lmdb::open(path.join("data.mdb"))?));
+    for format in RECOGNIZED {
+        if (format.holds)(path)? {
+            return (format.open)(path, options);
+        }
     }
-    if path.is_dir() && records::looks_like_records(path) {
-        return Ok(Arc::new(records::Records::open_with(
-            path,
-            &options.records,
-        )?));
-    }
-    if path.is_dir() {
-        return Ok(Arc::new(folder::ImageFolder::open(path)?));
-    }
-    if hdf5::has_signature(path) {
-        return hdf5::open_dataset(path, &options.hdf5);
-    }
-    if records::is_shard_name(path) {
-        return Ok(Arc::new(records::Records::open_with(
-            path,
-            &options.records,
-        )?));
-    }
-    // What the LMDB reader refuses first: a staging name (an interrupted pack's output).
-    output::refuse_interrupted(path)?;
-    if !lmdb::has_magic(path)? {
-        return Err(Error::not_a_dataset(
-            path,
-            "neither a directory (ImageFolder tree, records shards) nor a dataset file this build \
-             reads (LMDB, HDF5, *.tfrecord)",
-        ));
-    }
-    Ok(Arc::new(lmdb::Lmdb::open(path)?))
+    Err(Error::not_a_dataset(
+        path,
+        "neither a directory (ImageFolder tree, records shards) nor a dataset file this build \
+         reads (LMDB, HDF5, *.tfrecord)",
+    ))
 }
+
+/// How [`open`] recognises one format on disk, and opens it. Each format module defines its
+/// own; [`RECOGNIZED`] lists them.
+#[derive(Clone, Copy)]
+pub(crate) struct Recognizer {
+    /// Whether `path` holds this format. Asked in [`RECOGNIZED`] order; the first that says
+    /// yes opens the path, and an error stops the search (the path is this format's, and
+    /// cannot be opened as it is).
+    pub holds: fn(&Path) -> Result<bool>,
+    /// Opens the dataset at `path`.
+    pub open: fn(&Path, &OpenOptions) -> Result<Arc<dyn Dataset>>,
+}
+
+/// Every format [`open`] reads, in the order it asks them: directories first (an LMDB in
+/// directory form, record shards, then any directory as an ImageFolder tree), then files by
+/// signature (HDF5) or name (a TFRecord shard), and LMDB, recognised by its magic, last. A new
+/// format is a module with its [`Recognizer`] and one line here.
+const RECOGNIZED: &[Recognizer] = &[
+    lmdb::DIRECTORY_FORM,
+    records::DIRECTORY,
+    folder::TREE,
+    hdf5::FILE,
+    records::SHARD,
+    lmdb::FILE,
+];

@@ -53,8 +53,8 @@ use crate::dataset::{Dataset, DatasetInfo, FormatKind, PayloadKind, Record, Reco
 use crate::decode::{PayloadFormat, RawImage};
 use crate::error::{Error, IoContext as _, Result};
 use crate::format::example::{self, FeatureValue};
-use crate::format::output;
 use crate::format::writer::{DatasetWriter, PackPlan, PackProgress, PackedRecord, WriterOptions};
+use crate::format::{Recognizer, output};
 
 /// The `magic` value in the manifest.
 pub const MAGIC: &str = "imagefeed-records";
@@ -603,6 +603,20 @@ pub fn looks_like_records(path: &Path) -> bool {
         is_shard_name(path)
     }
 }
+
+/// [`format::open`](crate::format::open)'s recognizer for a directory of record shards
+/// (ours, with a manifest, or TensorFlow's).
+pub(crate) const DIRECTORY: Recognizer = Recognizer {
+    holds: |path| Ok(path.is_dir() && looks_like_records(path)),
+    open: |path, options| Ok(Arc::new(Records::open_with(path, &options.records)?)),
+};
+
+/// [`format::open`](crate::format::open)'s recognizer for a single TFRecord shard, by its name
+/// ([`is_shard_name`]).
+pub(crate) const SHARD: Recognizer = Recognizer {
+    holds: |path| Ok(is_shard_name(path)),
+    open: |path, options| Ok(Arc::new(Records::open_with(path, &options.records)?)),
+};
 
 impl Records {
     /// Opens a records directory (ours or foreign) or a single shard with default options.

@@ -143,6 +143,14 @@ pub(crate) fn is_own_staging(path: &Path) -> bool {
     super::output::staged_magic(path, STAGED_PROGRESS).as_deref() == Some(MAGIC)
 }
 
+/// [`format::open`](crate::format::open)'s recognizer for an HDF5 file, by its signature (so
+/// also in a build without the `hdf5` feature, where opening one is
+/// [`Error::FeatureDisabled`]).
+pub(crate) const FILE: crate::format::Recognizer = crate::format::Recognizer {
+    holds: |path| Ok(has_signature(path)),
+    open: |path, options| open_dataset(path, &options.hdf5),
+};
+
 /// Opens the HDF5 dataset at `path` ([`Hdf5::open_with`]); without the `hdf5` feature,
 /// [`Error::FeatureDisabled`].
 pub(crate) fn open_dataset(path: &Path, names: &Hdf5Names) -> Result<Arc<dyn Dataset>> {
