@@ -632,7 +632,6 @@ fn pack_source(
     };
     info.rejected_at_pack = Some(progress.rejected.len() + earlier);
     writer.finish(&info, &progress)?;
-    let processed = range.len() - resumed_from;
     report(
         items,
         source,
@@ -641,7 +640,6 @@ fn pack_source(
         &plan,
         progress,
         resumed_from,
-        processed,
         started,
     )
 }
@@ -814,10 +812,10 @@ fn report(
     plan: &PackPlan,
     progress: PackProgress,
     resumed_from: usize,
-    processed: usize,
     started: Instant,
 ) -> Result<PackSummary> {
     let seconds = started.elapsed().as_secs_f64();
+    let processed = plan.num_sources - resumed_from;
     let summary = PackSummary {
         source: source.to_path_buf(),
         output: out.to_path_buf(),

@@ -149,10 +149,13 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
             located = Some((path, reason.clone()));
             "Error"
         }
-        Error::Cuda { .. } => {
-            // What was done and what the library said, without the "CUDA: " prefix.
-            let text = err.to_string();
-            attrs.set_item("reason", text.strip_prefix("CUDA: ").unwrap_or(&text))?;
+        Error::Cuda { doing, source } => {
+            // What was done, and what the library said.
+            let reason = match source {
+                Some(source) => format!("{doing}: {source}"),
+                None => doing.clone(),
+            };
+            attrs.set_item("reason", reason)?;
             "CudaError"
         }
         // Cancelled, Panicked, WorkersStopped, ThreadSpawn: no file, no better class.

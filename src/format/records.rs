@@ -297,10 +297,7 @@ impl RecordsWriter {
             .write_all_at(&self.framed, entry.bytes)
             .at(self.partial.join(&entry.file))?;
         self.index_lines.clear();
-        {
-            use std::fmt::Write as _;
-            let _ = writeln!(self.index_lines, "{} {}", entry.bytes, self.framed.len());
-        }
+        push_index_line(&mut self.index_lines, entry.bytes, self.framed.len() as u64);
         index
             .write_all_at(self.index_lines.as_bytes(), *index_bytes)
             .at(self.partial.join(&entry.index))?;
@@ -608,15 +605,19 @@ pub fn looks_like_records(path: &Path) -> bool {
 /// (ours, with a manifest, or TensorFlow's).
 pub(crate) const DIRECTORY: Recognizer = Recognizer {
     holds: |path| Ok(path.is_dir() && looks_like_records(path)),
-    open: |path, options| Ok(Arc::new(Records::open_with(path, &options.records)?)),
+    open: open_records,
 };
 
 /// [`format::open`](crate::format::open)'s recognizer for a single TFRecord shard, by its name
 /// ([`is_shard_name`]).
 pub(crate) const SHARD: Recognizer = Recognizer {
     holds: |path| Ok(is_shard_name(path)),
-    open: |path, options| Ok(Arc::new(Records::open_with(path, &options.records)?)),
+    open: open_records,
 };
+
+fn open_records(path: &Path, options: &crate::format::OpenOptions) -> Result<Arc<dyn Dataset>> {
+    Ok(Arc::new(Records::open_with(path, &options.records)?))
+}
 
 impl Records {
     /// Opens a records directory (ours or foreign) or a single shard with default options.
@@ -692,9 +693,8 @@ impl Records {
                 continue;
             }
             let mut lines = String::new();
-            for (offset, len) in &shard.records {
-                use std::fmt::Write as _;
-                let _ = writeln!(lines, "{offset} {len}");
+            for &(offset, len) in &shard.records {
+                push_index_line(&mut lines, offset, len);
             }
             output::write_file_atomically(&index_path, lines.as_bytes())?;
             written.push(index_path);
@@ -709,6 +709,13 @@ fn map_file(path: &Path) -> Result<Mmap> {
     // process truncating the file while it is mapped would make reads past the new end fault;
     // every read is first checked against the length the file had when mapped.
     unsafe { Mmap::map(&file) }.at(path)
+}
+
+/// Appends one index line, `"<offset> <length>\n"` (the `tfrecord` package's format, which
+/// [`parse_index`] reads).
+fn push_index_line(index: &mut String, offset: u64, len: u64) {
+    use std::fmt::Write as _;
+    let _ = writeln!(index, "{offset} {len}");
 }
 
 /// Parses an index: one `"<offset> <length>"` line per record.
