@@ -149,6 +149,20 @@ summary() {
     fi
 }
 
+# install_wheels PYTHON DIR WHEEL...: the wheels (pure Python or abi3, no scripts) into DIR, with
+# pip where PYTHON has it, else unpacked as they are (a venv made without pip).
+install_wheels() {
+    local py=$1 target=$2
+    shift 2
+    if "$py" -m pip --version >/dev/null 2>&1; then
+        "$py" -m pip install -q --no-index --no-deps --target "$target" "$@"
+    else
+        echo "no pip for $py: unpacking the wheels into $target"
+        local wheel
+        for wheel in "$@"; do "$py" -m zipfile -e "$wheel" "$target" || return; done
+    fi
+}
+
 run() {
     cd "$dir" || { echo "no directory $dir" >&2; exit 2; }
     log=$PWD/gpu-check.log
@@ -183,10 +197,15 @@ run() {
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$log"
     echo "cores: $(nproc)" | tee -a "$log"
     local torch_py=${TORCH_PYTHON:-python3}
-    local torch=1
-    if ! "$torch_py" -c 'import torch, torchvision' 2>/dev/null; then
-        torch=0
-        echo "torch/torchvision not importable with $torch_py: the PyTorch comparisons are skipped" | tee -a "$log"
+    # torch: the Python package's tests and loops, the torch bandwidth; torchvision too: the
+    # PyTorch DataLoader baseline.
+    local torch=1 torchvision=1
+    if ! "$torch_py" -c 'import torch' 2>/dev/null; then
+        torch=0 torchvision=0
+        echo "torch not importable with $torch_py: the Python package and the PyTorch comparisons are skipped" | tee -a "$log"
+    elif ! "$torch_py" -c 'import torchvision' 2>/dev/null; then
+        torchvision=0
+        echo "torchvision not importable with $torch_py: the PyTorch DataLoader comparisons are skipped" | tee -a "$log"
     fi
 
     tar -C work -xzf data/cifar10-test.tar.gz
@@ -240,7 +259,7 @@ EOF
     if [ "$torch" = 1 ]; then
         # The Python package against this machine's torch and GPU: its whole test suite (the
         # CUDA tests included), then the Python loop beside the Rust one, CPU and CUDA batches.
-        step "install the Python package into work/pylib" "$torch_py" -m pip install -q --no-index --no-deps --target work/pylib payload/wheels/*.whl
+        step "install the Python package into work/pylib" install_wheels "$torch_py" work/pylib payload/wheels/*.whl
         step "Python tests (torch, CUDA)" env PYTHONPATH="$PWD/work/pylib" IMAGEFEED_BENCH="$PWD/$B/imagefeed-bench" "$torch_py" -m pytest -q -rs -p no:cacheprovider payload/python/tests
         local device
         for device in cpu cuda; do
@@ -251,10 +270,10 @@ EOF
     local w
     for w in 1 2 4 8 16; do
         step "load CIFAR-10 LMDB, $w workers" "$B/imagefeed-bench" load work/cifar.lmdb --batch-size 256 --workers "$w" --epochs 5 --warmup 1 --transform cifar
-        [ "$torch" = 1 ] && step "torch DataLoader CIFAR-10, $w workers" "$torch_py" payload/torch_baseline.py work/cifar10-test --transform cifar --batch-size 256 --workers "$w" --epochs 3 --pin-memory
+        [ "$torchvision" = 1 ] && step "torch DataLoader CIFAR-10, $w workers" "$torch_py" payload/torch_baseline.py work/cifar10-test --transform cifar --batch-size 256 --workers "$w" --epochs 3 --pin-memory
         if [ -f work/imagenet.lmdb ]; then
             step "load ImageNet x25 LMDB, $w workers" "$B/imagefeed-bench" load work/imagenet.lmdb --batch-size 64 --workers "$w" --epochs 2 --warmup 1 --transform imagenet
-            [ "$torch" = 1 ] && step "torch DataLoader ImageNet x25, $w workers" "$torch_py" payload/torch_baseline.py work/imagenet-x25 --transform imagenet --batch-size 64 --workers "$w" --epochs 2 --pin-memory
+            [ "$torchvision" = 1 ] && step "torch DataLoader ImageNet x25, $w workers" "$torch_py" payload/torch_baseline.py work/imagenet-x25 --transform imagenet --batch-size 64 --workers "$w" --epochs 2 --pin-memory
         fi
     done
 
@@ -264,8 +283,10 @@ EOF
     summary bandwidth "host-to-device"
     summary overlap "^\| [0-9]|^step:"
     summary training "^epoch [0-9]+: mean loss"
-    summary python "[0-9]+ passed|[0-9]+ failed|^\\| (Python|Rust)"
-    summary load "^== (load|torch DataLoader)|images/s|\"event\": \"epoch\""
+    # pytest -q ends with "N passed, M skipped in T s" at the start of a line (cargo's own
+    # counts follow "test result:"), and python_loader.py prints a table of loops.
+    summary python "^[0-9]+ (passed|failed|skipped|error)|^(FAILED|ERROR) |^\\| (Python|Rust|PyTorch)"
+    summary load "^== (load|torch DataLoader)|^epoch [0-9]+: .*images/s|\"event\": \"epoch\""
     if [ ${#failures[@]} -gt 0 ]; then
         printf 'failed: %s\n' "${failures[@]}"
     else

@@ -27,7 +27,7 @@ use imagefeed::gpu::cudarc::driver::{LaunchConfig, PushKernelArg as _, result};
 use imagefeed::gpu::cudarc::nvrtc::Ptx;
 use imagefeed::gpu::{DeviceOutput, Gpu, Prefetcher};
 use imagefeed::loader::{Loader, LoaderConfig};
-use imagefeed::transform::{CIFAR10_NORMALIZE, DType, Layout, Transform};
+use imagefeed::transform::Transform;
 
 /// The training kernels, as PTX text.
 const TRAINING_PTX: &str = include_str!("train_cifar_gpu.ptx");
@@ -86,6 +86,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // The loader's settings are checked before anything needs a GPU, so that a mistake in
+    // them shows on any machine.
+    if let Err(e) = loader_config(&args).validate() {
+        eprintln!("train_cifar_gpu: {e}");
+        return ExitCode::from(2);
+    }
     if let Some(reason) = imagefeed::gpu::unavailable_reason() {
         eprintln!("train_cifar_gpu: cannot run here: {reason}");
         return ExitCode::from(2);
@@ -104,23 +110,29 @@ fn main() -> ExitCode {
     }
 }
 
+/// What the model trains on: CIFAR's random flip and normalization, f32 NCHW.
+fn training_transform() -> Transform {
+    Transform::cifar()
+}
+
+/// The loader writes the flipped pixels as they are (u8 NHWC, page-locked); the GPU converts
+/// and normalizes them (`DeviceOutput::of(&training_transform())`).
+fn loader_config(args: &Args) -> LoaderConfig {
+    LoaderConfig::default()
+        .with_batch_size(args.batch_size)
+        .with_workers(args.workers)
+        .with_prefetch(2 * args.workers)
+        .with_drop_last(true)
+        .with_transform(training_transform().raw_u8_nhwc())
+}
+
 fn train(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let gpu = Gpu::open(0)?;
     let ds = imagefeed::format::open(&args.dataset)?;
     let classes = ds.info().classes.len();
     let allocator = gpu.pinned_allocator();
-    let config = LoaderConfig::default()
-        .with_batch_size(args.batch_size)
-        .with_workers(args.workers)
-        .with_prefetch(2 * args.workers)
-        .with_drop_last(true)
-        .with_transform(Transform::cifar().with_output(DType::U8, Layout::Nhwc));
-    let loader = Loader::with_allocator(ds, config, allocator.clone())?;
-    let output = DeviceOutput {
-        dtype: DType::F32,
-        layout: Layout::Nchw,
-        normalize: Some(CIFAR10_NORMALIZE),
-    };
+    let loader = Loader::with_allocator(ds, loader_config(args), allocator.clone())?;
+    let output = DeviceOutput::of(&training_transform());
     let compute = gpu.new_stream()?;
     let cublas = CudaBlas::new(Arc::clone(&compute))?;
     // The example's own kernels (examples/train_cifar_gpu.cu, compiled to PTX by
@@ -161,9 +173,10 @@ fn train(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             waited += asked.elapsed();
             let n = batch.len();
             let features = batch.shape[1] * batch.shape[2] * batch.shape[3];
-            let m = state.get_or_insert_with(|| {
-                Model::new(&compute, features, classes).expect("allocating the model")
-            });
+            let m = match &mut state {
+                Some(m) => m,
+                None => state.insert(Model::new(&compute, features, classes)?),
+            };
             let x = batch.device_ptr();
             let labels = batch.labels_device_ptr();
             let (c, d, ni) = (classes as i32, features as i32, n as i32);

@@ -102,7 +102,8 @@ fn gpu_batches_equal_the_cpu_transform_for_every_output_and_depth() {
             // The same flips (same seed) as u8 NHWC, converted on the GPU: one prefetcher for
             // two epochs (it lives across epochs), the second equal to the first's stream
             // for epoch 0 again.
-            let u8_transform = flip.with_output(DType::U8, Layout::Nhwc);
+            let float_transform = flip.with_output(dtype, layout);
+            let u8_transform = float_transform.raw_u8_nhwc();
             for depth in 1..=3 {
                 let allocator = gpu.pinned_allocator();
                 let loader = Loader::with_allocator(
@@ -111,11 +112,8 @@ fn gpu_batches_equal_the_cpu_transform_for_every_output_and_depth() {
                     allocator.clone(),
                 )
                 .unwrap();
-                let output = DeviceOutput {
-                    dtype,
-                    layout,
-                    normalize: Some(CIFAR10_NORMALIZE),
-                };
+                let output = DeviceOutput::of(&float_transform);
+                assert_eq!(output.normalize, Some(CIFAR10_NORMALIZE));
                 let stream = gpu.new_stream().unwrap();
                 let mut feed =
                     Prefetcher::for_loader(&gpu, stream, &loader, output, depth).unwrap();
@@ -165,7 +163,7 @@ fn a_new_epoch_started_mid_way_discards_the_rest_and_delivers_its_own_batches() 
     };
     let dir = tempfile::tempdir().unwrap();
     let ds = dataset(dir.path());
-    let u8_transform = Transform::cifar().with_output(DType::U8, Layout::Nhwc);
+    let u8_transform = Transform::cifar().raw_u8_nhwc();
     let loader = Loader::with_allocator(
         Arc::clone(&ds),
         config(u8_transform),

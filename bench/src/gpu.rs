@@ -139,7 +139,7 @@ pub fn run(args: GpuArgs) -> Result<()> {
         let wall = steps_run(&mut feed, args.steps, 1)?;
         let stats = feed.stats();
         let per_step = wall / args.steps as f64;
-        let copies = (stats.batches - before.batches).max(1) as f64;
+        let copies = (stats.copies_timed - before.copies_timed).max(1) as f64;
         let copy_s = (stats.copy_time - before.copy_time).as_secs_f64() / copies;
         println!(
             "| {depth} | {:.3} | {:.3}x | {:.1}% | {:.3} | {:.1} |",

@@ -99,6 +99,14 @@ class _CudaFeed:
         self.in_flight.append((done, (host_images, host_labels)))
         return dev_images, dev_labels, done
 
+    def drain(self) -> None:
+        """Waits for every copy still reading a host batch, then lets the host batches go.
+        Called when a loop ends, however it ends: the page-locked buffers are freed with the
+        loader, and none may be freed while a copy still reads it."""
+        in_flight, self.in_flight = self.in_flight, []
+        for done, _host in in_flight:
+            done.synchronize()
+
     def finish(self, staged: tuple) -> tuple:
         torch = self.torch
         dev_images, dev_labels, done = staged
@@ -389,10 +397,14 @@ class Loader:
                 self._handed += 1
                 yield item
         finally:
-            # A loop left early (break, an exception, Ctrl-C) cancels the batches in flight and
-            # keeps the position for state_dict(), without batches never handed over.
-            if gen == self._gen:
-                native.stop(self._handed)
+            try:
+                # A loop left early (break, an exception, Ctrl-C) cancels the batches in flight
+                # and keeps the position for state_dict(), without batches never handed over.
+                if gen == self._gen:
+                    native.stop(self._handed)
+            finally:
+                if cuda is not None:
+                    cuda.drain()
 
     def _convert(self, array: Any) -> Any:
         if self._torch is not None:

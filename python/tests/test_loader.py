@@ -561,6 +561,57 @@ def test_the_position_leaves_out_batches_returned_but_not_handed_over(lmdb_path)
     assert position() == 1, "the epoch put aside where the trainer stood"
 
 
+class StandInFeed:
+    """Takes the place of the CUDA feed, with the same interface, so that the loop around it
+    (one batch staged ahead, the position, the drain at the end) is tested on a CPU."""
+
+    def __init__(self):
+        self.staged = 0  # batches whose "copy" was issued
+        self.in_flight = []  # issued and not drained
+        self.drains = 0
+
+    def stage(self, images, labels):
+        self.staged += 1
+        batch = (np.from_dlpack(images), np.from_dlpack(labels))
+        # As the real feed lets go of batches whose copy has completed: all but the newest.
+        self.in_flight = self.in_flight[-1:] + [batch]
+        return batch
+
+    def finish(self, staged):
+        return staged
+
+    def drain(self):
+        self.drains += 1
+        self.in_flight = []
+
+
+def test_the_gpu_loop_hands_over_every_batch_in_order_and_drains_its_copies(lmdb_path):
+    expected = [(x.copy(), y.copy()) for x, y in loader(lmdb_path, batch_size=32)]
+    l = loader(lmdb_path, batch_size=32)
+    l._cuda = feed = StandInFeed()
+    got = [(x.copy(), y.copy()) for x, y in l]
+    assert len(got) == len(expected) == len(l)
+    for (x, y), (ex, ey) in zip(got, expected):
+        assert np.array_equal(x, ex) and np.array_equal(y, ey)
+    assert (feed.staged, feed.drains, feed.in_flight) == (len(l), 1, [])
+
+
+def test_a_gpu_loop_left_early_counts_only_the_batches_handed_over(lmdb_path):
+    l = loader(lmdb_path, batch_size=32)
+    l._cuda = feed = StandInFeed()
+    for i, _ in enumerate(l):
+        if i == 2:
+            break
+    # Three handed over (0, 1, 2) and the fourth staged ahead: it is not trained on, so the
+    # position is 3, and its copy was waited for before its buffer could be let go.
+    assert feed.staged == 4 and feed.drains == 1 and feed.in_flight == []
+    assert l.state_dict()["imagefeed_loader_state"]["next_batch"] == 3
+    rest = loader(lmdb_path, batch_size=32)
+    rest.load_state_dict(l.state_dict())
+    full = [y.copy() for _, y in loader(lmdb_path, batch_size=32)]
+    assert [y.tolist() for _, y in rest] == [y.tolist() for y in full[3:]]
+
+
 CHECKPOINT_SCRIPT = textwrap.dedent(
     """
     import signal, imagefeed

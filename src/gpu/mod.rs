@@ -39,7 +39,7 @@ use crate::batch::{BadSample, Batch};
 use crate::error::{Error, Result};
 use crate::loader::{Epoch, Loader};
 use crate::pool::{AlignedBuffer, BatchAllocator, BatchMemory};
-use crate::transform::{DType, Layout, Normalize};
+use crate::transform::{DType, Layout, Normalize, Transform};
 
 /// The cudarc this module is built on, for code that drives the same context (streams,
 /// cuBLAS) without a version mismatch.
@@ -78,6 +78,38 @@ pub fn unavailable_reason() -> Option<String> {
     }
 }
 
+/// Puts back, when dropped, the context that was current on this thread when it was made (or
+/// none). The calls this module makes on a caller's thread that are not followed by the
+/// caller's own CUDA work (opening a device, allocating and freeing page-locked memory) leave
+/// the thread's current context, and so the CUDA runtime's current device (PyTorch's
+/// `torch.cuda.current_device()`), as they found it: opening device 1 from a process working
+/// on device 0 does not move that process's later work to device 1.
+struct RestoreCurrentContext {
+    previous: Option<sys::CUcontext>,
+}
+
+impl RestoreCurrentContext {
+    /// Remembers this thread's current context (the driver must be initialized).
+    fn remember() -> std::result::Result<Self, DriverError> {
+        Ok(RestoreCurrentContext {
+            previous: result::ctx::get_current()?,
+        })
+    }
+}
+
+impl Drop for RestoreCurrentContext {
+    fn drop(&mut self) {
+        let current = result::ctx::get_current().ok().flatten();
+        if current != self.previous {
+            // SAFETY: `previous` was current on this thread moments ago, inside a call of this
+            // module that destroys no context (contexts are primary contexts, retained by
+            // their owners); null makes no context current, as before.
+            let _ =
+                unsafe { result::ctx::set_current(self.previous.unwrap_or(std::ptr::null_mut())) };
+        }
+    }
+}
+
 /// One GPU: its context (with the kernels loaded).
 pub struct Gpu {
     ctx: Arc<CudaContext>,
@@ -102,6 +134,9 @@ impl Gpu {
                 "no device {ordinal}: this machine has {count}"
             )));
         }
+        // `CudaContext::new` and `load_module` make the new context current on this thread.
+        let _restore =
+            RestoreCurrentContext::remember().map_err(cuda("reading the current context"))?;
         let ctx = CudaContext::new(ordinal).map_err(cuda("creating a context"))?;
         // SAFETY: called before any allocation or stream of this context exists; from here on
         // every cross-stream dependency is an explicit event (see the module docs).
@@ -176,6 +211,8 @@ unsafe impl Sync for PinnedBuffer {}
 impl PinnedBuffer {
     /// `len` zeroed page-locked bytes (at least one is reserved).
     pub fn new(ctx: &Arc<CudaContext>, len: usize) -> Result<PinnedBuffer> {
+        let _restore =
+            RestoreCurrentContext::remember().map_err(cuda("reading the current context"))?;
         ctx.bind_to_thread().map_err(cuda("binding the context"))?;
         // SAFETY: a plain allocation call with a non-zero size; the pointer is owned by the
         // returned buffer and freed exactly once, in `Drop`.
@@ -207,6 +244,7 @@ impl BatchMemory for PinnedBuffer {
 
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
+        let _restore = RestoreCurrentContext::remember().ok();
         let _ = self.ctx.bind_to_thread();
         // SAFETY: `ptr` came from `cuMemHostAlloc` and is freed once; the pool hands a buffer
         // back (and so can drop it) only after every copy from it has completed.
@@ -261,6 +299,21 @@ pub struct DeviceOutput {
 }
 
 impl DeviceOutput {
+    /// What `transform` writes on the CPU (element type, layout, normalization), made on the
+    /// GPU instead. The GPU feed's recipe: the loader gets [`Transform::raw_u8_nhwc`] of the
+    /// transform, the [`Prefetcher`] `DeviceOutput::of` it, and the batches on the device equal
+    /// what `transform` alone writes on the CPU. A `u8` transform gives a `u8` output, which
+    /// the prefetcher refuses (the GPU converts to `f32` or `f16`).
+    ///
+    /// [`Transform::raw_u8_nhwc`]: crate::transform::Transform::raw_u8_nhwc
+    pub fn of(transform: &Transform) -> DeviceOutput {
+        DeviceOutput {
+            dtype: transform.output.dtype,
+            layout: transform.output.layout,
+            normalize: transform.output.normalize,
+        }
+    }
+
     /// Per-channel `(scale, bias)` so that `out = pixel * scale + bias` equals
     /// `(pixel / 255 - mean) / std`.
     pub fn affine(&self) -> ([f32; 3], [f32; 3]) {
@@ -298,6 +351,8 @@ pub struct PrefetchStats {
     /// GPU time of the copies and conversions, from events on the copy stream (counted when
     /// a copy's host batch is returned to the pool).
     pub copy_time: Duration,
+    /// Copies counted in `copy_time` (it lags `batches` by the copies still under way).
+    pub copies_timed: u64,
 }
 
 /// A batch on the GPU, valid until the next [`Prefetcher::next_batch`] call (the borrow says
@@ -413,6 +468,7 @@ impl Slot {
             .elapsed_ms(&self.ready)
             .map_err(cuda("timing a copy"))?;
         stats.copy_time += Duration::from_secs_f64(f64::from(ms.max(0.0)) * 1e-3);
+        stats.copies_timed += 1;
         self.timing = false;
         self.host = None;
         Ok(())
@@ -459,7 +515,8 @@ impl Prefetcher<Epoch> {
         if host.dtype != DType::U8 || host.layout != Layout::Nhwc {
             return Err(Error::Config(format!(
                 "the GPU prefetcher takes u8 NHWC batches (the GPU converts them), but the \
-                 loader's transform outputs {} {:?}: set it with Transform::with_output(DType::U8, Layout::Nhwc)",
+                 loader's transform outputs {} {:?}: give the loader Transform::raw_u8_nhwc() \
+                 and the GPU DeviceOutput::of(&transform)",
                 host.dtype.name(),
                 host.layout
             )));
@@ -858,6 +915,90 @@ mod tests {
             ..out
         };
         assert_eq!(plain.affine(), ([1.0 / 255.0; 3], [0.0; 3]));
+    }
+
+    /// The GPU feed's recipe, checked without a GPU: the loader configuration it makes is
+    /// valid, and the conversion `DeviceOutput::of` describes (`pixel * scale + bias`, then the
+    /// layout), done here on the CPU over the raw batches, gives what the float transform
+    /// writes itself.
+    #[test]
+    fn the_gpu_feed_recipe_is_a_valid_loader_and_converts_to_the_cpu_transform() {
+        use crate::loader::LoaderConfig;
+        use crate::synthetic::{SyntheticSpec, write_image_folder};
+        use crate::transform::CIFAR10_NORMALIZE;
+
+        let dir = tempfile::tempdir().unwrap();
+        let spec = SyntheticSpec {
+            classes: 3,
+            per_class: 11,
+            width: 20,
+            height: 12,
+            ..SyntheticSpec::default()
+        };
+        write_image_folder(dir.path(), &spec).unwrap();
+        let ds = crate::format::open(dir.path()).unwrap();
+        let config = |transform| {
+            LoaderConfig::default()
+                .with_batch_size(8)
+                .with_workers(2)
+                .with_seed(7)
+                .with_transform(transform)
+        };
+        for layout in [Layout::Nchw, Layout::Nhwc] {
+            let float_transform = Transform {
+                hflip: 0.5,
+                ..Transform::cifar()
+            }
+            .with_output(DType::F32, layout);
+            let raw = Loader::new(Arc::clone(&ds), config(float_transform.raw_u8_nhwc()))
+                .expect("the recipe's loader configuration is valid");
+            let float = Loader::new(Arc::clone(&ds), config(float_transform)).unwrap();
+            let output = DeviceOutput::of(&float_transform);
+            assert_eq!(
+                output,
+                DeviceOutput {
+                    dtype: DType::F32,
+                    layout,
+                    normalize: Some(CIFAR10_NORMALIZE)
+                }
+            );
+            let (scale, bias) = output.affine();
+            let mut batches = 0;
+            for (r, f) in raw.epoch(3).zip(float.epoch(3)) {
+                let (r, f) = (r.unwrap(), f.unwrap());
+                assert_eq!(r.labels, f.labels);
+                let [n, h, w, channels] = r.shape;
+                assert_eq!((r.dtype, r.layout, channels), (DType::U8, Layout::Nhwc, 3));
+                let (pixels, expected) = (r.bytes(), f.as_f32());
+                assert_eq!(pixels.len(), expected.len());
+                for i in 0..n {
+                    for y in 0..h {
+                        for x in 0..w {
+                            for c in 0..3 {
+                                let p = f32::from(pixels[((i * h + y) * w + x) * 3 + c]);
+                                let at = match layout {
+                                    Layout::Nchw => ((i * 3 + c) * h + y) * w + x,
+                                    Layout::Nhwc => ((i * h + y) * w + x) * 3 + c,
+                                };
+                                let (a, b) = (p * scale[c] + bias[c], expected[at]);
+                                assert!(
+                                    (a - b).abs() <= 1e-5 * b.abs().max(1.0),
+                                    "{layout:?} {at}: {a} vs {b}"
+                                );
+                            }
+                        }
+                    }
+                }
+                batches += 1;
+            }
+            assert_eq!(batches, raw.batches_per_epoch());
+        }
+        // Without the recipe the same mistake is caught, and the message says what to do.
+        let wrong = Transform::cifar().with_output(DType::U8, Layout::Nhwc);
+        match Loader::new(ds, config(wrong)) {
+            Err(e) => assert!(e.to_string().contains("raw_u8_nhwc"), "{e}"),
+            Ok(_) => panic!("a u8 transform with normalization was accepted"),
+        }
     }
 
     #[test]

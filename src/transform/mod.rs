@@ -153,6 +153,18 @@ impl Transform {
         self
     }
 
+    /// The same geometry and flips, writing the pixels as they are: `u8`, NHWC, no
+    /// normalization. What the GPU feed takes from the loader; the GPU then converts and
+    /// normalizes as `self` would have (`gpu::DeviceOutput::of(&self)`, feature `cuda`).
+    pub fn raw_u8_nhwc(mut self) -> Transform {
+        self.output = SlotWriter {
+            dtype: DType::U8,
+            layout: Layout::Nhwc,
+            normalize: None,
+        };
+        self
+    }
+
     /// Checks the description makes sense (sizes non-zero, ranges ordered, no normalization of
     /// `u8` output).
     pub fn validate(&self) -> Result<(), String> {
@@ -198,7 +210,11 @@ impl Transform {
             return Err(format!("flip probability {} is not in 0..1", self.hflip));
         }
         if self.output.dtype == DType::U8 && self.output.normalize.is_some() {
-            return Err("normalization needs a float output (f32 or f16), not u8".into());
+            return Err(
+                "normalization needs a float output (f32 or f16), not u8 (for the GPU \
+                        feed, Transform::raw_u8_nhwc drops it: the GPU normalizes)"
+                    .into(),
+            );
         }
         Ok(())
     }
