@@ -25,7 +25,9 @@ __device__ __forceinline__ long long source_index(long long i, int h, int w, int
     return i;
 }
 
-// Output element `i`: its source pixel times scale[c] plus bias[c].
+// Output element `i`: its source pixel times scale[c] plus bias[c], rounded after the multiply
+// and after the add (__fmul_rn/__fadd_rn are never fused into an FMA), as the CPU's slot writer
+// computes it: the GPU's batches are bit-identical to the CPU transform's.
 __device__ __forceinline__ float converted(const unsigned char *in, long long i, int h, int w,
                                            int nchw, float s0, float s1, float s2, float b0,
                                            float b1, float b2) {
@@ -33,7 +35,7 @@ __device__ __forceinline__ float converted(const unsigned char *in, long long i,
     long long src = source_index(i, h, w, nchw, &c);
     float scale = c == 0 ? s0 : (c == 1 ? s1 : s2);
     float bias = c == 0 ? b0 : (c == 1 ? b1 : b2);
-    return (float)in[src] * scale + bias;
+    return __fadd_rn(__fmul_rn((float)in[src], scale), bias);
 }
 
 // out = pixel * scale[c] + bias[c], with scale = 1 / (255 std) and bias = -mean / std: the

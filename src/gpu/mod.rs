@@ -918,9 +918,9 @@ mod tests {
     }
 
     /// The GPU feed's recipe, checked without a GPU: the loader configuration it makes is
-    /// valid, and the conversion `DeviceOutput::of` describes (`pixel * scale + bias`, then the
-    /// layout), done here on the CPU over the raw batches, gives what the float transform
-    /// writes itself.
+    /// valid, and the conversion `DeviceOutput::of` describes (`pixel * scale + bias`, each
+    /// rounded, then the layout), done here on the CPU over the raw batches, gives bit for bit
+    /// what the float transform writes itself.
     #[test]
     fn the_gpu_feed_recipe_is_a_valid_loader_and_converts_to_the_cpu_transform() {
         use crate::loader::LoaderConfig;
@@ -980,11 +980,9 @@ mod tests {
                                     Layout::Nchw => ((i * 3 + c) * h + y) * w + x,
                                     Layout::Nhwc => ((i * h + y) * w + x) * 3 + c,
                                 };
+                                // What the kernel computes, rounded as it rounds.
                                 let (a, b) = (p * scale[c] + bias[c], expected[at]);
-                                assert!(
-                                    (a - b).abs() <= 1e-5 * b.abs().max(1.0),
-                                    "{layout:?} {at}: {a} vs {b}"
-                                );
+                                assert!(a.to_bits() == b.to_bits(), "{layout:?} {at}: {a} vs {b}");
                             }
                         }
                     }
@@ -1004,6 +1002,12 @@ mod tests {
     #[test]
     fn the_ptx_has_every_kernel_and_targets_compute_70() {
         assert!(PTX.contains(".target sm_70"), "compute_70 PTX");
+        // Rounded like the CPU: a multiply and an add, each rounded, never one fused FMA.
+        assert!(
+            !PTX.contains("fma."),
+            "the conversion must not fuse the multiply-add"
+        );
+        assert!(PTX.contains("mul.rn.f32") && PTX.contains("add.rn.f32"));
         assert!(PTX.contains(".version 8.0"), "PTX ISA 8.0 (driver 525+)");
         for kernel in ["u8_nhwc_to_f32", "u8_nhwc_to_f16"] {
             assert!(
