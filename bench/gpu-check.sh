@@ -197,12 +197,12 @@ run() {
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$log"
     echo "cores: $(nproc)" | tee -a "$log"
     local torch_py=${TORCH_PYTHON:-python3}
-    # torch: the Python package's tests and loops, the torch bandwidth; torchvision too: the
-    # PyTorch DataLoader baseline.
+    # torch and numpy: the Python package's tests and loops, the torch bandwidth; torchvision
+    # too: the PyTorch DataLoader baseline.
     local torch=1 torchvision=1
-    if ! "$torch_py" -c 'import torch' 2>/dev/null; then
+    if ! "$torch_py" -c 'import torch, numpy' 2>/dev/null; then
         torch=0 torchvision=0
-        echo "torch not importable with $torch_py: the Python package and the PyTorch comparisons are skipped" | tee -a "$log"
+        echo "torch or numpy not importable with $torch_py: the Python package and the PyTorch comparisons are skipped" | tee -a "$log"
     elif ! "$torch_py" -c 'import torchvision' 2>/dev/null; then
         torchvision=0
         echo "torchvision not importable with $torch_py: the PyTorch DataLoader comparisons are skipped" | tee -a "$log"
@@ -286,7 +286,7 @@ EOF
     # pytest -q ends with "N passed, M skipped in T s" at the start of a line (cargo's own
     # counts follow "test result:"), and python_loader.py prints a table of loops.
     summary python "^[0-9]+ (passed|failed|skipped|error)|^(FAILED|ERROR) |^\\| (Python|Rust|PyTorch)"
-    summary load "^== (load|torch DataLoader)|^epoch [0-9]+: .*images/s|\"event\": \"epoch\""
+    summary load "^== (load|torch DataLoader)|^epoch [0-9]+: [0-9]+ images in|\"event\": \"epoch\""
     if [ ${#failures[@]} -gt 0 ]; then
         printf 'failed: %s\n' "${failures[@]}"
     else

@@ -103,9 +103,11 @@ class _CudaFeed:
         """Waits for every copy still reading a host batch, then lets the host batches go.
         Called when a loop ends, however it ends: the page-locked buffers are freed with the
         loader, and none may be freed while a copy still reads it."""
-        in_flight, self.in_flight = self.in_flight, []
-        for done, _host in in_flight:
-            done.synchronize()
+        if self.in_flight:
+            # Every copy was issued on the copy stream. The host batches stay referenced until
+            # it has finished: if waiting fails, they are kept (leaked), never freed under a copy.
+            self.copy_stream.synchronize()
+        self.in_flight = []
 
     def finish(self, staged: tuple) -> tuple:
         torch = self.torch

@@ -15,7 +15,14 @@
 //!   used it (an event recorded when the next batch is asked for);
 //! - a host batch returns to the pool only after its copy has completed;
 //! - PCIe carries `u8` (4× fewer bytes than `f32`); the GPU converts, with the same arithmetic
-//!   as the CPU [`SlotWriter`](crate::transform::SlotWriter) up to float rounding.
+//!   as the CPU [`SlotWriter`](crate::transform::SlotWriter), rounded the same way (a rounded
+//!   multiply, then a rounded add; no fused multiply-add), so the batches are meant to be
+//!   bit-identical (asserted by the GPU tests, which have not yet run on a GPU);
+//! - what this module does on a caller's thread without being asked to work there (opening a
+//!   device, allocating and freeing page-locked memory, dropping a [`Gpu`] or a
+//!   [`PinnedAllocator`]) leaves the thread's current CUDA context as it was, so PyTorch's
+//!   current device does not move. cudarc's safe calls make the context current themselves;
+//!   code making raw driver calls makes it current first (`gpu.context().bind_to_thread()`).
 //!
 //! CUDA is loaded at run time (cudarc's dynamic loading): on a machine without the driver or a
 //! device, [`Gpu::open`] returns [`Error::Cuda`] saying which, and nothing panics.
@@ -24,6 +31,7 @@
 //! `kernels.cu` by `scripts/make_ptx.py` with NVRTC): no CUDA compiler at build or run time;
 //! the driver (525 or newer) compiles it for the GPU it finds.
 
+use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -97,6 +105,32 @@ impl RestoreCurrentContext {
     }
 }
 
+/// A value whose drop leaves this thread's current context as it was. cudarc's `CudaContext`
+/// and `CudaModule` make their context current to release or unload it, and the last
+/// reference may be dropped on a caller's thread (a Python loader deleted on the main thread).
+struct RestoringDrop<T>(ManuallyDrop<T>);
+
+impl<T> RestoringDrop<T> {
+    fn new(value: T) -> Self {
+        RestoringDrop(ManuallyDrop::new(value))
+    }
+}
+
+impl<T> std::ops::Deref for RestoringDrop<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> Drop for RestoringDrop<T> {
+    fn drop(&mut self) {
+        let _restore = RestoreCurrentContext::remember().ok();
+        // SAFETY: the value is dropped exactly once, here, and the wrapper is never used again.
+        unsafe { ManuallyDrop::drop(&mut self.0) };
+    }
+}
+
 impl Drop for RestoreCurrentContext {
     fn drop(&mut self) {
         let current = result::ctx::get_current().ok().flatten();
@@ -112,8 +146,8 @@ impl Drop for RestoreCurrentContext {
 
 /// One GPU: its context (with the kernels loaded).
 pub struct Gpu {
-    ctx: Arc<CudaContext>,
-    module: Arc<CudaModule>,
+    ctx: RestoringDrop<Arc<CudaContext>>,
+    module: RestoringDrop<Arc<CudaModule>>,
 }
 
 impl Gpu {
@@ -122,6 +156,10 @@ impl Gpu {
     /// cudarc's automatic per-allocation stream tracking is turned off for this context: the
     /// [`Prefetcher`] orders its streams with its own events, and code sharing the context must
     /// order its streams itself.
+    ///
+    /// The calling thread's current context is left as it was (none, or another device's):
+    /// cudarc's calls make this one current when they need it; before a raw driver call, call
+    /// `gpu.context().bind_to_thread()`.
     pub fn open(ordinal: usize) -> Result<Gpu> {
         let count = device_count()?;
         if count == 0 {
@@ -144,7 +182,10 @@ impl Gpu {
         let module = ctx.load_module(Ptx::from_src(PTX)).map_err(cuda(
             "loading the kernels (PTX ISA 8.0 needs driver 525 or newer)",
         ))?;
-        Ok(Gpu { ctx, module })
+        Ok(Gpu {
+            ctx: RestoringDrop::new(ctx),
+            module: RestoringDrop::new(module),
+        })
     }
 
     /// The context.
@@ -159,6 +200,10 @@ impl Gpu {
 
     /// A kernel from the shipped PTX.
     pub fn function(&self, name: &str) -> Result<CudaFunction> {
+        // cuModuleGetFunction works in the current context, which `open` did not leave bound.
+        self.ctx
+            .bind_to_thread()
+            .map_err(cuda("binding the context"))?;
         self.module
             .load_function(name)
             .map_err(|e| Error::cuda_call(format!("kernel {name}"), e))
@@ -187,7 +232,7 @@ impl Gpu {
     /// An allocator of page-locked batch buffers, for [`Loader::with_allocator`](crate::loader::Loader::with_allocator).
     pub fn pinned_allocator(&self) -> Arc<PinnedAllocator> {
         Arc::new(PinnedAllocator {
-            ctx: Arc::clone(&self.ctx),
+            ctx: RestoringDrop::new(Arc::clone(&self.ctx)),
             pinned: AtomicU64::new(0),
             fallbacks: AtomicU64::new(0),
         })
@@ -199,7 +244,7 @@ impl Gpu {
 pub struct PinnedBuffer {
     ptr: NonNull<u8>,
     len: usize,
-    ctx: Arc<CudaContext>,
+    ctx: RestoringDrop<Arc<CudaContext>>,
 }
 
 // SAFETY: the buffer owns its allocation exclusively; `&self` gives only shared reads and
@@ -225,7 +270,7 @@ impl PinnedBuffer {
         Ok(PinnedBuffer {
             ptr,
             len,
-            ctx: Arc::clone(ctx),
+            ctx: RestoringDrop::new(Arc::clone(ctx)),
         })
     }
 }
@@ -245,7 +290,10 @@ impl BatchMemory for PinnedBuffer {
 impl Drop for PinnedBuffer {
     fn drop(&mut self) {
         let _restore = RestoreCurrentContext::remember().ok();
-        let _ = self.ctx.bind_to_thread();
+        // Made current directly: `bind_to_thread` would also take (and so lose) an error an
+        // earlier asynchronous call left on the context.
+        // SAFETY: the context is alive (this buffer holds a reference to it).
+        let _ = unsafe { result::ctx::set_current(self.ctx.cu_ctx()) };
         // SAFETY: `ptr` came from `cuMemHostAlloc` and is freed once; the pool hands a buffer
         // back (and so can drop it) only after every copy from it has completed.
         let _ = unsafe { result::free_host(self.ptr.as_ptr().cast()) };
@@ -255,7 +303,7 @@ impl Drop for PinnedBuffer {
 /// Hands the loader's pool page-locked buffers. When page-locked memory runs out, a heap
 /// buffer is handed out instead (copies from it are slower, never wrong) and counted.
 pub struct PinnedAllocator {
-    ctx: Arc<CudaContext>,
+    ctx: RestoringDrop<Arc<CudaContext>>,
     pinned: AtomicU64,
     fallbacks: AtomicU64,
 }
@@ -539,6 +587,9 @@ impl<I: Iterator<Item = Result<Batch>>> Prefetcher<I> {
         if depth == 0 {
             return Err(Error::Config("prefetch depth must be at least 1".into()));
         }
+        if let Some(normalize) = output.normalize {
+            normalize.validate().map_err(Error::Config)?;
+        }
         if !matches!(output.dtype, DType::F32 | DType::F16) {
             return Err(Error::Config(format!(
                 "the GPU converts to f32 or f16, not {}",
@@ -680,7 +731,7 @@ impl<I: Iterator<Item = Result<Batch>>> Prefetcher<I> {
         if batch.dtype != DType::U8 || batch.layout != Layout::Nhwc {
             return Err(Error::Config(format!(
                 "the GPU prefetcher takes u8 NHWC batches (the GPU converts them), got {} {:?}: \
-                 set the transform's output to u8 NHWC",
+                 give the loader Transform::raw_u8_nhwc()",
                 batch.dtype.name(),
                 batch.layout
             )));

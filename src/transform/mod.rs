@@ -209,6 +209,9 @@ impl Transform {
         if !(0.0..=1.0).contains(&self.hflip) {
             return Err(format!("flip probability {} is not in 0..1", self.hflip));
         }
+        if let Some(normalize) = self.output.normalize {
+            normalize.validate()?;
+        }
         if self.output.dtype == DType::U8 && self.output.normalize.is_some() {
             return Err(
                 "normalization needs a float output (f32 or f16), not u8 (for the GPU \
@@ -641,5 +644,27 @@ mod tests {
         };
         assert!(rrc((0.5, 0.2)).validate().is_err());
         assert!(rrc((0.08, 1.0)).validate().is_ok());
+        // Statistics that would turn pixels into infinities or NaN.
+        for (mean, std) in [
+            (0.5, 0.0),
+            (0.5, f32::NAN),
+            (0.5, -0.2),
+            (0.5, 1e-7),
+            (f32::INFINITY, 0.2),
+            (f32::NAN, 0.2),
+        ] {
+            let t = Transform {
+                output: SlotWriter {
+                    normalize: Some(Normalize {
+                        mean: [0.4, mean, 0.4],
+                        std: [0.2, std, 0.2],
+                    }),
+                    ..Transform::cifar().output
+                },
+                ..Transform::cifar()
+            };
+            let err = t.validate().unwrap_err();
+            assert!(err.contains("standard deviations"), "{mean} {std}: {err}");
+        }
     }
 }

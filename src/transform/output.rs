@@ -66,6 +66,31 @@ impl Normalize {
         std: [0.229, 0.224, 0.225],
     };
 
+    /// The smallest standard deviation accepted (as Python's `imagefeed.transforms.Normalize`).
+    pub const MIN_STD: f32 = 1e-6;
+
+    /// Checks that the statistics give finite values: finite means, finite standard deviations
+    /// of at least [`Normalize::MIN_STD`] (a zero or NaN one would turn every pixel into
+    /// infinity or NaN).
+    pub fn validate(&self) -> Result<(), String> {
+        let finite_means = self.mean.iter().all(|m| m.is_finite());
+        let usable_stds = self
+            .std
+            .iter()
+            .all(|s| s.is_finite() && *s >= Self::MIN_STD);
+        if finite_means && usable_stds {
+            Ok(())
+        } else {
+            Err(format!(
+                "normalization mean {:?}, std {:?}: means must be finite, and standard \
+                 deviations finite and at least {}",
+                self.mean,
+                self.std,
+                Self::MIN_STD
+            ))
+        }
+    }
+
     /// `value = pixel · scale + bias`, per channel.
     fn affine(&self) -> ([f32; 3], [f32; 3]) {
         let scale = std::array::from_fn(|c| 1.0 / (255.0 * self.std[c]));
