@@ -372,6 +372,20 @@ pub(crate) fn cut_to_committed(file: &fs::File, path: &Path, committed: u64) -> 
     file.set_len(committed).at(path)
 }
 
+/// Opens the file `name` in the staging directory `partial` for reading and writing, creating
+/// it when `create` (empty) and never truncating it: a resume cuts it back to what was
+/// committed ([`cut_to_committed`]).
+pub(crate) fn open_staged_file(partial: &Path, name: &str, create: bool) -> Result<fs::File> {
+    let path = partial.join(name);
+    fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(create)
+        .truncate(false)
+        .open(&path)
+        .at(&path)
+}
+
 /// Replaces `path` with `bytes` atomically: writes `PATH.tmp`, syncs it, renames it over `path`
 /// ([`crate::file::replace_via`]: never through a link).
 pub(crate) fn write_file_atomically(path: &Path, bytes: &[u8]) -> Result<()> {

@@ -244,16 +244,7 @@ pub struct RecordsWriter {
 
 impl RecordsWriter {
     fn open_shard_files(&self, entry: &ShardEntry, create: bool) -> Result<(fs::File, fs::File)> {
-        let open = |name: &str| {
-            let path = self.partial.join(name);
-            fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(create)
-                .truncate(false)
-                .open(&path)
-                .at(&path)
-        };
+        let open = |name: &str| output::open_staged_file(&self.partial, name, create);
         Ok((open(&entry.file)?, open(&entry.index)?))
     }
 

@@ -105,6 +105,19 @@ impl RestoreCurrentContext {
     }
 }
 
+impl Drop for RestoreCurrentContext {
+    fn drop(&mut self) {
+        let current = result::ctx::get_current().ok().flatten();
+        if current != self.previous {
+            // SAFETY: `previous` was current on this thread moments ago, inside a call of this
+            // module that destroys no context (contexts are primary contexts, retained by
+            // their owners); null makes no context current, as before.
+            let _ =
+                unsafe { result::ctx::set_current(self.previous.unwrap_or(std::ptr::null_mut())) };
+        }
+    }
+}
+
 /// A value whose drop leaves this thread's current context as it was. cudarc's `CudaContext`
 /// and `CudaModule` make their context current to release or unload it, and the last
 /// reference may be dropped on a caller's thread (a Python loader deleted on the main thread).
@@ -128,19 +141,6 @@ impl<T> Drop for RestoringDrop<T> {
         let _restore = RestoreCurrentContext::remember().ok();
         // SAFETY: the value is dropped exactly once, here, and the wrapper is never used again.
         unsafe { ManuallyDrop::drop(&mut self.0) };
-    }
-}
-
-impl Drop for RestoreCurrentContext {
-    fn drop(&mut self) {
-        let current = result::ctx::get_current().ok().flatten();
-        if current != self.previous {
-            // SAFETY: `previous` was current on this thread moments ago, inside a call of this
-            // module that destroys no context (contexts are primary contexts, retained by
-            // their owners); null makes no context current, as before.
-            let _ =
-                unsafe { result::ctx::set_current(self.previous.unwrap_or(std::ptr::null_mut())) };
-        }
     }
 }
 
@@ -363,20 +363,10 @@ impl DeviceOutput {
     }
 
     /// Per-channel `(scale, bias)` so that `out = pixel * scale + bias` equals
-    /// `(pixel / 255 - mean) / std`.
+    /// `(pixel / 255 - mean) / std`: the CPU slot writer's own values
+    /// ([`Normalize::pixel_affine`]).
     pub fn affine(&self) -> ([f32; 3], [f32; 3]) {
-        match self.normalize {
-            None => ([1.0 / 255.0; 3], [0.0; 3]),
-            Some(n) => {
-                let mut scale = [0.0; 3];
-                let mut bias = [0.0; 3];
-                for c in 0..3 {
-                    scale[c] = 1.0 / (255.0 * n.std[c]);
-                    bias[c] = -n.mean[c] / n.std[c];
-                }
-                (scale, bias)
-            }
-        }
+        Normalize::pixel_affine(self.normalize)
     }
 
     fn element_bytes(&self) -> usize {

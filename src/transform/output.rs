@@ -91,6 +91,16 @@ impl Normalize {
         }
     }
 
+    /// Per-channel `(scale, bias)` with `value = pixel · scale + bias`: ToTensor (`/ 255`),
+    /// then `normalize` if there is one. The one place both the CPU slot writer and the GPU
+    /// feed take them from, so that both compute with the same `f32` values.
+    pub fn pixel_affine(normalize: Option<Normalize>) -> ([f32; 3], [f32; 3]) {
+        match normalize {
+            Some(n) => n.affine(),
+            None => ([1.0 / 255.0; 3], [0.0; 3]),
+        }
+    }
+
     /// `value = pixel · scale + bias`, per channel.
     fn affine(&self) -> ([f32; 3], [f32; 3]) {
         let scale = std::array::from_fn(|c| 1.0 / (255.0 * self.std[c]));
@@ -133,10 +143,7 @@ impl SlotWriter {
             self.slot_len(width, height),
             "slot does not match {w}x{h}"
         );
-        let (scale, bias) = match self.normalize {
-            Some(n) => n.affine(),
-            None => ([1.0 / 255.0; 3], [0.0; 3]),
-        };
+        let (scale, bias) = Normalize::pixel_affine(self.normalize);
         let element = self.dtype.size();
         assert!(
             (slot.as_ptr() as usize).is_multiple_of(element),
@@ -302,8 +309,7 @@ mod tests {
                             layout,
                             normalize,
                         };
-                        let (scale, bias) =
-                            normalize.map_or(([1.0 / 255.0; 3], [0.0; 3]), |n| n.affine());
+                        let (scale, bias) = Normalize::pixel_affine(normalize);
                         let len = writer.slot_len(w as u32, h as u32);
                         for flip in [false, true] {
                             let (mut fast, mut portable) = (aligned(len), aligned(len));

@@ -332,16 +332,6 @@ impl DatasetWriter for Hdf5Writer {
         let mode = options.mode;
         let partial = output::prepare_output(out, mode)?;
         let out = std::path::absolute(out).at(out)?;
-        let open = |name: &str, create: bool| {
-            let path = partial.join(name);
-            fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(create)
-                .truncate(false)
-                .open(&path)
-                .at(&path)
-        };
         let created = !partial.exists();
         if created {
             fs::create_dir(&partial).at(&partial)?;
@@ -356,8 +346,8 @@ impl DatasetWriter for Hdf5Writer {
             save_staged_progress(&partial, plan, &progress, 0, 0)?;
             let writer = Hdf5Writer {
                 _lock: lock,
-                payloads: open(STAGED_PAYLOADS, true)?,
-                index: open(STAGED_INDEX, true)?,
+                payloads: output::open_staged_file(&partial, STAGED_PAYLOADS, true)?,
+                index: output::open_staged_file(&partial, STAGED_INDEX, true)?,
                 partial,
                 out,
                 plan: plan.clone(),
@@ -369,8 +359,8 @@ impl DatasetWriter for Hdf5Writer {
         let staged: StagedProgress =
             output::read_staged_progress(&partial, STAGED_PROGRESS, "imagefeed HDF5")?;
         staged.plan.check_resumable(plan, &partial)?;
-        let payloads = open(STAGED_PAYLOADS, false)?;
-        let index = open(STAGED_INDEX, false)?;
+        let payloads = output::open_staged_file(&partial, STAGED_PAYLOADS, false)?;
+        let index = output::open_staged_file(&partial, STAGED_INDEX, false)?;
         output::cut_to_committed(
             &payloads,
             &partial.join(STAGED_PAYLOADS),
