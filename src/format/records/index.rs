@@ -1,0 +1,111 @@
+//! Per-shard indexes in the Python `tfrecord` package's format: one text line per record,
+//! `"<byte offset> <record length in bytes>"`; where they live, parsing and checking them.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// The index file for a shard: `x.index` for `x.tfrecord`, else the shard name plus `.index`.
+pub fn index_path_for(shard: &Path) -> PathBuf {
+    match shard.extension().and_then(|e| e.to_str()) {
+        Some("tfrecord" | "tfrecords" | "tfr") => shard.with_extension("index"),
+        _ => {
+            let mut name = shard.as_os_str().to_owned();
+            name.push(".index");
+            PathBuf::from(name)
+        }
+    }
+}
+
+/// Appends one index line, `"<offset> <length>\n"` (the `tfrecord` package's format, which
+/// [`parse_index`] reads).
+pub(super) fn push_index_line(index: &mut String, offset: u64, len: u64) {
+    use std::fmt::Write as _;
+    let _ = writeln!(index, "{offset} {len}");
+}
+
+/// Parses an index: one `"<offset> <length>"` line per record.
+pub(crate) fn parse_index(path: &Path, text: &[u8]) -> Result<Vec<(u64, u64)>> {
+    let text = std::str::from_utf8(text)
+        .map_err(|_| Error::not_a_dataset(path, "index file is not text"))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(number, line)| {
+            let mut parts = line.split_whitespace();
+            let parse = |s: Option<&str>| s.and_then(|s| s.parse::<u64>().ok());
+            match (parse(parts.next()), parse(parts.next()), parts.next()) {
+                (Some(offset), Some(len), None) => Ok((offset, len)),
+                _ => Err(Error::not_a_dataset(
+                    path,
+                    format!(
+                        "index line {} is not \"<offset> <length>\": {line:?}",
+                        number + 1
+                    ),
+                )),
+            }
+        })
+        .collect()
+}
+
+/// Refuses an index that does not account for every byte of its shard: its records must follow
+/// one another from byte 0 to at least the shard's end. A stale or cut index would otherwise make
+/// the records it does not list silently unreachable. (An index reaching past the end is a cut
+/// shard: the records past the end read as bad records that say so.) Returns where the index
+/// says the shard ends.
+pub(crate) fn check_index_covers(
+    index_path: &Path,
+    records: &[(u64, u64)],
+    shard_len: u64,
+) -> Result<u64> {
+    let mut end = 0u64;
+    for (number, &(offset, len)) in records.iter().enumerate() {
+        if offset != end {
+            return Err(Error::not_a_dataset(
+                index_path,
+                format!(
+                    "record {number} starts at byte {offset}, but the one before ends at {end}: \
+                     the index does not match its shard (delete it to have it rebuilt)"
+                ),
+            ));
+        }
+        end = offset.saturating_add(len);
+    }
+    if end < shard_len {
+        return Err(Error::not_a_dataset(
+            index_path,
+            format!(
+                "lists records up to byte {end} but the shard has {shard_len} bytes: the index or \
+                 the shard was changed (delete the index to have it rebuilt)"
+            ),
+        ));
+    }
+    Ok(end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_index_must_cover_its_shard() {
+        let path = Path::new("x.index");
+        assert_eq!(
+            check_index_covers(path, &[(0, 21), (21, 29)], 50).unwrap(),
+            50
+        );
+        // A shard cut after its index was written: the last record reads as truncated.
+        assert_eq!(
+            check_index_covers(path, &[(0, 21), (21, 29)], 40).unwrap(),
+            50
+        );
+        let short = check_index_covers(path, &[(0, 21)], 50).unwrap_err();
+        assert!(
+            short
+                .to_string()
+                .contains("up to byte 21 but the shard has 50")
+        );
+        let gap = check_index_covers(path, &[(0, 21), (30, 20)], 50).unwrap_err();
+        assert!(gap.to_string().contains("record 1 starts at byte 30"));
+    }
+}
