@@ -95,8 +95,13 @@ impl<'a> Fields<'a> {
 /// The pickle reader (Python `folder2lmdb` values).
 pub fn pickle_value(data: &[u8]) {
     let _ = pickle::parse(data);
-    if let Ok((image, _label)) = pickle::image_and_label(data) {
-        assert!(image.start <= image.end && image.end <= data.len());
+    match pickle::image_and_label(data) {
+        Ok((pickle::Image::Stored(image), _label)) => {
+            assert!(image.start <= image.end && image.end <= data.len());
+        }
+        // A decoded image is never larger than the text it was decoded from.
+        Ok((pickle::Image::Decoded(image), _label)) => assert!(image.len() <= data.len()),
+        Err(_) => {}
     }
 }
 

@@ -882,6 +882,7 @@ impl Dataset for Lmdb {
             } else {
                 Vec::new()
             },
+            decoded: Vec::new(),
         }))
     }
 }
@@ -905,6 +906,8 @@ struct LmdbReader {
     /// `txn` lives as long as this reader, so a later read (every epoch after the first) skips
     /// the lookup, and [`prefetch`](RecordReader::prefetch) knows where to fetch from.
     found: Vec<(usize, usize)>,
+    /// A folder2lmdb image that had to be decoded (pickle protocols 0 to 2).
+    decoded: Vec<u8>,
 }
 
 impl LmdbReader {
@@ -978,7 +981,16 @@ impl RecordReader for LmdbReader {
                 let label = self
                     .info
                     .check_stored_label(&self.path, index, key, label)?;
-                (label, key, &value[image])
+                let payload = match image {
+                    pickle::Image::Stored(range) => &value[range],
+                    // Protocols 0 to 2 store bytes as latin-1 text: decoded into the reader's
+                    // own buffer, which lives until the next read.
+                    pickle::Image::Decoded(bytes) => {
+                        self.decoded = bytes;
+                        self.decoded.as_slice()
+                    }
+                };
+                (label, key, payload)
             }
         };
         self.info.check_label(&self.path, index, key, label)?;
@@ -1086,16 +1098,18 @@ fn open_folder2lmdb(
         None => (0..len).map(|i| i.to_string()).collect(),
         Some(value) => match pickle::parse(value) {
             Ok(pickle::Value::List(items)) => items
-                .into_iter()
+                .iter()
                 .map(|item| match item {
-                    pickle::Value::Bytes(r) => String::from_utf8(value[r].to_vec()).ok(),
-                    _ => None,
+                    pickle::Value::Str(text) => Some(text.clone()),
+                    bytes => bytes
+                        .bytes(value)
+                        .and_then(|b| String::from_utf8(b.to_vec()).ok()),
                 })
                 .collect::<Option<Vec<String>>>()
                 .ok_or_else(|| {
                     Error::not_a_dataset(
                         path,
-                        "__keys__ holds something other than UTF-8 bytes keys",
+                        "__keys__ holds something other than UTF-8 keys (bytes or str)",
                     )
                 })?,
             Ok(_) => return Err(Error::not_a_dataset(path, "__keys__ is not a pickled list")),

@@ -1,10 +1,15 @@
-//! A minimal, strict reader for the few pickles the Python folder2lmdb scripts store:
-//! `(image_bytes, label)` tuples, an `int` (`__len__`), and a list of `bytes` keys
-//! (`__keys__`), as written by `pickle.dumps` with protocols 2 to 5.
+//! A strict reader for the pickles the Python folder2lmdb scripts store: `(image_bytes, label)`
+//! tuples, an `int` (`__len__`), and a list of `bytes` keys (`__keys__`), as written by
+//! `pickle.dumps` with any protocol (0 to 5), by Python 3 or Python 2, with the label a Python
+//! `int` or a NumPy integer scalar (`np.int64(7)`, what a label taken from a NumPy array is).
 //!
-//! It interprets only the opcodes those objects need (no globals, no reduce: nothing can run)
-//! and fails with a description of the first unsupported opcode. Byte strings are returned as
-//! ranges into the input, so reading an image is still zero-copy.
+//! Nothing in a pickle is run. The opcodes that build values (bytes, strings, ints, tuples,
+//! lists, the memo) are interpreted; the few calls those objects need are recognised by name
+//! and evaluated here instead: `_codecs.encode(text, "latin1")` (how protocols 0 to 2 store
+//! `bytes`), `bytes()`, `numpy.dtype(...)` of an integer type and `numpy.core.multiarray.scalar`
+//! (`numpy._core` in NumPy 2) of it. Any other call is an error naming it. Byte strings stored as
+//! such (protocols 3 to 5, Python 2's `str`) are returned as ranges into the input, so reading an
+//! image is still zero-copy; the latin-1 and escaped forms are decoded into a new buffer.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -12,36 +17,70 @@ use std::ops::Range;
 /// A decoded value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Value {
-    /// `bytes`: a range of the input.
+    /// `bytes` stored as such: a range of the input.
     Bytes(Range<usize>),
-    /// `int` (within i64).
+    /// `bytes` that had to be decoded (a latin-1 or escaped text form).
+    OwnedBytes(Vec<u8>),
+    /// `str`.
+    Str(String),
+    /// `int` (within i64), or a NumPy integer scalar.
     Int(i64),
     /// `tuple`.
     Tuple(Vec<Value>),
     /// `list`.
     List(Vec<Value>),
-    /// `None`, `True`, `False` (as they may appear in forks' extra fields).
+    /// A global a pickle names (a class or function), not called yet.
+    Global(String, String),
+    /// A NumPy integer dtype: signed or not, bytes, little-endian or not.
+    IntDtype {
+        /// Signed (`i`) or unsigned (`u`).
+        signed: bool,
+        /// Size in bytes (1, 2, 4 or 8).
+        size: usize,
+        /// Byte order: true for little-endian (`<`, `|`, `=` on the machines we run on).
+        little: bool,
+    },
+    /// `None`, `True`, `False`, floats, dicts, sets (as they may appear in forks' extra fields).
     Other,
+}
+
+impl Value {
+    /// The bytes this value holds, when it is `bytes`.
+    pub fn bytes<'a>(&'a self, data: &'a [u8]) -> Option<&'a [u8]> {
+        match self {
+            Value::Bytes(r) => data.get(r.clone()),
+            Value::OwnedBytes(b) => Some(b),
+            _ => None,
+        }
+    }
 }
 
 /// The deepest nesting of tuples and lists accepted (folder2lmdb pickles nest two deep).
 const MAX_DEPTH: u32 = 32;
 
-/// A value on the unpickler's stack, with what bounds it: how deeply it nests, and how many
-/// values it holds in all (itself included).
+/// A value on the unpickler's stack, with what bounds it: how deeply it nests, how many values
+/// it holds in all (itself included), and how many bytes of text or decoded bytes it owns.
 #[derive(Clone)]
 struct Item {
     value: Value,
     depth: u32,
     nodes: usize,
+    owned: usize,
 }
 
 impl Item {
     fn leaf(value: Value) -> Item {
+        let owned = match &value {
+            Value::Str(s) => s.len(),
+            Value::OwnedBytes(b) => b.len(),
+            Value::Global(m, n) => m.len() + n.len(),
+            _ => 0,
+        };
         Item {
             value,
             depth: 0,
             nodes: 1,
+            owned,
         }
     }
 
@@ -52,6 +91,7 @@ impl Item {
             return Err(format!("tuples or lists nested deeper than {MAX_DEPTH}"));
         }
         let nodes = 1 + items.iter().map(|i| i.nodes).sum::<usize>();
+        let owned = items.iter().map(|i| i.owned).sum::<usize>();
         let values = items.into_iter().map(|i| i.value).collect();
         Ok(Item {
             value: if list {
@@ -61,6 +101,7 @@ impl Item {
             },
             depth,
             nodes,
+            owned,
         })
     }
 
@@ -75,6 +116,7 @@ impl Item {
             }
             self.depth = self.depth.max(item.depth + 1);
             self.nodes += item.nodes;
+            self.owned += item.owned;
             list.push(item.value);
         }
         Ok(())
@@ -95,12 +137,18 @@ fn items_since_mark(
     Ok(stack.split_off(mark))
 }
 
+/// What to say about a value this reader does not make, with what to do instead.
+const CONVERT: &str = "this reader takes only bytes, str, int, NumPy integer scalars, tuples \
+                       and lists; repack from the source images with `pack-dataset \
+                       imagefolder2lmdb`, or convert the file's images yourself";
+
 /// Decodes one pickle.
 ///
 /// Everything the input can ask for is bounded by the input itself: a value is at most as big as
-/// the bytes that describe it, memo references (`GET`, which copies here, where Python would
-/// share) may not make the values outnumber the input's bytes, memo indices are only keys of a
-/// map (a `LONG_BINPUT` of 2³² − 1 allocates nothing), and nesting stops at [`MAX_DEPTH`].
+/// the bytes that describe it, memo references (`GET` and `DUP`, which copy here, where Python
+/// would share) may not make the values outnumber the input's bytes nor copy more text than
+/// the input holds, memo indices are only keys of a map (a `LONG_BINPUT` of 2³² − 1 allocates
+/// nothing), and nesting stops at [`MAX_DEPTH`].
 pub fn parse(data: &[u8]) -> Result<Value, String> {
     let mut stack: Vec<Item> = Vec::new();
     let mut marks: Vec<usize> = Vec::new();
@@ -108,6 +156,8 @@ pub fn parse(data: &[u8]) -> Result<Value, String> {
     // Values made so far, clones included: never more than one per input byte (plus slack).
     let budget = data.len() + 16;
     let mut made = 0usize;
+    // Bytes of text copied by memo references: at most as many as the input holds.
+    let mut copied = 0usize;
     let mut at = 0usize;
     let take = |at: &mut usize, n: usize| -> Result<Range<usize>, String> {
         let end = at
@@ -118,7 +168,23 @@ pub fn parse(data: &[u8]) -> Result<Value, String> {
         *at = end;
         Ok(r)
     };
+    // A protocol-0 argument: the bytes up to the next newline (which is consumed).
+    let line = |at: &mut usize| -> Result<Range<usize>, String> {
+        let rest = data.get(*at..).ok_or("pickle is truncated")?;
+        let len = rest
+            .iter()
+            .position(|&b| b == b'\n')
+            .ok_or("pickle is truncated (a line without its newline)")?;
+        let r = *at..*at + len;
+        *at += len + 1;
+        Ok(r)
+    };
     let uint = |r: Range<usize>| data[r].iter().rev().fold(0u64, |v, &b| (v << 8) | b as u64);
+    let utf8 = |r: Range<usize>| {
+        std::str::from_utf8(&data[r])
+            .map(str::to_owned)
+            .map_err(|_| "a str that is not UTF-8".to_string())
+    };
     loop {
         let op = *data.get(at).ok_or("pickle ends without STOP")?;
         at += 1;
@@ -134,6 +200,22 @@ pub fn parse(data: &[u8]) -> Result<Value, String> {
             stack.push(item);
             Ok(())
         };
+        // A copy (GET, DUP) also costs the text it copies.
+        let mut copy = |item: &Item| -> Result<(), String> {
+            copied = copied.saturating_add(item.owned);
+            if copied > budget {
+                return Err(format!(
+                    "pickle of {} bytes copies more than {budget} bytes of text (repeated memo references)",
+                    data.len()
+                ));
+            }
+            Ok(())
+        };
+        let pop = |stack: &mut Vec<Item>, what: &str| {
+            stack
+                .pop()
+                .ok_or_else(|| format!("{what} on an empty stack"))
+        };
         match op {
             0x80 => {
                 take(&mut at, 1)?; // PROTO
@@ -141,18 +223,56 @@ pub fn parse(data: &[u8]) -> Result<Value, String> {
             0x95 => {
                 take(&mut at, 8)?; // FRAME: a length hint only
             }
-            b'C' => {
+            // Bytes stored as such: SHORT_BINBYTES, BINBYTES, BINBYTES8, BYTEARRAY8, and
+            // Python 2's SHORT_BINSTRING and BINSTRING (its `str` is bytes).
+            b'C' | b'U' => {
                 let n = uint(take(&mut at, 1)?) as usize;
                 push(&mut stack, Item::leaf(Value::Bytes(take(&mut at, n)?)), 1)?;
             }
-            b'B' => {
+            b'B' | b'T' => {
                 let n = uint(take(&mut at, 4)?) as usize;
                 push(&mut stack, Item::leaf(Value::Bytes(take(&mut at, n)?)), 1)?;
             }
-            0x8e => {
+            0x8e | 0x96 => {
                 let n =
                     usize::try_from(uint(take(&mut at, 8)?)).map_err(|_| "absurd bytes length")?;
                 push(&mut stack, Item::leaf(Value::Bytes(take(&mut at, n)?)), 1)?;
+            }
+            // Python 2's STRING: a quoted, escaped repr on one line.
+            b'S' => {
+                let text = &data[line(&mut at)?];
+                let bytes = unquote_escaped(text)?;
+                push(&mut stack, Item::leaf(Value::OwnedBytes(bytes)), 1)?;
+            }
+            // Text: SHORT_BINUNICODE, BINUNICODE, BINUNICODE8 (UTF-8), UNICODE (raw-unicode-escape).
+            0x8c => {
+                let n = uint(take(&mut at, 1)?) as usize;
+                push(
+                    &mut stack,
+                    Item::leaf(Value::Str(utf8(take(&mut at, n)?)?)),
+                    1,
+                )?;
+            }
+            b'X' => {
+                let n = uint(take(&mut at, 4)?) as usize;
+                push(
+                    &mut stack,
+                    Item::leaf(Value::Str(utf8(take(&mut at, n)?)?)),
+                    1,
+                )?;
+            }
+            0x8d => {
+                let n =
+                    usize::try_from(uint(take(&mut at, 8)?)).map_err(|_| "absurd str length")?;
+                push(
+                    &mut stack,
+                    Item::leaf(Value::Str(utf8(take(&mut at, n)?)?)),
+                    1,
+                )?;
+            }
+            b'V' => {
+                let text = raw_unicode_escape(&data[line(&mut at)?])?;
+                push(&mut stack, Item::leaf(Value::Str(text)), 1)?;
             }
             b'K' => push(
                 &mut stack,
@@ -169,9 +289,24 @@ pub fn parse(data: &[u8]) -> Result<Value, String> {
                 Item::leaf(Value::Int(uint(take(&mut at, 4)?) as u32 as i32 as i64)),
                 1,
             )?,
-            0x8a => {
-                // LONG1: n bytes, little-endian two's complement.
-                let n = uint(take(&mut at, 1)?) as usize;
+            // INT and LONG as decimal text (protocol 0); `I00`/`I01` are False/True.
+            b'I' | b'L' => {
+                let r = line(&mut at)?;
+                let text = std::str::from_utf8(&data[r]).map_err(|_| "an INT that is not text")?;
+                let value = match (op, text) {
+                    (b'I', "00" | "01") => Value::Other,
+                    _ => Value::Int(
+                        text.strip_suffix('L')
+                            .unwrap_or(text)
+                            .parse::<i64>()
+                            .map_err(|_| format!("integer {text:?} is not within 64 bits"))?,
+                    ),
+                };
+                push(&mut stack, Item::leaf(value), 1)?;
+            }
+            0x8a | 0x8b => {
+                // LONG1 / LONG4: n bytes, little-endian two's complement.
+                let n = uint(take(&mut at, if op == 0x8a { 1 } else { 4 })?) as usize;
                 if n > 8 {
                     return Err("integer wider than 64 bits".into());
                 }
@@ -182,7 +317,18 @@ pub fn parse(data: &[u8]) -> Result<Value, String> {
                 }
                 push(&mut stack, Item::leaf(Value::Int(v)), 1)?;
             }
+            // FLOAT (a line) and BINFLOAT (8 bytes): never a label here, but allowed beside one.
+            b'F' => {
+                line(&mut at)?;
+                push(&mut stack, Item::leaf(Value::Other), 1)?;
+            }
+            b'G' => {
+                take(&mut at, 8)?;
+                push(&mut stack, Item::leaf(Value::Other), 1)?;
+            }
             b'N' | 0x88 | 0x89 => push(&mut stack, Item::leaf(Value::Other), 1)?,
+            // EMPTY_DICT, EMPTY_SET: opaque; SETITEM(S)/ADDITEMS below fill nothing in.
+            b'}' | 0x8f => push(&mut stack, Item::leaf(Value::Other), 1)?,
             b')' => push(&mut stack, Item::container(Vec::new(), false)?, 1)?,
             b']' => push(&mut stack, Item::container(Vec::new(), true)?, 1)?,
             0x85..=0x87 => {
@@ -199,6 +345,10 @@ pub fn parse(data: &[u8]) -> Result<Value, String> {
                 let items = items_since_mark(&mut stack, &mut marks, "TUPLE")?;
                 push(&mut stack, Item::container(items, false)?, 1)?;
             }
+            b'l' => {
+                let items = items_since_mark(&mut stack, &mut marks, "LIST")?;
+                push(&mut stack, Item::container(items, true)?, 1)?;
+            }
             b'e' => {
                 let items = items_since_mark(&mut stack, &mut marks, "APPENDS")?;
                 stack
@@ -207,11 +357,73 @@ pub fn parse(data: &[u8]) -> Result<Value, String> {
                     .extend(items)?;
             }
             b'a' => {
-                let item = stack.pop().ok_or("APPEND on an empty stack")?;
+                let item = pop(&mut stack, "APPEND")?;
                 stack
                     .last_mut()
                     .ok_or("APPEND onto an empty stack")?
                     .extend(vec![item])?;
+            }
+            b'u' | 0x90 => {
+                // SETITEMS / ADDITEMS into an opaque dict or set: the items are dropped.
+                items_since_mark(&mut stack, &mut marks, "SETITEMS")?;
+                if !matches!(stack.last().map(|i| &i.value), Some(Value::Other)) {
+                    return Err("SETITEMS onto something that is not a dict or set".into());
+                }
+            }
+            b's' => {
+                pop(&mut stack, "SETITEM")?;
+                pop(&mut stack, "SETITEM")?;
+                if !matches!(stack.last().map(|i| &i.value), Some(Value::Other)) {
+                    return Err("SETITEM onto something that is not a dict".into());
+                }
+            }
+            b'0' => {
+                pop(&mut stack, "POP")?;
+            }
+            b'1' => {
+                items_since_mark(&mut stack, &mut marks, "POP_MARK")?;
+            }
+            b'2' => {
+                let top = stack.last().cloned().ok_or("DUP on an empty stack")?;
+                copy(&top)?;
+                let cost = top.nodes;
+                push(&mut stack, top, cost)?;
+            }
+            // GLOBAL (module and name on two lines) and STACK_GLOBAL (two str on the stack).
+            b'c' => {
+                let module = utf8(line(&mut at)?)?;
+                let name = utf8(line(&mut at)?)?;
+                push(&mut stack, Item::leaf(Value::Global(module, name)), 1)?;
+            }
+            0x93 => {
+                let name = pop(&mut stack, "STACK_GLOBAL")?.value;
+                let module = pop(&mut stack, "STACK_GLOBAL")?.value;
+                let (Value::Str(module), Value::Str(name)) = (module, name) else {
+                    return Err("STACK_GLOBAL of something that is not two str".into());
+                };
+                push(&mut stack, Item::leaf(Value::Global(module, name)), 1)?;
+            }
+            b'R' => {
+                let args = pop(&mut stack, "REDUCE")?.value;
+                let callable = pop(&mut stack, "REDUCE")?.value;
+                let result = call(callable, args, data)?;
+                push(&mut stack, Item::leaf(result), 1)?;
+            }
+            b'b' => {
+                let state = pop(&mut stack, "BUILD")?.value;
+                let target = stack.last_mut().ok_or("BUILD on an empty stack")?;
+                build(&mut target.value, state)?;
+            }
+            0x81 | 0x92 | b'i' | b'o' => {
+                return Err(format!(
+                    "the pickle makes an object of a class (opcode 0x{op:02x}); {CONVERT}"
+                ));
+            }
+            0x97 | 0x98 => {
+                return Err(
+                    "the pickle refers to an out-of-band buffer, which a stored pickle cannot hold"
+                        .into(),
+                );
             }
             0x94 => {
                 // MEMOIZE: memo[len(memo)] = top
@@ -219,15 +431,26 @@ pub fn parse(data: &[u8]) -> Result<Value, String> {
                 let index = u32::try_from(memo.len()).map_err(|_| "too many memo entries")?;
                 memo.insert(index, top);
             }
-            b'q' | b'r' => {
-                // BINPUT / LONG_BINPUT: memo[i] = top
-                let i = uint(take(&mut at, if op == b'q' { 1 } else { 4 })?) as u32;
+            b'q' | b'r' | b'p' => {
+                // BINPUT / LONG_BINPUT / PUT (decimal line): memo[i] = top
+                let i = match op {
+                    b'q' => uint(take(&mut at, 1)?),
+                    b'r' => uint(take(&mut at, 4)?),
+                    _ => decimal(&data[line(&mut at)?])?,
+                };
+                let i = u32::try_from(i).map_err(|_| "memo index beyond 2^32")?;
                 let top = stack.last().cloned().ok_or("PUT on an empty stack")?;
                 memo.insert(i, top);
             }
-            b'h' | b'j' => {
-                let i = uint(take(&mut at, if op == b'h' { 1 } else { 4 })?) as u32;
+            b'h' | b'j' | b'g' => {
+                let i = match op {
+                    b'h' => uint(take(&mut at, 1)?),
+                    b'j' => uint(take(&mut at, 4)?),
+                    _ => decimal(&data[line(&mut at)?])?,
+                };
+                let i = u32::try_from(i).map_err(|_| "memo index beyond 2^32")?;
                 let value = memo.get(&i).ok_or("GET of an unknown memo entry")?;
+                copy(value)?;
                 // Every memo entry was made within the budget, so one copy is bounded too.
                 let (value, cost) = (value.clone(), value.nodes);
                 push(&mut stack, value, cost)?;
@@ -240,7 +463,7 @@ pub fn parse(data: &[u8]) -> Result<Value, String> {
             }
             other => {
                 return Err(format!(
-                    "unsupported pickle opcode 0x{other:02x} at byte {} (only bytes, ints, tuples and lists are read)",
+                    "unsupported pickle opcode 0x{other:02x} at byte {}; {CONVERT}",
                     at - 1
                 ));
             }
@@ -248,21 +471,242 @@ pub fn parse(data: &[u8]) -> Result<Value, String> {
     }
 }
 
-/// Splits a folder2lmdb value, `(image_bytes, label)`, into the image's range and the label.
-pub fn image_and_label(data: &[u8]) -> Result<(Range<usize>, i64), String> {
-    if data.first() != Some(&0x80) {
+/// A decimal memo index (protocol 0's PUT and GET).
+fn decimal(text: &[u8]) -> Result<u64, String> {
+    std::str::from_utf8(text)
+        .ok()
+        .and_then(|t| t.parse::<u64>().ok())
+        .ok_or_else(|| "a memo index that is not a number".into())
+}
+
+/// Evaluates the calls folder2lmdb pickles make (see the module docs); any other is an error.
+fn call(callable: Value, args: Value, data: &[u8]) -> Result<Value, String> {
+    let Value::Global(module, name) = callable else {
+        return Err("REDUCE of something that is not a global".into());
+    };
+    let Value::Tuple(args) = args else {
+        return Err(format!(
+            "{module}.{name} called with arguments that are not a tuple"
+        ));
+    };
+    match (module.as_str(), name.as_str(), args.as_slice()) {
+        // How protocols 0 to 2 store bytes: encode(text, "latin1") gives back the byte values.
+        ("_codecs", "encode", [Value::Str(text), Value::Str(encoding)])
+            if matches!(encoding.as_str(), "latin1" | "latin-1" | "iso-8859-1") =>
+        {
+            text.chars()
+                .map(|c| u8::try_from(u32::from(c)).ok())
+                .collect::<Option<Vec<u8>>>()
+                .map(Value::OwnedBytes)
+                .ok_or_else(|| "a latin-1 encoded str holds a character beyond U+00FF".into())
+        }
+        ("__builtin__" | "builtins", "bytes" | "bytearray", []) => {
+            Ok(Value::OwnedBytes(Vec::new()))
+        }
+        ("numpy", "dtype", [Value::Str(descr), ..]) => int_dtype(descr).ok_or_else(|| {
+            format!("a NumPy value of dtype {descr:?}; only integer labels are read")
+        }),
+        ("numpy.core.multiarray" | "numpy._core.multiarray", "scalar", [dtype, raw])
+            if matches!(dtype, Value::IntDtype { .. }) =>
+        {
+            let Value::IntDtype {
+                signed,
+                size,
+                little,
+            } = dtype
+            else {
+                unreachable!("matched above")
+            };
+            let bytes = raw
+                .bytes(data)
+                .ok_or("a NumPy scalar whose value is not bytes")?;
+            if bytes.len() != *size {
+                return Err(format!(
+                    "a NumPy scalar of {size} bytes holds {} bytes",
+                    bytes.len()
+                ));
+            }
+            let mut value = 0u64;
+            for i in 0..*size {
+                let byte = if *little {
+                    bytes[*size - 1 - i]
+                } else {
+                    bytes[i]
+                };
+                value = (value << 8) | u64::from(byte);
+            }
+            let value = if *signed && *size < 8 && value >> (8 * size - 1) & 1 == 1 {
+                value as i64 - (1i64 << (8 * size))
+            } else if *signed {
+                value as i64
+            } else {
+                i64::try_from(value).map_err(|_| "a uint64 label beyond 2^63")?
+            };
+            Ok(Value::Int(value))
+        }
+        _ => Err(format!("the pickle calls {module}.{name}; {CONVERT}")),
+    }
+}
+
+/// A NumPy integer dtype from its descriptor (`i8`, `<u2`, `int64`, ...).
+fn int_dtype(descr: &str) -> Option<Value> {
+    let (little, rest) = match descr.as_bytes().first() {
+        Some(b'>') => (false, &descr[1..]),
+        Some(b'<' | b'|' | b'=') => (true, &descr[1..]),
+        _ => (true, descr),
+    };
+    let (signed, size) = match rest {
+        "i1" | "int8" | "b" => (true, 1),
+        "i2" | "int16" | "h" => (true, 2),
+        "i4" | "int32" | "l" | "i" => (true, 4),
+        "i8" | "int64" | "q" => (true, 8),
+        "u1" | "uint8" | "B" => (false, 1),
+        "u2" | "uint16" | "H" => (false, 2),
+        "u4" | "uint32" | "I" => (false, 4),
+        "u8" | "uint64" | "Q" => (false, 8),
+        _ => return None,
+    };
+    Some(Value::IntDtype {
+        signed,
+        size,
+        little,
+    })
+}
+
+/// BUILD: the state NumPy pickles a dtype with, `(3, byteorder, ...)`, sets its byte order.
+fn build(target: &mut Value, state: Value) -> Result<(), String> {
+    match (target, state) {
+        (Value::IntDtype { little, .. }, Value::Tuple(state)) => {
+            match state.get(1) {
+                Some(Value::Str(order)) if order == ">" => *little = false,
+                Some(Value::Str(order)) if matches!(order.as_str(), "<" | "|" | "=") => {
+                    *little = true
+                }
+                _ => return Err("a NumPy dtype with an unknown byte order".into()),
+            }
+            Ok(())
+        }
+        _ => Err(format!("the pickle sets the state of an object; {CONVERT}")),
+    }
+}
+
+/// Python 2's STRING argument: `'...'` or `"..."` with the escapes of a Python 2 `repr`
+/// (`\\`, `\'`, `\"`, `\n`, `\r`, `\t`, `\a`, `\b`, `\f`, `\v`, `\xHH`, octal `\ooo`).
+fn unquote_escaped(text: &[u8]) -> Result<Vec<u8>, String> {
+    let inner = match text {
+        [b'\'', inner @ .., b'\''] | [b'"', inner @ .., b'"'] => inner,
+        _ => return Err("a STRING that is not quoted".into()),
+    };
+    let mut out = Vec::with_capacity(inner.len());
+    let mut bytes = inner.iter().copied();
+    while let Some(b) = bytes.next() {
+        if b != b'\\' {
+            out.push(b);
+            continue;
+        }
+        let escaped = bytes.next().ok_or("a STRING that ends in a backslash")?;
+        match escaped {
+            b'\\' | b'\'' | b'"' => out.push(escaped),
+            b'n' => out.push(b'\n'),
+            b'r' => out.push(b'\r'),
+            b't' => out.push(b'\t'),
+            b'a' => out.push(0x07),
+            b'b' => out.push(0x08),
+            b'f' => out.push(0x0c),
+            b'v' => out.push(0x0b),
+            b'\n' => {}
+            b'x' => {
+                let hex = [bytes.next(), bytes.next()];
+                let [Some(h), Some(l)] = hex else {
+                    return Err("a STRING with a short \\x escape".into());
+                };
+                let digit = |c: u8| (c as char).to_digit(16);
+                match (digit(h), digit(l)) {
+                    (Some(h), Some(l)) => out.push((h * 16 + l) as u8),
+                    _ => return Err("a STRING with a bad \\x escape".into()),
+                }
+            }
+            b'0'..=b'7' => {
+                let mut value = u32::from(escaped - b'0');
+                let mut rest = bytes.clone();
+                for _ in 0..2 {
+                    match rest.next() {
+                        Some(d @ b'0'..=b'7') => {
+                            value = value * 8 + u32::from(d - b'0');
+                            bytes.next();
+                        }
+                        _ => break,
+                    }
+                    rest = bytes.clone();
+                }
+                out.push(value as u8);
+            }
+            other => {
+                out.push(b'\\');
+                out.push(other);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The UNICODE argument of protocol 0: latin-1 bytes with `\uXXXX` and `\UXXXXXXXX` escapes.
+fn raw_unicode_escape(text: &[u8]) -> Result<String, String> {
+    let mut out = String::with_capacity(text.len());
+    let mut at = 0;
+    while at < text.len() {
+        let b = text[at];
+        let width = match (b, text.get(at + 1)) {
+            (b'\\', Some(b'u')) => 4,
+            (b'\\', Some(b'U')) => 8,
+            _ => {
+                out.push(char::from(b));
+                at += 1;
+                continue;
+            }
+        };
+        let digits = text
+            .get(at + 2..at + 2 + width)
+            .and_then(|d| std::str::from_utf8(d).ok())
+            .and_then(|d| u32::from_str_radix(d, 16).ok())
+            .and_then(char::from_u32)
+            .ok_or("a UNICODE with a bad \\u escape")?;
+        out.push(digits);
+        at += 2 + width;
+    }
+    Ok(out)
+}
+
+/// Where a folder2lmdb value's image is: in the input, or decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Image {
+    /// A range of the value (zero-copy).
+    Stored(Range<usize>),
+    /// Bytes decoded from a text form.
+    Decoded(Vec<u8>),
+}
+
+/// Splits a folder2lmdb value, `(image_bytes, label)`, into the image and the label.
+pub fn image_and_label(data: &[u8]) -> Result<(Image, i64), String> {
+    let looks_pickled = matches!(data.first(), Some(0x80 | b'(' | b'c' | b'S' | b'U' | b'T'));
+    if !looks_pickled {
         return Err(if data.is_empty() {
             "empty value".into()
         } else {
             "value is not a pickle (pyarrow.serialize'd values, from before pyarrow 12, are not supported)".into()
         });
     }
+    let expected = "expected a pickled (bytes, label) tuple";
     match parse(data)? {
         Value::Tuple(items) => match items.as_slice() {
-            [Value::Bytes(image), Value::Int(label), ..] => Ok((image.clone(), *label)),
-            _ => Err("expected a pickled (bytes, int) tuple".into()),
+            [image, Value::Int(label), ..] => match image {
+                Value::Bytes(r) => Ok((Image::Stored(r.clone()), *label)),
+                Value::OwnedBytes(b) => Ok((Image::Decoded(b.clone()), *label)),
+                _ => Err(expected.into()),
+            },
+            _ => Err(expected.into()),
         },
-        _ => Err("expected a pickled (bytes, int) tuple".into()),
+        _ => Err(expected.into()),
     }
 }
 
@@ -275,7 +719,8 @@ mod tests {
         // pickle.dumps((b'\xff\xd8ab', 7), protocol=4)
         let data = b"\x80\x04\x95\x0c\x00\x00\x00\x00\x00\x00\x00C\x04\xff\xd8ab\x94K\x07\x86\x94.";
         let (image, label) = image_and_label(data).unwrap();
-        assert_eq!((&data[image], label), (&b"\xff\xd8ab"[..], 7));
+        assert_eq!((image, label), (Image::Stored(13..17), 7));
+        assert_eq!(&data[13..17], b"\xff\xd8ab");
     }
 
     #[test]
@@ -319,11 +764,8 @@ mod tests {
         assert!(image_and_label(b"ARROW1").unwrap_err().contains("pyarrow"));
         assert!(parse(b"\x80\x04C\xff").unwrap_err().contains("truncated"));
         assert!(parse(b"\x80\x04\x8e\xff\xff\xff\xff\xff\xff\xff\xff").is_err());
-        assert!(
-            parse(b"\x80\x04cos\nsystem\n.")
-                .unwrap_err()
-                .contains("unsupported pickle opcode 0x63")
-        );
+        let call = parse(b"\x80\x04cos\nsystem\n(Vls\ntR.").unwrap_err();
+        assert!(call.contains("calls os.system"), "{call}");
         assert!(parse(b"\x80\x04e.").unwrap_err().contains("MARK"));
         // Found by fuzzing: a MARK left above the stack's top by TUPLE2 panicked in split_off.
         for op in [b't', b'e'] {
@@ -359,5 +801,153 @@ mod tests {
         deep.extend(std::iter::repeat_n(b't', 10_000));
         deep.push(b'.');
         assert!(parse(&deep).unwrap_err().contains("nested deeper"));
+        // A long str copied by many GETs: the copies are bounded by the input, not its square.
+        let mut text = b"\x80\x02X\x00\x10\x00\x00".to_vec();
+        text.extend(std::iter::repeat_n(b'a', 4096));
+        text.extend_from_slice(b"q\x00");
+        for _ in 0..3000 {
+            text.extend_from_slice(b"h\x00");
+        }
+        text.push(b'.');
+        let err = parse(&text).unwrap_err();
+        assert!(err.contains("copies more than"), "{err}");
+    }
+
+    /// The image and label of a value, with a decoded image checked against `expected`.
+    fn split(data: &[u8]) -> (Vec<u8>, i64) {
+        let (image, label) = image_and_label(data).unwrap();
+        let image = match image {
+            Image::Stored(r) => data[r].to_vec(),
+            Image::Decoded(bytes) => bytes,
+        };
+        (image, label)
+    }
+
+    #[test]
+    fn every_protocol_of_python_3_reads() {
+        // pickle.dumps((b'\xff\xd8a\\\nb\x00', 7), protocol=p) for p in 0..=5 (Python 3.11).
+        let image = b"\xff\xd8a\\\nb\x00".to_vec();
+        let pickles: [&[u8]; 6] = [
+            b"(c_codecs\nencode\np0\n(V\xff\xd8a\\u005c\\u000ab\\u0000\np1\nVlatin1\np2\ntp3\nRp4\nI7\ntp5\n.",
+            b"(c_codecs\nencode\nq\x00(X\t\x00\x00\x00\xc3\xbf\xc3\x98a\\\nb\x00q\x01X\x06\x00\x00\x00latin1q\x02tq\x03Rq\x04K\x07tq\x05.",
+            b"\x80\x02c_codecs\nencode\nq\x00X\t\x00\x00\x00\xc3\xbf\xc3\x98a\\\nb\x00q\x01X\x06\x00\x00\x00latin1q\x02\x86q\x03Rq\x04K\x07\x86q\x05.",
+            b"\x80\x03C\x07\xff\xd8a\\\nb\x00q\x00K\x07\x86q\x01.",
+            b"\x80\x04\x95\x0f\x00\x00\x00\x00\x00\x00\x00C\x07\xff\xd8a\\\nb\x00\x94K\x07\x86\x94.",
+            b"\x80\x05\x95\x0f\x00\x00\x00\x00\x00\x00\x00C\x07\xff\xd8a\\\nb\x00\x94K\x07\x86\x94.",
+        ];
+        for (protocol, pickle) in pickles.iter().enumerate() {
+            assert_eq!(split(pickle), (image.clone(), 7), "protocol {protocol}");
+        }
+        // Protocols 3 and up keep the image in place (zero-copy).
+        assert!(matches!(
+            image_and_label(pickles[3]).unwrap().0,
+            Image::Stored(_)
+        ));
+        // bytearray under protocol 5 (BYTEARRAY8).
+        let bytearray = b"\x80\x05\x95\x11\x00\x00\x00\x00\x00\x00\x00\x96\x02\x00\x00\x00\x00\x00\x00\x00\xff\xd8\x94K\x01\x86\x94.";
+        assert_eq!(split(bytearray), (b"\xff\xd8".to_vec(), 1));
+        // b'' under protocol 2: bytes() called with no arguments.
+        assert_eq!(
+            parse(b"\x80\x02c__builtin__\nbytes\nq\x00)Rq\x01.").unwrap(),
+            Value::OwnedBytes(Vec::new())
+        );
+        // __keys__ and a large __len__ under protocol 0.
+        let keys = b"(lp0\nc_codecs\nencode\np1\n(V0\np2\nVlatin1\np3\ntp4\nRp5\nag1\n(V1\np6\ng3\ntp7\nRp8\na.";
+        assert_eq!(
+            parse(keys).unwrap(),
+            Value::List(vec![
+                Value::OwnedBytes(b"0".to_vec()),
+                Value::OwnedBytes(b"1".to_vec())
+            ])
+        );
+        assert_eq!(
+            parse(b"L12345678901L\n.").unwrap(),
+            Value::Int(12_345_678_901)
+        );
+        assert_eq!(parse(b"M,\x01.").unwrap(), Value::Int(300));
+    }
+
+    #[test]
+    fn python_2_strings_read() {
+        // Python 2: pickle.dumps(('\xff\xd8ab', 7), 0), ..., protocol 2.
+        assert_eq!(
+            split(b"(S'\\xff\\xd8ab'\np0\nI7\ntp1\n."),
+            (b"\xff\xd8ab".to_vec(), 7)
+        );
+        assert_eq!(
+            split(b"(U\x04\xff\xd8abq\x00K\x07tq\x01."),
+            (b"\xff\xd8ab".to_vec(), 7)
+        );
+        assert_eq!(
+            split(b"\x80\x02U\x04\xff\xd8abq\x00K\x07\x86q\x01."),
+            (b"\xff\xd8ab".to_vec(), 7)
+        );
+        let long = [
+            b"\x80\x02T\x00\x01\x00\x00".as_slice(),
+            &[0xab; 256],
+            b"L7L\n\x86.",
+        ]
+        .concat();
+        assert_eq!(split(&long), (vec![0xab; 256], 7));
+        // Every escape of a Python 2 repr.
+        assert_eq!(
+            unquote_escaped(br#"'a\\b\'c\"d\n\r\t\a\b\f\v\x00\xfF\101\0\7q'"#).unwrap(),
+            b"a\\b'c\"d\n\r\t\x07\x08\x0c\x0b\x00\xffA\x00\x07q"
+        );
+        assert!(unquote_escaped(b"'abc").is_err());
+        assert!(unquote_escaped(b"'\\x4'").is_err());
+        assert!(unquote_escaped(b"'\\'").is_err());
+    }
+
+    #[test]
+    fn numpy_integer_labels_read() {
+        // pickle.dumps((b'\xff\xd8', np.int64(7)), protocol=p), NumPy 2.4.
+        let protocol_4 = b"\x80\x04\x95q\x00\x00\x00\x00\x00\x00\x00C\x02\xff\xd8\x94\x8c\x16numpy._core.multiarray\x94\x8c\x06scalar\x94\x93\x94\x8c\x05numpy\x94\x8c\x05dtype\x94\x93\x94\x8c\x02i8\x94\x89\x88\x87\x94R\x94(K\x03\x8c\x01<\x94NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00t\x94bC\x08\x07\x00\x00\x00\x00\x00\x00\x00\x94\x86\x94R\x94\x86\x94.";
+        let protocol_2 = b"\x80\x02c_codecs\nencode\nq\x00X\x04\x00\x00\x00\xc3\xbf\xc3\x98q\x01X\x06\x00\x00\x00latin1q\x02\x86q\x03Rq\x04cnumpy._core.multiarray\nscalar\nq\x05cnumpy\ndtype\nq\x06X\x02\x00\x00\x00i8q\x07\x89\x88\x87q\x08Rq\t(K\x03X\x01\x00\x00\x00<q\nNNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tq\x0bbh\x00X\x08\x00\x00\x00\x07\x00\x00\x00\x00\x00\x00\x00q\x0ch\x02\x86q\rRq\x0e\x86q\x0fRq\x10\x86q\x11.";
+        let protocol_0 = b"(c_codecs\nencode\np0\n(V\xff\xd8\np1\nVlatin1\np2\ntp3\nRp4\ncnumpy._core.multiarray\nscalar\np5\n(cnumpy\ndtype\np6\n(Vi8\np7\nI00\nI01\ntp8\nRp9\n(I3\nV<\np10\nNNNI-1\nI-1\nI0\ntp11\nbg0\n(V\x07\\u0000\\u0000\\u0000\\u0000\\u0000\\u0000\\u0000\np12\ng2\ntp13\nRp14\ntp15\nRp16\ntp17\n.";
+        for pickle in [&protocol_4[..], protocol_2, protocol_0] {
+            assert_eq!(split(pickle), (b"\xff\xd8".to_vec(), 7));
+        }
+        // np.int32(-3) under protocol 2, np.uint8(200) under protocol 4.
+        let int32 = b"\x80\x02cnumpy._core.multiarray\nscalar\nq\x00cnumpy\ndtype\nq\x01X\x02\x00\x00\x00i4q\x02\x89\x88\x87q\x03Rq\x04(K\x03X\x01\x00\x00\x00<q\x05NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tq\x06bc_codecs\nencode\nq\x07X\x08\x00\x00\x00\xc3\xbd\xc3\xbf\xc3\xbf\xc3\xbfq\x08X\x06\x00\x00\x00latin1q\t\x86q\nRq\x0b\x86q\x0cRq\r.";
+        assert_eq!(parse(int32).unwrap(), Value::Int(-3));
+        let uint8 = b"\x80\x04\x95c\x00\x00\x00\x00\x00\x00\x00\x8c\x16numpy._core.multiarray\x94\x8c\x06scalar\x94\x93\x94\x8c\x05numpy\x94\x8c\x05dtype\x94\x93\x94\x8c\x02u1\x94\x89\x88\x87\x94R\x94(K\x03\x8c\x01|\x94NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00t\x94bC\x01\xc8\x94\x86\x94R\x94.";
+        assert_eq!(parse(uint8).unwrap(), Value::Int(200));
+        // NumPy 1's module name, a big-endian dtype.
+        let big = b"\x80\x04cnumpy.core.multiarray\nscalar\ncnumpy\ndtype\nX\x02\x00\x00\x00i2\x85R(K\x03X\x01\x00\x00\x00>NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tbC\x02\x01\x02\x86R.";
+        assert_eq!(parse(big).unwrap(), Value::Int(0x0102));
+    }
+
+    #[test]
+    fn calls_other_than_the_known_ones_are_refused_by_name() {
+        // A float label (np.float32 dtype), a class instance, a size mismatch.
+        let float = b"\x80\x04cnumpy\ndtype\nX\x02\x00\x00\x00f4\x85R.";
+        let err = parse(float).unwrap_err();
+        assert!(err.contains("dtype \"f4\""), "{err}");
+        let reduce = parse(b"\x80\x02cbuiltins\neval\nX\x01\x00\x00\x001\x85R.").unwrap_err();
+        assert!(
+            reduce.contains("calls builtins.eval") && reduce.contains("pack-dataset"),
+            "{reduce}"
+        );
+        assert!(
+            parse(b"\x80\x02cfoo\nBar\n)\x81.")
+                .unwrap_err()
+                .contains("makes an object")
+        );
+        let short = b"\x80\x04cnumpy.core.multiarray\nscalar\ncnumpy\ndtype\nX\x02\x00\x00\x00i8\x85RC\x02\x01\x02\x86R.";
+        assert!(parse(short).unwrap_err().contains("of 8 bytes holds 2"));
+        // latin-1 text beyond U+00FF.
+        let wide =
+            b"\x80\x02c_codecs\nencode\nX\x02\x00\x00\x00\xc4\x80X\x06\x00\x00\x00latin1\x86R.";
+        assert!(parse(wide).unwrap_err().contains("beyond U+00FF"));
+        // Text that is not UTF-8, a bad \u escape, a line never ended.
+        assert!(parse(b"\x80\x02X\x01\x00\x00\x00\xff.").is_err());
+        assert!(parse(b"V\\u12\n.").is_err());
+        assert!(parse(b"I12").unwrap_err().contains("newline"));
+        assert!(
+            parse(b"I99999999999999999999\n.")
+                .unwrap_err()
+                .contains("64 bits")
+        );
     }
 }
