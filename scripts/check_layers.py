@@ -25,8 +25,8 @@ LAYERS = [
     ["error"],
     # Files and the page cache.
     ["file", "pagecache"],
-    # The sample model, batch membership, test data.
-    ["dataset", "sampler", "synthetic"],
+    # The sample model, batch membership, test data, the local cache directory.
+    ["dataset", "sampler", "synthetic", "cache"],
     # On-disk formats: readers, writers, their output lifecycle.
     ["format"],
     # Per-sample transforms.
@@ -36,7 +36,7 @@ LAYERS = [
     # The loader; packing and verifying (siblings: neither uses the other).
     ["loader", "pack", "verify"],
     # What sits on the loader or on packing.
-    ["gpu", "inspect", "progress"],
+    ["gpu", "inspect", "progress", "cli"],
     # Fuzzing entry points reach into everything.
     ["fuzzing"],
 ]

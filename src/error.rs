@@ -72,6 +72,51 @@ pub enum Error {
         reason: String,
     },
 
+    /// The shard files named by `path` (a directory, a pattern, a list) are not one whole set:
+    /// several sets in one directory, members missing, or names that contradict each other.
+    #[error("{}: {problem}", path.display())]
+    ShardSet {
+        /// The directory, pattern or first file of the list.
+        path: PathBuf,
+        /// What is wrong, with what to do about it.
+        problem: ShardSetProblem,
+    },
+
+    /// The dataset at `path` stores its records in a way this build cannot read (a compression
+    /// filter libhdf5 has no plugin for, a compression the reader does not undo): an error at
+    /// open, never a dataset whose every record is bad.
+    #[error("{}: {what} cannot be read: {remedy}", path.display())]
+    Unsupported {
+        /// The file.
+        path: PathBuf,
+        /// What is stored that way ("dataset \"images\" is compressed with the blosc filter").
+        what: String,
+        /// Why this build cannot read it, and what to do.
+        remedy: String,
+    },
+
+    /// The cache directory has no room for an entry: the byte limit, or the file system's free
+    /// space less its reserve, cannot fit `needed` more bytes even after evicting every entry
+    /// no reader holds ([`crate::cache`]).
+    #[error(
+        "{}: no room in the cache for {needed} more bytes ({}{}; {in_use} bytes are held by readers): set IMAGEFEED_CACHE_DIR to a larger disk or raise IMAGEFEED_CACHE_LIMIT",
+        dir.display(),
+        limit.map_or("no limit".to_string(), |l| format!("limit {l} bytes")),
+        free.map_or(String::new(), |f| format!(", {f} bytes free on its disk beyond the reserve"))
+    )]
+    CacheFull {
+        /// The cache directory.
+        dir: PathBuf,
+        /// Bytes the new entry needs.
+        needed: u64,
+        /// The cache's byte limit.
+        limit: Option<u64>,
+        /// Free bytes on its file system beyond the reserve, when known.
+        free: Option<u64>,
+        /// Bytes of entries that readers hold, which cannot be evicted.
+        in_use: u64,
+    },
+
     /// The dataset at `path` was never finished (an interrupted or failed pack).
     #[error("{}: incomplete dataset: {reason}", path.display())]
     Incomplete {
@@ -464,5 +509,77 @@ impl BadSampleKind {
 impl std::fmt::Display for BadSampleKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+/// Why a set of shards cannot be read as one dataset ([`Error::ShardSet`]; [`crate::format::shards`] finds it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ShardSetProblem {
+    /// A directory holds several sets; `sets` lists each with its number of files.
+    Mixed {
+        /// `(set name, files)`, in name order.
+        sets: Vec<(String, usize)>,
+        /// A pattern that selects the first of them (`train-*-of-01024`).
+        example: String,
+    },
+    /// Members of a set are missing.
+    Missing {
+        /// The set.
+        set: String,
+        /// The missing members' file names (the first 10 when there are more).
+        missing: Vec<String>,
+        /// How many are missing in all.
+        count: u64,
+        /// How many the set should have (its `-of-` count, or the span of its numbers).
+        expected: u64,
+    },
+    /// A file's number does not fit its set (`train-00009-of-00008`), or two files claim one
+    /// number (`x-00001-of-00002` and `x-00001-of-00002.gz`).
+    Inconsistent {
+        /// The file.
+        file: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A pattern matched no file.
+    NoMatch,
+}
+
+impl std::fmt::Display for ShardSetProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ShardSetProblem::Mixed { sets, example } => {
+                let listed: Vec<String> = sets
+                    .iter()
+                    .map(|(set, files)| format!("{set} ({files} files)"))
+                    .collect();
+                write!(
+                    f,
+                    "holds {} sets of shards: {}; read one by naming it with a pattern, such as \
+                     DIR/{example} (quoted in a shell), or by listing its files",
+                    sets.len(),
+                    listed.join(", ")
+                )
+            }
+            ShardSetProblem::Missing {
+                set,
+                missing,
+                count,
+                expected,
+            } => write!(
+                f,
+                "set {set} is missing {count} of its {expected} shards: {}{}; restore them, or \
+                 read the rest on purpose with --allow-missing-shards (allow_missing_shards)",
+                missing.join(", "),
+                if *count > missing.len() as u64 {
+                    format!(" and {} more", count - missing.len() as u64)
+                } else {
+                    String::new()
+                }
+            ),
+            ShardSetProblem::Inconsistent { file, reason } => write!(f, "{file}: {reason}"),
+            ShardSetProblem::NoMatch => f.write_str("no file matches this pattern"),
+        }
     }
 }

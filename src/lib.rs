@@ -34,6 +34,9 @@
 //! ```
 
 pub mod batch;
+pub mod cache;
+#[cfg(feature = "cli")]
+pub mod cli;
 pub mod dataset;
 pub mod decode;
 pub mod error;

@@ -1,0 +1,498 @@
+//! The local cache directory: files imagefeed derives from a dataset to read it fast (a
+//! compressed TFRecord shard decompressed for random access), kept for the next open.
+//!
+//! Where: `IMAGEFEED_CACHE_DIR`, else `$XDG_CACHE_HOME/imagefeed`, else `~/.cache/imagefeed`.
+//! How much: `IMAGEFEED_CACHE_LIMIT` bytes (`50GiB`, `500G`, `1000000`), else no limit but the
+//! disk: an entry is never written when it would leave less than [`RESERVE_FRACTION`] of the
+//! file system free ([`Error::CacheFull`] says so, naming the directory).
+//!
+//! Guarantees:
+//! - **Never half an entry.** An entry is filled as `NAME.partial`, synced, then renamed to
+//!   `NAME`; a reader only ever opens a complete one. A kill mid-fill leaves a `.partial`
+//!   that the next fill of that name replaces.
+//! - **One fill per machine.** Filling holds an exclusive lock on `NAME.lock` (`flock`): other
+//!   processes and threads wanting the same entry wait for it, then use it.
+//! - **Eviction never pulls an entry from under a reader.** Every open entry holds a shared
+//!   lock on its file for as long as it is used ([`CachedFile`]); eviction takes entries least
+//!   recently used first, only its own entries (regular files directly in a section directory
+//!   that are not `.partial` or `.lock`), and only those no reader holds. A limit that in-use
+//!   entries alone exceed is an error, never a deleted file in use.
+//!
+//! Entry names carry what they were made from (see [`source_key`]), so a changed source makes
+//! a new entry and the stale one ages out.
+
+use std::fs;
+use std::os::fd::AsRawFd as _;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use crate::error::{Error, IoContext as _, Result};
+
+/// The share of the cache's file system an entry may never fill: filling stops short of
+/// leaving less than this free.
+pub const RESERVE_FRACTION: f64 = 0.05;
+
+/// A cache directory, with its byte limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cache {
+    root: PathBuf,
+    limit: Option<u64>,
+}
+
+/// A complete cache entry, open for reading and held against eviction for as long as this
+/// value (or a map of its file) lives.
+#[derive(Debug)]
+pub struct CachedFile {
+    /// Where the entry is.
+    pub path: PathBuf,
+    /// The entry, open for reading, holding a shared lock.
+    pub file: fs::File,
+}
+
+impl Cache {
+    /// The cache the environment names (see the module docs).
+    pub fn from_env() -> Result<Cache> {
+        let root = match std::env::var_os("IMAGEFEED_CACHE_DIR") {
+            Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+            _ => match (std::env::var_os("XDG_CACHE_HOME"), std::env::var_os("HOME")) {
+                (Some(xdg), _) if !xdg.is_empty() => PathBuf::from(xdg).join("imagefeed"),
+                (_, Some(home)) if !home.is_empty() => {
+                    PathBuf::from(home).join(".cache").join("imagefeed")
+                }
+                _ => {
+                    return Err(Error::Options(
+                        "no cache directory: set IMAGEFEED_CACHE_DIR (or HOME)".into(),
+                    ));
+                }
+            },
+        };
+        let limit = match std::env::var("IMAGEFEED_CACHE_LIMIT") {
+            Ok(text) if !text.trim().is_empty() => Some(
+                parse_bytes(&text)
+                    .map_err(|e| Error::Options(format!("IMAGEFEED_CACHE_LIMIT={text:?}: {e}")))?,
+            ),
+            _ => None,
+        };
+        Ok(Cache { root, limit })
+    }
+
+    /// A cache at `root`, with an optional byte limit.
+    pub fn at(root: impl Into<PathBuf>, limit: Option<u64>) -> Cache {
+        Cache {
+            root: root.into(),
+            limit,
+        }
+    }
+
+    /// The cache directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The byte limit, if any.
+    pub fn limit(&self) -> Option<u64> {
+        self.limit
+    }
+
+    /// Entry `name` of `section` (a sub-directory per kind of entry), filled by `fill` when it
+    /// is not there yet. `size_hint` is what the entry is expected to take, for the free-space
+    /// and limit checks made before filling (`None`: unknown, checked as it grows only by the
+    /// file system). `fill` writes the whole entry into the file it is given; its error leaves
+    /// no entry.
+    pub fn get_or_fill(
+        &self,
+        section: &str,
+        name: &str,
+        size_hint: Option<u64>,
+        fill: impl FnOnce(&mut fs::File, &Path) -> Result<()>,
+    ) -> Result<CachedFile> {
+        let dir = self.root.join(section);
+        let path = dir.join(name);
+        if let Some(hit) = open_entry(&path)? {
+            return Ok(hit);
+        }
+        fs::create_dir_all(&dir).at(&dir)?;
+        let lock_path = dir.join(format!("{name}.lock"));
+        let lock = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .at(&lock_path)?;
+        flock(&lock, libc::LOCK_EX).at(&lock_path)?;
+        // Filled by another process while this one waited.
+        if let Some(hit) = open_entry(&path)? {
+            return Ok(hit);
+        }
+        self.make_room(&dir, size_hint.unwrap_or(0))?;
+        let partial = dir.join(format!("{name}.partial"));
+        let mut file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(&partial)
+            .at(&partial)?;
+        let filled = fill(&mut file, &partial).and_then(|()| file.sync_data().at(&partial));
+        if let Err(e) = filled {
+            let _ = fs::remove_file(&partial);
+            return Err(e);
+        }
+        fs::rename(&partial, &path).at(&path)?;
+        drop(lock);
+        open_entry(&path)?.ok_or_else(|| {
+            Error::io(
+                &path,
+                std::io::Error::other("the cache entry vanished right after it was filled"),
+            )
+        })
+    }
+
+    /// An unnamed scratch file in the cache directory, for data that must not be kept: it is
+    /// unlinked as soon as it is made, and its space is freed when it is closed.
+    pub fn scratch_file(&self) -> Result<fs::File> {
+        fs::create_dir_all(&self.root).at(&self.root)?;
+        for attempt in 0u32.. {
+            let path = self.root.join(format!(
+                ".scratch-{}-{}-{attempt}",
+                std::process::id(),
+                SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(0, |d| d.subsec_nanos())
+            ));
+            match fs::OpenOptions::new()
+                .create_new(true)
+                .read(true)
+                .write(true)
+                .open(&path)
+            {
+                Ok(file) => {
+                    fs::remove_file(&path).at(&path)?;
+                    return Ok(file);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 100 => {}
+                Err(e) => return Err(Error::io(&path, e)),
+            }
+        }
+        unreachable!("the loop returns")
+    }
+
+    /// Evicts least recently used entries of this cache that no reader holds until `needed`
+    /// more bytes fit under the limit and in the file system's free space (less the reserve).
+    fn make_room(&self, dir: &Path, needed: u64) -> Result<()> {
+        let free = crate::file::free_space(dir);
+        let total = total_space(dir);
+        let reserve = total.map_or(0, |t| (t as f64 * RESERVE_FRACTION) as u64);
+        let fits = |used: u64, free: Option<u64>| {
+            self.limit
+                .is_none_or(|limit| used.saturating_add(needed) <= limit)
+                && free.is_none_or(|free| needed.saturating_add(reserve) <= free)
+        };
+        let mut entries = self.entries()?;
+        let mut used: u64 = entries.iter().map(|e| e.len).sum();
+        let mut free = free;
+        if fits(used, free) {
+            return Ok(());
+        }
+        entries.sort_by_key(|e| e.used);
+        let mut held = 0u64;
+        for entry in entries {
+            if fits(used, free) {
+                return Ok(());
+            }
+            match evict(&entry.path) {
+                Ok(true) => {
+                    used -= entry.len;
+                    free = free.map(|f| f.saturating_add(entry.len));
+                }
+                Ok(false) => held += entry.len,
+                Err(_) => held += entry.len,
+            }
+        }
+        if fits(used, free) {
+            return Ok(());
+        }
+        Err(Error::CacheFull {
+            dir: self.root.clone(),
+            needed,
+            limit: self.limit,
+            free: free.map(|f| f.saturating_sub(reserve)),
+            in_use: held,
+        })
+    }
+
+    /// Every complete entry of every section, with its size and last use.
+    fn entries(&self) -> Result<Vec<Entry>> {
+        let mut found = Vec::new();
+        let sections = match fs::read_dir(&self.root) {
+            Ok(sections) => sections,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(found),
+            Err(e) => return Err(Error::io(&self.root, e)),
+        };
+        for section in sections.flatten() {
+            let Ok(files) = fs::read_dir(section.path()) else {
+                continue;
+            };
+            for file in files.flatten() {
+                let name = file.file_name();
+                let Some(name) = name.to_str() else { continue };
+                if name.ends_with(".partial") || name.ends_with(".lock") {
+                    continue;
+                }
+                // Only regular files are ours: a link or a directory is left alone.
+                let Ok(meta) = fs::symlink_metadata(file.path()) else {
+                    continue;
+                };
+                if !meta.is_file() {
+                    continue;
+                }
+                found.push(Entry {
+                    path: file.path(),
+                    len: meta.len(),
+                    used: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                });
+            }
+        }
+        Ok(found)
+    }
+}
+
+/// A complete entry found on disk.
+struct Entry {
+    path: PathBuf,
+    len: u64,
+    used: SystemTime,
+}
+
+/// Opens the complete entry at `path` holding a shared lock, and marks it used now; `None`
+/// when there is none (or it was evicted while being opened).
+fn open_entry(path: &Path) -> Result<Option<CachedFile>> {
+    use std::os::unix::fs::MetadataExt as _;
+    let file = match fs::File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(path, e)),
+    };
+    flock(&file, libc::LOCK_SH).at(path)?;
+    // Evicted between the open and the lock: the file is unlinked; fill it again.
+    if file.metadata().at(path)?.nlink() == 0 {
+        return Ok(None);
+    }
+    // The entry's modification time is its last use (least recently used goes first). A
+    // read-only cache cannot record it; that only changes which entry is evicted.
+    if let Ok(writable) = fs::OpenOptions::new().write(true).open(path) {
+        let _ = writable.set_modified(SystemTime::now());
+    }
+    Ok(Some(CachedFile {
+        path: path.to_path_buf(),
+        file,
+    }))
+}
+
+/// Deletes the entry at `path` unless a reader holds it; `Ok(true)` when it was deleted.
+fn evict(path: &Path) -> std::io::Result<bool> {
+    let file = fs::File::open(path)?;
+    // SAFETY: flock on a descriptor this function owns; no memory is passed.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Ok(false);
+    }
+    fs::remove_file(path)?;
+    Ok(true)
+}
+
+/// `flock(file, operation)`, retried when a signal interrupts the wait.
+fn flock(file: &fs::File, operation: libc::c_int) -> std::io::Result<()> {
+    loop {
+        // SAFETY: flock on a descriptor `file` owns; no memory is passed.
+        if unsafe { libc::flock(file.as_raw_fd(), operation) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// The size of the file system that holds `path`, or `None` when it cannot be found out.
+fn total_space(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let name = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut stat = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `name` is NUL-terminated and `stat` is valid for writes of one statvfs.
+    if unsafe { libc::statvfs(name.as_ptr(), stat.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so it filled `stat`.
+    let stat = unsafe { stat.assume_init() };
+    // Both are narrower than u64 on 32-bit targets.
+    #[allow(clippy::useless_conversion)]
+    let total = u64::from(stat.f_blocks).saturating_mul(u64::from(stat.f_frsize));
+    Some(total)
+}
+
+/// A name for the entry made from the file at `path` as it is now: a digest of its absolute
+/// path, device, inode, size and modification time, then its file name (for people), so the
+/// entry of a file that changed or moved is never mistaken for the new one's.
+pub fn source_key(path: &Path, meta: &fs::Metadata) -> String {
+    use sha2::{Digest as _, Sha256};
+    use std::os::unix::ffi::OsStrExt as _;
+    use std::os::unix::fs::MetadataExt as _;
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut hash = Sha256::new();
+    hash.update(absolute.as_os_str().as_bytes());
+    for n in [
+        meta.dev(),
+        meta.ino(),
+        meta.len(),
+        meta.mtime() as u64,
+        meta.mtime_nsec() as u64,
+    ] {
+        hash.update(n.to_le_bytes());
+    }
+    let digest: String = hash.finalize()[..12]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let name: String = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(100)
+        .collect();
+    format!("{digest}-{name}")
+}
+
+/// Parses a byte count: `1000`, `64K`, `128MiB`, `1G`, ... (decimal K/M/G/T, binary
+/// KiB/MiB/GiB/TiB).
+pub fn parse_bytes(text: &str) -> std::result::Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?}: expected a number of bytes, e.g. 128MiB"))?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1_000,
+        "m" | "mb" => 1_000_000,
+        "g" | "gb" => 1_000_000_000,
+        "t" | "tb" => 1_000_000_000_000,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        "tib" => 1 << 40,
+        other => return Err(format!("{text:?}: unknown unit {other:?}")),
+    };
+    number
+        .checked_mul(scale)
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("{text:?}: must be between 1 byte and 16 EiB"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write as _;
+
+    fn fill_with(bytes: usize) -> impl FnOnce(&mut fs::File, &Path) -> Result<()> {
+        move |file, path| file.write_all(&vec![7u8; bytes]).at(path)
+    }
+
+    #[test]
+    fn an_entry_is_filled_once_and_found_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::at(dir.path(), None);
+        let first = cache
+            .get_or_fill("s", "a", Some(10), fill_with(10))
+            .unwrap();
+        assert_eq!(fs::read(&first.path).unwrap(), vec![7u8; 10]);
+        let again = cache
+            .get_or_fill("s", "a", Some(10), |_, _| panic!("filled twice"))
+            .unwrap();
+        assert_eq!(again.path, first.path);
+        // Nothing half-made is left beside it.
+        assert!(!dir.path().join("s/a.partial").exists());
+    }
+
+    #[test]
+    fn a_failed_fill_leaves_no_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::at(dir.path(), None);
+        let failed = cache.get_or_fill("s", "a", None, |file, path| {
+            file.write_all(b"half").at(path)?;
+            Err(Error::Options("stopped".into()))
+        });
+        assert!(matches!(failed, Err(Error::Options(_))));
+        assert!(!dir.path().join("s/a").exists());
+        assert!(!dir.path().join("s/a.partial").exists());
+        let filled = cache.get_or_fill("s", "a", None, fill_with(3)).unwrap();
+        assert_eq!(fs::read(filled.path).unwrap().len(), 3);
+    }
+
+    #[test]
+    fn the_limit_evicts_least_recently_used_entries_not_in_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::at(dir.path(), Some(25));
+        let a = cache
+            .get_or_fill("s", "a", Some(10), fill_with(10))
+            .unwrap();
+        drop(a);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let held = cache
+            .get_or_fill("s", "b", Some(10), fill_with(10))
+            .unwrap();
+        // c needs room: a (unused, oldest) goes, b (held) stays.
+        let c = cache
+            .get_or_fill("s", "c", Some(10), fill_with(10))
+            .unwrap();
+        assert!(!dir.path().join("s/a").exists());
+        assert!(held.path.exists() && c.path.exists());
+        // d would need b or c gone, and both are held: an error, nothing deleted.
+        let full = cache.get_or_fill("s", "d", Some(10), fill_with(10));
+        match full {
+            Err(Error::CacheFull {
+                needed,
+                limit,
+                in_use,
+                ..
+            }) => assert_eq!((needed, limit, in_use), (10, Some(25), 20)),
+            other => panic!("expected CacheFull, got {other:?}"),
+        }
+        assert!(held.path.exists() && c.path.exists());
+        drop(held);
+        assert!(cache.get_or_fill("s", "d", Some(10), fill_with(10)).is_ok());
+        assert!(!dir.path().join("s/b").exists());
+    }
+
+    #[test]
+    fn keys_change_with_the_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("x y.gz");
+        fs::write(&file, b"one").unwrap();
+        let before = source_key(&file, &fs::metadata(&file).unwrap());
+        assert!(before.ends_with("-x_y.gz"), "{before}");
+        fs::write(&file, b"three").unwrap();
+        assert_ne!(before, source_key(&file, &fs::metadata(&file).unwrap()));
+    }
+
+    #[test]
+    fn byte_counts_parse_with_units() {
+        assert_eq!(parse_bytes("128MiB"), Ok(128 << 20));
+        assert_eq!(parse_bytes("2G"), Ok(2_000_000_000));
+        assert_eq!(parse_bytes(" 7 "), Ok(7));
+        assert!(parse_bytes("0").is_err());
+        assert!(parse_bytes("5 parsecs").is_err());
+        assert!(parse_bytes("99999999999TiB").is_err());
+    }
+}
