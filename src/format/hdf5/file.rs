@@ -637,6 +637,75 @@ fn open_imagefeed(path: &Path, file: &hdf5::File, file_len: u64) -> Result<Share
 /// limit is about 1032:1.
 const MAX_COMPRESSION: u64 = 1100;
 
+/// The filters (compression, checksums) a dataset's chunks pass through, each checked to be one
+/// this build can undo: libhdf5's own (deflate, shuffle, fletcher32, scale-offset, n-bit, and
+/// szip where the library was built with it), h5py's `lzf` and hdf5plugin's Blosc (registered
+/// by the hdf5 crate's features), or a plugin libhdf5 loads from `HDF5_PLUGIN_PATH`. Any other
+/// is [`Error::Unsupported`] naming the filter and the remedy, at open: otherwise every record
+/// would read as a bad sample and the dataset would look like a short one.
+fn readable_filters(
+    path: &Path,
+    dataset: &hdf5::Dataset,
+    name: &str,
+) -> Result<Vec<hdf5::filters::Filter>> {
+    let filters = dataset
+        .dcpl()
+        .and_then(|pipeline| pipeline.get_filters())
+        .map_err(|e| Error::hdf5(path, &format!("reading the filters of {name:?}"), e))?;
+    for filter in &filters {
+        if !filter.decode_enabled() {
+            let id = filter.id();
+            return Err(Error::Unsupported {
+                path: path.to_path_buf(),
+                what: format!(
+                    "dataset {name:?} is stored through the {} filter (HDF5 filter {id})",
+                    filter_name(id)
+                ),
+                remedy: filter_remedy(id),
+            });
+        }
+    }
+    Ok(filters)
+}
+
+/// The name people know an HDF5 filter by (the registered ids of libhdf5 and the HDF Group's
+/// list of plugins).
+fn filter_name(id: i32) -> &'static str {
+    match id {
+        1 => "deflate (gzip)",
+        2 => "shuffle",
+        3 => "fletcher32",
+        4 => "szip",
+        5 => "n-bit",
+        6 => "scale-offset",
+        32000 => "lzf",
+        32001 => "blosc",
+        32004 => "lz4",
+        32008 => "bitshuffle",
+        32013 => "zfp",
+        32015 => "zstd",
+        32017 => "sz",
+        32026 => "blosc2",
+        _ => "unknown",
+    }
+}
+
+/// What to do about a filter this build cannot undo.
+fn filter_remedy(id: i32) -> String {
+    let rewrite = "or rewrite the file without it (h5py: compression=\"gzip\" or \"lzf\")";
+    match id {
+        4 => format!(
+            "this libhdf5 was built without szip (libaec); use one built with it, {rewrite}"
+        ),
+        1..=6 => format!("this libhdf5 lacks the filter; {rewrite}"),
+        _ => format!(
+            "this build has no decoder for it; install the plugin (pip install hdf5plugin) and \
+             set HDF5_PLUGIN_PATH to its directory (python -c \"import hdf5plugin; \
+             print(hdf5plugin.PLUGIN_PATH)\"), {rewrite}"
+        ),
+    }
+}
+
 /// Refuses a dataset whose declared shape needs more bytes than the file can hold, before it is
 /// read into memory: a hostile file can declare a shape of 10¹² elements with no storage behind
 /// it, and reading it would allocate that much. Unfiltered data must fit in the file; filtered
@@ -647,7 +716,7 @@ fn check_stored(path: &Path, dataset: &hdf5::Dataset, name: &str, file_len: u64)
     let bytes = shape
         .iter()
         .try_fold(element, |n, &d| n.checked_mul(d as u64));
-    let filtered = !dataset.filters().is_empty();
+    let filtered = !readable_filters(path, dataset, name)?.is_empty();
     let can_hold = if filtered {
         dataset.storage_size().saturating_mul(MAX_COMPRESSION)
     } else {

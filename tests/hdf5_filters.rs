@@ -1,0 +1,245 @@
+//! h5py files stored through HDF5 filters: every filter this build can undo reads with the pixels
+//! and labels h5py wrote, and one it cannot is an error at open naming the filter and the remedy,
+//! never a dataset whose every record is bad. Files are written at test time by h5py (and
+//! hdf5plugin, when the test Python has it: `make test` installs both into .venv).
+#![cfg(feature = "hdf5")]
+
+mod support;
+
+use std::path::Path;
+
+use imagefeed::decode::RawImage;
+use imagefeed::format::{self, OpenOptions};
+use imagefeed::loader::{BadSamplePolicy, Loader, LoaderConfig};
+use imagefeed::transform::Transform;
+use support::{fixture_records_without_broken, fixture_root, python_with, records};
+
+/// Writes one file per filter into argv[1]: `N x 8 x 6 x 3` uint8 pixels (value
+/// `(i*7 + y*3 + x*5 + c) % 256`) and int64 labels `i % 3`, both through the filter; checks
+/// h5py reads each back equal; prints `name available` for each (available: this h5py could
+/// write it). Then `vlen-lzf.h5`: argv[2..] files' bytes as variable-length uint8 through lzf.
+const WRITE: &str = r#"
+import os, sys
+import h5py, numpy as np
+out = sys.argv[1]
+n, h, w = 12, 6, 8
+i, y, x, c = np.meshgrid(np.arange(n), np.arange(h), np.arange(w), np.arange(3), indexing="ij")
+pixels = ((i * 7 + y * 3 + x * 5 + c) % 256).astype(np.uint8)
+labels = (np.arange(n) % 3).astype(np.int64)
+filters = {
+    "gzip": dict(compression="gzip", compression_opts=9),
+    "gzip-shuffle-fletcher32": dict(compression="gzip", shuffle=True, fletcher32=True),
+    "lzf": dict(compression="lzf"),
+    "lzf-shuffle": dict(compression="lzf", shuffle=True),
+    "scaleoffset": dict(scaleoffset=0),
+}
+if h5py.h5z.filter_avail(h5py.h5z.FILTER_SZIP):
+    filters["szip"] = dict(compression="szip")
+try:
+    import hdf5plugin
+    filters["blosc-lz4"] = dict(hdf5plugin.Blosc(cname="lz4", clevel=5))
+    filters["blosc-zstd"] = dict(hdf5plugin.Blosc(cname="zstd", clevel=5))
+    filters["bitshuffle"] = dict(hdf5plugin.Bitshuffle())
+    filters["zstd"] = dict(hdf5plugin.Zstd())
+    filters["lz4"] = dict(hdf5plugin.LZ4())
+except ImportError:
+    pass
+for name, options in filters.items():
+    path = os.path.join(out, name + ".h5")
+    with h5py.File(path, "w") as f:
+        f.create_dataset("images", data=pixels, chunks=(4, h, w, 3), **options)
+        # szip needs 32 values per block: more than the labels have.
+        f.create_dataset("labels", data=labels, chunks=(4,), **({} if name == "szip" else options))
+    with h5py.File(path, "r") as f:
+        assert (f["images"][()] == pixels).all() and (f["labels"][()] == labels).all(), name
+    print(name)
+with h5py.File(os.path.join(out, "vlen-lzf.h5"), "w") as f:
+    files = sys.argv[2:]
+    d = f.create_dataset("images", (len(files),), dtype=h5py.vlen_dtype(np.uint8), compression="lzf", chunks=(4,))
+    for k, p in enumerate(files):
+        d[k] = np.frombuffer(open(p, "rb").read(), np.uint8)
+    f.create_dataset("labels", data=np.array([int(a) for a in os.environ["LABELS"].split(",")]), compression="lzf")
+print("vlen-lzf")
+"#;
+
+/// The filters hdf5plugin adds that this build has no decoder for: refused by name.
+const PLUGIN_ONLY: [&str; 3] = ["bitshuffle", "zstd", "lz4"];
+
+fn expected_pixels(i: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(6 * 8 * 3);
+    for y in 0..6 {
+        for x in 0..8 {
+            for c in 0..3 {
+                out.push(((i * 7 + y * 3 + x * 5 + c) % 256) as u8);
+            }
+        }
+    }
+    out
+}
+
+/// Writes the files; `None` (skipped, with the reason printed) without h5py.
+fn write_files(dir: &Path) -> Option<Vec<String>> {
+    let python = python_with("h5py, numpy")?;
+    let rows = fixture_records_without_broken();
+    let source = imagefeed::format::folder::ImageFolder::open(fixture_root()).unwrap();
+    let files: Vec<String> = rows
+        .iter()
+        .map(|(key, _, _)| {
+            let index = source.entries().iter().position(|e| &e.key == key).unwrap();
+            source.file_path(index).to_string_lossy().into_owned()
+        })
+        .collect();
+    let labels: Vec<String> = rows.iter().map(|r| r.1.to_string()).collect();
+    let output = std::process::Command::new(python)
+        .arg("-c")
+        .arg(WRITE)
+        .arg(dir)
+        .args(&files)
+        .env("LABELS", labels.join(","))
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Some(
+        String::from_utf8(output.stdout)
+            .unwrap()
+            .lines()
+            .map(str::to_owned)
+            .collect(),
+    )
+}
+
+#[test]
+fn every_filter_this_build_undoes_reads_what_h5py_wrote_and_others_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(written) = write_files(dir.path()) else {
+        return;
+    };
+    assert!(written.contains(&"lzf".to_string()), "{written:?}");
+    let mut read = Vec::new();
+    for name in written.iter().filter(|n| *n != "vlen-lzf") {
+        let path = dir.path().join(format!("{name}.h5"));
+        let opened = format::open(&path);
+        if PLUGIN_ONLY.contains(&name.as_str()) {
+            match opened {
+                Err(imagefeed::Error::Unsupported {
+                    path: at,
+                    what,
+                    remedy,
+                }) => {
+                    assert_eq!(at, path);
+                    assert!(
+                        what.contains("\"images\"") || what.contains("\"labels\""),
+                        "{what}"
+                    );
+                    assert!(what.contains(name.as_str()), "{name}: {what}");
+                    assert!(remedy.contains("HDF5_PLUGIN_PATH"), "{remedy}");
+                }
+                other => panic!("{name}: expected Unsupported, got {other:?}"),
+            }
+            continue;
+        }
+        let dataset = opened.unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(dataset.len(), 12, "{name}");
+        for (i, (_, label, payload)) in records(dataset.as_ref()).into_iter().enumerate() {
+            let (w, h, pixels) = RawImage::parse(&payload).unwrap();
+            assert_eq!((w, h), (8, 6), "{name}");
+            assert_eq!(pixels, expected_pixels(i), "{name} sample {i}");
+            assert_eq!(label, (i % 3) as u32, "{name} sample {i}");
+        }
+        read.push(name.clone());
+    }
+    // h5py's own lzf (the case that used to read as an empty epoch) and libhdf5's filters.
+    for name in [
+        "gzip",
+        "gzip-shuffle-fletcher32",
+        "lzf",
+        "lzf-shuffle",
+        "scaleoffset",
+    ] {
+        assert!(
+            read.contains(&name.to_string()),
+            "{name} not read: {read:?}"
+        );
+    }
+    // Encoded images in a variable-length dataset through lzf: the files' bytes, in order.
+    let vlen = format::open_with(dir.path().join("vlen-lzf.h5"), &OpenOptions::default()).unwrap();
+    let want: Vec<(u32, Vec<u8>)> = fixture_records_without_broken()
+        .into_iter()
+        .map(|(_, label, bytes)| (label, bytes))
+        .collect();
+    let got: Vec<(u32, Vec<u8>)> = records(vlen.as_ref())
+        .into_iter()
+        .map(|(_, label, bytes)| (label, bytes))
+        .collect();
+    assert_eq!(got, want);
+    // The loader delivers a whole epoch of it, with no bad sample.
+    let loader = Loader::new(
+        vlen,
+        LoaderConfig::default()
+            .with_batch_size(4)
+            .with_transform(Transform::cifar())
+            .with_bad_samples(BadSamplePolicy::Error),
+    )
+    .unwrap();
+    let delivered: usize = loader.epoch(0).map(|b| b.unwrap().len()).sum();
+    assert_eq!(delivered, want.len());
+}
+
+/// The remedy the error names works: with `HDF5_PLUGIN_PATH` at hdf5plugin's plugins, libhdf5
+/// loads the zstd plugin and the file reads. (`HDF5_PLUGIN_PATH` is read when libhdf5 starts,
+/// so the open runs in a child: this test binary again, running [`child_opens_a_file`].)
+#[test]
+fn the_named_remedy_makes_a_plugin_filter_readable() {
+    let Some(python) = python_with("h5py, hdf5plugin") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    write_files(dir.path()).unwrap();
+    let plugins = std::process::Command::new(&python)
+        .args(["-c", "import hdf5plugin; print(hdf5plugin.PLUGIN_PATH)"])
+        .output()
+        .unwrap();
+    let plugins = String::from_utf8(plugins.stdout).unwrap();
+    for (env, opens) in [(None, false), (Some(plugins.trim()), true)] {
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+        child
+            .args(["--exact", "child_opens_a_file", "--nocapture"])
+            .env("IMAGEFEED_TEST_OPEN", dir.path().join("zstd.h5"))
+            .env_remove("HDF5_PLUGIN_PATH");
+        if let Some(path) = env {
+            child.env("HDF5_PLUGIN_PATH", path);
+        }
+        let output = child.output().unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{stdout}");
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with("opened:"))
+            .unwrap_or_else(|| panic!("{stdout}"));
+        if opens {
+            assert_eq!(line, "opened: 12 samples", "{stdout}");
+        } else {
+            assert!(line.contains("zstd filter"), "{line}");
+        }
+    }
+}
+
+/// Opens `IMAGEFEED_TEST_OPEN` and prints what happened (run by the test above).
+#[test]
+fn child_opens_a_file() {
+    let Some(path) = std::env::var_os("IMAGEFEED_TEST_OPEN") else {
+        return;
+    };
+    match format::open(Path::new(&path)) {
+        Ok(dataset) => {
+            let rows = records(dataset.as_ref());
+            assert_eq!(RawImage::parse(&rows[5].2).unwrap().2, expected_pixels(5));
+            println!("opened: {} samples", dataset.len());
+        }
+        Err(e) => println!("opened: {e}"),
+    }
+}
