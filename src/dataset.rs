@@ -164,6 +164,7 @@ pub const MAX_CLASSES: usize = 1 << 20;
 #[derive(Debug, Default)]
 pub(crate) struct ClassInference {
     largest: Option<usize>,
+    smallest: Option<usize>,
     ignored: usize,
     first_ignored: Option<(String, i64)>,
 }
@@ -176,7 +177,10 @@ impl ClassInference {
             .and_then(|l| usize::try_from(l).ok())
             .filter(|&l| l < MAX_CLASSES)
         {
-            Some(label) => self.largest = Some(self.largest.map_or(label, |m| m.max(label))),
+            Some(label) => {
+                self.largest = Some(self.largest.map_or(label, |m| m.max(label)));
+                self.smallest = Some(self.smallest.map_or(label, |m| m.min(label)));
+            }
             None => {
                 self.ignored += 1;
                 if self.first_ignored.is_none() {
@@ -203,6 +207,11 @@ impl ClassInference {
             message
         });
         (classes, notice)
+    }
+
+    /// The smallest label counted.
+    pub fn smallest(&self) -> Option<usize> {
+        self.smallest
     }
 
     /// True when no label was counted.
@@ -257,6 +266,13 @@ pub trait Dataset: Send + Sync {
     /// `imagefeed::…`), which is how the CLIs print them; this keeps them for programs that
     /// show them later (a pack report, `inspect --json`, Python's `Loader.notices`).
     fn notices(&self) -> &[String] {
+        &[]
+    }
+
+    /// Shards of the dataset's set that are missing, when it was opened with
+    /// [`allow_missing_shards`](crate::format::OpenOptions::allow_missing_shards) (a
+    /// deliberate subset); empty for a whole dataset, and for formats that are not shards.
+    fn missing_shards(&self) -> &[String] {
         &[]
     }
 }

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::dataset::{Dataset, PayloadKind, par_map_records};
 use crate::error::{Error, Result};
-use crate::format::{self, lmdb::Lmdb, output};
+use crate::format::{self, OpenOptions, lmdb::Lmdb, output};
 use crate::pack;
 
 /// Samples of one class.
@@ -102,6 +102,17 @@ pub struct Inspection {
     /// What opening the dataset reported (e.g. an index built for a TFRecord shard).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notices: Vec<String>,
+    /// Members of its shard set that are missing (then `complete` is false).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub missing_shards: Vec<String>,
+}
+
+impl Inspection {
+    /// True when the dataset is complete and every record read: what `pack-dataset inspect`
+    /// exits 0 for.
+    pub fn is_whole(&self) -> bool {
+        self.complete && self.bad_records.is_empty()
+    }
 }
 
 /// Lets an `Arc<dyn Dataset>` stand where a `Box<dyn Dataset>` is wanted.
@@ -120,24 +131,37 @@ impl Dataset for ArcDataset {
     fn notices(&self) -> &[String] {
         self.0.notices()
     }
+    fn missing_shards(&self) -> &[String] {
+        self.0.missing_shards()
+    }
 }
 
 /// Inspects the dataset at `path`: complete or not, classes with counts, bytes, image sizes.
 /// An interrupted pack is reported as incomplete rather than refused.
 pub fn inspect(path: impl AsRef<Path>) -> Result<Inspection> {
+    inspect_with(path, &OpenOptions::default())
+}
+
+/// [`inspect`] with reading options. A shard set with members missing is reported (incomplete,
+/// naming them) rather than refused, whatever `options.allow_missing_shards` says.
+pub fn inspect_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Inspection> {
     let path = path.as_ref();
+    let options = options.clone().with_allow_missing_shards(true);
+    let opened = |path: &Path| -> Result<Box<dyn Dataset>> {
+        Ok(Box::new(ArcDataset(format::open_with(path, &options)?)))
+    };
     let (dataset, complete, rejected_at_pack): (Box<dyn Dataset>, bool, Option<usize>) =
-        if path.is_dir() && !path.join("data.mdb").is_file() {
-            let dataset = format::open(path)?;
-            (Box::new(ArcDataset(dataset)), true, None)
+        if (path.is_dir() && !path.join("data.mdb").is_file())
+            || (!path.exists() && format::shards::is_pattern(path))
+        {
+            (opened(path)?, true, None)
         } else if format::hdf5::has_signature(path)
             || format::records::is_shard_name(path)
             || (!path.exists() && output::partial_path(path).is_dir())
         {
             // Incomplete HDF5 and records outputs are refused with an error that says how to
             // finish them.
-            let dataset = format::open(path)?;
-            (Box::new(ArcDataset(dataset)), true, None)
+            (opened(path)?, true, None)
         } else {
             let path = &if path.is_dir() {
                 path.join("data.mdb")
@@ -151,7 +175,7 @@ pub fn inspect(path: impl AsRef<Path>) -> Result<Inspection> {
             };
             if !format::lmdb::has_magic(&target)? {
                 // Not LMDB either: the error `open` gives for what it cannot read.
-                return Err(format::open(path).err().unwrap_or_else(|| {
+                return Err(format::open_with(path, &options).err().unwrap_or_else(|| {
                     Error::not_a_dataset(path, "not an LMDB file (bad magic number)")
                 }));
             }
@@ -165,8 +189,33 @@ pub fn inspect(path: impl AsRef<Path>) -> Result<Inspection> {
             let complete = lmdb.is_complete() && !output::is_staging_name(&target);
             (Box::new(lmdb), complete, rejected)
         };
+    Ok(inspect_dataset(
+        path,
+        dataset.as_ref(),
+        complete,
+        rejected_at_pack,
+    ))
+}
+
+/// [`inspect`] for a list of shard files read as one dataset ([`format::open_files`]).
+pub fn inspect_files(files: &[PathBuf], options: &OpenOptions) -> Result<Inspection> {
+    let options = options.clone().with_allow_missing_shards(true);
+    let dataset = format::open_files(files, &options)?;
+    let label = files.first().map_or(Path::new(""), PathBuf::as_path);
+    Ok(inspect_dataset(label, dataset.as_ref(), true, None))
+}
+
+/// Reads every record of an opened dataset for [`inspect`]; `path` names it in the report.
+fn inspect_dataset(
+    path: &Path,
+    dataset: &dyn Dataset,
+    complete: bool,
+    rejected_at_pack: Option<usize>,
+) -> Inspection {
     let info = dataset.info().clone();
     let rejected_at_pack = rejected_at_pack.or(info.rejected_at_pack);
+    let missing_shards = dataset.missing_shards().to_vec();
+    let complete = complete && missing_shards.is_empty();
 
     struct Seen {
         label: u32,
@@ -174,7 +223,7 @@ pub fn inspect(path: impl AsRef<Path>) -> Result<Inspection> {
         size: Option<(u32, u32, &'static str)>,
         error: Option<BadRecord>,
     }
-    let seen = par_map_records(dataset.as_ref(), |decoder, record| match record {
+    let seen = par_map_records(dataset, |decoder, record| match record {
         Ok(record) => {
             let header = decoder.header(record.payload);
             Seen {
@@ -244,7 +293,7 @@ pub fn inspect(path: impl AsRef<Path>) -> Result<Inspection> {
     } else {
         pack::disk_bytes(dataset.path())
     };
-    Ok(Inspection {
+    Inspection {
         path: path.to_path_buf(),
         format: info.format.name().into(),
         complete,
@@ -269,5 +318,6 @@ pub fn inspect(path: impl AsRef<Path>) -> Result<Inspection> {
         bad_records,
         rejected_at_pack,
         notices: dataset.notices().to_vec(),
-    })
+        missing_shards,
+    }
 }

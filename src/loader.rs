@@ -17,7 +17,9 @@
 //!   allocates nothing. Workers are threads sharing one dataset, not processes copying it.
 //! - **Bad data is not fatal** unless asked: a sample that fails to read or decode is reported
 //!   (index, key, reason) on its batch and in the running total, and handled by the
-//!   [`BadSamplePolicy`]; `max_bad` turns too many into a clear error.
+//!   [`BadSamplePolicy`]; `max_bad` (by default [`DEFAULT_MAX_BAD`]: 1% of the epoch) turns
+//!   too many into a clear error, so an epoch that lost much of its data never ends as if
+//!   it were complete.
 //! - **Exact resume.** [`Epoch::state`] is serializable; [`Loader::resume`] yields exactly the
 //!   remaining batches of that epoch, identical to an uninterrupted run, and refuses a loader
 //!   or dataset that would give another stream ([`Error::StateMismatch`]). At another world
@@ -62,6 +64,9 @@ pub enum BadSamplePolicy {
 ///
 /// Counted per epoch: a file that is bad is met again every epoch, so a lifetime total would
 /// eventually stop any long run. The lifetime total is in [`Stats::bad_samples`].
+///
+/// Loaders have [`DEFAULT_MAX_BAD`] unless configured otherwise; `with_max_bad(None)` lifts
+/// the cap.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum MaxBad {
     /// More than this many bad samples in the epoch.
@@ -69,6 +74,35 @@ pub enum MaxBad {
     /// More than this fraction of the rank's samples per epoch.
     Fraction(f64),
 }
+
+impl MaxBad {
+    /// Whether `bad` bad samples among `samples` exceed this cap.
+    pub fn exceeded_by(self, bad: u64, samples: u64) -> bool {
+        match self {
+            MaxBad::Count(n) => bad > n,
+            MaxBad::Fraction(f) => bad as f64 > f * samples as f64,
+        }
+    }
+}
+
+impl std::fmt::Display for MaxBad {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MaxBad::Count(n) => write!(f, "{n} bad samples"),
+            MaxBad::Fraction(x) => write!(f, "{}% of the samples", x * 100.0),
+        }
+    }
+}
+
+/// The bad-sample cap a loader has unless told otherwise: more than 1% of the epoch's samples
+/// bad is [`Error::TooManyBadSamples`].
+///
+/// Sporadic damage (a few corrupt JPEGs in a large dataset, a flipped byte) stays within it and
+/// is handled by the [`BadSamplePolicy`], each sample reported by key; losing much of the data
+/// for one reason (an unreadable shard, a compression this build cannot undo, a disk going bad)
+/// does not: the epoch stops with an error naming the last bad sample instead of ending as if
+/// it were complete. `with_max_bad(None)` lifts the cap.
+pub const DEFAULT_MAX_BAD: MaxBad = MaxBad::Fraction(0.01);
 
 /// Loader settings: build them with [`LoaderConfig::default`] and the `with_*` methods.
 ///
@@ -102,7 +136,7 @@ pub struct LoaderConfig {
     pub transform: Transform,
     /// Bad-sample handling.
     pub bad_samples: BadSamplePolicy,
-    /// Stop after too many bad samples.
+    /// Stop after too many bad samples ([`DEFAULT_MAX_BAD`] unless set; `None`: no limit).
     pub max_bad: Option<MaxBad>,
     /// Decompression-bomb limit in pixels.
     pub max_pixels: u64,
@@ -110,7 +144,7 @@ pub struct LoaderConfig {
 
 impl Default for LoaderConfig {
     /// Batches of 32, 2 workers, 4 batches prefetched, seed 0, shuffled, one rank, no
-    /// transform, bad samples skipped without limit.
+    /// transform, bad samples skipped up to [`DEFAULT_MAX_BAD`] (1% of the epoch).
     fn default() -> Self {
         LoaderConfig {
             sampling: Sampling::default(),
@@ -118,7 +152,7 @@ impl Default for LoaderConfig {
             prefetch: 4,
             transform: Transform::none(),
             bad_samples: BadSamplePolicy::Skip,
-            max_bad: None,
+            max_bad: Some(DEFAULT_MAX_BAD),
             max_pixels: DEFAULT_MAX_PIXELS,
         }
     }
@@ -806,18 +840,16 @@ impl Epoch {
 
     /// The limit `bad_samples` bad samples in this epoch would exceed, if any.
     fn max_bad_exceeded(&self, bad_samples: u64) -> Option<String> {
-        match self.loader.shared.config.max_bad? {
-            MaxBad::Count(n) if bad_samples > n => Some(format!("max {n}")),
+        let cap = self.loader.shared.config.max_bad?;
+        let per_epoch = self
+            .samples_before_part
+            .saturating_add(self.batches.iter().map(Vec::len).sum::<usize>() as u64);
+        cap.exceeded_by(bad_samples, per_epoch).then(|| match cap {
+            MaxBad::Count(n) => format!("max {n}"),
             MaxBad::Fraction(f) => {
-                let per_epoch = (self
-                    .samples_before_part
-                    .saturating_add(self.batches.iter().map(Vec::len).sum::<usize>() as u64))
-                    as f64;
-                (bad_samples as f64 > f * per_epoch)
-                    .then(|| format!("max {:.4}% of the epoch's {per_epoch} samples", f * 100.0))
+                format!("max {:.4}% of the epoch's {per_epoch} samples", f * 100.0)
             }
-            _ => None,
-        }
+        })
     }
 }
 

@@ -168,6 +168,12 @@ pub struct PackSummary {
     pub rejected: Vec<Rejection>,
     /// Files skipped for not having an image extension.
     pub skipped_non_images: usize,
+    /// Records of a dataset source (`convert` from a packed dataset or shards, `join`) left out
+    /// of the output, unreadable or not images: the output holds fewer records than its source
+    /// declares, and `pack-dataset` exits 1 saying so. Always 0 for an ImageFolder tree, whose
+    /// files that are not images were never records.
+    #[serde(default)]
+    pub dropped_records: usize,
     /// Source files a resumed run found already done.
     pub resumed_from: usize,
     /// What opening the source reported (e.g. an index built for a TFRecord shard).
@@ -824,6 +830,10 @@ fn report(
         classes: plan.classes.len(),
         payload_bytes: progress.payload_bytes,
         file_bytes: disk_bytes(out),
+        dropped_records: match items {
+            Source::Folder(_) => 0,
+            Source::Records(_) | Source::Joined(_) => progress.rejected.len(),
+        },
         rejected: progress.rejected,
         skipped_non_images: match items {
             Source::Folder(f) => f.skipped_files(),

@@ -58,8 +58,37 @@ impl VerifyReport {
 /// Returns `Err` only when the dataset or source cannot be opened at all; everything found inside
 /// them is a [`Problem`] in the report.
 pub fn verify(path: impl AsRef<Path>, against: Option<&Path>) -> Result<VerifyReport> {
+    verify_with(path, against, &format::OpenOptions::default())
+}
+
+/// [`verify`] with reading options (files other tools wrote, shard sets).
+pub fn verify_with(
+    path: impl AsRef<Path>,
+    against: Option<&Path>,
+    options: &format::OpenOptions,
+) -> Result<VerifyReport> {
     let path = path.as_ref();
-    let dataset = format::open(path)?;
+    let dataset = format::open_with(path, options)?;
+    verify_dataset(path, dataset.as_ref(), against)
+}
+
+/// [`verify`] for a list of shard files read as one dataset ([`format::open_files`]).
+pub fn verify_files(
+    files: &[PathBuf],
+    against: Option<&Path>,
+    options: &format::OpenOptions,
+) -> Result<VerifyReport> {
+    let dataset = format::open_files(files, options)?;
+    let label = files.first().map_or(Path::new(""), PathBuf::as_path);
+    verify_dataset(label, dataset.as_ref(), against)
+}
+
+/// Checks an opened dataset; `path` names it in the report.
+fn verify_dataset(
+    path: &Path,
+    dataset: &dyn Dataset,
+    against: Option<&Path>,
+) -> Result<VerifyReport> {
     let source = against.map(ImageFolder::open).transpose()?;
     let mut problems = Vec::new();
     if let Some(source) = &source
@@ -86,15 +115,13 @@ pub fn verify(path: impl AsRef<Path>, against: Option<&Path>) -> Result<VerifyRe
         })
         .unwrap_or_default();
     let checker = Checker {
-        dataset: dataset.as_ref(),
+        dataset,
         source: source.as_ref(),
         by_key: &by_key,
     };
 
     // One parallel pass: read, decode, compare. Each result: (source index, problems).
-    let results = par_map_records(dataset.as_ref(), |decoder, record| {
-        checker.check(decoder, record)
-    });
+    let results = par_map_records(dataset, |decoder, record| checker.check(decoder, record));
     let mut last_source_index = None;
     let mut in_dataset = vec![false; source.as_ref().map_or(0, |s| s.len())];
     for (index, (source_index, found)) in results.into_iter().enumerate() {

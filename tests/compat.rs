@@ -5,7 +5,6 @@ mod support;
 
 use std::fs;
 use std::path::Path;
-use std::process::Command;
 
 use imagefeed::dataset::Dataset as _;
 use imagefeed::format;
@@ -13,7 +12,8 @@ use imagefeed::format::folder::ImageFolder;
 use imagefeed::loader::{BadSamplePolicy, Loader, LoaderConfig};
 use imagefeed::transform::Transform;
 use support::{
-    BROKEN, fixture_records_without_broken, fixture_root, pack_lmdb, records, small_options,
+    BROKEN, fixture_records_without_broken, fixture_root, pack_lmdb, python_rows, python_with,
+    records, small_options,
 };
 
 fn compat(name: &str) -> std::path::PathBuf {
@@ -48,13 +48,26 @@ fn python_folder2lmdb_files_read_like_their_source_tree() {
 
 #[test]
 fn the_loader_reports_the_broken_files_inside_a_python_lmdb() {
+    let config = LoaderConfig::default()
+        .with_batch_size(5)
+        .with_shuffle(false)
+        .with_transform(Transform::cifar())
+        .with_bad_samples(BadSamplePolicy::Skip);
+    // 4 of the 20 files are broken: far over the default cap (1%), so by default the epoch
+    // stops with an error instead of ending as if it were complete.
+    let capped = Loader::new(
+        format::open(compat("folder2lmdb.lmdb")).unwrap(),
+        config.clone(),
+    )
+    .unwrap();
+    let stopped = capped.epoch(0).find_map(Result::err);
+    assert!(
+        matches!(stopped, Some(imagefeed::Error::TooManyBadSamples { .. })),
+        "{stopped:?}"
+    );
     let loader = Loader::new(
         format::open(compat("folder2lmdb.lmdb")).unwrap(),
-        LoaderConfig::default()
-            .with_batch_size(5)
-            .with_shuffle(false)
-            .with_transform(Transform::cifar())
-            .with_bad_samples(BadSamplePolicy::Skip),
+        config.with_max_bad(None),
     )
     .unwrap();
     let source = ImageFolder::open(fixture_root()).unwrap();
@@ -78,6 +91,74 @@ fn the_loader_reports_the_broken_files_inside_a_python_lmdb() {
     bad.sort();
     assert_eq!(good, 16);
     assert_eq!(bad, BROKEN);
+}
+
+/// folder2lmdb files written with every pickle protocol, by the Python 3 scripts and the
+/// Python 2 era ones (protocol 2 and 0), with labels as Python ints or NumPy integer scalars
+/// (labels taken from a NumPy array): every one reads with the files' bytes and labels.
+#[test]
+fn folder2lmdb_files_of_every_pickle_protocol_and_numpy_labels_read() {
+    let Some(python) = python_with("lmdb, numpy") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"
+import os, pickle, sys
+import lmdb, numpy as np
+out, files = sys.argv[1], sys.argv[2:]
+labels = np.array([int(l) for l in os.environ["LABELS"].split(",")], dtype=np.int64)
+for protocol in range(6):
+    for numpy_labels in (False, True):
+        path = os.path.join(out, f"p{protocol}-{'numpy' if numpy_labels else 'int'}.lmdb")
+        db = lmdb.open(path, subdir=False, map_size=1 << 26, readonly=False)
+        with db.begin(write=True) as txn:
+            for i, f in enumerate(files):
+                label = labels[i] if numpy_labels else int(labels[i])
+                txn.put(str(i).encode(), pickle.dumps((open(f, "rb").read(), label), protocol=protocol))
+            keys = [str(i).encode() for i in range(len(files))]
+            txn.put(b"__keys__", pickle.dumps(keys, protocol=protocol))
+            txn.put(b"__len__", pickle.dumps(len(keys), protocol=protocol))
+        db.sync(); db.close()
+        print(path)
+"#;
+    let expected = fixture_records_without_broken();
+    let source = ImageFolder::open(fixture_root()).unwrap();
+    let files: Vec<String> = expected
+        .iter()
+        .map(|(key, _, _)| {
+            let i = source.entries().iter().position(|e| &e.key == key).unwrap();
+            source.file_path(i).to_string_lossy().into_owned()
+        })
+        .collect();
+    let labels: Vec<String> = expected.iter().map(|r| r.1.to_string()).collect();
+    let output = std::process::Command::new(&python)
+        .arg("-c")
+        .arg(script)
+        .arg(dir.path())
+        .args(&files)
+        .env("LABELS", labels.join(","))
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let written: Vec<String> = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(written.len(), 12);
+    let want: Vec<(u32, Vec<u8>)> = expected.into_iter().map(|(_, l, b)| (l, b)).collect();
+    for path in written {
+        let dataset = format::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let got: Vec<(u32, Vec<u8>)> = records(dataset.as_ref())
+            .into_iter()
+            .map(|(_, l, b)| (l, b))
+            .collect();
+        assert_eq!(got, want, "{path}");
+    }
 }
 
 /// The Python used for the cross-reads: $IMAGEFEED_PYTHON (make test points it at a virtual
@@ -298,22 +379,36 @@ fn tfrecord_shards_without_an_index_get_one_in_memory_saved_on_request_and_read_
     assert!(dataset.notices()[1].contains("train-00001-of-00002"));
     assert!(dataset.notices()[0].contains("no index; built one by scanning"));
     // Opening never writes: the indexes are kept in memory until asked for.
-    let index_files = || {
-        let mut found: Vec<_> = fs::read_dir(&shards)
-            .unwrap()
+    let index_files = |dir: &std::path::Path| {
+        let mut found: Vec<_> = fs::read_dir(dir)
+            .into_iter()
+            .flatten()
             .map(|e| e.unwrap().path())
             .filter(|p| p.extension().is_some_and(|e| e == "index"))
             .collect();
         found.sort();
         found
     };
-    assert!(index_files().is_empty(), "{:?}", index_files());
+    let saved_in = shards.join(imagefeed::format::records::INDEX_DIR);
+    assert!(
+        index_files(&saved_in).is_empty(),
+        "{:?}",
+        index_files(&saved_in)
+    );
     let expected = fixture_files();
     assert_eq!(records(&dataset), expected);
     assert_eq!(dataset.classes(), ["0", "1", "2"]);
     let written = dataset.save_missing_indexes().unwrap();
-    assert_eq!(written, index_files());
+    assert_eq!(written, index_files(&saved_in));
     assert_eq!(written.len(), 2);
+    // Saved in index/, where no `train-*` pattern over the shards picks them up as data.
+    assert!(
+        index_files(&shards).is_empty(),
+        "{:?}",
+        index_files(&shards)
+    );
+    let pattern = format::open(shards.join("train-*")).unwrap();
+    assert_eq!(pattern.len(), expected.len());
     assert!(
         dataset.save_missing_indexes().unwrap().is_empty(),
         "written twice"
@@ -340,56 +435,6 @@ fn tfrecord_shards_without_an_index_get_one_in_memory_saved_on_request_and_read_
         "{err}"
     );
     assert!(reader.read(expected.len() - 1).is_ok());
-}
-
-fn python_with(modules: &str) -> Option<String> {
-    let python = std::env::var("IMAGEFEED_PYTHON").unwrap_or_else(|_| "python3".into());
-    match Command::new(&python)
-        .args(["-c", &format!("import {modules}")])
-        .output()
-    {
-        Ok(o) if o.status.success() => Some(python),
-        Ok(_) => {
-            eprintln!(
-                "SKIPPED: {python} lacks one of {modules} (make test installs them into .venv)"
-            );
-            None
-        }
-        Err(e) => {
-            eprintln!("SKIPPED: no Python ({python}: {e})");
-            None
-        }
-    }
-}
-
-/// Runs a Python script that prints "key label payload-hex" lines and parses them.
-fn python_rows(python: &str, script: &str, args: &[&Path]) -> Vec<(String, u32, Vec<u8>)> {
-    let output = Command::new(python)
-        .arg("-c")
-        .arg(script)
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut parts = l.split(' ');
-            let key = parts.next().unwrap().to_string();
-            let label = parts.next().unwrap().parse().unwrap();
-            let hex = parts.next().unwrap();
-            let bytes = (0..hex.len())
-                .step_by(2)
-                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-                .collect();
-            (key, label, bytes)
-        })
-        .collect()
 }
 
 #[cfg(feature = "hdf5")]

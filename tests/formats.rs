@@ -200,12 +200,14 @@ fn corrupt_and_truncated_shards_are_bad_samples_naming_shard_and_record() {
     assert!(err.contains("truncated"), "{err}");
     assert!(reader.read(4).is_ok() && reader.read(6).is_ok());
 
-    // The loader skips both and reports them by index; the epoch completes.
+    // The loader skips both and reports them by index; the epoch completes (2 of 16 is over
+    // the default cap, so it is lifted here).
     let config = LoaderConfig::default()
         .with_batch_size(4)
         .with_workers(2)
         .with_transform(Transform::none())
-        .with_bad_samples(BadSamplePolicy::Skip);
+        .with_bad_samples(BadSamplePolicy::Skip)
+        .with_max_bad(None);
     let loader = Loader::new(dataset, config).unwrap();
     let mut bad = Vec::new();
     let mut delivered = 0;
@@ -869,7 +871,8 @@ fn an_unindexed_shard_damaged_anywhere_keeps_every_good_record_and_saves_no_inde
     fs::create_dir(&clean).unwrap();
     let shard = clean.join("train-00000-of-00001");
     fs::copy(&pristine, &shard).unwrap();
-    let index = imagefeed::format::records::index_path_for(&shard);
+    let index = imagefeed::format::records::saved_index_path(&shard);
+    assert_eq!(index, clean.join("index/train-00000-of-00001.index"));
     let opened = imagefeed::format::records::Records::open(&clean).unwrap();
     assert_eq!(imagefeed::Dataset::len(&opened), 16);
     assert!(!index.exists(), "opening wrote an index");

@@ -9,7 +9,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use imagefeed::dataset::MAX_CLASSES;
-use imagefeed::format::records::{self, RecordsOptions};
+use imagefeed::format::records;
 use imagefeed::format::{self, OpenOptions, example};
 use imagefeed::pack::{self, NoProgress, PackFormat};
 use imagefeed::{Error, inspect, verify};
@@ -213,13 +213,7 @@ fn hostile_tfrecord_labels_and_label_bases_are_bad_records_not_panics() {
         .map(|(&l, n)| (l, n.as_bytes()))
         .collect();
     write_shard(&shard_dir, &recs);
-    let options = OpenOptions {
-        records: RecordsOptions {
-            label_base: Some(1),
-            num_classes: None,
-        },
-        ..OpenOptions::default()
-    };
+    let options = OpenOptions::default().with_label_base(1);
     let dataset = format::open_with(&shard_dir, &options).unwrap();
     assert_eq!(dataset.classes(), ["0", "1", "2"]);
     let mut reader = dataset.open_reader().unwrap();
@@ -245,13 +239,7 @@ fn hostile_tfrecord_labels_and_label_bases_are_bad_records_not_panics() {
     assert_eq!((summary.samples, summary.rejected.len()), (2, 5));
 
     // A class count beyond what any dataset has is an options error, not an allocation.
-    let huge = OpenOptions {
-        records: RecordsOptions {
-            label_base: None,
-            num_classes: Some(100_000_000_000),
-        },
-        ..OpenOptions::default()
-    };
+    let huge = OpenOptions::default().with_num_classes(100_000_000_000);
     let err = format::open_with(&shard_dir, &huge).unwrap_err();
     assert!(
         matches!(err, Error::Options(_)) && err.to_string().contains(&MAX_CLASSES.to_string()),

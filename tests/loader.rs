@@ -583,7 +583,8 @@ fn a_corrupt_huffman_table_never_makes_the_samples_after_it_bad() {
                 .with_batch_size(8)
                 .with_workers(workers)
                 .with_transform(Transform::cifar())
-                .with_bad_samples(policy),
+                .with_bad_samples(policy)
+                .with_max_bad(None),
         )
         .unwrap();
         let batches: Vec<_> = loader.epoch(0).map(Result::unwrap).collect();
@@ -1207,6 +1208,7 @@ fn a_batch_left_empty_keeps_the_transforms_size() {
         format::open(fixture_root()).unwrap(),
         LoaderConfig::default()
             .with_batch_size(4)
+            .with_max_bad(None)
             .with_shuffle(false)
             .with_transform(Transform {
                 geometry: Geometry::CenterCrop {
@@ -1247,7 +1249,8 @@ fn a_record_damaged_on_disk_is_a_corrupt_bad_sample_naming_its_key() {
             .with_workers(2)
             .with_shuffle(false)
             .with_transform(Transform::cifar())
-            .with_bad_samples(BadSamplePolicy::Skip),
+            .with_bad_samples(BadSamplePolicy::Skip)
+            .with_max_bad(None),
     )
     .unwrap();
     let bad: Vec<_> = loader

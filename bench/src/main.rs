@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
+use imagefeed::cli::{MaxBadArg, ReadingArgs};
 use imagefeed::decode::Decoder;
 use imagefeed::loader::{BadSamplePolicy, Loader, LoaderConfig, Stats};
 use imagefeed::transform::{DType, Layout, Transform};
@@ -69,8 +70,15 @@ enum PolicyArg {
 
 #[derive(clap::Args)]
 struct LoadArgs {
-    /// A packed dataset file or an ImageFolder directory.
+    /// A packed dataset file, an ImageFolder directory, a directory of shards or a quoted
+    /// pattern ('DIR/train-*').
     dataset: PathBuf,
+    #[command(flatten)]
+    input: ReadingArgs,
+    /// Stop with an error when an epoch holds more bad samples than this: a count (10), a
+    /// fraction of the epoch (0.01 or 1%), or none.
+    #[arg(long, default_value = "1%")]
+    max_bad: MaxBadArg,
     /// Samples per batch.
     #[arg(long, default_value_t = 256)]
     batch_size: usize,
@@ -140,10 +148,17 @@ enum Command {
     /// Many epochs of one loader over a dataset with bad samples: resident memory flat, no
     /// buffer growth, determinism and exact resume checked every few epochs.
     Soak(soak::SoakArgs),
-    /// Read every record of a dataset (a packed file or an ImageFolder directory).
+    /// Read every record of a dataset (a packed file or an ImageFolder directory). Exits with
+    /// an error when more records fail than --max-bad allows.
     Read {
         /// The dataset.
         dataset: PathBuf,
+        #[command(flatten)]
+        input: ReadingArgs,
+        /// The most records that may fail to read (or decode): a count, a fraction (0.01 or
+        /// 1%), or none.
+        #[arg(long, default_value = "1%")]
+        max_bad: MaxBadArg,
         /// Reader threads; records are split between them in contiguous ranges.
         #[arg(long, default_value_t = 1)]
         threads: usize,
@@ -231,8 +246,10 @@ fn load(args: LoadArgs) -> Result<()> {
         json,
         ..
     } = args;
+    let options = args.input.open_options();
     let open = || -> Result<Arc<dyn imagefeed::Dataset>> {
-        imagefeed::format::open(&dataset).with_context(|| format!("opening {}", dataset.display()))
+        imagefeed::format::open_with(&dataset, &options)
+            .with_context(|| format!("opening {}", dataset.display()))
     };
     let transform_name = match transform {
         TransformArg::Cifar => "cifar",
@@ -377,7 +394,8 @@ fn load_config(args: &LoadArgs) -> (LoaderConfig, Transform) {
             PolicyArg::Skip => BadSamplePolicy::Skip,
             PolicyArg::Replace => BadSamplePolicy::Replace,
             PolicyArg::Error => BadSamplePolicy::Error,
-        });
+        })
+        .with_max_bad(args.max_bad.0);
     (config, t)
 }
 
@@ -523,11 +541,14 @@ fn run() -> Result<()> {
         Command::Gpu(args) => gpu::run(args),
         Command::Read {
             dataset,
+            input,
+            max_bad,
             threads,
             decode,
             epochs,
             cold,
         } => {
+            let options = input.open_options();
             let threads = threads.max(1);
             for epoch in 0..epochs {
                 let cache = if cold {
@@ -544,7 +565,7 @@ fn run() -> Result<()> {
                 // that this process keeps mapped. Opening is timed too (a folder scans its
                 // directories; an LMDB may start streaming into the page cache).
                 let start = Instant::now();
-                let ds = imagefeed::format::open(&dataset)
+                let ds = imagefeed::format::open_with(&dataset, &options)
                     .with_context(|| format!("opening {}", dataset.display()))?;
                 let n = ds.len();
                 let bytes = AtomicU64::new(0);
@@ -591,6 +612,16 @@ fn run() -> Result<()> {
                     n as f64 / secs,
                     mb / secs
                 );
+                let bad = bad.load(Ordering::Relaxed);
+                if let Some(cap) = max_bad.0
+                    && cap.exceeded_by(bad, n as u64)
+                {
+                    anyhow::bail!(
+                        "{}: {bad} of {n} records could not be read{}: more than --max-bad {cap}",
+                        dataset.display(),
+                        if decode { " or decoded" } else { "" }
+                    );
+                }
             }
             Ok(())
         }

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context as _, Result, bail};
 use clap::{Parser, Subcommand};
+use imagefeed::cli::{ReadingArgs, describe};
 use imagefeed::inspect::Inspection;
 use imagefeed::pack::{self, PackFormat, PackOptions, PackSummary, StartMode};
 use imagefeed::progress::{PackProgressBar, human_bytes};
@@ -44,7 +45,7 @@ enum Command {
         #[arg(long, value_parser = output_format(), default_value = "lmdb")]
         to: PackFormat,
         #[command(flatten)]
-        input: InputArgs,
+        input: ReadingArgs,
         #[command(flatten)]
         args: PackArgs,
     },
@@ -77,17 +78,27 @@ enum Command {
         quiet: bool,
     },
     /// Show what a dataset holds: format, samples, classes, bytes, image sizes, completeness.
+    /// Exits 1 when the dataset is incomplete (an interrupted pack, shards missing from its
+    /// set) or a record could not be read.
     Inspect {
-        /// A packed dataset file or an ImageFolder directory.
-        dataset: PathBuf,
+        /// A packed dataset file, an ImageFolder directory, a directory of shards, a quoted
+        /// pattern ('DIR/train-*'), or several shard files read as one dataset.
+        #[arg(required = true)]
+        dataset: Vec<PathBuf>,
+        #[command(flatten)]
+        input: ReadingArgs,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
     /// Check every record reads and decodes; with --against, that it equals its source tree.
     Verify {
-        /// A packed dataset file or an ImageFolder directory.
-        dataset: PathBuf,
+        /// A packed dataset file, an ImageFolder directory, a directory of shards, a quoted
+        /// pattern ('DIR/train-*'), or several shard files read as one dataset.
+        #[arg(required = true)]
+        dataset: Vec<PathBuf>,
+        #[command(flatten)]
+        input: ReadingArgs,
         /// The ImageFolder tree the dataset was packed from.
         #[arg(long, value_name = "SRC_DIR")]
         against: Option<PathBuf>,
@@ -99,8 +110,12 @@ enum Command {
     /// keeps the index in memory only), so later opens skip the scan. Shards a scan finds
     /// damaged get none.
     Index {
-        /// A directory of TFRecord shards, or one shard.
-        shards: PathBuf,
+        /// A directory of TFRecord shards, a quoted pattern ('DIR/train-*'), or shard files.
+        #[arg(required = true)]
+        shards: Vec<PathBuf>,
+        /// Index shards of a set with members missing, on purpose.
+        #[arg(long)]
+        allow_missing_shards: bool,
     },
     /// Write a deterministic synthetic ImageFolder tree (for demos and tests). Files already at
     /// the names it writes are replaced (links there are replaced, never followed); nothing
@@ -133,38 +148,6 @@ fn output_format() -> impl clap::builder::TypedValueParser<Value = PackFormat> {
     use clap::builder::TypedValueParser as _;
     clap::builder::PossibleValuesParser::new(PackFormat::ALL.map(PackFormat::name))
         .map(|name: String| PackFormat::from_name(&name).expect("one of the possible values"))
-}
-
-/// How to read an input that other tools wrote.
-#[derive(clap::Args)]
-struct InputArgs {
-    /// h5py input: the dataset holding the images (variable-length uint8, or N×H×W×C uint8).
-    #[arg(long, default_value = "images")]
-    images_dataset: String,
-    /// h5py input: the dataset holding the labels.
-    #[arg(long, default_value = "labels")]
-    labels_dataset: String,
-    /// TFRecord input without a manifest: the smallest label (ImageNet TFRecords: 1).
-    #[arg(long)]
-    input_label_base: Option<u32>,
-    /// TFRecord input without a manifest: the number of classes (else found by a scan).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=imagefeed::dataset::MAX_CLASSES as i64))]
-    num_classes: Option<u32>,
-}
-
-impl InputArgs {
-    fn open_options(&self) -> imagefeed::format::OpenOptions {
-        imagefeed::format::OpenOptions {
-            hdf5: imagefeed::format::hdf5::Hdf5Names {
-                images: self.images_dataset.clone(),
-                labels: self.labels_dataset.clone(),
-            },
-            records: imagefeed::format::records::RecordsOptions {
-                label_base: self.input_label_base,
-                num_classes: self.num_classes.map(|n| n as usize),
-            },
-        }
-    }
 }
 
 #[derive(clap::Args)]
@@ -246,27 +229,7 @@ fn emit(text: &str) {
 
 /// Parses a byte count: `1000`, `64K`, `128MiB`, `1G`, ...
 fn parse_bytes(text: &str) -> Result<u64, String> {
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?}: expected a number of bytes, e.g. 128MiB"))?;
-    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" => 1_000,
-        "m" | "mb" => 1_000_000,
-        "g" | "gb" => 1_000_000_000,
-        "kib" => 1 << 10,
-        "mib" => 1 << 20,
-        "gib" => 1 << 30,
-        other => return Err(format!("{text:?}: unknown unit {other:?}")),
-    };
-    number
-        .checked_mul(scale)
-        .filter(|&n| n > 0)
-        .ok_or_else(|| format!("{text:?}: must be between 1 byte and 16 EiB"))
+    imagefeed::cache::parse_bytes(text)
 }
 
 fn parse_threads(text: &str) -> Result<usize, String> {
@@ -335,7 +298,23 @@ fn pack(
         )
     })?;
     emit(&format_summary(&summary));
-    Ok(ExitCode::SUCCESS)
+    Ok(exit_for(&summary))
+}
+
+/// 1 when records of a dataset source were left out (the output holds fewer than the source
+/// declares), else 0.
+fn exit_for(summary: &PackSummary) -> ExitCode {
+    if summary.dropped_records == 0 {
+        return ExitCode::SUCCESS;
+    }
+    eprintln!(
+        "error: {} of the source's records could not be read or are not images (listed above); \
+         {} holds the other {}",
+        summary.dropped_records,
+        summary.output.display(),
+        summary.samples
+    );
+    ExitCode::FAILURE
 }
 
 fn format_summary(s: &PackSummary) -> String {
@@ -388,7 +367,13 @@ fn format_inspection(i: &Inspection) -> String {
     w!(
         o,
         "complete:    {}",
-        if i.complete {
+        if !i.missing_shards.is_empty() {
+            format!(
+                "NO: {} shard(s) of the set are missing: {}",
+                i.missing_shards.len(),
+                i.missing_shards.join(", ")
+            )
+        } else if i.complete {
             "yes".to_string()
         } else {
             "NO: an interrupted pack; rerun it with --resume".to_string()
@@ -434,7 +419,12 @@ fn format_inspection(i: &Inspection) -> String {
         w!(o, "  {label:>5}  {:<30} {}", c.name, c.count);
     }
     if !i.bad_records.is_empty() {
-        w!(o, "unreadable records: {}", i.bad_records.len());
+        w!(
+            o,
+            "unreadable records: {} of {}",
+            i.bad_records.len(),
+            i.num_samples
+        );
         for b in &i.bad_records {
             w!(o, "  {} ({}): {}", b.index, b.key, b.reason);
         }
@@ -470,25 +460,42 @@ fn run() -> Result<ExitCode> {
             let summary = result
                 .with_context(|| format!("joining {} parts into {}", parts.len(), out.display()))?;
             emit(&format_summary(&summary));
-            Ok(ExitCode::SUCCESS)
+            Ok(exit_for(&summary))
         }
-        Command::Inspect { dataset, json } => {
-            let inspection = imagefeed::inspect::inspect(&dataset)
-                .with_context(|| format!("inspecting {}", dataset.display()))?;
+        Command::Inspect {
+            dataset,
+            input,
+            json,
+        } => {
+            let options = input.open_options();
+            let inspection = match dataset.as_slice() {
+                [one] => imagefeed::inspect::inspect_with(one, &options),
+                files => imagefeed::inspect::inspect_files(files, &options),
+            }
+            .with_context(|| format!("inspecting {}", describe(&dataset)))?;
             if json {
                 out!("{}", serde_json::to_string_pretty(&inspection)?);
             } else {
                 emit(&format_inspection(&inspection));
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(if inspection.is_whole() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Command::Verify {
             dataset,
+            input,
             against,
             json,
         } => {
-            let report = imagefeed::verify::verify(&dataset, against.as_deref())
-                .with_context(|| format!("verifying {}", dataset.display()))?;
+            let options = input.open_options();
+            let report = match dataset.as_slice() {
+                [one] => imagefeed::verify::verify_with(one, against.as_deref(), &options),
+                files => imagefeed::verify::verify_files(files, against.as_deref(), &options),
+            }
+            .with_context(|| format!("verifying {}", describe(&dataset)))?;
             if json {
                 out!("{}", serde_json::to_string_pretty(&report)?);
             } else {
@@ -508,7 +515,7 @@ fn run() -> Result<ExitCode> {
                 };
                 out!(
                     "{}: {} records checked{against}: {}",
-                    dataset.display(),
+                    describe(&dataset),
                     report.checked,
                     if report.is_ok() {
                         "OK".to_string()
@@ -523,19 +530,29 @@ fn run() -> Result<ExitCode> {
                 ExitCode::FAILURE
             })
         }
-        Command::Index { shards } => {
-            let records = imagefeed::format::records::Records::open(&shards)
-                .with_context(|| format!("opening {}", shards.display()))?;
+        Command::Index {
+            shards,
+            allow_missing_shards,
+        } => {
+            use imagefeed::format::shards::Selection;
+            let selection = match shards.as_slice() {
+                [one] => Selection::of(one),
+                files => Selection::List(files.to_vec()),
+            };
+            let options = imagefeed::format::OpenOptions::default()
+                .with_allow_missing_shards(allow_missing_shards);
+            let records = imagefeed::format::records::Records::open_selection(&selection, &options)
+                .with_context(|| format!("opening {}", describe(&shards)))?;
             let written = records
                 .save_missing_indexes()
-                .with_context(|| format!("saving the indexes of {}", shards.display()))?;
+                .with_context(|| format!("saving the indexes of {}", describe(&shards)))?;
             for path in &written {
                 out!("wrote {}", path.display());
             }
             if written.is_empty() {
                 out!(
-                    "no index written: every shard of {} has one, is damaged, or has something else at its index path (`pack-dataset inspect` lists the damage)",
-                    shards.display()
+                    "no index written: every shard of {} has one, is damaged or compressed, or has something else at its index path (`pack-dataset inspect` lists the damage)",
+                    describe(&shards)
                 );
             }
             Ok(ExitCode::SUCCESS)

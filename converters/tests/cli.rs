@@ -80,8 +80,9 @@ fn sigkill_mid_pack_leaves_nothing_readable_and_resume_finishes() {
         "a killed pack must not leave the final output"
     );
 
+    // Inspect describes the partial output, and exits 1: it is not a whole dataset.
     let inspected = run(&[&"inspect", &out]);
-    assert!(inspected.status.success(), "{}", stderr(&inspected));
+    assert_eq!(inspected.status.code(), Some(1), "{}", stderr(&inspected));
     assert!(
         stdout(&inspected).contains("complete:    NO"),
         "{}",
@@ -264,7 +265,16 @@ fn convert_reads_a_python_lmdb_and_writes_ours() {
     let out = dir.path().join("c.lmdb");
     let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/compat/folder2lmdb.lmdb");
     let converted = run(&[&"convert", &"-q", &"--to", &"lmdb", &python, &out]);
-    assert!(converted.status.success(), "{}", stderr(&converted));
+    // 4 of the file's 20 records are not images: written without them, and exit 1 saying so
+    // (the output holds fewer records than its source declares).
+    assert_eq!(converted.status.code(), Some(1), "{}", stderr(&converted));
+    assert!(
+        stderr(&converted)
+            .contains("4 of the source's records could not be read or are not images"),
+        "{}",
+        stderr(&converted)
+    );
+    assert!(out.exists());
     assert!(
         stdout(&converted).contains("packed 16 samples (3 classes)"),
         "{}",
@@ -364,7 +374,8 @@ fn hdf5_records_split_and_join_from_the_command_line() {
         &shards,
         &from_tf,
     ]);
-    succeeded(&o);
+    // The shards hold the tree's 4 broken files as records: left out, exit 1.
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     // The library's notices are printed once, as they happen, on stderr.
     assert_eq!(
         stderr(&o).matches("note: ").count(),
@@ -384,20 +395,30 @@ fn hdf5_records_split_and_join_from_the_command_line() {
         stdout(&o)
     );
     // Reading them wrote nothing; `index` saves their indexes, and then the scan is gone.
+    // They go into index/, where no `train-*` pattern over the shards matches them.
     let indexes = ["train-00000-of-00002.index", "train-00001-of-00002.index"];
-    assert!(indexes.iter().all(|i| !shards.join(i).exists()));
+    let saved = shards.join("index");
+    assert!(indexes.iter().all(|i| !saved.join(i).exists()));
     let o = run(&[&"index", &shards]);
     succeeded(&o);
     for index in indexes {
-        assert!(shards.join(index).is_file(), "{index}: {}", stdout(&o));
-        assert!(stdout(&o).contains(&format!("wrote {}", shards.join(index).display())));
+        assert!(saved.join(index).is_file(), "{index}: {}", stdout(&o));
+        assert!(!shards.join(index).exists());
+        assert!(stdout(&o).contains(&format!("wrote {}", saved.join(index).display())));
     }
     let o = run(&[&"index", &shards]);
     succeeded(&o);
     assert!(stdout(&o).contains("no index written"), "{}", stdout(&o));
+    // Inspect reads the saved indexes (no scan), and exits 1: three of the shards' records
+    // hold files that are not images (the tree's broken files, written as they were).
     let o = run(&[&"inspect", &shards]);
-    succeeded(&o);
-    assert!(!stdout(&o).contains("no index"), "{}", stdout(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("unreadable records: 3 of 20"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(!stderr(&o).contains("no index"), "{}", stderr(&o));
     // Something that is not TFRecord shards is refused, naming it.
     let o = run(&[&"index", &src]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));

@@ -21,13 +21,14 @@ from . import errors, transforms
 from ._native import __version__
 from .dataset import Dataset
 from .errors import *  # noqa: F403 - the exception classes, listed in errors.__all__
-from .loader import BadSample, Loader
+from .loader import DEFAULT_MAX_BAD, BadSample, Loader
 from .packing import inspect, join, pack, synthesize, verify
 
 __all__ = [
     "__version__",
     "Loader",
     "BadSample",
+    "DEFAULT_MAX_BAD",
     "Dataset",
     "pack",
     "join",

@@ -9,6 +9,7 @@ from typing import Any, Callable, List, Optional, Tuple, Union
 
 from . import _native
 from . import errors
+from ._reading import DatasetPath, dataset_paths, reading_options
 
 __all__ = ["Dataset"]
 
@@ -30,7 +31,7 @@ class Dataset:
 
     def __init__(
         self,
-        path: Union[str, "os.PathLike[str]"],
+        path: DatasetPath,
         *,
         decode: Optional[str] = None,
         transform: Optional[Callable[[Any], Any]] = None,
@@ -38,16 +39,20 @@ class Dataset:
         hdf5_images: Optional[str] = None,
         hdf5_labels: Optional[str] = None,
         label_base: Optional[int] = None,
+        num_classes: Optional[int] = None,
+        allow_missing_shards: bool = False,
         max_pixels: Optional[int] = None,
     ):
         if decode not in _DECODES:
             raise errors.ConfigError(f"decode {decode!r}: must be None, \"numpy\" or \"pil\"")
-        self.path = os.fspath(path)
+        self._paths = dataset_paths(path)
+        self.path = self._paths[0] if len(self._paths) == 1 else list(self._paths)
         self.decode = decode
         self.transform = transform
         self.target_transform = target_transform
         self._options = dict(
-            hdf5_images=hdf5_images, hdf5_labels=hdf5_labels, label_base=label_base, max_pixels=max_pixels
+            reading=reading_options(hdf5_images, hdf5_labels, label_base, num_classes, allow_missing_shards),
+            max_pixels=max_pixels,
         )
         self._native: Optional[_native.NativeDataset] = None
         self._pid: Optional[int] = None
@@ -62,7 +67,7 @@ class Dataset:
         pid = os.getpid()
         if self._native is None or self._pid != pid:
             # First use in this process (or a forked child): never reuse the parent's handle.
-            self._native = _native.NativeDataset(self.path, **self._options)
+            self._native = _native.NativeDataset(self._paths, **self._options)
             self._pid = pid
         return self._native
 

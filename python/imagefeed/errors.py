@@ -17,6 +17,9 @@ __all__ = [
     "DatasetNotFoundError",
     "FileError",
     "IncompleteDatasetError",
+    "ShardSetError",
+    "UnsupportedDataError",
+    "CacheFullError",
     "BadSampleError",
     "TooManyBadSamplesError",
     "ShapeMismatchError",
@@ -53,6 +56,25 @@ class FileError(Error, OSError):
 
 class IncompleteDatasetError(DataError):
     """The dataset was never finished: an interrupted or failed pack (resume it, or pack again)."""
+
+
+class ShardSetError(DataError):
+    """The shard files named are not one whole set: several sets in one directory (pick one
+    with a pattern such as ``"DIR/train-*"``), or members missing (``missing`` lists them;
+    ``allow_missing_shards=True`` reads the rest on purpose)."""
+
+    missing: list = []
+
+
+class UnsupportedDataError(DataError):
+    """The dataset stores its records in a way this build cannot read (an HDF5 compression
+    filter without a plugin, say): raised at open, with what to do, instead of every record
+    reading as bad."""
+
+
+class CacheFullError(Error, OSError):
+    """The cache directory (``IMAGEFEED_CACHE_DIR``) has no room for an entry, within
+    ``IMAGEFEED_CACHE_LIMIT`` or the disk's free space."""
 
 
 class BadSampleError(DataError):

@@ -9,9 +9,10 @@ from typing import Any, Iterator, List, NamedTuple, Optional, Tuple, Union
 
 from . import _native
 from . import errors
+from ._reading import DatasetPath, dataset_paths, reading_options
 from .transforms import Transform, none as _no_transform
 
-__all__ = ["Loader", "BadSample"]
+__all__ = ["Loader", "BadSample", "DEFAULT_MAX_BAD"]
 
 
 class BadSample(NamedTuple):
@@ -31,6 +32,11 @@ class BadSample(NamedTuple):
 
 
 _OUTPUTS = ("torch", "numpy", "dlpack")
+
+#: The bad-sample cap a :class:`Loader` has unless given ``max_bad``: more than 1% of an epoch's
+#: samples bad raises :class:`~imagefeed.errors.TooManyBadSamplesError`. Sporadic damage (a few
+#: corrupt files) stays within it; losing much of the data for one reason does not.
+DEFAULT_MAX_BAD = 0.01
 
 
 def _distributed_rank() -> Tuple[int, int]:
@@ -141,7 +147,12 @@ class Loader:
 
     ``path`` is anything imagefeed opens: an imagefeed LMDB, HDF5 file or record-shard
     directory, an ImageFolder tree, a py-lmdb (folder2lmdb) file, an h5py file
-    (``hdf5_images``/``hdf5_labels`` name its datasets), TFRecord shards (``label_base``).
+    (``hdf5_images``/``hdf5_labels`` name its datasets), TFRecord shards (a directory holding
+    one set, a pattern such as ``"DIR/train-*"``, or a list of files). For TFRecord shards
+    without an imagefeed manifest, ``label_base`` is what their labels start at (ImageNet
+    TFRecords: 1) and ``num_classes`` their class count (else found by a scan); a set with
+    shards missing raises :class:`~imagefeed.errors.ShardSetError` unless
+    ``allow_missing_shards=True``.
 
     Iterating gives ``(images, labels)``: ``images`` is ``[n, 3, h, w]`` (``layout="NCHW"``) or
     ``[n, h, w, 3]`` of ``dtype``, C-contiguous, viewing the loader's batch buffer; ``labels``
@@ -160,9 +171,11 @@ class Loader:
 
     Bad samples (unreadable or undecodable records) are handled per ``bad_samples``: ``"skip"``
     (the batch is shorter), ``"replace"`` (another sample, chosen deterministically, takes the
-    slot) or ``"error"`` (raise :class:`~imagefeed.errors.BadSampleError`). ``max_bad`` (an int
-    count or a float fraction of the epoch) raises
-    :class:`~imagefeed.errors.TooManyBadSamplesError` naming the keys. The ``bad_samples``
+    slot) or ``"error"`` (raise :class:`~imagefeed.errors.BadSampleError`). More than ``max_bad``
+    bad samples in one epoch (an int count or a float fraction of the epoch; by default
+    :data:`DEFAULT_MAX_BAD`, 1%) raises :class:`~imagefeed.errors.TooManyBadSamplesError` naming
+    the last one, so an epoch that lost much of its data never ends as if it were complete;
+    ``max_bad=None`` lifts the cap. The ``bad_samples``
     attribute lists the epoch's bad samples (:class:`BadSample`), ``last_bad_samples`` the last
     batch's.
 
@@ -180,7 +193,7 @@ class Loader:
 
     def __init__(
         self,
-        path: Union[str, "os.PathLike[str]"],
+        path: DatasetPath,
         *,
         batch_size: int = 256,
         workers: int = 4,
@@ -194,7 +207,7 @@ class Loader:
         shuffle: bool = True,
         drop_last: bool = False,
         bad_samples: str = "replace",
-        max_bad: Union[int, float, None] = None,
+        max_bad: Union[int, float, None] = DEFAULT_MAX_BAD,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         uneven: str = "pad",
@@ -202,7 +215,11 @@ class Loader:
         hdf5_images: Optional[str] = None,
         hdf5_labels: Optional[str] = None,
         label_base: Optional[int] = None,
+        num_classes: Optional[int] = None,
+        allow_missing_shards: bool = False,
     ):
+        paths = dataset_paths(path)
+        reading = reading_options(hdf5_images, hdf5_labels, label_base, num_classes, allow_missing_shards)
         if output not in _OUTPUTS:
             raise errors.ConfigError(f"output {output!r}: must be one of {', '.join(_OUTPUTS)}")
         if not isinstance(device, str) or not (device == "cpu" or device.startswith("cuda")):
@@ -224,7 +241,7 @@ class Loader:
         for name, value in (("shuffle", shuffle), ("drop_last", drop_last)):
             if not isinstance(value, bool):
                 raise errors.ConfigError(f"{name} {value!r}: must be True or False")
-        for name, value in (("prefetch", prefetch), ("max_pixels", max_pixels), ("label_base", label_base)):
+        for name, value in (("prefetch", prefetch), ("max_pixels", max_pixels)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise errors.ConfigError(f"{name} {value!r}: must be a non-negative int")
         for name, value in (("dtype", dtype), ("layout", layout), ("uneven", uneven), ("bad_samples", bad_samples)):
@@ -260,7 +277,7 @@ class Loader:
             host_dtype, host_layout = "uint8", "NHWC"
         with errors.arguments("Loader"):
             self._native = _native.NativeLoader(
-                os.fspath(path),
+                paths,
                 batch_size=batch_size,
                 workers=workers,
                 seed=seed,
@@ -276,9 +293,7 @@ class Loader:
                 bad_samples=bad_samples,
                 max_bad=max_bad,
                 max_pixels=max_pixels,
-                hdf5_images=hdf5_images,
-                hdf5_labels=hdf5_labels,
-                label_base=label_base,
+                reading=reading,
                 pinned_device=pinned_device,
             )
         self.batch_size = batch_size

@@ -7,6 +7,7 @@ import os
 from typing import Optional, Tuple, Union
 
 from . import _native, errors
+from ._reading import DatasetPath, dataset_paths, reading_options
 
 __all__ = ["pack", "join", "inspect", "verify", "synthesize"]
 
@@ -30,9 +31,17 @@ def pack(
     part: Optional[Tuple[int, int]] = None,
     max_pixels: Optional[int] = None,
     progress: bool = True,
+    hdf5_images: Optional[str] = None,
+    hdf5_labels: Optional[str] = None,
+    input_label_base: Optional[int] = None,
+    num_classes: Optional[int] = None,
+    allow_missing_shards: bool = False,
 ) -> dict:
     """Packs an ImageFolder tree (one sub-folder per class), or converts any dataset imagefeed
-    reads, into ``out`` as ``format`` (``"lmdb"``, ``"hdf5"`` or ``"records"``).
+    reads, into ``out`` as ``format`` (``"lmdb"``, ``"hdf5"`` or ``"records"``). A source that
+    other tools wrote is read with the options :class:`~imagefeed.Loader` takes
+    (``hdf5_images``, ``hdf5_labels``, ``input_label_base``, ``num_classes``,
+    ``allow_missing_shards``); ``label_base`` is the output's.
 
     The output is built beside ``out`` and appears under its name only when complete; an
     interrupted pack continues with ``resume=True``. Files that are not usable images are left
@@ -62,6 +71,7 @@ def pack(
             part=part,
             max_pixels=max_pixels,
             quiet=not progress,
+            reading=reading_options(hdf5_images, hdf5_labels, input_label_base, num_classes, allow_missing_shards),
         )
     return json.loads(summary)
 
@@ -91,16 +101,43 @@ def join(
     return json.loads(summary)
 
 
-def inspect(path: PathLike) -> dict:
-    """What ``pack-dataset inspect`` shows: format, completeness, classes and their counts,
-    image sizes, payload bytes, bad records."""
-    return json.loads(_native.inspect_dataset(os.fspath(path)))
+def inspect(
+    path: DatasetPath,
+    *,
+    hdf5_images: Optional[str] = None,
+    hdf5_labels: Optional[str] = None,
+    label_base: Optional[int] = None,
+    num_classes: Optional[int] = None,
+) -> dict:
+    """What ``pack-dataset inspect`` shows: format, completeness (``missing_shards`` when a set
+    lacks members), classes and their counts, image sizes, payload bytes, bad records. Takes the
+    reading options :class:`~imagefeed.Loader` takes; ``report["whole"]`` is True when the
+    dataset is complete and every record read."""
+    reading = reading_options(hdf5_images, hdf5_labels, label_base, num_classes)
+    with errors.arguments("inspect"):
+        report = json.loads(_native.inspect_dataset(dataset_paths(path), reading))
+    report["whole"] = bool(report.get("complete")) and not report.get("bad_records")
+    return report
 
 
-def verify(path: PathLike, against: Optional[PathLike] = None) -> dict:
+def verify(
+    path: DatasetPath,
+    against: Optional[PathLike] = None,
+    *,
+    hdf5_images: Optional[str] = None,
+    hdf5_labels: Optional[str] = None,
+    label_base: Optional[int] = None,
+    num_classes: Optional[int] = None,
+    allow_missing_shards: bool = False,
+) -> dict:
     """Decodes every record (and, with ``against``, compares each with the ImageFolder tree it
-    was packed from). Returns the report; ``report["ok"]`` is True when no problem was found."""
-    report = json.loads(_native.verify_dataset(os.fspath(path), None if against is None else os.fspath(against)))
+    was packed from). Takes the reading options :class:`~imagefeed.Loader` takes. Returns the
+    report; ``report["ok"]`` is True when no problem was found."""
+    reading = reading_options(hdf5_images, hdf5_labels, label_base, num_classes, allow_missing_shards)
+    with errors.arguments("verify"):
+        report = json.loads(
+            _native.verify_dataset(dataset_paths(path), None if against is None else os.fspath(against), reading)
+        )
     report["ok"] = not report.get("problems")
     return report
 

@@ -46,18 +46,16 @@ impl NativeDataset {
 #[pymethods]
 impl NativeDataset {
     #[new]
-    #[pyo3(signature = (path, *, hdf5_images=None, hdf5_labels=None, label_base=None, max_pixels=None))]
+    #[pyo3(signature = (paths, *, reading=None, max_pixels=None))]
     fn new(
         py: Python<'_>,
-        path: std::path::PathBuf,
-        hdf5_images: Option<String>,
-        hdf5_labels: Option<String>,
-        label_base: Option<u32>,
+        paths: Vec<std::path::PathBuf>,
+        reading: Option<crate::Reading>,
         max_pixels: Option<u64>,
     ) -> PyResult<NativeDataset> {
-        let options = crate::open_options(hdf5_images, hdf5_labels, label_base);
+        let options = reading.unwrap_or_default().open_options();
         let dataset = py
-            .detach(|| format::open_with(&path, &options))
+            .detach(|| format::open_files(&paths, &options))
             .map_err(to_py)?;
         let mut decoder = Decoder::new();
         if let Some(max_pixels) = max_pixels {

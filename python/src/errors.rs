@@ -63,6 +63,21 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
             located = Some((path, reason.clone()));
             "IncompleteDatasetError"
         }
+        Error::ShardSet { path, problem } => {
+            located = Some((path, problem.to_string()));
+            if let imagefeed::format::shards::ShardSetProblem::Missing { missing, .. } = problem {
+                attrs.set_item("missing", missing.clone())?;
+            }
+            "ShardSetError"
+        }
+        Error::Unsupported { path, what, remedy } => {
+            located = Some((path, format!("{what}: {remedy}")));
+            "UnsupportedDataError"
+        }
+        Error::CacheFull { dir, .. } => {
+            located = Some((dir, err.to_string()));
+            "CacheFullError"
+        }
         Error::CorruptRecord {
             path,
             index,

@@ -24,22 +24,33 @@ use imagefeed::progress::PackProgressBar;
 
 use crate::errors::{config, to_py};
 
-/// How to open a dataset other tools wrote: the h5py dataset names and TFRecord label base the
-/// Python calls take (None: imagefeed's defaults).
-pub(crate) fn open_options(
+/// The reading options every Python call that opens a dataset takes, as the dict
+/// `imagefeed._reading.reading_options` makes (`hdf5_images`, `hdf5_labels`, `label_base`,
+/// `num_classes`, `allow_missing_shards`; None: imagefeed's defaults), made one `OpenOptions`.
+#[derive(FromPyObject, Default)]
+#[pyo3(from_item_all)]
+pub(crate) struct Reading {
     hdf5_images: Option<String>,
     hdf5_labels: Option<String>,
     label_base: Option<u32>,
-) -> imagefeed::format::OpenOptions {
-    let mut options = imagefeed::format::OpenOptions::default();
-    if let Some(images) = hdf5_images {
-        options.hdf5.images = images;
+    num_classes: Option<usize>,
+    allow_missing_shards: bool,
+}
+
+impl Reading {
+    pub(crate) fn open_options(self) -> imagefeed::format::OpenOptions {
+        let mut options = imagefeed::format::OpenOptions::default()
+            .with_allow_missing_shards(self.allow_missing_shards);
+        if let Some(images) = self.hdf5_images {
+            options.hdf5.images = images;
+        }
+        if let Some(labels) = self.hdf5_labels {
+            options.hdf5.labels = labels;
+        }
+        options.records.label_base = self.label_base;
+        options.records.num_classes = self.num_classes;
+        options
     }
-    if let Some(labels) = hdf5_labels {
-        options.hdf5.labels = labels;
-    }
-    options.records.label_base = label_base;
-    options
 }
 
 fn pack_format(name: &str) -> PyResult<PackFormat> {
@@ -82,7 +93,7 @@ impl PackObserver for StoppableProgress {
 #[pyo3(signature = (
     source, out, *, format, resize=None, quality=90, raw=false, strict=false, resume=false,
     force=false, threads=None, shard_bytes=None, label_base=0, part=None, max_pixels=None,
-    quiet=false,
+    quiet=false, reading=None,
 ))]
 #[allow(clippy::too_many_arguments)]
 fn pack_dataset(
@@ -102,8 +113,10 @@ fn pack_dataset(
     part: Option<(usize, usize)>,
     max_pixels: Option<u64>,
     quiet: bool,
+    reading: Option<Reading>,
 ) -> PyResult<String> {
     let format = pack_format(format)?;
+    let input = reading.unwrap_or_default().open_options();
     let mut options = PackOptions {
         resize_short_side: resize,
         quality,
@@ -123,7 +136,7 @@ fn pack_dataset(
     }
     options.validate().map_err(to_py)?;
     let summary = run_interruptibly(py, quiet, |observer| {
-        pack::convert(&source, &out, format, &options, observer)
+        pack::convert_with(&source, &out, format, &options, &input, observer)
     })?;
     serde_json::to_string(&summary).map_err(|e| config(format!("summary: {e}")))
 }
@@ -215,19 +228,37 @@ fn join_parts(
 
 /// What `pack-dataset inspect` shows, as JSON.
 #[pyfunction]
-fn inspect_dataset(py: Python<'_>, path: PathBuf) -> PyResult<String> {
+#[pyo3(signature = (paths, reading=None))]
+fn inspect_dataset(
+    py: Python<'_>,
+    paths: Vec<PathBuf>,
+    reading: Option<Reading>,
+) -> PyResult<String> {
+    let options = reading.unwrap_or_default().open_options();
     let inspection = py
-        .detach(|| imagefeed::inspect::inspect(&path))
+        .detach(|| match paths.as_slice() {
+            [one] => imagefeed::inspect::inspect_with(one, &options),
+            files => imagefeed::inspect::inspect_files(files, &options),
+        })
         .map_err(to_py)?;
     serde_json::to_string(&inspection).map_err(|e| config(format!("inspection: {e}")))
 }
 
 /// What `pack-dataset verify` reports, as JSON.
 #[pyfunction]
-#[pyo3(signature = (path, against=None))]
-fn verify_dataset(py: Python<'_>, path: PathBuf, against: Option<PathBuf>) -> PyResult<String> {
+#[pyo3(signature = (paths, against=None, reading=None))]
+fn verify_dataset(
+    py: Python<'_>,
+    paths: Vec<PathBuf>,
+    against: Option<PathBuf>,
+    reading: Option<Reading>,
+) -> PyResult<String> {
+    let options = reading.unwrap_or_default().open_options();
     let report = py
-        .detach(|| imagefeed::verify::verify(&path, against.as_deref()))
+        .detach(|| match paths.as_slice() {
+            [one] => imagefeed::verify::verify_with(one, against.as_deref(), &options),
+            files => imagefeed::verify::verify_files(files, against.as_deref(), &options),
+        })
         .map_err(to_py)?;
     serde_json::to_string(&report).map_err(|e| config(format!("report: {e}")))
 }

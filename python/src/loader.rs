@@ -222,14 +222,14 @@ fn bad_tuple(b: BadSample) -> (usize, String, String, Option<usize>, &'static st
 impl NativeLoader {
     #[new]
     #[pyo3(signature = (
-        path, *, batch_size, workers, seed, prefetch, shuffle, drop_last, rank, world_size,
+        paths, *, batch_size, workers, seed, prefetch, shuffle, drop_last, rank, world_size,
         uneven, transform, dtype, layout, bad_samples, max_bad=None, max_pixels=None,
-        hdf5_images=None, hdf5_labels=None, label_base=None, pinned_device=None,
+        reading=None, pinned_device=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
-        path: std::path::PathBuf,
+        paths: Vec<std::path::PathBuf>,
         batch_size: usize,
         workers: usize,
         seed: u64,
@@ -245,9 +245,7 @@ impl NativeLoader {
         bad_samples: &str,
         max_bad: Option<&Bound<'_, PyAny>>,
         max_pixels: Option<u64>,
-        hdf5_images: Option<String>,
-        hdf5_labels: Option<String>,
-        label_base: Option<u32>,
+        reading: Option<crate::Reading>,
         pinned_device: Option<usize>,
     ) -> PyResult<NativeLoader> {
         let transform =
@@ -287,10 +285,10 @@ impl NativeLoader {
             config_ = config_.with_max_pixels(max_pixels);
         }
         config_.validate().map_err(to_py)?;
-        let options = crate::open_options(hdf5_images, hdf5_labels, label_base);
+        let options = reading.unwrap_or_default().open_options();
         let (loader, pinned) = py
             .detach(|| {
-                let dataset = format::open_with(&path, &options)?;
+                let dataset = format::open_files(&paths, &options)?;
                 match pinned_device {
                     // Batches bound for the GPU are written straight into page-locked memory,
                     // so the host-to-device copy is a DMA that overlaps with compute.

@@ -276,7 +276,19 @@ BAD_KEYS = {"class01/bad-truncated.jpg", "class01/bad-bomb.jpg", "class01/bad-em
 def fixture_loader(**kw):
     kw.setdefault("transform", T.Compose([T.Resize(8), T.CenterCrop(8)]))
     kw.setdefault("batch_size", 4)
+    # 4 of the tree's 20 files are broken: far over the default cap, which is tested below.
+    kw.setdefault("max_bad", None)
     return loader(FIXTURE_TREE, **kw)
+
+
+def test_by_default_an_epoch_that_loses_more_than_one_percent_raises():
+    assert imagefeed.DEFAULT_MAX_BAD == 0.01
+    l = loader(FIXTURE_TREE, transform=T.Compose([T.Resize(8), T.CenterCrop(8)]), batch_size=4,
+               bad_samples="skip")
+    with pytest.raises(imagefeed.TooManyBadSamplesError) as e:
+        for _ in l:
+            pass
+    assert e.value.key in BAD_KEYS
 
 
 def test_skip_reports_every_bad_sample_by_key_and_shortens_batches():

@@ -30,6 +30,7 @@ pub mod output;
 pub mod parts;
 pub(crate) mod pickle;
 pub mod records;
+pub mod shards;
 pub mod writer;
 
 /// The checksum of one record, as LMDB and HDF5 datasets of layout version 2 store it:
@@ -120,14 +121,65 @@ pub(crate) fn require_complete(path: &Path, complete: bool, what: &str) -> Resul
     })
 }
 
-/// How to read datasets whose files do not say everything themselves (files other tools wrote).
-/// The defaults suit imagefeed's own formats.
+/// How to read datasets whose files do not say everything themselves (files other tools wrote),
+/// and sets of shards. The defaults suit imagefeed's own formats; every command that reads a
+/// dataset (`inspect`, `verify`, `index`, `convert`, `imagefeed-bench load/read`) and the Python
+/// `Loader`/`Dataset` take the same options.
+///
+/// ```
+/// let options = imagefeed::format::OpenOptions::default()
+///     .with_label_base(1)
+///     .with_allow_missing_shards(true);
+/// assert_eq!(options.records.label_base, Some(1));
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct OpenOptions {
     /// Dataset names in an h5py file not in imagefeed's layout.
     pub hdf5: hdf5::Hdf5Names,
     /// Label base and class count for TFRecord shards without an imagefeed manifest.
     pub records: records::RecordsOptions,
+    /// Read a set of shards with members missing (a deliberate subset; the missing ones are
+    /// reported as a notice) instead of refusing it ([`Error::ShardSet`]).
+    pub allow_missing_shards: bool,
+    /// Where derived files go (decompressed TFRecord shards); `None`: the cache the
+    /// environment names ([`Cache::from_env`](crate::cache::Cache::from_env)).
+    pub cache: Option<crate::cache::Cache>,
+}
+
+impl OpenOptions {
+    /// The datasets holding images and labels in an h5py file.
+    pub fn with_hdf5_names(mut self, images: impl Into<String>, labels: impl Into<String>) -> Self {
+        self.hdf5 = hdf5::Hdf5Names {
+            images: images.into(),
+            labels: labels.into(),
+        };
+        self
+    }
+
+    /// TFRecord shards without a manifest: the smallest label (ImageNet TFRecords: 1).
+    pub fn with_label_base(mut self, label_base: u32) -> Self {
+        self.records.label_base = Some(label_base);
+        self
+    }
+
+    /// TFRecord shards without a manifest: the number of classes (else found by a scan).
+    pub fn with_num_classes(mut self, num_classes: usize) -> Self {
+        self.records.num_classes = Some(num_classes);
+        self
+    }
+
+    /// Read a set of shards with members missing, on purpose.
+    pub fn with_allow_missing_shards(mut self, allow: bool) -> Self {
+        self.allow_missing_shards = allow;
+        self
+    }
+
+    /// The cache directory for derived files.
+    pub fn with_cache(mut self, cache: crate::cache::Cache) -> Self {
+        self.cache = Some(cache);
+        self
+    }
 }
 
 /// Opens any dataset this library reads, choosing the format from what is on disk: a directory
@@ -137,9 +189,13 @@ pub fn open(path: impl AsRef<Path>) -> Result<Arc<dyn Dataset>> {
     open_with(path, &OpenOptions::default())
 }
 
-/// [`open`], with options for files other tools wrote.
+/// [`open`], with options for files other tools wrote and sets of shards. `path` may also be a
+/// pattern in its last component (`DIR/train-*`, quoted in a shell; see [`shards`]).
 pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Arc<dyn Dataset>> {
     let path = path.as_ref();
+    if !path.exists() && shards::is_pattern(path) {
+        return open_shards(&shards::Selection::Pattern(path.to_path_buf()), options);
+    }
     if !path.exists() {
         let partial = output::partial_path(path);
         if partial.is_dir() && hdf5::is_own_staging(&partial) {
@@ -170,6 +226,24 @@ pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Arc<dy
         "neither a directory (ImageFolder tree, records shards) nor a dataset file this build \
          reads (LMDB, HDF5, *.tfrecord)",
     ))
+}
+
+/// Opens the shard files `files` as one dataset (what a shell makes of an unquoted pattern, or
+/// a list a program builds): whole sets are checked to be whole, as for a directory, unless
+/// `options.allow_missing_shards`. One file is read as it is.
+pub fn open_files(files: &[std::path::PathBuf], options: &OpenOptions) -> Result<Arc<dyn Dataset>> {
+    match files {
+        [] => Err(Error::Options("no dataset files given".into())),
+        [one] => open_with(one, options),
+        _ => open_shards(&shards::Selection::List(files.to_vec()), options),
+    }
+}
+
+/// Opens a selection of shards made by a pattern or a list.
+fn open_shards(selection: &shards::Selection, options: &OpenOptions) -> Result<Arc<dyn Dataset>> {
+    Ok(Arc::new(records::Records::open_selection(
+        selection, options,
+    )?))
 }
 
 /// How [`open`] recognises one format on disk, and opens it. Each format module defines its

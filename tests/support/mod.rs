@@ -3,6 +3,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use imagefeed::pack::{self, NoProgress, PackFormat, PackOptions, PackSummary};
 use imagefeed::synthetic::SyntheticSpec;
@@ -217,4 +218,57 @@ pub fn tree_with_bad_huffman_tables(root: &Path, good: usize, bad_after: &[usize
     }
     fs::remove_dir_all(tmp).unwrap();
     bad
+}
+
+/// The Python the cross-tool tests use (`IMAGEFEED_PYTHON`, which `make test` points at .venv,
+/// else `python3`) when it imports `modules` (comma-separated); `None`, with the reason printed as
+/// SKIPPED, when it does not.
+pub fn python_with(modules: &str) -> Option<String> {
+    let python = std::env::var("IMAGEFEED_PYTHON").unwrap_or_else(|_| "python3".into());
+    match Command::new(&python)
+        .args(["-c", &format!("import {modules}")])
+        .output()
+    {
+        Ok(o) if o.status.success() => Some(python),
+        Ok(_) => {
+            eprintln!(
+                "SKIPPED: {python} lacks one of {modules} (make test installs them into .venv)"
+            );
+            None
+        }
+        Err(e) => {
+            eprintln!("SKIPPED: no Python ({python}: {e})");
+            None
+        }
+    }
+}
+
+/// Runs a Python script that prints "key label payload-hex" lines and parses them.
+pub fn python_rows(python: &str, script: &str, args: &[&Path]) -> Vec<(String, u32, Vec<u8>)> {
+    let output = Command::new(python)
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut parts = l.split(' ');
+            let key = parts.next().unwrap().to_string();
+            let label = parts.next().unwrap().parse().unwrap();
+            let hex = parts.next().unwrap();
+            let bytes = (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+                .collect();
+            (key, label, bytes)
+        })
+        .collect()
 }

@@ -1,11 +1,51 @@
 //! Per-shard indexes in the Python `tfrecord` package's format: one text line per record,
 //! `"<byte offset> <record length in bytes>"`; where they live, parsing and checking them.
+//!
+//! Where: imagefeed's own records datasets keep `shard-NNNNN.index` beside each shard (their
+//! manifest names both). For other tools' shards, `pack-dataset index` saves them in the
+//! `index/` sub-directory of the shards' directory ([`saved_index_path`]), where no `NAME-*`
+//! pattern over the shards (TensorFlow's usual `glob("DIR/train-*")`) can pick an index up as
+//! a data shard. Opening looks there first, then beside the shard ([`index_path_for`], where
+//! the `tfrecord` package's users and earlier imagefeed versions put them).
 
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 
-/// The index file for a shard: `x.index` for `x.tfrecord`, else the shard name plus `.index`.
+/// The sub-directory of a shard directory that saved indexes go into.
+pub const INDEX_DIR: &str = "index";
+
+/// Where `pack-dataset index` saves the index of the shard at `shard`: `DIR/index/NAME.index`.
+pub fn saved_index_path(shard: &Path) -> PathBuf {
+    let name = shard.file_name().unwrap_or_default();
+    let mut file = name.to_owned();
+    file.push(".index");
+    shard
+        .parent()
+        .unwrap_or(Path::new(""))
+        .join(INDEX_DIR)
+        .join(file)
+}
+
+/// The index of the shard at `shard`, if it has one: [`saved_index_path`], else
+/// [`index_path_for`].
+pub fn find_index(shard: &Path) -> Option<PathBuf> {
+    [saved_index_path(shard), index_path_for(shard)]
+        .into_iter()
+        .find(|p| p.is_file())
+}
+
+/// True when `path` is named like an index file (`*.index`, DALI's `*.idx`): never a data shard,
+/// even when a pattern matches it.
+pub fn is_index_name(path: &Path) -> bool {
+    matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("index" | "idx")
+    )
+}
+
+/// The index file beside a shard: `x.index` for `x.tfrecord`, else the shard name plus
+/// `.index` (the `tfrecord` package's convention).
 pub fn index_path_for(shard: &Path) -> PathBuf {
     match shard.extension().and_then(|e| e.to_str()) {
         Some("tfrecord" | "tfrecords" | "tfr") => shard.with_extension("index"),

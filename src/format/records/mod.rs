@@ -52,13 +52,15 @@ use crate::dataset::{Dataset, DatasetInfo};
 use crate::error::Result;
 use crate::format::{Recognizer, output};
 
+mod compressed;
 mod framing;
 mod index;
 mod reader;
 mod writer;
 
+pub use compressed::Compression;
 pub use framing::{ShardScan, frame, masked_crc, scan_shard, unframe};
-pub use index::index_path_for;
+pub use index::{INDEX_DIR, find_index, index_path_for, saved_index_path};
 #[cfg_attr(not(feature = "fuzzing"), allow(unused_imports))]
 pub(crate) use index::{check_index_covers, parse_index};
 pub use reader::{Records, RecordsOptions};
@@ -85,6 +87,9 @@ pub mod features {
     pub const LABEL: &str = "image/class/label";
     /// Class folder name.
     pub const SYNSET: &str = "image/class/synset";
+    /// A class's human-readable name (TensorFlow's ImageNet scripts: `"tench, Tinca tinca"`);
+    /// read as the class name when a shard has no synset.
+    pub const TEXT: &str = "image/class/text";
     /// `JPEG`, `PNG`, …
     pub const FORMAT: &str = "image/format";
     /// Path relative to the ImageFolder root.
@@ -171,13 +176,16 @@ fn shard_names(number: usize) -> (String, String) {
     )
 }
 
-/// True when `path` looks like a TFRecord shard by name.
+/// True when `path` looks like a TFRecord shard by name: `*.tfrecord`, `*.tfrecords`,
+/// `*.tfr`, TensorFlow's sharded `NAME-NNNNN-of-NNNNN`, and each of those with `.gz` (a
+/// compressed shard; compression itself is told by content, see [`Compression`]).
 pub fn is_shard_name(path: &Path) -> bool {
     let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
         return false;
     };
+    let name = name.strip_suffix(".gz").unwrap_or(name);
     if matches!(
-        path.extension().and_then(|e| e.to_str()),
+        Path::new(name).extension().and_then(|e| e.to_str()),
         Some("tfrecord" | "tfrecords" | "tfr")
     ) {
         return true;
@@ -223,7 +231,10 @@ pub(crate) const SHARD: Recognizer = Recognizer {
 };
 
 fn open_records(path: &Path, options: &crate::format::OpenOptions) -> Result<Arc<dyn Dataset>> {
-    Ok(Arc::new(Records::open_with(path, &options.records)?))
+    Ok(Arc::new(Records::open_selection(
+        &crate::format::shards::Selection::of(path),
+        options,
+    )?))
 }
 
 #[cfg(test)]
@@ -234,6 +245,9 @@ mod tests {
     fn shard_names_and_index_paths() {
         assert!(is_shard_name(Path::new("/d/train-00000-of-01024")));
         assert!(is_shard_name(Path::new("/d/x.tfrecord")));
+        assert!(is_shard_name(Path::new("/d/x.tfrecord.gz")));
+        assert!(is_shard_name(Path::new("/d/train-00000-of-01024.gz")));
+        assert!(!is_shard_name(Path::new("/d/x.gz")));
         assert!(!is_shard_name(Path::new("/d/x.index")));
         assert!(!is_shard_name(Path::new("/d/notes-of-12345")));
         assert_eq!(

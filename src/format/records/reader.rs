@@ -8,11 +8,16 @@ use std::sync::Arc;
 use memmap2::Mmap;
 
 use super::framing::unframe;
-use super::index::{check_index_covers, index_path_for, parse_index, push_index_line};
-use super::{MAGIC, MANIFEST, Manifest, PROGRESS, VERSION, features, is_shard_name, scan_shard};
+use super::index::{self, check_index_covers, parse_index, push_index_line};
+use super::{
+    MAGIC, MANIFEST, Manifest, PROGRESS, ShardScan, VERSION, compressed, features, is_shard_name,
+    scan_shard,
+};
+use crate::cache::Cache;
 use crate::dataset::{Dataset, DatasetInfo, FormatKind, PayloadKind, Record, RecordReader};
 use crate::error::{Error, IoContext as _, Result};
-use crate::format::{example, output};
+use crate::format::shards::{Selection, SetReport, check_sets};
+use crate::format::{OpenOptions, example, output};
 
 /// How to read TFRecord shards that carry no imagefeed manifest.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -34,6 +39,9 @@ struct Shard {
     /// Whether `records` came from scanning a shard that has no index file and scanned clean:
     /// an index [`Records::save_missing_indexes`] may save.
     unsaved_index: bool,
+    /// The decompressed copy of a compressed shard, held open (and so held in the cache)
+    /// while it is mapped.
+    _held: Option<fs::File>,
 }
 
 struct Shared {
@@ -44,6 +52,8 @@ struct Shared {
     /// Index of each shard's first record; a final entry holds the total.
     starts: Vec<usize>,
     notices: Vec<String>,
+    /// Members of the set that are missing, when that was allowed.
+    missing_shards: Vec<String>,
 }
 
 impl Shared {
@@ -78,50 +88,54 @@ impl Records {
         Self::open_with(path, &RecordsOptions::default())
     }
 
-    /// Opens a records directory or a single shard.
+    /// Opens a records directory or a single shard, or the shards a pattern in the last
+    /// component matches (`DIR/train-*`).
     pub fn open_with(path: impl AsRef<Path>, options: &RecordsOptions) -> Result<Records> {
-        let path = path.as_ref();
-        output::refuse_interrupted(path)?;
-        let manifest_path = path.join(MANIFEST);
-        if path.is_dir() && manifest_path.is_file() {
-            return open_ours(path, &manifest_path);
-        }
-        // A writer's staging directory holds shards and indexes that look like a foreign
-        // dataset's, but only some of the records: it is never opened as one.
-        if path.is_dir()
-            && (output::staged_magic(path, PROGRESS).as_deref() == Some(MAGIC)
-                || output::is_being_deleted(path)
-                || path
-                    .file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.ends_with(".partial")))
-        {
-            return Err(Error::Incomplete {
-                path: path.to_path_buf(),
-                reason: "the staging directory of an interrupted or replaced pack, not a dataset; \
-                         rerun the pack with --resume to finish it"
-                    .into(),
-            });
-        }
-        let shard_paths: Vec<PathBuf> = if path.is_dir() {
-            let mut found: Vec<PathBuf> = fs::read_dir(path)
-                .at(path)?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.is_file() && is_shard_name(p))
-                .collect();
-            found.sort();
-            found
-        } else {
-            fs::metadata(path).at(path)?;
-            vec![path.to_path_buf()]
+        let options = OpenOptions {
+            records: options.clone(),
+            ..OpenOptions::default()
         };
-        if shard_paths.is_empty() {
-            return Err(Error::not_a_dataset(
-                path,
-                format!("no {MANIFEST} and no TFRecord shards (*.tfrecord, *-NNNNN-of-NNNNN)"),
-            ));
-        }
-        open_foreign(path, &shard_paths, options)
+        Self::open_selection(&Selection::of(path.as_ref()), &options)
+    }
+
+    /// Opens the shards `selection` names (see [`crate::format::shards`]): a directory of ours
+    /// (with a manifest) as packed, or the set a directory, pattern, list or file names,
+    /// checked to be one whole set (a directory) or whole sets (a pattern, a list) unless
+    /// `options.allow_missing_shards`.
+    pub fn open_selection(selection: &Selection, options: &OpenOptions) -> Result<Records> {
+        let (name, files, one_set) = match selection {
+            Selection::Directory(dir) => {
+                if let Some(records) = open_directory_of_ours(dir)? {
+                    return Ok(records);
+                }
+                (dir.as_path(), shard_files_in(dir)?, true)
+            }
+            Selection::Pattern(pattern) => {
+                // Index files and our manifests are never data, whatever a pattern matches.
+                let files = crate::format::shards::expand_pattern(pattern)?
+                    .into_iter()
+                    .filter(|f| {
+                        let name = f.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                        !index::is_index_name(f) && name != MANIFEST && name != PROGRESS
+                    })
+                    .collect();
+                (pattern.as_path(), files, false)
+            }
+            Selection::List(files) => {
+                let Some(first) = files.first() else {
+                    return Err(Error::Options("an empty list of shards".into()));
+                };
+                (first.as_path(), files.clone(), false)
+            }
+            Selection::File(file) => {
+                output::refuse_interrupted(file)?;
+                fs::metadata(file).at(file)?;
+                let set = SetReport::default();
+                return open_foreign(file, std::slice::from_ref(file), set, options);
+            }
+        };
+        let set = check_sets(name, &files, one_set, options.allow_missing_shards)?;
+        open_foreign(name, &files, set, options)
     }
 
     /// The label base: stored labels are class index + this.
@@ -130,8 +144,8 @@ impl Records {
     }
 
     /// Saves the index each shard opened without one got by scanning (in the `tfrecord`
-    /// package's format, at [`index_path_for`] the shard), so later opens read it instead of
-    /// scanning. Opening never writes; this is the explicit request (`pack-dataset index`).
+    /// package's format, at [`saved_index_path`](super::index::saved_index_path): the `index/`
+    /// sub-directory of the shard's directory), so later opens read it instead of scanning. Opening never writes; this is the explicit request (`pack-dataset index`).
     /// Returns the indexes written.
     ///
     /// A shard whose scan found damage gets none (it is scanned, and the damage reported,
@@ -141,9 +155,14 @@ impl Records {
     pub fn save_missing_indexes(&self) -> Result<Vec<PathBuf>> {
         let mut written = Vec::new();
         for shard in self.shared.shards.iter().filter(|s| s.unsaved_index) {
-            let index_path = index_path_for(&shard.path);
+            let index_path = index::saved_index_path(&shard.path);
             if fs::symlink_metadata(&index_path).is_ok() {
                 continue;
+            }
+            if let Some(dir) = index_path.parent()
+                && !dir.is_dir()
+            {
+                fs::create_dir(dir).at(dir)?;
             }
             let mut lines = String::new();
             for &(offset, len) in &shard.records {
@@ -156,12 +175,64 @@ impl Records {
     }
 }
 
+/// Opens `dir` when it is a records dataset of ours (a manifest); `None` when it is a directory
+/// of other tools' shards. A writer's staging directory is refused: its shards hold only some
+/// of the records.
+fn open_directory_of_ours(dir: &Path) -> Result<Option<Records>> {
+    output::refuse_interrupted(dir)?;
+    let manifest_path = dir.join(MANIFEST);
+    if manifest_path.is_file() {
+        return open_ours(dir, &manifest_path).map(Some);
+    }
+    if output::staged_magic(dir, PROGRESS).as_deref() == Some(MAGIC)
+        || output::is_being_deleted(dir)
+        || dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.ends_with(".partial"))
+    {
+        return Err(Error::Incomplete {
+            path: dir.to_path_buf(),
+            reason: "the staging directory of an interrupted or replaced pack, not a dataset; \
+                     rerun the pack with --resume to finish it"
+                .into(),
+        });
+    }
+    Ok(None)
+}
+
+/// The TFRecord shards in `dir`, by name ([`is_shard_name`]), in name order.
+fn shard_files_in(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut found: Vec<PathBuf> = fs::read_dir(dir)
+        .at(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && is_shard_name(p))
+        .collect();
+    found.sort();
+    if found.is_empty() {
+        return Err(Error::not_a_dataset(
+            dir,
+            format!(
+                "no {MANIFEST} and no TFRecord shards (*.tfrecord, *-NNNNN-of-NNNNN, and \
+                 those names with .gz)"
+            ),
+        ));
+    }
+    Ok(found)
+}
+
 fn map_file(path: &Path) -> Result<Mmap> {
     let (file, _) = crate::file::open_regular(path)?;
-    // SAFETY: the mapping is read-only, and imagefeed never modifies a published shard. Another
-    // process truncating the file while it is mapped would make reads past the new end fault;
-    // every read is first checked against the length the file had when mapped.
-    unsafe { Mmap::map(&file) }.at(path)
+    map_open_file(path, &file)
+}
+
+/// Memory-maps `file` (opened from `path`, or the cache copy of the shard at `path`).
+fn map_open_file(path: &Path, file: &fs::File) -> Result<Mmap> {
+    // SAFETY: the mapping is read-only, and imagefeed never modifies a published shard or a
+    // cache entry it holds. Another process truncating the file while it is mapped would make
+    // reads past the new end fault; every read is first checked against the length the file
+    // had when mapped.
+    unsafe { Mmap::map(file) }.at(path)
 }
 
 fn open_ours(dir: &Path, manifest_path: &Path) -> Result<Records> {
@@ -239,6 +310,7 @@ fn open_ours(dir: &Path, manifest_path: &Path) -> Result<Records> {
             records,
             damaged: Default::default(),
             unsaved_index: false,
+            _held: None,
         });
     }
     // Shards that together fit in half the available memory stream into the page cache in one
@@ -271,6 +343,7 @@ fn open_ours(dir: &Path, manifest_path: &Path) -> Result<Records> {
             shards,
             starts,
             notices: Vec::new(),
+            missing_shards: Vec::new(),
         }),
     })
 }
@@ -286,56 +359,35 @@ fn starts(shards: &[Shard]) -> Vec<usize> {
     starts
 }
 
-fn open_foreign(path: &Path, shard_paths: &[PathBuf], options: &RecordsOptions) -> Result<Records> {
+/// Opens shards other tools wrote (no manifest): `files`, named `name` in messages, after the
+/// shard-set checks found `set`.
+fn open_foreign(
+    name: &Path,
+    files: &[PathBuf],
+    set: SetReport,
+    options: &OpenOptions,
+) -> Result<Records> {
     let mut notices = Vec::new();
-    let mut shards = Vec::with_capacity(shard_paths.len());
-    for shard_path in shard_paths {
-        let map = map_file(shard_path)?;
-        let index_path = index_path_for(shard_path);
-        let (records, damaged, unsaved_index) = if index_path.is_file() {
-            let records = parse_index(&index_path, &fs::read(&index_path).at(&index_path)?)?;
-            check_index_covers(&index_path, &records, map.len() as u64)?;
-            (records, Default::default(), false)
-        } else {
-            let scan = scan_shard(&map);
-            let clean = scan.damaged.is_empty();
-            crate::dataset::notice(
-                &mut notices,
-                format!(
-                    "{}: no index; built one by scanning ({} records), {}",
-                    shard_path.display(),
-                    scan.records.len() - scan.damaged.len(),
-                    if clean {
-                        "kept in memory (`pack-dataset index` saves it)"
-                    } else {
-                        // One with damage is scanned again at every open, and says so every time.
-                        "not saved: the shard is damaged"
-                    }
-                ),
-            );
-            for (number, reason) in &scan.damaged {
-                crate::dataset::notice(
-                    &mut notices,
-                    format!(
-                        "{}: record {number} is damaged and reads as a bad record: {reason}",
-                        shard_path.display()
-                    ),
-                );
-            }
-            (scan.records, scan.damaged.into_iter().collect(), clean)
-        };
-        shards.push(Shard {
-            path: shard_path.clone(),
-            map,
-            records,
-            damaged,
-            unsaved_index,
-        });
+    if !set.missing.is_empty() {
+        crate::dataset::notice(
+            &mut notices,
+            format!(
+                "{}: reading a set with {} shard(s) missing, as asked: {}",
+                name.display(),
+                set.missing.len(),
+                set.missing.join(", ")
+            ),
+        );
     }
-    let label_base = options.label_base.unwrap_or(0);
+    let mut cache = None;
+    let mut shards = Vec::with_capacity(files.len());
+    for file in files {
+        shards.push(open_foreign_shard(file, options, &mut cache, &mut notices)?);
+    }
+    let label_base = options.records.label_base.unwrap_or(0);
     let starts = starts(&shards);
     let num_samples = *starts.last().expect("starts has a total");
-    let classes = match options.num_classes {
+    let classes = match options.records.num_classes {
         Some(n) if n > crate::dataset::MAX_CLASSES => {
             return Err(Error::Options(format!(
                 "{n} classes: at most {} are allowed",
@@ -343,43 +395,11 @@ fn open_foreign(path: &Path, shard_paths: &[PathBuf], options: &RecordsOptions) 
             )));
         }
         Some(n) => (0..n).map(|c| c.to_string()).collect(),
-        None => {
-            // One pass over the labels: every record is parsed (its CRCs too); unreadable ones
-            // are left for the reader to report as bad samples.
-            let mut inference = crate::dataset::ClassInference::default();
-            for shard in &shards {
-                for (number, &(offset, len)) in shard.records.iter().enumerate() {
-                    if let Some(bytes) = record_bytes(&shard.map, offset, len)
-                        && let Ok(data) = unframe(bytes)
-                        && let Ok(features) = example::parse(data)
-                        && let Ok(label) = example::int64(&features, features::LABEL)
-                    {
-                        inference.see(
-                            || format!("{} record {number}", shard.path.display()),
-                            label.checked_sub(i64::from(label_base)),
-                        );
-                    }
-                }
-            }
-            if num_samples > 0 && inference.is_empty() {
-                return Err(Error::not_a_dataset(
-                    path,
-                    format!(
-                        "no record has an {} in {label_base}..{} (the label base and the most \
-                         classes allowed)",
-                        features::LABEL,
-                        i64::from(label_base) + crate::dataset::MAX_CLASSES as i64
-                    ),
-                ));
-            }
-            let (classes, notice) = inference.classes();
-            notices.extend(notice);
-            classes
-        }
+        None => infer_classes(name, &shards, options, files, &mut notices)?,
     };
     Ok(Records {
         shared: Arc::new(Shared {
-            path: path.to_path_buf(),
+            path: name.to_path_buf(),
             info: DatasetInfo {
                 format: FormatKind::Records,
                 classes,
@@ -393,8 +413,275 @@ fn open_foreign(path: &Path, shard_paths: &[PathBuf], options: &RecordsOptions) 
             shards,
             starts,
             notices,
+            missing_shards: set.missing,
         }),
     })
+}
+
+/// Opens one shard another tool wrote: memory-maps it (a compressed one's decompressed copy)
+/// and finds its records through its index, or by scanning it when it has none.
+fn open_foreign_shard(
+    path: &Path,
+    options: &OpenOptions,
+    cache: &mut Option<Cache>,
+    notices: &mut Vec<String>,
+) -> Result<Shard> {
+    let (file, _) = crate::file::open_regular(path)?;
+    let mut head = [0u8; 16];
+    let head_len = read_head(&file, &mut head).at(path)?;
+    if let Some(compression) = compressed::sniff(&head[..head_len]) {
+        let cache = match cache {
+            Some(cache) => cache,
+            None => cache.insert(match &options.cache {
+                Some(cache) => cache.clone(),
+                None => Cache::from_env()?,
+            }),
+        };
+        let copy = compressed::decompress(path, &file, compression, cache)?;
+        let map = map_open_file(path, &copy.file)?;
+        if copy.fresh
+            && let Some(at) = &copy.cached_at
+        {
+            crate::dataset::notice(
+                notices,
+                format!(
+                    "{}: {}-compressed; decompressed once ({} bytes) into {} for random access, \
+                     kept for later opens",
+                    path.display(),
+                    compression.name(),
+                    map.len(),
+                    at.display()
+                ),
+            );
+        }
+        let ShardScan {
+            mut records,
+            mut damaged,
+        } = scan_shard(&map);
+        if let Some(damage) = copy.damage {
+            let reason = format!("{damage} ({} records before it)", records.len());
+            // The cut stream's partial last frame, if there is one, is the damage; else a
+            // record of no bytes at the end stands for what was lost.
+            match damaged.last_mut() {
+                Some((at, last)) if *at + 1 == records.len() => *last = reason,
+                _ => {
+                    damaged.push((records.len(), reason));
+                    records.push((map.len() as u64, 0));
+                }
+            }
+        }
+        report_damage(path, &damaged, notices);
+        return Ok(Shard {
+            path: path.to_path_buf(),
+            map,
+            records,
+            damaged: damaged.into_iter().collect(),
+            unsaved_index: false,
+            _held: Some(copy.file),
+        });
+    }
+    let map = map_open_file(path, &file)?;
+    if let Some(index_path) = index::find_index(path) {
+        let records = parse_index(&index_path, &fs::read(&index_path).at(&index_path)?)?;
+        check_index_covers(&index_path, &records, map.len() as u64)?;
+        return Ok(Shard {
+            path: path.to_path_buf(),
+            map,
+            records,
+            damaged: Default::default(),
+            unsaved_index: false,
+            _held: None,
+        });
+    }
+    let scan = scan_shard(&map);
+    let clean = scan.damaged.is_empty();
+    crate::dataset::notice(
+        notices,
+        format!(
+            "{}: no index; built one by scanning ({} records), {}",
+            path.display(),
+            scan.records.len() - scan.damaged.len(),
+            if clean {
+                "kept in memory (`pack-dataset index` saves it)"
+            } else {
+                // One with damage is scanned again at every open, and says so every time.
+                "not saved: the shard is damaged"
+            }
+        ),
+    );
+    report_damage(path, &scan.damaged, notices);
+    Ok(Shard {
+        path: path.to_path_buf(),
+        map,
+        records: scan.records,
+        damaged: scan.damaged.into_iter().collect(),
+        unsaved_index: clean,
+        _held: None,
+    })
+}
+
+/// A notice for each damaged range a scan found in the shard at `path`.
+fn report_damage(path: &Path, damaged: &[(usize, String)], notices: &mut Vec<String>) {
+    for (number, reason) in damaged {
+        crate::dataset::notice(
+            notices,
+            format!(
+                "{}: record {number} is damaged and reads as a bad record: {reason}",
+                path.display()
+            ),
+        );
+    }
+}
+
+/// Reads up to `head.len()` bytes from the start of `file`; returns how many there were.
+fn read_head(file: &fs::File, head: &mut [u8]) -> std::io::Result<usize> {
+    use std::os::unix::fs::FileExt as _;
+    let mut filled = 0;
+    while filled < head.len() {
+        match file.read_at(&mut head[filled..], filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+/// The classes of shards without a manifest, from one pass over every record's label (CRCs
+/// checked; unreadable records are left for the reader to report as bad samples): `0..=largest
+/// label`, named by the records' `image/class/synset` (or `image/class/text`) where every label
+/// has one name, else by number. Notices say when the labels suggest a label base of 1 or come
+/// from part of a set only.
+fn infer_classes(
+    name: &Path,
+    shards: &[Shard],
+    options: &OpenOptions,
+    files: &[PathBuf],
+    notices: &mut Vec<String>,
+) -> Result<Vec<String>> {
+    let label_base = options.records.label_base.unwrap_or(0);
+    let mut inference = crate::dataset::ClassInference::default();
+    let mut names = ClassNames::default();
+    for shard in shards {
+        for (number, &(offset, len)) in shard.records.iter().enumerate() {
+            if let Some(bytes) = record_bytes(&shard.map, offset, len)
+                && let Ok(data) = unframe(bytes)
+                && let Ok(features) = example::parse(data)
+                && let Ok(label) = example::int64(&features, features::LABEL)
+            {
+                let class = label.checked_sub(i64::from(label_base));
+                inference.see(
+                    || format!("{} record {number}", shard.path.display()),
+                    class,
+                );
+                let text = example::bytes(&features, features::SYNSET)
+                    .or_else(|_| example::bytes(&features, features::TEXT))
+                    .ok()
+                    .and_then(|n| std::str::from_utf8(n).ok());
+                names.see(class, text);
+            }
+        }
+    }
+    let num_samples: usize = shards.iter().map(|s| s.records.len()).sum();
+    if num_samples > 0 && inference.is_empty() {
+        return Err(Error::not_a_dataset(
+            name,
+            format!(
+                "no record has an {} in {label_base}..{} (the label base and the most classes \
+                 allowed)",
+                features::LABEL,
+                i64::from(label_base) + crate::dataset::MAX_CLASSES as i64
+            ),
+        ));
+    }
+    if options.records.label_base.is_none()
+        && let Some(smallest) = inference.smallest()
+        && smallest >= 1
+    {
+        crate::dataset::notice(
+            notices,
+            format!(
+                "{}: no record has label 0 (the smallest is {smallest}): TFRecords made by \
+                 TensorFlow's ImageNet scripts store class + 1 (labels 1..=1000); if these do, \
+                 read them with --input-label-base 1 (Python: label_base=1), else class 0 has \
+                 no samples",
+                name.display()
+            ),
+        );
+    }
+    if let [file] = files
+        && let Some(total) = crate::format::shards::shard_name(
+            &file.file_name().unwrap_or_default().to_string_lossy(),
+        )
+        .total
+        .filter(|&t| t > 1)
+    {
+        crate::dataset::notice(
+            notices,
+            format!(
+                "{}: one shard of a set of {total}: its classes are the labels this shard holds; \
+                 open the whole set (its directory, or a pattern) or give --num-classes for the \
+                 set's",
+                file.display()
+            ),
+        );
+    }
+    let (numbered, notice) = inference.classes();
+    notices.extend(notice);
+    Ok(names.apply(numbered, name, notices))
+}
+
+/// The names records give their labels (`image/class/synset`, else `image/class/text`).
+#[derive(Default)]
+struct ClassNames {
+    /// The name of each class seen with one.
+    names: std::collections::HashMap<i64, String>,
+    /// A class seen without a name, or with two names: `(class, what)`.
+    unusable: Option<(i64, String)>,
+}
+
+impl ClassNames {
+    fn see(&mut self, class: Option<i64>, name: Option<&str>) {
+        let Some(class) = class else { return };
+        if self.unusable.is_some() {
+            return;
+        }
+        match (name, self.names.get(&class)) {
+            (None, _) | (Some(""), _) => {
+                self.unusable = Some((class, "a record without a class name".into()));
+            }
+            (Some(name), Some(known)) if known != name => {
+                self.unusable = Some((class, format!("the names {known:?} and {name:?}")));
+            }
+            (Some(name), None) => {
+                self.names.insert(class, name.to_string());
+            }
+            (Some(_), Some(_)) => {}
+        }
+    }
+
+    /// `numbered` named where every class in it that has records has one name.
+    fn apply(self, numbered: Vec<String>, path: &Path, notices: &mut Vec<String>) -> Vec<String> {
+        if self.names.is_empty() {
+            return numbered;
+        }
+        if let Some((class, what)) = self.unusable {
+            crate::dataset::notice(
+                notices,
+                format!(
+                    "{}: class {class} has {what}: classes are named by number",
+                    path.display()
+                ),
+            );
+            return numbered;
+        }
+        numbered
+            .into_iter()
+            .enumerate()
+            .map(|(class, number)| self.names.get(&(class as i64)).cloned().unwrap_or(number))
+            .collect()
+    }
 }
 
 fn record_bytes(map: &[u8], offset: u64, len: u64) -> Option<&[u8]> {
@@ -409,6 +696,10 @@ impl Dataset for Records {
 
     fn notices(&self) -> &[String] {
         &self.shared.notices
+    }
+
+    fn missing_shards(&self) -> &[String] {
+        &self.shared.missing_shards
     }
 
     fn path(&self) -> &Path {

@@ -1,0 +1,59 @@
+"""How a dataset is named and read: one place for the options every call that opens a dataset
+takes (``Loader``, ``Dataset``, ``inspect``, ``verify``, ``pack``), as the CLI's commands share
+theirs."""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, List, Optional, Sequence, Union
+
+from . import errors
+
+PathLike = Union[str, "os.PathLike[str]"]
+#: A dataset: one path (a file, a directory, or a pattern such as ``"DIR/train-*"``), or a list
+#: of shard files read as one dataset.
+DatasetPath = Union[PathLike, Sequence[PathLike]]
+
+
+def dataset_paths(path: DatasetPath) -> List[str]:
+    """The path (or paths) a dataset argument names, as strings."""
+    if isinstance(path, (str, bytes, os.PathLike)):
+        return [os.fsdecode(os.fspath(path))]
+    try:
+        paths = [os.fsdecode(os.fspath(p)) for p in path]
+    except TypeError:
+        raise errors.ConfigError(
+            f"path {path!r}: a path, a pattern, or a list of shard files"
+        ) from None
+    if not paths:
+        raise errors.ConfigError("path: an empty list of files")
+    return paths
+
+
+def reading_options(
+    hdf5_images: Optional[str] = None,
+    hdf5_labels: Optional[str] = None,
+    label_base: Optional[int] = None,
+    num_classes: Optional[int] = None,
+    allow_missing_shards: bool = False,
+) -> Dict[str, object]:
+    """The reading options as the native calls take them (checked there):
+
+    - ``hdf5_images``/``hdf5_labels``: the datasets of an h5py file holding images and labels;
+    - ``label_base``: TFRecord shards without an imagefeed manifest store class + this
+      (ImageNet TFRecords: 1); ``num_classes``: their class count (else found by a scan);
+    - ``allow_missing_shards``: read a set of shards (``NAME-NNNNN-of-TTTTT``) with members
+      missing, on purpose, instead of raising :class:`~imagefeed.errors.ShardSetError`.
+    """
+    if not isinstance(allow_missing_shards, bool):
+        raise errors.ConfigError(f"allow_missing_shards {allow_missing_shards!r}: must be True or False")
+    for name, value in (("label_base", label_base), ("num_classes", num_classes)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise errors.ConfigError(f"{name} {value!r}: must be a non-negative int")
+    return dict(
+        hdf5_images=hdf5_images,
+        hdf5_labels=hdf5_labels,
+        label_base=label_base,
+        num_classes=num_classes,
+        allow_missing_shards=allow_missing_shards,
+    )

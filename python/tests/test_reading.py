@@ -1,0 +1,103 @@
+"""Naming and reading datasets from Python: shard sets (patterns, lists, sets with members
+missing), the reading options every call shares, and the errors for what cannot be read."""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+
+import pytest
+
+import imagefeed
+from imagefeed import transforms as T
+
+from conftest import REPO
+
+COMPAT = REPO / "fixtures" / "compat"
+
+
+@pytest.fixture
+def two_sets(tmp_path) -> pathlib.Path:
+    """The TensorFlow-written GZIP set (train-*-of-00002) beside a second set (val-*-of-00001)."""
+    d = tmp_path / "shards"
+    shutil.copytree(COMPAT / "tfrecord-gzip", d)
+    shutil.copy(COMPAT / "tfrecord-zlib" / "val-00000-of-00001", d / "val-00000-of-00001")
+    return d
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("IMAGEFEED_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def test_two_sets_in_a_directory_raise_and_a_pattern_or_list_picks_one(two_sets):
+    with pytest.raises(imagefeed.ShardSetError) as e:
+        imagefeed.Loader(two_sets, output="numpy", label_base=1)
+    assert "train-NNNNN-of-00002" in str(e.value) and "val-NNNNN-of-00001" in str(e.value)
+    assert e.value.path == str(two_sets)
+    by_pattern = imagefeed.Dataset(str(two_sets / "train-*"), label_base=1)
+    files = sorted(str(p) for p in two_sets.glob("train-*"))
+    by_list = imagefeed.Dataset(files, label_base=1)
+    assert len(by_pattern) == len(by_list) == 8
+    assert [by_pattern[i][1] for i in range(8)] == [by_list[i][1] for i in range(8)]
+    assert by_pattern.classes == ["class00"]
+    batches = imagefeed.Loader(str(two_sets / "train-*"), output="numpy", label_base=1, batch_size=4,
+                               transform=T.Compose([T.Resize(8), T.CenterCrop(8)]))
+    assert sum(len(y) for _, y in batches) == 8
+
+
+def test_a_set_with_a_missing_shard_raises_naming_it_unless_allowed(two_sets):
+    (two_sets / "train-00001-of-00002.tfrecord.gz").unlink()
+    pattern = str(two_sets / "train-*")
+    with pytest.raises(imagefeed.ShardSetError) as e:
+        imagefeed.Dataset(pattern, label_base=1)
+    assert e.value.missing == ["train-00001-of-00002.tfrecord.gz"]
+    partial = imagefeed.Dataset(pattern, label_base=1, allow_missing_shards=True)
+    assert len(partial) == 4
+    report = imagefeed.inspect(pattern, label_base=1)
+    assert report["missing_shards"] == ["train-00001-of-00002.tfrecord.gz"]
+    assert not report["complete"] and not report["whole"]
+
+
+def test_inspect_and_verify_take_the_reading_options(two_sets):
+    pattern = str(two_sets / "train-*")
+    report = imagefeed.inspect(pattern, label_base=1)
+    assert report["whole"] and report["num_samples"] == 8
+    assert [c["name"] for c in report["classes"]] == ["class00"]
+    assert imagefeed.verify(pattern, label_base=1)["ok"]
+    with pytest.raises(imagefeed.ConfigError):
+        imagefeed.inspect(pattern, label_base=-1)
+
+
+def test_pickled_datasets_keep_the_list_and_options(two_sets):
+    import pickle
+
+    files = sorted(str(p) for p in two_sets.glob("train-*"))
+    ds = imagefeed.Dataset(files, label_base=1)
+    again = pickle.loads(pickle.dumps(ds))
+    assert len(again) == 8 and again[3][1] == ds[3][1]
+
+
+def test_a_filter_hdf5_cannot_undo_is_an_error_at_open_naming_it(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    hdf5plugin = pytest.importorskip("hdf5plugin")
+    import numpy as np
+
+    path = tmp_path / "bitshuffle.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("images", data=np.zeros((4, 6, 8, 3), np.uint8), chunks=(2, 6, 8, 3),
+                         **hdf5plugin.Bitshuffle())
+        f.create_dataset("labels", data=np.arange(4))
+    with pytest.raises(imagefeed.UnsupportedDataError) as e:
+        imagefeed.Loader(path, output="numpy")
+    assert "bitshuffle" in str(e.value) and "HDF5_PLUGIN_PATH" in str(e.value)
+    assert e.value.path == str(path)
+    # h5py's own lzf reads (it used to give an empty epoch).
+    lzf = tmp_path / "lzf.h5"
+    with h5py.File(lzf, "w") as f:
+        f.create_dataset("images", data=np.full((4, 6, 8, 3), 9, np.uint8), chunks=(2, 6, 8, 3),
+                         compression="lzf")
+        f.create_dataset("labels", data=np.arange(4), compression="lzf")
+    batches = list(imagefeed.Loader(lzf, output="numpy", batch_size=4, bad_samples="error",
+                                    transform=T.Compose([T.CenterCrop(4)])))
+    assert len(batches) == 1 and len(batches[0][1]) == 4

@@ -1,0 +1,330 @@
+//! Compressed TFRecord shards: what `TFRecordOptions(compression_type="GZIP")` and `"ZLIB"`
+//! write (the whole file one gzip or zlib stream of ordinary TFRecord frames).
+//!
+//! A shard is recognised as compressed by its content, not its name: a file whose first 12
+//! bytes are not a frame header with a good CRC but a gzip member header (`1f 8b`) or a zlib
+//! header (CMF/FLG with deflate and a valid check). Neither can start an uncompressed shard by
+//! accident: the length CRC a frame header carries fails for them.
+//!
+//! A deflate stream cannot be entered in the middle, so random access needs the records
+//! decompressed somewhere. They are decompressed once, at open, into the local cache directory
+//! ([`crate::cache`]: `IMAGEFEED_CACHE_DIR`, `IMAGEFEED_CACHE_LIMIT`) as a plain shard that is
+//! then memory-mapped and read like any other, with the same pixels and labels. The entry's
+//! name carries the compressed file's path, inode, size and modification time, so a later open
+//! of the same file (another worker process, the next run) maps it without decompressing, and a
+//! changed file gets a new one. Decompression runs at about the speed the deflate backend
+//! reaches (measured in bench/RESULTS.md); the copy takes the shard's uncompressed size on disk.
+//!
+//! A stream that is damaged (a bad checksum, cut short, bytes after its end) is decompressed as
+//! far as it goes and is never cached: the records it yielded are read, and the rest of the
+//! shard is one damaged record that says what went wrong.
+
+use std::fs;
+use std::io::Write as _;
+use std::path::Path;
+
+use crate::cache::{Cache, CachedFile};
+use crate::error::{Error, IoContext as _, Result};
+
+/// How a shard's bytes are compressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    /// One or more gzip members (`compression_type="GZIP"`).
+    Gzip,
+    /// A zlib stream (`compression_type="ZLIB"`).
+    Zlib,
+}
+
+impl Compression {
+    /// TensorFlow's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Compression::Gzip => "GZIP",
+            Compression::Zlib => "ZLIB",
+        }
+    }
+}
+
+/// The compression of a shard that starts with `head`, or `None` for an uncompressed one (or
+/// bytes that are neither; the frame scan reports those).
+pub fn sniff(head: &[u8]) -> Option<Compression> {
+    if head.len() >= 12
+        && super::masked_crc(&head[..8]) == u32::from_le_bytes(head[8..12].try_into().ok()?)
+    {
+        return None;
+    }
+    match head {
+        [0x1f, 0x8b, 8, ..] => Some(Compression::Gzip),
+        // CMF: deflate (8) with a window of at most 32 KiB; FLG makes CMF·256+FLG a multiple of
+        // 31; no preset dictionary (TensorFlow never sets one).
+        [cmf, flg, ..]
+            if cmf & 0x0f == 8
+                && cmf >> 4 <= 7
+                && (u16::from(*cmf) << 8 | u16::from(*flg)) % 31 == 0
+                && flg & 0x20 == 0 =>
+        {
+            Some(Compression::Zlib)
+        }
+        _ => None,
+    }
+}
+
+/// A compressed shard made readable: its decompressed copy, and what went wrong when the
+/// stream could not be read to its end.
+pub struct Decompressed {
+    /// The copy, open and held (a cache entry, or an unnamed file for a damaged stream).
+    pub file: fs::File,
+    /// Where the copy lives, for messages (`None` for the unnamed copy of a damaged stream).
+    pub cached_at: Option<std::path::PathBuf>,
+    /// Whether this call decompressed the shard (else it found the copy an earlier open made).
+    pub fresh: bool,
+    /// Why decompression stopped early, with how far it got; `None` when the stream was whole.
+    pub damage: Option<String>,
+}
+
+/// Decompresses the shard `file` (at `path`, compressed as `compression`) into the cache, or
+/// finds the copy an earlier open left there.
+pub fn decompress(
+    path: &Path,
+    file: &fs::File,
+    compression: Compression,
+    cache: &Cache,
+) -> Result<Decompressed> {
+    let meta = file.metadata().at(path)?;
+    let key = crate::cache::source_key(path, &meta);
+    let hint = size_hint(file, compression, meta.len());
+    let mut damage = None;
+    let mut fresh = false;
+    let cached = cache.get_or_fill("tfrecord-decompressed", &key, hint, |out, out_path| {
+        fresh = true;
+        damage = inflate(path, file, compression, out, out_path)?;
+        match &damage {
+            // A damaged stream is never cached: the next open must see the damage too.
+            Some(reason) => Err(Error::NotADataset {
+                path: path.to_path_buf(),
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
+    });
+    match (cached, damage) {
+        (Ok(CachedFile { path: at, file }), _) => Ok(Decompressed {
+            file,
+            cached_at: Some(at),
+            fresh,
+            damage: None,
+        }),
+        (Err(_), Some(reason)) => {
+            // Decompress again into an unnamed file in the cache directory (gone when closed).
+            let mut copy = cache.scratch_file()?;
+            inflate(path, file, compression, &mut copy, cache.root())?;
+            Ok(Decompressed {
+                file: copy,
+                cached_at: None,
+                fresh: true,
+                damage: Some(reason),
+            })
+        }
+        (Err(e), None) => Err(e),
+    }
+}
+
+/// What the shard will take decompressed, when its format says: gzip's trailer holds the size
+/// modulo 2³² of its last member (exact for the one-member files TensorFlow writes below 4 GiB).
+/// The copy cannot be smaller than the compressed file in practice, so that is the floor.
+fn size_hint(file: &fs::File, compression: Compression, len: u64) -> Option<u64> {
+    use std::os::unix::fs::FileExt as _;
+    if compression == Compression::Gzip && len >= 18 {
+        let mut trailer = [0u8; 4];
+        if file.read_exact_at(&mut trailer, len - 4).is_ok() {
+            return Some(u64::from(u32::from_le_bytes(trailer)).max(len));
+        }
+    }
+    Some(len)
+}
+
+/// Writes the decompressed stream of `file` into `out`; returns why it stopped early, if it
+/// did (the bytes before that point are written). Errors are only those of writing `out`.
+fn inflate(
+    path: &Path,
+    file: &fs::File,
+    compression: Compression,
+    out: &mut fs::File,
+    out_path: &Path,
+) -> Result<Option<String>> {
+    // A clone shares the file's offset: start from the first byte whatever read it before.
+    let mut source = file.try_clone().at(path)?;
+    std::io::Seek::seek(&mut source, std::io::SeekFrom::Start(0)).at(path)?;
+    let input = std::io::BufReader::with_capacity(1 << 20, source);
+    let mut written = 0u64;
+    let mut buffer = vec![0u8; 1 << 20];
+    let mut write = |bytes: &[u8]| -> Result<()> {
+        out.write_all(bytes).at(out_path)?;
+        written += bytes.len() as u64;
+        Ok(())
+    };
+    let problem = match compression {
+        Compression::Gzip => {
+            let mut decoder = flate2::bufread::MultiGzDecoder::new(input);
+            pump(&mut decoder, &mut buffer, &mut write)?
+        }
+        Compression::Zlib => {
+            let mut decoder = flate2::bufread::ZlibDecoder::new(input);
+            match pump(&mut decoder, &mut buffer, &mut write)? {
+                Some(problem) => Some(problem),
+                // The zlib stream ended: anything after it is not part of it.
+                None => {
+                    use std::io::BufRead as _;
+                    let mut rest = decoder.into_inner();
+                    match rest.fill_buf() {
+                        Ok([]) => None,
+                        Ok(_) => Some("bytes follow the end of the zlib stream".to_string()),
+                        Err(e) => Some(e.to_string()),
+                    }
+                }
+            }
+        }
+    };
+    Ok(problem.map(|problem| {
+        format!(
+            "the {} stream is damaged after {written} decompressed bytes: {problem}; the records \
+             after that point cannot be read",
+            compression.name()
+        )
+    }))
+}
+
+/// Copies `reader` through `write` until it ends; a read error is returned as the reason the
+/// stream stopped (not an error of this function), a write error as an error.
+fn pump(
+    reader: &mut dyn std::io::Read,
+    buffer: &mut [u8],
+    write: &mut dyn FnMut(&[u8]) -> Result<()>,
+) -> Result<Option<String>> {
+    loop {
+        match reader.read(buffer) {
+            Ok(0) => return Ok(None),
+            Ok(n) => write(&buffer[..n])?,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Ok(Some(e.to_string())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read as _;
+
+    fn shard() -> Vec<u8> {
+        let mut bytes = Vec::new();
+        for data in [&b"first"[..], b"second record", b"third"] {
+            super::super::frame(&mut bytes, data);
+        }
+        bytes
+    }
+
+    fn gzip(bytes: &[u8]) -> Vec<u8> {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(bytes).unwrap();
+        e.finish().unwrap()
+    }
+
+    fn zlib(bytes: &[u8]) -> Vec<u8> {
+        let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+        e.write_all(bytes).unwrap();
+        e.finish().unwrap()
+    }
+
+    #[test]
+    fn compression_is_told_by_content() {
+        let plain = shard();
+        assert_eq!(sniff(&plain), None);
+        assert_eq!(sniff(&gzip(&plain)), Some(Compression::Gzip));
+        assert_eq!(sniff(&zlib(&plain)), Some(Compression::Zlib));
+        let fast = {
+            let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+            e.write_all(&plain).unwrap();
+            e.finish().unwrap()
+        };
+        assert_eq!(sniff(&fast), Some(Compression::Zlib));
+        assert_eq!(sniff(b""), None);
+        assert_eq!(sniff(b"\x1f"), None);
+        assert_eq!(sniff(b"hello, world, not a shard"), None);
+    }
+
+    fn decompressed(compressed: &[u8]) -> (Vec<u8>, Decompressed, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.tfrecord.gz");
+        fs::write(&path, compressed).unwrap();
+        let cache = Cache::at(dir.path().join("cache"), None);
+        let file = fs::File::open(&path).unwrap();
+        let kind = sniff(compressed).unwrap();
+        let d = decompress(&path, &file, kind, &cache).unwrap();
+        let mut bytes = Vec::new();
+        let mut file = &d.file;
+        std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(0)).unwrap();
+        file.read_to_end(&mut bytes).unwrap();
+        (bytes, d, dir)
+    }
+
+    #[test]
+    fn whole_streams_decompress_into_the_cache_once() {
+        let plain = shard();
+        for compressed in [gzip(&plain), zlib(&plain)] {
+            let (bytes, d, dir) = decompressed(&compressed);
+            assert_eq!(bytes, plain);
+            assert_eq!(d.damage, None);
+            let at = d.cached_at.clone().unwrap();
+            assert!(at.starts_with(dir.path().join("cache")));
+            // A second open finds the copy.
+            let path = dir.path().join("x.tfrecord.gz");
+            let cache = Cache::at(dir.path().join("cache"), None);
+            let file = fs::File::open(&path).unwrap();
+            let kind = sniff(&compressed).unwrap();
+            let again = decompress(&path, &file, kind, &cache).unwrap();
+            assert_eq!(again.cached_at, Some(at));
+            assert!(d.fresh && !again.fresh);
+        }
+        // Two gzip members read as one stream (concatenated .gz files).
+        let mut two = gzip(&plain[..21]);
+        two.extend(gzip(&plain[21..]));
+        assert_eq!(decompressed(&two).0, plain);
+    }
+
+    #[test]
+    fn a_damaged_stream_keeps_what_it_yielded_and_says_why() {
+        let plain = shard();
+        let whole = gzip(&plain);
+        let cut = &whole[..whole.len() - 6];
+        let (bytes, d, dir) = decompressed(cut);
+        assert!(plain.starts_with(&bytes));
+        let damage = d.damage.expect("damage reported");
+        assert!(damage.contains("GZIP stream is damaged"), "{damage}");
+        assert_eq!(d.cached_at, None);
+        // Nothing of it was cached.
+        let left: Vec<_> = fs::read_dir(dir.path().join("cache/tfrecord-decompressed"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .filter(|n| !n.to_string_lossy().ends_with(".lock"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+        // A flipped byte in the middle: the CRC check (or the inflater) refuses it.
+        let mut flipped = whole.clone();
+        let middle = flipped.len() / 2;
+        flipped[middle] ^= 0x55;
+        let (_, d, _dir) = decompressed(&flipped);
+        assert!(d.damage.is_some());
+        // Bytes after a zlib stream.
+        let mut trailing = zlib(&plain);
+        trailing.extend_from_slice(b"junk");
+        let (bytes, d, _dir) = decompressed(&trailing);
+        assert_eq!(bytes, plain);
+        assert!(
+            d.damage
+                .unwrap()
+                .contains("follow the end of the zlib stream")
+        );
+    }
+}

@@ -1,0 +1,502 @@
+//! Sets of shard files: how a user names them, how files group into sets by name, and the checks
+//! that keep a set from being read mixed with another or with members missing, without a word.
+//!
+//! A dataset stored as shards is named one of four ways ([`Selection`]):
+//!
+//! - a **directory**: every shard file in it. A directory that holds more than one set (how
+//!   TensorFlow's ImageNet script leaves `train-*-of-01024` beside `validation-*-of-00128`) is
+//!   an error that lists the sets and how to pick one, never one dataset made of both;
+//! - a **pattern** in its last component (`DIR/train-*`, `DIR/shard-0000[0-3].tar`; `*`, `?` and
+//!   `[...]` as in a shell, never matching a leading dot): the files it matches, in name order;
+//! - an explicit **list** of files (what a shell makes of an unquoted pattern);
+//! - a single **file**: that shard alone, a deliberate subset.
+//!
+//! Files group into sets by name ([`ShardName`]): `NAME-NNNNN-of-TTTTT` (TensorFlow's sharded
+//! names) belongs to the set `NAME-*-of-TTTTT`, whose members are numbered `0..TTTTT`; a name
+//! ending in a number (`shard-000042.tar`, `train_7.tfrecord`) belongs to the set of names that
+//! differ only in that number. A set whose numbers have gaps is an error naming the missing
+//! members, unless missing shards are allowed on purpose ([`check_sets`]'s `allow_missing`, the
+//! `--allow-missing-shards` flag), when they are reported instead.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+pub use crate::error::ShardSetProblem;
+use crate::error::{Error, IoContext as _, Result};
+
+/// How the shards of a dataset were named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Selection {
+    /// Every shard file in a directory.
+    Directory(PathBuf),
+    /// The files a pattern in the last path component matches.
+    Pattern(PathBuf),
+    /// These files.
+    List(Vec<PathBuf>),
+    /// One file.
+    File(PathBuf),
+}
+
+/// True when the last component of `path` holds a pattern character (`*`, `?`, `[`).
+pub fn is_pattern(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.contains(['*', '?', '[']))
+}
+
+impl Selection {
+    /// What `path` names: a directory, a file, or (when nothing is at `path` and its last
+    /// component holds a pattern character) a pattern.
+    pub fn of(path: &Path) -> Selection {
+        if path.is_dir() {
+            Selection::Directory(path.to_path_buf())
+        } else if !path.exists() && is_pattern(path) {
+            Selection::Pattern(path.to_path_buf())
+        } else {
+            Selection::File(path.to_path_buf())
+        }
+    }
+}
+
+/// A shard file's place in its set, read from its name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ShardName {
+    /// The name before the member's number (the whole name when it holds none).
+    pub prefix: String,
+    /// How many digits the number has (0: none).
+    pub width: usize,
+    /// The name after the number.
+    pub suffix: String,
+    /// The member's number, when the name holds one.
+    pub number: Option<u64>,
+    /// How many members the set has, when the name says (`-of-TTTTT`).
+    pub total: Option<u64>,
+}
+
+impl ShardName {
+    /// The set's name, its number shown as `N…` (`train-NNNNN-of-01024`, `shard-NNNNNN.tar`).
+    pub fn set(&self) -> String {
+        format!("{}{}{}", self.prefix, "N".repeat(self.width), self.suffix)
+    }
+
+    /// A pattern that selects the set (`train-*-of-01024`).
+    pub fn pattern(&self) -> String {
+        if self.width == 0 {
+            return format!("{}{}", self.prefix, self.suffix);
+        }
+        format!("{}*{}", self.prefix, self.suffix)
+    }
+
+    /// The file name of member `number` of this set.
+    pub fn member(&self, number: u64) -> String {
+        let width = self.width;
+        format!("{}{number:0width$}{}", self.prefix, self.suffix)
+    }
+
+    /// This name's set without the member: what members of one set share.
+    fn set_key(&self) -> (String, usize, String, Option<u64>) {
+        (
+            self.prefix.clone(),
+            self.width,
+            self.suffix.clone(),
+            self.total,
+        )
+    }
+}
+
+/// What members of one set share: prefix, number width, suffix and count.
+type SetKey = (String, usize, String, Option<u64>);
+
+/// The files of each set: each member's name read, and the file name.
+type Sets = BTreeMap<SetKey, Vec<(ShardName, String)>>;
+
+/// Reads a shard file's set, number and set size from its name (see the module docs).
+pub fn shard_name(file_name: &str) -> ShardName {
+    // `NAME-NNNNN-of-TTTTT` followed by anything not a digit (an extension, `.gz`).
+    if let Some(of) = file_name.rfind("-of-") {
+        let before = &file_name[..of];
+        let after = &file_name[of + 4..];
+        let total_digits = after.bytes().take_while(u8::is_ascii_digit).count();
+        let number_digits = before.bytes().rev().take_while(u8::is_ascii_digit).count();
+        if total_digits > 0
+            && number_digits > 0
+            && let (Ok(number), Ok(total)) = (
+                before[before.len() - number_digits..].parse::<u64>(),
+                after[..total_digits].parse::<u64>(),
+            )
+        {
+            return ShardName {
+                prefix: before[..before.len() - number_digits].to_string(),
+                width: number_digits,
+                suffix: file_name[of..].to_string(),
+                number: Some(number),
+                total: Some(total),
+            };
+        }
+    }
+    // The last run of digits in the name, before its extensions.
+    let stem_end = file_name.find('.').unwrap_or(file_name.len());
+    let stem = &file_name[..stem_end];
+    let digits = stem.bytes().rev().take_while(u8::is_ascii_digit).count();
+    if digits > 0
+        && let Ok(number) = stem[stem.len() - digits..].parse::<u64>()
+    {
+        return ShardName {
+            prefix: stem[..stem.len() - digits].to_string(),
+            width: digits,
+            suffix: file_name[stem_end..].to_string(),
+            number: Some(number),
+            total: None,
+        };
+    }
+    ShardName {
+        prefix: file_name.to_string(),
+        width: 0,
+        suffix: String::new(),
+        number: None,
+        total: None,
+    }
+}
+
+/// Lists the regular files a pattern (in `pattern`'s last component) matches, in name order;
+/// a leading dot is never matched by a wildcard.
+pub fn expand_pattern(pattern: &Path) -> Result<Vec<PathBuf>> {
+    let dir = match pattern.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let text = pattern
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| Error::not_a_dataset(pattern, "a pattern must be UTF-8"))?;
+    let matcher = glob::Pattern::new(text)
+        .map_err(|e| Error::not_a_dataset(pattern, format!("not a valid pattern: {e}")))?;
+    let options = glob::MatchOptions {
+        case_sensitive: true,
+        require_literal_separator: true,
+        require_literal_leading_dot: true,
+    };
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .at(dir)?
+        .filter_map(|entry| entry.ok())
+        .filter(|entry| {
+            entry
+                .file_name()
+                .to_str()
+                .is_some_and(|name| matcher.matches_with(name, options))
+        })
+        .map(|entry| entry.path())
+        .filter(|path| path.is_file())
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(Error::ShardSet {
+            path: pattern.to_path_buf(),
+            problem: ShardSetProblem::NoMatch,
+        });
+    }
+    Ok(files)
+}
+
+/// What [`check_sets`] found in an acceptable selection.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SetReport {
+    /// The sets, each with its number of files.
+    pub sets: Vec<(String, usize)>,
+    /// Missing members' file names, when missing shards were allowed (empty otherwise: a
+    /// missing member is an error).
+    pub missing: Vec<String>,
+}
+
+/// Checks the shard files of a selection: one set only when `one_set` (a directory), every
+/// set whole unless `allow_missing`. `path` names the selection in errors.
+pub fn check_sets(
+    path: &Path,
+    files: &[PathBuf],
+    one_set: bool,
+    allow_missing: bool,
+) -> Result<SetReport> {
+    let error = |problem| Error::ShardSet {
+        path: path.to_path_buf(),
+        problem,
+    };
+    let mut sets = Sets::new();
+    for file in files {
+        let name = file
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let parsed = shard_name(&name);
+        sets.entry(parsed.set_key())
+            .or_default()
+            .push((parsed, name));
+    }
+    let summary: Vec<(String, usize)> = sets
+        .values()
+        .map(|members| (members[0].0.set(), members.len()))
+        .collect();
+    if one_set && sets.len() > 1 && !one_unnumbered_group(&sets) {
+        let example = sets
+            .values()
+            .next()
+            .map(|m| m[0].0.pattern())
+            .unwrap_or_default();
+        return Err(error(ShardSetProblem::Mixed {
+            sets: summary,
+            example,
+        }));
+    }
+    let mut report = SetReport {
+        sets: summary,
+        missing: Vec::new(),
+    };
+    for members in sets.values() {
+        let mut numbers: BTreeMap<u64, &str> = BTreeMap::new();
+        for (parsed, name) in members {
+            let Some(number) = parsed.number else {
+                continue;
+            };
+            if let Some(total) = parsed.total
+                && number >= total
+            {
+                return Err(error(ShardSetProblem::Inconsistent {
+                    file: name.clone(),
+                    reason: format!("shard number {number} is not below its set's count {total}"),
+                }));
+            }
+            if let Some(other) = numbers.insert(number, name) {
+                return Err(error(ShardSetProblem::Inconsistent {
+                    file: name.clone(),
+                    reason: format!("holds shard number {number}, as {other} does"),
+                }));
+            }
+        }
+        let (Some((&low, _)), Some((&high, _))) =
+            (numbers.first_key_value(), numbers.last_key_value())
+        else {
+            continue;
+        };
+        let first = &members[0].0;
+        // With a `-of-` count the set is 0..count; without, the span its numbers cover (a gap
+        // inside it is missing; members before the first or after the last cannot be known).
+        let (start, end) = match first.total {
+            Some(total) => (0, total),
+            None => (low, high + 1),
+        };
+        let expected = end - start;
+        let count = expected - numbers.len() as u64;
+        if count == 0 {
+            continue;
+        }
+        let missing: Vec<String> = (start..end)
+            .filter(|n| !numbers.contains_key(n))
+            .take(if allow_missing { usize::MAX } else { 10 })
+            .map(|n| first.member(n))
+            .collect();
+        if !allow_missing {
+            return Err(error(ShardSetProblem::Missing {
+                set: first.set(),
+                missing,
+                count,
+                expected,
+            }));
+        }
+        report.missing.extend(missing);
+    }
+    Ok(report)
+}
+
+/// Files whose names hold no number (`cats.tfrecord`, `dogs.tfrecord`) each form a set of one:
+/// several of them in one directory are one group, unless one looks like a split of a dataset
+/// (`train`, `val`, `test`, ...), whose mixing is what the check is for.
+fn one_unnumbered_group(sets: &Sets) -> bool {
+    const SPLITS: &[&str] = &[
+        "train",
+        "training",
+        "val",
+        "valid",
+        "validation",
+        "test",
+        "testing",
+        "eval",
+        "dev",
+    ];
+    sets.values().flatten().all(|(parsed, name)| {
+        let stem = name.split('.').next().unwrap_or(name).to_ascii_lowercase();
+        parsed.number.is_none()
+            && !SPLITS.iter().any(|split| {
+                stem == *split
+                    || stem
+                        .strip_prefix(split)
+                        .is_some_and(|rest| rest.starts_with(['-', '_']))
+            })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_group_into_sets() {
+        let n = shard_name("train-00003-of-01024");
+        assert_eq!(n.set(), "train-NNNNN-of-01024");
+        assert_eq!((n.number, n.total), (Some(3), Some(1024)));
+        let gz = shard_name("validation-00000-of-00128.tfrecord.gz");
+        assert_eq!(gz.set(), "validation-NNNNN-of-00128.tfrecord.gz");
+        assert_eq!((gz.number, gz.total), (Some(0), Some(128)));
+        let tar = shard_name("shard-000042.tar");
+        assert_eq!(tar.set(), "shard-NNNNNN.tar");
+        assert_eq!((tar.number, tar.total), (Some(42), None));
+        let plain = shard_name("cats.tfrecord");
+        assert_eq!((plain.set(), plain.number), ("cats.tfrecord".into(), None));
+        // An N in the name itself is not the number.
+        let news = shard_name("NEWS-00001-of-00002");
+        assert_eq!(
+            (news.pattern(), news.member(0)),
+            ("NEWS-*-of-00002".into(), "NEWS-00000-of-00002".into())
+        );
+        // `-of-` without digits on both sides is not TensorFlow's pattern.
+        assert_eq!(shard_name("proof-of-concept.tfrecord").total, None);
+    }
+
+    #[test]
+    fn a_set_pattern_selects_the_set() {
+        assert_eq!(
+            shard_name("train-00001-of-01024").pattern(),
+            "train-*-of-01024"
+        );
+        assert_eq!(shard_name("shard-000000.tar").pattern(), "shard-*.tar");
+        assert_eq!(
+            shard_name("train-00001-of-00008").member(3),
+            "train-00003-of-00008"
+        );
+    }
+
+    fn paths(names: &[&str]) -> Vec<PathBuf> {
+        names.iter().map(|n| PathBuf::from("/d").join(n)).collect()
+    }
+
+    fn problem(result: Result<SetReport>) -> ShardSetProblem {
+        match result {
+            Err(Error::ShardSet { problem, .. }) => problem,
+            other => panic!("expected a shard-set error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn two_sets_in_a_directory_are_an_error_listing_both() {
+        let files = paths(&[
+            "train-00000-of-00002",
+            "train-00001-of-00002",
+            "validation-00000-of-00001",
+        ]);
+        let p = problem(check_sets(Path::new("/d"), &files, true, false));
+        assert_eq!(
+            p,
+            ShardSetProblem::Mixed {
+                sets: vec![
+                    ("train-NNNNN-of-00002".into(), 2),
+                    ("validation-NNNNN-of-00001".into(), 1)
+                ],
+                example: "train-*-of-00002".into()
+            }
+        );
+        assert!(p.to_string().contains("DIR/train-*-of-00002"), "{p}");
+        // Chosen explicitly (a pattern or a list), both sets are read.
+        let report = check_sets(Path::new("/d/*"), &files, false, false).unwrap();
+        assert_eq!(report.sets.len(), 2);
+    }
+
+    #[test]
+    fn unnumbered_files_are_one_group_unless_they_look_like_splits() {
+        let classes = paths(&["cats.tfrecord", "dogs.tfrecord"]);
+        assert!(check_sets(Path::new("/d"), &classes, true, false).is_ok());
+        let splits = paths(&["train.tfrecord", "val.tfrecord"]);
+        assert!(matches!(
+            problem(check_sets(Path::new("/d"), &splits, true, false)),
+            ShardSetProblem::Mixed { .. }
+        ));
+    }
+
+    #[test]
+    fn missing_members_are_named_or_reported_when_allowed() {
+        let files = paths(&[
+            "train-00000-of-00008",
+            "train-00001-of-00008",
+            "train-00002-of-00008",
+            "train-00004-of-00008",
+            "train-00005-of-00008",
+            "train-00006-of-00008",
+            "train-00007-of-00008",
+        ]);
+        let p = problem(check_sets(Path::new("/d"), &files, true, false));
+        assert_eq!(
+            p,
+            ShardSetProblem::Missing {
+                set: "train-NNNNN-of-00008".into(),
+                missing: vec!["train-00003-of-00008".into()],
+                count: 1,
+                expected: 8
+            }
+        );
+        let report = check_sets(Path::new("/d"), &files, true, true).unwrap();
+        assert_eq!(report.missing, vec!["train-00003-of-00008".to_string()]);
+        // The last member missing is found too (the count says the set's size).
+        let last = paths(&["x-00000-of-00002"]);
+        assert!(matches!(
+            problem(check_sets(Path::new("/d"), &last, true, false)),
+            ShardSetProblem::Missing { count: 1, .. }
+        ));
+        // Without a count, a gap between numbered members.
+        let tars = paths(&["s-000000.tar", "s-000001.tar", "s-000003.tar"]);
+        match problem(check_sets(Path::new("/d"), &tars, true, false)) {
+            ShardSetProblem::Missing { missing, .. } => assert_eq!(missing, ["s-000002.tar"]),
+            other => panic!("{other:?}"),
+        }
+        // Only the first ten are listed, with the count.
+        let one = paths(&["big-00000-of-01000"]);
+        match problem(check_sets(Path::new("/d"), &one, true, false)) {
+            ShardSetProblem::Missing { missing, count, .. } => {
+                assert_eq!((missing.len(), count), (10, 999));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn numbers_that_do_not_fit_their_set_are_an_error() {
+        let over = paths(&["x-00002-of-00002", "x-00000-of-00002", "x-00001-of-00002"]);
+        assert!(matches!(
+            problem(check_sets(Path::new("/d"), &over, true, false)),
+            ShardSetProblem::Inconsistent { .. }
+        ));
+        let twice = paths(&["y-1.tar", "y-01.tar"]);
+        // Different widths are different sets (y-N.tar, y-NN.tar): mixed.
+        assert!(check_sets(Path::new("/d"), &twice, true, false).is_err());
+    }
+
+    #[test]
+    fn patterns_match_files_in_name_order_and_never_hidden_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["b-1.tar", "a-2.tar", ".a-3.tar", "a-1.txt"] {
+            std::fs::write(dir.path().join(name), b"x").unwrap();
+        }
+        std::fs::create_dir(dir.path().join("c-1.tar")).unwrap();
+        let found = expand_pattern(&dir.path().join("*.tar")).unwrap();
+        let names: Vec<_> = found
+            .iter()
+            .map(|p| p.file_name().unwrap().to_str().unwrap().to_string())
+            .collect();
+        assert_eq!(names, ["a-2.tar", "b-1.tar"]);
+        assert!(matches!(
+            expand_pattern(&dir.path().join("zz-*")),
+            Err(Error::ShardSet {
+                problem: ShardSetProblem::NoMatch,
+                ..
+            })
+        ));
+        assert!(is_pattern(Path::new("/d/train-*")));
+        assert!(!is_pattern(Path::new("/d*/train")));
+    }
+}

@@ -1,0 +1,398 @@
+//! TFRecord shards as other tools leave them: sets of `NAME-NNNNN-of-TTTTT` files side by side
+//! (never merged without a word), sets with members missing (an error naming them, unless
+//! allowed), selection by pattern or list, indexes saved where no pattern picks them up, and
+//! GZIP/ZLIB-compressed shards (TensorFlow-written fixtures) read with the same records as
+//! uncompressed ones.
+
+mod support;
+
+use std::fs;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use imagefeed::Error;
+use imagefeed::cache::Cache;
+use imagefeed::dataset::Dataset as _;
+use imagefeed::format::shards::ShardSetProblem;
+use imagefeed::format::{self, OpenOptions};
+use imagefeed::loader::{Loader, LoaderConfig};
+use imagefeed::pack::{PackFormat, PackOptions};
+use imagefeed::transform::Transform;
+use support::{fixture_root, records, small_options};
+
+/// Writes the fixture tree as TFRecord shards named as TensorFlow names them, without the
+/// manifest or indexes that would make them ours: `NAME-0000i-of-0000n` in `dir`.
+fn foreign_set(dir: &Path, name: &str, shards: usize) -> Vec<PathBuf> {
+    let packed = dir.join(format!(".{name}.packed"));
+    support::pack_as(
+        &fixture_root(),
+        &packed,
+        PackFormat::Records,
+        &PackOptions {
+            shard_bytes: 9_000,
+            ..small_options()
+        },
+    );
+    let mut made: Vec<Vec<u8>> = Vec::new();
+    let mut number = 0;
+    while let Ok(bytes) = fs::read(packed.join(format!("shard-{number:05}.tfrecord"))) {
+        made.push(bytes);
+        number += 1;
+    }
+    assert!(made.len() >= shards, "only {} shards packed", made.len());
+    // Merge the packed shards into `shards` files (frames simply concatenate).
+    let mut files = Vec::new();
+    for i in 0..shards {
+        let path = dir.join(format!("{name}-{i:05}-of-{shards:05}"));
+        let bytes: Vec<u8> = made
+            .iter()
+            .enumerate()
+            .filter(|(n, _)| n * shards / made.len() == i)
+            .flat_map(|(_, b)| b.clone())
+            .collect();
+        fs::write(&path, bytes).unwrap();
+        files.push(path);
+    }
+    fs::remove_dir_all(&packed).unwrap();
+    files
+}
+
+fn shard_set_problem(
+    result: imagefeed::Result<std::sync::Arc<dyn imagefeed::Dataset>>,
+) -> ShardSetProblem {
+    match result {
+        Err(Error::ShardSet { problem, .. }) => problem,
+        Err(other) => panic!("expected a shard-set error, got {other}"),
+        Ok(d) => panic!("expected a shard-set error, opened {} samples", d.len()),
+    }
+}
+
+#[test]
+fn two_sets_in_one_directory_are_refused_and_each_is_read_by_pattern() {
+    let dir = tempfile::tempdir().unwrap();
+    foreign_set(dir.path(), "train", 3);
+    foreign_set(dir.path(), "validation", 2);
+    let problem = shard_set_problem(format::open(dir.path()));
+    match &problem {
+        ShardSetProblem::Mixed { sets, example } => {
+            assert_eq!(
+                sets,
+                &[
+                    ("train-NNNNN-of-00003".to_string(), 3),
+                    ("validation-NNNNN-of-00002".to_string(), 2)
+                ]
+            );
+            assert_eq!(example, "train-*-of-00003");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Each set by a pattern, with every record of the tree once.
+    let whole = format::open(fixture_root()).unwrap().len();
+    for set in ["train-*", "validation-*-of-00002"] {
+        let dataset = format::open(dir.path().join(set)).unwrap();
+        // The fixture's broken files were left out when packing.
+        assert_eq!(dataset.len(), whole - support::BROKEN.len(), "{set}");
+    }
+    // The same selection as a list (what a shell makes of an unquoted pattern).
+    let mut list: Vec<PathBuf> = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains("/train-"))
+        .collect();
+    list.sort();
+    let by_list = format::open_files(&list, &OpenOptions::default()).unwrap();
+    let by_pattern = format::open(dir.path().join("train-*")).unwrap();
+    assert_eq!(records(by_list.as_ref()), records(by_pattern.as_ref()));
+    // A pattern that matches nothing says so.
+    assert_eq!(
+        shard_set_problem(format::open(dir.path().join("test-*"))),
+        ShardSetProblem::NoMatch
+    );
+}
+
+#[test]
+fn a_set_with_a_shard_missing_is_refused_naming_it_unless_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = foreign_set(dir.path(), "train", 4);
+    let whole = records(format::open(dir.path()).unwrap().as_ref());
+    let gone = fs::read(&files[2]).unwrap();
+    fs::remove_file(&files[2]).unwrap();
+    for selection in [dir.path().to_path_buf(), dir.path().join("train-*")] {
+        match shard_set_problem(format::open(&selection)) {
+            ShardSetProblem::Missing {
+                set,
+                missing,
+                count,
+                expected,
+            } => {
+                assert_eq!(set, "train-NNNNN-of-00004");
+                assert_eq!(missing, ["train-00002-of-00004"]);
+                assert_eq!((count, expected), (1, 4));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // The last member missing is noticed too: the name says how many there are.
+    fs::write(&files[2], &gone).unwrap();
+    fs::remove_file(&files[3]).unwrap();
+    assert!(matches!(
+        shard_set_problem(format::open(dir.path())),
+        ShardSetProblem::Missing { count: 1, .. }
+    ));
+    // Allowed on purpose: the rest reads, and the dataset says what is missing.
+    let allowed = OpenOptions::default().with_allow_missing_shards(true);
+    let partial = format::open_with(dir.path(), &allowed).unwrap();
+    assert_eq!(partial.missing_shards(), ["train-00003-of-00004"]);
+    assert!(partial.len() < whole.len());
+    assert!(
+        partial
+            .notices()
+            .iter()
+            .any(|n| n.contains("train-00003-of-00004")),
+        "{:?}",
+        partial.notices()
+    );
+    // inspect reports it incomplete, naming the shard, instead of refusing it.
+    let inspection = imagefeed::inspect::inspect(dir.path()).unwrap();
+    assert!(!inspection.complete && !inspection.is_whole());
+    assert_eq!(inspection.missing_shards, ["train-00003-of-00004"]);
+    // One shard opened on its own is a deliberate subset: no check.
+    assert!(format::open(&files[0]).is_ok());
+}
+
+#[test]
+fn saved_indexes_are_out_of_the_sets_pattern_and_found_again() {
+    let dir = tempfile::tempdir().unwrap();
+    foreign_set(dir.path(), "train", 2);
+    let opened = format::records::Records::open(dir.path()).unwrap();
+    let saved = opened.save_missing_indexes().unwrap();
+    assert_eq!(saved.len(), 2);
+    for index in &saved {
+        assert_eq!(index.parent().unwrap(), dir.path().join("index"));
+    }
+    // TensorFlow's glob("DIR/train-*") sees only the shards.
+    let matched: Vec<_> = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("train-"))
+        .collect();
+    assert_eq!(matched.len(), 2, "{matched:?}");
+    let again = format::records::Records::open(dir.path()).unwrap();
+    assert!(again.notices().is_empty(), "{:?}", again.notices());
+    assert_eq!(records(&again), records(&opened));
+}
+
+fn compat(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/compat")
+        .join(name)
+}
+
+/// The first 8 files of the fixture tree as TensorFlow's script stores them (see
+/// scripts/make_tensorflow_fixtures.py): key, label, bytes.
+fn first_eight() -> Vec<support::Row> {
+    let source = imagefeed::format::folder::ImageFolder::open(fixture_root()).unwrap();
+    (0..8)
+        .map(|i| {
+            let entry = &source.entries()[i];
+            (
+                entry.key.clone(),
+                entry.label,
+                fs::read(source.file_path(i)).unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn cached(dir: &Path) -> OpenOptions {
+    OpenOptions::default()
+        .with_label_base(1)
+        .with_cache(Cache::at(dir.join("cache"), None))
+}
+
+#[test]
+fn tensorflow_gzip_and_zlib_shards_read_like_their_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = cached(dir.path());
+    let want = first_eight();
+    for path in [
+        compat("tfrecord-gzip"),
+        compat("tfrecord-gzip/train-*"),
+        compat("tfrecord-zlib/val-00000-of-00001"),
+    ] {
+        let dataset = format::open_with(&path, &options).unwrap();
+        assert_eq!(records(dataset.as_ref()), want, "{}", path.display());
+        // Class names are the synsets the records carry, the label base taken off.
+        assert_eq!(dataset.classes(), ["class00"], "{}", path.display());
+        assert!(
+            dataset
+                .notices()
+                .iter()
+                .all(|n| !n.contains("no record has label 0"))
+        );
+    }
+    // Without the label base: a notice suggests it, and class 0 is empty.
+    let base0 = format::open_with(
+        compat("tfrecord-zlib"),
+        &OpenOptions::default().with_cache(Cache::at(dir.path().join("cache"), None)),
+    )
+    .unwrap();
+    assert!(
+        base0
+            .notices()
+            .iter()
+            .any(|n| n.contains("no record has label 0") && n.contains("--input-label-base 1")),
+        "{:?}",
+        base0.notices()
+    );
+    assert_eq!(base0.classes(), ["0", "class00"]);
+}
+
+#[test]
+fn compressed_shards_give_the_same_stream_as_uncompressed_ones_and_are_decompressed_once() {
+    let dir = tempfile::tempdir().unwrap();
+    // The GZIP set decompressed by hand into plain shards beside it.
+    let plain = dir.path().join("plain");
+    fs::create_dir(&plain).unwrap();
+    for n in 0..2 {
+        let name = format!("train-0000{n}-of-00002");
+        let compressed = fs::read(compat(&format!("tfrecord-gzip/{name}.tfrecord.gz"))).unwrap();
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(
+            &mut flate2::read::MultiGzDecoder::new(&compressed[..]),
+            &mut bytes,
+        )
+        .unwrap();
+        fs::write(plain.join(format!("{name}.tfrecord")), bytes).unwrap();
+    }
+    let options = cached(dir.path());
+    let digest = |path: &Path| {
+        use sha2::{Digest as _, Sha256};
+        let loader = Loader::new(
+            format::open_with(path, &options).unwrap(),
+            LoaderConfig::default()
+                .with_batch_size(3)
+                .with_seed(7)
+                .with_transform(Transform::cifar())
+                .with_max_bad(None),
+        )
+        .unwrap();
+        let mut hash = Sha256::new();
+        for batch in loader.epoch(1) {
+            let batch = batch.unwrap();
+            hash.update(batch.bytes());
+            for label in &batch.labels {
+                hash.update(label.to_le_bytes());
+            }
+        }
+        hash.finalize().to_vec()
+    };
+    assert_eq!(digest(&compat("tfrecord-gzip")), digest(&plain));
+    // Decompressed once: the cache holds one copy per shard, which later opens reuse.
+    let copies = || {
+        fs::read_dir(dir.path().join("cache/tfrecord-decompressed"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| !n.ends_with(".lock"))
+            .count()
+    };
+    assert_eq!(copies(), 2);
+    let again = format::open_with(compat("tfrecord-gzip"), &options).unwrap();
+    assert!(
+        again
+            .notices()
+            .iter()
+            .all(|n| !n.contains("decompressed once")),
+        "{:?}",
+        again.notices()
+    );
+    assert_eq!(copies(), 2);
+}
+
+#[test]
+fn a_damaged_compressed_shard_reads_what_it_can_and_reports_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let shards = dir.path().join("cut");
+    fs::create_dir(&shards).unwrap();
+    let whole = fs::read(compat("tfrecord-zlib/val-00000-of-00001")).unwrap();
+    // Cut in the middle: the records before the cut read; the rest is one bad record.
+    fs::write(shards.join("val-00000-of-00001"), &whole[..whole.len() / 2]).unwrap();
+    let options = cached(dir.path());
+    let dataset = format::open_with(&shards, &options).unwrap();
+    let last = dataset.len() - 1;
+    let mut reader = dataset.open_reader().unwrap();
+    let err = reader.read(last).unwrap_err();
+    assert!(
+        matches!(&err, Error::CorruptRecord { reason, .. } if reason.contains("ZLIB stream is damaged")),
+        "{err}"
+    );
+    let want = first_eight();
+    for (index, (_, _, bytes)) in want.iter().enumerate().take(last) {
+        let record = reader.read(index).unwrap();
+        assert_eq!(record.payload, bytes.as_slice());
+    }
+    assert!(last < want.len());
+    // Nothing damaged was cached.
+    let cache = dir.path().join("cache/tfrecord-decompressed");
+    let kept = fs::read_dir(&cache)
+        .map(|d| {
+            d.filter(|e| {
+                !e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with(".lock")
+            })
+            .count()
+        })
+        .unwrap_or(0);
+    assert_eq!(kept, 0);
+    // The loader's default cap stops an epoch that lost this much.
+    let loader = Loader::new(dataset, LoaderConfig::default().with_batch_size(2)).unwrap();
+    let stopped = loader.epoch(0).find_map(Result::err);
+    assert!(
+        matches!(stopped, Some(Error::TooManyBadSamples { .. })),
+        "{stopped:?}"
+    );
+}
+
+#[test]
+fn a_cache_too_small_for_the_decompressed_shards_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = OpenOptions::default()
+        .with_label_base(1)
+        .with_cache(Cache::at(dir.path().join("tiny"), Some(1000)));
+    match format::open_with(compat("tfrecord-gzip"), &options) {
+        Err(Error::CacheFull { dir: at, limit, .. }) => {
+            assert_eq!(at, dir.path().join("tiny"));
+            assert_eq!(limit, Some(1000));
+        }
+        other => panic!("expected CacheFull, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_gzip_shard_written_by_hand_is_told_by_content_whatever_its_name() {
+    // A byte-exact GZIP TFRecord (what TFRecordWriter with GZIP writes: frames, then gzip),
+    // named like an uncompressed shard.
+    let dir = tempfile::tempdir().unwrap();
+    let tfrecords = dir.path().join("set");
+    fs::create_dir(&tfrecords).unwrap();
+    let plain = foreign_set(&tfrecords, "x", 1).remove(0);
+    let bytes = fs::read(&plain).unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&bytes).unwrap();
+    fs::write(&plain, gz.finish().unwrap()).unwrap();
+    let options = OpenOptions::default().with_cache(Cache::at(dir.path().join("cache"), None));
+    let dataset = format::open_with(&tfrecords, &options).unwrap();
+    let whole = format::open(fixture_root()).unwrap().len() - support::BROKEN.len();
+    assert_eq!(dataset.len(), whole);
+    assert!(
+        dataset
+            .notices()
+            .iter()
+            .any(|n| n.contains("GZIP-compressed; decompressed once")),
+        "{:?}",
+        dataset.notices()
+    );
+}
