@@ -48,6 +48,8 @@ pub enum FormatKind {
     Hdf5,
     /// TFRecord shards holding `tf.train.Example` records.
     Records,
+    /// WebDataset tar shards.
+    WebDataset,
 }
 
 impl FormatKind {
@@ -58,6 +60,7 @@ impl FormatKind {
             FormatKind::Lmdb => "lmdb",
             FormatKind::Hdf5 => "hdf5",
             FormatKind::Records => "records",
+            FormatKind::WebDataset => "webdataset",
         }
     }
 }

@@ -157,6 +157,7 @@ pub fn inspect_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Ins
             (opened(path)?, true, None)
         } else if format::hdf5::has_signature(path)
             || format::records::is_shard_name(path)
+            || format::webdataset::is_shard_name(path)
             || (!path.exists() && output::partial_path(path).is_dir())
         {
             // Incomplete HDF5 and records outputs are refused with an error that says how to

@@ -290,7 +290,7 @@ fn compressed_shards_give_the_same_stream_as_uncompressed_ones_and_are_decompres
     assert_eq!(digest(&compat("tfrecord-gzip")), digest(&plain));
     // Decompressed once: the cache holds one copy per shard, which later opens reuse.
     let copies = || {
-        fs::read_dir(dir.path().join("cache/tfrecord-decompressed"))
+        fs::read_dir(dir.path().join("cache/decompressed"))
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .filter(|n| !n.ends_with(".lock"))
@@ -333,7 +333,7 @@ fn a_damaged_compressed_shard_reads_what_it_can_and_reports_the_rest() {
     }
     assert!(last < want.len());
     // Nothing damaged was cached.
-    let cache = dir.path().join("cache/tfrecord-decompressed");
+    let cache = dir.path().join("cache/decompressed");
     let kept = fs::read_dir(&cache)
         .map(|d| {
             d.filter(|e| {

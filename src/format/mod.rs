@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::dataset::{Dataset, DatasetInfo};
 use crate::error::{Error, Result};
 
+pub mod compressed;
 pub mod example;
 pub mod folder;
 pub mod hdf5;
@@ -31,6 +32,7 @@ pub mod parts;
 pub(crate) mod pickle;
 pub mod records;
 pub mod shards;
+pub mod webdataset;
 pub mod writer;
 
 /// The checksum of one record, as LMDB and HDF5 datasets of layout version 2 store it:
@@ -239,8 +241,21 @@ pub fn open_files(files: &[std::path::PathBuf], options: &OpenOptions) -> Result
     }
 }
 
-/// Opens a selection of shards made by a pattern or a list.
+/// Opens a selection of shards made by a pattern or a list: WebDataset when every file is a tar,
+/// else TFRecord shards.
 fn open_shards(selection: &shards::Selection, options: &OpenOptions) -> Result<Arc<dyn Dataset>> {
+    let files = match selection {
+        shards::Selection::Pattern(pattern) => {
+            shards::expand_selection(pattern, options.allow_missing_shards)?.0
+        }
+        shards::Selection::List(files) => files.clone(),
+        shards::Selection::Directory(dir) | shards::Selection::File(dir) => vec![dir.clone()],
+    };
+    if files.iter().all(|f| webdataset::is_shard_name(f)) {
+        return Ok(Arc::new(webdataset::WebDataset::open_selection(
+            selection, options,
+        )?));
+    }
     Ok(Arc::new(records::Records::open_selection(
         selection, options,
     )?))
@@ -259,14 +274,17 @@ pub(crate) struct Recognizer {
 }
 
 /// Every format [`open`] reads, in the order it asks them: directories first (an LMDB in
-/// directory form, record shards, then any directory as an ImageFolder tree), then files by
-/// signature (HDF5) or name (a TFRecord shard), and LMDB, recognised by its magic, last. A new
+/// directory form, TFRecord shards, WebDataset shards, then any directory as an ImageFolder
+/// tree), then files by signature (HDF5) or name (a TFRecord shard, a `.tar`), and LMDB,
+/// recognised by its magic, last. A new
 /// format is a module with its [`Recognizer`] and one line here.
 const RECOGNIZED: &[Recognizer] = &[
     lmdb::DIRECTORY_FORM,
     records::DIRECTORY,
+    webdataset::DIRECTORY,
     folder::TREE,
     hdf5::FILE,
     records::SHARD,
+    webdataset::SHARD,
     lmdb::FILE,
 ];

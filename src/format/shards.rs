@@ -37,11 +37,68 @@ pub enum Selection {
     File(PathBuf),
 }
 
-/// True when the last component of `path` holds a pattern character (`*`, `?`, `[`).
+/// True when the last component of `path` holds a pattern character (`*`, `?`, `[`) or a
+/// brace list (`{000000..000099}`, `{a,b}`).
 pub fn is_pattern(path: &Path) -> bool {
     path.file_name()
         .and_then(|n| n.to_str())
-        .is_some_and(|n| n.contains(['*', '?', '[']))
+        .is_some_and(|n| n.contains(['*', '?', '[']) || has_braces(n))
+}
+
+/// True when `text` holds a `{...}` group.
+fn has_braces(text: &str) -> bool {
+    text.find('{')
+        .is_some_and(|open| text[open..].contains('}'))
+}
+
+/// The most names a brace list may expand to (a typo such as `{0..99999999999}` must not
+/// allocate billions of names).
+pub const MAX_BRACE_NAMES: usize = 1 << 20;
+
+/// Expands WebDataset's brace notation: `{000000..000146}` (a numeric range, zero-padded to
+/// the width of its first bound when that has leading zeros), `{a,b,c}` (alternatives), several
+/// groups in one name. Text without braces expands to itself.
+pub fn expand_braces(text: &str) -> std::result::Result<Vec<String>, String> {
+    let Some(open) = text.find('{') else {
+        return Ok(vec![text.to_string()]);
+    };
+    let close = text[open..]
+        .find('}')
+        .map(|c| open + c)
+        .ok_or_else(|| format!("{text:?}: a '{{' without its '}}'"))?;
+    let (head, group, tail) = (&text[..open], &text[open + 1..close], &text[close + 1..]);
+    let choices: Vec<String> = match group.split_once("..") {
+        Some((low, high)) if !low.is_empty() && low.bytes().all(|b| b.is_ascii_digit()) => {
+            let parse = |n: &str| {
+                n.parse::<u64>()
+                    .map_err(|_| format!("{text:?}: {n:?} is not a number"))
+            };
+            let (from, to) = (parse(low)?, parse(high)?);
+            if to < from {
+                return Err(format!("{text:?}: the range {{{group}}} runs backwards"));
+            }
+            if to - from >= MAX_BRACE_NAMES as u64 {
+                return Err(format!(
+                    "{text:?}: {{{group}}} names more than {MAX_BRACE_NAMES} shards"
+                ));
+            }
+            let width = if low.starts_with('0') { low.len() } else { 0 };
+            (from..=to).map(|n| format!("{n:0width$}")).collect()
+        }
+        _ => group.split(',').map(str::to_owned).collect(),
+    };
+    let rest = expand_braces(tail)?;
+    let total = choices.len().saturating_mul(rest.len());
+    if total > MAX_BRACE_NAMES {
+        return Err(format!("{text:?} names more than {MAX_BRACE_NAMES} shards"));
+    }
+    let mut out = Vec::with_capacity(total);
+    for choice in &choices {
+        for r in &rest {
+            out.push(format!("{head}{choice}{r}"));
+        }
+    }
+    Ok(out)
 }
 
 impl Selection {
@@ -159,8 +216,19 @@ pub fn shard_name(file_name: &str) -> ShardName {
 }
 
 /// Lists the regular files a pattern (in `pattern`'s last component) matches, in name order;
-/// a leading dot is never matched by a wildcard.
+/// a leading dot is never matched by a wildcard. A brace list (`shard-{0000..0099}.tar`) names
+/// its files in the order it lists them instead, every one of which is expected: those missing
+/// are a [`ShardSetProblem::Missing`] (dropped when `allow_missing`, and returned as missing).
 pub fn expand_pattern(pattern: &Path) -> Result<Vec<PathBuf>> {
+    expand_selection(pattern, false).map(|(files, _)| files)
+}
+
+/// [`expand_pattern`], returning also the brace-listed files that are missing when
+/// `allow_missing`.
+pub fn expand_selection(
+    pattern: &Path,
+    allow_missing: bool,
+) -> Result<(Vec<PathBuf>, Vec<String>)> {
     let dir = match pattern.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
@@ -169,6 +237,29 @@ pub fn expand_pattern(pattern: &Path) -> Result<Vec<PathBuf>> {
         .file_name()
         .and_then(|n| n.to_str())
         .ok_or_else(|| Error::not_a_dataset(pattern, "a pattern must be UTF-8"))?;
+    if has_braces(text) && !text.contains(['*', '?', '[']) {
+        let names = expand_braces(text).map_err(|e| Error::not_a_dataset(pattern, e))?;
+        let (present, missing): (Vec<String>, Vec<String>) =
+            names.into_iter().partition(|n| dir.join(n).is_file());
+        if !missing.is_empty() && !allow_missing {
+            return Err(Error::ShardSet {
+                path: pattern.to_path_buf(),
+                problem: ShardSetProblem::Missing {
+                    set: text.to_string(),
+                    count: missing.len() as u64,
+                    expected: (missing.len() + present.len()) as u64,
+                    missing: missing.into_iter().take(10).collect(),
+                },
+            });
+        }
+        if present.is_empty() {
+            return Err(Error::ShardSet {
+                path: pattern.to_path_buf(),
+                problem: ShardSetProblem::NoMatch,
+            });
+        }
+        return Ok((present.into_iter().map(|n| dir.join(n)).collect(), missing));
+    }
     let matcher = glob::Pattern::new(text)
         .map_err(|e| Error::not_a_dataset(pattern, format!("not a valid pattern: {e}")))?;
     let options = glob::MatchOptions {
@@ -195,7 +286,7 @@ pub fn expand_pattern(pattern: &Path) -> Result<Vec<PathBuf>> {
             problem: ShardSetProblem::NoMatch,
         });
     }
-    Ok(files)
+    Ok((files, Vec::new()))
 }
 
 /// What [`check_sets`] found in an acceptable selection.
@@ -206,6 +297,17 @@ pub struct SetReport {
     /// Missing members' file names, when missing shards were allowed (empty otherwise: a
     /// missing member is an error).
     pub missing: Vec<String>,
+}
+
+impl SetReport {
+    /// Adds members found missing elsewhere (a brace list's), each once.
+    pub fn add_missing(&mut self, missing: Vec<String>) {
+        for name in missing {
+            if !self.missing.contains(&name) {
+                self.missing.push(name);
+            }
+        }
+    }
 }
 
 /// Checks the shard files of a selection: one set only when `one_set` (a directory), every
@@ -474,6 +576,47 @@ mod tests {
         let twice = paths(&["y-1.tar", "y-01.tar"]);
         // Different widths are different sets (y-N.tar, y-NN.tar): mixed.
         assert!(check_sets(Path::new("/d"), &twice, true, false).is_err());
+    }
+
+    #[test]
+    fn brace_lists_expand_as_webdataset_writes_them() {
+        assert_eq!(
+            expand_braces("s-{000..002}.tar").unwrap(),
+            ["s-000.tar", "s-001.tar", "s-002.tar"]
+        );
+        assert_eq!(
+            expand_braces("s-{8..10}.tar").unwrap(),
+            ["s-8.tar", "s-9.tar", "s-10.tar"]
+        );
+        assert_eq!(
+            expand_braces("{a,b}-{0..1}").unwrap(),
+            ["a-0", "a-1", "b-0", "b-1"]
+        );
+        assert_eq!(expand_braces("plain").unwrap(), ["plain"]);
+        for bad in [
+            "x-{5..1}",
+            "x-{0..99999999999}",
+            "x-{0",
+            "x-{0..z}",
+            "{0..999}{0..9999}",
+        ] {
+            assert!(expand_braces(bad).is_err(), "{bad}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        for n in [0, 1, 3] {
+            std::fs::write(dir.path().join(format!("s-{n}.tar")), b"x").unwrap();
+        }
+        let braces = dir.path().join("s-{0..3}.tar");
+        assert!(is_pattern(&braces));
+        match expand_pattern(&braces) {
+            Err(Error::ShardSet {
+                problem: ShardSetProblem::Missing { missing, .. },
+                ..
+            }) => assert_eq!(missing, ["s-2.tar"]),
+            other => panic!("{other:?}"),
+        }
+        let (files, missing) = expand_selection(&braces, true).unwrap();
+        assert_eq!((files.len(), missing), (3, vec!["s-2.tar".to_string()]));
     }
 
     #[test]

@@ -11,6 +11,13 @@ pub fn masked_crc(data: &[u8]) -> u32 {
     crc.rotate_right(15).wrapping_add(MASK_DELTA)
 }
 
+/// True when `head` (a file's first bytes) starts with a frame header whose length CRC checks
+/// out: an uncompressed shard, whatever else follows.
+pub fn starts_with_frame(head: &[u8]) -> bool {
+    head.len() >= HEADER_BYTES
+        && masked_crc(&head[..8]) == u32::from_le_bytes(head[8..12].try_into().expect("4 bytes"))
+}
+
 /// Appends one TFRecord frame holding `data` to `out`.
 pub fn frame(out: &mut Vec<u8>, data: &[u8]) {
     let len = (data.len() as u64).to_le_bytes();

@@ -52,14 +52,12 @@ use crate::dataset::{Dataset, DatasetInfo};
 use crate::error::Result;
 use crate::format::{Recognizer, output};
 
-mod compressed;
 mod framing;
 mod index;
 mod reader;
 mod writer;
 
-pub use compressed::Compression;
-pub use framing::{ShardScan, frame, masked_crc, scan_shard, unframe};
+pub use framing::{ShardScan, frame, masked_crc, scan_shard, starts_with_frame, unframe};
 pub use index::{INDEX_DIR, find_index, index_path_for, saved_index_path};
 #[cfg_attr(not(feature = "fuzzing"), allow(unused_imports))]
 pub(crate) use index::{check_index_covers, parse_index};
@@ -178,7 +176,8 @@ fn shard_names(number: usize) -> (String, String) {
 
 /// True when `path` looks like a TFRecord shard by name: `*.tfrecord`, `*.tfrecords`,
 /// `*.tfr`, TensorFlow's sharded `NAME-NNNNN-of-NNNNN`, and each of those with `.gz` (a
-/// compressed shard; compression itself is told by content, see [`Compression`]).
+/// compressed shard; compression itself is told by content, see
+/// [`Compression`](crate::format::compressed::Compression)).
 pub fn is_shard_name(path: &Path) -> bool {
     let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
         return false;

@@ -10,12 +10,13 @@ use memmap2::Mmap;
 use super::framing::unframe;
 use super::index::{self, check_index_covers, parse_index, push_index_line};
 use super::{
-    MAGIC, MANIFEST, Manifest, PROGRESS, ShardScan, VERSION, compressed, features, is_shard_name,
-    scan_shard,
+    MAGIC, MANIFEST, Manifest, PROGRESS, ShardScan, VERSION, features, is_shard_name, scan_shard,
+    starts_with_frame,
 };
 use crate::cache::Cache;
 use crate::dataset::{Dataset, DatasetInfo, FormatKind, PayloadKind, Record, RecordReader};
 use crate::error::{Error, IoContext as _, Result};
+use crate::format::compressed;
 use crate::format::shards::{Selection, SetReport, check_sets};
 use crate::format::{OpenOptions, example, output};
 
@@ -103,6 +104,7 @@ impl Records {
     /// checked to be one whole set (a directory) or whole sets (a pattern, a list) unless
     /// `options.allow_missing_shards`.
     pub fn open_selection(selection: &Selection, options: &OpenOptions) -> Result<Records> {
+        let mut brace_missing = Vec::new();
         let (name, files, one_set) = match selection {
             Selection::Directory(dir) => {
                 if let Some(records) = open_directory_of_ours(dir)? {
@@ -111,8 +113,11 @@ impl Records {
                 (dir.as_path(), shard_files_in(dir)?, true)
             }
             Selection::Pattern(pattern) => {
+                let (files, missing) =
+                    crate::format::shards::expand_selection(pattern, options.allow_missing_shards)?;
+                brace_missing = missing;
                 // Index files and our manifests are never data, whatever a pattern matches.
-                let files = crate::format::shards::expand_pattern(pattern)?
+                let files = files
                     .into_iter()
                     .filter(|f| {
                         let name = f.file_name().and_then(|n| n.to_str()).unwrap_or("");
@@ -134,7 +139,8 @@ impl Records {
                 return open_foreign(file, std::slice::from_ref(file), set, options);
             }
         };
-        let set = check_sets(name, &files, one_set, options.allow_missing_shards)?;
+        let mut set = check_sets(name, &files, one_set, options.allow_missing_shards)?;
+        set.add_missing(brace_missing);
         open_foreign(name, &files, set, options)
     }
 
@@ -429,7 +435,8 @@ fn open_foreign_shard(
     let (file, _) = crate::file::open_regular(path)?;
     let mut head = [0u8; 16];
     let head_len = read_head(&file, &mut head).at(path)?;
-    if let Some(compression) = compressed::sniff(&head[..head_len]) {
+    let head = &head[..head_len];
+    if let Some(compression) = compressed::sniff(head, starts_with_frame(head)) {
         let cache = match cache {
             Some(cache) => cache,
             None => cache.insert(match &options.cache {

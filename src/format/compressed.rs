@@ -1,10 +1,12 @@
-//! Compressed TFRecord shards: what `TFRecordOptions(compression_type="GZIP")` and `"ZLIB"`
-//! write (the whole file one gzip or zlib stream of ordinary TFRecord frames).
+//! Compressed shards: TFRecord shards written with `TFRecordOptions(compression_type="GZIP")`
+//! or `"ZLIB"` (the whole file one gzip or zlib stream of ordinary TFRecord frames), and
+//! gzipped WebDataset tars (`.tar.gz`, `.tgz`).
 //!
-//! A shard is recognised as compressed by its content, not its name: a file whose first 12
-//! bytes are not a frame header with a good CRC but a gzip member header (`1f 8b`) or a zlib
-//! header (CMF/FLG with deflate and a valid check). Neither can start an uncompressed shard by
-//! accident: the length CRC a frame header carries fails for them.
+//! A shard is recognised as compressed by its content, not its name: a file that does not start
+//! the way an uncompressed shard of its format does (a TFRecord frame header with a good CRC, a
+//! tar header) but with a gzip member header (`1f 8b`) or a zlib header (CMF/FLG with deflate
+//! and a valid check). Neither can start an uncompressed shard by accident: a frame header's
+//! length CRC fails for them, and a tar header starts with a file name.
 //!
 //! A deflate stream cannot be entered in the middle, so random access needs the records
 //! decompressed somewhere. They are decompressed once, at open, into the local cache directory
@@ -45,12 +47,11 @@ impl Compression {
     }
 }
 
-/// The compression of a shard that starts with `head`, or `None` for an uncompressed one (or
-/// bytes that are neither; the frame scan reports those).
-pub fn sniff(head: &[u8]) -> Option<Compression> {
-    if head.len() >= 12
-        && super::masked_crc(&head[..8]) == u32::from_le_bytes(head[8..12].try_into().ok()?)
-    {
+/// The compression of a shard that starts with `head`, or `None` for an uncompressed one
+/// (`plain`: its format says `head` starts an uncompressed shard) or for bytes that are
+/// neither (the format's own scan reports those).
+pub fn sniff(head: &[u8], plain: bool) -> Option<Compression> {
+    if plain {
         return None;
     }
     match head {
@@ -82,6 +83,9 @@ pub struct Decompressed {
     pub damage: Option<String>,
 }
 
+/// The cache section decompressed copies go into.
+const SECTION: &str = "decompressed";
+
 /// Decompresses the shard `file` (at `path`, compressed as `compression`) into the cache, or
 /// finds the copy an earlier open left there.
 pub fn decompress(
@@ -95,7 +99,7 @@ pub fn decompress(
     let hint = size_hint(file, compression, meta.len());
     let mut damage = None;
     let mut fresh = false;
-    let cached = cache.get_or_fill("tfrecord-decompressed", &key, hint, |out, out_path| {
+    let cached = cache.get_or_fill(SECTION, &key, hint, |out, out_path| {
         fresh = true;
         damage = inflate(path, file, compression, out, out_path)?;
         match &damage {
@@ -219,7 +223,7 @@ mod tests {
     fn shard() -> Vec<u8> {
         let mut bytes = Vec::new();
         for data in [&b"first"[..], b"second record", b"third"] {
-            super::super::frame(&mut bytes, data);
+            crate::format::records::frame(&mut bytes, data);
         }
         bytes
     }
@@ -236,21 +240,26 @@ mod tests {
         e.finish().unwrap()
     }
 
+    /// As the TFRecord reader asks: plain when the first frame header checks out.
+    fn sniff_tfrecord(head: &[u8]) -> Option<Compression> {
+        sniff(head, crate::format::records::starts_with_frame(head))
+    }
+
     #[test]
     fn compression_is_told_by_content() {
         let plain = shard();
-        assert_eq!(sniff(&plain), None);
-        assert_eq!(sniff(&gzip(&plain)), Some(Compression::Gzip));
-        assert_eq!(sniff(&zlib(&plain)), Some(Compression::Zlib));
+        assert_eq!(sniff_tfrecord(&plain), None);
+        assert_eq!(sniff_tfrecord(&gzip(&plain)), Some(Compression::Gzip));
+        assert_eq!(sniff_tfrecord(&zlib(&plain)), Some(Compression::Zlib));
         let fast = {
             let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
             e.write_all(&plain).unwrap();
             e.finish().unwrap()
         };
-        assert_eq!(sniff(&fast), Some(Compression::Zlib));
-        assert_eq!(sniff(b""), None);
-        assert_eq!(sniff(b"\x1f"), None);
-        assert_eq!(sniff(b"hello, world, not a shard"), None);
+        assert_eq!(sniff_tfrecord(&fast), Some(Compression::Zlib));
+        assert_eq!(sniff_tfrecord(b""), None);
+        assert_eq!(sniff_tfrecord(b"\x1f"), None);
+        assert_eq!(sniff_tfrecord(b"hello, world, not a shard"), None);
     }
 
     fn decompressed(compressed: &[u8]) -> (Vec<u8>, Decompressed, tempfile::TempDir) {
@@ -259,7 +268,7 @@ mod tests {
         fs::write(&path, compressed).unwrap();
         let cache = Cache::at(dir.path().join("cache"), None);
         let file = fs::File::open(&path).unwrap();
-        let kind = sniff(compressed).unwrap();
+        let kind = sniff_tfrecord(compressed).unwrap();
         let d = decompress(&path, &file, kind, &cache).unwrap();
         let mut bytes = Vec::new();
         let mut file = &d.file;
@@ -276,12 +285,12 @@ mod tests {
             assert_eq!(bytes, plain);
             assert_eq!(d.damage, None);
             let at = d.cached_at.clone().unwrap();
-            assert!(at.starts_with(dir.path().join("cache")));
+            assert!(at.starts_with(dir.path().join("cache").join(SECTION)));
             // A second open finds the copy.
             let path = dir.path().join("x.tfrecord.gz");
             let cache = Cache::at(dir.path().join("cache"), None);
             let file = fs::File::open(&path).unwrap();
-            let kind = sniff(&compressed).unwrap();
+            let kind = sniff_tfrecord(&compressed).unwrap();
             let again = decompress(&path, &file, kind, &cache).unwrap();
             assert_eq!(again.cached_at, Some(at));
             assert!(d.fresh && !again.fresh);
@@ -303,7 +312,7 @@ mod tests {
         assert!(damage.contains("GZIP stream is damaged"), "{damage}");
         assert_eq!(d.cached_at, None);
         // Nothing of it was cached.
-        let left: Vec<_> = fs::read_dir(dir.path().join("cache/tfrecord-decompressed"))
+        let left: Vec<_> = fs::read_dir(dir.path().join("cache").join(SECTION))
             .unwrap()
             .flatten()
             .map(|e| e.file_name())

@@ -1,0 +1,359 @@
+//! WebDataset tar shards as the `webdataset` package (and Python's `tarfile`) write them: every
+//! sample read with its image bytes and label, sets named by directory, pattern or brace list,
+//! gzipped shards, and damaged shards costing only the samples they touch.
+
+mod support;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use imagefeed::Error;
+use imagefeed::cache::Cache;
+use imagefeed::dataset::FormatKind;
+use imagefeed::format::shards::ShardSetProblem;
+use imagefeed::format::{self, OpenOptions};
+use imagefeed::loader::{Loader, LoaderConfig};
+use imagefeed::transform::Transform;
+use support::{Row, fixture_records_without_broken, fixture_root, python_with, records};
+
+/// The fixture tree's good files, as (key, label, bytes), in ImageFolder order.
+fn expected() -> Vec<Row> {
+    fixture_records_without_broken()
+}
+
+/// Writes `expected()` as tar shards with the `tar` crate: `n` shards `NAME-00000i.tar`,
+/// each sample `key.jpg` (or `.png`, whatever the file is), `key.cls`, `key.json`.
+fn rust_shards(dir: &Path, name: &str, n: usize) -> Vec<PathBuf> {
+    let rows = expected();
+    let mut paths = Vec::new();
+    for shard in 0..n {
+        let path = dir.join(format!("{name}-{shard:06}.tar"));
+        let mut builder = tar::Builder::new(fs::File::create(&path).unwrap());
+        for (i, (key, label, bytes)) in rows.iter().enumerate() {
+            if i * n / rows.len() != shard {
+                continue;
+            }
+            let stem = key.rsplit_once('.').map_or(key.as_str(), |(s, _)| s);
+            let ext = key
+                .rsplit_once('.')
+                .map_or("jpg", |(_, e)| e)
+                .to_ascii_lowercase();
+            let ext = if ext == "jpeg" {
+                "jpg".to_string()
+            } else {
+                ext
+            };
+            for (field, data) in [
+                (ext.as_str(), bytes.clone()),
+                ("cls", label.to_string().into_bytes()),
+                ("json", b"{}".to_vec()),
+            ] {
+                let mut header = tar::Header::new_gnu();
+                header.set_size(data.len() as u64);
+                header.set_mode(0o644);
+                header.set_entry_type(tar::EntryType::Regular);
+                builder
+                    .append_data(&mut header, format!("{stem}.{field}"), &data[..])
+                    .unwrap();
+            }
+        }
+        builder.finish().unwrap();
+        paths.push(path);
+    }
+    paths
+}
+
+/// (label, bytes) of rows, for comparing what has no file names for keys.
+fn labels_and_bytes(rows: Vec<Row>) -> Vec<(u32, Vec<u8>)> {
+    rows.into_iter().map(|(_, l, b)| (l, b)).collect()
+}
+
+fn cached(dir: &Path) -> OpenOptions {
+    OpenOptions::default().with_cache(Cache::at(dir.join("cache"), None))
+}
+
+#[test]
+fn a_directory_a_pattern_and_a_brace_list_read_the_samples_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let shards = dir.path().join("shards");
+    fs::create_dir(&shards).unwrap();
+    rust_shards(&shards, "train", 3);
+    let want = labels_and_bytes(expected());
+    for path in [
+        shards.clone(),
+        shards.join("train-*.tar"),
+        shards.join("train-{000000..000002}.tar"),
+    ] {
+        let dataset = format::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(dataset.info().format, FormatKind::WebDataset);
+        assert_eq!(
+            labels_and_bytes(records(dataset.as_ref())),
+            want,
+            "{}",
+            path.display()
+        );
+        assert_eq!(dataset.classes(), ["0", "1", "2"]);
+    }
+    // Keys are the sample keys: the file's path up to the first dot of its name.
+    let dataset = format::open(&shards).unwrap();
+    let first = records(dataset.as_ref()).remove(0);
+    assert_eq!(first.0, expected()[0].0.rsplit_once('.').unwrap().0);
+    // A brace list with a member missing names it, or reads the rest when allowed.
+    fs::remove_file(shards.join("train-000001.tar")).unwrap();
+    let braces = shards.join("train-{000000..000002}.tar");
+    match format::open(&braces) {
+        Err(Error::ShardSet {
+            problem: ShardSetProblem::Missing { missing, .. },
+            ..
+        }) => assert_eq!(missing, ["train-000001.tar"]),
+        other => panic!("{other:?}"),
+    }
+    let partial = format::open_with(
+        &braces,
+        &OpenOptions::default().with_allow_missing_shards(true),
+    )
+    .unwrap();
+    assert_eq!(partial.missing_shards(), ["train-000001.tar"]);
+    // So does the directory: numbered shards with a gap.
+    assert!(matches!(
+        format::open(&shards),
+        Err(Error::ShardSet {
+            problem: ShardSetProblem::Missing { .. },
+            ..
+        })
+    ));
+}
+
+#[test]
+fn gzipped_shards_give_the_same_stream_as_plain_ones() {
+    use std::io::Write as _;
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("plain");
+    let gz = dir.path().join("gz");
+    fs::create_dir_all(&plain).unwrap();
+    fs::create_dir_all(&gz).unwrap();
+    for path in rust_shards(&plain, "s", 2) {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        e.write_all(&fs::read(&path).unwrap()).unwrap();
+        let name = path
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .replace(".tar", ".tar.gz");
+        fs::write(gz.join(name), e.finish().unwrap()).unwrap();
+    }
+    let options = cached(dir.path());
+    let digest = |path: &Path| {
+        use sha2::{Digest as _, Sha256};
+        let loader = Loader::new(
+            format::open_with(path, &options).unwrap(),
+            LoaderConfig::default()
+                .with_batch_size(5)
+                .with_seed(3)
+                .with_transform(Transform::cifar()),
+        )
+        .unwrap();
+        let mut hash = Sha256::new();
+        for batch in loader.epoch(2) {
+            let batch = batch.unwrap();
+            hash.update(batch.bytes());
+            for l in &batch.labels {
+                hash.update(l.to_le_bytes());
+            }
+        }
+        hash.finalize().to_vec()
+    };
+    assert_eq!(digest(&plain), digest(&gz));
+}
+
+#[test]
+fn a_damaged_shard_costs_only_the_samples_it_touches() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = rust_shards(dir.path(), "d", 1).remove(0);
+    let mut bytes = fs::read(&path).unwrap();
+    let clean = records(format::open(&path).unwrap().as_ref());
+    // The 5th sample's first header: flip a byte of its name (the checksum no longer holds).
+    let mut archive = tar::Archive::new(std::io::Cursor::new(&bytes[..]));
+    let fifth = archive
+        .entries_with_seek()
+        .unwrap()
+        .nth(12)
+        .unwrap()
+        .unwrap()
+        .raw_header_position() as usize;
+    bytes[fifth + 3] ^= 0x20;
+    fs::write(&path, &bytes).unwrap();
+    // Every other sample reads as before (found by key); the damaged header's bytes are one
+    // bad record, and the rest of that sample (its label and json, now without an image)
+    // another.
+    let dataset = format::open(&path).unwrap();
+    let mut reader = dataset.open_reader().unwrap();
+    let mut bad = Vec::new();
+    let mut good = std::collections::HashMap::new();
+    for index in 0..dataset.len() {
+        match reader.read(index) {
+            Ok(record) => {
+                good.insert(record.key.to_string(), record.payload.to_vec());
+            }
+            Err(Error::CorruptRecord { reason, .. }) => bad.push(reason),
+            Err(other) => panic!("{other}"),
+        }
+    }
+    let damaged_key = clean[4].0.clone();
+    for (key, _, payload) in clean.iter().filter(|r| r.0 != damaged_key) {
+        assert_eq!(good.get(key), Some(payload), "{key}");
+    }
+    assert_eq!(good.len(), clean.len() - 1);
+    assert_eq!(bad.len(), 2, "{bad:?}");
+    assert!(bad[0].contains("checksum"), "{}", bad[0]);
+    assert!(bad[1].contains("no image field"), "{}", bad[1]);
+    assert!(
+        dataset
+            .notices()
+            .iter()
+            .any(|n| n.contains("sample 4 is damaged"))
+    );
+}
+
+#[test]
+fn shards_written_by_the_webdataset_package_and_tarfile_read_like_their_source() {
+    let Some(python) = python_with("webdataset") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let rows = expected();
+    let source = imagefeed::format::folder::ImageFolder::open(fixture_root()).unwrap();
+    let files: Vec<String> = rows
+        .iter()
+        .map(|(key, _, _)| {
+            let i = source.entries().iter().position(|e| &e.key == key).unwrap();
+            source.file_path(i).to_string_lossy().into_owned()
+        })
+        .collect();
+    let labels: Vec<String> = rows.iter().map(|r| r.1.to_string()).collect();
+    // webdataset's ShardWriter (PAX headers, 6 samples a shard) and tarfile in GNU format with
+    // keys longer than a ustar name holds.
+    let script = r#"
+import io, os, sys, tarfile
+import webdataset as wds
+out, files = sys.argv[1], sys.argv[2:]
+labels = [int(l) for l in os.environ["LABELS"].split(",")]
+os.makedirs(os.path.join(out, "wds"))
+with wds.ShardWriter(os.path.join(out, "wds", "shard-%06d.tar"), maxcount=6) as sink:
+    for i, (f, l) in enumerate(zip(files, labels)):
+        ext = "png" if f.lower().endswith(".png") else "jpg"
+        sink.write({"__key__": f"sample{i:04d}", ext: open(f, "rb").read(), "cls": l, "json": {"i": i}})
+os.makedirs(os.path.join(out, "gnu"))
+with tarfile.open(os.path.join(out, "gnu", "long.tar"), "w", format=tarfile.GNU_FORMAT) as t:
+    for i, (f, l) in enumerate(zip(files, labels)):
+        key = "deep/" + "x" * 120 + f"/s{i:04d}"
+        ext = "png" if f.lower().endswith(".png") else "jpg"
+        for field, data in ((ext, open(f, "rb").read()), ("cls", str(l).encode())):
+            info = tarfile.TarInfo(f"{key}.{field}")
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+"#;
+    let output = std::process::Command::new(&python)
+        .arg("-c")
+        .arg(script)
+        .arg(dir.path())
+        .args(&files)
+        .env("LABELS", labels.join(","))
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let want = labels_and_bytes(rows);
+    for path in [dir.path().join("wds"), dir.path().join("gnu/long.tar")] {
+        let dataset = format::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(
+            labels_and_bytes(records(dataset.as_ref())),
+            want,
+            "{}",
+            path.display()
+        );
+    }
+    let long = records(
+        format::open(dir.path().join("gnu/long.tar"))
+            .unwrap()
+            .as_ref(),
+    );
+    assert!(
+        long[3].0.starts_with("deep/xxxx") && long[3].0.ends_with("/s0003"),
+        "{}",
+        long[3].0
+    );
+    // webdataset's own reader agrees on keys and labels.
+    let check = r#"
+import sys, webdataset as wds
+for s in wds.WebDataset(sys.argv[1] + "/wds/shard-{000000..000002}.tar", shardshuffle=False):
+    print(s["__key__"], int(s["cls"]), "00")
+"#;
+    let theirs = support::python_rows(&python, check, &[dir.path()]);
+    let ours = records(format::open(dir.path().join("wds")).unwrap().as_ref());
+    let keys = |rows: &[Row]| rows.iter().map(|r| (r.0.clone(), r.1)).collect::<Vec<_>>();
+    assert_eq!(keys(&theirs), keys(&ours));
+}
+
+#[test]
+fn samples_without_an_image_or_label_are_bad_records_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("odd.tar");
+    let mut builder = tar::Builder::new(fs::File::create(&path).unwrap());
+    for (name, data) in [
+        (
+            "a.jpg",
+            &fs::read(fixture_root().join("class00/img00000.jpg")).unwrap()[..],
+        ),
+        ("a.cls", b"1"),
+        ("b.txt", b"a caption"),
+        ("b.cls", b"0"),
+        ("c.jpg", b"not read"),
+        ("c.cls", b"one"),
+    ] {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(data.len() as u64);
+        header.set_mode(0o644);
+        header.set_entry_type(tar::EntryType::Regular);
+        builder.append_data(&mut header, name, data).unwrap();
+    }
+    builder.finish().unwrap();
+    drop(builder);
+    let dataset = format::open(&path).unwrap();
+    assert_eq!(dataset.len(), 3);
+    let mut reader = dataset.open_reader().unwrap();
+    assert_eq!(reader.read(0).unwrap().label, 1);
+    for (index, says) in [
+        (1, "no image field (it has txt, cls)"),
+        (2, "not an integer label"),
+    ] {
+        match reader.read(index) {
+            Err(Error::CorruptRecord { key, reason, .. }) => {
+                assert_eq!(key, ["a", "b", "c"][index]);
+                assert!(reason.contains(says), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // A shard with no labels at all is refused at open, saying which fields it looked for.
+    let unlabeled = dir.path().join("unlabeled.tar");
+    let mut builder = tar::Builder::new(fs::File::create(&unlabeled).unwrap());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(1);
+    header.set_mode(0o644);
+    header.set_entry_type(tar::EntryType::Regular);
+    builder
+        .append_data(&mut header, "x.jpg", &b"x"[..])
+        .unwrap();
+    builder.finish().unwrap();
+    drop(builder);
+    let err = format::open(&unlabeled).unwrap_err();
+    assert!(
+        matches!(&err, Error::NotADataset { reason, .. } if reason.contains(".cls")),
+        "{err}"
+    );
+}
