@@ -278,6 +278,14 @@ pub trait Dataset: Send + Sync {
     fn missing_shards(&self) -> &[String] {
         &[]
     }
+
+    /// For a dataset stored as shards: the index of each shard's first record, then the
+    /// number of records (so shard `i` holds `starts[i]..starts[i + 1]`). What a shard window
+    /// ([`Sampling::shard_window`](crate::sampler::Sampling::shard_window)) shuffles within;
+    /// `None` for other datasets.
+    fn shard_starts(&self) -> Option<&[usize]> {
+        None
+    }
 }
 
 /// Adds `message` to a dataset's notices ([`Dataset::notices`]) and reports it through the

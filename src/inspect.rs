@@ -134,6 +134,9 @@ impl Dataset for ArcDataset {
     fn missing_shards(&self) -> &[String] {
         self.0.missing_shards()
     }
+    fn shard_starts(&self) -> Option<&[usize]> {
+        self.0.shard_starts()
+    }
 }
 
 /// Inspects the dataset at `path`: complete or not, classes with counts, bytes, image sizes.

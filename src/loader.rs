@@ -171,6 +171,15 @@ impl LoaderConfig {
         self
     }
 
+    /// For a dataset of shards: shuffle within windows of this many shards, the shards
+    /// permuted each epoch, instead of over the whole dataset ([`Sampling::shard_window`]), so
+    /// an epoch reads a bounded set of shards at a time (shards fetched from object storage);
+    /// `None` (the default): a global shuffle.
+    pub fn with_shard_window(mut self, shards: Option<usize>) -> Self {
+        self.sampling.shard_window = shards;
+        self
+    }
+
     /// Shuffle every epoch (the default) or keep the dataset's order.
     pub fn with_shuffle(mut self, shuffle: bool) -> Self {
         self.sampling.shuffle = shuffle;
@@ -255,6 +264,9 @@ impl LoaderConfig {
         if self.prefetch == 0 {
             return invalid("prefetch must be at least 1".into());
         }
+        if s.shard_window == Some(0) {
+            return invalid("shard_window must be at least 1 shard".into());
+        }
         if s.world_size == 0 || s.rank >= s.world_size {
             return invalid(format!(
                 "rank {} is not in 0..{} (world_size)",
@@ -319,6 +331,10 @@ pub struct LoaderState {
     pub batch_size: usize,
     /// Whether epochs are shuffled.
     pub shuffle: bool,
+    /// The shard window shuffled within ([`Sampling::shard_window`]); absent: a global
+    /// shuffle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard_window: Option<usize>,
     /// Whether a final short batch is dropped.
     pub drop_last: bool,
     /// Padding or dropping between ranks.
@@ -524,6 +540,7 @@ impl Loader {
         let sampler = Sampler {
             len: dataset.len(),
             sampling: config.sampling,
+            shards: dataset.shard_starts().map(Arc::from),
         };
         let fingerprint = fingerprint(dataset.as_ref());
         let transform_digest = {
@@ -657,6 +674,7 @@ impl Loader {
                 world_size: state.world_size,
                 ..sampler.sampling
             },
+            shards: sampler.shards.clone(),
         };
         let batches = saved.batches_per_epoch_from(state.start);
         if state.world_size == 0 || state.start > sampler.len || state.next_batch > batches {
@@ -686,7 +704,7 @@ impl Loader {
         let s = &self.inner.sampler.sampling;
         let config = &self.inner.shared.config;
         // (setting, in the state, in this loader), in the order they are checked.
-        let settings: [(&'static str, String, String); 9] = [
+        let settings: [(&'static str, String, String); 10] = [
             (
                 "state version",
                 state.version.to_string(),
@@ -714,6 +732,11 @@ impl Loader {
                 s.batch_size.to_string(),
             ),
             ("shuffle", state.shuffle.to_string(), s.shuffle.to_string()),
+            (
+                "shard_window",
+                format!("{:?}", state.shard_window),
+                format!("{:?}", self.inner.sampler.effective_shard_window()),
+            ),
             (
                 "drop_last",
                 state.drop_last.to_string(),
@@ -813,6 +836,7 @@ impl Epoch {
             epoch: self.epoch,
             batch_size: s.batch_size,
             shuffle: s.shuffle,
+            shard_window: self.loader.sampler.effective_shard_window(),
             drop_last: s.drop_last,
             uneven: s.uneven,
             rank: s.rank,

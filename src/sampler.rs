@@ -1,9 +1,14 @@
 //! Which samples go in which batch, for one rank of a distributed job.
 //!
-//! A [`Sampler`] needs only `(len, seed, epoch, rank, world_size)` and its options, never the
-//! loader. For an epoch it:
+//! A [`Sampler`] needs only `(len, seed, epoch, rank, world_size)` and its options (and, for a
+//! dataset of shards read a window at a time, where the shards start), never the loader. For an
+//! epoch it:
 //! 1. orders `0..len`: sequentially, or by a Fisher–Yates shuffle seeded by `(seed, epoch)`
-//!    (the same permutation on every rank);
+//!    (the same permutation on every rank); or, with a shard window of `w` shards, by permuting
+//!    the shards (seeded by `(seed, epoch)`), cutting that into windows of `w` consecutive
+//!    shards and shuffling the samples of each window (seeded by `(seed, epoch, window)`), so
+//!    the epoch reads a bounded set of shards at a time — what shards fetched from object
+//!    storage need — while every sample still comes once per epoch;
 //! 2. makes the length a multiple of `world_size`: [`Uneven::Pad`] repeats samples from the
 //!    start of the order, [`Uneven::Drop`] drops the tail;
 //! 3. gives rank `r` every `world_size`-th sample starting at `r` (as PyTorch's
@@ -46,10 +51,15 @@ pub struct Sampling {
     pub world_size: usize,
     /// Padding or dropping when the samples do not divide evenly between ranks.
     pub uneven: Uneven,
+    /// Shuffle within windows of this many shards (the shards themselves permuted each epoch)
+    /// instead of over the whole dataset, for a dataset of shards; `None`: a global shuffle.
+    /// Ignored for datasets that are not shards, and when not shuffling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard_window: Option<usize>,
 }
 
 impl Default for Sampling {
-    /// Batches of 32, shuffled with seed 0, one rank, padding.
+    /// Batches of 32, shuffled with seed 0, one rank, padding, a global shuffle.
     fn default() -> Self {
         Sampling {
             batch_size: 32,
@@ -59,6 +69,7 @@ impl Default for Sampling {
             rank: 0,
             world_size: 1,
             uneven: Uneven::Pad,
+            shard_window: None,
         }
     }
 }
@@ -75,10 +86,18 @@ pub struct Sampler {
     pub len: usize,
     /// Batch size, shuffling and sharding.
     pub sampling: Sampling,
+    /// For a dataset of shards: the index of each shard's first sample, then `len`
+    /// ([`Dataset::shard_starts`](crate::dataset::Dataset::shard_starts)); what a shard window
+    /// shuffles within.
+    pub shards: Option<std::sync::Arc<[usize]>>,
 }
 
 /// Domain separator for the shuffle stream (sample streams use domain 0).
 const SHUFFLE_DOMAIN: u64 = 1;
+/// Domain separator for the permutation of shards under a shard window.
+const SHARD_DOMAIN: u64 = 4;
+/// Domain separator for the shuffle of one window's samples.
+const WINDOW_DOMAIN: u64 = 5;
 
 impl Sampler {
     /// A sequential, single-rank sampler.
@@ -94,20 +113,65 @@ impl Sampler {
                 shuffle: false,
                 ..Sampling::default()
             },
+            shards: None,
         }
     }
 
     /// The epoch's order of all samples (before sharding).
     pub fn order(&self, epoch: u64) -> Vec<usize> {
+        if !self.sampling.shuffle {
+            return (0..self.len).collect();
+        }
+        if let (Some(window), Some(starts)) = (self.sampling.shard_window, &self.shards)
+            && window > 0
+            && starts.len() >= 2
+            && starts.last() == Some(&self.len)
+        {
+            return self.windowed_order(epoch, window, starts);
+        }
         let mut order: Vec<usize> = (0..self.len).collect();
-        if self.sampling.shuffle {
-            let mut rng = SampleRng::keyed(self.sampling.seed, epoch, 0, SHUFFLE_DOMAIN);
-            for i in (1..order.len()).rev() {
-                let j = rng.below(i as u64 + 1) as usize;
-                order.swap(i, j);
+        shuffle(
+            &mut order,
+            SampleRng::keyed(self.sampling.seed, epoch, 0, SHUFFLE_DOMAIN),
+        );
+        order
+    }
+
+    /// The order under a shard window: shards permuted, then the samples of each window of
+    /// `window` consecutive shards (in the permuted order) shuffled among themselves.
+    fn windowed_order(&self, epoch: u64, window: usize, starts: &[usize]) -> Vec<usize> {
+        let mut shard_order: Vec<usize> = (0..starts.len() - 1).collect();
+        shuffle(
+            &mut shard_order,
+            SampleRng::keyed(self.sampling.seed, epoch, 0, SHARD_DOMAIN),
+        );
+        let mut order = Vec::with_capacity(self.len);
+        for (number, shards) in shard_order.chunks(window).enumerate() {
+            let from = order.len();
+            for &shard in shards {
+                order.extend(starts[shard]..starts[shard + 1]);
             }
+            shuffle(
+                &mut order[from..],
+                SampleRng::keyed(self.sampling.seed, epoch, number as u64, WINDOW_DOMAIN),
+            );
         }
         order
+    }
+
+    /// The shard window the order uses: the configured one when the sampler shuffles a dataset
+    /// of shards, else `None` (what a saved state records, so a state resumes only a loader
+    /// that gives the same order).
+    pub fn effective_shard_window(&self) -> Option<usize> {
+        self.sampling
+            .shard_window
+            .filter(|_| self.sampling.shuffle && self.shards.is_some())
+    }
+
+    /// The shard holding sample `index`; `None` for a dataset that is not shards.
+    pub fn shard_of(&self, index: usize) -> Option<usize> {
+        let starts = self.shards.as_ref()?;
+        Some(starts.partition_point(|&s| s <= index).saturating_sub(1))
     }
 
     /// This rank's samples for `epoch`, in order.
@@ -222,6 +286,14 @@ impl Sampler {
     }
 }
 
+/// A Fisher–Yates shuffle of `items` drawing from `rng`.
+fn shuffle(items: &mut [usize], mut rng: SampleRng) {
+    for i in (1..items.len()).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        items.swap(i, j);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,7 +312,70 @@ mod tests {
                 uneven,
                 ..Sampling::default()
             },
+            shards: None,
         }
+    }
+
+    /// `s` over shards of `shard` samples (the last shorter) with a window of `window` shards;
+    /// `s` itself for window 0 (the global shuffle).
+    fn in_shards(mut s: Sampler, window: usize, shard: usize) -> Sampler {
+        if window > 0 {
+            let mut starts: Vec<usize> = (0..s.len).step_by(shard).collect();
+            starts.push(s.len);
+            s.sampling.shard_window = Some(window);
+            s.shards = Some(starts.into());
+        }
+        s
+    }
+
+    /// A sampler over shards of the given sizes, with a window of `window` shards.
+    fn windowed(sizes: &[usize], window: usize) -> Sampler {
+        let mut starts = vec![0];
+        for size in sizes {
+            starts.push(starts.last().unwrap() + size);
+        }
+        let mut s = sampler(*starts.last().unwrap(), 4, 1, Uneven::Pad, false);
+        s.sampling.shard_window = Some(window);
+        s.shards = Some(starts.into());
+        s
+    }
+
+    #[test]
+    fn a_shard_window_reads_a_bounded_set_of_shards_at_a_time() {
+        let s = windowed(&[5, 3, 7, 1, 6, 4, 5], 2);
+        let order = s.order(1);
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..31).collect::<Vec<_>>(), "every sample once");
+        // Consecutive runs of the order come from at most 2 shards: the window.
+        let shards: Vec<usize> = order.iter().map(|&i| s.shard_of(i).unwrap()).collect();
+        let mut position = 0;
+        let mut windows = 0;
+        while position < shards.len() {
+            let mut seen = HashSet::new();
+            let mut size = 0;
+            while position < shards.len() && (seen.len() < 2 || seen.contains(&shards[position])) {
+                seen.insert(shards[position]);
+                position += 1;
+                size += 1;
+            }
+            assert!(seen.len() <= 2 && size > 0);
+            windows += 1;
+        }
+        assert!(
+            windows >= 4,
+            "7 shards in windows of 2 make 4 windows, got {windows}"
+        );
+        // Seeded by (seed, epoch) only; another epoch, another order.
+        assert_eq!(s.order(1), order);
+        assert_ne!(s.order(2), order);
+        // Without a window, or without shards, the global shuffle as before.
+        let mut global = s.clone();
+        global.sampling.shard_window = None;
+        assert_eq!(
+            global.order(1),
+            sampler(31, 4, 1, Uneven::Pad, false).order(1)
+        );
     }
 
     #[test]
@@ -276,11 +411,12 @@ mod tests {
         fn ranks_are_disjoint_complete_and_equally_long(
             len in 0usize..300, batch in 1usize..17, world in 1usize..9,
             pad in any::<bool>(), drop_last in any::<bool>(), epoch in 0u64..5,
+            window in 0usize..4, shard in 1usize..40,
         ) {
             let uneven = if pad { Uneven::Pad } else { Uneven::Drop };
             let ranks: Vec<Sampler> = (0..world)
                 .map(|rank| {
-                    let mut s = sampler(len, batch, world, uneven, drop_last);
+                    let mut s = in_shards(sampler(len, batch, world, uneven, drop_last), window, shard);
                     s.sampling.rank = rank;
                     s
                 })
@@ -316,10 +452,11 @@ mod tests {
         fn a_part_epoch_at_another_world_size_deals_out_exactly_what_was_not_delivered(
             len in 0usize..200, batch in 1usize..9, world in 1usize..6, next_world in 1usize..6,
             pad in any::<bool>(), drop_last in any::<bool>(), pick in 0usize..400,
+            window in 0usize..4, shard in 1usize..40,
         ) {
             let uneven = if pad { Uneven::Pad } else { Uneven::Drop };
             let at = |world: usize, rank: usize| {
-                let mut s = sampler(len, batch, world, uneven, drop_last);
+                let mut s = in_shards(sampler(len, batch, world, uneven, drop_last), window, shard);
                 s.sampling.rank = rank;
                 s
             };

@@ -109,6 +109,9 @@ struct LoadArgs {
     /// Keep dataset order instead of shuffling.
     #[arg(long)]
     no_shuffle: bool,
+    /// Shards (TFRecord, WebDataset): shuffle within windows of this many shards.
+    #[arg(long, value_name = "SHARDS")]
+    shard_window: Option<usize>,
     /// Print a SHA-256 over each epoch's batches (pixels and labels, in order).
     #[arg(long)]
     digest: bool,
@@ -389,6 +392,7 @@ fn load_config(args: &LoadArgs) -> (LoaderConfig, Transform) {
         .with_prefetch(args.prefetch.unwrap_or(2 * args.workers))
         .with_seed(args.seed)
         .with_shuffle(!args.no_shuffle)
+        .with_shard_window(args.shard_window)
         .with_transform(t)
         .with_bad_samples(match args.bad {
             PolicyArg::Skip => BadSamplePolicy::Skip,

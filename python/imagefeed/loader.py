@@ -186,6 +186,10 @@ class Loader:
     copy. Device tensors come from torch's caching allocator, so tensors kept across steps stay
     intact.
 
+    ``shard_window=w`` (TFRecord and WebDataset shards) shuffles within windows of ``w`` shards,
+    the shards permuted each epoch, instead of over the whole dataset: an epoch then reads a
+    bounded set of shards at a time, with every guarantee above unchanged.
+
     ``rank``/``world_size`` shard the epoch (None: from torch.distributed when it is
     initialised, else the RANK and WORLD_SIZE variables, else one rank): every rank gets the
     same number of batches (``uneven="pad"`` repeats a few samples, ``"drop"`` leaves them out).
@@ -217,6 +221,7 @@ class Loader:
         label_base: Optional[int] = None,
         num_classes: Optional[int] = None,
         allow_missing_shards: bool = False,
+        shard_window: Optional[int] = None,
     ):
         paths = dataset_paths(path)
         reading = reading_options(hdf5_images, hdf5_labels, label_base, num_classes, allow_missing_shards)
@@ -241,7 +246,7 @@ class Loader:
         for name, value in (("shuffle", shuffle), ("drop_last", drop_last)):
             if not isinstance(value, bool):
                 raise errors.ConfigError(f"{name} {value!r}: must be True or False")
-        for name, value in (("prefetch", prefetch), ("max_pixels", max_pixels)):
+        for name, value in (("prefetch", prefetch), ("max_pixels", max_pixels), ("shard_window", shard_window)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                 raise errors.ConfigError(f"{name} {value!r}: must be a non-negative int")
         for name, value in (("dtype", dtype), ("layout", layout), ("uneven", uneven), ("bad_samples", bad_samples)):
@@ -295,6 +300,7 @@ class Loader:
                 max_pixels=max_pixels,
                 reading=reading,
                 pinned_device=pinned_device,
+                shard_window=shard_window,
             )
         self.batch_size = batch_size
         self.device = device

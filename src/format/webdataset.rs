@@ -605,6 +605,10 @@ impl Dataset for WebDataset {
         &self.shared.missing_shards
     }
 
+    fn shard_starts(&self) -> Option<&[usize]> {
+        Some(&self.shared.starts)
+    }
+
     fn open_reader(&self) -> Result<Box<dyn RecordReader>> {
         Ok(Box::new(WebDatasetReader {
             shared: Arc::clone(&self.shared),

@@ -709,6 +709,10 @@ impl Dataset for Records {
         &self.shared.missing_shards
     }
 
+    fn shard_starts(&self) -> Option<&[usize]> {
+        Some(&self.shared.starts)
+    }
+
     fn path(&self) -> &Path {
         &self.shared.path
     }
