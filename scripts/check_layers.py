@@ -27,6 +27,8 @@ LAYERS = [
     ["file", "pagecache"],
     # The sample model, batch membership, test data, the local cache directory.
     ["dataset", "sampler", "synthetic", "cache"],
+    # Object storage: URLs, clients, fetching into the cache.
+    ["remote"],
     # On-disk formats: readers, writers, their output lifecycle.
     ["format"],
     # Per-sample transforms.

@@ -11,7 +11,7 @@ use crate::transform::{DType, Layout};
 pub struct BadSample {
     /// Dataset index.
     pub index: usize,
-    /// Record key, or `?` when the record could not be read.
+    /// Record key, or `#index` when the record could not be read.
     pub key: String,
     /// What kind of failure it was.
     pub kind: BadSampleKind,

@@ -124,16 +124,33 @@ impl Cache {
         if let Some(hit) = open_entry(&path)? {
             return Ok(hit);
         }
-        self.make_room(&dir, size_hint.unwrap_or(0))?;
         let partial = dir.join(format!("{name}.partial"));
-        let mut file = fs::OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .read(true)
-            .write(true)
-            .open(&partial)
-            .at(&partial)?;
-        let filled = fill(&mut file, &partial).and_then(|()| file.sync_data().at(&partial));
+        let mut file = {
+            // Room is made and reserved (the partial file sized to the hint) under the
+            // cache-wide lock, so fills of different entries, in threads or processes, never
+            // together overrun the limit.
+            let _whole = self.lock_whole()?;
+            self.make_room(&dir, size_hint.unwrap_or(0))?;
+            let file = fs::OpenOptions::new()
+                .create(true)
+                .truncate(true)
+                .read(true)
+                .write(true)
+                .open(&partial)
+                .at(&partial)?;
+            if let Some(hint) = size_hint {
+                file.set_len(hint).at(&partial)?;
+            }
+            file
+        };
+        let filled = fill(&mut file, &partial).and_then(|()| {
+            // Fills write from the start: what they wrote ends at the position reached (the
+            // reservation past it is cut off).
+            use std::io::Seek as _;
+            let written = file.stream_position().at(&partial)?;
+            file.set_len(written).at(&partial)?;
+            file.sync_data().at(&partial)
+        });
         if let Err(e) = filled {
             let _ = fs::remove_file(&partial);
             return Err(e);
@@ -177,8 +194,24 @@ impl Cache {
         unreachable!("the loop returns")
     }
 
+    /// An exclusive lock on the whole cache (`.lock` in its root), held while room is made and
+    /// reserved.
+    fn lock_whole(&self) -> Result<fs::File> {
+        fs::create_dir_all(&self.root).at(&self.root)?;
+        let path = self.root.join(".lock");
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .at(&path)?;
+        flock(&file, libc::LOCK_EX).at(&path)?;
+        Ok(file)
+    }
+
     /// Evicts least recently used entries of this cache that no reader holds until `needed`
     /// more bytes fit under the limit and in the file system's free space (less the reserve).
+    /// Entries being filled count with what they reserved, and are never evicted.
     fn make_room(&self, dir: &Path, needed: u64) -> Result<()> {
         let free = crate::file::free_space(dir);
         let total = total_space(dir);
@@ -188,8 +221,8 @@ impl Cache {
                 .is_none_or(|limit| used.saturating_add(needed) <= limit)
                 && free.is_none_or(|free| needed.saturating_add(reserve) <= free)
         };
-        let mut entries = self.entries()?;
-        let mut used: u64 = entries.iter().map(|e| e.len).sum();
+        let (mut entries, reserved) = self.entries()?;
+        let mut used: u64 = entries.iter().map(|e| e.len).sum::<u64>() + reserved;
         let mut free = free;
         if fits(used, free) {
             return Ok(());
@@ -221,12 +254,15 @@ impl Cache {
         })
     }
 
-    /// Every complete entry of every section, with its size and last use.
-    fn entries(&self) -> Result<Vec<Entry>> {
+    /// Every complete entry of every section, with its size and last use; and the bytes that
+    /// entries being filled reserve. A `.partial` left by a fill that died (its entry's lock is
+    /// free) is deleted.
+    fn entries(&self) -> Result<(Vec<Entry>, u64)> {
         let mut found = Vec::new();
+        let mut reserved = 0u64;
         let sections = match fs::read_dir(&self.root) {
             Ok(sections) => sections,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(found),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((found, 0)),
             Err(e) => return Err(Error::io(&self.root, e)),
         };
         for section in sections.flatten() {
@@ -236,7 +272,16 @@ impl Cache {
             for file in files.flatten() {
                 let name = file.file_name();
                 let Some(name) = name.to_str() else { continue };
-                if name.ends_with(".partial") || name.ends_with(".lock") {
+                if let Some(entry) = name.strip_suffix(".partial") {
+                    let lock = section.path().join(format!("{entry}.lock"));
+                    if fill_is_running(&lock) {
+                        reserved += fs::metadata(file.path()).map_or(0, |m| m.len());
+                    } else {
+                        let _ = fs::remove_file(file.path());
+                    }
+                    continue;
+                }
+                if name.ends_with(".lock") {
                     continue;
                 }
                 // Only regular files are ours: a link or a directory is left alone.
@@ -253,8 +298,20 @@ impl Cache {
                 });
             }
         }
-        Ok(found)
+        Ok((found, reserved))
     }
+}
+
+/// True when the fill guarded by the lock file `lock` is running (another holder has it).
+fn fill_is_running(lock: &Path) -> bool {
+    let Ok(file) = fs::OpenOptions::new().write(true).open(lock) else {
+        return false;
+    };
+    // SAFETY: flock on a descriptor this function owns; no memory is passed.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return true;
+    }
+    false
 }
 
 /// A complete entry found on disk.
@@ -473,6 +530,48 @@ mod tests {
         drop(held);
         assert!(cache.get_or_fill("s", "d", Some(10), fill_with(10)).is_ok());
         assert!(!dir.path().join("s/b").exists());
+    }
+
+    #[test]
+    fn fills_running_at_once_never_overrun_the_limit_together() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::at(dir.path(), Some(35));
+        let on_disk = || -> u64 {
+            fs::read_dir(dir.path().join("s"))
+                .map(|d| d.flatten().map(|e| e.metadata().unwrap().len()).sum())
+                .unwrap_or(0)
+        };
+        std::thread::scope(|scope| {
+            for n in 0..8 {
+                let cache = &cache;
+                let on_disk = &on_disk;
+                scope.spawn(move || {
+                    let filled =
+                        cache.get_or_fill("s", &format!("e{n}"), Some(10), |file, path| {
+                            std::thread::sleep(std::time::Duration::from_millis(30));
+                            assert!(on_disk() <= 35, "{} bytes on disk", on_disk());
+                            file.write_all(&[1u8; 10]).at(path)
+                        });
+                    // Some fills find no room while others hold theirs: an error, never more.
+                    if let Err(e) = filled {
+                        assert!(matches!(e, Error::CacheFull { .. }), "{e}");
+                    }
+                });
+            }
+        });
+        assert!(on_disk() <= 35);
+    }
+
+    #[test]
+    fn a_partial_left_by_a_dead_fill_is_cleared_and_not_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir_all(dir.path().join("s")).unwrap();
+        fs::write(dir.path().join("s/dead.partial"), vec![0u8; 30]).unwrap();
+        let cache = Cache::at(dir.path(), Some(35));
+        cache
+            .get_or_fill("s", "a", Some(10), fill_with(10))
+            .unwrap();
+        assert!(!dir.path().join("s/dead.partial").exists());
     }
 
     #[test]

@@ -286,6 +286,15 @@ pub trait Dataset: Send + Sync {
     fn shard_starts(&self) -> Option<&[usize]> {
         None
     }
+
+    /// The shards the loader's next batches read, in the order it first reads them (the
+    /// first ones are being read now). A dataset whose shards are fetched on demand (from
+    /// object storage) fetches them ahead in this order and lets go of the shards not listed,
+    /// so its cache holds about what the list names; reads of a shard not fetched yet still
+    /// fetch it. The default (local data) does nothing. Never blocks.
+    fn plan_shards(&self, upcoming: &[usize]) {
+        let _ = upcoming;
+    }
 }
 
 /// Adds `message` to a dataset's notices ([`Dataset::notices`]) and reports it through the
@@ -464,11 +473,14 @@ where
                 )
             },
             |(reader, decoder), index| match reader {
-                Ok(reader) => f(decoder, reader.read(index).map_err(UnreadRecord::from)),
+                Ok(reader) => f(
+                    decoder,
+                    reader.read(index).map_err(|e| UnreadRecord::of(index, e)),
+                ),
                 Err(e) => f(
                     decoder,
                     Err(UnreadRecord {
-                        key: "?".into(),
+                        key: format!("#{index}"),
                         message: format!("cannot open a reader: {e}"),
                     }),
                 ),
@@ -477,18 +489,19 @@ where
         .collect()
 }
 
-/// A record [`par_map_records`] could not read: its key when the error names one (`?`
+/// A record [`par_map_records`] could not read: its key when the error names one (`#index`
 /// otherwise), and the error's message.
 pub(crate) struct UnreadRecord {
     pub key: String,
     pub message: String,
 }
 
-impl From<Error> for UnreadRecord {
-    fn from(e: Error) -> Self {
+impl UnreadRecord {
+    /// Record `index`, which failed with `e`.
+    fn of(index: usize, e: Error) -> Self {
         let key = match &e {
             Error::CorruptRecord { key, .. } => key.clone(),
-            _ => "?".into(),
+            _ => format!("#{index}"),
         };
         UnreadRecord {
             key,

@@ -72,6 +72,29 @@ pub enum Error {
         reason: String,
     },
 
+    /// A URL that names nothing imagefeed can read or write: an unknown scheme, no bucket, or an
+    /// object that is not what its listing said.
+    #[error("{url}: {reason}")]
+    BadUrl {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// Object storage refused or failed a request (after its retries): the URL, what was being
+    /// done, and the store's error (status, attempts) as the source.
+    #[cfg(feature = "remote")]
+    #[error("{url}: {doing}: {source}")]
+    Remote {
+        /// The object or prefix.
+        url: String,
+        /// What was being done ("listing", "downloading").
+        doing: String,
+        /// What the store said.
+        source: object_store::Error,
+    },
+
     /// The shard files named by `path` (a directory, a pattern, a list) are not one whole set:
     /// several sets in one directory, members missing, or names that contradict each other.
     #[error("{}: {problem}", path.display())]
@@ -133,7 +156,8 @@ pub enum Error {
         path: PathBuf,
         /// The record's index.
         index: usize,
-        /// The record's key (relative path), or `?` when the key itself is unreadable.
+        /// The record's key (relative path), or `#index` (or `shard#record`) when the key
+        /// itself is unreadable.
         key: String,
         /// What is wrong with it.
         reason: String,
@@ -192,7 +216,7 @@ pub enum Error {
     BadSample {
         /// Dataset index.
         index: usize,
-        /// Record key, or `?` when it could not be read.
+        /// Record key, or `#index` when it could not be read.
         key: String,
         /// What kind of failure it was.
         kind: BadSampleKind,
@@ -362,6 +386,16 @@ impl Error {
     pub(crate) fn lmdb(path: impl AsRef<Path>, source: heed::Error) -> Self {
         Error::Lmdb {
             path: path.as_ref().to_path_buf(),
+            source,
+        }
+    }
+
+    /// [`Error::Remote`] for a failed request on `url`.
+    #[cfg(feature = "remote")]
+    pub(crate) fn remote(url: impl ToString, doing: &str, source: object_store::Error) -> Self {
+        Error::Remote {
+            url: url.to_string(),
+            doing: doing.into(),
             source,
         }
     }

@@ -60,7 +60,7 @@ pub struct SizeCount {
 pub struct BadRecord {
     /// Record index.
     pub index: usize,
-    /// Record key, or `?` if unreadable.
+    /// Record key, or `#index` if unreadable.
     pub key: String,
     /// What went wrong.
     pub reason: String,
@@ -137,6 +137,9 @@ impl Dataset for ArcDataset {
     fn shard_starts(&self) -> Option<&[usize]> {
         self.0.shard_starts()
     }
+    fn plan_shards(&self, upcoming: &[usize]) {
+        self.0.plan_shards(upcoming)
+    }
 }
 
 /// Inspects the dataset at `path`: complete or not, classes with counts, bytes, image sizes.
@@ -156,6 +159,7 @@ pub fn inspect_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Ins
     let (dataset, complete, rejected_at_pack): (Box<dyn Dataset>, bool, Option<usize>) =
         if (path.is_dir() && !path.join("data.mdb").is_file())
             || (!path.exists() && format::shards::is_pattern(path))
+            || path.to_str().is_some_and(crate::remote::is_url)
         {
             (opened(path)?, true, None)
         } else if format::hdf5::has_signature(path)

@@ -54,6 +54,7 @@ pub mod pagecache;
 pub mod pool;
 #[cfg(feature = "progress")]
 pub mod progress;
+pub mod remote;
 pub mod resize;
 pub mod rng;
 pub mod sampler;

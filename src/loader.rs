@@ -783,6 +783,7 @@ impl Loader {
             bad_samples: 0,
             samples_seen: 0,
             samples_before_part: 0,
+            planned_at: None,
             done: false,
         }
     }
@@ -823,6 +824,8 @@ pub struct Epoch {
     samples_seen: u64,
     /// Sample slots this rank consumed before this part began (elastic resume).
     samples_before_part: u64,
+    /// The batch the dataset was last told the coming shards from ([`Epoch::plan_shards`]).
+    planned_at: Option<usize>,
     done: bool,
 }
 
@@ -909,6 +912,7 @@ impl Epoch {
         if self.done || self.next_deliver >= self.batches.len() {
             return Wait::Ready(None);
         }
+        self.plan_shards();
         let shared = &self.loader.shared;
         let prefetch = shared.config.prefetch;
         while self.next_send < self.batches.len()
@@ -993,6 +997,57 @@ impl Epoch {
         self.samples_seen = samples_seen;
         self.bad_samples = bad_samples;
         Wait::Ready(Some(Ok(batch)))
+    }
+}
+
+/// Without a shard window, the shards of this many batches ahead (at least those in flight)
+/// are fetched ahead.
+const PLAN_BATCHES: usize = 8;
+/// The most shards a dataset is told about at once.
+const PLAN_MAX_SHARDS: usize = 4096;
+
+impl Epoch {
+    /// Tells a dataset of shards which shards the next batches read
+    /// ([`Dataset::plan_shards`]): those of the batches in flight and a few more, and under a
+    /// shard window at least two windows' worth, so the next window is fetched while this one
+    /// is read. Once per delivered batch; nothing for a dataset that is not shards.
+    fn plan_shards(&mut self) {
+        if self.planned_at == Some(self.next_deliver) {
+            return;
+        }
+        self.planned_at = Some(self.next_deliver);
+        let sampler = &self.loader.sampler;
+        if sampler.shards.is_none() {
+            return;
+        }
+        // The batches in flight read these now; beyond them, two windows' worth of shards
+        // (or, without a window, a few more batches) are fetched ahead.
+        let in_flight = self.loader.shared.config.prefetch.max(1);
+        let window = sampler.effective_shard_window();
+        let mut upcoming = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut wanted = usize::MAX;
+        for (i, batch) in self.batches[self.next_deliver..].iter().enumerate() {
+            if i == in_flight {
+                wanted = match window {
+                    Some(w) => upcoming.len() + 2 * w,
+                    None => usize::MAX,
+                };
+            }
+            if (window.is_none() && i >= in_flight.max(PLAN_BATCHES))
+                || upcoming.len() >= wanted.min(PLAN_MAX_SHARDS)
+            {
+                break;
+            }
+            for &sample in batch {
+                if let Some(shard) = sampler.shard_of(sample)
+                    && seen.insert(shard)
+                {
+                    upcoming.push(shard);
+                }
+            }
+        }
+        self.loader.shared.dataset.plan_shards(&upcoming);
     }
 }
 
@@ -1210,9 +1265,15 @@ impl Worker {
         times.read += times.clock.lap();
         let record = match record {
             Ok(record) => record,
+            // Not the sample's fault: the cache has no room for its shard. Going on would make
+            // every later sample of that shard bad too; the batch fails, saying what to do.
+            Err(e @ Error::CacheFull { .. }) => return Err(e),
             Err(e) => {
                 return Ok(Outcome::Bad {
-                    key: "?".into(),
+                    key: match &e {
+                        Error::CorruptRecord { key, .. } => key.clone(),
+                        _ => format!("#{index}"),
+                    },
                     kind: BadSampleKind::of_read_error(&e),
                     reason: e.to_string(),
                 });

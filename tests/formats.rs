@@ -1080,9 +1080,10 @@ fn a_byte_changed_in_a_stored_payload_or_label_is_a_bad_record_in_every_format()
         let mut reader = dataset.open_reader().unwrap();
         let err = reader.read(index).unwrap_err();
         let message = err.to_string();
-        // A TFRecord's key is inside its (now unreadable) data: it is named by shard and index.
+        // A TFRecord's key is inside its (now unreadable) data: it is named by shard and index
+        // (`shard#N`), never `?`.
         let named = if format == PackFormat::Records {
-            format!("record {index} (?)")
+            format!("shard-00000.tfrecord#{index})")
         } else {
             key.to_string()
         };

@@ -957,17 +957,22 @@ impl RecordReader for LmdbReader {
             Layout::Imagefeed { samples, checksums } => {
                 let value = Self::value(txn, found, samples, index, &sample_key(index))
                     .map_err(|e| Error::lmdb(&self.path, e))?
-                    .ok_or_else(|| corrupt(&self.path, index, "?", "record is missing"))?;
+                    .ok_or_else(|| {
+                        corrupt(&self.path, index, &format!("#{index}"), "record is missing")
+                    })?;
                 let decoded = decode_value(value);
                 if let Some(checksums) = checksums {
                     let computed = crc32c::crc32c(value);
                     if computed != checksums[index] {
-                        let key = decoded.as_ref().map_or("?", |d| d.1);
+                        let key = decoded
+                            .as_ref()
+                            .map_or_else(|_| format!("#{index}"), |d| d.1.to_string());
                         let reason = crate::format::checksum_mismatch(checksums[index], computed);
-                        return Err(corrupt(&self.path, index, key, reason));
+                        return Err(corrupt(&self.path, index, &key, reason));
                     }
                 }
-                decoded.map_err(|reason| corrupt(&self.path, index, "?", reason))?
+                decoded
+                    .map_err(|reason| corrupt(&self.path, index, &format!("#{index}"), reason))?
             }
             Layout::Folder2Lmdb { db, keys } => {
                 let key = keys[index].as_str();

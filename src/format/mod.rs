@@ -31,6 +31,9 @@ pub mod output;
 pub mod parts;
 pub(crate) mod pickle;
 pub mod records;
+#[cfg(feature = "remote")]
+mod remote;
+pub mod shard_data;
 pub mod shards;
 pub mod webdataset;
 pub mod writer;
@@ -147,6 +150,9 @@ pub struct OpenOptions {
     /// Where derived files go (decompressed TFRecord shards); `None`: the cache the
     /// environment names ([`Cache::from_env`](crate::cache::Cache::from_env)).
     pub cache: Option<crate::cache::Cache>,
+    /// Object storage client options (`aws_endpoint`, `aws_access_key_id`, ...), over the
+    /// environment's ([`RemoteUrl::with_options`](crate::remote::RemoteUrl::with_options)).
+    pub storage_options: Vec<(String, String)>,
 }
 
 impl OpenOptions {
@@ -182,6 +188,13 @@ impl OpenOptions {
         self.cache = Some(cache);
         self
     }
+
+    /// An object storage client option (`aws_endpoint`, `aws_access_key_id`, ...), over the
+    /// environment's.
+    pub fn with_storage_option(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.storage_options.push((key.into(), value.into()));
+        self
+    }
 }
 
 /// Opens any dataset this library reads, choosing the format from what is on disk: a directory
@@ -195,6 +208,11 @@ pub fn open(path: impl AsRef<Path>) -> Result<Arc<dyn Dataset>> {
 /// pattern in its last component (`DIR/train-*`, quoted in a shell; see [`shards`]).
 pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Arc<dyn Dataset>> {
     let path = path.as_ref();
+    if let Some(text) = path.to_str()
+        && crate::remote::is_url(text)
+    {
+        return open_url(text, options);
+    }
     if !path.exists() && shards::is_pattern(path) {
         return open_shards(&shards::Selection::Pattern(path.to_path_buf()), options);
     }
@@ -228,6 +246,26 @@ pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Arc<dy
         "neither a directory (ImageFolder tree, records shards) nor a dataset file this build \
          reads (LMDB, HDF5, *.tfrecord)",
     ))
+}
+
+/// Opens the dataset a URL names (`s3://bucket/prefix/`): see `format::remote`. Without the
+/// `remote` feature a URL is refused naming the feature (never taken for a local path).
+fn open_url(text: &str, options: &OpenOptions) -> Result<Arc<dyn Dataset>> {
+    let url = crate::remote::RemoteUrl::parse(text)?;
+    #[cfg(feature = "remote")]
+    {
+        let _ = url;
+        remote::open_url(text, options)
+    }
+    #[cfg(not(feature = "remote"))]
+    {
+        let _ = options;
+        Err(Error::FeatureDisabled {
+            path: url.to_string().into(),
+            what: "reading from object storage",
+            feature: "remote",
+        })
+    }
 }
 
 /// Opens the shard files `files` as one dataset (what a shell makes of an unquoted pattern, or

@@ -300,6 +300,24 @@ pub struct SetReport {
 }
 
 impl SetReport {
+    /// The notice that the set `name` is read with members missing, as asked (reported through
+    /// the log facade); none for a whole set.
+    pub fn notices(&self, name: &Path) -> Vec<String> {
+        let mut notices = Vec::new();
+        if !self.missing.is_empty() {
+            crate::dataset::notice(
+                &mut notices,
+                format!(
+                    "{}: reading a set with {} shard(s) missing, as asked: {}",
+                    name.display(),
+                    self.missing.len(),
+                    self.missing.join(", ")
+                ),
+            );
+        }
+        notices
+    }
+
     /// Adds members found missing elsewhere (a brace list's), each once.
     pub fn add_missing(&mut self, missing: Vec<String>) {
         for name in missing {

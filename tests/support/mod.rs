@@ -8,6 +8,8 @@ use std::process::Command;
 use imagefeed::pack::{self, NoProgress, PackFormat, PackOptions, PackSummary};
 use imagefeed::synthetic::SyntheticSpec;
 
+pub mod s3;
+
 /// The entries of `list` whose format this build writes (HDF5 needs the `hdf5` feature), so one
 /// suite runs over every format a build has.
 pub fn writable<T>(list: impl IntoIterator<Item = (PackFormat, T)>) -> Vec<(PackFormat, T)> {

@@ -941,7 +941,7 @@ fn utf8_keys(path: &Path, keys: &[VarLenUnicode]) -> Result<Vec<String>> {
                 .ok_or_else(|| Error::CorruptRecord {
                     path: path.to_path_buf(),
                     index,
-                    key: "?".into(),
+                    key: format!("#{index}"),
                     reason: "the stored key is not UTF-8".into(),
                 })
         })

@@ -55,6 +55,8 @@ use crate::format::{Recognizer, output};
 mod framing;
 mod index;
 mod reader;
+#[cfg(feature = "remote")]
+pub(crate) mod remote;
 mod writer;
 
 pub use framing::{ShardScan, frame, masked_crc, scan_shard, starts_with_frame, unframe};

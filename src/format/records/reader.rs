@@ -5,8 +5,6 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use memmap2::Mmap;
-
 use super::framing::unframe;
 use super::index::{self, check_index_covers, parse_index, push_index_line};
 use super::{
@@ -17,6 +15,7 @@ use crate::cache::Cache;
 use crate::dataset::{Dataset, DatasetInfo, FormatKind, PayloadKind, Record, RecordReader};
 use crate::error::{Error, IoContext as _, Result};
 use crate::format::compressed;
+use crate::format::shard_data::{Mapped, ShardData, ShardPlanner};
 use crate::format::shards::{Selection, SetReport, check_sets};
 use crate::format::{OpenOptions, example, output};
 
@@ -29,20 +28,19 @@ pub struct RecordsOptions {
     pub num_classes: Option<usize>,
 }
 
-struct Shard {
-    path: PathBuf,
-    map: Mmap,
+pub(super) struct Shard {
+    pub(super) path: PathBuf,
+    /// The shard's bytes: mapped at open for a local shard, fetched when needed for a remote
+    /// one.
+    pub(super) data: Arc<ShardData>,
     /// `(offset, length)` of each record.
-    records: Vec<(u64, u64)>,
+    pub(super) records: Vec<(u64, u64)>,
     /// Records that are damaged byte ranges a scan could not frame, by position in `records`,
     /// with what the scan found; reading one is a bad record that says so.
-    damaged: std::collections::HashMap<usize, String>,
+    pub(super) damaged: std::collections::HashMap<usize, String>,
     /// Whether `records` came from scanning a shard that has no index file and scanned clean:
     /// an index [`Records::save_missing_indexes`] may save.
-    unsaved_index: bool,
-    /// The decompressed copy of a compressed shard, held open (and so held in the cache)
-    /// while it is mapped.
-    _held: Option<fs::File>,
+    pub(super) unsaved_index: bool,
 }
 
 struct Shared {
@@ -55,16 +53,16 @@ struct Shared {
     notices: Vec<String>,
     /// Members of the set that are missing, when that was allowed.
     missing_shards: Vec<String>,
+    /// Fetches remote shards ahead of the loader; `None` when every shard is local.
+    planner: Option<ShardPlanner>,
 }
 
 impl Shared {
-    /// The shard holding record `index` (`< num_samples`), and the record's place in it.
-    fn locate(&self, index: usize) -> (&Shard, usize) {
+    /// The number of the shard holding record `index` (`< num_samples`), and the record's
+    /// place in it.
+    fn locate_number(&self, index: usize) -> (usize, usize) {
         let shard_number = self.starts.partition_point(|&s| s <= index) - 1;
-        (
-            &self.shards[shard_number],
-            index - self.starts[shard_number],
-        )
+        (shard_number, index - self.starts[shard_number])
     }
 }
 
@@ -227,26 +225,20 @@ fn shard_files_in(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(found)
 }
 
-fn map_file(path: &Path) -> Result<Mmap> {
+/// Maps the local shard at `path`.
+fn map_file(path: &Path) -> Result<Mapped> {
     let (file, _) = crate::file::open_regular(path)?;
-    map_open_file(path, &file)
+    Mapped::new(path, file, false)
 }
 
-/// Memory-maps `file` (opened from `path`, or the cache copy of the shard at `path`).
-fn map_open_file(path: &Path, file: &fs::File) -> Result<Mmap> {
-    // SAFETY: the mapping is read-only, and imagefeed never modifies a published shard or a
-    // cache entry it holds. Another process truncating the file while it is mapped would make
-    // reads past the new end fault; every read is first checked against the length the file
-    // had when mapped.
-    unsafe { Mmap::map(file) }.at(path)
-}
-
-fn open_ours(dir: &Path, manifest_path: &Path) -> Result<Records> {
-    let text = fs::read_to_string(manifest_path).at(manifest_path)?;
-    let manifest: Manifest = serde_json::from_str(&text)
-        .map_err(|e| Error::not_a_dataset(manifest_path, format!("malformed manifest: {e}")))?;
+/// A manifest of ours, checked: its magic and layout version, that the pack finished, and that
+/// it names each shard and index once, as a plain file name beside it. `dir` and `at` name the
+/// dataset and the manifest in errors.
+pub(super) fn parse_manifest(dir: &Path, at: &Path, text: &[u8]) -> Result<Manifest> {
+    let manifest: Manifest = serde_json::from_slice(text)
+        .map_err(|e| Error::not_a_dataset(at, format!("malformed manifest: {e}")))?;
     crate::format::check_layout(
-        manifest_path,
+        at,
         "magic",
         &manifest.magic,
         MAGIC,
@@ -263,7 +255,7 @@ fn open_ours(dir: &Path, manifest_path: &Path) -> Result<Records> {
             && components.next().is_none();
         if !plain || !named.insert(name.as_str()) {
             return Err(Error::not_a_dataset(
-                manifest_path,
+                at,
                 format!(
                     "the manifest names {name:?} {}: a manifest of ours names each shard and \
                      index once, as a file in its own directory",
@@ -272,11 +264,18 @@ fn open_ours(dir: &Path, manifest_path: &Path) -> Result<Records> {
             ));
         }
     }
+    Ok(manifest)
+}
+
+fn open_ours(dir: &Path, manifest_path: &Path) -> Result<Records> {
+    let text = fs::read(manifest_path).at(manifest_path)?;
+    let manifest = parse_manifest(dir, manifest_path, &text)?;
     let mut shards = Vec::with_capacity(manifest.shards.len());
     for entry in &manifest.shards {
         let path = dir.join(&entry.file);
         let index_path = dir.join(&entry.index);
-        let map = map_file(&path)?;
+        let mapped = map_file(&path)?;
+        let map = mapped.bytes();
         let index = {
             use std::io::Read as _;
             let (file, len) = crate::file::open_regular(&index_path)?;
@@ -284,50 +283,75 @@ fn open_ours(dir: &Path, manifest_path: &Path) -> Result<Records> {
             file.take(len).read_to_end(&mut index).at(&index_path)?;
             index
         };
-        let records = parse_index(&index_path, &index)?;
-        // The index must list the shard as the manifest describes it. A shard cut short since
-        // leaves its last records unreadable, each a bad record that says so; a longer one holds
-        // bytes that no record of ours covers.
-        let end = check_index_covers(&index_path, &records, entry.bytes)?;
-        if end != entry.bytes || map.len() as u64 > entry.bytes {
-            return Err(Error::not_a_dataset(
-                &index_path,
-                format!(
-                    "the index ends at byte {end}, the shard has {} bytes, the manifest says {}: \
-                     the shard or its index was changed",
-                    map.len(),
-                    entry.bytes
-                ),
-            ));
-        }
-        if records.len() != entry.records {
-            return Err(Error::not_a_dataset(
-                &index_path,
-                format!(
-                    "lists {} records but the manifest says {}",
-                    records.len(),
-                    entry.records
-                ),
-            ));
-        }
+        let records = entry_records(&index_path, &index, entry, map.len() as u64)?;
+        let data = Arc::new(ShardData::local(&path, mapped));
         shards.push(Shard {
             path,
-            map,
+            data,
             records,
             damaged: Default::default(),
             unsaved_index: false,
-            _held: None,
         });
     }
     // Shards that together fit in half the available memory stream into the page cache in one
     // sequential read each, as an LMDB does (see `pagecache`), instead of a fault per page.
-    let total: u64 = shards.iter().map(|s| s.map.len() as u64).sum();
+    let total: u64 = shards
+        .iter()
+        .map(|s| s.records.last().map_or(0, |r| r.0 + r.1))
+        .sum();
     if crate::pagecache::available_memory().is_some_and(|available| total <= available / 2) {
         for shard in &shards {
             // Advice only: failure changes nothing but speed.
-            let _ = shard.map.advise(memmap2::Advice::WillNeed);
+            if let Some(mapped) = shard.data.get_if_resident() {
+                mapped.will_need();
+            }
         }
     }
+    assemble_ours(dir, manifest_path, manifest, shards)
+}
+
+/// One shard's records from its index, checked against what the manifest says of the shard
+/// and the shard's actual length: the index must list the shard as the manifest describes it.
+/// A shard cut short since leaves its last records unreadable, each a bad record that says so;
+/// a longer one holds bytes that no record of ours covers.
+pub(super) fn entry_records(
+    index_path: &Path,
+    index: &[u8],
+    entry: &super::ShardEntry,
+    shard_len: u64,
+) -> Result<Vec<(u64, u64)>> {
+    let records = parse_index(index_path, index)?;
+    let end = check_index_covers(index_path, &records, entry.bytes)?;
+    if end != entry.bytes || shard_len > entry.bytes {
+        return Err(Error::not_a_dataset(
+            index_path,
+            format!(
+                "the index ends at byte {end}, the shard has {shard_len} bytes, the manifest \
+                 says {}: the shard or its index was changed",
+                entry.bytes
+            ),
+        ));
+    }
+    if records.len() != entry.records {
+        return Err(Error::not_a_dataset(
+            index_path,
+            format!(
+                "lists {} records but the manifest says {}",
+                records.len(),
+                entry.records
+            ),
+        ));
+    }
+    Ok(records)
+}
+
+/// Records of ours from its manifest and its shards, checked to hold what it says.
+pub(super) fn assemble_ours(
+    dir: &Path,
+    manifest_path: &Path,
+    manifest: Manifest,
+    shards: Vec<Shard>,
+) -> Result<Records> {
     let mut info = manifest.info;
     info.format = FormatKind::Records;
     let starts = starts(&shards);
@@ -346,6 +370,7 @@ fn open_ours(dir: &Path, manifest_path: &Path) -> Result<Records> {
             path: dir.to_path_buf(),
             info,
             label_base: manifest.label_base,
+            planner: planner(&shards),
             shards,
             starts,
             notices: Vec::new(),
@@ -354,7 +379,7 @@ fn open_ours(dir: &Path, manifest_path: &Path) -> Result<Records> {
     })
 }
 
-fn starts(shards: &[Shard]) -> Vec<usize> {
+pub(super) fn starts(shards: &[Shard]) -> Vec<usize> {
     let mut starts = Vec::with_capacity(shards.len() + 1);
     let mut total = 0;
     starts.push(0);
@@ -373,23 +398,30 @@ fn open_foreign(
     set: SetReport,
     options: &OpenOptions,
 ) -> Result<Records> {
-    let mut notices = Vec::new();
-    if !set.missing.is_empty() {
-        crate::dataset::notice(
-            &mut notices,
-            format!(
-                "{}: reading a set with {} shard(s) missing, as asked: {}",
-                name.display(),
-                set.missing.len(),
-                set.missing.join(", ")
-            ),
-        );
-    }
+    let mut notices = set.notices(name);
     let mut cache = None;
     let mut shards = Vec::with_capacity(files.len());
     for file in files {
         shards.push(open_foreign_shard(file, options, &mut cache, &mut notices)?);
     }
+    let single = match files {
+        [one] => Some(one.as_path()),
+        _ => None,
+    };
+    assemble_foreign(name, shards, set, options, single, notices)
+}
+
+/// Records over other tools' shards, once each shard's records are found: the classes (given,
+/// or inferred from every record's label), counts and notices. `single` is the one shard
+/// opened alone, if that is what was opened.
+pub(super) fn assemble_foreign(
+    name: &Path,
+    shards: Vec<Shard>,
+    set: SetReport,
+    options: &OpenOptions,
+    single: Option<&Path>,
+    mut notices: Vec<String>,
+) -> Result<Records> {
     let label_base = options.records.label_base.unwrap_or(0);
     let starts = starts(&shards);
     let num_samples = *starts.last().expect("starts has a total");
@@ -401,7 +433,7 @@ fn open_foreign(
             )));
         }
         Some(n) => (0..n).map(|c| c.to_string()).collect(),
-        None => infer_classes(name, &shards, options, files, &mut notices)?,
+        None => infer_classes(name, &shards, options, single, &mut notices)?,
     };
     Ok(Records {
         shared: Arc::new(Shared {
@@ -416,12 +448,18 @@ fn open_foreign(
                 rejected_at_pack: None,
             },
             label_base,
+            planner: planner(&shards),
             shards,
             starts,
             notices,
             missing_shards: set.missing,
         }),
     })
+}
+
+/// The planner over `shards` (when any is remote).
+fn planner(shards: &[Shard]) -> Option<ShardPlanner> {
+    ShardPlanner::new(shards.iter().map(|s| Arc::clone(&s.data)).collect())
 }
 
 /// Opens one shard another tool wrote: memory-maps it (a compressed one's decompressed copy)
@@ -445,7 +483,8 @@ fn open_foreign_shard(
             }),
         };
         let copy = compressed::decompress(path, &file, compression, cache)?;
-        let map = map_open_file(path, &copy.file)?;
+        let mapped = Mapped::new(path, copy.file, true)?;
+        let map = mapped.bytes();
         if copy.fresh
             && let Some(at) = &copy.cached_at
         {
@@ -461,46 +500,29 @@ fn open_foreign_shard(
                 ),
             );
         }
-        let ShardScan {
-            mut records,
-            mut damaged,
-        } = scan_shard(&map);
-        if let Some(damage) = copy.damage {
-            let reason = format!("{damage} ({} records before it)", records.len());
-            // The cut stream's partial last frame, if there is one, is the damage; else a
-            // record of no bytes at the end stands for what was lost.
-            match damaged.last_mut() {
-                Some((at, last)) if *at + 1 == records.len() => *last = reason,
-                _ => {
-                    damaged.push((records.len(), reason));
-                    records.push((map.len() as u64, 0));
-                }
-            }
-        }
+        let ShardScan { records, damaged } = scan_decompressed(map, copy.damage);
         report_damage(path, &damaged, notices);
         return Ok(Shard {
             path: path.to_path_buf(),
-            map,
+            data: Arc::new(ShardData::local(path, mapped)),
             records,
             damaged: damaged.into_iter().collect(),
             unsaved_index: false,
-            _held: Some(copy.file),
         });
     }
-    let map = map_open_file(path, &file)?;
+    let mapped = Mapped::new(path, file, false)?;
     if let Some(index_path) = index::find_index(path) {
         let records = parse_index(&index_path, &fs::read(&index_path).at(&index_path)?)?;
-        check_index_covers(&index_path, &records, map.len() as u64)?;
+        check_index_covers(&index_path, &records, mapped.bytes().len() as u64)?;
         return Ok(Shard {
             path: path.to_path_buf(),
-            map,
+            data: Arc::new(ShardData::local(path, mapped)),
             records,
             damaged: Default::default(),
             unsaved_index: false,
-            _held: None,
         });
     }
-    let scan = scan_shard(&map);
+    let scan = scan_shard(mapped.bytes());
     let clean = scan.damaged.is_empty();
     crate::dataset::notice(
         notices,
@@ -519,16 +541,36 @@ fn open_foreign_shard(
     report_damage(path, &scan.damaged, notices);
     Ok(Shard {
         path: path.to_path_buf(),
-        map,
+        data: Arc::new(ShardData::local(path, mapped)),
         records: scan.records,
         damaged: scan.damaged.into_iter().collect(),
         unsaved_index: clean,
-        _held: None,
     })
 }
 
+/// Scans a decompressed shard; when its stream was damaged (`damage`), the cut stream's
+/// partial last frame, if there is one, is that damage, else a record of no bytes at the end
+/// stands for what was lost.
+pub(super) fn scan_decompressed(map: &[u8], damage: Option<String>) -> ShardScan {
+    let ShardScan {
+        mut records,
+        mut damaged,
+    } = scan_shard(map);
+    if let Some(damage) = damage {
+        let reason = format!("{damage} ({} records before it)", records.len());
+        match damaged.last_mut() {
+            Some((at, last)) if *at + 1 == records.len() => *last = reason,
+            _ => {
+                damaged.push((records.len(), reason));
+                records.push((map.len() as u64, 0));
+            }
+        }
+    }
+    ShardScan { records, damaged }
+}
+
 /// A notice for each damaged range a scan found in the shard at `path`.
-fn report_damage(path: &Path, damaged: &[(usize, String)], notices: &mut Vec<String>) {
+pub(super) fn report_damage(path: &Path, damaged: &[(usize, String)], notices: &mut Vec<String>) {
     for (number, reason) in damaged {
         crate::dataset::notice(
             notices,
@@ -564,15 +606,16 @@ fn infer_classes(
     name: &Path,
     shards: &[Shard],
     options: &OpenOptions,
-    files: &[PathBuf],
+    single: Option<&Path>,
     notices: &mut Vec<String>,
 ) -> Result<Vec<String>> {
     let label_base = options.records.label_base.unwrap_or(0);
     let mut inference = crate::dataset::ClassInference::default();
     let mut names = ClassNames::default();
     for shard in shards {
+        let mapped = shard.data.get()?;
         for (number, &(offset, len)) in shard.records.iter().enumerate() {
-            if let Some(bytes) = record_bytes(&shard.map, offset, len)
+            if let Some(bytes) = record_bytes(mapped.bytes(), offset, len)
                 && let Ok(data) = unframe(bytes)
                 && let Ok(features) = example::parse(data)
                 && let Ok(label) = example::int64(&features, features::LABEL)
@@ -617,7 +660,7 @@ fn infer_classes(
             ),
         );
     }
-    if let [file] = files
+    if let Some(file) = single
         && let Some(total) = crate::format::shards::shard_name(
             &file.file_name().unwrap_or_default().to_string_lossy(),
         )
@@ -713,6 +756,12 @@ impl Dataset for Records {
         Some(&self.shared.starts)
     }
 
+    fn plan_shards(&self, upcoming: &[usize]) {
+        if let Some(planner) = &self.shared.planner {
+            planner.plan(upcoming);
+        }
+    }
+
     fn path(&self) -> &Path {
         &self.shared.path
     }
@@ -721,54 +770,65 @@ impl Dataset for Records {
         Ok(Box::new(RecordsReader {
             shared: Arc::clone(&self.shared),
             key: String::new(),
+            held: None,
         }))
     }
 }
 
-/// Per-worker handle over the shared maps.
+/// Per-worker handle over the shared shards.
 struct RecordsReader {
     shared: Arc<Shared>,
     key: String,
+    /// The shard last read (its number and bytes), kept while the record borrowed from it is
+    /// in use, and so that reading on in the same shard costs no lookup.
+    held: Option<(usize, Arc<Mapped>)>,
 }
 
 impl RecordReader for RecordsReader {
     fn read(&mut self, index: usize) -> Result<Record<'_>> {
-        let shared = &*self.shared;
         assert!(
-            index < shared.info.num_samples,
+            index < self.shared.info.num_samples,
             "index {index} out of range for {} samples",
-            shared.info.num_samples
+            self.shared.info.num_samples
         );
-        let (shard, within) = shared.locate(index);
+        let (number, within) = self.shared.locate_number(index);
+        if !matches!(&self.held, Some((held, _)) if *held == number) {
+            let mapped = self.shared.shards[number].data.get()?;
+            self.held = Some((number, mapped));
+        }
+        let shared = &*self.shared;
+        let shard = &shared.shards[number];
+        let map = self.held.as_ref().expect("just set").1.bytes();
         let corrupt = |key: &str, reason: String| Error::CorruptRecord {
             path: shard.path.clone(),
             index,
             key: key.to_string(),
             reason: format!("record {within} of the shard: {reason}"),
         };
+        let unnamed = || format!("{}#{within}", shard.path.display());
         if let Some(reason) = shard.damaged.get(&within) {
-            return Err(corrupt("?", reason.clone()));
+            return Err(corrupt(&unnamed(), reason.clone()));
         }
         let (offset, len) = shard.records[within];
-        let bytes = record_bytes(&shard.map, offset, len).ok_or_else(|| {
+        let bytes = record_bytes(map, offset, len).ok_or_else(|| {
             corrupt(
-                "?",
+                &unnamed(),
                 format!(
                     "the index puts it at bytes {offset}..{} but the shard has {} (truncated?)",
                     offset.saturating_add(len),
-                    shard.map.len()
+                    map.len()
                 ),
             )
         })?;
-        let data = unframe(bytes).map_err(|reason| corrupt("?", reason))?;
-        let features = example::parse(data).map_err(|reason| corrupt("?", reason))?;
+        let data = unframe(bytes).map_err(|reason| corrupt(&unnamed(), reason))?;
+        let features = example::parse(data).map_err(|reason| corrupt(&unnamed(), reason))?;
         let key = match example::bytes(&features, features::FILENAME)
             .ok()
             .and_then(|k| std::str::from_utf8(k).ok())
         {
             Some(key) => key,
             None => {
-                self.key = format!("{}#{within}", shard.path.display());
+                self.key = unnamed();
                 self.key.as_str()
             }
         };
@@ -799,10 +859,14 @@ impl RecordReader for RecordsReader {
         if index >= shared.info.num_samples {
             return;
         }
-        let (shard, within) = shared.locate(index);
-        let (offset, len) = shard.records[within];
-        if let Some(bytes) = record_bytes(&shard.map, offset, len) {
-            crate::dataset::prefetch(bytes);
+        let (number, within) = shared.locate_number(index);
+        let shard = &shared.shards[number];
+        // Only a resident shard: a hint never fetches.
+        if let Some(mapped) = shard.data.get_if_resident() {
+            let (offset, len) = shard.records[within];
+            if let Some(bytes) = record_bytes(mapped.bytes(), offset, len) {
+                crate::dataset::prefetch(bytes);
+            }
         }
     }
 }

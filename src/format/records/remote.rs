@@ -1,0 +1,204 @@
+//! Record shards in object storage (feature `remote`): ours (the manifest says what each shard
+//! holds, and each shard's index gives its records, so opening reads only those small files),
+//! and other tools' shards (their `index/NAME.index` when `pack-dataset index` saved one, else
+//! the shard itself, fetched and scanned at open). Shards are fetched into the cache directory
+//! when first read, or ahead of need ([`crate::format::shard_data`]).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::reader::{
+    Shard, assemble_foreign, assemble_ours, entry_records, parse_manifest, report_damage,
+    scan_decompressed,
+};
+use super::{MANIFEST, Records, check_index_covers, parse_index, starts_with_frame};
+use crate::cache::Cache;
+use crate::error::Result;
+use crate::format::OpenOptions;
+use crate::format::compressed;
+use crate::format::shard_data::{Mapped, ShardData};
+use crate::format::shards::SetReport;
+use crate::remote::store::{self, ObjectInfo, Patience};
+use crate::remote::{RemoteUrl, fetch};
+
+/// The most bytes a manifest or an index may have to be read into memory.
+const SMALL: u64 = 256 << 20;
+
+/// Runs `f` on every item, `CONCURRENCY` at a time (fetches wait on the network, not the
+/// CPU), and returns the results in order.
+pub(crate) fn in_parallel<T: Sync, R: Send>(
+    items: &[T],
+    f: impl Fn(&T) -> Result<R> + Sync,
+) -> Result<Vec<R>> {
+    const CONCURRENCY: usize = 8;
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<std::sync::Mutex<Option<Result<R>>>> =
+        items.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..CONCURRENCY.min(items.len()) {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(item) = items.get(i) else { break };
+                    *results[i].lock().expect("not poisoned") = Some(f(item));
+                }
+            });
+        }
+    });
+    results
+        .into_iter()
+        .map(|slot| {
+            slot.into_inner()
+                .expect("not poisoned")
+                .expect("every item ran")
+        })
+        .collect()
+}
+
+/// Opens records of ours at `dir` (the manifest is `manifest`, listed in `listing`).
+pub(crate) fn open_ours(dir: &RemoteUrl, listing: &[ObjectInfo], cache: &Cache) -> Result<Records> {
+    let manifest_url = dir.join(MANIFEST);
+    let label = PathBuf::from(dir.to_string());
+    let manifest_label = PathBuf::from(manifest_url.to_string());
+    let text = store::get_small(&manifest_url, SMALL, Patience::Open)?;
+    let manifest = parse_manifest(&label, &manifest_label, &text)?;
+    let find = |name: &str| -> Result<ObjectInfo> {
+        listing
+            .iter()
+            .find(|o| o.url.file_name() == name)
+            .cloned()
+            .ok_or_else(|| crate::error::Error::Incomplete {
+                path: label.clone(),
+                reason: format!(
+                    "the manifest names {name}, which is not in the store: the upload was cut \
+                     short, or the shard was removed"
+                ),
+            })
+    };
+    let entries: Vec<(ObjectInfo, ObjectInfo, &super::ShardEntry)> = manifest
+        .shards
+        .iter()
+        .map(|entry| Ok((find(&entry.file)?, find(&entry.index)?, entry)))
+        .collect::<Result<_>>()?;
+    let shards = in_parallel(&entries, |(shard, index, entry)| {
+        let index_label = PathBuf::from(index.url.to_string());
+        let bytes = store::get_small(&index.url, SMALL, Patience::Open)?;
+        let records = entry_records(&index_label, &bytes, entry, shard.size)?;
+        Ok(Shard {
+            path: PathBuf::from(shard.url.to_string()),
+            data: Arc::new(ShardData::remote(shard.clone(), cache.clone())),
+            records,
+            damaged: Default::default(),
+            unsaved_index: false,
+        })
+    })?;
+    assemble_ours(&label, &manifest_label, manifest, shards)
+}
+
+/// Opens other tools' shards `objects` (named `name`), after the set checks found `set`;
+/// `indexes` lists the objects of the shards' `index/` directory.
+pub(crate) fn open_foreign(
+    name: &RemoteUrl,
+    objects: &[ObjectInfo],
+    set: SetReport,
+    indexes: &[ObjectInfo],
+    options: &OpenOptions,
+    cache: &Cache,
+) -> Result<Records> {
+    let label = PathBuf::from(name.to_string());
+    let mut notices = set.notices(&label);
+    let opened = in_parallel(objects, |object| open_foreign_shard(object, indexes, cache))?;
+    let mut shards = Vec::with_capacity(opened.len());
+    let mut scanned = 0u64;
+    for (shard, scan_bytes) in opened {
+        report_damage(&shard.path, &shard_damage(&shard), &mut notices);
+        scanned += scan_bytes;
+        shards.push(shard);
+    }
+    if scanned > 0 {
+        crate::dataset::notice(
+            &mut notices,
+            format!(
+                "{name}: {scanned} bytes of shards without an index were fetched and scanned to \
+                 find their records (kept in the cache); `pack-dataset index {name}` saves \
+                 their indexes so later opens read only those"
+            ),
+        );
+    }
+    let single = match objects {
+        [one] => Some(PathBuf::from(one.url.to_string())),
+        _ => None,
+    };
+    assemble_foreign(&label, shards, set, options, single.as_deref(), notices)
+}
+
+/// The damage a scan found in `shard`, for the notices.
+fn shard_damage(shard: &Shard) -> Vec<(usize, String)> {
+    let mut damaged: Vec<(usize, String)> =
+        shard.damaged.iter().map(|(n, r)| (*n, r.clone())).collect();
+    damaged.sort();
+    damaged
+}
+
+/// One shard: through its saved index when there is one, else fetched and scanned (a
+/// compressed one decompressed first). Returns the bytes scanned.
+fn open_foreign_shard(
+    object: &ObjectInfo,
+    indexes: &[ObjectInfo],
+    cache: &Cache,
+) -> Result<(Shard, u64)> {
+    let path = PathBuf::from(object.url.to_string());
+    let index_name = format!("{}.index", object.url.file_name());
+    if let Some(index) = indexes.iter().find(|i| i.url.file_name() == index_name) {
+        let index_label = PathBuf::from(index.url.to_string());
+        let bytes = store::get_small(&index.url, SMALL, Patience::Open)?;
+        let records = parse_index(&index_label, &bytes)?;
+        check_index_covers(&index_label, &records, object.size)?;
+        return Ok((
+            Shard {
+                path,
+                data: Arc::new(ShardData::remote(object.clone(), cache.clone())),
+                records,
+                damaged: Default::default(),
+                unsaved_index: false,
+            },
+            0,
+        ));
+    }
+    let cached = fetch::fetch(object, cache)?;
+    let (mapped, damage) = scanned_copy(&path, cached, cache)?;
+    let scan = scan_decompressed(mapped.bytes(), damage);
+    let len = mapped.bytes().len() as u64;
+    Ok((
+        Shard {
+            path: path.clone(),
+            data: Arc::new(ShardData::local(&path, mapped)),
+            records: scan.records,
+            damaged: scan.damaged.into_iter().collect(),
+            unsaved_index: false,
+        },
+        len,
+    ))
+}
+
+/// The mapped bytes of a fetched shard, decompressed first when it is compressed (with why its
+/// stream stopped early, if it did).
+fn scanned_copy(
+    path: &Path,
+    cached: crate::cache::CachedFile,
+    cache: &Cache,
+) -> Result<(Mapped, Option<String>)> {
+    let mut head = [0u8; 16];
+    let got = {
+        use std::os::unix::fs::FileExt as _;
+        cached.file.read_at(&mut head, 0).unwrap_or(0)
+    };
+    let head = &head[..got];
+    match compressed::sniff(head, starts_with_frame(head)) {
+        Some(compression) => {
+            let copy = compressed::decompress(&cached.path, &cached.file, compression, cache)?;
+            Ok((Mapped::new(path, copy.file, true)?, copy.damage))
+        }
+        None => Ok((Mapped::new(&cached.path, cached.file, true)?, None)),
+    }
+}

@@ -1,0 +1,264 @@
+//! The bytes of one shard, wherever they live: a local file mapped at open, or an object in
+//! object storage fetched into the cache directory when first needed (or ahead of need), mapped,
+//! and let go once the loader has moved past it so the cache may evict it.
+//!
+//! Readers take an [`Arc<Mapped>`](Mapped) for each read and keep it while the record they
+//! returned is in use; releasing a remote shard only drops the shard's own reference, so the
+//! mapping (and the shared lock that keeps the cache from evicting the file) lasts until the
+//! last reader lets go.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use memmap2::Mmap;
+
+use crate::error::{IoContext as _, Result};
+
+/// A shard's bytes, mapped, with the file that keeps a cache entry held.
+pub struct Mapped {
+    map: Mmap,
+    _file: Option<fs::File>,
+}
+
+impl Mapped {
+    /// Maps `file` (opened from `path`, for messages); `hold` keeps it open (a cache entry's
+    /// shared lock) as long as the mapping lives.
+    pub(crate) fn new(path: &Path, file: fs::File, hold: bool) -> Result<Mapped> {
+        // SAFETY: a read-only mapping of a shard or cache entry imagefeed never modifies; every
+        // read is bounds-checked against the length the file had when mapped.
+        let map = unsafe { Mmap::map(&file) }.at(path)?;
+        Ok(Mapped {
+            map,
+            _file: hold.then_some(file),
+        })
+    }
+
+    /// The bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+
+    /// Advises the kernel that the bytes will be needed soon.
+    pub(crate) fn will_need(&self) {
+        let _ = self.map.advise(memmap2::Advice::WillNeed);
+    }
+}
+
+/// Where a shard's bytes come from.
+enum Source {
+    Local(Arc<Mapped>),
+    #[cfg(feature = "remote")]
+    Remote(Box<RemoteSource>),
+}
+
+#[cfg(feature = "remote")]
+struct RemoteSource {
+    object: crate::remote::store::ObjectInfo,
+    cache: crate::cache::Cache,
+    /// The mapping while the shard is in use.
+    resident: Mutex<Option<Arc<Mapped>>>,
+}
+
+/// One shard's bytes (see the module docs).
+pub struct ShardData {
+    /// What messages call it: the local path, or the URL.
+    name: PathBuf,
+    source: Source,
+}
+
+impl ShardData {
+    /// A local shard, already mapped.
+    pub(crate) fn local(path: &Path, mapped: Mapped) -> ShardData {
+        ShardData {
+            name: path.to_path_buf(),
+            source: Source::Local(Arc::new(mapped)),
+        }
+    }
+
+    /// A remote shard, fetched into `cache` when first needed.
+    #[cfg(feature = "remote")]
+    pub(crate) fn remote(
+        object: crate::remote::store::ObjectInfo,
+        cache: crate::cache::Cache,
+    ) -> ShardData {
+        ShardData {
+            name: PathBuf::from(object.url.to_string()),
+            source: Source::Remote(Box::new(RemoteSource {
+                object,
+                cache,
+                resident: Mutex::new(None),
+            })),
+        }
+    }
+
+    /// The local path or URL, for messages.
+    pub fn name(&self) -> &Path {
+        &self.name
+    }
+
+    /// The shard's bytes, fetching a remote shard first when it is not resident (blocking).
+    pub fn get(&self) -> Result<Arc<Mapped>> {
+        match &self.source {
+            Source::Local(mapped) => Ok(Arc::clone(mapped)),
+            #[cfg(feature = "remote")]
+            Source::Remote(remote) => {
+                if let Some(mapped) = remote.resident.lock().expect("not poisoned").as_ref() {
+                    return Ok(Arc::clone(mapped));
+                }
+                // Fetched outside the lock (readers of other shards go on); the cache makes
+                // concurrent fetches of one shard a single download. A full cache whose
+                // entries readers still hold frees up as the loader moves on: waited for a
+                // while before it is an error.
+                let mut waits = 0;
+                let cached = loop {
+                    match crate::remote::fetch::fetch(&remote.object, &remote.cache) {
+                        Err(crate::Error::CacheFull { in_use, .. })
+                            if in_use > 0 && waits < 100 =>
+                        {
+                            waits += 1;
+                            std::thread::sleep(std::time::Duration::from_millis(50));
+                        }
+                        other => break other?,
+                    }
+                };
+                let mapped = Arc::new(Mapped::new(&cached.path, cached.file, true)?);
+                let mut resident = remote.resident.lock().expect("not poisoned");
+                Ok(Arc::clone(resident.get_or_insert(mapped)))
+            }
+        }
+    }
+
+    /// The bytes when they are resident (a local shard always is), without fetching.
+    pub fn get_if_resident(&self) -> Option<Arc<Mapped>> {
+        match &self.source {
+            Source::Local(mapped) => Some(Arc::clone(mapped)),
+            #[cfg(feature = "remote")]
+            Source::Remote(remote) => remote
+                .resident
+                .lock()
+                .expect("not poisoned")
+                .as_ref()
+                .map(Arc::clone),
+        }
+    }
+
+    /// Lets go of a remote shard's mapping (readers still holding it keep it until they are
+    /// done), so the cache may evict it; nothing for a local shard.
+    pub fn release(&self) {
+        #[cfg(feature = "remote")]
+        if let Source::Remote(remote) = &self.source {
+            remote.resident.lock().expect("not poisoned").take();
+        }
+    }
+
+    /// True for a shard in object storage.
+    pub fn is_remote(&self) -> bool {
+        !matches!(self.source, Source::Local(_))
+    }
+}
+
+/// Fetches a dataset's remote shards ahead of the loader and lets go of those it has moved
+/// past ([`Dataset::plan_shards`](crate::dataset::Dataset::plan_shards)): a thread of its own,
+/// started by the first plan (opening starts none), working on the latest plan only, with
+/// [`FETCHES_AT_ONCE`] downloads in flight. It ends with the dataset.
+pub struct ShardPlanner {
+    shards: Arc<[Arc<ShardData>]>,
+    /// The latest plan, and whether the thread runs.
+    state: Arc<(Mutex<PlanState>, std::sync::Condvar)>,
+}
+
+/// Shards fetched at once by the planner.
+pub const FETCHES_AT_ONCE: usize = 8;
+
+#[derive(Default)]
+struct PlanState {
+    plan: Option<Vec<usize>>,
+    started: bool,
+    closed: bool,
+}
+
+impl ShardPlanner {
+    /// A planner over `shards` (by shard number); `None` when none of them is remote.
+    pub fn new(shards: Vec<Arc<ShardData>>) -> Option<ShardPlanner> {
+        if !shards.iter().any(|s| s.is_remote()) {
+            return None;
+        }
+        Some(ShardPlanner {
+            shards: shards.into(),
+            state: Arc::new((Mutex::new(PlanState::default()), std::sync::Condvar::new())),
+        })
+    }
+
+    /// Takes a new plan (see the type's docs); returns at once.
+    pub fn plan(&self, upcoming: &[usize]) {
+        let (lock, wake) = &*self.state;
+        let mut state = lock.lock().expect("not poisoned");
+        state.plan = Some(upcoming.to_vec());
+        if !state.started {
+            state.started = true;
+            let shards = Arc::clone(&self.shards);
+            let shared = Arc::clone(&self.state);
+            let spawned = std::thread::Builder::new()
+                .name("imagefeed-shards".into())
+                .spawn(move || run(&shards, &shared));
+            if spawned.is_err() {
+                // No thread: reads fetch what they need themselves.
+                state.started = false;
+            }
+        }
+        wake.notify_one();
+    }
+}
+
+impl Drop for ShardPlanner {
+    fn drop(&mut self) {
+        let (lock, wake) = &*self.state;
+        lock.lock().expect("not poisoned").closed = true;
+        wake.notify_one();
+    }
+}
+
+/// The planner's thread: for each plan, release what it does not list, then fetch what it
+/// lists, in its order, a few at a time (a newer plan is taken up between rounds).
+fn run(shards: &[Arc<ShardData>], state: &(Mutex<PlanState>, std::sync::Condvar)) {
+    let (lock, wake) = state;
+    loop {
+        let plan = {
+            let mut guard = lock.lock().expect("not poisoned");
+            loop {
+                if guard.closed {
+                    return;
+                }
+                if let Some(plan) = guard.plan.take() {
+                    break plan;
+                }
+                guard = wake.wait(guard).expect("not poisoned");
+            }
+        };
+        let wanted: std::collections::HashSet<usize> = plan.iter().copied().collect();
+        for (number, shard) in shards.iter().enumerate() {
+            if !wanted.contains(&number) {
+                shard.release();
+            }
+        }
+        let missing: Vec<usize> = plan
+            .into_iter()
+            .filter(|&n| shards.get(n).is_some_and(|s| s.get_if_resident().is_none()))
+            .collect();
+        for round in missing.chunks(FETCHES_AT_ONCE) {
+            std::thread::scope(|scope| {
+                for &number in round {
+                    let shard = Arc::clone(&shards[number]);
+                    // A failed fetch is retried by the read that needs the shard, which
+                    // reports it as a bad sample naming the shard.
+                    scope.spawn(move || drop(shard.get()));
+                }
+            });
+            let guard = lock.lock().expect("not poisoned");
+            if guard.closed || guard.plan.is_some() {
+                break;
+            }
+        }
+    }
+}

@@ -1,0 +1,364 @@
+//! Reading the tar members of WebDataset shards: telling a header by its checksum, walking a
+//! shard header to header into sample spans (damage resynchronised at the next valid header),
+//! and parsing one sample's members into its fields.
+
+use std::io::Cursor;
+
+/// Fields that hold the image, in the order they are preferred.
+pub(super) const IMAGE_FIELDS: &[&str] = &[
+    "jpg", "jpeg", "png", "webp", "ppm", "pgm", "bmp", "tif", "tiff",
+];
+
+/// Fields that hold the label, in the order they are preferred.
+pub(super) const LABEL_FIELDS: &[&str] = &["cls", "class", "label", "target"];
+
+/// A tar block.
+pub(super) const BLOCK: u64 = 512;
+
+/// One sample's place in its shard: the byte span of its members, headers included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Span {
+    pub(super) offset: u64,
+    pub(super) len: u64,
+}
+
+/// True when `block` is a tar header: 512 bytes whose checksum field matches the sum of its
+/// bytes (the checksum field counted as spaces).
+pub(crate) fn is_tar_header(block: &[u8]) -> bool {
+    if block.len() < BLOCK as usize || block.iter().take(BLOCK as usize).all(|&b| b == 0) {
+        return false;
+    }
+    let field = &block[148..156];
+    let digits: String = field
+        .iter()
+        .take_while(|&&b| b != 0 && b != b' ')
+        .skip_while(|&&b| b == b' ')
+        .map(|&b| b as char)
+        .collect();
+    let Ok(stored) = u32::from_str_radix(digits.trim(), 8) else {
+        return false;
+    };
+    let sum: u32 = block[..BLOCK as usize]
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| {
+            if (148..156).contains(&i) {
+                32
+            } else {
+                u32::from(b)
+            }
+        })
+        .sum();
+    sum == stored
+}
+
+/// A shard walked into samples.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct Walk {
+    pub(super) samples: Vec<Span>,
+    /// `(sample position, reason)` of each damaged range.
+    pub(super) damaged: Vec<(usize, String)>,
+}
+
+/// The key and field of a member's path: up to and after the first dot of its file name.
+pub(super) fn key_and_field(path: &str) -> (&str, &str) {
+    let name_start = path.rfind('/').map_or(0, |i| i + 1);
+    match path[name_start..].find('.') {
+        Some(dot) => (&path[..name_start + dot], &path[name_start + dot + 1..]),
+        None => (path, ""),
+    }
+}
+
+/// Walks a shard's headers (skipping data) into sample spans; damage costs only the bytes up to
+/// the next valid header (see the module docs).
+pub(super) fn walk_shard(bytes: &[u8]) -> Walk {
+    let mut walk = Walk::default();
+    let mut from = 0u64;
+    let end = bytes.len() as u64;
+    while from < end {
+        match walk_from(bytes, from, &mut walk) {
+            Ok(()) => break,
+            Err((at, problem)) => {
+                // Resynchronise: the next block after the problem holding a valid header.
+                let next = ((at / BLOCK) + 1..end.div_ceil(BLOCK))
+                    .map(|b| b * BLOCK)
+                    .find(|&o| is_tar_header(&bytes[o as usize..]))
+                    .unwrap_or(end);
+                let start = walk
+                    .samples
+                    .last()
+                    .map_or(from, |s| (s.offset + s.len).max(from));
+                let start = start.min(at);
+                walk.damaged.push((
+                    walk.samples.len(),
+                    format!(
+                        "bytes {start}..{next} of the shard are not tar members ({problem}){}",
+                        if next == end {
+                            " and nothing after them is"
+                        } else {
+                            "; the next member starts after them"
+                        }
+                    ),
+                ));
+                walk.samples.push(Span {
+                    offset: start,
+                    len: next - start,
+                });
+                from = next;
+            }
+        }
+    }
+    walk
+}
+
+/// Walks members from byte `from` to the end of the archive, adding samples to `walk`; on a
+/// member that does not parse, returns where it was and why.
+fn walk_from(bytes: &[u8], from: u64, walk: &mut Walk) -> std::result::Result<(), (u64, String)> {
+    let mut archive = tar::Archive::new(Cursor::new(&bytes[from as usize..]));
+    let entries = archive
+        .entries_with_seek()
+        .map_err(|e| (from, e.to_string()))?;
+    // The sample being gathered: key, first header offset, end of its last member's data.
+    let mut open: Option<(String, u64, u64)> = None;
+    let close = |open: &mut Option<(String, u64, u64)>, walk: &mut Walk| {
+        if let Some((_, start, end)) = open.take() {
+            walk.samples.push(Span {
+                offset: start,
+                len: end - start,
+            });
+        }
+    };
+    // Where the previous member's data ends: the next member (its extension headers, such as
+    // a GNU long name or PAX record, included) starts there.
+    let mut last_end = from;
+    for entry in entries {
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(e) => {
+                close(&mut open, walk);
+                return Err((last_end, e.to_string()));
+            }
+        };
+        let member_at = last_end;
+        let data_at = from + entry.raw_file_position();
+        let size = entry.size();
+        let data_end = data_at.saturating_add(size);
+        if data_end > bytes.len() as u64 {
+            close(&mut open, walk);
+            return Err((
+                member_at,
+                format!(
+                    "a member declares {size} bytes but the shard ends {} bytes after its header",
+                    (bytes.len() as u64).saturating_sub(data_at)
+                ),
+            ));
+        }
+        let padded_end = data_end.div_ceil(BLOCK) * BLOCK;
+        last_end = padded_end.min(bytes.len() as u64);
+        if !entry.header().entry_type().is_file() {
+            continue;
+        }
+        let path = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+        let (key, _) = key_and_field(&path);
+        match &mut open {
+            Some((current, _, end)) if current == key => *end = last_end,
+            _ => {
+                close(&mut open, walk);
+                open = Some((key.to_string(), member_at, last_end));
+            }
+        }
+    }
+    close(&mut open, walk);
+    // The walk stops at an all-zero block (the end of the archive) or where a header is cut
+    // short: only zeros may follow, else the tail is damage, never silently dropped.
+    if bytes[last_end as usize..].iter().any(|&b| b != 0) {
+        return Err((
+            last_end,
+            "the archive ends early: a header is cut short, or a block of zeros stands where a \
+             header should"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The members of one sample: its key, and each field's name and data range in `span`.
+pub(super) struct Members<'a> {
+    pub(super) key: String,
+    pub(super) fields: Vec<(String, &'a [u8])>,
+}
+
+/// Parses the members in a sample's bytes.
+pub(super) fn members(span: &[u8]) -> std::result::Result<Members<'_>, String> {
+    let mut archive = tar::Archive::new(Cursor::new(span));
+    let entries = archive.entries_with_seek().map_err(|e| e.to_string())?;
+    let mut key = None;
+    let mut fields = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| e.to_string())?;
+        if !entry.header().entry_type().is_file() {
+            continue;
+        }
+        let start = usize::try_from(entry.raw_file_position()).map_err(|e| e.to_string())?;
+        let len = usize::try_from(entry.size()).map_err(|e| e.to_string())?;
+        let data = span
+            .get(start..start.saturating_add(len))
+            .ok_or("a member runs past its sample's bytes")?;
+        let path = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+        let (k, field) = key_and_field(&path);
+        key.get_or_insert_with(|| k.to_string());
+        fields.push((field.to_ascii_lowercase(), data));
+    }
+    Ok(Members {
+        key: key.ok_or("no file in the sample")?,
+        fields,
+    })
+}
+
+impl<'a> Members<'a> {
+    /// The image: the first field named exactly like an image, else the first whose last part
+    /// is (`seg.png`).
+    pub(super) fn image(&self) -> Option<&'a [u8]> {
+        IMAGE_FIELDS
+            .iter()
+            .find_map(|name| self.fields.iter().find(|(f, _)| f == name))
+            .or_else(|| {
+                self.fields.iter().find(|(f, _)| {
+                    f.rsplit('.')
+                        .next()
+                        .is_some_and(|last| IMAGE_FIELDS.contains(&last))
+                })
+            })
+            .map(|(_, data)| *data)
+    }
+
+    /// The label field's text as an integer, when there is one; `Err` when it is not an integer.
+    pub(super) fn label(&self) -> Option<std::result::Result<i64, String>> {
+        let (field, data) = LABEL_FIELDS
+            .iter()
+            .find_map(|name| self.fields.iter().find(|(f, _)| f == name))?;
+        let text = std::str::from_utf8(data)
+            .ok()
+            .map(str::trim)
+            .filter(|t| !t.is_empty());
+        Some(
+            text.and_then(|t| t.parse::<i64>().ok())
+                .ok_or_else(|| format!("its .{field} is not an integer label")),
+        )
+    }
+}
+
+pub(super) fn slice(map: &[u8], span: Span) -> Option<&[u8]> {
+    let start = usize::try_from(span.offset).ok()?;
+    let end = start.checked_add(usize::try_from(span.len).ok()?)?;
+    map.get(start..end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tar(members: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut builder = tar::Builder::new(Vec::new());
+        for (path, data) in members {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(data.len() as u64);
+            header.set_mode(0o644);
+            header.set_entry_type(tar::EntryType::Regular);
+            builder.append_data(&mut header, path, *data).unwrap();
+        }
+        builder.into_inner().unwrap()
+    }
+
+    #[test]
+    fn keys_and_fields_split_at_the_first_dot_of_the_name() {
+        assert_eq!(key_and_field("a/b.c/x.seg.png"), ("a/b.c/x", "seg.png"));
+        assert_eq!(key_and_field("000001.jpg"), ("000001", "jpg"));
+        assert_eq!(key_and_field("README"), ("README", ""));
+    }
+
+    #[test]
+    fn members_group_into_samples_by_key() {
+        let long = format!("{}/img.jpg", "d".repeat(150));
+        let bytes = tar(&[
+            ("s0.jpg", b"J0"),
+            ("s0.cls", b"3"),
+            ("s0.json", b"{}"),
+            ("s1.cls", b" 1\n"),
+            ("s1.png", b"P1"),
+            (&long, b"J2"),
+            (&long.replace("img.jpg", "img.cls"), b"0"),
+        ]);
+        let walk = walk_shard(&bytes);
+        assert_eq!(walk.damaged, []);
+        assert_eq!(walk.samples.len(), 3);
+        let read = |i: usize| {
+            let m = members(slice(&bytes, walk.samples[i]).unwrap()).unwrap();
+            (
+                m.key.clone(),
+                m.image().unwrap().to_vec(),
+                m.label().unwrap().unwrap(),
+            )
+        };
+        assert_eq!(read(0), ("s0".into(), b"J0".to_vec(), 3));
+        assert_eq!(read(1), ("s1".into(), b"P1".to_vec(), 1));
+        assert_eq!(read(2), (long.replace(".jpg", ""), b"J2".to_vec(), 0));
+    }
+
+    #[test]
+    fn damage_costs_only_the_samples_it_touches() {
+        let bytes = tar(&[
+            ("a.jpg", &[1u8; 600]),
+            ("a.cls", b"0"),
+            ("b.jpg", b"B"),
+            ("b.cls", b"1"),
+            ("c.jpg", b"C"),
+            ("c.cls", b"2"),
+        ]);
+        let clean = walk_shard(&bytes);
+        assert_eq!(clean.samples.len(), 3);
+        // b's first header: corrupt its checksum.
+        let b_at = clean.samples[1].offset as usize;
+        let mut bad = bytes.clone();
+        bad[b_at + 150] ^= 0x07;
+        let walk = walk_shard(&bad);
+        assert_eq!(walk.damaged.len(), 1, "{walk:?}");
+        let (at, reason) = &walk.damaged[0];
+        assert_eq!(*at, 1);
+        assert!(reason.contains("next member starts after them"), "{reason}");
+        // a before it and b's label member, then c after it, still read.
+        let keys: Vec<String> = walk
+            .samples
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !walk.damaged.iter().any(|(d, _)| d == i))
+            .map(|(_, s)| members(slice(&bad, *s).unwrap()).unwrap().key)
+            .collect();
+        assert_eq!(keys, ["a", "b", "c"]);
+        // A shard cut inside a member's data, or inside a header: its tail is one damaged
+        // sample, never dropped without a word.
+        for cut_at in [1000, clean.samples[2].offset as usize + 1024 + 100] {
+            let walk = walk_shard(&bytes[..cut_at]);
+            assert_eq!(walk.damaged.len(), 1, "cut at {cut_at}: {walk:?}");
+            assert!(
+                walk.damaged[0].1.contains("nothing after them is"),
+                "{:?}",
+                walk.damaged
+            );
+        }
+        // Cutting only the end-of-archive zeros loses nothing.
+        let walk = walk_shard(&bytes[..bytes.len() - 1024]);
+        assert_eq!((walk.samples.len(), walk.damaged.len()), (3, 0));
+    }
+
+    #[test]
+    fn headers_are_told_by_their_checksum() {
+        let bytes = tar(&[("a.jpg", b"x")]);
+        assert!(is_tar_header(&bytes));
+        let mut bad = bytes.clone();
+        bad[0] ^= 1;
+        assert!(!is_tar_header(&bad));
+        assert!(!is_tar_header(&[0u8; 512]));
+        assert!(!is_tar_header(b"short"));
+    }
+}

@@ -1,0 +1,461 @@
+//! WebDataset tar shards: the layout the large public image corpora ship in, read as they are.
+//!
+//! # Layout
+//!
+//! A shard is a POSIX tar (ustar, with PAX or GNU long-name headers, as Python's `tarfile` and
+//! WebDataset's `TarWriter` write them; `.tar.gz`/`.tgz` gzipped). The files of one sample are
+//! consecutive; a sample's key is the file's path up to the first dot of its name
+//! (`n01440764/n01440764_10026.jpg` → key `n01440764/n01440764_10026`, field `jpg`), and a new
+//! key starts a new sample. The image is the sample's first field named like an image
+//! (`jpg`, `jpeg`, `png`, `webp`, `ppm`, `pgm`, `bmp`, `tif`, `tiff`, case-insensitive, also
+//! as the last part of a longer field such as `seg.png`... only when no plain one is there); the
+//! label is its `cls` field (else `class`, `label`, `target`) as ASCII decimal digits. Other
+//! fields (`json`, `txt`, ...) are kept in the shard and ignored.
+//!
+//! # Reading
+//!
+//! Shards are memory-mapped; at open each is walked header to header (data is skipped, not
+//! read), giving every sample's byte span, so any sample is found in O(1) and its image is a
+//! slice of the mapped shard. A header that does not parse (a damaged or cut shard) does not end
+//! the walk: the bytes up to the next 512-byte block that holds a valid tar header (its checksum
+//! checks out) become one damaged sample that reads as a bad record saying why, and the walk
+//! goes on. Labels are read at open to find the classes (`0..=largest label`, or
+//! `--num-classes`), with the same label base as TFRecord shards. Sets of shards are named and
+//! checked as TFRecord sets are ([`crate::format::shards`]).
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::cache::Cache;
+use crate::dataset::{Dataset, DatasetInfo, FormatKind, PayloadKind, Record, RecordReader};
+use crate::error::{Error, IoContext as _, Result};
+use crate::format::shard_data::{Mapped, ShardData};
+use crate::format::shards::{Selection, SetReport, check_sets};
+use crate::format::{OpenOptions, Recognizer, compressed};
+
+mod members;
+#[cfg(feature = "remote")]
+pub(crate) mod remote;
+
+use members::{LABEL_FIELDS, Span, is_tar_header, members, slice, walk_shard};
+
+/// True when `path` is named like a WebDataset shard: `*.tar`, `*.tar.gz`, `*.tgz`.
+pub fn is_shard_name(path: &Path) -> bool {
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+        return false;
+    };
+    let lower = name.to_ascii_lowercase();
+    lower.ends_with(".tar") || lower.ends_with(".tar.gz") || lower.ends_with(".tgz")
+}
+
+/// True when the directory `path` holds WebDataset shards (a directory that also holds
+/// TFRecord shards is read as TFRecords, which say what they find).
+pub fn looks_like_webdataset(path: &Path) -> bool {
+    path.is_dir()
+        && fs::read_dir(path).is_ok_and(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .any(|e| e.path().is_file() && is_shard_name(&e.path()))
+        })
+}
+
+/// [`format::open`](crate::format::open)'s recognizer for a directory of WebDataset shards.
+pub(crate) const DIRECTORY: Recognizer = Recognizer {
+    holds: |path| Ok(looks_like_webdataset(path)),
+    open: open_shards,
+};
+
+/// [`format::open`](crate::format::open)'s recognizer for one WebDataset shard, by its name.
+pub(crate) const SHARD: Recognizer = Recognizer {
+    holds: |path| Ok(path.is_file() && is_shard_name(path)),
+    open: open_shards,
+};
+
+fn open_shards(path: &Path, options: &OpenOptions) -> Result<Arc<dyn Dataset>> {
+    Ok(Arc::new(WebDataset::open_selection(
+        &Selection::of(path),
+        options,
+    )?))
+}
+
+pub(super) struct Shard {
+    path: PathBuf,
+    /// The shard's bytes: mapped at open for a local shard, fetched when needed for a remote
+    /// one.
+    data: Arc<ShardData>,
+    samples: Vec<Span>,
+    /// Samples that are damaged byte ranges, by position, with the reason.
+    damaged: HashMap<usize, String>,
+}
+
+struct Shared {
+    path: PathBuf,
+    info: DatasetInfo,
+    label_base: u32,
+    shards: Vec<Shard>,
+    /// Index of each shard's first sample; a final entry holds the total.
+    starts: Vec<usize>,
+    notices: Vec<String>,
+    missing_shards: Vec<String>,
+}
+
+impl Shared {
+    /// The number of the shard holding sample `index`, and the sample's place in it.
+    fn locate_number(&self, index: usize) -> (usize, usize) {
+        let shard = self.starts.partition_point(|&s| s <= index) - 1;
+        (shard, index - self.starts[shard])
+    }
+}
+
+/// WebDataset tar shards opened for reading.
+pub struct WebDataset {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for WebDataset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebDataset")
+            .field("path", &self.shared.path)
+            .field("info", &self.shared.info)
+            .field("shards", &self.shared.shards.len())
+            .finish()
+    }
+}
+
+impl WebDataset {
+    /// Opens the shards `selection` names: a directory's `*.tar` set, a pattern, a list, or one
+    /// shard, checked as [`crate::format::shards`] says.
+    pub fn open_selection(selection: &Selection, options: &OpenOptions) -> Result<WebDataset> {
+        let mut brace_missing = Vec::new();
+        let (name, files, one_set) = match selection {
+            Selection::Directory(dir) => {
+                let mut files: Vec<PathBuf> = fs::read_dir(dir)
+                    .at(dir)?
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| p.is_file() && is_shard_name(p))
+                    .collect();
+                files.sort();
+                if files.is_empty() {
+                    return Err(Error::not_a_dataset(dir, "no WebDataset shards (*.tar)"));
+                }
+                (dir.clone(), files, true)
+            }
+            Selection::Pattern(pattern) => {
+                let (files, missing) =
+                    crate::format::shards::expand_selection(pattern, options.allow_missing_shards)?;
+                brace_missing = missing;
+                (pattern.clone(), files, false)
+            }
+            Selection::List(files) => {
+                let first = files
+                    .first()
+                    .ok_or_else(|| Error::Options("an empty list of shards".into()))?;
+                (first.clone(), files.clone(), false)
+            }
+            Selection::File(file) => (file.clone(), vec![file.clone()], false),
+        };
+        let mut set = if files.len() > 1 || one_set {
+            check_sets(&name, &files, one_set, options.allow_missing_shards)?
+        } else {
+            SetReport::default()
+        };
+        set.add_missing(brace_missing);
+        open_files(&name, &files, set, options)
+    }
+}
+
+fn open_files(
+    name: &Path,
+    files: &[PathBuf],
+    set: SetReport,
+    options: &OpenOptions,
+) -> Result<WebDataset> {
+    let mut notices = set.notices(name);
+    let mut cache = None;
+    let mut shards = Vec::with_capacity(files.len());
+    for file in files {
+        shards.push(open_shard(file, options, &mut cache, &mut notices)?);
+    }
+    assemble(name, shards, set, options, notices)
+}
+
+/// The dataset over shards walked into samples: classes (given, or inferred from every
+/// sample's label), counts and notices.
+pub(super) fn assemble(
+    name: &Path,
+    shards: Vec<Shard>,
+    set: SetReport,
+    options: &OpenOptions,
+    mut notices: Vec<String>,
+) -> Result<WebDataset> {
+    let mut starts = Vec::with_capacity(shards.len() + 1);
+    let mut total = 0usize;
+    starts.push(0);
+    for shard in &shards {
+        total += shard.samples.len();
+        starts.push(total);
+    }
+    let label_base = options.records.label_base.unwrap_or(0);
+    let classes = match options.records.num_classes {
+        Some(n) if n > crate::dataset::MAX_CLASSES => {
+            return Err(Error::Options(format!(
+                "{n} classes: at most {} are allowed",
+                crate::dataset::MAX_CLASSES
+            )));
+        }
+        Some(n) => (0..n).map(|c| c.to_string()).collect(),
+        None => infer_classes(name, &shards, label_base, &mut notices)?,
+    };
+    Ok(WebDataset {
+        shared: Arc::new(Shared {
+            path: name.to_path_buf(),
+            info: DatasetInfo {
+                format: FormatKind::WebDataset,
+                classes,
+                num_samples: total,
+                payload: PayloadKind::Encoded,
+                resized_short_side: None,
+                part: None,
+                rejected_at_pack: None,
+            },
+            label_base,
+            shards,
+            starts,
+            notices,
+            missing_shards: set.missing,
+        }),
+    })
+}
+
+/// A shard walked into samples, with a notice for each damaged range.
+pub(super) fn walked(path: &Path, mapped: Mapped, notices: &mut Vec<String>) -> Shard {
+    let walk = walk_shard(mapped.bytes());
+    for (number, reason) in &walk.damaged {
+        crate::dataset::notice(
+            notices,
+            format!(
+                "{}: sample {number} is damaged and reads as a bad record: {reason}",
+                path.display()
+            ),
+        );
+    }
+    Shard {
+        path: path.to_path_buf(),
+        data: Arc::new(ShardData::local(path, mapped)),
+        samples: walk.samples,
+        damaged: walk.damaged.into_iter().collect(),
+    }
+}
+
+/// Maps one shard (a gzipped one's decompressed copy) and walks it into sample spans.
+fn open_shard(
+    path: &Path,
+    options: &OpenOptions,
+    cache: &mut Option<Cache>,
+    notices: &mut Vec<String>,
+) -> Result<Shard> {
+    let (file, _) = crate::file::open_regular(path)?;
+    let mut head = [0u8; 512];
+    let got = read_head(&file, &mut head).at(path)?;
+    let head = &head[..got];
+    let mapped = match compressed::sniff(head, is_tar_header(head)) {
+        Some(compression) => {
+            let cache = match cache {
+                Some(cache) => cache,
+                None => cache.insert(match &options.cache {
+                    Some(cache) => cache.clone(),
+                    None => Cache::from_env()?,
+                }),
+            };
+            let copy = compressed::decompress(path, &file, compression, cache)?;
+            if let Some(damage) = &copy.damage {
+                crate::dataset::notice(notices, format!("{}: {damage}", path.display()));
+            }
+            Mapped::new(path, copy.file, true)?
+        }
+        None => Mapped::new(path, file, false)?,
+    };
+    Ok(walked(path, mapped, notices))
+}
+
+fn read_head(file: &fs::File, head: &mut [u8]) -> std::io::Result<usize> {
+    use std::os::unix::fs::FileExt as _;
+    let mut filled = 0;
+    while filled < head.len() {
+        match file.read_at(&mut head[filled..], filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+/// Classes `0..=largest label` over the samples' labels (label base taken off).
+fn infer_classes(
+    name: &Path,
+    shards: &[Shard],
+    label_base: u32,
+    notices: &mut Vec<String>,
+) -> Result<Vec<String>> {
+    let mut inference = crate::dataset::ClassInference::default();
+    let mut samples = 0usize;
+    for shard in shards {
+        let mapped = shard.data.get()?;
+        for (number, span) in shard.samples.iter().enumerate() {
+            samples += 1;
+            if shard.damaged.contains_key(&number) {
+                continue;
+            }
+            let Some(bytes) = slice(mapped.bytes(), *span) else {
+                continue;
+            };
+            if let Ok(members) = members(bytes)
+                && let Some(Ok(label)) = members.label()
+            {
+                inference.see(
+                    || format!("{} sample {number} ({})", shard.path.display(), members.key),
+                    label.checked_sub(i64::from(label_base)),
+                );
+            }
+        }
+    }
+    if samples > 0 && inference.is_empty() {
+        return Err(Error::not_a_dataset(
+            name,
+            format!(
+                "no sample has a label ({} holding an integer in {label_base}..{}); imagefeed \
+                 reads labelled image samples",
+                LABEL_FIELDS
+                    .iter()
+                    .map(|f| format!(".{f}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                i64::from(label_base) + crate::dataset::MAX_CLASSES as i64
+            ),
+        ));
+    }
+    let (classes, notice) = inference.classes();
+    notices.extend(notice);
+    Ok(classes)
+}
+
+impl Dataset for WebDataset {
+    fn info(&self) -> &DatasetInfo {
+        &self.shared.info
+    }
+
+    fn path(&self) -> &Path {
+        &self.shared.path
+    }
+
+    fn notices(&self) -> &[String] {
+        &self.shared.notices
+    }
+
+    fn missing_shards(&self) -> &[String] {
+        &self.shared.missing_shards
+    }
+
+    fn shard_starts(&self) -> Option<&[usize]> {
+        Some(&self.shared.starts)
+    }
+
+    fn open_reader(&self) -> Result<Box<dyn RecordReader>> {
+        Ok(Box::new(WebDatasetReader {
+            shared: Arc::clone(&self.shared),
+            key: String::new(),
+            held: None,
+        }))
+    }
+}
+
+/// Per-worker handle over the shared shards.
+struct WebDatasetReader {
+    shared: Arc<Shared>,
+    key: String,
+    /// The shard last read (its number and bytes), kept while the record borrowed from it is
+    /// in use.
+    held: Option<(usize, Arc<Mapped>)>,
+}
+
+impl RecordReader for WebDatasetReader {
+    fn read(&mut self, index: usize) -> Result<Record<'_>> {
+        assert!(
+            index < self.shared.info.num_samples,
+            "index {index} out of range for {} samples",
+            self.shared.info.num_samples
+        );
+        let (number, within) = self.shared.locate_number(index);
+        if !matches!(&self.held, Some((held, _)) if *held == number) {
+            let mapped = self.shared.shards[number].data.get()?;
+            self.held = Some((number, mapped));
+        }
+        let shared = &*self.shared;
+        let shard = &shared.shards[number];
+        let map = self.held.as_ref().expect("just set").1.bytes();
+        let corrupt = |key: &str, reason: String| Error::CorruptRecord {
+            path: shard.path.clone(),
+            index,
+            key: key.to_string(),
+            reason: format!("sample {within} of the shard: {reason}"),
+        };
+        let unnamed = format!("{}#{within}", shard.path.display());
+        if let Some(reason) = shard.damaged.get(&within) {
+            return Err(corrupt(&unnamed, reason.clone()));
+        }
+        let bytes = slice(map, shard.samples[within])
+            .ok_or_else(|| corrupt(&unnamed, "its bytes lie past the shard's end".into()))?;
+        let members = members(bytes).map_err(|reason| corrupt(&unnamed, reason))?;
+        let payload = members.image().ok_or_else(|| {
+            let fields: Vec<&str> = members.fields.iter().map(|(f, _)| f.as_str()).collect();
+            corrupt(
+                &members.key,
+                format!("no image field (it has {})", fields.join(", ")),
+            )
+        })?;
+        let stored = match members.label() {
+            Some(Ok(label)) => label,
+            Some(Err(reason)) => return Err(corrupt(&members.key, reason)),
+            None => return Err(corrupt(&members.key, "no label field (.cls)".into())),
+        };
+        let base = i64::from(shared.label_base);
+        if stored < base {
+            return Err(corrupt(
+                &members.key,
+                format!("label {stored} is below the label base {base}"),
+            ));
+        }
+        let label =
+            shared
+                .info
+                .check_stored_label(&shard.path, index, &members.key, stored - base)?;
+        self.key = members.key;
+        Ok(Record {
+            index,
+            key: &self.key,
+            label,
+            payload,
+        })
+    }
+
+    fn prefetch(&mut self, index: usize) {
+        let shared = &*self.shared;
+        if index >= shared.info.num_samples {
+            return;
+        }
+        let (number, within) = shared.locate_number(index);
+        let shard = &shared.shards[number];
+        if let Some(mapped) = shard.data.get_if_resident()
+            && let Some(bytes) = shard
+                .samples
+                .get(within)
+                .and_then(|span| slice(mapped.bytes(), *span))
+        {
+            crate::dataset::prefetch(bytes);
+        }
+    }
+}

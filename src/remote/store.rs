@@ -1,0 +1,468 @@
+//! Clients for object storage, one set per process, and the few operations imagefeed needs
+//! (list, head, get, download into a file, upload a file), as blocking calls.
+//!
+//! **Configuration** comes from the standard environment, as every tool of the field reads it:
+//! `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`
+//! (`AWS_DEFAULT_REGION`), `AWS_ENDPOINT_URL` for S3-compatible stores (MinIO, Ceph, R2,
+//! SeaweedFS); `GOOGLE_SERVICE_ACCOUNT` and friends for GCS; `AZURE_STORAGE_ACCOUNT_NAME`,
+//! `AZURE_STORAGE_ACCOUNT_KEY` for Azure. Plain HTTP is allowed when the endpoint is on the
+//! loopback interface (a test server) or `AWS_ALLOW_HTTP=true` says so. object_store turns
+//! HTTP off again for options set after `with_allow_http`, so it is set last.
+//!
+//! **Runtime and fork.** object_store is async (tokio). One multi-threaded runtime serves the
+//! process, created when first needed (loading the library starts no thread). A process forked
+//! from one that had it (a DataLoader worker, a `multiprocessing` child) inherits its memory but
+//! not its threads, and its clients' pooled connections are the parent's sockets: the child
+//! builds its own runtime and clients, and never touches the parent's (they are leaked, not
+//! dropped: dropping a runtime whose threads are gone would wait for them forever). The state
+//! is swapped in through an atomic pointer, never a lock a thread in the parent could have held
+//! at the fork.
+//!
+//! **Retries** (object_store's, with jittered backoff): 5xx, throttling (`SlowDown`), resets and
+//! timeouts are retried, and a body broken mid-transfer resumes with a ranged GET checked
+//! against its ETag. Calls made while opening a dataset give up within about 10 s, so a wrong
+//! endpoint, bucket or credentials fails fast saying which; downloads and uploads during
+//! training retry for up to 2 minutes.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::Write as _;
+use std::path::Path;
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::TryStreamExt as _;
+use object_store::path::Path as StorePath;
+use object_store::{ObjectStore, ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
+
+use super::url::{RemoteUrl, Scheme};
+use crate::error::{Error, IoContext as _, Result};
+
+/// How patient a call is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Patience {
+    /// Opening: a few retries within about 10 s, so a wrong endpoint, bucket or credentials
+    /// fails fast.
+    Open,
+    /// Moving data during training or packing: retries for up to 2 minutes.
+    Transfer,
+}
+
+/// An object's size and version, as listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectInfo {
+    /// The object.
+    pub url: RemoteUrl,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Its ETag (or version), when the store gives one.
+    pub etag: Option<String>,
+}
+
+/// The process's runtime and clients (see the module docs).
+struct State {
+    pid: u32,
+    runtime: tokio::runtime::Runtime,
+    stores: Mutex<HashMap<StoreKey, Arc<dyn ObjectStore>>>,
+}
+
+/// What tells clients apart: the bucket, the patience, and the options given in code.
+type StoreKey = (String, Patience, Vec<(String, String)>);
+
+static STATE: AtomicPtr<State> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The state of this process: the current one, or a new one when there is none yet or it was
+/// inherited through a fork.
+fn state() -> Result<&'static State> {
+    let pid = std::process::id();
+    let current = STATE.load(Ordering::Acquire);
+    // SAFETY: a non-null pointer in STATE came from Box::leak below and is never freed.
+    if let Some(state) = unsafe { current.as_ref() }
+        && state.pid == pid
+    {
+        return Ok(state);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("imagefeed-io")
+        .enable_all()
+        .build()
+        .map_err(|e| Error::io("the object storage runtime", e))?;
+    let fresh: &'static mut State = Box::leak(Box::new(State {
+        pid,
+        runtime,
+        stores: Mutex::new(HashMap::new()),
+    }));
+    match STATE.compare_exchange(current, fresh, Ordering::AcqRel, Ordering::Acquire) {
+        // An inherited state (or none) replaced: the old one is leaked on purpose.
+        Ok(_) => Ok(fresh),
+        Err(winner) => {
+            // Another thread of this process made one first: use it. Ours started threads; it
+            // is shut down without waiting (nothing runs on it yet).
+            // SAFETY: `fresh` was leaked above and is not shared; reclaiming it is sound.
+            let ours = unsafe { Box::from_raw(fresh as *mut State) };
+            ours.runtime.shutdown_background();
+            // SAFETY: as above, `winner` is a leaked, never-freed State.
+            match unsafe { winner.as_ref() } {
+                Some(state) if state.pid == pid => Ok(state),
+                _ => state(),
+            }
+        }
+    }
+}
+
+/// Runs `future` to completion on the process's runtime, from a thread that is not one of its
+/// own (every caller in imagefeed).
+fn block_on<F: std::future::Future>(future: F) -> Result<F::Output> {
+    Ok(state()?.runtime.block_on(future))
+}
+
+/// True when `endpoint` is an `http://` URL to the loopback interface.
+fn loopback_http(endpoint: &str) -> bool {
+    let Some(rest) = endpoint.strip_prefix("http://") else {
+        return false;
+    };
+    let host = rest.split(['/', ':']).next().unwrap_or("");
+    host == "localhost" || host.starts_with("127.") || host == "[::1]"
+}
+
+/// The client for the store `url` is in, with `patience`'s retries.
+fn store(url: &RemoteUrl, patience: Patience) -> Result<Arc<dyn ObjectStore>> {
+    let state = state()?;
+    let key = (url.root(), patience, url.options().to_vec());
+    if let Some(store) = state.stores.lock().expect("not poisoned").get(&key) {
+        return Ok(Arc::clone(store));
+    }
+    let built = build(url, patience)?;
+    let mut stores = state.stores.lock().expect("not poisoned");
+    Ok(Arc::clone(stores.entry(key).or_insert(built)))
+}
+
+fn build(url: &RemoteUrl, patience: Patience) -> Result<Arc<dyn ObjectStore>> {
+    use object_store::{BackoffConfig, ClientOptions, RetryConfig};
+    // reqwest is built without a TLS provider of its own (see Cargo.toml): ring's.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let retry = match patience {
+        Patience::Open => RetryConfig {
+            backoff: BackoffConfig {
+                init_backoff: Duration::from_millis(100),
+                max_backoff: Duration::from_secs(2),
+                base: 2.0,
+            },
+            max_retries: 3,
+            retry_timeout: Duration::from_secs(10),
+        },
+        Patience::Transfer => RetryConfig {
+            backoff: BackoffConfig::default(),
+            max_retries: 10,
+            retry_timeout: Duration::from_secs(120),
+        },
+    };
+    let options = ClientOptions::new()
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_timeout(Duration::from_secs(match patience {
+            Patience::Open => 15,
+            Patience::Transfer => 120,
+        }));
+    // An option given in code, else the environment's.
+    let given = |names: &[&str]| {
+        url.options()
+            .iter()
+            .find(|(k, _)| names.iter().any(|n| k.eq_ignore_ascii_case(n)))
+            .map(|(_, v)| v.clone())
+    };
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let failed = |e: object_store::Error| Error::remote(url, "configuring the client", e);
+    let bad_option = |key: &str| Error::BadUrl {
+        url: url.to_string(),
+        reason: format!("unknown client option {key:?} for this store"),
+    };
+    let store: Arc<dyn ObjectStore> = match url.scheme() {
+        Scheme::S3 => {
+            let endpoint = given(&["aws_endpoint", "aws_endpoint_url", "endpoint"])
+                .or_else(|| env("AWS_ENDPOINT_URL"))
+                .or_else(|| env("AWS_ENDPOINT"));
+            let allow_http = endpoint.as_deref().is_some_and(loopback_http)
+                || given(&["aws_allow_http", "allow_http"])
+                    .or_else(|| env("AWS_ALLOW_HTTP"))
+                    .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+            let mut builder = object_store::aws::AmazonS3Builder::from_env()
+                .with_url(url.root())
+                .with_retry(retry)
+                .with_client_options(options);
+            if env("AWS_REGION").is_none()
+                && env("AWS_DEFAULT_REGION").is_none()
+                && given(&["aws_region", "region"]).is_none()
+            {
+                builder = builder.with_region("us-east-1");
+            }
+            for (key, value) in url.options() {
+                let parsed: object_store::aws::AmazonS3ConfigKey = key
+                    .to_ascii_lowercase()
+                    .parse()
+                    .map_err(|_| bad_option(key))?;
+                builder = builder.with_config(parsed, value);
+            }
+            // Last: client options set after it would turn plain HTTP off again.
+            Arc::new(
+                builder
+                    .with_allow_http(allow_http)
+                    .build()
+                    .map_err(failed)?,
+            )
+        }
+        Scheme::Gcs => {
+            let mut builder = object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                .with_url(url.root())
+                .with_retry(retry)
+                .with_client_options(options);
+            for (key, value) in url.options() {
+                let parsed: object_store::gcp::GoogleConfigKey = key
+                    .to_ascii_lowercase()
+                    .parse()
+                    .map_err(|_| bad_option(key))?;
+                builder = builder.with_config(parsed, value);
+            }
+            Arc::new(builder.build().map_err(failed)?)
+        }
+        Scheme::Azure => {
+            let mut builder = object_store::azure::MicrosoftAzureBuilder::from_env()
+                .with_url(url.root())
+                .with_retry(retry)
+                .with_client_options(options);
+            for (key, value) in url.options() {
+                let parsed: object_store::azure::AzureConfigKey = key
+                    .to_ascii_lowercase()
+                    .parse()
+                    .map_err(|_| bad_option(key))?;
+                builder = builder.with_config(parsed, value);
+            }
+            Arc::new(builder.build().map_err(failed)?)
+        }
+        Scheme::Http => {
+            let allow_http = loopback_http(&url.root());
+            Arc::new(
+                object_store::http::HttpBuilder::new()
+                    .with_url(url.root())
+                    .with_retry(retry)
+                    .with_client_options(options.with_allow_http(allow_http))
+                    .build()
+                    .map_err(failed)?,
+            )
+        }
+    };
+    Ok(store)
+}
+
+fn store_path(url: &RemoteUrl) -> StorePath {
+    StorePath::from(url.key())
+}
+
+/// Every object under the prefix `url` (taken as a directory), in key order.
+pub fn list(url: &RemoteUrl, patience: Patience) -> Result<Vec<ObjectInfo>> {
+    let store = store(url, patience)?;
+    let prefix = url.key().trim_end_matches('/');
+    let prefix = (!prefix.is_empty()).then(|| StorePath::from(prefix));
+    let metas: Vec<object_store::ObjectMeta> =
+        block_on(async move { store.list(prefix.as_ref()).try_collect::<Vec<_>>().await })?
+            .map_err(|e| Error::remote(url, "listing", e))?;
+    let mut objects: Vec<ObjectInfo> = metas
+        .into_iter()
+        .map(|meta| ObjectInfo {
+            url: url.with_key(meta.location.as_ref()),
+            size: meta.size,
+            etag: meta.e_tag,
+        })
+        .collect();
+    objects.sort_by(|a, b| a.url.key().cmp(b.url.key()));
+    Ok(objects)
+}
+
+/// The objects directly under the prefix `url` taken as a directory (not those in its
+/// sub-directories), in key order.
+pub fn list_dir(url: &RemoteUrl, patience: Patience) -> Result<Vec<ObjectInfo>> {
+    let store = store(url, patience)?;
+    let prefix = url.key().trim_end_matches('/');
+    let prefix = (!prefix.is_empty()).then(|| StorePath::from(prefix));
+    let result = block_on(async move { store.list_with_delimiter(prefix.as_ref()).await })?
+        .map_err(|e| Error::remote(url, "listing", e))?;
+    let mut objects: Vec<ObjectInfo> = result
+        .objects
+        .into_iter()
+        .map(|meta| ObjectInfo {
+            url: url.with_key(meta.location.as_ref()),
+            size: meta.size,
+            etag: meta.e_tag,
+        })
+        .collect();
+    objects.sort_by(|a, b| a.url.key().cmp(b.url.key()));
+    Ok(objects)
+}
+
+/// The object at `url`, when there is one.
+pub fn head(url: &RemoteUrl, patience: Patience) -> Result<Option<ObjectInfo>> {
+    let store = store(url, patience)?;
+    let path = store_path(url);
+    match block_on(async move { store.head(&path).await })? {
+        Ok(meta) => Ok(Some(ObjectInfo {
+            url: url.clone(),
+            size: meta.size,
+            etag: meta.e_tag,
+        })),
+        Err(object_store::Error::NotFound { .. }) => Ok(None),
+        Err(e) => Err(Error::remote(url, "looking up", e)),
+    }
+}
+
+/// The whole object at `url`, refused when it is larger than `limit` bytes (a manifest or an
+/// index: small, and read into memory).
+pub fn get_small(url: &RemoteUrl, limit: u64, patience: Patience) -> Result<Vec<u8>> {
+    let store = store(url, patience)?;
+    let path = store_path(url);
+    let bytes = block_on(async move {
+        let result = store.get(&path).await?;
+        if result.meta.size > limit {
+            return Ok(Err(result.meta.size));
+        }
+        result.bytes().await.map(Ok)
+    })?
+    .map_err(|e| Error::remote(url, "reading", e))?
+    .map_err(|size| Error::BadUrl {
+        url: url.to_string(),
+        reason: format!("{size} bytes, more than the {limit} a manifest or index may have"),
+    })?;
+    Ok(bytes.to_vec())
+}
+
+/// Streams the object `object` into `file` (at `path`, for messages), checking that it is as
+/// long as listed; returns the bytes written.
+pub fn download(object: &ObjectInfo, file: &mut fs::File, path: &Path) -> Result<u64> {
+    let url = &object.url;
+    let store = store(url, Patience::Transfer)?;
+    let location = store_path(url);
+    let mut written = 0u64;
+    let outcome: std::result::Result<std::result::Result<(), std::io::Error>, object_store::Error> =
+        block_on(async {
+            let result = store.get(&location).await?;
+            let mut stream = result.into_stream();
+            while let Some(chunk) = stream.try_next().await? {
+                if let Err(e) = file.write_all(&chunk) {
+                    return Ok(Err(e));
+                }
+                written += chunk.len() as u64;
+            }
+            Ok(Ok(()))
+        })?;
+    outcome
+        .map_err(|e| Error::remote(url, "downloading", e))?
+        .at(path)?;
+    if written != object.size {
+        return Err(Error::BadUrl {
+            url: url.to_string(),
+            reason: format!(
+                "the download gave {written} bytes, but the object was listed with {}",
+                object.size
+            ),
+        });
+    }
+    Ok(written)
+}
+
+/// Larger uploads go in parts (S3 limits one PUT to 5 GiB; parts also resume and overlap).
+const MULTIPART_FROM: u64 = 64 << 20;
+
+/// Uploads the file at `path` to `url`. With `create`, an existing object is never overwritten:
+/// a small file goes up with `If-None-Match: *` (refused atomically by the store), a large one
+/// in parts after a check that nothing is there ([`Error::AlreadyExists`] either way).
+pub fn upload(path: &Path, url: &RemoteUrl, create: bool) -> Result<()> {
+    let store = store(url, Patience::Transfer)?;
+    let location = store_path(url);
+    let len = fs::metadata(path).at(path)?.len();
+    let exists = || Error::AlreadyExists {
+        path: url.to_string().into(),
+        hint: "an object is already there; pass --force to replace it".into(),
+    };
+    if len < MULTIPART_FROM {
+        let bytes = fs::read(path).at(path)?;
+        let mode = if create {
+            PutMode::Create
+        } else {
+            PutMode::Overwrite
+        };
+        let put = block_on(async {
+            store
+                .put_opts(
+                    &location,
+                    PutPayload::from(bytes),
+                    PutOptions {
+                        mode,
+                        ..PutOptions::default()
+                    },
+                )
+                .await
+        })?;
+        return match put {
+            Ok(_) => Ok(()),
+            Err(object_store::Error::AlreadyExists { .. }) => Err(exists()),
+            Err(e) => Err(Error::remote(url, "uploading", e)),
+        };
+    }
+    if create && head(url, Patience::Transfer)?.is_some() {
+        return Err(exists());
+    }
+    let mut file = fs::File::open(path).at(path)?;
+    let outcome = block_on(async {
+        let upload = store.put_multipart(&location).await?;
+        let mut writer = object_store::WriteMultipart::new_with_chunk_size(upload, 16 << 20);
+        let mut buffer = vec![0u8; 8 << 20];
+        loop {
+            let n = match std::io::Read::read(&mut file, &mut buffer) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    writer.abort().await?;
+                    return Ok(Err(e));
+                }
+            };
+            writer.wait_for_capacity(4).await?;
+            writer.write(&buffer[..n]);
+        }
+        writer.finish().await?;
+        Ok(Ok(()))
+    })?;
+    outcome
+        .map_err(|e: object_store::Error| Error::remote(url, "uploading", e))?
+        .at(path)
+}
+
+/// Deletes the object at `url` (nothing there is not an error).
+pub fn delete(url: &RemoteUrl) -> Result<()> {
+    let store = store(url, Patience::Transfer)?;
+    let location = store_path(url);
+    match block_on(async move { store.delete(&location).await })? {
+        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+        Err(e) => Err(Error::remote(url, "deleting", e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_http_only_to_the_loopback_interface() {
+        assert!(loopback_http("http://127.0.0.1:9000"));
+        assert!(loopback_http("http://localhost/x"));
+        assert!(!loopback_http("http://10.0.0.1:9000"));
+        assert!(!loopback_http("https://127.0.0.1"));
+    }
+
+    #[test]
+    fn the_state_is_made_once_per_process() {
+        let a = state().unwrap() as *const State;
+        let b = state().unwrap() as *const State;
+        assert_eq!(a, b);
+    }
+}

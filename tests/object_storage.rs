@@ -1,0 +1,386 @@
+//! Datasets in object storage, against a real S3 server on loopback (moto): the same records,
+//! batches and digests as from a local directory; packed by us, by TensorFlow, or as
+//! WebDataset; shards fetched into the cache and let go behind a shard window; clear errors
+//! for wrong buckets, endpoints and incomplete uploads; and fork.
+#![cfg(feature = "remote")]
+
+mod support;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use imagefeed::Error;
+use imagefeed::cache::Cache;
+use imagefeed::dataset::Dataset;
+use imagefeed::format::shards::ShardSetProblem;
+use imagefeed::format::{self, OpenOptions};
+use imagefeed::loader::{Loader, LoaderConfig};
+use imagefeed::pack::{PackFormat, PackOptions};
+use imagefeed::synthetic::{self, SyntheticSpec};
+use imagefeed::transform::Transform;
+use support::s3::{S3Server, server, unique_bucket};
+use support::{records, small_options};
+
+fn reaching(server: &S3Server, dir: &Path) -> OpenOptions {
+    let mut options = OpenOptions::default().with_cache(Cache::at(dir.join("cache"), None));
+    for (k, v) in server.options() {
+        options = options.with_storage_option(k, v);
+    }
+    options
+}
+
+/// 60 JPEGs packed as about 8 record shards of ours.
+fn packed_records(dir: &Path) -> std::path::PathBuf {
+    let src = dir.join("src");
+    let spec = SyntheticSpec {
+        classes: 3,
+        per_class: 20,
+        width: 16,
+        height: 12,
+        ..SyntheticSpec::default()
+    };
+    synthetic::write_image_folder(&src, &spec).unwrap();
+    let out = dir.join("local.records");
+    support::pack_as(
+        &src,
+        &out,
+        PackFormat::Records,
+        &PackOptions {
+            shard_bytes: 8 * 700,
+            ..small_options()
+        },
+    );
+    out
+}
+
+fn digest(dataset: Arc<dyn Dataset>, window: Option<usize>) -> String {
+    digest_with(
+        dataset,
+        window,
+        LoaderConfig::default().with_batch_size(7).with_workers(2),
+    )
+}
+
+fn digest_with(dataset: Arc<dyn Dataset>, window: Option<usize>, config: LoaderConfig) -> String {
+    use sha2::{Digest as _, Sha256};
+    let loader = Loader::new(
+        dataset,
+        config
+            .with_seed(5)
+            .with_transform(Transform::imagenet_train(8))
+            .with_shard_window(window),
+    )
+    .unwrap();
+    let mut hash = Sha256::new();
+    for batch in loader.epoch(3) {
+        let batch = batch.unwrap();
+        hash.update(batch.bytes());
+        for l in &batch.labels {
+            hash.update(l.to_le_bytes());
+        }
+    }
+    format!("{:x}", hash.finalize())
+}
+
+#[test]
+fn records_of_ours_read_from_s3_give_the_local_records_and_digests() {
+    let Some(server) = server() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let local = packed_records(dir.path());
+    let bucket = server.bucket(&unique_bucket("ours"));
+    server.upload_dir(&local, &bucket, "train/v1");
+    let url = format!("s3://{bucket}/train/v1");
+    let options = reaching(server, dir.path());
+    let remote = format::open_with(&url, &options).unwrap();
+    let here = format::open(&local).unwrap();
+    assert_eq!(records(remote.as_ref()), records(here.as_ref()));
+    assert_eq!(remote.classes(), here.classes());
+    assert_eq!(remote.shard_starts(), here.shard_starts());
+    for window in [None, Some(2)] {
+        assert_eq!(
+            digest(Arc::clone(&remote), window),
+            digest(Arc::clone(&here), window),
+            "window {window:?}"
+        );
+    }
+    // A trailing slash names the same prefix.
+    let slash = format::open_with(format!("{url}/"), &options).unwrap();
+    assert_eq!(slash.len(), here.len());
+}
+
+#[test]
+fn a_shard_window_keeps_the_cache_within_its_limit() {
+    let Some(server) = server() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let local = packed_records(dir.path());
+    let bucket = server.bucket(&unique_bucket("window"));
+    server.upload_dir(&local, &bucket, "ds");
+    let here = format::open(&local).unwrap();
+    let largest = std::fs::read_dir(&local)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tfrecord"))
+        .map(|e| e.metadata().unwrap().len())
+        .max()
+        .unwrap();
+    let total: u64 = std::fs::read_dir(&local)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tfrecord"))
+        .map(|e| e.metadata().unwrap().len())
+        .sum();
+    // Room for five shards of the eight: a global shuffle could not fit; a window of one shard
+    // does (the shards of the batches in flight, two windows fetched ahead, and the shard the
+    // worker reads).
+    let limit = largest * 5;
+    assert!(
+        limit < total,
+        "the limit must be below the dataset for this test to mean anything"
+    );
+    let mut options = reaching(server, dir.path());
+    options.cache = Some(Cache::at(dir.path().join("small-cache"), Some(limit)));
+    let remote = format::open_with(format!("s3://{bucket}/ds"), &options).unwrap();
+    let config = || {
+        LoaderConfig::default()
+            .with_batch_size(3)
+            .with_workers(1)
+            .with_prefetch(2)
+    };
+    assert_eq!(
+        digest_with(remote, Some(1), config()),
+        digest_with(here, Some(1), config())
+    );
+    let cached: u64 = std::fs::read_dir(dir.path().join("small-cache/remote"))
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    assert!(
+        cached <= limit,
+        "{cached} bytes cached over the {limit} limit"
+    );
+}
+
+#[test]
+fn webdataset_and_tensorflow_shards_read_from_s3_as_from_disk() {
+    let Some(server) = server() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let bucket = server.bucket(&unique_bucket("foreign"));
+    // TensorFlow's GZIP shards, read with their label base.
+    let gz = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/compat/tfrecord-gzip");
+    server.upload_dir(&gz, &bucket, "tf");
+    let options = reaching(server, dir.path()).with_label_base(1);
+    let remote = format::open_with(format!("s3://{bucket}/tf"), &options).unwrap();
+    let here = format::open_with(&gz, &options).unwrap();
+    assert_eq!(records(remote.as_ref()), records(here.as_ref()));
+    assert_eq!(remote.classes(), ["class00"]);
+    // WebDataset tars: a prefix, a pattern, a brace list.
+    let wds = dir.path().join("wds");
+    std::fs::create_dir(&wds).unwrap();
+    let rows = support::fixture_records_without_broken();
+    for shard in 0..2 {
+        let mut builder = tar::Builder::new(
+            std::fs::File::create(wds.join(format!("s-{shard:06}.tar"))).unwrap(),
+        );
+        for (i, (_, label, bytes)) in rows.iter().enumerate().filter(|(i, _)| i % 2 == shard) {
+            for (field, data) in [
+                ("jpg", bytes.clone()),
+                ("cls", label.to_string().into_bytes()),
+            ] {
+                let mut header = tar::Header::new_gnu();
+                header.set_size(data.len() as u64);
+                header.set_mode(0o644);
+                header.set_entry_type(tar::EntryType::Regular);
+                builder
+                    .append_data(&mut header, format!("k{i:04}.{field}"), &data[..])
+                    .unwrap();
+            }
+        }
+        builder.finish().unwrap();
+    }
+    server.upload_dir(&wds, &bucket, "wds");
+    let options = reaching(server, dir.path());
+    let here = records(format::open(&wds).unwrap().as_ref());
+    for url in [
+        format!("s3://{bucket}/wds"),
+        format!("s3://{bucket}/wds/s-*.tar"),
+        format!("s3://{bucket}/wds/s-{{000000..000001}}.tar"),
+    ] {
+        let remote = format::open_with(&url, &options).unwrap_or_else(|e| panic!("{url}: {e}"));
+        assert_eq!(records(remote.as_ref()), here, "{url}");
+    }
+    // A brace list naming a shard that is not there.
+    let err = format::open_with(
+        format!("s3://{bucket}/wds/s-{{000000..000002}}.tar"),
+        &options,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, Error::ShardSet { problem: ShardSetProblem::Missing { missing, .. }, .. } if missing == &["s-000002.tar"]),
+        "{err}"
+    );
+}
+
+#[test]
+fn wrong_buckets_endpoints_and_half_uploads_fail_fast_saying_which() {
+    let Some(server) = server() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let options = reaching(server, dir.path());
+    // A bucket that does not exist.
+    let started = Instant::now();
+    let err = format::open_with("s3://no-such-bucket-here/x", &options).unwrap_err();
+    assert!(
+        err.to_string().contains("s3://no-such-bucket-here"),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+    // An endpoint nobody listens on.
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let mut wrong = OpenOptions::default().with_cache(Cache::at(dir.path().join("c2"), None));
+    for (k, v) in server.options() {
+        let v = if k == "aws_endpoint" {
+            format!("http://127.0.0.1:{closed}")
+        } else {
+            v
+        };
+        wrong = wrong.with_storage_option(k, v);
+    }
+    let started = Instant::now();
+    let err = format::open_with("s3://any/x", &wrong).unwrap_err();
+    assert!(matches!(err, Error::Remote { .. }), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    // An unknown scheme is an error, never a local directory.
+    assert!(matches!(
+        format::open("s4://bucket/x"),
+        Err(Error::BadUrl { .. })
+    ));
+    assert!(!Path::new("s4:").exists());
+    // An empty prefix; a prefix whose manifest names a shard that was not uploaded.
+    let bucket = server.bucket(&unique_bucket("half"));
+    let err = format::open_with(format!("s3://{bucket}/nothing"), &options).unwrap_err();
+    assert!(
+        matches!(&err, Error::NotADataset { reason, .. } if reason.contains("no object")),
+        "{err}"
+    );
+    let local = packed_records(dir.path());
+    server.upload_dir(&local, &bucket, "ds");
+    server.delete(&bucket, "ds/shard-00003.tfrecord");
+    let err = format::open_with(format!("s3://{bucket}/ds"), &options).unwrap_err();
+    assert!(
+        matches!(&err, Error::Incomplete { reason, .. } if reason.contains("shard-00003.tfrecord")),
+        "{err}"
+    );
+}
+
+#[test]
+fn two_sets_under_one_prefix_are_refused_and_a_pattern_picks_one() {
+    let Some(server) = server() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let bucket = server.bucket(&unique_bucket("sets"));
+    let gz = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/compat");
+    server.upload_dir(&gz.join("tfrecord-gzip"), &bucket, "mixed");
+    server.upload_dir(&gz.join("tfrecord-zlib"), &bucket, "mixed");
+    let options = reaching(server, dir.path()).with_label_base(1);
+    let err = format::open_with(format!("s3://{bucket}/mixed"), &options).unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            Error::ShardSet {
+                problem: ShardSetProblem::Mixed { .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let train = format::open_with(format!("s3://{bucket}/mixed/train-*"), &options).unwrap();
+    assert_eq!(train.len(), 8);
+}
+
+/// A process that forks after reading from S3 (its runtime and connections are the
+/// parent's): the child opens and reads on its own, without hanging. Runs as a child of this
+/// test binary (`fork_child`), single-threaded until it forks.
+#[test]
+fn a_forked_child_reads_from_s3_on_its_own() {
+    let Some(server) = server() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let local = packed_records(dir.path());
+    let bucket = server.bucket(&unique_bucket("fork"));
+    server.upload_dir(&local, &bucket, "ds");
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "fork_child", "--nocapture", "--test-threads=1"])
+        .env("IMAGEFEED_TEST_FORK_URL", format!("s3://{bucket}/ds"))
+        .env("IMAGEFEED_TEST_ENDPOINT", &server.endpoint)
+        .env("IMAGEFEED_CACHE_DIR", dir.path().join("fork-cache"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("child read 60 records"), "{stdout}");
+}
+
+#[test]
+fn fork_child() {
+    let Some(url) = std::env::var_os("IMAGEFEED_TEST_FORK_URL") else {
+        return;
+    };
+    let endpoint = std::env::var("IMAGEFEED_TEST_ENDPOINT").unwrap();
+    let options = OpenOptions::default()
+        .with_storage_option("aws_endpoint", &endpoint)
+        .with_storage_option("aws_access_key_id", "test")
+        .with_storage_option("aws_secret_access_key", "test");
+    let url = url.to_str().unwrap().to_string();
+    // The parent reads (its runtime and connections now exist), then forks.
+    let parent = format::open_with(&url, &options).unwrap();
+    let count = records(parent.as_ref()).len();
+    // SAFETY: the child only runs imagefeed's own code (which builds its own runtime and
+    // clients after a fork) and leaves with _exit; the harness runs this test alone.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let status = std::panic::catch_unwind(|| {
+            let child = format::open_with(&url, &options).unwrap();
+            records(child.as_ref()).len()
+        });
+        let code = match status {
+            Ok(n) if n == count => {
+                println!("child read {n} records");
+                0
+            }
+            _ => 1,
+        };
+        use std::io::Write as _;
+        let _ = std::io::stdout().flush();
+        // SAFETY: ends the child without running the parent's destructors or atexit handlers.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        // SAFETY: waitpid on the child just forked, non-blocking.
+        let done = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if done == pid {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the forked child hung");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "child status {status}"
+    );
+    println!("child read {count} records");
+}
