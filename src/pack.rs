@@ -71,6 +71,12 @@ pub struct PackOptions {
     /// Pack only part `.0` of `.1` of the source listing (a job array's share); see
     /// [`PartInfo`] and [`join`].
     pub part: Option<(usize, usize)>,
+    /// An output in object storage: where its local staging copy goes (`None`: the cache the
+    /// environment names).
+    pub cache: Option<crate::cache::Cache>,
+    /// An output in object storage: client options over the environment's
+    /// ([`RemoteUrl::with_options`](crate::remote::RemoteUrl::with_options)).
+    pub storage_options: Vec<(String, String)>,
 }
 
 impl PackOptions {
@@ -123,6 +129,8 @@ impl Default for PackOptions {
             shard_bytes: records::DEFAULT_SHARD_BYTES,
             label_base: 0,
             part: None,
+            cache: None,
+            storage_options: Vec::new(),
         }
     }
 }
@@ -586,6 +594,11 @@ fn pack_source(
     options: &PackOptions,
     observer: &dyn PackObserver,
 ) -> Result<PackSummary> {
+    if let Some(text) = out.to_str()
+        && crate::remote::is_url(text)
+    {
+        return pack_to_url(items, source, text, format, options, observer);
+    }
     let started = Instant::now();
     options.validate()?;
     let (part, range) = part_range(items, options)?;
@@ -649,6 +662,69 @@ fn pack_source(
         resumed_from,
         started,
     )
+}
+
+/// [`pack_source`] into object storage: packed into a local staging copy (crash-safe and
+/// resumable as any pack), then uploaded ([`crate::format::upload`]).
+fn pack_to_url(
+    items: &Source<'_>,
+    source: &Path,
+    url: &str,
+    format: PackFormat,
+    options: &PackOptions,
+    observer: &dyn PackObserver,
+) -> Result<PackSummary> {
+    let url = crate::remote::RemoteUrl::parse(url)?.with_options(&options.storage_options);
+    #[cfg(feature = "remote")]
+    {
+        options.validate()?;
+        crate::format::upload::check_target(&url, options.mode)?;
+        let cache = match &options.cache {
+            Some(cache) => cache.clone(),
+            None => crate::cache::Cache::from_env()?,
+        };
+        let staging = crate::format::upload::staging_for(&url, &cache);
+        if let Some(parent) = staging.parent() {
+            std::fs::create_dir_all(parent).at(parent)?;
+        }
+        // The staging copy is ours to replace whatever the remote mode says: a fresh pack
+        // starts it again, a resumed one continues it.
+        let local = PackOptions {
+            mode: StartMode {
+                resume: options.mode.resume,
+                force: true,
+            },
+            ..options.clone()
+        };
+        // A resumed run whose local pack had finished (the upload was cut short) only uploads.
+        let finished = (options.mode.resume && staging.exists())
+            .then(|| std::fs::read(report_path(&staging)).ok())
+            .flatten()
+            .and_then(|text| serde_json::from_slice::<PackSummary>(&text).ok());
+        let mut summary = match finished {
+            Some(summary) => summary,
+            None => pack_source(items, source, &staging, format, &local, observer)?,
+        };
+        crate::format::upload::publish(&staging, &url, options.mode)?;
+        let report = report_path(&staging);
+        let _ = crate::remote::store::upload(
+            &report,
+            &url.with_key(&format!("{}.report.json", url.key().trim_end_matches('/'))),
+            false,
+        );
+        let _ = std::fs::remove_file(&report);
+        summary.output = PathBuf::from(url.to_string());
+        Ok(summary)
+    }
+    #[cfg(not(feature = "remote"))]
+    {
+        let _ = (items, source, format, options, observer);
+        Err(Error::FeatureDisabled {
+            path: PathBuf::from(url.to_string()),
+            what: "writing to object storage",
+            feature: "remote",
+        })
+    }
 }
 
 /// The part of the source listing this run packs (`--num-parts`/`--part-index`), checked,

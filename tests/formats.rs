@@ -424,7 +424,7 @@ fn a_records_dataset_whose_deletion_was_interrupted_is_never_a_dataset_and_force
             force: true,
             resume: false,
         },
-        ..options
+        ..options.clone()
     };
     pack_as(&fixture_root(), &out, PackFormat::Records, &forced);
     assert!(!out.join(format::output::DELETING).exists());

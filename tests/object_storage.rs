@@ -384,3 +384,254 @@ fn fork_child() {
     );
     println!("child read {count} records");
 }
+
+fn pack_options(server: &S3Server, dir: &Path) -> PackOptions {
+    PackOptions {
+        shard_bytes: 8 * 700,
+        cache: Some(Cache::at(dir.join("pack-cache"), None)),
+        storage_options: server.options(),
+        ..small_options()
+    }
+}
+
+fn synth(dir: &Path) -> std::path::PathBuf {
+    let src = dir.join("src");
+    if !src.exists() {
+        let spec = SyntheticSpec {
+            classes: 3,
+            per_class: 20,
+            width: 16,
+            height: 12,
+            ..SyntheticSpec::default()
+        };
+        synthetic::write_image_folder(&src, &spec).unwrap();
+    }
+    src
+}
+
+#[test]
+fn packing_to_s3_uploads_a_dataset_that_reads_like_a_local_pack_and_never_overwrites() {
+    use imagefeed::pack::{NoProgress, StartMode, pack_image_folder};
+    let Some(server) = server() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let src = synth(dir.path());
+    let bucket = server.bucket(&unique_bucket("pack"));
+    let local = packed_records(dir.path());
+    for (format, key) in [
+        (PackFormat::Records, "out.records"),
+        (PackFormat::Lmdb, "out.lmdb"),
+    ] {
+        let url = format!("s3://{bucket}/{key}");
+        let summary = pack_image_folder(
+            &src,
+            Path::new(&url),
+            format,
+            &pack_options(server, dir.path()),
+            &NoProgress,
+        )
+        .unwrap_or_else(|e| panic!("{url}: {e}"));
+        assert_eq!(summary.output, Path::new(&url));
+        let remote = format::open_with(&url, &reaching(server, dir.path())).unwrap();
+        assert_eq!(
+            records(remote.as_ref()),
+            records(format::open(&local).unwrap().as_ref()),
+            "{url}"
+        );
+        // The staging copy is gone once uploaded.
+        assert!(
+            std::fs::read_dir(dir.path().join("pack-cache/upload"))
+                .unwrap()
+                .all(|d| std::fs::read_dir(d.unwrap().path())
+                    .unwrap()
+                    .next()
+                    .is_none()),
+            "the local copy was left behind"
+        );
+        // Packing there again is refused, naming the URL; --force replaces.
+        let again = pack_image_folder(
+            &src,
+            Path::new(&url),
+            format,
+            &pack_options(server, dir.path()),
+            &NoProgress,
+        );
+        assert!(
+            matches!(again, Err(Error::AlreadyExists { .. })),
+            "{again:?}"
+        );
+        let forced = PackOptions {
+            mode: StartMode {
+                force: true,
+                resume: false,
+            },
+            ..pack_options(server, dir.path())
+        };
+        pack_image_folder(&src, Path::new(&url), format, &forced, &NoProgress).unwrap();
+    }
+}
+
+#[test]
+fn an_upload_cut_short_never_opens_and_resume_finishes_it() {
+    use imagefeed::pack::{NoProgress, StartMode, pack_image_folder};
+    let Some(server) = server() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let src = synth(dir.path());
+    let bucket = server.bucket(&unique_bucket("cut"));
+    // What an upload killed after its marker and two shards leaves.
+    let local = packed_records(dir.path());
+    let partial = dir.path().join("partial");
+    std::fs::create_dir(&partial).unwrap();
+    std::fs::write(
+        partial.join("progress.json"),
+        br#"{"magic": "imagefeed-records", "uploading": true}"#,
+    )
+    .unwrap();
+    for name in [
+        "shard-00000.tfrecord",
+        "shard-00000.index",
+        "shard-00001.tfrecord",
+    ] {
+        std::fs::copy(local.join(name), partial.join(name)).unwrap();
+    }
+    server.upload_dir(&partial, &bucket, "ds");
+    let url = format!("s3://{bucket}/ds");
+    let err = format::open_with(&url, &reaching(server, dir.path())).unwrap_err();
+    assert!(matches!(err, Error::Incomplete { .. }), "{err}");
+    // A plain pack refuses it; --resume finishes it (only what is missing goes up).
+    let plain = pack_image_folder(
+        &src,
+        Path::new(&url),
+        PackFormat::Records,
+        &pack_options(server, dir.path()),
+        &NoProgress,
+    );
+    assert!(
+        matches!(plain, Err(Error::AlreadyExists { .. })),
+        "{plain:?}"
+    );
+    let resume = PackOptions {
+        mode: StartMode {
+            resume: true,
+            force: false,
+        },
+        ..pack_options(server, dir.path())
+    };
+    pack_image_folder(
+        &src,
+        Path::new(&url),
+        PackFormat::Records,
+        &resume,
+        &NoProgress,
+    )
+    .unwrap();
+    let remote = format::open_with(&url, &reaching(server, dir.path())).unwrap();
+    assert_eq!(
+        records(remote.as_ref()),
+        records(format::open(&local).unwrap().as_ref())
+    );
+}
+
+/// Options reaching the S3 server through `proxy`, with transfers' retries bounded by
+/// `retry_timeout` seconds.
+fn through(
+    server: &S3Server,
+    proxy: &support::fault_proxy::FaultProxy,
+    dir: &Path,
+    cache: &str,
+    retry_timeout: u64,
+) -> OpenOptions {
+    let mut options = OpenOptions::default().with_cache(Cache::at(dir.join(cache), None));
+    for (k, v) in server.options() {
+        let v = if k == "aws_endpoint" {
+            proxy.endpoint.clone()
+        } else {
+            v
+        };
+        options = options.with_storage_option(k, v);
+    }
+    options.with_storage_option("retry_timeout", retry_timeout.to_string())
+}
+
+#[test]
+fn resets_throttling_cut_bodies_and_slow_answers_are_retried_to_the_same_epoch() {
+    use support::fault_proxy::{self, Fault};
+    let Some(server) = server() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let local = packed_records(dir.path());
+    let bucket = server.bucket(&unique_bucket("faults"));
+    server.upload_dir(&local, &bucket, "ds");
+    let here = format::open(&local).unwrap();
+    // The first GET of every object (listings, manifest, indexes, shards) meets a fault, in
+    // turn each kind; the next attempt goes through.
+    let seen = std::sync::Mutex::new(std::collections::HashMap::<String, usize>::new());
+    let kinds = std::sync::atomic::AtomicUsize::new(0);
+    let proxy = fault_proxy::start(
+        &server.endpoint,
+        Arc::new(move |_, method, path| {
+            if method != "GET" {
+                return Fault::None;
+            }
+            let mut seen = seen.lock().unwrap();
+            let attempt = seen.entry(path.to_string()).or_default();
+            *attempt += 1;
+            if *attempt > 1 {
+                return Fault::None;
+            }
+            match kinds.fetch_add(1, std::sync::atomic::Ordering::SeqCst) % 5 {
+                0 => Fault::SlowDown,
+                1 => Fault::Reset,
+                2 => Fault::Truncate,
+                3 => Fault::Delay(Duration::from_millis(300)),
+                _ => Fault::ServerError,
+            }
+        }),
+    );
+    let options = through(server, &proxy, dir.path(), "faulty-cache", 60);
+    let remote = format::open_with(format!("s3://{bucket}/ds"), &options).unwrap();
+    assert_eq!(records(remote.as_ref()), records(here.as_ref()));
+    assert_eq!(digest(remote, Some(2)), digest(here, Some(2)));
+    assert!(proxy.requests.load(std::sync::atomic::Ordering::SeqCst) > 10);
+}
+
+#[test]
+fn a_shard_that_stays_unavailable_is_a_named_error_not_a_hang_or_a_short_epoch() {
+    use support::fault_proxy::{self, Fault};
+    let Some(server) = server() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let local = packed_records(dir.path());
+    let bucket = server.bucket(&unique_bucket("dead"));
+    server.upload_dir(&local, &bucket, "ds");
+    // Every GET of one shard fails; opening (manifest, indexes) still works.
+    let proxy = fault_proxy::start(
+        &server.endpoint,
+        Arc::new(|_, method, path| {
+            if method == "GET" && path.contains("shard-00002.tfrecord") {
+                Fault::ServerError
+            } else {
+                Fault::None
+            }
+        }),
+    );
+    let options = through(server, &proxy, dir.path(), "dead-cache", 3);
+    let remote = format::open_with(format!("s3://{bucket}/ds"), &options).unwrap();
+    let started = Instant::now();
+    let loader = Loader::new(
+        remote,
+        LoaderConfig::default()
+            .with_batch_size(5)
+            .with_transform(Transform::imagenet_train(8)),
+    )
+    .unwrap();
+    let failed = loader.epoch(0).find_map(Result::err);
+    match failed {
+        Some(Error::TooManyBadSamples { reason, .. }) => {
+            assert!(reason.contains("shard-00002.tfrecord"), "{reason}");
+        }
+        other => panic!("expected TooManyBadSamples naming the shard, got {other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+}

@@ -32,9 +32,11 @@ pub mod parts;
 pub(crate) mod pickle;
 pub mod records;
 #[cfg(feature = "remote")]
-mod remote;
+pub(crate) mod remote;
 pub mod shard_data;
 pub mod shards;
+#[cfg(feature = "remote")]
+pub mod upload;
 pub mod webdataset;
 pub mod writer;
 

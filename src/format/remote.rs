@@ -18,8 +18,35 @@ use crate::format::{OpenOptions, records, webdataset};
 use crate::remote::RemoteUrl;
 use crate::remote::store::{self, ObjectInfo, Patience};
 
+/// What a URL opened as.
+pub(crate) enum Opened {
+    Records(records::Records),
+    Other(Arc<dyn Dataset>),
+}
+
 /// Opens the dataset `text` (a URL) names.
 pub(crate) fn open_url(text: &str, options: &OpenOptions) -> Result<Arc<dyn Dataset>> {
+    Ok(match open(text, options)? {
+        Opened::Records(records) => Arc::new(records),
+        Opened::Other(dataset) => dataset,
+    })
+}
+
+/// Opens the TFRecord shards `text` (a URL) names; anything else is an error.
+pub(crate) fn open_records_url(text: &str, options: &OpenOptions) -> Result<records::Records> {
+    match open(text, options)? {
+        Opened::Records(records) => Ok(records),
+        Opened::Other(dataset) => Err(Error::not_a_dataset(
+            dataset.path(),
+            format!(
+                "{} shards, not TFRecord shards",
+                dataset.info().format.name()
+            ),
+        )),
+    }
+}
+
+fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
     let url = RemoteUrl::parse(text)?.with_options(&options.storage_options);
     let cache = match &options.cache {
         Some(cache) => cache.clone(),
@@ -37,16 +64,25 @@ pub(crate) fn open_url(text: &str, options: &OpenOptions) -> Result<Arc<dyn Data
         && !url.key().ends_with('/')
         && let Some(object) = store::head(&url, Patience::Open)?
     {
+        if !is_shard(&object) {
+            return open_single_file(&object, options, &cache).map(Opened::Other);
+        }
         (vec![object], false, Vec::new())
     } else {
         let listing = store::list_dir(&url, Patience::Open)?;
+        if crate::format::upload::is_unfinished(&listing) {
+            return Err(Error::Incomplete {
+                path: label,
+                reason: "an upload of ours that did not finish (no manifest yet): rerun the pack \
+                         with --resume to finish it"
+                    .into(),
+            });
+        }
         if listing
             .iter()
             .any(|o| o.url.file_name() == records::MANIFEST)
         {
-            return Ok(Arc::new(records::remote::open_ours(
-                &url, &listing, &cache,
-            )?));
+            return records::remote::open_ours(&url, &listing, &cache).map(Opened::Records);
         }
         let shards: Vec<ObjectInfo> = listing.iter().filter(|o| is_shard(o)).cloned().collect();
         if shards.is_empty() {
@@ -80,17 +116,53 @@ pub(crate) fn open_url(text: &str, options: &OpenOptions) -> Result<Arc<dyn Data
         .iter()
         .all(|o| webdataset::is_shard_name(std::path::Path::new(o.url.file_name())));
     if tars {
-        return Ok(Arc::new(webdataset::remote::open(
-            &url, &objects, set, options, &cache,
-        )?));
+        let dataset = webdataset::remote::open(&url, &objects, set, options, &cache)?;
+        return Ok(Opened::Other(Arc::new(dataset)));
     }
     let dir = objects
         .first()
         .map_or_else(|| url.clone(), |o| o.url.parent());
     let indexes = store::list_dir(&dir.join(records::INDEX_DIR), Patience::Open)?;
-    Ok(Arc::new(records::remote::open_foreign(
-        &url, &objects, set, &indexes, options, &cache,
-    )?))
+    records::remote::open_foreign(&url, &objects, set, &indexes, options, &cache)
+        .map(Opened::Records)
+}
+
+/// A single-file dataset (LMDB, HDF5) in object storage: fetched whole into the cache, then
+/// opened like a local file; the cache entry is held while the dataset is open.
+fn open_single_file(
+    object: &ObjectInfo,
+    options: &OpenOptions,
+    cache: &Cache,
+) -> Result<Arc<dyn Dataset>> {
+    let cached = crate::remote::fetch::fetch(object, cache)?;
+    let inner = crate::format::open_with(&cached.path, options)?;
+    Ok(Arc::new(Fetched {
+        inner,
+        url: PathBuf::from(object.url.to_string()),
+        _held: cached,
+    }))
+}
+
+/// A dataset opened from a cache entry, holding the entry (and naming the URL it came from).
+struct Fetched {
+    inner: Arc<dyn Dataset>,
+    url: PathBuf,
+    _held: crate::cache::CachedFile,
+}
+
+impl Dataset for Fetched {
+    fn info(&self) -> &crate::dataset::DatasetInfo {
+        self.inner.info()
+    }
+    fn path(&self) -> &std::path::Path {
+        &self.url
+    }
+    fn open_reader(&self) -> Result<Box<dyn crate::dataset::RecordReader>> {
+        self.inner.open_reader()
+    }
+    fn notices(&self) -> &[String] {
+        self.inner.notices()
+    }
 }
 
 /// True when `object` is named like a shard of a format read from object storage.

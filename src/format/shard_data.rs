@@ -92,6 +92,29 @@ impl ShardData {
         }
     }
 
+    /// A remote shard already fetched (and scanned) at open, its mapping `mapped`.
+    #[cfg(feature = "remote")]
+    pub(crate) fn remote_resident(
+        object: crate::remote::store::ObjectInfo,
+        cache: crate::cache::Cache,
+        mapped: Mapped,
+    ) -> ShardData {
+        let data = ShardData::remote(object, cache);
+        if let Source::Remote(remote) = &data.source {
+            *remote.resident.lock().expect("not poisoned") = Some(Arc::new(mapped));
+        }
+        data
+    }
+
+    /// The object a remote shard is, when it is one.
+    #[cfg(feature = "remote")]
+    pub fn object(&self) -> Option<&crate::remote::store::ObjectInfo> {
+        match &self.source {
+            Source::Remote(remote) => Some(&remote.object),
+            Source::Local(_) => None,
+        }
+    }
+
     /// The local path or URL, for messages.
     pub fn name(&self) -> &Path {
         &self.name

@@ -139,11 +139,14 @@ fn store(url: &RemoteUrl, patience: Patience) -> Result<Arc<dyn ObjectStore>> {
     Ok(Arc::clone(stores.entry(key).or_insert(built)))
 }
 
+/// Our own client options, taken before the rest go to object_store's builder.
+const RETRY_OPTIONS: [&str; 2] = ["max_retries", "retry_timeout"];
+
 fn build(url: &RemoteUrl, patience: Patience) -> Result<Arc<dyn ObjectStore>> {
     use object_store::{BackoffConfig, ClientOptions, RetryConfig};
     // reqwest is built without a TLS provider of its own (see Cargo.toml): ring's.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let retry = match patience {
+    let mut retry = match patience {
         Patience::Open => RetryConfig {
             backoff: BackoffConfig {
                 init_backoff: Duration::from_millis(100),
@@ -159,6 +162,23 @@ fn build(url: &RemoteUrl, patience: Patience) -> Result<Arc<dyn ObjectStore>> {
             retry_timeout: Duration::from_secs(120),
         },
     };
+    // `max_retries` and `retry_timeout` (seconds) bound transfers' retries (opening keeps its
+    // own, shorter ones unless these are shorter still).
+    for (key, value) in url.options() {
+        let number = || {
+            value.parse::<u64>().map_err(|_| Error::BadUrl {
+                url: url.to_string(),
+                reason: format!("client option {key}={value:?} is not a whole number"),
+            })
+        };
+        match key.as_str() {
+            "max_retries" => retry.max_retries = retry.max_retries.min(number()? as usize),
+            "retry_timeout" => {
+                retry.retry_timeout = retry.retry_timeout.min(Duration::from_secs(number()?));
+            }
+            _ => {}
+        }
+    }
     let options = ClientOptions::new()
         .with_connect_timeout(Duration::from_secs(5))
         .with_timeout(Duration::from_secs(match patience {
@@ -197,7 +217,11 @@ fn build(url: &RemoteUrl, patience: Patience) -> Result<Arc<dyn ObjectStore>> {
             {
                 builder = builder.with_region("us-east-1");
             }
-            for (key, value) in url.options() {
+            for (key, value) in url
+                .options()
+                .iter()
+                .filter(|(k, _)| !RETRY_OPTIONS.contains(&k.as_str()))
+            {
                 let parsed: object_store::aws::AmazonS3ConfigKey = key
                     .to_ascii_lowercase()
                     .parse()
@@ -217,7 +241,11 @@ fn build(url: &RemoteUrl, patience: Patience) -> Result<Arc<dyn ObjectStore>> {
                 .with_url(url.root())
                 .with_retry(retry)
                 .with_client_options(options);
-            for (key, value) in url.options() {
+            for (key, value) in url
+                .options()
+                .iter()
+                .filter(|(k, _)| !RETRY_OPTIONS.contains(&k.as_str()))
+            {
                 let parsed: object_store::gcp::GoogleConfigKey = key
                     .to_ascii_lowercase()
                     .parse()
@@ -231,7 +259,11 @@ fn build(url: &RemoteUrl, patience: Patience) -> Result<Arc<dyn ObjectStore>> {
                 .with_url(url.root())
                 .with_retry(retry)
                 .with_client_options(options);
-            for (key, value) in url.options() {
+            for (key, value) in url
+                .options()
+                .iter()
+                .filter(|(k, _)| !RETRY_OPTIONS.contains(&k.as_str()))
+            {
                 let parsed: object_store::azure::AzureConfigKey = key
                     .to_ascii_lowercase()
                     .parse()
@@ -253,6 +285,50 @@ fn build(url: &RemoteUrl, patience: Patience) -> Result<Arc<dyn ObjectStore>> {
         }
     };
     Ok(store)
+}
+
+/// True when `error` is a transfer that broke off (a reset, a time-out, a body cut short)
+/// rather than an answer: worth trying again. object_store retries requests, and resumes a
+/// broken GET body itself, but not a listing's or a small object's body read to the end.
+fn transient(error: &object_store::Error) -> bool {
+    use object_store::client::{HttpError, HttpErrorKind};
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = source {
+        if let Some(http) = e.downcast_ref::<HttpError>() {
+            return matches!(
+                http.kind(),
+                HttpErrorKind::Connect
+                    | HttpErrorKind::Request
+                    | HttpErrorKind::Timeout
+                    | HttpErrorKind::Interrupted
+            );
+        }
+        source = e.source();
+    }
+    false
+}
+
+/// Runs `call` again while it fails transiently, with a growing pause, up to `patience`'s
+/// number of attempts.
+fn retrying<T>(
+    patience: Patience,
+    mut call: impl FnMut() -> Result<std::result::Result<T, object_store::Error>>,
+) -> Result<std::result::Result<T, object_store::Error>> {
+    let attempts = match patience {
+        Patience::Open => 4,
+        Patience::Transfer => 8,
+    };
+    let mut pause = Duration::from_millis(200);
+    for _ in 1..attempts {
+        match call()? {
+            Err(e) if transient(&e) => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+            done => return Ok(done),
+        }
+    }
+    call()
 }
 
 fn store_path(url: &RemoteUrl) -> StorePath {
@@ -285,8 +361,10 @@ pub fn list_dir(url: &RemoteUrl, patience: Patience) -> Result<Vec<ObjectInfo>> 
     let store = store(url, patience)?;
     let prefix = url.key().trim_end_matches('/');
     let prefix = (!prefix.is_empty()).then(|| StorePath::from(prefix));
-    let result = block_on(async move { store.list_with_delimiter(prefix.as_ref()).await })?
-        .map_err(|e| Error::remote(url, "listing", e))?;
+    let result = retrying(patience, || {
+        block_on(async { store.list_with_delimiter(prefix.as_ref()).await })
+    })?
+    .map_err(|e| Error::remote(url, "listing", e))?;
     let mut objects: Vec<ObjectInfo> = result
         .objects
         .into_iter()
@@ -304,7 +382,7 @@ pub fn list_dir(url: &RemoteUrl, patience: Patience) -> Result<Vec<ObjectInfo>> 
 pub fn head(url: &RemoteUrl, patience: Patience) -> Result<Option<ObjectInfo>> {
     let store = store(url, patience)?;
     let path = store_path(url);
-    match block_on(async move { store.head(&path).await })? {
+    match retrying(patience, || block_on(async { store.head(&path).await }))? {
         Ok(meta) => Ok(Some(ObjectInfo {
             url: url.clone(),
             size: meta.size,
@@ -320,12 +398,14 @@ pub fn head(url: &RemoteUrl, patience: Patience) -> Result<Option<ObjectInfo>> {
 pub fn get_small(url: &RemoteUrl, limit: u64, patience: Patience) -> Result<Vec<u8>> {
     let store = store(url, patience)?;
     let path = store_path(url);
-    let bytes = block_on(async move {
-        let result = store.get(&path).await?;
-        if result.meta.size > limit {
-            return Ok(Err(result.meta.size));
-        }
-        result.bytes().await.map(Ok)
+    let bytes = retrying(patience, || {
+        block_on(async {
+            let result = store.get(&path).await?;
+            if result.meta.size > limit {
+                return Ok(Err(result.meta.size));
+            }
+            result.bytes().await.map(Ok)
+        })
     })?
     .map_err(|e| Error::remote(url, "reading", e))?
     .map_err(|size| Error::BadUrl {
@@ -338,11 +418,18 @@ pub fn get_small(url: &RemoteUrl, limit: u64, patience: Patience) -> Result<Vec<
 /// Streams the object `object` into `file` (at `path`, for messages), checking that it is as
 /// long as listed; returns the bytes written.
 pub fn download(object: &ObjectInfo, file: &mut fs::File, path: &Path) -> Result<u64> {
+    use std::io::Seek as _;
     let url = &object.url;
     let store = store(url, Patience::Transfer)?;
     let location = store_path(url);
     let mut written = 0u64;
-    let outcome: std::result::Result<std::result::Result<(), std::io::Error>, object_store::Error> =
+    let outcome = retrying(Patience::Transfer, || {
+        // A new attempt writes the file over from its start (its length stays, so a cache
+        // reservation made with it holds; what lies past the end is cut off when done).
+        written = 0;
+        if let Err(e) = file.rewind() {
+            return Ok(Ok(Err(e)));
+        }
         block_on(async {
             let result = store.get(&location).await?;
             let mut stream = result.into_stream();
@@ -353,10 +440,12 @@ pub fn download(object: &ObjectInfo, file: &mut fs::File, path: &Path) -> Result
                 written += chunk.len() as u64;
             }
             Ok(Ok(()))
-        })?;
+        })
+    })?;
     outcome
         .map_err(|e| Error::remote(url, "downloading", e))?
         .at(path)?;
+    file.set_len(written).at(path)?;
     if written != object.size {
         return Err(Error::BadUrl {
             url: url.to_string(),

@@ -8,6 +8,7 @@ use std::process::Command;
 use imagefeed::pack::{self, NoProgress, PackFormat, PackOptions, PackSummary};
 use imagefeed::synthetic::SyntheticSpec;
 
+pub mod fault_proxy;
 pub mod s3;
 
 /// The entries of `list` whose format this build writes (HDF5 needs the `hdf5` feature), so one

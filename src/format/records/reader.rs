@@ -102,6 +102,12 @@ impl Records {
     /// checked to be one whole set (a directory) or whole sets (a pattern, a list) unless
     /// `options.allow_missing_shards`.
     pub fn open_selection(selection: &Selection, options: &OpenOptions) -> Result<Records> {
+        if let Selection::File(path) | Selection::Pattern(path) = selection
+            && let Some(text) = path.to_str()
+            && crate::remote::is_url(text)
+        {
+            return Self::open_url(text, options);
+        }
         let mut brace_missing = Vec::new();
         let (name, files, one_set) = match selection {
             Selection::Directory(dir) => {
@@ -142,6 +148,24 @@ impl Records {
         open_foreign(name, &files, set, options)
     }
 
+    /// Opens the TFRecord shards a URL names (`s3://bucket/prefix/`; feature `remote`).
+    pub fn open_url(text: &str, options: &OpenOptions) -> Result<Records> {
+        #[cfg(feature = "remote")]
+        {
+            crate::format::remote::open_records_url(text, options)
+        }
+        #[cfg(not(feature = "remote"))]
+        {
+            let _ = options;
+            let url = crate::remote::RemoteUrl::parse(text)?;
+            Err(Error::FeatureDisabled {
+                path: url.to_string().into(),
+                what: "reading from object storage",
+                feature: "remote",
+            })
+        }
+    }
+
     /// The label base: stored labels are class index + this.
     pub fn label_base(&self) -> u32 {
         self.shared.label_base
@@ -159,6 +183,15 @@ impl Records {
     pub fn save_missing_indexes(&self) -> Result<Vec<PathBuf>> {
         let mut written = Vec::new();
         for shard in self.shared.shards.iter().filter(|s| s.unsaved_index) {
+            let mut lines = String::new();
+            for &(offset, len) in &shard.records {
+                push_index_line(&mut lines, offset, len);
+            }
+            #[cfg(feature = "remote")]
+            if let Some(object) = shard.data.object() {
+                written.push(save_remote_index(object, &lines)?);
+                continue;
+            }
             let index_path = index::saved_index_path(&shard.path);
             if fs::symlink_metadata(&index_path).is_ok() {
                 continue;
@@ -167,10 +200,6 @@ impl Records {
                 && !dir.is_dir()
             {
                 fs::create_dir(dir).at(dir)?;
-            }
-            let mut lines = String::new();
-            for &(offset, len) in &shard.records {
-                push_index_line(&mut lines, offset, len);
             }
             output::write_file_atomically(&index_path, lines.as_bytes())?;
             written.push(index_path);
@@ -546,6 +575,44 @@ fn open_foreign_shard(
         damaged: scan.damaged.into_iter().collect(),
         unsaved_index: clean,
     })
+}
+
+/// Uploads the index `lines` of the remote shard `object` to `index/NAME.index` beside it
+/// (never over an object already there); returns its URL as a path.
+#[cfg(feature = "remote")]
+fn save_remote_index(object: &crate::remote::store::ObjectInfo, lines: &str) -> Result<PathBuf> {
+    let url = object
+        .url
+        .parent()
+        .join(super::INDEX_DIR)
+        .join(&format!("{}.index", object.url.file_name()));
+    let mut local = tempfile_for_upload()?;
+    use std::io::Write as _;
+    local.1.write_all(lines.as_bytes()).at(&local.0)?;
+    let uploaded = crate::remote::store::upload(&local.0, &url, true);
+    let _ = fs::remove_file(&local.0);
+    match uploaded {
+        Ok(()) | Err(Error::AlreadyExists { .. }) => Ok(PathBuf::from(url.to_string())),
+        Err(e) => Err(e),
+    }
+}
+
+/// A new local file to stage an upload in (the cache directory, else the temp directory).
+#[cfg(feature = "remote")]
+fn tempfile_for_upload() -> Result<(PathBuf, fs::File)> {
+    let dir = crate::cache::Cache::from_env()
+        .map(|c| c.root().to_path_buf())
+        .unwrap_or_else(|_| std::env::temp_dir());
+    fs::create_dir_all(&dir).at(&dir)?;
+    let path = dir.join(format!(
+        ".index-upload-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    let file = fs::File::create(&path).at(&path)?;
+    Ok((path, file))
 }
 
 /// Scans a decompressed shard; when its stream was damaged (`damage`), the cut stream's

@@ -166,28 +166,37 @@ fn open_foreign_shard(
         ));
     }
     let cached = fetch::fetch(object, cache)?;
-    let (mapped, damage) = scanned_copy(&path, cached, cache)?;
+    let (mapped, damage, compressed) = scanned_copy(&path, cached, cache)?;
     let scan = scan_decompressed(mapped.bytes(), damage);
     let len = mapped.bytes().len() as u64;
+    // A compressed shard's records are found in its decompressed copy, held as a local one;
+    // a plain shard stays the remote object (the planner may let it go) and its clean scan is
+    // an index `pack-dataset index` can save.
+    let clean = scan.damaged.is_empty() && !compressed;
+    let data = if compressed {
+        ShardData::local(&path, mapped)
+    } else {
+        ShardData::remote_resident(object.clone(), cache.clone(), mapped)
+    };
     Ok((
         Shard {
             path: path.clone(),
-            data: Arc::new(ShardData::local(&path, mapped)),
+            data: Arc::new(data),
             records: scan.records,
             damaged: scan.damaged.into_iter().collect(),
-            unsaved_index: false,
+            unsaved_index: clean,
         },
         len,
     ))
 }
 
 /// The mapped bytes of a fetched shard, decompressed first when it is compressed (with why its
-/// stream stopped early, if it did).
+/// stream stopped early, if it did, and whether it was compressed).
 fn scanned_copy(
     path: &Path,
     cached: crate::cache::CachedFile,
     cache: &Cache,
-) -> Result<(Mapped, Option<String>)> {
+) -> Result<(Mapped, Option<String>, bool)> {
     let mut head = [0u8; 16];
     let got = {
         use std::os::unix::fs::FileExt as _;
@@ -197,8 +206,8 @@ fn scanned_copy(
     match compressed::sniff(head, starts_with_frame(head)) {
         Some(compression) => {
             let copy = compressed::decompress(&cached.path, &cached.file, compression, cache)?;
-            Ok((Mapped::new(path, copy.file, true)?, copy.damage))
+            Ok((Mapped::new(path, copy.file, true)?, copy.damage, true))
         }
-        None => Ok((Mapped::new(&cached.path, cached.file, true)?, None)),
+        None => Ok((Mapped::new(&cached.path, cached.file, true)?, None, false)),
     }
 }
