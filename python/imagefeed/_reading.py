@@ -36,6 +36,7 @@ def reading_options(
     label_base: Optional[int] = None,
     num_classes: Optional[int] = None,
     allow_missing_shards: bool = False,
+    storage_options: Optional[Dict[str, str]] = None,
 ) -> Dict[str, object]:
     """The reading options as the native calls take them (checked there):
 
@@ -43,17 +44,27 @@ def reading_options(
     - ``label_base``: TFRecord shards without an imagefeed manifest store class + this
       (ImageNet TFRecords: 1); ``num_classes``: their class count (else found by a scan);
     - ``allow_missing_shards``: read a set of shards (``NAME-NNNNN-of-TTTTT``) with members
-      missing, on purpose, instead of raising :class:`~imagefeed.errors.ShardSetError`.
+      missing, on purpose, instead of raising :class:`~imagefeed.errors.ShardSetError`;
+    - ``storage_options``: object storage client options over the environment's, in
+      object_store's names (``{"aws_endpoint": "http://127.0.0.1:9000",
+      "aws_access_key_id": ..., "aws_secret_access_key": ...}``; ``max_retries`` and
+      ``retry_timeout`` in seconds bound transfers' retries).
     """
     if not isinstance(allow_missing_shards, bool):
         raise errors.ConfigError(f"allow_missing_shards {allow_missing_shards!r}: must be True or False")
     for name, value in (("label_base", label_base), ("num_classes", num_classes)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise errors.ConfigError(f"{name} {value!r}: must be a non-negative int")
+    if storage_options is not None and (
+        not isinstance(storage_options, dict)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in storage_options.items())
+    ):
+        raise errors.ConfigError(f"storage_options {storage_options!r}: must be a dict of str to str")
     return dict(
         hdf5_images=hdf5_images,
         hdf5_labels=hdf5_labels,
         label_base=label_base,
         num_classes=num_classes,
         allow_missing_shards=allow_missing_shards,
+        storage_options=sorted((storage_options or {}).items()),
     )

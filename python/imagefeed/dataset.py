@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Any, Callable, List, Optional, Tuple, Union
+from typing import Dict, Any, Callable, List, Optional, Tuple, Union
 
 from . import _native
 from . import errors
@@ -41,6 +41,7 @@ class Dataset:
         label_base: Optional[int] = None,
         num_classes: Optional[int] = None,
         allow_missing_shards: bool = False,
+        storage_options: Optional[Dict[str, str]] = None,
         max_pixels: Optional[int] = None,
     ):
         if decode not in _DECODES:
@@ -51,7 +52,9 @@ class Dataset:
         self.transform = transform
         self.target_transform = target_transform
         self._options = dict(
-            reading=reading_options(hdf5_images, hdf5_labels, label_base, num_classes, allow_missing_shards),
+            reading=reading_options(
+            hdf5_images, hdf5_labels, label_base, num_classes, allow_missing_shards, storage_options
+        ),
             max_pixels=max_pixels,
         )
         self._native: Optional[_native.NativeDataset] = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from typing import Any, Iterator, List, NamedTuple, Optional, Tuple, Union
+from typing import Dict, Any, Iterator, List, NamedTuple, Optional, Tuple, Union
 
 from . import _native
 from . import errors
@@ -221,10 +221,13 @@ class Loader:
         label_base: Optional[int] = None,
         num_classes: Optional[int] = None,
         allow_missing_shards: bool = False,
+        storage_options: Optional[Dict[str, str]] = None,
         shard_window: Optional[int] = None,
     ):
         paths = dataset_paths(path)
-        reading = reading_options(hdf5_images, hdf5_labels, label_base, num_classes, allow_missing_shards)
+        reading = reading_options(
+            hdf5_images, hdf5_labels, label_base, num_classes, allow_missing_shards, storage_options
+        )
         if output not in _OUTPUTS:
             raise errors.ConfigError(f"output {output!r}: must be one of {', '.join(_OUTPUTS)}")
         if not isinstance(device, str) or not (device == "cpu" or device.startswith("cuda")):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Optional, Tuple, Union
+from typing import Dict, Optional, Tuple, Union
 
 from . import _native, errors
 from ._reading import DatasetPath, dataset_paths, reading_options
@@ -36,12 +36,15 @@ def pack(
     input_label_base: Optional[int] = None,
     num_classes: Optional[int] = None,
     allow_missing_shards: bool = False,
+    storage_options: Optional[Dict[str, str]] = None,
 ) -> dict:
     """Packs an ImageFolder tree (one sub-folder per class), or converts any dataset imagefeed
     reads, into ``out`` as ``format`` (``"lmdb"``, ``"hdf5"`` or ``"records"``). A source that
     other tools wrote is read with the options :class:`~imagefeed.Loader` takes
     (``hdf5_images``, ``hdf5_labels``, ``input_label_base``, ``num_classes``,
-    ``allow_missing_shards``); ``label_base`` is the output's.
+    ``allow_missing_shards``, ``storage_options``); ``label_base`` is the output's. ``out`` may
+    be a URL (``s3://bucket/prefix``): the output is packed locally, then uploaded (nothing
+    overwritten without ``force=True``; the manifest last, so a cut-short upload never opens).
 
     The output is built beside ``out`` and appears under its name only when complete; an
     interrupted pack continues with ``resume=True``. Files that are not usable images are left
@@ -71,7 +74,9 @@ def pack(
             part=part,
             max_pixels=max_pixels,
             quiet=not progress,
-            reading=reading_options(hdf5_images, hdf5_labels, input_label_base, num_classes, allow_missing_shards),
+            reading=reading_options(
+                hdf5_images, hdf5_labels, input_label_base, num_classes, allow_missing_shards, storage_options
+            ),
         )
     return json.loads(summary)
 
@@ -108,12 +113,15 @@ def inspect(
     hdf5_labels: Optional[str] = None,
     label_base: Optional[int] = None,
     num_classes: Optional[int] = None,
+    storage_options: Optional[Dict[str, str]] = None,
 ) -> dict:
     """What ``pack-dataset inspect`` shows: format, completeness (``missing_shards`` when a set
     lacks members), classes and their counts, image sizes, payload bytes, bad records. Takes the
     reading options :class:`~imagefeed.Loader` takes; ``report["whole"]`` is True when the
     dataset is complete and every record read."""
-    reading = reading_options(hdf5_images, hdf5_labels, label_base, num_classes)
+    reading = reading_options(
+        hdf5_images, hdf5_labels, label_base, num_classes, storage_options=storage_options
+    )
     with errors.arguments("inspect"):
         report = json.loads(_native.inspect_dataset(dataset_paths(path), reading))
     report["whole"] = bool(report.get("complete")) and not report.get("bad_records")
@@ -129,11 +137,14 @@ def verify(
     label_base: Optional[int] = None,
     num_classes: Optional[int] = None,
     allow_missing_shards: bool = False,
+    storage_options: Optional[Dict[str, str]] = None,
 ) -> dict:
     """Decodes every record (and, with ``against``, compares each with the ImageFolder tree it
     was packed from). Takes the reading options :class:`~imagefeed.Loader` takes. Returns the
     report; ``report["ok"]`` is True when no problem was found."""
-    reading = reading_options(hdf5_images, hdf5_labels, label_base, num_classes, allow_missing_shards)
+    reading = reading_options(
+        hdf5_images, hdf5_labels, label_base, num_classes, allow_missing_shards, storage_options
+    )
     with errors.arguments("verify"):
         report = json.loads(
             _native.verify_dataset(dataset_paths(path), None if against is None else os.fspath(against), reading)

@@ -74,6 +74,16 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
             located = Some((path, format!("{what}: {remedy}")));
             "UnsupportedDataError"
         }
+        Error::BadUrl { url, reason } => {
+            attrs.set_item("path", url)?;
+            attrs.set_item("reason", reason)?;
+            "DataError"
+        }
+        Error::Remote { url, doing, source } => {
+            attrs.set_item("path", url)?;
+            attrs.set_item("reason", format!("{doing}: {source}"))?;
+            "DataError"
+        }
         Error::CacheFull { dir, .. } => {
             located = Some((dir, err.to_string()));
             "CacheFullError"

@@ -35,6 +35,7 @@ pub(crate) struct Reading {
     label_base: Option<u32>,
     num_classes: Option<usize>,
     allow_missing_shards: bool,
+    storage_options: Vec<(String, String)>,
 }
 
 impl Reading {
@@ -49,6 +50,7 @@ impl Reading {
         }
         options.records.label_base = self.label_base;
         options.records.num_classes = self.num_classes;
+        options.storage_options = self.storage_options;
         options
     }
 }
@@ -134,6 +136,8 @@ fn pack_dataset(
     if let Some(max_pixels) = max_pixels {
         options.max_pixels = max_pixels;
     }
+    // An output in object storage is reached with the same client options as the input.
+    options.storage_options = input.storage_options.clone();
     options.validate().map_err(to_py)?;
     let summary = run_interruptibly(py, quiet, |observer| {
         pack::convert_with(&source, &out, format, &options, &input, observer)
