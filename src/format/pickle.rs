@@ -158,6 +158,10 @@ pub fn parse(data: &[u8]) -> Result<Value, String> {
     let mut made = 0usize;
     // Bytes of text copied by memo references: at most as many as the input holds.
     let mut copied = 0usize;
+    // Values and text copied into the memo by PUT and MEMOIZE (which copy here too): a normal
+    // pickle stores each value once (protocol 2's bytes as text, as bytes and in its tuple: three
+    // copies), so four times the budget leaves room and stays linear.
+    let mut stored = 0usize;
     let mut at = 0usize;
     let take = |at: &mut usize, n: usize| -> Result<Range<usize>, String> {
         let end = at
@@ -207,6 +211,18 @@ pub fn parse(data: &[u8]) -> Result<Value, String> {
                 return Err(format!(
                     "pickle of {} bytes copies more than {budget} bytes of text (repeated memo references)",
                     data.len()
+                ));
+            }
+            Ok(())
+        };
+        // A memo store (PUT, MEMOIZE) copies the top of the stack: it costs its values and text.
+        let mut store = |item: &Item| -> Result<(), String> {
+            stored = stored.saturating_add(item.nodes).saturating_add(item.owned);
+            if stored > 4 * budget {
+                return Err(format!(
+                    "pickle of {} bytes stores more than {} values in its memo (repeated PUT or MEMOIZE)",
+                    data.len(),
+                    4 * budget
                 ));
             }
             Ok(())
@@ -427,7 +443,9 @@ pub fn parse(data: &[u8]) -> Result<Value, String> {
             }
             0x94 => {
                 // MEMOIZE: memo[len(memo)] = top
-                let top = stack.last().cloned().ok_or("MEMOIZE on an empty stack")?;
+                let top = stack.last().ok_or("MEMOIZE on an empty stack")?;
+                store(top)?;
+                let top = top.clone();
                 let index = u32::try_from(memo.len()).map_err(|_| "too many memo entries")?;
                 memo.insert(index, top);
             }
@@ -439,8 +457,9 @@ pub fn parse(data: &[u8]) -> Result<Value, String> {
                     _ => decimal(&data[line(&mut at)?])?,
                 };
                 let i = u32::try_from(i).map_err(|_| "memo index beyond 2^32")?;
-                let top = stack.last().cloned().ok_or("PUT on an empty stack")?;
-                memo.insert(i, top);
+                let top = stack.last().ok_or("PUT on an empty stack")?;
+                store(top)?;
+                memo.insert(i, top.clone());
             }
             b'h' | b'j' | b'g' => {
                 let i = match op {
@@ -811,6 +830,46 @@ mod tests {
         text.push(b'.');
         let err = parse(&text).unwrap_err();
         assert!(err.contains("copies more than"), "{err}");
+    }
+
+    #[test]
+    fn memo_stores_cannot_expand_a_pickle_beyond_its_size() {
+        // Found by a hostile review: a list of n values followed by m MEMOIZE (or PUT to one
+        // index) copied n × m values — gigabytes, or minutes, from a few kilobytes.
+        let list = |n: usize| {
+            let mut data = b"\x80\x04(".to_vec();
+            for _ in 0..n {
+                data.extend_from_slice(b"K\x01");
+            }
+            data.push(b'l');
+            data
+        };
+        for op in [
+            &b"\x94"[..],
+            &b"q\x00"[..],
+            &b"r\x00\x00\x00\x00"[..],
+            &b"p0\n"[..],
+        ] {
+            let mut data = list(2000);
+            for _ in 0..2000 {
+                data.extend_from_slice(op);
+            }
+            data.push(b'.');
+            let err = parse(&data).unwrap_err();
+            assert!(err.contains("stores more than"), "{op:?}: {err}");
+        }
+        // A normal pickle memoizes every value once and reads.
+        let mut data = list(2000);
+        data.extend_from_slice(b"\x94.");
+        assert!(matches!(parse(&data).unwrap(), Value::List(v) if v.len() == 2000));
+        // Protocol 2 stores bytes as latin-1 text, memoizing the text, the bytes and the tuple:
+        // pickle.dumps((b'\xff' * 3000, 0), protocol=2).
+        let text = "\u{ff}".repeat(3000);
+        let mut data = b"\x80\x02c_codecs\nencode\nq\x00X".to_vec();
+        data.extend_from_slice(&(text.len() as u32).to_le_bytes());
+        data.extend_from_slice(text.as_bytes());
+        data.extend_from_slice(b"q\x01X\x06\x00\x00\x00latin1q\x02\x86q\x03Rq\x04K\x00\x86q\x05.");
+        assert_eq!(split(&data), (vec![0xff; 3000], 0));
     }
 
     /// The image and label of a value, with a decoded image checked against `expected`.
