@@ -275,8 +275,10 @@ pub trait Dataset: Send + Sync {
     /// Shards of the dataset's set that are missing, when it was opened with
     /// [`allow_missing_shards`](crate::format::OpenOptions::allow_missing_shards) (a
     /// deliberate subset); empty for a whole dataset, and for formats that are not shards.
-    fn missing_shards(&self) -> &[String] {
-        &[]
+    fn missing_shards(&self) -> &crate::format::shards::MissingShards {
+        static NONE: crate::format::shards::MissingShards =
+            crate::format::shards::MissingShards::NONE;
+        &NONE
     }
 
     /// For a dataset stored as shards: the index of each shard's first record, then the

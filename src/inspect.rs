@@ -102,9 +102,13 @@ pub struct Inspection {
     /// What opening the dataset reported (e.g. an index built for a TFRecord shard).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notices: Vec<String>,
-    /// Members of its shard set that are missing (then `complete` is false).
+    /// Members of its shard set that are missing (then `complete` is false): the first
+    /// [`NAMED_MISSING`](crate::format::shards::NAMED_MISSING) of them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub missing_shards: Vec<String>,
+    /// How many members of its shard set are missing.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub missing_shard_count: u64,
 }
 
 impl Inspection {
@@ -131,7 +135,7 @@ impl Dataset for ArcDataset {
     fn notices(&self) -> &[String] {
         self.0.notices()
     }
-    fn missing_shards(&self) -> &[String] {
+    fn missing_shards(&self) -> &crate::format::shards::MissingShards {
         self.0.missing_shards()
     }
     fn shard_starts(&self) -> Option<&[usize]> {
@@ -222,8 +226,9 @@ fn inspect_dataset(
 ) -> Inspection {
     let info = dataset.info().clone();
     let rejected_at_pack = rejected_at_pack.or(info.rejected_at_pack);
-    let missing_shards = dataset.missing_shards().to_vec();
-    let complete = complete && missing_shards.is_empty();
+    let missing = dataset.missing_shards();
+    let (missing_shards, missing_shard_count) = (missing.named.clone(), missing.count);
+    let complete = complete && missing.is_empty();
 
     struct Seen {
         label: u32,
@@ -327,5 +332,11 @@ fn inspect_dataset(
         rejected_at_pack,
         notices: dataset.notices().to_vec(),
         missing_shards,
+        missing_shard_count,
     }
+}
+
+/// Whether `n` is zero (serde: a count left out of the JSON when none).
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

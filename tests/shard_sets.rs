@@ -142,7 +142,8 @@ fn a_set_with_a_shard_missing_is_refused_naming_it_unless_allowed() {
     // Allowed on purpose: the rest reads, and the dataset says what is missing.
     let allowed = OpenOptions::default().with_allow_missing_shards(true);
     let partial = format::open_with(dir.path(), &allowed).unwrap();
-    assert_eq!(partial.missing_shards(), ["train-00003-of-00004"]);
+    assert_eq!(partial.missing_shards().named, ["train-00003-of-00004"]);
+    assert_eq!(partial.missing_shards().count, 1);
     assert!(partial.len() < whole.len());
     assert!(
         partial

@@ -113,7 +113,7 @@ fn a_directory_a_pattern_and_a_brace_list_read_the_samples_in_order() {
         &OpenOptions::default().with_allow_missing_shards(true),
     )
     .unwrap();
-    assert_eq!(partial.missing_shards(), ["train-000001.tar"]);
+    assert_eq!(partial.missing_shards().named, ["train-000001.tar"]);
     // So does the directory: numbered shards with a gap.
     assert!(matches!(
         format::open(&shards),

@@ -370,8 +370,8 @@ fn format_inspection(i: &Inspection) -> String {
         if !i.missing_shards.is_empty() {
             format!(
                 "NO: {} shard(s) of the set are missing: {}",
-                i.missing_shards.len(),
-                i.missing_shards.join(", ")
+                i.missing_shard_count,
+                imagefeed::format::shards::missing_list(&i.missing_shards, i.missing_shard_count)
             )
         } else if i.complete {
             "yes".to_string()

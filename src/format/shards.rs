@@ -289,14 +289,23 @@ pub fn expand_selection(
     Ok((files, Vec::new()))
 }
 
+/// How many missing members a [`SetReport`] names (the count says how many there are: a
+/// deliberate subset of a set of 100,000 shards must not make a notice of 100,000 names).
+pub const NAMED_MISSING: usize = 20;
+
 /// What [`check_sets`] found in an acceptable selection.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SetReport {
     /// The sets, each with its number of files.
     pub sets: Vec<(String, usize)>,
-    /// Missing members' file names, when missing shards were allowed (empty otherwise: a
-    /// missing member is an error).
+    /// The first [`NAMED_MISSING`] missing members' file names, when missing shards were
+    /// allowed (empty otherwise: a missing member is an error).
     pub missing: Vec<String>,
+    /// How many members are missing (at least `missing.len()`).
+    pub missing_count: u64,
+    /// Each set's member numbers counted missing: its key and the span `start..end` whose
+    /// numbers not present are missing (so a brace list's missing name is counted once).
+    spans: Vec<(SetKey, u64, u64)>,
 }
 
 impl SetReport {
@@ -304,27 +313,89 @@ impl SetReport {
     /// the log facade); none for a whole set.
     pub fn notices(&self, name: &Path) -> Vec<String> {
         let mut notices = Vec::new();
-        if !self.missing.is_empty() {
+        if self.missing_count > 0 {
             crate::dataset::notice(
                 &mut notices,
                 format!(
                     "{}: reading a set with {} shard(s) missing, as asked: {}",
                     name.display(),
-                    self.missing.len(),
-                    self.missing.join(", ")
+                    self.missing_count,
+                    missing_list(&self.missing, self.missing_count)
                 ),
             );
         }
         notices
     }
 
+    /// The members missing, named and counted.
+    pub fn missing_shards(&self) -> MissingShards {
+        MissingShards {
+            named: self.missing.clone(),
+            count: self.missing_count,
+        }
+    }
+
     /// Adds members found missing elsewhere (a brace list's), each once.
     pub fn add_missing(&mut self, missing: Vec<String>) {
-        for name in missing {
-            if !self.missing.contains(&name) {
-                self.missing.push(name);
+        let mut seen: std::collections::HashSet<&str> =
+            self.missing.iter().map(String::as_str).collect();
+        let mut added = Vec::new();
+        for name in &missing {
+            let parsed = shard_name(name);
+            let counted = parsed.number.is_some_and(|n| {
+                let key = parsed.set_key();
+                self.spans
+                    .iter()
+                    .any(|(k, start, end)| *k == key && (*start..*end).contains(&n))
+            });
+            if counted || !seen.insert(name.as_str()) {
+                continue;
             }
+            added.push(name.clone());
         }
+        self.missing_count += added.len() as u64;
+        let room = NAMED_MISSING.saturating_sub(self.missing.len());
+        self.missing.extend(added.into_iter().take(room));
+    }
+}
+
+/// The members of a set missing from a dataset opened with
+/// [`allow_missing_shards`](crate::format::OpenOptions::allow_missing_shards).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MissingShards {
+    /// The first [`NAMED_MISSING`] missing members' file names.
+    pub named: Vec<String>,
+    /// How many members are missing.
+    pub count: u64,
+}
+
+impl MissingShards {
+    /// No member missing.
+    pub const NONE: MissingShards = MissingShards {
+        named: Vec::new(),
+        count: 0,
+    };
+
+    /// Whether no member is missing.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+}
+
+impl std::fmt::Display for MissingShards {
+    /// The names, with how many more there are (`a, b and 998 more`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&missing_list(&self.named, self.count))
+    }
+}
+
+/// `names` (the first of `count` missing members), with how many more there are.
+pub fn missing_list(names: &[String], count: u64) -> String {
+    let more = count.saturating_sub(names.len() as u64);
+    if more == 0 {
+        names.join(", ")
+    } else {
+        format!("{} and {more} more", names.join(", "))
     }
 }
 
@@ -368,7 +439,7 @@ pub fn check_sets(
     }
     let mut report = SetReport {
         sets: summary,
-        missing: Vec::new(),
+        ..SetReport::default()
     };
     for members in sets.values() {
         let mut numbers: BTreeMap<u64, &str> = BTreeMap::new();
@@ -408,9 +479,15 @@ pub fn check_sets(
         if count == 0 {
             continue;
         }
+        // Named: the first few (the count says how many; the set may be 10^17 long).
+        let named = if allow_missing {
+            NAMED_MISSING.saturating_sub(report.missing.len())
+        } else {
+            10
+        };
         let missing: Vec<String> = (start..end)
             .filter(|n| !numbers.contains_key(n))
-            .take(if allow_missing { usize::MAX } else { 10 })
+            .take(named)
             .map(|n| first.member(n))
             .collect();
         if !allow_missing {
@@ -422,6 +499,8 @@ pub fn check_sets(
             }));
         }
         report.missing.extend(missing);
+        report.missing_count += count;
+        report.spans.push((first.set_key(), start, end));
     }
     Ok(report)
 }
@@ -582,6 +661,37 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_huge_set_read_in_part_is_counted_not_listed() {
+        // Found by a hostile review: allowing missing members listed every one of them, so a
+        // name ending `-of-99999999999999999` took all memory.
+        let one = paths(&["x-00000-of-99999999999999999"]);
+        let report = check_sets(Path::new("/d"), &one, true, true).unwrap();
+        assert_eq!(report.missing_count, 99_999_999_999_999_998);
+        assert_eq!(report.missing.len(), NAMED_MISSING);
+        assert_eq!(report.missing[0], "x-00001-of-99999999999999999");
+        let notice = &report.notices(Path::new("/d"))[0];
+        assert!(notice.len() < 2000, "{notice}");
+        assert!(notice.ends_with("and 99999999999999978 more"), "{notice}");
+        // A brace list's missing member already counted in its set is counted once; others add.
+        let mut report = check_sets(
+            Path::new("/d"),
+            &paths(&["t-00000-of-00004", "t-00002-of-00004"]),
+            true,
+            true,
+        )
+        .unwrap();
+        assert_eq!(report.missing_count, 2);
+        report.add_missing(vec!["t-00001-of-00004".into(), "other.tar".into()]);
+        report.add_missing(vec!["other.tar".into()]);
+        assert_eq!(report.missing_count, 3);
+        let missing = report.missing_shards();
+        assert_eq!(
+            missing.to_string(),
+            "t-00001-of-00004, t-00003-of-00004, other.tar"
+        );
     }
 
     #[test]

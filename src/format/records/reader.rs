@@ -52,7 +52,7 @@ struct Shared {
     starts: Vec<usize>,
     notices: Vec<String>,
     /// Members of the set that are missing, when that was allowed.
-    missing_shards: Vec<String>,
+    missing_shards: crate::format::shards::MissingShards,
     /// Fetches remote shards ahead of the loader; `None` when every shard is local.
     planner: Option<ShardPlanner>,
 }
@@ -403,7 +403,7 @@ pub(super) fn assemble_ours(
             shards,
             starts,
             notices: Vec::new(),
-            missing_shards: Vec::new(),
+            missing_shards: crate::format::shards::MissingShards::NONE,
         }),
     })
 }
@@ -481,7 +481,7 @@ pub(super) fn assemble_foreign(
             shards,
             starts,
             notices,
-            missing_shards: set.missing,
+            missing_shards: set.missing_shards(),
         }),
     })
 }
@@ -815,7 +815,7 @@ impl Dataset for Records {
         &self.shared.notices
     }
 
-    fn missing_shards(&self) -> &[String] {
+    fn missing_shards(&self) -> &crate::format::shards::MissingShards {
         &self.shared.missing_shards
     }
 

@@ -98,7 +98,7 @@ struct Shared {
     /// Index of each shard's first sample; a final entry holds the total.
     starts: Vec<usize>,
     notices: Vec<String>,
-    missing_shards: Vec<String>,
+    missing_shards: crate::format::shards::MissingShards,
 }
 
 impl Shared {
@@ -224,7 +224,7 @@ pub(super) fn assemble(
             shards,
             starts,
             notices,
-            missing_shards: set.missing,
+            missing_shards: set.missing_shards(),
         }),
     })
 }
@@ -356,7 +356,7 @@ impl Dataset for WebDataset {
         &self.shared.notices
     }
 
-    fn missing_shards(&self) -> &[String] {
+    fn missing_shards(&self) -> &crate::format::shards::MissingShards {
         &self.shared.missing_shards
     }
 
