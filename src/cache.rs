@@ -4,7 +4,7 @@
 //! Where: `IMAGEFEED_CACHE_DIR`, else `$XDG_CACHE_HOME/imagefeed`, else `~/.cache/imagefeed`.
 //! How much: `IMAGEFEED_CACHE_LIMIT` bytes (`50GiB`, `500G`, `1000000`), else no limit but the
 //! disk: an entry is never written when it would leave less than [`RESERVE_FRACTION`] of the
-//! file system free ([`Error::CacheFull`] says so, naming the directory).
+//! file system, or [`RESERVE_MAX`] if that is less, free ([`Error::CacheFull`] says so, naming the directory).
 //!
 //! Guarantees:
 //! - **Never half an entry.** An entry is filled as `NAME.partial`, synced, then renamed to
@@ -32,6 +32,9 @@ use crate::error::{Error, IoContext as _, Result};
 /// leaving less than this free.
 pub const RESERVE_FRACTION: f64 = 0.05;
 
+/// The most the reserve takes (5% of a shared 20 TB volume would be a terabyte held back).
+pub const RESERVE_MAX: u64 = 1 << 30;
+
 /// A cache directory, with its byte limit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cache {
@@ -47,6 +50,110 @@ pub struct CachedFile {
     pub path: PathBuf,
     /// The entry, open for reading, holding a shared lock.
     pub file: fs::File,
+}
+
+/// How much more room a fill reserves at a time once past what it reserved (fewer, when only
+/// fewer fit).
+const GROW_STEP: u64 = 64 << 20;
+
+/// An entry being filled ([`Cache::get_or_fill`]): a writer that keeps the entry within the
+/// cache's limit and the file system's reserve, reserving more room (evicting entries no reader
+/// holds) as the bytes pass what was reserved. Past the room there is, a write fails and the
+/// fill ends with [`Error::CacheFull`]: a size hint that lied (a gzip trailer's size of the last
+/// member only, a server sending more than it listed) never fills the disk.
+pub struct Filling<'a> {
+    cache: &'a Cache,
+    dir: PathBuf,
+    path: PathBuf,
+    file: fs::File,
+    /// The partial file's length: room reserved, seen by other fills.
+    reserved: u64,
+    position: u64,
+    /// Why room was refused, reported instead of the write error it caused.
+    refused: Option<Error>,
+}
+
+impl Filling<'_> {
+    /// Where the entry is being filled (for messages).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Bytes written so far (the position reached).
+    pub fn written(&self) -> u64 {
+        self.position
+    }
+
+    /// The bytes written so far as a file of their own that outlives the fill (which must
+    /// then fail, so no entry is made: the file is unnamed once the fill's partial file is
+    /// removed, and its space is freed when it is closed). For data that must not be cached,
+    /// such as a damaged stream's readable part.
+    pub fn detach(&mut self) -> Result<fs::File> {
+        self.file.set_len(self.position).at(&self.path)?;
+        self.reserved = self.position;
+        self.file.try_clone().at(&self.path)
+    }
+
+    /// Reserves room for the entry to reach `end` bytes, or says why not.
+    fn reserve(&mut self, end: u64) -> std::io::Result<()> {
+        let result = (|| {
+            let _whole = self.cache.lock_whole()?;
+            let need = end - self.reserved;
+            let more = match self.cache.make_room(&self.dir, need.max(GROW_STEP)) {
+                Ok(()) => need.max(GROW_STEP),
+                Err(_) => {
+                    self.cache.make_room(&self.dir, need)?;
+                    need
+                }
+            };
+            self.file.set_len(self.reserved + more).at(&self.path)?;
+            self.reserved += more;
+            Ok(())
+        })();
+        result.map_err(|e: Error| {
+            let message = e.to_string();
+            self.refused = Some(e);
+            std::io::Error::other(message)
+        })
+    }
+}
+
+impl std::io::Write for Filling<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let end = self.position.saturating_add(buf.len() as u64);
+        if end > self.reserved {
+            self.reserve(end)?;
+        }
+        match self.file.write(buf) {
+            Ok(n) => {
+                self.position += n as u64;
+                Ok(n)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::StorageFull => {
+                // The file system filled up beside the reservation (another program's writes).
+                self.refused = Some(Error::CacheFull {
+                    dir: self.cache.root.clone(),
+                    needed: buf.len() as u64,
+                    limit: self.cache.limit,
+                    free: Some(0),
+                    in_use: 0,
+                });
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
+}
+
+impl std::io::Seek for Filling<'_> {
+    fn seek(&mut self, to: std::io::SeekFrom) -> std::io::Result<u64> {
+        self.position = self.file.seek(to)?;
+        Ok(self.position)
+    }
 }
 
 impl Cache {
@@ -95,16 +202,17 @@ impl Cache {
     }
 
     /// Entry `name` of `section` (a sub-directory per kind of entry), filled by `fill` when it
-    /// is not there yet. `size_hint` is what the entry is expected to take, for the free-space
-    /// and limit checks made before filling (`None`: unknown, checked as it grows only by the
-    /// file system). `fill` writes the whole entry into the file it is given; its error leaves
-    /// no entry.
+    /// is not there yet. `size_hint` is what the entry is expected to take: that much room is
+    /// made and reserved before filling (`None`: nothing up front). `fill` writes the whole
+    /// entry from its start through the [`Filling`] it is given, which reserves more room as
+    /// the bytes go past the reservation, and fails with [`Error::CacheFull`] at the limit or
+    /// the file system's reserve, whatever the hint said. An error from `fill` leaves no entry.
     pub fn get_or_fill(
         &self,
         section: &str,
         name: &str,
         size_hint: Option<u64>,
-        fill: impl FnOnce(&mut fs::File, &Path) -> Result<()>,
+        fill: impl FnOnce(&mut Filling<'_>) -> Result<()>,
     ) -> Result<CachedFile> {
         let dir = self.root.join(section);
         let path = dir.join(name);
@@ -125,12 +233,13 @@ impl Cache {
             return Ok(hit);
         }
         let partial = dir.join(format!("{name}.partial"));
-        let mut file = {
+        let reserved = size_hint.unwrap_or(0);
+        let file = {
             // Room is made and reserved (the partial file sized to the hint) under the
             // cache-wide lock, so fills of different entries, in threads or processes, never
             // together overrun the limit.
             let _whole = self.lock_whole()?;
-            self.make_room(&dir, size_hint.unwrap_or(0))?;
+            self.make_room(&dir, reserved)?;
             let file = fs::OpenOptions::new()
                 .create(true)
                 .truncate(true)
@@ -138,23 +247,29 @@ impl Cache {
                 .write(true)
                 .open(&partial)
                 .at(&partial)?;
-            if let Some(hint) = size_hint {
-                file.set_len(hint).at(&partial)?;
-            }
+            file.set_len(reserved).at(&partial)?;
             file
         };
-        let filled = fill(&mut file, &partial).and_then(|()| {
-            // Fills write from the start: what they wrote ends at the position reached (the
-            // reservation past it is cut off).
-            use std::io::Seek as _;
-            let written = file.stream_position().at(&partial)?;
-            file.set_len(written).at(&partial)?;
-            file.sync_data().at(&partial)
+        let mut filling = Filling {
+            cache: self,
+            dir,
+            path: partial.clone(),
+            file,
+            reserved,
+            position: 0,
+            refused: None,
+        };
+        let filled = fill(&mut filling).and_then(|()| {
+            // What was written ends at the position reached (the reservation past it is cut).
+            filling.file.set_len(filling.position).at(&partial)?;
+            filling.file.sync_data().at(&partial)
         });
         if let Err(e) = filled {
             let _ = fs::remove_file(&partial);
-            return Err(e);
+            // Room refused mid-fill surfaces as itself, not as the write error it caused.
+            return Err(filling.refused.take().unwrap_or(e));
         }
+        drop(filling);
         fs::rename(&partial, &path).at(&path)?;
         drop(lock);
         open_entry(&path)?.ok_or_else(|| {
@@ -163,35 +278,6 @@ impl Cache {
                 std::io::Error::other("the cache entry vanished right after it was filled"),
             )
         })
-    }
-
-    /// An unnamed scratch file in the cache directory, for data that must not be kept: it is
-    /// unlinked as soon as it is made, and its space is freed when it is closed.
-    pub fn scratch_file(&self) -> Result<fs::File> {
-        fs::create_dir_all(&self.root).at(&self.root)?;
-        for attempt in 0u32.. {
-            let path = self.root.join(format!(
-                ".scratch-{}-{}-{attempt}",
-                std::process::id(),
-                SystemTime::now()
-                    .duration_since(SystemTime::UNIX_EPOCH)
-                    .map_or(0, |d| d.subsec_nanos())
-            ));
-            match fs::OpenOptions::new()
-                .create_new(true)
-                .read(true)
-                .write(true)
-                .open(&path)
-            {
-                Ok(file) => {
-                    fs::remove_file(&path).at(&path)?;
-                    return Ok(file);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 100 => {}
-                Err(e) => return Err(Error::io(&path, e)),
-            }
-        }
-        unreachable!("the loop returns")
     }
 
     /// An exclusive lock on the whole cache (`.lock` in its root), held while room is made and
@@ -215,7 +301,9 @@ impl Cache {
     fn make_room(&self, dir: &Path, needed: u64) -> Result<()> {
         let free = crate::file::free_space(dir);
         let total = total_space(dir);
-        let reserve = total.map_or(0, |t| (t as f64 * RESERVE_FRACTION) as u64);
+        let reserve = total.map_or(0, |t| {
+            ((t as f64 * RESERVE_FRACTION) as u64).min(RESERVE_MAX)
+        });
         let fits = |used: u64, free: Option<u64>| {
             self.limit
                 .is_none_or(|limit| used.saturating_add(needed) <= limit)
@@ -462,8 +550,11 @@ mod tests {
     use super::*;
     use std::io::Write as _;
 
-    fn fill_with(bytes: usize) -> impl FnOnce(&mut fs::File, &Path) -> Result<()> {
-        move |file, path| file.write_all(&vec![7u8; bytes]).at(path)
+    fn fill_with(bytes: usize) -> impl FnOnce(&mut Filling<'_>) -> Result<()> {
+        move |file| {
+            let path = file.path().to_path_buf();
+            file.write_all(&vec![7u8; bytes]).at(&path)
+        }
     }
 
     #[test]
@@ -475,7 +566,7 @@ mod tests {
             .unwrap();
         assert_eq!(fs::read(&first.path).unwrap(), vec![7u8; 10]);
         let again = cache
-            .get_or_fill("s", "a", Some(10), |_, _| panic!("filled twice"))
+            .get_or_fill("s", "a", Some(10), |_| panic!("filled twice"))
             .unwrap();
         assert_eq!(again.path, first.path);
         // Nothing half-made is left beside it.
@@ -486,8 +577,8 @@ mod tests {
     fn a_failed_fill_leaves_no_entry() {
         let dir = tempfile::tempdir().unwrap();
         let cache = Cache::at(dir.path(), None);
-        let failed = cache.get_or_fill("s", "a", None, |file, path| {
-            file.write_all(b"half").at(path)?;
+        let failed = cache.get_or_fill("s", "a", None, |file| {
+            file.write_all(b"half").at(Path::new("a"))?;
             Err(Error::Options("stopped".into()))
         });
         assert!(matches!(failed, Err(Error::Options(_))));
@@ -546,12 +637,11 @@ mod tests {
                 let cache = &cache;
                 let on_disk = &on_disk;
                 scope.spawn(move || {
-                    let filled =
-                        cache.get_or_fill("s", &format!("e{n}"), Some(10), |file, path| {
-                            std::thread::sleep(std::time::Duration::from_millis(30));
-                            assert!(on_disk() <= 35, "{} bytes on disk", on_disk());
-                            file.write_all(&[1u8; 10]).at(path)
-                        });
+                    let filled = cache.get_or_fill("s", &format!("e{n}"), Some(10), |file| {
+                        std::thread::sleep(std::time::Duration::from_millis(30));
+                        assert!(on_disk() <= 35, "{} bytes on disk", on_disk());
+                        file.write_all(&[1u8; 10]).at(Path::new("e"))
+                    });
                     // Some fills find no room while others hold theirs: an error, never more.
                     if let Err(e) = filled {
                         assert!(matches!(e, Error::CacheFull { .. }), "{e}");
@@ -560,6 +650,58 @@ mod tests {
             }
         });
         assert!(on_disk() <= 35);
+    }
+
+    #[test]
+    fn a_fill_past_its_hint_is_held_to_the_limit() {
+        // Found by a hostile review: a gzip shard whose trailer understated its size (a
+        // multi-member file) was written in full, 20 times the limit, and with no limit it
+        // filled the disk. Writes past the reservation now reserve more, or stop.
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::at(dir.path(), Some(1000));
+        let old = cache
+            .get_or_fill("s", "old", Some(600), fill_with(600))
+            .unwrap();
+        drop(old);
+        let over = cache.get_or_fill("s", "big", Some(10), fill_with(5000));
+        match over {
+            Err(Error::CacheFull { limit, .. }) => assert_eq!(limit, Some(1000)),
+            other => panic!("expected CacheFull, got {other:?}"),
+        }
+        assert!(!dir.path().join("s/big").exists());
+        assert!(!dir.path().join("s/big.partial").exists());
+        // Growing evicts what no reader holds, as reserving up front does.
+        let grown = cache
+            .get_or_fill("s", "grown", Some(10), fill_with(900))
+            .unwrap();
+        assert_eq!(fs::metadata(&grown.path).unwrap().len(), 900);
+        assert!(!dir.path().join("s/old").exists());
+    }
+
+    #[test]
+    fn a_rewound_fill_ends_where_it_last_wrote_and_detaches() {
+        use std::io::Seek as _;
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::at(dir.path(), None);
+        let entry = cache
+            .get_or_fill("s", "a", Some(100), |file| {
+                file.write_all(&[1u8; 50]).at(Path::new("a"))?;
+                file.rewind().at(Path::new("a"))?;
+                file.write_all(&[2u8; 20]).at(Path::new("a"))
+            })
+            .unwrap();
+        assert_eq!(fs::read(&entry.path).unwrap(), vec![2u8; 20]);
+        // A detached fill keeps its bytes in an unnamed file and leaves no entry.
+        let mut kept = None;
+        let failed = cache.get_or_fill("s", "b", Some(100), |file| {
+            file.write_all(&[3u8; 30]).at(Path::new("b"))?;
+            kept = Some(file.detach()?);
+            Err(Error::Options("damaged".into()))
+        });
+        assert!(matches!(failed, Err(Error::Options(_))));
+        assert!(!dir.path().join("s/b").exists() && !dir.path().join("s/b.partial").exists());
+        let kept = kept.unwrap();
+        assert_eq!(kept.metadata().unwrap().len(), 30);
     }
 
     #[test]

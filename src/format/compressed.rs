@@ -22,7 +22,6 @@
 //! shard is one damaged record that says what went wrong.
 
 use std::fs;
-use std::io::Write as _;
 use std::path::Path;
 
 use crate::cache::{Cache, CachedFile};
@@ -97,51 +96,56 @@ pub fn decompress(
     let meta = file.metadata().at(path)?;
     let key = crate::cache::source_key(path, &meta);
     let hint = size_hint(file, compression, meta.len());
-    let mut damage = None;
+    let mut damaged = None;
     let mut fresh = false;
-    let cached = cache.get_or_fill(SECTION, &key, hint, |out, out_path| {
+    let cached = cache.get_or_fill(SECTION, &key, hint, |out| {
         fresh = true;
-        damage = inflate(path, file, compression, out, out_path)?;
-        match &damage {
-            // A damaged stream is never cached: the next open must see the damage too.
-            Some(reason) => Err(Error::NotADataset {
+        let out_path = out.path().to_path_buf();
+        if let Some(reason) = inflate(path, file, compression, out, &out_path)? {
+            // A damaged stream is never cached (the next open must see the damage too), but
+            // what it yielded is read: kept in an unnamed file.
+            damaged = Some((out.detach()?, reason.clone()));
+            return Err(Error::NotADataset {
                 path: path.to_path_buf(),
-                reason: reason.clone(),
-            }),
-            None => Ok(()),
+                reason,
+            });
         }
+        Ok(())
     });
-    match (cached, damage) {
+    match (cached, damaged) {
         (Ok(CachedFile { path: at, file }), _) => Ok(Decompressed {
             file,
             cached_at: Some(at),
             fresh,
             damage: None,
         }),
-        (Err(_), Some(reason)) => {
-            // Decompress again into an unnamed file in the cache directory (gone when closed).
-            let mut copy = cache.scratch_file()?;
-            inflate(path, file, compression, &mut copy, cache.root())?;
-            Ok(Decompressed {
-                file: copy,
-                cached_at: None,
-                fresh: true,
-                damage: Some(reason),
-            })
-        }
+        (Err(_), Some((copy, reason))) => Ok(Decompressed {
+            file: copy,
+            cached_at: None,
+            fresh: true,
+            damage: Some(reason),
+        }),
         (Err(e), None) => Err(e),
     }
 }
 
-/// What the shard will take decompressed, when its format says: gzip's trailer holds the size
-/// modulo 2³² of its last member (exact for the one-member files TensorFlow writes below 4 GiB).
-/// The copy cannot be smaller than the compressed file in practice, so that is the floor.
+/// Deflate's greatest expansion: a compressed byte never stands for more than this many.
+const MAX_RATIO: u64 = 1032;
+
+/// What the shard will take decompressed, reserved before decompressing: gzip's trailer holds
+/// the size modulo 2³² of its last member (exact for the one-member files TensorFlow writes
+/// below 4 GiB); otherwise, or when the trailer claims more than deflate can expand to (a
+/// damaged trailer), the compressed size. Only a first reservation: the fill reserves more as
+/// it writes, and the limit holds whatever the hint said.
 fn size_hint(file: &fs::File, compression: Compression, len: u64) -> Option<u64> {
     use std::os::unix::fs::FileExt as _;
     if compression == Compression::Gzip && len >= 18 {
         let mut trailer = [0u8; 4];
         if file.read_exact_at(&mut trailer, len - 4).is_ok() {
-            return Some(u64::from(u32::from_le_bytes(trailer)).max(len));
+            let size = u64::from(u32::from_le_bytes(trailer));
+            if size <= len.saturating_mul(MAX_RATIO) {
+                return Some(size.max(len));
+            }
         }
     }
     Some(len)
@@ -153,7 +157,7 @@ fn inflate(
     path: &Path,
     file: &fs::File,
     compression: Compression,
-    out: &mut fs::File,
+    out: &mut impl std::io::Write,
     out_path: &Path,
 ) -> Result<Option<String>> {
     // A clone shares the file's offset: start from the first byte whatever read it before.
@@ -219,6 +223,7 @@ fn pump(
 mod tests {
     use super::*;
     use std::io::Read as _;
+    use std::io::Write as _;
 
     fn shard() -> Vec<u8> {
         let mut bytes = Vec::new();
@@ -335,5 +340,74 @@ mod tests {
                 .unwrap()
                 .contains("follow the end of the zlib stream")
         );
+    }
+
+    /// Decompresses `compressed` into a cache of `limit` bytes.
+    fn decompress_limited(
+        compressed: &[u8],
+        limit: u64,
+    ) -> (Result<Decompressed>, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.tfrecord.gz");
+        fs::write(&path, compressed).unwrap();
+        let cache = Cache::at(dir.path().join("cache"), Some(limit));
+        let file = fs::File::open(&path).unwrap();
+        let kind = sniff_tfrecord(compressed).unwrap();
+        (decompress(&path, &file, kind, &cache), dir)
+    }
+
+    /// Bytes of every file the cache holds (partial files included).
+    fn cached_bytes(dir: &Path) -> u64 {
+        fs::read_dir(dir.join("cache").join(SECTION))
+            .map(|d| d.flatten().map(|e| e.metadata().unwrap().len()).sum())
+            .unwrap_or(0)
+    }
+
+    #[test]
+    fn the_cache_limit_holds_whatever_the_size_hint_says() {
+        // Found by a hostile review: the limit was checked against gzip's trailer only (the
+        // size of the last member), so a small last member let 200 MiB into a 10 MiB cache.
+        let big = vec![0u8; 4 << 20];
+        let mut understated = gzip(&big);
+        understated.extend(gzip(b"tiny"));
+        let (result, dir) = decompress_limited(&understated, 1 << 20);
+        assert!(
+            matches!(result, Err(Error::CacheFull { .. })),
+            "{:?}",
+            result.err()
+        );
+        assert_eq!(cached_bytes(dir.path()), 0);
+        // A zlib stream (hinted by its compressed size), and a damaged one (kept unnamed).
+        let (result, dir) = decompress_limited(&zlib(&big), 1 << 20);
+        assert!(matches!(result, Err(Error::CacheFull { .. })));
+        assert_eq!(cached_bytes(dir.path()), 0);
+        let mut damaged = zlib(&big);
+        damaged.extend_from_slice(b"junk");
+        let (result, _dir) = decompress_limited(&damaged, 1 << 20);
+        assert!(matches!(result, Err(Error::CacheFull { .. })));
+        // Under the limit, the same streams read.
+        let (result, _dir) = decompress_limited(&understated, 8 << 20);
+        assert_eq!(
+            result.unwrap().file.metadata().unwrap().len(),
+            (4 << 20) + 4
+        );
+    }
+
+    #[test]
+    fn a_trailer_claiming_more_than_deflate_can_make_is_no_reason_to_refuse() {
+        // Found by a hostile review: a flipped trailer claiming 4 GiB failed the open with
+        // "no room in the cache" instead of reading the records and reporting the checksum.
+        let plain = shard();
+        let mut flipped = gzip(&plain);
+        let n = flipped.len();
+        flipped[n - 4..].copy_from_slice(&[0xf0, 0xff, 0xff, 0xff]);
+        let (result, _dir) = decompress_limited(&flipped, 1 << 20);
+        let d = result.unwrap();
+        assert!(d.damage.is_some());
+        let mut bytes = Vec::new();
+        let mut file = &d.file;
+        std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(0)).unwrap();
+        file.read_to_end(&mut bytes).unwrap();
+        assert_eq!(bytes, plain);
     }
 }

@@ -40,10 +40,8 @@ pub fn entry_name(object: &ObjectInfo) -> String {
 
 /// The cached copy of `object`, downloaded first when the cache does not hold it.
 pub fn fetch(object: &ObjectInfo, cache: &Cache) -> Result<CachedFile> {
-    cache.get_or_fill(
-        SECTION,
-        &entry_name(object),
-        Some(object.size),
-        |file, path| store::download(object, file, path).map(|_| ()),
-    )
+    cache.get_or_fill(SECTION, &entry_name(object), Some(object.size), |file| {
+        let path = file.path().to_path_buf();
+        store::download(object, file, &path).map(|_| ())
+    })
 }

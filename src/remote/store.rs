@@ -26,7 +26,6 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::Write as _;
 use std::path::Path;
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex};
@@ -417,8 +416,11 @@ pub fn get_small(url: &RemoteUrl, limit: u64, patience: Patience) -> Result<Vec<
 
 /// Streams the object `object` into `file` (at `path`, for messages), checking that it is as
 /// long as listed; returns the bytes written.
-pub fn download(object: &ObjectInfo, file: &mut fs::File, path: &Path) -> Result<u64> {
-    use std::io::Seek as _;
+pub fn download(
+    object: &ObjectInfo,
+    file: &mut (impl std::io::Write + std::io::Seek),
+    path: &Path,
+) -> Result<u64> {
     let url = &object.url;
     let store = store(url, Patience::Transfer)?;
     let location = store_path(url);
@@ -445,7 +447,6 @@ pub fn download(object: &ObjectInfo, file: &mut fs::File, path: &Path) -> Result
     outcome
         .map_err(|e| Error::remote(url, "downloading", e))?
         .at(path)?;
-    file.set_len(written).at(path)?;
     if written != object.size {
         return Err(Error::BadUrl {
             url: url.to_string(),
