@@ -343,8 +343,20 @@ impl Source<'_> {
                 Ok(hex(&hasher.finalize()))
             }
             Source::Records(d) => {
-                let meta = fs::metadata(d.path()).at(d.path())?;
                 let mut hasher = Sha256::new();
+                // A source named by a pattern or a URL is no one file: its name, size and
+                // classes stand for it.
+                let text = d.path().to_string_lossy();
+                if crate::remote::is_url(&text) || crate::format::shards::is_pattern(d.path()) {
+                    hasher.update(text.as_bytes());
+                    hasher.update((d.len() as u64).to_le_bytes());
+                    for class in &d.info().classes {
+                        hasher.update(class.as_bytes());
+                        hasher.update([0]);
+                    }
+                    return Ok(hex(&hasher.finalize()));
+                }
+                let meta = fs::metadata(d.path()).at(d.path())?;
                 hasher.update(
                     fs::canonicalize(d.path())
                         .at(d.path())?
