@@ -613,7 +613,9 @@ impl std::fmt::Display for ShardSetProblem {
                 }
             ),
             ShardSetProblem::Inconsistent { file, reason } => write!(f, "{file}: {reason}"),
-            ShardSetProblem::NoMatch => f.write_str("no file matches this pattern"),
+            ShardSetProblem::NoMatch => {
+                f.write_str("no file matches this pattern (index files and manifests do not count)")
+            }
         }
     }
 }

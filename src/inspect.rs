@@ -109,6 +109,10 @@ pub struct Inspection {
     /// How many members of its shard set are missing.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub missing_shard_count: u64,
+    /// How many members of its shard set hold no sample while others do (then `complete` is
+    /// false: a copy cut short looks like this; the notices name them).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub empty_shards: u64,
 }
 
 impl Inspection {
@@ -228,7 +232,10 @@ fn inspect_dataset(
     let rejected_at_pack = rejected_at_pack.or(info.rejected_at_pack);
     let missing = dataset.missing_shards();
     let (missing_shards, missing_shard_count) = (missing.named.clone(), missing.count);
-    let complete = complete && missing.is_empty();
+    let empty_shards = dataset
+        .shard_starts()
+        .map_or(0, crate::format::shards::empty_members) as u64;
+    let complete = complete && missing.is_empty() && empty_shards == 0;
 
     struct Seen {
         label: u32,
@@ -333,6 +340,7 @@ fn inspect_dataset(
         notices: dataset.notices().to_vec(),
         missing_shards,
         missing_shard_count,
+        empty_shards,
     }
 }
 

@@ -183,6 +183,70 @@ fn saved_indexes_are_out_of_the_sets_pattern_and_found_again() {
     assert_eq!(records(&again), records(&opened));
 }
 
+#[test]
+fn a_set_picked_by_pattern_converts() {
+    // Found by a hostile review: convert opened the pattern, then failed to stat it as a file.
+    let dir = tempfile::tempdir().unwrap();
+    foreign_set(dir.path(), "train", 2);
+    foreign_set(dir.path(), "val", 1);
+    let pattern = dir.path().join("train-*");
+    let out = dir.path().join("train.lmdb");
+    imagefeed::pack::convert(
+        &pattern,
+        &out,
+        PackFormat::Lmdb,
+        &small_options(),
+        &imagefeed::pack::NoProgress,
+    )
+    .unwrap();
+    let source = format::open(&pattern).unwrap();
+    assert_eq!(
+        records(format::open(&out).unwrap().as_ref()),
+        records(source.as_ref())
+    );
+}
+
+#[test]
+fn a_pattern_matching_only_index_files_matches_no_data() {
+    // Found by a hostile review: `DIR/index/*` opened as an empty, complete dataset.
+    let dir = tempfile::tempdir().unwrap();
+    foreign_set(dir.path(), "train", 2);
+    format::records::Records::open(dir.path())
+        .unwrap()
+        .save_missing_indexes()
+        .unwrap();
+    let only_indexes = format::open(dir.path().join("index/*"));
+    assert_eq!(shard_set_problem(only_indexes), ShardSetProblem::NoMatch);
+}
+
+#[test]
+fn an_empty_member_among_full_ones_is_reported_and_inspect_says_incomplete() {
+    // Found by a hostile review: a zero-byte member (a copy cut short) read as a whole set.
+    let dir = tempfile::tempdir().unwrap();
+    let files = foreign_set(dir.path(), "train", 3);
+    fs::write(&files[1], b"").unwrap();
+    let opened = format::open(dir.path()).unwrap();
+    let notice = opened
+        .notices()
+        .iter()
+        .find(|n| n.contains("hold no sample"))
+        .expect("a notice for the empty member");
+    assert!(notice.contains("train-00001-of-00003"), "{notice}");
+    let inspection = imagefeed::inspect::inspect(dir.path()).unwrap();
+    assert_eq!(inspection.empty_shards, 1);
+    assert!(!inspection.complete && !inspection.is_whole());
+    // A whole set has no such notice.
+    let whole = tempfile::tempdir().unwrap();
+    foreign_set(whole.path(), "train", 3);
+    let opened = format::open(whole.path()).unwrap();
+    assert!(
+        !opened
+            .notices()
+            .iter()
+            .any(|n| n.contains("hold no sample"))
+    );
+}
+
 fn compat(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("fixtures/compat")

@@ -373,6 +373,12 @@ fn format_inspection(i: &Inspection) -> String {
                 i.missing_shard_count,
                 imagefeed::format::shards::missing_list(&i.missing_shards, i.missing_shard_count)
             )
+        } else if i.empty_shards > 0 {
+            format!(
+                "NO: {} shard(s) hold no sample while the others do (a copy cut short?): see \
+                 the notices",
+                i.empty_shards
+            )
         } else if i.complete {
             "yes".to_string()
         } else {

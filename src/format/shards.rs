@@ -389,6 +389,44 @@ impl std::fmt::Display for MissingShards {
     }
 }
 
+/// The notice for members of a set that hold no sample while others do (`starts`: each
+/// member's first sample, then the total; `path(i)`: member `i`'s name). A file created and
+/// never written, or a copy cut short at its start, looks like this; a set whose members are all
+/// empty is one empty dataset, and says so by its size.
+pub fn empty_members_notice<'a>(
+    name: &Path,
+    starts: &[usize],
+    path: impl Fn(usize) -> &'a Path,
+) -> Option<String> {
+    let empty: Vec<usize> = (0..starts.len().saturating_sub(1))
+        .filter(|&i| starts[i] == starts[i + 1])
+        .collect();
+    let members = starts.len().saturating_sub(1);
+    if empty.is_empty() || empty.len() == members {
+        return None;
+    }
+    let named: Vec<String> = empty
+        .iter()
+        .take(NAMED_MISSING)
+        .map(|&i| path(i).display().to_string())
+        .collect();
+    Some(format!(
+        "{}: {} of its {members} shards hold no sample while the others do (a copy cut short, or \
+         a file never written?): {}",
+        name.display(),
+        empty.len(),
+        missing_list(&named, empty.len() as u64)
+    ))
+}
+
+/// The number of members of a set holding no sample while others do (see
+/// [`empty_members_notice`]); 0 for a whole set or one whose members are all empty.
+pub fn empty_members(starts: &[usize]) -> usize {
+    let members = starts.len().saturating_sub(1);
+    let empty = starts.windows(2).filter(|w| w[0] == w[1]).count();
+    if empty == members { 0 } else { empty }
+}
+
 /// `names` (the first of `count` missing members), with how many more there are.
 pub fn missing_list(names: &[String], count: u64) -> String {
     let more = count.saturating_sub(names.len() as u64);

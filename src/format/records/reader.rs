@@ -121,13 +121,20 @@ impl Records {
                     crate::format::shards::expand_selection(pattern, options.allow_missing_shards)?;
                 brace_missing = missing;
                 // Index files and our manifests are never data, whatever a pattern matches.
-                let files = files
+                let files: Vec<PathBuf> = files
                     .into_iter()
                     .filter(|f| {
                         let name = f.file_name().and_then(|n| n.to_str()).unwrap_or("");
                         !index::is_index_name(f) && name != MANIFEST && name != PROGRESS
                     })
                     .collect();
+                // A pattern that matched only those matched no data (not an empty dataset).
+                if files.is_empty() {
+                    return Err(Error::ShardSet {
+                        path: pattern.clone(),
+                        problem: crate::format::shards::ShardSetProblem::NoMatch,
+                    });
+                }
                 (pattern.as_path(), files, false)
             }
             Selection::List(files) => {
@@ -454,6 +461,11 @@ pub(super) fn assemble_foreign(
     let label_base = options.records.label_base.unwrap_or(0);
     let starts = starts(&shards);
     let num_samples = *starts.last().expect("starts has a total");
+    if let Some(notice) =
+        crate::format::shards::empty_members_notice(name, &starts, |i| &shards[i].path)
+    {
+        crate::dataset::notice(&mut notices, notice);
+    }
     let classes = match options.records.num_classes {
         Some(n) if n > crate::dataset::MAX_CLASSES => {
             return Err(Error::Options(format!(

@@ -197,6 +197,11 @@ pub(super) fn assemble(
         total += shard.samples.len();
         starts.push(total);
     }
+    if let Some(notice) =
+        crate::format::shards::empty_members_notice(name, &starts, |i| &shards[i].path)
+    {
+        crate::dataset::notice(&mut notices, notice);
+    }
     let label_base = options.records.label_base.unwrap_or(0);
     let classes = match options.records.num_classes {
         Some(n) if n > crate::dataset::MAX_CLASSES => {
