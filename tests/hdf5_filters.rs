@@ -39,6 +39,8 @@ try:
     import hdf5plugin
     filters["blosc-lz4"] = dict(hdf5plugin.Blosc(cname="lz4", clevel=5))
     filters["blosc-zstd"] = dict(hdf5plugin.Blosc(cname="zstd", clevel=5))
+    filters["blosc-snappy"] = dict(hdf5plugin.Blosc(cname="snappy", clevel=5))
+    filters["blosc-zlib-bitshuffle"] = dict(hdf5plugin.Blosc(cname="zlib", shuffle=hdf5plugin.Blosc.BITSHUFFLE))
     filters["bitshuffle"] = dict(hdf5plugin.Bitshuffle())
     filters["zstd"] = dict(hdf5plugin.Zstd())
     filters["lz4"] = dict(hdf5plugin.LZ4())

@@ -658,7 +658,7 @@ fn readable_filters(
             return Err(Error::Unsupported {
                 path: path.to_path_buf(),
                 what: format!(
-                    "dataset {name:?} is stored through the {} filter (HDF5 filter {id})",
+                    "dataset {name:?}, stored through the {} filter (HDF5 filter {id}),",
                     filter_name(id)
                 ),
                 remedy: filter_remedy(id),
@@ -698,11 +698,19 @@ fn filter_remedy(id: i32) -> String {
             "this libhdf5 was built without szip (libaec); use one built with it, {rewrite}"
         ),
         1..=6 => format!("this libhdf5 lacks the filter; {rewrite}"),
-        _ => format!(
-            "this build has no decoder for it; install the plugin (pip install hdf5plugin) and \
-             set HDF5_PLUGIN_PATH to its directory (python -c \"import hdf5plugin; \
-             print(hdf5plugin.PLUGIN_PATH)\"), {rewrite}"
-        ),
+        _ => match std::env::var_os("HDF5_PLUGIN_PATH").filter(|p| !p.is_empty()) {
+            Some(set) => format!(
+                "this build has no decoder for it, and no plugin in HDF5_PLUGIN_PATH ({}) \
+                 provides one; point it at a directory that does (hdf5plugin's: python -c \
+                 \"import hdf5plugin; print(hdf5plugin.PLUGIN_PATH)\"), {rewrite}",
+                set.to_string_lossy()
+            ),
+            None => format!(
+                "this build has no decoder for it; install the plugin (pip install hdf5plugin) \
+                 and set HDF5_PLUGIN_PATH to its directory (python -c \"import hdf5plugin; \
+                 print(hdf5plugin.PLUGIN_PATH)\"), {rewrite}"
+            ),
+        },
     }
 }
 
