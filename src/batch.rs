@@ -19,6 +19,10 @@ pub struct BadSample {
     pub reason: String,
     /// The dataset index that took its slot (`replace` policy), if any.
     pub replaced_by: Option<usize>,
+    /// Under the `replace` policy, a sample tried as a replacement for this dataset index and
+    /// found bad itself: reported, but not one of the epoch's own samples, so not counted
+    /// against `max_bad` (which counts the same samples whatever the policy).
+    pub while_replacing: Option<usize>,
 }
 
 /// One batch, delivered in order. Its memory returns to the loader's pool when dropped.

@@ -971,14 +971,21 @@ impl Epoch {
             }
         };
         let samples_seen = self.samples_seen + self.batches[position].len() as u64;
-        let bad_samples = self.bad_samples + batch.bad.len() as u64;
+        // The cap counts the epoch's own samples: a replacement candidate found bad is
+        // reported, not counted (so `skip` and `replace` trip at the same sample).
+        let own_bad = batch
+            .bad
+            .iter()
+            .filter(|b| b.while_replacing.is_none())
+            .count() as u64;
+        let bad_samples = self.bad_samples + own_bad;
         let c = &shared.counters;
         c.samples.fetch_add(batch.len() as u64, Ordering::Relaxed);
         c.batches.fetch_add(1, Ordering::Relaxed);
         c.bad.fetch_add(batch.bad.len() as u64, Ordering::Relaxed);
         // Only a batch with bad samples can cross the limit (a state resumed under a stricter
         // limit trips at its next bad sample).
-        if let Some(last) = batch.bad.last()
+        if let Some(last) = batch.bad.iter().rfind(|b| b.while_replacing.is_none())
             && let Some(limit) = self.max_bad_exceeded(bad_samples)
         {
             self.done = true;
@@ -1159,6 +1166,7 @@ impl Worker {
                             kind,
                             reason,
                             replaced_by: None,
+                            while_replacing: None,
                         };
                         if config.bad_samples == BadSamplePolicy::Replace
                             && let Some((candidate, label)) = self.replacement(
@@ -1242,6 +1250,7 @@ impl Worker {
                     kind,
                     reason: format!("{reason} (while replacing sample {index})"),
                     replaced_by: None,
+                    while_replacing: Some(index),
                 }),
             }
         }

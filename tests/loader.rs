@@ -387,6 +387,60 @@ fn max_bad_stops_the_loader_with_a_clear_error() {
 }
 
 #[test]
+fn the_bad_sample_cap_counts_the_same_samples_under_replace_as_under_skip() {
+    // Found by a hostile review: under `replace`, candidates found bad while replacing were
+    // counted too, so a cap equal to the true number of bad samples (4 of 20) tripped.
+    let loader = |policy, cap, seed| {
+        Loader::new(
+            format::open(fixture_root()).unwrap(),
+            LoaderConfig::default()
+                .with_batch_size(4)
+                .with_workers(2)
+                .with_seed(seed)
+                .with_shuffle(false)
+                .with_transform(Transform::cifar())
+                .with_bad_samples(policy)
+                .with_max_bad(Some(cap)),
+        )
+        .unwrap()
+    };
+    let mut candidates = 0;
+    for seed in 0..6 {
+        for policy in [BadSamplePolicy::Skip, BadSamplePolicy::Replace] {
+            for cap in [MaxBad::Count(4), MaxBad::Fraction(0.2)] {
+                let batches: Vec<_> = loader(policy, cap, seed)
+                    .epoch(0)
+                    .collect::<Result<_, _>>()
+                    .unwrap_or_else(|e| panic!("seed {seed} {policy:?} {cap:?}: {e}"));
+                let (own, tried): (Vec<_>, Vec<_>) = batches
+                    .iter()
+                    .flat_map(|b| &b.bad)
+                    .partition(|s| s.while_replacing.is_none());
+                assert_eq!(own.len(), 4, "{policy:?}");
+                // Candidates found bad are still reported, marked with what they replaced.
+                for c in &tried {
+                    assert!(c.reason.contains("while replacing sample"), "{}", c.reason);
+                }
+                candidates += tried.len();
+            }
+            // One fewer trips, at the fourth of the epoch's own bad samples.
+            let err = loader(policy, MaxBad::Count(3), seed)
+                .epoch(0)
+                .find_map(Result::err)
+                .expect("cap crossed");
+            assert!(
+                matches!(err, Error::TooManyBadSamples { count: 4, .. }),
+                "{policy:?}: {err}"
+            );
+        }
+    }
+    assert!(
+        candidates > 0,
+        "no seed drew a bad candidate: the test proves nothing"
+    );
+}
+
+#[test]
 fn mixed_sizes_without_resizing_name_both_samples() {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("src");

@@ -21,7 +21,7 @@ class BadSample(NamedTuple):
     index: int
     """Dataset index."""
     key: str
-    """Record key (relative path), or ``?`` when the record itself was unreadable."""
+    """Record key (relative path), or ``#INDEX`` when the record itself was unreadable."""
     reason: str
     """Why it failed."""
     replaced_by: Optional[int]
@@ -29,6 +29,10 @@ class BadSample(NamedTuple):
     kind: str
     """What kind of failure: ``"unreadable"``, ``"corrupt"`` (the stored record is damaged),
     ``"unknown_format"``, ``"too_large"`` (over the pixel limit) or ``"undecodable"``."""
+    while_replacing: Optional[int] = None
+    """Under ``bad_samples="replace"``: set when this sample was tried as a replacement for that
+    dataset index and was bad itself. Reported, but not counted against ``max_bad`` (which counts
+    the epoch's own samples, the same whatever the policy)."""
 
 
 _OUTPUTS = ("torch", "numpy", "dlpack")

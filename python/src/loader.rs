@@ -81,14 +81,8 @@ pub struct NativeLoader {
     pinned: Option<Arc<imagefeed::gpu::PinnedAllocator>>,
 }
 
-/// One delivered batch: images, labels, sample indices, bad samples
-/// `(index, key, reason, replaced_by, kind)`.
-type BatchParts = (
-    HostArray,
-    HostArray,
-    Vec<usize>,
-    Vec<(usize, String, String, Option<usize>, &'static str)>,
-);
+/// One delivered batch: images, labels, sample indices, bad samples ([`BadTuple`]).
+type BatchParts = (HostArray, HostArray, Vec<usize>, Vec<BadTuple>);
 
 impl NativeLoader {
     /// The current-epoch lock, taken without holding the GIL while it is busy: a thread that
@@ -201,10 +195,15 @@ fn parse_max_bad(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<MaxBad>> {
             "max_bad: a count (int) or a fraction (float), not a bool",
         ));
     }
-    if let Ok(count) = value.extract::<u64>()
-        && value.is_instance_of::<pyo3::types::PyInt>()
-    {
-        return Ok(Some(MaxBad::Count(count)));
+    // A count is anything integral (`__index__`: int, NumPy integer scalars), never a float.
+    if !value.is_instance_of::<pyo3::types::PyFloat>() && value.hasattr("__index__")? {
+        let count = value.call_method0("__index__")?;
+        return match count.extract::<u64>() {
+            Ok(count) => Ok(Some(MaxBad::Count(count))),
+            Err(_) => Err(config(format!(
+                "max_bad {value}: a count must be between 0 and 2^64 - 1"
+            ))),
+        };
     }
     let fraction: f64 = value.extract().map_err(|_| {
         config(format!(
@@ -214,8 +213,25 @@ fn parse_max_bad(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<MaxBad>> {
     Ok(Some(MaxBad::Fraction(fraction)))
 }
 
-fn bad_tuple(b: BadSample) -> (usize, String, String, Option<usize>, &'static str) {
-    (b.index, b.key, b.reason, b.replaced_by, b.kind.name())
+/// A bad sample for Python: `(index, key, reason, replaced_by, kind, while_replacing)`.
+type BadTuple = (
+    usize,
+    String,
+    String,
+    Option<usize>,
+    &'static str,
+    Option<usize>,
+);
+
+fn bad_tuple(b: BadSample) -> BadTuple {
+    (
+        b.index,
+        b.key,
+        b.reason,
+        b.replaced_by,
+        b.kind.name(),
+        b.while_replacing,
+    )
 }
 
 #[pymethods]

@@ -351,6 +351,25 @@ def test_max_bad_raises_naming_every_bad_key():
     assert sum(len(y) for _, y in fixture_loader(bad_samples="skip", max_bad=0.5)) == 16
 
 
+def test_max_bad_counts_numpy_integers_and_the_same_samples_under_every_policy():
+    # Found by a hostile review: np.int64(1) was taken as the fraction 1.0 (no cap at all), and
+    # under "replace" candidates found bad while replacing counted, so max_bad=4 (the tree's
+    # true number of bad files) raised.
+    with pytest.raises(imagefeed.TooManyBadSamplesError):
+        for _ in fixture_loader(bad_samples="skip", max_bad=np.int64(1), shuffle=False):
+            pass
+    for policy in ["skip", "replace"]:
+        for cap in [4, np.uint8(4), 0.2]:
+            l = fixture_loader(bad_samples=policy, max_bad=cap, shuffle=False)
+            for _ in l:
+                pass
+            own = [b for b in l.bad_samples if b.while_replacing is None]
+            assert len(own) == 4
+    for bad in [-1, 2**64, np.int64(-3)]:
+        with pytest.raises(imagefeed.ConfigError, match="count"):
+            fixture_loader(max_bad=bad)
+
+
 # -- errors -------------------------------------------------------------------------------------
 
 
