@@ -46,15 +46,27 @@ impl Compression {
     }
 }
 
-/// The compression of a shard that starts with `head`, or `None` for an uncompressed one
-/// (`plain`: its format says `head` starts an uncompressed shard) or for bytes that are
-/// neither (the format's own scan reports those).
-pub fn sniff(head: &[u8], plain: bool) -> Option<Compression> {
-    if plain {
+/// How much of a shard's start [`sniff`] is given: enough compressed bytes to inflate a frame
+/// header or a tar header from.
+pub const SNIFF_BYTES: usize = 4096;
+
+/// The compression of a shard that starts with `head`, or `None` for an uncompressed one or for
+/// bytes that are neither (the format's own scan reports those). `starts_plain` tells whether
+/// bytes start an uncompressed shard of the format, which takes `plain_len` bytes to tell.
+///
+/// A gzip or zlib header is not enough: the length field of a plain TFRecord shard's damaged
+/// first frame can spell one (376 reads as zlib's `78 01`). So the header must also inflate,
+/// and what it inflates to must start the format's shard when there is enough of it to tell.
+pub fn sniff(
+    head: &[u8],
+    starts_plain: impl Fn(&[u8]) -> bool,
+    plain_len: usize,
+) -> Option<Compression> {
+    if starts_plain(head) {
         return None;
     }
-    match head {
-        [0x1f, 0x8b, 8, ..] => Some(Compression::Gzip),
+    let compression = match head {
+        [0x1f, 0x8b, 8, ..] => Compression::Gzip,
         // CMF: deflate (8) with a window of at most 32 KiB; FLG makes CMF·256+FLG a multiple of
         // 31; no preset dictionary (TensorFlow never sets one).
         [cmf, flg, ..]
@@ -63,10 +75,36 @@ pub fn sniff(head: &[u8], plain: bool) -> Option<Compression> {
                 && (u16::from(*cmf) << 8 | u16::from(*flg)) % 31 == 0
                 && flg & 0x20 == 0 =>
         {
-            Some(Compression::Zlib)
+            Compression::Zlib
         }
-        _ => None,
+        _ => return None,
+    };
+    let mut decoder: Box<dyn std::io::Read + '_> = match compression {
+        Compression::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(head)),
+        Compression::Zlib => Box::new(flate2::bufread::ZlibDecoder::new(head)),
+    };
+    let mut out = vec![0u8; plain_len];
+    let mut produced = 0;
+    let mut failed = false;
+    while produced < plain_len {
+        match decoder.read(&mut out[produced..]) {
+            Ok(0) => break,
+            Ok(n) => produced += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            // The head ends mid-stream, or the stream is broken (judged below).
+            Err(e) => {
+                failed = e.kind() != std::io::ErrorKind::UnexpectedEof;
+                break;
+            }
+        }
     }
+    let out = &out[..produced];
+    if starts_plain(out) {
+        return Some(compression);
+    }
+    // Too little came out to tell by (a short head, an empty shard): compressed unless the
+    // stream broke already.
+    (!failed && produced < plain_len).then_some(compression)
 }
 
 /// A compressed shard made readable: its decompressed copy, and what went wrong when the
@@ -245,9 +283,9 @@ mod tests {
         e.finish().unwrap()
     }
 
-    /// As the TFRecord reader asks: plain when the first frame header checks out.
+    /// As the TFRecord reader asks.
     fn sniff_tfrecord(head: &[u8]) -> Option<Compression> {
-        sniff(head, crate::format::records::starts_with_frame(head))
+        sniff(head, crate::format::records::starts_with_frame, 12)
     }
 
     #[test]
@@ -367,7 +405,8 @@ mod tests {
     fn the_cache_limit_holds_whatever_the_size_hint_says() {
         // Found by a hostile review: the limit was checked against gzip's trailer only (the
         // size of the last member), so a small last member let 200 MiB into a 10 MiB cache.
-        let big = vec![0u8; 4 << 20];
+        let mut big = Vec::new();
+        crate::format::records::frame(&mut big, &vec![0u8; 4 << 20]);
         let mut understated = gzip(&big);
         understated.extend(gzip(b"tiny"));
         let (result, dir) = decompress_limited(&understated, 1 << 20);
@@ -387,10 +426,8 @@ mod tests {
         assert!(matches!(result, Err(Error::CacheFull { .. })));
         // Under the limit, the same streams read.
         let (result, _dir) = decompress_limited(&understated, 8 << 20);
-        assert_eq!(
-            result.unwrap().file.metadata().unwrap().len(),
-            (4 << 20) + 4
-        );
+        let len = result.unwrap().file.metadata().unwrap().len();
+        assert_eq!(len, big.len() as u64 + 4);
     }
 
     #[test]
@@ -409,5 +446,28 @@ mod tests {
         std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(0)).unwrap();
         file.read_to_end(&mut bytes).unwrap();
         assert_eq!(bytes, plain);
+    }
+
+    #[test]
+    fn a_damaged_plain_shard_whose_length_spells_a_header_is_not_compressed() {
+        // Found by a hostile review: a plain shard whose first frame's CRC is damaged and whose
+        // first record is 376 bytes long (`78 01`: a zlib header) was read as one broken zlib
+        // stream instead of skipping the bad frame. 559903 spells gzip's `1f 8b 08`.
+        for len in [376usize, 24184, 559_903] {
+            let mut bytes = Vec::new();
+            crate::format::records::frame(&mut bytes, &vec![9u8; len]);
+            crate::format::records::frame(&mut bytes, b"second");
+            bytes[8] ^= 0xff; // the length's CRC
+            assert_eq!(
+                sniff_tfrecord(&bytes[..4096.min(bytes.len())]),
+                None,
+                "{len}"
+            );
+        }
+        // Compressed shards, even empty ones, are still told.
+        let plain = shard();
+        assert_eq!(sniff_tfrecord(&gzip(&plain)), Some(Compression::Gzip));
+        assert_eq!(sniff_tfrecord(&gzip(b"")), Some(Compression::Gzip));
+        assert_eq!(sniff_tfrecord(&zlib(b"")), Some(Compression::Zlib));
     }
 }

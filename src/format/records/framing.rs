@@ -2,7 +2,7 @@
 //! u32 LE masked CRC-32C of data`; building frames, checking one, and walking a whole shard.
 
 const MASK_DELTA: u32 = 0xa282_ead8;
-const HEADER_BYTES: usize = 12;
+pub(crate) const HEADER_BYTES: usize = 12;
 const FOOTER_BYTES: usize = 4;
 
 /// TFRecord's masked CRC-32C.

@@ -512,10 +512,12 @@ fn open_foreign_shard(
     notices: &mut Vec<String>,
 ) -> Result<Shard> {
     let (file, _) = crate::file::open_regular(path)?;
-    let mut head = [0u8; 16];
+    let mut head = [0u8; compressed::SNIFF_BYTES];
     let head_len = read_head(&file, &mut head).at(path)?;
     let head = &head[..head_len];
-    if let Some(compression) = compressed::sniff(head, starts_with_frame(head)) {
+    if let Some(compression) =
+        compressed::sniff(head, starts_with_frame, super::framing::HEADER_BYTES)
+    {
         let cache = match cache {
             Some(cache) => cache,
             None => cache.insert(match &options.cache {

@@ -197,13 +197,13 @@ fn scanned_copy(
     cached: crate::cache::CachedFile,
     cache: &Cache,
 ) -> Result<(Mapped, Option<String>, bool)> {
-    let mut head = [0u8; 16];
+    let mut head = [0u8; compressed::SNIFF_BYTES];
     let got = {
         use std::os::unix::fs::FileExt as _;
         cached.file.read_at(&mut head, 0).unwrap_or(0)
     };
     let head = &head[..got];
-    match compressed::sniff(head, starts_with_frame(head)) {
+    match compressed::sniff(head, starts_with_frame, super::framing::HEADER_BYTES) {
         Some(compression) => {
             let copy = compressed::decompress(&cached.path, &cached.file, compression, cache)?;
             Ok((Mapped::new(path, copy.file, true)?, copy.damage, true))

@@ -262,10 +262,10 @@ fn open_shard(
     notices: &mut Vec<String>,
 ) -> Result<Shard> {
     let (file, _) = crate::file::open_regular(path)?;
-    let mut head = [0u8; 512];
+    let mut head = [0u8; compressed::SNIFF_BYTES];
     let got = read_head(&file, &mut head).at(path)?;
     let head = &head[..got];
-    let mapped = match compressed::sniff(head, is_tar_header(head)) {
+    let mapped = match compressed::sniff(head, is_tar_header, 512) {
         Some(compression) => {
             let cache = match cache {
                 Some(cache) => cache,

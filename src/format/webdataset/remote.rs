@@ -31,13 +31,13 @@ pub(crate) fn open(
         |object| -> Result<(PathBuf, Mapped, Option<String>)> {
             let path = PathBuf::from(object.url.to_string());
             let cached = fetch::fetch(object, cache)?;
-            let mut head = [0u8; 512];
+            let mut head = [0u8; compressed::SNIFF_BYTES];
             let got = {
                 use std::os::unix::fs::FileExt as _;
                 cached.file.read_at(&mut head, 0).unwrap_or(0)
             };
             let head = &head[..got];
-            Ok(match compressed::sniff(head, is_tar_header(head)) {
+            Ok(match compressed::sniff(head, is_tar_header, 512) {
                 Some(compression) => {
                     let copy =
                         compressed::decompress(&cached.path, &cached.file, compression, cache)?;
