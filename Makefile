@@ -8,6 +8,7 @@
 #   make fuzz / kill-loop / corrupt / soak   the long reliability harnesses (TESTING.md)
 SHELL := /bin/bash
 CARGO ?= cargo
+export CARGO_INCREMENTAL ?= 0
 DEMO_DIR ?= demo-data
 # An ImageFolder tree to pack; empty: a synthetic one is generated.
 SRC ?=
