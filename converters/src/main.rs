@@ -619,6 +619,12 @@ impl log::Log for NoteLogger {
 }
 
 fn main() -> ExitCode {
+    // Output piped into a reader that stops early (`| head`) ends the process quietly, as it
+    // does `cat`, instead of panicking on the closed pipe (Rust ignores SIGPIPE by default).
+    // SAFETY: restoring a signal's default action before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     static LOGGER: NoteLogger = NoteLogger;
     if log::set_logger(&LOGGER).is_ok() {
         log::set_max_level(log::LevelFilter::Warn);

@@ -1181,3 +1181,29 @@ fn inspect_reports_rejections_for_every_packed_format() {
         );
     }
 }
+
+#[test]
+fn output_into_a_pipe_closed_early_ends_quietly_not_in_a_panic() {
+    // Found by a hostile review: `pack-dataset inspect DIR | head -1` exited 101 with a panic
+    // on the closed pipe. It now ends as `cat` does, on SIGPIPE. The pipe's reading end is
+    // closed before the command starts, so its first write meets the closed pipe every time.
+    use std::os::unix::process::ExitStatusExt;
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/compat/tfrecord");
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(env!("CARGO_BIN_EXE_pack-dataset"))
+        .arg("inspect")
+        .arg(&fixtures)
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?}: {stderr}",
+        out.status
+    );
+}
