@@ -1134,16 +1134,43 @@ fn a_byte_changed_in_a_stored_payload_or_label_is_a_bad_record_in_every_format()
 
 #[test]
 fn version_1_lmdb_and_hdf5_files_without_checksums_still_read() {
-    // Files packed before checksums (layout version 1) open and read as before, unchecked.
+    // Files packed before checksums (layout version 1) open and read as before, unchecked, and
+    // say so in a notice. A file whose metadata says version 1 while it holds checksums had its
+    // metadata edited (one digit would switch the checks off): that is refused.
     let dir = tempfile::tempdir().unwrap();
     let lmdb = dir.path().join("v1.lmdb");
     pack_as(&fixture_root(), &lmdb, PackFormat::Lmdb, &small_options());
     let want = all_records(&lmdb);
+    let edited = dir.path().join("v1-edited.lmdb");
+    fs::copy(&lmdb, &edited).unwrap();
+    set_lmdb_version_1(&edited, false);
+    let Err(err) = format::open(&edited) else {
+        panic!("a contradiction is refused")
+    };
+    assert!(matches!(err, Error::NotADataset { .. }), "{err}");
+    assert!(err.to_string().contains("v1-edited.lmdb"), "{err}");
+    assert!(err.to_string().contains("checksums database"), "{err}");
+    set_lmdb_version_1(&lmdb, true);
+    let _ = fs::remove_file(dir.path().join("v1.lmdb-lock"));
+    assert_eq!(all_records(&lmdb), want);
+    let notices = format::open(&lmdb).unwrap().notices().to_vec();
+    assert!(
+        notices.iter().any(|n| n.contains("no checksums")),
+        "{notices:?}"
+    );
+
+    #[cfg(feature = "hdf5")]
+    version_1_hdf5_files_still_read(dir.path());
+}
+
+/// Rewrites an imagefeed LMDB's info record to say layout version 1, and with `drop_checksums`
+/// removes its checksums database too (what a real version-1 file looks like).
+fn set_lmdb_version_1(lmdb: &Path, drop_checksums: bool) {
     {
         let mut options = heed::EnvOpenOptions::new();
         options.max_dbs(3);
         // SAFETY: test-only; nothing else has this file open.
-        let env = unsafe { options.flags(heed::EnvFlags::NO_SUB_DIR).open(&lmdb) }.unwrap();
+        let env = unsafe { options.flags(heed::EnvFlags::NO_SUB_DIR).open(lmdb) }.unwrap();
         let mut wtxn = env.write_txn().unwrap();
         let meta: heed::Database<heed::types::Str, heed::types::Str> =
             env.open_database(&wtxn, Some("meta")).unwrap().unwrap();
@@ -1155,18 +1182,19 @@ fn version_1_lmdb_and_hdf5_files_without_checksums_still_read() {
             &info.replace(r#""version":2"#, r#""version":1"#),
         )
         .unwrap();
-        let sums: heed::Database<heed::types::Bytes, heed::types::Bytes> = env
-            .open_database(&wtxn, Some("checksums"))
-            .unwrap()
-            .unwrap();
-        sums.clear(&mut wtxn).unwrap();
+        if drop_checksums {
+            let sums: heed::Database<heed::types::Bytes, heed::types::Bytes> = env
+                .open_database(&wtxn, Some("checksums"))
+                .unwrap()
+                .unwrap();
+            // SAFETY: test-only; no other handle to this database is open.
+            unsafe { sums.remove(&mut wtxn) }.unwrap();
+        }
         wtxn.commit().unwrap();
     }
-    let _ = fs::remove_file(dir.path().join("v1.lmdb-lock"));
-    assert_eq!(all_records(&lmdb), want);
-
-    #[cfg(feature = "hdf5")]
-    version_1_hdf5_files_still_read(dir.path());
+    let mut lock = lmdb.as_os_str().to_owned();
+    lock.push("-lock");
+    let _ = fs::remove_file(lock);
 }
 
 #[cfg(feature = "hdf5")]
@@ -1184,6 +1212,27 @@ fn version_1_hdf5_files_still_read(dir: &Path) {
             .unwrap();
     }
     assert_eq!(all_records(&h5), want);
+    let notices = format::open(&h5).unwrap().notices().to_vec();
+    assert!(
+        notices.iter().any(|n| n.contains("no checksums")),
+        "{notices:?}"
+    );
+    // Version 1 in the attribute of a file that holds checksums is refused.
+    let edited = dir.join("v1-edited.h5");
+    pack_as(&fixture_root(), &edited, PackFormat::Hdf5, &small_options());
+    {
+        let file = hdf5::File::open_rw(&edited).unwrap();
+        let attr = file.attr("imagefeed").unwrap();
+        let json: hdf5::types::VarLenUnicode = attr.read_scalar().unwrap();
+        let json = json.as_str().replace(r#""version":2"#, r#""version":1"#);
+        attr.write_scalar(&json.parse::<hdf5::types::VarLenUnicode>().unwrap())
+            .unwrap();
+    }
+    let Err(err) = format::open(&edited) else {
+        panic!("a contradiction is refused")
+    };
+    assert!(matches!(err, Error::NotADataset { .. }), "{err}");
+    assert!(err.to_string().contains("checksums dataset"), "{err}");
     // And a version-2 file whose checksums went missing is refused, naming the file.
     let no_sums = dir.join("v2-no-sums.h5");
     pack_as(

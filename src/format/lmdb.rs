@@ -575,9 +575,23 @@ impl Lmdb {
             .map_err(|e| Error::lmdb(path, e))?
             .ok_or_else(|| Error::not_a_dataset(path, "the samples database is missing"))?;
         let stored = samples.len(&rtxn).map_err(|e| Error::lmdb(path, e))? as usize;
+        let mut notices = Vec::new();
         let checksums = if record.version >= CHECKSUMS_SINCE {
             Some(read_checksums(path, &env, &rtxn, stored)?)
         } else {
+            // A version-1 file never has the checksums database: one that does had its info
+            // record changed (a digit of "version"), which would switch the checks off.
+            let sums: Option<Database<Bytes, Bytes>> = env
+                .open_database(&rtxn, Some(CHECKSUMS_DB))
+                .map_err(|e| Error::lmdb(path, e))?;
+            if sums.is_some() {
+                return Err(crate::format::checksums_contradiction(
+                    path,
+                    record.version,
+                    "database",
+                ));
+            }
+            crate::dataset::notice(&mut notices, crate::format::unchecked_notice(path));
             None
         };
         let mut info = record.info;
@@ -601,7 +615,7 @@ impl Lmdb {
             info,
             complete: record.complete,
             progress,
-            notices: Vec::new(),
+            notices,
         })
     }
 

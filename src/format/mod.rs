@@ -67,6 +67,29 @@ pub(crate) fn checksum_mismatch(stored: u32, computed: u32) -> String {
     )
 }
 
+/// The error for a file whose metadata says layout `version` (before checksums) while the file
+/// holds the checksums `what` (database, dataset) that only later layouts write: the metadata was
+/// damaged or edited, and believing it would switch the records' checks off.
+pub(crate) fn checksums_contradiction(path: &Path, version: u32, what: &str) -> Error {
+    Error::not_a_dataset(
+        path,
+        format!(
+            "the metadata says layout version {version}, written before checksums, but the file \
+             holds a checksums {what}: the metadata is damaged or was edited (reading it as \
+             version {version} would leave every record unchecked)"
+        ),
+    )
+}
+
+/// The notice for a file of a layout before checksums: its records are read unchecked.
+pub(crate) fn unchecked_notice(path: &Path) -> String {
+    format!(
+        "{}: packed by an imagefeed before 0.2 (layout version 1, no checksums): damage to its \
+         records cannot be detected; pack it again to add checksums",
+        path.display()
+    )
+}
+
 /// Refuses metadata whose magic is not `expected` or whose layout `version` is newer than
 /// `newest`. `magic_label` names where the magic was read, for the message.
 pub(crate) fn check_layout(
@@ -81,6 +104,12 @@ pub(crate) fn check_layout(
         return Err(Error::not_a_dataset(
             path,
             format!("{magic_label} is {magic:?}"),
+        ));
+    }
+    if version == 0 {
+        return Err(Error::not_a_dataset(
+            path,
+            "layout version 0 does not exist (versions start at 1): the metadata is damaged",
         ));
     }
     if version > newest {

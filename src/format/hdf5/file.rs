@@ -588,6 +588,7 @@ fn open_imagefeed(path: &Path, file: &hdf5::File, file_len: u64) -> Result<Share
     let offsets: Vec<u64> = open(OFFSETS)?.read_raw().map_err(h5("reading offsets"))?;
     let labels: Vec<i64> = open(LABELS)?.read_raw().map_err(h5("reading labels"))?;
     let keys: Vec<VarLenUnicode> = open(KEYS)?.read_raw().map_err(h5("reading keys"))?;
+    let mut notices = Vec::new();
     let checksums: Option<Vec<u32>> = if record.version >= CHECKSUMS_SINCE {
         let sums: Vec<u32> = open(CHECKSUMS)?
             .read_raw()
@@ -599,7 +600,15 @@ fn open_imagefeed(path: &Path, file: &hdf5::File, file_len: u64) -> Result<Share
             ));
         }
         Some(sums)
+    } else if file.link_exists(CHECKSUMS) {
+        // A version-1 file never has the dataset: see the LMDB reader.
+        return Err(crate::format::checksums_contradiction(
+            path,
+            record.version,
+            "dataset",
+        ));
     } else {
+        crate::dataset::notice(&mut notices, crate::format::unchecked_notice(path));
         None
     };
     if Some(offsets.len()) != n.checked_add(1) || labels.len() != n || keys.len() != n {
@@ -629,7 +638,7 @@ fn open_imagefeed(path: &Path, file: &hdf5::File, file_len: u64) -> Result<Share
             keys: utf8_keys(path, &keys)?,
             checksums,
         },
-        notices: Vec::new(),
+        notices,
     })
 }
 
