@@ -24,6 +24,7 @@ mod chart;
 mod compare;
 #[cfg(feature = "cuda")]
 mod gpu;
+mod latency_proxy;
 mod report;
 mod soak;
 
@@ -151,6 +152,17 @@ enum Command {
     /// Many epochs of one loader over a dataset with bad samples: resident memory flat, no
     /// buffer growth, determinism and exact resume checked every few epochs.
     Soak(soak::SoakArgs),
+    /// A TCP proxy on loopback that adds a delay to every request on its way to `upstream`
+    /// (object storage latency for the benchmarks); prints its address, then runs until
+    /// killed.
+    LatencyProxy {
+        /// Where to forward (`host:port`, or `http://host:port`).
+        #[arg(long)]
+        upstream: String,
+        /// Milliseconds added to each request.
+        #[arg(long, default_value_t = 0)]
+        delay_ms: u64,
+    },
     /// Read every record of a dataset (a packed file or an ImageFolder directory). Exits with
     /// an error when more records fail than --max-bad allows.
     Read {
@@ -178,6 +190,12 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
+    // Output piped into a reader that stops early (`| head`) ends the process quietly, as it
+    // does `cat`, instead of panicking on the closed pipe (Rust ignores SIGPIPE by default).
+    // SAFETY: restoring a signal's default action before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
@@ -407,6 +425,8 @@ fn load_config(args: &LoadArgs) -> (LoaderConfig, Transform) {
 struct EpochRun {
     images: usize,
     bad_samples: usize,
+    /// Seconds from the epoch's start to its first batch.
+    first_batch: f64,
     /// SHA-256 over every batch's bytes and labels, in order (with `--digest`); finished
     /// after the epoch's clock stops.
     digest: Option<Sha256>,
@@ -418,8 +438,11 @@ fn run_epoch(loader: &Loader, epoch: u64, digest: bool) -> Result<EpochRun> {
     let mut images = 0usize;
     let mut bad_samples = 0usize;
     let mut hasher = Sha256::new();
+    let started = Instant::now();
+    let mut first_batch = None;
     for batch in loader.epoch(epoch) {
         let batch = batch?;
+        first_batch.get_or_insert_with(|| started.elapsed().as_secs_f64());
         images += batch.len();
         bad_samples += batch.bad.len();
         if digest {
@@ -432,6 +455,7 @@ fn run_epoch(loader: &Loader, epoch: u64, digest: bool) -> Result<EpochRun> {
     Ok(EpochRun {
         images,
         bad_samples,
+        first_batch: first_batch.unwrap_or(0.0),
         digest: digest.then_some(hasher),
     })
 }
@@ -450,6 +474,7 @@ fn print_epoch(
     let EpochRun {
         images,
         bad_samples,
+        first_batch,
         ..
     } = run;
     if json {
@@ -458,6 +483,7 @@ fn print_epoch(
             "epoch": epoch,
             "images": images,
             "seconds": secs,
+            "first_batch_seconds": first_batch,
             "bad": bad_samples,
         });
         if let Some((b, a)) = around {
@@ -543,6 +569,9 @@ fn run() -> Result<()> {
         Command::Soak(args) => soak::soak(&args),
         #[cfg(feature = "cuda")]
         Command::Gpu(args) => gpu::run(args),
+        Command::LatencyProxy { upstream, delay_ms } => {
+            latency_proxy::run(&upstream, std::time::Duration::from_millis(delay_ms))
+        }
         Command::Read {
             dataset,
             input,
