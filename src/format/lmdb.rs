@@ -1119,7 +1119,7 @@ fn open_folder2lmdb(
             Ok(pickle::Value::List(items)) => items
                 .iter()
                 .map(|item| match item {
-                    pickle::Value::Str(text) => Some(text.clone()),
+                    pickle::Value::Str(text) => Some(text.to_string()),
                     bytes => bytes
                         .bytes(value)
                         .and_then(|b| String::from_utf8(b.to_vec()).ok()),
