@@ -275,9 +275,8 @@ pub trait Dataset: Send + Sync {
     /// Shards of the dataset's set that are missing, when it was opened with
     /// [`allow_missing_shards`](crate::format::OpenOptions::allow_missing_shards) (a
     /// deliberate subset); empty for a whole dataset, and for formats that are not shards.
-    fn missing_shards(&self) -> &crate::format::shards::MissingShards {
-        static NONE: crate::format::shards::MissingShards =
-            crate::format::shards::MissingShards::NONE;
+    fn missing_shards(&self) -> &MissingShards {
+        static NONE: MissingShards = MissingShards::NONE;
         &NONE
     }
 
@@ -296,6 +295,47 @@ pub trait Dataset: Send + Sync {
     /// fetch it. The default (local data) does nothing. Never blocks.
     fn plan_shards(&self, upcoming: &[usize]) {
         let _ = upcoming;
+    }
+}
+
+/// The members of a set missing from a dataset opened with
+/// [`allow_missing_shards`](crate::format::OpenOptions::allow_missing_shards).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MissingShards {
+    /// The first [`NAMED_MISSING`](crate::format::shards::NAMED_MISSING) missing members' file
+    /// names.
+    pub named: Vec<String>,
+    /// How many members are missing.
+    pub count: u64,
+}
+
+impl MissingShards {
+    /// No member missing.
+    pub const NONE: MissingShards = MissingShards {
+        named: Vec::new(),
+        count: 0,
+    };
+
+    /// Whether no member is missing.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+}
+
+impl std::fmt::Display for MissingShards {
+    /// The names, with how many more there are (`a, b and 998 more`).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&missing_list(&self.named, self.count))
+    }
+}
+
+/// `names` (the first of `count` missing members), with how many more there are.
+pub fn missing_list(names: &[String], count: u64) -> String {
+    let more = count.saturating_sub(names.len() as u64);
+    if more == 0 {
+        names.join(", ")
+    } else {
+        format!("{} and {more} more", names.join(", "))
     }
 }
 

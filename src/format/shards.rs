@@ -21,6 +21,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+pub use crate::dataset::{MissingShards, missing_list};
 pub use crate::error::ShardSetProblem;
 use crate::error::{Error, IoContext as _, Result};
 
@@ -359,36 +360,6 @@ impl SetReport {
     }
 }
 
-/// The members of a set missing from a dataset opened with
-/// [`allow_missing_shards`](crate::format::OpenOptions::allow_missing_shards).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MissingShards {
-    /// The first [`NAMED_MISSING`] missing members' file names.
-    pub named: Vec<String>,
-    /// How many members are missing.
-    pub count: u64,
-}
-
-impl MissingShards {
-    /// No member missing.
-    pub const NONE: MissingShards = MissingShards {
-        named: Vec::new(),
-        count: 0,
-    };
-
-    /// Whether no member is missing.
-    pub fn is_empty(&self) -> bool {
-        self.count == 0
-    }
-}
-
-impl std::fmt::Display for MissingShards {
-    /// The names, with how many more there are (`a, b and 998 more`).
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&missing_list(&self.named, self.count))
-    }
-}
-
 /// The notice for members of a set that hold no sample while others do (`starts`: each
 /// member's first sample, then the total; `path(i)`: member `i`'s name). A file created and
 /// never written, or a copy cut short at its start, looks like this; a set whose members are all
@@ -425,16 +396,6 @@ pub fn empty_members(starts: &[usize]) -> usize {
     let members = starts.len().saturating_sub(1);
     let empty = starts.windows(2).filter(|w| w[0] == w[1]).count();
     if empty == members { 0 } else { empty }
-}
-
-/// `names` (the first of `count` missing members), with how many more there are.
-pub fn missing_list(names: &[String], count: u64) -> String {
-    let more = count.saturating_sub(names.len() as u64);
-    if more == 0 {
-        names.join(", ")
-    } else {
-        format!("{} and {more} more", names.join(", "))
-    }
 }
 
 /// Checks the shard files of a selection: one set only when `one_set` (a directory), every
