@@ -179,6 +179,41 @@ impl ShardData {
     pub fn is_remote(&self) -> bool {
         !matches!(self.source, Source::Local(_))
     }
+
+    /// For a remote shard: its size, and the byte limit of the cache it is fetched into.
+    fn cache_cost(&self) -> Option<(u64, Option<u64>)> {
+        match &self.source {
+            Source::Local(_) => None,
+            #[cfg(feature = "remote")]
+            Source::Remote(remote) => Some((remote.object.size, remote.cache.limit())),
+        }
+    }
+}
+
+/// The part of a cache's limit the planner fills ahead of the readers; the rest is room for
+/// the shards readers still hold after the planner let them go (each worker holds the one it
+/// reads), so a fetch the readers need never waits for the planner's own.
+const PLAN_SHARE_OF_LIMIT: (u64, u64) = (3, 4);
+
+/// The start of `plan` (shard numbers, soonest needed first) that the planner fetches ahead and
+/// holds: all of it without a cache limit; under one, shards while their sizes together stay
+/// within [`PLAN_SHARE_OF_LIMIT`] of it, and always the first (the batches in flight read it
+/// now). A plan bigger than the cache (a shard window's two windows of large shards) would
+/// otherwise fill the cache with shards needed later, and readers would wait for room that only
+/// frees when the loader moves on: throughput fell to a fifth of the uncapped run's.
+fn fitting_start(plan: &[usize], shards: &[Arc<ShardData>]) -> usize {
+    let mut held = 0u64;
+    for (i, &number) in plan.iter().enumerate() {
+        let Some((size, Some(limit))) = shards.get(number).and_then(|s| s.cache_cost()) else {
+            continue;
+        };
+        let room = limit / PLAN_SHARE_OF_LIMIT.1 * PLAN_SHARE_OF_LIMIT.0;
+        held = held.saturating_add(size);
+        if i > 0 && held > room {
+            return i;
+        }
+    }
+    plan.len()
 }
 
 /// Fetches a dataset's remote shards ahead of the loader and lets go of those it has moved
@@ -242,8 +277,9 @@ impl Drop for ShardPlanner {
     }
 }
 
-/// The planner's thread: for each plan, release what it does not list, then fetch what it
-/// lists, in its order, a few at a time (a newer plan is taken up between rounds).
+/// The planner's thread: for each plan, cut to what fits in the cache ([`fitting_start`]),
+/// release what it does not list, then fetch what it lists, in its order, a few at a time (a
+/// newer plan is taken up between rounds).
 fn run(shards: &[Arc<ShardData>], state: &(Mutex<PlanState>, std::sync::Condvar)) {
     let (lock, wake) = state;
     loop {
@@ -259,6 +295,8 @@ fn run(shards: &[Arc<ShardData>], state: &(Mutex<PlanState>, std::sync::Condvar)
                 guard = wake.wait(guard).expect("not poisoned");
             }
         };
+        let mut plan = plan;
+        plan.truncate(fitting_start(&plan, shards));
         let wanted: std::collections::HashSet<usize> = plan.iter().copied().collect();
         for (number, shard) in shards.iter().enumerate() {
             if !wanted.contains(&number) {
@@ -283,5 +321,49 @@ fn run(shards: &[Arc<ShardData>], state: &(Mutex<PlanState>, std::sync::Condvar)
                 break;
             }
         }
+    }
+}
+
+#[cfg(all(test, feature = "remote"))]
+mod tests {
+    use super::*;
+    use crate::cache::Cache;
+    use crate::remote::store::ObjectInfo;
+    use crate::remote::url::RemoteUrl;
+
+    fn shards(sizes: &[u64], limit: Option<u64>) -> Vec<Arc<ShardData>> {
+        let cache = Cache::at(std::env::temp_dir().join("imagefeed-plan-test"), limit);
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &size)| {
+                let object = ObjectInfo {
+                    url: RemoteUrl::parse(&format!("s3://bucket/shard-{i}.tfrecord")).unwrap(),
+                    size,
+                    etag: None,
+                };
+                Arc::new(ShardData::remote(object, cache.clone()))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_planner_holds_no_more_shards_ahead_than_the_cache_fits() {
+        // Found by the object storage benchmark: a shard window of 4 plans two windows and the
+        // batches in flight (12 shards of 24 MiB here) while the cache held half the dataset
+        // (254 MB): the planner filled it with later shards and readers waited for room.
+        const MIB: u64 = 1 << 20;
+        let plan: Vec<usize> = (0..12).collect();
+        let capped = shards(&[24 * MIB; 12], Some(254_000_000));
+        let fits = fitting_start(&plan, &capped);
+        assert_eq!(fits, 7, "7 x 24 MiB fit in 3/4 of 254 MB, 8 do not");
+        // No limit: the whole plan. Remote or not, a limit smaller than one shard: still the
+        // first shard (the batches in flight read it now).
+        assert_eq!(fitting_start(&plan, &shards(&[24 * MIB; 12], None)), 12);
+        assert_eq!(fitting_start(&plan, &shards(&[24 * MIB; 12], Some(MIB))), 1);
+        // The plan's order counts, not shard numbers: the soonest needed are kept.
+        let reversed: Vec<usize> = (0..12).rev().collect();
+        assert_eq!(fitting_start(&reversed, &capped), 7);
+        assert_eq!(fitting_start(&[], &capped), 0);
     }
 }
