@@ -19,6 +19,7 @@ use imagefeed::loader::{BadSamplePolicy, Loader, LoaderConfig, Stats};
 use imagefeed::transform::{DType, Layout, Transform};
 use sha2::{Digest as _, Sha256};
 
+mod bar_chart;
 mod ceiling;
 mod chart;
 mod compare;
@@ -155,6 +156,21 @@ enum Command {
     /// A TCP proxy on loopback that adds a delay to every request on its way to `upstream`
     /// (object storage latency for the benchmarks); prints its address, then runs until
     /// killed.
+    /// Draws labelled values as a PNG of horizontal bars (for benchmark scripts).
+    BarChart {
+        /// The chart's title.
+        #[arg(long)]
+        title: String,
+        /// What the values measure, for the axis.
+        #[arg(long, default_value = "images/s")]
+        unit: String,
+        /// Where to write the PNG.
+        #[arg(long)]
+        out: PathBuf,
+        /// The bars, top to bottom: `LABEL=VALUE`, or `GROUP:LABEL=VALUE` (one colour per group).
+        #[arg(required = true)]
+        bars: Vec<String>,
+    },
     LatencyProxy {
         /// Where to forward (`host:port`, or `http://host:port`).
         #[arg(long)]
@@ -569,6 +585,18 @@ fn run() -> Result<()> {
         Command::Soak(args) => soak::soak(&args),
         #[cfg(feature = "cuda")]
         Command::Gpu(args) => gpu::run(args),
+        Command::BarChart {
+            title,
+            unit,
+            out,
+            bars,
+        } => {
+            let bars = bars
+                .iter()
+                .map(|b| bar_chart::Bar::parse(b))
+                .collect::<Result<Vec<_>>>()?;
+            bar_chart::draw(&title, &unit, &bars, &out)
+        }
         Command::LatencyProxy { upstream, delay_ms } => {
             latency_proxy::run(&upstream, std::time::Duration::from_millis(delay_ms))
         }
