@@ -72,6 +72,17 @@ pub enum Error {
         reason: String,
     },
 
+    /// A dataset's file changed on disk after the dataset was opened (replaced, rewritten): a
+    /// reader opened since would read other records than the ones indexed at open. Open the
+    /// dataset again.
+    #[error("{}: changed since the dataset was opened ({change}); open it again", path.display())]
+    FileChanged {
+        /// The file.
+        path: PathBuf,
+        /// What changed.
+        change: String,
+    },
+
     /// A URL that names nothing imagefeed can read or write: an unknown scheme, no bucket, or an
     /// object that is not what its listing said.
     #[error("{url}: {reason}")]

@@ -1394,3 +1394,53 @@ fn without_the_hdf5_feature_hdf5_is_recognized_and_refused_naming_path_and_featu
     pack_as(&fixture_root(), &lmdb, PackFormat::Lmdb, &small_options());
     assert_eq!(format::open(&lmdb).unwrap().len(), all_records(&lmdb).len());
 }
+
+#[cfg(feature = "hdf5")]
+#[test]
+fn an_hdf5_file_replaced_under_an_open_dataset_is_never_read_as_a_mix() {
+    // Hostile finding (#30): `mv new.h5 train.h5` while a Loader read train.h5 made workers
+    // that opened lazily read the new file through the old index (748 of 1,500 samples came
+    // from the new file). Readers of our layout now share the descriptor opened with the
+    // dataset (they go on reading the file that was indexed); readers the library opens by
+    // path check the file is the same one, or fail naming it.
+    let dir = tempfile::tempdir().unwrap();
+    let ours = dir.path().join("train.h5");
+    pack_as(&fixture_root(), &ours, PackFormat::Hdf5, &small_options());
+    let dataset = format::open(&ours).unwrap();
+    let want = records(dataset.as_ref());
+    let other = dir.path().join("other.h5");
+    let mut options = small_options();
+    options.resize_short_side = Some(16);
+    pack_as(&fixture_root(), &other, PackFormat::Hdf5, &options);
+    assert_ne!(all_records(&other), want, "the replacement differs");
+    fs::rename(&other, &ours).unwrap();
+    assert_eq!(
+        records(dataset.as_ref()),
+        want,
+        "a reader opened after the rename"
+    );
+
+    // h5py's variable-length layout, read through libhdf5: replaced, then rewritten in place.
+    let compat = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/compat");
+    let vlen = dir.path().join("vlen.h5");
+    fs::copy(compat.join("h5py-vlen.h5"), &vlen).unwrap();
+    let dataset = format::open(&vlen).unwrap();
+    assert!(dataset.open_reader().is_ok());
+    fs::copy(compat.join("h5py-pixels.h5"), dir.path().join("new.h5")).unwrap();
+    fs::rename(dir.path().join("new.h5"), &vlen).unwrap();
+    let Err(err) = dataset.open_reader() else {
+        panic!("a reader of a replaced file opened")
+    };
+    assert!(
+        matches!(&err, Error::FileChanged { path, .. } if path == &vlen),
+        "{err}"
+    );
+    assert!(err.to_string().contains("another file"), "{err}");
+    fs::copy(compat.join("h5py-vlen.h5"), &vlen).unwrap();
+    let dataset = format::open(&vlen).unwrap();
+    append_garbage(&vlen);
+    let Err(err) = dataset.open_reader() else {
+        panic!("a reader of a rewritten file opened")
+    };
+    assert!(matches!(err, Error::FileChanged { .. }), "{err}");
+}

@@ -51,7 +51,11 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
         }
         Error::NotADataset { path, reason }
         | Error::BadImageFolder { path, reason }
-        | Error::RefusedFile { path, reason } => {
+        | Error::RefusedFile { path, reason }
+        | Error::FileChanged {
+            path,
+            change: reason,
+        } => {
             located = Some((path, reason.clone()));
             "DataError"
         }

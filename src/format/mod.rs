@@ -67,6 +67,52 @@ pub(crate) fn checksum_mismatch(stored: u32, computed: u32) -> String {
     )
 }
 
+/// What tells one file from another at a path: device, inode, size and modification time,
+/// taken when a dataset is opened. A reader that opens the path again later checks it, so a
+/// file replaced or rewritten in between is a named error, not another file's records.
+/// (HDF5 readers use it: the other formats map their files at open.)
+#[cfg(feature = "hdf5")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FileIdentity {
+    dev: u64,
+    ino: u64,
+    pub(crate) len: u64,
+    modified: Option<std::time::SystemTime>,
+}
+
+#[cfg(feature = "hdf5")]
+impl FileIdentity {
+    pub(crate) fn of(meta: &std::fs::Metadata) -> FileIdentity {
+        use std::os::unix::fs::MetadataExt as _;
+        FileIdentity {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: meta.len(),
+            modified: meta.modified().ok(),
+        }
+    }
+
+    /// Checks that `path` is still this file.
+    pub(crate) fn check(&self, path: &Path) -> Result<()> {
+        use crate::error::IoContext as _;
+        let now = FileIdentity::of(&std::fs::metadata(path).at(path)?);
+        if now == *self {
+            return Ok(());
+        }
+        let change = if (now.dev, now.ino) != (self.dev, self.ino) {
+            "another file was put in its place".to_string()
+        } else if now.len != self.len {
+            format!("its size went from {} to {} bytes", self.len, now.len)
+        } else {
+            "it was modified".to_string()
+        };
+        Err(Error::FileChanged {
+            path: path.to_path_buf(),
+            change,
+        })
+    }
+}
+
 /// The error for a file whose metadata says layout `version` (before checksums) while the file
 /// holds the checksums `what` (database, dataset) that only later layouts write: the metadata was
 /// damaged or edited, and believing it would switch the records' checks off.

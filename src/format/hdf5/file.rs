@@ -18,9 +18,9 @@ use super::{
 use crate::dataset::{Dataset, DatasetInfo, FormatKind, PayloadKind, Record, RecordReader};
 use crate::decode::RawImage;
 use crate::error::{Error, IoContext as _, Result};
-use crate::format::InfoRecord;
 use crate::format::output;
 use crate::format::writer::{DatasetWriter, PackPlan, PackProgress, PackedRecord, WriterOptions};
+use crate::format::{FileIdentity, InfoRecord};
 
 /// The first layout version with the `checksums` dataset.
 const CHECKSUMS_SINCE: u32 = 2;
@@ -453,6 +453,11 @@ struct Shared {
     layout: Layout,
     /// What opening found that a user should hear about (labels left out of the classes).
     notices: Vec<String>,
+    /// The file as opened: `pread` layouts read through this descriptor in every worker, so a
+    /// file replaced on disk later (`mv new.h5 train.h5`) is not read by the workers that
+    /// start after it; a reader the library opens by path checks `identity` instead.
+    opened: Option<Arc<fs::File>>,
+    identity: Option<FileIdentity>,
 }
 
 /// An HDF5 dataset opened for reading (see the module docs for the layouts).
@@ -480,7 +485,9 @@ impl Hdf5 {
     pub fn open_with(path: impl AsRef<Path>, names: &Hdf5Names) -> Result<Hdf5> {
         let path = path.as_ref();
         output::refuse_interrupted(path)?;
-        let file_len = fs::metadata(path).at(path)?.len();
+        let plain = fs::File::open(path).at(path)?;
+        let identity = FileIdentity::of(&plain.metadata().at(path)?);
+        let file_len = identity.len;
         if !has_signature(path) {
             return Err(Error::not_a_dataset(
                 path,
@@ -489,11 +496,11 @@ impl Hdf5 {
         }
         // Small files stream into the page cache in one sequential read, as an LMDB's do
         // (see `pagecache`); payloads are then `pread` without a disk seek each.
-        if let Ok(plain) = fs::File::open(path) {
-            crate::pagecache::prefetch_if_it_fits(&plain);
-        }
+        crate::pagecache::prefetch_if_it_fits(&plain);
         let file = open_unlocked(path).map_err(|e| Error::hdf5(path, "opening", e))?;
-        let shared = if file
+        // The library opened the path again: it must still be the file checked above.
+        identity.check(path)?;
+        let mut shared = if file
             .attr_names()
             .is_ok_and(|n| n.iter().any(|n| n == INFO_ATTR))
         {
@@ -501,6 +508,8 @@ impl Hdf5 {
         } else {
             open_foreign(path, &file, names, file_len)?
         };
+        shared.opened = Some(Arc::new(plain));
+        shared.identity = Some(identity);
         Ok(Hdf5 {
             shared: Arc::new(shared),
         })
@@ -639,6 +648,8 @@ fn open_imagefeed(path: &Path, file: &hdf5::File, file_len: u64) -> Result<Share
             checksums,
         },
         notices,
+        opened: None,
+        identity: None,
     })
 }
 
@@ -944,6 +955,8 @@ fn open_foreign(
         labels,
         layout,
         notices,
+        opened: None,
+        identity: None,
     })
 }
 
@@ -1014,15 +1027,20 @@ impl Dataset for Hdf5 {
                 }
         );
         let (file, dataset) = if pread {
-            (Some(fs::File::open(path).at(path)?), None)
+            (shared.opened.clone(), None)
         } else {
             let name = match &shared.layout {
                 Layout::VarLen { images } | Layout::Pixels { images, .. } => images,
                 Layout::Imagefeed { .. } => unreachable!("read with pread"),
             };
+            // The library opens the path again: before and after, it must be the file the
+            // dataset was opened from, or this worker would read another file's records.
+            let check = || shared.identity.as_ref().map_or(Ok(()), |id| id.check(path));
+            check()?;
             let dataset = open_unlocked(path)
                 .and_then(|f| f.dataset(name))
                 .map_err(|e| Error::hdf5(path, "opening a reader", e))?;
+            check()?;
             (None, Some(dataset))
         };
         Ok(Box::new(Hdf5Reader {
@@ -1036,10 +1054,10 @@ impl Dataset for Hdf5 {
     }
 }
 
-/// Per-worker handle: its own file descriptor for `pread`, or its own library handle.
+/// Per-worker handle: the dataset's descriptor for `pread` (shared), or its own library handle.
 struct Hdf5Reader {
     shared: Arc<Shared>,
-    file: Option<fs::File>,
+    file: Option<Arc<fs::File>>,
     dataset: Option<hdf5::Dataset>,
     /// The payload handed out by `read`.
     buffer: Vec<u8>,
@@ -1132,7 +1150,7 @@ impl RecordReader for Hdf5Reader {
                 }
                 let len = (end - start) as usize;
                 pread_exact(
-                    self.file.as_ref(),
+                    self.file.as_deref(),
                     &mut self.buffer,
                     data_offset + start,
                     len,
@@ -1171,7 +1189,7 @@ impl RecordReader for Hdf5Reader {
                 match file_offset {
                     Some(offset) => {
                         let offset = offset + (index * len) as u64;
-                        pread_exact(self.file.as_ref(), &mut self.pixels, offset, len)
+                        pread_exact(self.file.as_deref(), &mut self.pixels, offset, len)
                             .map_err(|reason| self.corrupt(index, &self.key, reason))?
                     }
                     None => {
