@@ -506,10 +506,23 @@ struct Inner {
     transform_digest: String,
     jobs: Option<Sender<Job>>,
     workers: Vec<JoinHandle<()>>,
+    /// The process that made the workers ([`std::process::id`]).
+    process: u32,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        if std::process::id() != self.process {
+            // A forked child's copy: its workers are the parent's threads, which a fork does
+            // not copy. Joining them panicked (or could wait forever), and the queue's lock may
+            // have been held by one of them at the fork: leave both alone. The parent's own
+            // loader is unaffected.
+            std::mem::forget(self.jobs.take());
+            for worker in self.workers.drain(..) {
+                std::mem::forget(worker);
+            }
+            return;
+        }
         self.jobs.take(); // closes the queue: workers finish their job and exit
         for worker in self.workers.drain(..) {
             let _ = worker.join();
@@ -576,6 +589,7 @@ impl Loader {
                 transform_digest,
                 jobs: Some(jobs),
                 workers,
+                process: std::process::id(),
             }),
         })
     }

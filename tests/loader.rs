@@ -1318,3 +1318,71 @@ fn a_record_damaged_on_disk_is_a_corrupt_bad_sample_naming_its_key() {
         "{bad:?}"
     );
 }
+
+/// A Loader dropped in a forked child is quiet: its workers are the parent's threads, which a
+/// fork does not copy, and joining them panicked with a backtrace (hostile finding, #30). The
+/// parent's loader goes on. Runs `loader_fork_child` alone in a child of this test binary, so
+/// no other test's thread is running when it forks.
+#[test]
+fn a_loader_dropped_in_a_forked_child_is_quiet() {
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "loader_fork_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("IMAGEFEED_TEST_LOADER_FORK", "1")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert!(output.status.success(), "{stdout}{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        stdout.contains("the child dropped its loader; the parent's next epoch matches"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn loader_fork_child() {
+    if std::env::var_os("IMAGEFEED_TEST_LOADER_FORK").is_none() {
+        return;
+    }
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let (_, encoded, _) = datasets(dir.path());
+    let loader = Loader::new(encoded, config(Transform::none(), 2, 2)).unwrap();
+    let before = epoch_digest(&loader, 0);
+    // SAFETY: the child drops the loader and leaves with _exit; nothing else runs in it.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(loader)));
+        // SAFETY: ends the child without the parent's destructors or atexit handlers.
+        unsafe { libc::_exit(if dropped.is_ok() { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        // SAFETY: waitpid on the child just forked, non-blocking.
+        let done = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if done == pid {
+            break;
+        }
+        if Instant::now() > deadline {
+            // SAFETY: the child forked above.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            panic!("the forked child hung dropping its loader");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the child's drop failed: status {status}"
+    );
+    assert_eq!(epoch_digest(&loader, 0), before);
+    println!("the child dropped its loader; the parent's next epoch matches");
+}
