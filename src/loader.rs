@@ -304,7 +304,67 @@ impl LoaderConfig {
                 self.max_pixels
             ));
         }
+        if let Some((w, h)) = self.transform.fixed_size() {
+            self.check_batch_memory(w, h)?;
+        }
         Ok(())
+    }
+
+    /// Refuses a batch shape whose buffers could not be allocated: `prefetch` batches of
+    /// `batch_size` slots of `w × h` (ready batches waiting for the consumer) beyond this
+    /// machine's memory, or beyond the address-space limit (`ulimit -v`) where one is set. A
+    /// typo (`CenterCrop(13000)`, 520 GB a batch of 256 as `f32`) is a configuration error that
+    /// says how much it needs, not an allocation that aborts the process.
+    fn check_batch_memory(&self, w: u32, h: u32) -> Result<()> {
+        let slot = self.transform.output.slot_len(w, h) as u128;
+        let batch = slot * self.sampling.batch_size as u128;
+        let needed = batch * self.prefetch as u128;
+        let Some((limit, what)) = memory_limit() else {
+            return Ok(());
+        };
+        if needed <= u128::from(limit) {
+            return Ok(());
+        }
+        let gb = |bytes: u128| bytes as f64 / 1e9;
+        Err(Error::Config(format!(
+            "batches of {} images of {w}x{h} ({:?}) need {:.1} GB each, and prefetch {} keeps {:.1} \
+             GB of them ready: more than {what} ({:.1} GB); lower batch_size, the output size or \
+             prefetch",
+            self.sampling.batch_size,
+            self.transform.output.dtype,
+            gb(batch),
+            self.prefetch,
+            gb(needed),
+            gb(u128::from(limit)),
+        )))
+    }
+}
+
+/// The most memory batches can take: the smaller of the machine's physical memory and the
+/// address-space limit (`RLIMIT_AS`), with which one it is; `None` when neither is known.
+fn memory_limit() -> Option<(u64, &'static str)> {
+    // SAFETY: sysconf and getrlimit only read process and system settings into locals.
+    let (pages, page, limit) = unsafe {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        let got = libc::getrlimit(libc::RLIMIT_AS, &mut limit) == 0;
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+            got.then_some(limit.rlim_cur),
+        )
+    };
+    let physical = (pages > 0 && page > 0)
+        .then(|| (pages as u64).saturating_mul(page as u64))
+        .map(|bytes| (bytes, "this machine's memory"));
+    let address_space = limit
+        .filter(|&l| l != libc::RLIM_INFINITY)
+        .map(|bytes| (bytes, "the address-space limit (ulimit -v)"));
+    match (physical, address_space) {
+        (Some(p), Some(a)) => Some(if a.0 < p.0 { a } else { p }),
+        (p, a) => p.or(a),
     }
 }
 

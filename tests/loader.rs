@@ -1248,6 +1248,20 @@ fn impossible_sizes_are_configuration_errors_not_allocations() {
     let message = refused(config(Transform::cifar(), 1, 1).with_rank(0, 1 << 40));
     assert!(message.contains("world_size"), "{message}");
     refused(config(Transform::cifar(), 1, 1).with_max_pixels(0));
+    // Within max_pixels, but batches that no memory could hold (hostile finding #30.9:
+    // CenterCrop(13000) at batch 256 is 519 GB a batch as f32; at 4096, 8.3 TB, more than any
+    // machine that runs this): refused with what they need.
+    let message = refused(config(crop(13_000, 13_000), 1, 2).with_batch_size(4096));
+    assert!(
+        message.contains("13000x13000") && message.contains("8306.7 GB each"),
+        "{message}"
+    );
+    // Far beyond any machine, and the arithmetic does not overflow.
+    refused(
+        config(crop(1 << 14, 1 << 14), 1, 1 << 20)
+            .with_batch_size(1 << 30)
+            .with_max_pixels(u64::MAX),
+    );
     // At the limit is fine.
     Loader::new(
         Arc::clone(&encoded),
