@@ -261,8 +261,11 @@ impl LoaderConfig {
                 crate::MAX_THREADS
             ));
         }
-        if self.prefetch == 0 {
-            return invalid("prefetch must be at least 1".into());
+        if !(1..=MAX_PREFETCH).contains(&self.prefetch) {
+            return invalid(format!(
+                "prefetch {} must be 1..={MAX_PREFETCH} (batches built ahead of the consumer)",
+                self.prefetch
+            ));
         }
         if s.shard_window == Some(0) {
             return invalid("shard_window must be at least 1 shard".into());
@@ -367,6 +370,10 @@ fn memory_limit() -> Option<(u64, &'static str)> {
         (p, a) => p.or(a),
     }
 }
+
+/// The most batches [`LoaderConfig::prefetch`] may build ahead: four per worker at the most
+/// workers (2 to 4 per worker keep them busy), a bound on what a typo can hold in memory.
+pub const MAX_PREFETCH: usize = 4 * crate::MAX_THREADS;
 
 /// The version of [`LoaderState`]'s layout; a state of another version is refused.
 pub const LOADER_STATE_VERSION: u32 = 2;
@@ -1044,7 +1051,10 @@ impl Epoch {
                 return Wait::Ready(Some(Err(e)));
             }
         };
-        let samples_seen = self.samples_seen + self.batches[position].len() as u64;
+        // Saturating: a state from outside may start it anywhere.
+        let samples_seen = self
+            .samples_seen
+            .saturating_add(self.batches[position].len() as u64);
         // The cap counts the epoch's own samples: a replacement candidate found bad is
         // reported, not counted (so `skip` and `replace` trip at the same sample).
         let own_bad = batch

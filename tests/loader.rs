@@ -1040,13 +1040,24 @@ fn forged_states_and_changed_settings_are_errors_never_panics_or_hangs() {
     )
     .unwrap();
     assert_eq!(mismatch(&other_transform), "transform");
-    // A prefetch of usize::MAX resumed mid-epoch neither overflows nor hangs.
+    // The largest prefetch resumed mid-epoch neither overflows nor hangs (usize::MAX did
+    // neither either; it is refused now, see MAX_PREFETCH).
     let mut epoch = loader.epoch(0);
     epoch.next().unwrap().unwrap();
     let mid = epoch.state();
     drop(epoch);
+    assert!(matches!(
+        Loader::new(
+            format::open(fixture_root()).unwrap(),
+            loader.config().clone().with_prefetch(usize::MAX)
+        ),
+        Err(Error::Config(_))
+    ));
     let (tx, rx) = std::sync::mpsc::channel();
-    let config = loader.config().clone().with_prefetch(usize::MAX);
+    let config = loader
+        .config()
+        .clone()
+        .with_prefetch(imagefeed::loader::MAX_PREFETCH);
     std::thread::spawn(move || {
         let huge = Loader::new(format::open(fixture_root()).unwrap(), config).unwrap();
         let count = huge.resume(&mid).unwrap().map(Result::unwrap).count();
@@ -1258,10 +1269,17 @@ fn impossible_sizes_are_configuration_errors_not_allocations() {
     );
     // Far beyond any machine, and the arithmetic does not overflow.
     refused(
-        config(crop(1 << 14, 1 << 14), 1, 1 << 20)
+        config(crop(1 << 14, 1 << 14), 1, imagefeed::loader::MAX_PREFETCH)
             .with_batch_size(1 << 30)
             .with_max_pixels(u64::MAX),
     );
+    // Prefetch is bounded whatever the output size (hostile finding #30: none was).
+    let message = refused(config(
+        Transform::none(),
+        1,
+        imagefeed::loader::MAX_PREFETCH + 1,
+    ));
+    assert!(message.contains("prefetch"), "{message}");
     // At the limit is fine.
     Loader::new(
         Arc::clone(&encoded),

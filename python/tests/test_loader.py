@@ -557,7 +557,8 @@ def test_a_loader_used_in_a_forked_child_raises_instead_of_hanging(lmdb_path):
 
 
 def test_wrong_argument_types_and_ranges_are_imagefeed_errors(lmdb_path):
-    for bad in [dict(prefetch=-1), dict(prefetch=2**64), dict(prefetch=1.5), dict(prefetch=True),
+    for bad in [dict(prefetch=-1), dict(prefetch=2**64), dict(prefetch=4097), dict(prefetch=1.5),
+                dict(prefetch=True),
                 dict(max_pixels=-1), dict(max_pixels=0), dict(label_base=-1), dict(seed=2**64),
                 dict(batch_size=2**64), dict(shuffle=None), dict(drop_last="yes"), dict(dtype=None),
                 dict(uneven=None), dict(device=None), dict(device="cpu:0"),
