@@ -97,6 +97,36 @@ struct PoolInner {
     free: Mutex<Vec<Box<dyn BatchMemory>>>,
     allocations: AtomicU64,
     allocated_bytes: AtomicU64,
+    recent: Mutex<RecentNeed>,
+}
+
+/// Takes per window of [`RecentNeed`].
+const NEED_WINDOW: u64 = 64;
+
+/// How large the buffers taken lately were: the largest of the current window of
+/// [`NEED_WINDOW`] takes and of the one before, so a spike is forgotten two windows after it.
+#[derive(Default)]
+struct RecentNeed {
+    takes: u64,
+    current: usize,
+    previous: usize,
+}
+
+impl RecentNeed {
+    fn saw(&mut self, len: usize) {
+        if self.takes > 0 && self.takes.is_multiple_of(NEED_WINDOW) {
+            self.previous = self.current;
+            self.current = 0;
+        }
+        self.takes += 1;
+        self.current = self.current.max(len);
+    }
+
+    /// True for a free block too large to keep: more than twice the largest recent need, once
+    /// a whole window has been seen (a pool warmed by `reserve` keeps its blocks until then).
+    fn too_large(&self, len: usize) -> bool {
+        self.takes >= NEED_WINDOW && len > 2 * self.current.max(self.previous).max(1)
+    }
 }
 
 impl BufferPool {
@@ -108,12 +138,18 @@ impl BufferPool {
                 free: Mutex::new(Vec::new()),
                 allocations: AtomicU64::new(0),
                 allocated_bytes: AtomicU64::new(0),
+                recent: Mutex::new(RecentNeed::default()),
             }),
         }
     }
 
     /// A buffer of exactly `len` visible bytes: a free one that is large enough, else a new one.
     pub fn take(&self, len: usize) -> PooledBuffer {
+        self.inner
+            .recent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .saw(len);
         let reused = {
             let mut free = self.inner.free.lock().unwrap_or_else(|e| e.into_inner());
             // Best fit: the smallest free block that is large enough.
@@ -167,12 +203,25 @@ impl BufferPool {
         self.inner.allocated_bytes.load(Ordering::Relaxed)
     }
 
+    /// Keeps `memory` for reuse. Free blocks far larger than what batches have needed lately
+    /// (a spike: one batch of large images in a loader without a fixed output size) are freed
+    /// instead of being held for the rest of the run.
     fn give_back(&self, memory: Box<dyn BatchMemory>) {
+        let recent = self.inner.recent.lock().unwrap_or_else(|e| e.into_inner());
+        let mut free = self.inner.free.lock().unwrap_or_else(|e| e.into_inner());
+        free.push(memory);
+        free.retain(|m| !recent.too_large(m.as_slice().len()));
+    }
+
+    /// Bytes held in free blocks now.
+    pub fn free_bytes(&self) -> usize {
         self.inner
             .free
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push(memory);
+            .iter()
+            .map(|m| m.as_slice().len())
+            .sum()
     }
 }
 
@@ -215,6 +264,37 @@ impl Drop for PooledBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_spike_is_given_back_once_batches_are_small_again() {
+        // Hostile finding (#30): one batch of large images kept 517 MB in the pool for the
+        // rest of the run.
+        let pool = BufferPool::new(Arc::new(HeapAllocator));
+        let small = 1 << 10;
+        for _ in 0..NEED_WINDOW {
+            drop(pool.take(small));
+        }
+        let spike = pool.take(1 << 24);
+        drop(pool.take(small));
+        drop(spike);
+        // Right after the spike it is recent: kept (the next batch may be as large).
+        assert!(pool.free_bytes() >= 1 << 24);
+        // Two windows of small batches later, it is too large to keep, and freed.
+        for _ in 0..2 * NEED_WINDOW {
+            drop(pool.take(small));
+        }
+        assert!(
+            pool.free_bytes() < 1 << 20,
+            "{} bytes held",
+            pool.free_bytes()
+        );
+        // Steady batches are never freed: no allocation after the first ones.
+        let before = pool.allocations();
+        for _ in 0..4 * NEED_WINDOW {
+            drop(pool.take(small));
+        }
+        assert_eq!(pool.allocations(), before);
+    }
 
     #[test]
     fn buffers_are_aligned_and_reused() {
