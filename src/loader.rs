@@ -307,20 +307,20 @@ impl LoaderConfig {
                 self.max_pixels
             ));
         }
-        if let Some((w, h)) = self.transform.fixed_size() {
-            self.check_batch_memory(w, h)?;
-        }
         Ok(())
     }
 
     /// Refuses a batch shape whose buffers could not be allocated: `prefetch` batches of
-    /// `batch_size` slots of `w × h` (ready batches waiting for the consumer) beyond this
+    /// `batch_size` slots (at most `samples`) of `w × h` (ready batches waiting) beyond this
     /// machine's memory, or beyond the address-space limit (`ulimit -v`) where one is set. A
     /// typo (`CenterCrop(13000)`, 520 GB a batch of 256 as `f32`) is a configuration error that
     /// says how much it needs, not an allocation that aborts the process.
-    fn check_batch_memory(&self, w: u32, h: u32) -> Result<()> {
-        let slot = self.transform.output.slot_len(w, h) as u128;
-        let batch = slot * self.sampling.batch_size as u128;
+    fn check_batch_memory(&self, w: u32, h: u32, samples: usize) -> Result<()> {
+        // A batch never holds more samples than the dataset has (batch_size 100000 over 1,000
+        // samples allocates 1,000 slots).
+        let slots = self.sampling.batch_size.min(samples.max(1)) as u128;
+        let slot = u128::from(w) * u128::from(h) * 3 * self.transform.output.dtype.size() as u128;
+        let batch = slot * slots;
         let needed = batch * self.prefetch as u128;
         let Some((limit, what)) = memory_limit() else {
             return Ok(());
@@ -333,7 +333,7 @@ impl LoaderConfig {
             "batches of {} images of {w}x{h} ({:?}) need {:.1} GB each, and prefetch {} keeps {:.1} \
              GB of them ready: more than {what} ({:.1} GB); lower batch_size, the output size or \
              prefetch",
-            self.sampling.batch_size,
+            slots,
             self.transform.output.dtype,
             gb(batch),
             self.prefetch,
@@ -610,6 +610,9 @@ impl Loader {
         allocator: Arc<dyn BatchAllocator>,
     ) -> Result<Loader> {
         config.validate()?;
+        if let Some((w, h)) = config.transform.fixed_size() {
+            config.check_batch_memory(w, h, dataset.len())?;
+        }
         if config.sampling.world_size > dataset.len().max(1) {
             return Err(Error::Config(format!(
                 "world_size {} exceeds the dataset's {} samples: some ranks would get none",
@@ -1361,6 +1364,9 @@ impl Worker {
             // Not the sample's fault: the cache has no room for its shard. Going on would make
             // every later sample of that shard bad too; the batch fails, saying what to do.
             Err(e @ Error::CacheFull { .. }) => return Err(e),
+            // The dataset's file was replaced or rewritten since it was opened: every later
+            // sample would be bad too, or another file's. The batch fails, naming the file.
+            Err(e @ Error::FileChanged { .. }) => return Err(e),
             Err(e) => {
                 return Ok(Outcome::Bad {
                     key: match &e {

@@ -207,10 +207,18 @@ impl BufferPool {
     /// (a spike: one batch of large images in a loader without a fixed output size) are freed
     /// instead of being held for the rest of the run.
     fn give_back(&self, memory: Box<dyn BatchMemory>) {
-        let recent = self.inner.recent.lock().unwrap_or_else(|e| e.into_inner());
-        let mut free = self.inner.free.lock().unwrap_or_else(|e| e.into_inner());
-        free.push(memory);
-        free.retain(|m| !recent.too_large(m.as_slice().len()));
+        let dropped: Vec<Box<dyn BatchMemory>> = {
+            let recent = self.inner.recent.lock().unwrap_or_else(|e| e.into_inner());
+            let mut free = self.inner.free.lock().unwrap_or_else(|e| e.into_inner());
+            free.push(memory);
+            let (keep, drop): (Vec<_>, Vec<_>) = std::mem::take(&mut *free)
+                .into_iter()
+                .partition(|m| !recent.too_large(m.as_slice().len()));
+            *free = keep;
+            drop
+        };
+        // Freed with no lock held: page-locked memory's free can wait for the device.
+        drop(dropped);
     }
 
     /// Bytes held in free blocks now.

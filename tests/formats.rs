@@ -1436,6 +1436,22 @@ fn an_hdf5_file_replaced_under_an_open_dataset_is_never_read_as_a_mix() {
         "{err}"
     );
     assert!(err.to_string().contains("another file"), "{err}");
+    // A loader's workers open their readers the same way: the epoch fails naming the file,
+    // never a run of bad samples skipped under the default policy (found by review).
+    let loader = Loader::new(
+        std::sync::Arc::clone(&dataset),
+        LoaderConfig::default()
+            .with_batch_size(2)
+            .with_workers(1)
+            .with_transform(Transform::none()),
+    )
+    .unwrap();
+    let first = loader.epoch(0).next().expect("a batch or an error");
+    assert!(
+        matches!(first, Err(Error::FileChanged { .. })),
+        "{:?}",
+        first.err()
+    );
     fs::copy(compat.join("h5py-vlen.h5"), &vlen).unwrap();
     let dataset = format::open(&vlen).unwrap();
     append_garbage(&vlen);

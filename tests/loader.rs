@@ -1260,13 +1260,26 @@ fn impossible_sizes_are_configuration_errors_not_allocations() {
     assert!(message.contains("world_size"), "{message}");
     refused(config(Transform::cifar(), 1, 1).with_max_pixels(0));
     // Within max_pixels, but batches that no memory could hold (hostile finding #30.9:
-    // CenterCrop(13000) at batch 256 is 519 GB a batch as f32; at 4096, 8.3 TB, more than any
-    // machine that runs this): refused with what they need.
-    let message = refused(config(crop(13_000, 13_000), 1, 2).with_batch_size(4096));
+    // CenterCrop(13000) at batch 256 is 519 GB a batch as f32): refused with what they need.
+    // A batch holds at most the dataset's 30 samples: 30 slots of 60000^2 are 1.3 TB.
+    let message = refused(
+        config(crop(60_000, 60_000), 1, 2)
+            .with_batch_size(4096)
+            .with_max_pixels(u64::MAX),
+    );
     assert!(
-        message.contains("13000x13000") && message.contains("8306.7 GB each"),
+        message.contains("60000x60000") && message.contains("1296.0 GB each"),
         "{message}"
     );
+    // The largest output size: no overflow anywhere, refused.
+    refused(config(crop(u32::MAX, u32::MAX), 1, 1).with_max_pixels(u64::MAX));
+    // A batch size far past the dataset is counted as the dataset's size: a 224 crop of 30
+    // samples is 18 MB a batch, not 100,000 slots' 60 GB (found by review).
+    Loader::new(
+        Arc::clone(&encoded),
+        config(crop(224, 224), 1, 2).with_batch_size(100_000),
+    )
+    .unwrap();
     // Far beyond any machine, and the arithmetic does not overflow.
     refused(
         config(crop(1 << 14, 1 << 14), 1, imagefeed::loader::MAX_PREFETCH)

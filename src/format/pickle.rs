@@ -153,6 +153,8 @@ pub fn parse(data: &[u8]) -> Result<Value, String> {
     // holds it, so four times the budget leaves room and stays linear. Text is shared, not
     // copied: protocol 0 memoizes an image's text, its bytes and the tuple holding them.
     let mut stored = 0usize;
+    // Bytes made by calls (`_codecs.encode`): a normal pickle decodes each text once.
+    let mut decoded = 0usize;
     let mut at = 0usize;
     let take = |at: &mut usize, n: usize| -> Result<Range<usize>, String> {
         let end = at
@@ -402,6 +404,18 @@ pub fn parse(data: &[u8]) -> Result<Value, String> {
                 let args = pop(&mut stack, "REDUCE")?.value;
                 let callable = pop(&mut stack, "REDUCE")?.value;
                 let result = call(callable, args, data)?;
+                // A call makes new bytes (encode decodes a text): a shared text can be
+                // referenced for free, so what calls make is bounded by the input on its own.
+                if let Value::OwnedBytes(bytes) = &result {
+                    decoded = decoded.saturating_add(bytes.len());
+                    if decoded > budget {
+                        return Err(format!(
+                            "pickle of {} bytes decodes more than {budget} bytes (repeated calls \
+                             on memo references)",
+                            data.len()
+                        ));
+                    }
+                }
                 push(&mut stack, Item::leaf(result), 1)?;
             }
             b'b' => {
@@ -809,6 +823,17 @@ mod tests {
             panic!("a str")
         };
         assert_eq!(copy.len(), 4096);
+        // But encoding that shared text again and again makes new bytes each time: bounded
+        // (found by review: 9 bytes per round asked for N^2/36 bytes, 28 GB from 1 MB).
+        let mut calls = b"\x80\x02c_codecs\nencode\nq\x00X\x00\x10\x00\x00".to_vec();
+        calls.extend(std::iter::repeat_n(b'a', 4096));
+        calls.extend_from_slice(b"q\x01X\x06\x00\x00\x00latin1q\x02]");
+        for _ in 0..3000 {
+            calls.extend_from_slice(b"h\x00h\x01h\x02\x86Ra");
+        }
+        calls.push(b'.');
+        let err = parse(&calls).unwrap_err();
+        assert!(err.contains("decodes more than"), "{err}");
     }
 
     #[test]
