@@ -216,6 +216,23 @@ fn fitting_start(plan: &[usize], shards: &[Arc<ShardData>]) -> usize {
     plan.len()
 }
 
+/// The shard a per-worker reader is on: its number and mapping, kept while the record borrowed
+/// from it is in use (a remote shard stays mapped, and so held in the cache), and so that reading
+/// on in the same shard costs no lookup.
+#[derive(Default)]
+pub(crate) struct HeldShard(Option<(usize, Arc<Mapped>)>);
+
+impl HeldShard {
+    /// The bytes of shard `number`, whose data is `data`: the held mapping when it is that
+    /// shard, else `data`'s (fetched first when remote and not resident), then held.
+    pub(crate) fn bytes(&mut self, number: usize, data: &ShardData) -> Result<&[u8]> {
+        if !matches!(&self.0, Some((held, _)) if *held == number) {
+            self.0 = Some((number, data.get()?));
+        }
+        Ok(self.0.as_ref().expect("just set").1.bytes())
+    }
+}
+
 /// Fetches a dataset's remote shards ahead of the loader and lets go of those it has moved
 /// past ([`Dataset::plan_shards`](crate::dataset::Dataset::plan_shards)): a thread of its own,
 /// started by the first plan (opening starts none), working on the latest plan only, with

@@ -15,7 +15,7 @@ use crate::cache::Cache;
 use crate::dataset::{Dataset, DatasetInfo, FormatKind, PayloadKind, Record, RecordReader};
 use crate::error::{Error, IoContext as _, Result};
 use crate::format::compressed;
-use crate::format::shard_data::{Mapped, ShardData, ShardPlanner};
+use crate::format::shard_data::{HeldShard, Mapped, ShardData, ShardPlanner};
 use crate::format::shards::{Selection, SetReport, check_sets};
 use crate::format::{OpenOptions, example, output};
 
@@ -851,7 +851,7 @@ impl Dataset for Records {
         Ok(Box::new(RecordsReader {
             shared: Arc::clone(&self.shared),
             key: String::new(),
-            held: None,
+            held: HeldShard::default(),
         }))
     }
 }
@@ -860,9 +860,8 @@ impl Dataset for Records {
 struct RecordsReader {
     shared: Arc<Shared>,
     key: String,
-    /// The shard last read (its number and bytes), kept while the record borrowed from it is
-    /// in use, and so that reading on in the same shard costs no lookup.
-    held: Option<(usize, Arc<Mapped>)>,
+    /// The shard last read.
+    held: HeldShard,
 }
 
 impl RecordReader for RecordsReader {
@@ -873,13 +872,9 @@ impl RecordReader for RecordsReader {
             self.shared.info.num_samples
         );
         let (number, within) = self.shared.locate_number(index);
-        if !matches!(&self.held, Some((held, _)) if *held == number) {
-            let mapped = self.shared.shards[number].data.get()?;
-            self.held = Some((number, mapped));
-        }
         let shared = &*self.shared;
         let shard = &shared.shards[number];
-        let map = self.held.as_ref().expect("just set").1.bytes();
+        let map = self.held.bytes(number, &shard.data)?;
         let corrupt = |key: &str, reason: String| Error::CorruptRecord {
             path: shard.path.clone(),
             index,

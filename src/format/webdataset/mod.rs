@@ -31,7 +31,7 @@ use std::sync::Arc;
 use crate::cache::Cache;
 use crate::dataset::{Dataset, DatasetInfo, FormatKind, PayloadKind, Record, RecordReader};
 use crate::error::{Error, IoContext as _, Result};
-use crate::format::shard_data::{Mapped, ShardData};
+use crate::format::shard_data::{HeldShard, Mapped, ShardData};
 use crate::format::shards::{Selection, SetReport, check_sets};
 use crate::format::{OpenOptions, Recognizer, compressed};
 
@@ -373,7 +373,7 @@ impl Dataset for WebDataset {
         Ok(Box::new(WebDatasetReader {
             shared: Arc::clone(&self.shared),
             key: String::new(),
-            held: None,
+            held: HeldShard::default(),
         }))
     }
 }
@@ -382,9 +382,8 @@ impl Dataset for WebDataset {
 struct WebDatasetReader {
     shared: Arc<Shared>,
     key: String,
-    /// The shard last read (its number and bytes), kept while the record borrowed from it is
-    /// in use.
-    held: Option<(usize, Arc<Mapped>)>,
+    /// The shard last read.
+    held: HeldShard,
 }
 
 impl RecordReader for WebDatasetReader {
@@ -395,26 +394,22 @@ impl RecordReader for WebDatasetReader {
             self.shared.info.num_samples
         );
         let (number, within) = self.shared.locate_number(index);
-        if !matches!(&self.held, Some((held, _)) if *held == number) {
-            let mapped = self.shared.shards[number].data.get()?;
-            self.held = Some((number, mapped));
-        }
         let shared = &*self.shared;
         let shard = &shared.shards[number];
-        let map = self.held.as_ref().expect("just set").1.bytes();
+        let map = self.held.bytes(number, &shard.data)?;
         let corrupt = |key: &str, reason: String| Error::CorruptRecord {
             path: shard.path.clone(),
             index,
             key: key.to_string(),
             reason: format!("sample {within} of the shard: {reason}"),
         };
-        let unnamed = format!("{}#{within}", shard.path.display());
+        let unnamed = || format!("{}#{within}", shard.path.display());
         if let Some(reason) = shard.damaged.get(&within) {
-            return Err(corrupt(&unnamed, reason.clone()));
+            return Err(corrupt(&unnamed(), reason.clone()));
         }
         let bytes = slice(map, shard.samples[within])
-            .ok_or_else(|| corrupt(&unnamed, "its bytes lie past the shard's end".into()))?;
-        let members = members(bytes).map_err(|reason| corrupt(&unnamed, reason))?;
+            .ok_or_else(|| corrupt(&unnamed(), "its bytes lie past the shard's end".into()))?;
+        let members = members(bytes).map_err(|reason| corrupt(&unnamed(), reason))?;
         let payload = members.image().ok_or_else(|| {
             let fields: Vec<&str> = members.fields.iter().map(|(f, _)| f.as_str()).collect();
             corrupt(
