@@ -495,14 +495,22 @@ pub fn source_key(path: &Path, meta: &fs::Metadata) -> String {
     ] {
         hash.update(n.to_le_bytes());
     }
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    keyed_name(hash, &name)
+}
+
+/// An entry name: the first 12 bytes of `hash` in hex, then `name` (for people) with
+/// characters other than ASCII letters, digits, `-`, `_` and `.` made `_`, at most 100 of them.
+pub(crate) fn keyed_name(hash: sha2::Sha256, name: &str) -> String {
+    use sha2::Digest as _;
     let digest: String = hash.finalize()[..12]
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    let name: String = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
+    let name: String = name
         .chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || "-_.".contains(c) {

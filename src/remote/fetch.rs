@@ -18,24 +18,7 @@ pub fn entry_name(object: &ObjectInfo) -> String {
     hash.update(object.url.to_string().as_bytes());
     hash.update(object.size.to_le_bytes());
     hash.update(object.etag.as_deref().unwrap_or("").as_bytes());
-    let digest: String = hash.finalize()[..12]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    let name: String = object
-        .url
-        .file_name()
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .take(100)
-        .collect();
-    format!("{digest}-{name}")
+    crate::cache::keyed_name(hash, object.url.file_name())
 }
 
 /// The cached copy of `object`, downloaded first when the cache does not hold it.
