@@ -31,6 +31,25 @@ def lmdb_path(tree, tmp_path_factory) -> pathlib.Path:
     return out
 
 
+def replicated_tree(root: pathlib.Path, classes: int, per_class: int, size, distinct: int = 4):
+    """An ImageFolder tree of `classes` x `per_class` JPEGs of `size`, made of `distinct` images
+    per class copied over: for tests that need slow work (large or many files) rather than
+    distinct pixels. Synthesizing every file costs most of a minute in a debug build."""
+    imagefeed.synthesize(root, classes=classes, per_class=distinct, size=size)
+    for class_dir in sorted(root.iterdir()):
+        made = sorted(class_dir.iterdir())
+        for i in range(distinct, per_class):
+            shutil.copyfile(made[i % distinct], class_dir / f"copy{i:05}.jpg")
+    return root
+
+
+@pytest.fixture(scope="session")
+def big_tree(tmp_path_factory) -> pathlib.Path:
+    """2 classes x 48 photo-size JPEGs (1600x1200): one batch of 48 takes a worker long enough
+    that the main thread is seen waiting in Rust."""
+    return replicated_tree(tmp_path_factory.mktemp("big") / "big", 2, 48, (1600, 1200))
+
+
 @pytest.fixture(scope="session")
 def bench() -> str:
     """The imagefeed-bench binary (IMAGEFEED_BENCH, else the workspace's target directory)."""

@@ -12,7 +12,7 @@ import pytest
 
 import imagefeed
 
-from conftest import FIXTURE_TREE, default_sigint
+from conftest import FIXTURE_TREE, default_sigint, replicated_tree
 
 
 def read_item(args):
@@ -134,7 +134,7 @@ def test_ctrl_c_stops_a_pack_keeping_its_progress_and_resume_finishes_it(tmp_pat
     import time
 
     src, out = tmp_path / "src", tmp_path / "out.lmdb"
-    imagefeed.synthesize(src, classes=4, per_class=300, size=(256, 192))
+    replicated_tree(src, classes=4, per_class=300, size=(256, 192), distinct=10)
     partial = tmp_path / "out.lmdb.partial"
     proc = subprocess.Popen([sys.executable, "-c", PACK_SCRIPT, str(src), str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -468,11 +468,9 @@ INTERRUPT_SCRIPT = textwrap.dedent(
 )
 
 
-def test_ctrl_c_while_waiting_for_a_batch_raises_keyboardinterrupt_and_stops(tmp_path):
+def test_ctrl_c_while_waiting_for_a_batch_raises_keyboardinterrupt_and_stops(big_tree):
     # Large images, one worker, big batches: the main thread spends its time waiting in Rust.
-    root = tmp_path / "big"
-    imagefeed.synthesize(root, classes=2, per_class=48, size=(1600, 1200))
-    proc = subprocess.Popen([sys.executable, "-c", INTERRUPT_SCRIPT.format(path=str(root))],
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPT_SCRIPT.format(path=str(big_tree))],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=default_sigint)
     try:
@@ -662,10 +660,8 @@ CHECKPOINT_SCRIPT = textwrap.dedent(
 )
 
 
-def test_a_signal_handler_may_take_state_dict_while_the_loop_waits(tmp_path):
-    root = tmp_path / "big"
-    imagefeed.synthesize(root, classes=2, per_class=48, size=(1600, 1200))
-    out = subprocess.run([sys.executable, "-c", CHECKPOINT_SCRIPT.format(path=str(root))],
+def test_a_signal_handler_may_take_state_dict_while_the_loop_waits(big_tree):
+    out = subprocess.run([sys.executable, "-c", CHECKPOINT_SCRIPT.format(path=str(big_tree))],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     batches, saved, ordered = out.stdout.split()
