@@ -72,9 +72,9 @@ pub enum Error {
         reason: String,
     },
 
-    /// A dataset's file changed on disk after the dataset was opened (replaced, rewritten): a
-    /// reader opened since would read other records than the ones indexed at open. Open the
-    /// dataset again.
+    /// A dataset's file changed on disk, or its object in storage, after the dataset was
+    /// opened (replaced, rewritten): a reader opened since would read other records than the
+    /// ones indexed at open. Open the dataset again.
     #[error("{}: changed since the dataset was opened ({change}); open it again", path.display())]
     FileChanged {
         /// The file.

@@ -635,3 +635,62 @@ fn a_shard_that_stays_unavailable_is_a_named_error_not_a_hang_or_a_short_epoch()
         started.elapsed()
     );
 }
+
+#[test]
+fn a_shard_replaced_after_opening_is_refused_not_read_against_the_old_index() {
+    let Some(server) = server() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let local = packed_records(dir.path());
+    let bucket = server.bucket(&unique_bucket("replaced"));
+    server.upload_dir(&local, &bucket, "ds");
+    let url = format!("s3://{bucket}/ds");
+    let options = reaching(server, dir.path());
+    let remote = format::open_with(&url, &options).unwrap();
+    // Another version of one shard, the same size (so a length check cannot see it): a record
+    // whose payload bytes differ.
+    let shard = "shard-00002.tfrecord";
+    let mut bytes = std::fs::read(local.join(shard)).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    let other = dir.path().join("other-version");
+    std::fs::write(&other, &bytes).unwrap();
+    server.put(&bucket, &format!("ds/{shard}"), &other);
+
+    let mut reader = remote.open_reader().unwrap();
+    let failed = (0..remote.len()).find_map(|i| reader.read(i).err());
+    match failed {
+        Some(Error::FileChanged { path, .. }) => {
+            assert!(path.to_string_lossy().ends_with(shard), "{path:?}");
+        }
+        other => panic!("expected FileChanged naming the shard, got {other:?}"),
+    }
+    // The loader stops on it (a changed dataset is not a bad sample to skip).
+    let loader = Loader::new(
+        Arc::clone(&remote),
+        LoaderConfig::default()
+            .with_batch_size(5)
+            .with_transform(Transform::imagenet_train(8)),
+    );
+    // (Making the loader may already read the shard, for the dataset's fingerprint.)
+    let failed = match loader {
+        Err(e) => Some(e),
+        Ok(loader) => loader.epoch(0).find_map(Result::err),
+    };
+    assert!(
+        matches!(failed, Some(Error::FileChanged { .. })),
+        "{failed:?}"
+    );
+    // Opened again, the dataset reads the new version (its damaged record is a bad record,
+    // the others read).
+    let reopened = format::open_with(&url, &options).unwrap();
+    let mut reader = reopened.open_reader().unwrap();
+    let errors: Vec<Error> = (0..reopened.len())
+        .filter_map(|i| reader.read(i).err())
+        .collect();
+    assert!(
+        errors
+            .iter()
+            .all(|e| !matches!(e, Error::FileChanged { .. })),
+        "{errors:?}"
+    );
+}

@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use futures_util::TryStreamExt as _;
 use object_store::path::Path as StorePath;
-use object_store::{ObjectStore, ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
+use object_store::{GetOptions, ObjectStore, ObjectStoreExt as _, PutMode, PutOptions, PutPayload};
 
 use super::url::{RemoteUrl, Scheme};
 use crate::error::{Error, IoContext as _, Result};
@@ -416,6 +416,11 @@ pub fn get_small(url: &RemoteUrl, limit: u64, patience: Patience) -> Result<Vec<
 
 /// Streams the object `object` into `file` (at `path`, for messages), checking that it is as
 /// long as listed; returns the bytes written.
+///
+/// The GET carries `If-Match` with the ETag the listing gave, so an object replaced since the
+/// dataset was opened is refused by the store ([`Error::FileChanged`]) instead of being cached
+/// under the old version's name with the new version's bytes, which would be read against the
+/// old shard's index (an object of the same size would pass the length check).
 pub fn download(
     object: &ObjectInfo,
     file: &mut (impl std::io::Write + std::io::Seek),
@@ -433,7 +438,8 @@ pub fn download(
             return Ok(Ok(Err(e)));
         }
         block_on(async {
-            let result = store.get(&location).await?;
+            let options = GetOptions::new().with_if_match(object.etag.clone());
+            let result = store.get_opts(&location, options).await?;
             let mut stream = result.into_stream();
             while let Some(chunk) = stream.try_next().await? {
                 if let Err(e) = file.write_all(&chunk) {
@@ -445,7 +451,16 @@ pub fn download(
         })
     })?;
     outcome
-        .map_err(|e| Error::remote(url, "downloading", e))?
+        .map_err(|e| match e {
+            object_store::Error::Precondition { .. } => Error::FileChanged {
+                path: url.to_string().into(),
+                change: format!(
+                    "the object is no longer the version listed with ETag {}",
+                    object.etag.as_deref().unwrap_or("?")
+                ),
+            },
+            e => Error::remote(url, "downloading", e),
+        })?
         .at(path)?;
     if written != object.size {
         return Err(Error::BadUrl {

@@ -149,6 +149,14 @@ impl S3Server {
         );
     }
 
+    /// Puts the file at `path` as the object `key` (replacing any object there).
+    pub fn put(&self, bucket: &str, key: &str, path: &Path) {
+        self.python(
+            "s3.put_object(Bucket=sys.argv[1], Key=sys.argv[2], Body=open(sys.argv[3], 'rb').read())",
+            &[bucket, key, &path.to_string_lossy()],
+        );
+    }
+
     /// Deletes one object.
     pub fn delete(&self, bucket: &str, key: &str) {
         self.python(
