@@ -26,7 +26,13 @@ class Dataset:
 
     The file is opened lazily in each process that reads it, and again after a fork, so the
     dataset can be passed to ``DataLoader(num_workers=N)`` (forked or spawned workers) without
-    sharing an LMDB or HDF5 handle between processes. Pickling keeps only the path and options.
+    sharing an LMDB or HDF5 handle between processes. Pickling keeps only the path, the options
+    and what identifies the dataset first opened: a process that opens the path again and finds
+    another dataset there (replaced or rewritten since, so indices would mean other samples)
+    raises :class:`~imagefeed.DatasetChangedError` rather than read it. For a local dataset that
+    is its format, sample count, classes and fingerprint (eight probed records); for one in
+    object storage the format, count and classes (probing would download shards), and each
+    shard is fetched only as the version listed when the process opened it.
     """
 
     def __init__(
@@ -59,20 +65,56 @@ class Dataset:
         )
         self._native: Optional[_native.NativeDataset] = None
         self._pid: Optional[int] = None
+        self._identity: Optional[Dict[str, Any]] = None
         # Open once here so a wrong path fails at construction, and len()/classes are known.
         with errors.arguments("Dataset"):
             native = self._handle()
         self._len = len(native)
         self.classes: List[str] = native.classes
         self.format: str = native.format
+        self._identity = self._identity_of(native)
+
+    def _identity_of(self, native: "_native.NativeDataset") -> Dict[str, Any]:
+        identity: Dict[str, Any] = {
+            "format": native.format, "samples": len(native), "classes": native.classes,
+        }
+        if not any("://" in str(p) for p in self._paths):
+            identity["fingerprint"] = native.fingerprint
+        return identity
 
     def _handle(self) -> "_native.NativeDataset":
         pid = os.getpid()
         if self._native is None or self._pid != pid:
             # First use in this process (or a forked child): never reuse the parent's handle.
-            self._native = _native.NativeDataset(self._paths, **self._options)
+            native = _native.NativeDataset(self._paths, **self._options)
+            changed = self._changed(native) if self._identity is not None else None
+            if changed is not None:
+                del native  # not kept alive by the traceback: the file stays closed
+                raise changed
+            self._native = native
             self._pid = pid
         return self._native
+
+    def _changed(self, native: "_native.NativeDataset") -> Optional[errors.DatasetChangedError]:
+        """The error for a reopened path that holds another dataset than the one first opened;
+        None when it holds the same."""
+        assert self._identity is not None
+        found = self._identity_of(native)
+        differ = [name for name, value in self._identity.items() if found.get(name) != value]
+        if not differ:
+            return None
+        what = {
+            "format": f"format {self._identity['format']} -> {found['format']}",
+            "samples": f"{self._identity['samples']} -> {found['samples']} samples",
+            "classes": "other classes",
+            "fingerprint": "other records at the probed positions",
+        }
+        reason = ", ".join(what[name] for name in differ)
+        error = errors.DatasetChangedError(
+            f"{self.path}: changed since the dataset was opened ({reason}); open it again"
+        )
+        error.path, error.reason = str(self.path), reason
+        return error
 
     def __len__(self) -> int:
         return self._len

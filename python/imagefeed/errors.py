@@ -17,6 +17,7 @@ __all__ = [
     "DatasetNotFoundError",
     "FileError",
     "IncompleteDatasetError",
+    "DatasetChangedError",
     "ShardSetError",
     "UnsupportedDataError",
     "CacheFullError",
@@ -52,6 +53,11 @@ class DatasetNotFoundError(DataError, FileNotFoundError):
 class FileError(Error, OSError):
     """An operating-system error on a file (``errno`` is set when the system gave one)."""
 
+
+
+class DatasetChangedError(DataError):
+    """The dataset's file (or object in storage) changed after it was opened: replaced or
+    rewritten, so reading on would mix two versions. Open the dataset again."""
 
 
 class IncompleteDatasetError(DataError):

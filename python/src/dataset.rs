@@ -89,6 +89,14 @@ impl NativeDataset {
         self.dataset.info().format.name()
     }
 
+    /// The dataset's fingerprint (format, count, classes and up to eight probed records): what
+    /// a loader's state records, and what tells a reopened path from the dataset first opened.
+    #[getter]
+    fn fingerprint(&self, py: Python<'_>) -> String {
+        let dataset = &self.dataset;
+        py.detach(|| imagefeed::dataset::fingerprint(dataset.as_ref()))
+    }
+
     /// Record `index` as `(payload bytes, label, key)`.
     fn read<'py>(
         &self,

@@ -51,13 +51,13 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
         }
         Error::NotADataset { path, reason }
         | Error::BadImageFolder { path, reason }
-        | Error::RefusedFile { path, reason }
-        | Error::FileChanged {
-            path,
-            change: reason,
-        } => {
+        | Error::RefusedFile { path, reason } => {
             located = Some((path, reason.clone()));
             "DataError"
+        }
+        Error::FileChanged { path, change } => {
+            located = Some((path, change.clone()));
+            "DatasetChangedError"
         }
         Error::Rejected { path, reason } => {
             located = Some((path, reason.clone()));

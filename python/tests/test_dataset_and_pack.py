@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import multiprocessing
 import os
@@ -73,6 +74,37 @@ def test_a_pickled_dataset_opens_its_own_handle_in_each_worker_process(lmdb_path
         got = pool.map(read_item, [(ds, i) for i in range(0, 240, 20)])
     assert [(s, l) for _, s, l in got] == expected
     assert all(pid != os.getpid() for pid, _, _ in got)
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5", "records"])
+def test_a_worker_that_finds_another_dataset_at_the_path_refuses_it(tree, tmp_path, fmt):
+    out = tmp_path / f"data.{fmt}"
+    imagefeed.pack(tree, out, fmt, progress=False)
+    ds = imagefeed.Dataset(out)
+    same = pickle.loads(pickle.dumps(ds))
+    assert bytes(same[7][0]) == bytes(ds[7][0]), "the unchanged dataset reads in a new process"
+    # What a DataLoader hands its worker processes; the handles here are closed (a worker
+    # opens its own, in another process).
+    saved = pickle.dumps(ds)
+    del ds, same
+    gc.collect()
+    # Packed again, the same files resized: the same count and classes, other records. A
+    # worker process started now must not read them as the first dataset's.
+    imagefeed.pack(tree, out, fmt, resize=16, force=True, progress=False)
+    with pytest.raises(imagefeed.DatasetChangedError) as e:
+        pickle.loads(saved)[0]
+    assert e.value.path == str(out) and "probed" in e.value.reason
+    assert isinstance(e.value, imagefeed.DataError)
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        with pytest.raises(imagefeed.DatasetChangedError):
+            pool.map(read_item, [(pickle.loads(saved), 0)])
+    # Another count is named as such.
+    smaller = tmp_path / "smaller"
+    imagefeed.synthesize(smaller, classes=6, per_class=10, size=(32, 24), seed=3)
+    imagefeed.pack(smaller, out, fmt, force=True, progress=False)
+    with pytest.raises(imagefeed.DatasetChangedError) as e:
+        pickle.loads(saved)[0]
+    assert "240 -> 60 samples" in e.value.reason
 
 
 def test_pack_inspect_verify_round_trip(tree, tmp_path, capfd):

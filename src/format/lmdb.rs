@@ -848,10 +848,12 @@ fn shared_read_env(path: &Path, file_len: u64) -> Result<Arc<ReadEnv>> {
                 std::thread::sleep(Duration::from_millis(5));
             }
             Err(heed::Error::EnvAlreadyOpened) => {
-                return Err(Error::not_a_dataset(
-                    path,
-                    "the file was replaced on disk while an earlier handle to it is still open",
-                ));
+                return Err(Error::FileChanged {
+                    path: path.to_path_buf(),
+                    change: "replaced on disk while this process still holds the earlier file \
+                             open; drop that handle first"
+                        .into(),
+                });
             }
             Err(e) => return Err(Error::lmdb(path, e)),
         }
