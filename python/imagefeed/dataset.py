@@ -57,7 +57,7 @@ class Dataset:
         self.decode = decode
         self.transform = transform
         self.target_transform = target_transform
-        self._options = dict(
+        self._options: Dict[str, Any] = dict(
             reading=reading_options(
             hdf5_images, hdf5_labels, label_base, num_classes, allow_missing_shards, storage_options
         ),

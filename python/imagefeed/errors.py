@@ -36,7 +36,8 @@ __all__ = [
 class Error(Exception):
     """Base class of every imagefeed error."""
 
-    path: str | None = None
+    # The path or URL as given (a list for a dataset opened from several files).
+    path: str | list[str] | None = None
     key: str | None = None
     index: int | None = None
     reason: str | None = None

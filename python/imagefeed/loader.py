@@ -18,7 +18,7 @@ __all__ = ["Loader", "BadSample", "DEFAULT_MAX_BAD"]
 class BadSample(NamedTuple):
     """A sample that could not be read or decoded, and what was done about it."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # a field named as tuple's method, as it always was
     """Dataset index."""
     key: str
     """Record key (relative path), or ``#INDEX`` when the record itself was unreadable."""
@@ -244,7 +244,7 @@ class Loader:
             )
         if (rank is None) != (world_size is None):
             raise errors.ConfigError("give both rank and world_size, or neither")
-        if rank is None:
+        if rank is None or world_size is None:
             rank, world_size = _distributed_rank()
         for name, value in (("batch_size", batch_size), ("workers", workers), ("seed", seed),
                             ("rank", rank), ("world_size", world_size)):
@@ -253,12 +253,12 @@ class Loader:
         for name, value in (("shuffle", shuffle), ("drop_last", drop_last)):
             if not isinstance(value, bool):
                 raise errors.ConfigError(f"{name} {value!r}: must be True or False")
-        for name, value in (("prefetch", prefetch), ("max_pixels", max_pixels), ("shard_window", shard_window)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise errors.ConfigError(f"{name} {value!r}: must be a non-negative int")
-        for name, value in (("dtype", dtype), ("layout", layout), ("uneven", uneven), ("bad_samples", bad_samples)):
-            if not isinstance(value, str):
-                raise errors.ConfigError(f"{name} {value!r}: must be a string")
+        for name, limit in (("prefetch", prefetch), ("max_pixels", max_pixels), ("shard_window", shard_window)):
+            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+                raise errors.ConfigError(f"{name} {limit!r}: must be a non-negative int")
+        for name, text in (("dtype", dtype), ("layout", layout), ("uneven", uneven), ("bad_samples", bad_samples)):
+            if not isinstance(text, str):
+                raise errors.ConfigError(f"{name} {text!r}: must be a string")
         if prefetch is None:
             prefetch = 2 * max(workers, 1)
         self._output = output
@@ -374,6 +374,7 @@ class Loader:
             self._gen += 1
             self._epoch = epoch
             self._bad = []
+        assert self._epoch is not None  # set by begin() or by load_state_dict()
         self._next_epoch = self._epoch + 1
         return self._batches(self._gen)
 
@@ -423,6 +424,7 @@ class Loader:
                 self._handed += 1
                 yield item
             if pending is not None:
+                assert cuda is not None  # only a CUDA feed stages a batch
                 item, pending = cuda.finish(pending), None
                 self._handed += 1
                 yield item
