@@ -73,8 +73,10 @@ for name in cifar imagenet; do
 done
 
 med() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
-# One run: median images/s of the epochs after the first, the first epoch's images/s and time
-# to its first batch, and the cache's size afterwards.
+# One run: median images/s of the epochs after the first, the first epoch's images/s (opening
+# and making the loader counted in), the time
+# from the start (opening the dataset and making the loader included) to the first batch, and
+# the cache's size afterwards.
 run() { # label dataset transform window cache_limit
   local label=$1 dataset=$2 transform=$3 window=$4 limit=$5
   local cache="$work/cache-$label"; rm -rf "$cache"
@@ -84,10 +86,18 @@ run() { # label dataset transform window cache_limit
     --transform "$transform" --epochs "$EPOCHS" --json \
     $([ "$window" = none ] || echo --shard-window "$window") 2>&1)
   local rates first ttfb
-  rates=$(echo "$out" | grep '"event":"epoch"' | python3 -c '
+  rates=$(echo "$out" | grep -E '"event":"(start|epoch)"' | python3 -c '
 import json, sys
+setup = 0.0
 for line in sys.stdin:
-    e = json.loads(line); print(e["epoch"], e["images"] / e["seconds"], e["first_batch_seconds"])')
+    e = json.loads(line)
+    if e["event"] == "start":
+        setup = e["setup_seconds"]
+    else:
+        # Epoch 0 waits for the setup too: its rate counts it.
+        first = e["epoch"] == 0
+        seconds = e["seconds"] + (setup if first else 0.0)
+        print(e["epoch"], e["images"] / seconds, setup + e["first_batch_seconds"])')
   steady=$(echo "$rates" | awk '$1 > 0 {print $2}' | med)
   first=$(echo "$rates" | awk '$1 == 0 {print $2}')
   ttfb=$(echo "$rates" | awk '$1 == 0 {print $3}')

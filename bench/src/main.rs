@@ -293,7 +293,9 @@ fn load(args: LoadArgs) -> Result<()> {
         TransformArg::Imagenet => "imagenet",
         TransformArg::None => "none",
     };
+    let opening = Instant::now();
     let ds = open()?;
+    let open_seconds = opening.elapsed().as_secs_f64();
     let references = if ceiling_samples > 0 {
         let payloads = ceiling::payloads(ds.as_ref(), Some(ceiling_samples))?;
         if !json {
@@ -313,7 +315,11 @@ fn load(args: LoadArgs) -> Result<()> {
             .transpose()
     };
     let mut shares: Vec<(f64, f64)> = Vec::new();
+    let making = Instant::now();
     let mut loader = Some(Loader::new(ds, config.clone())?);
+    // Opening and making the loader come before epoch 0's clock starts; a user waits for them
+    // too (time to the first batch is their sum plus epoch 0's `first_batch_seconds`).
+    let setup_seconds = open_seconds + making.elapsed().as_secs_f64();
     let first = loader.as_ref().expect("just made");
     if json {
         let start = serde_json::json!({
@@ -326,6 +332,7 @@ fn load(args: LoadArgs) -> Result<()> {
             "transform": transform_name,
             "dtype": t.output.dtype.name(),
             "layout": format!("{:?}", t.output.layout),
+            "setup_seconds": setup_seconds,
         });
         println!("{start}");
     } else {
