@@ -78,7 +78,7 @@ class Dataset:
         identity: Dict[str, Any] = {
             "format": native.format, "samples": len(native), "classes": native.classes,
         }
-        if not any("://" in str(p) for p in self._paths):
+        if not native.remote:
             identity["fingerprint"] = native.fingerprint
         return identity
 

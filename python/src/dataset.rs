@@ -97,6 +97,15 @@ impl NativeDataset {
         py.detach(|| imagefeed::dataset::fingerprint(dataset.as_ref()))
     }
 
+    /// True for a dataset in object storage (opened from a URL).
+    #[getter]
+    fn remote(&self) -> bool {
+        self.dataset
+            .path()
+            .to_str()
+            .is_some_and(imagefeed::remote::is_url)
+    }
+
     /// Record `index` as `(payload bytes, label, key)`.
     fn read<'py>(
         &self,
