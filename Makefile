@@ -18,7 +18,7 @@ RELEASE := target/release
 DEMO_SRC := $(if $(SRC),$(SRC),$(DEMO_DIR)/imagefolder)
 
 .PHONY: fuzz kill-loop corrupt soak
-.PHONY: all deps build demo test test-minimal lint fixtures compat-fixtures pyenv clean-demo compare gpu-check python test-python test-torch
+.PHONY: all deps build demo test test-minimal lint fixtures compat-fixtures mds-fixtures pyenv clean-demo compare gpu-check python test-python test-torch
 
 # Python for the cross-tool tests (py-lmdb reads what we write; fixtures written by py-lmdb;
 # h5py and hdf5plugin write files through every HDF5 filter; webdataset writes tar shards;
@@ -177,6 +177,16 @@ fixtures: deps
 # Regenerates fixtures/compat/ (datasets written by py-lmdb, h5py and tfrecord; see the script).
 compat-fixtures: pyenv
 	$(PYENV)/bin/python scripts/make_compat_fixtures.py
+
+# Regenerates fixtures/compat/mds*/ with MosaicML Streaming's own MDSWriter, installed without
+# its dependencies (torch among them) into a virtual environment of its own.
+MDS_VENV := .venv-mds
+MDS_PACKAGES := 'numpy<2.2' 'xxhash<4' typing_extensions filelock brotli python-snappy tqdm zstd==1.5.7.2 pillow==13.0.0
+mds-fixtures:
+	python3 -m venv $(MDS_VENV)
+	$(MDS_VENV)/bin/pip install -q --no-deps mosaicml-streaming==0.13.0
+	$(MDS_VENV)/bin/pip install -q $(MDS_PACKAGES)
+	$(MDS_VENV)/bin/python scripts/make_mds_fixtures.py
 
 clean-demo:
 	rm -rf $(DEMO_DIR)

@@ -50,6 +50,8 @@ pub enum FormatKind {
     Records,
     /// WebDataset tar shards.
     WebDataset,
+    /// Mosaic MDS shards (MosaicML Streaming's `MDSWriter`).
+    Mds,
 }
 
 impl FormatKind {
@@ -61,6 +63,7 @@ impl FormatKind {
             FormatKind::Hdf5 => "hdf5",
             FormatKind::Records => "records",
             FormatKind::WebDataset => "webdataset",
+            FormatKind::Mds => "mds",
         }
     }
 }

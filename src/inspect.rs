@@ -173,6 +173,9 @@ pub fn inspect_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Ins
         } else if format::hdf5::has_signature(path)
             || format::records::is_shard_name(path)
             || format::webdataset::is_shard_name(path)
+            || path
+                .file_name()
+                .is_some_and(|n| n == format::mds::index::INDEX)
             || (!path.exists() && output::partial_path(path).is_dir())
         {
             // Incomplete HDF5 and records outputs are refused with an error that says how to
@@ -232,9 +235,15 @@ fn inspect_dataset(
     let rejected_at_pack = rejected_at_pack.or(info.rejected_at_pack);
     let missing = dataset.missing_shards();
     let (missing_shards, missing_shard_count) = (missing.named.clone(), missing.count);
-    let empty_shards = dataset
-        .shard_starts()
-        .map_or(0, crate::format::shards::empty_members) as u64;
+    // An empty shard is a sign of a cut copy, except in MDS, whose index says how many
+    // samples each shard holds (MDSWriter writes an empty one when the first sample is
+    // larger than its size limit) and whose shards are checked against it.
+    let empty_shards = match info.format {
+        crate::dataset::FormatKind::Mds => 0,
+        _ => dataset
+            .shard_starts()
+            .map_or(0, crate::format::shards::empty_members) as u64,
+    };
     let complete = complete && missing.is_empty() && empty_shards == 0;
 
     struct Seen {

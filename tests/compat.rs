@@ -526,3 +526,181 @@ for use_index in (True, False):
         .count();
     assert!(shards >= 2, "only {shards} shard of 20 kB");
 }
+
+/// The fixture tree's files as MosaicML Streaming's MDSWriter stored them
+/// (scripts/make_mds_fixtures.py): `mds/` the JPEGs PIL opens (keyless: `SHARD#N`), `mds-zstd/`
+/// every file zstd-compressed with a `path` column, whose first shard is empty (MDSWriter's
+/// own quirk with a small size limit).
+#[test]
+fn mosaic_mds_datasets_read_like_their_source_tree() {
+    let source = ImageFolder::open(fixture_root()).unwrap();
+    let files: Vec<(String, u32, Vec<u8>)> = source
+        .entries()
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            (
+                e.key.clone(),
+                e.label,
+                fs::read(source.file_path(i)).unwrap(),
+            )
+        })
+        .collect();
+    let zstd = format::open(compat("mds-zstd")).unwrap();
+    assert_eq!(zstd.info().format, imagefeed::dataset::FormatKind::Mds);
+    assert_eq!(zstd.classes(), ["0", "1", "2"]);
+    assert!(zstd.notices().is_empty(), "{:?}", zstd.notices());
+    assert_eq!(records(zstd.as_ref()), files);
+    // The jpeg column holds the JPEG files PIL opens (the truncated one too: PIL opens it
+    // lazily; not the bomb, which PIL refuses), byte for byte; keys name shard and place.
+    let jpegs: Vec<&str> = files
+        .iter()
+        .filter(|(key, _, bytes)| bytes.starts_with(&[0xff, 0xd8]) && key != "class01/bad-bomb.jpg")
+        .map(|(key, _, _)| key.as_str())
+        .collect();
+    let plain = format::open(compat("mds")).unwrap();
+    let rows = records(plain.as_ref());
+    let stored: Vec<&str> = rows
+        .iter()
+        .map(|(_, label, bytes)| {
+            let (key, file_label, _) = files
+                .iter()
+                .find(|(_, _, file)| file == bytes)
+                .expect("every stored image is one of the files");
+            assert_eq!(label, file_label, "{key}");
+            key.as_str()
+        })
+        .collect();
+    assert_eq!(stored, jpegs);
+    assert_eq!(rows[0].0, "shard.00000.mds#0");
+    assert_eq!(rows[5].0, "shard.00001.mds#1");
+    // Named by its index.json, the same dataset.
+    let by_index = format::open(compat("mds/index.json")).unwrap();
+    assert_eq!(records(by_index.as_ref()), rows);
+}
+
+/// Streaming's CIFAR converter stores PIL's raw pixels (`pil`): read as raw RGB payloads, the
+/// L images spread over three channels.
+#[test]
+fn mosaic_mds_pil_pixels_read_as_raw_rgb() {
+    let dataset = format::open(compat("mds-pil")).unwrap();
+    assert_eq!(
+        dataset.info().payload,
+        imagefeed::dataset::PayloadKind::RawRgb8
+    );
+    for (index, (_, label, payload)) in records(dataset.as_ref()).into_iter().enumerate() {
+        assert_eq!(label as usize, index % 3);
+        let (width, height, pixels) = imagefeed::decode::RawImage::parse(&payload).unwrap();
+        assert_eq!((width, height), (5, 4));
+        let rgb = index % 2 == 0;
+        for y in 0..4 {
+            for x in 0..5 {
+                for c in 0..3 {
+                    let channel = if rgb { c } else { 0 };
+                    assert_eq!(
+                        pixels[(y * 5 + x) * 3 + c] as usize,
+                        (index * 7 + y * 3 + x * 5 + channel) % 256,
+                        "sample {index} at {x},{y},{c}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A copy of `compat/NAME` to damage.
+fn copied(name: &str, into: &Path) -> std::path::PathBuf {
+    let to = into.join(name);
+    fs::create_dir_all(&to).unwrap();
+    for entry in fs::read_dir(compat(name)).unwrap() {
+        let entry = entry.unwrap();
+        fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+    to
+}
+
+#[test]
+fn a_damaged_mds_shard_reads_as_bad_records_and_a_missing_one_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let mds = copied("mds", dir.path());
+    let good = records(format::open(&mds).unwrap().as_ref());
+    // Shard 1 cut in the middle of its second sample: its first sample still reads, the rest
+    // are bad records naming the shard; the other shards are untouched.
+    let shard = mds.join("shard.00001.mds");
+    let bytes = fs::read(&shard).unwrap();
+    let second = u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize;
+    fs::write(&shard, &bytes[..second + 10]).unwrap();
+    let cut = format::open(&mds).unwrap();
+    assert!(
+        cut.notices().iter().any(|n| n.contains("shard.00001.mds")),
+        "{:?}",
+        cut.notices()
+    );
+    let mut reader = cut.open_reader().unwrap();
+    assert_eq!(reader.read(4).unwrap().payload, &good[4].2[..]);
+    for index in 5..8 {
+        match reader.read(index) {
+            Err(imagefeed::Error::CorruptRecord { path, key, .. }) => {
+                assert_eq!(path, shard);
+                assert_eq!(key, format!("shard.00001.mds#{}", index - 4));
+            }
+            other => panic!("sample {index}: {:?}", other.map(|r| r.key.to_string())),
+        }
+    }
+    assert_eq!(reader.read(8).unwrap().payload, &good[8].2[..]);
+    // Every byte of the shard's header flipped: an open and reads that fail or succeed,
+    // never a panic.
+    for at in 0..40 {
+        let mut flipped = bytes.clone();
+        flipped[at] ^= 0x5a;
+        fs::write(&shard, &flipped).unwrap();
+        if let Ok(dataset) = format::open(&mds) {
+            let mut reader = dataset.open_reader().unwrap();
+            for index in 0..dataset.len() {
+                let _ = reader.read(index);
+            }
+        }
+    }
+    // An index claiming more samples than its own size for the shard holds offsets for:
+    // refused at open, not made into billions of bad records.
+    fs::write(&shard, &bytes).unwrap();
+    let index = mds.join("index.json");
+    let text = fs::read_to_string(&index).unwrap();
+    let inflated = text.replacen("\"samples\": 4", "\"samples\": 4000000000", 1);
+    assert_ne!(inflated, text);
+    fs::write(&index, inflated).unwrap();
+    let err = format::open(&mds).unwrap_err();
+    assert!(
+        matches!(&err, imagefeed::Error::NotADataset { path, reason } if path.ends_with("index.json") && reason.contains("4000000000")),
+        "{err}"
+    );
+    fs::write(&index, text).unwrap();
+    // A shard the index lists that is not there.
+    fs::remove_file(&shard).unwrap();
+    let err = format::open(&mds).unwrap_err();
+    assert!(
+        matches!(&err, imagefeed::Error::Incomplete { reason, .. } if reason.contains("shard.00001.mds")),
+        "{err}"
+    );
+    // Compressed: the zstd file damaged is a notice and bad records, never a panic.
+    let zstd = copied("mds-zstd", dir.path());
+    let zip = zstd.join("shard.00002.mds.zstd");
+    let bytes = fs::read(&zip).unwrap();
+    fs::write(&zip, &bytes[..bytes.len() / 2]).unwrap();
+    let options = format::OpenOptions::default()
+        .with_cache(imagefeed::cache::Cache::at(dir.path().join("cache"), None));
+    let damaged = format::open_with(&zstd, &options).unwrap();
+    assert!(
+        damaged
+            .notices()
+            .iter()
+            .any(|n| n.contains("shard.00002.mds.zstd") && n.contains("zstd")),
+        "{:?}",
+        damaged.notices()
+    );
+    let mut reader = damaged.open_reader().unwrap();
+    let bad = (0..damaged.len())
+        .filter(|&i| matches!(reader.read(i), Err(imagefeed::Error::CorruptRecord { .. })))
+        .count();
+    assert!(bad >= 1, "the cut shard's samples read as bad records");
+}

@@ -221,6 +221,47 @@ fn webdataset_and_tensorflow_shards_read_from_s3_as_from_disk() {
     );
 }
 
+/// Mosaic MDS written by Streaming's MDSWriter (plain and zstd), read from a prefix and from
+/// its index.json URL: the local records, and the same batches with a shard window.
+#[test]
+fn mosaic_mds_read_from_s3_as_from_disk() {
+    let Some(server) = server() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let bucket = server.bucket(&unique_bucket("mds"));
+    let compat = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/compat");
+    let options = reaching(server, dir.path());
+    for name in ["mds", "mds-zstd"] {
+        server.upload_dir(&compat.join(name), &bucket, name);
+        let here = format::open_with(compat.join(name), &options).unwrap();
+        for url in [
+            format!("s3://{bucket}/{name}"),
+            format!("s3://{bucket}/{name}/index.json"),
+        ] {
+            let remote = format::open_with(&url, &options).unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert_eq!(remote.classes(), here.classes(), "{url}");
+            assert_eq!(records(remote.as_ref()), records(here.as_ref()), "{url}");
+        }
+        let remote = format::open_with(format!("s3://{bucket}/{name}"), &options).unwrap();
+        let config = LoaderConfig::default()
+            .with_batch_size(3)
+            .with_workers(2)
+            .with_bad_samples(imagefeed::loader::BadSamplePolicy::Skip)
+            .with_max_bad(None);
+        assert_eq!(
+            digest_with(remote, Some(2), config.clone()),
+            digest_with(here, Some(2), config),
+            "{name}"
+        );
+    }
+    // A shard the index lists that is not in the store.
+    server.delete(&bucket, "mds/shard.00002.mds");
+    let err = format::open_with(format!("s3://{bucket}/mds"), &options).unwrap_err();
+    assert!(
+        matches!(&err, Error::Incomplete { reason, .. } if reason.contains("shard.00002.mds")),
+        "{err}"
+    );
+}
+
 #[test]
 fn wrong_buckets_endpoints_and_half_uploads_fail_fast_saying_which() {
     let Some(server) = server() else { return };

@@ -101,3 +101,17 @@ def test_a_filter_hdf5_cannot_undo_is_an_error_at_open_naming_it(tmp_path):
     batches = list(imagefeed.Loader(lzf, output="numpy", batch_size=4, bad_samples="error",
                                     transform=T.Compose([T.CenterCrop(4)])))
     assert len(batches) == 1 and len(batches[0][1]) == 4
+
+
+def test_mosaic_mds_reads_in_the_dataset_and_loader_by_one_path():
+    # Written by MosaicML Streaming's MDSWriter (scripts/make_mds_fixtures.py).
+    ds = imagefeed.Dataset(COMPAT / "mds-zstd")
+    assert len(ds) == 20 and ds.classes == ["0", "1", "2"]
+    assert ds.key(4) == "class00/img00000.jpg"
+    raw = (REPO / "fixtures" / "imagefolder" / "class00" / "img00000.jpg").read_bytes()
+    assert ds[4] == (raw, 0) and ds.format == "mds"
+    pil = imagefeed.Loader(COMPAT / "mds-pil", output="numpy", batch_size=6, shuffle=False,
+                           transform=T.Compose([T.CenterCrop(4)]))
+    [(images, labels)] = list(pil)
+    assert list(labels) == [0, 1, 2, 0, 1, 2] and images.shape[0] == 6
+    assert imagefeed.inspect(COMPAT / "mds" / "index.json")["format"] == "mds"

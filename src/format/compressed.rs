@@ -34,6 +34,9 @@ pub enum Compression {
     Gzip,
     /// A zlib stream (`compression_type="ZLIB"`).
     Zlib,
+    /// Zstandard frames (Mosaic MDS shards written with `compression="zstd"`; named by the
+    /// dataset's index, never sniffed).
+    Zstd,
 }
 
 impl Compression {
@@ -42,6 +45,7 @@ impl Compression {
         match self {
             Compression::Gzip => "GZIP",
             Compression::Zlib => "ZLIB",
+            Compression::Zstd => "zstd",
         }
     }
 }
@@ -82,6 +86,7 @@ pub fn sniff(
     let mut decoder: Box<dyn std::io::Read + '_> = match compression {
         Compression::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(head)),
         Compression::Zlib => Box::new(flate2::bufread::ZlibDecoder::new(head)),
+        Compression::Zstd => return None,
     };
     let mut out = vec![0u8; plain_len];
     let mut produced = 0;
@@ -230,6 +235,10 @@ fn inflate(
                 }
             }
         }
+        Compression::Zstd => match zstd::stream::read::Decoder::with_buffer(input) {
+            Ok(mut decoder) => pump(&mut decoder, &mut buffer, &mut write)?,
+            Err(e) => Some(e.to_string()),
+        },
     };
     Ok(problem.map(|problem| {
         format!(

@@ -27,6 +27,7 @@ pub mod example;
 pub mod folder;
 pub mod hdf5;
 pub mod lmdb;
+pub mod mds;
 pub mod output;
 pub mod parts;
 pub(crate) mod pickle;
@@ -389,17 +390,19 @@ pub(crate) struct Recognizer {
 }
 
 /// Every format [`open`] reads, in the order it asks them: directories first (an LMDB in
-/// directory form, TFRecord shards, WebDataset shards, then any directory as an ImageFolder
-/// tree), then files by signature (HDF5) or name (a TFRecord shard, a `.tar`), and LMDB,
-/// recognised by its magic, last. A new
+/// directory form, TFRecord shards, an MDS `index.json`, WebDataset shards, then any directory
+/// as an ImageFolder tree), then files by signature (HDF5) or name (a TFRecord shard, a `.tar`,
+/// an MDS `index.json`), and LMDB, recognised by its magic, last. A new
 /// format is a module with its [`Recognizer`] and one line here.
 const RECOGNIZED: &[Recognizer] = &[
     lmdb::DIRECTORY_FORM,
     records::DIRECTORY,
+    mds::DIRECTORY,
     webdataset::DIRECTORY,
     folder::TREE,
     hdf5::FILE,
     records::SHARD,
     webdataset::SHARD,
+    mds::INDEX_FILE,
     lmdb::FILE,
 ];

@@ -4,7 +4,8 @@
 //! A URL names, as a local path does: a prefix (a "directory": every shard directly under it;
 //! one set only), a pattern or brace list in its last part (`…/train-*`,
 //! `…/shard-{000000..000146}.tar`), or one object. A prefix holding `imagefeed-records.json` is
-//! one of ours; otherwise TFRecord shards by name, or WebDataset `*.tar` shards. Sets are
+//! one of ours; one holding `index.json` is Mosaic MDS; otherwise TFRecord shards by name, or
+//! WebDataset `*.tar` shards. Sets are
 //! checked as local sets are ([`crate::format::shards`]).
 
 use std::path::PathBuf;
@@ -14,7 +15,7 @@ use crate::cache::Cache;
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::format::shards::{self, ShardSetProblem, check_sets};
-use crate::format::{OpenOptions, records, webdataset};
+use crate::format::{OpenOptions, mds, records, webdataset};
 use crate::remote::RemoteUrl;
 use crate::remote::store::{self, ObjectInfo, Patience};
 
@@ -54,6 +55,13 @@ fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
     };
     let name = url.file_name().to_string();
     let label = PathBuf::from(url.to_string());
+    if name == mds::index::INDEX {
+        // An MDS dataset named by its index: the prefix holding it.
+        let dir = url.parent();
+        let listing = store::list_dir(&dir, Patience::Open)?;
+        let dataset = mds::remote::open(&dir, &listing, options, &cache)?;
+        return Ok(Opened::Other(Arc::new(dataset)));
+    }
     let pattern = name.contains(['*', '?', '[']) || (name.contains('{') && name.contains('}'));
     let (objects, one_set, brace_missing) = if pattern {
         let dir = url.parent();
@@ -83,6 +91,10 @@ fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
             .any(|o| o.url.file_name() == records::MANIFEST)
         {
             return records::remote::open_ours(&url, &listing, &cache).map(Opened::Records);
+        }
+        if mds::remote::holds_index(&listing) {
+            let dataset = mds::remote::open(&url, &listing, options, &cache)?;
+            return Ok(Opened::Other(Arc::new(dataset)));
         }
         let shards: Vec<ObjectInfo> = listing.iter().filter(|o| is_shard(o)).cloned().collect();
         if shards.is_empty() {

@@ -1,0 +1,771 @@
+//! Mosaic MDS: the shards MosaicML Streaming's `MDSWriter` writes, read as they are.
+//!
+//! # Layout
+//!
+//! A dataset is a directory (or an object-storage prefix) holding `index.json` and the shards
+//! it lists ([`index`]). Every shard names the same columns, each with an encoding and either a
+//! fixed size or none. A shard file is
+//!
+//! ```text
+//! u32 LE sample count n | (n + 1) u32 LE offsets from the file's start | the writer's config
+//! as JSON | samples
+//! ```
+//!
+//! and sample `i` is the bytes from offset `i` to offset `i + 1`: first a `u32` LE size for
+//! each column without a fixed size, in column order, then every column's value, in column
+//! order. With `compression=` the index also names a compressed copy (`shard.00000.mds.zstd`)
+//! and that is the file written; it is decompressed once into the cache directory
+//! ([`crate::format::compressed`]) and read like an uncompressed shard.
+//!
+//! The image is the column encoded `jpeg` or `png` (an image file's bytes), or `pil` (raw
+//! pixels, as Streaming's CIFAR converter writes them: RGB, L and RGBA, read as RGB), else a
+//! `bytes` column; the label is an integer column (`int`, `int8`..`uint64`, `str_int`). When
+//! several columns could be either, the one named `x`/`image`/... or `y`/`label`/... is taken
+//! ([`index`]). Pickled (`pkl`) columns are never read. A sample's key is its `str` column named
+//! `key`, `path`, `filename`, ... when there is one, else `SHARD#N`: the shard's name in the
+//! index and the sample's place in it.
+//!
+//! # Reading
+//!
+//! Shards are memory-mapped. A shard that is missing is an error at open naming it; a damaged
+//! one (cut short, offsets out of order, a sample count that differs from the index's) reads
+//! as bad records that say why. Labels are read at open to find the classes, as for WebDataset
+//! shards (`--num-classes` names them instead, `--label-base` shifts them).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::cache::Cache;
+use crate::dataset::{Dataset, DatasetInfo, FormatKind, PayloadKind, Record, RecordReader};
+use crate::error::{Error, IoContext as _, Result};
+use crate::format::compressed::{self, Compression};
+use crate::format::shard_data::{HeldShard, Mapped, ShardData};
+use crate::format::{OpenOptions, Recognizer};
+
+pub mod index;
+#[cfg(feature = "remote")]
+pub(crate) mod remote;
+
+use index::{INDEX, ImageColumn, Index, LabelColumn, Layout, MAX_INDEX_BYTES, ShardCompression};
+
+/// True when the directory `path` holds an `index.json` that lists shards (Streaming's; other
+/// formats of Streaming's are refused by name when opened).
+pub fn looks_like_mds(path: &Path) -> bool {
+    let index = path.join(INDEX);
+    index.is_file()
+        && fs::metadata(&index).is_ok_and(|m| m.len() <= MAX_INDEX_BYTES)
+        && fs::read(&index).is_ok_and(|text| {
+            serde_json::from_slice::<serde_json::Value>(&text)
+                .is_ok_and(|v| v.get("shards").is_some_and(|s| s.is_array()))
+        })
+}
+
+/// [`format::open`](crate::format::open)'s recognizer for an MDS directory.
+pub(crate) const DIRECTORY: Recognizer = Recognizer {
+    holds: |path| Ok(path.is_dir() && looks_like_mds(path)),
+    open: |path, options| Ok(Arc::new(Mds::open(path, options)?)),
+};
+
+/// [`format::open`](crate::format::open)'s recognizer for an MDS `index.json` named itself.
+pub(crate) const INDEX_FILE: Recognizer = Recognizer {
+    holds: |path| {
+        Ok(path.file_name().is_some_and(|n| n == INDEX)
+            && path.parent().is_some_and(looks_like_mds))
+    },
+    open: |path, options| {
+        let dir = path.parent().expect("holds checked it");
+        Ok(Arc::new(Mds::open(dir, options)?))
+    },
+};
+
+/// One shard: where it is, its bytes, and its sample count from the index.
+pub(super) struct Shard {
+    path: PathBuf,
+    /// The uncompressed shard's name in the index, which names its samples (`NAME#N`) the
+    /// same whether it is read compressed or not, locally or from object storage.
+    name: String,
+    data: Arc<ShardData>,
+    samples: usize,
+}
+
+struct Shared {
+    path: PathBuf,
+    info: DatasetInfo,
+    label_base: u32,
+    layout: Layout,
+    shards: Vec<Shard>,
+    /// Index of each shard's first sample; a final entry holds the total.
+    starts: Vec<usize>,
+    notices: Vec<String>,
+    missing_shards: crate::format::shards::MissingShards,
+}
+
+/// A Mosaic MDS dataset opened for reading.
+pub struct Mds {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Mds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mds")
+            .field("path", &self.shared.path)
+            .field("info", &self.shared.info)
+            .field("shards", &self.shared.shards.len())
+            .finish()
+    }
+}
+
+impl Mds {
+    /// Opens the MDS dataset in the directory `dir`.
+    pub fn open(dir: &Path, options: &OpenOptions) -> Result<Mds> {
+        let index_path = dir.join(INDEX);
+        let (file, len) = crate::file::open_regular(&index_path)?;
+        if len > MAX_INDEX_BYTES {
+            return Err(Error::not_a_dataset(
+                &index_path,
+                format!("{len} bytes; an MDS index this large is not one"),
+            ));
+        }
+        let mut text = Vec::with_capacity(len as usize);
+        std::io::Read::read_to_end(&mut std::io::Read::take(&file, MAX_INDEX_BYTES), &mut text)
+            .at(&index_path)?;
+        let index = Index::parse(&index_path, &text)?;
+        let mut notices = Vec::new();
+        let mut cache = None;
+        let mut shards = Vec::with_capacity(index.shards.len());
+        for entry in &index.shards {
+            let (raw_name, raw_bytes) = &entry.raw;
+            let raw = dir.join(raw_name);
+            let (path, file, compression) = match (&entry.zip, raw.is_file()) {
+                // Streaming keeps the decompressed shard next to the compressed one once it
+                // has read it; either is the same data.
+                (None, _) | (Some(_), true) => {
+                    let (file, _) = crate::file::open_regular(&raw).map_err(|e| match e {
+                        Error::Io { .. } if !raw.exists() => missing(dir, raw_name),
+                        other => other,
+                    })?;
+                    (raw.clone(), file, None)
+                }
+                (Some((zip_name, compression)), false) => {
+                    let zip = dir.join(zip_name);
+                    if !zip.exists() {
+                        return Err(missing(dir, zip_name));
+                    }
+                    let (file, _) = crate::file::open_regular(&zip)?;
+                    (zip, file, Some(*compression))
+                }
+            };
+            let mapped = match compression {
+                None => Mapped::new(&path, file, false)?,
+                Some(compression) => {
+                    let cache = match &mut cache {
+                        Some(cache) => cache,
+                        None => cache.insert(match &options.cache {
+                            Some(cache) => cache.clone(),
+                            None => Cache::from_env()?,
+                        }),
+                    };
+                    let copy = compressed::decompress(&path, &file, compression.into(), cache)?;
+                    if let Some(damage) = &copy.damage {
+                        crate::dataset::notice(
+                            &mut notices,
+                            format!("{}: {damage}", path.display()),
+                        );
+                    }
+                    Mapped::new(&path, copy.file, true)?
+                }
+            };
+            shards.push(checked_shard(
+                &path,
+                raw_name,
+                ShardData::local(&path, mapped),
+                entry.samples,
+                *raw_bytes,
+                &mut notices,
+            )?);
+        }
+        assemble(dir, index.layout, shards, options, notices)
+    }
+}
+
+impl From<ShardCompression> for Compression {
+    fn from(compression: ShardCompression) -> Compression {
+        match compression {
+            ShardCompression::Zstd => Compression::Zstd,
+            ShardCompression::Gzip => Compression::Gzip,
+        }
+    }
+}
+
+fn missing(dir: &Path, name: &str) -> Error {
+    Error::Incomplete {
+        path: dir.to_path_buf(),
+        reason: format!(
+            "{INDEX} lists {name}, which is not there: the dataset was not copied whole, or the \
+             shard was removed"
+        ),
+    }
+}
+
+/// A shard whose bytes are resident, with a notice when its size or sample count is not what
+/// the index says (its samples are still read, each checked, and the damaged ones fail).
+pub(super) fn checked_shard(
+    path: &Path,
+    name: &str,
+    data: ShardData,
+    samples: usize,
+    expected_bytes: u64,
+    notices: &mut Vec<String>,
+) -> Result<Shard> {
+    let mapped = data.get()?;
+    let bytes = mapped.bytes();
+    if bytes.len() as u64 != expected_bytes {
+        crate::dataset::notice(
+            notices,
+            format!(
+                "{}: {} bytes, but {INDEX} says {expected_bytes}: damaged or replaced; its \
+                 samples are checked as they are read",
+                path.display(),
+                bytes.len()
+            ),
+        );
+    }
+    if let Some(count) = read_u32(bytes, 0)
+        && count as usize != samples
+    {
+        crate::dataset::notice(
+            notices,
+            format!(
+                "{}: holds {count} samples, but {INDEX} says {samples}: its samples read as \
+                 bad records",
+                path.display()
+            ),
+        );
+    }
+    Ok(Shard {
+        path: path.to_path_buf(),
+        name: name.to_string(),
+        data: Arc::new(data),
+        samples,
+    })
+}
+
+/// The dataset over `shards`: classes (given, or inferred from every sample's label), counts
+/// and notices.
+pub(super) fn assemble(
+    name: &Path,
+    layout: Layout,
+    shards: Vec<Shard>,
+    options: &OpenOptions,
+    mut notices: Vec<String>,
+) -> Result<Mds> {
+    let mut starts = Vec::with_capacity(shards.len() + 1);
+    let mut total = 0usize;
+    starts.push(0);
+    for shard in &shards {
+        total += shard.samples;
+        starts.push(total);
+    }
+    // An empty shard is no sign of a cut copy here (MDSWriter writes one when the first sample
+    // is larger than the size limit): the index says how many samples each holds, and the
+    // shard's own count is checked against it.
+    let label_base = options.records.label_base.unwrap_or(0);
+    let classes = match options.records.num_classes {
+        Some(n) if n > crate::dataset::MAX_CLASSES => {
+            return Err(Error::Options(format!(
+                "{n} classes: at most {} are allowed",
+                crate::dataset::MAX_CLASSES
+            )));
+        }
+        Some(n) => (0..n).map(|c| c.to_string()).collect(),
+        None => infer_classes(name, &layout, &shards, label_base, &mut notices)?,
+    };
+    let payload = match layout.image.1 {
+        ImageColumn::Encoded => PayloadKind::Encoded,
+        ImageColumn::Pil => PayloadKind::RawRgb8,
+    };
+    Ok(Mds {
+        shared: Arc::new(Shared {
+            path: name.to_path_buf(),
+            info: DatasetInfo {
+                format: FormatKind::Mds,
+                classes,
+                num_samples: total,
+                payload,
+                resized_short_side: None,
+                part: None,
+                rejected_at_pack: None,
+            },
+            label_base,
+            layout,
+            shards,
+            starts,
+            notices,
+            missing_shards: Default::default(),
+        }),
+    })
+}
+
+/// Classes `0..=largest label` over the samples' labels (label base taken off).
+fn infer_classes(
+    name: &Path,
+    layout: &Layout,
+    shards: &[Shard],
+    label_base: u32,
+    notices: &mut Vec<String>,
+) -> Result<Vec<String>> {
+    let mut inference = crate::dataset::ClassInference::default();
+    let mut samples = 0usize;
+    for shard in shards {
+        let mapped = shard.data.get()?;
+        if read_u32(mapped.bytes(), 0) != u32::try_from(shard.samples).ok() {
+            // Not the shard the index describes: every sample is a bad record (a notice said).
+            samples += shard.samples;
+            continue;
+        }
+        for within in 0..shard.samples {
+            samples += 1;
+            let Ok(columns) = sample_columns(mapped.bytes(), shard.samples, within, layout) else {
+                continue;
+            };
+            if let Ok(label) = decode_label(columns.label, layout.label.1) {
+                inference.see(
+                    || sample_key(&shard.name, within),
+                    label.checked_sub(i64::from(label_base)),
+                );
+            }
+        }
+    }
+    if samples > 0 && inference.is_empty() {
+        return Err(Error::not_a_dataset(
+            name,
+            format!(
+                "no sample has a readable label in column {:?}",
+                layout.columns[layout.label.0].name
+            ),
+        ));
+    }
+    let (classes, notice) = inference.classes();
+    notices.extend(notice);
+    Ok(classes)
+}
+
+/// What messages and reports call sample `within` of the shard the index names `name`.
+fn sample_key(name: &str, within: usize) -> String {
+    format!("{name}#{within}")
+}
+
+fn read_u32(bytes: &[u8], at: usize) -> Option<u32> {
+    let end = at.checked_add(4)?;
+    Some(u32::from_le_bytes(bytes.get(at..end)?.try_into().ok()?))
+}
+
+/// The image, label and key values of one sample.
+struct SampleColumns<'a> {
+    image: &'a [u8],
+    label: &'a [u8],
+    key: Option<&'a [u8]>,
+}
+
+/// Sample `within` of a shard (`bytes`, which the index says holds `samples`): its image and
+/// label values, or why they cannot be read.
+fn sample_columns<'a>(
+    bytes: &'a [u8],
+    samples: usize,
+    within: usize,
+    layout: &Layout,
+) -> std::result::Result<SampleColumns<'a>, String> {
+    let count = read_u32(bytes, 0).ok_or("the shard is shorter than its header")? as usize;
+    if count != samples {
+        return Err(format!(
+            "the shard holds {count} samples, but {INDEX} says {samples}"
+        ));
+    }
+    let header_end = 4 + 4 * (count + 1);
+    let begin = read_u32(bytes, 4 + 4 * within);
+    let end = read_u32(bytes, 4 + 4 * (within + 1));
+    let (Some(begin), Some(end)) = (begin, end) else {
+        return Err("the shard is cut short in its offset table".into());
+    };
+    let (begin, end) = (begin as usize, end as usize);
+    if begin < header_end || begin > end || end > bytes.len() {
+        return Err(format!(
+            "its bytes {begin}..{end} are not inside the shard's {} sample bytes",
+            bytes.len().saturating_sub(header_end)
+        ));
+    }
+    let sample = &bytes[begin..end];
+    let variable = layout.columns.iter().filter(|c| c.size.is_none()).count();
+    let mut at = 4 * variable;
+    if at > sample.len() {
+        return Err("the sample is shorter than its column sizes".into());
+    }
+    let mut sizes = (0..variable).map(|i| read_u32(sample, 4 * i).expect("checked above"));
+    let mut values = Vec::with_capacity(layout.columns.len());
+    for column in &layout.columns {
+        let size = column
+            .size
+            .unwrap_or_else(|| sizes.next().expect("one size per variable column"))
+            as usize;
+        let value = at
+            .checked_add(size)
+            .and_then(|value_end| sample.get(at..value_end))
+            .ok_or_else(|| {
+                format!(
+                    "column {:?} ({size} bytes) runs past the sample's end",
+                    column.name
+                )
+            })?;
+        values.push(value);
+        at += size;
+    }
+    if at != sample.len() {
+        return Err(format!(
+            "{} bytes follow the sample's last column",
+            sample.len() - at
+        ));
+    }
+    Ok(SampleColumns {
+        image: values[layout.image.0],
+        label: values[layout.label.0],
+        key: layout.key.map(|k| values[k]),
+    })
+}
+
+/// The label a label column's value holds.
+fn decode_label(value: &[u8], column: LabelColumn) -> std::result::Result<i64, String> {
+    match column {
+        LabelColumn::Int { bytes, signed } => {
+            if value.len() != bytes as usize {
+                return Err(format!("a {bytes}-byte label has {} bytes", value.len()));
+            }
+            let mut wide = [0u8; 8];
+            wide[..value.len()].copy_from_slice(value);
+            if signed && value[value.len() - 1] & 0x80 != 0 {
+                wide[value.len()..].fill(0xff);
+            }
+            let raw = u64::from_le_bytes(wide);
+            if signed {
+                Ok(raw as i64)
+            } else {
+                i64::try_from(raw).map_err(|_| format!("label {raw} is too large"))
+            }
+        }
+        LabelColumn::Text => std::str::from_utf8(value)
+            .ok()
+            .and_then(|text| text.trim().parse::<i64>().ok())
+            .ok_or_else(|| {
+                format!(
+                    "label {:?} is not an integer",
+                    String::from_utf8_lossy(&value[..value.len().min(32)])
+                )
+            }),
+    }
+}
+
+/// A `pil` value as a raw RGB payload in `out` ([`crate::decode::RawImage`]).
+fn pil_to_raw(value: &[u8], out: &mut Vec<u8>) -> std::result::Result<(), String> {
+    let (Some(width), Some(height), Some(mode_len)) =
+        (read_u32(value, 0), read_u32(value, 4), read_u32(value, 8))
+    else {
+        return Err("a PIL image shorter than its header".into());
+    };
+    let mode = 12usize
+        .checked_add(mode_len as usize)
+        .and_then(|end| value.get(12..end))
+        .ok_or("a PIL image shorter than its mode")?;
+    let pixels = &value[12 + mode.len()..];
+    let channels: usize = match mode {
+        b"RGB" => 3,
+        b"L" => 1,
+        b"RGBA" => 4,
+        other => {
+            return Err(format!(
+                "PIL mode {:?}; imagefeed reads RGB, L and RGBA",
+                String::from_utf8_lossy(&other[..other.len().min(16)])
+            ));
+        }
+    };
+    let expected = (width as u64 * height as u64).checked_mul(channels as u64);
+    if expected != Some(pixels.len() as u64) || width == 0 || height == 0 {
+        return Err(format!(
+            "a {width}x{height} {} image holds {} bytes",
+            String::from_utf8_lossy(mode),
+            pixels.len()
+        ));
+    }
+    crate::decode::RawImage::start(out, width, height);
+    match channels {
+        3 => out.extend_from_slice(pixels),
+        1 => out.extend(pixels.iter().flat_map(|&v| [v, v, v])),
+        _ => out.extend(pixels.chunks_exact(4).flat_map(|p| [p[0], p[1], p[2]])),
+    }
+    Ok(())
+}
+
+impl Dataset for Mds {
+    fn info(&self) -> &DatasetInfo {
+        &self.shared.info
+    }
+
+    fn path(&self) -> &Path {
+        &self.shared.path
+    }
+
+    fn notices(&self) -> &[String] {
+        &self.shared.notices
+    }
+
+    fn missing_shards(&self) -> &crate::format::shards::MissingShards {
+        &self.shared.missing_shards
+    }
+
+    fn shard_starts(&self) -> Option<&[usize]> {
+        Some(&self.shared.starts)
+    }
+
+    fn open_reader(&self) -> Result<Box<dyn RecordReader>> {
+        Ok(Box::new(MdsReader {
+            shared: Arc::clone(&self.shared),
+            key: String::new(),
+            pixels: Vec::new(),
+            held: HeldShard::default(),
+        }))
+    }
+}
+
+/// Per-worker handle over the shared shards.
+struct MdsReader {
+    shared: Arc<Shared>,
+    key: String,
+    /// A `pil` sample's pixels, as a raw payload.
+    pixels: Vec<u8>,
+    held: HeldShard,
+}
+
+impl Shared {
+    /// The number of the shard holding sample `index`, and the sample's place in it.
+    fn locate(&self, index: usize) -> (usize, usize) {
+        let shard = self.starts.partition_point(|&s| s <= index) - 1;
+        (shard, index - self.starts[shard])
+    }
+}
+
+impl RecordReader for MdsReader {
+    fn read(&mut self, index: usize) -> Result<Record<'_>> {
+        assert!(
+            index < self.shared.info.num_samples,
+            "index {index} out of range for {} samples",
+            self.shared.info.num_samples
+        );
+        let shared = &*self.shared;
+        let (number, within) = shared.locate(index);
+        let shard = &shared.shards[number];
+        self.key = sample_key(&shard.name, within);
+        let corrupt = |key: &str, reason: String| Error::CorruptRecord {
+            path: shard.path.clone(),
+            index,
+            key: key.to_string(),
+            reason,
+        };
+        let bytes = self.held.bytes(number, &shard.data)?;
+        let columns = sample_columns(bytes, shard.samples, within, &shared.layout)
+            .map_err(|reason| corrupt(&self.key, reason))?;
+        // A key column names the sample when it holds text (else the shard's name does).
+        if let Some(key) = columns.key.and_then(|k| std::str::from_utf8(k).ok())
+            && !key.is_empty()
+        {
+            self.key.clear();
+            self.key.push_str(key);
+        }
+        let stored = decode_label(columns.label, shared.layout.label.1)
+            .map_err(|reason| corrupt(&self.key, reason))?;
+        let base = i64::from(shared.label_base);
+        if stored < base {
+            return Err(corrupt(
+                &self.key,
+                format!("label {stored} is below the label base {base}"),
+            ));
+        }
+        let label = shared
+            .info
+            .check_stored_label(&shard.path, index, &self.key, stored - base)?;
+        let payload = match shared.layout.image.1 {
+            ImageColumn::Encoded => columns.image,
+            ImageColumn::Pil => {
+                pil_to_raw(columns.image, &mut self.pixels)
+                    .map_err(|reason| corrupt(&self.key, reason))?;
+                &self.pixels
+            }
+        };
+        Ok(Record {
+            index,
+            key: &self.key,
+            label,
+            payload,
+        })
+    }
+
+    fn prefetch(&mut self, index: usize) {
+        let shared = &*self.shared;
+        if index >= shared.info.num_samples {
+            return;
+        }
+        let (number, within) = shared.locate(index);
+        let shard = &shared.shards[number];
+        if let Some(mapped) = shard.data.get_if_resident()
+            && let Ok(columns) =
+                sample_columns(mapped.bytes(), shard.samples, within, &shared.layout)
+        {
+            crate::dataset::prefetch(columns.image);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use index::Column;
+
+    fn layout() -> Layout {
+        let column = |name: &str, encoding: &str, size| Column {
+            name: name.into(),
+            encoding: encoding.into(),
+            size,
+        };
+        Layout {
+            columns: vec![
+                column("i", "int", Some(8)),
+                column("x", "jpeg", None),
+                column("y", "int32", Some(4)),
+                column("note", "str", None),
+            ],
+            image: (1, ImageColumn::Encoded),
+            label: (
+                2,
+                LabelColumn::Int {
+                    bytes: 4,
+                    signed: true,
+                },
+            ),
+            key: Some(3),
+        }
+    }
+
+    /// A shard as MDSWriter lays it out, of samples `(image, label)`.
+    fn shard(samples: &[(&[u8], i32)]) -> Vec<u8> {
+        let config = br#"{"format": "mds"}"#;
+        let bodies: Vec<Vec<u8>> = samples
+            .iter()
+            .enumerate()
+            .map(|(i, (image, label))| {
+                let mut body = Vec::new();
+                body.extend_from_slice(&(image.len() as u32).to_le_bytes());
+                body.extend_from_slice(&2u32.to_le_bytes());
+                body.extend_from_slice(&(i as i64).to_le_bytes());
+                body.extend_from_slice(image);
+                body.extend_from_slice(&label.to_le_bytes());
+                body.extend_from_slice(b"hi");
+                body
+            })
+            .collect();
+        let mut out = (samples.len() as u32).to_le_bytes().to_vec();
+        let mut offset = 4 + 4 * (samples.len() + 1) + config.len();
+        out.extend_from_slice(&(offset as u32).to_le_bytes());
+        for body in &bodies {
+            offset += body.len();
+            out.extend_from_slice(&(offset as u32).to_le_bytes());
+        }
+        out.extend_from_slice(config);
+        for body in &bodies {
+            out.extend_from_slice(body);
+        }
+        out
+    }
+
+    #[test]
+    fn samples_are_cut_into_columns_by_their_sizes() {
+        let bytes = shard(&[(b"first image", 3), (b"second", -2)]);
+        let layout = layout();
+        let first = sample_columns(&bytes, 2, 0, &layout).unwrap();
+        assert_eq!(first.image, b"first image");
+        assert_eq!(first.key, Some(&b"hi"[..]));
+        assert_eq!(decode_label(first.label, layout.label.1), Ok(3));
+        let second = sample_columns(&bytes, 2, 1, &layout).unwrap();
+        assert_eq!(second.image, b"second");
+        assert_eq!(decode_label(second.label, layout.label.1), Ok(-2));
+    }
+
+    #[test]
+    fn damaged_shards_give_reasons_never_panics() {
+        let bytes = shard(&[(b"first image", 3), (b"second", 1)]);
+        let layout = layout();
+        // A count that differs from the index's, and every cut of the shard.
+        assert!(
+            sample_columns(&bytes, 3, 0, &layout)
+                .err()
+                .unwrap()
+                .contains("holds 2")
+        );
+        for cut in 0..bytes.len() {
+            for within in 0..2 {
+                let _ = sample_columns(&bytes[..cut], 2, within, &layout);
+            }
+        }
+        // A variable size claiming more than the sample holds.
+        let mut grown = bytes.clone();
+        let first_sample = read_u32(&bytes, 4).unwrap() as usize;
+        grown[first_sample..first_sample + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+        let reason = sample_columns(&grown, 2, 0, &layout).err().unwrap();
+        assert!(reason.contains("runs past"), "{reason}");
+        // Offsets out of order.
+        let mut swapped = bytes.clone();
+        swapped[4..8].copy_from_slice(&(bytes.len() as u32).to_le_bytes());
+        assert!(sample_columns(&swapped, 2, 0, &layout).is_err());
+        // Every single byte flipped: an error or columns, never a panic.
+        for at in 0..bytes.len() {
+            let mut flipped = bytes.clone();
+            flipped[at] ^= 0xff;
+            for within in 0..2 {
+                let _ = sample_columns(&flipped, 2, within, &layout);
+            }
+        }
+    }
+
+    #[test]
+    fn labels_decode_by_width_sign_and_text() {
+        let int = |bytes, signed| LabelColumn::Int { bytes, signed };
+        assert_eq!(decode_label(&[0xff], int(1, true)), Ok(-1));
+        assert_eq!(decode_label(&[0xff], int(1, false)), Ok(255));
+        assert_eq!(decode_label(&7u16.to_le_bytes(), int(2, false)), Ok(7));
+        assert!(decode_label(&u64::MAX.to_le_bytes(), int(8, false)).is_err());
+        assert!(decode_label(&[1, 2, 3], int(4, true)).is_err());
+        assert_eq!(decode_label(b"42", LabelColumn::Text), Ok(42));
+        assert!(decode_label(b"cat", LabelColumn::Text).is_err());
+    }
+
+    #[test]
+    fn pil_pixels_become_rgb_and_bad_sizes_are_refused() {
+        let pil = |mode: &[u8], width: u32, height: u32, pixels: &[u8]| {
+            let mut v = Vec::new();
+            for n in [width, height, mode.len() as u32] {
+                v.extend_from_slice(&n.to_le_bytes());
+            }
+            v.extend_from_slice(mode);
+            v.extend_from_slice(pixels);
+            v
+        };
+        let mut out = Vec::new();
+        pil_to_raw(&pil(b"L", 2, 1, &[10, 20]), &mut out).unwrap();
+        assert_eq!(
+            crate::decode::RawImage::parse(&out).unwrap(),
+            (2, 1, &[10, 10, 10, 20, 20, 20][..])
+        );
+        pil_to_raw(&pil(b"RGBA", 1, 1, &[1, 2, 3, 4]), &mut out).unwrap();
+        assert_eq!(crate::decode::RawImage::parse(&out).unwrap().2, &[1, 2, 3]);
+        assert!(pil_to_raw(&pil(b"RGB", 60000, 60000, &[1, 2, 3]), &mut out).is_err());
+        assert!(pil_to_raw(&pil(b"CMYK", 1, 1, &[1, 2, 3, 4]), &mut out).is_err());
+        assert!(pil_to_raw(&pil(b"RGB", 1, 1, &[1, 2, 3])[..13], &mut out).is_err());
+    }
+}

@@ -1,0 +1,90 @@
+//! MDS datasets in object storage (feature `remote`): `index.json` is read, then every shard
+//! it lists is fetched into the cache directory at open (a compressed one decompressed), since
+//! the classes come from reading every label; the shards stay mapped from the cache while the
+//! dataset is open.
+
+use std::path::PathBuf;
+
+use super::index::{INDEX, Index, MAX_INDEX_BYTES};
+use super::{Mds, assemble, checked_shard, missing};
+use crate::cache::Cache;
+use crate::error::Result;
+use crate::format::OpenOptions;
+use crate::format::compressed;
+use crate::format::records::remote::in_parallel;
+use crate::format::shard_data::{Mapped, ShardData};
+use crate::remote::store::{self, ObjectInfo, Patience};
+use crate::remote::{RemoteUrl, fetch};
+
+/// True when `listing` (a prefix's objects) holds an MDS index.
+pub(crate) fn holds_index(listing: &[ObjectInfo]) -> bool {
+    listing.iter().any(|o| o.url.file_name() == INDEX)
+}
+
+/// Opens the MDS dataset under the prefix `dir`, whose objects are `listing`.
+pub(crate) fn open(
+    dir: &RemoteUrl,
+    listing: &[ObjectInfo],
+    options: &OpenOptions,
+    cache: &Cache,
+) -> Result<Mds> {
+    let label = PathBuf::from(dir.to_string());
+    let index_url = dir.join(INDEX);
+    let text = store::get_small(&index_url, MAX_INDEX_BYTES, Patience::Open)?;
+    let index = Index::parse(&PathBuf::from(index_url.to_string()), &text)?;
+    // A merged index names shards in sub-prefixes, which a one-level listing does not show.
+    let find = |name: &str| -> Result<Option<ObjectInfo>> {
+        if let Some(found) = listing.iter().find(|o| o.url.file_name() == name) {
+            return Ok(Some(found.clone()));
+        }
+        if name.contains('/') {
+            return store::head(&dir.join(name), Patience::Open);
+        }
+        Ok(None)
+    };
+    let mut wanted = Vec::with_capacity(index.shards.len());
+    for entry in &index.shards {
+        let object = match (find(&entry.raw.0)?, &entry.zip) {
+            (Some(raw), _) => (raw, None),
+            (None, Some((zip_name, compression))) => match find(zip_name)? {
+                Some(zip) => (zip, Some(*compression)),
+                None => return Err(missing(&label, zip_name)),
+            },
+            (None, None) => return Err(missing(&label, &entry.raw.0)),
+        };
+        wanted.push((object, entry));
+    }
+    let mut notices = Vec::new();
+    let fetched = in_parallel(&wanted, |((object, compression), _)| {
+        let path = PathBuf::from(object.url.to_string());
+        let cached = fetch::fetch(object, cache)?;
+        Ok(match compression {
+            None => (path, Mapped::new(&cached.path, cached.file, true)?, None),
+            Some(compression) => {
+                let copy = compressed::decompress(
+                    &cached.path,
+                    &cached.file,
+                    (*compression).into(),
+                    cache,
+                )?;
+                let mapped = Mapped::new(&path, copy.file, true)?;
+                (path, mapped, copy.damage)
+            }
+        })
+    })?;
+    let mut shards = Vec::with_capacity(fetched.len());
+    for ((path, mapped, damage), (_, entry)) in fetched.into_iter().zip(&wanted) {
+        if let Some(damage) = damage {
+            crate::dataset::notice(&mut notices, format!("{}: {damage}", path.display()));
+        }
+        shards.push(checked_shard(
+            &path,
+            &entry.raw.0,
+            ShardData::local(&path, mapped),
+            entry.samples,
+            entry.raw.1,
+            &mut notices,
+        )?);
+    }
+    assemble(&label, index.layout, shards, options, notices)
+}
