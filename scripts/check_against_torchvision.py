@@ -3,7 +3,7 @@
 
 Runs torchvision's `find_classes` and `make_dataset` (taken from an installed torchvision, or
 from a `folder.py` given with --folder-py, e.g. unzipped from the torchvision wheel, so torch
-itself is not needed) on SRC_DIR, reads DATASET with py-lmdb exactly as the README documents,
+itself is not needed) on SRC_DIR, reads DATASET with py-lmdb exactly as docs/formats.md documents,
 and requires the same classes, and the same (relative path, label) list minus the files
 packing rejected (listed in DATASET.report.json).
 

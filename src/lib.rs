@@ -67,6 +67,16 @@ pub mod verify;
 #[doc = include_str!("../README.md")]
 pub struct ReadmeExamples;
 
+/// The loader guide's examples (docs/loader.md), compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/loader.md")]
+pub struct LoaderGuideExamples;
+
+/// The GPU guide's examples (docs/gpu.md), compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/gpu.md")]
+pub struct GpuGuideExamples;
+
 /// The most worker threads a pack or a loader may be asked for: more than any machine has
 /// cores, far fewer than would exhaust its memory for stacks.
 pub const MAX_THREADS: usize = 1024;

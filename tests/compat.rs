@@ -172,7 +172,7 @@ fn py_lmdb_reads_our_lmdb_as_the_readme_documents() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("ours.lmdb");
     pack_lmdb(&fixture_root(), &out, &small_options());
-    // The README's snippet, for every record, printed as "key label payload-hex".
+    // docs/formats.md's snippet, for every record, printed as "key label payload-hex".
     let script = r#"
 import json, lmdb, struct, sys
 env = lmdb.open(sys.argv[1], subdir=False, readonly=True, lock=False, max_dbs=2)

@@ -30,7 +30,7 @@ enum Command {
     #[command(name = "imagefolder2lmdb")]
     ImageFolder2Lmdb(PackArgs),
     /// Pack an ImageFolder tree into one HDF5 file (h5py-friendly: images, offsets, labels,
-    /// keys; see the README).
+    /// keys; see docs/formats.md).
     #[command(name = "imagefolder2hdf5")]
     ImageFolder2Hdf5(PackArgs),
     /// Pack an ImageFolder tree into a directory of TFRecord shards of tf.train.Example
