@@ -674,6 +674,16 @@ fn a_damaged_mds_shard_reads_as_bad_records_and_a_missing_one_is_named() {
         matches!(&err, imagefeed::Error::NotADataset { path, reason } if path.ends_with("index.json") && reason.contains("4000000000")),
         "{err}"
     );
+    // Consistent with its own sizes but not with the file: refused naming the shard.
+    let forged = text
+        .replacen("\"samples\": 4", "\"samples\": 4000000000", 1)
+        .replacen("\"bytes\": ", "\"bytes\": 160000000", 1);
+    fs::write(&index, forged).unwrap();
+    let err = format::open(&mds).unwrap_err();
+    assert!(
+        matches!(&err, imagefeed::Error::NotADataset { path, .. } if path.ends_with("shard.00000.mds")),
+        "{err}"
+    );
     fs::write(&index, text).unwrap();
     // A shard the index lists that is not there.
     fs::remove_file(&shard).unwrap();
@@ -682,25 +692,74 @@ fn a_damaged_mds_shard_reads_as_bad_records_and_a_missing_one_is_named() {
         matches!(&err, imagefeed::Error::Incomplete { reason, .. } if reason.contains("shard.00001.mds")),
         "{err}"
     );
-    // Compressed: the zstd file damaged is a notice and bad records, never a panic.
+    // Compressed: a zstd file cut short yields no whole block, so the shard cannot hold the
+    // samples the index lists: an error naming it (and a notice saying the stream broke).
     let zstd = copied("mds-zstd", dir.path());
+    let options = format::OpenOptions::default()
+        .with_cache(imagefeed::cache::Cache::at(dir.path().join("cache"), None));
     let zip = zstd.join("shard.00002.mds.zstd");
     let bytes = fs::read(&zip).unwrap();
     fs::write(&zip, &bytes[..bytes.len() / 2]).unwrap();
-    let options = format::OpenOptions::default()
-        .with_cache(imagefeed::cache::Cache::at(dir.path().join("cache"), None));
-    let damaged = format::open_with(&zstd, &options).unwrap();
+    let err = format::open_with(&zstd, &options).unwrap_err();
     assert!(
-        damaged
+        matches!(&err, imagefeed::Error::NotADataset { path, .. } if *path == zip),
+        "{err}"
+    );
+    // A zstd bomb in place of a shard: decompression stops just past the size the index gives
+    // (2 KB here, not 64 MiB), and the shard is refused naming it.
+    let bomb = zstd::encode_all(&vec![0u8; 64 << 20][..], 19).unwrap();
+    fs::write(&zip, &bomb).unwrap();
+    let cache = dir.path().join("cache");
+    let err = format::open_with(&zstd, &options).unwrap_err();
+    assert!(
+        matches!(&err, imagefeed::Error::NotADataset { path, .. } if *path == zip),
+        "{err}"
+    );
+    let cached: u64 = walk_sizes(&cache);
+    assert!(
+        cached < 1 << 20,
+        "the cache holds {cached} bytes after a bomb"
+    );
+    // A shard file beside the index that the index does not list is reported, not read.
+    fs::write(&zip, &bytes).unwrap();
+    fs::copy(
+        zstd.join("shard.00003.mds.zstd"),
+        zstd.join("shard.00099.mds.zstd"),
+    )
+    .unwrap();
+    let extra = format::open_with(&zstd, &options).unwrap();
+    assert!(
+        extra
             .notices()
             .iter()
-            .any(|n| n.contains("shard.00002.mds.zstd") && n.contains("zstd")),
+            .any(|n| n.contains("1 shard file(s)")),
         "{:?}",
-        damaged.notices()
+        extra.notices()
     );
-    let mut reader = damaged.open_reader().unwrap();
-    let bad = (0..damaged.len())
-        .filter(|&i| matches!(reader.read(i), Err(imagefeed::Error::CorruptRecord { .. })))
-        .count();
-    assert!(bad >= 1, "the cut shard's samples read as bad records");
+    // A damaged index.json is an error naming it, never an ImageFolder with no classes.
+    let index = zstd.join("index.json");
+    let text = fs::read(&index).unwrap();
+    fs::write(&index, &text[..600]).unwrap();
+    let err = format::open_with(&zstd, &options).unwrap_err();
+    assert!(
+        matches!(&err, imagefeed::Error::NotADataset { path, .. } if *path == index),
+        "{err}"
+    );
+}
+
+fn walk_sizes(dir: &Path) -> u64 {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .map(|e| {
+            let meta = e.metadata().unwrap();
+            if meta.is_dir() {
+                walk_sizes(&e.path())
+            } else {
+                meta.len()
+            }
+        })
+        .sum()
 }

@@ -136,15 +136,31 @@ pub fn decompress(
     compression: Compression,
     cache: &Cache,
 ) -> Result<Decompressed> {
+    decompress_at_most(path, file, compression, cache, None)
+}
+
+/// [`decompress`] for a shard whose decompressed size is known (a Mosaic MDS index says it):
+/// a stream that yields more than `expected` bytes stops there and is damaged, so a small
+/// file that inflates to gigabytes (a decompression bomb) never fills the cache directory.
+pub fn decompress_at_most(
+    path: &Path,
+    file: &fs::File,
+    compression: Compression,
+    cache: &Cache,
+    expected: Option<u64>,
+) -> Result<Decompressed> {
     let meta = file.metadata().at(path)?;
     let key = crate::cache::source_key(path, &meta);
-    let hint = size_hint(file, compression, meta.len());
+    let hint = match expected {
+        Some(expected) => Some(expected),
+        None => size_hint(file, compression, meta.len()),
+    };
     let mut damaged = None;
     let mut fresh = false;
     let cached = cache.get_or_fill(SECTION, &key, hint, |out| {
         fresh = true;
         let out_path = out.path().to_path_buf();
-        if let Some(reason) = inflate(path, file, compression, out, &out_path)? {
+        if let Some(reason) = inflate(path, file, compression, out, &out_path, expected)? {
             // A damaged stream is never cached (the next open must see the damage too), but
             // what it yielded is read: kept in an unnamed file.
             damaged = Some((out.detach()?, reason.clone()));
@@ -202,6 +218,7 @@ fn inflate(
     compression: Compression,
     out: &mut impl std::io::Write,
     out_path: &Path,
+    expected: Option<u64>,
 ) -> Result<Option<String>> {
     // A clone shares the file's offset: start from the first byte whatever read it before.
     let mut source = file.try_clone().at(path)?;
@@ -209,7 +226,16 @@ fn inflate(
     let input = std::io::BufReader::with_capacity(1 << 20, source);
     let mut written = 0u64;
     let mut buffer = vec![0u8; 1 << 20];
+    // Past the expected size the stream stops (as an error out of `pump`, turned back into
+    // damage below): a bomb is not decompressed to its end.
+    let too_long = std::cell::Cell::new(false);
     let mut write = |bytes: &[u8]| -> Result<()> {
+        if let Some(expected) = expected
+            && written + bytes.len() as u64 > expected
+        {
+            too_long.set(true);
+            return Err(Error::not_a_dataset(out_path, "past its expected size"));
+        }
         out.write_all(bytes).at(out_path)?;
         written += bytes.len() as u64;
         Ok(())
@@ -217,28 +243,34 @@ fn inflate(
     let problem = match compression {
         Compression::Gzip => {
             let mut decoder = flate2::bufread::MultiGzDecoder::new(input);
-            pump(&mut decoder, &mut buffer, &mut write)?
+            pump(&mut decoder, &mut buffer, &mut write)
         }
         Compression::Zlib => {
             let mut decoder = flate2::bufread::ZlibDecoder::new(input);
-            match pump(&mut decoder, &mut buffer, &mut write)? {
-                Some(problem) => Some(problem),
-                // The zlib stream ended: anything after it is not part of it.
-                None => {
+            match pump(&mut decoder, &mut buffer, &mut write) {
+                Ok(None) => {
+                    // The zlib stream ended: anything after it is not part of it.
                     use std::io::BufRead as _;
                     let mut rest = decoder.into_inner();
-                    match rest.fill_buf() {
+                    Ok(match rest.fill_buf() {
                         Ok([]) => None,
                         Ok(_) => Some("bytes follow the end of the zlib stream".to_string()),
                         Err(e) => Some(e.to_string()),
-                    }
+                    })
                 }
+                other => other,
             }
         }
         Compression::Zstd => match zstd::stream::read::Decoder::with_buffer(input) {
-            Ok(mut decoder) => pump(&mut decoder, &mut buffer, &mut write)?,
-            Err(e) => Some(e.to_string()),
+            Ok(mut decoder) => pump(&mut decoder, &mut buffer, &mut write),
+            Err(e) => Ok(Some(e.to_string())),
         },
+    };
+    let problem = match (problem, expected) {
+        (Err(_), Some(expected)) if too_long.get() => Some(format!(
+            "it decompresses to more than the {expected} bytes its index says (stopped there)"
+        )),
+        (problem, _) => problem?,
     };
     Ok(problem.map(|problem| {
         format!(

@@ -121,6 +121,8 @@ pub struct Index {
     pub shards: Vec<ShardEntry>,
     /// Their columns.
     pub layout: Layout,
+    /// What opening should say about the choice of columns.
+    pub notes: Vec<String>,
 }
 
 /// Column names taken as the image when several columns could be (Streaming's converters use
@@ -154,6 +156,7 @@ impl Index {
             )));
         }
         let mut layout: Option<(Vec<Column>, usize)> = None;
+        let mut seen = std::collections::HashSet::new();
         let mut shards = Vec::with_capacity(raw.shards.len());
         for (number, shard) in raw.shards.into_iter().enumerate() {
             let at = |reason: String| bad(format!("shard {number} in the index: {reason}"));
@@ -197,6 +200,11 @@ impl Index {
                 )));
             }
             let raw_name = checked_basename(&shard.raw_data.basename).map_err(at)?;
+            if !seen.insert(raw_name.clone()) {
+                return Err(at(format!(
+                    "{raw_name} is listed twice: its samples would be read twice"
+                )));
+            }
             let zip = match (&shard.compression, &shard.zip_data) {
                 (None, _) => None,
                 (Some(compression), Some(zip)) => Some((
@@ -219,13 +227,48 @@ impl Index {
             return Err(bad("the index lists no shards".into()));
         };
         let layout = choose(columns).map_err(bad)?;
-        Ok(Index { shards, layout })
+        let mut notes = Vec::new();
+        let label = &layout.columns[layout.label.0];
+        if !LABEL_NAMES
+            .iter()
+            .any(|n| label.name.eq_ignore_ascii_case(n))
+        {
+            notes.push(format!(
+                "{}: the label is column {:?} ({}), the only integer column; no column is \
+                 named {}",
+                path.display(),
+                label.name,
+                label.encoding,
+                LABEL_NAMES.join(" or ")
+            ));
+        }
+        let image = &layout.columns[layout.image.0];
+        if image.encoding == "bytes"
+            && !IMAGE_NAMES
+                .iter()
+                .any(|n| image.name.eq_ignore_ascii_case(n))
+        {
+            notes.push(format!(
+                "{}: the images are column {:?} (bytes), the only bytes column",
+                path.display(),
+                image.name
+            ));
+        }
+        Ok(Index {
+            shards,
+            layout,
+            notes,
+        })
     }
 }
 
 /// A shard's columns, checked.
 fn columns(shard: &RawShard) -> std::result::Result<Vec<Column>, String> {
     let n = shard.column_names.len();
+    let mut names = std::collections::HashSet::new();
+    if let Some(twice) = shard.column_names.iter().find(|name| !names.insert(*name)) {
+        return Err(format!("column {twice:?} is named twice"));
+    }
     if shard.column_encodings.len() != n || shard.column_sizes.len() != n {
         return Err(format!(
             "{n} column names but {} encodings and {} sizes",
@@ -508,5 +551,41 @@ mod tests {
         );
         assert!(brotli.contains("\"br\""), "{brotli}");
         assert!(matches!(parse("[1, 2]"), Err(Error::NotADataset { .. })));
+        let twice = message(&index(
+            r#""column_names": ["y", "x", "y"], "column_encodings": ["int", "jpeg", "int"],
+            "column_sizes": [8, null, 8]"#,
+        ));
+        assert!(twice.contains("named twice"), "{twice}");
+        let one_shard = index(
+            r#""column_names": ["x", "y"], "column_encodings": ["jpeg", "int"],
+            "column_sizes": [null, 8]"#,
+        );
+        let shard =
+            &one_shard[one_shard.find("{\"format\"").unwrap()..one_shard.rfind(']').unwrap()];
+        let listed_twice = message(&format!(
+            r#"{{"version": 2, "shards": [{shard}, {shard}]}}"#
+        ));
+        assert!(listed_twice.contains("listed twice"), "{listed_twice}");
+    }
+
+    #[test]
+    fn a_label_column_not_named_like_one_is_taken_with_a_note() {
+        let width = parse(&index(
+            r#""column_names": ["caption", "image", "width"],
+            "column_encodings": ["str", "jpeg", "int"], "column_sizes": [null, null, 8]"#,
+        ))
+        .unwrap();
+        assert_eq!(width.layout.label.0, 2);
+        assert!(
+            width.notes.iter().any(|n| n.contains("\"width\"")),
+            "{:?}",
+            width.notes
+        );
+        let named = parse(&index(
+            r#""column_names": ["x", "y"], "column_encodings": ["jpeg", "int"],
+            "column_sizes": [null, 8]"#,
+        ))
+        .unwrap();
+        assert!(named.notes.is_empty(), "{:?}", named.notes);
     }
 }

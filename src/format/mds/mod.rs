@@ -49,16 +49,34 @@ pub(crate) mod remote;
 
 use index::{INDEX, ImageColumn, Index, LabelColumn, Layout, MAX_INDEX_BYTES, ShardCompression};
 
-/// True when the directory `path` holds an `index.json` that lists shards (Streaming's; other
-/// formats of Streaming's are refused by name when opened).
+/// True when the directory `path` is an MDS dataset: its `index.json` starts like Streaming's
+/// (`{"shards": ...`, which its sorted keys put first), or the directory holds `*.mds` shards
+/// beside it. Only the index's first bytes are read; opening parses it and says what is wrong
+/// with a damaged one.
 pub fn looks_like_mds(path: &Path) -> bool {
     let index = path.join(INDEX);
-    index.is_file()
-        && fs::metadata(&index).is_ok_and(|m| m.len() <= MAX_INDEX_BYTES)
-        && fs::read(&index).is_ok_and(|text| {
-            serde_json::from_slice::<serde_json::Value>(&text)
-                .is_ok_and(|v| v.get("shards").is_some_and(|s| s.is_array()))
+    if !index.is_file() {
+        return false;
+    }
+    let mut head = [0u8; 256];
+    let starts_like_index = fs::File::open(&index).is_ok_and(|mut file| {
+        let got = std::io::Read::read(&mut file, &mut head).unwrap_or(0);
+        let text = String::from_utf8_lossy(&head[..got]);
+        let text = text.trim_start_matches('\u{feff}').trim_start();
+        text.strip_prefix('{')
+            .is_some_and(|rest| rest.trim_start().starts_with("\"shards\""))
+    });
+    starts_like_index
+        || fs::read_dir(path).is_ok_and(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .any(|e| is_shard_name(&e.file_name().to_string_lossy()))
         })
+}
+
+/// True for the file names MDSWriter gives shards (`shard.00000.mds`, `.mds.zstd`, ...).
+fn is_shard_name(name: &str) -> bool {
+    name.ends_with(".mds") || name.contains(".mds.")
 }
 
 /// [`format::open`](crate::format::open)'s recognizer for an MDS directory.
@@ -69,10 +87,7 @@ pub(crate) const DIRECTORY: Recognizer = Recognizer {
 
 /// [`format::open`](crate::format::open)'s recognizer for an MDS `index.json` named itself.
 pub(crate) const INDEX_FILE: Recognizer = Recognizer {
-    holds: |path| {
-        Ok(path.file_name().is_some_and(|n| n == INDEX)
-            && path.parent().is_some_and(looks_like_mds))
-    },
+    holds: |path| Ok(path.is_file() && path.file_name().is_some_and(|n| n == INDEX)),
     open: |path, options| {
         let dir = path.parent().expect("holds checked it");
         Ok(Arc::new(Mds::open(dir, options)?))
@@ -166,7 +181,13 @@ impl Mds {
                             None => Cache::from_env()?,
                         }),
                     };
-                    let copy = compressed::decompress(&path, &file, compression.into(), cache)?;
+                    let copy = compressed::decompress_at_most(
+                        &path,
+                        &file,
+                        compression.into(),
+                        cache,
+                        Some(*raw_bytes),
+                    )?;
                     if let Some(damage) = &copy.damage {
                         crate::dataset::notice(
                             &mut notices,
@@ -185,6 +206,32 @@ impl Mds {
                 &mut notices,
             )?);
         }
+        let listed: std::collections::HashSet<&str> = index
+            .shards
+            .iter()
+            .flat_map(|e| {
+                std::iter::once(e.raw.0.as_str()).chain(e.zip.as_ref().map(|z| z.0.as_str()))
+            })
+            .collect();
+        let unlisted = fs::read_dir(dir)
+            .at(dir)?
+            .filter_map(|e| e.ok())
+            .filter(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                is_shard_name(&name) && !listed.contains(name.as_str())
+            })
+            .count();
+        if unlisted > 0 {
+            crate::dataset::notice(
+                &mut notices,
+                format!(
+                    "{}: {unlisted} shard file(s) beside {INDEX} are not in it and are not read \
+                     (another dataset's, or an index written before they were)",
+                    dir.display()
+                ),
+            );
+        }
+        notices.extend(index.notes.iter().cloned());
         assemble(dir, index.layout, shards, options, notices)
     }
 }
@@ -220,6 +267,19 @@ pub(super) fn checked_shard(
 ) -> Result<Shard> {
     let mapped = data.get()?;
     let bytes = mapped.bytes();
+    // The offsets alone take 4 bytes a sample: a count the file cannot hold offsets for is
+    // not believed (an index edited, or another dataset's, would make billions of samples of
+    // a few bytes).
+    if samples.saturating_mul(4).saturating_add(8) > bytes.len() {
+        return Err(Error::not_a_dataset(
+            path,
+            format!(
+                "{INDEX} says it holds {samples} samples, but its {} bytes cannot hold their \
+                 offsets: damaged, cut short, or not the shard the index describes",
+                bytes.len()
+            ),
+        ));
+    }
     if bytes.len() as u64 != expected_bytes {
         crate::dataset::notice(
             notices,
@@ -487,7 +547,14 @@ fn pil_to_raw(value: &[u8], out: &mut Vec<u8>) -> std::result::Result<(), String
             ));
         }
     };
-    let expected = (width as u64 * height as u64).checked_mul(channels as u64);
+    let pixels_count = width as u64 * height as u64;
+    if pixels_count > crate::decode::DEFAULT_MAX_PIXELS {
+        return Err(format!(
+            "{width}x{height} image has more than {} pixels (decompression-bomb limit)",
+            crate::decode::DEFAULT_MAX_PIXELS
+        ));
+    }
+    let expected = pixels_count.checked_mul(channels as u64);
     if expected != Some(pixels.len() as u64) || width == 0 || height == 0 {
         return Err(format!(
             "a {width}x{height} {} image holds {} bytes",

@@ -54,18 +54,19 @@ pub(crate) fn open(
         };
         wanted.push((object, entry));
     }
-    let mut notices = Vec::new();
-    let fetched = in_parallel(&wanted, |((object, compression), _)| {
+    let mut notices = index.notes.clone();
+    let fetched = in_parallel(&wanted, |((object, compression), entry)| {
         let path = PathBuf::from(object.url.to_string());
         let cached = fetch::fetch(object, cache)?;
         Ok(match compression {
             None => (path, Mapped::new(&cached.path, cached.file, true)?, None),
             Some(compression) => {
-                let copy = compressed::decompress(
+                let copy = compressed::decompress_at_most(
                     &cached.path,
                     &cached.file,
                     (*compression).into(),
                     cache,
+                    Some(entry.raw.1),
                 )?;
                 let mapped = Mapped::new(&path, copy.file, true)?;
                 (path, mapped, copy.damage)
