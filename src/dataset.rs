@@ -291,6 +291,14 @@ pub trait Dataset: Send + Sync {
         None
     }
 
+    /// Shards holding no record while others hold some: what a file created and never
+    /// written, or a copy cut short, looks like, so `inspect` does not call such a dataset
+    /// complete. A format whose index gives every shard's count, checked against the shard,
+    /// says 0 (MDSWriter writes empty shards of its own).
+    fn suspect_empty_shards(&self) -> usize {
+        self.shard_starts().map_or(0, empty_members)
+    }
+
     /// The shards the loader's next batches read, in the order it first reads them (the
     /// first ones are being read now). A dataset whose shards are fetched on demand (from
     /// object storage) fetches them ahead in this order and lets go of the shards not listed,
@@ -347,6 +355,14 @@ pub fn missing_list(names: &[String], count: u64) -> String {
 pub(crate) fn notice(notices: &mut Vec<String>, message: String) {
     log::warn!("{message}");
     notices.push(message);
+}
+
+/// The number of members of a set holding no sample while others do (`starts`: each member's
+/// first sample, then the total); 0 for a whole set or one whose members are all empty.
+pub fn empty_members(starts: &[usize]) -> usize {
+    let members = starts.len().saturating_sub(1);
+    let empty = starts.windows(2).filter(|w| w[0] == w[1]).count();
+    if empty == members { 0 } else { empty }
 }
 
 /// Records whose keys and labels go into a [`fingerprint`].

@@ -145,6 +145,9 @@ impl Dataset for ArcDataset {
     fn shard_starts(&self) -> Option<&[usize]> {
         self.0.shard_starts()
     }
+    fn suspect_empty_shards(&self) -> usize {
+        self.0.suspect_empty_shards()
+    }
     fn plan_shards(&self, upcoming: &[usize]) {
         self.0.plan_shards(upcoming)
     }
@@ -235,15 +238,7 @@ fn inspect_dataset(
     let rejected_at_pack = rejected_at_pack.or(info.rejected_at_pack);
     let missing = dataset.missing_shards();
     let (missing_shards, missing_shard_count) = (missing.named.clone(), missing.count);
-    // An empty shard is a sign of a cut copy, except in MDS, whose index says how many
-    // samples each shard holds (MDSWriter writes an empty one when the first sample is
-    // larger than its size limit) and whose shards are checked against it.
-    let empty_shards = match info.format {
-        crate::dataset::FormatKind::Mds => 0,
-        _ => dataset
-            .shard_starts()
-            .map_or(0, crate::format::shards::empty_members) as u64,
-    };
+    let empty_shards = dataset.suspect_empty_shards() as u64;
     let complete = complete && missing.is_empty() && empty_shards == 0;
 
     struct Seen {

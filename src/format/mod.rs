@@ -234,6 +234,14 @@ pub struct OpenOptions {
 }
 
 impl OpenOptions {
+    /// The cache derived files go into: the one set, else the environment's.
+    pub(crate) fn cache_or_env(&self) -> Result<crate::cache::Cache> {
+        match &self.cache {
+            Some(cache) => Ok(cache.clone()),
+            None => crate::cache::Cache::from_env(),
+        }
+    }
+
     /// The datasets holding images and labels in an h5py file.
     pub fn with_hdf5_names(mut self, images: impl Into<String>, labels: impl Into<String>) -> Self {
         self.hdf5 = hdf5::Hdf5Names {

@@ -49,10 +49,7 @@ pub(crate) fn open_records_url(text: &str, options: &OpenOptions) -> Result<reco
 
 fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
     let url = RemoteUrl::parse(text)?.with_options(&options.storage_options);
-    let cache = match &options.cache {
-        Some(cache) => cache.clone(),
-        None => Cache::from_env()?,
-    };
+    let cache = options.cache_or_env()?;
     let name = url.file_name().to_string();
     let label = PathBuf::from(url.to_string());
     if name == mds::index::INDEX {

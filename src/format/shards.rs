@@ -21,7 +21,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-pub use crate::dataset::{MissingShards, missing_list};
+pub use crate::dataset::{MissingShards, empty_members, missing_list};
 pub use crate::error::ShardSetProblem;
 use crate::error::{Error, IoContext as _, Result};
 
@@ -36,6 +36,24 @@ pub enum Selection {
     List(Vec<PathBuf>),
     /// One file.
     File(PathBuf),
+}
+
+/// The index of each shard's first record, then the total, from the shards' record counts
+/// (the layout of [`Dataset::shard_starts`](crate::dataset::Dataset::shard_starts)).
+pub fn starts(counts: impl Iterator<Item = usize>) -> Vec<usize> {
+    let mut starts = vec![0];
+    let mut total = 0usize;
+    for count in counts {
+        total += count;
+        starts.push(total);
+    }
+    starts
+}
+
+/// The shard holding record `index` (`< starts`' total) and the record's place in it.
+pub fn locate(starts: &[usize], index: usize) -> (usize, usize) {
+    let shard = starts.partition_point(|&s| s <= index) - 1;
+    (shard, index - starts[shard])
 }
 
 /// True when the last component of `path` holds a pattern character (`*`, `?`, `[`) or a
@@ -388,14 +406,6 @@ pub fn empty_members_notice<'a>(
         empty.len(),
         missing_list(&named, empty.len() as u64)
     ))
-}
-
-/// The number of members of a set holding no sample while others do (see
-/// [`empty_members_notice`]); 0 for a whole set or one whose members are all empty.
-pub fn empty_members(starts: &[usize]) -> usize {
-    let members = starts.len().saturating_sub(1);
-    let empty = starts.windows(2).filter(|w| w[0] == w[1]).count();
-    if empty == members { 0 } else { empty }
 }
 
 /// Checks the shard files of a selection: one set only when `one_set` (a directory), every

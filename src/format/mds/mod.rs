@@ -36,7 +36,6 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::cache::Cache;
 use crate::dataset::{Dataset, DatasetInfo, FormatKind, PayloadKind, Record, RecordReader};
 use crate::error::{Error, IoContext as _, Result};
 use crate::format::compressed::{self, Compression};
@@ -176,10 +175,7 @@ impl Mds {
                 Some(compression) => {
                     let cache = match &mut cache {
                         Some(cache) => cache,
-                        None => cache.insert(match &options.cache {
-                            Some(cache) => cache.clone(),
-                            None => Cache::from_env()?,
-                        }),
+                        None => cache.insert(options.cache_or_env()?),
                     };
                     let copy = compressed::decompress_at_most(
                         &path,
@@ -320,25 +316,12 @@ pub(super) fn assemble(
     options: &OpenOptions,
     mut notices: Vec<String>,
 ) -> Result<Mds> {
-    let mut starts = Vec::with_capacity(shards.len() + 1);
-    let mut total = 0usize;
-    starts.push(0);
-    for shard in &shards {
-        total += shard.samples;
-        starts.push(total);
-    }
-    // An empty shard is no sign of a cut copy here (MDSWriter writes one when the first sample
-    // is larger than the size limit): the index says how many samples each holds, and the
-    // shard's own count is checked against it.
+    let starts = crate::format::shards::starts(shards.iter().map(|s| s.samples));
+    let total = *starts.last().expect("starts has a final entry");
+    // No notice for empty shards: see `suspect_empty_shards`.
     let label_base = options.records.label_base.unwrap_or(0);
-    let classes = match options.records.num_classes {
-        Some(n) if n > crate::dataset::MAX_CLASSES => {
-            return Err(Error::Options(format!(
-                "{n} classes: at most {} are allowed",
-                crate::dataset::MAX_CLASSES
-            )));
-        }
-        Some(n) => (0..n).map(|c| c.to_string()).collect(),
+    let classes = match options.records.given_classes()? {
+        Some(classes) => classes,
         None => infer_classes(name, &layout, &shards, label_base, &mut notices)?,
     };
     let payload = match layout.image.1 {
@@ -413,7 +396,16 @@ fn infer_classes(
 
 /// What messages and reports call sample `within` of the shard the index names `name`.
 fn sample_key(name: &str, within: usize) -> String {
-    format!("{name}#{within}")
+    let mut key = String::new();
+    write_sample_key(&mut key, name, within);
+    key
+}
+
+/// [`sample_key`] into `out`, reusing its buffer.
+fn write_sample_key(out: &mut String, name: &str, within: usize) {
+    use std::fmt::Write as _;
+    out.clear();
+    let _ = write!(out, "{name}#{within}");
 }
 
 fn read_u32(bytes: &[u8], at: usize) -> Option<u32> {
@@ -462,8 +454,9 @@ fn sample_columns<'a>(
         return Err("the sample is shorter than its column sizes".into());
     }
     let mut sizes = (0..variable).map(|i| read_u32(sample, 4 * i).expect("checked above"));
-    let mut values = Vec::with_capacity(layout.columns.len());
-    for column in &layout.columns {
+    // Only the three wanted values are kept: no allocation per sample.
+    let (mut image, mut label, mut key) = (None, None, None);
+    for (i, column) in layout.columns.iter().enumerate() {
         let size = column
             .size
             .unwrap_or_else(|| sizes.next().expect("one size per variable column"))
@@ -477,7 +470,15 @@ fn sample_columns<'a>(
                     column.name
                 )
             })?;
-        values.push(value);
+        if i == layout.image.0 {
+            image = Some(value);
+        }
+        if i == layout.label.0 {
+            label = Some(value);
+        }
+        if Some(i) == layout.key {
+            key = Some(value);
+        }
         at += size;
     }
     if at != sample.len() {
@@ -487,9 +488,9 @@ fn sample_columns<'a>(
         ));
     }
     Ok(SampleColumns {
-        image: values[layout.image.0],
-        label: values[layout.label.0],
-        key: layout.key.map(|k| values[k]),
+        image: image.expect("the layout's image column is one of its columns"),
+        label: label.expect("the layout's label column is one of its columns"),
+        key,
     })
 }
 
@@ -592,6 +593,12 @@ impl Dataset for Mds {
         Some(&self.shared.starts)
     }
 
+    /// None: the index gives every shard's count and each shard is checked against it, and
+    /// MDSWriter writes an empty shard when a first sample is larger than its size limit.
+    fn suspect_empty_shards(&self) -> usize {
+        0
+    }
+
     fn open_reader(&self) -> Result<Box<dyn RecordReader>> {
         Ok(Box::new(MdsReader {
             shared: Arc::clone(&self.shared),
@@ -614,8 +621,7 @@ struct MdsReader {
 impl Shared {
     /// The number of the shard holding sample `index`, and the sample's place in it.
     fn locate(&self, index: usize) -> (usize, usize) {
-        let shard = self.starts.partition_point(|&s| s <= index) - 1;
-        (shard, index - self.starts[shard])
+        crate::format::shards::locate(&self.starts, index)
     }
 }
 
@@ -629,7 +635,7 @@ impl RecordReader for MdsReader {
         let shared = &*self.shared;
         let (number, within) = shared.locate(index);
         let shard = &shared.shards[number];
-        self.key = sample_key(&shard.name, within);
+        write_sample_key(&mut self.key, &shard.name, within);
         let corrupt = |key: &str, reason: String| Error::CorruptRecord {
             path: shard.path.clone(),
             index,

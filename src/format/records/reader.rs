@@ -28,6 +28,21 @@ pub struct RecordsOptions {
     pub num_classes: Option<usize>,
 }
 
+impl RecordsOptions {
+    /// The classes `"0".."N-1"` when a count was given (refused above
+    /// [`MAX_CLASSES`](crate::dataset::MAX_CLASSES)); `None`: find them from the labels.
+    pub(crate) fn given_classes(&self) -> Result<Option<Vec<String>>> {
+        match self.num_classes {
+            Some(n) if n > crate::dataset::MAX_CLASSES => Err(Error::Options(format!(
+                "{n} classes: at most {} are allowed",
+                crate::dataset::MAX_CLASSES
+            ))),
+            Some(n) => Ok(Some((0..n).map(|c| c.to_string()).collect())),
+            None => Ok(None),
+        }
+    }
+}
+
 pub(super) struct Shard {
     pub(super) path: PathBuf,
     /// The shard's bytes: mapped at open for a local shard, fetched when needed for a remote
@@ -61,8 +76,7 @@ impl Shared {
     /// The number of the shard holding record `index` (`< num_samples`), and the record's
     /// place in it.
     fn locate_number(&self, index: usize) -> (usize, usize) {
-        let shard_number = self.starts.partition_point(|&s| s <= index) - 1;
-        (shard_number, index - self.starts[shard_number])
+        crate::format::shards::locate(&self.starts, index)
     }
 }
 
@@ -466,14 +480,8 @@ pub(super) fn assemble_foreign(
     {
         crate::dataset::notice(&mut notices, notice);
     }
-    let classes = match options.records.num_classes {
-        Some(n) if n > crate::dataset::MAX_CLASSES => {
-            return Err(Error::Options(format!(
-                "{n} classes: at most {} are allowed",
-                crate::dataset::MAX_CLASSES
-            )));
-        }
-        Some(n) => (0..n).map(|c| c.to_string()).collect(),
+    let classes = match options.records.given_classes()? {
+        Some(classes) => classes,
         None => infer_classes(name, &shards, options, single, &mut notices)?,
     };
     Ok(Records {
@@ -520,10 +528,7 @@ fn open_foreign_shard(
     {
         let cache = match cache {
             Some(cache) => cache,
-            None => cache.insert(match &options.cache {
-                Some(cache) => cache.clone(),
-                None => Cache::from_env()?,
-            }),
+            None => cache.insert(options.cache_or_env()?),
         };
         let copy = compressed::decompress(path, &file, compression, cache)?;
         let mapped = Mapped::new(path, copy.file, true)?;

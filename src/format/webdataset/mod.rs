@@ -104,8 +104,7 @@ struct Shared {
 impl Shared {
     /// The number of the shard holding sample `index`, and the sample's place in it.
     fn locate_number(&self, index: usize) -> (usize, usize) {
-        let shard = self.starts.partition_point(|&s| s <= index) - 1;
-        (shard, index - self.starts[shard])
+        crate::format::shards::locate(&self.starts, index)
     }
 }
 
@@ -190,27 +189,16 @@ pub(super) fn assemble(
     options: &OpenOptions,
     mut notices: Vec<String>,
 ) -> Result<WebDataset> {
-    let mut starts = Vec::with_capacity(shards.len() + 1);
-    let mut total = 0usize;
-    starts.push(0);
-    for shard in &shards {
-        total += shard.samples.len();
-        starts.push(total);
-    }
+    let starts = crate::format::shards::starts(shards.iter().map(|s| s.samples.len()));
+    let total = *starts.last().expect("starts has a final entry");
     if let Some(notice) =
         crate::format::shards::empty_members_notice(name, &starts, |i| &shards[i].path)
     {
         crate::dataset::notice(&mut notices, notice);
     }
     let label_base = options.records.label_base.unwrap_or(0);
-    let classes = match options.records.num_classes {
-        Some(n) if n > crate::dataset::MAX_CLASSES => {
-            return Err(Error::Options(format!(
-                "{n} classes: at most {} are allowed",
-                crate::dataset::MAX_CLASSES
-            )));
-        }
-        Some(n) => (0..n).map(|c| c.to_string()).collect(),
+    let classes = match options.records.given_classes()? {
+        Some(classes) => classes,
         None => infer_classes(name, &shards, label_base, &mut notices)?,
     };
     Ok(WebDataset {
@@ -269,10 +257,7 @@ fn open_shard(
         Some(compression) => {
             let cache = match cache {
                 Some(cache) => cache,
-                None => cache.insert(match &options.cache {
-                    Some(cache) => cache.clone(),
-                    None => Cache::from_env()?,
-                }),
+                None => cache.insert(options.cache_or_env()?),
             };
             let copy = compressed::decompress(path, &file, compression, cache)?;
             if let Some(damage) = &copy.damage {
