@@ -190,7 +190,10 @@ run() {
     local cublas_dir
     if cublas_dir=$(find_cublas "$PWD/payload/cublas"); then
         export LD_LIBRARY_PATH="$PWD/payload/cublas:$cublas_dir:$LD_LIBRARY_PATH"
-        echo "cuBLAS: $(readlink "$PWD/payload/cublas/libcublas.so")" | tee -a "$log"
+        # The example and the benchmark load it by this name (imagefeed::gpu::blas).
+        export IMAGEFEED_CUBLAS
+        IMAGEFEED_CUBLAS=$(readlink "$PWD/payload/cublas/libcublas.so")
+        echo "cuBLAS: $IMAGEFEED_CUBLAS" | tee -a "$log"
     else
         echo "cuBLAS: not found; the overlap measurement and the training example will fail" | tee -a "$log"
     fi

@@ -10,7 +10,11 @@
 //!
 //! DATASET: CIFAR-10 as an ImageFolder tree or packed (any dataset of equal-size images). Each
 //! epoch prints the mean loss (it falls), images/s, and the share of the epoch spent waiting
-//! for data. Without CUDA it says so and exits with status 2.
+//! for data. Without CUDA or cuBLAS it says so and exits with status 2. cuBLAS is found as
+//! [`imagefeed::gpu::blas`] says (CUDA 12 or 13, pip's wheels, or `IMAGEFEED_CUBLAS`).
+//!
+//! `make test-gpu-fake` runs it on the fake CUDA driver (tests/fake_cuda), which checks the
+//! ordering of every copy, kernel and SGEMM.
 //!
 //! The learning rate: 0.05 is above what this model tolerates on normalized 3,072-feature
 //! CIFAR inputs (the loss rises and oscillates); 0.01 makes it fall steadily. The same model
@@ -22,7 +26,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use imagefeed::gpu::cudarc::cublas::{CudaBlas, result as blas, sys as blas_sys};
+use imagefeed::gpu::blas::Blas;
 use imagefeed::gpu::cudarc::driver::{LaunchConfig, PushKernelArg as _, result};
 use imagefeed::gpu::cudarc::nvrtc::Ptx;
 use imagefeed::gpu::{DeviceOutput, Gpu, Prefetcher};
@@ -96,16 +100,15 @@ fn main() -> ExitCode {
         eprintln!("train_cifar_gpu: cannot run here: {reason}");
         return ExitCode::from(2);
     }
-    // SAFETY: only tries to dlopen cuBLAS under its known names.
-    if !unsafe { blas_sys::is_culib_present() } {
-        eprintln!("train_cifar_gpu: cannot run here: cuBLAS (libcublas.so) was not found");
-        return ExitCode::from(2);
-    }
     match train(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("train_cifar_gpu: {e}");
-            ExitCode::FAILURE
+            match e.downcast_ref::<imagefeed::Error>() {
+                // CUDA or cuBLAS missing: "cannot run here", as above.
+                Some(imagefeed::Error::Cuda { source: None, .. }) => ExitCode::from(2),
+                _ => ExitCode::FAILURE,
+            }
         }
     }
 }
@@ -134,7 +137,7 @@ fn train(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let loader = Loader::with_allocator(ds, loader_config(args), allocator.clone())?;
     let output = DeviceOutput::of(&training_transform());
     let compute = gpu.new_stream()?;
-    let cublas = CudaBlas::new(Arc::clone(&compute))?;
+    let cublas = Blas::new(&compute)?;
     // The example's own kernels (examples/train_cifar_gpu.cu, compiled to PTX by
     // scripts/make_ptx.py), loaded into the same context as the library's.
     let kernels = gpu
@@ -146,14 +149,18 @@ fn train(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let column_sums = kernels.load_function("column_sums")?;
     let sgd_step = kernels.load_function("sgd_step")?;
     println!(
-        "{}: {} classes, {} batches of {} per epoch, depth {}, on {}",
+        "{}: {} classes, {} batches of {} per epoch, depth {}, on {} (cuBLAS: {})",
         args.dataset,
         classes,
         loader.batches_per_epoch(),
         args.batch_size,
         args.depth,
-        gpu.name()
+        gpu.name(),
+        cublas.library()
     );
+    // The step reads the loss back every step, as a trainer logging it would: an event that
+    // lets this thread sleep while it waits (the stream's own synchronize would spin a core).
+    let step_done = gpu.timing_event()?;
 
     // Parameters and scratch, sized on the first batch (features = 3·h·w).
     let mut state: Option<Model> = None;
@@ -173,6 +180,15 @@ fn train(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             waited += asked.elapsed();
             let n = batch.len();
             let features = batch.shape[1] * batch.shape[2] * batch.shape[3];
+            // The loss kernel indexes the logits by label: a label past the classes would read
+            // and write out of bounds on the GPU. (Readers check labels; this says so here.)
+            if let Some(&label) = batch.labels.iter().find(|&&l| l as usize >= classes) {
+                return Err(format!(
+                    "batch {} holds label {label}, but the dataset has {classes} classes",
+                    batch.index
+                )
+                .into());
+            }
             let m = match &mut state {
                 Some(m) => m,
                 None => state.insert(Model::new(&compute, features, classes)?),
@@ -217,7 +233,8 @@ fn train(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
             }
             // The loss, as a trainer logging it every step would read it (synchronizes).
             let mut loss = [0f32];
-            compute.synchronize()?;
+            step_done.record(&compute)?;
+            step_done.synchronize()?;
             // SAFETY: `m.loss` holds one f32 and the stream is idle.
             unsafe { result::memcpy_dtoh_sync(&mut loss, m.loss) }?;
             loss_sum += f64::from(loss[0]);
@@ -247,7 +264,7 @@ fn train(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
 /// The addresses must be live device allocations of those sizes, ordered on cuBLAS's stream.
 #[allow(clippy::too_many_arguments)]
 unsafe fn gemm(
-    cublas: &CudaBlas,
+    cublas: &Blas,
     transpose_b: bool,
     m: i32,
     n: i32,
@@ -257,31 +274,19 @@ unsafe fn gemm(
     ldb: i32,
     out: u64,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let (one, zero) = (1f32, 0f32);
-    let op_b = if transpose_b {
-        blas_sys::cublasOperation_t::CUBLAS_OP_T
-    } else {
-        blas_sys::cublasOperation_t::CUBLAS_OP_N
-    };
     // SAFETY: the caller's contract above.
     unsafe {
-        blas::sgemm(
-            *cublas.handle(),
-            blas_sys::cublasOperation_t::CUBLAS_OP_N,
-            op_b,
-            m,
-            n,
-            k,
-            &one,
-            a as *const f32,
-            m,
-            b as *const f32,
-            ldb,
-            &zero,
-            out as *mut f32,
-            m,
-        )?;
-    }
+        cublas.sgemm(
+            false,
+            transpose_b,
+            (m, n, k),
+            1.0,
+            (a, m),
+            (b, ldb),
+            0.0,
+            (out, m),
+        )
+    }?;
     Ok(())
 }
 

@@ -14,9 +14,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context as _, Result, bail};
-use imagefeed::Error;
 use imagefeed::batch::Batch;
-use imagefeed::gpu::cudarc::cublas::{CudaBlas, result as blas, sys as blas_sys};
+use imagefeed::gpu::blas::Blas;
 use imagefeed::gpu::cudarc::driver::{CudaSlice, CudaStream, DevicePtr as _, result};
 use imagefeed::gpu::{DeviceOutput, Gpu, PinnedBuffer, Prefetcher};
 use imagefeed::pool::{BatchMemory as _, BufferPool};
@@ -74,14 +73,6 @@ pub fn run(args: GpuArgs) -> Result<()> {
     }
 
     // 2. Overlap.
-    // SAFETY: only tries to dlopen cuBLAS under the names cudarc knows.
-    if !unsafe { blas_sys::is_culib_present() } {
-        bail!(
-            "cuBLAS was not found (cudarc looks for libcublas.so, libcublas.so.12, ...): put the \
-             folder holding libcublas.so.13 or .12 on LD_LIBRARY_PATH with a libcublas.so link \
-             to it (bench/gpu-check.sh run does this)"
-        );
-    }
     let compute = gpu.new_stream()?;
     let step = GemmStep::calibrated(&gpu, &compute, args.step_ms)?;
     let resident = {
@@ -231,7 +222,7 @@ impl Iterator for CyclingBatches {
 
 /// A training step of known GPU time: `C = A · B` on `n × n` f32 matrices.
 struct GemmStep {
-    blas: CudaBlas,
+    blas: Blas,
     n: usize,
     gpu_ms: f64,
     a: CudaSlice<f32>,
@@ -242,7 +233,7 @@ struct GemmStep {
 impl GemmStep {
     fn new(stream: &Arc<CudaStream>, n: usize) -> Result<Self> {
         Ok(GemmStep {
-            blas: CudaBlas::new(Arc::clone(stream)).context("creating a cuBLAS handle")?,
+            blas: Blas::new(stream).context("creating a cuBLAS handle")?,
             n,
             gpu_ms: 0.0,
             a: stream.alloc_zeros::<f32>(n * n)?,
@@ -286,31 +277,15 @@ impl GemmStep {
 
     fn run(&self, stream: &Arc<CudaStream>) -> Result<()> {
         let n = self.n as i32;
-        let (one, zero) = (1f32, 0f32);
-        let a = self.a.device_ptr(stream).0 as *const f32;
-        let b = self.b.device_ptr(stream).0 as *const f32;
-        let c = self.c.device_ptr(stream).0 as *mut f32;
+        let a = self.a.device_ptr(stream).0;
+        let b = self.b.device_ptr(stream).0;
+        let c = self.c.device_ptr(stream).0;
         // SAFETY: a, b and c are n×n f32 device matrices of this context; the handle runs on
         // `stream`, which the matrices were allocated on.
         unsafe {
-            blas::sgemm(
-                *self.blas.handle(),
-                blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                n,
-                n,
-                n,
-                &one,
-                a,
-                n,
-                b,
-                n,
-                &zero,
-                c,
-                n,
-            )
-        }
-        .map_err(|e| Error::cuda_call("SGEMM", e))?;
+            self.blas
+                .sgemm(false, false, (n, n, n), 1.0, (a, n), (b, n), 0.0, (c, n))
+        }?;
         Ok(())
     }
 }

@@ -33,8 +33,8 @@
 
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{
@@ -50,8 +50,10 @@ use crate::pool::{AlignedBuffer, BatchAllocator, BatchMemory};
 use crate::transform::{DType, Layout, Normalize, Transform};
 
 /// The cudarc this module is built on, for code that drives the same context (streams,
-/// cuBLAS) without a version mismatch.
+/// kernels) without a version mismatch.
 pub use cudarc;
+
+pub mod blas;
 
 /// The kernels, as PTX text.
 pub const PTX: &str = include_str!("kernels.ptx");
@@ -72,8 +74,46 @@ pub fn device_count() -> Result<usize> {
     match CudaContext::device_count() {
         Ok(n) => Ok(usize::try_from(n).unwrap_or(0)),
         Err(DriverError(sys::cudaError_enum::CUDA_ERROR_NO_DEVICE)) => Ok(0),
+        Err(DriverError(sys::cudaError_enum::CUDA_ERROR_STUB_LIBRARY)) => {
+            Err(Error::cuda_unavailable(format!(
+                "the libcuda.so loaded{} is the CUDA toolkit's stub, not the NVIDIA driver: a \
+                 toolkit's lib64/stubs folder on LD_LIBRARY_PATH comes before the driver's \
+                 library; take it off the path",
+                loaded_driver_path()
+                    .map(|p| format!(" ({p})"))
+                    .unwrap_or_default()
+            )))
+        }
         Err(e) => Err(Error::cuda_call("the CUDA driver did not initialize", e)),
     }
+}
+
+/// The file the loaded `cuInit` comes from, when the system can say.
+fn loaded_driver_path() -> Option<String> {
+    for name in [c"libcuda.so", c"libcuda.so.1"] {
+        // SAFETY: RTLD_NOLOAD only looks up a library already loaded; the handle is closed.
+        unsafe {
+            let handle = libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+            if handle.is_null() {
+                continue;
+            }
+            let address = libc::dlsym(handle, c"cuInit".as_ptr());
+            let mut info: libc::Dl_info = std::mem::zeroed();
+            let found = !address.is_null()
+                && libc::dladdr(address, &mut info) != 0
+                && !info.dli_fname.is_null();
+            let path = found.then(|| {
+                std::ffi::CStr::from_ptr(info.dli_fname)
+                    .to_string_lossy()
+                    .into_owned()
+            });
+            libc::dlclose(handle);
+            if path.is_some() {
+                return path;
+            }
+        }
+    }
+    None
 }
 
 /// Why there is no usable GPU here, or `None` when device 0 can be used. For tests and tools
@@ -144,14 +184,17 @@ impl<T> Drop for RestoringDrop<T> {
     }
 }
 
-/// One GPU: its context (with the kernels loaded).
+/// One GPU: its context, and the kernels once something needs them.
 pub struct Gpu {
     ctx: RestoringDrop<Arc<CudaContext>>,
-    module: RestoringDrop<Arc<CudaModule>>,
+    /// Loaded on first use: a program that only wants page-locked memory (the Python
+    /// package's CUDA path) never JIT-compiles PTX, so it works with any driver cudarc does.
+    module: OnceLock<RestoringDrop<Arc<CudaModule>>>,
 }
 
 impl Gpu {
-    /// Opens device `ordinal` and loads the kernels.
+    /// Opens device `ordinal`. The kernels are loaded when first asked for
+    /// ([`function`](Self::function), [`Prefetcher::new`]).
     ///
     /// cudarc's automatic per-allocation stream tracking is turned off for this context: the
     /// [`Prefetcher`] orders its streams with its own events, and code sharing the context must
@@ -172,20 +215,31 @@ impl Gpu {
                 "no device {ordinal}: this machine has {count}"
             )));
         }
-        // `CudaContext::new` and `load_module` make the new context current on this thread.
+        // `CudaContext::new` makes the new context current on this thread.
         let _restore =
             RestoreCurrentContext::remember().map_err(cuda("reading the current context"))?;
         let ctx = CudaContext::new(ordinal).map_err(cuda("creating a context"))?;
         // SAFETY: called before any allocation or stream of this context exists; from here on
         // every cross-stream dependency is an explicit event (see the module docs).
         unsafe { ctx.disable_event_tracking() };
-        let module = ctx.load_module(Ptx::from_src(PTX)).map_err(cuda(
-            "loading the kernels (PTX ISA 8.0 needs driver 525 or newer)",
-        ))?;
         Ok(Gpu {
             ctx: RestoringDrop::new(ctx),
-            module: RestoringDrop::new(module),
+            module: OnceLock::new(),
         })
+    }
+
+    /// The kernels' module, loaded (JIT-compiled by the driver) on first use.
+    fn module(&self) -> Result<&Arc<CudaModule>> {
+        if let Some(module) = self.module.get() {
+            return Ok(module);
+        }
+        let _restore =
+            RestoreCurrentContext::remember().map_err(cuda("reading the current context"))?;
+        let module = self.ctx.load_module(Ptx::from_src(PTX)).map_err(cuda(
+            "loading the kernels (PTX ISA 8.0 needs driver 525 or newer)",
+        ))?;
+        // Two threads racing here both load it; one module is kept, the other unloaded.
+        Ok(self.module.get_or_init(|| RestoringDrop::new(module)))
     }
 
     /// The context.
@@ -198,13 +252,14 @@ impl Gpu {
         self.ctx.name().unwrap_or_else(|e| format!("unknown ({e})"))
     }
 
-    /// A kernel from the shipped PTX.
+    /// A kernel from the shipped PTX (loading the kernels on first use).
     pub fn function(&self, name: &str) -> Result<CudaFunction> {
+        let module = self.module()?;
         // cuModuleGetFunction works in the current context, which `open` did not leave bound.
         self.ctx
             .bind_to_thread()
             .map_err(cuda("binding the context"))?;
-        self.module
+        module
             .load_function(name)
             .map_err(|e| Error::cuda_call(format!("kernel {name}"), e))
     }
@@ -214,18 +269,20 @@ impl Gpu {
         self.ctx.new_stream().map_err(cuda("creating a stream"))
     }
 
-    /// An event for ordering streams (timing disabled: cheaper to record and wait on).
+    /// An event for ordering streams (timing disabled: cheaper to record and wait on). For
+    /// the device to wait on: a host thread waiting for it would spin.
     pub fn event(&self) -> Result<CudaEvent> {
         self.ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING))
             .map_err(cuda("creating an event"))
     }
 
-    /// An event that can be timed with [`CudaEvent::elapsed_ms`]. (cudarc's `new_event(None)`
-    /// disables timing, and `cuEventElapsedTime` then fails.)
+    /// An event that can be timed with [`CudaEvent::elapsed_ms`] (cudarc's `new_event(None)`
+    /// disables timing, and `cuEventElapsedTime` then fails). A host thread waiting for it
+    /// sleeps rather than spinning a core (blocking synchronization).
     pub fn timing_event(&self) -> Result<CudaEvent> {
         self.ctx
-            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC))
             .map_err(cuda("creating a timing event"))
     }
 
@@ -235,6 +292,7 @@ impl Gpu {
             ctx: RestoringDrop::new(Arc::clone(&self.ctx)),
             pinned: AtomicU64::new(0),
             fallbacks: AtomicU64::new(0),
+            first_fallback: Mutex::new(None),
         })
     }
 }
@@ -258,7 +316,11 @@ impl PinnedBuffer {
     pub fn new(ctx: &Arc<CudaContext>, len: usize) -> Result<PinnedBuffer> {
         let _restore =
             RestoreCurrentContext::remember().map_err(cuda("reading the current context"))?;
-        ctx.bind_to_thread().map_err(cuda("binding the context"))?;
+        // Made current directly: `bind_to_thread` would also take the error an earlier call
+        // left stored on the context (cudarc keeps one per context), and a loader worker
+        // allocating here would then swallow it while the feed never heard of it.
+        // SAFETY: the context is alive (the caller holds a reference to it).
+        unsafe { result::ctx::set_current(ctx.cu_ctx()) }.map_err(cuda("binding the context"))?;
         // SAFETY: a plain allocation call with a non-zero size; the pointer is owned by the
         // returned buffer and freed exactly once, in `Drop`.
         let raw = unsafe { result::malloc_host(len.max(1), sys::CU_MEMHOSTALLOC_PORTABLE) }
@@ -301,11 +363,13 @@ impl Drop for PinnedBuffer {
 }
 
 /// Hands the loader's pool page-locked buffers. When page-locked memory runs out, a heap
-/// buffer is handed out instead (copies from it are slower, never wrong) and counted.
+/// buffer is handed out instead (copies from it are slower, never wrong), counted, and the
+/// first such failure is logged and kept ([`fallback_reason`](Self::fallback_reason)).
 pub struct PinnedAllocator {
     ctx: RestoringDrop<Arc<CudaContext>>,
     pinned: AtomicU64,
     fallbacks: AtomicU64,
+    first_fallback: Mutex<Option<String>>,
 }
 
 impl PinnedAllocator {
@@ -318,6 +382,14 @@ impl PinnedAllocator {
     pub fn fallbacks(&self) -> u64 {
         self.fallbacks.load(Ordering::Relaxed)
     }
+
+    /// Why the first heap buffer was handed out, if one was.
+    pub fn fallback_reason(&self) -> Option<String> {
+        self.first_fallback
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
 
 impl BatchAllocator for PinnedAllocator {
@@ -327,8 +399,17 @@ impl BatchAllocator for PinnedAllocator {
                 self.pinned.fetch_add(1, Ordering::Relaxed);
                 Box::new(buffer)
             }
-            Err(_) => {
-                self.fallbacks.fetch_add(1, Ordering::Relaxed);
+            Err(e) => {
+                if self.fallbacks.fetch_add(1, Ordering::Relaxed) == 0 {
+                    log::warn!(
+                        "page-locked memory for a {bytes}-byte batch: {e}; batches that do not \
+                         fit go in ordinary memory (slower copies)"
+                    );
+                    *self
+                        .first_fallback
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+                }
                 Box::new(AlignedBuffer::new(bytes))
             }
         }
@@ -461,9 +542,10 @@ struct Slot {
     input: Option<CudaSlice<u8>>,
     output: Option<CudaSlice<u8>>,
     labels: Option<CudaSlice<u32>>,
-    /// The labels' page-locked staging copy (an async copy from pageable memory may
-    /// synchronize the host with the device).
-    labels_pinned: Option<PinnedBuffer>,
+    /// The labels' staging copy: page-locked (an asynchronous copy from ordinary memory
+    /// stalls the host until the driver has staged it), or ordinary memory when page-locked
+    /// memory ran out.
+    labels_staging: Option<Box<dyn BatchMemory>>,
     /// Recorded on the copy stream before the batch's copy (timing enabled).
     copy_started: CudaEvent,
     /// Recorded on the copy stream after the batch's copy and conversion (timing enabled).
@@ -592,7 +674,7 @@ impl<I: Iterator<Item = Result<Batch>>> Prefetcher<I> {
                 input: None,
                 output: None,
                 labels: None,
-                labels_pinned: None,
+                labels_staging: None,
                 copy_started: gpu.timing_event()?,
                 ready: gpu.timing_event()?,
                 released: gpu.event()?,
@@ -628,7 +710,10 @@ impl<I: Iterator<Item = Result<Batch>>> Prefetcher<I> {
     /// and the copy stream are kept.
     pub fn start(&mut self, batches: I) -> Result<()> {
         self.check_usable()?;
-        self.release_delivered()?;
+        if let Err(e) = self.release_delivered() {
+            self.failed = true;
+            return Err(e);
+        }
         // Undelivered slots were never handed out, so the trainer has nothing to release.
         self.delivered = self.enqueued;
         self.batches = Some(batches);
@@ -652,7 +737,12 @@ impl<I: Iterator<Item = Result<Batch>>> Prefetcher<I> {
                 "the prefetcher stopped after a failed CUDA call (see the error it returned)",
             ));
         }
-        Ok(())
+        // cudarc keeps the error of a call that could not return one (a drop) on the context
+        // until some later call takes it: reported here, as itself, not as the failure of
+        // whichever unrelated call would have met it next.
+        self.ctx.check_err().map_err(cuda(
+            "an earlier CUDA call that could not report its error (cudarc stored it)",
+        ))
     }
 
     /// Records that the trainer moved past the last delivered batch: its device buffers may be
@@ -673,26 +763,24 @@ impl<I: Iterator<Item = Result<Batch>>> Prefetcher<I> {
 
     /// The next batch on the GPU, or `None` at the end of the current source. The previous
     /// batch is released: the trainer's work enqueued on it so far is the last that may read it.
+    ///
+    /// A CUDA call that fails ([`Error::Cuda`]) stops the prefetcher: this call and every later
+    /// one return an error, so no batch is skipped or delivered out of order after it. An error
+    /// of the batches' source (the loader) is returned as it is, and the next call goes on with
+    /// the source's next batch.
     pub fn next_batch(&mut self) -> Result<Option<DeviceBatch<'_>>> {
         self.check_usable()?;
-        self.release_delivered()?;
-        // Host batches whose copies have completed go back to the pool now.
-        for slot in &mut self.slots {
-            slot.retire(false, &mut self.stats)?;
-        }
-        while !self.finished && self.enqueued < self.delivered + self.slots.len() {
-            self.enqueue()?;
-        }
-        if self.delivered == self.enqueued {
-            return Ok(None);
-        }
-        let depth = self.slots.len();
-        let slot = &self.slots[self.delivered % depth];
-        self.compute
-            .wait(&slot.ready)
-            .map_err(cuda("waiting for a copy"))?;
-        self.delivered += 1;
-        self.stats.batches += 1;
+        let slot = match self.advance() {
+            Ok(Some(slot)) => slot,
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                if matches!(e, Error::Cuda { .. }) {
+                    self.failed = true;
+                }
+                return Err(e);
+            }
+        };
+        let slot = &self.slots[slot];
         Ok(Some(DeviceBatch {
             epoch: slot.epoch,
             index: slot.index,
@@ -705,6 +793,29 @@ impl<I: Iterator<Item = Result<Batch>>> Prefetcher<I> {
             labels_device: slot.labels.as_ref().expect("filled"),
             stream: &self.compute,
         }))
+    }
+
+    /// Releases the last batch, issues copies until `depth` are ahead, and orders the compute
+    /// stream after the next one's: its slot, or `None` at the end of the source.
+    fn advance(&mut self) -> Result<Option<usize>> {
+        self.release_delivered()?;
+        // Host batches whose copies have completed go back to the pool now.
+        for slot in &mut self.slots {
+            slot.retire(false, &mut self.stats)?;
+        }
+        while !self.finished && self.enqueued < self.delivered + self.slots.len() {
+            self.enqueue()?;
+        }
+        if self.delivered == self.enqueued {
+            return Ok(None);
+        }
+        let slot = self.delivered % self.slots.len();
+        self.compute
+            .wait(&self.slots[slot].ready)
+            .map_err(cuda("waiting for a copy"))?;
+        self.delivered += 1;
+        self.stats.batches += 1;
+        Ok(Some(slot))
     }
 
     /// Takes the next host batch and issues its copy and conversion into its slot.
@@ -748,8 +859,8 @@ impl<I: Iterator<Item = Result<Batch>>> Prefetcher<I> {
             Err(e) => {
                 // Copies from the batch's memory may be in flight: the batch stays in its
                 // slot (it goes back to the pool only once the copy stream is known to be past
-                // it: here, or when the prefetcher is dropped), and nothing more is delivered.
-                self.failed = true;
+                // it: here, or when the prefetcher is dropped), and nothing more is delivered
+                // (`next_batch` marks the prefetcher failed).
                 if self.copy.synchronize().is_ok() {
                     self.slots[slot_index].host = None;
                 }
@@ -771,13 +882,16 @@ impl<I: Iterator<Item = Result<Batch>>> Prefetcher<I> {
         let output = grow(&self.copy, &mut slot.output, out_bytes)?;
         let labels = grow(&self.copy, &mut slot.labels, n.max(1))?;
         if slot
-            .labels_pinned
+            .labels_staging
             .as_ref()
             .is_none_or(|b| b.as_slice().len() < label_bytes)
         {
-            slot.labels_pinned = Some(PinnedBuffer::new(&self.ctx, label_bytes)?);
+            slot.labels_staging = Some(match PinnedBuffer::new(&self.ctx, label_bytes) {
+                Ok(pinned) => Box::new(pinned),
+                Err(_) => Box::new(AlignedBuffer::new(label_bytes)),
+            });
         }
-        let staging = slot.labels_pinned.as_mut().expect("allocated above");
+        let staging = slot.labels_staging.as_mut().expect("allocated above");
         for (chunk, label) in staging
             .as_mut_slice()
             .chunks_exact_mut(4)
@@ -810,7 +924,7 @@ impl<I: Iterator<Item = Result<Batch>>> Prefetcher<I> {
             result::memcpy_htod_async(
                 labels,
                 &slot
-                    .labels_pinned
+                    .labels_staging
                     .as_ref()
                     .expect("allocated above")
                     .as_slice()[..4 * n],
@@ -869,14 +983,25 @@ impl<I: Iterator<Item = Result<Batch>>> Drop for Prefetcher<I> {
     /// Should that wait fail (a failed context), host batches still held are leaked rather
     /// than returned while a copy might read them.
     fn drop(&mut self) {
-        if let Ok(done) = self.compute.record_event(None) {
-            let _ = self.copy.wait(&done);
+        // The device buffers are freed on the copy stream: after the trainer's work on them.
+        let ordered = match self.compute.record_event(None) {
+            Ok(done) => self.copy.wait(&done).is_ok(),
+            Err(_) => false,
+        };
+        if !ordered && self.compute.synchronize().is_err() {
+            // Neither ordered nor known finished: freeing could pull memory from under the
+            // trainer's kernels. Leak the buffers (and host batches) instead.
+            for slot in &mut self.slots {
+                std::mem::forget(slot.input.take());
+                std::mem::forget(slot.output.take());
+                std::mem::forget(slot.labels.take());
+            }
         }
         if self.copy.synchronize().is_err() {
+            // Copies may still read the host batches and the labels' staging buffers.
             for slot in &mut self.slots {
-                if let Some(batch) = slot.host.take() {
-                    std::mem::forget(batch);
-                }
+                std::mem::forget(slot.host.take());
+                std::mem::forget(slot.labels_staging.take());
             }
         }
     }
