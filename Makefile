@@ -3,6 +3,7 @@
 #   make test   every test, plus formatting and lint checks
 #   make compare  imagefeed vs the PyTorch DataLoader on SRC (TORCH=1: install torch first)
 #   make gpu-check  package the GPU checks for a CUDA machine (bench/gpu-check.sh)
+#   make test-gpu-fake  the GPU tests and the CUDA example on the fake CUDA driver, ptxas on the PTX
 #   make python     build the Python package (an abi3 wheel) and install it into .venv
 #   make test-torch the Python tests that need torch, in .venv-torch (a large download)
 #   make fuzz / kill-loop / corrupt / soak   the long reliability harnesses (TESTING.md)
@@ -18,7 +19,7 @@ RELEASE := target/release
 DEMO_SRC := $(if $(SRC),$(SRC),$(DEMO_DIR)/imagefolder)
 
 .PHONY: fuzz kill-loop corrupt soak
-.PHONY: all deps build demo test test-minimal lint fixtures compat-fixtures mds-fixtures pyenv clean-demo compare gpu-check python test-python test-torch
+.PHONY: all deps build demo test test-minimal test-gpu-fake gpu-fake-mutants lint fixtures compat-fixtures mds-fixtures pyenv clean-demo compare gpu-check python test-python test-torch
 
 # Python for the cross-tool tests (py-lmdb reads what we write; fixtures written by py-lmdb;
 # h5py and hdf5plugin write files through every HDF5 filter; webdataset writes tar shards;
@@ -82,10 +83,21 @@ gpu-check: deps
 
 test: deps pyenv
 	IMAGEFEED_PYTHON=$(CURDIR)/$(PYENV)/bin/python $(CARGO) test --workspace
-	@CARGO=$(CARGO) scripts/gpu-tests-report.sh
+	$(MAKE) test-gpu-fake
 	$(MAKE) test-minimal
 	$(MAKE) test-python
 	$(MAKE) lint
+
+# The GPU path without a GPU (scripts/test-gpu-fake.sh): the fake CUDA driver of tests/fake_cuda
+# runs every GPU test (checking the order of each copy, kernel and free) and the CUDA training
+# example; NVIDIA's ptxas and NVRTC (from PyPI) check the shipped PTX.
+test-gpu-fake: deps
+	@CARGO=$(CARGO) scripts/test-gpu-fake.sh
+
+# Each ordering mistake the fake driver must catch, put back in a copy of the tree: the GPU
+# tests must fail on it (a few minutes; not part of `make test`).
+gpu-fake-mutants: deps
+	@CARGO=$(CARGO) scripts/gpu-fake-mutants.sh
 
 # The library as a trainer that reads LMDB, TFRecord or folders builds it, without default
 # features: no libhdf5 and no CUDA. Its tests run (the HDF5 ones are compiled out and a test

@@ -2,7 +2,7 @@
 # Installs the system packages imagefeed needs to build and test, if any are missing.
 #   cmake, nasm     build the vendored libjpeg-turbo 3 (turbojpeg crate, SIMD on)
 #   pkg-config, libhdf5-dev   HDF5 format support
-#   gcc/g++, make   C toolchain for the -sys crates
+#   gcc/g++, make   C toolchain for the -sys crates and the fake CUDA driver (tests/fake_cuda)
 #   python3-venv    a virtual environment for the cross-tool tests (py-lmdb)
 #   libfontconfig1-dev, libfreetype-dev, fonts-dejavu-core
 #                   text in the benchmark charts (plotters' ttf backend finds a font via fontconfig)

@@ -1,14 +1,20 @@
 // imagefeed's GPU kernels. Compiled to PTX by scripts/make_ptx.py (NVRTC, compute_70) and
 // shipped as src/gpu/kernels.ptx, so no CUDA compiler is needed at build or run time; the driver
-// JIT-compiles the PTX for the GPU it runs on. Only builtins: no headers.
+// JIT-compiles the PTX for the GPU it runs on. Only builtins: no headers. The fake CUDA driver
+// the tests run on (tests/fake_cuda) compiles this file for the host as well.
 
 extern "C" {
 
-// Float to IEEE half, round to nearest even, as raw bits.
+// Float to IEEE half, round to nearest even, as raw bits. (Compiled for the host, for the
+// fake driver the tests run on, the same rounding comes from host_shim.h.)
 __device__ __forceinline__ unsigned short to_half_bits(float x) {
+#ifdef __CUDA_ARCH__
     unsigned short h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
     return h;
+#else
+    return host_float_to_half_bits(x);
+#endif
 }
 
 // Index of output element `i` in a u8 NHWC input, for an NCHW (nchw != 0) or NHWC output.
