@@ -63,7 +63,14 @@ class _CudaFeed:
     """Batches to a CUDA device: the host batch (u8 NHWC, in page-locked memory) is copied on a
     side stream, then converted (layout, dtype, normalization) on the trainer's current stream,
     which waits for the copy. The host buffer is kept until its copy has completed; the device
-    tensors are the caching allocator's, marked as used by the trainer's stream."""
+    tensors are the caching allocator's, marked as used by the trainer's stream.
+
+    This runs on torch's own streams, events and allocator rather than on the Rust prefetcher
+    (``imagefeed.gpu``): a tensor made here is torch's in every way (``record_stream``, the
+    caching allocator, CUDA graphs), and nothing hands device memory across two allocators. The
+    Rust feed is what the fake CUDA driver checks; torch's CUDA runtime cannot run on it, so this
+    path's ordering (stage one ahead, finish on the current stream, drain on exit) is tested with
+    stand-ins (python/tests/test_loader.py) and on a GPU by ``make gpu-check``."""
 
     def __init__(self, torch: Any, device: str, spec: dict, dtype: str, layout: str):
         if not str(device).startswith("cuda"):
@@ -99,7 +106,13 @@ class _CudaFeed:
 
     def stage(self, images: Any, labels: Any) -> tuple:
         torch = self.torch
-        host_images, host_labels = torch.from_dlpack(images), torch.from_dlpack(labels)
+        host_images = torch.from_dlpack(images)
+        # The labels are ordinary memory: staged through page-locked memory (torch's caching
+        # host allocator keeps the block until the copy reading it is done), so the copy is
+        # asynchronous instead of stalling this thread while the driver stages it.
+        labels = torch.from_dlpack(labels)
+        host_labels = torch.empty(labels.shape, dtype=labels.dtype, pin_memory=True)
+        host_labels.copy_(labels)
         self.in_flight = [(e, h) for e, h in self.in_flight if not e.query()]
         with torch.cuda.stream(self.copy_stream):
             dev_images = host_images.to(self.device, non_blocking=True)
@@ -184,11 +197,14 @@ class Loader:
     batch's.
 
     ``device="cuda"`` (or ``"cuda:N"``, torch output only) delivers CUDA tensors: the workers
-    write ``uint8`` NHWC batches into page-locked memory, each batch is copied on a side CUDA
-    stream one batch ahead (overlapping the trainer's compute), and converted to ``dtype`` /
-    ``layout`` and normalized on the GPU, on the trainer's current stream, which waits for the
-    copy. Device tensors come from torch's caching allocator, so tensors kept across steps stay
-    intact.
+    write ``uint8`` NHWC batches into page-locked memory (allocated when the loader is made, not
+    during the first batches), each batch and its labels (staged through page-locked memory) are
+    copied on a side CUDA stream one batch ahead, overlapping the trainer's compute, and the batch
+    is converted to ``dtype`` / ``layout`` and normalized on the GPU. That conversion is queued on
+    the stream that is current (``torch.cuda.current_stream()``) when the loop asks for the
+    batch, and that stream waits for the copy: run the step on that stream, or make another one
+    wait for it. Device tensors come from torch's caching allocator, marked as used by that
+    stream, so tensors kept across steps stay intact.
 
     ``shard_window=w`` (TFRecord and WebDataset shards) shuffles within windows of ``w`` shards,
     the shards permuted each epoch, instead of over the whole dataset: an epoch then reads a

@@ -315,6 +315,10 @@ impl NativeLoader {
                         let pinned = gpu.pinned_allocator();
                         let allocator: Arc<dyn imagefeed::pool::BatchAllocator> = pinned.clone();
                         let loader = Loader::with_allocator(dataset, config_, allocator)?;
+                        // The page-locked buffers a loop needs (the Python loop's steady count:
+                        // prefetch, one handed over, one in use, two being copied) are
+                        // allocated now, not by the workers while the first batches wait.
+                        loader.prewarm(loader.config().prefetch + 4)?;
                         Ok((loader, Some(pinned)))
                     }
                     None => Ok((Loader::new(dataset, config_)?, None)),
