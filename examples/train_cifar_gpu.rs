@@ -204,8 +204,10 @@ fn train(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                 gemm(&cublas, false, c, ni, d, m.w, x, d, m.logits)?;
                 let mut l = compute.launch_builder(&add_bias);
                 l.arg(&m.logits).arg(&m.b).arg(&ni).arg(&c);
-                l.launch(LaunchConfig::for_num_elems((n * classes) as u32))?;
-                result::memset_d8_async(m.loss, 0, 4, compute.cu_stream())?;
+                l.launch(LaunchConfig::for_num_elems((n * classes) as u32))
+                    .map_err(doing("launching add_bias"))?;
+                result::memset_d8_async(m.loss, 0, 4, compute.cu_stream())
+                    .map_err(doing("clearing the loss"))?;
                 let mut l = compute.launch_builder(&softmax_xent);
                 l.arg(&m.logits)
                     .arg(&labels)
@@ -217,30 +219,44 @@ fn train(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
                     grid_dim: (n as u32, 1, 1),
                     block_dim: (1, 1, 1),
                     shared_mem_bytes: 0,
-                })?;
+                })
+                .map_err(doing("launching softmax_xent"))?;
                 // dW[d,c] = x[n,d]ᵀ · grad[n,c]
                 gemm(&cublas, true, c, d, ni, m.grad, x, d, m.dw)?;
                 let mut l = compute.launch_builder(&column_sums);
                 l.arg(&m.grad).arg(&ni).arg(&c).arg(&m.db);
-                l.launch(LaunchConfig::for_num_elems(classes as u32))?;
+                l.launch(LaunchConfig::for_num_elems(classes as u32))
+                    .map_err(doing("launching column_sums"))?;
                 let (wl, bl) = ((features * classes) as i64, classes as i64);
                 let mut l = compute.launch_builder(&sgd_step);
                 l.arg(&m.w).arg(&m.dw).arg(&wl).arg(&args.lr);
-                l.launch(LaunchConfig::for_num_elems((features * classes) as u32))?;
+                l.launch(LaunchConfig::for_num_elems((features * classes) as u32))
+                    .map_err(doing("launching sgd_step (weights)"))?;
                 let mut l = compute.launch_builder(&sgd_step);
                 l.arg(&m.b).arg(&m.db).arg(&bl).arg(&args.lr);
-                l.launch(LaunchConfig::for_num_elems(classes as u32))?;
+                l.launch(LaunchConfig::for_num_elems(classes as u32))
+                    .map_err(doing("launching sgd_step (bias)"))?;
             }
             // The loss, as a trainer logging it every step would read it (synchronizes).
             let mut loss = [0f32];
-            step_done.record(&compute)?;
-            step_done.synchronize()?;
+            step_done
+                .record(&compute)
+                .map_err(doing("recording the step's end"))?;
+            step_done
+                .synchronize()
+                .map_err(doing("waiting for the step"))?;
             // SAFETY: `m.loss` holds one f32 and the stream is idle.
-            unsafe { result::memcpy_dtoh_sync(&mut loss, m.loss) }?;
+            unsafe { result::memcpy_dtoh_sync(&mut loss, m.loss) }
+                .map_err(doing("reading the loss back"))?;
             loss_sum += f64::from(loss[0]);
             images += n;
             steps += 1;
         }
+        // An error a drop stored on the context (cudarc keeps it until a call takes it) ends
+        // the run here rather than going unnoticed.
+        gpu.context().check_err().map_err(doing(
+            "an earlier CUDA call that could not report its error",
+        ))?;
         let wall = start.elapsed().as_secs_f64();
         println!(
             "epoch {epoch}: mean loss {:.4} over {steps} steps, {:.0} images/s, waiting for data {:.1}% of the epoch",
@@ -255,6 +271,11 @@ fn train(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         allocator.fallbacks()
     );
     Ok(())
+}
+
+/// Names what was being done when a CUDA call failed.
+fn doing(what: &'static str) -> impl FnOnce(result::DriverError) -> String {
+    move |e| format!("{what}: {e}")
 }
 
 /// `out = a · op(b)` in cuBLAS's column-major terms, with `a` `m×k` (leading dimension `m`),

@@ -54,15 +54,45 @@ pub struct Blas {
 unsafe impl Send for Blas {}
 
 impl Blas {
-    /// Loads cuBLAS (see the module docs) and makes a handle whose work goes on `stream`.
+    /// Loads cuBLAS (see the module docs) and makes a handle whose work goes on `stream`. A
+    /// library that loads but cannot make a handle (CUDA 13's cuBLAS on an older driver) is
+    /// passed over for the next one; the error names every library tried.
     pub fn new(stream: &Arc<CudaStream>) -> Result<Blas> {
-        let (lib, library) = load()?;
+        // cuBLAS works in the current context: the stream's.
+        stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| Error::cuda_call("binding the context for cuBLAS", e))?;
+        let mut failures = Vec::new();
+        for candidate in candidates() {
+            // SAFETY: loading cuBLAS runs its initializers, which have no preconditions.
+            let Ok(lib) = (unsafe { libloading::Library::new(&candidate) }) else {
+                failures.push(format!("{candidate}: not found"));
+                continue;
+            };
+            match Blas::with_library(lib, candidate.clone(), stream) {
+                Ok(blas) => return Ok(blas),
+                Err(e) => failures.push(format!("{candidate}: {e}")),
+            }
+        }
+        Err(Error::cuda_unavailable(format!(
+            "no usable cuBLAS ({}): install it (the CUDA toolkit, or pip's nvidia-cublas-cu12) \
+             or name it with IMAGEFEED_CUBLAS=/path/to/libcublas.so.N",
+            failures.join("; ")
+        )))
+    }
+
+    fn with_library(
+        lib: libloading::Library,
+        library: String,
+        stream: &Arc<CudaStream>,
+    ) -> Result<Blas> {
         // SAFETY: the symbols have these C signatures in every cuBLAS since CUDA 10.
         let (create, destroy, set_stream, sgemm) = unsafe {
             let symbol = |name: &[u8]| -> Result<*const c_void> {
                 lib.get::<*const c_void>(name)
                     .map(|s| *s)
-                    .map_err(|e| Error::cuda_unavailable(format!("{library}: {e}")))
+                    .map_err(|e| Error::cuda_unavailable(e.to_string()))
             };
             (
                 std::mem::transmute::<*const c_void, Create>(symbol(b"cublasCreate_v2")?),
@@ -71,11 +101,6 @@ impl Blas {
                 std::mem::transmute::<*const c_void, Sgemm>(symbol(b"cublasSgemm_v2")?),
             )
         };
-        // cuBLAS works in the current context: the stream's.
-        stream
-            .context()
-            .bind_to_thread()
-            .map_err(|e| Error::cuda_call("binding the context for cuBLAS", e))?;
         let mut handle: Handle = std::ptr::null_mut();
         // SAFETY: `handle` is a valid out-pointer.
         status(unsafe { create(&mut handle) }, "cublasCreate_v2")?;
@@ -200,19 +225,4 @@ pub fn candidates() -> Vec<String> {
         }
     }
     out
-}
-
-fn load() -> Result<(libloading::Library, String)> {
-    let tried = candidates();
-    for candidate in &tried {
-        // SAFETY: loading cuBLAS runs its initializers, which have no preconditions.
-        if let Ok(lib) = unsafe { libloading::Library::new(candidate) } {
-            return Ok((lib, candidate.clone()));
-        }
-    }
-    Err(Error::cuda_unavailable(format!(
-        "cuBLAS was not found (tried {}): install it (the CUDA toolkit, or pip's \
-         nvidia-cublas-cu12) or name it with IMAGEFEED_CUBLAS=/path/to/libcublas.so.N",
-        tried.join(", ")
-    )))
 }

@@ -731,7 +731,7 @@ impl<I: Iterator<Item = Result<Batch>>> Prefetcher<I> {
         &self.copy
     }
 
-    fn check_usable(&self) -> Result<()> {
+    fn check_usable(&mut self) -> Result<()> {
         if self.failed {
             return Err(Error::cuda_unavailable(
                 "the prefetcher stopped after a failed CUDA call (see the error it returned)",
@@ -739,10 +739,15 @@ impl<I: Iterator<Item = Result<Batch>>> Prefetcher<I> {
         }
         // cudarc keeps the error of a call that could not return one (a drop) on the context
         // until some later call takes it: reported here, as itself, not as the failure of
-        // whichever unrelated call would have met it next.
-        self.ctx.check_err().map_err(cuda(
-            "an earlier CUDA call that could not report its error (cudarc stored it)",
-        ))
+        // whichever unrelated call would have met it next. It stops the prefetcher as any
+        // failed call does.
+        self.ctx.check_err().map_err(|e| {
+            self.failed = true;
+            Error::cuda_call(
+                "an earlier CUDA call that could not report its error (cudarc stored it)",
+                e,
+            )
+        })
     }
 
     /// Records that the trainer moved past the last delivered batch: its device buffers may be
