@@ -9,7 +9,11 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 venv=$root/.venv-cuda-tools
 packages=(nvidia-cuda-nvcc-cu12==12.9.86 nvidia-cuda-nvrtc-cu12==12.0.76)
 site() { "$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
-if ! [ -x "$venv/bin/python" ] || ! [ -x "$(site)/nvidia/cuda_nvcc/bin/ptxas" ]; then
+installed() { # the pinned versions, exactly
+    "$venv/bin/python" -m pip freeze 2>/dev/null | grep -qx "${packages[0]}" &&
+        "$venv/bin/python" -m pip freeze 2>/dev/null | grep -qx "${packages[1]}"
+}
+if ! [ -x "$venv/bin/python" ] || ! installed; then
     if ! { python3 -m venv "$venv" && "$venv/bin/pip" install -q "${packages[@]}"; } >/tmp/check-ptx-install.log 2>&1; then
         echo "PTX check skipped: could not install ${packages[*]} ($(tail -1 /tmp/check-ptx-install.log))"
         exit 0

@@ -30,7 +30,7 @@ elif [ "$on_fake" -gt 0 ]; then
 else
     echo "GPU tests: $((total - fake_only)) of $total ran on a GPU; $fake_only need the fake driver and skipped"
 fi
-if [ "${REQUIRE_FAKE:-0}" = 1 ] && [ "$on_fake" -ne "$total" ]; then
+if [ "${REQUIRE_FAKE:-0}" = 1 ] && { [ "$total" -eq 0 ] || [ "$on_fake" -ne "$total" ]; }; then
     echo "$out" | grep -E 'skipped|on the fake' | head -20
     echo "error: not every GPU test ran on the fake CUDA driver"
     exit 1

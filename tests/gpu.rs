@@ -51,6 +51,7 @@ mod fake {
         pub spinning_waits: u64,
         pub pageable_async_copies: u64,
         pub blas_calls: u64,
+        pub stream_synchronizes: u64,
     }
 
     fn symbol(name: &CStr) -> Option<*mut c_void> {
@@ -513,6 +514,10 @@ fn nothing_is_left_behind_and_no_wait_spins() {
         assert!(during.page_locked_allocations_live > before.page_locked_allocations_live);
         assert!(during.kernels_launched > before.kernels_launched);
         assert_eq!(allocator.fallbacks(), 0);
+        assert_eq!(
+            during.stream_synchronizes, before.stream_synchronizes,
+            "the epochs wait on events only, never on a whole stream"
+        );
     }
     let after = fake::counts();
     let live = |c: &fake::Counts| {
@@ -753,6 +758,9 @@ fn an_error_stored_by_a_drop_is_reported_by_the_feed_not_swallowed() {
         }
         other => panic!("expected the stored error, got {:?}", other.map(|_| ())),
     }
+    // It stopped the feed, as any failed call does.
+    assert!(feed.start(loader.epoch(0)).is_err());
+    assert!(feed.next_batch().is_err());
 }
 
 /// The toolkit's stub libcuda.so found before the driver is named as such, not reported as a
@@ -788,7 +796,9 @@ fn child(case: &str, env: &[(&str, &str)]) -> std::process::Output {
             "--test-threads",
             "1",
         ])
-        .env("IMAGEFEED_GPU_TEST_CASE", case);
+        .env("IMAGEFEED_GPU_TEST_CASE", case)
+        // Faults injected for the whole test binary are not the child's to meet.
+        .env_remove("IMAGEFEED_FAKE_CUDA_FAIL");
     for (key, value) in env {
         command.env(key, value);
     }
@@ -818,7 +828,7 @@ fn the_fake_driver_aborts_on_each_ordering_mistake() {
         ),
         (
             "rewrite-page-locked-while-copying",
-            "was rewritten while a copy from it was pending",
+            "the host wrote page-locked allocation",
         ),
         ("use-after-free", "after cuMemFreeAsync"),
         ("no-current-context", "no current context"),
@@ -938,6 +948,19 @@ fn checker_child() {
             ordered.record(&a).unwrap();
             b.wait(&ordered).unwrap();
             sums_of(&b, data_ptr, 4, sums_ptr);
+            // An event recorded again elsewhere: b still waits for the record it saw, so the
+            // memory b frees is freed after a's work on it, however long that takes.
+            // SAFETY: raw allocation, writes and free of 256 bytes, ordered by `ordered`.
+            unsafe {
+                let raw = result::malloc_async(a.cu_stream(), 256).unwrap();
+                for value in 0..20 {
+                    result::memset_d8_async(raw, value, 256, a.cu_stream()).unwrap();
+                }
+                ordered.record(&a).unwrap();
+                b.wait(&ordered).unwrap();
+                ordered.record(&gpu.new_stream().unwrap()).unwrap();
+                result::free_async(raw, b.cu_stream()).unwrap();
+            }
             let mut pinned = PinnedBuffer::new(gpu.context(), 256).unwrap();
             b.record_event(None).map(|e| a.wait(&e)).unwrap().unwrap();
             // SAFETY: data holds 256 bytes; the source is kept until the copy is done.
@@ -954,4 +977,57 @@ fn checker_child() {
     a.synchronize().unwrap();
     b.synchronize().unwrap();
     println!("{case}: no mistake found");
+}
+
+/// A batch larger than one launch grid (65,535 blocks of 256 threads: 16.8 M elements) is
+/// converted whole: the kernel's grid-stride loop covers the rest, bit for bit as the CPU.
+#[test]
+fn a_batch_larger_than_one_grid_is_converted_whole() {
+    let _serial = serial();
+    let Some(gpu) = gpu_or_skip("a_batch_larger_than_one_grid_is_converted_whole") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let spec = SyntheticSpec {
+        classes: 2,
+        per_class: 3,
+        width: 1201,
+        height: 799,
+        ..SyntheticSpec::default()
+    };
+    synthetic::write_image_folder(&src, &spec).unwrap();
+    let ds = format::open(&src).unwrap();
+    let transform = Transform::cifar().with_output(DType::F32, Layout::Nchw);
+    let config = |t: Transform| {
+        LoaderConfig::default()
+            .with_batch_size(6)
+            .with_workers(2)
+            .with_seed(3)
+            .with_transform(t)
+    };
+    let cpu = Loader::new(Arc::clone(&ds), config(transform)).unwrap();
+    let expected = cpu.epoch(0).next().unwrap().unwrap();
+    let total = expected.as_f32().len();
+    assert!(total > 65_535 * 256, "{total} elements: more than one grid");
+    let loader =
+        Loader::with_allocator(ds, config(transform.raw_u8_nhwc()), gpu.pinned_allocator())
+            .unwrap();
+    let mut feed = Prefetcher::for_loader(
+        &gpu,
+        gpu.new_stream().unwrap(),
+        &loader,
+        DeviceOutput::of(&transform),
+        1,
+    )
+    .unwrap();
+    feed.start(loader.epoch(0)).unwrap();
+    let batch = feed.next_batch().unwrap().expect("one batch");
+    let got = floats(&batch.to_host().unwrap(), DType::F32);
+    assert_eq!(got.len(), total);
+    let first_wrong = got
+        .iter()
+        .zip(expected.as_f32())
+        .position(|(a, b)| a.to_bits() != b.to_bits());
+    assert_eq!(first_wrong, None, "element {first_wrong:?} differs");
 }

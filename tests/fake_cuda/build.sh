@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the fake CUDA driver into DIR (default target/fake-cuda): one library, installed under
-# the names cudarc looks for (libcuda.so, libcuda.so.1, libcublas.so, libcublas.so.12), so the
+# the names CUDA programs look for (libcuda.so[.1], libcublas.so[.12|.13]), so the
 # driver and cuBLAS calls share one state. Put DIR first on LD_LIBRARY_PATH of a new process
 # (the loader reads it at start) to run CUDA code on it. Needs g++ (C++17).
 set -euo pipefail
@@ -20,7 +20,7 @@ g++ -std=c++17 -O2 -fPIC -shared -pthread -fvisibility=hidden -ffp-contract=off 
     -Wall -Wextra -Wno-unused-parameter -I"$root" -I"$root/tests/fake_cuda" \
     -Wl,-z,nodelete -Wl,-soname,libcuda.so.1 -o "$lib.tmp" "${sources[@]}"
 mv "$lib.tmp" "$lib"
-for name in libcuda.so libcuda.so.1 libcublas.so libcublas.so.12; do
+for name in libcuda.so libcuda.so.1 libcublas.so libcublas.so.12 libcublas.so.13; do
     ln -sf libimagefeed_fake_cuda.so "$out/$name"
 done
 echo "built the fake CUDA driver: $lib"

@@ -34,7 +34,7 @@ FAKE_API int cublasCreate_v2(void **handle) {
     State &st = state();
     std::unique_lock<std::mutex> lock(st.mu);
     if (require_context("cublasCreate_v2")) return STATUS_NOT_INITIALIZED;
-    if (injected("cublasCreate_v2")) return STATUS_NOT_INITIALIZED;
+    if (int e = injected("cublasCreate_v2")) return e;
     if (handle == nullptr) return STATUS_INVALID_VALUE;
     handles.push_back(std::make_unique<Handle>());
     *handle = handles.back().get();

@@ -30,15 +30,31 @@ struct Rule {
     int code = 0;      // -1: a launch that fails while it runs
     uint64_t seen = 0;
 };
-std::vector<Rule> rules;
+// From IMAGEFEED_FAKE_CUDA_FAIL, and from imagefeed_fake_cuda_inject (which replaces only its own).
+std::vector<Rule> env_rules, test_rules;
+
+// The calls that can be made to fail.
+const char *const INJECTABLE[] = {
+    "cuInit", "cuDevicePrimaryCtxRetain", "cuModuleLoadData", "cuLaunchKernel",
+    "cuMemAllocAsync", "cuMemAlloc_v2", "cuMemFreeAsync", "cuMemHostAlloc", "cuMemsetD8Async",
+    "cuMemcpyHtoDAsync_v2", "cuMemcpyDtoH_v2", "cuStreamCreate", "cuStreamSynchronize",
+    "cuStreamWaitEvent", "cuEventCreate", "cuEventDestroy_v2", "cuEventRecord",
+    "cuEventSynchronize", "cublasCreate_v2", "cublasSgemm_v2",
+};
 
 int default_code(const std::string &call) {
+    if (call.rfind("cublas", 0) == 0) return 13;  // CUBLAS_STATUS_EXECUTION_FAILED
     if (call.find("Alloc") != std::string::npos) return OUT_OF_MEMORY;
     if (call == "cuLaunchKernel") return LAUNCH_FAILED;
     return INVALID_VALUE;
 }
 
-// "NAME[@N][=CODE|=sticky],..." (N = 0: every call; CODE a number).
+bool all_digits(const std::string &text) {
+    return !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+}
+
+// "NAME[@N][=CODE|=sticky],..." (N = 0: every call; CODE a positive number); false when
+// malformed or naming a call that cannot fail here.
 bool parse_rules(const char *spec, std::vector<Rule> &out) {
     std::string text(spec);
     size_t p = 0;
@@ -51,12 +67,23 @@ bool parse_rules(const char *spec, std::vector<Rule> &out) {
         Rule rule;
         size_t at = item.find('@'), eq = item.find('=');
         rule.call = item.substr(0, std::min(at, eq));
-        if (rule.call.empty()) return false;
-        if (at != std::string::npos) rule.nth = strtoull(item.c_str() + at + 1, nullptr, 10);
+        bool known = false;
+        for (const char *name : INJECTABLE) known = known || rule.call == name;
+        if (!known) return false;
+        if (at != std::string::npos) {
+            std::string n = item.substr(at + 1, eq == std::string::npos ? std::string::npos : eq - at - 1);
+            if (!all_digits(n)) return false;
+            rule.nth = strtoull(n.c_str(), nullptr, 10);
+        }
         if (eq != std::string::npos) {
             std::string code = item.substr(eq + 1);
-            rule.code = code == "sticky" ? -1 : atoi(code.c_str());
-            if (rule.code == 0) return false;
+            if (code == "sticky" && rule.call == "cuLaunchKernel") {
+                rule.code = -1;
+            } else if (all_digits(code) && atoi(code.c_str()) > 0) {
+                rule.code = atoi(code.c_str());
+            } else {
+                return false;
+            }
         } else {
             rule.code = default_code(rule.call);
         }
@@ -73,7 +100,10 @@ void initialize_state() {
         s.max_delay_us = strtoull(v, nullptr, 10);
     if (const char *v = getenv("IMAGEFEED_FAKE_CUDA_TRACE")) s.trace = *v && *v != '0';
     if (const char *v = getenv("IMAGEFEED_FAKE_CUDA_FAIL"))
-        if (!parse_rules(v, rules)) die(format("IMAGEFEED_FAKE_CUDA_FAIL=%s: not NAME[@N][=CODE|=sticky],...", v));
+        if (!parse_rules(v, env_rules))
+            die(format("IMAGEFEED_FAKE_CUDA_FAIL=%s: not NAME[@N][=CODE|=sticky],... with NAME a "
+                       "call that can fail here (see INJECTABLE in tests/fake_cuda/driver.cc)",
+                       v));
     s.streams.emplace_back();  // agent 0 is the host
     add_stream(s, 0);          // agent 1, the legacy default stream
 }
@@ -156,12 +186,14 @@ int require_context(const char *call) {
 }
 
 int injected(const char *call) {
-    for (auto &rule : rules) {
-        if (rule.call != call) continue;
-        rule.seen++;
-        if (rule.nth == 0 || rule.seen == rule.nth) return rule.code;
-    }
-    return 0;
+    int code = 0;
+    for (auto *rules : {&env_rules, &test_rules})
+        for (auto &rule : *rules) {
+            if (rule.call != call) continue;
+            rule.seen++;
+            if (code == 0 && (rule.nth == 0 || rule.seen == rule.nth)) code = rule.code;
+        }
+    return code;
 }
 
 }  // namespace fake
@@ -395,10 +427,12 @@ FAKE_API int cuMemFreeHost(void *pointer) {
     if (a == nullptr || a->base != uintptr_t(pointer))
         die(format("cuMemFreeHost(%p): not memory cuMemHostAlloc returned", pointer));
     if (a->freed) die(format("cuMemFreeHost of %s, freed before", a->describe().c_str()));
-    if (!a->pending_copies.empty())
-        die(format("cuMemFreeHost of %s while %s, which reads it, is still pending: free "
-                   "page-locked memory only after an event recorded after the copy has completed",
-                   a->describe().c_str(), a->pending_copies.front()->what.c_str()));
+    for (auto &copy : st.pending_copies)
+        if (copy->source == a)
+            die(format("cuMemFreeHost of %s while %s, which reads it, is still pending (the "
+                       "host has not learnt that it completed): free page-locked memory only "
+                       "after an event recorded after the copy has completed",
+                       a->describe().c_str(), copy->what.c_str()));
     a->freed = true;
     a->freed_by = "cuMemFreeHost";
     release_memory(a);
@@ -444,11 +478,16 @@ FAKE_API int cuMemcpyHtoDAsync_v2(unsigned long long dst, const void *src, size_
         if (pinned->freed)
             die(format("%s reads %s after cuMemFreeHost freed it", op->what.c_str(),
                        pinned->describe().c_str()));
-        // Read when the copy runs: the host must leave the bytes alone until then.
-        op->source = pinned;
-        op->source_address = uintptr_t(src);
-        op->source_len = n;
-        op->source_checksum = checksum(src, n);
+        // Read when the copy runs: the host must leave the bytes alone until it knows that
+        // has happened.
+        auto copy = std::make_shared<PendingCopy>();
+        copy->source = pinned;
+        copy->address = uintptr_t(src);
+        copy->len = n;
+        copy->checksum = checksum(src, n);
+        copy->what = op->what;
+        copy->enqueued_at_ms = now_ms();
+        op->source = copy;
         op->run = [dst, src, n] { memcpy(reinterpret_cast<void *>(dst), src, n); };
     } else {
         // Pageable memory: the driver stages it before returning, as a real one does.
@@ -512,6 +551,7 @@ FAKE_API int cuStreamSynchronize(void *stream) {
     std::unique_lock<std::mutex> lock(st.mu);
     if (int e = require_context("cuStreamSynchronize")) return e;
     if (int e = injected("cuStreamSynchronize")) return e;
+    st.stream_synchronizes++;
     synchronize_stream(lock, stream_of(stream, "cuStreamSynchronize"));
     return st.context.sticky_error;
 }
@@ -522,8 +562,8 @@ FAKE_API int cuStreamQuery(void *stream) {
     if (int e = require_context("cuStreamQuery")) return e;
     Stream *s = stream_of(stream, "cuStreamQuery");
     if (s->completed < s->enqueued) return NOT_READY;
-    st.host.join(s->clock);
-    return SUCCESS;
+    host_learns(s->clock);
+    return st.context.sticky_error;
 }
 
 FAKE_API int cuStreamWaitEvent(void *stream, void *event, unsigned flags) {
@@ -534,14 +574,14 @@ FAKE_API int cuStreamWaitEvent(void *stream, void *event, unsigned flags) {
     if (flags != 0) return INVALID_VALUE;
     Stream *s = stream_of(stream, "cuStreamWaitEvent");
     auto e = event_of(event, "cuStreamWaitEvent");
-    if (e->recorded == 0) return SUCCESS;  // never recorded: nothing to wait for
+    if (!e->latest) return SUCCESS;  // never recorded: nothing to wait for
     // Waits for the work the event's last record captured (not for later records).
     Op *op = new Op;
     op->stream = s;
     op->what = format("cuStreamWaitEvent on %s", s->describe().c_str());
-    op->after_events.push_back({e, e->recorded});
+    op->after_records.push_back(e->latest);
     Clock clock = prepare(op);
-    clock.join(e->clock);
+    clock.join(e->latest->clock);
     commit(op, clock);
     return SUCCESS;
 }
@@ -581,10 +621,9 @@ FAKE_API int cuEventRecord(void *event, void *stream) {
     op->stream = s;
     op->what = format("cuEventRecord on %s", s->describe().c_str());
     Clock clock = prepare(op);
-    e->recorded++;
-    e->clock = clock;
-    op->records = e;
-    op->records_generation = e->recorded;
+    e->latest = std::make_shared<EventRecord>();
+    e->latest->clock = clock;
+    op->records = e->latest;
     commit(op, clock);
     return SUCCESS;
 }
@@ -594,8 +633,9 @@ FAKE_API int cuEventQuery(void *event) {
     std::unique_lock<std::mutex> lock(st.mu);
     if (int e = require_context("cuEventQuery")) return e;
     auto e = event_of(event, "cuEventQuery");
-    if (e->completed < e->recorded) return NOT_READY;
-    st.host.join(e->clock);
+    if (!e->latest) return SUCCESS;
+    if (!e->latest->done) return NOT_READY;
+    host_learns(e->latest->clock);
     return st.context.sticky_error;
 }
 
@@ -605,7 +645,7 @@ FAKE_API int cuEventSynchronize(void *event) {
     if (int e = require_context("cuEventSynchronize")) return e;
     if (int e = injected("cuEventSynchronize")) return e;
     auto e = event_of(event, "cuEventSynchronize");
-    synchronize_event(lock, *e, "cuEventSynchronize");
+    synchronize_event(lock, *e);
     return st.context.sticky_error;
 }
 
@@ -617,9 +657,9 @@ FAKE_API int cuEventElapsedTime(float *ms, void *start, void *end) {
     auto b = event_of(end, "cuEventElapsedTime");
     if (ms == nullptr) return INVALID_VALUE;
     if ((a->flags | b->flags) & 2 /* CU_EVENT_DISABLE_TIMING */) return INVALID_HANDLE;
-    if (a->recorded == 0 || b->recorded == 0) return INVALID_HANDLE;
-    if (a->completed < a->recorded || b->completed < b->recorded) return NOT_READY;
-    *ms = float(b->completed_at_ms - a->completed_at_ms);
+    if (!a->latest || !b->latest) return INVALID_HANDLE;
+    if (!a->latest->done || !b->latest->done) return NOT_READY;
+    *ms = float(b->latest->done_at_ms - a->latest->done_at_ms);
     return SUCCESS;
 }
 
@@ -639,6 +679,7 @@ struct FakeCounts {
     uint64_t spinning_waits;
     uint64_t pageable_async_copies;
     uint64_t blas_calls;
+    uint64_t stream_synchronizes;
 };
 
 FAKE_API int imagefeed_fake_cuda_counts(FakeCounts *out, size_t size) {
@@ -658,19 +699,20 @@ FAKE_API int imagefeed_fake_cuda_counts(FakeCounts *out, size_t size) {
     c.spinning_waits = st.spinning_waits;
     c.pageable_async_copies = st.pageable_async_copies;
     c.blas_calls = st.blas_calls;
+    c.stream_synchronizes = st.stream_synchronizes;
     memcpy(out, &c, std::min(size, sizeof c));
     return 0;
 }
 
-// Sets the fault-injection rules (as IMAGEFEED_FAKE_CUDA_FAIL), replacing any; calls are
-// counted from now. Returns 0, or -1 for a malformed spec. Also clears a sticky error, so a test
-// can go on after injecting one.
+// Sets a test's fault-injection rules (as IMAGEFEED_FAKE_CUDA_FAIL's, which stay in force
+// beside them), replacing the test's earlier ones; calls are counted from now. Returns 0, or -1
+// for a malformed spec. Also clears a sticky error, so a test can go on after injecting one.
 FAKE_API int imagefeed_fake_cuda_inject(const char *spec) {
     State &st = state();
     std::unique_lock<std::mutex> lock(st.mu);
     std::vector<Rule> parsed;
     if (spec != nullptr && !parse_rules(spec, parsed)) return -1;
-    rules = parsed;
+    test_rules = parsed;
     st.context.sticky_error = 0;
     return 0;
 }

@@ -99,9 +99,25 @@ struct Access {
 
 // ---- memory ---------------------------------------------------------------------------------
 
-struct Op;
-
 enum class MemoryKind { Device, PageLocked };
+
+struct Allocation;
+
+// A copy from page-locked memory, from its enqueueing until the host has learnt (by a
+// synchronization, or an event query) that it completed: until then the host must not write
+// the bytes it reads. They are checksummed when it is enqueued and checked at every later call,
+// when it runs and when the host learns it is done; their pages are read-only meanwhile, so a
+// host write faults at once.
+struct PendingCopy {
+    Allocation *source = nullptr;
+    uintptr_t address = 0;
+    size_t len = 0;
+    uint64_t checksum = 0;
+    Agent agent = 0;  // the copy's stream, and its position there
+    uint64_t seq = 0;
+    std::string what;
+    double enqueued_at_ms = 0;
+};
 
 struct Allocation {
     uint64_t id = 0;
@@ -116,8 +132,6 @@ struct Allocation {
     // Device memory: the last write, and the reads since it (one per agent).
     Access last_write;
     std::vector<Access> reads;
-    // Page-locked memory: copies enqueued from it that have not run yet.
-    std::vector<Op *> pending_copies;
     std::string describe() const;
 };
 
@@ -127,6 +141,10 @@ Allocation *new_device_allocation(size_t size, const std::string &made_by);
 Allocation *new_page_locked_allocation(size_t size, const std::string &made_by);
 // Makes a freed allocation's memory inaccessible (its addresses stay reserved, never reused).
 void release_memory(Allocation *a);
+// Makes the pages under [address, address + len) read-only while a copy reads them (counted:
+// the last of overlapping copies to finish makes them writable again).
+void protect_source(uintptr_t address, size_t len);
+void unprotect_source(uintptr_t address, size_t len);
 void install_fault_handler();
 // Names what the calling (stream) thread runs, for the fault handler's message.
 void set_running(const char *what);
@@ -136,12 +154,17 @@ uint64_t checksum(const void *data, size_t len);
 
 struct Context;
 
+// One cuEventRecord: what it is ordered after, and whether its stream has reached it. A wait
+// holds the record it saw, so recording the event again (on any stream) changes nothing for it.
+struct EventRecord {
+    Clock clock;
+    bool done = false;
+    double done_at_ms = 0;
+};
+
 struct Event {
     unsigned flags = 0;
-    uint64_t recorded = 0;   // generation of the last record call
-    uint64_t completed = 0;  // generation the stream has reached
-    Clock clock;             // what the last record call is ordered after
-    double completed_at_ms = 0;
+    std::shared_ptr<EventRecord> latest;  // nullptr: never recorded
     bool destroyed = false;
 };
 
@@ -152,19 +175,15 @@ struct Op {
     Stream *stream = nullptr;
     uint64_t seq = 0;  // position in its stream
     std::string what;
-    // Runs before the op may start: (event, generation) pairs and (stream, seq) pairs.
-    std::vector<std::pair<std::shared_ptr<Event>, uint64_t>> after_events;
+    // What must be done before the op may start: event records, and (stream, seq) pairs.
+    std::vector<std::shared_ptr<EventRecord>> after_records;
     std::vector<std::pair<Stream *, uint64_t>> after_streams;
     // The work, run on the stream's thread without the lock held.
     std::function<void()> run;
-    // An event this op records.
-    std::shared_ptr<Event> records;
-    uint64_t records_generation = 0;
-    // A copy from page-locked memory: what it reads, and its checksum when enqueued.
-    Allocation *source = nullptr;
-    uintptr_t source_address = 0;
-    size_t source_len = 0;
-    uint64_t source_checksum = 0;
+    // The event record this op completes.
+    std::shared_ptr<EventRecord> records;
+    // A copy from page-locked memory.
+    std::shared_ptr<PendingCopy> source;
     // Memory this op frees when it runs.
     Allocation *frees = nullptr;
     // A kernel that fails while it runs (injected): the context's error becomes sticky.
@@ -200,12 +219,14 @@ struct State {
     std::vector<std::shared_ptr<Event>> events;
     std::vector<std::unique_ptr<Allocation>> allocations;
     Clock host;  // what the host has learnt by synchronizing
+    // Copies from page-locked memory the host has not yet learnt are done.
+    std::vector<std::shared_ptr<PendingCopy>> pending_copies;
     uint64_t seed = 1;
     uint64_t max_delay_us = 200;
     bool trace = false;
     // Counters (imagefeed_fake_cuda_counts).
     uint64_t kernels_launched = 0, copies = 0, checked_accesses = 0, spinning_waits = 0,
-             pageable_async_copies = 0, blas_calls = 0;
+             pageable_async_copies = 0, blas_calls = 0, stream_synchronizes = 0;
 };
 
 State &state();
@@ -234,14 +255,18 @@ void check_write(Allocation *a, Agent agent, uint64_t tick, const Clock &clock,
                  const std::string &what);
 // Waits (lock held) until every op queued on `s` so far has run; the host learns its clock.
 void synchronize_stream(std::unique_lock<std::mutex> &lock, Stream *s);
-void synchronize_event(std::unique_lock<std::mutex> &lock, Event &e, const char *call);
+void synchronize_event(std::unique_lock<std::mutex> &lock, Event &e);
+// The host has learnt that what `clock` covers is done: copies from page-locked memory it
+// covers are checked a last time and no longer pending.
+void host_learns(const Clock &clock);
+// Checks that no pending copy's page-locked source was rewritten (`when`: for the message).
+void verify_pending_copies(const char *when);
 
 // ---- faults ---------------------------------------------------------------------------------
 
-// 0, or the error the named call must fail with this time (IMAGEFEED_FAKE_CUDA_FAIL, or
-// imagefeed_fake_cuda_inject: "NAME[@N][=CODE|=sticky],...").
+// 0, or the error the named call must fail with this time, from IMAGEFEED_FAKE_CUDA_FAIL and
+// the rules a test set with imagefeed_fake_cuda_inject ("NAME[@N][=CODE|=sticky],..."); -1 for
+// a launch that fails while it runs (a sticky error).
 int injected(const char *call);
-// True when the next launch of kernels fails while it runs (a sticky error), as injected.
-bool take_sticky_launch_failure();
 
 }  // namespace fake

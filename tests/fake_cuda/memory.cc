@@ -1,9 +1,11 @@
 // Device and page-locked memory of the fake driver.
 //
-// Every allocation is its own mapping: a guard page, the bytes (placed flush against the end, on
-// a 16-byte boundary), a guard page. Freed memory is made inaccessible and its addresses stay
-// reserved, so no later allocation reuses them: a read past an end or after a free faults at
-// once, and the fault handler says which allocation it hit and what was running.
+// Every allocation is its own mapping: a guard page, the bytes (ending exactly where the second
+// guard page starts), that guard page. Freed memory is made inaccessible and its addresses stay
+// reserved, so no later allocation reuses them: a read even one byte past an end, or after a
+// free, faults at once, and the fault handler says which allocation it hit and what was running.
+// (An underrun faults only once it leaves the first page. Addresses are aligned to the size's
+// own alignment, not CUDA's 256 bytes: code relying on more alignment is not caught here.)
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -51,8 +53,7 @@ Region *add_region(const Allocation &a) {
 Allocation *new_allocation(MemoryKind kind, size_t size, const std::string &made_by) {
     State &s = state();
     size_t page = page_size();
-    size_t data_pages = (size + 15) / 16 * 16;
-    data_pages = (data_pages + page - 1) / page;
+    size_t data_pages = (size + page - 1) / page;
     if (data_pages == 0) data_pages = 1;
     size_t len = (data_pages + 2) * page;
     void *map = mmap(nullptr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -67,7 +68,7 @@ Allocation *new_allocation(MemoryKind kind, size_t size, const std::string &made
     a->kind = kind;
     a->map = uintptr_t(map);
     a->map_len = len;
-    a->base = rw + data_pages * page - (size + 15) / 16 * 16;
+    a->base = rw + data_pages * page - size;
     a->size = size;
     a->made_by = made_by;
     // Fresh device memory holds garbage on a GPU: make it visible garbage.
@@ -101,8 +102,12 @@ void write_number(uint64_t v, int base) {
 
 struct sigaction previous_segv, previous_bus;
 
-// The kernel or copy running on this thread, for the fault message.
-thread_local const char *running_now = nullptr;
+// The kernel or copy running on this thread, for the fault message (initial-exec: read from the
+// signal handler, it must not allocate on first use).
+thread_local const char *running_now __attribute__((tls_model("initial-exec"))) = nullptr;
+
+// Pages made read-only under pending copies, and how many copies hold each.
+std::vector<std::pair<uintptr_t, int>> protected_pages;
 
 void on_fault(int sig, siginfo_t *info, void *context) {
     uintptr_t address = uintptr_t(info->si_addr);
@@ -112,6 +117,17 @@ void on_fault(int sig, siginfo_t *info, void *context) {
         Region &r = regions[i];
         if (address < r.start || address >= r.end) continue;
         write_text("imagefeed fake CUDA: ");
+        bool in_data = address >= r.data && address < r.data_end;
+        if (in_data && !r.freed && r.kind == int(MemoryKind::PageLocked)) {
+            write_text("the host wrote page-locked allocation #");
+            write_number(r.id, 10);
+            write_text(" at address 0x");
+            write_number(address, 16);
+            write_text(" while a copy from it was pending (the host had not learnt, by an event "
+                       "or a synchronization, that the copy completed)\n");
+            signal(SIGABRT, SIG_DFL);
+            abort();
+        }
         write_text(running_now ? running_now : "the host");
         if (r.freed) {
             write_text(" touched freed ");
@@ -178,6 +194,42 @@ void release_memory(Allocation *a) {
     std::memset(reinterpret_cast<void *>(a->base), 0xDD, a->size);
     mprotect(reinterpret_cast<void *>(a->map), a->map_len, PROT_NONE);
     madvise(reinterpret_cast<void *>(a->map), a->map_len, MADV_DONTNEED);
+}
+
+namespace {
+
+template <typename F>
+void each_page(uintptr_t address, size_t len, F f) {
+    size_t page = page_size();
+    if (len == 0) return;
+    for (uintptr_t p = address / page * page; p < address + len; p += page) f(p);
+}
+
+}  // namespace
+
+void protect_source(uintptr_t address, size_t len) {
+    each_page(address, len, [](uintptr_t p) {
+        for (auto &entry : protected_pages)
+            if (entry.first == p) {
+                entry.second++;
+                return;
+            }
+        protected_pages.push_back({p, 1});
+        mprotect(reinterpret_cast<void *>(p), page_size(), PROT_READ);
+    });
+}
+
+void unprotect_source(uintptr_t address, size_t len) {
+    each_page(address, len, [](uintptr_t p) {
+        for (auto it = protected_pages.begin(); it != protected_pages.end(); ++it)
+            if (it->first == p) {
+                if (--it->second == 0) {
+                    mprotect(reinterpret_cast<void *>(p), page_size(), PROT_READ | PROT_WRITE);
+                    protected_pages.erase(it);
+                }
+                return;
+            }
+    });
 }
 
 void install_fault_handler() {

@@ -23,22 +23,22 @@ std::string Stream::describe() const {
 namespace {
 
 bool ready(const Op *op) {
-    for (auto &[event, generation] : op->after_events)
-        if (event->completed < generation) return false;
+    for (auto &record : op->after_records)
+        if (!record->done) return false;
     for (auto &[stream, seq] : op->after_streams)
         if (stream->completed < seq) return false;
     return true;
 }
 
-void verify_source(const Op *op, const char *when) {
-    uint64_t now = checksum(reinterpret_cast<const void *>(op->source_address), op->source_len);
-    if (now == op->source_checksum) return;
+void verify(const PendingCopy &copy, const char *when) {
+    uint64_t now = checksum(reinterpret_cast<const void *>(copy.address), copy.len);
+    if (now == copy.checksum) return;
     die(format("%s was rewritten while a copy from it was pending (%s): %s was enqueued at "
                "%.3f ms, and at %.3f ms its %zu source bytes at 0x%lx differ from what they "
-               "were then. The host must leave memory a copy reads alone until an event "
-               "recorded after the copy has completed.",
-               op->source->describe().c_str(), when, op->what.c_str(), op->enqueued_at_ms,
-               now_ms(), op->source_len, (unsigned long)op->source_address));
+               "were then. The host must leave memory a copy reads alone until it has learnt "
+               "(an event or a stream synchronized) that the copy completed.",
+               copy.source->describe().c_str(), when, copy.what.c_str(), copy.enqueued_at_ms,
+               now_ms(), copy.len, (unsigned long)copy.address));
 }
 
 void run_stream(Stream *s) {
@@ -54,7 +54,7 @@ void run_stream(Stream *s) {
         lock.unlock();
         if (delay) std::this_thread::sleep_for(std::chrono::microseconds(delay));
         if (!skip) {
-            if (op->source) verify_source(op, "checked when the copy ran");
+            if (op->source) verify(*op->source, "checked when the copy ran");
             if (op->run && !op->fails) {
                 set_running(op->what.c_str());
                 op->run();
@@ -65,12 +65,8 @@ void run_stream(Stream *s) {
         if (st.trace) fprintf(stderr, "[fake cuda] ran %s\n", op->what.c_str());
         if (op->fails && !skip) s->ctx->sticky_error = LAUNCH_FAILED;
         if (op->records) {
-            op->records->completed = std::max(op->records->completed, op->records_generation);
-            op->records->completed_at_ms = now_ms();
-        }
-        if (op->source) {
-            auto &pending = op->source->pending_copies;
-            pending.erase(std::remove(pending.begin(), pending.end(), op), pending.end());
+            op->records->done = true;
+            op->records->done_at_ms = now_ms();
         }
         if (op->frees) release_memory(op->frees);
         s->completed = op->seq;
@@ -148,8 +144,7 @@ Clock prepare(Op *op) {
     clock.set(s->agent, op->seq);
     op->enqueued_at_ms = now_ms();
     // Any page-locked source a pending copy reads must still hold what it held then.
-    for (auto &a : st.allocations)
-        for (Op *pending : a->pending_copies) verify_source(pending, "checked at a later call");
+    verify_pending_copies("checked at a later call");
     return clock;
 }
 
@@ -159,7 +154,12 @@ void commit(Op *op, const Clock &clock) {
     s->clock = clock;
     s->enqueued = op->seq;
     s->queue.push_back(op);
-    if (op->source) op->source->pending_copies.push_back(op);
+    if (op->source) {
+        op->source->agent = s->agent;
+        op->source->seq = op->seq;
+        st.pending_copies.push_back(op->source);
+        protect_source(op->source->address, op->source->len);
+    }
     if (st.trace) fprintf(stderr, "[fake cuda] enqueued %s\n", op->what.c_str());
     if (!s->started) {
         s->started = true;
@@ -202,17 +202,36 @@ void synchronize_stream(std::unique_lock<std::mutex> &lock, Stream *s) {
     uint64_t target = s->enqueued;
     Clock clock = s->clock;
     st.progress.wait(lock, [&] { return s->completed >= target; });
-    st.host.join(clock);
+    host_learns(clock);
 }
 
-void synchronize_event(std::unique_lock<std::mutex> &lock, Event &e, const char *call) {
+void synchronize_event(std::unique_lock<std::mutex> &lock, Event &e) {
     State &st = state();
-    (void)call;
     if (!(e.flags & 1 /* CU_EVENT_BLOCKING_SYNC */)) st.spinning_waits++;
-    uint64_t target = e.recorded;
-    Clock clock = e.clock;
-    st.progress.wait(lock, [&] { return e.completed >= target; });
+    auto record = e.latest;
+    if (!record) return;  // never recorded: nothing to wait for
+    st.progress.wait(lock, [&] { return record->done; });
+    host_learns(record->clock);
+}
+
+void host_learns(const Clock &clock) {
+    State &st = state();
     st.host.join(clock);
+    auto &pending = st.pending_copies;
+    for (auto it = pending.begin(); it != pending.end();) {
+        PendingCopy &copy = **it;
+        if (st.host.at(copy.agent) < copy.seq) {
+            ++it;
+            continue;
+        }
+        verify(copy, "checked when the host learnt the copy was done");
+        unprotect_source(copy.address, copy.len);
+        it = pending.erase(it);
+    }
+}
+
+void verify_pending_copies(const char *when) {
+    for (auto &copy : state().pending_copies) verify(*copy, when);
 }
 
 }  // namespace fake
