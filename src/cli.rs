@@ -29,6 +29,11 @@ pub struct ReadingArgs {
     /// refusing it.
     #[arg(long)]
     pub allow_missing_shards: bool,
+    /// A dataset in object storage: read each record with a ranged GET of its own instead of
+    /// fetching whole shards into the cache (record shards with their index; give the loader
+    /// many workers: each read waits a round trip).
+    #[arg(long)]
+    pub ranged_reads: bool,
 }
 
 impl ReadingArgs {
@@ -36,7 +41,8 @@ impl ReadingArgs {
     pub fn open_options(&self) -> OpenOptions {
         let mut options = OpenOptions::default()
             .with_hdf5_names(self.images_dataset.clone(), self.labels_dataset.clone())
-            .with_allow_missing_shards(self.allow_missing_shards);
+            .with_allow_missing_shards(self.allow_missing_shards)
+            .with_ranged_reads(self.ranged_reads);
         options.records.label_base = self.input_label_base;
         options.records.num_classes = self.num_classes.map(|n| n as usize);
         options

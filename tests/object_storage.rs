@@ -735,3 +735,103 @@ fn a_shard_replaced_after_opening_is_refused_not_read_against_the_old_index() {
         "{errors:?}"
     );
 }
+
+/// Ranged reads: each record one GET, nothing fetched whole; the same records and batches as
+/// the local copy; a replaced object refused; formats whose records cannot be placed without
+/// their files refused by name.
+#[test]
+fn ranged_reads_give_the_local_records_without_fetching_a_shard() {
+    let Some(server) = server() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let local = packed_records(dir.path());
+    let bucket = server.bucket(&unique_bucket("ranged"));
+    server.upload_dir(&local, &bucket, "ds");
+    let url = format!("s3://{bucket}/ds");
+    let options = reaching(server, dir.path()).with_ranged_reads(true);
+    let remote = format::open_with(&url, &options).unwrap();
+    let here = format::open(&local).unwrap();
+    assert_eq!(records(remote.as_ref()), records(here.as_ref()));
+    for window in [None, Some(2)] {
+        assert_eq!(
+            digest(Arc::clone(&remote), window),
+            digest(Arc::clone(&here), window),
+            "window {window:?}"
+        );
+    }
+    let cached = dir.path().join("cache/remote");
+    let shards_cached = std::fs::read_dir(&cached)
+        .map(|entries| {
+            entries
+                .filter(|e| {
+                    let name = e.as_ref().unwrap().file_name();
+                    name.to_string_lossy().ends_with(".tfrecord")
+                })
+                .count()
+        })
+        .unwrap_or(0);
+    assert_eq!(
+        shards_cached, 0,
+        "no shard was fetched whole into {cached:?}"
+    );
+
+    // Another version of a shard, the same size: its records are refused as changed.
+    let shard = "shard-00001.tfrecord";
+    let mut bytes = std::fs::read(local.join(shard)).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    let other = dir.path().join("other-version");
+    std::fs::write(&other, &bytes).unwrap();
+    server.put(&bucket, &format!("ds/{shard}"), &other);
+    let mut reader = remote.open_reader().unwrap();
+    let failed = (0..remote.len()).find_map(|i| reader.read(i).err());
+    assert!(
+        matches!(&failed, Some(Error::FileChanged { path, .. }) if path.to_string_lossy().ends_with(shard)),
+        "{failed:?}"
+    );
+
+    // WebDataset, MDS, an LMDB file, and TFRecord shards without their indexes: refused,
+    // saying why (never fetched whole behind the user's back).
+    let compat = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/compat");
+    server.upload_dir(&compat.join("mds"), &bucket, "mds");
+    let gz = compat.join("tfrecord-gzip");
+    server.upload_dir(&gz, &bucket, "tf");
+    let wds = dir.path().join("wds");
+    std::fs::create_dir(&wds).unwrap();
+    let mut builder = tar::Builder::new(std::fs::File::create(wds.join("s-000000.tar")).unwrap());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(1);
+    header.set_mode(0o644);
+    header.set_entry_type(tar::EntryType::Regular);
+    builder
+        .append_data(&mut header, "k.cls", &b"0"[..])
+        .unwrap();
+    builder.finish().unwrap();
+    drop(builder);
+    server.upload_dir(&wds, &bucket, "wds");
+    let lmdb = dir.path().join("one.lmdb");
+    support::pack_as(
+        &dir.path().join("src"),
+        &lmdb,
+        PackFormat::Lmdb,
+        &small_options(),
+    );
+    server.put(&bucket, "one.lmdb", &lmdb);
+    for (name, says) in [
+        ("mds", "Mosaic MDS"),
+        ("mds/index.json", "Mosaic MDS"),
+        ("wds", "WebDataset"),
+        ("one.lmdb", "single-file"),
+        ("tf", "pack-dataset index"),
+    ] {
+        let err = format::open_with(
+            format!("s3://{bucket}/{name}"),
+            &options.clone().with_label_base(1),
+        )
+        .err()
+        .unwrap_or_else(|| panic!("{name}: opened with ranged reads"));
+        assert!(
+            matches!(&err, Error::Config(message) if message.contains(says) && message.contains("ranged reads")),
+            "{name}: {err}"
+        );
+    }
+}

@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 _Path = Union[str, PathLike[str]]
 # What ``imagefeed._reading.reading_options`` makes: hdf5_images, hdf5_labels, label_base,
-# num_classes, allow_missing_shards, storage_options (a list of (key, value) pairs).
+# num_classes, allow_missing_shards, storage_options (a list of (key, value) pairs), ranged_reads.
 _Reading = Dict[str, Any]
 # (index, key, reason, replaced_by, kind, while_replacing)
 _BadTuple = Tuple[int, str, str, Optional[int], str, Optional[int]]

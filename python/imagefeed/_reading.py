@@ -37,6 +37,7 @@ def reading_options(
     num_classes: Optional[int] = None,
     allow_missing_shards: bool = False,
     storage_options: Optional[Dict[str, str]] = None,
+    ranged_reads: bool = False,
 ) -> Dict[str, object]:
     """The reading options as the native calls take them (checked there):
 
@@ -48,10 +49,15 @@ def reading_options(
     - ``storage_options``: object storage client options over the environment's, in
       object_store's names (``{"aws_endpoint": "http://127.0.0.1:9000",
       "aws_access_key_id": ..., "aws_secret_access_key": ...}``; ``max_retries`` and
-      ``retry_timeout`` in seconds bound transfers' retries).
+      ``retry_timeout`` in seconds bound transfers' retries);
+    - ``ranged_reads``: a dataset in object storage is read record by record, one ranged GET
+      each, instead of its shards being fetched whole into the cache (record shards with their
+      index; other formats in object storage raise :class:`~imagefeed.errors.ConfigError`).
+      Each read waits a round trip: give the loader many workers.
     """
-    if not isinstance(allow_missing_shards, bool):
-        raise errors.ConfigError(f"allow_missing_shards {allow_missing_shards!r}: must be True or False")
+    for flag, setting in (("allow_missing_shards", allow_missing_shards), ("ranged_reads", ranged_reads)):
+        if not isinstance(setting, bool):
+            raise errors.ConfigError(f"{flag} {setting!r}: must be True or False")
     for name, value in (("label_base", label_base), ("num_classes", num_classes)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise errors.ConfigError(f"{name} {value!r}: must be a non-negative int")
@@ -67,4 +73,5 @@ def reading_options(
         num_classes=num_classes,
         allow_missing_shards=allow_missing_shards,
         storage_options=sorted((storage_options or {}).items()),
+        ranged_reads=ranged_reads,
     )

@@ -48,6 +48,7 @@ class Dataset:
         num_classes: Optional[int] = None,
         allow_missing_shards: bool = False,
         storage_options: Optional[Dict[str, str]] = None,
+        ranged_reads: bool = False,
         max_pixels: Optional[int] = None,
     ):
         if decode not in _DECODES:
@@ -59,8 +60,9 @@ class Dataset:
         self.target_transform = target_transform
         self._options: Dict[str, Any] = dict(
             reading=reading_options(
-            hdf5_images, hdf5_labels, label_base, num_classes, allow_missing_shards, storage_options
-        ),
+                hdf5_images, hdf5_labels, label_base, num_classes, allow_missing_shards,
+                storage_options, ranged_reads,
+            ),
             max_pixels=max_pixels,
         )
         self._native: Optional[_native.NativeDataset] = None

@@ -242,11 +242,13 @@ class Loader:
         num_classes: Optional[int] = None,
         allow_missing_shards: bool = False,
         storage_options: Optional[Dict[str, str]] = None,
+        ranged_reads: bool = False,
         shard_window: Optional[int] = None,
     ):
         paths = dataset_paths(path)
         reading = reading_options(
-            hdf5_images, hdf5_labels, label_base, num_classes, allow_missing_shards, storage_options
+            hdf5_images, hdf5_labels, label_base, num_classes, allow_missing_shards, storage_options,
+            ranged_reads,
         )
         if output not in _OUTPUTS:
             raise errors.ConfigError(f"output {output!r}: must be one of {', '.join(_OUTPUTS)}")

@@ -26,7 +26,8 @@ use crate::errors::{config, to_py};
 
 /// The reading options every Python call that opens a dataset takes, as the dict
 /// `imagefeed._reading.reading_options` makes (`hdf5_images`, `hdf5_labels`, `label_base`,
-/// `num_classes`, `allow_missing_shards`; None: imagefeed's defaults), made one `OpenOptions`.
+/// `num_classes`, `allow_missing_shards`, `storage_options`, `ranged_reads`; None: imagefeed's
+/// defaults), made one `OpenOptions`.
 #[derive(FromPyObject, Default)]
 #[pyo3(from_item_all)]
 pub(crate) struct Reading {
@@ -36,12 +37,14 @@ pub(crate) struct Reading {
     num_classes: Option<usize>,
     allow_missing_shards: bool,
     storage_options: Vec<(String, String)>,
+    ranged_reads: bool,
 }
 
 impl Reading {
     pub(crate) fn open_options(self) -> imagefeed::format::OpenOptions {
         let mut options = imagefeed::format::OpenOptions::default()
-            .with_allow_missing_shards(self.allow_missing_shards);
+            .with_allow_missing_shards(self.allow_missing_shards)
+            .with_ranged_reads(self.ranged_reads);
         if let Some(images) = self.hdf5_images {
             options.hdf5.images = images;
         }

@@ -94,3 +94,21 @@ def test_wrong_credentials_and_urls_are_clear_errors(storage):
     assert "unknown scheme" in str(e.value)
     with pytest.raises(imagefeed.ConfigError):
         imagefeed.Dataset(f"s3://{bucket}/x", storage_options={"aws_endpoint": 3})
+
+
+def test_ranged_reads_read_each_record_alone(storage, tree, tmp_path):
+    bucket, options = storage
+    url = f"s3://{bucket}/ranged.records"
+    imagefeed.pack(tree, url, "records", progress=False, storage_options=options,
+                   shard_bytes=64 << 10)
+    whole = imagefeed.Dataset(url, storage_options=options)
+    ranged = imagefeed.Dataset(url, storage_options=options, ranged_reads=True)
+    assert [ranged[i] for i in range(0, len(ranged), 7)] == [whole[i] for i in range(0, len(whole), 7)]
+    kw = dict(batch_size=32, workers=4, seed=3, output="numpy", transform=T.cifar_train(),
+              rank=0, world_size=1)
+    a = [(x.tobytes(), y.tolist()) for x, y in imagefeed.Loader(url, storage_options=options, **kw)]
+    b = [(x.tobytes(), y.tolist()) for x, y in
+         imagefeed.Loader(url, storage_options=options, ranged_reads=True, **kw)]
+    assert a == b
+    with pytest.raises(imagefeed.ConfigError):
+        imagefeed.Dataset(url, storage_options=options, ranged_reads="yes")

@@ -231,6 +231,9 @@ pub struct OpenOptions {
     /// Object storage client options (`aws_endpoint`, `aws_access_key_id`, ...), over the
     /// environment's ([`RemoteUrl::with_options`](crate::remote::RemoteUrl::with_options)).
     pub storage_options: Vec<(String, String)>,
+    /// Datasets in object storage: read each record with a ranged GET of its own instead of
+    /// fetching whole shards into the cache ([`with_ranged_reads`](Self::with_ranged_reads)).
+    pub ranged_reads: bool,
 }
 
 impl OpenOptions {
@@ -279,6 +282,19 @@ impl OpenOptions {
     /// environment's.
     pub fn with_storage_option(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.storage_options.push((key.into(), value.into()));
+        self
+    }
+
+    /// Reads each record of a dataset in object storage with a ranged GET of its own (checked
+    /// against the object's listed version, and by the record's CRCs) instead of fetching its
+    /// shards whole into the cache: for reading a few records of a dataset too large to cache,
+    /// or a machine without room for shards. Each read waits a round trip, so throughput
+    /// comes from many reads at once: give the loader many workers. Needs each record's place
+    /// at open: record shards with their index (ours; other tools' after `pack-dataset
+    /// index`). Other formats in object storage (WebDataset, MDS, LMDB, HDF5) are refused
+    /// with this option; local datasets ignore it.
+    pub fn with_ranged_reads(mut self, ranged: bool) -> Self {
+        self.ranged_reads = ranged;
         self
     }
 }

@@ -54,6 +54,7 @@ fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
     let label = PathBuf::from(url.to_string());
     if name == mds::index::INDEX {
         // An MDS dataset named by its index: the prefix holding it.
+        refuse_ranged(options, &label, "Mosaic MDS")?;
         let dir = url.parent();
         let listing = store::list_dir(&dir, Patience::Open)?;
         let dataset = mds::remote::open(&dir, &listing, options, &cache)?;
@@ -70,6 +71,7 @@ fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
         && let Some(object) = store::head(&url, Patience::Open)?
     {
         if !is_shard(&object) {
+            refuse_ranged(options, &label, "a single-file dataset (LMDB, HDF5)")?;
             return open_single_file(&object, options, &cache).map(Opened::Other);
         }
         (vec![object], false, Vec::new())
@@ -87,9 +89,11 @@ fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
             .iter()
             .any(|o| o.url.file_name() == records::MANIFEST)
         {
-            return records::remote::open_ours(&url, &listing, &cache).map(Opened::Records);
+            return records::remote::open_ours(&url, &listing, options, &cache)
+                .map(Opened::Records);
         }
         if mds::remote::holds_index(&listing) {
+            refuse_ranged(options, &label, "Mosaic MDS")?;
             let dataset = mds::remote::open(&url, &listing, options, &cache)?;
             return Ok(Opened::Other(Arc::new(dataset)));
         }
@@ -125,6 +129,11 @@ fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
         .iter()
         .all(|o| webdataset::is_shard_name(std::path::Path::new(o.url.file_name())));
     if tars {
+        refuse_ranged(
+            options,
+            &label,
+            "WebDataset (a tar has no index of its members)",
+        )?;
         let dataset = webdataset::remote::open(&url, &objects, set, options, &cache)?;
         return Ok(Opened::Other(Arc::new(dataset)));
     }
@@ -134,6 +143,19 @@ fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
     let indexes = store::list_dir(&dir.join(records::INDEX_DIR), Patience::Open)?;
     records::remote::open_foreign(&url, &objects, set, &indexes, options, &cache)
         .map(Opened::Records)
+}
+
+/// With [`OpenOptions::ranged_reads`], a dataset of `format` is refused: its records' places
+/// are not known without fetching its files whole, which the option asked not to do.
+fn refuse_ranged(options: &OpenOptions, label: &std::path::Path, format: &str) -> Result<()> {
+    if !options.ranged_reads {
+        return Ok(());
+    }
+    Err(Error::Config(format!(
+        "{}: ranged reads need each record's place at open (record shards with their index); \
+         {format} is read by fetching its files whole: open it without ranged reads",
+        label.display()
+    )))
 }
 
 /// A single-file dataset (LMDB, HDF5) in object storage: fetched whole into the cache, then

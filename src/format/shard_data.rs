@@ -58,6 +58,8 @@ struct RemoteSource {
     cache: crate::cache::Cache,
     /// The mapping while the shard is in use.
     resident: Mutex<Option<Arc<Mapped>>>,
+    /// Read record by record ([`ShardData::read_range`]), never fetched whole by the planner.
+    ranged: bool,
 }
 
 /// One shard's bytes (see the module docs).
@@ -88,7 +90,57 @@ impl ShardData {
                 object,
                 cache,
                 resident: Mutex::new(None),
+                ranged: false,
             })),
+        }
+    }
+
+    /// A remote shard whose records are read one ranged GET each, the shard never fetched
+    /// whole ([`OpenOptions::ranged_reads`](crate::format::OpenOptions::ranged_reads)).
+    #[cfg(feature = "remote")]
+    pub(crate) fn ranged(
+        object: crate::remote::store::ObjectInfo,
+        cache: crate::cache::Cache,
+    ) -> ShardData {
+        let mut data = ShardData::remote(object, cache);
+        if let Source::Remote(remote) = &mut data.source {
+            remote.ranged = true;
+        }
+        data
+    }
+
+    /// True for a shard read record by record ([`ShardData::ranged`]).
+    pub fn is_ranged(&self) -> bool {
+        match &self.source {
+            Source::Local(_) => false,
+            #[cfg(feature = "remote")]
+            Source::Remote(remote) => remote.ranged,
+        }
+    }
+
+    /// Bytes `offset..offset + len` of the shard into `out`: one ranged GET for a remote shard
+    /// (checked against the listed version), a copy for a local one.
+    pub(crate) fn read_range(&self, offset: u64, len: u64, out: &mut Vec<u8>) -> Result<()> {
+        match &self.source {
+            Source::Local(mapped) => {
+                let bytes = usize::try_from(offset)
+                    .ok()
+                    .zip(usize::try_from(len).ok())
+                    .and_then(|(start, len)| mapped.bytes().get(start..start.checked_add(len)?));
+                out.clear();
+                out.extend_from_slice(bytes.ok_or_else(|| crate::Error::Io {
+                    path: self.name.clone(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        format!("bytes {offset}..+{len} are past the shard's end"),
+                    ),
+                })?);
+                Ok(())
+            }
+            #[cfg(feature = "remote")]
+            Source::Remote(remote) => {
+                crate::remote::store::get_range(&remote.object, offset, len, out)
+            }
         }
     }
 
@@ -180,10 +232,18 @@ impl ShardData {
         !matches!(self.source, Source::Local(_))
     }
 
+    /// True for a shard the planner fetches whole ahead of the readers: a remote one not read
+    /// record by record.
+    fn fetched_whole(&self) -> bool {
+        self.is_remote() && !self.is_ranged()
+    }
+
     /// For a remote shard: its size, and the byte limit of the cache it is fetched into.
     fn cache_cost(&self) -> Option<(u64, Option<u64>)> {
         match &self.source {
             Source::Local(_) => None,
+            #[cfg(feature = "remote")]
+            Source::Remote(remote) if remote.ranged => None,
             #[cfg(feature = "remote")]
             Source::Remote(remote) => Some((remote.object.size, remote.cache.limit())),
         }
@@ -256,7 +316,7 @@ struct PlanState {
 impl ShardPlanner {
     /// A planner over `shards` (by shard number); `None` when none of them is remote.
     pub fn new(shards: Vec<Arc<ShardData>>) -> Option<ShardPlanner> {
-        if !shards.iter().any(|s| s.is_remote()) {
+        if !shards.iter().any(|s| s.fetched_whole()) {
             return None;
         }
         Some(ShardPlanner {
@@ -322,7 +382,11 @@ fn run(shards: &[Arc<ShardData>], state: &(Mutex<PlanState>, std::sync::Condvar)
         }
         let missing: Vec<usize> = plan
             .into_iter()
-            .filter(|&n| shards.get(n).is_some_and(|s| s.get_if_resident().is_none()))
+            .filter(|&n| {
+                shards
+                    .get(n)
+                    .is_some_and(|s| s.fetched_whole() && s.get_if_resident().is_none())
+            })
             .collect();
         for round in missing.chunks(FETCHES_AT_ONCE) {
             std::thread::scope(|scope| {

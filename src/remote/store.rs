@@ -414,6 +414,60 @@ pub fn get_small(url: &RemoteUrl, limit: u64, patience: Patience) -> Result<Vec<
     Ok(bytes.to_vec())
 }
 
+/// Bytes `offset..offset + len` of `object` into `out` (replacing what it held): one ranged
+/// GET, with `If-Match` on the listed ETag as [`download`] sends, so a replaced object is
+/// [`Error::FileChanged`] rather than bytes of another version; fewer bytes than asked (an
+/// object cut short since it was listed) is an error naming the object.
+pub fn get_range(object: &ObjectInfo, offset: u64, len: u64, out: &mut Vec<u8>) -> Result<()> {
+    let url = &object.url;
+    let end = offset.checked_add(len).filter(|&end| end <= object.size);
+    let Some(end) = end else {
+        return Err(Error::BadUrl {
+            url: url.to_string(),
+            reason: format!(
+                "bytes {offset}..{} asked of an object listed with {}",
+                offset.saturating_add(len),
+                object.size
+            ),
+        });
+    };
+    out.clear();
+    if len == 0 {
+        return Ok(());
+    }
+    let store = store(url, Patience::Transfer)?;
+    let location = store_path(url);
+    let bytes = retrying(Patience::Transfer, || {
+        block_on(async {
+            let options = GetOptions::new()
+                .with_if_match(object.etag.clone())
+                .with_range(Some(offset..end));
+            store.get_opts(&location, options).await?.bytes().await
+        })
+    })?
+    .map_err(|e| match e {
+        object_store::Error::Precondition { .. } => Error::FileChanged {
+            path: url.to_string().into(),
+            change: format!(
+                "the object is no longer the version listed with ETag {}",
+                object.etag.as_deref().unwrap_or("?")
+            ),
+        },
+        e => Error::remote(url, "reading a range of", e),
+    })?;
+    if bytes.len() as u64 != len {
+        return Err(Error::BadUrl {
+            url: url.to_string(),
+            reason: format!(
+                "a ranged read of bytes {offset}..{end} gave {} bytes (cut short since listed?)",
+                bytes.len()
+            ),
+        });
+    }
+    out.extend_from_slice(&bytes);
+    Ok(())
+}
+
 /// Streams the object `object` into `file` (at `path`, for messages), checking that it is as
 /// long as listed; returns the bytes written.
 ///

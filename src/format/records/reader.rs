@@ -857,6 +857,7 @@ impl Dataset for Records {
             shared: Arc::clone(&self.shared),
             key: String::new(),
             held: HeldShard::default(),
+            ranged: Vec::new(),
         }))
     }
 }
@@ -867,6 +868,8 @@ struct RecordsReader {
     key: String,
     /// The shard last read.
     held: HeldShard,
+    /// The last record read with a ranged GET, from a shard read record by record.
+    ranged: Vec<u8>,
 }
 
 impl RecordReader for RecordsReader {
@@ -879,7 +882,6 @@ impl RecordReader for RecordsReader {
         let (number, within) = self.shared.locate_number(index);
         let shared = &*self.shared;
         let shard = &shared.shards[number];
-        let map = self.held.bytes(number, &shard.data)?;
         let corrupt = |key: &str, reason: String| Error::CorruptRecord {
             path: shard.path.clone(),
             index,
@@ -891,16 +893,26 @@ impl RecordReader for RecordsReader {
             return Err(corrupt(&unnamed(), reason.clone()));
         }
         let (offset, len) = shard.records[within];
-        let bytes = record_bytes(map, offset, len).ok_or_else(|| {
-            corrupt(
-                &unnamed(),
-                format!(
-                    "the index puts it at bytes {offset}..{} but the shard has {} (truncated?)",
-                    offset.saturating_add(len),
-                    map.len()
-                ),
-            )
-        })?;
+        let bytes = if shard.data.is_ranged() {
+            // One GET for the record's bytes; its framing's CRCs check them below.
+            // (An error is the store's, as a failed whole-shard fetch is: FileChanged stays
+            // FileChanged, which fails the batch.)
+            shard.data.read_range(offset, len, &mut self.ranged)?;
+            &self.ranged[..]
+        } else {
+            let map = self.held.bytes(number, &shard.data)?;
+            record_bytes(map, offset, len).ok_or_else(|| {
+                corrupt(
+                    &unnamed(),
+                    format!(
+                        "the index puts it at bytes {offset}..{} but the shard has {} \
+                         (truncated?)",
+                        offset.saturating_add(len),
+                        map.len()
+                    ),
+                )
+            })?
+        };
         let data = unframe(bytes).map_err(|reason| corrupt(&unnamed(), reason))?;
         let features = example::parse(data).map_err(|reason| corrupt(&unnamed(), reason))?;
         let key = match example::bytes(&features, features::FILENAME)

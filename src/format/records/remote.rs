@@ -55,8 +55,23 @@ pub(crate) fn in_parallel<T: Sync, R: Send>(
         .collect()
 }
 
+/// The data of a remote shard: fetched whole when first read, or read record by record with
+/// ranged GETs ([`OpenOptions::ranged_reads`]).
+fn shard_data(object: &ObjectInfo, options: &OpenOptions, cache: &Cache) -> Arc<ShardData> {
+    Arc::new(if options.ranged_reads {
+        ShardData::ranged(object.clone(), cache.clone())
+    } else {
+        ShardData::remote(object.clone(), cache.clone())
+    })
+}
+
 /// Opens records of ours at `dir` (the manifest is `manifest`, listed in `listing`).
-pub(crate) fn open_ours(dir: &RemoteUrl, listing: &[ObjectInfo], cache: &Cache) -> Result<Records> {
+pub(crate) fn open_ours(
+    dir: &RemoteUrl,
+    listing: &[ObjectInfo],
+    options: &OpenOptions,
+    cache: &Cache,
+) -> Result<Records> {
     let manifest_url = dir.join(MANIFEST);
     let label = PathBuf::from(dir.to_string());
     let manifest_label = PathBuf::from(manifest_url.to_string());
@@ -86,7 +101,7 @@ pub(crate) fn open_ours(dir: &RemoteUrl, listing: &[ObjectInfo], cache: &Cache) 
         let records = entry_records(&index_label, &bytes, entry, shard.size)?;
         Ok(Shard {
             path: PathBuf::from(shard.url.to_string()),
-            data: Arc::new(ShardData::remote(shard.clone(), cache.clone())),
+            data: shard_data(shard, options, cache),
             records,
             damaged: Default::default(),
             unsaved_index: false,
@@ -107,7 +122,9 @@ pub(crate) fn open_foreign(
 ) -> Result<Records> {
     let label = PathBuf::from(name.to_string());
     let mut notices = set.notices(&label);
-    let opened = in_parallel(objects, |object| open_foreign_shard(object, indexes, cache))?;
+    let opened = in_parallel(objects, |object| {
+        open_foreign_shard(object, indexes, options, cache)
+    })?;
     let mut shards = Vec::with_capacity(opened.len());
     let mut scanned = 0u64;
     for (shard, scan_bytes) in opened {
@@ -145,6 +162,7 @@ fn shard_damage(shard: &Shard) -> Vec<(usize, String)> {
 fn open_foreign_shard(
     object: &ObjectInfo,
     indexes: &[ObjectInfo],
+    options: &OpenOptions,
     cache: &Cache,
 ) -> Result<(Shard, u64)> {
     let path = PathBuf::from(object.url.to_string());
@@ -157,13 +175,20 @@ fn open_foreign_shard(
         return Ok((
             Shard {
                 path,
-                data: Arc::new(ShardData::remote(object.clone(), cache.clone())),
+                data: shard_data(object, options, cache),
                 records,
                 damaged: Default::default(),
                 unsaved_index: false,
             },
             0,
         ));
+    }
+    if options.ranged_reads {
+        return Err(crate::error::Error::Config(format!(
+            "{}: ranged reads need the shard's index, and it has none (no {index_name} in \
+             index/): `pack-dataset index` saves the indexes of a set once",
+            object.url
+        )));
     }
     let cached = fetch::fetch(object, cache)?;
     let (mapped, damage, compressed) = scanned_copy(&path, cached, cache)?;
