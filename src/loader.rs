@@ -1223,6 +1223,8 @@ impl Worker {
         let mut labels = Vec::with_capacity(job.indices.len());
         let mut bad = Vec::new();
         let mut times = StageTimes::starting_now();
+        // Reads that wait on the network (ranged reads from object storage) start together.
+        self.reader.plan_reads(&job.indices);
         // The samples, in a closure so that the stage times are counted however it ends.
         let mut fill = || -> Result<()> {
             for (position, &index) in job.indices.iter().enumerate() {

@@ -53,7 +53,7 @@ def reading_options(
     - ``ranged_reads``: a dataset in object storage is read record by record, one ranged GET
       each, instead of its shards being fetched whole into the cache (record shards with their
       index; other formats in object storage raise :class:`~imagefeed.errors.ConfigError`).
-      Each read waits a round trip: give the loader many workers.
+      Each read waits a round trip; a worker starts its batch's reads together.
     """
     for flag, setting in (("allow_missing_shards", allow_missing_shards), ("ranged_reads", ranged_reads)):
         if not isinstance(setting, bool):

@@ -288,11 +288,12 @@ impl OpenOptions {
     /// Reads each record of a dataset in object storage with a ranged GET of its own (checked
     /// against the object's listed version, and by the record's CRCs) instead of fetching its
     /// shards whole into the cache: for reading a few records of a dataset too large to cache,
-    /// or a machine without room for shards. Each read waits a round trip, so throughput
-    /// comes from many reads at once: give the loader many workers. Needs each record's place
-    /// at open: record shards with their index (ours; other tools' after `pack-dataset
-    /// index`). Other formats in object storage (WebDataset, MDS, LMDB, HDF5) are refused
-    /// with this option; local datasets ignore it.
+    /// or a machine without room for shards. Each read waits a round trip: a loader worker
+    /// starts its batch's reads together
+    /// ([`RecordReader::plan_reads`](crate::dataset::RecordReader::plan_reads)), so a batch
+    /// costs about one. Needs each record's place at open: record shards with their index
+    /// (ours; other tools' after `pack-dataset index`). Other formats in object storage
+    /// (WebDataset, MDS, LMDB, HDF5) are refused with this option; local datasets ignore it.
     pub fn with_ranged_reads(mut self, ranged: bool) -> Self {
         self.ranged_reads = ranged;
         self

@@ -227,6 +227,23 @@ impl ShardData {
         }
     }
 
+    /// Starts reading bytes `offset..offset + len` of a shard read record by record
+    /// ([`ShardData::ranged`]); `None` for any other shard, or when the read cannot start (the
+    /// read that needs the bytes then reads them itself, and reports what went wrong).
+    #[cfg(feature = "remote")]
+    pub(crate) fn start_range(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> Option<crate::remote::store::PendingRange> {
+        match &self.source {
+            Source::Remote(remote) if remote.ranged => {
+                crate::remote::store::start_range(&remote.object, offset, len).ok()
+            }
+            _ => None,
+        }
+    }
+
     /// True for a shard in object storage.
     pub fn is_remote(&self) -> bool {
         !matches!(self.source, Source::Local(_))

@@ -415,13 +415,27 @@ pub fn get_small(url: &RemoteUrl, limit: u64, patience: Patience) -> Result<Vec<
 }
 
 /// Bytes `offset..offset + len` of `object` into `out` (replacing what it held): one ranged
-/// GET, with `If-Match` on the listed ETag as [`download`] sends, so a replaced object is
-/// [`Error::FileChanged`] rather than bytes of another version; fewer bytes than asked (an
-/// object cut short since it was listed) is an error naming the object.
+/// GET ([`start_range`], waited for at once).
 pub fn get_range(object: &ObjectInfo, offset: u64, len: u64, out: &mut Vec<u8>) -> Result<()> {
+    start_range(object, offset, len)?.wait(out)
+}
+
+/// A ranged GET under way on the process's runtime ([`start_range`]); dropped before it is
+/// waited for, it is cancelled.
+pub struct PendingRange {
+    object: ObjectInfo,
+    offset: u64,
+    len: u64,
+    task: Option<tokio::task::JoinHandle<std::result::Result<Vec<u8>, object_store::Error>>>,
+}
+
+/// Starts reading bytes `offset..offset + len` of `object`: a GET with that range and
+/// `If-Match` on the listed ETag (as [`download`] sends), so a replaced object is
+/// [`Error::FileChanged`] rather than bytes of another version. Transient failures are retried
+/// as the blocking calls retry them. Returns at once; [`PendingRange::wait`] gives the bytes.
+pub fn start_range(object: &ObjectInfo, offset: u64, len: u64) -> Result<PendingRange> {
     let url = &object.url;
-    let end = offset.checked_add(len).filter(|&end| end <= object.size);
-    let Some(end) = end else {
+    let Some(end) = offset.checked_add(len).filter(|&end| end <= object.size) else {
         return Err(Error::BadUrl {
             url: url.to_string(),
             reason: format!(
@@ -431,41 +445,87 @@ pub fn get_range(object: &ObjectInfo, offset: u64, len: u64, out: &mut Vec<u8>) 
             ),
         });
     };
-    out.clear();
-    if len == 0 {
-        return Ok(());
+    let task = if len == 0 {
+        None
+    } else {
+        let store = store(url, Patience::Transfer)?;
+        let location = store_path(url);
+        let options = GetOptions::new()
+            .with_if_match(object.etag.clone())
+            .with_range(Some(offset..end));
+        Some(state()?.runtime.spawn(async move {
+            let mut pause = Duration::from_millis(200);
+            for attempt in 1.. {
+                let result = async {
+                    store
+                        .get_opts(&location, options.clone())
+                        .await?
+                        .bytes()
+                        .await
+                }
+                .await;
+                match result {
+                    Err(e) if transient(&e) && attempt < 8 => {
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_secs(5));
+                    }
+                    done => return done.map(|bytes| bytes.to_vec()),
+                }
+            }
+            unreachable!("the loop returns")
+        }))
+    };
+    Ok(PendingRange {
+        object: object.clone(),
+        offset,
+        len,
+        task,
+    })
+}
+
+impl PendingRange {
+    /// Waits for the bytes and puts them in `out` (replacing what it held); fewer bytes than
+    /// asked (an object cut short since it was listed) is an error naming the object.
+    pub fn wait(mut self, out: &mut Vec<u8>) -> Result<()> {
+        out.clear();
+        let Some(task) = self.task.take() else {
+            return Ok(());
+        };
+        let url = &self.object.url;
+        let bytes = block_on(task)?
+            .map_err(|e| Error::io(url.to_string(), std::io::Error::other(e)))?
+            .map_err(|e| match e {
+                object_store::Error::Precondition { .. } => Error::FileChanged {
+                    path: url.to_string().into(),
+                    change: format!(
+                        "the object is no longer the version listed with ETag {}",
+                        self.object.etag.as_deref().unwrap_or("?")
+                    ),
+                },
+                e => Error::remote(url, "reading a range of", e),
+            })?;
+        if bytes.len() as u64 != self.len {
+            return Err(Error::BadUrl {
+                url: url.to_string(),
+                reason: format!(
+                    "a ranged read of bytes {}..{} gave {} bytes (cut short since listed?)",
+                    self.offset,
+                    self.offset + self.len,
+                    bytes.len()
+                ),
+            });
+        }
+        out.extend_from_slice(&bytes);
+        Ok(())
     }
-    let store = store(url, Patience::Transfer)?;
-    let location = store_path(url);
-    let bytes = retrying(Patience::Transfer, || {
-        block_on(async {
-            let options = GetOptions::new()
-                .with_if_match(object.etag.clone())
-                .with_range(Some(offset..end));
-            store.get_opts(&location, options).await?.bytes().await
-        })
-    })?
-    .map_err(|e| match e {
-        object_store::Error::Precondition { .. } => Error::FileChanged {
-            path: url.to_string().into(),
-            change: format!(
-                "the object is no longer the version listed with ETag {}",
-                object.etag.as_deref().unwrap_or("?")
-            ),
-        },
-        e => Error::remote(url, "reading a range of", e),
-    })?;
-    if bytes.len() as u64 != len {
-        return Err(Error::BadUrl {
-            url: url.to_string(),
-            reason: format!(
-                "a ranged read of bytes {offset}..{end} gave {} bytes (cut short since listed?)",
-                bytes.len()
-            ),
-        });
+}
+
+impl Drop for PendingRange {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
     }
-    out.extend_from_slice(&bytes);
-    Ok(())
 }
 
 /// Streams the object `object` into `file` (at `path`, for messages), checking that it is as

@@ -858,6 +858,8 @@ impl Dataset for Records {
             key: String::new(),
             held: HeldShard::default(),
             ranged: Vec::new(),
+            #[cfg(feature = "remote")]
+            ahead: ReadAhead::default(),
         }))
     }
 }
@@ -870,6 +872,60 @@ struct RecordsReader {
     held: HeldShard,
     /// The last record read with a ranged GET, from a shard read record by record.
     ranged: Vec<u8>,
+    /// Ranged reads started ahead of need.
+    #[cfg(feature = "remote")]
+    ahead: ReadAhead,
+}
+
+/// The ranged reads of one worker's next records, started before they are read
+/// ([`RecordReader::plan_reads`]): a batch costs about one round trip, not one per record.
+#[cfg(feature = "remote")]
+#[derive(Default)]
+struct ReadAhead {
+    /// Planned records not yet started, in order.
+    planned: std::collections::VecDeque<usize>,
+    /// Started reads: the record, its length, the read.
+    started: Vec<(usize, u64, crate::remote::store::PendingRange)>,
+}
+
+/// At most this many ranged reads under way per worker...
+#[cfg(feature = "remote")]
+const READ_AHEAD_RECORDS: usize = 64;
+/// ... and at most this many bytes.
+#[cfg(feature = "remote")]
+const READ_AHEAD_BYTES: u64 = 32 << 20;
+
+#[cfg(feature = "remote")]
+impl ReadAhead {
+    /// Starts planned reads until the bounds are reached.
+    fn top_up(&mut self, shared: &Shared) {
+        let mut bytes: u64 = self.started.iter().map(|(_, len, _)| len).sum();
+        while self.started.len() < READ_AHEAD_RECORDS && bytes < READ_AHEAD_BYTES {
+            let Some(index) = self.planned.pop_front() else {
+                break;
+            };
+            if index >= shared.info.num_samples {
+                continue;
+            }
+            let (number, within) = shared.locate_number(index);
+            let shard = &shared.shards[number];
+            if shard.damaged.contains_key(&within) {
+                continue;
+            }
+            let (offset, len) = shard.records[within];
+            if let Some(read) = shard.data.start_range(offset, len) {
+                bytes += len;
+                self.started.push((index, len, read));
+            }
+        }
+    }
+
+    /// The started read of record `index`, if there is one (and it is no longer planned).
+    fn take(&mut self, index: usize) -> Option<crate::remote::store::PendingRange> {
+        self.planned.retain(|&i| i != index);
+        let at = self.started.iter().position(|(i, _, _)| *i == index)?;
+        Some(self.started.swap_remove(at).2)
+    }
 }
 
 impl RecordReader for RecordsReader {
@@ -897,6 +953,17 @@ impl RecordReader for RecordsReader {
             // One GET for the record's bytes; its framing's CRCs check them below.
             // (An error is the store's, as a failed whole-shard fetch is: FileChanged stays
             // FileChanged, which fails the batch.)
+            #[cfg(feature = "remote")]
+            {
+                let started = self.ahead.take(index);
+                let read = match started {
+                    Some(read) => read.wait(&mut self.ranged),
+                    None => shard.data.read_range(offset, len, &mut self.ranged),
+                };
+                self.ahead.top_up(shared);
+                read?;
+            }
+            #[cfg(not(feature = "remote"))]
             shard.data.read_range(offset, len, &mut self.ranged)?;
             &self.ranged[..]
         } else {
@@ -945,6 +1012,18 @@ impl RecordReader for RecordsReader {
             label,
             payload,
         })
+    }
+
+    fn plan_reads(&mut self, indices: &[usize]) {
+        #[cfg(feature = "remote")]
+        if self.shared.shards.iter().any(|s| s.data.is_ranged()) {
+            // A new batch: reads left from the last one (not read after all) are cancelled.
+            self.ahead.started.clear();
+            self.ahead.planned = indices.iter().copied().collect();
+            self.ahead.top_up(&self.shared);
+        }
+        #[cfg(not(feature = "remote"))]
+        let _ = indices;
     }
 
     fn prefetch(&mut self, index: usize) {
