@@ -399,24 +399,61 @@ pub fn fingerprint(dataset: &dyn Dataset) -> String {
     let len = dataset.len();
     if len > 0 {
         let probes = FINGERPRINT_PROBES.min(len);
-        let mut reader = dataset.open_reader().ok();
-        for probe in 0..probes {
-            let index = if probes == 1 {
-                0
-            } else {
-                probe * (len - 1) / (probes - 1)
-            };
-            match reader.as_mut().map(|r| r.read(index)) {
-                Some(Ok(record)) => {
-                    field(record.key.as_bytes());
-                    field(&record.label.to_le_bytes());
-                    field(record.payload);
+        let indices: Vec<usize> = (0..probes)
+            .map(|probe| {
+                if probes == 1 {
+                    0
+                } else {
+                    probe * (len - 1) / (probes - 1)
                 }
-                _ => field(b"unreadable"),
+            })
+            .collect();
+        for probe in probe_records(dataset, &indices) {
+            match probe {
+                Some((key, label, payload)) => {
+                    field(key.as_bytes());
+                    field(&label.to_le_bytes());
+                    field(&payload);
+                }
+                None => field(b"unreadable"),
             }
         }
     }
     hex(&hash.finalize()[..16])
+}
+
+/// `(key, label, payload)` of each record of `indices` (`None`: unreadable), read at once, a
+/// thread and a reader each: in object storage each probe may fetch a shard, and fetched one
+/// after another they were most of the time to the first batch (eight round trips and eight
+/// shard downloads before the loader started). Read one by one where threads cannot start.
+fn probe_records(dataset: &dyn Dataset, indices: &[usize]) -> Vec<Option<(String, u32, Vec<u8>)>> {
+    let probe = |index: usize| -> Option<(String, u32, Vec<u8>)> {
+        let mut reader = dataset.open_reader().ok()?;
+        let record = reader.read(index).ok()?;
+        Some((
+            record.key.to_string(),
+            record.label,
+            record.payload.to_vec(),
+        ))
+    };
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = indices
+            .iter()
+            .map(|&index| {
+                std::thread::Builder::new()
+                    .name("imagefeed-fingerprint".into())
+                    .spawn_scoped(scope, move || probe(index))
+                    .map_err(|_| index)
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|handle| match handle {
+                Ok(handle) => handle.join().unwrap_or(None),
+                Err(index) => probe(index),
+            })
+            .collect()
+    })
 }
 
 /// Lower-case hex of a digest.

@@ -313,15 +313,29 @@ impl HeldShard {
 /// Fetches a dataset's remote shards ahead of the loader and lets go of those it has moved
 /// past ([`Dataset::plan_shards`](crate::dataset::Dataset::plan_shards)): a thread of its own,
 /// started by the first plan (opening starts none), working on the latest plan only, with
-/// [`FETCHES_AT_ONCE`] downloads in flight. It ends with the dataset.
+/// [`fetchers`] downloads in flight. It ends with the dataset.
 pub struct ShardPlanner {
     shards: Arc<[Arc<ShardData>]>,
     /// The latest plan, and whether the thread runs.
     state: Arc<(Mutex<PlanState>, std::sync::Condvar)>,
 }
 
-/// Shards fetched at once by the planner.
-pub const FETCHES_AT_ONCE: usize = 8;
+/// Bytes the planner aims to have downloading at once: small shards are fetched many at a
+/// time, so that each round trip's latency is shared by more of them.
+const FETCH_BYTES_IN_FLIGHT: u64 = 64 << 20;
+
+/// Shards the planner fetches at once: enough to have [`FETCH_BYTES_IN_FLIGHT`] under way,
+/// between 8 (large shards) and 32 (small ones; CIFAR-size datasets in 2 MiB shards).
+fn fetchers(shards: &[Arc<ShardData>]) -> usize {
+    let sizes: Vec<u64> = shards
+        .iter()
+        .filter_map(|s| s.cache_cost().map(|(size, _)| size))
+        .collect();
+    let mean = sizes.iter().sum::<u64>() / (sizes.len() as u64).max(1);
+    usize::try_from(FETCH_BYTES_IN_FLIGHT / mean.max(1))
+        .unwrap_or(usize::MAX)
+        .clamp(8, 32)
+}
 
 #[derive(Default)]
 struct PlanState {
@@ -376,6 +390,7 @@ impl Drop for ShardPlanner {
 /// newer plan is taken up between rounds).
 fn run(shards: &[Arc<ShardData>], state: &(Mutex<PlanState>, std::sync::Condvar)) {
     let (lock, wake) = state;
+    let at_once = fetchers(shards);
     loop {
         let plan = {
             let mut guard = lock.lock().expect("not poisoned");
@@ -405,20 +420,31 @@ fn run(shards: &[Arc<ShardData>], state: &(Mutex<PlanState>, std::sync::Condvar)
                     .is_some_and(|s| s.fetched_whole() && s.get_if_resident().is_none())
             })
             .collect();
-        for round in missing.chunks(FETCHES_AT_ONCE) {
-            std::thread::scope(|scope| {
-                for &number in round {
-                    let shard = Arc::clone(&shards[number]);
-                    // A failed fetch is retried by the read that needs the shard, which
-                    // reports it as a bad sample naming the shard.
-                    scope.spawn(move || drop(shard.get()));
-                }
-            });
-            let guard = lock.lock().expect("not poisoned");
-            if guard.closed || guard.plan.is_some() {
-                break;
+        // The fetchers take the plan's shards in order, each the next one as soon as it is
+        // done (no round waits for its slowest shard), and stop taking more once a newer plan
+        // has come.
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..at_once.min(missing.len()) {
+                scope.spawn(|| {
+                    loop {
+                        {
+                            let guard = lock.lock().expect("not poisoned");
+                            if guard.closed || guard.plan.is_some() {
+                                return;
+                            }
+                        }
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&number) = missing.get(i) else {
+                            return;
+                        };
+                        // A failed fetch is retried by the read that needs the shard, which
+                        // reports it as a bad sample naming the shard.
+                        drop(shards[number].get());
+                    }
+                });
             }
-        }
+        });
     }
 }
 

@@ -11,7 +11,7 @@ use crate::cache::Cache;
 use crate::error::Result;
 use crate::format::OpenOptions;
 use crate::format::compressed;
-use crate::format::records::remote::in_parallel;
+use crate::format::records::remote::{SHARDS_AT_ONCE, in_parallel};
 use crate::format::shard_data::{Mapped, ShardData};
 use crate::remote::store::{self, ObjectInfo, Patience};
 use crate::remote::{RemoteUrl, fetch};
@@ -55,7 +55,7 @@ pub(crate) fn open(
         wanted.push((object, entry));
     }
     let mut notices = index.notes.clone();
-    let fetched = in_parallel(&wanted, |((object, compression), entry)| {
+    let fetched = in_parallel(&wanted, SHARDS_AT_ONCE, |((object, compression), entry)| {
         let path = PathBuf::from(object.url.to_string());
         let cached = fetch::fetch(object, cache)?;
         Ok(match compression {

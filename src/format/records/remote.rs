@@ -24,18 +24,22 @@ use crate::remote::{RemoteUrl, fetch};
 /// The most bytes a manifest or an index may have to be read into memory.
 const SMALL: u64 = 256 << 20;
 
-/// Runs `f` on every item, `CONCURRENCY` at a time (fetches wait on the network, not the
-/// CPU), and returns the results in order.
+/// Whole shards fetched at once while opening (fetches wait on the network, not the CPU).
+pub(crate) const SHARDS_AT_ONCE: usize = 8;
+/// Small objects (indexes) fetched at once while opening: each is mostly a round trip.
+const INDEXES_AT_ONCE: usize = 32;
+
+/// Runs `f` on every item, `at_once` at a time, and returns the results in order.
 pub(crate) fn in_parallel<T: Sync, R: Send>(
     items: &[T],
+    at_once: usize,
     f: impl Fn(&T) -> Result<R> + Sync,
 ) -> Result<Vec<R>> {
-    const CONCURRENCY: usize = 8;
     let next = std::sync::atomic::AtomicUsize::new(0);
     let results: Vec<std::sync::Mutex<Option<Result<R>>>> =
         items.iter().map(|_| std::sync::Mutex::new(None)).collect();
     std::thread::scope(|scope| {
-        for _ in 0..CONCURRENCY.min(items.len()) {
+        for _ in 0..at_once.min(items.len()) {
             scope.spawn(|| {
                 loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -95,7 +99,7 @@ pub(crate) fn open_ours(
         .iter()
         .map(|entry| Ok((find(&entry.file)?, find(&entry.index)?, entry)))
         .collect::<Result<_>>()?;
-    let shards = in_parallel(&entries, |(shard, index, entry)| {
+    let shards = in_parallel(&entries, INDEXES_AT_ONCE, |(shard, index, entry)| {
         let index_label = PathBuf::from(index.url.to_string());
         let bytes = store::get_small(&index.url, SMALL, Patience::Open)?;
         let records = entry_records(&index_label, &bytes, entry, shard.size)?;
@@ -122,7 +126,7 @@ pub(crate) fn open_foreign(
 ) -> Result<Records> {
     let label = PathBuf::from(name.to_string());
     let mut notices = set.notices(&label);
-    let opened = in_parallel(objects, |object| {
+    let opened = in_parallel(objects, SHARDS_AT_ONCE, |object| {
         open_foreign_shard(object, indexes, options, cache)
     })?;
     let mut shards = Vec::with_capacity(opened.len());

@@ -10,7 +10,7 @@ use crate::cache::Cache;
 use crate::error::Result;
 use crate::format::OpenOptions;
 use crate::format::compressed;
-use crate::format::records::remote::in_parallel;
+use crate::format::records::remote::{SHARDS_AT_ONCE, in_parallel};
 use crate::format::shard_data::Mapped;
 use crate::format::shards::SetReport;
 use crate::remote::store::ObjectInfo;
@@ -28,6 +28,7 @@ pub(crate) fn open(
     let mut notices = set.notices(&label);
     let fetched = in_parallel(
         objects,
+        SHARDS_AT_ONCE,
         |object| -> Result<(PathBuf, Mapped, Option<String>)> {
             let path = PathBuf::from(object.url.to_string());
             let cached = fetch::fetch(object, cache)?;
