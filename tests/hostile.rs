@@ -369,3 +369,55 @@ fn an_hdf5_key_that_is_not_utf8_is_an_error_naming_its_index_not_an_invalid_stri
         "{err}"
     );
 }
+
+/// The places of LMDB nodes `key` (8 bytes) with an inline value: the offsets of their
+/// headers (`mn_lo`, `mn_hi`, `mn_flags`, `mn_ksize`, then the key). Copy-on-write leaves
+/// earlier versions of a page in the file, so there are several: the live one among them.
+fn inline_nodes(file: &[u8], key: &[u8; 8]) -> Vec<usize> {
+    let found: Vec<usize> = file
+        .windows(16)
+        .enumerate()
+        .filter(|(_, w)| w[4..6] == [0, 0] && w[6..8] == [8, 0] && &w[8..16] == key)
+        .map(|(at, _)| at)
+        .collect();
+    assert!(!found.is_empty(), "no node with key {key:?}");
+    found
+}
+
+/// #30's finding 2: a flipped high byte of an LMDB node's value size made liblmdb hand back a
+/// slice running gigabytes past the map, and the checksum over it killed the process with
+/// SIGSEGV. Every value is now checked against the map first: the record is a bad record
+/// saying why, the others read, and `verify` reports it.
+#[test]
+fn an_lmdb_value_size_past_the_file_is_a_bad_record_not_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("train.lmdb");
+    support::pack_as(&fixture_root(), &out, PackFormat::Lmdb, &small_options());
+    let mut bytes = fs::read(&out).unwrap();
+    for node in inline_nodes(&bytes, &3u64.to_be_bytes()) {
+        bytes[node + 2..node + 4].copy_from_slice(&[0xff, 0x7f]); // mn_hi: ~2 GiB
+    }
+    fs::write(&out, &bytes).unwrap();
+
+    let ds = format::open(&out).unwrap();
+    let mut reader = ds.open_reader().unwrap();
+    match reader.read(3) {
+        Err(Error::CorruptRecord { index, reason, .. }) => {
+            assert_eq!(index, 3);
+            assert!(reason.contains("past the file's end"), "{reason}");
+        }
+        Err(other) => panic!("expected a corrupt record, got {other}"),
+        Ok(record) => panic!("read {} bytes past the file", record.payload.len()),
+    }
+    for index in (0..ds.len()).filter(|&i| i != 3) {
+        reader.read(index).unwrap();
+    }
+    drop((reader, ds));
+    let report = verify::verify(&out, None).unwrap();
+    assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
+    assert!(
+        report.problems[0].problem.contains("past the file's end"),
+        "{:?}",
+        report.problems
+    );
+}

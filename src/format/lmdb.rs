@@ -484,6 +484,69 @@ struct OpenEnv {
 /// file replaced on disk is not served from a stale map.
 static OPEN_ENVS: Mutex<Option<HashMap<PathBuf, OpenEnv>>> = Mutex::new(None);
 
+/// Where an environment's map of its file lies in memory, up to the file's length: every value
+/// liblmdb hands back must lie inside it. liblmdb takes a value's length from its node on the
+/// page as it is; a damaged node (a flipped high byte of its size) gives a slice running past
+/// the map, and reading it (a checksum, a parse) killed the process with SIGSEGV. Each value is
+/// checked against these bounds before anything reads it.
+#[derive(Debug, Clone, Copy, Default)]
+struct MapBounds(Option<(usize, usize)>);
+
+impl MapBounds {
+    /// The map of the file `(dev, ino)` this process holds (liblmdb maps it from offset 0),
+    /// from `/proc/self/maps`; unknown (no check) where that cannot be read.
+    fn of(dev: u64, ino: u64, file_len: u64) -> MapBounds {
+        let Ok(maps) = fs::read_to_string("/proc/self/maps") else {
+            return MapBounds(None);
+        };
+        let device = format!("{:02x}:{:02x}", libc::major(dev), libc::minor(dev));
+        for line in maps.lines() {
+            let fields: Vec<&str> = line.split_whitespace().take(5).collect();
+            let [range, _perms, offset, dev_field, inode] = fields[..] else {
+                continue;
+            };
+            if inode != ino.to_string() || !offset.trim_start_matches('0').is_empty() {
+                continue;
+            }
+            if !dev_field.eq_ignore_ascii_case(&device) {
+                continue;
+            }
+            let Some((start, end)) = range.split_once('-') else {
+                continue;
+            };
+            let (Ok(start), Ok(end)) = (
+                usize::from_str_radix(start, 16),
+                usize::from_str_radix(end, 16),
+            ) else {
+                continue;
+            };
+            let len = usize::try_from(file_len)
+                .unwrap_or(usize::MAX)
+                .min(end - start);
+            return MapBounds(Some((start, start + len)));
+        }
+        MapBounds(None)
+    }
+
+    /// `value` when it lies inside the map (or the map is unknown), else why not.
+    fn check<'v>(&self, value: &'v [u8]) -> std::result::Result<&'v [u8], String> {
+        let Some((start, end)) = self.0 else {
+            return Ok(value);
+        };
+        let at = value.as_ptr() as usize;
+        if at >= start && at <= end && value.len() <= end - at {
+            return Ok(value);
+        }
+        Err(format!(
+            "its node gives {} bytes at offset {} of a {}-byte file: past the file's end (a \
+             damaged LMDB page)",
+            value.len(),
+            at.wrapping_sub(start) as isize,
+            end - start
+        ))
+    }
+}
+
 /// Which of the two LMDB layouts a file has.
 #[derive(Clone)]
 enum Layout {
@@ -508,6 +571,7 @@ enum Layout {
 pub struct Lmdb {
     path: PathBuf,
     env: Arc<ReadEnv>,
+    bounds: MapBounds,
     layout: Layout,
     info: DatasetInfo,
     complete: bool,
@@ -554,15 +618,15 @@ impl Lmdb {
         // Small datasets stream into the page cache in one sequential read; see pagecache.
         crate::pagecache::prefetch_if_it_fits(&file);
         let len = file.metadata().at(path)?.len();
-        let env = shared_read_env(path, len)?;
+        let (env, bounds) = shared_read_env(path, len)?;
         let rtxn = env.read_txn().map_err(|e| Error::lmdb(path, e))?;
-        let meta: Option<Database<Str, Str>> = env
+        let meta: Option<Database<Str, Bytes>> = env
             .open_database(&rtxn, Some(META_DB))
             .map_err(|e| Error::lmdb(path, e))?;
         let Some(meta) = meta else {
-            return open_folder2lmdb(path, &env, rtxn, len);
+            return open_folder2lmdb(path, (&env, bounds), rtxn, len);
         };
-        let get = |key: &str| meta.get(&rtxn, key).map_err(|e| Error::lmdb(path, e));
+        let get = |key: &str| meta_text(path, bounds, &meta, &rtxn, key);
         let info_text =
             get(INFO_KEY)?.ok_or_else(|| Error::not_a_dataset(path, "meta/info is missing"))?;
         let record = parse_info(path, info_text)?;
@@ -577,7 +641,7 @@ impl Lmdb {
         let stored = samples.len(&rtxn).map_err(|e| Error::lmdb(path, e))? as usize;
         let mut notices = Vec::new();
         let checksums = if record.version >= CHECKSUMS_SINCE {
-            Some(read_checksums(path, &env, &rtxn, stored)?)
+            Some(read_checksums(path, (&env, bounds), &rtxn, stored)?)
         } else {
             // A version-1 file never has the checksums database: one that does had its info
             // record changed (a digit of "version"), which would switch the checks off.
@@ -611,6 +675,7 @@ impl Lmdb {
         Ok(Lmdb {
             path: path.to_path_buf(),
             env,
+            bounds,
             layout: Layout::Imagefeed { samples, checksums },
             info,
             complete: record.complete,
@@ -634,7 +699,7 @@ impl Lmdb {
 /// chunks keyed by their first index, which must follow one another from 0 to `stored`.
 fn read_checksums(
     path: &Path,
-    env: &Env<WithoutTls>,
+    (env, bounds): (&Env<WithoutTls>, MapBounds),
     rtxn: &RoTxn<'_, WithoutTls>,
     stored: usize,
 ) -> Result<Arc<[u32]>> {
@@ -650,6 +715,12 @@ fn read_checksums(
     let mut sums = Vec::with_capacity(stored);
     for entry in db.iter(rtxn).map_err(|e| Error::lmdb(path, e))? {
         let (key, value) = entry.map_err(|e| Error::lmdb(path, e))?;
+        let (key, value) = bounds
+            .check(key)
+            .and_then(|key| Ok((key, bounds.check(value)?)))
+            .map_err(|reason| {
+                Error::not_a_dataset(path, format!("the checksums database: {reason}"))
+            })?;
         let first = <[u8; 8]>::try_from(key).ok().map(u64::from_be_bytes);
         let count = value.len() / 4;
         if first != Some(sums.len() as u64) || value.len() % 4 != 0 || sums.len() + count > stored {
@@ -811,7 +882,34 @@ fn read_up_to(file: &mut fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(filled)
 }
 
-fn shared_read_env(path: &Path, file_len: u64) -> Result<Arc<ReadEnv>> {
+/// The text stored under `key` in `meta` (a meta database opened with byte values), checked to
+/// lie in the map before it is read.
+fn meta_text<'t>(
+    path: &Path,
+    bounds: MapBounds,
+    meta: &Database<Str, Bytes>,
+    rtxn: &'t RoTxn<'_, WithoutTls>,
+    key: &str,
+) -> Result<Option<&'t str>> {
+    let Some(value) = meta.get(rtxn, key).map_err(|e| Error::lmdb(path, e))? else {
+        return Ok(None);
+    };
+    let value = bounds
+        .check(value)
+        .map_err(|reason| Error::not_a_dataset(path, format!("meta/{key}: {reason}")))?;
+    std::str::from_utf8(value)
+        .map(Some)
+        .map_err(|_| Error::not_a_dataset(path, format!("meta/{key} is not UTF-8 text")))
+}
+
+/// The process's environment for `path` (one per file, shared), and where its map lies.
+fn shared_read_env(path: &Path, file_len: u64) -> Result<(Arc<ReadEnv>, MapBounds)> {
+    let env = read_env(path, file_len)?;
+    let meta = fs::metadata(path).at(path)?;
+    Ok((env, MapBounds::of(meta.dev(), meta.ino(), file_len)))
+}
+
+fn read_env(path: &Path, file_len: u64) -> Result<Arc<ReadEnv>> {
     let canonical = fs::canonicalize(path).at(path)?;
     let meta = fs::metadata(&canonical).at(path)?;
     let (dev, ino) = (meta.dev(), meta.ino());
@@ -890,6 +988,7 @@ impl Dataset for Lmdb {
         Ok(Box::new(LmdbReader {
             txn,
             _env: Arc::clone(&self.env),
+            bounds: self.bounds,
             layout: self.layout.clone(),
             path: self.path.clone(),
             info: self.info.clone(),
@@ -913,6 +1012,8 @@ struct LmdbReader {
     // Field order matters: the transaction must go before the last `Arc` to its environment.
     txn: RoTxn<'static, WithoutTls>,
     _env: Arc<ReadEnv>,
+    /// Where the map lies: every value is checked to be inside it before it is read.
+    bounds: MapBounds,
     layout: Layout,
     path: PathBuf,
     info: DatasetInfo,
@@ -976,6 +1077,10 @@ impl RecordReader for LmdbReader {
                     .ok_or_else(|| {
                         corrupt(&self.path, index, &format!("#{index}"), "record is missing")
                     })?;
+                let value = self
+                    .bounds
+                    .check(value)
+                    .map_err(|reason| corrupt(&self.path, index, &format!("#{index}"), reason))?;
                 let decoded = decode_value(value);
                 if let Some(checksums) = checksums {
                     let computed = crc32c::crc32c(value);
@@ -997,6 +1102,10 @@ impl RecordReader for LmdbReader {
                     .ok_or_else(|| {
                         corrupt(&self.path, index, key, "key listed in __keys__ is missing")
                     })?;
+                let value = self
+                    .bounds
+                    .check(value)
+                    .map_err(|reason| corrupt(&self.path, index, key, reason))?;
                 let (image, label) = pickle::image_and_label(value)
                     .map_err(|reason| corrupt(&self.path, index, key, reason))?;
                 let label = self
@@ -1052,18 +1161,15 @@ fn holds_nothing(path: &Path) -> bool {
 fn holds_our_magic(path: &Path) -> bool {
     let own = || -> Result<bool> {
         let file = check_lmdb_file(path)?;
-        let env = shared_read_env(path, file.metadata().at(path)?.len())?;
+        let (env, bounds) = shared_read_env(path, file.metadata().at(path)?.len())?;
         let rtxn = env.read_txn().map_err(|e| Error::lmdb(path, e))?;
         let Some(meta) = env
-            .open_database::<Str, Str>(&rtxn, Some(META_DB))
+            .open_database::<Str, Bytes>(&rtxn, Some(META_DB))
             .map_err(|e| Error::lmdb(path, e))?
         else {
             return Ok(false);
         };
-        let Some(text) = meta
-            .get(&rtxn, INFO_KEY)
-            .map_err(|e| Error::lmdb(path, e))?
-        else {
+        let Some(text) = meta_text(path, bounds, &meta, &rtxn, INFO_KEY)? else {
             return Ok(false);
         };
         let record: InfoRecord = from_json(path, INFO_KEY, text)?;
@@ -1075,7 +1181,7 @@ fn holds_our_magic(path: &Path) -> bool {
 /// Opens the Python folder2lmdb layout (see [`Lmdb`]); `rtxn` is a read transaction on `env`.
 fn open_folder2lmdb(
     path: &Path,
-    env: &Arc<ReadEnv>,
+    (env, bounds): (&Arc<ReadEnv>, MapBounds),
     rtxn: RoTxn<'_, WithoutTls>,
     file_len: u64,
 ) -> Result<Lmdb> {
@@ -1089,7 +1195,17 @@ fn open_folder2lmdb(
         .open_database(&rtxn, None)
         .map_err(|e| Error::lmdb(path, e))?
         .ok_or_else(not_ours)?;
-    let get = |key: &[u8]| db.get(&rtxn, key).map_err(|e| Error::lmdb(path, e));
+    let get = |key: &[u8]| -> Result<Option<&[u8]>> {
+        match db.get(&rtxn, key).map_err(|e| Error::lmdb(path, e))? {
+            None => Ok(None),
+            Some(value) => bounds.check(value).map(Some).map_err(|reason| {
+                Error::not_a_dataset(
+                    path,
+                    format!("the value of {:?}: {reason}", String::from_utf8_lossy(key)),
+                )
+            }),
+        }
+    };
     let len_value = get(b"__len__")?.ok_or_else(not_ours)?;
     let len = match pickle::parse(len_value) {
         Ok(pickle::Value::Int(n)) if n >= 0 => n as u64,
@@ -1148,7 +1264,8 @@ fn open_folder2lmdb(
     // sample.
     let mut inference = crate::dataset::ClassInference::default();
     for (index, key) in keys.iter().enumerate() {
-        if let Some(value) = get(key.as_bytes())?
+        // A damaged value is left to the reader too (it reports it as a bad sample).
+        if let Ok(Some(value)) = get(key.as_bytes())
             && let Ok((_, label)) = pickle::image_and_label(value)
         {
             inference.see(|| format!("{index} (key {key:?})"), Some(label));
@@ -1177,6 +1294,7 @@ fn open_folder2lmdb(
     Ok(Lmdb {
         path: path.to_path_buf(),
         env: Arc::clone(env),
+        bounds,
         layout: Layout::Folder2Lmdb {
             db,
             keys: keys.into(),
