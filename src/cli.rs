@@ -30,8 +30,8 @@ pub struct ReadingArgs {
     #[arg(long)]
     pub allow_missing_shards: bool,
     /// A dataset in object storage: read each record with a ranged GET of its own instead of
-    /// fetching whole shards into the cache (record shards with their index; a worker starts
-    /// its batch's reads together).
+    /// fetching whole shards into the cache (record shards with their index; a loader
+    /// worker starts each batch's reads together, other commands read one at a time).
     #[arg(long)]
     pub ranged_reads: bool,
 }

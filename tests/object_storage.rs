@@ -758,20 +758,57 @@ fn ranged_reads_give_the_local_records_without_fetching_a_shard() {
             "window {window:?}"
         );
     }
-    let cached = dir.path().join("cache/remote");
-    let shards_cached = std::fs::read_dir(&cached)
-        .map(|entries| {
-            entries
-                .filter(|e| {
-                    let name = e.as_ref().unwrap().file_name();
-                    name.to_string_lossy().ends_with(".tfrecord")
-                })
-                .count()
-        })
-        .unwrap_or(0);
-    assert_eq!(
-        shards_cached, 0,
-        "no shard was fetched whole into {cached:?}"
+    let cached_files = |cache: &Path| -> Vec<String> {
+        std::fs::read_dir(cache.join("remote"))
+            .map(|entries| {
+                entries
+                    .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .filter(|name| !name.ends_with(".lock"))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let cached = cached_files(&dir.path().join("cache"));
+    assert!(
+        cached.is_empty(),
+        "fetched whole into the cache: {cached:?}"
+    );
+
+    // Other tools' shards with their saved indexes: read record by record too, given the
+    // class count (finding it would read every record, so it is asked for).
+    let tf = dir.path().join("tf-indexed");
+    support::copy_tree(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/compat/tfrecord"),
+        &tf,
+    );
+    let saved = imagefeed::format::records::Records::open_with(
+        &tf,
+        &imagefeed::format::records::RecordsOptions::default(),
+    )
+    .unwrap()
+    .save_missing_indexes()
+    .unwrap();
+    assert!(!saved.is_empty());
+    server.upload_dir(&tf, &bucket, "tf-indexed");
+    let tf_url = format!("s3://{bucket}/tf-indexed");
+    let foreign_cache = dir.path().join("foreign-cache");
+    let mut foreign = options.clone().with_label_base(1);
+    foreign.cache = Some(Cache::at(&foreign_cache, None));
+    let err = format::open_with(&tf_url, &foreign).unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(message) if message.contains("num_classes")),
+        "{err}"
+    );
+    let remote_tf = format::open_with(&tf_url, &foreign.clone().with_num_classes(3)).unwrap();
+    let here_options = OpenOptions::default()
+        .with_label_base(1)
+        .with_num_classes(3);
+    let here_tf = format::open_with(&tf, &here_options).unwrap();
+    assert_eq!(records(remote_tf.as_ref()), records(here_tf.as_ref()));
+    let cached = cached_files(&foreign_cache);
+    assert!(
+        cached.is_empty(),
+        "fetched whole into the cache: {cached:?}"
     );
 
     // Another version of a shard, the same size: its records are refused as changed.

@@ -37,6 +37,7 @@ def pack(
     num_classes: Optional[int] = None,
     allow_missing_shards: bool = False,
     storage_options: Optional[Dict[str, str]] = None,
+    ranged_reads: bool = False,
 ) -> dict:
     """Packs an ImageFolder tree (one sub-folder per class), or converts any dataset imagefeed
     reads, into ``out`` as ``format`` (``"lmdb"``, ``"hdf5"`` or ``"records"``). A source that
@@ -75,7 +76,8 @@ def pack(
             max_pixels=max_pixels,
             quiet=not progress,
             reading=reading_options(
-                hdf5_images, hdf5_labels, input_label_base, num_classes, allow_missing_shards, storage_options
+                hdf5_images, hdf5_labels, input_label_base, num_classes, allow_missing_shards, storage_options,
+                ranged_reads,
             ),
         )
     return json.loads(summary)
@@ -114,13 +116,15 @@ def inspect(
     label_base: Optional[int] = None,
     num_classes: Optional[int] = None,
     storage_options: Optional[Dict[str, str]] = None,
+    ranged_reads: bool = False,
 ) -> dict:
     """What ``pack-dataset inspect`` shows: format, completeness (``missing_shards`` when a set
     lacks members), classes and their counts, image sizes, payload bytes, bad records. Takes the
     reading options :class:`~imagefeed.Loader` takes; ``report["whole"]`` is True when the
     dataset is complete and every record read."""
     reading = reading_options(
-        hdf5_images, hdf5_labels, label_base, num_classes, storage_options=storage_options
+        hdf5_images, hdf5_labels, label_base, num_classes, storage_options=storage_options,
+        ranged_reads=ranged_reads,
     )
     with errors.arguments("inspect"):
         report = json.loads(_native.inspect_dataset(dataset_paths(path), reading))
@@ -138,12 +142,14 @@ def verify(
     num_classes: Optional[int] = None,
     allow_missing_shards: bool = False,
     storage_options: Optional[Dict[str, str]] = None,
+    ranged_reads: bool = False,
 ) -> dict:
     """Decodes every record (and, with ``against``, compares each with the ImageFolder tree it
     was packed from). Takes the reading options :class:`~imagefeed.Loader` takes. Returns the
     report; ``report["ok"]`` is True when no problem was found."""
     reading = reading_options(
-        hdf5_images, hdf5_labels, label_base, num_classes, allow_missing_shards, storage_options
+        hdf5_images, hdf5_labels, label_base, num_classes, allow_missing_shards, storage_options,
+        ranged_reads,
     )
     with errors.arguments("verify"):
         report = json.loads(

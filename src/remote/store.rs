@@ -64,7 +64,13 @@ struct State {
     pid: u32,
     runtime: tokio::runtime::Runtime,
     stores: Mutex<HashMap<StoreKey, Arc<dyn ObjectStore>>>,
+    /// Ranged GETs under way in this process at once ([`start_range`]): however many loader
+    /// workers start their batches' reads, connections and descriptors stay bounded.
+    ranged: Arc<tokio::sync::Semaphore>,
 }
+
+/// The most ranged GETs under way in one process at once.
+const RANGED_AT_ONCE: usize = 256;
 
 /// What tells clients apart: the bucket, the patience, and the options given in code.
 type StoreKey = (String, Patience, Vec<(String, String)>);
@@ -92,6 +98,7 @@ fn state() -> Result<&'static State> {
         pid,
         runtime,
         stores: Mutex::new(HashMap::new()),
+        ranged: Arc::new(tokio::sync::Semaphore::new(RANGED_AT_ONCE)),
     }));
     match STATE.compare_exchange(current, fresh, Ordering::AcqRel, Ordering::Acquire) {
         // An inherited state (or none) replaced: the old one is leaked on purpose.
@@ -426,6 +433,8 @@ pub struct PendingRange {
     object: ObjectInfo,
     offset: u64,
     len: u64,
+    /// The process whose runtime runs the task: in a forked child the task does not exist.
+    pid: u32,
     task: Option<tokio::task::JoinHandle<std::result::Result<Vec<u8>, object_store::Error>>>,
 }
 
@@ -453,7 +462,11 @@ pub fn start_range(object: &ObjectInfo, offset: u64, len: u64) -> Result<Pending
         let options = GetOptions::new()
             .with_if_match(object.etag.clone())
             .with_range(Some(offset..end));
-        Some(state()?.runtime.spawn(async move {
+        let state = state()?;
+        let permits = Arc::clone(&state.ranged);
+        Some(state.runtime.spawn(async move {
+            // Held until the bytes are in: at most RANGED_AT_ONCE requests at a time.
+            let _permit = permits.acquire_owned().await;
             let mut pause = Duration::from_millis(200);
             for attempt in 1.. {
                 let result = async {
@@ -479,6 +492,7 @@ pub fn start_range(object: &ObjectInfo, offset: u64, len: u64) -> Result<Pending
         object: object.clone(),
         offset,
         len,
+        pid: std::process::id(),
         task,
     })
 }
@@ -491,6 +505,11 @@ impl PendingRange {
         let Some(task) = self.task.take() else {
             return Ok(());
         };
+        if self.pid != std::process::id() {
+            // Started by the process this one was forked from: its task is not here.
+            std::mem::forget(task);
+            return get_range(&self.object, self.offset, self.len, out);
+        }
         let url = &self.object.url;
         let bytes = block_on(task)?
             .map_err(|e| Error::io(url.to_string(), std::io::Error::other(e)))?
@@ -515,7 +534,7 @@ impl PendingRange {
                 ),
             });
         }
-        out.extend_from_slice(&bytes);
+        *out = bytes;
         Ok(())
     }
 }
@@ -523,7 +542,12 @@ impl PendingRange {
 impl Drop for PendingRange {
     fn drop(&mut self) {
         if let Some(task) = self.task.take() {
-            task.abort();
+            if self.pid == std::process::id() {
+                task.abort();
+            } else {
+                // The parent's runtime: not ours to touch.
+                std::mem::forget(task);
+            }
         }
     }
 }

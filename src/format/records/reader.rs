@@ -482,6 +482,15 @@ pub(super) fn assemble_foreign(
     }
     let classes = match options.records.given_classes()? {
         Some(classes) => classes,
+        // Finding the classes reads every record's label: with ranged reads that would fetch
+        // every shard whole (and hold it), which the option asked not to do.
+        None if shards.iter().any(|s| s.data.is_ranged()) => {
+            return Err(Error::Config(format!(
+                "{}: ranged reads of TFRecord shards without our manifest need the number of \
+                 classes (num_classes, --num-classes): finding it would read every record",
+                name.display()
+            )));
+        }
         None => infer_classes(name, &shards, options, single, &mut notices)?,
     };
     Ok(Records {
