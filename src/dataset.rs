@@ -408,52 +408,44 @@ pub fn fingerprint(dataset: &dyn Dataset) -> String {
                 }
             })
             .collect();
-        for probe in probe_records(dataset, &indices) {
-            match probe {
-                Some((key, label, payload)) => {
-                    field(key.as_bytes());
-                    field(&label.to_le_bytes());
-                    field(&payload);
+        // Fetched at once first (over object storage each probe may be a shard download,
+        // and one after another they were most of the time to the first batch), then hashed
+        // one by one with one reader as always: which probes are readable must not depend on
+        // which thread won room in a full cache.
+        warm_up(dataset, &indices);
+        let mut reader = dataset.open_reader().ok();
+        for &index in &indices {
+            match reader.as_mut().map(|r| r.read(index)) {
+                Some(Ok(record)) => {
+                    field(record.key.as_bytes());
+                    field(&record.label.to_le_bytes());
+                    field(record.payload);
                 }
-                None => field(b"unreadable"),
+                _ => field(b"unreadable"),
             }
         }
     }
     hex(&hash.finalize()[..16])
 }
 
-/// `(key, label, payload)` of each record of `indices` (`None`: unreadable), read at once, a
-/// thread and a reader each: in object storage each probe may fetch a shard, and fetched one
-/// after another they were most of the time to the first batch (eight round trips and eight
-/// shard downloads before the loader started). Read one by one where threads cannot start.
-fn probe_records(dataset: &dyn Dataset, indices: &[usize]) -> Vec<Option<(String, u32, Vec<u8>)>> {
-    let probe = |index: usize| -> Option<(String, u32, Vec<u8>)> {
-        let mut reader = dataset.open_reader().ok()?;
-        let record = reader.read(index).ok()?;
-        Some((
-            record.key.to_string(),
-            record.label,
-            record.payload.to_vec(),
-        ))
-    };
+/// Reads the records `indices` at once, a thread and a reader each, for what reading them
+/// fetches (shards of a dataset in object storage) and nothing else: errors are left for the
+/// reads that need the records. Nothing is read where threads cannot start.
+fn warm_up(dataset: &dyn Dataset, indices: &[usize]) {
     std::thread::scope(|scope| {
-        let handles: Vec<_> = indices
-            .iter()
-            .map(|&index| {
-                std::thread::Builder::new()
-                    .name("imagefeed-fingerprint".into())
-                    .spawn_scoped(scope, move || probe(index))
-                    .map_err(|_| index)
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|handle| match handle {
-                Ok(handle) => handle.join().unwrap_or(None),
-                Err(index) => probe(index),
-            })
-            .collect()
-    })
+        for &index in indices {
+            let spawned = std::thread::Builder::new()
+                .name("imagefeed-fingerprint".into())
+                .spawn_scoped(scope, move || {
+                    if let Ok(mut reader) = dataset.open_reader() {
+                        let _ = reader.read(index);
+                    }
+                });
+            if spawned.is_err() {
+                break;
+            }
+        }
+    });
 }
 
 /// Lower-case hex of a digest.
