@@ -426,7 +426,8 @@ fn run(shards: &[Arc<ShardData>], state: &(Mutex<PlanState>, std::sync::Condvar)
         let next = std::sync::atomic::AtomicUsize::new(0);
         std::thread::scope(|scope| {
             for _ in 0..at_once.min(missing.len()) {
-                scope.spawn(|| {
+                // Where no more threads start, fewer fetch (reads fetch what they need).
+                let _ = std::thread::Builder::new().spawn_scoped(scope, || {
                     loop {
                         {
                             let guard = lock.lock().expect("not poisoned");

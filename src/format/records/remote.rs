@@ -38,16 +38,24 @@ pub(crate) fn in_parallel<T: Sync, R: Send>(
     let next = std::sync::atomic::AtomicUsize::new(0);
     let results: Vec<std::sync::Mutex<Option<Result<R>>>> =
         items.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    let work = || {
+        loop {
+            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let Some(item) = items.get(i) else { break };
+            *results[i].lock().expect("not poisoned") = Some(f(item));
+        }
+    };
     std::thread::scope(|scope| {
         for _ in 0..at_once.min(items.len()) {
-            scope.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some(item) = items.get(i) else { break };
-                    *results[i].lock().expect("not poisoned") = Some(f(item));
-                }
-            });
+            let spawned = std::thread::Builder::new()
+                .name("imagefeed-open".into())
+                .spawn_scoped(scope, work);
+            if spawned.is_err() {
+                break;
+            }
         }
+        // This thread works too (and alone, where no thread could start).
+        work();
     });
     results
         .into_iter()
