@@ -484,31 +484,34 @@ struct OpenEnv {
 /// file replaced on disk is not served from a stale map.
 static OPEN_ENVS: Mutex<Option<HashMap<PathBuf, OpenEnv>>> = Mutex::new(None);
 
-/// Where an environment's map of its file lies in memory, up to the file's length: every value
-/// liblmdb hands back must lie inside it. liblmdb takes a value's length from its node on the
-/// page as it is; a damaged node (a flipped high byte of its size) gives a slice running past
+/// Where the process's maps of an LMDB file lie in memory, each up to the file's length: every
+/// value liblmdb hands back must lie inside one. liblmdb takes a value's length from its node on
+/// the page as it is; a damaged node (a flipped high byte of its size) gives a slice running past
 /// the map, and reading it (a checksum, a parse) killed the process with SIGSEGV. Each value is
-/// checked against these bounds before anything reads it.
-#[derive(Debug, Clone, Copy, Default)]
-struct MapBounds(Option<(usize, usize)>);
+/// checked against these bounds before anything reads it. (A file renamed while an environment
+/// under its old name is open gets a second environment and map: both count.)
+#[derive(Debug, Clone, Default)]
+struct MapBounds(Option<Arc<[(usize, usize)]>>);
 
 impl MapBounds {
-    /// The map of the file `(dev, ino)` this process holds (liblmdb maps it from offset 0),
-    /// from `/proc/self/maps`; unknown (no check) where that cannot be read.
+    /// The maps of the file `(dev, ino)` this process holds (liblmdb maps it from offset 0),
+    /// from `/proc/self/maps`; unknown (no check) where that cannot be read or shows none.
     fn of(dev: u64, ino: u64, file_len: u64) -> MapBounds {
         let Ok(maps) = fs::read_to_string("/proc/self/maps") else {
             return MapBounds(None);
         };
         let device = format!("{:02x}:{:02x}", libc::major(dev), libc::minor(dev));
+        let inode = ino.to_string();
+        let mut ranges = Vec::new();
         for line in maps.lines() {
             let fields: Vec<&str> = line.split_whitespace().take(5).collect();
-            let [range, _perms, offset, dev_field, inode] = fields[..] else {
+            let [range, _perms, offset, dev_field, ino_field] = fields[..] else {
                 continue;
             };
-            if inode != ino.to_string() || !offset.trim_start_matches('0').is_empty() {
-                continue;
-            }
-            if !dev_field.eq_ignore_ascii_case(&device) {
+            if ino_field != inode
+                || !offset.trim_start_matches('0').is_empty()
+                || !dev_field.eq_ignore_ascii_case(&device)
+            {
                 continue;
             }
             let Some((start, end)) = range.split_once('-') else {
@@ -522,21 +525,28 @@ impl MapBounds {
             };
             let len = usize::try_from(file_len)
                 .unwrap_or(usize::MAX)
-                .min(end - start);
-            return MapBounds(Some((start, start + len)));
+                .min(end.saturating_sub(start));
+            ranges.push((start, start + len));
         }
-        MapBounds(None)
+        MapBounds((!ranges.is_empty()).then(|| ranges.into()))
     }
 
-    /// `value` when it lies inside the map (or the map is unknown), else why not.
+    /// `value` when it lies inside a map of the file (or the maps are unknown), else why not.
     fn check<'v>(&self, value: &'v [u8]) -> std::result::Result<&'v [u8], String> {
-        let Some((start, end)) = self.0 else {
+        let Some(ranges) = &self.0 else {
             return Ok(value);
         };
         let at = value.as_ptr() as usize;
-        if at >= start && at <= end && value.len() <= end - at {
+        let inside =
+            |&(start, end): &(usize, usize)| at >= start && at <= end && value.len() <= end - at;
+        if ranges.iter().any(inside) {
             return Ok(value);
         }
+        let (start, end) = ranges
+            .iter()
+            .copied()
+            .find(|&(start, end)| at >= start && at <= end)
+            .unwrap_or(ranges[0]);
         Err(format!(
             "its node gives {} bytes at offset {} of a {}-byte file: past the file's end (a \
              damaged LMDB page)",
@@ -626,7 +636,7 @@ impl Lmdb {
         let Some(meta) = meta else {
             return open_folder2lmdb(path, (&env, bounds), rtxn, len);
         };
-        let get = |key: &str| meta_text(path, bounds, &meta, &rtxn, key);
+        let get = |key: &str| meta_text(path, &bounds, &meta, &rtxn, key);
         let info_text =
             get(INFO_KEY)?.ok_or_else(|| Error::not_a_dataset(path, "meta/info is missing"))?;
         let record = parse_info(path, info_text)?;
@@ -641,7 +651,7 @@ impl Lmdb {
         let stored = samples.len(&rtxn).map_err(|e| Error::lmdb(path, e))? as usize;
         let mut notices = Vec::new();
         let checksums = if record.version >= CHECKSUMS_SINCE {
-            Some(read_checksums(path, (&env, bounds), &rtxn, stored)?)
+            Some(read_checksums(path, (&env, &bounds), &rtxn, stored)?)
         } else {
             // A version-1 file never has the checksums database: one that does had its info
             // record changed (a digit of "version"), which would switch the checks off.
@@ -699,7 +709,7 @@ impl Lmdb {
 /// chunks keyed by their first index, which must follow one another from 0 to `stored`.
 fn read_checksums(
     path: &Path,
-    (env, bounds): (&Env<WithoutTls>, MapBounds),
+    (env, bounds): (&Env<WithoutTls>, &MapBounds),
     rtxn: &RoTxn<'_, WithoutTls>,
     stored: usize,
 ) -> Result<Arc<[u32]>> {
@@ -886,7 +896,7 @@ fn read_up_to(file: &mut fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
 /// lie in the map before it is read.
 fn meta_text<'t>(
     path: &Path,
-    bounds: MapBounds,
+    bounds: &MapBounds,
     meta: &Database<Str, Bytes>,
     rtxn: &'t RoTxn<'_, WithoutTls>,
     key: &str,
@@ -988,7 +998,7 @@ impl Dataset for Lmdb {
         Ok(Box::new(LmdbReader {
             txn,
             _env: Arc::clone(&self.env),
-            bounds: self.bounds,
+            bounds: self.bounds.clone(),
             layout: self.layout.clone(),
             path: self.path.clone(),
             info: self.info.clone(),
@@ -1169,7 +1179,7 @@ fn holds_our_magic(path: &Path) -> bool {
         else {
             return Ok(false);
         };
-        let Some(text) = meta_text(path, bounds, &meta, &rtxn, INFO_KEY)? else {
+        let Some(text) = meta_text(path, &bounds, &meta, &rtxn, INFO_KEY)? else {
             return Ok(false);
         };
         let record: InfoRecord = from_json(path, INFO_KEY, text)?;
