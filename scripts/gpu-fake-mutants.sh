@@ -11,11 +11,11 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 "$root/tests/fake_cuda/build.sh" "$root/target/fake-cuda"
 
-mutate() { # name, then python that edits src/gpu/mod.rs (s) and must change it
+mutate() { # name, then python that edits src/gpu/prefetch.rs (s) and must change it
     local name=$1 edit=$2 tree=$work/$1
     mkdir -p "$tree"
     (cd "$root" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$tree")
-    python3 - "$tree/src/gpu/mod.rs" "$name" <<EOF
+    python3 - "$tree/src/gpu/prefetch.rs" "$name" <<EOF
 import sys
 path, name = sys.argv[1], sys.argv[2]
 s = open(path).read()

@@ -109,7 +109,7 @@ impl ShardData {
         data
     }
 
-    /// True for a shard read record by record ([`ShardData::ranged`]).
+    /// True for a shard read record by record (made by `ShardData::ranged`).
     pub fn is_ranged(&self) -> bool {
         match &self.source {
             Source::Local(_) => false,
@@ -313,7 +313,7 @@ impl HeldShard {
 /// Fetches a dataset's remote shards ahead of the loader and lets go of those it has moved
 /// past ([`Dataset::plan_shards`](crate::dataset::Dataset::plan_shards)): a thread of its own,
 /// started by the first plan (opening starts none), working on the latest plan only, with
-/// [`fetchers`] downloads in flight. It ends with the dataset.
+/// a few downloads in flight (8 to 32, by shard size). It ends with the dataset.
 pub struct ShardPlanner {
     shards: Arc<[Arc<ShardData>]>,
     /// The latest plan, and whether the thread runs.
