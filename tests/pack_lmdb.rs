@@ -516,3 +516,33 @@ fn a_foreign_report_file_is_refused_before_force_discards_an_interrupted_pack() 
     );
     assert_eq!(fs::read_to_string(&report).unwrap(), "my own notes");
 }
+
+/// A map smaller than the data (here 1 MiB, as a process under `ulimit -v` may get) grows as
+/// the chunks come: the pack completes and reads back whole.
+#[test]
+fn a_map_smaller_than_the_data_grows_as_it_fills() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let spec = imagefeed::synthetic::SyntheticSpec {
+        classes: 3,
+        per_class: 60,
+        width: 96,
+        height: 64,
+        ..imagefeed::synthetic::SyntheticSpec::default()
+    };
+    imagefeed::synthetic::write_image_folder(&src, &spec).unwrap();
+    let out = dir.path().join("grown.lmdb");
+    let options = PackOptions {
+        lmdb_map_size: 1 << 20,
+        ..small_options()
+    };
+    let summary = support::pack_as(&src, &out, PackFormat::Lmdb, &options);
+    let file_len = std::fs::metadata(&out).unwrap().len();
+    assert!(
+        file_len > 1 << 20,
+        "{file_len} bytes: more than the first map"
+    );
+    let ds = format::open(&out).unwrap();
+    assert_eq!(ds.len(), summary.samples);
+    assert!(verify::verify(&out, Some(&src)).unwrap().is_ok());
+}

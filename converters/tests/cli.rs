@@ -234,28 +234,56 @@ fn relative_output_names_work() {
     );
 }
 
-/// Regression: readers mapped the 1 TiB map size the writer recorded in the LMDB meta page, so
-/// any process under an address-space limit (ulimit -v, valgrind) failed with "Invalid argument".
+/// Under an address-space limit (ulimit -v, valgrind): readers used to map the 1 TiB map size
+/// the writer recorded ("Invalid argument"), and packing an LMDB failed to reserve its 1 TiB
+/// map with an unclear error (#30 finding 10). Packing now maps what the process may and
+/// grows the map with the data; the result verifies under the same limit. A limit too small
+/// for even the smallest map says which limit to raise, and leaves nothing that opens.
 #[test]
-fn datasets_open_under_an_address_space_limit() {
+fn lmdb_packs_and_opens_under_an_address_space_limit() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("limited.lmdb");
-    assert!(
-        run(&[&"imagefolder2lmdb", &"-q", &fixtures(), &out])
-            .status
-            .success()
+    let limited = |kib: u64, args: &str| {
+        let script = format!(
+            "ulimit -v {kib} && exec '{}' {args}",
+            env!("CARGO_BIN_EXE_pack-dataset")
+        );
+        Command::new("sh").arg("-c").arg(script).output().unwrap()
+    };
+    let packed = limited(
+        4_000_000,
+        &format!(
+            "imagefolder2lmdb -q '{}' '{}' --threads 2",
+            fixtures().display(),
+            out.display()
+        ),
     );
-    let script = format!(
-        "ulimit -v 4000000 && exec '{}' verify '{}'",
-        env!("CARGO_BIN_EXE_pack-dataset"),
-        out.display()
-    );
-    let verified = Command::new("sh").arg("-c").arg(script).output().unwrap();
+    succeeded(&packed);
+    let verified = limited(4_000_000, &format!("verify '{}'", out.display()));
     succeeded(&verified);
     assert!(
         stdout(&verified).contains("16 records checked"),
         "{}",
         stdout(&verified)
+    );
+    // 100 MB of address space: not LMDB's smallest map (64 MiB) beside the process itself.
+    let tiny = dir.path().join("tiny.lmdb");
+    let refused = limited(
+        100_000,
+        &format!(
+            "imagefolder2lmdb -q '{}' '{}' --threads 1",
+            fixtures().display(),
+            tiny.display()
+        ),
+    );
+    assert!(!refused.status.success());
+    let text = stderr(&refused);
+    if text.contains("LMDB needs") {
+        assert!(text.contains("ulimit -v"), "{text}");
+    }
+    assert!(
+        imagefeed::format::open(&tiny).is_err(),
+        "nothing that opens"
     );
 }
 

@@ -180,6 +180,8 @@ fn from_json<T: for<'de> Deserialize<'de>>(path: &Path, what: &str, text: &str) 
 /// Writes a dataset into `OUT.partial`, chunk by chunk, and renames it to `OUT` when finished.
 pub struct LmdbWriter {
     env: Env,
+    /// The map's size: doubled when the data outgrows it ([`LmdbWriter::grow_map`]).
+    map_size: usize,
     /// Held while writing: see [`output::lock_staging`].
     _lock: fs::File,
     meta: Database<Str, Str>,
@@ -192,14 +194,69 @@ pub struct LmdbWriter {
     chunk_checksums: Vec<u8>,
 }
 
-fn open_write_env(path: &Path, map_size: usize) -> Result<Env> {
-    let mut options = EnvOpenOptions::new();
-    options.map_size(map_size).max_dbs(3);
-    // SAFETY: NO_SUB_DIR only changes where LMDB puts its files (PATH and PATH-lock).
-    unsafe { options.flags(EnvFlags::NO_SUB_DIR) };
-    // SAFETY: the partial file is private to this writer until it is renamed; nothing else in
-    // this process maps it, and other processes would go through LMDB's lock file.
-    unsafe { options.open(path) }.map_err(|e| Error::lmdb(path, e))
+/// The smallest map the writer starts with when the asked-for one cannot be mapped.
+const SMALLEST_WRITE_MAP: usize = 64 << 20;
+
+/// Opens the writer's environment with a map of `map_size` bytes of address space (LMDB
+/// reserves it all up front: 1 TiB by default), or, where the process may not map that much
+/// (`ulimit -v`), the largest half, quarter, ... that it may, down to what the file already
+/// holds; the map then grows with the data ([`LmdbWriter::grow_map`]). Returns the map size.
+fn open_write_env(path: &Path, map_size: usize) -> Result<(Env, usize)> {
+    let page = crate::pagecache::page_size();
+    let held = fs::metadata(path).map_or(0, |m| m.len() as usize);
+    let floor = held.max(SMALLEST_WRITE_MAP).div_ceil(page) * page;
+    let mut size = map_size.max(page).div_ceil(page) * page;
+    loop {
+        let mut options = EnvOpenOptions::new();
+        options.map_size(size).max_dbs(3);
+        // SAFETY: NO_SUB_DIR only changes where LMDB puts its files (PATH and PATH-lock).
+        unsafe { options.flags(EnvFlags::NO_SUB_DIR) };
+        // SAFETY: the partial file is private to this writer until it is renamed; nothing else
+        // in this process maps it, and other processes would go through LMDB's lock file.
+        match unsafe { options.open(path) } {
+            Ok(env) => return Ok((env, size)),
+            Err(e) if out_of_address_space(&e) && size / 2 >= floor => {
+                size = (size / 2).div_ceil(page) * page;
+            }
+            Err(e) if out_of_address_space(&e) => return Err(map_too_large(path, size, e)),
+            Err(e) => return Err(Error::lmdb(path, e)),
+        }
+    }
+}
+
+/// True when LMDB could not map (or remap) its file: the process's address space is limited.
+fn out_of_address_space(e: &heed::Error) -> bool {
+    matches!(e, heed::Error::Io(io) if io.raw_os_error() == Some(libc::ENOMEM))
+}
+
+/// The error for a map of `size` bytes the process may not have: which limit to raise.
+fn map_too_large(path: &Path, size: usize, e: heed::Error) -> Error {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct it is given.
+    let known = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut limit) } == 0;
+    let limit = if known && limit.rlim_cur != libc::RLIM_INFINITY {
+        format!(
+            "at most {} bytes (ulimit -v {})",
+            limit.rlim_cur,
+            limit.rlim_cur / 1024
+        )
+    } else {
+        "less (memory or address space is short)".into()
+    };
+    Error::io(
+        path,
+        std::io::Error::new(
+            std::io::ErrorKind::OutOfMemory,
+            format!(
+                "LMDB needs {size} bytes of address space to map the file, and this process may \
+                 map {limit}: raise the limit (ulimit -v unlimited), then rerun with --resume \
+                 (LMDB said: {e})"
+            ),
+        ),
+    )
 }
 
 /// The error for a failed write to the LMDB at `path`, which needed about `needed` bytes.
@@ -230,13 +287,54 @@ fn write_error(path: &Path, needed: u64, e: heed::Error) -> Error {
     Error::lmdb(path, e)
 }
 
+impl LmdbWriter {
+    /// One chunk in one transaction (nothing of it stays when it fails).
+    fn try_write_chunk(
+        &mut self,
+        records: &[PackedRecord<'_>],
+        progress: &PackProgress,
+    ) -> heed::Result<()> {
+        let first = progress.samples_written - records.len();
+        let mut wtxn = self.env.write_txn()?;
+        self.chunk_checksums.clear();
+        for (offset, record) in records.iter().enumerate() {
+            encode_value(&mut self.value, record.label, record.key, record.payload);
+            self.chunk_checksums
+                .extend_from_slice(&crc32c::crc32c(&self.value).to_le_bytes());
+            self.samples
+                .put(&mut wtxn, &sample_key(first + offset), &self.value)?;
+        }
+        if !records.is_empty() {
+            self.checksums
+                .put(&mut wtxn, &sample_key(first), &self.chunk_checksums)?;
+        }
+        self.meta.put(&mut wtxn, PROGRESS_KEY, &to_json(progress))?;
+        wtxn.commit()
+    }
+
+    /// Doubles the map, or says which limit keeps it from growing.
+    fn grow_map(&mut self) -> Result<()> {
+        let bigger = self.map_size.saturating_mul(2);
+        // SAFETY: no transaction of this environment is active: the writer is its only user,
+        // and the transaction that found the map full has been dropped.
+        match unsafe { self.env.resize(bigger) } {
+            Ok(()) => {
+                self.map_size = bigger;
+                Ok(())
+            }
+            Err(e) if out_of_address_space(&e) => Err(map_too_large(&self.partial, bigger, e)),
+            Err(e) => Err(Error::lmdb(&self.partial, e)),
+        }
+    }
+}
+
 impl DatasetWriter for LmdbWriter {
     fn start(out: &Path, plan: &PackPlan, options: &WriterOptions) -> Result<(Self, PackProgress)> {
         let (mode, map_size) = (options.mode, options.lmdb_map_size);
         let partial = output::prepare_output(out, mode)?;
         let existed = partial.exists();
         refuse_odd_lock_file(&partial)?;
-        let env = open_write_env(&partial, map_size)?;
+        let (env, map_size) = open_write_env(&partial, map_size)?;
         let lock = output::lock_staging(&partial)?;
         // A file in which no transaction was committed (a run killed before its first commit)
         // holds nothing to resume: start afresh in it. Decided with the lock held.
@@ -317,6 +415,7 @@ impl DatasetWriter for LmdbWriter {
         wtxn.commit().map_err(|e| Error::lmdb(&partial, e))?;
         let writer = LmdbWriter {
             env,
+            map_size,
             _lock: lock,
             meta,
             samples,
@@ -330,29 +429,18 @@ impl DatasetWriter for LmdbWriter {
     }
 
     fn write_chunk(&mut self, records: &[PackedRecord<'_>], progress: &PackProgress) -> Result<()> {
-        let first = progress.samples_written - records.len();
-        let needed: u64 = records.iter().map(|r| r.payload.len() as u64 + 64).sum();
-        let fail = |e| write_error(&self.partial, needed, e);
-        let mut wtxn = self.env.write_txn().map_err(fail)?;
-        self.chunk_checksums.clear();
-        for (offset, record) in records.iter().enumerate() {
-            encode_value(&mut self.value, record.label, record.key, record.payload);
-            self.chunk_checksums
-                .extend_from_slice(&crc32c::crc32c(&self.value).to_le_bytes());
-            self.samples
-                .put(&mut wtxn, &sample_key(first + offset), &self.value)
-                .map_err(|e| write_error(&self.partial, needed, e))?;
+        loop {
+            match self.try_write_chunk(records, progress) {
+                // The map (a reservation of address space, smaller than the default where the
+                // process may not map 1 TiB) is full: grow it and write the chunk again.
+                Err(heed::Error::Mdb(heed::MdbError::MapFull)) => self.grow_map()?,
+                Err(e) => {
+                    let needed = records.iter().map(|r| r.payload.len() as u64 + 64).sum();
+                    return Err(write_error(&self.partial, needed, e));
+                }
+                Ok(()) => return Ok(()),
+            }
         }
-        if !records.is_empty() {
-            self.checksums
-                .put(&mut wtxn, &sample_key(first), &self.chunk_checksums)
-                .map_err(|e| write_error(&self.partial, needed, e))?;
-        }
-        self.meta
-            .put(&mut wtxn, PROGRESS_KEY, &to_json(progress))
-            .map_err(|e| write_error(&self.partial, needed, e))?;
-        wtxn.commit()
-            .map_err(|e| write_error(&self.partial, needed, e))
     }
 
     fn finish(self: Box<Self>, info: &DatasetInfo, progress: &PackProgress) -> Result<()> {
@@ -1335,7 +1423,7 @@ mod tests {
 
         // One committed transaction of anyone else's data, and the file is not ours.
         let theirs = dir.path().join("theirs.lmdb");
-        let env = open_write_env(&theirs, 1 << 20).unwrap();
+        let (env, _) = open_write_env(&theirs, 1 << 20).unwrap();
         let mut wtxn = env.write_txn().unwrap();
         let db = env
             .create_database::<Str, Str>(&mut wtxn, Some("theirs"))
