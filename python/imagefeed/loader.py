@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import warnings
 from typing import Dict, Any, Iterator, List, NamedTuple, Optional, Tuple, Union
 
@@ -45,14 +46,12 @@ DEFAULT_MAX_BAD = 0.01
 
 def _distributed_rank() -> Tuple[int, int]:
     """(rank, world_size) from torch.distributed when it is initialised, else RANK/WORLD_SIZE,
-    else (0, 1)."""
-    try:
-        import torch.distributed as dist  # noqa: PLC0415 - torch is optional
-
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-    except ImportError:
-        pass
+    else (0, 1). torch is not imported for this: a process group can only be initialised where
+    torch.distributed was imported already (importing torch costs seconds and hundreds of MB to
+    a loader that gives NumPy arrays)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
     try:
         return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     except ValueError as e:

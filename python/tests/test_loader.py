@@ -4,6 +4,7 @@ errors and Ctrl-C. NumPy output (no torch needed); tests/test_torch.py covers to
 from __future__ import annotations
 
 import gc
+import os
 import json
 import re
 import signal
@@ -666,3 +667,38 @@ def test_a_signal_handler_may_take_state_dict_while_the_loop_waits(big_tree):
     assert out.returncode == 0, out.stderr
     batches, saved, ordered = out.stdout.split()
     assert batches == "2" and int(saved) > 0 and ordered == "True", out.stdout
+
+
+def test_finding_the_rank_never_imports_torch(lmdb_path, tmp_path):
+    # A stand-in torch on the path: importing it is recorded. A NumPy loader must not import
+    # it (the real one costs seconds and hundreds of MB); a process group the script set up
+    # (torch.distributed imported and initialised) is still honoured.
+    fake = tmp_path / "fake" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("import os\nos.environ['FAKE_TORCH_IMPORTED'] = '1'\n")
+    (fake / "distributed.py").write_text(
+        "def is_available(): return True\n"
+        "def is_initialized(): return True\n"
+        "def get_rank(): return 1\n"
+        "def get_world_size(): return 2\n"
+    )
+    script = textwrap.dedent(
+        """
+        import os, sys
+        import imagefeed
+        l = imagefeed.Loader(sys.argv[1], output="numpy", batch_size=8, workers=1)
+        print(os.environ.get("FAKE_TORCH_IMPORTED", "0"), l.rank, l.world_size)
+        import torch.distributed
+        l = imagefeed.Loader(sys.argv[1], output="numpy", batch_size=8, workers=1)
+        print(l.rank, l.world_size)
+        """
+    )
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "fake"))
+    env.pop("RANK", None)
+    env.pop("WORLD_SIZE", None)
+    run = subprocess.run([sys.executable, "-c", script, str(lmdb_path)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    first, second = run.stdout.strip().splitlines()
+    assert first == "0 0 1", "torch was imported just to find the rank"
+    assert second == "1 2", "an initialised process group gives the rank"
