@@ -259,6 +259,10 @@ fn gpu_batches_equal_the_cpu_transform_for_every_output_and_depth() {
                     feed.stats().copy_time > std::time::Duration::ZERO,
                     "copies are timed with events"
                 );
+                assert!(
+                    feed.stats().convert_time > std::time::Duration::ZERO,
+                    "conversions are timed with events"
+                );
                 assert_eq!(
                     allocator.pinned(),
                     prewarmed,

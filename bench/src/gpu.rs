@@ -98,8 +98,10 @@ pub fn run(args: GpuArgs) -> Result<()> {
         args.batch,
         batch_bytes as f64 / 1e6
     );
-    println!("| depth | ms/step | vs resident | data stall | copy ms/batch (events) | copy GB/s |");
-    println!("| --- | --- | --- | --- | --- | --- |");
+    println!(
+        "| depth | ms/step | vs resident | data stall | copy ms/batch (events) | copy GB/s | conversion ms/batch (events) |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
     let output = DeviceOutput {
         dtype: DType::F32,
         layout: Layout::Nchw,
@@ -132,13 +134,15 @@ pub fn run(args: GpuArgs) -> Result<()> {
         let per_step = wall / args.steps as f64;
         let copies = (stats.copies_timed - before.copies_timed).max(1) as f64;
         let copy_s = (stats.copy_time - before.copy_time).as_secs_f64() / copies;
+        let convert_s = (stats.convert_time - before.convert_time).as_secs_f64() / copies;
         println!(
-            "| {depth} | {:.3} | {:.3}x | {:.1}% | {:.3} | {:.1} |",
+            "| {depth} | {:.3} | {:.3}x | {:.1}% | {:.3} | {:.1} | {:.3} |",
             per_step * 1e3,
             per_step / resident,
             100.0 * (1.0 - resident * args.steps as f64 / wall).max(0.0),
             copy_s * 1e3,
-            batch_bytes as f64 / copy_s.max(1e-9) / 1e9
+            batch_bytes as f64 / copy_s.max(1e-9) / 1e9,
+            convert_s * 1e3
         );
     }
     Ok(())

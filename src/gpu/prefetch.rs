@@ -70,10 +70,15 @@ pub struct PrefetchStats {
     pub bytes_copied: u64,
     /// Time the caller's thread spent waiting for the loader to produce a host batch.
     pub host_wait: Duration,
-    /// GPU time of the copies and conversions, from events on the copy stream (counted when
-    /// a copy's host batch is returned to the pool).
+    /// GPU time of the host-to-device copies (pixels and labels), from events on the copy
+    /// stream (counted when a copy's host batch is returned to the pool).
     pub copy_time: Duration,
-    /// Copies counted in `copy_time` (it lags `batches` by the copies still under way).
+    /// GPU time from the end of the copies to the end of the conversion kernel. While the
+    /// trainer's kernels hold the GPU's multiprocessors this includes the kernel's wait for
+    /// them, so it measures contention as well as the conversion.
+    pub convert_time: Duration,
+    /// Copies counted in `copy_time` and `convert_time` (it lags `batches` by the copies still
+    /// under way).
     pub copies_timed: u64,
 }
 
@@ -151,6 +156,9 @@ struct Slot {
     labels_staging: Option<Box<dyn BatchMemory>>,
     /// Recorded on the copy stream before the batch's copy (timing enabled).
     copy_started: CudaEvent,
+    /// Recorded on the copy stream after the batch's copies, before its conversion (timing
+    /// enabled).
+    copied: CudaEvent,
     /// Recorded on the copy stream after the batch's copy and conversion (timing enabled).
     ready: CudaEvent,
     /// Recorded on the compute stream when the trainer moved past the batch.
@@ -186,11 +194,16 @@ impl Slot {
             // safe, returning memory a copy may still read is not).
             return Ok(());
         }
-        let ms = self
+        let copy_ms = self
             .copy_started
-            .elapsed_ms(&self.ready)
+            .elapsed_ms(&self.copied)
             .map_err(cuda("timing a copy"))?;
-        stats.copy_time += Duration::from_secs_f64(f64::from(ms.max(0.0)) * 1e-3);
+        let convert_ms = self
+            .copied
+            .elapsed_ms(&self.ready)
+            .map_err(cuda("timing a conversion"))?;
+        stats.copy_time += Duration::from_secs_f64(f64::from(copy_ms.max(0.0)) * 1e-3);
+        stats.convert_time += Duration::from_secs_f64(f64::from(convert_ms.max(0.0)) * 1e-3);
         stats.copies_timed += 1;
         self.timing = false;
         self.host = None;
@@ -279,6 +292,7 @@ impl<I: Iterator<Item = Result<Batch>>> Prefetcher<I> {
                 labels: None,
                 labels_staging: None,
                 copy_started: gpu.timing_event()?,
+                copied: gpu.timing_event()?,
                 ready: gpu.timing_event()?,
                 released: gpu.event()?,
                 used: false,
@@ -540,6 +554,9 @@ impl<I: Iterator<Item = Result<Batch>>> Prefetcher<I> {
             )
             .map_err(cuda("copying labels to the device"))?;
         }
+        slot.copied
+            .record(&self.copy)
+            .map_err(cuda("recording a copy event"))?;
         self.stats.bytes_copied += (total + 4 * n) as u64;
         let (scale, bias) = self.output.affine();
         let function = if self.output.dtype == DType::F16 {
