@@ -693,7 +693,10 @@ def test_finding_the_rank_never_imports_torch(lmdb_path, tmp_path):
         print(l.rank, l.world_size)
         """
     )
-    env = dict(os.environ, PYTHONPATH=str(tmp_path / "fake"))
+    # The stand-in torch comes first; imagefeed is found where this process found it (an
+    # installed package, or PYTHONPATH as on the GPU check's machine).
+    path = [str(tmp_path / "fake"), os.environ.get("PYTHONPATH", "")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in path if p))
     env.pop("RANK", None)
     env.pop("WORLD_SIZE", None)
     run = subprocess.run([sys.executable, "-c", script, str(lmdb_path)], env=env,
