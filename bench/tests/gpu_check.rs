@@ -1,6 +1,6 @@
 //! `bench/gpu-check.sh`, the packaged GPU check, without a GPU: it finds a CUDA 13 or 12
-//! cuBLAS where cudarc would not, and a failing step is reported while every later step still
-//! runs and the summary is printed.
+//! cuBLAS where cudarc would not, a failing step is reported while every later step still
+//! runs and the summary is printed, and `PART` splits the run in two.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt as _;
@@ -12,13 +12,22 @@ fn script() -> std::path::PathBuf {
 }
 
 fn run(args: &[&str], cwd: &Path) -> Output {
-    Command::new("bash")
+    run_part(args, cwd, None)
+}
+
+fn run_part(args: &[&str], cwd: &Path, part: Option<&str>) -> Output {
+    let mut command = Command::new("bash");
+    command
         .arg(script())
         .args(args)
         .current_dir(cwd)
         .env("TORCH_PYTHON", "/nonexistent/python")
-        .output()
-        .expect("bash runs")
+        .env_remove("PART")
+        .env_remove("LOAD_WORKERS");
+    if let Some(part) = part {
+        command.env("PART", part);
+    }
+    command.output().expect("bash runs")
 }
 
 fn text(o: &Output) -> String {
@@ -81,10 +90,10 @@ fn find_cublas_links_the_newest_cuda_13_or_12_cublas_under_an_unversioned_name()
     );
 }
 
-#[test]
-fn a_failing_step_is_reported_and_every_later_step_still_runs() {
-    let dir = tempfile::tempdir().unwrap();
-    let check = dir.path().join("gpu-check");
+/// A packaged check in `dir/gpu-check` whose binaries are stand-ins: the GPU unit tests and
+/// the training example fail, everything else prints a line.
+fn stand_in_package(dir: &Path) {
+    let check = dir.join("gpu-check");
     let bin = check.join("payload/bin");
     fs::create_dir_all(&bin).unwrap();
     // Stand-ins for the packaged binaries: the GPU tests fail, everything else prints a line.
@@ -111,7 +120,7 @@ fn a_failing_step_is_reported_and_every_later_step_still_runs() {
             .unwrap();
         assert!(status.success());
     };
-    tar(&["-czf", "payload.tar.gz", "payload"]);
+    tar(&["-cJf", "payload.tar.xz", "payload"]);
     fs::remove_dir_all(check.join("payload")).unwrap();
     fs::create_dir_all(check.join("data/cifar10-test/a")).unwrap();
     fs::write(check.join("data/cifar10-test/a/0.jpg"), b"x").unwrap();
@@ -123,7 +132,12 @@ fn a_failing_step_is_reported_and_every_later_step_still_runs() {
         "cifar10-test",
     ]);
     fs::remove_dir_all(check.join("data/cifar10-test")).unwrap();
+}
 
+#[test]
+fn a_failing_step_is_reported_and_every_later_step_still_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    stand_in_package(dir.path());
     let o = run(&["run", "gpu-check"], dir.path());
     let out = text(&o);
     assert!(!o.status.success(), "a failed step fails the run:\n{out}");
@@ -156,4 +170,38 @@ fn a_failing_step_is_reported_and_every_later_step_still_runs() {
         "{summary}"
     );
     assert!(out.contains("the PyTorch comparisons are skipped"), "{out}");
+}
+
+#[test]
+fn part_gpu_and_part_load_split_the_run_and_a_wrong_part_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    stand_in_package(dir.path());
+    let gpu = run_part(&["run", "gpu-check"], dir.path(), Some("gpu"));
+    let out = text(&gpu);
+    assert!(out.contains("== GPU tests (tests/gpu.rs)"), "{out}");
+    assert!(out.contains("== training example"), "{out}");
+    assert!(
+        !out.contains("bench load"),
+        "PART=gpu runs no loading step:\n{out}"
+    );
+
+    let load = run_part(&["run", "gpu-check"], dir.path(), Some("load"));
+    let out = text(&load);
+    assert!(
+        load.status.success(),
+        "the stand-in loading steps all pass:\n{out}"
+    );
+    assert!(
+        out.contains("bench load work/cifar.lmdb --batch-size 256 --workers 16"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("== GPU"),
+        "PART=load runs no GPU step:\n{out}"
+    );
+    assert!(!out.contains("== training example"), "{out}");
+
+    let wrong = run_part(&["run", "gpu-check"], dir.path(), Some("gpus"));
+    assert_eq!(wrong.status.code(), Some(2), "{}", text(&wrong));
+    assert!(text(&wrong).contains("PART is all, gpu or load, not gpus"));
 }
