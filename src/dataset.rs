@@ -299,6 +299,14 @@ pub trait Dataset: Send + Sync {
         self.shard_starts().map_or(0, empty_members)
     }
 
+    /// Shards shorter than the dataset's own index of them says (a copy cut short, a write cut
+    /// off): their last records are unreadable (bad records), the notices name each, and
+    /// `inspect` does not call such a dataset complete. 0 where the format keeps no such
+    /// index.
+    fn cut_shards(&self) -> usize {
+        0
+    }
+
     /// The shards the loader's next batches read, in the order it first reads them (the
     /// first ones are being read now). A dataset whose shards are fetched on demand (from
     /// object storage) fetches them ahead in this order and lets go of the shards not listed,

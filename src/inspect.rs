@@ -113,6 +113,10 @@ pub struct Inspection {
     /// false: a copy cut short looks like this; the notices name them).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub empty_shards: u64,
+    /// How many of its shards are shorter than its index of them says (then `complete` is
+    /// false; the notices name them and their records past the cut are bad records).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cut_shards: u64,
 }
 
 impl Inspection {
@@ -147,6 +151,9 @@ impl Dataset for ArcDataset {
     }
     fn suspect_empty_shards(&self) -> usize {
         self.0.suspect_empty_shards()
+    }
+    fn cut_shards(&self) -> usize {
+        self.0.cut_shards()
     }
     fn plan_shards(&self, upcoming: &[usize]) {
         self.0.plan_shards(upcoming)
@@ -239,7 +246,8 @@ fn inspect_dataset(
     let missing = dataset.missing_shards();
     let (missing_shards, missing_shard_count) = (missing.named.clone(), missing.count);
     let empty_shards = dataset.suspect_empty_shards() as u64;
-    let complete = complete && missing.is_empty() && empty_shards == 0;
+    let cut_shards = dataset.cut_shards() as u64;
+    let complete = complete && missing.is_empty() && empty_shards == 0 && cut_shards == 0;
 
     struct Seen {
         label: u32,
@@ -345,6 +353,7 @@ fn inspect_dataset(
         missing_shards,
         missing_shard_count,
         empty_shards,
+        cut_shards,
     }
 }
 

@@ -219,6 +219,33 @@ fn corrupt_and_truncated_shards_are_bad_samples_naming_shard_and_record() {
     bad.sort();
     assert_eq!(bad, [5, 15]);
     assert_eq!(delivered, 14);
+
+    // The cut shard is named when the dataset opens, and inspect does not call it complete
+    // (the flipped byte alone leaves it complete, with a bad record).
+    let dataset = format::open(&path).unwrap();
+    assert_eq!(dataset.cut_shards(), 1);
+    let name = last_shard
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .to_string();
+    assert!(
+        dataset
+            .notices()
+            .iter()
+            .any(|n| n.contains(&name) && n.contains("cut short") && n.contains("last 1 of")),
+        "{:?}",
+        dataset.notices()
+    );
+    let inspection = imagefeed::inspect::inspect(&path).unwrap();
+    assert!(!inspection.complete);
+    assert_eq!(inspection.cut_shards, 1);
+    assert_eq!(inspection.bad_records.len(), 2);
+    fs::write(&last_shard, &bytes).unwrap();
+    let inspection = imagefeed::inspect::inspect(&path).unwrap();
+    assert!(inspection.complete, "the shard made whole again");
+    assert_eq!(inspection.cut_shards, 0);
+    assert_eq!(inspection.bad_records.len(), 1);
 }
 
 #[test]

@@ -379,6 +379,12 @@ fn format_inspection(i: &Inspection) -> String {
                  the notices",
                 i.empty_shards
             )
+        } else if i.cut_shards > 0 {
+            format!(
+                "NO: {} shard(s) are shorter than the manifest lists (a copy or a write cut \
+                 off?): see the notices",
+                i.cut_shards
+            )
         } else if i.complete {
             "yes".to_string()
         } else {

@@ -66,6 +66,8 @@ struct Shared {
     /// Index of each shard's first record; a final entry holds the total.
     starts: Vec<usize>,
     notices: Vec<String>,
+    /// Shards of ours shorter than their manifest lists.
+    cut_shards: usize,
     /// Members of the set that are missing, when that was allowed.
     missing_shards: crate::format::shards::MissingShards,
     /// Fetches remote shards ahead of the loader; `None` when every shard is local.
@@ -321,6 +323,7 @@ fn open_ours(dir: &Path, manifest_path: &Path) -> Result<Records> {
     let text = fs::read(manifest_path).at(manifest_path)?;
     let manifest = parse_manifest(dir, manifest_path, &text)?;
     let mut shards = Vec::with_capacity(manifest.shards.len());
+    let mut lens = Vec::with_capacity(manifest.shards.len());
     for entry in &manifest.shards {
         let path = dir.join(&entry.file);
         let index_path = dir.join(&entry.index);
@@ -334,6 +337,7 @@ fn open_ours(dir: &Path, manifest_path: &Path) -> Result<Records> {
             index
         };
         let records = entry_records(&index_path, &index, entry, map.len() as u64)?;
+        lens.push(map.len() as u64);
         let data = Arc::new(ShardData::local(&path, mapped));
         shards.push(Shard {
             path,
@@ -357,7 +361,7 @@ fn open_ours(dir: &Path, manifest_path: &Path) -> Result<Records> {
             }
         }
     }
-    assemble_ours(dir, manifest_path, manifest, shards)
+    assemble_ours(dir, manifest_path, manifest, shards, &lens)
 }
 
 /// One shard's records from its index, checked against what the manifest says of the shard
@@ -395,13 +399,35 @@ pub(super) fn entry_records(
     Ok(records)
 }
 
-/// Records of ours from its manifest and its shards, checked to hold what it says.
+/// Records of ours from its manifest and its shards (`lens`: each shard's length now),
+/// checked to hold what it says. A shard shorter than the manifest lists is a notice and
+/// counts in [`Dataset::cut_shards`]: its last records are bad records, and `inspect` does not
+/// call the dataset complete.
 pub(super) fn assemble_ours(
     dir: &Path,
     manifest_path: &Path,
     manifest: Manifest,
     shards: Vec<Shard>,
+    lens: &[u64],
 ) -> Result<Records> {
+    let mut notices = Vec::new();
+    let mut cut_shards = 0;
+    for ((entry, shard), &len) in manifest.shards.iter().zip(&shards).zip(lens) {
+        if len < entry.bytes {
+            cut_shards += 1;
+            let unreadable = shard.records.iter().filter(|r| r.0 + r.1 > len).count();
+            crate::dataset::notice(
+                &mut notices,
+                format!(
+                    "{}: cut short: {len} of the {} bytes the manifest lists (a copy or a \
+                     write cut off?); its last {unreadable} of {} records are unreadable",
+                    shard.path.display(),
+                    entry.bytes,
+                    shard.records.len()
+                ),
+            );
+        }
+    }
     let mut info = manifest.info;
     info.format = FormatKind::Records;
     let starts = starts(&shards);
@@ -423,7 +449,8 @@ pub(super) fn assemble_ours(
             planner: planner(&shards),
             shards,
             starts,
-            notices: Vec::new(),
+            notices,
+            cut_shards,
             missing_shards: crate::format::shards::MissingShards::NONE,
         }),
     })
@@ -510,6 +537,9 @@ pub(super) fn assemble_foreign(
             shards,
             starts,
             notices,
+            // Other tools' shards: an index that runs past its shard is refused at open, and
+            // a shard without one is scanned (its cut tail is a notice of damage).
+            cut_shards: 0,
             missing_shards: set.missing_shards(),
         }),
     })
@@ -841,6 +871,10 @@ impl Dataset for Records {
 
     fn notices(&self) -> &[String] {
         &self.shared.notices
+    }
+
+    fn cut_shards(&self) -> usize {
+        self.shared.cut_shards
     }
 
     fn missing_shards(&self) -> &crate::format::shards::MissingShards {

@@ -119,7 +119,8 @@ pub(crate) fn open_ours(
             unsaved_index: false,
         })
     })?;
-    assemble_ours(&label, &manifest_label, manifest, shards)
+    let lens: Vec<u64> = entries.iter().map(|(shard, _, _)| shard.size).collect();
+    assemble_ours(&label, &manifest_label, manifest, shards, &lens)
 }
 
 /// Opens other tools' shards `objects` (named `name`), after the set checks found `set`;
