@@ -421,3 +421,84 @@ fn an_lmdb_value_size_past_the_file_is_a_bad_record_not_a_crash() {
         report.problems
     );
 }
+
+/// Opens `path` and reads every record: an error at open must be `NotADataset` naming the file;
+/// an opened file must hand out, for each record it reads, exactly the pristine record.
+fn opens_refused_or_reads_true(path: &Path, pristine: &[support::Row], what: &str) -> bool {
+    let ds = match format::open(path) {
+        Err(Error::NotADataset {
+            path: named,
+            reason,
+        }) => {
+            assert_eq!(named, path, "{what}: {reason}");
+            return false;
+        }
+        Err(other) => panic!("{what}: expected not-a-dataset, got {other}"),
+        Ok(ds) => ds,
+    };
+    let mut reader = ds.open_reader().unwrap();
+    for (index, want) in pristine.iter().enumerate() {
+        if let Ok(record) = reader.read(index) {
+            let got = (
+                record.key.to_string(),
+                record.label,
+                record.payload.to_vec(),
+            );
+            assert_eq!(&got, want, "{what}: record {index} handed out wrong");
+        }
+    }
+    true
+}
+
+/// #30's finding 3: a leaf node's flags flipped to "duplicates" (`F_DUPDATA`) sent liblmdb into
+/// a sub-cursor over the value's bytes: SIGSEGV in `mdb_xcursor_init1`, for our files and
+/// py-lmdb's alike. Every page is now walked with checked code before liblmdb reads the file:
+/// the file is refused, naming the page, or (a stale copy-on-write page) reads true.
+#[test]
+fn lmdb_node_flags_saying_duplicates_are_refused_not_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let ours = dir.path().join("train.lmdb");
+    support::pack_as(&fixture_root(), &ours, PackFormat::Lmdb, &small_options());
+    let theirs = support::fixture_root()
+        .parent()
+        .unwrap()
+        .join("compat/folder2lmdb.lmdb");
+    for pristine_path in [ours, theirs] {
+        let pristine_bytes = fs::read(&pristine_path).unwrap();
+        let pristine = support::records(&*format::open(&pristine_path).unwrap());
+        let flags = support::lmdb_pages::leaf_node_flags(&pristine_bytes);
+        assert!(flags.len() > 4, "{}: {flags:?}", pristine_path.display());
+        let damaged = dir.path().join("damaged.lmdb");
+        // Every leaf node at once: the live tree is hit, so the file is refused.
+        let mut bytes = pristine_bytes.clone();
+        for &at in &flags {
+            bytes[at] = 0x04;
+        }
+        fs::write(&damaged, &bytes).unwrap();
+        match format::open(&damaged) {
+            Err(Error::NotADataset { reason, .. }) => {
+                assert!(
+                    reason.contains("damaged LMDB") && reason.contains("page"),
+                    "{reason}"
+                )
+            }
+            Err(other) => panic!("expected not-a-dataset, got {other}"),
+            Ok(_) => panic!(
+                "{}: opened with every node damaged",
+                pristine_path.display()
+            ),
+        }
+        // One node at a time.
+        let mut refused = 0;
+        for &at in &flags {
+            let mut bytes = pristine_bytes.clone();
+            bytes[at] = 0x04;
+            fs::write(&damaged, &bytes).unwrap();
+            let what = format!("{} with the node flags at {at}", pristine_path.display());
+            if !opens_refused_or_reads_true(&damaged, &pristine, &what) {
+                refused += 1;
+            }
+        }
+        assert!(refused > 0, "{}", pristine_path.display());
+    }
+}

@@ -9,6 +9,7 @@ use imagefeed::pack::{self, NoProgress, PackFormat, PackOptions, PackSummary};
 use imagefeed::synthetic::SyntheticSpec;
 
 pub mod fault_proxy;
+pub mod lmdb_pages;
 pub mod s3;
 
 /// The entries of `list` whose format this build writes (HDF5 needs the `hdf5` feature), so one

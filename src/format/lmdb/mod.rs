@@ -76,6 +76,8 @@ use crate::format::output;
 use crate::format::writer::{DatasetWriter, PackPlan, PackProgress, PackedRecord, WriterOptions};
 use crate::format::{InfoRecord, Recognizer, pickle};
 
+mod tree;
+
 /// The `magic` value in `meta/info`.
 pub const MAGIC: &str = "imagefeed-lmdb";
 /// The layout version this build writes and the newest it reads.
@@ -1019,6 +1021,11 @@ fn read_env(path: &Path, file_len: u64) -> Result<Arc<ReadEnv>> {
     {
         return Ok(env);
     }
+    // Every branch and leaf page is checked before liblmdb reads any (see `tree`): once per
+    // file per process, as the environment is.
+    let (file, _) = crate::file::open_regular(&canonical)?;
+    tree::check(path, &file, file_len)?;
+    drop(file);
     let mut options = EnvOpenOptions::new().read_txn_without_tls();
     // Map the file's length, not the map size the writer recorded (1 TiB by default: LMDB keeps
     // the largest size ever configured in the meta page). A configured size takes precedence
