@@ -150,10 +150,13 @@ KILLS ?= 120
 kill-loop: deps
 	IMAGEFEED_KILLS=$(KILLS) $(CARGO) test -p pack-dataset --test kill_loop -- --nocapture
 
-# Bytes flipped and files cut at CORRUPTIONS points per file of every format.
+# Bytes flipped and files cut at CORRUPTIONS points per file of every format; then every
+# structure byte of an LMDB file (ours and py-lmdb's) flipped alone (STRUCTURE_FLIPS: all, or N).
 CORRUPTIONS ?= 50
-corrupt: deps
-	IMAGEFEED_CORRUPTIONS=$(CORRUPTIONS) $(CARGO) test --test corrupt
+STRUCTURE_FLIPS ?= all
+corrupt: deps pyenv
+	IMAGEFEED_PYTHON=$(CURDIR)/$(PYENV)/bin/python IMAGEFEED_CORRUPTIONS=$(CORRUPTIONS) \
+		IMAGEFEED_STRUCTURE_FLIPS=$(STRUCTURE_FLIPS) $(CARGO) test --test corrupt
 
 # SOAK_EPOCHS epochs of the loader (4 workers, replace policy) over a tree with broken files.
 SOAK_EPOCHS ?= 100

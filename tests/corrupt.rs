@@ -10,8 +10,13 @@
 //! - nothing wrong is accepted as good: every record and every batch slot handed out as good
 //!   holds exactly the undamaged key, label and pixels of its index.
 //!
+//! Then every structure byte of an LMDB file (ours, and py-lmdb's folder2lmdb fixture: meta
+//! pages, page headers, node tables, node headers, keys) is flipped alone, each copy checked by
+//! a child in the same way.
+//!
 //! `IMAGEFEED_CORRUPTIONS=N` sets the number of flips and of cuts per file (default 6: the
-//! short version `make test` runs); `make corrupt` runs the long one. `harness = false`: the
+//! short version `make test` runs); `IMAGEFEED_STRUCTURE_FLIPS=N|all` the LMDB structure bytes
+//! flipped per file (default 40, a seeded sample); `make corrupt` runs the long ones. `harness = false`: the
 //! binary is both the harness and, with `--child`, the child.
 
 mod support;
@@ -248,6 +253,38 @@ fn run_child(pristine: &Path, damaged: &Path, what: &str) -> (Vec<String>, Strin
     (findings, summary)
 }
 
+/// Writes `src` (an ImageFolder tree) to `out` as the Python folder2lmdb scripts do, with
+/// py-lmdb: keys "0", "1", ..., values `pickle.dumps((file bytes, label))`, then `__keys__` and
+/// `__len__`. False, saying why, where py-lmdb is not installed.
+fn write_folder2lmdb(src: &Path, out: &Path) -> bool {
+    let Some(python) = support::python_with("lmdb") else {
+        return false;
+    };
+    let script = r#"
+import os, pickle, sys, lmdb
+src, out = sys.argv[1], sys.argv[2]
+classes = sorted(e.name for e in os.scandir(src) if e.is_dir())
+samples = [(os.path.join(src, c, f), label) for label, c in enumerate(classes)
+           for f in sorted(os.listdir(os.path.join(src, c)))]
+db = lmdb.open(out, subdir=False, map_size=1 << 26, lock=False)
+with db.begin(write=True) as txn:
+    for idx, (path, label) in enumerate(samples):
+        with open(path, "rb") as f:
+            txn.put(str(idx).encode("ascii"), pickle.dumps((f.read(), label)))
+    txn.put(b"__keys__", pickle.dumps([str(i).encode("ascii") for i in range(len(samples))]))
+    txn.put(b"__len__", pickle.dumps(len(samples)))
+db.close()
+"#;
+    let status = Command::new(python)
+        .args(["-c", script])
+        .arg(src)
+        .arg(out)
+        .status()
+        .unwrap();
+    assert!(status.success(), "py-lmdb wrote {}", out.display());
+    true
+}
+
 fn harness() {
     let per_file: u64 = std::env::var("IMAGEFEED_CORRUPTIONS")
         .ok()
@@ -333,6 +370,49 @@ fn harness() {
                 let kind = summary.split([':', ';']).next().unwrap_or("").to_string();
                 *summaries.entry(format!("{name}: {kind}")).or_default() += 1;
             }
+        }
+    }
+    // Every byte that holds an LMDB file together (meta pages, page headers, node tables, node
+    // headers and keys, named databases' records), ours and py-lmdb's, each flipped alone: a
+    // seeded sample in `make test`, all of them in `make corrupt`.
+    let structure_flips = std::env::var("IMAGEFEED_STRUCTURE_FLIPS").ok();
+    let mut lmdbs = vec![(dir.path().join("pristine-d.lmdb"), "d.lmdb")];
+    let theirs = dir.path().join("pristine-folder2lmdb.lmdb");
+    if write_folder2lmdb(&src, &theirs) {
+        lmdbs.push((theirs, "folder2lmdb.lmdb"));
+    }
+    for (pristine, name) in lmdbs {
+        let bytes = std::fs::read(&pristine).unwrap();
+        let mut offsets = support::lmdb_pages::structure_bytes(&bytes);
+        let mut points = SampleRng::new(0x57c7, 0, 0);
+        match structure_flips.as_deref() {
+            Some("all") => {}
+            other => {
+                let n = other.and_then(|v| v.parse().ok()).unwrap_or(40usize);
+                // A seeded sample: a partial Fisher-Yates shuffle's first n.
+                for i in 0..n.min(offsets.len()) {
+                    let j = i + points.below((offsets.len() - i) as u64) as usize;
+                    offsets.swap(i, j);
+                }
+                offsets.truncate(n);
+            }
+        }
+        let damaged = dir.path().join(format!("flipped-{name}"));
+        for &at in &offsets {
+            let mut flipped = bytes.clone();
+            flipped[at] ^= 1 + points.below(255) as u8;
+            std::fs::write(&damaged, &flipped).unwrap();
+            let what = format!(
+                "{name}: structure byte {at} flipped to {:#04x}",
+                flipped[at]
+            );
+            let (mut found, summary) = run_child(&pristine, &damaged, &what);
+            tried += 1;
+            findings.append(&mut found);
+            let kind = summary.split([':', ';']).next().unwrap_or("").to_string();
+            *summaries
+                .entry(format!("{name} structure: {kind}"))
+                .or_default() += 1;
         }
     }
     println!("{tried} corruptions tried");
