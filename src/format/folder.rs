@@ -15,6 +15,7 @@
 
 use std::collections::HashSet;
 use std::fs;
+use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -53,6 +54,8 @@ pub struct ImageFolder {
     info: DatasetInfo,
     entries: Arc<[FolderEntry]>,
     skipped_files: usize,
+    /// What scanning found that a user should hear about (class names that are not UTF-8).
+    notices: Vec<String>,
 }
 
 /// [`format::open`](crate::format::open)'s recognizer for an ImageFolder tree: any directory
@@ -63,17 +66,18 @@ pub(crate) const TREE: Recognizer = Recognizer {
 };
 
 impl ImageFolder {
-    /// Scans `root`. Fails when it is not a directory, has no class directory, when a class holds
-    /// no image file, or when a class directory's name is not valid UTF-8 (a file or a nested
-    /// directory with such a name becomes an entry that fails to read; see
-    /// [`FolderEntry::non_utf8_name`]).
+    /// Scans `root`. Fails when it is not a directory, has no class directory, or when a class
+    /// holds no image file. A name that is not valid UTF-8 costs only the files under it: a
+    /// class directory so named keeps its place in torchvision's order (its name shown lossily,
+    /// with a notice) and each of its files, like any file or nested directory so named,
+    /// becomes an entry that fails to read (see [`FolderEntry::non_utf8_name`]).
     pub fn open(root: impl AsRef<Path>) -> Result<ImageFolder> {
         let root = root.as_ref().to_path_buf();
         let meta = fs::metadata(&root).at(&root)?;
         if !meta.is_dir() {
             return Err(Error::not_a_dataset(&root, "not a directory"));
         }
-        let mut classes = Vec::new();
+        let mut class_dirs = Vec::new();
         for entry in fs::read_dir(&root).at(&root)? {
             let entry = entry.at(&root)?;
             // fs::metadata follows symlinks, like os.scandir's is_dir().
@@ -81,10 +85,30 @@ impl ImageFolder {
                 .map(|m| m.is_dir())
                 .unwrap_or(false)
             {
-                classes.push(utf8_name(&entry.path())?);
+                class_dirs.push(entry.file_name());
             }
         }
-        classes.sort();
+        // torchvision sorts the names Python decoded (undecodable bytes as U+DC80..U+DCFF).
+        class_dirs.sort_by_cached_key(|name| python_order(name.as_bytes()));
+        let mut notices = Vec::new();
+        let classes: Vec<String> = class_dirs
+            .iter()
+            .map(|name| {
+                let lossy = name.to_string_lossy().into_owned();
+                if name.to_str().is_none() {
+                    crate::dataset::notice(
+                        &mut notices,
+                        format!(
+                            "{}: the class directory {lossy:?} has a name that is not valid \
+                             UTF-8: it keeps its label (so the others match torchvision's), and \
+                             each of its files is refused until it is renamed",
+                            root.display()
+                        ),
+                    );
+                }
+                lossy
+            })
+            .collect();
         if classes.is_empty() {
             return Err(Error::BadImageFolder {
                 path: root,
@@ -94,10 +118,10 @@ impl ImageFolder {
         let mut entries = Vec::new();
         let mut skipped_files = 0;
         let mut empty = Vec::new();
-        for (label, class) in classes.iter().enumerate() {
+        for (label, (class, dir)) in classes.iter().zip(&class_dirs).enumerate() {
             let before = entries.len();
             let mut files = Vec::new();
-            walk_sorted(&root, class, &mut HashSet::new(), &mut files)?;
+            walk_sorted(&root, dir, class, &mut HashSet::new(), &mut files)?;
             for (key, non_utf8_name) in files {
                 let name = key.rsplit('/').next().unwrap_or(&key);
                 if has_image_extension(name) {
@@ -138,6 +162,7 @@ impl ImageFolder {
             info,
             entries: entries.into(),
             skipped_files,
+            notices,
         })
     }
 
@@ -170,7 +195,8 @@ fn read_entry(root: &Path, entry: &FolderEntry, buffer: &mut Vec<u8>) -> Result<
     if entry.non_utf8_name {
         return Err(Error::RefusedFile {
             path,
-            reason: "its name is not valid UTF-8 (shown with U+FFFD in its place); rename it"
+            reason: "its name, or a directory's on its path, is not valid UTF-8 (shown with \
+                     U+FFFD in its place); rename it"
                 .into(),
         });
     }
@@ -184,6 +210,7 @@ fn read_entry(root: &Path, entry: &FolderEntry, buffer: &mut Vec<u8>) -> Result<
 /// form).
 fn walk_sorted(
     root: &Path,
+    dir: &std::ffi::OsStr,
     class: &str,
     visited: &mut HashSet<PathBuf>,
     out: &mut Vec<(String, bool)>,
@@ -191,9 +218,9 @@ fn walk_sorted(
     let mut dirs = Vec::new();
     collect_dirs(
         root,
-        Path::new(class),
+        Path::new(dir),
         class.to_string(),
-        false,
+        dir.to_str().is_none(),
         visited,
         &mut dirs,
     )?;
@@ -258,14 +285,16 @@ fn collect_dirs(
     Ok(())
 }
 
-fn utf8_name(path: &Path) -> Result<String> {
-    path.file_name()
-        .and_then(|n| n.to_str())
-        .map(str::to_owned)
-        .ok_or_else(|| Error::BadImageFolder {
-            path: path.to_path_buf(),
-            reason: "file name is not valid UTF-8".into(),
-        })
+/// The order Python (and so torchvision) sorts a file name in: by code point, after decoding
+/// it as UTF-8 with `surrogateescape` (each undecodable byte `b` becomes U+DC00 + `b`). For a
+/// valid UTF-8 name this is its byte order.
+fn python_order(name: &[u8]) -> Vec<u32> {
+    let mut order = Vec::with_capacity(name.len());
+    for chunk in name.utf8_chunks() {
+        order.extend(chunk.valid().chars().map(u32::from));
+        order.extend(chunk.invalid().iter().map(|&b| 0xDC00 + u32::from(b)));
+    }
+    order
 }
 
 impl Dataset for ImageFolder {
@@ -275,6 +304,10 @@ impl Dataset for ImageFolder {
 
     fn path(&self) -> &Path {
         &self.root
+    }
+
+    fn notices(&self) -> &[String] {
+        &self.notices
     }
 
     fn open_reader(&self) -> Result<Box<dyn RecordReader>> {
@@ -314,6 +347,43 @@ mod tests {
         let path = root.join(rel);
         fs::create_dir_all(path.parent().unwrap()).unwrap();
         fs::write(path, rel.as_bytes()).unwrap();
+    }
+
+    /// A class directory whose name is not UTF-8 used to fail the whole scan (torchvision takes
+    /// it). It now keeps its place in Python's order (undecodable bytes sort as U+DC80..U+DCFF,
+    /// which is not byte order: b"\xf5" before "\u{E000}", whose first byte is 0xEE), with a
+    /// notice; its files are entries that fail to read, the other classes read as before.
+    #[test]
+    fn a_class_named_in_bytes_that_are_not_utf8_keeps_its_label_and_costs_only_its_files() {
+        use std::os::unix::ffi::OsStrExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        touch(root, "a/1.jpg");
+        touch(root, "\u{E000}/1.jpg");
+        let odd = root.join(std::ffi::OsStr::from_bytes(b"\xf5"));
+        fs::create_dir(&odd).unwrap();
+        fs::write(odd.join("1.jpg"), b"x").unwrap();
+        fs::write(odd.join("2.jpg"), b"x").unwrap();
+
+        let folder = ImageFolder::open(root).unwrap();
+        assert_eq!(folder.info().classes, ["a", "\u{FFFD}", "\u{E000}"]);
+        assert_eq!(folder.notices().len(), 1, "{:?}", folder.notices());
+        assert!(folder.notices()[0].contains("not valid UTF-8"));
+        let labels: Vec<(u32, bool)> = folder
+            .entries()
+            .iter()
+            .map(|e| (e.label, e.non_utf8_name))
+            .collect();
+        assert_eq!(labels, [(0, false), (1, true), (1, true), (2, false)]);
+        let mut reader = folder.open_reader().unwrap();
+        assert_eq!(reader.read(0).unwrap().payload, b"a/1.jpg");
+        assert!(matches!(reader.read(1), Err(Error::RefusedFile { .. })));
+        assert_eq!(reader.read(3).unwrap().payload, "\u{E000}/1.jpg".as_bytes());
+        assert!(python_order(b"\xf5") < python_order("\u{E000}".as_bytes()));
+        assert!(
+            b"\xf5".as_slice() > "\u{E000}".as_bytes(),
+            "byte order differs"
+        );
     }
 
     #[test]
