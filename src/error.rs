@@ -280,6 +280,19 @@ pub enum Error {
     #[error("invalid loader configuration: {0}")]
     Config(String),
 
+    /// Memory for a batch could not be had: the allocator said no (the machine is out of
+    /// memory, or an address-space limit such as `ulimit -v` was reached). The process goes on.
+    #[error(
+        "could not allocate {bytes} bytes for {what}: out of memory or over an address-space \
+         limit (ulimit -v); lower the batch size, the output size or the prefetch depth"
+    )]
+    OutOfMemory {
+        /// The bytes asked for.
+        bytes: u64,
+        /// What they were for ("a batch").
+        what: String,
+    },
+
     /// The epoch was cancelled (dropped, or stopped from Python by Ctrl-C) while this batch was
     /// being built. Nothing is wrong with the data; the batch is simply not delivered.
     #[error("the epoch was cancelled")]

@@ -1406,7 +1406,20 @@ impl Worker {
             None => {
                 collator.size = Some((w, h, index, record.key.to_string()));
                 collator.slot_len = config.transform.output.slot_len(w, h);
-                collator.buffer = Some(shared.pool.take(collator.slot_len * collator.capacity));
+                let bytes = collator.slot_len * collator.capacity;
+                collator.buffer =
+                    Some(
+                        shared
+                            .pool
+                            .try_take(bytes)
+                            .ok_or_else(|| Error::OutOfMemory {
+                                bytes: bytes as u64,
+                                what: format!(
+                                    "a batch of {} samples (epoch {epoch})",
+                                    collator.capacity
+                                ),
+                            })?,
+                    );
             }
             Some((fw, fh, first_index, first_key)) if (*fw, *fh) != (w, h) => {
                 return Err(Error::ShapeMismatch {

@@ -23,6 +23,13 @@ pub trait BatchMemory: Send + Sync {
 pub trait BatchAllocator: Send + Sync {
     /// A block of at least `bytes` bytes, aligned to at least 16 bytes.
     fn allocate(&self, bytes: usize) -> Box<dyn BatchMemory>;
+
+    /// [`allocate`](Self::allocate), or `None` where the memory cannot be had (what the loader
+    /// calls, so that running out is an error for the batch instead of an abort). The default
+    /// calls `allocate`.
+    fn try_allocate(&self, bytes: usize) -> Option<Box<dyn BatchMemory>> {
+        Some(self.allocate(bytes))
+    }
 }
 
 /// Alignment of [`AlignedBuffer`]s.
@@ -41,16 +48,26 @@ unsafe impl Send for AlignedBuffer {}
 unsafe impl Sync for AlignedBuffer {}
 
 impl AlignedBuffer {
-    /// Allocates `len` zeroed bytes (at least one byte is reserved).
+    /// Allocates `len` zeroed bytes (at least one byte is reserved); aborts the process where
+    /// the memory cannot be had, as `Vec` does.
     pub fn new(len: usize) -> AlignedBuffer {
-        let layout =
-            Layout::from_size_align(len.max(1), ALIGNMENT).expect("batch size fits in isize");
+        AlignedBuffer::try_new(len).unwrap_or_else(|| {
+            std::alloc::handle_alloc_error(
+                Layout::from_size_align(len.max(1), ALIGNMENT).unwrap_or(Layout::new::<u8>()),
+            )
+        })
+    }
+
+    /// [`new`](Self::new), or `None` where the memory cannot be had (or `len` is past what a
+    /// layout can hold).
+    pub fn try_new(len: usize) -> Option<AlignedBuffer> {
+        let layout = Layout::from_size_align(len.max(1), ALIGNMENT).ok()?;
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        let Some(ptr) = NonNull::new(ptr) else {
-            std::alloc::handle_alloc_error(layout)
-        };
-        AlignedBuffer { ptr, len }
+        Some(AlignedBuffer {
+            ptr: NonNull::new(ptr)?,
+            len,
+        })
     }
 }
 
@@ -83,6 +100,10 @@ pub struct HeapAllocator;
 impl BatchAllocator for HeapAllocator {
     fn allocate(&self, bytes: usize) -> Box<dyn BatchMemory> {
         Box::new(AlignedBuffer::new(bytes))
+    }
+
+    fn try_allocate(&self, bytes: usize) -> Option<Box<dyn BatchMemory>> {
+        Some(Box::new(AlignedBuffer::try_new(bytes)?))
     }
 }
 
@@ -144,7 +165,18 @@ impl BufferPool {
     }
 
     /// A buffer of exactly `len` visible bytes: a free one that is large enough, else a new one.
+    /// Aborts where a new one cannot be had; the loader uses [`try_take`](Self::try_take).
     pub fn take(&self, len: usize) -> PooledBuffer {
+        self.try_take(len).unwrap_or_else(|| {
+            std::alloc::handle_alloc_error(
+                Layout::from_size_align(len.max(1), ALIGNMENT).unwrap_or(Layout::new::<u8>()),
+            )
+        })
+    }
+
+    /// [`take`](Self::take), or `None` where a new buffer was needed and the allocator could
+    /// not supply it (nothing is counted then).
+    pub fn try_take(&self, len: usize) -> Option<PooledBuffer> {
         self.inner
             .recent
             .lock()
@@ -161,18 +193,22 @@ impl BufferPool {
                 .map(|(i, _)| i);
             best.map(|i| free.swap_remove(i))
         };
-        let memory = reused.unwrap_or_else(|| {
-            self.inner.allocations.fetch_add(1, Ordering::Relaxed);
-            self.inner
-                .allocated_bytes
-                .fetch_add(len as u64, Ordering::Relaxed);
-            self.inner.allocator.allocate(len)
-        });
-        PooledBuffer {
+        let memory = match reused {
+            Some(memory) => memory,
+            None => {
+                let memory = self.inner.allocator.try_allocate(len)?;
+                self.inner.allocations.fetch_add(1, Ordering::Relaxed);
+                self.inner
+                    .allocated_bytes
+                    .fetch_add(len as u64, Ordering::Relaxed);
+                memory
+            }
+        };
+        Some(PooledBuffer {
             memory: Some(memory),
             len,
             pool: self.clone(),
-        }
+        })
     }
 
     /// Makes sure the pool holds at least `count` free buffers of at least `len` bytes,
@@ -302,6 +338,20 @@ mod tests {
             drop(pool.take(small));
         }
         assert_eq!(pool.allocations(), before);
+    }
+
+    #[test]
+    fn memory_that_cannot_be_had_is_none_and_counts_nothing() {
+        // More than any machine has (malloc refuses it), and more than a layout can hold.
+        assert!(AlignedBuffer::try_new(1 << 62).is_none());
+        assert!(AlignedBuffer::try_new(usize::MAX).is_none());
+        assert!(HeapAllocator.try_allocate(1 << 62).is_none());
+        let pool = BufferPool::new(Arc::new(HeapAllocator));
+        assert!(pool.try_take(1 << 62).is_none());
+        assert_eq!((pool.allocations(), pool.allocated_bytes()), (0, 0));
+        let buffer = pool.try_take(100).expect("100 bytes");
+        assert_eq!(buffer.as_slice().len(), 100);
+        assert_eq!(pool.allocations(), 1);
     }
 
     #[test]

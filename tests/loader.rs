@@ -1431,3 +1431,66 @@ fn loader_fork_child() {
     assert_eq!(epoch_digest(&loader, 0), before);
     println!("the child dropped its loader; the parent's next epoch matches");
 }
+
+/// An allocator that has memory for `budget` blocks, then none (what `ulimit -v` or an
+/// exhausted machine looks like to the loader).
+struct RunsOut {
+    budget: std::sync::atomic::AtomicUsize,
+}
+
+impl imagefeed::pool::BatchAllocator for RunsOut {
+    fn allocate(&self, _bytes: usize) -> Box<dyn imagefeed::pool::BatchMemory> {
+        panic!("the loader must ask with try_allocate");
+    }
+
+    fn try_allocate(&self, bytes: usize) -> Option<Box<dyn imagefeed::pool::BatchMemory>> {
+        use std::sync::atomic::Ordering;
+        self.budget
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .ok()?;
+        Some(Box::new(imagefeed::pool::AlignedBuffer::new(bytes)))
+    }
+}
+
+/// #30 item 5: batch memory that cannot be had was an abort (`handle_alloc_error`); it is now
+/// an `OutOfMemory` error for the batch that needed it, and batches already built are intact.
+#[test]
+fn batch_memory_that_cannot_be_had_is_an_error_not_an_abort() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("d.lmdb");
+    pack_lmdb(&fixture_root(), &out, &small_options());
+    let dataset = format::open(&out).unwrap();
+    let config = LoaderConfig::default()
+        .with_batch_size(4)
+        .with_workers(1)
+        .with_prefetch(1)
+        .with_transform(Transform::imagenet_eval(32, 32).raw_u8_nhwc())
+        .with_bad_samples(BadSamplePolicy::Skip)
+        .with_max_bad(None);
+    let allocator = Arc::new(RunsOut {
+        budget: std::sync::atomic::AtomicUsize::new(2),
+    });
+    let loader = Loader::with_allocator(dataset, config, allocator).unwrap();
+    let mut batches = Vec::new(); // kept, so the pool cannot reuse their memory
+    let mut failure = None;
+    for batch in loader.epoch(0) {
+        match batch {
+            Ok(batch) => batches.push(batch),
+            Err(e) => {
+                failure = Some(e);
+                break;
+            }
+        }
+    }
+    assert_eq!(batches.len(), 2, "the two blocks the allocator had");
+    for batch in &batches {
+        assert_eq!(batch.as_u8().len(), batch.len() * 32 * 32 * 3);
+    }
+    match failure {
+        Some(Error::OutOfMemory { bytes, what }) => {
+            assert_eq!(bytes, 4 * 32 * 32 * 3, "{what}");
+            assert!(what.contains("batch of 4"), "{what}");
+        }
+        other => panic!("expected OutOfMemory, got {other:?}"),
+    }
+}

@@ -29,6 +29,7 @@ __all__ = [
     "ConfigError",
     "StateMismatchError",
     "CudaError",
+    "OutOfMemoryError",
     "PoolGrowthWarning",
 ]
 
@@ -134,6 +135,12 @@ class StateMismatchError(ConfigError):
 
 class CudaError(Error):
     """No usable CUDA driver or device, or a CUDA call failed."""
+
+
+class OutOfMemoryError(Error, MemoryError):
+    """Memory for a batch could not be had (``bytes`` of it): out of memory or over ``ulimit -v``."""
+
+    bytes: int | None = None
 
 
 class PoolGrowthWarning(UserWarning):

@@ -187,6 +187,11 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
             attrs.set_item("reason", reason)?;
             "CudaError"
         }
+        Error::OutOfMemory { bytes, .. } => {
+            attrs.set_item("bytes", bytes)?;
+            attrs.set_item("reason", err.to_string())?;
+            "OutOfMemoryError"
+        }
         // Cancelled, Panicked, WorkersStopped, ThreadSpawn: no file, no better class.
         _ => {
             attrs.set_item("reason", err.to_string())?;

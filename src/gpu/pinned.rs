@@ -121,7 +121,13 @@ impl PinnedAllocator {
 
 impl BatchAllocator for PinnedAllocator {
     fn allocate(&self, bytes: usize) -> Box<dyn BatchMemory> {
-        match PinnedBuffer::new(&self.ctx, bytes) {
+        self.try_allocate(bytes)
+            .unwrap_or_else(|| Box::new(AlignedBuffer::new(bytes)))
+    }
+
+    /// Page-locked memory, else ordinary memory (said once), else `None`.
+    fn try_allocate(&self, bytes: usize) -> Option<Box<dyn BatchMemory>> {
+        Some(match PinnedBuffer::new(&self.ctx, bytes) {
             Ok(buffer) => {
                 self.pinned.fetch_add(1, Ordering::Relaxed);
                 Box::new(buffer)
@@ -137,8 +143,8 @@ impl BatchAllocator for PinnedAllocator {
                         .lock()
                         .unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
                 }
-                Box::new(AlignedBuffer::new(bytes))
+                Box::new(AlignedBuffer::try_new(bytes)?)
             }
-        }
+        })
     }
 }
