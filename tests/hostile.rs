@@ -502,3 +502,143 @@ fn lmdb_node_flags_saying_duplicates_are_refused_not_a_crash() {
         assert!(refused > 0, "{}", pristine_path.display());
     }
 }
+
+/// `pickle.dumps` of a list naming one `text` `count` times by memo reference: a few bytes per
+/// item, however long the text.
+fn pickled_repeated_text(text: &str, count: usize) -> Vec<u8> {
+    let mut out = b"\x80\x04X".to_vec();
+    out.extend_from_slice(&(text.len() as u32).to_le_bytes());
+    out.extend_from_slice(text.as_bytes());
+    out.extend_from_slice(b"q\x00](");
+    for _ in 0..count {
+        out.extend_from_slice(b"h\x00");
+    }
+    out.extend_from_slice(b"e.");
+    out
+}
+
+/// Found by a hostile review: `__keys__` naming one 1 MiB text 100,000 times (a 1.2 MB value)
+/// was copied key by key before its length was compared with `__len__`: 100 GB (the review's
+/// million names: 1 TB), an abort. Both are checked first now.
+#[test]
+fn a_folder2lmdb_keys_list_repeating_one_long_text_is_refused_before_copying() {
+    let dir = tempfile::tempdir().unwrap();
+    let long = "k".repeat(1 << 20);
+    for (len, count, expected) in [
+        (2, 100_000, "__len__ is 2 but __keys__ lists 100000 keys"),
+        (1_000, 1_000, "__keys__ repeats its keys"),
+    ] {
+        let path = dir.path().join(format!("keys-{len}.lmdb"));
+        let mut entries: Vec<(Vec<u8>, Vec<u8>)> = (0..len)
+            .map(|i| (i.to_string().into_bytes(), pickled(&jpeg(), 0)))
+            .collect();
+        entries.push((b"__len__".to_vec(), pickled_int(len as i64)));
+        entries.push((b"__keys__".to_vec(), pickled_repeated_text(&long, count)));
+        write_folder2lmdb(&path, &entries);
+        match format::open(&path) {
+            Err(Error::NotADataset { reason, .. }) => {
+                assert!(reason.contains(expected), "{reason}")
+            }
+            Err(other) => panic!("expected not-a-dataset, got {other}"),
+            Ok(_) => panic!("opened"),
+        }
+    }
+}
+
+/// The overflow page number and the first key of the live leaf of a folder2lmdb file's main
+/// database (one leaf: a small file): (offset of node `i`'s header, of its overflow number).
+fn folder2lmdb_leaf_nodes(bytes: &[u8]) -> Vec<(usize, Option<usize>)> {
+    let size = support::lmdb_pages::page_size(bytes);
+    let u16_at = |at: usize| u16::from_le_bytes([bytes[at], bytes[at + 1]]) as usize;
+    let root = u64::from_le_bytes(bytes[128..136].try_into().unwrap()) as usize;
+    let second_txn = u64::from_le_bytes(bytes[size + 144..size + 152].try_into().unwrap());
+    let first_txn = u64::from_le_bytes(bytes[144..152].try_into().unwrap());
+    let root = if second_txn > first_txn {
+        u64::from_le_bytes(bytes[size + 128..size + 136].try_into().unwrap()) as usize
+    } else {
+        root
+    };
+    let page = root * size;
+    assert_eq!(u16_at(page + 10) & 0x02, 0x02, "the root is a leaf");
+    (0..(u16_at(page + 12) - 16) / 2)
+        .map(|i| {
+            let node = page + u16_at(page + 16 + 2 * i);
+            let data = node + 8 + u16_at(node + 6);
+            (node, (u16_at(node + 4) == 0x01).then_some(data))
+        })
+        .collect()
+}
+
+/// Found by a hostile review: in a folder2lmdb file (no checksums), one flipped bit of a
+/// value's overflow page number pointed it at its neighbour's value, and a renamed key gave a
+/// leaf two equal keys: each handed out another record's image and label as good. The page
+/// walk now gives each value's pages to it alone and checks that keys rise.
+#[test]
+fn a_folder2lmdb_value_on_anothers_pages_or_keys_out_of_order_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f2l.lmdb");
+    let image = vec![7u8; 9000]; // three pages: on overflow pages of its own
+    let entries: Vec<(Vec<u8>, Vec<u8>)> = (0..4)
+        .map(|i| (i.to_string().into_bytes(), pickled(&image, i)))
+        .chain([(b"__len__".to_vec(), pickled_int(4))])
+        .collect();
+    write_folder2lmdb(&path, &entries);
+    let pristine = fs::read(&path).unwrap();
+    let nodes = folder2lmdb_leaf_nodes(&pristine);
+    let overflow: Vec<usize> = nodes.iter().filter_map(|n| n.1).collect();
+    assert!(overflow.len() >= 2, "{nodes:?}");
+
+    // Value 1 on value 0's pages.
+    let mut bytes = pristine.clone();
+    let first = bytes[overflow[0]..overflow[0] + 8].to_vec();
+    bytes[overflow[1]..overflow[1] + 8].copy_from_slice(&first);
+    fs::write(&path, &bytes).unwrap();
+    match format::open(&path) {
+        Err(Error::NotADataset { reason, .. }) => assert!(reason.contains("twice"), "{reason}"),
+        other => panic!("expected not-a-dataset, got {:?}", other.err()),
+    }
+    // Key "1" renamed "2": two equal keys on the leaf.
+    let mut bytes = pristine.clone();
+    let key_at = nodes[1].0 + 8;
+    assert_eq!(bytes[key_at], b'1');
+    bytes[key_at] = b'2';
+    fs::write(&path, &bytes).unwrap();
+    match format::open(&path) {
+        Err(Error::NotADataset { reason, .. }) => {
+            assert!(reason.contains("out of order"), "{reason}")
+        }
+        other => panic!("expected not-a-dataset, got {:?}", other.err()),
+    }
+}
+
+/// Found by a hostile review: a branch page with a single child passes liblmdb's release build
+/// but aborts its debug build (an assertion in `mdb_page_search_root`, the build tests use).
+/// The walk refuses branch pages with fewer than two children.
+#[test]
+fn an_lmdb_branch_page_with_one_child_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("deep.lmdb");
+    let entries: Vec<(Vec<u8>, Vec<u8>)> = (0..400)
+        .map(|i| (format!("{i:04}").into_bytes(), pickled(&[i as u8; 100], 0)))
+        .chain([(b"__len__".to_vec(), pickled_int(400))])
+        .collect();
+    write_folder2lmdb(&path, &entries);
+    let mut bytes = fs::read(&path).unwrap();
+    let size = support::lmdb_pages::page_size(&bytes);
+    let txn = |meta: usize| u64::from_le_bytes(bytes[meta + 144..meta + 152].try_into().unwrap());
+    let meta = if txn(size) > txn(0) { size } else { 0 };
+    let root = u64::from_le_bytes(bytes[meta + 128..meta + 136].try_into().unwrap()) as usize;
+    assert_eq!(
+        bytes[root * size + 10] & 0x01,
+        0x01,
+        "400 values need a branch page"
+    );
+    bytes[root * size + 12..root * size + 14].copy_from_slice(&18u16.to_le_bytes());
+    fs::write(&path, &bytes).unwrap();
+    match format::open(&path) {
+        Err(Error::NotADataset { reason, .. }) => {
+            assert!(reason.contains("node table at 16..18"), "{reason}")
+        }
+        other => panic!("expected not-a-dataset, got {:?}", other.err()),
+    }
+}

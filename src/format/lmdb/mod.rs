@@ -1024,7 +1024,7 @@ fn read_env(path: &Path, file_len: u64) -> Result<Arc<ReadEnv>> {
     // Every branch and leaf page is checked before liblmdb reads any (see `tree`): once per
     // file per process, as the environment is.
     let (file, _) = crate::file::open_regular(&canonical)?;
-    tree::check(path, &file, file_len)?;
+    tree::check(path, &file, file_len, &[META_DB, SAMPLES_DB, CHECKSUMS_DB])?;
     drop(file);
     let mut options = EnvOpenOptions::new().read_txn_without_tls();
     // Map the file's length, not the map size the writer recorded (1 TiB by default: LMDB keeps
@@ -1339,21 +1339,48 @@ fn open_folder2lmdb(
     let keys: Vec<String> = match get(b"__keys__")? {
         None => (0..len).map(|i| i.to_string()).collect(),
         Some(value) => match pickle::parse(value) {
-            Ok(pickle::Value::List(items)) => items
-                .iter()
-                .map(|item| match item {
-                    pickle::Value::Str(text) => Some(text.to_string()),
-                    bytes => bytes
-                        .bytes(value)
-                        .and_then(|b| String::from_utf8(b.to_vec()).ok()),
-                })
-                .collect::<Option<Vec<String>>>()
-                .ok_or_else(|| {
-                    Error::not_a_dataset(
+            Ok(pickle::Value::List(items)) if items.len() != len => {
+                return Err(Error::not_a_dataset(
+                    path,
+                    format!("__len__ is {len} but __keys__ lists {} keys", items.len()),
+                ));
+            }
+            Ok(pickle::Value::List(items)) => {
+                // Checked before any key is copied: a pickle may name one long text many times
+                // (memo references), which would make a few megabytes of file terabytes of keys.
+                let key_bytes: usize = items
+                    .iter()
+                    .map(|item| match item {
+                        pickle::Value::Str(text) => text.len(),
+                        bytes => bytes.bytes(value).map_or(0, <[u8]>::len),
+                    })
+                    .fold(0usize, usize::saturating_add);
+                if key_bytes > value.len() {
+                    return Err(Error::not_a_dataset(
                         path,
-                        "__keys__ holds something other than UTF-8 keys (bytes or str)",
-                    )
-                })?,
+                        format!(
+                            "__keys__ repeats its keys: {key_bytes} bytes of keys from a {}-byte \
+                             value",
+                            value.len()
+                        ),
+                    ));
+                }
+                items
+                    .iter()
+                    .map(|item| match item {
+                        pickle::Value::Str(text) => Some(text.to_string()),
+                        bytes => bytes
+                            .bytes(value)
+                            .and_then(|b| String::from_utf8(b.to_vec()).ok()),
+                    })
+                    .collect::<Option<Vec<String>>>()
+                    .ok_or_else(|| {
+                        Error::not_a_dataset(
+                            path,
+                            "__keys__ holds something other than UTF-8 keys (bytes or str)",
+                        )
+                    })?
+            }
             Ok(_) => return Err(Error::not_a_dataset(path, "__keys__ is not a pickled list")),
             Err(reason) => return Err(Error::not_a_dataset(path, format!("__keys__: {reason}"))),
         },
