@@ -1235,3 +1235,57 @@ fn output_into_a_pipe_closed_early_ends_quietly_not_in_a_panic() {
         out.status
     );
 }
+
+/// h5py's variable-length fixture with one byte XORed: the damage a sweep of single-byte flips
+/// found (1735 ^ 0x80: libhdf5 loops forever opening it; 1781 ^ 0xff: it crashes).
+#[cfg(feature = "hdf5")]
+fn damaged_h5py_file(dir: &Path, at: usize, xor: u8) -> PathBuf {
+    let pristine = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/compat/h5py-vlen.h5");
+    let mut bytes = std::fs::read(pristine).unwrap();
+    bytes[at] ^= xor;
+    let path = dir.join(format!("flipped-{at}.h5"));
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+/// #30 finding 4: two metadata bytes made opening an HDF5 file loop forever, in every tool,
+/// and Ctrl-C could not stop it. The open now runs in a trial child with a time limit first:
+/// the file is refused, naming it, once the limit passes.
+#[cfg(feature = "hdf5")]
+#[test]
+fn an_hdf5_file_that_loops_libhdf5_is_refused_after_the_time_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = damaged_h5py_file(dir.path(), 1735, 0x80);
+    let started = std::time::Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_pack-dataset"))
+        .arg("inspect")
+        .arg(&path)
+        .env("IMAGEFEED_HDF5_OPEN_SECONDS", "2")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("flipped-1735.h5")
+            && stderr.contains("did not finish opening it within 2 s"),
+        "{stderr}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+}
+
+/// The same trial turns a crash of libhdf5 while opening into a named error.
+#[cfg(feature = "hdf5")]
+#[test]
+fn an_hdf5_file_that_crashes_libhdf5_at_open_is_refused_not_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = damaged_h5py_file(dir.path(), 1781, 0xff);
+    for command in ["inspect", "verify"] {
+        let out = run(&[&command, &path]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command}: {stderr}");
+        assert!(
+            stderr.contains("flipped-1781.h5") && stderr.contains("libhdf5 crashed (signal 11)"),
+            "{command}: {stderr}"
+        );
+    }
+}

@@ -497,17 +497,17 @@ impl Hdf5 {
         // Small files stream into the page cache in one sequential read, as an LMDB's do
         // (see `pagecache`); payloads are then `pread` without a disk seek each.
         crate::pagecache::prefetch_if_it_fits(&plain);
+        // Metadata that crashes or loops libhdf5 must cost an error, not the process: the
+        // same open runs in a trial child first (see `probe`).
+        super::probe::try_in_child(path, || {
+            if let Ok(file) = open_unlocked(path) {
+                let _ = open_metadata(path, &file, names, file_len);
+            }
+        })?;
         let file = open_unlocked(path).map_err(|e| Error::hdf5(path, "opening", e))?;
         // The library opened the path again: it must still be the file checked above.
         identity.check(path)?;
-        let mut shared = if file
-            .attr_names()
-            .is_ok_and(|n| n.iter().any(|n| n == INFO_ATTR))
-        {
-            open_imagefeed(path, &file, file_len)?
-        } else {
-            open_foreign(path, &file, names, file_len)?
-        };
+        let mut shared = open_metadata(path, &file, names, file_len)?;
         shared.opened = Some(Arc::new(plain));
         shared.identity = Some(identity);
         Ok(Hdf5 {
@@ -516,10 +516,35 @@ impl Hdf5 {
     }
 }
 
+/// What the file's metadata says: imagefeed's layout when it carries our attribute, else one
+/// of the layouts others write.
+fn open_metadata(
+    path: &Path,
+    file: &hdf5::File,
+    names: &Hdf5Names,
+    file_len: u64,
+) -> Result<Shared> {
+    if file
+        .attr_names()
+        .is_ok_and(|n| n.iter().any(|n| n == INFO_ATTR))
+    {
+        open_imagefeed(path, file, file_len)
+    } else {
+        open_foreign(path, file, names, file_len)
+    }
+}
+
 /// True when `path` is an HDF5 file an imagefeed writer made (its `imagefeed` attribute carries
 /// [`MAGIC`]): what `--force` may replace. h5py files of other layouts are not.
 pub(crate) fn is_own_file(path: &Path) -> bool {
     if !has_signature(path) {
+        return false;
+    }
+    // Not ours if libhdf5 cannot open it without crashing or looping.
+    let trial = super::probe::try_in_child(path, || {
+        let _ = open_unlocked(path).map(|file| file.attr(INFO_ATTR));
+    });
+    if trial.is_err() {
         return false;
     }
     let Ok(file) = open_unlocked(path) else {

@@ -86,6 +86,8 @@ use crate::format::writer::{DatasetWriter, PackPlan, PackProgress, WriterOptions
 #[cfg(feature = "hdf5")]
 mod file;
 #[cfg(feature = "hdf5")]
+mod probe;
+#[cfg(feature = "hdf5")]
 pub use file::{Hdf5, Hdf5Writer};
 #[cfg(all(feature = "hdf5", feature = "fuzzing"))]
 pub(crate) use file::{parse_staged_index, push_staged_entry, write_raw_parts};

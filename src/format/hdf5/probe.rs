@@ -1,0 +1,138 @@
+//! Opening an HDF5 file in a forked child first, so that metadata that crashes libhdf5 or loops
+//! it forever costs a named error instead of the process.
+//!
+//! libhdf5 trusts a file's metadata: two flipped bytes of an h5py file's object header make
+//! `H5Fopen` loop forever (in every tool; Ctrl-C cannot stop it), others end in SIGSEGV. Which
+//! bytes do that cannot be told without parsing what libhdf5 parses, so the open is tried first
+//! in a child process with a time limit: a child killed by a signal, or still running at the
+//! limit (then killed), refuses the file; a child that finishes (with or without an error)
+//! lets the process open the file itself, as before. Each file is tried once per process
+//! (by identity: device, inode, size, modification time).
+//!
+//! The fork happens while this thread holds libhdf5's process-wide lock, so no other thread is
+//! inside the library: the child's copy of it is consistent, and the lock (reentrant, owned by
+//! this thread, which is the child's only thread) lets the child call it. The child logs nothing
+//! and leaves with `_exit`. What this does not cover: damage libhdf5 only meets when a record is
+//! read later (a vlen element's heap), and a fork that fails (the file is then opened without
+//! the trial).
+//!
+//! `IMAGEFEED_HDF5_OPEN_SECONDS` sets the limit (default 30); `0` turns the trial off.
+
+use std::collections::HashSet;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+
+/// The default time a child may take to open a file.
+const DEFAULT_SECONDS: u64 = 30;
+
+/// A file's identity: device, inode, size, modification time in ns.
+type Identity = (u64, u64, u64, i128);
+
+/// Files the trial has passed in this process.
+static PASSED: Mutex<Option<HashSet<Identity>>> = Mutex::new(None);
+
+fn limit() -> Option<Duration> {
+    let seconds = std::env::var("IMAGEFEED_HDF5_OPEN_SECONDS")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .unwrap_or(DEFAULT_SECONDS as f64);
+    (seconds > 0.0).then(|| Duration::from_secs_f64(seconds))
+}
+
+/// Runs `open` (the whole open of `path`, metadata reads included) in a forked child first;
+/// `Err` (not-a-dataset, naming `path`) when the child crashed or did not finish in time.
+pub(super) fn try_in_child(path: &Path, open: impl FnOnce()) -> Result<()> {
+    let Some(limit) = limit() else {
+        return Ok(());
+    };
+    let identity: Option<Identity> = std::fs::metadata(path).ok().map(|m| {
+        (
+            m.dev(),
+            m.ino(),
+            m.size(),
+            i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+        )
+    });
+    let passed = |identity| {
+        PASSED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(HashSet::new)
+            .contains(&identity)
+    };
+    if identity.is_some_and(passed) {
+        return Ok(());
+    }
+    // SAFETY: fork is called with libhdf5's lock held (no other thread is inside it). The
+    // child runs only `open` (libhdf5 calls through that lock, which this thread owns, and
+    // allocation, which glibc makes fork-safe) with logging off, and leaves with `_exit`,
+    // running no destructor or exit handler of the parent's.
+    let pid = hdf5::sync::sync(|| unsafe {
+        let pid = libc::fork();
+        if pid == 0 {
+            log::set_max_level(log::LevelFilter::Off);
+            let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(open));
+            libc::_exit(if done.is_ok() { 0 } else { 2 });
+        }
+        pid
+    });
+    if pid < 0 {
+        // No child could be made (out of processes or memory): open without the trial.
+        return Ok(());
+    }
+    let started = Instant::now();
+    let mut status = 0;
+    let mut pause = Duration::from_micros(200);
+    loop {
+        // SAFETY: `pid` is our child; `status` is a valid out-pointer.
+        let done = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if done == pid {
+            break;
+        }
+        if done < 0 {
+            // Reaped elsewhere (a SIGCHLD handler set to ignore): nothing to judge.
+            return Ok(());
+        }
+        if started.elapsed() >= limit {
+            // SAFETY: as above; the child is ours and not yet reaped.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return Err(Error::not_a_dataset(
+                path,
+                format!(
+                    "libhdf5 did not finish opening it within {:.0} s in a trial process: its \
+                     metadata is damaged (it loops the library), or the file system is that slow \
+                     (IMAGEFEED_HDF5_OPEN_SECONDS sets the limit, 0 turns the trial off)",
+                    limit.as_secs_f64()
+                ),
+            ));
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(20));
+    }
+    if libc::WIFSIGNALED(status) {
+        return Err(Error::not_a_dataset(
+            path,
+            format!(
+                "libhdf5 crashed (signal {}) opening it in a trial process: its metadata is \
+                 damaged",
+                libc::WTERMSIG(status)
+            ),
+        ));
+    }
+    if let Some(identity) = identity {
+        PASSED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(HashSet::new)
+            .insert(identity);
+    }
+    Ok(())
+}
