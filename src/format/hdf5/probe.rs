@@ -11,10 +11,11 @@
 //!
 //! The fork happens while this thread holds libhdf5's process-wide lock, so no other thread is
 //! inside the library: the child's copy of it is consistent, and the lock (reentrant, owned by
-//! this thread, which is the child's only thread) lets the child call it. The child logs nothing
-//! and leaves with `_exit`. What this does not cover: damage libhdf5 only meets when a record is
-//! read later (a vlen element's heap), and a fork that fails (the file is then opened without
-//! the trial).
+//! this thread, which is the child's only thread) lets the child call it. The child first closes
+//! every descriptor it inherited (a `flock` another thread holds must not outlive that thread's
+//! close), logs nothing, and leaves with `_exit`. What this does not cover: damage libhdf5 only
+//! meets when a record is read later (a vlen element's heap), and a fork that fails (the file is
+//! then opened without the trial).
 //!
 //! `IMAGEFEED_HDF5_OPEN_SECONDS` sets the limit (default 30); `0` turns the trial off.
 
@@ -75,6 +76,14 @@ pub(super) fn try_in_child(path: &Path, open: impl FnOnce()) -> Result<()> {
     let pid = hdf5::sync::sync(|| unsafe {
         let pid = libc::fork();
         if pid == 0 {
+            // The child must not hold the parent's files open: a `flock` on a descriptor it
+            // inherited (another thread's pack output) would look held by another run until
+            // the child ends. libhdf5 opens the path afresh.
+            if libc::close_range(3, libc::c_uint::MAX, 0) != 0 {
+                for fd in 3..4096 {
+                    libc::close(fd);
+                }
+            }
             log::set_max_level(log::LevelFilter::Off);
             let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(open));
             libc::_exit(if done.is_ok() { 0 } else { 2 });
