@@ -51,11 +51,7 @@ impl AlignedBuffer {
     /// Allocates `len` zeroed bytes (at least one byte is reserved); aborts the process where
     /// the memory cannot be had, as `Vec` does.
     pub fn new(len: usize) -> AlignedBuffer {
-        AlignedBuffer::try_new(len).unwrap_or_else(|| {
-            std::alloc::handle_alloc_error(
-                Layout::from_size_align(len.max(1), ALIGNMENT).unwrap_or(Layout::new::<u8>()),
-            )
-        })
+        AlignedBuffer::try_new(len).unwrap_or_else(|| out_of_memory(len))
     }
 
     /// [`new`](Self::new), or `None` where the memory cannot be had (or `len` is past what a
@@ -91,6 +87,13 @@ impl BatchMemory for AlignedBuffer {
         // SAFETY: as above, and `&mut self` makes this the only reference.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
+}
+
+/// Aborts as `Vec` does when `len` bytes of batch memory cannot be had.
+fn out_of_memory(len: usize) -> ! {
+    std::alloc::handle_alloc_error(
+        Layout::from_size_align(len.max(1), ALIGNMENT).unwrap_or(Layout::new::<u8>()),
+    )
 }
 
 /// The default allocator: [`AlignedBuffer`]s on the heap.
@@ -167,11 +170,7 @@ impl BufferPool {
     /// A buffer of exactly `len` visible bytes: a free one that is large enough, else a new one.
     /// Aborts where a new one cannot be had; the loader uses [`try_take`](Self::try_take).
     pub fn take(&self, len: usize) -> PooledBuffer {
-        self.try_take(len).unwrap_or_else(|| {
-            std::alloc::handle_alloc_error(
-                Layout::from_size_align(len.max(1), ALIGNMENT).unwrap_or(Layout::new::<u8>()),
-            )
-        })
+        self.try_take(len).unwrap_or_else(|| out_of_memory(len))
     }
 
     /// [`take`](Self::take), or `None` where a new buffer was needed and the allocator could

@@ -285,6 +285,29 @@ db.close()
     true
 }
 
+/// What the children found, over every damaged copy.
+#[derive(Default)]
+struct Tally {
+    tried: usize,
+    findings: Vec<String>,
+    /// How many copies ended each way ("label: refused at open", ...).
+    summaries: BTreeMap<String, usize>,
+}
+
+impl Tally {
+    /// Runs the child on `damaged` (described by `what`) and counts its outcome under `label`.
+    fn check(&mut self, pristine: &Path, damaged: &Path, what: &str, label: &str) {
+        let (mut found, summary) = run_child(pristine, damaged, what);
+        self.tried += 1;
+        self.findings.append(&mut found);
+        let kind = summary.split([':', ';']).next().unwrap_or("");
+        *self
+            .summaries
+            .entry(format!("{label}: {kind}"))
+            .or_default() += 1;
+    }
+}
+
 fn harness() {
     let per_file: u64 = std::env::var("IMAGEFEED_CORRUPTIONS")
         .ok()
@@ -307,9 +330,7 @@ fn harness() {
         shard_bytes: 8 << 10,
         ..PackOptions::default()
     };
-    let mut findings = Vec::new();
-    let mut tried = 0;
-    let mut summaries: BTreeMap<String, usize> = BTreeMap::new();
+    let mut tally = Tally::default();
     for (format, name) in support::writable([
         (PackFormat::Lmdb, "d.lmdb"),
         (PackFormat::Hdf5, "d.h5"),
@@ -364,11 +385,7 @@ fn harness() {
                         .unwrap();
                     format!("{name}/{}: cut to {at} of {len} bytes", file.display())
                 };
-                let (mut found, summary) = run_child(&pristine, &damaged, &what);
-                tried += 1;
-                findings.append(&mut found);
-                let kind = summary.split([':', ';']).next().unwrap_or("").to_string();
-                *summaries.entry(format!("{name}: {kind}")).or_default() += 1;
+                tally.check(&pristine, &damaged, &what, name);
             }
         }
     }
@@ -406,24 +423,18 @@ fn harness() {
                 "{name}: structure byte {at} flipped to {:#04x}",
                 flipped[at]
             );
-            let (mut found, summary) = run_child(&pristine, &damaged, &what);
-            tried += 1;
-            findings.append(&mut found);
-            let kind = summary.split([':', ';']).next().unwrap_or("").to_string();
-            *summaries
-                .entry(format!("{name} structure: {kind}"))
-                .or_default() += 1;
+            tally.check(&pristine, &damaged, &what, &format!("{name} structure"));
         }
     }
-    println!("{tried} corruptions tried");
-    for (kind, count) in &summaries {
+    println!("{} corruptions tried", tally.tried);
+    for (kind, count) in &tally.summaries {
         println!("  {count:4}  {kind}");
     }
     assert!(
-        findings.is_empty(),
+        tally.findings.is_empty(),
         "{} findings:\n{}",
-        findings.len(),
-        findings.join("\n")
+        tally.findings.len(),
+        tally.findings.join("\n")
     );
 }
 

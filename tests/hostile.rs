@@ -550,15 +550,7 @@ fn a_folder2lmdb_keys_list_repeating_one_long_text_is_refused_before_copying() {
 fn folder2lmdb_leaf_nodes(bytes: &[u8]) -> Vec<(usize, Option<usize>)> {
     let size = support::lmdb_pages::page_size(bytes);
     let u16_at = |at: usize| u16::from_le_bytes([bytes[at], bytes[at + 1]]) as usize;
-    let root = u64::from_le_bytes(bytes[128..136].try_into().unwrap()) as usize;
-    let second_txn = u64::from_le_bytes(bytes[size + 144..size + 152].try_into().unwrap());
-    let first_txn = u64::from_le_bytes(bytes[144..152].try_into().unwrap());
-    let root = if second_txn > first_txn {
-        u64::from_le_bytes(bytes[size + 128..size + 136].try_into().unwrap()) as usize
-    } else {
-        root
-    };
-    let page = root * size;
+    let page = support::lmdb_pages::main_root(bytes) * size;
     assert_eq!(u16_at(page + 10) & 0x02, 0x02, "the root is a leaf");
     (0..(u16_at(page + 12) - 16) / 2)
         .map(|i| {
@@ -625,9 +617,7 @@ fn an_lmdb_branch_page_with_one_child_is_refused() {
     write_folder2lmdb(&path, &entries);
     let mut bytes = fs::read(&path).unwrap();
     let size = support::lmdb_pages::page_size(&bytes);
-    let txn = |meta: usize| u64::from_le_bytes(bytes[meta + 144..meta + 152].try_into().unwrap());
-    let meta = if txn(size) > txn(0) { size } else { 0 };
-    let root = u64::from_le_bytes(bytes[meta + 128..meta + 136].try_into().unwrap()) as usize;
+    let root = support::lmdb_pages::main_root(&bytes);
     assert_eq!(
         bytes[root * size + 10] & 0x01,
         0x01,

@@ -14,6 +14,18 @@ pub fn page_size(file: &[u8]) -> usize {
     u32::from_le_bytes(file[40..44].try_into().unwrap()) as usize
 }
 
+/// The root page of the main database, as the live meta page (the later transaction) gives it.
+pub fn main_root(file: &[u8]) -> usize {
+    let size = page_size(file);
+    let u64_at = |at: usize| u64::from_le_bytes(file[at..at + 8].try_into().unwrap());
+    let meta = if u64_at(size + 144) > u64_at(144) {
+        size
+    } else {
+        0
+    };
+    u64_at(meta + 128) as usize
+}
+
 /// Offsets of every structure byte of the LMDB file `file`: both meta pages up to `mm_txnid`;
 /// on each branch and leaf page the header, the node table and each node's header and key (and
 /// a named database's record); on each overflow page its header. Values are left out.

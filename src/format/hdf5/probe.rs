@@ -22,7 +22,7 @@
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
@@ -35,6 +35,10 @@ type Identity = (u64, u64, u64, i128);
 
 /// Files the trial has passed in this process.
 static PASSED: Mutex<Option<HashSet<Identity>>> = Mutex::new(None);
+
+fn passed() -> MutexGuard<'static, Option<HashSet<Identity>>> {
+    PASSED.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 fn limit() -> Option<Duration> {
     let seconds = std::env::var("IMAGEFEED_HDF5_OPEN_SECONDS")
@@ -59,14 +63,7 @@ pub(super) fn try_in_child(path: &Path, open: impl FnOnce()) -> Result<()> {
             i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
         )
     });
-    let passed = |identity| {
-        PASSED
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert_with(HashSet::new)
-            .contains(&identity)
-    };
-    if identity.is_some_and(passed) {
+    if identity.is_some_and(|identity| passed().as_ref().is_some_and(|p| p.contains(&identity))) {
         return Ok(());
     }
     // SAFETY: fork is called with libhdf5's lock held (no other thread is inside it). The
@@ -137,11 +134,7 @@ pub(super) fn try_in_child(path: &Path, open: impl FnOnce()) -> Result<()> {
         ));
     }
     if let Some(identity) = identity {
-        PASSED
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert_with(HashSet::new)
-            .insert(identity);
+        passed().get_or_insert_with(HashSet::new).insert(identity);
     }
     Ok(())
 }
