@@ -45,7 +45,7 @@ pub enum Error {
         /// What we were doing ("writing offsets").
         doing: String,
         /// What the library said.
-        source: hdf5::Error,
+        source: Hdf5Message,
     },
 
     /// `path` needs a part of imagefeed this build was compiled without (a Cargo feature, such as
@@ -424,12 +424,13 @@ impl Error {
         }
     }
 
+    /// [`Error::Hdf5`] from the library's message, already text (see [`Hdf5Message`]).
     #[cfg(feature = "hdf5")]
-    pub(crate) fn hdf5(path: impl AsRef<Path>, doing: &str, source: hdf5::Error) -> Self {
+    pub(crate) fn hdf5(path: impl AsRef<Path>, doing: &str, message: String) -> Self {
         Error::Hdf5 {
             path: path.as_ref().to_path_buf(),
             doing: doing.into(),
-            source,
+            source: Hdf5Message(message),
         }
     }
 
@@ -643,3 +644,29 @@ impl std::fmt::Display for ShardSetProblem {
         }
     }
 }
+
+/// What libhdf5 said about a call that failed ([`Error::Hdf5`]'s source, feature `hdf5`), as
+/// text. The `hdf5` crate's own error holds a handle to the library's error stack, and every
+/// use of libhdf5 must happen inside imagefeed's HDF5 gate (`format::hdf5::gate`: that is what
+/// makes `fork()` safe), so the message is read there and the handle let go.
+#[cfg(feature = "hdf5")]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hdf5Message(String);
+
+#[cfg(feature = "hdf5")]
+impl Hdf5Message {
+    /// The library's message.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+#[cfg(feature = "hdf5")]
+impl std::fmt::Display for Hdf5Message {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(feature = "hdf5")]
+impl std::error::Error for Hdf5Message {}

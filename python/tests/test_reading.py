@@ -3,8 +3,13 @@ missing), the reading options every call shares, and the errors for what cannot 
 
 from __future__ import annotations
 
+import os
 import pathlib
 import shutil
+import signal
+import threading
+import time
+import warnings
 
 import pytest
 
@@ -115,3 +120,62 @@ def test_mosaic_mds_reads_in_the_dataset_and_loader_by_one_path():
     [(images, labels)] = list(pil)
     assert list(labels) == [0, 1, 2, 0, 1, 2] and images.shape[0] == 6
     assert imagefeed.inspect(COMPAT / "mds" / "index.json")["format"] == "mds"
+
+
+def test_a_process_forked_while_a_loader_is_inside_libhdf5_reads_hdf5_in_the_child():
+    """os.fork() (what a DataLoader with fork workers does) while a Loader's threads read a
+    chunked, compressed h5py array through libhdf5: the child opens and reads every HDF5 layout
+    instead of hanging in its first HDF5 call (#30, finding 5: 6 hangs in 7)."""
+    pixels = dict(hdf5_images="pixels", hdf5_labels="targets")
+    loader = imagefeed.Loader(COMPAT / "h5py-pixels.h5", output="numpy", batch_size=2, workers=2,
+                              transform=T.Compose([T.Resize(4), T.CenterCrop(4)]), **pixels)
+    expected = [bytes(imagefeed.Dataset(COMPAT / "h5py-pixels.h5", **pixels)[i][0]) for i in range(6)]
+    parent_vlen = imagefeed.Dataset(COMPAT / "h5py-vlen.h5")
+    expected_vlen = [bytes(parent_vlen[i][0]) for i in range(len(parent_vlen))]
+    stop = threading.Event()
+    epochs = []
+
+    def read() -> None:
+        while not stop.is_set():
+            for _ in loader:
+                pass
+            epochs.append(1)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    failures = []
+    try:
+        with warnings.catch_warnings():
+            # Python 3.12 warns about fork() in a process with threads: that is the point here.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            for fork in range(30):
+                time.sleep((fork * 7919 % 13) / 5000)
+                pid = os.fork()
+                if pid == 0:
+                    code = 3
+                    try:
+                        ds = imagefeed.Dataset(COMPAT / "h5py-pixels.h5", **pixels)
+                        vlen = imagefeed.Dataset(COMPAT / "h5py-vlen.h5")
+                        ok = [bytes(ds[i][0]) for i in range(6)] == expected
+                        ok = ok and [bytes(vlen[i][0]) for i in range(len(vlen))] == expected_vlen
+                        code = 0 if ok else 4
+                    finally:
+                        os._exit(code)
+                deadline = time.monotonic() + 30
+                while True:
+                    done, status = os.waitpid(pid, os.WNOHANG)
+                    if done == pid:
+                        if status != 0:
+                            failures.append(f"fork {fork}: status {status}")
+                        break
+                    if time.monotonic() > deadline:
+                        os.kill(pid, signal.SIGKILL)
+                        os.waitpid(pid, 0)
+                        failures.append(f"fork {fork}: the child hung")
+                        break
+                    time.sleep(0.002)
+    finally:
+        stop.set()
+        reader.join()
+    assert epochs, "the loader thread read nothing"
+    assert not failures, failures

@@ -11,6 +11,8 @@ use std::sync::Arc;
 use hdf5::types::{TypeDescriptor, VarLenArray, VarLenUnicode};
 use serde::{Deserialize, Serialize};
 
+use super::gate::{self, Gated};
+use super::heap::{self, HeapId, HeapReader, Widths};
 use super::{
     Hdf5Names, IMAGES, LABELS, MAGIC, STAGED_HDF5, STAGED_INDEX, STAGED_PAYLOADS, STAGED_PROGRESS,
     VERSION, has_signature,
@@ -76,7 +78,7 @@ impl Hdf5Writer {
     fn write_hdf5(&self, path: &Path, info: &DatasetInfo) -> Result<()> {
         let h5 = |doing: &str| {
             let doing = doing.to_string();
-            move |e: hdf5::Error| Error::hdf5(path, &doing, e)
+            move |e: hdf5::Error| gate::error(path, &doing, e)
         };
         // Read the staged index back: (payload end, label, key) per sample.
         let mut index_bytes = Vec::with_capacity(self.index_bytes as usize);
@@ -103,34 +105,65 @@ impl Hdf5Writer {
         offsets.push(0u64);
         offsets.extend_from_slice(&ends);
 
-        let file = hdf5::File::with_options()
-            .with_fapl(|fapl| fapl.file_locking(false))
-            .create(path)
-            .map_err(h5("creating the file"))?;
-        {
-            let images = file
-                .new_dataset::<u8>()
+        // Every library call runs inside the HDF5 gate (see `gate`); the payloads are copied
+        // one block per entry, so a fork elsewhere in the process waits for one block at most.
+        let file = gate::run(|| {
+            hdf5::File::with_options()
+                .with_fapl(|fapl| fapl.file_locking(false))
+                .create(path)
+                .map(Gated::new)
+                .map_err(h5("creating the file"))
+        })?;
+        let images = file.with(|file| {
+            file.new_dataset::<u8>()
                 .no_chunk()
                 .shape(self.payload_bytes as usize)
                 .create(IMAGES)
-                .map_err(h5("creating the images dataset"))?;
-            let staged_path = self.partial.join(STAGED_PAYLOADS);
-            let mut staged = BufReader::with_capacity(1 << 20, &self.payloads);
-            use std::io::Seek as _;
-            staged.seek(std::io::SeekFrom::Start(0)).at(&staged_path)?;
-            let mut block = vec![0u8; COPY_BLOCK];
-            let mut done = 0usize;
-            let mut checksums = RecordChecksums::new(&offsets, &labels, &keys);
-            while (done as u64) < self.payload_bytes {
-                let n = COPY_BLOCK.min(self.payload_bytes as usize - done);
-                staged.read_exact(&mut block[..n]).at(&staged_path)?;
-                checksums.update(done as u64, &block[..n]);
+                .map(Gated::new)
+                .map_err(h5("creating the images dataset"))
+        })?;
+        let staged_path = self.partial.join(STAGED_PAYLOADS);
+        let mut staged = BufReader::with_capacity(1 << 20, &self.payloads);
+        use std::io::Seek as _;
+        staged.seek(std::io::SeekFrom::Start(0)).at(&staged_path)?;
+        let mut block = vec![0u8; COPY_BLOCK];
+        let mut done = 0usize;
+        let mut checksums = RecordChecksums::new(&offsets, &labels, &keys);
+        while (done as u64) < self.payload_bytes {
+            let n = COPY_BLOCK.min(self.payload_bytes as usize - done);
+            staged.read_exact(&mut block[..n]).at(&staged_path)?;
+            checksums.update(done as u64, &block[..n]);
+            images.with(|images| {
                 images
                     .write_slice(&block[..n], done..done + n)
-                    .map_err(h5("writing the images dataset"))?;
-                done += n;
-            }
-            let checksums = checksums.finish();
+                    .map_err(h5("writing the images dataset"))
+            })?;
+            done += n;
+        }
+        drop(images);
+        let checksums = checksums.finish();
+        let text = |what: &str, s: &str| -> Result<VarLenUnicode> {
+            s.parse().map_err(|_| {
+                Error::hdf5(
+                    path,
+                    &format!("writing {what} {s:?}"),
+                    "it holds a NUL byte, which HDF5 cannot store".into(),
+                )
+            })
+        };
+        let keys: Vec<VarLenUnicode> =
+            keys.iter().map(|k| text("key", k)).collect::<Result<_>>()?;
+        let classes: Vec<VarLenUnicode> = info
+            .classes
+            .iter()
+            .map(|c| text("class name", c))
+            .collect::<Result<_>>()?;
+        let record = InfoRecord::new(MAGIC, VERSION, true, info.clone());
+        let json: VarLenUnicode = serde_json::to_string(&record)
+            .expect("info serializes")
+            .parse()
+            .expect("JSON has no NUL");
+        file.with(|file| -> Result<()> {
             file.new_dataset_builder()
                 .with_data(checksums.as_slice())
                 .create(CHECKSUMS)
@@ -143,41 +176,21 @@ impl Hdf5Writer {
                 .with_data(labels.as_slice())
                 .create(LABELS)
                 .map_err(h5("writing labels"))?;
-            let text = |what: &str, s: &str| -> Result<VarLenUnicode> {
-                s.parse().map_err(|_| {
-                    Error::hdf5(
-                        path,
-                        &format!("writing {what} {s:?}"),
-                        "it holds a NUL byte, which HDF5 cannot store".into(),
-                    )
-                })
-            };
-            let keys: Vec<VarLenUnicode> =
-                keys.iter().map(|k| text("key", k)).collect::<Result<_>>()?;
             file.new_dataset_builder()
                 .with_data(keys.as_slice())
                 .create(KEYS)
                 .map_err(h5("writing keys"))?;
-            let classes: Vec<VarLenUnicode> = info
-                .classes
-                .iter()
-                .map(|c| text("class name", c))
-                .collect::<Result<_>>()?;
             file.new_attr_builder()
                 .with_data(classes.as_slice())
                 .create(CLASSES_ATTR)
                 .map_err(h5("writing the classes attribute"))?;
-            let record = InfoRecord::new(MAGIC, VERSION, true, info.clone());
-            let json: VarLenUnicode = serde_json::to_string(&record)
-                .expect("info serializes")
-                .parse()
-                .expect("JSON has no NUL");
             file.new_attr::<VarLenUnicode>()
                 .create(INFO_ATTR)
                 .and_then(|a| a.write_scalar(&json))
                 .map_err(h5("writing the imagefeed attribute"))?;
-        }
-        file.close().map_err(h5("closing the file"))?;
+            Ok(())
+        })?;
+        file.finish(|file| file.close().map_err(h5("closing the file")))?;
         fs::File::open(path).and_then(|f| f.sync_all()).at(path)
     }
 }
@@ -186,6 +199,23 @@ impl Hdf5Writer {
 /// `imagefeed` attribute's bytes, offsets, labels, keys and image bytes. For fuzzing the reader.
 #[cfg(feature = "fuzzing")]
 pub(crate) fn write_raw_parts(
+    path: &Path,
+    info_json: &[u8],
+    offsets: &[u64],
+    labels: &[i64],
+    keys: &[Vec<u8>],
+    images: &[u8],
+    checksums: Option<&[u32]>,
+) -> std::result::Result<(), String> {
+    // The library's error is read inside the gate (see `gate`).
+    gate::run(|| {
+        write_raw_parts_in_gate(path, info_json, offsets, labels, keys, images, checksums)
+            .map_err(|e| e.to_string())
+    })
+}
+
+#[cfg(feature = "fuzzing")]
+fn write_raw_parts_in_gate(
     path: &Path,
     info_json: &[u8],
     offsets: &[u64],
@@ -433,8 +463,16 @@ enum Layout {
         /// Each record's checksum (layout version 2 on).
         checksums: Option<Vec<u32>>,
     },
-    /// h5py `vlen_dtype(uint8)`: one encoded image per element, read through the library.
-    VarLen { images: String },
+    /// h5py `vlen_dtype(uint8)`: one encoded image per element, element `i` in global heap
+    /// object `ids[i]`, read with `pread` and checked (`heap`).
+    VarLen {
+        images: String,
+        widths: Widths,
+        ids: Vec<HeapId>,
+    },
+    /// The same, with the elements' descriptors stored through a filter (compressed): read
+    /// through the library, one element at a time.
+    VarLenThroughLibrary { images: String },
     /// An `N×H×W×C` `uint8` array; `file_offset` is set when it is contiguous and unfiltered.
     Pixels {
         images: String,
@@ -498,16 +536,21 @@ impl Hdf5 {
         // (see `pagecache`); payloads are then `pread` without a disk seek each.
         crate::pagecache::prefetch_if_it_fits(&plain);
         // Metadata that crashes or loops libhdf5 must cost an error, not the process: the
-        // same open runs in a trial child first (see `probe`).
+        // same open runs in a trial child first (see `probe`). The child has no descriptor of
+        // the parent's, so it runs the library's part of the open alone.
         super::probe::try_in_child(path, || {
-            if let Ok(file) = open_unlocked(path) {
-                let _ = open_metadata(path, &file, names, file_len);
-            }
+            gate::run(|| {
+                if let Ok(file) = open_unlocked(path) {
+                    let _ = open_metadata(path, &file, names, None, file_len);
+                }
+            })
         })?;
-        let file = open_unlocked(path).map_err(|e| Error::hdf5(path, "opening", e))?;
-        // The library opened the path again: it must still be the file checked above.
-        identity.check(path)?;
-        let mut shared = open_metadata(path, &file, names, file_len)?;
+        let mut shared = gate::run(|| {
+            let file = open_unlocked(path).map_err(|e| gate::error(path, "opening", e))?;
+            // The library opened the path again: it must still be the file checked above.
+            identity.check(path)?;
+            open_metadata(path, &file, names, Some(&plain), file_len)
+        })?;
         shared.opened = Some(Arc::new(plain));
         shared.identity = Some(identity);
         Ok(Hdf5 {
@@ -517,11 +560,14 @@ impl Hdf5 {
 }
 
 /// What the file's metadata says: imagefeed's layout when it carries our attribute, else one
-/// of the layouts others write.
+/// of the layouts others write. Runs inside the HDF5 gate. `plain` is the file as opened, for
+/// what is read without the library (h5py's variable-length descriptors); the trial child has
+/// none.
 fn open_metadata(
     path: &Path,
     file: &hdf5::File,
     names: &Hdf5Names,
+    plain: Option<&fs::File>,
     file_len: u64,
 ) -> Result<Shared> {
     if file
@@ -530,7 +576,7 @@ fn open_metadata(
     {
         open_imagefeed(path, file, file_len)
     } else {
-        open_foreign(path, file, names, file_len)
+        open_foreign(path, file, names, plain, file_len)
     }
 }
 
@@ -542,19 +588,23 @@ pub(crate) fn is_own_file(path: &Path) -> bool {
     }
     // Not ours if libhdf5 cannot open it without crashing or looping.
     let trial = super::probe::try_in_child(path, || {
-        let _ = open_unlocked(path).map(|file| file.attr(INFO_ATTR));
+        gate::run(|| {
+            let _ = open_unlocked(path).map(|file| file.attr(INFO_ATTR));
+        })
     });
     if trial.is_err() {
         return false;
     }
-    let Ok(file) = open_unlocked(path) else {
-        return false;
-    };
-    file.attr(INFO_ATTR)
-        .and_then(|a| a.read_scalar::<VarLenUnicode>())
-        .ok()
-        .and_then(|json| serde_json::from_str::<InfoRecord>(checked_str(json.as_bytes())?).ok())
-        .is_some_and(|record| record.magic == MAGIC)
+    gate::run(|| {
+        let Ok(file) = open_unlocked(path) else {
+            return false;
+        };
+        file.attr(INFO_ATTR)
+            .and_then(|a| a.read_scalar::<VarLenUnicode>())
+            .ok()
+            .and_then(|json| serde_json::from_str::<InfoRecord>(checked_str(json.as_bytes())?).ok())
+            .is_some_and(|record| record.magic == MAGIC)
+    })
 }
 
 /// Replaces the progress record in the staging directory `partial`.
@@ -592,7 +642,7 @@ fn open_unlocked(path: &Path) -> hdf5::Result<hdf5::File> {
 }
 
 fn open_imagefeed(path: &Path, file: &hdf5::File, file_len: u64) -> Result<Shared> {
-    let h5 = |doing: &'static str| move |e: hdf5::Error| Error::hdf5(path, doing, e);
+    let h5 = |doing: &'static str| move |e: hdf5::Error| gate::error(path, doing, e);
     let json: VarLenUnicode = file
         .attr(INFO_ATTR)
         .and_then(|a| a.read_scalar())
@@ -696,7 +746,7 @@ fn readable_filters(
     let filters = dataset
         .dcpl()
         .and_then(|pipeline| pipeline.get_filters())
-        .map_err(|e| Error::hdf5(path, &format!("reading the filters of {name:?}"), e))?;
+        .map_err(|e| gate::error(path, &format!("reading the filters of {name:?}"), e))?;
     for filter in &filters {
         if !filter.decode_enabled() {
             let id = filter.id();
@@ -821,9 +871,10 @@ fn open_foreign(
     path: &Path,
     file: &hdf5::File,
     names: &Hdf5Names,
+    plain: Option<&fs::File>,
     file_len: u64,
 ) -> Result<Shared> {
-    let h5 = |doing: String| move |e: hdf5::Error| Error::hdf5(path, &doing, e);
+    let h5 = |doing: String| move |e: hdf5::Error| gate::error(path, &doing, e);
     let members = file.member_names().unwrap_or_default();
     let missing = |name: &str| {
         Error::not_a_dataset(
@@ -895,9 +946,7 @@ fn open_foreign(
             if **inner == TypeDescriptor::Unsigned(hdf5::types::IntSize::U1) =>
         {
             (
-                Layout::VarLen {
-                    images: names.images.clone(),
-                },
+                var_len_layout(path, &images, &names.images, n, plain, file_len)?,
                 PayloadKind::Encoded,
             )
         }
@@ -985,6 +1034,142 @@ fn open_foreign(
     })
 }
 
+/// How h5py's variable-length images are read: each element's descriptor (its global heap ID)
+/// is read here, from where the library says the dataset's raw data lies, so that records are
+/// read with `pread` (`heap`) and never through the library. Descriptors stored through a
+/// filter are read through the library instead. In the trial child (`plain` is `None`) only the
+/// library's part runs.
+fn var_len_layout(
+    path: &Path,
+    images: &hdf5::Dataset,
+    name: &str,
+    n: usize,
+    plain: Option<&fs::File>,
+    file_len: u64,
+) -> Result<Layout> {
+    let through_library = Layout::VarLenThroughLibrary {
+        images: name.to_string(),
+    };
+    let Some(runs) = descriptor_runs(path, images, name, n)? else {
+        return Ok(through_library);
+    };
+    let Some(plain) = plain else {
+        return Ok(through_library);
+    };
+    let mut head = [0u8; 48];
+    let got = plain.read_at(&mut head, 0).at(path)?;
+    let widths = heap::superblock_widths(&head[..got])
+        .map_err(|reason| Error::not_a_dataset(path, reason))?;
+    let size = widths.descriptor() as u64;
+    let mut ids = Vec::with_capacity(n);
+    let mut bytes = Vec::new();
+    for run in runs {
+        let Some(address) = run.address else {
+            // Storage never written: the elements are empty, as the library reads them.
+            ids.extend(std::iter::repeat_n(HeapId::EMPTY, run.count));
+            continue;
+        };
+        let len = run.count as u64 * size;
+        if run.stored.is_some_and(|stored| stored < len) {
+            return Err(Error::not_a_dataset(
+                path,
+                format!(
+                    "a chunk of {name:?} at byte {address} holds {} bytes, too few for its {} \
+                     element descriptors",
+                    run.stored.unwrap_or(0),
+                    run.count
+                ),
+            ));
+        }
+        if address.checked_add(len).is_none_or(|end| end > file_len) {
+            return Err(Error::not_a_dataset(
+                path,
+                format!(
+                    "{name:?}'s element descriptors lie at bytes {address}..+{len}, past the end \
+                     of the {file_len}-byte file (truncated?)"
+                ),
+            ));
+        }
+        bytes.resize(len as usize, 0);
+        plain.read_exact_at(&mut bytes, address).at(path)?;
+        ids.extend(heap::parse_descriptors(&bytes, &widths));
+    }
+    debug_assert_eq!(ids.len(), n);
+    Ok(Layout::VarLen {
+        images: name.to_string(),
+        widths,
+        ids,
+    })
+}
+
+/// `count` consecutive element descriptors at file offset `address` (`None`: never written),
+/// in storage of `stored` bytes (`None`: as many as the file holds past `address`).
+struct DescriptorRun {
+    address: Option<u64>,
+    count: usize,
+    stored: Option<u64>,
+}
+
+/// Where the raw data of a one-dimensional variable-length dataset lies, in element order: one
+/// run when it is contiguous, one per chunk when it is chunked; `None` when it passes through a
+/// filter (the bytes on disk are not the descriptors).
+fn descriptor_runs(
+    path: &Path,
+    dataset: &hdf5::Dataset,
+    name: &str,
+    n: usize,
+) -> Result<Option<Vec<DescriptorRun>>> {
+    if !readable_filters(path, dataset, name)?.is_empty() {
+        return Ok(None);
+    }
+    if n == 0 {
+        return Ok(Some(Vec::new()));
+    }
+    if !dataset.is_chunked() {
+        // Contiguous; no address when nothing was ever written.
+        return Ok(Some(vec![DescriptorRun {
+            address: dataset.offset(),
+            count: n,
+            stored: None,
+        }]));
+    }
+    let chunk = dataset
+        .chunk()
+        .and_then(|c| c.first().copied())
+        .filter(|&c| c > 0)
+        .ok_or_else(|| {
+            Error::not_a_dataset(path, format!("{name:?} is chunked with no chunk shape"))
+        })?;
+    let mut runs = Vec::with_capacity(n.div_ceil(chunk));
+    for start in (0..n).step_by(chunk) {
+        let offset = [start as hdf5_sys::h5::hsize_t];
+        let (mut mask, mut address, mut size) = (0, 0, 0);
+        // SAFETY: the dataset id is valid while `dataset` lives; `offset` has one coordinate
+        // per dimension (the dataset is one-dimensional) and the out-pointers are valid.
+        let status = unsafe {
+            hdf5_sys::h5d::H5Dget_chunk_info_by_coord(
+                dataset.id(),
+                offset.as_ptr(),
+                &mut mask,
+                &mut address,
+                &mut size,
+            )
+        };
+        if status < 0 {
+            return Err(Error::not_a_dataset(
+                path,
+                format!("libhdf5 could not locate the chunk of {name:?} at element {start}"),
+            ));
+        }
+        runs.push(DescriptorRun {
+            address: (address != hdf5_sys::h5::HADDR_UNDEF).then_some(address),
+            count: chunk.min(n - start),
+            stored: Some(size),
+        });
+    }
+    Ok(Some(runs))
+}
+
 /// The stored keys as strings. `VarLenUnicode::as_str` does not check its bytes, so each is
 /// checked here: a key that is not UTF-8 is an error naming its index, never an invalid string.
 fn utf8_keys(path: &Path, keys: &[VarLenUnicode]) -> Result<Vec<String>> {
@@ -1046,6 +1231,7 @@ impl Dataset for Hdf5 {
         let pread = matches!(
             shared.layout,
             Layout::Imagefeed { .. }
+                | Layout::VarLen { .. }
                 | Layout::Pixels {
                     file_offset: Some(_),
                     ..
@@ -1055,23 +1241,36 @@ impl Dataset for Hdf5 {
             (shared.opened.clone(), None)
         } else {
             let name = match &shared.layout {
-                Layout::VarLen { images } | Layout::Pixels { images, .. } => images,
-                Layout::Imagefeed { .. } => unreachable!("read with pread"),
+                Layout::VarLenThroughLibrary { images } | Layout::Pixels { images, .. } => images,
+                Layout::Imagefeed { .. } | Layout::VarLen { .. } => {
+                    unreachable!("read with pread")
+                }
             };
             // The library opens the path again: before and after, it must be the file the
             // dataset was opened from, or this worker would read another file's records.
             let check = || shared.identity.as_ref().map_or(Ok(()), |id| id.check(path));
             check()?;
-            let dataset = open_unlocked(path)
-                .and_then(|f| f.dataset(name))
-                .map_err(|e| Error::hdf5(path, "opening a reader", e))?;
+            let dataset = gate::run(|| {
+                open_unlocked(path)
+                    .and_then(|f| f.dataset(name))
+                    .map(Gated::new)
+                    .map_err(|e| gate::error(path, "opening a reader", e))
+            })?;
             check()?;
             (None, Some(dataset))
+        };
+        let heap = match &shared.layout {
+            Layout::VarLen { widths, .. } => {
+                let file_len = shared.identity.as_ref().map_or(0, |id| id.len);
+                Some(HeapReader::new(*widths, file_len))
+            }
+            _ => None,
         };
         Ok(Box::new(Hdf5Reader {
             shared,
             file,
             dataset,
+            heap,
             buffer: Vec::new(),
             pixels: Vec::new(),
             key: String::new(),
@@ -1083,7 +1282,10 @@ impl Dataset for Hdf5 {
 struct Hdf5Reader {
     shared: Arc<Shared>,
     file: Option<Arc<fs::File>>,
-    dataset: Option<hdf5::Dataset>,
+    /// The library's handle, for the layouts read through it.
+    dataset: Option<Gated<hdf5::Dataset>>,
+    /// Reads h5py's variable-length elements (`Layout::VarLen`).
+    heap: Option<HeapReader>,
     /// The payload handed out by `read`.
     buffer: Vec<u8>,
     /// Pixels of a pixel-array sample before they become a raw payload.
@@ -1190,16 +1392,38 @@ impl RecordReader for Hdf5Reader {
                     }
                 }
             }
-            Layout::VarLen { images } => {
+            Layout::VarLen { images, ids, .. } => {
                 self.set_key(images, index);
-                let element = self
-                    .dataset
+                let heap = self
+                    .heap
+                    .as_mut()
+                    .expect("a VarLen reader has a heap reader");
+                let file = self.file.as_deref().expect("pread layouts open a file");
+                match heap.read(file, &ids[index]) {
+                    Ok(bytes) => {
+                        self.buffer.clear();
+                        self.buffer.extend_from_slice(bytes);
+                    }
+                    Err(reason) => return Err(self.corrupt(index, &self.key, reason)),
+                }
+            }
+            Layout::VarLenThroughLibrary { images } => {
+                self.set_key(images, index);
+                let buffer = &mut self.buffer;
+                self.dataset
                     .as_ref()
                     .expect("library layouts open a dataset")
-                    .read_slice_1d::<VarLenArray<u8>, _>(index..index + 1)
-                    .map_err(|e| self.corrupt(index, &self.key, format!("HDF5: {e}")))?;
-                self.buffer.clear();
-                self.buffer.extend_from_slice(element[0].as_slice());
+                    .with(|dataset| {
+                        // The library's error (and the elements it allocated) are let go
+                        // inside the gate.
+                        let element = dataset
+                            .read_slice_1d::<VarLenArray<u8>, _>(index..index + 1)
+                            .map_err(|e| e.to_string())?;
+                        buffer.clear();
+                        buffer.extend_from_slice(element[0].as_slice());
+                        Ok(())
+                    })
+                    .map_err(|e: String| self.corrupt(index, &self.key, format!("HDF5: {e}")))?;
             }
             &Layout::Pixels {
                 ref images,
@@ -1220,14 +1444,23 @@ impl RecordReader for Hdf5Reader {
                     None => {
                         let mut selection = vec![hdf5::SliceOrIndex::Index(index)];
                         selection.resize(rank, hdf5::SliceOrIndex::from(..));
-                        let pixels = self
-                            .dataset
+                        let pixels = &mut self.pixels;
+                        self.dataset
                             .as_ref()
                             .expect("library layouts open a dataset")
-                            .read_slice::<u8, _, ndarray::IxDyn>(hdf5::Hyperslab::from(selection))
-                            .map_err(|e| self.corrupt(index, &self.key, format!("HDF5: {e}")))?;
-                        self.pixels.clear();
-                        self.pixels.extend(pixels.iter().copied());
+                            .with(|dataset| {
+                                let read = dataset
+                                    .read_slice::<u8, _, ndarray::IxDyn>(hdf5::Hyperslab::from(
+                                        selection,
+                                    ))
+                                    .map_err(|e| e.to_string())?;
+                                pixels.clear();
+                                pixels.extend(read.iter().copied());
+                                Ok(())
+                            })
+                            .map_err(|e: String| {
+                                self.corrupt(index, &self.key, format!("HDF5: {e}"))
+                            })?;
                     }
                 }
                 self.pixels_to_raw(height, width, channels);

@@ -44,13 +44,23 @@
 //! Opened with `Hdf5::open_with` (dataset names configurable, default `images` and `labels`):
 //!
 //! - **encoded images in a variable-length dataset** (`h5py.vlen_dtype(np.uint8)`), one element
-//!   per sample: read through the library (and its lock), one element at a time.
+//!   per sample: each element's descriptor is read at open, and each record with `pread` from
+//!   the global heap that holds it (`heap.rs`, checked, no libhdf5 and no lock); when the
+//!   descriptors pass through a filter (a compressed variable-length dataset), through the
+//!   library, one element at a time.
 //! - **a fixed-shape pixel array** `N×H×W×C` (C = 1, 3 or 4) or `N×H×W` of `uint8`: contiguous
 //!   arrays are read with `pread`; chunked or compressed ones through the library. Samples come
 //!   out as raw RGB payloads (grey replicated to three channels, a fourth channel dropped).
 //!
 //! with a labels dataset of any integer type. Class names come from a `classes` attribute on the
 //! root or on the labels dataset when there is one, else they are `"0"..="max label"`.
+//!
+//! # Fork
+//!
+//! Every libhdf5 call (opening, reading, writing, dropping a handle) runs inside one gate
+//! (`gate.rs`) that a `pthread_atfork` handler takes before any fork in the process, so a child
+//! forked at any moment finds the library consistent and unlocked and can open and read HDF5
+//! files (a DataLoader's forked workers).
 //!
 //! # File locks
 //!
@@ -85,6 +95,10 @@ use crate::format::writer::{DatasetWriter, PackPlan, PackProgress, WriterOptions
 
 #[cfg(feature = "hdf5")]
 mod file;
+#[cfg(feature = "hdf5")]
+mod gate;
+#[cfg(feature = "hdf5")]
+mod heap;
 #[cfg(feature = "hdf5")]
 mod probe;
 #[cfg(feature = "hdf5")]

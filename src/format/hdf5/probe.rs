@@ -9,13 +9,13 @@
 //! lets the process open the file itself, as before. Each file is tried once per process
 //! (by identity: device, inode, size, modification time).
 //!
-//! The fork happens while this thread holds libhdf5's process-wide lock, so no other thread is
-//! inside the library: the child's copy of it is consistent, and the lock (reentrant, owned by
-//! this thread, which is the child's only thread) lets the child call it. The child first closes
-//! every descriptor it inherited (a `flock` another thread holds must not outlive that thread's
-//! close), logs nothing, and leaves with `_exit`. What this does not cover: damage libhdf5 only
-//! meets when a record is read later (a vlen element's heap), and a fork that fails (the file is
-//! then opened without the trial).
+//! The fork happens inside the HDF5 gate (`gate`), so no other thread is inside the library:
+//! the child's copy of it is consistent, and the child holds a fresh gate of its own. The child
+//! first closes every descriptor it inherited (a `flock` another thread holds must not outlive
+//! that thread's close), logs nothing, and leaves with `_exit`. What this does not cover:
+//! damage libhdf5 only meets when a record is read later (a chunk of a compressed pixel array;
+//! h5py's variable-length records are read by checked code of ours, `heap`), and a fork that
+//! fails (the file is then opened without the trial).
 //!
 //! `IMAGEFEED_HDF5_OPEN_SECONDS` sets the limit (default 30); `0` turns the trial off.
 
@@ -33,10 +33,12 @@ const DEFAULT_SECONDS: u64 = 30;
 /// A file's identity: device, inode, size, modification time in ns.
 type Identity = (u64, u64, u64, i128);
 
-/// Files the trial has passed in this process.
+/// Files the trial has passed in this process. Only used inside the HDF5 gate, so no thread
+/// holds it when the process forks (a child opening a file must not wait for it forever).
 static PASSED: Mutex<Option<HashSet<Identity>>> = Mutex::new(None);
 
 fn passed() -> MutexGuard<'static, Option<HashSet<Identity>>> {
+    debug_assert!(super::gate::held());
     PASSED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -63,14 +65,15 @@ pub(super) fn try_in_child(path: &Path, open: impl FnOnce()) -> Result<()> {
             i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
         )
     });
-    if identity.is_some_and(|identity| passed().as_ref().is_some_and(|p| p.contains(&identity))) {
+    let seen = |identity: Identity| passed().as_ref().is_some_and(|p| p.contains(&identity));
+    if identity.is_some_and(|identity| super::gate::run(|| seen(identity))) {
         return Ok(());
     }
     // SAFETY: fork is called with libhdf5's lock held (no other thread is inside it). The
     // child runs only `open` (libhdf5 calls through that lock, which this thread owns, and
     // allocation, which glibc makes fork-safe) with logging off, and leaves with `_exit`,
     // running no destructor or exit handler of the parent's.
-    let pid = hdf5::sync::sync(|| unsafe {
+    let pid = super::gate::run(|| unsafe {
         let pid = libc::fork();
         if pid == 0 {
             // The child must not hold the parent's files open: a `flock` on a descriptor it
@@ -134,7 +137,7 @@ pub(super) fn try_in_child(path: &Path, open: impl FnOnce()) -> Result<()> {
         ));
     }
     if let Some(identity) = identity {
-        passed().get_or_insert_with(HashSet::new).insert(identity);
+        super::gate::run(|| passed().get_or_insert_with(HashSet::new).insert(identity));
     }
     Ok(())
 }

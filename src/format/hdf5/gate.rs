@@ -1,0 +1,228 @@
+//! One gate around every use of libhdf5, closed across `fork()`.
+//!
+//! libhdf5 keeps process-wide state (open files, its metadata cache, free lists), and the `hdf5`
+//! crate guards it with a reentrant lock. A `fork()` while another thread is inside the library
+//! leaves the child a half-changed copy of that state and the lock held by a thread the child
+//! does not have: the child's first HDF5 call hangs forever (a PyTorch DataLoader forking its
+//! workers while a Loader read an HDF5 file hung 6 times in 7). Releasing that lock in the child
+//! is not enough either: on release it can be handed to a waiting thread, which in the child does
+//! not exist.
+//!
+//! So every libhdf5 call imagefeed makes (opening, reading, writing, and dropping a library
+//! handle) runs inside [`run`], which holds the gate, a plain pthread mutex (reentered by the
+//! thread holding it without locking again). A `pthread_atfork` handler, registered on first
+//! use, takes the gate before any fork in the process: when the process is copied no thread is
+//! inside libhdf5, and none waits for the crate's lock (only the gate's holder ever takes it),
+//! so the child's copy of the library is consistent and its lock free. The parent opens the gate
+//! after the fork; the child makes a fresh one. A fork waits at most for the libhdf5 call in
+//! progress (one record, one block of a write).
+//!
+//! What must not leave the gate: a library handle (`hdf5::File`, `Dataset`, ...), unless wrapped
+//! in [`Gated`], whose drop goes through the gate, and an `hdf5::Error` (it holds a handle to
+//! the error stack): [`error`] turns it into text inside the gate.
+
+use std::cell::{Cell, UnsafeCell};
+use std::mem::ManuallyDrop;
+use std::path::Path;
+use std::sync::Once;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::error::Error;
+
+struct Mutex(UnsafeCell<libc::pthread_mutex_t>);
+
+// SAFETY: the pthread mutex is made to be shared between threads; it is only used through the
+// pthread calls below.
+unsafe impl Sync for Mutex {}
+
+static GATE: Mutex = Mutex(UnsafeCell::new(libc::PTHREAD_MUTEX_INITIALIZER));
+
+thread_local! {
+    /// How deep this thread is inside `run` (0: it does not hold the gate).
+    static DEPTH: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Whether the prepare handler locked the gate for the fork in progress (the parent handler
+/// then unlocks it).
+static LOCKED_FOR_FORK: AtomicBool = AtomicBool::new(false);
+
+static REGISTER: Once = Once::new();
+
+fn lock() {
+    // SAFETY: GATE is a valid, initialized mutex for the process's lifetime.
+    unsafe { libc::pthread_mutex_lock(GATE.0.get()) };
+}
+
+fn unlock() {
+    // SAFETY: called only by the thread that locked it (or, in `after_fork_in_parent`, by the
+    // thread whose prepare handler did).
+    unsafe { libc::pthread_mutex_unlock(GATE.0.get()) };
+}
+
+fn depth() -> usize {
+    DEPTH.with(Cell::get)
+}
+
+extern "C" fn before_fork() {
+    // A thread forking from inside the gate already holds it.
+    if depth() == 0 {
+        lock();
+        LOCKED_FOR_FORK.store(true, Ordering::SeqCst);
+    }
+}
+
+extern "C" fn after_fork_in_parent() {
+    if LOCKED_FOR_FORK.swap(false, Ordering::SeqCst) {
+        unlock();
+    }
+}
+
+extern "C" fn after_fork_in_child() {
+    LOCKED_FOR_FORK.store(false, Ordering::SeqCst);
+    // SAFETY: the child has one thread, this one; no other can be using the mutex. A fresh one
+    // replaces the copy, which belongs to the parent's threads.
+    unsafe {
+        GATE.0.get().write(libc::PTHREAD_MUTEX_INITIALIZER);
+        // The forking thread was inside `run`: it goes on holding the gate in the child.
+        if depth() > 0 {
+            libc::pthread_mutex_lock(GATE.0.get());
+        }
+    }
+}
+
+/// Opens the gate when the outermost `run` of a thread ends, also by a panic.
+struct Held;
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let depth = depth() - 1;
+        DEPTH.with(|d| d.set(depth));
+        if depth == 0 {
+            unlock();
+        }
+    }
+}
+
+/// Runs `f`, which may call libhdf5, holding the gate.
+pub(crate) fn run<T>(f: impl FnOnce() -> T) -> T {
+    REGISTER.call_once(|| {
+        // SAFETY: the handlers are `extern "C"` functions that live as long as the process.
+        // Registration fails only without memory; forks then go unguarded, as before.
+        unsafe {
+            libc::pthread_atfork(
+                Some(before_fork),
+                Some(after_fork_in_parent),
+                Some(after_fork_in_child),
+            )
+        };
+    });
+    if depth() == 0 {
+        lock();
+    }
+    DEPTH.with(|d| d.set(d.get() + 1));
+    let _held = Held;
+    f()
+}
+
+/// Whether this thread holds the gate.
+pub(crate) fn held() -> bool {
+    depth() > 0
+}
+
+/// [`Error::Hdf5`] for a libhdf5 error met while `doing` something to `path`; the library's
+/// error (and its handle) is turned into text here, inside the gate.
+pub(crate) fn error(path: &Path, doing: &str, e: hdf5::Error) -> Error {
+    debug_assert!(held(), "an hdf5::Error is read outside the HDF5 gate");
+    let message = e.to_string();
+    drop(e);
+    Error::hdf5(path, doing, message)
+}
+
+/// A libhdf5 handle that is only used, and dropped, inside the gate.
+pub(crate) struct Gated<T>(ManuallyDrop<T>);
+
+impl<T> Gated<T> {
+    /// Wraps `value`, made inside the gate.
+    pub fn new(value: T) -> Gated<T> {
+        Gated(ManuallyDrop::new(value))
+    }
+
+    /// Runs `f` on the handle inside the gate.
+    pub fn with<R>(&self, f: impl FnOnce(&T) -> R) -> R {
+        run(|| f(&self.0))
+    }
+
+    /// Hands the handle itself to `f` (which consumes it: `File::close`) inside the gate.
+    pub fn finish<R>(self, f: impl FnOnce(T) -> R) -> R {
+        let mut this = ManuallyDrop::new(self);
+        // SAFETY: `this` is never dropped, so the value is taken out exactly once.
+        let value = unsafe { ManuallyDrop::take(&mut this.0) };
+        run(|| f(value))
+    }
+}
+
+impl<T> Drop for Gated<T> {
+    fn drop(&mut self) {
+        // SAFETY: dropped once, here; the value is not used afterwards.
+        run(|| unsafe { ManuallyDrop::drop(&mut self.0) });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gate_is_reentrant_and_opens_after_a_panic() {
+        assert!(!held());
+        run(|| {
+            assert!(held());
+            run(|| assert!(held()));
+            assert!(held());
+        });
+        assert!(!held());
+        let caught = std::panic::catch_unwind(|| run(|| panic!("inside the gate")));
+        assert!(caught.is_err());
+        assert!(!held());
+        // Another thread can take it: it was opened.
+        std::thread::spawn(|| run(|| assert!(held())))
+            .join()
+            .unwrap();
+    }
+
+    #[test]
+    fn a_fork_waits_for_the_gate_and_the_child_gets_a_free_one() {
+        // One thread holds the gate; a fork from another thread must wait until it has left,
+        // and the child, whose copy would otherwise be held by a thread it does not have, can
+        // take the gate at once.
+        use std::sync::atomic::AtomicBool;
+        static LEFT: AtomicBool = AtomicBool::new(false);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let holder = std::thread::spawn(move || {
+            run(|| {
+                tx.send(()).unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                LEFT.store(true, Ordering::SeqCst);
+            })
+        });
+        rx.recv().unwrap();
+        // SAFETY: the child only takes the gate and leaves with `_exit`.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            run(|| ());
+            // SAFETY: leaves the child without running the parent's destructors.
+            unsafe { libc::_exit(0) };
+        }
+        assert!(pid > 0);
+        assert!(
+            LEFT.load(Ordering::SeqCst),
+            "fork went ahead while another thread held the gate"
+        );
+        let mut status = 0;
+        // SAFETY: `pid` is our child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+        holder.join().unwrap();
+        run(|| ());
+    }
+}
