@@ -43,6 +43,8 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("hdf5_dataset", hdf5_dataset),
     #[cfg(feature = "hdf5")]
     ("hdf5_staged_index", hdf5_staged_index),
+    #[cfg(feature = "hdf5")]
+    ("hdf5_global_heap", hdf5_global_heap),
     ("raw_payload", raw_payload),
     ("decode", decode),
     ("transform", transform),
@@ -339,6 +341,19 @@ pub fn hdf5_staged_index(data: &[u8]) {
     }
 }
 
+/// A global heap collection, where h5py's variable-length elements lie, read by the checked
+/// reader that replaced libhdf5 for them: a selector for the file's size of lengths, the object
+/// index and length a descriptor names, then the collection's bytes (written as a file).
+#[cfg(feature = "hdf5")]
+pub fn hdf5_global_heap(data: &[u8]) {
+    let mut fields = Fields { rest: data };
+    let selector = fields.u8();
+    let object = u32::from(fields.u16());
+    let len = u32::from(fields.u16());
+    let path = fresh_dir("heap").join("heap.bin");
+    h5fmt::fuzz_global_heap(&path, selector, object, len, fields.rest);
+}
+
 /// The raw-RGB payload header, and the file-length bound taken from a file's first bytes.
 pub fn raw_payload(data: &[u8]) {
     if let Ok((w, h, pixels)) = RawImage::parse(data) {
@@ -564,6 +579,40 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
                 h5fmt::push_staged_entry(&mut out, end, label, key);
             }
             vec![out]
+        }
+        #[cfg(feature = "hdf5")]
+        "hdf5_global_heap" => {
+            // A collection (sizes of lengths 8) holding the JPEG as object 1 and 3 bytes as
+            // object 2, then free space; the descriptor names object 1, then object 2.
+            let collection = |lengths: usize| {
+                let mut c = b"GCOL\x01\0\0\0".to_vec();
+                c.extend_from_slice(&4096u64.to_le_bytes()[..lengths]);
+                c.resize(c.len().next_multiple_of(8), 0);
+                for (index, data) in [(1u16, jpeg.as_slice()), (2, b"abc")] {
+                    c.extend_from_slice(&index.to_le_bytes());
+                    c.extend_from_slice(&[1, 0, 0, 0, 0, 0]);
+                    c.extend_from_slice(&(data.len() as u64).to_le_bytes()[..lengths]);
+                    c.extend_from_slice(data);
+                    c.extend(std::iter::repeat_n(
+                        0,
+                        data.len().next_multiple_of(8) - data.len(),
+                    ));
+                }
+                c.resize(4096, 0);
+                c
+            };
+            let seed = |selector: u8, object: u16, len: usize, lengths: usize| {
+                let mut out = vec![selector];
+                out.extend_from_slice(&object.to_le_bytes());
+                out.extend_from_slice(&(len as u16).to_le_bytes());
+                out.extend_from_slice(&collection(lengths));
+                out
+            };
+            vec![
+                seed(2, 1, jpeg.len(), 8),
+                seed(2, 2, 3, 8),
+                seed(1, 2, 3, 4),
+            ]
         }
         "raw_payload" => vec![raw.clone(), RawImage::encode(1, 1, &[1, 2, 3])],
         "decode" | "transform" => {

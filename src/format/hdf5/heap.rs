@@ -291,6 +291,37 @@ fn read_at(file: &fs::File, buffer: &mut [u8], offset: u64) -> Result<(), String
     })
 }
 
+/// The fuzz target's body (`fuzzing::hdf5_global_heap`): `collection` as a whole file, sizes
+/// of lengths 2, 4 or 8 by `selector`; what [`find_object`] finds lies inside the collection, and
+/// [`HeapReader`] hands out exactly those bytes or an error.
+#[cfg(feature = "fuzzing")]
+pub(crate) fn fuzz(path: &std::path::Path, selector: u8, object: u32, len: u32, collection: &[u8]) {
+    let widths = Widths {
+        offsets: 8,
+        lengths: [2, 4, 8][usize::from(selector) % 3],
+        base: 0,
+    };
+    let found = find_object(collection, &widths, object);
+    if let Ok(range) = &found {
+        assert!(range.start <= range.end && range.end <= collection.len());
+    }
+    std::fs::write(path, collection).expect("scratch file");
+    let file = fs::File::open(path).expect("scratch file");
+    let mut reader = HeapReader::new(widths, collection.len() as u64);
+    let id = HeapId {
+        len,
+        collection: 0,
+        object,
+    };
+    if let Ok(bytes) = reader.read(&file, &id) {
+        assert_eq!(bytes.len(), len as usize);
+        if len > 0 {
+            let range = found.expect("the reader found what find_object did not");
+            assert_eq!(bytes, &collection[range]);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -105,6 +105,8 @@ mod probe;
 pub use file::{Hdf5, Hdf5Writer};
 #[cfg(all(feature = "hdf5", feature = "fuzzing"))]
 pub(crate) use file::{parse_staged_index, push_staged_entry, write_raw_parts};
+#[cfg(all(feature = "hdf5", feature = "fuzzing"))]
+pub(crate) use heap::fuzz as fuzz_global_heap;
 
 /// The `magic` value in the `imagefeed` attribute.
 pub const MAGIC: &str = "imagefeed-hdf5";
