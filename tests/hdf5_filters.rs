@@ -80,6 +80,37 @@ with h5py.File(os.path.join(out, "vlen-gaps.h5"), "w") as f:
     f.create_dataset("labels", data=np.zeros(7, np.int64))
     assert [len(d[k]) for k in range(7)][2:5] == [0, 0, 0]
 print("vlen-gaps")
+# Compact (the descriptors in the object header: no file offset), read through the library.
+with h5py.File(os.path.join(out, "vlen-compact.h5"), "w") as f:
+    files = sys.argv[2:]
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_layout(h5py.h5d.COMPACT)
+    space = h5py.h5s.create_simple((len(files),))
+    d = h5py.Dataset(h5py.h5d.create(f.id, b"images", h5py.h5t.vlen_create(h5py.h5t.NATIVE_UINT8), space, dcpl=dcpl))
+    for k, p in enumerate(files):
+        d[k] = np.frombuffer(open(p, "rb").read(), np.uint8)
+    f.create_dataset("labels", data=np.array([int(a) for a in os.environ["LABELS"].split(",")]))
+print("vlen-compact")
+# Written with a 512-byte user block, which was then cut off: the superblock is at byte 0 but
+# its base address field still says 512 (libhdf5 takes the superblock's position instead).
+with h5py.File(os.path.join(out, "ub.h5"), "w", userblock_size=512) as f:
+    files = sys.argv[2:]
+    d = f.create_dataset("images", (len(files),), dtype=h5py.vlen_dtype(np.uint8))
+    for k, p in enumerate(files):
+        d[k] = np.frombuffer(open(p, "rb").read(), np.uint8)
+    f.create_dataset("labels", data=np.array([int(a) for a in os.environ["LABELS"].split(",")]))
+with open(os.path.join(out, "ub.h5"), "rb") as f:
+    open(os.path.join(out, "vlen-user-block-cut.h5"), "wb").write(f.read()[512:])
+print("vlen-user-block-cut")
+# Appended one element per chunk, more chunks than are looked up one by one: 5,000 elements of
+# 3 bytes (element i is [i % 251, 7, i // 251]).
+with h5py.File(os.path.join(out, "vlen-many-chunks.h5"), "w") as f:
+    n = 5000
+    d = f.create_dataset("images", (n,), maxshape=(None,), chunks=(1,), dtype=h5py.vlen_dtype(np.uint8))
+    for i in range(n):
+        d[i] = np.array([i % 251, 7, i // 251], np.uint8)
+    f.create_dataset("labels", data=np.zeros(n, np.int64))
+print("vlen-many-chunks")
 "#;
 
 /// The filters hdf5plugin adds that this build has no decoder for: refused by name.
@@ -218,6 +249,35 @@ fn every_filter_this_build_undoes_reads_what_h5py_wrote_and_others_are_refused_b
         .map(|(_, label, bytes)| (label, bytes))
         .collect();
     assert_eq!(got, want);
+    // A compact dataset (read through the library) and one whose superblock's base address
+    // field is stale (read with pread at the superblock's position): the same records.
+    for name in ["vlen-compact.h5", "vlen-user-block-cut.h5"] {
+        let got: Vec<(u32, Vec<u8>)> =
+            records(format::open(dir.path().join(name)).unwrap().as_ref())
+                .into_iter()
+                .map(|(_, label, bytes)| (label, bytes))
+                .collect();
+        assert_eq!(got, want, "{name}");
+    }
+    // More chunks than libhdf5 can be asked for one by one (each lookup walks its chunk index):
+    // read through the library, which opens the path again (a file renamed over it is refused).
+    let many = dir.path().join("vlen-many-chunks.h5");
+    let dataset = format::open(&many).unwrap();
+    let mut reader = dataset.open_reader().unwrap();
+    for i in [0usize, 1, 2500, 4999] {
+        let record = reader.read(i).unwrap();
+        assert_eq!(
+            record.payload,
+            [(i % 251) as u8, 7, (i / 251) as u8],
+            "element {i}"
+        );
+    }
+    drop(reader);
+    std::fs::rename(dir.path().join("ub.h5"), &many).unwrap();
+    assert!(matches!(
+        dataset.open_reader(),
+        Err(imagefeed::Error::FileChanged { .. })
+    ));
     // Chunks never allocated and elements never written read as empty, as h5py reads them.
     let gaps = records(
         format::open(dir.path().join("vlen-gaps.h5"))

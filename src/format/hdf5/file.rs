@@ -1110,9 +1110,16 @@ struct DescriptorRun {
     stored: Option<u64>,
 }
 
+/// The most chunks whose addresses are looked up one by one: libhdf5 1.10 walks the chunk
+/// index for each lookup, so the time grows with the square of their number (64,000 chunks took
+/// 26 s). A dataset of more chunks (h5py's `chunks=(1,)`, appended one element at a time) is
+/// read through the library.
+const MAX_CHUNK_LOOKUPS: usize = 4096;
+
 /// Where the raw data of a one-dimensional variable-length dataset lies, in element order: one
-/// run when it is contiguous, one per chunk when it is chunked; `None` when it passes through a
-/// filter (the bytes on disk are not the descriptors).
+/// run when it is contiguous, one per chunk when it is chunked; `None` when the library must
+/// read it: stored through a filter (the bytes on disk are not the descriptors), compact (in the
+/// object header), virtual or in external files, or in too many chunks.
 fn descriptor_runs(
     path: &Path,
     dataset: &hdf5::Dataset,
@@ -1125,13 +1132,28 @@ fn descriptor_runs(
     if n == 0 {
         return Ok(Some(Vec::new()));
     }
-    if !dataset.is_chunked() {
-        // Contiguous; no address when nothing was ever written.
-        return Ok(Some(vec![DescriptorRun {
-            address: dataset.offset(),
-            count: n,
-            stored: None,
-        }]));
+    let dcpl = dataset
+        .dcpl()
+        .map_err(|e| gate::error(path, &format!("reading the layout of {name:?}"), e))?;
+    match dcpl.layout() {
+        hdf5::dataset::Layout::Contiguous if dcpl.external().is_empty() => {
+            return Ok(match dataset.offset() {
+                Some(address) => Some(vec![DescriptorRun {
+                    address: Some(address),
+                    count: n,
+                    stored: None,
+                }]),
+                // Never written: every element is empty.
+                None if dataset.storage_size() == 0 => Some(vec![DescriptorRun {
+                    address: None,
+                    count: n,
+                    stored: None,
+                }]),
+                None => None,
+            });
+        }
+        hdf5::dataset::Layout::Chunked => {}
+        _ => return Ok(None),
     }
     let chunk = dataset
         .chunk()
@@ -1140,6 +1162,9 @@ fn descriptor_runs(
         .ok_or_else(|| {
             Error::not_a_dataset(path, format!("{name:?} is chunked with no chunk shape"))
         })?;
+    if n.div_ceil(chunk) > MAX_CHUNK_LOOKUPS {
+        return Ok(None);
+    }
     let mut runs = Vec::with_capacity(n.div_ceil(chunk));
     for start in (0..n).step_by(chunk) {
         let offset = [start as hdf5_sys::h5::hsize_t];

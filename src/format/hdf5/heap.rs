@@ -25,15 +25,15 @@
 use std::fs;
 use std::os::unix::fs::FileExt as _;
 
-/// The widths the superblock gives the file's addresses and lengths, and its base address.
+/// The widths the superblock gives the file's addresses and lengths. (Addresses are relative to
+/// the superblock's position, which libhdf5 takes as the base address whatever the field says;
+/// the files read here have it at byte 0.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Widths {
     /// Bytes in a file address ("size of offsets"): 2, 4 or 8.
     pub offsets: usize,
     /// Bytes in a length ("size of lengths"): 2, 4 or 8.
     pub lengths: usize,
-    /// What every address is relative to (0 unless the file has a user block).
-    pub base: u64,
 }
 
 impl Widths {
@@ -66,13 +66,10 @@ pub(crate) fn superblock_widths(head: &[u8]) -> Result<Widths, String> {
     if head.len() < 9 || &head[..8] != super::SIGNATURE {
         return Err("no HDF5 superblock at the start of the file".into());
     }
-    // Version 0 and 1: sizes at bytes 13 and 14, the base address after the consistency flags
-    // (and, in version 1, the indexed-storage K and 2 reserved bytes). Version 2 and 3: sizes at
-    // 9 and 10, flags at 11, the base address at 12.
-    let (offsets_at, lengths_at, base_at) = match head[8] {
-        0 => (13, 14, 24),
-        1 => (13, 14, 28),
-        2 | 3 => (9, 10, 12),
+    // Version 0 and 1: sizes at bytes 13 and 14. Version 2 and 3: at 9 and 10.
+    let (offsets_at, lengths_at) = match head[8] {
+        0 | 1 => (13, 14),
+        2 | 3 => (9, 10),
         v => return Err(format!("superblock version {v} is not one libhdf5 writes")),
     };
     let width = |at: usize, what: &str| -> Result<usize, String> {
@@ -84,16 +81,9 @@ pub(crate) fn superblock_widths(head: &[u8]) -> Result<Widths, String> {
             None => Err("the superblock is cut short".into()),
         }
     };
-    let offsets = width(offsets_at, "offsets")?;
-    let lengths = width(lengths_at, "lengths")?;
-    let base = head
-        .get(base_at..base_at + offsets)
-        .map(uint)
-        .ok_or("the superblock is cut short")?;
     Ok(Widths {
-        offsets,
-        lengths,
-        base,
+        offsets: width(offsets_at, "offsets")?,
+        lengths: width(lengths_at, "lengths")?,
     })
 }
 
@@ -102,7 +92,7 @@ pub(crate) fn superblock_widths(head: &[u8]) -> Result<Widths, String> {
 pub(crate) struct HeapId {
     /// The element's length in bytes (elements of `uint8`).
     pub len: u32,
-    /// The collection's address, relative to the base address.
+    /// The collection's address (0: none, a null element).
     pub collection: u64,
     /// The object's index in its collection.
     pub object: u32,
@@ -225,20 +215,19 @@ impl HeapReader {
 
     /// Element `id`'s bytes, read from `file` with `pread` and checked.
     pub fn read<'a>(&'a mut self, file: &fs::File, id: &HeapId) -> Result<&'a [u8], String> {
-        if id.len == 0 {
+        // No length, or no collection (libhdf5's "null" element): empty, as the library
+        // reads it.
+        if id.len == 0 || id.collection == 0 {
             return Ok(&[]);
         }
-        let address = self
-            .widths
-            .base
-            .checked_add(id.collection)
-            .filter(|&a| a < self.file_len)
-            .ok_or_else(|| {
-                format!(
-                    "its global heap collection address {} is past the end of the {}-byte file",
-                    id.collection, self.file_len
-                )
-            })?;
+        let address = id.collection;
+        if address >= self.file_len {
+            return Err(format!(
+                "its global heap collection address {address} is past the end of the {}-byte \
+                 file",
+                self.file_len
+            ));
+        }
         if self.cached != Some(address) {
             self.cached = None;
             self.load(file, address)?;
@@ -291,7 +280,7 @@ fn read_at(file: &fs::File, buffer: &mut [u8], offset: u64) -> Result<(), String
     })
 }
 
-/// The fuzz target's body (`fuzzing::hdf5_global_heap`): `collection` as a whole file, sizes
+/// The fuzz target's body (`fuzzing::hdf5_global_heap`): `collection` in a file at byte 8, sizes
 /// of lengths 2, 4 or 8 by `selector`; what [`find_object`] finds lies inside the collection, and
 /// [`HeapReader`] hands out exactly those bytes or an error.
 #[cfg(feature = "fuzzing")]
@@ -299,18 +288,20 @@ pub(crate) fn fuzz(path: &std::path::Path, selector: u8, object: u32, len: u32, 
     let widths = Widths {
         offsets: 8,
         lengths: [2, 4, 8][usize::from(selector) % 3],
-        base: 0,
     };
     let found = find_object(collection, &widths, object);
     if let Ok(range) = &found {
         assert!(range.start <= range.end && range.end <= collection.len());
     }
-    std::fs::write(path, collection).expect("scratch file");
+    // The collection at byte 8 of the file (address 0 means "no collection").
+    let mut bytes = vec![0u8; 8];
+    bytes.extend_from_slice(collection);
+    std::fs::write(path, &bytes).expect("scratch file");
     let file = fs::File::open(path).expect("scratch file");
-    let mut reader = HeapReader::new(widths, collection.len() as u64);
+    let mut reader = HeapReader::new(widths, bytes.len() as u64);
     let id = HeapId {
         len,
-        collection: 0,
+        collection: 8,
         object,
     };
     if let Ok(bytes) = reader.read(&file, &id) {
@@ -329,7 +320,6 @@ mod tests {
     const W: Widths = Widths {
         offsets: 8,
         lengths: 8,
-        base: 0,
     };
 
     /// A collection of `size` bytes holding `objects` as (index, bytes), then free space.
@@ -367,7 +357,6 @@ mod tests {
         let w = Widths {
             offsets: 8,
             lengths: 4,
-            base: 0,
         };
         let mut c = b"GCOL\x01\0\0\0".to_vec();
         c.extend_from_slice(&64u32.to_le_bytes());
@@ -418,18 +407,50 @@ mod tests {
     }
 
     #[test]
+    fn the_reader_reads_objects_from_the_file_and_null_elements_as_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("heap.bin");
+        let mut file = vec![0u8; 8];
+        file.extend(collection(64, &[(1, b"abc"), (2, b"xy")]));
+        std::fs::write(&path, &file).unwrap();
+        let handle = fs::File::open(&path).unwrap();
+        let mut reader = HeapReader::new(W, file.len() as u64);
+        let id = |len, collection, object| HeapId {
+            len,
+            collection,
+            object,
+        };
+        assert_eq!(reader.read(&handle, &id(3, 8, 1)).unwrap(), b"abc");
+        assert_eq!(reader.read(&handle, &id(2, 8, 2)).unwrap(), b"xy");
+        // libhdf5's null element (no collection) and an empty one read as empty.
+        assert!(reader.read(&handle, &id(3, 0, 1)).unwrap().is_empty());
+        assert!(reader.read(&handle, &id(0, 999, 1)).unwrap().is_empty());
+        // A length that is not the object's, an address past the file, or no collection there.
+        assert!(reader.read(&handle, &id(4, 8, 1)).is_err());
+        assert!(reader.read(&handle, &id(3, 72, 1)).is_err());
+        assert!(reader.read(&handle, &id(3, 16, 1)).is_err());
+        // A collection declared larger than what is left of the file.
+        let mut cut = file.clone();
+        cut[16..24].copy_from_slice(&4096u64.to_le_bytes());
+        std::fs::write(&path, &cut).unwrap();
+        let handle = fs::File::open(&path).unwrap();
+        let mut reader = HeapReader::new(W, cut.len() as u64);
+        assert!(reader.read(&handle, &id(3, 8, 1)).is_err());
+    }
+
+    #[test]
     fn superblock_widths_by_version() {
         let mut v0 = super::super::SIGNATURE.to_vec();
         v0.resize(48, 0);
         v0[13] = 8;
         v0[14] = 4;
+        // A base address field (here 512) is not used: see `Widths`.
         v0[24..32].copy_from_slice(&512u64.to_le_bytes());
         assert_eq!(
             superblock_widths(&v0).unwrap(),
             Widths {
                 offsets: 8,
                 lengths: 4,
-                base: 512
             }
         );
         let mut v2 = super::super::SIGNATURE.to_vec();
@@ -442,13 +463,12 @@ mod tests {
             Widths {
                 offsets: 4,
                 lengths: 8,
-                base: 0
             }
         );
         let mut odd = v0.clone();
         odd[13] = 3;
         assert!(superblock_widths(&odd).is_err());
-        assert!(superblock_widths(&v0[..20]).is_err());
+        assert!(superblock_widths(&v0[..14]).is_err());
         let mut v9 = v0;
         v9[8] = 9;
         assert!(superblock_widths(&v9).is_err());
