@@ -1003,7 +1003,7 @@ fn open_foreign(
         }
     };
     let mut notices = Vec::new();
-    let classes = match class_names(file).or_else(|| class_names(&labels_ds)) {
+    let classes = match class_names(file, file_len).or_else(|| class_names(&labels_ds, file_len)) {
         Some(classes) => classes,
         None => {
             let mut inference = crate::dataset::ClassInference::default();
@@ -1218,9 +1218,21 @@ fn checked_str(bytes: &[u8]) -> Option<&str> {
     std::str::from_utf8(bytes).ok()
 }
 
-/// The `classes` attribute of `location` as strings, when it has one.
-fn class_names(location: &hdf5::Location) -> Option<Vec<String>> {
+/// The `classes` attribute of `location` as strings, when it has one. An attribute declaring
+/// more strings than the file can hold is not read (libhdf5 would allocate and convert them
+/// all: a damaged dimension took gigabytes and minutes).
+fn class_names(location: &hdf5::Location, file_len: u64) -> Option<Vec<String>> {
     let attr = location.attr(CLASSES_ATTR).ok()?;
+    // Each string's stored element (a variable-length string's descriptor, or a fixed-length
+    // string's bytes) is at least 10 bytes, or the size its type declares.
+    let element = attr.dtype().ok()?.size().max(10) as u64;
+    let strings = attr
+        .shape()
+        .iter()
+        .try_fold(1u64, |n, &d| n.checked_mul(d as u64))?;
+    if strings.saturating_mul(element) > file_len {
+        return None;
+    }
     if let Ok(names) = attr.read_raw::<VarLenUnicode>() {
         return names
             .iter()

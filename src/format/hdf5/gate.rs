@@ -14,8 +14,12 @@
 //! use, takes the gate before any fork in the process: when the process is copied no thread is
 //! inside libhdf5, and none waits for the crate's lock (only the gate's holder ever takes it),
 //! so the child's copy of the library is consistent and its lock free. The parent opens the gate
-//! after the fork; the child makes a fresh one. A fork waits at most for the libhdf5 call in
-//! progress (one record, one block of a write).
+//! after the fork; the child makes a fresh one. A fork waits at most for the work in progress
+//! inside the gate: one record, one block of a write, or one file's open (its metadata read).
+//!
+//! Known limit: with glibc older than 2.36, a filter plugin that libhdf5 loads for the first time
+//! (inside the gate) and that registers fork handlers of its own, at the moment another thread
+//! forks, deadlocks both (that glibc holds one lock across all prepare handlers).
 //!
 //! What must not leave the gate: a library handle (`hdf5::File`, `Dataset`, ...), unless wrapped
 //! in [`Gated`], whose drop goes through the gate, and an `hdf5::Error` (it holds a handle to
@@ -103,8 +107,12 @@ impl Drop for Held {
     }
 }
 
-/// Runs `f`, which may call libhdf5, holding the gate.
-pub(crate) fn run<T>(f: impl FnOnce() -> T) -> T {
+/// Registers the fork handlers (once per process; `run` does it on first use). A thread about
+/// to fork a child that uses libhdf5 calls this first, and forks outside the gate: the prepare
+/// handler takes the gate. (Forking while holding it deadlocks on glibc 2.28 to 2.35, which
+/// runs the prepare handlers under a lock that a fork inside the gate would wait for, while
+/// another thread's prepare handler waits for the gate.)
+pub(crate) fn register() {
     REGISTER.call_once(|| {
         // SAFETY: the handlers are `extern "C"` functions that live as long as the process.
         // Registration fails only without memory; forks then go unguarded, as before.
@@ -116,6 +124,11 @@ pub(crate) fn run<T>(f: impl FnOnce() -> T) -> T {
             )
         };
     });
+}
+
+/// Runs `f`, which may call libhdf5, holding the gate.
+pub(crate) fn run<T>(f: impl FnOnce() -> T) -> T {
+    register();
     if depth() == 0 {
         lock();
     }

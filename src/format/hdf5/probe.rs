@@ -4,20 +4,22 @@
 //! libhdf5 trusts a file's metadata: two flipped bytes of an h5py file's object header make
 //! `H5Fopen` loop forever (in every tool; Ctrl-C cannot stop it), others end in SIGSEGV. Which
 //! bytes do that cannot be told without parsing what libhdf5 parses, so the open is tried first
-//! in a child process with a time limit: a child killed by a signal, or still running at the
-//! limit (then killed), refuses the file; a child that finishes (with or without an error)
-//! lets the process open the file itself, as before. Each file is tried once per process
-//! (by identity: device, inode, size, modification time).
+//! in a child process with a time and a memory limit: a child killed by a signal, still running
+//! at the time limit, or holding more memory than the budget (then killed) refuses the file; a
+//! child that finishes (with or without an error) lets the process open the file itself, as
+//! before. Each file is tried once per process (by identity: device, inode, size, modification
+//! time).
 //!
-//! The fork happens inside the HDF5 gate (`gate`), so no other thread is inside the library:
-//! the child's copy of it is consistent, and the child holds a fresh gate of its own. The child
+//! The fork handlers take the HDF5 gate (`gate`) around the fork, so no other thread is inside
+//! the library: the child's copy of it is consistent, and it gets a fresh gate. The child
 //! first closes every descriptor it inherited (a `flock` another thread holds must not outlive
 //! that thread's close), logs nothing, and leaves with `_exit`. What this does not cover:
 //! damage libhdf5 only meets when a record is read later (a chunk of a compressed pixel array;
 //! h5py's variable-length records are read by checked code of ours, `heap`), and a fork that
 //! fails (the file is then opened without the trial).
 //!
-//! `IMAGEFEED_HDF5_OPEN_SECONDS` sets the limit (default 30); `0` turns the trial off.
+//! `IMAGEFEED_HDF5_OPEN_SECONDS` sets the time limit (default 30; `0` turns the trial off),
+//! `IMAGEFEED_HDF5_OPEN_MIB` the memory budget (default 1 GiB plus twice the file's size).
 
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt as _;
@@ -51,6 +53,34 @@ fn limit() -> Option<Duration> {
     (seconds > 0.0).then(|| Duration::from_secs_f64(seconds))
 }
 
+/// What a trial may allocate beyond the process's memory at the fork: `IMAGEFEED_HDF5_OPEN_MIB`,
+/// else 1 GiB plus twice the file's size (an index of millions of records is read into memory
+/// at open). A damaged type size or count makes libhdf5 allocate without bound: one byte of
+/// h5py's variable-length fixture made it take 12 GB in 30 s.
+fn memory_budget(path: &Path) -> u64 {
+    if let Some(mib) = std::env::var("IMAGEFEED_HDF5_OPEN_MIB")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+    {
+        return mib.saturating_mul(1 << 20);
+    }
+    let len = std::fs::metadata(path).map_or(0, |m| m.len());
+    (1u64 << 30).saturating_add(len.saturating_mul(2))
+}
+
+/// The resident memory of process `pid` (`None`: this one), from `/proc/PID/statm`.
+fn resident_bytes(pid: Option<libc::pid_t>) -> Option<u64> {
+    let statm = match pid {
+        Some(pid) => std::fs::read_to_string(format!("/proc/{pid}/statm")),
+        None => std::fs::read_to_string("/proc/self/statm"),
+    }
+    .ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages.saturating_mul(u64::try_from(page).ok()?))
+}
+
 /// Runs `open` (the whole open of `path`, metadata reads included) in a forked child first;
 /// `Err` (not-a-dataset, naming `path`) when the child crashed or did not finish in time.
 pub(super) fn try_in_child(path: &Path, open: impl FnOnce()) -> Result<()> {
@@ -69,11 +99,16 @@ pub(super) fn try_in_child(path: &Path, open: impl FnOnce()) -> Result<()> {
     if identity.is_some_and(|identity| super::gate::run(|| seen(identity))) {
         return Ok(());
     }
-    // SAFETY: fork is called with libhdf5's lock held (no other thread is inside it). The
-    // child runs only `open` (libhdf5 calls through that lock, which this thread owns, and
+    // What the child may take: the process's resident memory now (the child shares it) plus
+    // the budget.
+    let ceiling = resident_bytes(None).map(|now| now.saturating_add(memory_budget(path)));
+    // The fork handlers take the HDF5 gate around the fork (see `gate`): no other thread is
+    // inside libhdf5, and the child gets a fresh gate.
+    super::gate::register();
+    // SAFETY: the child runs only `open` (libhdf5 calls, which the fork handlers made safe, and
     // allocation, which glibc makes fork-safe) with logging off, and leaves with `_exit`,
     // running no destructor or exit handler of the parent's.
-    let pid = super::gate::run(|| unsafe {
+    let pid = unsafe {
         let pid = libc::fork();
         if pid == 0 {
             // The child must not hold the parent's files open: a `flock` on a descriptor it
@@ -89,7 +124,7 @@ pub(super) fn try_in_child(path: &Path, open: impl FnOnce()) -> Result<()> {
             libc::_exit(if done.is_ok() { 0 } else { 2 });
         }
         pid
-    });
+    };
     if pid < 0 {
         // No child could be made (out of processes or memory): open without the trial.
         return Ok(());
@@ -106,6 +141,24 @@ pub(super) fn try_in_child(path: &Path, open: impl FnOnce()) -> Result<()> {
         if done < 0 {
             // Reaped elsewhere (a SIGCHLD handler set to ignore): nothing to judge.
             return Ok(());
+        }
+        if let Some(ceiling) = ceiling
+            && resident_bytes(Some(pid)).is_some_and(|rss| rss > ceiling)
+        {
+            // SAFETY: as above.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return Err(Error::not_a_dataset(
+                path,
+                format!(
+                    "libhdf5 took more than {} MiB of memory opening it in a trial process: its \
+                     metadata is damaged (a size or count it allocates for without bound; \
+                     IMAGEFEED_HDF5_OPEN_MIB sets the limit)",
+                    memory_budget(path) >> 20
+                ),
+            ));
         }
         if started.elapsed() >= limit {
             // SAFETY: as above; the child is ours and not yet reaped.
