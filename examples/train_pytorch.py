@@ -88,8 +88,7 @@ def main() -> None:
         os.replace(tmp, checkpoint)  # a crash mid-save never leaves a half checkpoint
 
     for epoch in range(start_epoch, args.epochs):
-        if not (resumed and epoch == start_epoch):
-            loader.set_epoch(epoch)  # a resumed loader already stands in its epoch
+        loader.set_epoch(epoch)  # after a restore, the restored epoch goes on where it stopped
         started, seen, correct, total_loss = time.perf_counter(), 0, 0, 0.0
         for images, labels in loader:
             logits = model(images)

@@ -31,6 +31,7 @@ __all__ = [
     "CudaError",
     "OutOfMemoryError",
     "PoolGrowthWarning",
+    "ResumeWarning",
 ]
 
 
@@ -145,6 +146,11 @@ class OutOfMemoryError(Error, MemoryError):
 
 class PoolGrowthWarning(UserWarning):
     """Batches kept alive from Python make the loader allocate new batch buffers (correct, but uses memory)."""
+
+
+class ResumeWarning(UserWarning):
+    """``Loader.set_epoch`` named another epoch than the one ``load_state_dict`` restored a position
+    in: the restored position was dropped."""
 
 
 @contextlib.contextmanager

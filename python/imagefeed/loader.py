@@ -350,9 +350,25 @@ class Loader:
     # -- the epoch -------------------------------------------------------------------------
 
     def set_epoch(self, epoch: int) -> None:
-        """Makes the next ``for`` loop run epoch ``epoch`` (as ``DistributedSampler.set_epoch``)."""
+        """Makes the next ``for`` loop run epoch ``epoch`` (as ``DistributedSampler.set_epoch``).
+
+        After :meth:`load_state_dict` restored a position inside an epoch, ``set_epoch`` with that
+        same epoch keeps it: the usual ``for epoch in range(start, end): loader.set_epoch(epoch)``
+        continues mid-epoch, with exactly the batches not yet trained on. Another epoch drops
+        the restored position, with a :class:`~imagefeed.errors.ResumeWarning`, and starts that
+        epoch from its first batch."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch < 2**64 - 1:
             raise errors.ConfigError(f"epoch {epoch!r}: must be an int in 0..2**64-1")
+        if self._resumed:
+            if epoch == self._epoch:
+                return
+            warnings.warn(
+                f"imagefeed.Loader.set_epoch({epoch}) after load_state_dict() restored a position "
+                f"inside epoch {self._epoch}: that position is dropped and epoch {epoch} starts "
+                "from its first batch",
+                errors.ResumeWarning,
+                stacklevel=2,
+            )
         self._epoch_set = epoch
         self._resumed = False
 

@@ -214,6 +214,54 @@ def test_a_state_dict_resumes_the_exact_remaining_batches_in_a_new_process(lmdb_
     assert out[1] == next_epoch, "and then the next epoch"
 
 
+def test_the_usual_set_epoch_loop_after_a_restore_continues_mid_epoch(lmdb_path):
+    """#32 finding 1: the README's loop (``for epoch in range(start, end): loader.set_epoch(epoch)``)
+    after ``load_state_dict`` used to restart the restored epoch from its first batch, training
+    on its first batches twice without a word."""
+    reference = loader(lmdb_path, seed=5)
+    reference.set_epoch(2)
+    full = [(x.copy(), y.copy()) for x, y in reference]
+    reference.set_epoch(3)
+    after = epoch_digest(reference)
+
+    l = loader(lmdb_path, seed=5)
+    l.set_epoch(2)
+    it = iter(l)
+    for _ in range(4):
+        next(it)
+    state = l.state_dict()
+    del it
+    start_epoch = state["imagefeed_loader_state"]["epoch"]  # what a script keeps beside it
+
+    resumed = loader(lmdb_path, seed=5)
+    resumed.load_state_dict(state)
+    got = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the loop the README shows warns about nothing
+        for epoch in range(start_epoch, start_epoch + 2):
+            resumed.set_epoch(epoch)
+            got[epoch] = [(x.copy(), y.copy()) for x, y in resumed]
+    assert epoch_digest(got[2]) == epoch_digest(full[4:]), "the rest of epoch 2, not all of it"
+    assert epoch_digest(got[3]) == after
+
+
+def test_set_epoch_with_another_epoch_after_a_restore_warns_and_starts_that_epoch(lmdb_path):
+    l = loader(lmdb_path, seed=5)
+    l.set_epoch(2)
+    it = iter(l)
+    next(it)
+    state = l.state_dict()
+    del it
+    resumed = loader(lmdb_path, seed=5)
+    resumed.load_state_dict(state)
+    with pytest.warns(imagefeed.ResumeWarning, match="epoch 2"):
+        resumed.set_epoch(7)
+    assert resumed.epoch == 7
+    reference = loader(lmdb_path, seed=5)
+    reference.set_epoch(7)
+    assert epoch_digest(resumed) == epoch_digest(reference)
+
+
 def test_a_state_from_a_finished_epoch_starts_the_next_one(lmdb_path):
     l = loader(lmdb_path, seed=2)
     epoch_digest(l)
