@@ -32,6 +32,7 @@ __all__ = [
     "OutOfMemoryError",
     "PoolGrowthWarning",
     "ResumeWarning",
+    "RankWarning",
 ]
 
 
@@ -146,6 +147,11 @@ class OutOfMemoryError(Error, MemoryError):
 
 class PoolGrowthWarning(UserWarning):
     """Batches kept alive from Python make the loader allocate new batch buffers (correct, but uses memory)."""
+
+
+class RankWarning(UserWarning):
+    """A :class:`~imagefeed.Loader` given ``world_size`` runs in a ``torch.distributed`` process group
+    of another size."""
 
 
 class ResumeWarning(UserWarning):

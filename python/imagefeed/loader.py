@@ -210,8 +210,11 @@ class Loader:
     bounded set of shards at a time, with every guarantee above unchanged.
 
     ``rank``/``world_size`` shard the epoch (None: from torch.distributed when it is
-    initialised, else the RANK and WORLD_SIZE variables, else one rank): every rank gets the
-    same number of batches (``uneven="pad"`` repeats a few samples, ``"drop"`` leaves them out).
+    initialised, else the RANK and WORLD_SIZE variables, else one rank; looked up again until the
+    first epoch starts, so a loader made before ``init_process_group`` shards as the process
+    group says): every rank gets the same number of batches (``uneven="pad"`` repeats a few
+    samples, ``"drop"`` leaves them out). Given explicitly, they are kept, with a
+    :class:`~imagefeed.errors.RankWarning` when the process group's size differs.
     """
 
     def __init__(
@@ -261,6 +264,7 @@ class Loader:
             )
         if (rank is None) != (world_size is None):
             raise errors.ConfigError("give both rank and world_size, or neither")
+        ranks_given = rank is not None
         if rank is None or world_size is None:
             rank, world_size = _distributed_rank()
         for name, value in (("batch_size", batch_size), ("workers", workers), ("seed", seed),
@@ -304,32 +308,35 @@ class Loader:
             # The workers write u8 NHWC into page-locked memory; the GPU converts and normalizes.
             spec = {k: v for k, v in spec.items() if k not in ("mean", "std")}
             host_dtype, host_layout = "uint8", "NHWC"
-        with errors.arguments("Loader"):
-            self._native = _native.NativeLoader(
-                paths,
-                batch_size=batch_size,
-                workers=workers,
-                seed=seed,
-                prefetch=prefetch,
-                shuffle=shuffle,
-                drop_last=drop_last,
-                rank=rank,
-                world_size=world_size,
-                uneven=uneven,
-                transform=spec,
-                dtype=host_dtype,
-                layout=host_layout,
-                bad_samples=bad_samples,
-                max_bad=max_bad,
-                max_pixels=max_pixels,
-                reading=reading,
-                pinned_device=pinned_device,
-                shard_window=shard_window,
-            )
+        # What the native loader is made from, kept to make it again for other ranks.
+        self._native_args: Dict[str, Any] = dict(
+            batch_size=batch_size,
+            workers=workers,
+            seed=seed,
+            prefetch=prefetch,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            uneven=uneven,
+            transform=spec,
+            dtype=host_dtype,
+            layout=host_layout,
+            bad_samples=bad_samples,
+            max_bad=max_bad,
+            max_pixels=max_pixels,
+            reading=reading,
+            pinned_device=pinned_device,
+            shard_window=shard_window,
+        )
+        self._paths = paths
+        self._native = self._make_native(rank, world_size)
         self.batch_size = batch_size
         self.device = device
         self.rank = rank
         self.world_size = world_size
+        # Ranks found (not given) are looked up again until the first epoch starts: a loader
+        # made before init_process_group must not read the whole dataset on every rank.
+        self._ranks_given = ranks_given
+        self._ranks_settled = False
         self.transform = transform
         self.bad_sample_policy = bad_samples
         self._epoch_set: Optional[int] = None
@@ -346,6 +353,38 @@ class Loader:
         # handed over, and the one the trainer is using (with a GPU: two being copied).
         self._steady_buffers = prefetch + 2 + (2 if self._cuda is not None else 0)
         self._warned = False
+
+    def _make_native(self, rank: int, world_size: int) -> Any:
+        with errors.arguments("Loader"):
+            return _native.NativeLoader(self._paths, rank=rank, world_size=world_size, **self._native_args)
+
+    def _check_ranks(self, settle: bool) -> None:
+        """Before the first epoch starts (``settle``: it is starting, or a state is being
+        restored), ranks that were found rather than given are found again, and the loader is
+        remade for them when they changed (``init_process_group`` ran after the loader was made).
+        Ranks given explicitly are kept; a process group of another world size is warned about."""
+        if self._ranks_settled:
+            return
+        if settle:
+            self._ranks_settled = True
+        if self._ranks_given:
+            dist = sys.modules.get("torch.distributed")
+            if settle and dist is not None and dist.is_available() and dist.is_initialized():
+                world = dist.get_world_size()
+                if world != self.world_size:
+                    warnings.warn(
+                        f"imagefeed.Loader was given world_size={self.world_size}, but the "
+                        f"torch.distributed process group has {world} ranks: each rank reads "
+                        f"1/{self.world_size} of the dataset (leave rank and world_size out to "
+                        "take them from the process group)",
+                        errors.RankWarning,
+                        stacklevel=3,
+                    )
+            return
+        rank, world_size = _distributed_rank()
+        if (rank, world_size) != (self.rank, self.world_size):
+            self._native = self._make_native(rank, world_size)
+            self.rank, self.world_size = rank, world_size
 
     # -- the epoch -------------------------------------------------------------------------
 
@@ -391,10 +430,12 @@ class Loader:
 
     def __len__(self) -> int:
         """Batches per epoch on this rank."""
+        self._check_ranks(settle=False)
         return len(self._native)
 
     def __iter__(self) -> Iterator[Tuple[Any, Any]]:
         self._check_process()
+        self._check_ranks(settle=True)
         if self._resumed:
             self._resumed = False
         else:
@@ -501,6 +542,7 @@ class Loader:
         (after a finished epoch, the start of the next one; after ``set_epoch(e)``, the start of
         epoch ``e``). Plain JSON types, for ``torch.save``."""
         self._check_process()
+        self._check_ranks(settle=False)
         fresh = self._epoch_set is not None and not self._resumed
         state = self._native.state(self.epoch, fresh=fresh, handed=self._handed)
         return {"imagefeed_loader_state": json.loads(state)}
@@ -511,6 +553,7 @@ class Loader:
         batch size, shuffle, transform, bad-sample policy or dataset (the rank and world size may
         differ: the rest of the epoch is dealt out again)."""
         self._check_process()
+        self._check_ranks(settle=True)
         if not isinstance(state, dict) or not isinstance(state.get("imagefeed_loader_state"), dict):
             raise errors.ConfigError("not an imagefeed Loader.state_dict()")
         inner = dict(state["imagefeed_loader_state"])

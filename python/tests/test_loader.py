@@ -317,6 +317,58 @@ def test_rank_comes_from_the_environment(lmdb_path, monkeypatch):
         imagefeed.Loader(lmdb_path, output="numpy")
 
 
+class _FakeDistributed:
+    """Stands in for torch.distributed (found through sys.modules, as the loader looks for it)."""
+
+    def __init__(self, rank: int, world_size: int):
+        self.rank, self.world_size = rank, world_size
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def get_rank(self) -> int:
+        return self.rank
+
+    def get_world_size(self) -> int:
+        return self.world_size
+
+
+def test_a_loader_made_before_init_process_group_shards_as_the_group_says(lmdb_path, monkeypatch):
+    """#32 finding 3: ranks were fixed when the loader was made, so one made before
+    init_process_group read the whole dataset on every rank, without a word."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delitem(sys.modules, "torch.distributed", raising=False)
+    l = imagefeed.Loader(lmdb_path, batch_size=8, output="numpy", transform=T.none())
+    assert (l.rank, l.world_size, len(l)) == (0, 1, 30)
+    monkeypatch.setitem(sys.modules, "torch.distributed", _FakeDistributed(1, 2))
+    assert len(l) == 15 and (l.rank, l.world_size) == (1, 2), "len() before the epoch sees it"
+    got = epoch_digest(l)
+    explicit = imagefeed.Loader(lmdb_path, batch_size=8, output="numpy", transform=T.none(),
+                                rank=1, world_size=2)
+    assert got == epoch_digest(explicit), "the same half of the epoch as rank=1, world_size=2"
+    # Once an epoch has started, the ranks stay.
+    monkeypatch.setitem(sys.modules, "torch.distributed", _FakeDistributed(0, 3))
+    assert (l.rank, l.world_size, len(l)) == (1, 2, 15)
+
+
+def test_ranks_given_against_a_process_group_of_another_size_warn(lmdb_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.distributed", _FakeDistributed(0, 4))
+    l = imagefeed.Loader(lmdb_path, batch_size=8, output="numpy", transform=T.none(), rank=0,
+                         world_size=2)
+    with pytest.warns(imagefeed.RankWarning, match="has 4 ranks"):
+        next(iter(l))
+    assert (l.rank, l.world_size) == (0, 2)
+    same = imagefeed.Loader(lmdb_path, batch_size=8, output="numpy", transform=T.none(), rank=0,
+                            world_size=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        next(iter(same))
+
+
 # -- bad samples --------------------------------------------------------------------------------
 
 BAD_KEYS = {"class01/bad-truncated.jpg", "class01/bad-bomb.jpg", "class01/bad-empty.jpg", "class01/bad-text.jpg"}
