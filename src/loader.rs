@@ -28,8 +28,8 @@
 //!   [`Loader`], so the two can live side by side in a trainer's struct (or a Python object).
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -128,7 +128,8 @@ pub const DEFAULT_MAX_BAD: MaxBad = MaxBad::Fraction(0.01);
 pub struct LoaderConfig {
     /// Batch size, shuffling, seed and sharding: everything that decides batch membership.
     pub sampling: Sampling,
-    /// Worker threads.
+    /// Worker threads; 0 builds each batch in the thread that asks for it (as a PyTorch
+    /// DataLoader with `num_workers=0`), with nothing built ahead.
     pub workers: usize,
     /// Batches being built or waiting at any time (>= 1).
     pub prefetch: usize,
@@ -211,7 +212,7 @@ impl LoaderConfig {
         self
     }
 
-    /// Worker threads.
+    /// Worker threads (0: batches built in the thread that asks for them).
     pub fn with_workers(mut self, workers: usize) -> Self {
         self.workers = workers;
         self
@@ -254,9 +255,9 @@ impl LoaderConfig {
         if s.batch_size == 0 {
             return invalid("batch_size must be at least 1".into());
         }
-        if !(1..=crate::MAX_THREADS).contains(&self.workers) {
+        if self.workers > crate::MAX_THREADS {
             return invalid(format!(
-                "workers {} must be 1..={}",
+                "workers {} must be 0..={} (0: batches built in the calling thread)",
                 self.workers,
                 crate::MAX_THREADS
             ));
@@ -573,6 +574,8 @@ struct Inner {
     transform_digest: String,
     jobs: Option<Sender<Job>>,
     workers: Vec<JoinHandle<()>>,
+    /// With no worker threads: the reader and transformer of the thread asking for a batch.
+    inline: Option<Mutex<Worker>>,
     /// The process that made the workers ([`std::process::id`]).
     process: u32,
 }
@@ -651,6 +654,12 @@ impl Loader {
                     .map_err(|source| Error::ThreadSpawn { source })
             })
             .collect::<Result<Vec<_>>>()?;
+        let inline = workers.is_empty().then(|| {
+            Mutex::new(Worker {
+                reader: LazyReader::new(Arc::clone(&shared.dataset)),
+                transformer: SampleTransformer::new(shared.config.max_pixels),
+            })
+        });
         Ok(Loader {
             inner: Arc::new(Inner {
                 shared,
@@ -658,6 +667,7 @@ impl Loader {
                 fingerprint,
                 transform_digest,
                 jobs: Some(jobs),
+                inline,
                 workers,
                 process: std::process::id(),
             }),
@@ -998,8 +1008,25 @@ impl Epoch {
         }
         self.plan_shards();
         let shared = &self.loader.shared;
+        if let Some(inline) = &self.loader.inline {
+            // No worker threads: this thread builds the batch it is about to deliver.
+            if !self.pending.contains_key(&self.next_deliver) {
+                let job = Job {
+                    epoch: self.epoch,
+                    position: self.next_deliver,
+                    indices: self.batches[self.next_deliver].clone(),
+                    reply: self.reply_tx.clone(),
+                    cancel: Arc::clone(&self.cancel),
+                };
+                let mut worker = inline.lock().unwrap_or_else(|e| e.into_inner());
+                let result = worker.run(shared, &job);
+                self.pending.insert(self.next_deliver, result);
+                self.next_send = self.next_send.max(self.next_deliver + 1);
+            }
+        }
         let prefetch = shared.config.prefetch;
-        while self.next_send < self.batches.len()
+        while self.loader.inline.is_none()
+            && self.next_send < self.batches.len()
             && self.next_send < self.next_deliver.saturating_add(prefetch)
         {
             let job = Job {
@@ -1169,14 +1196,7 @@ fn worker_loop(shared: &Shared, queue: &Receiver<Job>) {
         if job.cancel.load(Ordering::Relaxed) {
             continue;
         }
-        let result =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.build(shared, &job)))
-                .unwrap_or_else(|panic| {
-                    Err(Error::Panicked {
-                        what: format!("a worker building batch {}", job.position),
-                        message: crate::error::panic_message(&*panic),
-                    })
-                });
+        let result = worker.run(shared, &job);
         let _ = job.reply.send((job.position, result)); // the epoch may be gone
     }
 }
@@ -1185,6 +1205,19 @@ fn worker_loop(shared: &Shared, queue: &Receiver<Job>) {
 struct Worker {
     reader: LazyReader,
     transformer: SampleTransformer,
+}
+
+impl Worker {
+    /// Builds `job`'s batch; a panic is an error naming the batch, not the end of the thread.
+    fn run(&mut self, shared: &Shared, job: &Job) -> Result<Batch> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.build(shared, job)))
+            .unwrap_or_else(|panic| {
+                Err(Error::Panicked {
+                    what: format!("a worker building batch {}", job.position),
+                    message: crate::error::panic_message(&*panic),
+                })
+            })
+    }
 }
 
 /// How one sample went.

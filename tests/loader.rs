@@ -91,7 +91,8 @@ fn batches_are_bit_identical_for_any_worker_count_and_prefetch() {
                 &Loader::new(Arc::clone(dataset), config(transform, 1, 1)).unwrap(),
                 3,
             );
-            for (workers, prefetch) in [(2, 2), (4, 8), (4, 1), (3, 5)] {
+            // 0 workers: built in the thread that asks, one at a time.
+            for (workers, prefetch) in [(2, 2), (4, 8), (4, 1), (3, 5), (0, 3)] {
                 let loader =
                     Loader::new(Arc::clone(dataset), config(transform, workers, prefetch)).unwrap();
                 assert_eq!(
@@ -101,6 +102,64 @@ fn batches_are_bit_identical_for_any_worker_count_and_prefetch() {
                 );
             }
         }
+    }
+}
+
+/// #32 finding 6: `workers=0`, as PyTorch users write it, builds each batch in the thread that
+/// asks for it: no worker thread exists, and an epoch resumed mid-way gives the same batches.
+#[test]
+fn zero_workers_build_batches_in_the_calling_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, lmdb, _) = datasets(dir.path());
+    // The dataset, recording the threads its readers are opened on (a reader is opened by
+    // the first read in a thread).
+    struct Recording {
+        inner: Arc<dyn Dataset>,
+        threads: std::sync::Mutex<Vec<std::thread::ThreadId>>,
+    }
+    impl Dataset for Recording {
+        fn info(&self) -> &imagefeed::DatasetInfo {
+            self.inner.info()
+        }
+        fn path(&self) -> &std::path::Path {
+            self.inner.path()
+        }
+        fn open_reader(&self) -> imagefeed::Result<Box<dyn imagefeed::RecordReader>> {
+            self.threads
+                .lock()
+                .unwrap()
+                .push(std::thread::current().id());
+            self.inner.open_reader()
+        }
+    }
+    let recording = Arc::new(Recording {
+        inner: Arc::clone(&lmdb),
+        threads: Default::default(),
+    });
+    let loader = Loader::new(recording.clone(), config(Transform::cifar(), 0, 4)).unwrap();
+    // (Making the loader reads a few records on threads of its own, for the fingerprint.)
+    recording.threads.lock().unwrap().clear();
+    let mut epoch = loader.epoch(1);
+    epoch.next().unwrap().unwrap();
+    epoch.next().unwrap().unwrap();
+    drop(epoch);
+    let threads = recording.threads.lock().unwrap().clone();
+    assert!(
+        !threads.is_empty() && threads.iter().all(|&t| t == std::thread::current().id()),
+        "read in the calling thread only: {threads:?}"
+    );
+    let reference = Loader::new(Arc::clone(&lmdb), config(Transform::cifar(), 2, 2)).unwrap();
+    assert_eq!(epoch_digest(&loader, 1), epoch_digest(&reference, 1));
+    // Stopped after two batches and resumed: the rest of the epoch, as with workers.
+    let mut epoch = loader.epoch(2);
+    let first: Vec<_> = (0..2).map(|_| epoch.next().unwrap().unwrap()).collect();
+    let state = epoch.state();
+    drop(epoch);
+    let rest: Vec<_> = loader.resume(&state).unwrap().map(|b| b.unwrap()).collect();
+    let whole: Vec<_> = reference.epoch(2).map(|b| b.unwrap()).collect();
+    assert_eq!(first.len() + rest.len(), whole.len());
+    for (got, want) in first.iter().chain(&rest).zip(&whole) {
+        assert_eq!((got.bytes(), &got.samples), (want.bytes(), &want.samples));
     }
 }
 
@@ -602,7 +661,7 @@ fn invalid_configurations_are_refused() {
             .contains("batch_size")
     );
     assert!(
-        bad(LoaderConfig::default().with_workers(0))
+        bad(LoaderConfig::default().with_workers(imagefeed::MAX_THREADS + 1))
             .unwrap()
             .contains("workers")
     );

@@ -179,8 +179,10 @@ class Loader:
 
     Each ``for`` loop over the loader runs one epoch: epoch ``set_epoch(e)`` if it was called
     since the last loop, else the one after the last loop's (the first loop runs epoch 0). The
-    batches of an epoch depend only on ``seed``, the epoch, the dataset and the settings, never
-    on ``workers`` or ``prefetch``. ``state_dict()`` at any point (mid-epoch included) and
+    batches of an epoch depend only on ``seed`` (``None``: drawn at random, kept in ``.seed``
+    and in ``state_dict()``), the epoch, the dataset and the settings, never
+    on ``workers`` or ``prefetch``. ``workers=0`` builds each batch in the thread that asks for
+    it, as a DataLoader with ``num_workers=0`` does. ``state_dict()`` at any point (mid-epoch included) and
     ``load_state_dict()`` in a new process continue with exactly the batches that were not
     delivered; a state saved with other settings or another dataset raises
     :class:`~imagefeed.errors.StateMismatchError`.
@@ -223,7 +225,7 @@ class Loader:
         *,
         batch_size: int = 256,
         workers: int = 4,
-        seed: int = 0,
+        seed: Optional[int] = 0,
         prefetch: Optional[int] = None,
         transform: Optional[Transform] = None,
         output: str = "torch",
@@ -267,6 +269,11 @@ class Loader:
         ranks_given = rank is not None
         if rank is None or world_size is None:
             rank, world_size = _distributed_rank()
+        seed_given = seed is not None
+        if seed is None:
+            # Drawn, as torch draws its base seed: kept in .seed and in state_dict(), and taken
+            # back from a state restored into a loader whose seed was drawn too.
+            seed = int.from_bytes(os.urandom(8), "little")
         for name, value in (("batch_size", batch_size), ("workers", workers), ("seed", seed),
                             ("rank", rank), ("world_size", world_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -330,6 +337,8 @@ class Loader:
         self._paths = paths
         self._native = self._make_native(rank, world_size)
         self.batch_size = batch_size
+        self.seed = seed
+        self._seed_given = seed_given
         self.device = device
         self.rank = rank
         self.world_size = world_size
@@ -549,7 +558,8 @@ class Loader:
 
     def load_state_dict(self, state: dict) -> None:
         """Makes the next ``for`` loop continue the saved epoch at its next batch. Raises
-        :class:`~imagefeed.errors.StateMismatchError` when the state was saved with another seed,
+        :class:`~imagefeed.errors.StateMismatchError` when the state was saved with another seed
+        (a loader made with ``seed=None`` takes the saved one),
         batch size, shuffle, transform, bad-sample policy or dataset (the rank and world size may
         differ: the rest of the epoch is dealt out again)."""
         self._check_process()
@@ -557,6 +567,13 @@ class Loader:
         if not isinstance(state, dict) or not isinstance(state.get("imagefeed_loader_state"), dict):
             raise errors.ConfigError("not an imagefeed Loader.state_dict()")
         inner = dict(state["imagefeed_loader_state"])
+        saved_seed = inner.get("seed")
+        if (not self._seed_given and isinstance(saved_seed, int) and not isinstance(saved_seed, bool)
+                and 0 <= saved_seed < 2**64 and saved_seed != self.seed):
+            # This loader drew its seed: the run being resumed drew another, which it continues.
+            self._native_args["seed"] = saved_seed
+            self._native = self._make_native(self.rank, self.world_size)
+            self.seed = saved_seed
         epoch, remaining = self._native.resume(json.dumps(inner))
         self._handed = 0
         self._gen += 1

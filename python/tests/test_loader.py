@@ -158,8 +158,8 @@ def test_epoch_digests_equal_the_rust_loaders(lmdb_path, bench, workers):
 
 def test_the_stream_does_not_depend_on_workers_or_prefetch(lmdb_path):
     digests = {epoch_digest(loader(lmdb_path, workers=w, prefetch=p, seed=9, transform=T.imagenet_train(16)))
-               for w, p in [(1, 1), (2, 4), (4, 2)]}
-    assert len(digests) == 1
+               for w, p in [(1, 1), (2, 4), (4, 2), (0, 2)]}
+    assert len(digests) == 1, "workers=0 (built in the calling thread) included"
 
 
 def test_epochs_advance_by_themselves_and_set_epoch_picks_one(lmdb_path):
@@ -260,6 +260,29 @@ def test_set_epoch_with_another_epoch_after_a_restore_warns_and_starts_that_epoc
     reference = loader(lmdb_path, seed=5)
     reference.set_epoch(7)
     assert epoch_digest(resumed) == epoch_digest(reference)
+
+
+def test_seed_none_draws_a_seed_that_state_dict_carries_into_a_new_loader(lmdb_path):
+    """#32 finding 6: seed=None (as torch users write it) was refused."""
+    a, b = loader(lmdb_path, seed=None), loader(lmdb_path, seed=None)
+    assert isinstance(a.seed, int) and 0 <= a.seed < 2**64
+    assert a.seed != b.seed, "each loader draws its own"
+    a.set_epoch(1)
+    it = iter(a)
+    first = [(x.copy(), y.copy()) for _, (x, y) in zip(range(3), it)]
+    state = a.state_dict()
+    del it
+    assert state["imagefeed_loader_state"]["seed"] == a.seed
+    reference = loader(lmdb_path, seed=a.seed)
+    reference.set_epoch(1)
+    whole = [(x.copy(), y.copy()) for x, y in reference]
+    # A new run made with seed=None takes the saved seed back and continues the epoch.
+    b.load_state_dict(state)
+    assert b.seed == a.seed
+    assert epoch_digest(first + [(x.copy(), y.copy()) for x, y in b]) == epoch_digest(whole)
+    # A seed given explicitly is kept, and a state of another seed still refused.
+    with pytest.raises(imagefeed.StateMismatchError):
+        loader(lmdb_path, seed=a.seed ^ 1).load_state_dict(state)
 
 
 def test_a_state_from_a_finished_epoch_starts_the_next_one(lmdb_path):
@@ -492,7 +515,7 @@ def test_every_error_is_an_imagefeed_exception_with_the_path(tmp_path, lmdb_path
         loader(interrupted)
     assert "--resume" in e.value.reason
 
-    for bad in [dict(batch_size=0), dict(workers=0), dict(dtype="int7"), dict(layout="CHWN"),
+    for bad in [dict(batch_size=0), dict(workers=-1), dict(dtype="int7"), dict(layout="CHWN"),
                 dict(bad_samples="ignore"), dict(uneven="wrap"), dict(max_bad=True), dict(output="jax"),
                 dict(rank=2, world_size=2), dict(rank=1), dict(transform="imagenet")]:
         with pytest.raises(imagefeed.ConfigError):
