@@ -4,12 +4,13 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use anyhow::{Context as _, Result, bail};
 use clap::{Parser, Subcommand};
 use imagefeed::cli::{ReadingArgs, describe};
 use imagefeed::inspect::Inspection;
-use imagefeed::pack::{self, PackFormat, PackOptions, PackSummary, StartMode};
+use imagefeed::pack::{self, PackFormat, PackObserver, PackOptions, PackSummary, StartMode};
 use imagefeed::progress::{PackProgressBar, human_bytes};
 use imagefeed::synthetic::{self, SyntheticSpec};
 
@@ -254,6 +255,96 @@ fn parse_size(text: &str) -> Result<(u32, u32), String> {
     Ok((parse(w)?, parse(h)?))
 }
 
+/// The signal (SIGINT or SIGTERM) that asked the pack in progress to stop; 0 while none has.
+static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn request_stop(signal: libc::c_int) {
+    STOP_SIGNAL.store(signal, Ordering::SeqCst);
+    // A second one ends the process at once (what was committed is kept either way).
+    // SAFETY: `signal` is async-signal-safe.
+    unsafe {
+        libc::signal(signal, libc::SIG_DFL);
+    }
+}
+
+/// The progress bar, and Ctrl-C or SIGTERM as a request to stop after the chunk in progress.
+struct Stoppable(PackProgressBar);
+
+impl Stoppable {
+    fn new(quiet: bool) -> Stoppable {
+        // SAFETY: installs a handler that only stores to an atomic and resets its signal.
+        unsafe {
+            libc::signal(
+                libc::SIGINT,
+                request_stop as extern "C" fn(libc::c_int) as libc::sighandler_t,
+            );
+            libc::signal(
+                libc::SIGTERM,
+                request_stop as extern "C" fn(libc::c_int) as libc::sighandler_t,
+            );
+        }
+        Stoppable(PackProgressBar::new(quiet))
+    }
+
+    /// The pack's result, or, for a pack a signal stopped, what was written, how to finish
+    /// it, and the exit code a shell expects (128 + the signal: 130, 143).
+    fn finish(&self, result: imagefeed::Result<PackSummary>) -> Result<PackSummary, Stopped> {
+        self.0.finish();
+        let signal = STOP_SIGNAL.load(Ordering::SeqCst);
+        match result {
+            Err(imagefeed::Error::Interrupted { reason, .. }) if signal != 0 => {
+                eprintln!("pack-dataset: stopped by signal {signal}: {reason}");
+                eprintln!("to finish: {}", resume_command());
+                Err(Stopped::Signal(128 + signal as u8))
+            }
+            other => other.map_err(|e| Stopped::Error(e.into())),
+        }
+    }
+}
+
+impl PackObserver for Stoppable {
+    fn started(&self, total: usize, already_done: usize) {
+        self.0.started(total, already_done);
+    }
+    fn advanced(&self, done: usize, payload_bytes: u64) {
+        self.0.advanced(done, payload_bytes);
+    }
+    fn rejected(&self, rejection: &imagefeed::pack::Rejection) {
+        self.0.rejected(rejection);
+    }
+    fn should_stop(&self) -> bool {
+        STOP_SIGNAL.load(Ordering::SeqCst) != 0
+    }
+}
+
+/// How a pack ended without a summary.
+enum Stopped {
+    /// A signal stopped it: exit with this code.
+    Signal(u8),
+    Error(anyhow::Error),
+}
+
+/// This command line with `--resume` (in place of `--force`), quoted for a POSIX shell.
+fn resume_command() -> String {
+    let mut args: Vec<String> = std::env::args()
+        .filter(|a| a != "--force" && a != "--resume")
+        .collect();
+    args.push("--resume".into());
+    args.iter()
+        .map(|a| {
+            if !a.is_empty()
+                && a.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
+            {
+                a.clone()
+            } else {
+                format!("'{}'", a.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// Draws the progress bar: files done, rate, ETA.
 fn pack(
     args: PackArgs,
@@ -276,7 +367,7 @@ fn pack(
         part: args.part_index.zip(args.num_parts),
         ..PackOptions::default()
     };
-    let progress = PackProgressBar::new(args.quiet);
+    let progress = Stoppable::new(args.quiet);
     let result = if let Some(input) = input {
         pack::convert_with(
             &args.src_dir,
@@ -289,14 +380,17 @@ fn pack(
     } else {
         pack::pack_image_folder(&args.src_dir, &args.out, format, &options, &progress)
     };
-    progress.finish();
-    let summary = result.with_context(|| {
-        format!(
-            "packing {} into {}",
-            args.src_dir.display(),
-            args.out.display()
-        )
-    })?;
+    let summary = match progress.finish(result) {
+        Ok(summary) => summary,
+        Err(Stopped::Signal(code)) => return Ok(ExitCode::from(code)),
+        Err(Stopped::Error(e)) => {
+            return Err(e.context(format!(
+                "packing {} into {}",
+                args.src_dir.display(),
+                args.out.display()
+            )));
+        }
+    };
     emit(&format_summary(&summary));
     Ok(exit_for(&summary))
 }
@@ -466,11 +560,19 @@ fn run() -> Result<ExitCode> {
                 label_base,
                 ..PackOptions::default()
             };
-            let progress = PackProgressBar::new(quiet);
+            let progress = Stoppable::new(quiet);
             let result = pack::join(&parts, &out, to, &options, &progress);
-            progress.finish();
-            let summary = result
-                .with_context(|| format!("joining {} parts into {}", parts.len(), out.display()))?;
+            let summary = match progress.finish(result) {
+                Ok(summary) => summary,
+                Err(Stopped::Signal(code)) => return Ok(ExitCode::from(code)),
+                Err(Stopped::Error(e)) => {
+                    return Err(e.context(format!(
+                        "joining {} parts into {}",
+                        parts.len(),
+                        out.display()
+                    )));
+                }
+            };
             emit(&format_summary(&summary));
             Ok(exit_for(&summary))
         }

@@ -110,6 +110,74 @@ fn sigkill_mid_pack_leaves_nothing_readable_and_resume_finishes() {
     );
 }
 
+/// #32 finding 11: Ctrl-C (or SIGTERM) during a pack ended it without a word. The pack now stops
+/// after the chunk in progress, keeps what was committed, prints how far it got and the command
+/// that finishes it, and exits as a shell expects (130, 143); that command finishes the pack.
+#[test]
+fn ctrl_c_or_sigterm_stops_a_pack_saying_how_to_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let spec = SyntheticSpec {
+        classes: 2,
+        per_class: 2500,
+        width: 64,
+        height: 48,
+        ..SyntheticSpec::default()
+    };
+    synthetic::write_image_folder(&src, &spec).unwrap();
+    for (signal, code, name) in [
+        (libc::SIGINT, 130, "int.lmdb"),
+        (libc::SIGTERM, 143, "term.lmdb"),
+    ] {
+        let out = dir.path().join(name);
+        let mut child = bin()
+            .args(["imagefolder2lmdb", "-q", "--threads", "1"])
+            .arg(&src)
+            .arg(&out)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !partial(&out).exists() {
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "pack finished before the signal"
+            );
+            assert!(Instant::now() < deadline, "pack never started");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        // SAFETY: signals our own child process.
+        unsafe { libc::kill(child.id() as libc::pid_t, signal) };
+        let stopped = child.wait_with_output().unwrap();
+        let err = stderr(&stopped);
+        assert_eq!(stopped.status.code(), Some(code), "{err}");
+        assert!(
+            err.contains(&format!("stopped by signal {signal}")),
+            "{err}"
+        );
+        assert!(!out.exists(), "a stopped pack never looks complete");
+        let command = err
+            .lines()
+            .find_map(|l| l.strip_prefix("to finish: "))
+            .unwrap_or_else(|| panic!("no command to finish: {err}"));
+        assert!(command.ends_with("--resume"), "{command}");
+        let finished = Command::new("sh").args(["-c", command]).output().unwrap();
+        succeeded(&finished);
+        assert!(
+            stdout(&finished).contains("resumed after"),
+            "{}",
+            stdout(&finished)
+        );
+        let verified = run(&[&"verify", &out, &"--against", &src]);
+        succeeded(&verified);
+        assert!(
+            stdout(&verified).contains("5000 records checked"),
+            "{}",
+            stdout(&verified)
+        );
+    }
+}
+
 #[test]
 fn pack_reports_rejections_and_inspect_json_describes_the_output() {
     let dir = tempfile::tempdir().unwrap();
