@@ -382,11 +382,11 @@ pub const LOADER_STATE_VERSION: u32 = 2;
 /// Where an epoch stands, with everything that decides its stream: enough to resume it exactly,
 /// and to refuse a loader that would give a different stream. Serializable (serde).
 ///
-/// [`Loader::resume`] checks `version`, `seed`, `batch_size`, `shuffle`, `drop_last`, `uneven`,
-/// `bad_sample_policy`, `transform` and `dataset` against the loader. `rank` and `world_size` may differ: every rank of a job
-/// stands at the same batch of an epoch, so any rank's state resumes any rank, and a state saved
-/// at another world size continues the epoch with exactly the samples no rank has been given yet
-/// ([`Loader::resume`]).
+/// [`Loader::resume`] checks `version`, `seed`, `shuffle`, `drop_last`, `uneven`,
+/// `bad_sample_policy`, `transform` and `dataset` against the loader. `rank`, `world_size` and
+/// `batch_size` may differ: every rank of a job stands at the same batch of an epoch, so any
+/// rank's state resumes any rank, and a state saved at another world size or batch size
+/// continues the epoch with exactly the samples no rank has been given yet ([`Loader::resume`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LoaderState {
     /// [`LOADER_STATE_VERSION`] when saved.
@@ -745,27 +745,33 @@ impl Loader {
 
     /// Continues the epoch recorded in `state`, with its running totals.
     ///
-    /// At the state's world size the epoch continues from its next batch, exactly as an
-    /// uninterrupted run would. At another world size (elastic resume), the rest of the epoch
-    /// is every sample of the epoch's order that no rank had been given when the state was
-    /// saved, each once, dealt out again between this loader's ranks with equal batch counts
-    /// per rank (padding, under [`Uneven::Pad`], repeats samples already given).
+    /// At the state's world size and batch size the epoch continues from its next batch,
+    /// exactly as an uninterrupted run would. At another world size (elastic resume) or batch
+    /// size, the rest of the epoch is every sample of the epoch's order that no rank had been
+    /// given when the state was saved, each once, in that order, dealt out again in this
+    /// loader's batches between its ranks with equal batch counts per rank (padding, under
+    /// [`Uneven::Pad`], repeats samples already given).
     ///
     /// # Errors
-    /// [`Error::StateMismatch`] naming the first setting that differs (seed, batch size,
-    /// shuffle, drop_last, uneven, dataset, state version); [`Error::Config`] when the state's
-    /// position lies past its epoch.
+    /// [`Error::StateMismatch`] naming the first setting that differs (seed, shuffle,
+    /// drop_last, uneven, dataset, state version); [`Error::Config`] when the state's position
+    /// lies past its epoch.
     pub fn resume(&self, state: &LoaderState) -> Result<Epoch> {
         self.check_resumable(state)?;
         let sampler = &self.inner.sampler;
-        if state.world_size == 0 {
-            return Err(Error::Config("the state's world size is 0".into()));
+        if state.world_size == 0 || state.batch_size == 0 {
+            return Err(Error::Config(format!(
+                "the state's world size ({}) and batch size ({}) must be at least 1",
+                state.world_size, state.batch_size
+            )));
         }
+        // The epoch as it was being dealt out when the state was saved.
         let saved = Sampler {
             len: sampler.len,
             sampling: Sampling {
                 rank: 0,
                 world_size: state.world_size,
+                batch_size: state.batch_size,
                 ..sampler.sampling
             },
             shards: sampler.shards.clone(),
@@ -778,7 +784,12 @@ impl Loader {
                 state.next_batch, state.start, state.world_size
             )));
         }
-        let mut epoch = if state.world_size == sampler.sampling.world_size {
+        // The same deal goes on where it stopped; another world size or batch size deals the
+        // samples not yet given out again, from where the saved deal had got to (the order of
+        // the epoch's samples depends on neither).
+        let mut epoch = if state.world_size == sampler.sampling.world_size
+            && state.batch_size == sampler.sampling.batch_size
+        {
             let mut epoch = self.start(state.epoch, state.start, state.next_batch);
             epoch.samples_before_part = state.samples_before_start;
             epoch
@@ -798,7 +809,7 @@ impl Loader {
         let s = &self.inner.sampler.sampling;
         let config = &self.inner.shared.config;
         // (setting, in the state, in this loader), in the order they are checked.
-        let settings: [(&'static str, String, String); 10] = [
+        let settings: [(&'static str, String, String); 9] = [
             (
                 "state version",
                 state.version.to_string(),
@@ -819,11 +830,6 @@ impl Loader {
                 "transform",
                 format!("digest {}", state.transform),
                 format!("digest {}", self.inner.transform_digest),
-            ),
-            (
-                "batch_size",
-                state.batch_size.to_string(),
-                s.batch_size.to_string(),
             ),
             ("shuffle", state.shuffle.to_string(), s.shuffle.to_string()),
             (

@@ -301,10 +301,37 @@ def test_a_state_from_other_settings_is_refused_naming_the_setting(lmdb_path):
         loader(lmdb_path, seed=2).load_state_dict(state)
     assert (e.value.setting, e.value.saved, e.value.current) == ("seed", "1", "2")
     with pytest.raises(imagefeed.StateMismatchError) as e:
-        loader(lmdb_path, seed=1, batch_size=8).load_state_dict(state)
-    assert e.value.setting == "batch_size"
+        loader(lmdb_path, seed=1, shuffle=False).load_state_dict(state)
+    assert e.value.setting == "shuffle"
     with pytest.raises(imagefeed.ConfigError):
         loader(lmdb_path).load_state_dict({"something": "else"})
+
+
+def test_a_state_resumes_at_another_batch_size_mid_epoch_or_at_its_end(lmdb_path):
+    """#32 finding 4: a checkpoint refused a loader of another batch size, even at an epoch's end."""
+    def labels_of(batches):
+        return [(x[i].tobytes(), int(y[i])) for x, y in batches for i in range(len(y))]
+
+    reference = loader(lmdb_path, seed=4, batch_size=16, transform=T.none(), output="numpy")
+    reference.set_epoch(2)
+    whole = labels_of((x.copy(), y.copy()) for x, y in reference)
+    l = loader(lmdb_path, seed=4, batch_size=16, transform=T.none(), output="numpy")
+    l.set_epoch(2)
+    it = iter(l)
+    first = [(x.copy(), y.copy()) for x, y in (next(it) for _ in range(5))]
+    state = l.state_dict()
+    del it
+    bigger = loader(lmdb_path, seed=4, batch_size=24, transform=T.none(), output="numpy")
+    bigger.load_state_dict(state)
+    rest = [(x.copy(), y.copy()) for x, y in bigger]
+    assert all(len(y) <= 24 for _, y in rest)
+    assert labels_of(first) + labels_of(rest) == whole, "the epoch's order, each sample once"
+    # At an epoch's end any batch size starts the next epoch.
+    epoch_digest(l)
+    ended = l.state_dict()
+    other = loader(lmdb_path, seed=4, batch_size=40, transform=T.none(), output="numpy")
+    other.load_state_dict(ended)
+    assert other.epoch == 4, "epoch 3 ran to its end: the next one"
     forged = json.loads(json.dumps(state))
     forged["imagefeed_loader_state"]["next_batch"] = "x"
     with pytest.raises(imagefeed.ConfigError):
