@@ -80,10 +80,13 @@
 //! # Module layout
 //!
 //! This module holds the layout's names and what can be told about a path without libhdf5
-//! (the signature, the writer's staging files); the reader and writer, `Hdf5` and
-//! `Hdf5Writer`, are in `file.rs` and need the `hdf5` feature (on by default). Without it an
-//! HDF5 path is still recognized, and opening or packing one fails with
-//! [`Error::FeatureDisabled`].
+//! (the signature, the writer's staging files). With the `hdf5` feature (on by default):
+//! `reader.rs` opens files and reads records ([`Hdf5`]), `foreign.rs` finds the layouts h5py
+//! users have, `storage.rs` says where a dataset's bytes lie and which filters this build can
+//! undo, `heap.rs` reads h5py's variable-length elements without libhdf5, `writer.rs` packs
+//! ([`Hdf5Writer`]), `probe.rs` tries each open in a child first, and `gate.rs` keeps every
+//! libhdf5 call fork-safe. Without the feature an HDF5 path is still recognized, and opening
+//! or packing one fails with [`Error::FeatureDisabled`].
 
 use std::io::Read as _;
 use std::path::Path;
@@ -94,7 +97,7 @@ use crate::error::{Error, Result};
 use crate::format::writer::{DatasetWriter, PackPlan, PackProgress, WriterOptions};
 
 #[cfg(feature = "hdf5")]
-mod file;
+mod foreign;
 #[cfg(feature = "hdf5")]
 mod gate;
 #[cfg(feature = "hdf5")]
@@ -102,11 +105,19 @@ mod heap;
 #[cfg(feature = "hdf5")]
 mod probe;
 #[cfg(feature = "hdf5")]
-pub use file::{Hdf5, Hdf5Writer};
-#[cfg(all(feature = "hdf5", feature = "fuzzing"))]
-pub(crate) use file::{parse_staged_index, push_staged_entry, write_raw_parts};
+mod reader;
+#[cfg(feature = "hdf5")]
+mod storage;
+#[cfg(feature = "hdf5")]
+mod writer;
 #[cfg(all(feature = "hdf5", feature = "fuzzing"))]
 pub(crate) use heap::fuzz as fuzz_global_heap;
+#[cfg(feature = "hdf5")]
+pub use reader::Hdf5;
+#[cfg(feature = "hdf5")]
+pub use writer::Hdf5Writer;
+#[cfg(all(feature = "hdf5", feature = "fuzzing"))]
+pub(crate) use writer::{parse_staged_index, push_staged_entry, write_raw_parts};
 
 /// The `magic` value in the `imagefeed` attribute.
 pub const MAGIC: &str = "imagefeed-hdf5";
@@ -117,6 +128,20 @@ pub const SIGNATURE: &[u8; 8] = b"\x89HDF\r\n\x1a\n";
 
 const IMAGES: &str = "images";
 const LABELS: &str = "labels";
+/// The first layout version with the `checksums` dataset.
+#[cfg(feature = "hdf5")]
+const CHECKSUMS_SINCE: u32 = 2;
+/// The root attribute holding the JSON info record.
+#[cfg(feature = "hdf5")]
+const INFO_ATTR: &str = "imagefeed";
+#[cfg(feature = "hdf5")]
+const CLASSES_ATTR: &str = "classes";
+#[cfg(feature = "hdf5")]
+const OFFSETS: &str = "offsets";
+#[cfg(feature = "hdf5")]
+const KEYS: &str = "keys";
+#[cfg(feature = "hdf5")]
+const CHECKSUMS: &str = "checksums";
 
 /// Names of the datasets to read in an HDF5 file imagefeed did not write.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -211,7 +236,7 @@ pub(crate) fn feature_disabled(path: &Path, what: &'static str) -> Error {
 /// `hdf5` feature nothing can be confirmed, so this is false (and `--force` refuses).
 pub(crate) fn is_own_file(path: &Path) -> bool {
     #[cfg(feature = "hdf5")]
-    return file::is_own_file(path);
+    return reader::is_own_file(path);
     #[cfg(not(feature = "hdf5"))]
     return {
         let _ = path;

@@ -1,0 +1,563 @@
+//! The HDF5 reader ([`Hdf5`]): opening (in a trial child first, see `probe`), imagefeed's layout,
+//! and the per-worker readers of every layout; the layouts others write are found in `foreign`.
+
+use std::fs;
+use std::os::unix::fs::FileExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use hdf5::types::{VarLenArray, VarLenUnicode};
+
+use super::foreign::open_foreign;
+use super::gate::{self, Gated};
+use super::heap::{HeapId, HeapReader, Widths};
+use super::storage::{check_inside_file, check_stored, contiguous_offset};
+use super::{
+    CHECKSUMS, CHECKSUMS_SINCE, Hdf5Names, IMAGES, INFO_ATTR, KEYS, LABELS, MAGIC, OFFSETS,
+    VERSION, has_signature,
+};
+use crate::dataset::{Dataset, DatasetInfo, FormatKind, Record, RecordReader};
+use crate::decode::RawImage;
+use crate::error::{Error, IoContext as _, Result};
+use crate::format::output;
+use crate::format::{FileIdentity, InfoRecord};
+
+/// How samples are laid out in the file, with what reading them needs.
+pub(super) enum Layout {
+    /// imagefeed's layout: payload `i` is at `data_offset + offsets[i]..data_offset + offsets[i+1]`.
+    Imagefeed {
+        data_offset: u64,
+        data_len: u64,
+        offsets: Vec<u64>,
+        keys: Vec<String>,
+        /// Each record's checksum (layout version 2 on).
+        checksums: Option<Vec<u32>>,
+    },
+    /// h5py `vlen_dtype(uint8)`: one encoded image per element, element `i` in global heap
+    /// object `ids[i]`, read with `pread` and checked (`heap`).
+    VarLen {
+        images: String,
+        widths: Widths,
+        ids: Vec<HeapId>,
+    },
+    /// The same, with the elements' descriptors stored through a filter (compressed): read
+    /// through the library, one element at a time.
+    VarLenThroughLibrary { images: String },
+    /// An `N×H×W×C` `uint8` array; `file_offset` is set when it is contiguous and unfiltered.
+    Pixels {
+        images: String,
+        rank: usize,
+        height: usize,
+        width: usize,
+        channels: usize,
+        file_offset: Option<u64>,
+    },
+}
+
+pub(super) struct Shared {
+    pub(super) path: PathBuf,
+    pub(super) info: DatasetInfo,
+    pub(super) labels: Vec<i64>,
+    pub(super) layout: Layout,
+    /// What opening found that a user should hear about (labels left out of the classes).
+    pub(super) notices: Vec<String>,
+    /// The file as opened: `pread` layouts read through this descriptor in every worker, so a
+    /// file replaced on disk later (`mv new.h5 train.h5`) is not read by the workers that
+    /// start after it; a reader the library opens by path checks `identity` instead.
+    pub(super) opened: Option<Arc<fs::File>>,
+    pub(super) identity: Option<FileIdentity>,
+}
+
+/// An HDF5 dataset opened for reading (see the module docs for the layouts).
+pub struct Hdf5 {
+    shared: Arc<Shared>,
+}
+
+impl Hdf5 {
+    /// Opens an imagefeed HDF5 file, or an h5py file with datasets named `images` and `labels`.
+    pub fn open(path: impl AsRef<Path>) -> Result<Hdf5> {
+        Self::open_with(path, &Hdf5Names::default())
+    }
+
+    /// Opens an HDF5 file; `names` says which datasets hold images and labels when the file is
+    /// not in imagefeed's layout.
+    pub fn open_with(path: impl AsRef<Path>, names: &Hdf5Names) -> Result<Hdf5> {
+        let path = path.as_ref();
+        output::refuse_interrupted(path)?;
+        let plain = fs::File::open(path).at(path)?;
+        let identity = FileIdentity::of(&plain.metadata().at(path)?);
+        let file_len = identity.len;
+        if !has_signature(path) {
+            return Err(Error::not_a_dataset(
+                path,
+                "not an HDF5 file (bad signature)",
+            ));
+        }
+        // Small files stream into the page cache in one sequential read, as an LMDB's do
+        // (see `pagecache`); payloads are then `pread` without a disk seek each.
+        crate::pagecache::prefetch_if_it_fits(&plain);
+        // Metadata that crashes or loops libhdf5 must cost an error, not the process: the
+        // same open runs in a trial child first (see `probe`). The child has no descriptor of
+        // the parent's, so it runs the library's part of the open alone.
+        super::probe::try_in_child(path, || {
+            gate::run(|| {
+                if let Ok(file) = open_unlocked(path) {
+                    let _ = open_metadata(path, &file, names, None, file_len);
+                }
+            })
+        })?;
+        let mut shared = gate::run(|| {
+            let file = open_unlocked(path).map_err(|e| gate::error(path, "opening", e))?;
+            // The library opened the path again: it must still be the file checked above.
+            identity.check(path)?;
+            open_metadata(path, &file, names, Some(&plain), file_len)
+        })?;
+        shared.opened = Some(Arc::new(plain));
+        shared.identity = Some(identity);
+        Ok(Hdf5 {
+            shared: Arc::new(shared),
+        })
+    }
+}
+
+/// What the file's metadata says: imagefeed's layout when it carries our attribute, else one
+/// of the layouts others write. Runs inside the HDF5 gate. `plain` is the file as opened, for
+/// what is read without the library (h5py's variable-length descriptors); the trial child has
+/// none.
+fn open_metadata(
+    path: &Path,
+    file: &hdf5::File,
+    names: &Hdf5Names,
+    plain: Option<&fs::File>,
+    file_len: u64,
+) -> Result<Shared> {
+    if file
+        .attr_names()
+        .is_ok_and(|n| n.iter().any(|n| n == INFO_ATTR))
+    {
+        open_imagefeed(path, file, file_len)
+    } else {
+        open_foreign(path, file, names, plain, file_len)
+    }
+}
+
+/// True when `path` is an HDF5 file an imagefeed writer made (its `imagefeed` attribute carries
+/// [`MAGIC`]): what `--force` may replace. h5py files of other layouts are not.
+pub(crate) fn is_own_file(path: &Path) -> bool {
+    if !has_signature(path) {
+        return false;
+    }
+    // Not ours if libhdf5 cannot open it without crashing or looping.
+    let trial = super::probe::try_in_child(path, || {
+        gate::run(|| {
+            let _ = open_unlocked(path).map(|file| file.attr(INFO_ATTR));
+        })
+    });
+    if trial.is_err() {
+        return false;
+    }
+    gate::run(|| {
+        let Ok(file) = open_unlocked(path) else {
+            return false;
+        };
+        file.attr(INFO_ATTR)
+            .and_then(|a| a.read_scalar::<VarLenUnicode>())
+            .ok()
+            .and_then(|json| serde_json::from_str::<InfoRecord>(checked_str(json.as_bytes())?).ok())
+            .is_some_and(|record| record.magic == MAGIC)
+    })
+}
+
+/// Opens a file read-only without HDF5's file lock.
+///
+/// libhdf5 opens files without `O_CLOEXEC` and `flock`s them, so a child process started while
+/// a file is open (a DataLoader worker, a `Command`) inherits the lock and keeps it for its
+/// lifetime, and another process's open then fails with "unable to lock file". imagefeed never
+/// modifies a published file (and writes only a private staging copy), so the lock protects
+/// nothing here.
+pub(super) fn open_unlocked(path: &Path) -> hdf5::Result<hdf5::File> {
+    hdf5::File::with_options()
+        .with_fapl(|fapl| fapl.file_locking(false))
+        .open(path)
+}
+
+fn open_imagefeed(path: &Path, file: &hdf5::File, file_len: u64) -> Result<Shared> {
+    let h5 = |doing: &'static str| move |e: hdf5::Error| gate::error(path, doing, e);
+    let json: VarLenUnicode = file
+        .attr(INFO_ATTR)
+        .and_then(|a| a.read_scalar())
+        .map_err(h5("reading the imagefeed attribute"))?;
+    let json = checked_str(json.as_bytes())
+        .ok_or_else(|| Error::not_a_dataset(path, "the imagefeed attribute is not UTF-8"))?;
+    let record: InfoRecord = serde_json::from_str(json)
+        .map_err(|e| Error::not_a_dataset(path, format!("malformed imagefeed attribute: {e}")))?;
+    crate::format::check_layout(
+        path,
+        "imagefeed attribute magic",
+        &record.magic,
+        MAGIC,
+        record.version,
+        VERSION,
+    )?;
+    crate::format::require_complete(path, record.complete, "the file")?;
+    let mut info = record.info;
+    info.format = FormatKind::Hdf5;
+    let n = info.num_samples;
+    // Each dataset's size is checked against the file before it is read into memory.
+    let open = |name: &'static str| -> Result<hdf5::Dataset> {
+        let dataset = file.dataset(name).map_err(h5("opening a dataset"))?;
+        check_stored(path, &dataset, name, file_len)?;
+        Ok(dataset)
+    };
+    let offsets: Vec<u64> = open(OFFSETS)?.read_raw().map_err(h5("reading offsets"))?;
+    let labels: Vec<i64> = open(LABELS)?.read_raw().map_err(h5("reading labels"))?;
+    let keys: Vec<VarLenUnicode> = open(KEYS)?.read_raw().map_err(h5("reading keys"))?;
+    let mut notices = Vec::new();
+    let checksums: Option<Vec<u32>> = if record.version >= CHECKSUMS_SINCE {
+        let sums: Vec<u32> = open(CHECKSUMS)?
+            .read_raw()
+            .map_err(h5("reading checksums"))?;
+        if sums.len() != n {
+            return Err(Error::not_a_dataset(
+                path,
+                format!("{n} samples, but {} checksums", sums.len()),
+            ));
+        }
+        Some(sums)
+    } else if file.link_exists(CHECKSUMS) {
+        // A version-1 file never has the dataset: see the LMDB reader.
+        return Err(crate::format::checksums_contradiction(
+            path,
+            record.version,
+            "dataset",
+        ));
+    } else {
+        crate::dataset::notice(&mut notices, crate::format::unchecked_notice(path));
+        None
+    };
+    if Some(offsets.len()) != n.checked_add(1) || labels.len() != n || keys.len() != n {
+        return Err(Error::not_a_dataset(
+            path,
+            format!(
+                "{n} samples, but {} offsets (want N+1), {} labels and {} keys",
+                offsets.len(),
+                labels.len(),
+                keys.len()
+            ),
+        ));
+    }
+    let images = file.dataset(IMAGES).map_err(h5("opening images"))?;
+    let data_len = check_stored(path, &images, IMAGES, file_len)?;
+    let data_offset = contiguous_offset(&images, data_len)
+        .ok_or_else(|| Error::not_a_dataset(path, "the images dataset is chunked or compressed"))?;
+    check_inside_file(path, data_offset, data_len, file_len)?;
+    Ok(Shared {
+        path: path.to_path_buf(),
+        info,
+        labels,
+        layout: Layout::Imagefeed {
+            data_offset,
+            data_len,
+            offsets,
+            keys: utf8_keys(path, &keys)?,
+            checksums,
+        },
+        notices,
+        opened: None,
+        identity: None,
+    })
+}
+
+/// The stored keys as strings. `VarLenUnicode::as_str` does not check its bytes, so each is
+/// checked here: a key that is not UTF-8 is an error naming its index, never an invalid string.
+pub(super) fn utf8_keys(path: &Path, keys: &[VarLenUnicode]) -> Result<Vec<String>> {
+    keys.iter()
+        .enumerate()
+        .map(|(index, k)| {
+            checked_str(k.as_bytes())
+                .map(str::to_owned)
+                .ok_or_else(|| Error::CorruptRecord {
+                    path: path.to_path_buf(),
+                    index,
+                    key: format!("#{index}"),
+                    reason: "the stored key is not UTF-8".into(),
+                })
+        })
+        .collect()
+}
+
+/// A stored string's bytes checked as UTF-8 (the hdf5 crate's `as_str` does not check).
+pub(super) fn checked_str(bytes: &[u8]) -> Option<&str> {
+    std::str::from_utf8(bytes).ok()
+}
+
+impl Dataset for Hdf5 {
+    fn info(&self) -> &DatasetInfo {
+        &self.shared.info
+    }
+
+    fn notices(&self) -> &[String] {
+        &self.shared.notices
+    }
+
+    fn path(&self) -> &Path {
+        &self.shared.path
+    }
+
+    fn open_reader(&self) -> Result<Box<dyn RecordReader>> {
+        let shared = Arc::clone(&self.shared);
+        let path = &shared.path;
+        let pread = matches!(
+            shared.layout,
+            Layout::Imagefeed { .. }
+                | Layout::VarLen { .. }
+                | Layout::Pixels {
+                    file_offset: Some(_),
+                    ..
+                }
+        );
+        let (file, dataset) = if pread {
+            (shared.opened.clone(), None)
+        } else {
+            let name = match &shared.layout {
+                Layout::VarLenThroughLibrary { images } | Layout::Pixels { images, .. } => images,
+                Layout::Imagefeed { .. } | Layout::VarLen { .. } => {
+                    unreachable!("read with pread")
+                }
+            };
+            // The library opens the path again: before and after, it must be the file the
+            // dataset was opened from, or this worker would read another file's records.
+            let check = || shared.identity.as_ref().map_or(Ok(()), |id| id.check(path));
+            check()?;
+            let dataset = gate::run(|| {
+                open_unlocked(path)
+                    .and_then(|f| f.dataset(name))
+                    .map(Gated::new)
+                    .map_err(|e| gate::error(path, "opening a reader", e))
+            })?;
+            check()?;
+            (None, Some(dataset))
+        };
+        let heap = match &shared.layout {
+            Layout::VarLen { widths, .. } => {
+                let file_len = shared.identity.as_ref().map_or(0, |id| id.len);
+                Some(HeapReader::new(*widths, file_len))
+            }
+            _ => None,
+        };
+        Ok(Box::new(Hdf5Reader {
+            shared,
+            file,
+            dataset,
+            heap,
+            buffer: Vec::new(),
+            pixels: Vec::new(),
+            key: String::new(),
+        }))
+    }
+}
+
+/// Per-worker handle: the dataset's descriptor for `pread` (shared), or its own library handle.
+struct Hdf5Reader {
+    shared: Arc<Shared>,
+    file: Option<Arc<fs::File>>,
+    /// The library's handle, for the layouts read through it.
+    dataset: Option<Gated<hdf5::Dataset>>,
+    /// Reads h5py's variable-length elements (`Layout::VarLen`).
+    heap: Option<HeapReader>,
+    /// The payload handed out by `read`.
+    buffer: Vec<u8>,
+    /// Pixels of a pixel-array sample before they become a raw payload.
+    pixels: Vec<u8>,
+    /// The key of a sample from a file without keys (`images[i]`).
+    key: String,
+}
+
+impl Hdf5Reader {
+    fn set_key(&mut self, images: &str, index: usize) {
+        use std::fmt::Write as _;
+        self.key.clear();
+        let _ = write!(self.key, "{images}[{index}]");
+    }
+
+    fn corrupt(&self, index: usize, key: &str, reason: impl Into<String>) -> Error {
+        Error::CorruptRecord {
+            path: self.shared.path.clone(),
+            index,
+            key: key.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    /// Turns the `H×W×C` pixels in `self.pixels` into a raw RGB payload in `self.buffer`.
+    fn pixels_to_raw(&mut self, height: usize, width: usize, channels: usize) {
+        RawImage::start(&mut self.buffer, width as u32, height as u32);
+        match channels {
+            3 => self.buffer.extend_from_slice(&self.pixels),
+            1 => self
+                .buffer
+                .extend(self.pixels.iter().flat_map(|&g| [g, g, g])),
+            _ => self.buffer.extend(
+                self.pixels
+                    .chunks_exact(channels)
+                    .flat_map(|p| [p[0], p[1], p[2]]),
+            ),
+        }
+    }
+}
+
+/// Reads `len` bytes at `offset` into `buffer` (resized to fit), or says why it could not.
+fn pread_exact(
+    file: Option<&fs::File>,
+    buffer: &mut Vec<u8>,
+    offset: u64,
+    len: usize,
+) -> std::result::Result<(), String> {
+    buffer.resize(len, 0);
+    let file = file.expect("pread layouts open a file");
+    file.read_exact_at(buffer, offset).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            format!(
+                "bytes {offset}..{} are past the end of the file (truncated?)",
+                offset + len as u64
+            )
+        } else {
+            format!("read failed: {e}")
+        }
+    })
+}
+
+impl RecordReader for Hdf5Reader {
+    fn read(&mut self, index: usize) -> Result<Record<'_>> {
+        let shared = Arc::clone(&self.shared);
+        assert!(
+            index < shared.info.num_samples,
+            "index {index} out of range for {} samples",
+            shared.info.num_samples
+        );
+        match &shared.layout {
+            Layout::Imagefeed {
+                data_offset,
+                data_len,
+                offsets,
+                keys,
+                checksums,
+            } => {
+                let key = keys[index].as_str();
+                let (start, end) = (offsets[index], offsets[index + 1]);
+                if start > end || end > *data_len {
+                    return Err(self.corrupt(
+                        index,
+                        key,
+                        format!(
+                            "offsets {start}..{end} are outside the {data_len}-byte images dataset"
+                        ),
+                    ));
+                }
+                let len = (end - start) as usize;
+                pread_exact(
+                    self.file.as_deref(),
+                    &mut self.buffer,
+                    data_offset + start,
+                    len,
+                )
+                .map_err(|reason| self.corrupt(index, key, reason))?;
+                if let Some(checksums) = checksums {
+                    let label = shared.labels[index] as u32;
+                    let computed = crate::format::record_checksum(label, key, &self.buffer);
+                    if computed != checksums[index] {
+                        let reason = crate::format::checksum_mismatch(checksums[index], computed);
+                        return Err(self.corrupt(index, key, reason));
+                    }
+                }
+            }
+            Layout::VarLen { images, ids, .. } => {
+                self.set_key(images, index);
+                let heap = self
+                    .heap
+                    .as_mut()
+                    .expect("a VarLen reader has a heap reader");
+                let file = self.file.as_deref().expect("pread layouts open a file");
+                match heap.read(file, &ids[index]) {
+                    Ok(bytes) => {
+                        self.buffer.clear();
+                        self.buffer.extend_from_slice(bytes);
+                    }
+                    Err(reason) => return Err(self.corrupt(index, &self.key, reason)),
+                }
+            }
+            Layout::VarLenThroughLibrary { images } => {
+                self.set_key(images, index);
+                let buffer = &mut self.buffer;
+                self.dataset
+                    .as_ref()
+                    .expect("library layouts open a dataset")
+                    .with(|dataset| {
+                        // The library's error (and the elements it allocated) are let go
+                        // inside the gate.
+                        let element = dataset
+                            .read_slice_1d::<VarLenArray<u8>, _>(index..index + 1)
+                            .map_err(|e| e.to_string())?;
+                        buffer.clear();
+                        buffer.extend_from_slice(element[0].as_slice());
+                        Ok(())
+                    })
+                    .map_err(|e: String| self.corrupt(index, &self.key, format!("HDF5: {e}")))?;
+            }
+            &Layout::Pixels {
+                ref images,
+                rank,
+                height,
+                width,
+                channels,
+                file_offset,
+            } => {
+                self.set_key(images, index);
+                let len = height * width * channels;
+                match file_offset {
+                    Some(offset) => {
+                        let offset = offset + (index * len) as u64;
+                        pread_exact(self.file.as_deref(), &mut self.pixels, offset, len)
+                            .map_err(|reason| self.corrupt(index, &self.key, reason))?
+                    }
+                    None => {
+                        let mut selection = vec![hdf5::SliceOrIndex::Index(index)];
+                        selection.resize(rank, hdf5::SliceOrIndex::from(..));
+                        let pixels = &mut self.pixels;
+                        self.dataset
+                            .as_ref()
+                            .expect("library layouts open a dataset")
+                            .with(|dataset| {
+                                let read = dataset
+                                    .read_slice::<u8, _, ndarray::IxDyn>(hdf5::Hyperslab::from(
+                                        selection,
+                                    ))
+                                    .map_err(|e| e.to_string())?;
+                                pixels.clear();
+                                pixels.extend(read.iter().copied());
+                                Ok(())
+                            })
+                            .map_err(|e: String| {
+                                self.corrupt(index, &self.key, format!("HDF5: {e}"))
+                            })?;
+                    }
+                }
+                self.pixels_to_raw(height, width, channels);
+            }
+        }
+        let key: &str = match &self.shared.layout {
+            Layout::Imagefeed { keys, .. } => keys[index].as_str(),
+            _ => self.key.as_str(),
+        };
+        let label =
+            shared
+                .info
+                .check_stored_label(&shared.path, index, key, shared.labels[index])?;
+        Ok(Record {
+            index,
+            key,
+            label,
+            payload: &self.buffer,
+        })
+    }
+}
