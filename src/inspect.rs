@@ -70,6 +70,7 @@ pub struct BadRecord {
 #[derive(Debug, Clone, Serialize)]
 pub struct Inspection {
     /// Path inspected.
+    #[serde(serialize_with = "crate::file::serialize_lossy")]
     pub path: PathBuf,
     /// Format name.
     pub format: String,

@@ -159,8 +159,10 @@ impl PackObserver for NoProgress {}
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PackSummary {
     /// Source root.
+    #[serde(serialize_with = "crate::file::serialize_lossy")]
     pub source: PathBuf,
     /// Output path.
+    #[serde(serialize_with = "crate::file::serialize_lossy")]
     pub output: PathBuf,
     /// Output format name.
     pub format: String,

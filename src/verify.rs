@@ -36,8 +36,10 @@ pub struct Problem {
 #[derive(Debug, Clone, Serialize)]
 pub struct VerifyReport {
     /// The dataset checked.
+    #[serde(serialize_with = "crate::file::serialize_lossy")]
     pub dataset: PathBuf,
     /// The source it was compared with.
+    #[serde(serialize_with = "crate::file::serialize_lossy_option")]
     pub against: Option<PathBuf>,
     /// Records checked.
     pub checked: usize,

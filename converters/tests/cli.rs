@@ -178,6 +178,40 @@ fn ctrl_c_or_sigterm_stops_a_pack_saying_how_to_resume() {
     }
 }
 
+/// A source or output path that is not UTF-8 (Linux allows any bytes) packs, inspects and
+/// verifies, its reports naming it with U+FFFD; the pack's report used to panic ("summary
+/// serializes"), found by the signal test's non-UTF-8 source.
+#[test]
+fn paths_that_are_not_utf8_pack_and_report() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join(std::ffi::OsStr::from_bytes(b"tree-\xff"));
+    copy_path(&fixtures(), &src);
+    let out = dir
+        .path()
+        .join(std::ffi::OsStr::from_bytes(b"out-\xfe.lmdb"));
+    succeeded(&run(&[&"imagefolder2lmdb", &"-q", &src, &out]));
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(imagefeed::pack::report_path(&out)).unwrap())
+            .unwrap();
+    assert!(
+        report["source"]
+            .as_str()
+            .unwrap()
+            .ends_with("tree-\u{FFFD}"),
+        "{report}"
+    );
+    for command in ["inspect", "verify"] {
+        let out = run(&[&command, &out, &"--json"]);
+        succeeded(&out);
+        assert!(
+            stdout(&out).contains("out-\u{FFFD}.lmdb"),
+            "{}",
+            stdout(&out)
+        );
+    }
+}
+
 #[test]
 fn pack_reports_rejections_and_inspect_json_describes_the_output() {
     let dir = tempfile::tempdir().unwrap();
