@@ -260,10 +260,32 @@ static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
 
 extern "C" fn request_stop(signal: libc::c_int) {
     STOP_SIGNAL.store(signal, Ordering::SeqCst);
-    // A second one ends the process at once (what was committed is kept either way).
-    // SAFETY: `signal` is async-signal-safe.
+    const SAYING: &[u8] =
+        b"\npack-dataset: stopping after the chunk in progress (again to stop at once)\n";
+    // SAFETY: `write` and `signal` are async-signal-safe; the message is a static buffer. A
+    // second signal ends the process at once (what was committed is kept either way).
     unsafe {
+        libc::write(2, SAYING.as_ptr().cast(), SAYING.len());
         libc::signal(signal, libc::SIG_DFL);
+    }
+}
+
+/// Makes `signal` ask the pack to stop, unless it is ignored (a job started in the background
+/// by a non-interactive shell ignores SIGINT, and must go on ignoring it).
+fn catch(signal: libc::c_int) {
+    // SAFETY: `sigaction` with a null new action only reads the current one into `old`;
+    // `signal` then installs a handler that only stores to an atomic, writes and resets.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(signal, std::ptr::null(), &mut old) == 0
+            && old.sa_sigaction == libc::SIG_IGN
+        {
+            return;
+        }
+        libc::signal(
+            signal,
+            request_stop as extern "C" fn(libc::c_int) as libc::sighandler_t,
+        );
     }
 }
 
@@ -272,17 +294,8 @@ struct Stoppable(PackProgressBar);
 
 impl Stoppable {
     fn new(quiet: bool) -> Stoppable {
-        // SAFETY: installs a handler that only stores to an atomic and resets its signal.
-        unsafe {
-            libc::signal(
-                libc::SIGINT,
-                request_stop as extern "C" fn(libc::c_int) as libc::sighandler_t,
-            );
-            libc::signal(
-                libc::SIGTERM,
-                request_stop as extern "C" fn(libc::c_int) as libc::sighandler_t,
-            );
-        }
+        catch(libc::SIGINT);
+        catch(libc::SIGTERM);
         Stoppable(PackProgressBar::new(quiet))
     }
 
@@ -294,8 +307,18 @@ impl Stoppable {
         match result {
             Err(imagefeed::Error::Interrupted { reason, .. }) if signal != 0 => {
                 eprintln!("pack-dataset: stopped by signal {signal}: {reason}");
-                eprintln!("to finish: {}", resume_command());
+                use std::io::Write as _;
+                let mut line = b"to finish: ".to_vec();
+                line.extend(resume_command());
+                line.push(b'\n');
+                let _ = std::io::stderr().write_all(&line);
                 Err(Stopped::Signal(128 + signal as u8))
+            }
+            Ok(summary) if signal != 0 => {
+                eprintln!(
+                    "pack-dataset: signal {signal} came after the last chunk; the pack is complete"
+                );
+                Ok(summary)
             }
             other => other.map_err(|e| Stopped::Error(e.into())),
         }
@@ -324,25 +347,37 @@ enum Stopped {
     Error(anyhow::Error),
 }
 
-/// This command line with `--resume` (in place of `--force`), quoted for a POSIX shell.
-fn resume_command() -> String {
-    let mut args: Vec<String> = std::env::args()
-        .filter(|a| a != "--force" && a != "--resume")
-        .collect();
-    args.push("--resume".into());
-    args.iter()
-        .map(|a| {
-            if !a.is_empty()
-                && a.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
-            {
-                a.clone()
-            } else {
-                format!("'{}'", a.replace('\'', "'\\''"))
+/// This command line with `--resume` added, quoted for a POSIX shell, as bytes (arguments need
+/// not be UTF-8). `--force` stays: the old output it replaces is kept until the new one is
+/// complete, and a resume without it is refused.
+fn resume_command() -> Vec<u8> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let mut line = Vec::new();
+    let args = std::env::args_os().filter(|a| a != "--resume");
+    for (i, arg) in args.chain(std::iter::once("--resume".into())).enumerate() {
+        if i > 0 {
+            line.push(b' ');
+        }
+        let bytes = arg.as_bytes();
+        if !bytes.is_empty()
+            && bytes
+                .iter()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(b))
+        {
+            line.extend_from_slice(bytes);
+        } else {
+            line.push(b'\'');
+            for &b in bytes {
+                if b == b'\'' {
+                    line.extend_from_slice(b"'\\''");
+                } else {
+                    line.push(b);
+                }
             }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
+            line.push(b'\'');
+        }
+    }
+    line
 }
 
 /// Draws the progress bar: files done, rate, ETA.

@@ -112,11 +112,18 @@ fn sigkill_mid_pack_leaves_nothing_readable_and_resume_finishes() {
 
 /// #32 finding 11: Ctrl-C (or SIGTERM) during a pack ended it without a word. The pack now stops
 /// after the chunk in progress, keeps what was committed, prints how far it got and the command
-/// that finishes it, and exits as a shell expects (130, 143); that command finishes the pack.
+/// that finishes it, and exits as a shell expects (130, 143); that command finishes the pack,
+/// also when the source path is not UTF-8 and `--force` was replacing an older dataset. A
+/// SIGINT the pack was started with ignored (a background job of a script) stays ignored.
 #[test]
 fn ctrl_c_or_sigterm_stops_a_pack_saying_how_to_resume() {
+    use std::os::unix::ffi::OsStrExt as _;
+    use std::os::unix::process::CommandExt as _;
     let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("src");
+    // A source directory whose name is not UTF-8 (and holds a quote), for the printed command.
+    let src = dir
+        .path()
+        .join(std::ffi::OsStr::from_bytes(b"src \xff 'x'"));
     let spec = SyntheticSpec {
         classes: 2,
         per_class: 2500,
@@ -125,18 +132,46 @@ fn ctrl_c_or_sigterm_stops_a_pack_saying_how_to_resume() {
         ..SyntheticSpec::default()
     };
     synthetic::write_image_folder(&src, &spec).unwrap();
-    for (signal, code, name) in [
-        (libc::SIGINT, 130, "int.lmdb"),
-        (libc::SIGTERM, 143, "term.lmdb"),
-    ] {
-        let out = dir.path().join(name);
-        let mut child = bin()
-            .args(["imagefolder2lmdb", "-q", "--threads", "1"])
+    // An older dataset that `--force` replaces.
+    let forced = dir.path().join("forced.lmdb");
+    succeeded(&run(&[&"imagefolder2lmdb", &"-q", &fixtures(), &forced]));
+    let cases = [
+        (
+            libc::SIGINT,
+            Some(130),
+            dir.path().join("int.lmdb"),
+            false,
+            false,
+        ),
+        (libc::SIGTERM, Some(143), forced.clone(), true, false),
+        (
+            libc::SIGINT,
+            Some(0),
+            dir.path().join("ignored.lmdb"),
+            false,
+            true,
+        ),
+    ];
+    for (signal, code, out, force, ignored) in cases {
+        let mut command = bin();
+        command.args(["imagefolder2lmdb", "-q", "--threads", "1"]);
+        if force {
+            command.arg("--force");
+        }
+        command
             .arg(&src)
             .arg(&out)
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+            .stderr(std::process::Stdio::piped());
+        if ignored {
+            // SAFETY: between fork and exec, only sets a signal's disposition.
+            unsafe {
+                command.pre_exec(|| {
+                    libc::signal(libc::SIGINT, libc::SIG_IGN);
+                    Ok(())
+                });
+            }
+        }
+        let mut child = command.spawn().unwrap();
         let deadline = Instant::now() + Duration::from_secs(120);
         while !partial(&out).exists() {
             assert!(
@@ -150,24 +185,39 @@ fn ctrl_c_or_sigterm_stops_a_pack_saying_how_to_resume() {
         unsafe { libc::kill(child.id() as libc::pid_t, signal) };
         let stopped = child.wait_with_output().unwrap();
         let err = stderr(&stopped);
-        assert_eq!(stopped.status.code(), Some(code), "{err}");
-        assert!(
-            err.contains(&format!("stopped by signal {signal}")),
-            "{err}"
-        );
-        assert!(!out.exists(), "a stopped pack never looks complete");
-        let command = err
-            .lines()
-            .find_map(|l| l.strip_prefix("to finish: "))
-            .unwrap_or_else(|| panic!("no command to finish: {err}"));
-        assert!(command.ends_with("--resume"), "{command}");
-        let finished = Command::new("sh").args(["-c", command]).output().unwrap();
-        succeeded(&finished);
-        assert!(
-            stdout(&finished).contains("resumed after"),
-            "{}",
-            stdout(&finished)
-        );
+        assert_eq!(stopped.status.code(), code, "{err}");
+        if !ignored {
+            assert!(
+                err.contains(&format!("stopped by signal {signal}")),
+                "{err}"
+            );
+            if force {
+                assert_eq!(
+                    run(&[&"verify", &out, &"--against", &fixtures()])
+                        .status
+                        .code(),
+                    Some(0),
+                    "the older dataset stays whole until the new one is complete"
+                );
+            } else {
+                assert!(!out.exists(), "a stopped pack never looks complete");
+            }
+            let line = stopped
+                .stderr
+                .split(|&b| b == b'\n')
+                .find_map(|l| l.strip_prefix(b"to finish: "))
+                .unwrap_or_else(|| panic!("no command to finish: {err}"));
+            let command = std::ffi::OsStr::from_bytes(line);
+            assert!(line.ends_with(b"--resume"), "{err}");
+            assert_eq!(force, line.windows(7).any(|w| w == b"--force"), "{err}");
+            let finished = Command::new("sh").arg("-c").arg(command).output().unwrap();
+            succeeded(&finished);
+            assert!(
+                stdout(&finished).contains("resumed after"),
+                "{}",
+                stdout(&finished)
+            );
+        }
         let verified = run(&[&"verify", &out, &"--against", &src]);
         succeeded(&verified);
         assert!(
