@@ -182,7 +182,8 @@ class Loader:
     batches of an epoch depend only on ``seed`` (``None``: drawn at random, kept in ``.seed``
     and in ``state_dict()``), the epoch, the dataset and the settings, never
     on ``workers`` or ``prefetch``. ``workers=0`` builds each batch in the thread that asks for
-    it, as a DataLoader with ``num_workers=0`` does. ``state_dict()`` at any point (mid-epoch included) and
+    it, as a DataLoader with ``num_workers=0`` does (Ctrl-C then takes effect once the batch
+    being built is done). ``state_dict()`` at any point (mid-epoch included) and
     ``load_state_dict()`` in a new process continue with exactly the batches that were not
     delivered; a state saved with other settings or another dataset raises
     :class:`~imagefeed.errors.StateMismatchError`.
@@ -346,6 +347,13 @@ class Loader:
         # made before init_process_group must not read the whole dataset on every rank.
         self._ranks_given = ranks_given
         self._ranks_settled = False
+        self._rank_warned = False
+        # The state load_state_dict restored, until an epoch starts (a remade loader resumes it).
+        self._restored: Optional[str] = None
+        # The epoch whose end load_state_dict restored: set_epoch(it) makes the next loop an
+        # empty one of that epoch (`_empty_loop`).
+        self._restored_end: Optional[int] = None
+        self._empty_loop: Optional[int] = None
         self.transform = transform
         self.bad_sample_policy = bad_samples
         self._epoch_set: Optional[int] = None
@@ -363,27 +371,43 @@ class Loader:
         self._steady_buffers = prefetch + 2 + (2 if self._cuda is not None else 0)
         self._warned = False
 
-    def _make_native(self, rank: int, world_size: int) -> Any:
+    def _make_native(self, rank: int, world_size: int, seed: Optional[int] = None) -> Any:
+        args = dict(self._native_args)
+        if seed is not None:
+            args["seed"] = seed
         with errors.arguments("Loader"):
-            return _native.NativeLoader(self._paths, rank=rank, world_size=world_size, **self._native_args)
+            return _native.NativeLoader(self._paths, rank=rank, world_size=world_size, **args)
 
     def _check_ranks(self, settle: bool) -> None:
-        """Before the first epoch starts (``settle``: it is starting, or a state is being
-        restored), ranks that were found rather than given are found again, and the loader is
-        remade for them when they changed (``init_process_group`` ran after the loader was made).
-        Ranks given explicitly are kept; a process group of another world size is warned about."""
+        """Until the first epoch starts (``settle``: it is starting), ranks that were found rather
+        than given are found again, and the loader is remade for them when they changed
+        (``init_process_group`` ran after the loader was made), a restored position going with
+        it. Ranks given explicitly are kept; a process group of another size is warned about,
+        as is one set up after the ranks were settled."""
+        dist = sys.modules.get("torch.distributed")
+        group = None
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            group = (dist.get_rank(), dist.get_world_size())
         if self._ranks_settled:
+            if (settle and not self._ranks_given and not self._rank_warned and group is not None
+                    and group != (self.rank, self.world_size)):
+                self._rank_warned = True
+                warnings.warn(
+                    f"imagefeed.Loader took rank {self.rank} of {self.world_size} when its first "
+                    f"epoch started, but the torch.distributed process group now says rank "
+                    f"{group[0]} of {group[1]}: make the Loader after init_process_group (or "
+                    "pass rank and world_size)",
+                    errors.RankWarning,
+                    stacklevel=3,
+                )
             return
-        if settle:
-            self._ranks_settled = True
         if self._ranks_given:
-            dist = sys.modules.get("torch.distributed")
-            if settle and dist is not None and dist.is_available() and dist.is_initialized():
-                world = dist.get_world_size()
-                if world != self.world_size:
+            if settle:
+                self._ranks_settled = True
+                if group is not None and group[1] != self.world_size:
                     warnings.warn(
                         f"imagefeed.Loader was given world_size={self.world_size}, but the "
-                        f"torch.distributed process group has {world} ranks: each rank reads "
+                        f"torch.distributed process group has {group[1]} ranks: each rank reads "
                         f"1/{self.world_size} of the dataset (leave rank and world_size out to "
                         "take them from the process group)",
                         errors.RankWarning,
@@ -392,8 +416,14 @@ class Loader:
             return
         rank, world_size = _distributed_rank()
         if (rank, world_size) != (self.rank, self.world_size):
-            self._native = self._make_native(rank, world_size)
+            native = self._make_native(rank, world_size)
+            if self._restored is not None:
+                # Continue the restored position at these ranks (an elastic resume).
+                native.resume(self._restored)
+            self._native = native
             self.rank, self.world_size = rank, world_size
+        if settle:
+            self._ranks_settled = True
 
     # -- the epoch -------------------------------------------------------------------------
 
@@ -402,11 +432,20 @@ class Loader:
 
         After :meth:`load_state_dict` restored a position inside an epoch, ``set_epoch`` with that
         same epoch keeps it: the usual ``for epoch in range(start, end): loader.set_epoch(epoch)``
-        continues mid-epoch, with exactly the batches not yet trained on. Another epoch drops
-        the restored position, with a :class:`~imagefeed.errors.ResumeWarning`, and starts that
-        epoch from its first batch."""
+        continues mid-epoch, with exactly the batches not yet trained on (a position at the
+        epoch's end gives an empty loop, then the next epoch). Another epoch drops the restored
+        position, with a :class:`~imagefeed.errors.ResumeWarning`, and starts that epoch from its
+        first batch."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch < 2**64 - 1:
             raise errors.ConfigError(f"epoch {epoch!r}: must be an int in 0..2**64-1")
+        self._empty_loop = None
+        if self._restored_end is not None:
+            if epoch == self._restored_end:
+                # The restored position is this epoch's end: its loop has nothing left to give,
+                # and the next loop runs the epoch after it.
+                self._empty_loop = epoch
+                return
+            self._restored_end = None
         if self._resumed:
             if epoch == self._epoch:
                 return
@@ -423,6 +462,8 @@ class Loader:
     @property
     def epoch(self) -> int:
         """The epoch of the loop in progress, else the one the next loop runs."""
+        if self._empty_loop is not None:
+            return self._empty_loop
         if self._epoch_set is not None and not self._resumed:
             return self._epoch_set
         if self._epoch is not None:
@@ -445,6 +486,13 @@ class Loader:
     def __iter__(self) -> Iterator[Tuple[Any, Any]]:
         self._check_process()
         self._check_ranks(settle=True)
+        self._restored = None
+        self._restored_end = None
+        if self._empty_loop is not None:
+            self._epoch, self._empty_loop = self._empty_loop, None
+            self._epoch_set = None
+            self._next_epoch = self._epoch + 1
+            return iter(())
         if self._resumed:
             self._resumed = False
         else:
@@ -563,32 +611,42 @@ class Loader:
         batch size, shuffle, transform, bad-sample policy or dataset (the rank and world size may
         differ: the rest of the epoch is dealt out again)."""
         self._check_process()
-        self._check_ranks(settle=True)
+        self._check_ranks(settle=False)
         if not isinstance(state, dict) or not isinstance(state.get("imagefeed_loader_state"), dict):
             raise errors.ConfigError("not an imagefeed Loader.state_dict()")
-        inner = dict(state["imagefeed_loader_state"])
-        saved_seed = inner.get("seed")
+        inner = json.dumps(dict(state["imagefeed_loader_state"]))
+        saved_seed = state["imagefeed_loader_state"].get("seed")
+        native = self._native
         if (not self._seed_given and isinstance(saved_seed, int) and not isinstance(saved_seed, bool)
                 and 0 <= saved_seed < 2**64 and saved_seed != self.seed):
             # This loader drew its seed: the run being resumed drew another, which it continues.
+            native = self._make_native(self.rank, self.world_size, seed=saved_seed)
+        # Nothing changes until the state is accepted: a refused state leaves the loader as it was.
+        epoch, remaining = native.resume(inner)
+        if native is not self._native:
+            self._native.stop(self._handed)
+            self._native = native
             self._native_args["seed"] = saved_seed
-            self._native = self._make_native(self.rank, self.world_size)
             self.seed = saved_seed
-        epoch, remaining = self._native.resume(json.dumps(inner))
         self._handed = 0
         self._gen += 1
+        self._empty_loop = None
+        self._restored = inner
+        self._bad = []
         if remaining == 0:
-            # A finished epoch: continue with the next one.
-            self._native.stop()
+            # A finished epoch: the next loop runs the one after it (set_epoch with the
+            # finished one gives an empty loop first).
+            native.stop()
             self._resumed = False
             self._epoch_set = None
             self._next_epoch = epoch + 1
             self._epoch = None
+            self._restored_end = epoch
             return
+        self._restored_end = None
         self._epoch = epoch
         self._epoch_set = None
         self._resumed = True
-        self._bad = []
 
     # -- reports ---------------------------------------------------------------------------
 

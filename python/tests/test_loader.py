@@ -245,6 +245,56 @@ def test_the_usual_set_epoch_loop_after_a_restore_continues_mid_epoch(lmdb_path)
     assert epoch_digest(got[3]) == after
 
 
+def test_a_state_saved_at_an_epochs_end_resumes_the_usual_loop_with_the_next_epoch(lmdb_path):
+    """Found by review: a checkpoint taken after an epoch's last batch, restored, then the loop's
+    set_epoch(e) replayed all of epoch e. Its loop is empty now, and the next one is e + 1."""
+    l = loader(lmdb_path, seed=6)
+    l.set_epoch(0)
+    for _ in l:
+        pass
+    state = l.state_dict()
+    start_epoch = state["imagefeed_loader_state"]["epoch"]
+    assert start_epoch == 0
+    reference = loader(lmdb_path, seed=6)
+    reference.set_epoch(1)
+    after = epoch_digest(reference)
+    resumed = loader(lmdb_path, seed=6)
+    resumed.load_state_dict(state)
+    got = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for epoch in range(start_epoch, start_epoch + 2):
+            resumed.set_epoch(epoch)
+            assert resumed.epoch == epoch
+            got[epoch] = [(x.copy(), y.copy()) for x, y in resumed]
+    assert got[0] == [], "epoch 0 had no batch left"
+    assert epoch_digest(got[1]) == after
+    # Without set_epoch, the next loop is epoch 1 as before.
+    plain = loader(lmdb_path, seed=6)
+    plain.load_state_dict(state)
+    assert plain.epoch == 1 and epoch_digest(plain) == after
+
+
+def test_a_refused_state_leaves_the_loader_as_it_was(lmdb_path, tmp_path):
+    """Found by review: a loader made with seed=None took the seed of a state it then refused
+    (another dataset), and its checkpoints no longer described what it trained on."""
+    l = loader(lmdb_path, seed=None)
+    drawn = l.seed
+    it = iter(l)
+    next(it)
+    next(it)
+    before = l.state_dict()
+    other_tree = tmp_path / "other"
+    imagefeed.synthesize(other_tree, classes=2, per_class=8, size=(32, 24), seed=1)
+    foreign = loader(other_tree, seed=123).state_dict()
+    with pytest.raises(imagefeed.StateMismatchError):
+        l.load_state_dict(foreign)
+    assert l.seed == drawn
+    assert l.state_dict() == before
+    next(it)  # the loop in progress goes on
+    assert l.state_dict()["imagefeed_loader_state"]["next_batch"] == 3
+
+
 def test_set_epoch_with_another_epoch_after_a_restore_warns_and_starts_that_epoch(lmdb_path):
     l = loader(lmdb_path, seed=5)
     l.set_epoch(2)
@@ -403,6 +453,34 @@ def test_a_loader_made_before_init_process_group_shards_as_the_group_says(lmdb_p
     # Once an epoch has started, the ranks stay.
     monkeypatch.setitem(sys.modules, "torch.distributed", _FakeDistributed(0, 3))
     assert (l.rank, l.world_size, len(l)) == (1, 2, 15)
+
+
+def test_ranks_follow_a_process_group_set_up_after_a_restore_and_warn_once_settled(
+        lmdb_path, monkeypatch):
+    """Found by review: restoring a checkpoint settled the ranks (a group set up after it was
+    missed), and ranks settled before a group existed went on silently."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delitem(sys.modules, "torch.distributed", raising=False)
+    saver = imagefeed.Loader(lmdb_path, batch_size=8, output="numpy", transform=T.none(), rank=1,
+                             world_size=2)
+    it = iter(saver)
+    next(it)
+    state = saver.state_dict()
+    del it
+    l = imagefeed.Loader(lmdb_path, batch_size=8, output="numpy", transform=T.none())
+    l.load_state_dict(state)
+    monkeypatch.setitem(sys.modules, "torch.distributed", _FakeDistributed(1, 2))
+    rest = [(x.copy(), y.copy()) for x, y in l]
+    assert (l.rank, l.world_size) == (1, 2)
+    assert len(rest) == 14, "the rest of rank 1's epoch at world size 2"
+    # Ranks settled when the first epoch started, before any group: a later group is warned of.
+    monkeypatch.delitem(sys.modules, "torch.distributed")
+    early = imagefeed.Loader(lmdb_path, batch_size=8, output="numpy", transform=T.none())
+    next(iter(early))
+    monkeypatch.setitem(sys.modules, "torch.distributed", _FakeDistributed(0, 2))
+    with pytest.warns(imagefeed.RankWarning, match="after init_process_group"):
+        next(iter(early))
 
 
 def test_ranks_given_against_a_process_group_of_another_size_warn(lmdb_path, monkeypatch):
