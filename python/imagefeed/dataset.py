@@ -158,13 +158,13 @@ class Dataset:
         """The record's key (its path relative to the source root)."""
         return self._handle().key(index)
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> Dict[str, Any]:
         state = dict(self.__dict__)
         state["_native"] = None
         state["_pid"] = None
         return state
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
 
     def __repr__(self) -> str:

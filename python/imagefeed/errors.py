@@ -9,7 +9,7 @@ few more on the classes below. Catch :class:`Error` for everything imagefeed rai
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Iterator, List
 
 __all__ = [
     "Error",
@@ -73,7 +73,7 @@ class ShardSetError(DataError):
     with a pattern such as ``"DIR/train-*"``), or members missing (``missing`` lists them;
     ``allow_missing_shards=True`` reads the rest on purpose)."""
 
-    missing: list = []
+    missing: List[str] = []
 
 
 class UnsupportedDataError(DataError):
@@ -106,7 +106,7 @@ class TooManyBadSamplesError(BadSampleError):
     count: int | None = None
     seen: int | None = None
     limit: str | None = None
-    keys: list = []
+    keys: List[str] = []
 
 
 class ShapeMismatchError(DataError):

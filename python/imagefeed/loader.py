@@ -71,7 +71,7 @@ class _CudaFeed:
     path's ordering (stage one ahead, finish on the current stream, drain on exit) is tested with
     stand-ins (python/tests/test_loader.py) and on a GPU by ``make gpu-check``."""
 
-    def __init__(self, torch: Any, device: str, spec: dict, dtype: str, layout: str):
+    def __init__(self, torch: Any, device: str, spec: Dict[str, Any], dtype: str, layout: str):
         if not str(device).startswith("cuda"):
             raise errors.ConfigError(f"device {device!r}: must be \"cpu\" or \"cuda[:N]\"")
         if not torch.cuda.is_available():
@@ -101,9 +101,9 @@ class _CudaFeed:
             self.scale = (1.0 / (255.0 * std)).reshape(shape).to(self.device)
             self.bias = (-mean / std).reshape(shape).to(self.device)
         # (copy-done event, host tensors) until each copy has completed.
-        self.in_flight: list = []
+        self.in_flight: List[Any] = []
 
-    def stage(self, images: Any, labels: Any) -> tuple:
+    def stage(self, images: Any, labels: Any) -> Tuple[Any, ...]:
         torch = self.torch
         host_images = torch.from_dlpack(images)
         # The labels are ordinary memory: staged through page-locked memory (torch's caching
@@ -131,7 +131,7 @@ class _CudaFeed:
             self.copy_stream.synchronize()
         self.in_flight = []
 
-    def finish(self, staged: tuple) -> tuple:
+    def finish(self, staged: Tuple[Any, ...]) -> Tuple[Any, ...]:
         torch = self.torch
         dev_images, dev_labels, done = staged
         stream = torch.cuda.current_stream(self.device)
@@ -371,7 +371,7 @@ class Loader:
         self._steady_buffers = prefetch + 2 + (2 if self._cuda is not None else 0)
         self._warned = False
 
-    def _make_native(self, rank: int, world_size: int, seed: Optional[int] = None) -> Any:
+    def _make_native(self, rank: int, world_size: int, seed: Optional[int] = None) -> "_native.NativeLoader":
         args = dict(self._native_args)
         if seed is not None:
             args["seed"] = seed
@@ -527,7 +527,7 @@ class Loader:
                 try:
                     parts = native.next_batch()
                 except errors.TooManyBadSamplesError as e:
-                    e.keys = [b.key for b in self._bad] + [e.key]
+                    e.keys = [b.key for b in self._bad] + ([e.key] if e.key is not None else [])
                     raise
                 if parts is None:
                     break
@@ -594,7 +594,7 @@ class Loader:
 
     # -- resume ----------------------------------------------------------------------------
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> Dict[str, Any]:
         """Where the loader stands: the next batch the current epoch would give the trainer
         (after a finished epoch, the start of the next one; after ``set_epoch(e)``, the start of
         epoch ``e``). Plain JSON types, for ``torch.save``."""
@@ -604,7 +604,7 @@ class Loader:
         state = self._native.state(self.epoch, fresh=fresh, handed=self._handed)
         return {"imagefeed_loader_state": json.loads(state)}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Makes the next ``for`` loop continue the saved epoch at its next batch. Raises
         :class:`~imagefeed.errors.StateMismatchError` when the state was saved with another seed
         (a loader made with ``seed=None`` takes the saved one),
@@ -670,9 +670,9 @@ class Loader:
         """Samples in the dataset (all ranks)."""
         return self._native.num_samples
 
-    def stats(self) -> dict:
+    def stats(self) -> Dict[str, Any]:
         """Stage times (seconds, summed over workers), counts, and the pool's allocations."""
-        s = self._native.stats()
+        s: Dict[str, Any] = dict(self._native.stats())
         s["pool_allocations"] = self._native.pool_allocations
         s["pool_bytes"] = self._native.pool_bytes
         return s

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Dict, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 from . import _native, errors
 from ._reading import DatasetPath, dataset_paths, reading_options
@@ -38,7 +38,7 @@ def pack(
     allow_missing_shards: bool = False,
     storage_options: Optional[Dict[str, str]] = None,
     ranged_reads: bool = False,
-) -> dict:
+) -> Dict[str, Any]:
     """Packs an ImageFolder tree (one sub-folder per class), or converts any dataset imagefeed
     reads, into ``out`` as ``format`` (``"lmdb"``, ``"hdf5"`` or ``"records"``). A source that
     other tools wrote is read with the options :class:`~imagefeed.Loader` takes
@@ -80,11 +80,12 @@ def pack(
                 ranged_reads,
             ),
         )
-    return json.loads(summary)
+    result: Dict[str, Any] = json.loads(summary)
+    return result
 
 
 def join(
-    parts,
+    parts: Sequence[PathLike],
     out: PathLike,
     format: str = "lmdb",
     *,
@@ -94,7 +95,7 @@ def join(
     shard_bytes: Optional[int] = None,
     label_base: int = 0,
     progress: bool = True,
-) -> dict:
+) -> Dict[str, Any]:
     """Joins the parts of a split pack (``pack(src, part_i, part=(i, n))`` for each i, in any
     order, e.g. one per job of an array) into ``out``: the same dataset an unsplit pack would
     have written. Payloads are copied, not decoded again. Give the options of the output side
@@ -105,7 +106,8 @@ def join(
             [os.fspath(p) for p in parts], os.fspath(out), format=format, resume=resume, force=force,
             threads=threads, shard_bytes=shard_bytes, label_base=label_base, quiet=not progress,
         )
-    return json.loads(summary)
+    result: Dict[str, Any] = json.loads(summary)
+    return result
 
 
 def inspect(
@@ -117,7 +119,7 @@ def inspect(
     num_classes: Optional[int] = None,
     storage_options: Optional[Dict[str, str]] = None,
     ranged_reads: bool = False,
-) -> dict:
+) -> Dict[str, Any]:
     """What ``pack-dataset inspect`` shows: format, completeness (``missing_shards`` when a set
     lacks members), classes and their counts, image sizes, payload bytes, bad records. Takes the
     reading options :class:`~imagefeed.Loader` takes; ``report["whole"]`` is True when the
@@ -127,7 +129,7 @@ def inspect(
         ranged_reads=ranged_reads,
     )
     with errors.arguments("inspect"):
-        report = json.loads(_native.inspect_dataset(dataset_paths(path), reading))
+        report: Dict[str, Any] = json.loads(_native.inspect_dataset(dataset_paths(path), reading))
     report["whole"] = bool(report.get("complete")) and not report.get("bad_records")
     return report
 
@@ -143,7 +145,7 @@ def verify(
     allow_missing_shards: bool = False,
     storage_options: Optional[Dict[str, str]] = None,
     ranged_reads: bool = False,
-) -> dict:
+) -> Dict[str, Any]:
     """Decodes every record (and, with ``against``, compares each with the ImageFolder tree it
     was packed from). Takes the reading options :class:`~imagefeed.Loader` takes. Returns the
     report; ``report["ok"]`` is True when no problem was found."""
@@ -152,7 +154,7 @@ def verify(
         ranged_reads,
     )
     with errors.arguments("verify"):
-        report = json.loads(
+        report: Dict[str, Any] = json.loads(
             _native.verify_dataset(dataset_paths(path), None if against is None else os.fspath(against), reading)
         )
     report["ok"] = not report.get("problems")

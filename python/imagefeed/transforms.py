@@ -19,7 +19,7 @@ the pixels. Random decisions come from each sample's own generator, seeded by
 from __future__ import annotations
 
 import math
-from typing import Sequence, Tuple, Union
+from typing import Any, Dict, Sequence, Tuple, Union
 
 __all__ = [
     "Transform",
@@ -63,7 +63,7 @@ def _hw(size: Size, what: str) -> Tuple[int, int]:
 class _Step:
     """One step of a :class:`Compose`."""
 
-    def _apply(self, spec: dict) -> None:  # pragma: no cover - every step overrides it
+    def _apply(self, spec: Dict[str, Any]) -> None:  # pragma: no cover - every step overrides it
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -79,7 +79,7 @@ class Resize(_Step):
             raise ValueError(f"Resize: size {size!r} must be a positive int (the shorter side)")
         self.size = size
 
-    def _apply(self, spec: dict) -> None:
+    def _apply(self, spec: Dict[str, Any]) -> None:
         if spec["geometry"] != "native":
             raise ValueError("Resize must come before any crop, and only once")
         spec.update(geometry="resize", short=self.size)
@@ -91,7 +91,7 @@ class CenterCrop(_Step):
     def __init__(self, size: Size):
         self.size = _hw(size, "CenterCrop")
 
-    def _apply(self, spec: dict) -> None:
+    def _apply(self, spec: Dict[str, Any]) -> None:
         h, w = self.size
         if spec["geometry"] == "native":
             spec.update(geometry="center_crop", width=w, height=h)
@@ -114,7 +114,7 @@ class RandomResizedCrop(_Step):
         self.scale = (float(scale[0]), float(scale[1]))
         self.ratio = (float(ratio[0]), float(ratio[1]))
 
-    def _apply(self, spec: dict) -> None:
+    def _apply(self, spec: Dict[str, Any]) -> None:
         if spec["geometry"] != "native":
             raise ValueError("RandomResizedCrop replaces Resize/CenterCrop: use it alone")
         h, w = self.size
@@ -129,7 +129,7 @@ class RandomHorizontalFlip(_Step):
             raise ValueError(f"RandomHorizontalFlip: p {p!r} must be in [0, 1]")
         self.p = float(p)
 
-    def _apply(self, spec: dict) -> None:
+    def _apply(self, spec: Dict[str, Any]) -> None:
         spec["hflip"] = self.p
 
 
@@ -146,18 +146,18 @@ class Normalize(_Step):
         self.mean = tuple(float(m) for m in mean)
         self.std = tuple(float(s) for s in std)
 
-    def _apply(self, spec: dict) -> None:
+    def _apply(self, spec: Dict[str, Any]) -> None:
         spec.update(mean=self.mean, std=self.std)
 
 
 class Transform:
     """A whole per-sample transform; build one with :class:`Compose` or a preset."""
 
-    def __init__(self, spec: dict, name: str):
+    def __init__(self, spec: Dict[str, Any], name: str):
         self._spec = dict(spec)
         self._name = name
 
-    def spec(self) -> dict:
+    def spec(self) -> Dict[str, Any]:
         """The description the Rust loader takes."""
         return dict(self._spec)
 
@@ -174,7 +174,7 @@ class Compose(Transform):
     (the flip and the normalization are applied while writing the batch slot)."""
 
     def __init__(self, steps: Sequence[_Step]):
-        spec: dict = {"geometry": "native", "hflip": 0.0}
+        spec: Dict[str, Any] = {"geometry": "native", "hflip": 0.0}
         for step in steps:
             if not isinstance(step, _Step):
                 raise TypeError(
