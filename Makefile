@@ -4,7 +4,8 @@
 #   make compare  imagefeed vs the PyTorch DataLoader on SRC (TORCH=1: install torch first)
 #   make gpu-check  package the GPU checks for a CUDA machine (bench/gpu-check.sh)
 #   make test-gpu-fake  the GPU tests and the CUDA example on the fake CUDA driver, ptxas on the PTX
-#   make python     build the Python package (an abi3 wheel) and install it into .venv
+#   make python     build the Python package (an abi3 wheel) and install it into the active
+#                   virtual environment (VIRTUAL_ENV), else .venv
 #   make test-torch the Python tests that need torch, in .venv-torch (a large download)
 #   make fuzz / kill-loop / corrupt / soak   the long reliability harnesses (TESTING.md)
 SHELL := /bin/bash
@@ -110,14 +111,17 @@ test-minimal: deps
 	else echo "test-minimal: the no-default-features build links neither libhdf5 nor CUDA"; fi
 
 # The Python package: one abi3 wheel (CPython >= 3.9, Linux x86-64) built by maturin, installed
-# into .venv. `pip install ./python` does the same from any Python with network access.
+# into the active virtual environment (VIRTUAL_ENV: yours, with torch), else .venv.
+# `pip install ./python` does the same from any Python with network access.
+PY_TARGET := $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV),$(CURDIR)/$(PYENV))
 python: deps pyenv
 	rm -f $(WHEEL_DIR)/imagefeed-*.whl
 	@# maturin rewrites the built extension in place when it bundles libhdf5 (renaming what it
 	@# links to); cargo would take that copy as up to date and a second build could not repair it.
 	rm -f target/release/deps/lib_native.so target/release/lib_native.so
 	PATH=$(CURDIR)/$(PYENV)/bin:$$PATH $(PYENV)/bin/maturin build --release --strip -q -m python/Cargo.toml -o $(WHEEL_DIR) -i $(PYENV)/bin/python
-	$(PYENV)/bin/pip install -q --force-reinstall --no-deps $(WHEEL_DIR)/imagefeed-*.whl
+	$(PY_TARGET)/bin/python -m pip install -q --force-reinstall --no-deps $(WHEEL_DIR)/imagefeed-*.whl
+	@echo "installed imagefeed into $(PY_TARGET)"
 
 # The Python tests (python/tests) against a wheel built with the dev profile: its dependencies
 # are the ones `cargo test` has just built (a release build of them takes ~4 of CI's 20 minutes
