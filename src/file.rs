@@ -159,6 +159,27 @@ pub(crate) fn replace_via(tmp: &Path, path: &Path, bytes: &[u8], sync: bool) -> 
     fs::rename(tmp, path).at(path)
 }
 
+/// Serializes a path as text, bytes that are not UTF-8 replaced with U+FFFD: for the reports
+/// (pack, inspect, verify) whose paths a user named, which need not be UTF-8; serde's own
+/// `Path` serializer fails on them, and a report must not.
+pub(crate) fn serialize_lossy<S: serde::Serializer>(
+    path: &Path,
+    serializer: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    serializer.serialize_str(&path.to_string_lossy())
+}
+
+/// [`serialize_lossy`] for an optional path.
+pub(crate) fn serialize_lossy_option<S: serde::Serializer>(
+    path: &Option<std::path::PathBuf>,
+    serializer: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    match path {
+        Some(path) => serializer.serialize_some(&*path.to_string_lossy()),
+        None => serializer.serialize_none(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,26 +224,5 @@ mod tests {
             "{err}"
         );
         assert!(buffer.capacity() <= 2 * SNIFF_BYTES);
-    }
-}
-
-/// Serializes a path as text, bytes that are not UTF-8 replaced with U+FFFD: for the reports
-/// (pack, inspect, verify) whose paths a user named, which need not be UTF-8; serde's own
-/// `Path` serializer fails on them, and a report must not.
-pub(crate) fn serialize_lossy<S: serde::Serializer>(
-    path: &Path,
-    serializer: S,
-) -> std::result::Result<S::Ok, S::Error> {
-    serializer.serialize_str(&path.to_string_lossy())
-}
-
-/// [`serialize_lossy`] for an optional path.
-pub(crate) fn serialize_lossy_option<S: serde::Serializer>(
-    path: &Option<std::path::PathBuf>,
-    serializer: S,
-) -> std::result::Result<S::Ok, S::Error> {
-    match path {
-        Some(path) => serializer.serialize_some(&*path.to_string_lossy()),
-        None => serializer.serialize_none(),
     }
 }
