@@ -1455,3 +1455,42 @@ fn an_hdf5_file_that_crashes_libhdf5_at_open_is_refused_not_a_crash() {
         );
     }
 }
+
+/// Found by `make corrupt` flipping every byte of an h5py gzip pixel array: a damaged chunk
+/// shape (a byte of one dimension) passed the open, then made libhdf5 copy past its buffers
+/// when records were read (SIGSEGV in inspect's and the loader's reads, 11 of 9,472 bytes).
+/// A chunk shape libhdf5 would never have written is refused at open, naming the dataset; the
+/// trial open also reads the records libhdf5 reads one by one, for up to 3 s.
+#[cfg(feature = "hdf5")]
+#[test]
+fn an_hdf5_chunk_shape_libhdf5_would_never_write_is_refused_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let pristine = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/compat/h5py-pixels.h5");
+    let bytes = std::fs::read(pristine).unwrap();
+    // The layout message's chunk dimensions (2, 5, 4, 3) and element size 1, once in the file.
+    let dims: &[u8] = &[2, 0, 0, 0, 5, 0, 0, 0, 4, 0, 0, 0, 3, 0, 0, 0];
+    let at = bytes.windows(dims.len()).position(|w| w == dims).unwrap();
+    for (offset, xor) in [(2, 0x5a), (4, 0x80), (9, 0x01)] {
+        let mut damaged = bytes.clone();
+        damaged[at + offset] ^= xor;
+        let path = dir.path().join(format!("chunks-{offset}.h5"));
+        std::fs::write(&path, damaged).unwrap();
+        for command in ["inspect", "verify"] {
+            let out = run(&[
+                &command,
+                &path,
+                &"--images-dataset",
+                &"pixels",
+                &"--labels-dataset",
+                &"targets",
+            ]);
+            let stderr = stderr(&out);
+            assert_eq!(out.status.code(), Some(2), "{command}: {stderr}");
+            assert!(
+                stderr.contains(&format!("chunks-{offset}.h5"))
+                    && stderr.contains("\"pixels\" is stored in chunks of shape"),
+                "{command}: {stderr}"
+            );
+        }
+    }
+}

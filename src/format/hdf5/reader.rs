@@ -97,12 +97,16 @@ impl Hdf5 {
         // (see `pagecache`); payloads are then `pread` without a disk seek each.
         crate::pagecache::prefetch_if_it_fits(&plain);
         // Metadata that crashes or loops libhdf5 must cost an error, not the process: the
-        // same open runs in a trial child first (see `probe`). The child has no descriptor of
-        // the parent's, so it runs the library's part of the open alone.
+        // same open runs in a trial child first (see `probe`), with the reads the library does
+        // record by record. The child has no descriptor of the parent's, so it runs the
+        // library's part of the open alone.
         super::probe::try_in_child(path, || {
             gate::run(|| {
-                if let Ok(file) = open_unlocked(path) {
-                    let _ = open_metadata(path, &file, names, None, file_len);
+                let opened = open_unlocked(path)
+                    .ok()
+                    .and_then(|file| open_metadata(path, &file, names, None, file_len).ok());
+                if let Some(shared) = opened {
+                    trial_reads(shared);
                 }
             })
         })?;
@@ -117,6 +121,42 @@ impl Hdf5 {
         Ok(Hdf5 {
             shared: Arc::new(shared),
         })
+    }
+}
+
+/// How long the trial child reads records through libhdf5 (see [`trial_reads`]).
+const TRIAL_READING: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// In the trial child: reads the records libhdf5 reads one at a time (compressed or chunked
+/// pixel arrays, variable-length datasets whose descriptors are compressed), for up to
+/// [`TRIAL_READING`], so that damage the library meets only when it reads a record (a chunk's
+/// shape or index) crashes or stalls the trial, refusing the file, instead of an epoch. Errors
+/// are ignored here: the process meets them again as bad samples naming the record. A dataset
+/// too large to read in that time is covered as far as the trial got.
+fn trial_reads(shared: Shared) {
+    if !matches!(
+        shared.layout,
+        Layout::VarLenThroughLibrary { .. }
+            | Layout::Pixels {
+                file_offset: None,
+                ..
+            }
+    ) {
+        return;
+    }
+    let samples = shared.info.num_samples;
+    let dataset = Hdf5 {
+        shared: Arc::new(shared),
+    };
+    let Ok(mut reader) = dataset.open_reader() else {
+        return;
+    };
+    let started = std::time::Instant::now();
+    for index in 0..samples {
+        let _ = reader.read(index);
+        if started.elapsed() > TRIAL_READING {
+            break;
+        }
     }
 }
 

@@ -88,6 +88,42 @@ fn filter_remedy(id: i32) -> String {
     }
 }
 
+/// The largest chunk libhdf5 writes: 4 GiB.
+const MAX_CHUNK_BYTES: u64 = 1 << 32;
+
+/// Refuses a chunked dataset whose chunk shape libhdf5 itself would never have written: a
+/// dimension of 0, one larger than the dataset's fixed maximum there, or a chunk over 4 GiB.
+/// libhdf5 1.10 trusts the shape it finds when it reads a chunk, and a damaged one (one byte of
+/// a dimension) made it copy past its buffers (SIGSEGV), in whatever order records were read.
+fn check_chunk_shape(path: &Path, dataset: &hdf5::Dataset, name: &str, element: u64) -> Result<()> {
+    let Some(chunk) = dataset.chunk() else {
+        return Ok(());
+    };
+    let maxdims = dataset
+        .space()
+        .map(|space| space.maxdims())
+        .map_err(|e| gate::error(path, &format!("reading the dataspace of {name:?}"), e))?;
+    let bytes = chunk
+        .iter()
+        .try_fold(element, |n, &d| n.checked_mul(d as u64));
+    let fits = chunk.len() == maxdims.len()
+        && chunk
+            .iter()
+            .zip(&maxdims)
+            .all(|(&c, max)| c >= 1 && max.is_none_or(|max| c <= max.max(1)));
+    if !fits || bytes.is_none_or(|b| b > MAX_CHUNK_BYTES) {
+        return Err(Error::not_a_dataset(
+            path,
+            format!(
+                "dataset {name:?} is stored in chunks of shape {chunk:?}, which its dimensions \
+                 (at most {maxdims:?}) and libhdf5's 4 GiB per chunk cannot have: its layout is \
+                 damaged"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Refuses a dataset whose declared shape needs more bytes than the file can hold, before it is
 /// read into memory: a hostile file can declare a shape of 10¹² elements with no storage behind
 /// it, and reading it would allocate that much. Unfiltered data must fit in the file; filtered
@@ -100,6 +136,7 @@ pub(super) fn check_stored(
 ) -> Result<u64> {
     let shape = dataset.shape();
     let element = dataset.dtype().map(|t| t.size()).unwrap_or(1).max(1) as u64;
+    check_chunk_shape(path, dataset, name, element)?;
     let bytes = shape
         .iter()
         .try_fold(element, |n, &d| n.checked_mul(d as u64));
