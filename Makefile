@@ -155,7 +155,8 @@ kill-loop: deps
 	IMAGEFEED_KILLS=$(KILLS) $(CARGO) test -p pack-dataset --test kill_loop -- --nocapture
 
 # Bytes flipped and files cut at CORRUPTIONS points per file of every format; then every
-# structure byte of an LMDB file (ours and py-lmdb's) flipped alone (STRUCTURE_FLIPS: all, or N).
+# structure byte of an LMDB file (ours and py-lmdb's) and every non-payload byte of an HDF5 file
+# (ours and three of h5py's) flipped alone (STRUCTURE_FLIPS: all, or N per file).
 CORRUPTIONS ?= 50
 STRUCTURE_FLIPS ?= all
 corrupt: deps pyenv

@@ -11,13 +11,18 @@
 //!   holds exactly the undamaged key, label and pixels of its index.
 //!
 //! Then every structure byte of an LMDB file (ours, and py-lmdb's folder2lmdb fixture: meta
-//! pages, page headers, node tables, node headers, keys) is flipped alone, each copy checked by
-//! a child in the same way.
+//! pages, page headers, node tables, node headers, keys) is flipped alone, and every byte of an
+//! HDF5 file that is not a payload stored as is (ours, and three h5py files: variable-length
+//! bytes, contiguous and chunked, and a gzip pixel array), each copy checked by a child in the
+//! same way. h5py's files keep no checksums: a changed label or pixel read as good from them is
+//! listed, not a finding.
 //!
 //! `IMAGEFEED_CORRUPTIONS=N` sets the number of flips and of cuts per file (default 6: the
-//! short version `make test` runs); `IMAGEFEED_STRUCTURE_FLIPS=N|all` the LMDB structure bytes
-//! flipped per file (default 40, a seeded sample); `make corrupt` runs the long ones. `harness = false`: the
-//! binary is both the harness and, with `--child`, the child.
+//! short version `make test` runs); `IMAGEFEED_STRUCTURE_FLIPS=N|all` the structure bytes
+//! flipped per file (default 40, a seeded sample); `IMAGEFEED_STRUCTURE_FILES=a,b` limits the
+//! structure flips to the files named (`d.lmdb`, `folder2lmdb.lmdb`, `pristine-d.h5`,
+//! `vlen.h5`, `vlen-chunked.h5`, `pixels.h5`); `make corrupt` runs the long ones.
+//! `harness = false`: the binary is both the harness and, with `--child`, the child.
 
 mod support;
 
@@ -52,8 +57,13 @@ fn expected(dataset: &dyn Dataset) -> Expected {
 }
 
 /// The child: checks the damaged dataset at `damaged` against the undamaged one at `pristine`,
-/// printing `finding: ...` lines for broken promises and one summary line.
-fn child(pristine: &Path, damaged: &Path) {
+/// printing `finding: ...` lines for broken promises and one summary line. `unchecked`: the
+/// format keeps no checksums (h5py's files), so a changed value (a label, a pixel) cannot be
+/// told from a true one: a record that reads as good but differs is counted (`unchecked:`
+/// lines), not a finding.
+fn child(pristine: &Path, damaged: &Path, unchecked: bool) {
+    let differs = if unchecked { "unchecked" } else { "finding" };
+    let wrong = std::cell::Cell::new(0usize);
     let want = expected(&*format::open(pristine).expect("the undamaged dataset opens"));
     let name = damaged.file_name().unwrap().to_string_lossy().to_string();
     let dataset = match format::open(damaged) {
@@ -93,8 +103,9 @@ fn child(pristine: &Path, damaged: &Path) {
                         continue;
                     }
                     if record.key != key || record.label != *label || got != *pixels {
+                        wrong.set(wrong.get() + 1);
                         println!(
-                            "finding: record {i} read as good but differs: key {:?} (want {key:?}), \
+                            "{differs}: record {i} read as good but differs: key {:?} (want {key:?}), \
                              label {} (want {label}), pixels {}",
                             record.key,
                             record.label,
@@ -156,8 +167,9 @@ fn child(pristine: &Path, damaged: &Path) {
                 let (_, label, pixels) = &want[index];
                 let got = &batch.as_u8()[slot * per..(slot + 1) * per];
                 if got != pixels.as_slice() || batch.labels[slot] != *label {
+                    wrong.set(wrong.get() + 1);
                     println!(
-                        "finding: {policy:?}: sample {index} handed out as good but differs ({})",
+                        "{differs}: {policy:?}: sample {index} handed out as good but differs ({})",
                         if batch.labels[slot] != *label {
                             "label"
                         } else {
@@ -177,7 +189,12 @@ fn child(pristine: &Path, damaged: &Path) {
         ));
     }
     println!(
-        "summary: opened, {} of {} records unreadable; inspect {}; verify {}; {}",
+        "summary: opened{}, {} of {} records unreadable; inspect {}; verify {}; {}",
+        if wrong.get() > 0 {
+            " with a changed value read as good (the format keeps no checksums)"
+        } else {
+            ""
+        },
         bad_reads,
         want.len(),
         if inspected.is_ok() { "ok" } else { "error" },
@@ -205,9 +222,18 @@ fn copy_dataset(src: &Path, dst: &Path) {
 }
 
 /// Runs the child on `damaged`; returns its findings (a crash or hang is one).
-fn run_child(pristine: &Path, damaged: &Path, what: &str) -> (Vec<String>, String) {
+fn run_child(
+    pristine: &Path,
+    damaged: &Path,
+    what: &str,
+    unchecked: bool,
+) -> (Vec<String>, String) {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .arg("--child")
+        .arg(if unchecked {
+            "--child-unchecked"
+        } else {
+            "--child"
+        })
         .arg(pristine)
         .arg(damaged)
         .stdout(std::process::Stdio::piped())
@@ -285,6 +311,175 @@ db.close()
     true
 }
 
+impl Tally {
+    /// Checks a copy of `bytes` (the file at `pristine`) per `(offset, xor)` in `flips`, each
+    /// with that one byte changed, in a child; as many children at once as there are cores.
+    fn check_flips(
+        &mut self,
+        pristine: &Path,
+        bytes: &[u8],
+        flips: &[(usize, u8)],
+        dir: &Path,
+        name: &str,
+        unchecked: bool,
+    ) {
+        let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let tally = std::sync::Mutex::new(std::mem::take(self));
+        let label = format!("{name} structure");
+        std::thread::scope(|scope| {
+            for worker in 0..workers {
+                let (next, tally, label) = (&next, &tally, &label);
+                scope.spawn(move || {
+                    let extension = Path::new(name).extension().unwrap_or_default();
+                    let damaged = dir
+                        .join(format!("flipped-{worker}-{name}"))
+                        .with_extension(extension);
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&(at, xor)) = flips.get(i) else {
+                            break;
+                        };
+                        let mut flipped = bytes.to_vec();
+                        flipped[at] ^= xor;
+                        std::fs::write(&damaged, &flipped).unwrap();
+                        let what = format!("{name}: byte {at} flipped to {:#04x}", flipped[at]);
+                        let outcome = run_child(pristine, &damaged, &what, unchecked);
+                        tally.lock().unwrap().count(outcome, label, &what);
+                    }
+                });
+            }
+        });
+        *self = tally.into_inner().unwrap();
+    }
+}
+
+/// Whether `IMAGEFEED_STRUCTURE_FILES` (a comma-separated list; unset: every file) names `name`.
+fn structure_file_wanted(name: &str) -> bool {
+    std::env::var("IMAGEFEED_STRUCTURE_FILES")
+        .map_or(true, |files| files.split(',').any(|f| f.trim() == name))
+}
+
+/// The indexes of a seeded sample of `n` of `offsets` (all of them for `"all"`; 40 by default).
+fn sample_offsets(offsets: &mut Vec<usize>, flips: Option<&str>, points: &mut SampleRng) {
+    if flips == Some("all") {
+        return;
+    }
+    let n = flips.and_then(|v| v.parse().ok()).unwrap_or(40usize);
+    // A seeded sample: a partial Fisher-Yates shuffle's first n.
+    for i in 0..n.min(offsets.len()) {
+        let j = i + points.below((offsets.len() - i) as u64) as usize;
+        offsets.swap(i, j);
+    }
+    offsets.truncate(n);
+}
+
+/// Writes h5py's layouts of the tree `src` into `dir`: `vlen.h5` (each file's bytes in a
+/// contiguous variable-length `uint8` dataset, `labels` int64, a `classes` attribute),
+/// `vlen-chunked.h5` (the same, chunked and appendable) and `pixels.h5` (an `N×8×8×3` uint8
+/// array, chunked and gzip-compressed). Empty, saying why, where h5py is not installed.
+#[cfg(feature = "hdf5")]
+fn write_h5py(src: &Path, dir: &Path) -> Vec<PathBuf> {
+    let Some(python) = support::python_with("h5py, numpy") else {
+        return Vec::new();
+    };
+    let script = r#"
+import os, sys
+import h5py, numpy as np
+src, out = sys.argv[1], sys.argv[2]
+classes = sorted(e.name for e in os.scandir(src) if e.is_dir())
+samples = [(os.path.join(src, c, f), label) for label, c in enumerate(classes)
+           for f in sorted(os.listdir(os.path.join(src, c)))]
+labels = np.array([label for _, label in samples], np.int64)
+for name, extra in (("vlen.h5", {}), ("vlen-chunked.h5", dict(maxshape=(None,), chunks=(5,)))):
+    with h5py.File(os.path.join(out, name), "w") as f:
+        d = f.create_dataset("images", (len(samples),), dtype=h5py.vlen_dtype(np.uint8), **extra)
+        for k, (path, _) in enumerate(samples):
+            d[k] = np.frombuffer(open(path, "rb").read(), np.uint8)
+        f.create_dataset("labels", data=labels)
+        f.attrs["classes"] = classes
+n = 12
+i, y, x, c = np.meshgrid(np.arange(n), np.arange(8), np.arange(8), np.arange(3), indexing="ij")
+with h5py.File(os.path.join(out, "pixels.h5"), "w") as f:
+    f.create_dataset("images", data=((i * 7 + y * 3 + x * 5 + c) % 256).astype(np.uint8),
+                     chunks=(4, 8, 8, 3), compression="gzip")
+    f.create_dataset("labels", data=(np.arange(n) % 3).astype(np.int64), compression="gzip")
+"#;
+    let status = Command::new(python)
+        .args(["-c", script])
+        .arg(src)
+        .arg(dir)
+        .status()
+        .unwrap();
+    assert!(
+        status.success(),
+        "h5py wrote its files into {}",
+        dir.display()
+    );
+    ["vlen.h5", "vlen-chunked.h5", "pixels.h5"]
+        .iter()
+        .map(|name| dir.join(name))
+        .collect()
+}
+
+/// The offsets of `file`'s bytes that are not a record's payload stored as is: each payload
+/// (as the reader hands it out) is looked for in turn after the last one found, and the bytes
+/// it covers are left out. Payloads stored transformed (compressed pixels) are not found, and
+/// every byte of their file is kept.
+#[cfg(feature = "hdf5")]
+fn non_payload_bytes(file: &[u8], payloads: &[Vec<u8>]) -> Vec<usize> {
+    let mut payload = vec![false; file.len()];
+    let mut from = 0;
+    for p in payloads.iter().filter(|p| p.len() >= 8) {
+        if let Some(at) = file[from..]
+            .windows(p.len())
+            .position(|w| w == p.as_slice())
+        {
+            payload[from + at..from + at + p.len()].fill(true);
+            from += at + p.len();
+        }
+    }
+    (0..file.len()).filter(|&i| !payload[i]).collect()
+}
+
+/// Every byte of an HDF5 file that is not a payload (superblock, object headers, B-trees, heaps,
+/// the index datasets, h5py's descriptors and labels), ours and h5py's, each flipped alone: a
+/// seeded sample in `make test`, all of them in `make corrupt`.
+#[cfg(feature = "hdf5")]
+fn hdf5_structure_flips(tally: &mut Tally, dir: &Path, src: &Path, flips: Option<&str>) {
+    let theirs = dir.join("h5py");
+    std::fs::create_dir_all(&theirs).unwrap();
+    let mut files = vec![(dir.join("pristine-d.h5"), false)];
+    files.extend(write_h5py(src, &theirs).into_iter().map(|p| (p, true)));
+    for (pristine, unchecked) in files {
+        let name = pristine.file_name().unwrap().to_string_lossy().to_string();
+        if !structure_file_wanted(&name) {
+            continue;
+        }
+        let bytes = std::fs::read(&pristine).unwrap();
+        let dataset = format::open(&pristine).expect("the undamaged file opens");
+        let mut reader = dataset.open_reader().unwrap();
+        let payloads: Vec<Vec<u8>> = (0..dataset.len())
+            .map(|i| reader.read(i).unwrap().payload.to_vec())
+            .collect();
+        drop((reader, dataset));
+        let mut offsets = non_payload_bytes(&bytes, &payloads);
+        let total = offsets.len();
+        let mut points = SampleRng::new(0x4df5, 0, 0);
+        sample_offsets(&mut offsets, flips, &mut points);
+        println!(
+            "{name}: {} of its {total} non-payload bytes flipped ({} bytes in all)",
+            offsets.len(),
+            bytes.len()
+        );
+        let flips: Vec<(usize, u8)> = offsets
+            .iter()
+            .map(|&at| (at, 1 + points.below(255) as u8))
+            .collect();
+        tally.check_flips(&pristine, &bytes, &flips, dir, &name, unchecked);
+    }
+}
+
 /// What the children found, over every damaged copy.
 #[derive(Default)]
 struct Tally {
@@ -292,13 +487,22 @@ struct Tally {
     findings: Vec<String>,
     /// How many copies ended each way ("label: refused at open", ...).
     summaries: BTreeMap<String, usize>,
+    /// The damage a format without checksums read as good values (not findings: listed).
+    unchecked: Vec<String>,
 }
 
 impl Tally {
     /// Runs the child on `damaged` (described by `what`) and counts its outcome under `label`.
     fn check(&mut self, pristine: &Path, damaged: &Path, what: &str, label: &str) {
-        let (mut found, summary) = run_child(pristine, damaged, what);
+        self.count(run_child(pristine, damaged, what, false), label, what);
+    }
+
+    /// Counts a child's outcome (its findings and summary) under `label`.
+    fn count(&mut self, (mut found, summary): (Vec<String>, String), label: &str, what: &str) {
         self.tried += 1;
+        if summary.contains("read as good") {
+            self.unchecked.push(what.to_string());
+        }
         self.findings.append(&mut found);
         let kind = summary.split([':', ';']).next().unwrap_or("");
         *self
@@ -399,36 +603,30 @@ fn harness() {
         lmdbs.push((theirs, "folder2lmdb.lmdb"));
     }
     for (pristine, name) in lmdbs {
+        if !structure_file_wanted(name) {
+            continue;
+        }
         let bytes = std::fs::read(&pristine).unwrap();
         let mut offsets = support::lmdb_pages::structure_bytes(&bytes);
         let mut points = SampleRng::new(0x57c7, 0, 0);
-        match structure_flips.as_deref() {
-            Some("all") => {}
-            other => {
-                let n = other.and_then(|v| v.parse().ok()).unwrap_or(40usize);
-                // A seeded sample: a partial Fisher-Yates shuffle's first n.
-                for i in 0..n.min(offsets.len()) {
-                    let j = i + points.below((offsets.len() - i) as u64) as usize;
-                    offsets.swap(i, j);
-                }
-                offsets.truncate(n);
-            }
-        }
-        let damaged = dir.path().join(format!("flipped-{name}"));
-        for &at in &offsets {
-            let mut flipped = bytes.clone();
-            flipped[at] ^= 1 + points.below(255) as u8;
-            std::fs::write(&damaged, &flipped).unwrap();
-            let what = format!(
-                "{name}: structure byte {at} flipped to {:#04x}",
-                flipped[at]
-            );
-            tally.check(&pristine, &damaged, &what, &format!("{name} structure"));
-        }
+        sample_offsets(&mut offsets, structure_flips.as_deref(), &mut points);
+        let flips: Vec<(usize, u8)> = offsets
+            .iter()
+            .map(|&at| (at, 1 + points.below(255) as u8))
+            .collect();
+        tally.check_flips(&pristine, &bytes, &flips, dir.path(), name, false);
     }
+    #[cfg(feature = "hdf5")]
+    hdf5_structure_flips(&mut tally, dir.path(), &src, structure_flips.as_deref());
     println!("{} corruptions tried", tally.tried);
     for (kind, count) in &tally.summaries {
         println!("  {count:4}  {kind}");
+    }
+    if !tally.unchecked.is_empty() {
+        println!("changed values read as good from files without checksums (h5py's):");
+        for what in &tally.unchecked {
+            println!("  {what}");
+        }
     }
     assert!(
         tally.findings.is_empty(),
@@ -440,9 +638,12 @@ fn harness() {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some("--child") {
-        child(Path::new(&args[2]), Path::new(&args[3]));
-        return;
+    match args.get(1).map(String::as_str) {
+        Some("--child") => return child(Path::new(&args[2]), Path::new(&args[3]), false),
+        Some("--child-unchecked") => {
+            return child(Path::new(&args[2]), Path::new(&args[3]), true);
+        }
+        _ => {}
     }
     // `cargo test` passes libtest's flags (--quiet, a filter...): a filter that does not match
     // "corrupt" skips the harness, as libtest would.
