@@ -1008,6 +1008,17 @@ impl Epoch {
         self.next_until(Some(Instant::now() + timeout))
     }
 
+    /// The job that builds the batch at `position` of this epoch.
+    fn job(&self, position: usize) -> Job {
+        Job {
+            epoch: self.epoch,
+            position,
+            indices: self.batches[position].clone(),
+            reply: self.reply_tx.clone(),
+            cancel: Arc::clone(&self.cancel),
+        }
+    }
+
     fn next_until(&mut self, deadline: Option<Instant>) -> Wait<Option<Result<Batch>>> {
         if self.done || self.next_deliver >= self.batches.len() {
             return Wait::Ready(None);
@@ -1017,13 +1028,7 @@ impl Epoch {
         if let Some(inline) = &self.loader.inline {
             // No worker threads: this thread builds the batch it is about to deliver.
             if !self.pending.contains_key(&self.next_deliver) {
-                let job = Job {
-                    epoch: self.epoch,
-                    position: self.next_deliver,
-                    indices: self.batches[self.next_deliver].clone(),
-                    reply: self.reply_tx.clone(),
-                    cancel: Arc::clone(&self.cancel),
-                };
+                let job = self.job(self.next_deliver);
                 let mut worker = inline.lock().unwrap_or_else(|e| e.into_inner());
                 let result = worker.run(shared, &job);
                 self.pending.insert(self.next_deliver, result);
@@ -1035,13 +1040,7 @@ impl Epoch {
             && self.next_send < self.batches.len()
             && self.next_send < self.next_deliver.saturating_add(prefetch)
         {
-            let job = Job {
-                epoch: self.epoch,
-                position: self.next_send,
-                indices: self.batches[self.next_send].clone(),
-                reply: self.reply_tx.clone(),
-                cancel: Arc::clone(&self.cancel),
-            };
+            let job = self.job(self.next_send);
             let jobs = self
                 .loader
                 .jobs

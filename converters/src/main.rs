@@ -299,12 +299,17 @@ impl Stoppable {
         Stoppable(PackProgressBar::new(quiet))
     }
 
-    /// The pack's result, or, for a pack a signal stopped, what was written, how to finish
-    /// it, and the exit code a shell expects (128 + the signal: 130, 143).
-    fn finish(&self, result: imagefeed::Result<PackSummary>) -> Result<PackSummary, Stopped> {
+    /// Ends the pack's output: its summary and exit code; for a pack a signal stopped, what
+    /// was written, how to finish it, and the exit code a shell expects (128 + the signal: 130,
+    /// 143); an error, with `doing` as its context.
+    fn finish(
+        &self,
+        result: imagefeed::Result<PackSummary>,
+        doing: impl FnOnce() -> String,
+    ) -> Result<ExitCode> {
         self.0.finish();
         let signal = STOP_SIGNAL.load(Ordering::SeqCst);
-        match result {
+        let summary = match result {
             Err(imagefeed::Error::Interrupted { reason, .. }) if signal != 0 => {
                 eprintln!("pack-dataset: stopped by signal {signal}: {reason}");
                 use std::io::Write as _;
@@ -312,16 +317,17 @@ impl Stoppable {
                 line.extend(resume_command());
                 line.push(b'\n');
                 let _ = std::io::stderr().write_all(&line);
-                Err(Stopped::Signal(128 + signal as u8))
+                return Ok(ExitCode::from(128 + signal as u8));
             }
-            Ok(summary) if signal != 0 => {
-                eprintln!(
-                    "pack-dataset: signal {signal} came after the last chunk; the pack is complete"
-                );
-                Ok(summary)
-            }
-            other => other.map_err(|e| Stopped::Error(e.into())),
+            other => other.with_context(doing)?,
+        };
+        if signal != 0 {
+            eprintln!(
+                "pack-dataset: signal {signal} came after the last chunk; the pack is complete"
+            );
         }
+        emit(&format_summary(&summary));
+        Ok(exit_for(&summary))
     }
 }
 
@@ -338,13 +344,6 @@ impl PackObserver for Stoppable {
     fn should_stop(&self) -> bool {
         STOP_SIGNAL.load(Ordering::SeqCst) != 0
     }
-}
-
-/// How a pack ended without a summary.
-enum Stopped {
-    /// A signal stopped it: exit with this code.
-    Signal(u8),
-    Error(anyhow::Error),
 }
 
 /// This command line with `--resume` added, quoted for a POSIX shell, as bytes (arguments need
@@ -415,19 +414,13 @@ fn pack(
     } else {
         pack::pack_image_folder(&args.src_dir, &args.out, format, &options, &progress)
     };
-    let summary = match progress.finish(result) {
-        Ok(summary) => summary,
-        Err(Stopped::Signal(code)) => return Ok(ExitCode::from(code)),
-        Err(Stopped::Error(e)) => {
-            return Err(e.context(format!(
-                "packing {} into {}",
-                args.src_dir.display(),
-                args.out.display()
-            )));
-        }
-    };
-    emit(&format_summary(&summary));
-    Ok(exit_for(&summary))
+    progress.finish(result, || {
+        format!(
+            "packing {} into {}",
+            args.src_dir.display(),
+            args.out.display()
+        )
+    })
 }
 
 /// 1 when records of a dataset source were left out (the output holds fewer than the source
@@ -597,19 +590,9 @@ fn run() -> Result<ExitCode> {
             };
             let progress = Stoppable::new(quiet);
             let result = pack::join(&parts, &out, to, &options, &progress);
-            let summary = match progress.finish(result) {
-                Ok(summary) => summary,
-                Err(Stopped::Signal(code)) => return Ok(ExitCode::from(code)),
-                Err(Stopped::Error(e)) => {
-                    return Err(e.context(format!(
-                        "joining {} parts into {}",
-                        parts.len(),
-                        out.display()
-                    )));
-                }
-            };
-            emit(&format_summary(&summary));
-            Ok(exit_for(&summary))
+            progress.finish(result, || {
+                format!("joining {} parts into {}", parts.len(), out.display())
+            })
         }
         Command::Inspect {
             dataset,

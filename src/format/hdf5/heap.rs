@@ -213,12 +213,26 @@ impl HeapReader {
         }
     }
 
-    /// Element `id`'s bytes, read from `file` with `pread` and checked.
+    /// Element `id`'s bytes, read from `file` with `pread` and checked (the tests' and the
+    /// fuzz target's way in; the reader uses [`locate`](Self::locate)).
+    #[cfg(any(test, feature = "fuzzing"))]
     pub fn read<'a>(&'a mut self, file: &fs::File, id: &HeapId) -> Result<&'a [u8], String> {
+        let range = self.locate(file, id)?;
+        Ok(self.bytes(range))
+    }
+
+    /// Where element `id`'s bytes lie in [`bytes`](Self::bytes), its collection read (or kept
+    /// from the last read) with `pread` and checked: the reader hands them out from there,
+    /// without a copy.
+    pub fn locate(
+        &mut self,
+        file: &fs::File,
+        id: &HeapId,
+    ) -> Result<std::ops::Range<usize>, String> {
         // No length, or no collection (libhdf5's "null" element): empty, as the library
         // reads it.
         if id.len == 0 || id.collection == 0 {
-            return Ok(&[]);
+            return Ok(0..0);
         }
         let address = id.collection;
         if address >= self.file_len {
@@ -242,7 +256,12 @@ impl HeapReader {
                 range.len()
             ));
         }
-        Ok(&self.collection[range])
+        Ok(range)
+    }
+
+    /// The bytes at `range` of the collection last read ([`locate`](Self::locate)).
+    pub fn bytes(&self, range: std::ops::Range<usize>) -> &[u8] {
+        &self.collection[range]
     }
 
     /// Reads the whole collection at `address` into `self.collection`.
@@ -267,7 +286,9 @@ impl HeapReader {
     }
 }
 
-fn read_at(file: &fs::File, buffer: &mut [u8], offset: u64) -> Result<(), String> {
+/// Fills `buffer` from `file` at `offset` with `pread`, or says why it could not (a file cut
+/// short names the bytes missing).
+pub(crate) fn read_at(file: &fs::File, buffer: &mut [u8], offset: u64) -> Result<(), String> {
     file.read_exact_at(buffer, offset).map_err(|e| {
         if e.kind() == std::io::ErrorKind::UnexpectedEof {
             format!(

@@ -68,6 +68,16 @@ fn memory_budget(path: &Path) -> u64 {
     (1u64 << 30).saturating_add(len.saturating_mul(2))
 }
 
+/// Ends the trial child `pid`, not yet reaped, and reaps it.
+fn kill_and_reap(pid: libc::pid_t) {
+    let mut status = 0;
+    // SAFETY: `pid` is this process's child, not yet reaped; `status` is a valid out-pointer.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, &mut status, 0);
+    }
+}
+
 /// The resident memory of process `pid` (`None`: this one), from `/proc/PID/statm`.
 fn resident_bytes(pid: Option<libc::pid_t>) -> Option<u64> {
     let statm = match pid {
@@ -101,7 +111,8 @@ pub(super) fn try_in_child(path: &Path, open: impl FnOnce()) -> Result<()> {
     }
     // What the child may take: the process's resident memory now (the child shares it) plus
     // the budget.
-    let ceiling = resident_bytes(None).map(|now| now.saturating_add(memory_budget(path)));
+    let budget = memory_budget(path);
+    let ceiling = resident_bytes(None).map(|now| now.saturating_add(budget));
     // The fork handlers take the HDF5 gate around the fork (see `gate`): no other thread is
     // inside libhdf5, and the child gets a fresh gate.
     super::gate::register();
@@ -145,27 +156,19 @@ pub(super) fn try_in_child(path: &Path, open: impl FnOnce()) -> Result<()> {
         if let Some(ceiling) = ceiling
             && resident_bytes(Some(pid)).is_some_and(|rss| rss > ceiling)
         {
-            // SAFETY: as above.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
-            }
+            kill_and_reap(pid);
             return Err(Error::not_a_dataset(
                 path,
                 format!(
                     "libhdf5 took more than {} MiB of memory opening it in a trial process: its \
                      metadata is damaged (a size or count it allocates for without bound; \
                      IMAGEFEED_HDF5_OPEN_MIB sets the limit)",
-                    memory_budget(path) >> 20
+                    budget >> 20
                 ),
             ));
         }
         if started.elapsed() >= limit {
-            // SAFETY: as above; the child is ours and not yet reaped.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
-            }
+            kill_and_reap(pid);
             return Err(Error::not_a_dataset(
                 path,
                 format!(

@@ -2,7 +2,6 @@
 //! and the per-worker readers of every layout; the layouts others write are found in `foreign`.
 
 use std::fs;
-use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -10,7 +9,7 @@ use hdf5::types::{VarLenArray, VarLenUnicode};
 
 use super::foreign::open_foreign;
 use super::gate::{self, Gated};
-use super::heap::{HeapId, HeapReader, Widths};
+use super::heap::{self, HeapId, HeapReader, Widths};
 use super::storage::{check_inside_file, check_stored, contiguous_offset};
 use super::{
     CHECKSUMS, CHECKSUMS_SINCE, Hdf5Names, IMAGES, INFO_ATTR, KEYS, LABELS, MAGIC, OFFSETS,
@@ -454,17 +453,7 @@ fn pread_exact(
     len: usize,
 ) -> std::result::Result<(), String> {
     buffer.resize(len, 0);
-    let file = file.expect("pread layouts open a file");
-    file.read_exact_at(buffer, offset).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::UnexpectedEof {
-            format!(
-                "bytes {offset}..{} are past the end of the file (truncated?)",
-                offset + len as u64
-            )
-        } else {
-            format!("read failed: {e}")
-        }
-    })
+    heap::read_at(file.expect("pread layouts open a file"), buffer, offset)
 }
 
 impl RecordReader for Hdf5Reader {
@@ -475,6 +464,7 @@ impl RecordReader for Hdf5Reader {
             "index {index} out of range for {} samples",
             shared.info.num_samples
         );
+        let mut from_heap = None;
         match &shared.layout {
             Layout::Imagefeed {
                 data_offset,
@@ -518,11 +508,8 @@ impl RecordReader for Hdf5Reader {
                     .as_mut()
                     .expect("a VarLen reader has a heap reader");
                 let file = self.file.as_deref().expect("pread layouts open a file");
-                match heap.read(file, &ids[index]) {
-                    Ok(bytes) => {
-                        self.buffer.clear();
-                        self.buffer.extend_from_slice(bytes);
-                    }
+                match heap.locate(file, &ids[index]) {
+                    Ok(range) => from_heap = Some(range),
                     Err(reason) => return Err(self.corrupt(index, &self.key, reason)),
                 }
             }
@@ -593,11 +580,16 @@ impl RecordReader for Hdf5Reader {
             shared
                 .info
                 .check_stored_label(&shared.path, index, key, shared.labels[index])?;
+        // h5py's variable-length elements are handed out from the collection read for them.
+        let payload = match (from_heap, &self.heap) {
+            (Some(range), Some(heap)) => heap.bytes(range),
+            _ => &self.buffer,
+        };
         Ok(Record {
             index,
             key,
             label,
-            payload: &self.buffer,
+            payload,
         })
     }
 }
