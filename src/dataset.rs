@@ -291,6 +291,13 @@ pub trait Dataset: Send + Sync {
         None
     }
 
+    /// The key and label of record `index` when the dataset knows them without reading the
+    /// record (an image folder's listing); `None` otherwise, and past the end.
+    fn listed(&self, index: usize) -> Option<(&str, u32)> {
+        let _ = index;
+        None
+    }
+
     /// Shards holding no record while others hold some: what a file created and never
     /// written, or a copy cut short, looks like, so `inspect` does not call such a dataset
     /// complete. A format whose index gives every shard's count, checked against the shard,
@@ -604,6 +611,41 @@ where
             },
         )
         .collect()
+}
+
+/// The key and label of every record, in index order: from the dataset's listing where it has
+/// one ([`Dataset::listed`]: no file is read), else by reading every record in parallel (for a
+/// dataset in object storage, that downloads it).
+///
+/// # Errors
+/// The first record (by index) that cannot be read, as [`Error::CorruptRecord`] naming it.
+pub fn keys_and_labels(dataset: &dyn Dataset) -> Result<Vec<(String, u32)>> {
+    let listed: Option<Vec<(String, u32)>> = (0..dataset.len())
+        .map(|index| {
+            dataset
+                .listed(index)
+                .map(|(key, label)| (key.to_owned(), label))
+        })
+        .collect();
+    if let Some(listed) = listed {
+        return Ok(listed);
+    }
+    par_map_records(dataset, |_, record| {
+        record
+            .map(|r| (r.key.to_owned(), r.label))
+            .map_err(|unread| (unread.key, unread.message))
+    })
+    .into_iter()
+    .enumerate()
+    .map(|(index, result)| {
+        result.map_err(|(key, reason)| Error::CorruptRecord {
+            path: dataset.path().to_path_buf(),
+            index,
+            key,
+            reason,
+        })
+    })
+    .collect()
 }
 
 /// A record [`par_map_records`] could not read: its key when the error names one (`#index`

@@ -576,6 +576,9 @@ struct Inner {
     workers: Vec<JoinHandle<()>>,
     /// With no worker threads: the reader and transformer of the thread asking for a batch.
     inline: Option<Mutex<Worker>>,
+    /// The reader and transformer of [`Loader::build_batch`] when there are worker threads,
+    /// made on first use.
+    side: Mutex<Option<Worker>>,
     /// The process that made the workers ([`std::process::id`]).
     process: u32,
 }
@@ -668,6 +671,7 @@ impl Loader {
                 transform_digest,
                 jobs: Some(jobs),
                 inline,
+                side: Mutex::new(None),
                 workers,
                 process: std::process::id(),
             }),
@@ -692,6 +696,52 @@ impl Loader {
     /// Batches per epoch for this rank.
     pub fn batches_per_epoch(&self) -> usize {
         self.inner.sampler.batches_per_epoch()
+    }
+
+    /// The sampler that deals this rank's batches (its [`Sampler::rank_indices`] are the samples
+    /// an epoch gives this rank, padding included).
+    pub fn sampler(&self) -> &Sampler {
+        &self.inner.sampler
+    }
+
+    /// Builds a batch of `indices` now, in the calling thread, as an epoch's batch holding them
+    /// would be built: each sample transformed with the random draws of `(seed, epoch, index)`,
+    /// bad samples handled by the loader's policy (so a skipped one leaves the batch shorter).
+    /// What a map-style view of the loader's samples (`loader.dataset[i]` in Python) reads.
+    /// The batch buffer holds `indices.len()` slots at least, [`Sampler::largest_batch`] at
+    /// most when that is more; the indices must be below the dataset's length.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for an index past the dataset; [`Error::BadSample`] under
+    /// [`BadSamplePolicy::Error`]; a read or allocation error as an epoch would give it.
+    pub fn build_batch(&self, epoch: u64, indices: Vec<usize>) -> Result<Batch> {
+        let len = self.inner.shared.dataset.len();
+        if let Some(&index) = indices.iter().find(|&&i| i >= len) {
+            return Err(Error::Config(format!(
+                "sample {index} is past the dataset's {len} samples"
+            )));
+        }
+        let (reply, _replies) = crossbeam_channel::bounded(0);
+        let job = Job {
+            epoch,
+            position: 0,
+            indices,
+            reply,
+            cancel: Arc::new(AtomicBool::new(false)),
+        };
+        let shared = &self.inner.shared;
+        if let Some(inline) = &self.inner.inline {
+            return inline
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .run(shared, &job);
+        }
+        let mut side = self.inner.side.lock().unwrap_or_else(|e| e.into_inner());
+        side.get_or_insert_with(|| Worker {
+            reader: LazyReader::new(Arc::clone(&shared.dataset)),
+            transformer: SampleTransformer::new(shared.config.max_pixels),
+        })
+        .run(shared, &job)
     }
 
     /// The batch buffer pool (its allocation count shows steady-state reuse).

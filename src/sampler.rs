@@ -10,13 +10,15 @@
 //!    the epoch reads a bounded set of shards at a time — what shards fetched from object
 //!    storage need — while every sample still comes once per epoch;
 //! 2. makes the length a multiple of `world_size`: [`Uneven::Pad`] repeats samples from the
-//!    start of the order, [`Uneven::Drop`] drops the tail;
+//!    start of the order, [`Uneven::Drop`] drops the tail ([`Uneven::Exact`] leaves it as it is);
 //! 3. gives rank `r` every `world_size`-th sample starting at `r` (as PyTorch's
 //!    `DistributedSampler`), so ranks are disjoint (up to the padding) and equally long;
 //! 4. cuts that into batches of `batch_size`; with `drop_last` a final short batch is dropped.
 //!
-//! Every rank therefore gets the same number of batches per epoch, so a distributed job never
-//! hangs waiting for a rank that ran out of data.
+//! Under `Pad` and `Drop` every rank therefore gets the same number of batches per epoch, so a
+//! distributed training job never hangs waiting for a rank that ran out of data. `Exact` is for
+//! evaluation: every sample exactly once over all ranks, the first `len % world_size` ranks one
+//! sample more than the others, so their batch counts may differ by one.
 
 use serde::{Deserialize, Serialize};
 
@@ -31,6 +33,10 @@ pub enum Uneven {
     Pad,
     /// Drop the last `len % world_size` samples of the epoch's order.
     Drop,
+    /// Neither: every sample exactly once over all ranks, the first `len % world_size` ranks
+    /// taking one more sample than the rest (so batch counts may differ by one between ranks:
+    /// for evaluation, where no collective waits on every rank's step, not for training).
+    Exact,
 }
 
 /// Everything that decides which samples a rank's batches hold, besides the dataset's length:
@@ -213,22 +219,26 @@ impl Sampler {
                 };
                 rest.extend(source.iter().copied().cycle().take(missing));
             }
-            Uneven::Pad => {}
+            Uneven::Pad | Uneven::Exact => {}
         }
         rest.into_iter().skip(rank).step_by(w).collect()
     }
 
-    /// Number of samples each rank gets per epoch.
+    /// Number of samples this rank gets per epoch (the same on every rank, except under
+    /// [`Uneven::Exact`]).
     pub fn samples_per_rank(&self) -> usize {
         self.samples_per_rank_from(0)
     }
 
-    /// Number of samples each rank gets from position `start` of an epoch's order on.
+    /// Number of samples this rank gets from position `start` of an epoch's order on.
     pub fn samples_per_rank_from(&self, start: usize) -> usize {
         let rest = self.len.saturating_sub(start);
+        let w = self.sampling.world_size;
         match self.sampling.uneven {
-            Uneven::Drop => rest / self.sampling.world_size,
-            Uneven::Pad => rest.div_ceil(self.sampling.world_size),
+            Uneven::Drop => rest / w,
+            Uneven::Pad => rest.div_ceil(w),
+            // Rank r takes positions r, r + w, ... of the rest.
+            Uneven::Exact => rest.saturating_sub(self.sampling.rank).div_ceil(w),
         }
     }
 
@@ -238,12 +248,13 @@ impl Sampler {
         self.sampling.batch_size.min(self.samples_per_rank())
     }
 
-    /// Number of batches each rank gets per epoch.
+    /// Number of batches this rank gets per epoch (the same on every rank, except under
+    /// [`Uneven::Exact`], where a rank may get one fewer than rank 0).
     pub fn batches_per_epoch(&self) -> usize {
         self.batches_per_epoch_from(0)
     }
 
-    /// Number of batches each rank gets from position `start` of an epoch's order on.
+    /// Number of batches this rank gets from position `start` of an epoch's order on.
     pub fn batches_per_epoch_from(&self, start: usize) -> usize {
         let per_rank = self.samples_per_rank_from(start);
         if self.sampling.drop_last {
@@ -276,9 +287,19 @@ impl Sampler {
     /// part continues, at this or any other world size. Ranks take their samples round-robin,
     /// so their first `delivered` batches are exactly the next `delivered × batch_size ×
     /// world_size` samples of the order; once the part's last batch is delivered, the epoch is
-    /// over (`len`), including what `drop_last` or [`Uneven::Drop`] left out.
+    /// over (`len`), including what `drop_last` or [`Uneven::Drop`] left out. The answer is the
+    /// same on every rank: under [`Uneven::Exact`] the epoch is over only once rank 0, which
+    /// holds the most batches, has taken its last.
     pub fn position_after(&self, start: usize, delivered: usize) -> usize {
-        if delivered >= self.batches_per_epoch_from(start) {
+        let first_rank = Sampler {
+            len: self.len,
+            sampling: Sampling {
+                rank: 0,
+                ..self.sampling
+            },
+            shards: None,
+        };
+        if delivered >= first_rank.batches_per_epoch_from(start) {
             return self.len;
         }
         let taken = delivered * self.sampling.batch_size * self.sampling.world_size;
@@ -299,6 +320,10 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::collections::HashSet;
+
+    fn uneven() -> impl Strategy<Value = Uneven> {
+        prop_oneof![Just(Uneven::Pad), Just(Uneven::Drop), Just(Uneven::Exact)]
+    }
 
     fn sampler(len: usize, batch: usize, world: usize, uneven: Uneven, drop_last: bool) -> Sampler {
         Sampler {
@@ -410,10 +435,9 @@ mod tests {
         #[test]
         fn ranks_are_disjoint_complete_and_equally_long(
             len in 0usize..300, batch in 1usize..17, world in 1usize..9,
-            pad in any::<bool>(), drop_last in any::<bool>(), epoch in 0u64..5,
+            uneven in uneven(), drop_last in any::<bool>(), epoch in 0u64..5,
             window in 0usize..4, shard in 1usize..40,
         ) {
-            let uneven = if pad { Uneven::Pad } else { Uneven::Drop };
             let ranks: Vec<Sampler> = (0..world)
                 .map(|rank| {
                     let mut s = in_shards(sampler(len, batch, world, uneven, drop_last), window, shard);
@@ -421,12 +445,21 @@ mod tests {
                     s
                 })
                 .collect();
-            let counts: HashSet<usize> = ranks.iter().map(|s| s.batches(epoch).len()).collect();
-            prop_assert_eq!(counts.len(), 1, "ranks got different batch counts");
-            prop_assert_eq!(*counts.iter().next().unwrap(), ranks[0].batches_per_epoch());
+            for s in &ranks {
+                prop_assert_eq!(s.batches(epoch).len(), s.batches_per_epoch());
+                prop_assert_eq!(s.rank_indices(epoch).len(), s.samples_per_rank());
+            }
+            let counts: Vec<usize> = ranks.iter().map(|s| s.batches(epoch).len()).collect();
             let per_rank: Vec<Vec<usize>> = ranks.iter().map(|s| s.rank_indices(epoch)).collect();
-            let lens: HashSet<usize> = per_rank.iter().map(Vec::len).collect();
-            prop_assert_eq!(lens.len(), 1);
+            let lens: Vec<usize> = per_rank.iter().map(Vec::len).collect();
+            if uneven == Uneven::Exact {
+                // Rank 0 holds the most; no rank more than one sample or batch fewer.
+                prop_assert!(counts.iter().all(|&c| c <= counts[0] && c + 1 >= counts[0]));
+                prop_assert!(lens.iter().all(|&l| l <= lens[0] && l + 1 >= lens[0]));
+            } else {
+                prop_assert!(counts.iter().all(|&c| c == counts[0]), "ranks got different batch counts");
+                prop_assert!(lens.iter().all(|&l| l == lens[0]));
+            }
             let all: Vec<usize> = per_rank.concat();
             let unique: HashSet<usize> = all.iter().copied().collect();
             match uneven {
@@ -437,6 +470,10 @@ mod tests {
                 Uneven::Pad => {
                     prop_assert_eq!(unique.len(), len, "every sample is seen");
                     prop_assert!(all.len() - len < world, "padding is less than one per rank");
+                }
+                Uneven::Exact => {
+                    prop_assert_eq!(unique.len(), len, "every sample is seen");
+                    prop_assert_eq!(all.len(), len, "no sample twice");
                 }
             }
             for (s, indices) in ranks.iter().zip(&per_rank) {
@@ -451,10 +488,9 @@ mod tests {
         #[test]
         fn a_part_epoch_at_another_world_size_deals_out_exactly_what_was_not_delivered(
             len in 0usize..200, batch in 1usize..9, world in 1usize..6, next_world in 1usize..6,
-            pad in any::<bool>(), drop_last in any::<bool>(), pick in 0usize..400,
+            uneven in uneven(), drop_last in any::<bool>(), pick in 0usize..400,
             window in 0usize..4, shard in 1usize..40,
         ) {
-            let uneven = if pad { Uneven::Pad } else { Uneven::Drop };
             let at = |world: usize, rank: usize| {
                 let mut s = in_shards(sampler(len, batch, world, uneven, drop_last), window, shard);
                 s.sampling.rank = rank;
@@ -471,8 +507,12 @@ mod tests {
                 .flat_map(|r| at(world, r).batches(epoch).into_iter().take(delivered).flatten())
                 .collect();
             given.sort_unstable();
-            // ... is exactly the order up to the position the next part starts at.
+            // ... is exactly the order up to the position the next part starts at, whichever
+            // rank works it out (under Exact a rank may have taken its last batch already).
             let start = at(world, 0).position_after(0, delivered);
+            for r in 1..world {
+                prop_assert_eq!(at(world, r).position_after(0, delivered), start);
+            }
             if delivered < batches {
                 let mut prefix = order[..start].to_vec();
                 prefix.sort_unstable();
@@ -483,8 +523,10 @@ mod tests {
             // At `next_world`, the rest of the order is dealt out once, in equal batch counts.
             let ranks: Vec<Vec<Vec<usize>>> =
                 (0..next_world).map(|r| at(next_world, r).batches_from(epoch, start)).collect();
-            let counts: HashSet<usize> = ranks.iter().map(Vec::len).collect();
-            prop_assert!(counts.len() <= 1, "ranks got different batch counts");
+            let counts: Vec<usize> = ranks.iter().map(Vec::len).collect();
+            let most = counts.iter().copied().max().unwrap_or(0);
+            let spread = if uneven == Uneven::Exact { 1 } else { 0 };
+            prop_assert!(counts.iter().all(|&c| c + spread >= most), "batch counts differ too much");
             if start == 0 {
                 return Ok(()); // a whole epoch: the test above
             }
@@ -493,7 +535,7 @@ mod tests {
             let from_rest: Vec<usize> = dealt.iter().copied().filter(|i| rest.contains(i)).collect();
             let unique: HashSet<usize> = from_rest.iter().copied().collect();
             prop_assert_eq!(unique.len(), from_rest.len(), "a remaining sample was dealt twice");
-            if pad {
+            if uneven == Uneven::Pad {
                 // Padding, less than one sample per rank, repeats samples already given.
                 prop_assert!(dealt.len() - from_rest.len() < next_world, "padding beyond one per rank");
                 if !drop_last {
@@ -501,6 +543,9 @@ mod tests {
                 }
             } else {
                 prop_assert_eq!(dealt.len(), from_rest.len(), "only remaining samples are dealt");
+                if uneven == Uneven::Exact && !drop_last {
+                    prop_assert_eq!(unique, rest, "a remaining sample was left out");
+                }
             }
         }
     }

@@ -163,6 +163,41 @@ fn zero_workers_build_batches_in_the_calling_thread() {
     }
 }
 
+/// #32 finding 5: one sample built on its own (what `loader.dataset[i]` reads) is the slot the
+/// epoch's batch gives it, random transform included, for any worker count; an index past the
+/// dataset is a configuration error.
+#[test]
+fn a_batch_built_on_request_matches_the_epochs_slots() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, lmdb, _) = datasets(dir.path());
+    let transform = rrc(12).with_output(DType::F16, Layout::Nhwc);
+    for workers in [0, 2] {
+        let loader = Loader::new(Arc::clone(&lmdb), config(transform, workers, 2)).unwrap();
+        let slot = transform.output.slot_len(12, 12);
+        for batch in loader.epoch(5) {
+            let batch = batch.unwrap();
+            for (position, &index) in batch.samples.iter().enumerate() {
+                let one = loader.build_batch(5, vec![index]).unwrap();
+                assert_eq!(one.samples, vec![index]);
+                assert_eq!(one.labels[0], batch.labels[position]);
+                assert_eq!(
+                    one.bytes(),
+                    &batch.bytes()[position * slot..(position + 1) * slot],
+                    "sample {index}, {workers} workers"
+                );
+            }
+        }
+        // Another epoch draws another crop for the same sample.
+        let five = loader.build_batch(5, vec![3]).unwrap();
+        let six = loader.build_batch(6, vec![3]).unwrap();
+        assert_ne!(five.bytes(), six.bytes());
+        assert!(matches!(
+            loader.build_batch(5, vec![0, lmdb.len()]),
+            Err(Error::Config(_))
+        ));
+    }
+}
+
 #[test]
 fn seed_and_epoch_change_the_stream() {
     let dir = tempfile::tempdir().unwrap();
@@ -546,6 +581,8 @@ fn ranks_get_disjoint_samples_and_equal_batch_counts() {
         (4, Uneven::Pad),
         (4, Uneven::Drop),
         (7, Uneven::Drop),
+        (4, Uneven::Exact),
+        (7, Uneven::Exact),
     ] {
         let per_rank: Vec<Vec<usize>> = (0..world)
             .map(|rank| {
@@ -561,14 +598,26 @@ fn ranks_get_disjoint_samples_and_equal_batch_counts() {
                 batches.iter().flat_map(|b| b.samples.clone()).collect()
             })
             .collect();
-        let counts: HashSet<usize> = per_rank.iter().map(Vec::len).collect();
-        assert_eq!(counts.len(), 1, "world {world}: unequal ranks");
+        let counts: Vec<usize> = per_rank.iter().map(Vec::len).collect();
         let all: Vec<usize> = per_rank.concat();
         let unique: HashSet<usize> = all.iter().copied().collect();
         match uneven {
             Uneven::Drop => assert_eq!(unique.len(), all.len(), "world {world}: overlap"),
             Uneven::Pad => assert_eq!(unique.len(), 30, "world {world}: not every sample seen"),
+            // Every sample exactly once; the first 30 % world ranks take one more.
+            Uneven::Exact => {
+                assert_eq!((unique.len(), all.len()), (30, 30), "world {world}");
+                let expected: Vec<usize> = (0..world)
+                    .map(|rank| 30 / world + usize::from(rank < 30 % world))
+                    .collect();
+                assert_eq!(counts, expected, "world {world}");
+                continue;
+            }
         }
+        assert!(
+            counts.iter().all(|&c| c == counts[0]),
+            "world {world}: unequal ranks"
+        );
     }
 }
 

@@ -148,6 +148,14 @@ fn every_backend_presents_the_same_samples() {
         let samples = read_all(dataset.as_ref(), 0..dataset.len());
         let got: Vec<(String, u32)> = samples.iter().map(|s| (s.1.clone(), s.2)).collect();
         assert_eq!(got, expected, "{name}: keys and labels");
+        // The listing Python's `samples`/`targets` come from: the folder's without reading a
+        // file, every other backend's by reading its records.
+        assert_eq!(
+            imagefeed::dataset::keys_and_labels(dataset.as_ref()).unwrap(),
+            expected,
+            "{name}: keys_and_labels"
+        );
+        assert_eq!(dataset.listed(0).is_some(), *name == "folder", "{name}");
         // Raw pixels were decoded with the same decoder, so pixels match exactly.
         assert!(
             samples == reference,
@@ -343,6 +351,12 @@ fn label_out_of_range_is_an_error_naming_the_record() {
             "{message}"
         );
         assert!(message.contains("label 7 is outside 0..3"), "{message}");
+        // Listing every label (Python's `targets`) stops at that record, naming it.
+        let err = imagefeed::dataset::keys_and_labels(dataset.as_ref()).unwrap_err();
+        assert!(
+            matches!(&err, Error::CorruptRecord { index: 1, key, .. } if key == "c/bad.jpg"),
+            "{name}: {err}"
+        );
     }
 }
 

@@ -23,6 +23,7 @@ from .dataset import Dataset
 from .errors import *  # noqa: F403 - the exception classes, listed in errors.__all__
 from .loader import DEFAULT_MAX_BAD, BadSample, Loader
 from .packing import inspect, join, pack, synthesize, verify
+from .views import LoaderDataset, LoaderSampler
 
 __all__ = [
     "__version__",
@@ -30,6 +31,8 @@ __all__ = [
     "BadSample",
     "DEFAULT_MAX_BAD",
     "Dataset",
+    "LoaderDataset",
+    "LoaderSampler",
     "pack",
     "join",
     "inspect",

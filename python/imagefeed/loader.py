@@ -12,6 +12,7 @@ from . import _native
 from . import errors
 from ._reading import DatasetPath, dataset_paths, reading_options
 from .transforms import Transform, none as _no_transform
+from .views import LoaderDataset, LoaderSampler
 
 __all__ = ["Loader", "BadSample", "DEFAULT_MAX_BAD"]
 
@@ -216,8 +217,15 @@ class Loader:
     initialised, else the RANK and WORLD_SIZE variables, else one rank; looked up again until the
     first epoch starts, so a loader made before ``init_process_group`` shards as the process
     group says): every rank gets the same number of batches (``uneven="pad"`` repeats a few
-    samples, ``"drop"`` leaves them out). Given explicitly, they are kept, with a
+    samples, ``"drop"`` leaves them out), or, with ``uneven="exact"`` (for evaluation), every
+    sample exactly once over all ranks, the first ``num_samples % world_size`` ranks one sample
+    (so at most one batch) more than the rest. Given explicitly, they are kept, with a
     :class:`~imagefeed.errors.RankWarning` when the process group's size differs.
+
+    ``loader.sampler`` (:class:`~imagefeed.views.LoaderSampler`) tells which samples an epoch
+    gives this rank, with ``DistributedSampler``'s attributes; ``loader.dataset``
+    (:class:`~imagefeed.views.LoaderDataset`) gives them one at a time, with ImageFolder's
+    ``classes``, ``class_to_idx``, ``samples`` and ``targets``.
     """
 
     def __init__(
@@ -336,7 +344,9 @@ class Loader:
             shard_window=shard_window,
         )
         self._paths = paths
+        self._dtype, self._layout = dtype, layout
         self._native = self._make_native(rank, world_size)
+        self._dataset_view: Optional[LoaderDataset] = None
         self.batch_size = batch_size
         self.seed = seed
         self._seed_given = seed_given
@@ -669,6 +679,19 @@ class Loader:
     def num_samples(self) -> int:
         """Samples in the dataset (all ranks)."""
         return self._native.num_samples
+
+    @property
+    def dataset(self) -> LoaderDataset:
+        """The loader's samples one at a time, as a map-style dataset with ImageFolder's
+        attributes (:class:`~imagefeed.views.LoaderDataset`)."""
+        if self._dataset_view is None:
+            self._dataset_view = LoaderDataset(self)
+        return self._dataset_view
+
+    @property
+    def sampler(self) -> LoaderSampler:
+        """Which samples an epoch gives this rank (:class:`~imagefeed.views.LoaderSampler`)."""
+        return LoaderSampler(self)
 
     def stats(self) -> Dict[str, Any]:
         """Stage times (seconds, summed over workers), counts, and the pool's allocations."""

@@ -106,6 +106,14 @@ impl NativeDataset {
             .is_some_and(imagefeed::remote::is_url)
     }
 
+    /// Every record's `(key, label)`, in index order: an image folder's from its listing,
+    /// other formats' by reading every record (the GIL released).
+    fn keys_and_labels(&self, py: Python<'_>) -> PyResult<Vec<(String, u32)>> {
+        let dataset = &self.dataset;
+        py.detach(|| imagefeed::dataset::keys_and_labels(dataset.as_ref()))
+            .map_err(to_py)
+    }
+
     /// Record `index` as `(payload bytes, label, key)`.
     fn read<'py>(
         &self,

@@ -22,6 +22,35 @@ use imagefeed::transform::{DType, Geometry, Layout, Normalize, Transform};
 use crate::dlpack::{Element, HostArray, HostMemory};
 use crate::errors::{config, to_py};
 
+/// A batch as Python receives it: images and labels viewing Rust memory, sample indices, bad
+/// samples.
+fn batch_parts(batch: imagefeed::batch::Batch) -> PyResult<BatchParts> {
+    let shape = batch.shape;
+    let element = match batch.dtype {
+        DType::U8 => Element::U8,
+        DType::F16 => Element::F16,
+        DType::F32 => Element::F32,
+    };
+    let labels: Vec<i64> = batch.labels.iter().map(|&l| i64::from(l)).collect();
+    let mut batch = batch;
+    let samples = std::mem::take(&mut batch.samples);
+    let bad: Vec<_> = std::mem::take(&mut batch.bad)
+        .into_iter()
+        .map(bad_tuple)
+        .collect();
+    let mut buffer = batch.into_buffer();
+    let bytes = buffer.as_mut_slice();
+    let (ptr, len) = (bytes.as_mut_ptr(), bytes.len());
+    // SAFETY: the pooled buffer's block is heap memory that stays in place until the buffer is
+    // dropped (it then goes back to the pool); the box below owns it from here on, and nothing
+    // else holds it.
+    let memory = unsafe { HostMemory::new(ptr, len, Box::new(buffer)) };
+    let images = HostArray::new(Arc::new(memory), &shape, element)?;
+    let n = labels.len();
+    let labels = HostArray::new(Arc::new(HostMemory::from_vec(labels)), &[n], Element::I64)?;
+    Ok((images, labels, samples, bad))
+}
+
 /// How long a wait for a batch runs before Python gets to check for signals.
 const SIGNAL_POLL: Duration = Duration::from_millis(50);
 
@@ -280,9 +309,10 @@ impl NativeLoader {
         let uneven = match uneven {
             "pad" => Uneven::Pad,
             "drop" => Uneven::Drop,
+            "exact" => Uneven::Exact,
             other => {
                 return Err(config(format!(
-                    "uneven {other:?}: must be \"pad\" or \"drop\""
+                    "uneven {other:?}: must be \"pad\", \"drop\" or \"exact\""
                 )));
             }
         };
@@ -413,35 +443,33 @@ impl NativeLoader {
                 }
             }
         };
-        let shape = batch.shape;
-        let element = match batch.dtype {
-            DType::U8 => Element::U8,
-            DType::F16 => Element::F16,
-            DType::F32 => Element::F32,
-        };
-        let labels: Vec<i64> = batch.labels.iter().map(|&l| i64::from(l)).collect();
-        let mut batch = batch;
-        let samples = std::mem::take(&mut batch.samples);
-        let bad: Vec<_> = std::mem::take(&mut batch.bad)
-            .into_iter()
-            .map(bad_tuple)
-            .collect();
-        let mut buffer = batch.into_buffer();
-        let bytes = buffer.as_mut_slice();
-        let (ptr, len) = (bytes.as_mut_ptr(), bytes.len());
-        // SAFETY: the pooled buffer's block is heap memory that stays in place until the buffer
-        // is dropped (it then goes back to the pool); the box below owns it from here on, and
-        // nothing else holds it.
-        let memory = unsafe { HostMemory::new(ptr, len, Box::new(buffer)) };
-        let images = HostArray::new(Arc::new(memory), &shape, element)?;
-        let n = labels.len();
-        let labels = HostArray::new(Arc::new(HostMemory::from_vec(labels)), &[n], Element::I64)?;
+        let parts = batch_parts(batch)?;
         current.returned += 1;
         if current.history.len() == HISTORY {
             current.history.pop_front();
         }
         current.history.push_back(before);
-        Ok(Some((images, labels, samples, bad)))
+        Ok(Some(parts))
+    }
+
+    /// A batch of `indices` built now in the calling thread (the GIL released), with epoch
+    /// `epoch`'s random draws: what `loader.dataset[i]` reads.
+    fn build_batch(&self, py: Python<'_>, epoch: u64, indices: Vec<usize>) -> PyResult<BatchParts> {
+        let batch = py
+            .detach(|| self.loader.build_batch(epoch, indices))
+            .map_err(to_py)?;
+        batch_parts(batch)
+    }
+
+    /// The samples epoch `epoch` gives this rank, in order (padding included).
+    fn rank_indices(&self, py: Python<'_>, epoch: u64) -> Vec<usize> {
+        py.detach(|| self.loader.sampler().rank_indices(epoch))
+    }
+
+    /// How many samples an epoch gives this rank.
+    #[getter]
+    fn samples_per_rank(&self) -> usize {
+        self.loader.sampler().samples_per_rank()
     }
 
     /// JSON of where the epoch in progress stands for a trainer handed `handed` of the batches

@@ -406,6 +406,103 @@ def test_two_ranks_cover_the_epoch_with_equal_batch_counts(lmdb_path):
     assert len(unique) == 240, "no sample given to both ranks"
 
 
+def test_uneven_exact_gives_every_sample_once_over_ranks_that_differ_by_one(lmdb_path):
+    # 240 samples over 7 ranks: ranks 0-1 take 35, ranks 2-6 take 34 (batches of 5: 7 and 7).
+    seen, counts = [], []
+    for rank in range(7):
+        l = loader(lmdb_path, batch_size=5, rank=rank, world_size=7, uneven="exact",
+                   transform=T.none(), dtype="uint8", layout="NHWC")
+        assert len(l.sampler) == (35 if rank < 2 else 34) == l.sampler.num_samples
+        assert l.sampler.total_size == 240 and l.sampler.num_replicas == 7
+        indices = list(l.sampler)
+        got = []
+        for images, labels in l:
+            got.extend(im.tobytes() for im in images)
+        assert len(got) == len(indices) == len(l.sampler)
+        seen.extend(indices)
+        counts.append(len(got))
+        # The sampler's indices are the samples the batches hold, in order.
+        whole = l.dataset
+        assert [whole[i][0].tobytes() for i in indices] == got
+    assert sorted(seen) == list(range(240)), "every sample exactly once"
+    with pytest.raises(imagefeed.ConfigError, match="exact"):
+        loader(lmdb_path, uneven="even")
+
+
+def test_the_sampler_names_the_padding_and_follows_set_epoch(lmdb_path):
+    # 240 samples over 7 ranks, padded: 35 each, 5 samples given twice.
+    per_rank = []
+    for rank in range(7):
+        l = loader(lmdb_path, rank=rank, world_size=7)
+        assert len(l.sampler) == 35 and l.sampler.total_size == 245 and not l.sampler.drop_last
+        per_rank.append(list(l.sampler))
+    everything = sum(per_rank, [])
+    assert sorted(set(everything)) == list(range(240)) and len(everything) == 245
+    l = loader(lmdb_path, rank=3, world_size=7, uneven="drop")
+    assert len(l.sampler) == 34 and l.sampler.drop_last
+    first = list(l.sampler)
+    l.sampler.set_epoch(4)
+    assert l.epoch == 4 == l.sampler.epoch and list(l.sampler) != first
+    got = [int(i) for _, labels in l for i in labels]
+    assert got == [l.dataset.targets[i] for i in l.sampler]
+
+
+def test_the_dataset_view_is_the_loaders_samples_with_imagefolders_attributes(lmdb_path, tree):
+    import pickle
+
+    l = loader(lmdb_path, batch_size=8, transform=T.cifar_train(), seed=5)
+    d = l.dataset
+    assert len(d) == 240 == l.num_samples
+    assert d.classes == l.classes and d.class_to_idx == {c: i for i, c in enumerate(l.classes)}
+    folder = imagefeed.Loader(tree, output="numpy", rank=0, world_size=1).dataset
+    assert [os.path.relpath(p, tree) for p, _ in folder.samples] == [k for k, _ in d.samples]
+    assert folder.targets == d.targets == [t for _, t in d.imgs]
+    assert all(os.path.isfile(p) for p, _ in folder.samples[:5])
+    # Item i is the slot the epoch's batches give sample i: random crop and flip included.
+    l.set_epoch(2)
+    for images, labels in l:
+        break
+    native_first = l._native.rank_indices(2)[:8]
+    for slot, index in enumerate(native_first):
+        image, label = d[index]
+        assert image.dtype == np.float32 and image.shape == images.shape[1:] == (3, 24, 32)
+        assert np.array_equal(image, images[slot]) and label == labels[slot]
+    assert d[-240][1] == d[0][1]
+    with pytest.raises(IndexError):
+        d[240]
+    # Picklable, keeping the epoch it was pickled in; a copy reads the same pixels.
+    copy = pickle.loads(pickle.dumps(d))
+    assert np.array_equal(copy[native_first[0]][0], images[0])
+
+
+def test_the_dataset_view_works_in_forked_dataloader_style_children(lmdb_path):
+    import multiprocessing
+
+    l = loader(lmdb_path, transform=T.Compose([T.Resize(16), T.CenterCrop(16)]))
+    d = l.dataset
+    expected = [d[i][0].tobytes() for i in (0, 7, 100)]
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(2) as pool:
+        got = pool.map(_item_bytes, [(d, i) for i in (0, 7, 100)])
+    assert got == expected
+
+
+def _item_bytes(args):
+    d, index = args
+    return d[index][0].tobytes()
+
+
+def test_a_skipped_bad_sample_read_through_the_dataset_view_raises_naming_it():
+    l = fixture_loader(bad_samples="skip", max_bad=None)
+    keys = [os.path.relpath(p, FIXTURE_TREE) for p, _ in l.dataset.samples]
+    bad = keys.index("class01/bad-text.jpg")
+    with pytest.raises(imagefeed.BadSampleError) as info:
+        l.dataset[bad]
+    assert info.value.key == "class01/bad-text.jpg" and info.value.index == bad
+    replaced = fixture_loader(bad_samples="replace", max_bad=None).dataset[bad]
+    assert replaced[0].shape == (3, 8, 8)
+
+
 def test_rank_comes_from_the_environment(lmdb_path, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "3")

@@ -134,3 +134,37 @@ def test_the_training_example_runs_and_resumes_on_a_cpu(tmp_path):
     assert "packed 2004 images, rejected 4" in first and "epoch 0:" in first
     second = subprocess.run(run + ["--epochs", "2"], check=True, capture_output=True, text=True).stdout
     assert "resumed at epoch 1" in second and "epoch 1:" in second and "epoch 0:" not in second
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_the_ddp_example_evaluates_every_validation_sample_once_and_resumes_elastically(tmp_path, exact):
+    """#32: pytorch/examples' ImageNet script with only its data-loading lines changed: 104
+    validation samples over 3 gloo ranks are all counted (the sampler's leftovers through
+    `Subset(val_loader.dataset, ...)`, or none left over with uneven="exact"), and a checkpoint
+    from 3 ranks resumes on 2."""
+    import pathlib
+    import re
+    import socket
+    import subprocess
+    import sys
+
+    example = pathlib.Path(__file__).resolve().parents[2] / "examples" / "imagenet_ddp.py"
+    checkpoint = tmp_path / "ckpt.pth.tar"
+
+    def free_port() -> str:  # a port of its own for each run's rendezvous
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return str(s.getsockname()[1])
+
+    def run(*args: str) -> str:
+        command = [sys.executable, str(example), str(tmp_path), "--checkpoint", str(checkpoint),
+                   "--port", free_port(), *(["--exact"] if exact else []), *args]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+    first = run("--world-size", "3", "--epochs", "1")
+    assert re.search(r"over 104 of 104 validation samples", first), first
+    second = run("--world-size", "2", "--epochs", "2", "--resume", str(checkpoint))
+    assert "resumed from" in second and "epoch 1:" in second and "epoch 0:" not in second, second
+    assert "over 104 of 104 validation samples" in second

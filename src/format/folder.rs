@@ -310,6 +310,10 @@ impl Dataset for ImageFolder {
         &self.notices
     }
 
+    fn listed(&self, index: usize) -> Option<(&str, u32)> {
+        self.entries.get(index).map(|e| (e.key.as_str(), e.label))
+    }
+
     fn open_reader(&self) -> Result<Box<dyn RecordReader>> {
         Ok(Box::new(FolderReader {
             root: self.root.clone(),
