@@ -6,8 +6,9 @@
 //!   garbage pixels. Grayscale JPEGs are expanded to RGB by libjpeg-turbo; CMYK and YCCK JPEGs are
 //!   decoded to CMYK and converted the way PIL does (Adobe-inverted values, `r = c·k/255`), so
 //!   the pixels match what torchvision users saw.
-//! - PNG, BMP, PNM, TIFF and WebP through the `image` crate; alpha is dropped (as PIL's
-//!   `convert("RGB")` does) and 16-bit samples are reduced to 8 bits.
+//! - PNG, BMP, PNM, TIFF and WebP through the `image` crate; alpha is dropped and 16-bit
+//!   samples are reduced to 8 bits as PIL's `convert("RGB")` does (16-bit grayscale clipped to
+//!   255, 16-bit colour to its high byte).
 //! - Raw payloads ([`RawImage`]) are copied as they are.
 //!
 //! Every path reads the header first and refuses images over [`Decoder::max_pixels`] *before*
@@ -846,7 +847,32 @@ fn decode_with_image_crate(
         });
     }
     let image = image::DynamicImage::from_decoder(decoder).map_err(|e| image_error(format, e))?;
-    Ok(image.into_rgb8().into_raw())
+    Ok(rgb8_as_pil_converts(image))
+}
+
+/// `image` in 8-bit RGB the way PIL's `Image.open(...).convert("RGB")` gives it, so pixels
+/// match what torchvision users saw: 16-bit grayscale opens in PIL as a 16-bit integer image
+/// (`I;16`), whose conversion clips each value to 255 (it does not scale); 16-bit colour and
+/// grayscale-with-alpha open as 8-bit by keeping each sample's high byte. (The `image` crate's
+/// own conversion rounds `v / 257` for both.) Alpha is dropped. Other depths convert as the
+/// `image` crate does, which is what PIL does for them.
+fn rgb8_as_pil_converts(image: image::DynamicImage) -> Vec<u8> {
+    use image::DynamicImage as D;
+    let high = |v: u16| (v >> 8) as u8;
+    match image {
+        D::ImageLuma16(gray) => gray
+            .into_raw()
+            .into_iter()
+            .flat_map(|v| [v.min(255) as u8; 3])
+            .collect(),
+        D::ImageLumaA16(gray) => gray.pixels().flat_map(|p| [high(p[0]); 3]).collect(),
+        D::ImageRgb16(rgb) => rgb.into_raw().into_iter().map(high).collect(),
+        D::ImageRgba16(rgba) => rgba
+            .pixels()
+            .flat_map(|p| [high(p[0]), high(p[1]), high(p[2])])
+            .collect(),
+        other => other.into_rgb8().into_raw(),
+    }
 }
 
 #[cfg(test)]
@@ -872,6 +898,78 @@ mod tests {
         )
         .unwrap();
         out
+    }
+
+    /// #32 finding 10: 16-bit PNGs come out as PIL's `convert("RGB")` gives them (values
+    /// checked against Pillow 13): grayscale clipped to 255, colour and grayscale with alpha
+    /// reduced to the high byte.
+    #[test]
+    fn sixteen_bit_pngs_convert_as_pil_does() {
+        let values: [u16; 9] = [0, 1, 127, 255, 256, 383, 32768, 65280, 65535];
+        let encode = |image: image::DynamicImage| {
+            let mut out = Vec::new();
+            image
+                .write_to(&mut Cursor::new(&mut out), image::ImageFormat::Png)
+                .unwrap();
+            out
+        };
+        let n = values.len() as u32;
+        let gray = image::ImageBuffer::<image::Luma<u16>, _>::from_raw(n, 1, values.to_vec());
+        let gray_alpha = image::ImageBuffer::<image::LumaA<u16>, _>::from_raw(
+            n,
+            1,
+            values.iter().flat_map(|&v| [v, 65535]).collect(),
+        );
+        let rgb = image::ImageBuffer::<image::Rgb<u16>, _>::from_raw(
+            n,
+            1,
+            values.iter().flat_map(|&v| [v, 65535 - v, v / 2]).collect(),
+        );
+        let rgba = image::ImageBuffer::<image::Rgba<u16>, _>::from_raw(
+            n,
+            1,
+            values
+                .iter()
+                .flat_map(|&v| [v, 65535 - v, v / 2, 0])
+                .collect(),
+        );
+        let clipped: Vec<u8> = values.iter().flat_map(|&v| [v.min(255) as u8; 3]).collect();
+        let high = |v: u16| (v >> 8) as u8;
+        let gray_high: Vec<u8> = values.iter().flat_map(|&v| [high(v); 3]).collect();
+        let rgb_high: Vec<u8> = values
+            .iter()
+            .flat_map(|&v| [high(v), high(65535 - v), high(v / 2)])
+            .collect();
+        let mut decoder = Decoder::new();
+        for (name, image, expected) in [
+            (
+                "L16",
+                image::DynamicImage::ImageLuma16(gray.unwrap()),
+                &clipped,
+            ),
+            (
+                "LA16",
+                image::DynamicImage::ImageLumaA16(gray_alpha.unwrap()),
+                &gray_high,
+            ),
+            (
+                "RGB16",
+                image::DynamicImage::ImageRgb16(rgb.unwrap()),
+                &rgb_high,
+            ),
+            (
+                "RGBA16",
+                image::DynamicImage::ImageRgba16(rgba.unwrap()),
+                &rgb_high,
+            ),
+        ] {
+            let mut out = Vec::new();
+            decoder.decode_rgb(&encode(image), &mut out).unwrap();
+            assert_eq!(&out, expected, "{name}");
+        }
+        // 256: 255 in grayscale (clipped), 1 in colour (high byte); the image crate gave 1 for
+        // both.
+        assert_eq!((clipped[4 * 3], gray_high[4 * 3]), (255, 1));
     }
 
     /// A 4:2:0 JPEG of `w × h` synthetic pixels (decoded by libjpeg-turbo's SIMD colour
