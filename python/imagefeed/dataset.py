@@ -1,11 +1,12 @@
 """``imagefeed.Dataset``: a map-style dataset over any file imagefeed reads, for pipelines that
-keep ``torch.utils.data.DataLoader`` and torchvision transforms."""
+keep ``torch.utils.data.DataLoader`` and torchvision transforms: a drop-in for
+``torchvision.datasets.ImageFolder``."""
 
 from __future__ import annotations
 
 import io
 import os
-from typing import Dict, Any, Callable, List, Optional, Tuple, Union
+from typing import Dict, Any, Callable, List, Optional, Tuple
 
 from . import _native
 from . import errors
@@ -13,16 +14,30 @@ from ._reading import DatasetPath, dataset_paths, reading_options
 
 __all__ = ["Dataset"]
 
-_DECODES = (None, "numpy", "pil")
+_DECODES = ("pil", "numpy", "bytes", None)
+
+# torchvision's IMG_EXTENSIONS: the files an ImageFolder (and imagefeed's folder reader) take.
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
 class Dataset:
-    """``ds[i] -> (sample, label)`` over a packed file or folder, safe in DataLoader workers.
+    """``ds[i] -> (sample, label)`` over a packed file or folder, safe in DataLoader workers: a
+    drop-in for ``torchvision.datasets.ImageFolder(root, transform, target_transform)``.
 
-    ``decode`` chooses the sample: ``None`` gives the stored bytes (an encoded image, or raw
-    pixels for a raw pack), ``"numpy"`` an RGB ``uint8`` array ``(height, width, 3)`` decoded by
-    libjpeg-turbo, ``"pil"`` a ``PIL.Image`` in RGB (for torchvision transforms). ``transform``
-    and ``target_transform`` are applied to the sample and the label, as in torchvision.
+    Over an image folder it takes the same files, in the same order, with the same labels and
+    pixels as ImageFolder (torchvision's extension list, matched case-insensitively; class
+    directories and sub-directories reached through symlinks followed; each image opened by
+    PIL and converted with ``convert("RGB")``, so grayscale, palette, alpha, CMYK and 16-bit
+    files come out as ImageFolder gives them). ``classes``, ``class_to_idx``, ``samples``,
+    ``imgs``, ``targets`` and ``find_classes`` are ImageFolder's; for a packed file ``samples``
+    lists ``(key, label)``, the key being the path the record was packed from (listing them
+    reads every record once).
+
+    ``decode`` chooses the sample: ``"pil"`` (the default) a ``PIL.Image`` in RGB, as
+    ImageFolder's loader gives; ``"numpy"`` an RGB ``uint8`` array ``(height, width, 3)`` decoded
+    by libjpeg-turbo; ``"bytes"`` (or ``None``) the stored bytes (an encoded image, or raw
+    pixels for a raw pack). ``transform`` and ``target_transform`` are applied to the sample and
+    the label, as in torchvision.
 
     The file is opened lazily in each process that reads it, and again after a fork, so the
     dataset can be passed to ``DataLoader(num_workers=N)`` (forked or spawned workers) without
@@ -37,11 +52,11 @@ class Dataset:
 
     def __init__(
         self,
-        path: DatasetPath,
-        *,
-        decode: Optional[str] = None,
+        root: DatasetPath,
         transform: Optional[Callable[[Any], Any]] = None,
         target_transform: Optional[Callable[[int], Any]] = None,
+        *,
+        decode: Optional[str] = "pil",
         hdf5_images: Optional[str] = None,
         hdf5_labels: Optional[str] = None,
         label_base: Optional[int] = None,
@@ -52,10 +67,20 @@ class Dataset:
         max_pixels: Optional[int] = None,
     ):
         if decode not in _DECODES:
-            raise errors.ConfigError(f"decode {decode!r}: must be None, \"numpy\" or \"pil\"")
-        self._paths = dataset_paths(path)
+            raise errors.ConfigError(f"decode {decode!r}: must be \"pil\", \"numpy\" or \"bytes\"")
+        if decode == "pil":
+            try:
+                import PIL.Image  # noqa: F401, PLC0415
+            except ImportError:
+                raise errors.ConfigError(
+                    "decode=\"pil\" (the default) needs Pillow: pip install pillow, or pass "
+                    "decode=\"numpy\" or decode=\"bytes\""
+                ) from None
+        self._paths = dataset_paths(root)
         self.path = self._paths[0] if len(self._paths) == 1 else list(self._paths)
-        self.decode = decode
+        self.root = os.fspath(self.path) if not isinstance(self.path, list) else self.path
+        self.decode = "bytes" if decode is None else decode
+        self.extensions = IMG_EXTENSIONS
         self.transform = transform
         self.target_transform = target_transform
         self._options: Dict[str, Any] = dict(
@@ -73,8 +98,10 @@ class Dataset:
             native = self._handle()
         self._len = len(native)
         self.classes: List[str] = native.classes
+        self.class_to_idx: Dict[str, int] = {name: i for i, name in enumerate(self.classes)}
         self.format: str = native.format
         self._identity = self._identity_of(native)
+        self._listing: Optional[List[Tuple[str, int]]] = None
 
     def _identity_of(self, native: "_native.NativeDataset") -> Dict[str, Any]:
         identity: Dict[str, Any] = {
@@ -158,10 +185,46 @@ class Dataset:
         """The record's key (its path relative to the source root)."""
         return self._handle().key(index)
 
+    # -- ImageFolder's attributes ----------------------------------------------------------------
+
+    def _list(self) -> List[Tuple[str, int]]:
+        if self._listing is None:
+            listing = self._handle().keys_and_labels()
+            if self.format == "folder" and isinstance(self.root, str):
+                listing = [(os.path.join(self.root, key), label) for key, label in listing]
+            self._listing = listing
+        return self._listing
+
+    @property
+    def samples(self) -> List[Tuple[str, int]]:
+        """``(path, label)`` of every sample in index order: the file's path for an image
+        folder (as ImageFolder's ``samples``), the key it was packed from for a packed file."""
+        return list(self._list())
+
+    @property
+    def imgs(self) -> List[Tuple[str, int]]:
+        """The same as :attr:`samples` (ImageFolder's older name)."""
+        return self.samples
+
+    @property
+    def targets(self) -> List[int]:
+        """Every sample's label, in index order."""
+        return [label for _, label in self._list()]
+
+    @staticmethod
+    def find_classes(directory: "str | os.PathLike[str]") -> Tuple[List[str], Dict[str, int]]:
+        """The class directories of an ImageFolder tree, as ImageFolder finds them: the
+        sub-directories of ``directory`` (symlinks followed), sorted by name."""
+        classes = sorted(entry.name for entry in os.scandir(directory) if entry.is_dir())
+        if not classes:
+            raise FileNotFoundError(f"Couldn't find any class folder in {directory}.")
+        return classes, {name: i for i, name in enumerate(classes)}
+
     def __getstate__(self) -> Dict[str, Any]:
         state = dict(self.__dict__)
         state["_native"] = None
         state["_pid"] = None
+        state["_listing"] = None
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:

@@ -23,7 +23,7 @@ def read_item(args):
 
 
 def test_dataset_reads_bytes_labels_and_classes(lmdb_path, tree):
-    ds = imagefeed.Dataset(lmdb_path)
+    ds = imagefeed.Dataset(lmdb_path, decode="bytes")
     assert len(ds) == 240 and ds.format == "lmdb"
     assert ds.classes == sorted(p.name for p in tree.iterdir())
     payload, label = ds[0]
@@ -48,6 +48,31 @@ def test_decoded_samples_and_transforms(lmdb_path):
         imagefeed.Dataset(lmdb_path, decode="cv2")
 
 
+def test_imagefolder_habits_pil_by_default_positional_transform_and_listings(lmdb_path, tree):
+    pytest.importorskip("PIL", reason="Pillow is not installed")
+    ds = imagefeed.Dataset(lmdb_path, lambda im: im.size, lambda label: -label)
+    size, target = ds[7]
+    assert size == (32, 24) and target == -ds.targets[7]
+    image, _ = imagefeed.Dataset(lmdb_path)[7]
+    assert image.mode == "RGB", "a PIL RGB image by default, as ImageFolder"
+    # Bytes on request (None as before).
+    for decode in ("bytes", None):
+        payload, _ = imagefeed.Dataset(lmdb_path, decode=decode)[7]
+        assert isinstance(payload, bytes)
+    # The listings: keys for a packed file, paths for a folder, ImageFolder's class map.
+    folder = imagefeed.Dataset(tree)
+    assert [os.path.relpath(p, tree) for p, _ in folder.samples] == [k for k, _ in ds.samples]
+    assert folder.targets == ds.targets == [label for _, label in ds.imgs]
+    assert ds.class_to_idx == {c: i for i, c in enumerate(ds.classes)}
+    assert ds.samples[7][0] == ds.key(7) and folder.samples[7][0] == str(tree / ds.key(7))
+    assert folder.find_classes(tree) == (folder.classes, folder.class_to_idx)
+    with pytest.raises(FileNotFoundError):
+        folder.find_classes(tree / ds.classes[0])
+    # Pickled (to a DataLoader worker), the listing is not carried but found again.
+    copy = pickle.loads(pickle.dumps(folder))
+    assert copy.samples == folder.samples
+
+
 def test_pil_decoding_matches_when_pillow_is_installed(lmdb_path):
     pytest.importorskip("PIL", reason="Pillow is not installed")
     image, _ = imagefeed.Dataset(lmdb_path, decode="pil")[3]
@@ -65,7 +90,7 @@ def test_a_corrupt_record_raises_naming_the_key():
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_a_pickled_dataset_opens_its_own_handle_in_each_worker_process(lmdb_path, method):
-    ds = imagefeed.Dataset(lmdb_path)
+    ds = imagefeed.Dataset(lmdb_path, decode="bytes")
     ds[0]  # the parent has an open handle: workers must not use it
     clone = pickle.loads(pickle.dumps(ds))
     assert clone._native is None and len(clone) == 240
@@ -80,7 +105,7 @@ def test_a_pickled_dataset_opens_its_own_handle_in_each_worker_process(lmdb_path
 def test_a_worker_that_finds_another_dataset_at_the_path_refuses_it(tree, tmp_path, fmt):
     out = tmp_path / f"data.{fmt}"
     imagefeed.pack(tree, out, fmt, progress=False)
-    ds = imagefeed.Dataset(out)
+    ds = imagefeed.Dataset(out, decode="bytes")
     same = pickle.loads(pickle.dumps(ds))
     assert bytes(same[7][0]) == bytes(ds[7][0]), "the unchanged dataset reads in a new process"
     # What a DataLoader hands its worker processes; the handles here are closed (a worker
@@ -140,8 +165,8 @@ def test_pack_rejects_broken_files_or_stops_in_strict_mode(tmp_path):
 def test_verify_reports_a_damaged_dataset(tree, tmp_path):
     out = tmp_path / "d.lmdb"
     imagefeed.pack(tree, out, "lmdb", progress=False)
-    payload, _ = imagefeed.Dataset(out)[100]
-    key = imagefeed.Dataset(out).key(100)
+    payload, _ = imagefeed.Dataset(out, decode="bytes")[100]
+    key = imagefeed.Dataset(out, decode="bytes").key(100)
     damaged = bytearray(payload)
     for i in range(len(damaged) // 2, len(damaged) - 2):
         damaged[i] ^= 0x5A
@@ -182,7 +207,7 @@ def test_ctrl_c_stops_a_pack_keeping_its_progress_and_resume_finishes_it(tmp_pat
     assert "KeyboardInterrupt" in err, err
     assert partial.exists() and not out.exists(), "what was committed is kept, nothing looks complete"
     with pytest.raises(imagefeed.IncompleteDatasetError):
-        imagefeed.Dataset(out)
+        imagefeed.Dataset(out, decode="bytes")
     summary = imagefeed.pack(src, out, threads=1, resize=48, resume=True, progress=False)
     assert summary["samples"] == 1200 and summary["resumed_from"] < 1200
     assert imagefeed.verify(out)["ok"]
@@ -197,7 +222,7 @@ def test_a_split_pack_joins_into_the_unsplit_dataset(tree, tmp_path):
     joined = tmp_path / "joined.lmdb"
     summary = imagefeed.join(reversed(parts), joined, progress=False)
     assert summary["samples"] == 240
-    a, b = imagefeed.Dataset(whole), imagefeed.Dataset(joined)
+    a, b = imagefeed.Dataset(whole, decode="bytes"), imagefeed.Dataset(joined, decode="bytes")
     assert [a.key(i) for i in range(240)] == [b.key(i) for i in range(240)]
     assert all(a[i] == b[i] for i in range(240))
     assert imagefeed.verify(joined, against=tree)["ok"]

@@ -896,11 +896,11 @@ def test_wrong_argument_types_and_ranges_are_imagefeed_errors(lmdb_path):
         loader(lmdb_path).load_state_dict({"imagefeed_loader_state": None})
     with pytest.raises(imagefeed.ConfigError):
         imagefeed.pack(lmdb_path, lmdb_path.parent / "q.lmdb", quality=300, progress=False)
-    ds = imagefeed.Dataset(lmdb_path)
+    ds = imagefeed.Dataset(lmdb_path, decode="bytes")
     with pytest.raises(IndexError):
         ds[2**63]
     with pytest.raises(imagefeed.ConfigError):
-        imagefeed.Dataset(lmdb_path, max_pixels=-1)
+        imagefeed.Dataset(lmdb_path, max_pixels=-1, decode="bytes")
 
 
 def test_the_position_leaves_out_batches_returned_but_not_handed_over(lmdb_path):

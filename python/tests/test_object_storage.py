@@ -77,7 +77,7 @@ def test_a_dataset_reads_s3_in_worker_processes(storage, tree, method):
     bucket, options = storage
     url = f"s3://{bucket}/w.records"
     imagefeed.pack(tree, url, "records", progress=False, storage_options=options)
-    dataset = imagefeed.Dataset(url, storage_options=options)
+    dataset = imagefeed.Dataset(url, storage_options=options, decode="bytes")
     expected = _read_all(dataset)  # the parent reads first: its runtime and connections exist
     with multiprocessing.get_context(method).Pool(2) as pool:
         results = pool.map_async(_read_all, [dataset, dataset]).get(timeout=120)
@@ -87,13 +87,13 @@ def test_a_dataset_reads_s3_in_worker_processes(storage, tree, method):
 def test_wrong_credentials_and_urls_are_clear_errors(storage):
     bucket, options = storage
     with pytest.raises(imagefeed.DataError) as e:
-        imagefeed.Dataset(f"s3://{bucket}/nothing-here", storage_options=options)
+        imagefeed.Dataset(f"s3://{bucket}/nothing-here", storage_options=options, decode="bytes")
     assert "no object under this prefix" in str(e.value)
     with pytest.raises(imagefeed.DataError) as e:
-        imagefeed.Dataset("s5://bucket/x")
+        imagefeed.Dataset("s5://bucket/x", decode="bytes")
     assert "unknown scheme" in str(e.value)
     with pytest.raises(imagefeed.ConfigError):
-        imagefeed.Dataset(f"s3://{bucket}/x", storage_options={"aws_endpoint": 3})
+        imagefeed.Dataset(f"s3://{bucket}/x", storage_options={"aws_endpoint": 3}, decode="bytes")
 
 
 def test_ranged_reads_read_each_record_alone(storage, tree, tmp_path):
@@ -101,8 +101,8 @@ def test_ranged_reads_read_each_record_alone(storage, tree, tmp_path):
     url = f"s3://{bucket}/ranged.records"
     imagefeed.pack(tree, url, "records", progress=False, storage_options=options,
                    shard_bytes=64 << 10)
-    whole = imagefeed.Dataset(url, storage_options=options)
-    ranged = imagefeed.Dataset(url, storage_options=options, ranged_reads=True)
+    whole = imagefeed.Dataset(url, storage_options=options, decode="bytes")
+    ranged = imagefeed.Dataset(url, storage_options=options, ranged_reads=True, decode="bytes")
     assert [ranged[i] for i in range(0, len(ranged), 7)] == [whole[i] for i in range(0, len(whole), 7)]
     kw = dict(batch_size=32, workers=4, seed=3, output="numpy", transform=T.cifar_train(),
               rank=0, world_size=1)
@@ -111,4 +111,4 @@ def test_ranged_reads_read_each_record_alone(storage, tree, tmp_path):
          imagefeed.Loader(url, storage_options=options, ranged_reads=True, **kw)]
     assert a == b
     with pytest.raises(imagefeed.ConfigError):
-        imagefeed.Dataset(url, storage_options=options, ranged_reads="yes")
+        imagefeed.Dataset(url, storage_options=options, ranged_reads="yes", decode="bytes")

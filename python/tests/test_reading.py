@@ -40,9 +40,9 @@ def test_two_sets_in_a_directory_raise_and_a_pattern_or_list_picks_one(two_sets)
         imagefeed.Loader(two_sets, output="numpy", label_base=1)
     assert "train-NNNNN-of-00002" in str(e.value) and "val-NNNNN-of-00001" in str(e.value)
     assert e.value.path == str(two_sets)
-    by_pattern = imagefeed.Dataset(str(two_sets / "train-*"), label_base=1)
+    by_pattern = imagefeed.Dataset(str(two_sets / "train-*"), label_base=1, decode="bytes")
     files = sorted(str(p) for p in two_sets.glob("train-*"))
-    by_list = imagefeed.Dataset(files, label_base=1)
+    by_list = imagefeed.Dataset(files, label_base=1, decode="bytes")
     assert len(by_pattern) == len(by_list) == 8
     assert [by_pattern[i][1] for i in range(8)] == [by_list[i][1] for i in range(8)]
     assert by_pattern.classes == ["class00"]
@@ -55,9 +55,9 @@ def test_a_set_with_a_missing_shard_raises_naming_it_unless_allowed(two_sets):
     (two_sets / "train-00001-of-00002.tfrecord.gz").unlink()
     pattern = str(two_sets / "train-*")
     with pytest.raises(imagefeed.ShardSetError) as e:
-        imagefeed.Dataset(pattern, label_base=1)
+        imagefeed.Dataset(pattern, label_base=1, decode="bytes")
     assert e.value.missing == ["train-00001-of-00002.tfrecord.gz"]
-    partial = imagefeed.Dataset(pattern, label_base=1, allow_missing_shards=True)
+    partial = imagefeed.Dataset(pattern, label_base=1, allow_missing_shards=True, decode="bytes")
     assert len(partial) == 4
     report = imagefeed.inspect(pattern, label_base=1)
     assert report["missing_shards"] == ["train-00001-of-00002.tfrecord.gz"]
@@ -78,7 +78,7 @@ def test_pickled_datasets_keep_the_list_and_options(two_sets):
     import pickle
 
     files = sorted(str(p) for p in two_sets.glob("train-*"))
-    ds = imagefeed.Dataset(files, label_base=1)
+    ds = imagefeed.Dataset(files, label_base=1, decode="bytes")
     again = pickle.loads(pickle.dumps(ds))
     assert len(again) == 8 and again[3][1] == ds[3][1]
 
@@ -110,7 +110,7 @@ def test_a_filter_hdf5_cannot_undo_is_an_error_at_open_naming_it(tmp_path):
 
 def test_mosaic_mds_reads_in_the_dataset_and_loader_by_one_path():
     # Written by MosaicML Streaming's MDSWriter (scripts/make_mds_fixtures.py).
-    ds = imagefeed.Dataset(COMPAT / "mds-zstd")
+    ds = imagefeed.Dataset(COMPAT / "mds-zstd", decode="bytes")
     assert len(ds) == 20 and ds.classes == ["0", "1", "2"]
     assert ds.key(4) == "class00/img00000.jpg"
     raw = (REPO / "fixtures" / "imagefolder" / "class00" / "img00000.jpg").read_bytes()
@@ -129,8 +129,8 @@ def test_a_process_forked_while_a_loader_is_inside_libhdf5_reads_hdf5_in_the_chi
     pixels = dict(hdf5_images="pixels", hdf5_labels="targets")
     loader = imagefeed.Loader(COMPAT / "h5py-pixels.h5", output="numpy", batch_size=2, workers=2,
                               transform=T.Compose([T.Resize(4), T.CenterCrop(4)]), **pixels)
-    expected = [bytes(imagefeed.Dataset(COMPAT / "h5py-pixels.h5", **pixels)[i][0]) for i in range(6)]
-    parent_vlen = imagefeed.Dataset(COMPAT / "h5py-vlen.h5")
+    expected = [bytes(imagefeed.Dataset(COMPAT / "h5py-pixels.h5", **pixels, decode="bytes")[i][0]) for i in range(6)]
+    parent_vlen = imagefeed.Dataset(COMPAT / "h5py-vlen.h5", decode="bytes")
     expected_vlen = [bytes(parent_vlen[i][0]) for i in range(len(parent_vlen))]
     stop = threading.Event()
     epochs = []
@@ -154,8 +154,8 @@ def test_a_process_forked_while_a_loader_is_inside_libhdf5_reads_hdf5_in_the_chi
                 if pid == 0:
                     code = 3
                     try:
-                        ds = imagefeed.Dataset(COMPAT / "h5py-pixels.h5", **pixels)
-                        vlen = imagefeed.Dataset(COMPAT / "h5py-vlen.h5")
+                        ds = imagefeed.Dataset(COMPAT / "h5py-pixels.h5", **pixels, decode="bytes")
+                        vlen = imagefeed.Dataset(COMPAT / "h5py-vlen.h5", decode="bytes")
                         ok = [bytes(ds[i][0]) for i in range(6)] == expected
                         ok = ok and [bytes(vlen[i][0]) for i in range(len(vlen))] == expected_vlen
                         code = 0 if ok else 4

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (make test-torch installs it)")
@@ -168,3 +170,79 @@ def test_the_ddp_example_evaluates_every_validation_sample_once_and_resumes_elas
     second = run("--world-size", "2", "--epochs", "2", "--resume", str(checkpoint))
     assert "resumed from" in second and "epoch 1:" in second and "epoch 0:" not in second, second
     assert "over 104 of 104 validation samples" in second
+
+
+def _imagefolder_tree(root):
+    """A tree with what trips ImageFolder look-alikes: a symlinked class directory and file,
+    nested directories whose names sort differently as paths ("sub" / "sub-x" / "sub/deeper"),
+    upper-case extensions, files that are not images, and every PIL mode convert("RGB")
+    handles differently (grayscale, palette, alpha, CMYK, 16-bit)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+
+    def image(mode, size=(20, 14)):
+        pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+        rgb = Image.fromarray(pixels, "RGB")
+        if mode == "I;16":
+            return Image.fromarray(pixels[..., 0].astype(np.uint16) * 257).convert("I;16")
+        if mode == "P":
+            return rgb.convert("P", palette=Image.Palette.ADAPTIVE, colors=16)
+        return rgb.convert(mode)
+
+    files = {
+        "cat/a.jpg": ("RGB", "JPEG"), "cat/B.JPG": ("L", "JPEG"), "cat/c.png": ("RGBA", "PNG"),
+        "cat/notes.txt": None, "cat/d.bmp": ("RGB", "BMP"), "cat/e.tiff": ("RGB", "TIFF"),
+        "dog/sub/x.png": ("P", "PNG"), "dog/sub-x/y.jpeg": ("CMYK", "JPEG"),
+        "dog/sub/deeper/z.PNG": ("I;16", "PNG"), "dog/w.png": ("LA", "PNG"),
+        "outside/o.jpg": ("RGB", "JPEG"), "outside/p.webp": ("RGB", "WEBP"),
+    }
+    for rel, spec in files.items():
+        path = root / rel if not rel.startswith("outside") else root.parent / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if spec is None:
+            path.write_text("not an image")
+        else:
+            image(spec[0]).save(path, spec[1])
+    (root / "linked").symlink_to(root.parent / "outside", target_is_directory=True)
+    (root / "cat" / "f-link.jpg").symlink_to(root.parent / "outside" / "o.jpg")
+    return root
+
+
+def test_dataset_is_an_imagefolder_drop_in_checked_against_torchvision(tmp_path):
+    """#32 item 7: the same files, order, labels, classes and pixels as torchvision's
+    ImageFolder, transform given positionally, in torchvision's own DataLoader usage; a packed
+    copy of the tree keeps the labels and pixels."""
+    datasets = pytest.importorskip("torchvision.datasets", reason="torchvision is not installed")
+    tvt = pytest.importorskip("torchvision.transforms")
+    root = _imagefolder_tree(tmp_path / "tree" / "root")
+    theirs = datasets.ImageFolder(str(root))
+    ours = imagefeed.Dataset(root)
+    assert ours.classes == theirs.classes and ours.class_to_idx == theirs.class_to_idx
+    assert ours.samples == theirs.samples and ours.imgs == theirs.imgs
+    assert ours.targets == theirs.targets and len(ours) == len(theirs) == 12
+    assert ours.find_classes(root) == theirs.find_classes(str(root))
+    decoded = imagefeed.Dataset(root, decode="numpy")  # libjpeg-turbo and the image crate
+    for i in range(len(theirs)):
+        (a, la), (b, lb) = ours[i], theirs[i]
+        assert (a.mode, a.size, la) == (b.mode, b.size, lb), theirs.samples[i]
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=theirs.samples[i][0])
+        np.testing.assert_array_equal(decoded[i][0], np.asarray(b), err_msg=theirs.samples[i][0])
+    # The transform positionally, in a DataLoader, as torchvision's recipes write it.
+    recipe = tvt.Compose([tvt.Resize(16), tvt.CenterCrop(12), tvt.ToTensor()])
+    batches = [
+        next(iter(torch.utils.data.DataLoader(d, batch_size=12, num_workers=2)))
+        for d in (imagefeed.Dataset(root, recipe), datasets.ImageFolder(str(root), recipe))
+    ]
+    torch.testing.assert_close(batches[0][0], batches[1][0], atol=0, rtol=0)
+    assert torch.equal(batches[0][1], batches[1][1])
+    # Packed, the records keep the tree's labels and (through PIL) its pixels, by key.
+    packed = tmp_path / "tree.lmdb"
+    imagefeed.pack(root, packed, "lmdb", progress=False)
+    stored = imagefeed.Dataset(packed)
+    by_path = {os.path.relpath(p, root): (i, label) for i, (p, label) in enumerate(theirs.samples)}
+    assert stored.classes == theirs.classes and len(stored) >= 10
+    for (key, label), (image, target) in zip(stored.samples, (stored[i] for i in range(len(stored)))):
+        index, expected = by_path[key]
+        assert label == target == expected, key
+        np.testing.assert_array_equal(np.asarray(image), np.asarray(theirs[index][0]), err_msg=key)
