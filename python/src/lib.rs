@@ -300,6 +300,15 @@ fn synthesize(
     Ok(tree.image_files)
 }
 
+/// Runs the `pack-dataset` command line with `argv` (`argv[0]` first) and returns its exit
+/// code, the GIL released: what the wheel's `pack-dataset` console script and
+/// `python -m imagefeed.pack_dataset` run. SIGINT/SIGTERM stop a pack after its chunk in
+/// progress (the command's own handlers replace Python's while it runs).
+#[pyfunction]
+fn pack_dataset_main(py: Python<'_>, argv: Vec<std::ffi::OsString>) -> u8 {
+    py.detach(|| pack_dataset_cli::main_with(argv))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<loader::NativeLoader>()?;
@@ -310,6 +319,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(inspect_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(verify_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(synthesize, m)?)?;
+    m.add_function(wrap_pyfunction!(pack_dataset_main, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

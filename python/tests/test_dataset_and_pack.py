@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import io
+import json
 import multiprocessing
 import os
 import pickle
@@ -243,3 +244,71 @@ def test_joined_record_parts_keep_the_label_base(tree, tmp_path):
     shards = sorted(p.name for p in whole.glob("*.tfrecord"))
     assert shards and shards == sorted(p.name for p in joined.glob("*.tfrecord"))
     assert all(filecmp.cmp(whole / s, joined / s, shallow=False) for s in shards)
+
+
+def _pack_dataset(*args, **kw):
+    """The wheel's `pack-dataset` console script, from the interpreter's environment."""
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(sys.executable), "pack-dataset")
+    assert os.access(script, os.X_OK), f"the wheel installs {script}"
+    return subprocess.run([script, *map(str, args)], capture_output=True, text=True, timeout=120, **kw)
+
+
+def test_the_wheel_ships_pack_dataset_as_a_console_script_and_a_module(tmp_path):
+    """#32 item 8: a pip user has the packer: `pack-dataset` and `python -m imagefeed`."""
+    import subprocess
+    import sys
+
+    src, out = tmp_path / "src", tmp_path / "out.lmdb"
+    done = _pack_dataset("synth", src, "--classes", "3", "--per-class", "4", "--size", "24x16")
+    assert done.returncode == 0, done.stderr
+    done = _pack_dataset("imagefolder2lmdb", src, out)
+    assert done.returncode == 0 and out.exists(), done.stderr
+    assert len(imagefeed.Dataset(out, decode="bytes")) == 12
+    inspect = _pack_dataset("inspect", out, "--json")
+    assert inspect.returncode == 0 and json.loads(inspect.stdout)["num_samples"] == 12
+    for module in ("imagefeed", "imagefeed.pack_dataset"):
+        verify = subprocess.run([sys.executable, "-m", module, "verify", str(out), "--against", str(src)],
+                                capture_output=True, text=True, timeout=120)
+        assert verify.returncode == 0, verify.stderr
+    # Usage errors and a missing dataset: clap's exit code 2, and the path named.
+    assert _pack_dataset("no-such-command").returncode == 2
+    missing = _pack_dataset("inspect", tmp_path / "nothing.lmdb")
+    assert missing.returncode == 2 and "nothing.lmdb" in missing.stderr
+    assert _pack_dataset("--version").stdout.startswith("pack-dataset ")
+    # `| head` ends it quietly, as the binary (SIGPIPE's default action is restored).
+    shell = subprocess.run(f"'{os.path.dirname(sys.executable)}/pack-dataset' --help | head -1",
+                           shell=True, capture_output=True, text=True, timeout=60)
+    assert shell.returncode == 0 and "Traceback" not in shell.stderr and "panicked" not in shell.stderr
+
+
+def test_ctrl_c_stops_the_console_scripts_pack_saying_how_to_finish(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    src, out = tmp_path / "src", tmp_path / "out.lmdb"
+    replicated_tree(src, classes=4, per_class=300, size=(256, 192), distinct=10)
+    partial = tmp_path / "out.lmdb.partial"
+    script = os.path.join(os.path.dirname(sys.executable), "pack-dataset")
+    proc = subprocess.Popen([script, "imagefolder2lmdb", str(src), str(out), "--threads", "1",
+                             "--resize", "48", "-q"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)
+    try:
+        deadline = time.monotonic() + 30
+        while not partial.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.002)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "to finish: pack-dataset imagefolder2lmdb" in err and "--resume" in err, err
+    assert "Traceback" not in err and partial.exists() and not out.exists()
+    finish = _pack_dataset("imagefolder2lmdb", src, out, "--threads", "1", "--resize", "48", "-q", "--resume")
+    assert finish.returncode == 0, finish.stderr
+    assert imagefeed.verify(out)["ok"]
