@@ -407,6 +407,11 @@ pub fn decode(data: &[u8]) {
             },
             out_width: byte(4) as u32 + 1,
             out_height: byte(5) as u32 + 1,
+            scaling: match tail.first().map_or(0, |b| b % 3) {
+                0 => crate::decode::DctScaling::Antialiased,
+                1 => crate::decode::DctScaling::Smallest,
+                _ => crate::decode::DctScaling::Off,
+            },
         })
     });
     let (jpeg, pixels) = reference();

@@ -167,6 +167,7 @@ fn run_path(decoder: &mut Decoder, path: DecodePath, bytes: &[u8]) -> Result<Vec
                     },
                     out_width: 12,
                     out_height: 10,
+                    scaling: imagefeed::decode::DctScaling::Smallest,
                 })
             })?;
             out.extend(format!("{decoded:?}").into_bytes());

@@ -198,6 +198,74 @@ fn a_batch_built_on_request_matches_the_epochs_slots() {
     }
 }
 
+/// #32 item 2: `scaled_decode(false)` decodes whole, then resizes, as torchvision does with
+/// PIL: its eval batches are exactly a full decode resized by the crop (and the default, which
+/// decodes this 640x480 photo at 1/2 for a 64 crop, differs from it by under a level on
+/// average); a state saved with one mode refuses to resume under the other.
+#[test]
+fn whole_decode_resizes_the_full_image_and_is_part_of_the_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let spec = SyntheticSpec {
+        classes: 2,
+        per_class: 3,
+        width: 640,
+        height: 480,
+        ..SyntheticSpec::default()
+    };
+    synthetic::write_image_folder(&src, &spec).unwrap();
+    let dataset = format::open(&src).unwrap();
+    let eval = Transform::imagenet_eval(72, 64).raw_u8_nhwc();
+    let config = |whole: bool| {
+        config(eval, 1, 1)
+            .with_shuffle(false)
+            .with_batch_size(6)
+            .with_scaled_decode(!whole)
+    };
+    let batch = |whole| {
+        let loader = Loader::new(Arc::clone(&dataset), config(whole)).unwrap();
+        let batch = loader.epoch(0).next().unwrap().unwrap();
+        batch.bytes().to_vec()
+    };
+    let (whole, scaled) = (batch(true), batch(false));
+    let mut reader = dataset.open_reader().unwrap();
+    let mut decoder = Decoder::new();
+    let mut resizer = imagefeed::resize::RgbResizer::new();
+    for index in 0..6 {
+        let mut full = Vec::new();
+        decoder
+            .decode_rgb(reader.read(index).unwrap().payload, &mut full)
+            .unwrap();
+        // Resize(72) makes 96x72; CenterCrop(64) starts at (16, 4): 4/3 source pixels each.
+        let region = imagefeed::geometry::Rect {
+            left: 16.0 * 640.0 / 96.0,
+            top: 4.0 * 480.0 / 72.0,
+            width: 64.0 * 640.0 / 96.0,
+            height: 64.0 * 480.0 / 72.0,
+        };
+        let mut want = vec![0; 64 * 64 * 3];
+        resizer.resize_region(&full, 640, 480, region, &mut want, 64, 64);
+        let slot = &whole[index * 64 * 64 * 3..(index + 1) * 64 * 64 * 3];
+        assert_eq!(slot, &want[..], "sample {index}: a full decode, resized");
+    }
+    let diff = whole
+        .iter()
+        .zip(&scaled)
+        .map(|(&a, &b)| (a as f64 - b as f64).abs())
+        .sum::<f64>()
+        / whole.len() as f64;
+    assert!(whole != scaled && diff < 1.0, "mean difference {diff}");
+    // The decode mode is part of the stream a state resumes.
+    let loader = Loader::new(Arc::clone(&dataset), config(false)).unwrap();
+    let state = loader.epoch(0).state();
+    let other = Loader::new(Arc::clone(&dataset), config(true)).unwrap();
+    assert!(matches!(
+        other.resume(&state),
+        Err(Error::StateMismatch { .. })
+    ));
+    assert!(loader.resume(&state).is_ok());
+}
+
 #[test]
 fn seed_and_epoch_change_the_stream() {
     let dir = tempfile::tempdir().unwrap();

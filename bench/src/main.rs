@@ -46,6 +46,8 @@ enum TransformArg {
     Cifar,
     /// RandomResizedCrop 224 + random flip + normalize.
     Imagenet,
+    /// Resize 256 + CenterCrop 224 + normalize (evaluation).
+    ImagenetEval,
     /// Decode only, u8 NHWC.
     None,
 }
@@ -111,6 +113,10 @@ struct LoadArgs {
     /// Keep dataset order instead of shuffling.
     #[arg(long)]
     no_shuffle: bool,
+    /// Decode every JPEG whole before resizing, as torchvision does with PIL (pixels within
+    /// one level of torchvision's), instead of at a reduced DCT scale.
+    #[arg(long)]
+    whole_decode: bool,
     /// Shards (TFRecord, WebDataset): shuffle within windows of this many shards.
     #[arg(long, value_name = "SHARDS")]
     shard_window: Option<usize>,
@@ -291,6 +297,7 @@ fn load(args: LoadArgs) -> Result<()> {
     let transform_name = match transform {
         TransformArg::Cifar => "cifar",
         TransformArg::Imagenet => "imagenet",
+        TransformArg::ImagenetEval => "imagenet-eval",
         TransformArg::None => "none",
     };
     let opening = Instant::now();
@@ -412,6 +419,7 @@ fn load_config(args: &LoadArgs) -> (LoaderConfig, Transform) {
     let t = match args.transform {
         TransformArg::Cifar => Transform::cifar(),
         TransformArg::Imagenet => Transform::imagenet_train(224),
+        TransformArg::ImagenetEval => Transform::imagenet_eval(256, 224),
         TransformArg::None => Transform::none(),
     };
     let dtype = args.dtype.map(|d| match d {
@@ -440,7 +448,8 @@ fn load_config(args: &LoadArgs) -> (LoaderConfig, Transform) {
             PolicyArg::Replace => BadSamplePolicy::Replace,
             PolicyArg::Error => BadSamplePolicy::Error,
         })
-        .with_max_bad(args.max_bad.0);
+        .with_max_bad(args.max_bad.0)
+        .with_scaled_decode(!args.whole_decode);
     (config, t)
 }
 

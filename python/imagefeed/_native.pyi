@@ -80,6 +80,7 @@ class NativeLoader:
         reading: Optional[_Reading] = None,
         pinned_device: Optional[int] = None,
         shard_window: Optional[int] = None,
+        scaled_decode: bool = True,
     ) -> None: ...
     def __len__(self) -> int: ...
     @property

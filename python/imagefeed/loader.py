@@ -209,6 +209,13 @@ class Loader:
     wait for it. Device tensors come from torch's caching allocator, marked as used by that
     stream, so tensors kept across steps stay intact.
 
+    ``scaled_decode`` (default True) decodes a JPEG that will be shrunk at libjpeg-turbo's
+    smallest DCT scale that keeps the output's resolution, as PIL's ``draft`` would: fast, but a
+    few levels from torchvision's pixels (which come from a full decode). ``scaled_decode=False``
+    decodes every image whole before resizing, as torchvision does with PIL, so that batches
+    match ``torchvision.transforms`` to within one level: use it for evaluation against a model
+    trained with torchvision's pipeline (docs/python.md gives both differences, measured).
+
     ``shard_window=w`` (TFRecord and WebDataset shards) shuffles within windows of ``w`` shards,
     the shards permuted each epoch, instead of over the whole dataset: an epoch then reads a
     bounded set of shards at a time, with every guarantee above unchanged.
@@ -257,6 +264,7 @@ class Loader:
         storage_options: Optional[Dict[str, str]] = None,
         ranged_reads: bool = False,
         shard_window: Optional[int] = None,
+        scaled_decode: bool = True,
     ):
         paths = dataset_paths(path)
         reading = reading_options(
@@ -287,7 +295,7 @@ class Loader:
                             ("rank", rank), ("world_size", world_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise errors.ConfigError(f"{name} {value!r}: must be a non-negative int")
-        for name, value in (("shuffle", shuffle), ("drop_last", drop_last)):
+        for name, value in (("shuffle", shuffle), ("drop_last", drop_last), ("scaled_decode", scaled_decode)):
             if not isinstance(value, bool):
                 raise errors.ConfigError(f"{name} {value!r}: must be True or False")
         for name, limit in (("prefetch", prefetch), ("max_pixels", max_pixels), ("shard_window", shard_window)):
@@ -342,6 +350,7 @@ class Loader:
             reading=reading,
             pinned_device=pinned_device,
             shard_window=shard_window,
+            scaled_decode=scaled_decode,
         )
         self._paths = paths
         self._dtype, self._layout = dtype, layout

@@ -269,7 +269,7 @@ impl NativeLoader {
     #[pyo3(signature = (
         paths, *, batch_size, workers, seed, prefetch, shuffle, drop_last, rank, world_size,
         uneven, transform, dtype, layout, bad_samples, max_bad=None, max_pixels=None,
-        reading=None, pinned_device=None, shard_window=None,
+        reading=None, pinned_device=None, shard_window=None, scaled_decode=true,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -293,6 +293,7 @@ impl NativeLoader {
         reading: Option<crate::Reading>,
         pinned_device: Option<usize>,
         shard_window: Option<usize>,
+        scaled_decode: bool,
     ) -> PyResult<NativeLoader> {
         let transform =
             parse_transform(transform)?.with_output(parse_dtype(dtype)?, parse_layout(layout)?);
@@ -328,7 +329,8 @@ impl NativeLoader {
             .with_transform(transform)
             .with_bad_samples(policy)
             .with_max_bad(parse_max_bad(max_bad)?)
-            .with_shard_window(shard_window);
+            .with_shard_window(shard_window)
+            .with_scaled_decode(scaled_decode);
         if let Some(max_pixels) = max_pixels {
             config_ = config_.with_max_pixels(max_pixels);
         }

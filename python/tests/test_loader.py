@@ -880,12 +880,22 @@ def test_a_loader_used_in_a_forked_child_raises_instead_of_hanging(lmdb_path):
     assert message.startswith("ConfigError") and "fork" in message, message
 
 
+def test_the_decode_mode_is_part_of_the_stream_a_state_resumes(lmdb_path):
+    fast = loader(lmdb_path, transform=T.Compose([T.Resize(16), T.CenterCrop(12)]))
+    state = fast.state_dict()
+    whole = loader(lmdb_path, transform=T.Compose([T.Resize(16), T.CenterCrop(12)]), scaled_decode=False)
+    with pytest.raises(imagefeed.StateMismatchError):
+        whole.load_state_dict(state)
+    # (Images of 32x24 shrunk to 16 are never DCT-scaled: the batches are the same.)
+    assert all(np.array_equal(a[0], b[0]) for a, b in zip(fast, whole))
+
+
 def test_wrong_argument_types_and_ranges_are_imagefeed_errors(lmdb_path):
     for bad in [dict(prefetch=-1), dict(prefetch=2**64), dict(prefetch=4097), dict(prefetch=1.5),
                 dict(prefetch=True),
                 dict(max_pixels=-1), dict(max_pixels=0), dict(label_base=-1), dict(seed=2**64),
                 dict(batch_size=2**64), dict(shuffle=None), dict(drop_last="yes"), dict(dtype=None),
-                dict(uneven=None), dict(device=None), dict(device="cpu:0"),
+                dict(uneven=None), dict(device=None), dict(device="cpu:0"), dict(scaled_decode="no"),
                 dict(transform=T.CenterCrop(1 << 16) and T.Compose([T.CenterCrop(1 << 16)])),
                 dict(rank=0, world_size=2**40)]:
         with pytest.raises(imagefeed.ConfigError):

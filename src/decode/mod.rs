@@ -228,14 +228,44 @@ pub struct Decoder {
     cmyk: Vec<u8>,
 }
 
-/// The smallest DCT scale M (decoding at M/8 of full size) at which `plan`'s crop still has
-/// the output's resolution; 8 (full size) when none smaller does.
+/// How far [`Decoder::decode_crop`] may shrink a JPEG in the DCT domain (decoding at M/8 of its
+/// size) before the crop is resized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DctScaling {
+    /// Never: decode at full size, as PIL does for torchvision (whose `resize` does not use
+    /// libjpeg's scaling). Pixels within one level of torchvision's.
+    Off,
+    /// The smallest scale M/8 (M = 1..8) at which the crop still covers the output: the least
+    /// decoding. A scaled IDCT is no antialiasing filter, though: fine periodic texture (a
+    /// fence, fabric) aliases, up to 20 levels from torchvision on average over an image; and
+    /// libjpeg-turbo has SIMD code only for M = 1, 2, 4, 8, so 3/8, 5/8, 6/8 and 7/8 decode
+    /// slower than a full decode.
+    Smallest,
+    /// The smallest of the SIMD scales (1/8, 1/4, 1/2) at which the crop is still at least
+    /// twice the output, so the antialiased resize that follows does the low-pass filtering:
+    /// ImageNet photos' eval crops within one level of torchvision's on 99.96% of values (against
+    /// 57.5% with [`Smallest`](Self::Smallest)), at the same speed or faster (bench/RESULTS.md).
+    #[default]
+    Antialiased,
+}
+
+/// The DCT scale M (decoding at M/8 of full size) `scaling` picks for `plan`'s crop; 8 (full
+/// size) when no smaller one qualifies.
 fn dct_scale_for(jh: &JpegHeader, plan: &CropPlan) -> u32 {
+    let (margin, simd_only) = match plan.scaling {
+        DctScaling::Off => return 8,
+        DctScaling::Smallest => (1.0, false),
+        DctScaling::Antialiased => (2.0, true),
+    };
     let crop = plan.crop;
-    let min_w = (plan.out_width as f64 * jh.width as f64 / crop.width).ceil() as u32;
-    let min_h = (plan.out_height as f64 * jh.height as f64 / crop.height).ceil() as u32;
+    let min_w = (margin * plan.out_width as f64 * jh.width as f64 / crop.width).ceil();
+    let min_h = (margin * plan.out_height as f64 * jh.height as f64 / crop.height).ceil();
     (1..=8u32)
-        .find(|&m| turbo::scaled(jh.width, m) >= min_w && turbo::scaled(jh.height, m) >= min_h)
+        .filter(|m| !simd_only || m.is_power_of_two())
+        .find(|&m| {
+            turbo::scaled(jh.width, m) as f64 >= min_w
+                && turbo::scaled(jh.height, m) as f64 >= min_h
+        })
         .unwrap_or(8)
 }
 
@@ -275,6 +305,8 @@ pub struct CropPlan {
     pub out_width: u32,
     /// Height the crop will be resized to.
     pub out_height: u32,
+    /// How far a JPEG may be shrunk in the DCT domain first.
+    pub scaling: DctScaling,
 }
 
 /// The result of [`Decoder::decode_crop`].
@@ -428,6 +460,7 @@ impl Decoder {
                 crop: Rect::full(h.width, h.height),
                 out_width: min_width,
                 out_height: min_height,
+                scaling: DctScaling::Smallest,
             })
         })?;
         Ok(ImageHeader {
@@ -970,6 +1003,39 @@ mod tests {
         // 256: 255 in grayscale (clipped), 1 in colour (high byte); the image crate gave 1 for
         // both.
         assert_eq!((clipped[4 * 3], gray_high[4 * 3]), (255, 1));
+    }
+
+    /// The DCT scale each policy picks: the smallest covering scale (odd ones included), only
+    /// SIMD scales keeping the crop twice the output, or none (#32: aliasing).
+    #[test]
+    fn dct_scaling_policies_pick_their_scales() {
+        let jpeg = jpeg_420(800, 600);
+        let mut decoder = Decoder::new();
+        let mut out = Vec::new();
+        let mut size = |scaling, (w, h)| {
+            let d = decoder
+                .decode_crop(&jpeg, &mut out, |header| {
+                    Some(CropPlan {
+                        crop: Rect::full(header.width, header.height),
+                        out_width: w,
+                        out_height: h,
+                        scaling,
+                    })
+                })
+                .unwrap();
+            (d.width, d.height)
+        };
+        use DctScaling::*;
+        // 800x600 -> 100x75: 1/8 covers it; twice the output needs 1/4.
+        assert_eq!(size(Smallest, (100, 75)), (100, 75));
+        assert_eq!(size(Antialiased, (100, 75)), (200, 150));
+        assert_eq!(size(Off, (100, 75)), (800, 600));
+        // -> 300x225: 3/8 covers it (slow without SIMD); twice the output needs full size.
+        assert_eq!(size(Smallest, (300, 225)), (300, 225));
+        assert_eq!(size(Antialiased, (300, 225)), (800, 600));
+        // -> 150x110: 1/4 covers it; twice the output (300x220) needs 1/2.
+        assert_eq!(size(Smallest, (150, 110)), (200, 150));
+        assert_eq!(size(Antialiased, (150, 110)), (400, 300));
     }
 
     /// A 4:2:0 JPEG of `w × h` synthetic pixels (decoded by libjpeg-turbo's SIMD colour
