@@ -131,6 +131,9 @@ def main_worker(rank: int, args: argparse.Namespace) -> None:
             tmp = args.checkpoint.with_suffix(".tmp")
             torch.save(state, tmp)
             shutil.move(tmp, args.checkpoint)
+    # Every rank leaves together: a rank tearing gloo down while another is still saving the
+    # checkpoint can abort in gloo's threads ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 
