@@ -1,0 +1,313 @@
+//! The worker threads: each builds whole batches, sample by sample, into pooled buffers.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use crossbeam_channel::Receiver;
+
+use super::stats::StageTimes;
+use super::{BadSamplePolicy, Job, Shared};
+use crate::batch::{BadSample, BadSampleKind, Batch};
+use crate::dataset::LazyReader;
+use crate::error::{Error, Result};
+use crate::pool::PooledBuffer;
+use crate::rng::SampleRng;
+use crate::transform::Layout;
+use crate::transform::SampleTransformer;
+
+/// Domain of the replacement-choice streams (sample streams use 0, the shuffle 1).
+const REPLACE_DOMAIN: u64 = 2;
+/// Candidates tried for one bad sample under `Replace`.
+const REPLACE_ATTEMPTS: usize = 16;
+
+pub(super) fn worker_loop(shared: &Shared, queue: &Receiver<Job>) {
+    let mut worker = Worker {
+        reader: LazyReader::new(Arc::clone(&shared.dataset)),
+        transformer: shared.config.transformer(),
+    };
+    for job in queue.iter() {
+        if job.cancel.load(Ordering::Relaxed) {
+            continue;
+        }
+        let result = worker.run(shared, &job);
+        let _ = job.reply.send((job.position, result)); // the epoch may be gone
+    }
+}
+
+/// A worker's private state: its own reader handle and transformer.
+pub(super) struct Worker {
+    pub(super) reader: LazyReader,
+    pub(super) transformer: SampleTransformer,
+}
+
+impl Worker {
+    /// Builds `job`'s batch; a panic is an error naming the batch, not the end of the thread.
+    pub(super) fn run(&mut self, shared: &Shared, job: &Job) -> Result<Batch> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.build(shared, job)))
+            .unwrap_or_else(|panic| {
+                Err(Error::Panicked {
+                    what: format!("a worker building batch {}", job.position),
+                    message: crate::error::panic_message(&*panic),
+                })
+            })
+    }
+}
+
+/// How one sample went.
+enum Outcome {
+    Ok(u32),
+    Bad {
+        key: String,
+        kind: BadSampleKind,
+        reason: String,
+    },
+}
+
+/// The batch being filled: slot memory is taken once the slot size is known.
+struct Collator {
+    buffer: Option<PooledBuffer>,
+    capacity: usize,
+    slot_len: usize,
+    size: Option<(u32, u32, usize, String)>,
+    written: usize,
+}
+
+impl Worker {
+    fn build(&mut self, shared: &Shared, job: &Job) -> Result<Batch> {
+        let config = &shared.config;
+        let mut collator = Collator {
+            buffer: None,
+            // The largest batch's capacity even for the short last batch, so every buffer fits
+            // every batch and the pool never needs more than `prefetch` of them (fixed-size
+            // outputs); never more than an epoch can fill.
+            capacity: shared.largest_batch.max(job.indices.len()),
+            slot_len: 0,
+            size: None,
+            written: 0,
+        };
+        let mut samples = Vec::with_capacity(job.indices.len());
+        let mut labels = Vec::with_capacity(job.indices.len());
+        let mut bad = Vec::new();
+        let mut times = StageTimes::starting_now();
+        // Reads that wait on the network (ranged reads from object storage) start together.
+        self.reader.plan_reads(&job.indices);
+        // The samples, in a closure so that the stage times are counted however it ends.
+        let mut fill = || -> Result<()> {
+            for (position, &index) in job.indices.iter().enumerate() {
+                if job.cancel.load(Ordering::Relaxed) {
+                    return Err(Error::Cancelled);
+                }
+                // The next sample's bytes load while this one decodes.
+                if let Some(&next) = job.indices.get(position + 1) {
+                    self.reader.prefetch(next);
+                }
+                match self.sample(shared, job.epoch, index, &mut collator, &mut times)? {
+                    Outcome::Ok(label) => {
+                        samples.push(index);
+                        labels.push(label);
+                    }
+                    Outcome::Bad { key, kind, reason } => {
+                        if config.bad_samples == BadSamplePolicy::Error {
+                            return Err(Error::BadSample {
+                                index,
+                                key,
+                                kind,
+                                reason,
+                            });
+                        }
+                        let mut record = BadSample {
+                            index,
+                            key,
+                            kind,
+                            reason,
+                            replaced_by: None,
+                            while_replacing: None,
+                        };
+                        if config.bad_samples == BadSamplePolicy::Replace
+                            && let Some((candidate, label)) = self.replacement(
+                                shared,
+                                job.epoch,
+                                index,
+                                &mut collator,
+                                &mut times,
+                                &mut bad,
+                            )?
+                        {
+                            samples.push(candidate);
+                            labels.push(label);
+                            record.replaced_by = Some(candidate);
+                        }
+                        bad.push(record);
+                    }
+                }
+            }
+            Ok(())
+        };
+        let result = fill();
+        times.add_to(&shared.counters);
+        result?;
+        // A batch left with no sample keeps the transform's size when it has one, so that its
+        // shape is still [0, 3, h, w] (only a native-size batch with no image has no size).
+        let (width, height) = collator
+            .size
+            .as_ref()
+            .map(|s| (s.0, s.1))
+            .or_else(|| config.transform.fixed_size())
+            .unwrap_or((0, 0));
+        let mut data = collator
+            .buffer
+            .take()
+            .unwrap_or_else(|| shared.pool.take(0));
+        data.truncate(collator.written * collator.slot_len);
+        let (h, w, n) = (height as usize, width as usize, collator.written);
+        let shape = match config.transform.output.layout {
+            Layout::Nchw => [n, 3, h, w],
+            Layout::Nhwc => [n, h, w, 3],
+        };
+        Ok(Batch {
+            epoch: job.epoch,
+            index: job.position,
+            samples,
+            labels,
+            bad,
+            shape,
+            dtype: config.transform.output.dtype,
+            layout: config.transform.output.layout,
+            data,
+        })
+    }
+
+    /// Under `Replace`: the first of up to [`REPLACE_ATTEMPTS`] candidates, drawn from
+    /// `(seed, epoch, index)`, that loads into the next slot, with its label. Candidates that
+    /// are bad themselves are recorded in `bad`.
+    fn replacement(
+        &mut self,
+        shared: &Shared,
+        epoch: u64,
+        index: usize,
+        collator: &mut Collator,
+        times: &mut StageTimes,
+        bad: &mut Vec<BadSample>,
+    ) -> Result<Option<(usize, u32)>> {
+        let config = &shared.config;
+        let mut rng = SampleRng::keyed(config.sampling.seed, epoch, index as u64, REPLACE_DOMAIN);
+        let len = shared.dataset.len() as u64;
+        for _ in 0..REPLACE_ATTEMPTS {
+            let candidate = rng.below(len) as usize;
+            if candidate == index {
+                continue;
+            }
+            match self.sample(shared, epoch, candidate, collator, times)? {
+                Outcome::Ok(label) => return Ok(Some((candidate, label))),
+                Outcome::Bad { key, kind, reason } => bad.push(BadSample {
+                    index: candidate,
+                    key,
+                    kind,
+                    reason: format!("{reason} (while replacing sample {index})"),
+                    replaced_by: None,
+                    while_replacing: Some(index),
+                }),
+            }
+        }
+        Ok(None)
+    }
+
+    /// Reads, decodes and transforms sample `index` into the next free slot. A problem with the
+    /// sample is an `Outcome::Bad`; only a batch-level problem (mixed sizes) is an `Err`.
+    fn sample(
+        &mut self,
+        shared: &Shared,
+        epoch: u64,
+        index: usize,
+        collator: &mut Collator,
+        times: &mut StageTimes,
+    ) -> Result<Outcome> {
+        let config = &shared.config;
+        // The read stage runs from the end of the previous sample (or the batch's start), so
+        // it includes the loop's own work, such as the prefetch hint for this record.
+        let record = self.reader.read(index);
+        times.read += times.clock.lap();
+        let record = match record {
+            Ok(record) => record,
+            // Not the sample's fault: the cache has no room for its shard. Going on would make
+            // every later sample of that shard bad too; the batch fails, saying what to do.
+            Err(e @ Error::CacheFull { .. }) => return Err(e),
+            // The dataset's file was replaced or rewritten since it was opened: every later
+            // sample would be bad too, or another file's. The batch fails, naming the file.
+            Err(e @ Error::FileChanged { .. }) => return Err(e),
+            Err(e) => {
+                return Ok(Outcome::Bad {
+                    key: match &e {
+                        Error::CorruptRecord { key, .. } => key.clone(),
+                        _ => format!("#{index}"),
+                    },
+                    kind: BadSampleKind::of_read_error(&e),
+                    reason: e.to_string(),
+                });
+            }
+        };
+        let label = record.label;
+        let mut rng = SampleRng::new(config.sampling.seed, epoch, index as u64);
+        let prepared = match self.transformer.apply_since(
+            times.clock.last,
+            &config.transform,
+            record.payload,
+            &mut rng,
+        ) {
+            Ok(p) => p,
+            Err(e) => {
+                times.decode += times.clock.lap();
+                return Ok(Outcome::Bad {
+                    key: record.key.to_string(),
+                    kind: BadSampleKind::of_decode_error(&e),
+                    reason: e.to_string(),
+                });
+            }
+        };
+        times.decode += prepared.decode_time;
+        times.transform += prepared.transform_time;
+        times.clock.last = prepared.finished;
+        let (w, h) = (prepared.width, prepared.height);
+        match &collator.size {
+            None => {
+                collator.size = Some((w, h, index, record.key.to_string()));
+                collator.slot_len = config.transform.output.slot_len(w, h);
+                let bytes = collator.slot_len * collator.capacity;
+                collator.buffer =
+                    Some(
+                        shared
+                            .pool
+                            .try_take(bytes)
+                            .ok_or_else(|| Error::OutOfMemory {
+                                bytes: bytes as u64,
+                                what: format!(
+                                    "a batch of {} samples (epoch {epoch})",
+                                    collator.capacity
+                                ),
+                            })?,
+                    );
+            }
+            Some((fw, fh, first_index, first_key)) if (*fw, *fh) != (w, h) => {
+                return Err(Error::ShapeMismatch {
+                    first_index: *first_index,
+                    first_key: first_key.clone(),
+                    first_size: (*fw, *fh),
+                    index,
+                    key: record.key.to_string(),
+                    size: (w, h),
+                });
+            }
+            Some(_) => {}
+        }
+        let at = collator.written * collator.slot_len;
+        let buffer = collator.buffer.as_mut().expect("allocated with the size");
+        let slot = &mut buffer.as_mut_slice()[at..at + collator.slot_len];
+        config
+            .transform
+            .output
+            .write(prepared.pixels, w, h, prepared.flip, slot);
+        collator.written += 1;
+        times.collate += times.clock.lap();
+        Ok(Outcome::Ok(label))
+    }
+}
