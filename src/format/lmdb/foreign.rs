@@ -1,0 +1,211 @@
+//! Whose LMDB a file is: ours (finished or not, or holding nothing), and Python folder2lmdb
+//! files (pickled samples) opened read-only.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use heed::types::{Bytes, Str};
+use heed::{Database, RoTxn, WithoutTls};
+
+use crate::dataset::{DatasetInfo, FormatKind};
+use crate::error::{Error, IoContext as _, Result};
+use crate::format::{InfoRecord, pickle};
+
+use super::reader::{
+    Layout, LmdbMeta, MapBounds, ReadEnv, check_lmdb_file, meta_text, shared_read_env,
+};
+use super::{INFO_KEY, Lmdb, MAGIC, META_DB, from_json};
+
+/// True when `path` is an LMDB file an imagefeed writer made, finished or not (its `meta/info`
+/// carries [`MAGIC`]), or one that holds nothing (an LMDB in which no transaction was ever
+/// committed, as a writer killed before its first commit leaves it, or an empty file): what
+/// `--force` may replace. A Python folder2lmdb file, an LMDB of any other layout with anything
+/// in it, a truncated file or anything else is not. Reads only the metadata.
+pub(crate) fn is_own_file(path: &Path) -> bool {
+    holds_our_magic(path) || holds_nothing(path)
+}
+
+/// True when `path` is a regular file that is empty, or an LMDB file in which no transaction
+/// was ever committed.
+pub(super) fn holds_nothing(path: &Path) -> bool {
+    let Ok((mut file, len)) = crate::file::open_regular(path) else {
+        return false;
+    };
+    len == 0 || LmdbMeta::read_live(&mut file, path).is_ok_and(|m| m.is_some_and(|m| m.txn_id == 0))
+}
+
+/// True when the LMDB file at `path` has a `meta/info` that carries [`MAGIC`].
+fn holds_our_magic(path: &Path) -> bool {
+    let own = || -> Result<bool> {
+        let file = check_lmdb_file(path)?;
+        let (env, bounds) = shared_read_env(path, file.metadata().at(path)?.len())?;
+        let rtxn = env.read_txn().map_err(|e| Error::lmdb(path, e))?;
+        let Some(meta) = env
+            .open_database::<Str, Bytes>(&rtxn, Some(META_DB))
+            .map_err(|e| Error::lmdb(path, e))?
+        else {
+            return Ok(false);
+        };
+        let Some(text) = meta_text(path, &bounds, &meta, &rtxn, INFO_KEY)? else {
+            return Ok(false);
+        };
+        let record: InfoRecord = from_json(path, INFO_KEY, text)?;
+        Ok(record.magic == MAGIC)
+    };
+    own().unwrap_or(false)
+}
+
+/// Opens the Python folder2lmdb layout (see [`Lmdb`]); `rtxn` is a read transaction on `env`.
+pub(super) fn open_folder2lmdb(
+    path: &Path,
+    (env, bounds): (&Arc<ReadEnv>, MapBounds),
+    rtxn: RoTxn<'_, WithoutTls>,
+    file_len: u64,
+) -> Result<Lmdb> {
+    let not_ours = || {
+        Error::not_a_dataset(
+            path,
+            "LMDB file with neither imagefeed's meta database nor folder2lmdb's __len__ key",
+        )
+    };
+    let db: Database<Bytes, Bytes> = env
+        .open_database(&rtxn, None)
+        .map_err(|e| Error::lmdb(path, e))?
+        .ok_or_else(not_ours)?;
+    let get = |key: &[u8]| -> Result<Option<&[u8]>> {
+        match db.get(&rtxn, key).map_err(|e| Error::lmdb(path, e))? {
+            None => Ok(None),
+            Some(value) => bounds.check(value).map(Some).map_err(|reason| {
+                Error::not_a_dataset(
+                    path,
+                    format!("the value of {:?}: {reason}", String::from_utf8_lossy(key)),
+                )
+            }),
+        }
+    };
+    let len_value = get(b"__len__")?.ok_or_else(not_ours)?;
+    let len = match pickle::parse(len_value) {
+        Ok(pickle::Value::Int(n)) if n >= 0 => n as u64,
+        _ => {
+            return Err(Error::not_a_dataset(
+                path,
+                "__len__ is not a pickled non-negative int",
+            ));
+        }
+    };
+    // Every sample is an entry of the database, and an entry takes at least its node header
+    // (8 bytes), a key byte and a line pointer (2 bytes) of a leaf page. Checked before the key
+    // list (or anything else sized by __len__) is made.
+    let entries = db.len(&rtxn).map_err(|e| Error::lmdb(path, e))?;
+    let can_hold = entries.min(file_len / 11);
+    if len > can_hold {
+        return Err(Error::not_a_dataset(
+            path,
+            format!(
+                "__len__ is {len}, but the database holds {entries} entries in a {file_len}-byte \
+                 file: it cannot hold that many samples"
+            ),
+        ));
+    }
+    let len = len as usize;
+    let keys: Vec<String> = match get(b"__keys__")? {
+        None => (0..len).map(|i| i.to_string()).collect(),
+        Some(value) => match pickle::parse(value) {
+            Ok(pickle::Value::List(items)) if items.len() != len => {
+                return Err(Error::not_a_dataset(
+                    path,
+                    format!("__len__ is {len} but __keys__ lists {} keys", items.len()),
+                ));
+            }
+            Ok(pickle::Value::List(items)) => {
+                // Checked before any key is copied: a pickle may name one long text many times
+                // (memo references), which would make a few megabytes of file terabytes of keys.
+                let key_bytes: usize = items
+                    .iter()
+                    .map(|item| match item {
+                        pickle::Value::Str(text) => text.len(),
+                        bytes => bytes.bytes(value).map_or(0, <[u8]>::len),
+                    })
+                    .fold(0usize, usize::saturating_add);
+                if key_bytes > value.len() {
+                    return Err(Error::not_a_dataset(
+                        path,
+                        format!(
+                            "__keys__ repeats its keys: {key_bytes} bytes of keys from a {}-byte \
+                             value",
+                            value.len()
+                        ),
+                    ));
+                }
+                items
+                    .iter()
+                    .map(|item| match item {
+                        pickle::Value::Str(text) => Some(text.to_string()),
+                        bytes => bytes
+                            .bytes(value)
+                            .and_then(|b| String::from_utf8(b.to_vec()).ok()),
+                    })
+                    .collect::<Option<Vec<String>>>()
+                    .ok_or_else(|| {
+                        Error::not_a_dataset(
+                            path,
+                            "__keys__ holds something other than UTF-8 keys (bytes or str)",
+                        )
+                    })?
+            }
+            Ok(_) => return Err(Error::not_a_dataset(path, "__keys__ is not a pickled list")),
+            Err(reason) => return Err(Error::not_a_dataset(path, format!("__keys__: {reason}"))),
+        },
+    };
+    if keys.len() != len {
+        return Err(Error::not_a_dataset(
+            path,
+            format!("__len__ is {len} but __keys__ lists {} keys", keys.len()),
+        ));
+    }
+    // No class names are stored: classes are 0..=max label over the readable values (see
+    // MAX_CLASSES). A value that does not parse is left to the reader, which reports it as a bad
+    // sample.
+    let mut inference = crate::dataset::ClassInference::default();
+    for (index, key) in keys.iter().enumerate() {
+        // A damaged value is left to the reader too (it reports it as a bad sample).
+        if let Ok(Some(value)) = get(key.as_bytes())
+            && let Ok((_, label)) = pickle::image_and_label(value)
+        {
+            inference.see(|| format!("{index} (key {key:?})"), Some(label));
+        }
+    }
+    if len > 0 && inference.is_empty() {
+        return Err(Error::not_a_dataset(
+            path,
+            format!(
+                "no value holds a pickled (bytes, label) with a label in 0..{}",
+                crate::dataset::MAX_CLASSES
+            ),
+        ));
+    }
+    let (classes, notice) = inference.classes();
+    let info = DatasetInfo {
+        format: FormatKind::Lmdb,
+        classes,
+        num_samples: len,
+        payload: crate::dataset::PayloadKind::Encoded,
+        resized_short_side: None,
+        part: None,
+        rejected_at_pack: None,
+    };
+    rtxn.commit().map_err(|e| Error::lmdb(path, e))?;
+    Ok(Lmdb {
+        path: path.to_path_buf(),
+        env: Arc::clone(env),
+        bounds,
+        layout: Layout::Folder2Lmdb {
+            db,
+            keys: keys.into(),
+        },
+        info,
+        complete: true,
+        progress: None,
+        notices: notice.into_iter().collect(),
+    })
+}

@@ -1,0 +1,708 @@
+//! [`Lmdb`]: opens an imagefeed or folder2lmdb LMDB file (its structure checked before liblmdb
+//! touches it) and reads records zero-copy from per-worker handles.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::Read as _;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use heed::types::{Bytes, Str};
+use heed::{Database, Env, EnvFlags, EnvOpenOptions, RoTxn, WithoutTls};
+
+use crate::dataset::{Dataset, DatasetInfo, FormatKind, Record, RecordReader};
+use crate::error::{Error, IoContext as _, Result};
+use crate::format::output;
+use crate::format::pickle;
+use crate::format::writer::PackProgress;
+
+use super::foreign::open_folder2lmdb;
+use super::{
+    CHECKSUMS_DB, CHECKSUMS_SINCE, INFO_KEY, LMDB_FILE_MAGIC, META_DB, PROGRESS_KEY, SAMPLES_DB,
+    corrupt, decode_value, parse_info, parse_progress, sample_key, tree,
+};
+
+pub(super) type ReadEnv = Env<WithoutTls>;
+
+/// An open environment and the identity (device, inode) of the file it maps.
+struct OpenEnv {
+    dev: u64,
+    ino: u64,
+    env: Weak<ReadEnv>,
+}
+
+/// Environments open in this process, by canonical path, with the file's identity so that a
+/// file replaced on disk is not served from a stale map.
+static OPEN_ENVS: Mutex<Option<HashMap<PathBuf, OpenEnv>>> = Mutex::new(None);
+
+/// Where the process's maps of an LMDB file lie in memory, each up to the file's length: every
+/// value liblmdb hands back must lie inside one. liblmdb takes a value's length from its node on
+/// the page as it is; a damaged node (a flipped high byte of its size) gives a slice running past
+/// the map, and reading it (a checksum, a parse) killed the process with SIGSEGV. Each value is
+/// checked against these bounds before anything reads it. (A file renamed while an environment
+/// under its old name is open gets a second environment and map: both count.)
+#[derive(Debug, Clone, Default)]
+pub(super) struct MapBounds(Option<Arc<[(usize, usize)]>>);
+
+impl MapBounds {
+    /// The maps of the file `(dev, ino)` this process holds (liblmdb maps it from offset 0),
+    /// from `/proc/self/maps`; unknown (no check) where that cannot be read or shows none.
+    fn of(dev: u64, ino: u64, file_len: u64) -> MapBounds {
+        let Ok(maps) = fs::read_to_string("/proc/self/maps") else {
+            return MapBounds(None);
+        };
+        let device = format!("{:02x}:{:02x}", libc::major(dev), libc::minor(dev));
+        let inode = ino.to_string();
+        let mut ranges = Vec::new();
+        for line in maps.lines() {
+            let fields: Vec<&str> = line.split_whitespace().take(5).collect();
+            let [range, _perms, offset, dev_field, ino_field] = fields[..] else {
+                continue;
+            };
+            if ino_field != inode
+                || !offset.trim_start_matches('0').is_empty()
+                || !dev_field.eq_ignore_ascii_case(&device)
+            {
+                continue;
+            }
+            let Some((start, end)) = range.split_once('-') else {
+                continue;
+            };
+            let (Ok(start), Ok(end)) = (
+                usize::from_str_radix(start, 16),
+                usize::from_str_radix(end, 16),
+            ) else {
+                continue;
+            };
+            let len = usize::try_from(file_len)
+                .unwrap_or(usize::MAX)
+                .min(end.saturating_sub(start));
+            ranges.push((start, start + len));
+        }
+        MapBounds((!ranges.is_empty()).then(|| ranges.into()))
+    }
+
+    /// `value` when it lies inside a map of the file (or the maps are unknown), else why not.
+    pub(super) fn check<'v>(&self, value: &'v [u8]) -> std::result::Result<&'v [u8], String> {
+        let Some(ranges) = &self.0 else {
+            return Ok(value);
+        };
+        let at = value.as_ptr() as usize;
+        let inside =
+            |&(start, end): &(usize, usize)| at >= start && at <= end && value.len() <= end - at;
+        if ranges.iter().any(inside) {
+            return Ok(value);
+        }
+        let (start, end) = ranges
+            .iter()
+            .copied()
+            .find(|&(start, end)| at >= start && at <= end)
+            .unwrap_or(ranges[0]);
+        Err(format!(
+            "its node gives {} bytes at offset {} of a {}-byte file: past the file's end (a \
+             damaged LMDB page)",
+            value.len(),
+            at.wrapping_sub(start) as isize,
+            end - start
+        ))
+    }
+}
+
+/// Which of the two LMDB layouts a file has.
+#[derive(Clone)]
+pub(super) enum Layout {
+    /// imagefeed's own (module docs): `samples` database keyed by big-endian index, and each
+    /// sample's checksum (version 2 on).
+    Imagefeed {
+        samples: Database<Bytes, Bytes>,
+        checksums: Option<Arc<[u32]>>,
+    },
+    /// Python folder2lmdb: the unnamed database, keys listed in `__keys__`, pickled
+    /// `(image_bytes, label)` values.
+    Folder2Lmdb {
+        db: Database<Bytes, Bytes>,
+        keys: Arc<[String]>,
+    },
+}
+
+/// A packed LMDB dataset opened for reading: imagefeed's layout, or one written by the Python
+/// folder2lmdb scripts (Efficient-PyTorch `tools/folder2lmdb.py` and its forks), detected by its
+/// `__len__` key. Those store no class names: classes are then `"0"..="max label"`, found by a
+/// scan of every value's label at open (one read of each value's last page).
+pub struct Lmdb {
+    pub(super) path: PathBuf,
+    pub(super) env: Arc<ReadEnv>,
+    pub(super) bounds: MapBounds,
+    pub(super) layout: Layout,
+    pub(super) info: DatasetInfo,
+    pub(super) complete: bool,
+    pub(super) progress: Option<PackProgress>,
+    /// What opening found that a user should hear about (labels left out of the classes).
+    pub(super) notices: Vec<String>,
+}
+
+impl std::fmt::Debug for Lmdb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lmdb")
+            .field("path", &self.path)
+            .field("info", &self.info)
+            .field("complete", &self.complete)
+            .finish()
+    }
+}
+
+impl Lmdb {
+    /// Opens a complete dataset. An interrupted pack (`complete: false`, only `PATH.partial` on
+    /// disk, or a path named `*.partial` whatever it holds) is an [`Error::Incomplete`] that
+    /// says how to finish it.
+    pub fn open(path: impl AsRef<Path>) -> Result<Lmdb> {
+        let path = path.as_ref();
+        output::refuse_interrupted(path)?;
+        let lmdb = Self::open_incomplete(path)?;
+        if !lmdb.complete {
+            return Err(Error::Incomplete {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "the pack that wrote it did not finish ({} samples so far); rerun it with --resume",
+                    lmdb.info.num_samples
+                ),
+            });
+        }
+        Ok(lmdb)
+    }
+
+    /// Opens a dataset whether or not it is complete (for `inspect`). For an incomplete one,
+    /// `len()` is the number of samples committed so far.
+    pub fn open_incomplete(path: impl AsRef<Path>) -> Result<Lmdb> {
+        let path = path.as_ref();
+        let file = check_lmdb_file(path)?;
+        // Small datasets stream into the page cache in one sequential read; see pagecache.
+        crate::pagecache::prefetch_if_it_fits(&file);
+        let len = file.metadata().at(path)?.len();
+        let (env, bounds) = shared_read_env(path, len)?;
+        let rtxn = env.read_txn().map_err(|e| Error::lmdb(path, e))?;
+        let meta: Option<Database<Str, Bytes>> = env
+            .open_database(&rtxn, Some(META_DB))
+            .map_err(|e| Error::lmdb(path, e))?;
+        let Some(meta) = meta else {
+            return open_folder2lmdb(path, (&env, bounds), rtxn, len);
+        };
+        let get = |key: &str| meta_text(path, &bounds, &meta, &rtxn, key);
+        let info_text =
+            get(INFO_KEY)?.ok_or_else(|| Error::not_a_dataset(path, "meta/info is missing"))?;
+        let record = parse_info(path, info_text)?;
+        let progress = match get(PROGRESS_KEY)? {
+            Some(text) => Some(parse_progress(path, text)?),
+            None => None,
+        };
+        let samples: Database<Bytes, Bytes> = env
+            .open_database(&rtxn, Some(SAMPLES_DB))
+            .map_err(|e| Error::lmdb(path, e))?
+            .ok_or_else(|| Error::not_a_dataset(path, "the samples database is missing"))?;
+        let stored = samples.len(&rtxn).map_err(|e| Error::lmdb(path, e))? as usize;
+        let mut notices = Vec::new();
+        let checksums = if record.version >= CHECKSUMS_SINCE {
+            Some(read_checksums(path, (&env, &bounds), &rtxn, stored)?)
+        } else {
+            // A version-1 file never has the checksums database: one that does had its info
+            // record changed (a digit of "version"), which would switch the checks off.
+            let sums: Option<Database<Bytes, Bytes>> = env
+                .open_database(&rtxn, Some(CHECKSUMS_DB))
+                .map_err(|e| Error::lmdb(path, e))?;
+            if sums.is_some() {
+                return Err(crate::format::checksums_contradiction(
+                    path,
+                    record.version,
+                    "database",
+                ));
+            }
+            crate::dataset::notice(&mut notices, crate::format::unchecked_notice(path));
+            None
+        };
+        let mut info = record.info;
+        if record.complete && stored != info.num_samples {
+            return Err(Error::not_a_dataset(
+                path,
+                format!(
+                    "meta/info says {} samples but {stored} are stored",
+                    info.num_samples
+                ),
+            ));
+        }
+        info.num_samples = stored;
+        info.format = FormatKind::Lmdb;
+        // Database handles opened in a read transaction become usable by others after commit.
+        rtxn.commit().map_err(|e| Error::lmdb(path, e))?;
+        Ok(Lmdb {
+            path: path.to_path_buf(),
+            env,
+            bounds,
+            layout: Layout::Imagefeed { samples, checksums },
+            info,
+            complete: record.complete,
+            progress,
+            notices,
+        })
+    }
+
+    /// True when the pack that wrote this file finished.
+    pub fn is_complete(&self) -> bool {
+        self.complete
+    }
+
+    /// The pack's progress record: files consumed and files rejected (with reasons).
+    pub fn pack_progress(&self) -> Option<&PackProgress> {
+        self.progress.as_ref()
+    }
+}
+
+/// Reads the `checksums` database of a version-2 file: one CRC-32C per stored sample, in
+/// chunks keyed by their first index, which must follow one another from 0 to `stored`.
+fn read_checksums(
+    path: &Path,
+    (env, bounds): (&Env<WithoutTls>, &MapBounds),
+    rtxn: &RoTxn<'_, WithoutTls>,
+    stored: usize,
+) -> Result<Arc<[u32]>> {
+    let db: Database<Bytes, Bytes> = env
+        .open_database(rtxn, Some(CHECKSUMS_DB))
+        .map_err(|e| Error::lmdb(path, e))?
+        .ok_or_else(|| {
+            Error::not_a_dataset(
+                path,
+                "layout version 2 but the checksums database is missing",
+            )
+        })?;
+    let mut sums = Vec::with_capacity(stored);
+    for entry in db.iter(rtxn).map_err(|e| Error::lmdb(path, e))? {
+        let (key, value) = entry.map_err(|e| Error::lmdb(path, e))?;
+        let (key, value) = bounds
+            .check(key)
+            .and_then(|key| Ok((key, bounds.check(value)?)))
+            .map_err(|reason| {
+                Error::not_a_dataset(path, format!("the checksums database: {reason}"))
+            })?;
+        let first = <[u8; 8]>::try_from(key).ok().map(u64::from_be_bytes);
+        let count = value.len() / 4;
+        if first != Some(sums.len() as u64) || value.len() % 4 != 0 || sums.len() + count > stored {
+            return Err(Error::not_a_dataset(
+                path,
+                format!(
+                    "the checksums database is damaged: an entry of {} bytes at key {key:02x?} \
+                     after {} checksums, for {stored} samples",
+                    value.len(),
+                    sums.len()
+                ),
+            ));
+        }
+        sums.extend(
+            value
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes"))),
+        );
+    }
+    if sums.len() != stored {
+        return Err(Error::not_a_dataset(
+            path,
+            format!(
+                "the checksums database covers {} of the {stored} samples",
+                sums.len()
+            ),
+        ));
+    }
+    Ok(sums.into())
+}
+
+/// Refuses what is clearly not an LMDB data file, or one cut short, with a clear message;
+/// returns the opened file.
+///
+/// The length check matters: liblmdb maps the whole database and trusts its meta page, so a
+/// truncated copy would fault with SIGBUS on the first read of a missing page instead of failing.
+/// We read both meta pages (LMDB keeps two and uses the one with the larger transaction id) and
+/// require the file to hold every page up to that meta's last page.
+pub(super) fn check_lmdb_file(path: &Path) -> Result<fs::File> {
+    let (file, len, live) = read_meta_pages(path)?;
+    let Some(live) = live else {
+        return Err(Error::not_a_dataset(
+            path,
+            "not an LMDB file (bad magic number)",
+        ));
+    };
+    let needed = live.needed_len();
+    if len < needed {
+        return Err(Error::not_a_dataset(
+            path,
+            format!(
+                "truncated: LMDB's meta page needs {needed} bytes but the file has {len} (an incomplete copy?)",
+            ),
+        ));
+    }
+    Ok(file)
+}
+
+/// Whether the file at `path` carries LMDB's magic number in a meta page: what tells an LMDB
+/// file from any other file (nothing else is checked; opening checks the rest). A path that is
+/// missing (or an interrupted pack's), a directory or not a regular file is the error opening
+/// it would give.
+pub fn has_magic(path: &Path) -> Result<bool> {
+    read_meta_pages(path).map(|(_, _, live)| live.is_some())
+}
+
+/// Opens `path` as a regular file and reads its live meta page: (file, length, meta), the meta
+/// `None` when neither page carries LMDB's magic.
+fn read_meta_pages(path: &Path) -> Result<(fs::File, u64, Option<LmdbMeta>)> {
+    let meta = match fs::metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            output::refuse_interrupted(path)?;
+            return Err(Error::io(path, e));
+        }
+        Err(e) => return Err(Error::io(path, e)),
+    };
+    if meta.is_dir() {
+        return Err(Error::not_a_dataset(
+            path,
+            "a directory, not a single-file LMDB",
+        ));
+    }
+    let (mut file, _) = crate::file::open_regular(path)?;
+    let live = LmdbMeta::read_live(&mut file, path)?;
+    Ok((file, meta.len(), live))
+}
+
+/// Bytes of a meta page we look at: page header (16) + MDB_meta up to mm_txnid (136).
+pub(crate) const META_PAGE_BYTES: usize = 152;
+
+/// The fields of liblmdb's `MDB_meta` (64-bit build) that the length check needs.
+pub(crate) struct LmdbMeta {
+    page_size: u64,
+    last_page: u64,
+    pub(super) txn_id: u64,
+}
+
+impl LmdbMeta {
+    /// Parses a meta page: a 16-byte page header, then `mm_magic`, `mm_version`, `mm_address`,
+    /// `mm_mapsize`, two 48-byte `MDB_db` (the free-list DB's `md_pad` holds the page size),
+    /// `mm_last_pg`, `mm_txnid`.
+    pub(crate) fn parse(page: &[u8]) -> Option<LmdbMeta> {
+        if page.len() < META_PAGE_BYTES {
+            return None;
+        }
+        let u32_at = |o: usize| u32::from_le_bytes(page[o..o + 4].try_into().expect("4 bytes"));
+        let u64_at = |o: usize| u64::from_le_bytes(page[o..o + 8].try_into().expect("8 bytes"));
+        if u32_at(16) != LMDB_FILE_MAGIC {
+            return None;
+        }
+        let page_size = u32_at(40) as u64;
+        if !(512..=65536).contains(&page_size) || !page_size.is_power_of_two() {
+            return None;
+        }
+        Some(LmdbMeta {
+            page_size,
+            last_page: u64_at(136),
+            txn_id: u64_at(144),
+        })
+    }
+}
+
+impl LmdbMeta {
+    /// The bytes the file must hold: every page up to the last one this meta page uses.
+    pub(crate) fn needed_len(&self) -> u64 {
+        self.last_page
+            .saturating_add(1)
+            .saturating_mul(self.page_size)
+    }
+
+    /// The live meta page of the LMDB file `file` (of the two, the one with the later
+    /// transaction), or `None` when the first page is not an LMDB meta page. Reads from the start.
+    pub(crate) fn read_live(file: &mut fs::File, path: &Path) -> Result<Option<LmdbMeta>> {
+        use std::io::{Seek as _, SeekFrom};
+        let mut page = [0u8; META_PAGE_BYTES];
+        file.seek(SeekFrom::Start(0)).at(path)?;
+        let n = read_up_to(file, &mut page).at(path)?;
+        let Some(first) = LmdbMeta::parse(&page[..n]) else {
+            return Ok(None);
+        };
+        file.seek(SeekFrom::Start(first.page_size)).at(path)?;
+        let n = read_up_to(file, &mut page).at(path)?;
+        Ok(Some(match LmdbMeta::parse(&page[..n]) {
+            Some(second) if second.txn_id > first.txn_id => second,
+            _ => first,
+        }))
+    }
+}
+
+fn read_up_to(file: &mut fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match file.read(&mut buf[filled..])? {
+            0 => break,
+            n => filled += n,
+        }
+    }
+    Ok(filled)
+}
+
+/// The text stored under `key` in `meta` (a meta database opened with byte values), checked to
+/// lie in the map before it is read.
+pub(super) fn meta_text<'t>(
+    path: &Path,
+    bounds: &MapBounds,
+    meta: &Database<Str, Bytes>,
+    rtxn: &'t RoTxn<'_, WithoutTls>,
+    key: &str,
+) -> Result<Option<&'t str>> {
+    let Some(value) = meta.get(rtxn, key).map_err(|e| Error::lmdb(path, e))? else {
+        return Ok(None);
+    };
+    let value = bounds
+        .check(value)
+        .map_err(|reason| Error::not_a_dataset(path, format!("meta/{key}: {reason}")))?;
+    std::str::from_utf8(value)
+        .map(Some)
+        .map_err(|_| Error::not_a_dataset(path, format!("meta/{key} is not UTF-8 text")))
+}
+
+/// The process's environment for `path` (one per file, shared), and where its map lies.
+pub(super) fn shared_read_env(path: &Path, file_len: u64) -> Result<(Arc<ReadEnv>, MapBounds)> {
+    let env = read_env(path, file_len)?;
+    let meta = fs::metadata(path).at(path)?;
+    Ok((env, MapBounds::of(meta.dev(), meta.ino(), file_len)))
+}
+
+fn read_env(path: &Path, file_len: u64) -> Result<Arc<ReadEnv>> {
+    let canonical = fs::canonicalize(path).at(path)?;
+    let meta = fs::metadata(&canonical).at(path)?;
+    let (dev, ino) = (meta.dev(), meta.ino());
+    let mut guard = OPEN_ENVS.lock().unwrap_or_else(|e| e.into_inner());
+    let envs = guard.get_or_insert_with(HashMap::new);
+    if let Some(open) = envs.get(&canonical)
+        && (open.dev, open.ino) == (dev, ino)
+        && let Some(env) = open.env.upgrade()
+    {
+        return Ok(env);
+    }
+    // Every branch and leaf page is checked before liblmdb reads any (see `tree`): once per
+    // file per process, as the environment is.
+    let (file, _) = crate::file::open_regular(&canonical)?;
+    tree::check(path, &file, file_len, &[META_DB, SAMPLES_DB, CHECKSUMS_DB])?;
+    drop(file);
+    let mut options = EnvOpenOptions::new().read_txn_without_tls();
+    // Map the file's length, not the map size the writer recorded (1 TiB by default: LMDB keeps
+    // the largest size ever configured in the meta page). A configured size takes precedence
+    // and LMDB raises it to the committed data size if needed, so nothing is cut off; a process
+    // under an address-space limit (ulimit -v, valgrind) can then open the file.
+    let page = crate::pagecache::page_size();
+    options
+        .max_dbs(3)
+        .map_size((file_len as usize).max(1).div_ceil(page) * page);
+    // SAFETY: these flags make the environment read-only and lock-free, which is sound because
+    // imagefeed never modifies a published (renamed, complete) file.
+    unsafe { options.flags(EnvFlags::READ_ONLY | EnvFlags::NO_SUB_DIR | EnvFlags::NO_LOCK) };
+    // The last user of an earlier environment may still be closing it on another thread; heed
+    // answers EnvAlreadyOpened until it has. Wait a little for that rather than fail.
+    let mut attempts = 0;
+    let env = loop {
+        // SAFETY: the file is opened read-only and not modified while mapped (see above); the
+        // registry ensures one environment per file in this process.
+        match unsafe { options.open(&canonical) } {
+            Ok(env) => break env,
+            Err(heed::Error::EnvAlreadyOpened) if attempts < 200 => {
+                attempts += 1;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(heed::Error::EnvAlreadyOpened) => {
+                return Err(Error::FileChanged {
+                    path: path.to_path_buf(),
+                    change: "replaced on disk while this process still holds the earlier file \
+                             open; drop that handle first"
+                        .into(),
+                });
+            }
+            Err(e) => return Err(Error::lmdb(path, e)),
+        }
+    };
+    let env = Arc::new(env);
+    envs.insert(
+        canonical,
+        OpenEnv {
+            dev,
+            ino,
+            env: Arc::downgrade(&env),
+        },
+    );
+    Ok(env)
+}
+
+impl Dataset for Lmdb {
+    fn info(&self) -> &DatasetInfo {
+        &self.info
+    }
+
+    fn notices(&self) -> &[String] {
+        &self.notices
+    }
+
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn open_reader(&self) -> Result<Box<dyn RecordReader>> {
+        let txn = ReadEnv::clone(&self.env)
+            .static_read_txn()
+            .map_err(|e| Error::lmdb(&self.path, e))?;
+        Ok(Box::new(LmdbReader {
+            txn,
+            _env: Arc::clone(&self.env),
+            bounds: self.bounds.clone(),
+            layout: self.layout.clone(),
+            path: self.path.clone(),
+            info: self.info.clone(),
+            found: if self.info.num_samples <= FOUND_TABLE_MAX_RECORDS {
+                vec![(0, 0); self.info.num_samples]
+            } else {
+                Vec::new()
+            },
+            decoded: Vec::new(),
+        }))
+    }
+}
+
+/// Datasets of at most this many records get a per-reader table of where each value lies
+/// (16 bytes a record: 16 MiB at the limit). Past it the B-tree lookup is kept: its ~1 µs
+/// matters for small images, and datasets with millions of records are mostly large ones.
+const FOUND_TABLE_MAX_RECORDS: usize = 1 << 20;
+
+/// Per-worker handle: one long-lived read transaction over the shared map.
+struct LmdbReader {
+    // Field order matters: the transaction must go before the last `Arc` to its environment.
+    txn: RoTxn<'static, WithoutTls>,
+    _env: Arc<ReadEnv>,
+    /// Where the map lies: every value is checked to be inside it before it is read.
+    bounds: MapBounds,
+    layout: Layout,
+    path: PathBuf,
+    info: DatasetInfo,
+    /// `(address, length)` of each record's value once read (address 0: not read yet; empty
+    /// when the dataset is over [`FOUND_TABLE_MAX_RECORDS`]; read through [`remembered`]).
+    /// LMDB keeps a value's bytes valid until the transaction that returned them ends, and
+    /// `txn` lives as long as this reader, so a later read (every epoch after the first) skips
+    /// the lookup, and [`prefetch`](RecordReader::prefetch) knows where to fetch from.
+    found: Vec<(usize, usize)>,
+    /// A folder2lmdb image that had to be decoded (pickle protocols 0 to 2).
+    decoded: Vec<u8>,
+}
+
+impl LmdbReader {
+    /// The value of record `index`, stored under `key` in `db`: from the table of values
+    /// already found, or looked up (and remembered).
+    fn value<'t>(
+        txn: &'t RoTxn<'static, WithoutTls>,
+        found: &mut [(usize, usize)],
+        db: &Database<Bytes, Bytes>,
+        index: usize,
+        key: &[u8],
+    ) -> heed::Result<Option<&'t [u8]>> {
+        if let Some(value) = remembered(txn, found, index) {
+            return Ok(Some(value));
+        }
+        let value = db.get(txn, key)?;
+        if let (Some(value), Some(slot)) = (value, found.get_mut(index)) {
+            *slot = (value.as_ptr() as usize, value.len());
+        }
+        Ok(value)
+    }
+}
+
+/// The value of record `index` if `found` (the table of `txn`'s reader) has it. `txn` is
+/// only taken for its lifetime: the slice cannot outlive the transaction that keeps it valid.
+fn remembered<'t>(
+    _txn: &'t RoTxn<'static, WithoutTls>,
+    found: &[(usize, usize)],
+    index: usize,
+) -> Option<&'t [u8]> {
+    let &(address, len) = found.get(index).filter(|(address, _)| *address != 0)?;
+    // SAFETY: `address` and `len` are those of a value that `db.get` returned in `_txn` (the
+    // reader's one read-only transaction, which `found` belongs to). LMDB keeps such bytes
+    // valid and unchanged until the transaction ends, and the slice borrows `_txn` for `'t`.
+    Some(unsafe { std::slice::from_raw_parts(address as *const u8, len) })
+}
+
+impl RecordReader for LmdbReader {
+    fn read(&mut self, index: usize) -> Result<Record<'_>> {
+        assert!(
+            index < self.info.num_samples,
+            "index {index} out of range for {} samples",
+            self.info.num_samples
+        );
+        let (txn, found) = (&self.txn, &mut self.found);
+        let (label, key, payload) = match &self.layout {
+            Layout::Imagefeed { samples, checksums } => {
+                let value = Self::value(txn, found, samples, index, &sample_key(index))
+                    .map_err(|e| Error::lmdb(&self.path, e))?
+                    .ok_or_else(|| {
+                        corrupt(&self.path, index, &format!("#{index}"), "record is missing")
+                    })?;
+                let value = self
+                    .bounds
+                    .check(value)
+                    .map_err(|reason| corrupt(&self.path, index, &format!("#{index}"), reason))?;
+                let decoded = decode_value(value);
+                if let Some(checksums) = checksums {
+                    let computed = crc32c::crc32c(value);
+                    if computed != checksums[index] {
+                        let key = decoded
+                            .as_ref()
+                            .map_or_else(|_| format!("#{index}"), |d| d.1.to_string());
+                        let reason = crate::format::checksum_mismatch(checksums[index], computed);
+                        return Err(corrupt(&self.path, index, &key, reason));
+                    }
+                }
+                decoded
+                    .map_err(|reason| corrupt(&self.path, index, &format!("#{index}"), reason))?
+            }
+            Layout::Folder2Lmdb { db, keys } => {
+                let key = keys[index].as_str();
+                let value = Self::value(txn, found, db, index, key.as_bytes())
+                    .map_err(|e| Error::lmdb(&self.path, e))?
+                    .ok_or_else(|| {
+                        corrupt(&self.path, index, key, "key listed in __keys__ is missing")
+                    })?;
+                let value = self
+                    .bounds
+                    .check(value)
+                    .map_err(|reason| corrupt(&self.path, index, key, reason))?;
+                let (image, label) = pickle::image_and_label(value)
+                    .map_err(|reason| corrupt(&self.path, index, key, reason))?;
+                let label = self
+                    .info
+                    .check_stored_label(&self.path, index, key, label)?;
+                let payload = match image {
+                    pickle::Image::Stored(range) => &value[range],
+                    // Protocols 0 to 2 store bytes as latin-1 text: decoded into the reader's
+                    // own buffer, which lives until the next read.
+                    pickle::Image::Decoded(bytes) => {
+                        self.decoded = bytes;
+                        self.decoded.as_slice()
+                    }
+                };
+                (label, key, payload)
+            }
+        };
+        self.info.check_label(&self.path, index, key, label)?;
+        Ok(Record {
+            index,
+            key,
+            label,
+            payload,
+        })
+    }
+
+    fn prefetch(&mut self, index: usize) {
+        if let Some(value) = remembered(&self.txn, &self.found, index) {
+            crate::dataset::prefetch(value);
+        }
+    }
+}

@@ -1,0 +1,380 @@
+//! [`LmdbWriter`]: packs records into an LMDB file, crash-safe (`OUT.partial` until complete),
+//! resumable, its map grown as needed.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use heed::types::{Bytes, Str};
+use heed::{Database, Env, EnvFlags, EnvOpenOptions};
+
+use crate::dataset::{DatasetInfo, FormatKind};
+use crate::error::{Error, IoContext as _, Result};
+use crate::format::InfoRecord;
+use crate::format::output;
+use crate::format::writer::{DatasetWriter, PackPlan, PackProgress, PackedRecord, WriterOptions};
+
+use super::foreign::holds_nothing;
+use super::{
+    CHECKSUMS_DB, CHECKSUMS_SINCE, INFO_KEY, MAGIC, META_DB, PLAN_KEY, PROGRESS_KEY, SAMPLES_DB,
+    VERSION, encode_value, from_json, parse_plan, parse_progress, sample_key, to_json,
+};
+
+/// Writes a dataset into `OUT.partial`, chunk by chunk, and renames it to `OUT` when finished.
+pub struct LmdbWriter {
+    env: Env,
+    /// The map's size: doubled when the data outgrows it ([`LmdbWriter::grow_map`]).
+    map_size: usize,
+    /// Held while writing: see [`output::lock_staging`].
+    _lock: fs::File,
+    meta: Database<Str, Str>,
+    samples: Database<Bytes, Bytes>,
+    checksums: Database<Bytes, Bytes>,
+    partial: PathBuf,
+    out: PathBuf,
+    value: Vec<u8>,
+    /// The current chunk's checksums, as stored (`u32` LE each).
+    chunk_checksums: Vec<u8>,
+}
+
+/// The smallest map the writer starts with when the asked-for one cannot be mapped.
+const SMALLEST_WRITE_MAP: usize = 64 << 20;
+
+/// Opens the writer's environment with a map of `map_size` bytes of address space (LMDB
+/// reserves it all up front: 1 TiB by default), or, where the process may not map that much
+/// (`ulimit -v`), the largest half, quarter, ... that it may, down to what the file already
+/// holds; the map then grows with the data ([`LmdbWriter::grow_map`]). Returns the map size.
+pub(super) fn open_write_env(path: &Path, map_size: usize) -> Result<(Env, usize)> {
+    let page = crate::pagecache::page_size();
+    let held = fs::metadata(path).map_or(0, |m| m.len() as usize);
+    let floor = held.max(SMALLEST_WRITE_MAP).div_ceil(page) * page;
+    let mut size = map_size.max(page).div_ceil(page) * page;
+    loop {
+        let mut options = EnvOpenOptions::new();
+        options.map_size(size).max_dbs(3);
+        // SAFETY: NO_SUB_DIR only changes where LMDB puts its files (PATH and PATH-lock).
+        unsafe { options.flags(EnvFlags::NO_SUB_DIR) };
+        // SAFETY: the partial file is private to this writer until it is renamed; nothing else
+        // in this process maps it, and other processes would go through LMDB's lock file.
+        match unsafe { options.open(path) } {
+            Ok(env) => return Ok((env, size)),
+            Err(e) if out_of_address_space(&e) && size / 2 >= floor => {
+                size = (size / 2).div_ceil(page) * page;
+            }
+            Err(e) if out_of_address_space(&e) => return Err(map_too_large(path, size, e)),
+            Err(e) => return Err(Error::lmdb(path, e)),
+        }
+    }
+}
+
+/// True when LMDB could not map (or remap) its file: the process's address space is limited.
+fn out_of_address_space(e: &heed::Error) -> bool {
+    matches!(e, heed::Error::Io(io) if io.raw_os_error() == Some(libc::ENOMEM))
+}
+
+/// The error for a map of `size` bytes the process may not have: which limit to raise.
+fn map_too_large(path: &Path, size: usize, e: heed::Error) -> Error {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct it is given.
+    let known = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut limit) } == 0;
+    let limit = if known && limit.rlim_cur != libc::RLIM_INFINITY {
+        format!(
+            "at most {} bytes (ulimit -v {})",
+            limit.rlim_cur,
+            limit.rlim_cur / 1024
+        )
+    } else {
+        "less (memory or address space is short)".into()
+    };
+    Error::io(
+        path,
+        std::io::Error::new(
+            std::io::ErrorKind::OutOfMemory,
+            format!(
+                "LMDB needs {size} bytes of address space to map the file, and this process may \
+                 map {limit}: raise the limit (ulimit -v unlimited), then rerun with --resume \
+                 (LMDB said: {e})"
+            ),
+        ),
+    )
+}
+
+/// The error for a failed write to the LMDB at `path`, which needed about `needed` bytes.
+///
+/// liblmdb turns a short write, which is how a full disk shows up on many file systems, into
+/// `EIO` ("Input/output error"), so the file system is asked: when it has less room left than
+/// the write needed, the error says the disk is full.
+fn write_error(path: &Path, needed: u64, e: heed::Error) -> Error {
+    let code = match &e {
+        heed::Error::Io(io) => io.raw_os_error(),
+        _ => None,
+    };
+    if matches!(code, Some(libc::EIO | libc::ENOSPC))
+        && let Some(free) = crate::file::free_space(path)
+        && (code == Some(libc::ENOSPC) || free < needed.saturating_add(1 << 20))
+    {
+        return Error::io(
+            path,
+            std::io::Error::new(
+                std::io::ErrorKind::StorageFull,
+                format!(
+                    "no space left on the device ({free} bytes free, about {needed} needed; \
+                     LMDB said: {e}); free some and rerun with --resume"
+                ),
+            ),
+        );
+    }
+    Error::lmdb(path, e)
+}
+
+impl LmdbWriter {
+    /// One chunk in one transaction (nothing of it stays when it fails).
+    fn try_write_chunk(
+        &mut self,
+        records: &[PackedRecord<'_>],
+        progress: &PackProgress,
+    ) -> heed::Result<()> {
+        let first = progress.samples_written - records.len();
+        let mut wtxn = self.env.write_txn()?;
+        self.chunk_checksums.clear();
+        for (offset, record) in records.iter().enumerate() {
+            encode_value(&mut self.value, record.label, record.key, record.payload);
+            self.chunk_checksums
+                .extend_from_slice(&crc32c::crc32c(&self.value).to_le_bytes());
+            self.samples
+                .put(&mut wtxn, &sample_key(first + offset), &self.value)?;
+        }
+        if !records.is_empty() {
+            self.checksums
+                .put(&mut wtxn, &sample_key(first), &self.chunk_checksums)?;
+        }
+        self.meta.put(&mut wtxn, PROGRESS_KEY, &to_json(progress))?;
+        wtxn.commit()
+    }
+
+    /// Doubles the map, or says which limit keeps it from growing.
+    fn grow_map(&mut self) -> Result<()> {
+        let bigger = self.map_size.saturating_mul(2);
+        // SAFETY: no transaction of this environment is active: the writer is its only user,
+        // and the transaction that found the map full has been dropped.
+        match unsafe { self.env.resize(bigger) } {
+            Ok(()) => {
+                self.map_size = bigger;
+                Ok(())
+            }
+            Err(e) if out_of_address_space(&e) => Err(map_too_large(&self.partial, bigger, e)),
+            Err(e) => Err(Error::lmdb(&self.partial, e)),
+        }
+    }
+}
+
+impl DatasetWriter for LmdbWriter {
+    fn start(out: &Path, plan: &PackPlan, options: &WriterOptions) -> Result<(Self, PackProgress)> {
+        let (mode, map_size) = (options.mode, options.lmdb_map_size);
+        let partial = output::prepare_output(out, mode)?;
+        let existed = partial.exists();
+        refuse_odd_lock_file(&partial)?;
+        let (env, map_size) = open_write_env(&partial, map_size)?;
+        let lock = output::lock_staging(&partial)?;
+        // A file in which no transaction was committed (a run killed before its first commit)
+        // holds nothing to resume: start afresh in it. Decided with the lock held.
+        let fresh = !existed || holds_nothing(&partial);
+        let mut wtxn = env.write_txn().map_err(|e| Error::lmdb(&partial, e))?;
+        let meta: Database<Str, Str> = env
+            .create_database(&mut wtxn, Some(META_DB))
+            .map_err(|e| Error::lmdb(&partial, e))?;
+        let samples: Database<Bytes, Bytes> = env
+            .create_database(&mut wtxn, Some(SAMPLES_DB))
+            .map_err(|e| Error::lmdb(&partial, e))?;
+        let checksums: Database<Bytes, Bytes> = env
+            .create_database(&mut wtxn, Some(CHECKSUMS_DB))
+            .map_err(|e| Error::lmdb(&partial, e))?;
+        let progress = if fresh {
+            let info = InfoRecord::new(
+                MAGIC,
+                VERSION,
+                false,
+                plan.dataset_info(FormatKind::Lmdb, 0),
+            );
+            let progress = PackProgress::default();
+            for (key, value) in [
+                (INFO_KEY, to_json(&info)),
+                (PLAN_KEY, to_json(plan)),
+                (PROGRESS_KEY, to_json(&progress)),
+            ] {
+                meta.put(&mut wtxn, key, &value)
+                    .map_err(|e| Error::lmdb(&partial, e))?;
+            }
+            progress
+        } else {
+            let get = |k: &str| -> Result<String> {
+                meta.get(&wtxn, k)
+                    .map_err(|e| Error::lmdb(&partial, e))?
+                    .map(str::to_owned)
+                    .ok_or_else(|| Error::ResumeMismatch {
+                        path: partial.clone(),
+                        reason: format!("meta/{k} is missing: not a partial imagefeed LMDB"),
+                    })
+            };
+            let info: InfoRecord = from_json(&partial, INFO_KEY, &get(INFO_KEY)?)?;
+            if info.version < CHECKSUMS_SINCE {
+                return Err(Error::ResumeMismatch {
+                    path: partial,
+                    reason: format!(
+                        "it was started by an older imagefeed (layout version {}, without \
+                         checksums); pack again with --force",
+                        info.version
+                    ),
+                });
+            }
+            if info.complete {
+                return Err(Error::ResumeMismatch {
+                    path: partial,
+                    reason: "it holds a complete dataset (a pack whose final rename was cut \
+                             short, or a copy of a finished one), so there is nothing to resume: \
+                             use --force to pack again, or rename it yourself if it is the \
+                             dataset you want"
+                        .into(),
+                });
+            }
+            let old_plan = parse_plan(&partial, &get(PLAN_KEY)?)?;
+            old_plan.check_resumable(plan, &partial)?;
+            let progress = parse_progress(&partial, &get(PROGRESS_KEY)?)?;
+            let written = samples.len(&wtxn).map_err(|e| Error::lmdb(&partial, e))?;
+            if written != progress.samples_written as u64 {
+                return Err(Error::ResumeMismatch {
+                    path: partial,
+                    reason: format!(
+                        "{written} samples stored but the progress record says {}",
+                        progress.samples_written
+                    ),
+                });
+            }
+            progress
+        };
+        wtxn.commit().map_err(|e| Error::lmdb(&partial, e))?;
+        let writer = LmdbWriter {
+            env,
+            map_size,
+            _lock: lock,
+            meta,
+            samples,
+            checksums,
+            out: std::path::absolute(out).at(out)?,
+            partial,
+            value: Vec::new(),
+            chunk_checksums: Vec::new(),
+        };
+        Ok((writer, progress))
+    }
+
+    fn write_chunk(&mut self, records: &[PackedRecord<'_>], progress: &PackProgress) -> Result<()> {
+        loop {
+            match self.try_write_chunk(records, progress) {
+                // The map (a reservation of address space, smaller than the default where the
+                // process may not map 1 TiB) is full: grow it and write the chunk again.
+                Err(heed::Error::Mdb(heed::MdbError::MapFull)) => self.grow_map()?,
+                Err(e) => {
+                    let needed = records.iter().map(|r| r.payload.len() as u64 + 64).sum();
+                    return Err(write_error(&self.partial, needed, e));
+                }
+                Ok(()) => return Ok(()),
+            }
+        }
+    }
+
+    fn finish(self: Box<Self>, info: &DatasetInfo, progress: &PackProgress) -> Result<()> {
+        let record = InfoRecord::new(MAGIC, VERSION, true, info.clone());
+        let mut wtxn = self
+            .env
+            .write_txn()
+            .map_err(|e| Error::lmdb(&self.partial, e))?;
+        self.meta
+            .put(&mut wtxn, INFO_KEY, &to_json(&record))
+            .and_then(|()| self.meta.put(&mut wtxn, PROGRESS_KEY, &to_json(progress)))
+            .map_err(|e| Error::lmdb(&self.partial, e))?;
+        wtxn.commit().map_err(|e| Error::lmdb(&self.partial, e))?;
+        self.env
+            .force_sync()
+            .map_err(|e| Error::lmdb(&self.partial, e))?;
+        let LmdbWriter {
+            env, partial, out, ..
+        } = *self;
+        env.prepare_for_closing().wait();
+        remove_lock_file(&partial);
+        output::publish(&partial, &out)
+    }
+
+    fn abandon(self: Box<Self>) {
+        let LmdbWriter { env, partial, .. } = *self;
+        env.prepare_for_closing().wait();
+        remove_lock_file(&partial);
+        let _ = fs::remove_file(&partial);
+    }
+}
+
+fn lock_file(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push("-lock");
+    PathBuf::from(name)
+}
+
+/// `Err(NotReplaceable)` when something is at the path of the lock file liblmdb will open for
+/// the partial file `partial` and it is not a lock file a writer of ours left: liblmdb opens
+/// that path with `O_CREAT`, following links, and truncates and rewrites it, so a link, a file
+/// with other hard links, or a file that does not start with LMDB's lock magic (`0xBEEFC0DE`)
+/// is refused rather than overwritten. An empty file, a stale lock file, or an all-zero one (a
+/// writer killed while liblmdb was creating it, between sizing it and writing its header) is
+/// reused, as liblmdb intends.
+fn refuse_odd_lock_file(partial: &Path) -> Result<()> {
+    use std::io::Read as _;
+    use std::os::unix::fs::MetadataExt as _;
+    const LOCK_MAGIC: [u8; 4] = 0xBEEF_C0DE_u32.to_le_bytes();
+    let lock = lock_file(partial);
+    let Some(meta) = crate::file::entry_metadata(&lock)? else {
+        return Ok(());
+    };
+    // Besides a lock file with LMDB's magic: an empty one, or one liblmdb sized but was
+    // killed before writing its header (ftruncate, then the header through a mapping): all
+    // zeros, and no larger than a lock table gets.
+    const MOST_LOCK_BYTES: u64 = 16 << 20;
+    let ours = meta.is_file()
+        && meta.nlink() == 1
+        && (meta.len() == 0
+            || {
+                let mut head = [0u8; 4];
+                fs::File::open(&lock)
+                    .and_then(|mut f| f.read_exact(&mut head))
+                    .is_ok()
+                    && head == LOCK_MAGIC
+            }
+            || (meta.len() <= MOST_LOCK_BYTES && all_zero(&lock, MOST_LOCK_BYTES)));
+    if ours {
+        return Ok(());
+    }
+    Err(Error::NotReplaceable {
+        path: lock,
+        reason: "the LMDB writer's lock file goes there, and this is not one (a link, a file \
+                 with other hard links, or a file that is not an LMDB lock file); move it away"
+            .into(),
+    })
+}
+
+/// Whether the regular file at `path` holds only zero bytes, reading at most `limit` bytes
+/// (one that is larger, or is not a regular file when opened, is not).
+fn all_zero(path: &Path, limit: u64) -> bool {
+    use std::io::Read as _;
+    let Ok((file, _)) = crate::file::open_regular(path) else {
+        return false;
+    };
+    let mut bytes = Vec::new();
+    file.take(limit + 1).read_to_end(&mut bytes).is_ok()
+        && bytes.len() as u64 <= limit
+        && bytes.iter().all(|&b| b == 0)
+}
+
+fn remove_lock_file(path: &Path) {
+    let _ = fs::remove_file(lock_file(path));
+}
