@@ -689,6 +689,41 @@ fn ranks_get_disjoint_samples_and_equal_batch_counts() {
     }
 }
 
+/// A rank with no share of what is left of a resumed epoch (exact split, larger world) is not
+/// past the epoch: it runs it, empty, beside the ranks that still have samples.
+#[test]
+fn a_resumed_epoch_is_over_only_when_no_rank_has_a_batch_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, lmdb, _) = datasets(dir.path());
+    let at = |rank, world| {
+        Loader::new(
+            Arc::clone(&lmdb),
+            config(Transform::none(), 1, 1)
+                .with_rank(rank, world)
+                .with_uneven(Uneven::Exact),
+        )
+        .unwrap()
+    };
+    let single = at(0, 1);
+    let mut epoch = single.epoch(0);
+    for _ in 0..7 {
+        epoch.next().unwrap().unwrap(); // 28 of 30 samples
+    }
+    let state = epoch.state();
+    assert!(!epoch.is_over_for_every_rank());
+    for rank in 0..4 {
+        let resumed = at(rank, 4).resume(&state).unwrap();
+        assert_eq!(resumed.remaining(), usize::from(rank < 2), "rank {rank}");
+        assert!(!resumed.is_over_for_every_rank(), "rank {rank}");
+    }
+    epoch.next().unwrap().unwrap();
+    assert!(epoch.next().is_none() && epoch.is_over_for_every_rank());
+    let end = epoch.state();
+    for rank in 0..4 {
+        assert!(at(rank, 4).resume(&end).unwrap().is_over_for_every_rank());
+    }
+}
+
 #[test]
 fn steady_state_allocates_no_batch_memory() {
     let dir = tempfile::tempdir().unwrap();

@@ -190,7 +190,8 @@ class Loader:
     :class:`~imagefeed.errors.StateMismatchError`.
 
     Bad samples (unreadable or undecodable records) are handled per ``bad_samples``: ``"skip"``
-    (the batch is shorter), ``"replace"`` (another sample, chosen deterministically, takes the
+    (the batch is shorter; empty, with no sample, when all of its samples are bad, so that every
+    rank still takes the same number of steps: use ``"replace"`` for training), ``"replace"`` (another sample, chosen deterministically, takes the
     slot) or ``"error"`` (raise :class:`~imagefeed.errors.BadSampleError`). More than ``max_bad``
     bad samples in one epoch (an int count or a float fraction of the epoch; by default
     :data:`DEFAULT_MAX_BAD`, 1%) raises :class:`~imagefeed.errors.TooManyBadSamplesError` naming
@@ -498,7 +499,8 @@ class Loader:
             )
 
     def __len__(self) -> int:
-        """Batches per epoch on this rank."""
+        """Batches per epoch on this rank (the whole epoch, also after a restore: the restored
+        loop gives only the batches not yet delivered)."""
         self._check_ranks(settle=False)
         return len(self._native)
 
@@ -641,7 +643,7 @@ class Loader:
             # This loader drew its seed: the run being resumed drew another, which it continues.
             native = self._make_native(self.rank, self.world_size, seed=saved_seed)
         # Nothing changes until the state is accepted: a refused state leaves the loader as it was.
-        epoch, remaining = native.resume(inner)
+        epoch, remaining, over = native.resume(inner)
         if native is not self._native:
             self._native.stop(self._handed)
             self._native = native
@@ -652,9 +654,10 @@ class Loader:
         self._empty_loop = None
         self._restored = inner
         self._bad = []
-        if remaining == 0:
+        if remaining == 0 and over:
             # A finished epoch: the next loop runs the one after it (set_epoch with the
-            # finished one gives an empty loop first).
+            # finished one gives an empty loop first). (A rank with no batch left of an epoch
+            # other ranks are still in runs it, empty, like them: the branch below.)
             native.stop()
             self._resumed = False
             self._epoch_set = None

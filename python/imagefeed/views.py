@@ -24,7 +24,8 @@ class LoaderSampler:
     ``uneven="pad"``; under ``uneven="exact"`` the first ``len(dataset) % world_size`` ranks
     get one more than the rest); iterating gives their dataset indices, in the order the
     epoch's batches hold them (before bad-sample replacement), for the epoch the next loop
-    runs. ``set_epoch`` is the loader's.
+    runs (the whole epoch: after :meth:`~imagefeed.Loader.load_state_dict` restored a position
+    inside it, the loop gives only the rest). ``set_epoch`` is the loader's.
     """
 
     def __init__(self, loader: "Loader"):
@@ -163,7 +164,7 @@ class LoaderDataset:
         images, labels, samples, bad = self._handle().build_batch(epoch, [index])
         if not samples:
             # A skipped sample: the batch came back empty, its report says why.
-            key, reason = (str(bad[0][1]), str(bad[0][3])) if bad else (f"#{index}", "unreadable")
+            key, reason = (str(bad[0][1]), str(bad[0][2])) if bad else (f"#{index}", "unreadable")
             error = errors.BadSampleError(f"sample {index} ({key}): {reason}")
             error.index, error.key, error.reason = index, key, reason
             raise error

@@ -404,15 +404,16 @@ impl NativeLoader {
     /// Checks `state` (JSON of a `LoaderState`) against this loader and makes it the epoch in
     /// progress: the next batch is the one the state points at. Returns the epoch and the
     /// batches left in it.
-    fn resume(&self, py: Python<'_>, state: &str) -> PyResult<(u64, usize)> {
+    fn resume(&self, py: Python<'_>, state: &str) -> PyResult<(u64, usize, bool)> {
         let state: LoaderState =
             serde_json::from_str(state).map_err(|e| config(format!("not a loader state: {e}")))?;
         let epoch = py.detach(|| self.loader.resume(&state)).map_err(to_py)?;
         let (number, remaining) = (epoch.number(), epoch.remaining());
+        let over = epoch.is_over_for_every_rank();
         let mut current = self.current(py);
         current.epoch = Some(epoch);
         current.reset();
-        Ok((number, remaining))
+        Ok((number, remaining, over))
     }
 
     /// The next batch of the epoch in progress, or None at its end. Releases the GIL while

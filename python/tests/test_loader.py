@@ -429,6 +429,31 @@ def test_uneven_exact_gives_every_sample_once_over_ranks_that_differ_by_one(lmdb
         loader(lmdb_path, uneven="even")
 
 
+def test_a_rank_left_without_a_share_of_a_resumed_epoch_runs_it_empty_beside_the_others(lmdb_path):
+    """Hostile finding: a mid-epoch state restored at a larger world size under
+    uneven="exact", where some ranks get nothing of the rest, made those ranks start the next
+    epoch at once (samples given twice, ranks on different epochs)."""
+    first = loader(lmdb_path, batch_size=16, uneven="exact", transform=T.none(), dtype="uint8", layout="NHWC")
+    it = iter(first)
+    seen = [next(it)[0].copy() for _ in range(14)]  # 224 of 240 samples
+    state = first.state_dict()
+    del it
+    rest, epochs = [], set()
+    for rank in range(20):  # 16 samples left over 20 ranks: ranks 16-19 get none
+        l = loader(lmdb_path, batch_size=16, uneven="exact", transform=T.none(), dtype="uint8",
+                   layout="NHWC", rank=rank, world_size=20)
+        l.load_state_dict(state)
+        assert l.epoch == 0, rank
+        got = [im.tobytes() for images, _ in l for im in images]
+        assert len(got) == (1 if rank < 16 else 0), rank
+        rest.extend(got)
+        epochs.add(l.epoch)
+        assert sum(1 for _ in l) == len(l) and l.epoch == 1, "the next loop is epoch 1 everywhere"
+    before = {im.tobytes() for batch in seen for im in batch}
+    assert len(rest) == len(set(rest)) == 16 and not before & set(rest)
+    assert len(before | set(rest)) == 240 and epochs == {0}
+
+
 def test_the_sampler_names_the_padding_and_follows_set_epoch(lmdb_path):
     # 240 samples over 7 ranks, padded: 35 each, 5 samples given twice.
     per_rank = []
@@ -499,6 +524,10 @@ def test_a_skipped_bad_sample_read_through_the_dataset_view_raises_naming_it():
     with pytest.raises(imagefeed.BadSampleError) as info:
         l.dataset[bad]
     assert info.value.key == "class01/bad-text.jpg" and info.value.index == bad
+    for _ in l:
+        pass
+    reasons = {b.key: b.reason for b in l.bad_samples}
+    assert info.value.reason == reasons["class01/bad-text.jpg"] != "None"
     replaced = fixture_loader(bad_samples="replace", max_bad=None).dataset[bad]
     assert replaced[0].shape == (3, 8, 8)
 

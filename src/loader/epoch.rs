@@ -37,6 +37,18 @@ pub struct Epoch {
 }
 
 impl Epoch {
+    /// True when no rank has a batch of this epoch left: the whole of its order was given out
+    /// (or left out by `drop_last` / [`Uneven::Drop`](crate::sampler::Uneven::Drop)). A rank
+    /// whose own share is done while others still have batches (a resume at a larger world
+    /// size under [`Uneven::Exact`](crate::sampler::Uneven::Exact)) is not over: it still runs
+    /// the epoch, empty, beside them.
+    pub fn is_over_for_every_rank(&self) -> bool {
+        self.loader
+            .sampler
+            .position_after(self.start, self.next_deliver)
+            >= self.loader.sampler.len
+    }
+
     /// Where this epoch stands: the next batch [`next`](Iterator::next) would return.
     pub fn state(&self) -> LoaderState {
         let s = &self.loader.sampler.sampling;
