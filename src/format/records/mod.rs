@@ -52,6 +52,7 @@ use crate::dataset::{Dataset, DatasetInfo};
 use crate::error::Result;
 use crate::format::{Recognizer, output};
 
+mod foreign;
 mod framing;
 mod index;
 mod reader;

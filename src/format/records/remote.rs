@@ -7,10 +7,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::reader::{
-    Shard, assemble_foreign, assemble_ours, entry_records, parse_manifest, report_damage,
-    scan_decompressed,
-};
+use super::foreign::{assemble_foreign, report_damage, scan_decompressed};
+use super::reader::{Shard, assemble_ours, entry_records, parse_manifest};
 use super::{MANIFEST, Records, check_index_covers, parse_index, starts_with_frame};
 use crate::cache::Cache;
 use crate::error::Result;

@@ -1,0 +1,415 @@
+//! TFRecord shards other tools wrote (no imagefeed manifest): opened with an index built by a
+//! scan (saved beside the shard, or next to the cache for one in object storage), labels read
+//! from each `tf.train.Example`, classes inferred from them.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::framing::unframe;
+use super::index::{self, check_index_covers, parse_index};
+use super::{ShardScan, features, scan_shard, starts_with_frame};
+use crate::cache::Cache;
+use crate::dataset::{DatasetInfo, FormatKind, PayloadKind};
+use crate::error::{Error, IoContext as _, Result};
+use crate::format::compressed;
+use crate::format::shard_data::{Mapped, ShardData, ShardPlanner};
+use crate::format::shards::SetReport;
+use crate::format::{OpenOptions, example};
+
+use super::reader::{Records, Shard, Shared, record_bytes, starts};
+
+/// Opens shards other tools wrote (no manifest): `files`, named `name` in messages, after the
+/// shard-set checks found `set`.
+pub(super) fn open_foreign(
+    name: &Path,
+    files: &[PathBuf],
+    set: SetReport,
+    options: &OpenOptions,
+) -> Result<Records> {
+    let mut notices = set.notices(name);
+    let mut cache = None;
+    let mut shards = Vec::with_capacity(files.len());
+    for file in files {
+        shards.push(open_foreign_shard(file, options, &mut cache, &mut notices)?);
+    }
+    let single = match files {
+        [one] => Some(one.as_path()),
+        _ => None,
+    };
+    assemble_foreign(name, shards, set, options, single, notices)
+}
+
+/// Records over other tools' shards, once each shard's records are found: the classes (given,
+/// or inferred from every record's label), counts and notices. `single` is the one shard
+/// opened alone, if that is what was opened.
+pub(super) fn assemble_foreign(
+    name: &Path,
+    shards: Vec<Shard>,
+    set: SetReport,
+    options: &OpenOptions,
+    single: Option<&Path>,
+    mut notices: Vec<String>,
+) -> Result<Records> {
+    let label_base = options.records.label_base.unwrap_or(0);
+    let starts = starts(&shards);
+    let num_samples = *starts.last().expect("starts has a total");
+    if let Some(notice) =
+        crate::format::shards::empty_members_notice(name, &starts, |i| &shards[i].path)
+    {
+        crate::dataset::notice(&mut notices, notice);
+    }
+    let classes = match options.records.given_classes()? {
+        Some(classes) => classes,
+        // Finding the classes reads every record's label: with ranged reads that would fetch
+        // every shard whole (and hold it), which the option asked not to do.
+        None if shards.iter().any(|s| s.data.is_ranged()) => {
+            return Err(Error::Config(format!(
+                "{}: ranged reads of TFRecord shards without our manifest need the number of \
+                 classes (num_classes, --num-classes): finding it would read every record",
+                name.display()
+            )));
+        }
+        None => infer_classes(name, &shards, options, single, &mut notices)?,
+    };
+    Ok(Records {
+        shared: Arc::new(Shared {
+            path: name.to_path_buf(),
+            info: DatasetInfo {
+                format: FormatKind::Records,
+                classes,
+                num_samples,
+                payload: PayloadKind::Encoded,
+                resized_short_side: None,
+                part: None,
+                rejected_at_pack: None,
+            },
+            label_base,
+            planner: planner(&shards),
+            shards,
+            starts,
+            notices,
+            // Other tools' shards: an index that runs past its shard is refused at open, and
+            // a shard without one is scanned (its cut tail is a notice of damage).
+            cut_shards: 0,
+            missing_shards: set.missing_shards(),
+        }),
+    })
+}
+
+/// The planner over `shards` (when any is remote).
+pub(super) fn planner(shards: &[Shard]) -> Option<ShardPlanner> {
+    ShardPlanner::new(shards.iter().map(|s| Arc::clone(&s.data)).collect())
+}
+
+/// Opens one shard another tool wrote: memory-maps it (a compressed one's decompressed copy)
+/// and finds its records through its index, or by scanning it when it has none.
+pub(super) fn open_foreign_shard(
+    path: &Path,
+    options: &OpenOptions,
+    cache: &mut Option<Cache>,
+    notices: &mut Vec<String>,
+) -> Result<Shard> {
+    let (file, _) = crate::file::open_regular(path)?;
+    let mut head = [0u8; compressed::SNIFF_BYTES];
+    let head_len = read_head(&file, &mut head).at(path)?;
+    let head = &head[..head_len];
+    if let Some(compression) =
+        compressed::sniff(head, starts_with_frame, super::framing::HEADER_BYTES)
+    {
+        let cache = match cache {
+            Some(cache) => cache,
+            None => cache.insert(options.cache_or_env()?),
+        };
+        let copy = compressed::decompress(path, &file, compression, cache)?;
+        let mapped = Mapped::new(path, copy.file, true)?;
+        let map = mapped.bytes();
+        if copy.fresh
+            && let Some(at) = &copy.cached_at
+        {
+            crate::dataset::notice(
+                notices,
+                format!(
+                    "{}: {}-compressed; decompressed once ({} bytes) into {} for random access, \
+                     kept for later opens",
+                    path.display(),
+                    compression.name(),
+                    map.len(),
+                    at.display()
+                ),
+            );
+        }
+        let ShardScan { records, damaged } = scan_decompressed(map, copy.damage);
+        report_damage(path, &damaged, notices);
+        return Ok(Shard {
+            path: path.to_path_buf(),
+            data: Arc::new(ShardData::local(path, mapped)),
+            records,
+            damaged: damaged.into_iter().collect(),
+            unsaved_index: false,
+        });
+    }
+    let mapped = Mapped::new(path, file, false)?;
+    if let Some(index_path) = index::find_index(path) {
+        let records = parse_index(&index_path, &fs::read(&index_path).at(&index_path)?)?;
+        check_index_covers(&index_path, &records, mapped.bytes().len() as u64)?;
+        return Ok(Shard {
+            path: path.to_path_buf(),
+            data: Arc::new(ShardData::local(path, mapped)),
+            records,
+            damaged: Default::default(),
+            unsaved_index: false,
+        });
+    }
+    let scan = scan_shard(mapped.bytes());
+    let clean = scan.damaged.is_empty();
+    crate::dataset::notice(
+        notices,
+        format!(
+            "{}: no index; built one by scanning ({} records), {}",
+            path.display(),
+            scan.records.len() - scan.damaged.len(),
+            if clean {
+                "kept in memory (`pack-dataset index` saves it)"
+            } else {
+                // One with damage is scanned again at every open, and says so every time.
+                "not saved: the shard is damaged"
+            }
+        ),
+    );
+    report_damage(path, &scan.damaged, notices);
+    Ok(Shard {
+        path: path.to_path_buf(),
+        data: Arc::new(ShardData::local(path, mapped)),
+        records: scan.records,
+        damaged: scan.damaged.into_iter().collect(),
+        unsaved_index: clean,
+    })
+}
+
+/// Uploads the index `lines` of the remote shard `object` to `index/NAME.index` beside it
+/// (never over an object already there); returns its URL as a path.
+#[cfg(feature = "remote")]
+pub(super) fn save_remote_index(
+    object: &crate::remote::store::ObjectInfo,
+    lines: &str,
+) -> Result<PathBuf> {
+    let url = object
+        .url
+        .parent()
+        .join(super::INDEX_DIR)
+        .join(&format!("{}.index", object.url.file_name()));
+    let mut local = tempfile_for_upload()?;
+    use std::io::Write as _;
+    local.1.write_all(lines.as_bytes()).at(&local.0)?;
+    let uploaded = crate::remote::store::upload(&local.0, &url, true);
+    let _ = fs::remove_file(&local.0);
+    match uploaded {
+        Ok(()) | Err(Error::AlreadyExists { .. }) => Ok(PathBuf::from(url.to_string())),
+        Err(e) => Err(e),
+    }
+}
+
+/// A new local file to stage an upload in (the cache directory, else the temp directory).
+#[cfg(feature = "remote")]
+pub(super) fn tempfile_for_upload() -> Result<(PathBuf, fs::File)> {
+    let dir = crate::cache::Cache::from_env()
+        .map(|c| c.root().to_path_buf())
+        .unwrap_or_else(|_| std::env::temp_dir());
+    fs::create_dir_all(&dir).at(&dir)?;
+    let path = dir.join(format!(
+        ".index-upload-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    let file = fs::File::create(&path).at(&path)?;
+    Ok((path, file))
+}
+
+/// Scans a decompressed shard; when its stream was damaged (`damage`), the cut stream's
+/// partial last frame, if there is one, is that damage, else a record of no bytes at the end
+/// stands for what was lost.
+pub(super) fn scan_decompressed(map: &[u8], damage: Option<String>) -> ShardScan {
+    let ShardScan {
+        mut records,
+        mut damaged,
+    } = scan_shard(map);
+    if let Some(damage) = damage {
+        let reason = format!("{damage} ({} records before it)", records.len());
+        match damaged.last_mut() {
+            Some((at, last)) if *at + 1 == records.len() => *last = reason,
+            _ => {
+                damaged.push((records.len(), reason));
+                records.push((map.len() as u64, 0));
+            }
+        }
+    }
+    ShardScan { records, damaged }
+}
+
+/// A notice for each damaged range a scan found in the shard at `path`.
+pub(super) fn report_damage(path: &Path, damaged: &[(usize, String)], notices: &mut Vec<String>) {
+    for (number, reason) in damaged {
+        crate::dataset::notice(
+            notices,
+            format!(
+                "{}: record {number} is damaged and reads as a bad record: {reason}",
+                path.display()
+            ),
+        );
+    }
+}
+
+/// Reads up to `head.len()` bytes from the start of `file`; returns how many there were.
+pub(super) fn read_head(file: &fs::File, head: &mut [u8]) -> std::io::Result<usize> {
+    use std::os::unix::fs::FileExt as _;
+    let mut filled = 0;
+    while filled < head.len() {
+        match file.read_at(&mut head[filled..], filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+/// The classes of shards without a manifest, from one pass over every record's label (CRCs
+/// checked; unreadable records are left for the reader to report as bad samples): `0..=largest
+/// label`, named by the records' `image/class/synset` (or `image/class/text`) where every label
+/// has one name, else by number. Notices say when the labels suggest a label base of 1 or come
+/// from part of a set only.
+pub(super) fn infer_classes(
+    name: &Path,
+    shards: &[Shard],
+    options: &OpenOptions,
+    single: Option<&Path>,
+    notices: &mut Vec<String>,
+) -> Result<Vec<String>> {
+    let label_base = options.records.label_base.unwrap_or(0);
+    let mut inference = crate::dataset::ClassInference::default();
+    let mut names = ClassNames::default();
+    for shard in shards {
+        let mapped = shard.data.get()?;
+        for (number, &(offset, len)) in shard.records.iter().enumerate() {
+            if let Some(bytes) = record_bytes(mapped.bytes(), offset, len)
+                && let Ok(data) = unframe(bytes)
+                && let Ok(features) = example::parse(data)
+                && let Ok(label) = example::int64(&features, features::LABEL)
+            {
+                let class = label.checked_sub(i64::from(label_base));
+                inference.see(
+                    || format!("{} record {number}", shard.path.display()),
+                    class,
+                );
+                let text = example::bytes(&features, features::SYNSET)
+                    .or_else(|_| example::bytes(&features, features::TEXT))
+                    .ok()
+                    .and_then(|n| std::str::from_utf8(n).ok());
+                names.see(class, text);
+            }
+        }
+    }
+    let num_samples: usize = shards.iter().map(|s| s.records.len()).sum();
+    if num_samples > 0 && inference.is_empty() {
+        return Err(Error::not_a_dataset(
+            name,
+            format!(
+                "no record has an {} in {label_base}..{} (the label base and the most classes \
+                 allowed)",
+                features::LABEL,
+                i64::from(label_base) + crate::dataset::MAX_CLASSES as i64
+            ),
+        ));
+    }
+    if options.records.label_base.is_none()
+        && let Some(smallest) = inference.smallest()
+        && smallest >= 1
+    {
+        crate::dataset::notice(
+            notices,
+            format!(
+                "{}: no record has label 0 (the smallest is {smallest}): TFRecords made by \
+                 TensorFlow's ImageNet scripts store class + 1 (labels 1..=1000); if these do, \
+                 read them with --input-label-base 1 (Python: label_base=1), else class 0 has \
+                 no samples",
+                name.display()
+            ),
+        );
+    }
+    if let Some(file) = single
+        && let Some(total) = crate::format::shards::shard_name(
+            &file.file_name().unwrap_or_default().to_string_lossy(),
+        )
+        .total
+        .filter(|&t| t > 1)
+    {
+        crate::dataset::notice(
+            notices,
+            format!(
+                "{}: one shard of a set of {total}: its classes are the labels this shard holds; \
+                 open the whole set (its directory, or a pattern) or give --num-classes for the \
+                 set's",
+                file.display()
+            ),
+        );
+    }
+    let (numbered, notice) = inference.classes();
+    notices.extend(notice);
+    Ok(names.apply(numbered, name, notices))
+}
+
+/// The names records give their labels (`image/class/synset`, else `image/class/text`).
+#[derive(Default)]
+pub(super) struct ClassNames {
+    /// The name of each class seen with one.
+    names: std::collections::HashMap<i64, String>,
+    /// A class seen without a name, or with two names: `(class, what)`.
+    unusable: Option<(i64, String)>,
+}
+
+impl ClassNames {
+    fn see(&mut self, class: Option<i64>, name: Option<&str>) {
+        let Some(class) = class else { return };
+        if self.unusable.is_some() {
+            return;
+        }
+        match (name, self.names.get(&class)) {
+            (None, _) | (Some(""), _) => {
+                self.unusable = Some((class, "a record without a class name".into()));
+            }
+            (Some(name), Some(known)) if known != name => {
+                self.unusable = Some((class, format!("the names {known:?} and {name:?}")));
+            }
+            (Some(name), None) => {
+                self.names.insert(class, name.to_string());
+            }
+            (Some(_), Some(_)) => {}
+        }
+    }
+
+    /// `numbered` named where every class in it that has records has one name.
+    fn apply(self, numbered: Vec<String>, path: &Path, notices: &mut Vec<String>) -> Vec<String> {
+        if self.names.is_empty() {
+            return numbered;
+        }
+        if let Some((class, what)) = self.unusable {
+            crate::dataset::notice(
+                notices,
+                format!(
+                    "{}: class {class} has {what}: classes are named by number",
+                    path.display()
+                ),
+            );
+            return numbered;
+        }
+        numbered
+            .into_iter()
+            .enumerate()
+            .map(|(class, number)| self.names.get(&(class as i64)).cloned().unwrap_or(number))
+            .collect()
+    }
+}
