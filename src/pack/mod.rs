@@ -1,0 +1,494 @@
+//! Packing an ImageFolder tree into a dataset file: the work behind `pack-dataset`.
+//!
+//! The pipeline: scan the tree ([`ImageFolder`]) → read and check files in parallel (rayon), a
+//! chunk at a time → hand each chunk, in source order, to the format's writer, which commits it
+//! atomically together with a progress record → mark the output complete and rename it into
+//! place.
+//!
+//! Every file is fully decoded once while packing, so a truncated or corrupt image is *rejected*
+//! (its path and reason are listed in the summary and the report) instead of being stored for a
+//! training run to trip over. Rejection does not stop the run unless [`PackOptions::strict`].
+//!
+//! Crash safety comes from two rules: the output is built under `OUT.partial` and only renamed
+//! to `OUT` once complete, and each chunk is committed with the count of source files consumed.
+//! [`StartMode::resume`] picks up from that count; the plan check makes sure a resumed run uses
+//! the same source tree and options. Both are the writers' work ([`format::writer`],
+//! [`format::output`]): this module reads and checks, and hands them records.
+//!
+//! [`format::writer`]: crate::format::writer
+//! [`format::output`]: crate::format::output
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+use crate::dataset::{Dataset, PartInfo, PayloadKind};
+use crate::error::{Error, IoContext as _, Result};
+use crate::format::folder::ImageFolder;
+use crate::format::output::{partial_path, write_file_atomically};
+use crate::format::parts::JoinedParts;
+use crate::format::writer::{DatasetWriter, PackPlan, PackProgress, PackedRecord, start_writer};
+
+// What pack's own signatures use, where they are defined.
+pub use crate::format::writer::{PackFormat, Rejection, StartMode};
+
+mod options;
+mod worker;
+
+use options::refuse_foreign_report;
+pub(crate) use options::refuse_source_as_output;
+pub use options::{
+    NoProgress, PackObserver, PackOptions, PackSummary, disk_bytes, report_path, source_fingerprint,
+};
+use worker::{Fetched, PackWorker, Source};
+
+/// Packs the ImageFolder tree at `source` into `out`.
+///
+/// Returns the summary (also written to [`report_path`]`(out)`). Rejected files are listed there;
+/// with `options.strict` the first one is an [`Error::Rejected`] and no output remains.
+pub fn pack_image_folder(
+    source: &Path,
+    out: &Path,
+    format: PackFormat,
+    options: &PackOptions,
+    observer: &dyn PackObserver,
+) -> Result<PackSummary> {
+    format.require(out)?;
+    let folder = ImageFolder::open(source)?;
+    pack_source(
+        &Source::Folder(&folder),
+        source,
+        out,
+        format,
+        options,
+        observer,
+    )
+}
+
+/// Rewrites any dataset this library reads (an imagefeed LMDB, a Python folder2lmdb LMDB, an
+/// ImageFolder tree) into `out`, with the same checks, options, crash safety and report as
+/// [`pack_image_folder`]. Records keep their keys, labels and order; classes are the source's.
+pub fn convert(
+    source: &Path,
+    out: &Path,
+    format: PackFormat,
+    options: &PackOptions,
+    observer: &dyn PackObserver,
+) -> Result<PackSummary> {
+    convert_with(
+        source,
+        out,
+        format,
+        options,
+        &crate::format::OpenOptions::default(),
+        observer,
+    )
+}
+
+/// [`convert`], with options for reading a source other tools wrote (h5py dataset names,
+/// TFRecord label base).
+pub fn convert_with(
+    source: &Path,
+    out: &Path,
+    format: PackFormat,
+    options: &PackOptions,
+    input: &crate::format::OpenOptions,
+    observer: &dyn PackObserver,
+) -> Result<PackSummary> {
+    format.require(out)?;
+    if source.is_dir()
+        && !source.join("data.mdb").is_file()
+        && !crate::format::records::looks_like_records(source)
+        && !crate::format::webdataset::looks_like_webdataset(source)
+    {
+        return pack_image_folder(source, out, format, options, observer);
+    }
+    let dataset = crate::format::open_with(source, input)?;
+    pack_source(
+        &Source::Records(dataset.as_ref()),
+        source,
+        out,
+        format,
+        options,
+        observer,
+    )
+}
+
+/// The pack pipeline, in its steps: check the options and the share of the source this run
+/// packs ([`part_range`]), make the plan the writer records ([`plan_for`]), start the writer
+/// (which resumes where an interrupted run stopped), check and commit the items chunk by chunk
+/// ([`write_chunks`]), seal and publish the output, and write the report ([`report`]).
+fn pack_source(
+    items: &Source<'_>,
+    source: &Path,
+    out: &Path,
+    format: PackFormat,
+    options: &PackOptions,
+    observer: &dyn PackObserver,
+) -> Result<PackSummary> {
+    if let Some(text) = out.to_str()
+        && crate::remote::is_url(text)
+    {
+        return pack_to_url(items, source, text, format, options, observer);
+    }
+    let started = Instant::now();
+    options.validate()?;
+    let (part, range) = part_range(items, options)?;
+    refuse_source_as_output(out, &items.paths())?;
+    if let Some(class) = items.classes().iter().find(|c| c.contains('\0')) {
+        return Err(Error::not_a_dataset(
+            source,
+            format!("class name {class:?} holds a NUL byte, which no output can store"),
+        ));
+    }
+    let plan = plan_for(items, options, part, range.len())?;
+    refuse_foreign_report(&std::path::absolute(out).at(out)?)?;
+    let (mut writer, mut progress) = start_writer(format, out, &plan, &options.writer_options())?;
+    let resumed_from = progress.sources_done;
+    observer.started(range.len(), resumed_from);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(options.threads.unwrap_or(0))
+        .thread_name(|i| format!("pack-{i}"))
+        .build()
+        .map_err(|e| Error::io(source, std::io::Error::other(e)))?;
+    let todo: Vec<usize> = (range.start + resumed_from..range.end).collect();
+    let outcome = write_chunks(
+        items,
+        &pool,
+        &todo,
+        range.len(),
+        out,
+        options,
+        observer,
+        &mut progress,
+        writer.as_mut(),
+    );
+    if let Err(err) = outcome {
+        if options.strict {
+            writer.abandon();
+        }
+        return Err(err);
+    }
+    if progress.samples_written == 0 {
+        writer.abandon();
+        return Err(Error::BadImageFolder {
+            path: source.to_path_buf(),
+            reason: format!("all {} files were rejected; nothing to pack", range.len()),
+        });
+    }
+    let mut info = plan.dataset_info(format.kind(), progress.samples_written);
+    // A joined dataset counts what its parts rejected too.
+    let earlier = match items {
+        Source::Joined(j) => j.info().rejected_at_pack.unwrap_or(0),
+        Source::Folder(_) | Source::Records(_) => 0,
+    };
+    info.rejected_at_pack = Some(progress.rejected.len() + earlier);
+    writer.finish(&info, &progress)?;
+    report(
+        items,
+        source,
+        out,
+        format,
+        &plan,
+        progress,
+        resumed_from,
+        started,
+    )
+}
+
+/// [`pack_source`] into object storage: packed into a local staging copy (crash-safe and
+/// resumable as any pack), then uploaded ([`crate::format::upload`]).
+fn pack_to_url(
+    items: &Source<'_>,
+    source: &Path,
+    url: &str,
+    format: PackFormat,
+    options: &PackOptions,
+    observer: &dyn PackObserver,
+) -> Result<PackSummary> {
+    let url = crate::remote::RemoteUrl::parse(url)?.with_options(&options.storage_options);
+    #[cfg(feature = "remote")]
+    {
+        options.validate()?;
+        crate::format::upload::check_target(&url, options.mode)?;
+        let cache = match &options.cache {
+            Some(cache) => cache.clone(),
+            None => crate::cache::Cache::from_env()?,
+        };
+        let staging = crate::format::upload::staging_for(&url, &cache);
+        if let Some(parent) = staging.parent() {
+            std::fs::create_dir_all(parent).at(parent)?;
+        }
+        // The staging copy is ours to replace whatever the remote mode says: a fresh pack
+        // starts it again, a resumed one continues it.
+        let local = PackOptions {
+            mode: StartMode {
+                resume: options.mode.resume,
+                force: true,
+            },
+            ..options.clone()
+        };
+        // A resumed run whose local pack had finished (the upload was cut short) only uploads.
+        let finished = (options.mode.resume && staging.exists())
+            .then(|| std::fs::read(report_path(&staging)).ok())
+            .flatten()
+            .and_then(|text| serde_json::from_slice::<PackSummary>(&text).ok());
+        let mut summary = match finished {
+            Some(summary) => summary,
+            None => pack_source(items, source, &staging, format, &local, observer)?,
+        };
+        crate::format::upload::publish(&staging, &url, options.mode)?;
+        let report = report_path(&staging);
+        let _ = crate::remote::store::upload(
+            &report,
+            &url.with_key(&format!("{}.report.json", url.key().trim_end_matches('/'))),
+            false,
+        );
+        let _ = std::fs::remove_file(&report);
+        summary.output = PathBuf::from(url.to_string());
+        Ok(summary)
+    }
+    #[cfg(not(feature = "remote"))]
+    {
+        let _ = (items, source, format, options, observer);
+        Err(Error::FeatureDisabled {
+            path: PathBuf::from(url.to_string()),
+            what: "writing to object storage",
+            feature: "remote",
+        })
+    }
+}
+
+/// The part of the source listing this run packs (`--num-parts`/`--part-index`), checked,
+/// and the range of items it covers (all of them without a part).
+fn part_range(
+    items: &Source<'_>,
+    options: &PackOptions,
+) -> Result<(Option<PartInfo>, std::ops::Range<usize>)> {
+    let Some((index, count)) = options.part else {
+        return Ok((None, 0..items.len()));
+    };
+    if count == 0 || index >= count {
+        return Err(Error::Options(format!(
+            "--part-index {index} must be below --num-parts {count}"
+        )));
+    }
+    let range = PartInfo::range(items.len(), index, count);
+    if range.is_empty() {
+        return Err(Error::Options(format!(
+            "--part-index {index} of --num-parts {count} holds none of the {} source files; \
+             split into at most {} parts",
+            items.len(),
+            items.len().max(1)
+        )));
+    }
+    let part = PartInfo {
+        index,
+        count,
+        source_fingerprint: items.fingerprint()?,
+        source_items: items.len(),
+    };
+    Ok((Some(part), range))
+}
+
+/// What the writer is asked to produce from `num_sources` items of `items`: recorded in the
+/// staging output, so that a resumed run can check it packs the same thing.
+fn plan_for(
+    items: &Source<'_>,
+    options: &PackOptions,
+    part: Option<PartInfo>,
+    num_sources: usize,
+) -> Result<PackPlan> {
+    let source_raw = items.payload() == PayloadKind::RawRgb8;
+    Ok(PackPlan {
+        source_fingerprint: items.fingerprint()?,
+        num_sources,
+        classes: items.classes().to_vec(),
+        payload: if options.raw || (source_raw && options.resize_short_side.is_none()) {
+            PayloadKind::RawRgb8
+        } else {
+            PayloadKind::Encoded
+        },
+        resize_short_side: items.resized_short_side().or(options.resize_short_side),
+        quality: options.quality,
+        part,
+    })
+}
+
+/// Checks the items `todo` on a thread pool a chunk at a time, and commits each chunk, in
+/// source order, through `writer` with the progress so far. A producer thread checks chunk
+/// k+1 while this thread commits chunk k. Stops at the first rejection when strict, or when
+/// the observer asks (after a commit, so the work done is kept for `--resume`).
+#[allow(clippy::too_many_arguments)]
+fn write_chunks(
+    items: &Source<'_>,
+    pool: &rayon::ThreadPool,
+    todo: &[usize],
+    total: usize,
+    out: &Path,
+    options: &PackOptions,
+    observer: &dyn PackObserver,
+    progress: &mut PackProgress,
+    writer: &mut dyn DatasetWriter,
+) -> Result<()> {
+    let chunk_size = options.chunk_size.max(1);
+    let (sender, receiver) = crossbeam_channel::bounded::<Vec<Fetched>>(1);
+    std::thread::scope(|scope| -> Result<()> {
+        scope.spawn(move || {
+            for chunk in todo.chunks(chunk_size) {
+                let results: Vec<_> = pool.install(|| {
+                    chunk
+                        .par_iter()
+                        .map_init(
+                            || PackWorker::new(options.max_pixels),
+                            |worker, &index| worker.prepare(items, index, options),
+                        )
+                        .collect()
+                });
+                if sender.send(results).is_err() {
+                    break; // the committing side stopped (error or strict rejection)
+                }
+            }
+        });
+        let result = (|| {
+            for (chunk, results) in todo.chunks(chunk_size).zip(receiver.iter()) {
+                let records = accept_chunk(items, chunk, &results, options, observer, progress)?;
+                writer.write_chunk(&records, progress)?;
+                observer.advanced(progress.sources_done, progress.payload_bytes);
+                if observer.should_stop() && progress.sources_done < total {
+                    return Err(Error::Interrupted {
+                        path: out.to_path_buf(),
+                        reason: format!(
+                            "stopped after {} of {total} files; the part done is kept in {}: \
+                             rerun with --resume to finish",
+                            progress.sources_done,
+                            partial_path(out).display()
+                        ),
+                    });
+                }
+            }
+            Ok(())
+        })();
+        drop(receiver); // unblocks the producer if we stopped early
+        result
+    })
+}
+
+/// Turns one checked chunk into the records to write, counting them and the rejections into
+/// `progress`; the first rejection is an error when strict.
+fn accept_chunk<'r>(
+    items: &Source<'_>,
+    chunk: &[usize],
+    results: &'r [Fetched],
+    options: &PackOptions,
+    observer: &dyn PackObserver,
+    progress: &mut PackProgress,
+) -> Result<Vec<PackedRecord<'r>>> {
+    let mut records = Vec::with_capacity(chunk.len());
+    for (&index, result) in chunk.iter().zip(results) {
+        match result {
+            Ok((key, label, payload)) => {
+                records.push(PackedRecord {
+                    label: *label,
+                    key,
+                    payload,
+                });
+                progress.payload_bytes += payload.len() as u64;
+            }
+            Err((key, reason)) => {
+                if options.strict {
+                    return Err(Error::Rejected {
+                        path: items.locate(index, key),
+                        reason: reason.clone(),
+                    });
+                }
+                let rejection = Rejection {
+                    key: key.clone(),
+                    reason: reason.clone(),
+                };
+                observer.rejected(&rejection);
+                progress.rejected.push(rejection);
+            }
+        }
+    }
+    progress.samples_written += records.len();
+    progress.sources_done += chunk.len();
+    Ok(records)
+}
+
+/// The summary of a finished pack, also written to [`report_path`]`(out)` (replaced with a
+/// rename: an earlier report's path is never followed or written through).
+#[allow(clippy::too_many_arguments)]
+fn report(
+    items: &Source<'_>,
+    source: &Path,
+    out: &Path,
+    format: PackFormat,
+    plan: &PackPlan,
+    progress: PackProgress,
+    resumed_from: usize,
+    started: Instant,
+) -> Result<PackSummary> {
+    let seconds = started.elapsed().as_secs_f64();
+    let processed = plan.num_sources - resumed_from;
+    let summary = PackSummary {
+        source: source.to_path_buf(),
+        output: out.to_path_buf(),
+        format: format.kind().name().into(),
+        samples: progress.samples_written,
+        classes: plan.classes.len(),
+        payload_bytes: progress.payload_bytes,
+        file_bytes: disk_bytes(out),
+        dropped_records: match items {
+            Source::Folder(_) => 0,
+            Source::Records(_) | Source::Joined(_) => progress.rejected.len(),
+        },
+        rejected: progress.rejected,
+        skipped_non_images: match items {
+            Source::Folder(f) => f.skipped_files(),
+            Source::Records(_) | Source::Joined(_) => 0,
+        },
+        resumed_from,
+        notices: items
+            .dataset()
+            .map(|d| d.notices().to_vec())
+            .unwrap_or_default(),
+        seconds,
+        images_per_sec: processed as f64 / seconds.max(1e-9),
+    };
+    write_file_atomically(
+        &report_path(out),
+        &serde_json::to_vec_pretty(&summary).expect("summary serializes"),
+    )?;
+    Ok(summary)
+}
+
+/// Joins the parts of a split conversion (`--num-parts N --part-index i` runs, in any order)
+/// into one dataset at `out`, identical to what an unsplit conversion would have written.
+/// Payloads are copied without being decoded again (each part checked its own when packed);
+/// `options` supplies the output side (resume/force, threads, shard size, label base).
+pub fn join(
+    parts: &[PathBuf],
+    out: &Path,
+    format: PackFormat,
+    options: &PackOptions,
+    observer: &dyn PackObserver,
+) -> Result<PackSummary> {
+    format.require(out)?;
+    let joined = JoinedParts::open(parts)?;
+    if options.raw || options.resize_short_side.is_some() || options.part.is_some() {
+        return Err(Error::Options(
+            "join copies the parts as they are: --raw, --resize and --part-index do not apply"
+                .into(),
+        ));
+    }
+    pack_source(
+        &Source::Joined(&joined),
+        joined.path(),
+        out,
+        format,
+        options,
+        observer,
+    )
+}
