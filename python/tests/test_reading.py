@@ -16,7 +16,7 @@ import pytest
 import imagefeed
 from imagefeed import transforms as T
 
-from conftest import REPO
+from conftest import FIXTURE_TREE, REPO
 
 COMPAT = REPO / "fixtures" / "compat"
 
@@ -179,3 +179,19 @@ def test_a_process_forked_while_a_loader_is_inside_libhdf5_reads_hdf5_in_the_chi
         reader.join()
     assert epochs, "the loader thread read nothing"
     assert not failures, failures
+
+
+def test_the_wheel_carries_its_own_hdf5_linked_statically(tmp_path):
+    """#30: the wheel's HDF5 is built from source and linked in (not the build machine's
+    libhdf5, nor its curl/GnuTLS dependencies): after reading an HDF5 file, no libhdf5 shared
+    library is mapped, and the library version compiled in is 2.x."""
+    import imagefeed._native as native
+
+    imagefeed.pack(FIXTURE_TREE, tmp_path / "x.h5", "hdf5", progress=False)
+    assert len(imagefeed.Dataset(tmp_path / "x.h5", decode="bytes")) > 0
+    with open("/proc/self/maps") as maps:
+        mapped = {line.split()[-1] for line in maps if "/" in line}
+    assert not [m for m in mapped if "libhdf5" in os.path.basename(m)], "a shared libhdf5 is mapped"
+    with open(native.__file__, "rb") as so:
+        blob = so.read()
+    assert b"HDF5 library version: 2." in blob
