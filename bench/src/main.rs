@@ -56,6 +56,7 @@ enum TransformArg {
 enum DTypeArg {
     U8,
     F16,
+    Bf16,
     F32,
 }
 
@@ -425,6 +426,7 @@ fn load_config(args: &LoadArgs) -> (LoaderConfig, Transform) {
     let dtype = args.dtype.map(|d| match d {
         DTypeArg::U8 => DType::U8,
         DTypeArg::F16 => DType::F16,
+        DTypeArg::Bf16 => DType::Bf16,
         DTypeArg::F32 => DType::F32,
     });
     let layout = args.layout.map(|l| match l {

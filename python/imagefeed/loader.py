@@ -81,9 +81,12 @@ class _CudaFeed:
         self.device = torch.device(device)
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
-        dtypes = {"float32": torch.float32, "float16": torch.float16, "uint8": torch.uint8}
+        dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                  "uint8": torch.uint8}
         if dtype not in dtypes:
-            raise errors.ConfigError(f"dtype {dtype!r}: must be \"float32\", \"float16\" or \"uint8\"")
+            raise errors.ConfigError(
+                f"dtype {dtype!r}: must be \"float32\", \"float16\", \"bfloat16\" or \"uint8\""
+            )
         if layout.upper() not in ("NCHW", "NHWC"):
             raise errors.ConfigError(f"layout {layout!r}: must be \"NCHW\" or \"NHWC\"")
         self.dtype = dtypes[dtype]
@@ -154,7 +157,7 @@ class _CudaFeed:
                 if self.dtype == torch.float32:
                     out.mul_(self.scale).add_(self.bias)
                 else:
-                    # float16: compute in float32 like the CPU path, then round once.
+                    # float16 / bfloat16: compute in float32 like the CPU path, then round once.
                     out.copy_(out.float().mul_(self.scale).add_(self.bias))
         return out, dev_labels
 
@@ -172,8 +175,10 @@ class Loader:
     ``allow_missing_shards=True``.
 
     Iterating gives ``(images, labels)``: ``images`` is ``[n, 3, h, w]`` (``layout="NCHW"``) or
-    ``[n, h, w, 3]`` of ``dtype``, C-contiguous, viewing the loader's batch buffer; ``labels``
-    is ``int64 [n]``. ``output`` chooses torch tensors, NumPy arrays, or the raw DLPack objects.
+    ``[n, h, w, 3]`` of ``dtype`` (``"float32"``, ``"float16"``, ``"bfloat16"``: the float32
+    values rounded to nearest-even, torch or DLPack output only; or ``"uint8"``), C-contiguous,
+    viewing the loader's batch buffer; ``labels`` is ``int64 [n]``. ``output`` chooses torch
+    tensors, NumPy arrays, or the raw DLPack objects.
     A batch's buffer goes back to the loader's pool when the last reference to the tensor is
     dropped, so tensors kept across steps stay intact (the pool grows instead, with a
     :class:`~imagefeed.errors.PoolGrowthWarning` once).
@@ -305,6 +310,10 @@ class Loader:
         for name, text in (("dtype", dtype), ("layout", layout), ("uneven", uneven), ("bad_samples", bad_samples)):
             if not isinstance(text, str):
                 raise errors.ConfigError(f"{name} {text!r}: must be a string")
+        if dtype in ("bfloat16", "bf16") and output == "numpy":
+            raise errors.ConfigError(
+                "dtype=\"bfloat16\" needs output=\"torch\" (or \"dlpack\"): NumPy has no bfloat16"
+            )
         if prefetch is None:
             prefetch = 2 * max(workers, 1)
         self._output = output

@@ -79,16 +79,18 @@ struct DlManagedTensorVersioned {
 pub enum Element {
     U8,
     F16,
+    Bf16,
     F32,
     I64,
 }
 
 impl Element {
     fn dl(self) -> DlDataType {
-        // kDLInt = 0, kDLUInt = 1, kDLFloat = 2.
+        // kDLInt = 0, kDLUInt = 1, kDLFloat = 2, kDLBfloat = 4.
         let (code, bits) = match self {
             Element::U8 => (1, 8),
             Element::F16 => (2, 16),
+            Element::Bf16 => (4, 16),
             Element::F32 => (2, 32),
             Element::I64 => (0, 64),
         };
@@ -103,7 +105,7 @@ impl Element {
     pub fn size(self) -> usize {
         match self {
             Element::U8 => 1,
-            Element::F16 => 2,
+            Element::F16 | Element::Bf16 => 2,
             Element::F32 => 4,
             Element::I64 => 8,
         }
@@ -114,6 +116,7 @@ impl Element {
         match self {
             Element::U8 => "uint8",
             Element::F16 => "float16",
+            Element::Bf16 => "bfloat16",
             Element::F32 => "float32",
             Element::I64 => "int64",
         }

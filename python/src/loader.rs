@@ -29,6 +29,7 @@ fn batch_parts(batch: imagefeed::batch::Batch) -> PyResult<BatchParts> {
     let element = match batch.dtype {
         DType::U8 => Element::U8,
         DType::F16 => Element::F16,
+        DType::Bf16 => Element::Bf16,
         DType::F32 => Element::F32,
     };
     let labels: Vec<i64> = batch.labels.iter().map(|&l| i64::from(l)).collect();
@@ -134,10 +135,11 @@ fn parse_dtype(name: &str) -> PyResult<DType> {
     Ok(match name {
         "float32" | "f32" => DType::F32,
         "float16" | "f16" => DType::F16,
+        "bfloat16" | "bf16" => DType::Bf16,
         "uint8" | "u8" => DType::U8,
         other => {
             return Err(config(format!(
-                "dtype {other:?}: must be \"float32\", \"float16\" or \"uint8\""
+                "dtype {other:?}: must be \"float32\", \"float16\", \"bfloat16\" or \"uint8\""
             )));
         }
     })

@@ -285,3 +285,17 @@ def test_eval_pixels_match_torchvision_within_one_level_and_aliasing_is_bounded(
             assert (scaled[i] <= 1).mean() >= 0.98 and scaled[i].mean() < 0.5, (name, scaled[i].mean())
         else:  # measured: 4.2 on average (the old default, a 1/4 decode here: 13.5)
             assert scaled[i].mean() < 8, (name, scaled[i].mean())
+
+
+def test_bfloat16_batches_are_the_float32_ones_rounded_to_nearest_even(lmdb_path):
+    """#33 item 5: dtype="bfloat16" on the CPU path, in both layouts, normalized."""
+    for layout in ("NCHW", "NHWC"):
+        kw = dict(batch_size=32, workers=2, seed=3, rank=0, world_size=1, layout=layout,
+                  transform=T.cifar_train())
+        f32 = [images.clone() for images, _ in imagefeed.Loader(lmdb_path, dtype="float32", **kw)]
+        bf16 = [images.clone() for images, _ in imagefeed.Loader(lmdb_path, dtype="bfloat16", **kw)]
+        assert bf16[0].dtype == torch.bfloat16 and bf16[0].is_contiguous()
+        for a, b in zip(f32, bf16):
+            assert torch.equal(a.to(torch.bfloat16), b), layout
+    with pytest.raises(imagefeed.ConfigError, match="NumPy has no bfloat16"):
+        imagefeed.Loader(lmdb_path, dtype="bfloat16", output="numpy", rank=0, world_size=1)

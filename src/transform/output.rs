@@ -8,7 +8,7 @@
 
 use std::ops::Range;
 
-use half::f16;
+use half::{bf16, f16};
 
 /// Element type of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -19,6 +19,9 @@ pub enum DType {
     F32,
     /// 16-bit floats (IEEE binary16).
     F16,
+    /// bfloat16: the top half of an `f32`, rounded to nearest-even (what `torch.bfloat16`
+    /// holds and `tensor.to(torch.bfloat16)` gives).
+    Bf16,
 }
 
 impl DType {
@@ -26,7 +29,7 @@ impl DType {
     pub fn size(self) -> usize {
         match self {
             DType::U8 => 1,
-            DType::F16 => 2,
+            DType::F16 | DType::Bf16 => 2,
             DType::F32 => 4,
         }
     }
@@ -36,6 +39,7 @@ impl DType {
         match self {
             DType::U8 => "u8",
             DType::F16 => "f16",
+            DType::Bf16 => "bf16",
             DType::F32 => "f32",
         }
     }
@@ -155,8 +159,9 @@ impl SlotWriter {
             return;
         }
         let mut done = 0;
+        // (bfloat16 has no F16C instruction: the portable writer does all of it.)
         #[cfg(target_arch = "x86_64")]
-        if super::simd::available() {
+        if self.dtype != DType::Bf16 && super::simd::available() {
             // SAFETY: the CPU has the kernel's features (just checked); `image` and `slot`
             // have the lengths the kernel needs (asserted above).
             unsafe {
@@ -210,6 +215,13 @@ impl SlotWriter {
                 let (_, out, _) = unsafe { slot.align_to_mut::<u16>() };
                 write_columns(image, w, h, flip, layout, columns, out, |c, v| {
                     f16::from_f32(v as f32 * scale[c] + bias[c]).to_bits()
+                });
+            }
+            DType::Bf16 => {
+                // SAFETY: any bit pattern is a valid u16; alignment as above.
+                let (_, out, _) = unsafe { slot.align_to_mut::<u16>() };
+                write_columns(image, w, h, flip, layout, columns, out, |c, v| {
+                    bf16::from_f32(v as f32 * scale[c] + bias[c]).to_bits()
                 });
             }
         }
@@ -401,6 +413,36 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// #33 item 5: bfloat16 on the CPU is the f32 output rounded to nearest-even, element by
+    /// element, in both layouts, flipped or not, over widths past the SIMD block.
+    #[test]
+    fn bf16_is_the_f32_output_rounded_to_nearest_even() {
+        let (w, h) = (37usize, 5usize);
+        let pixels: Vec<u8> = (0..w * h * 3).map(|i| (i * 131 % 256) as u8).collect();
+        for layout in [Layout::Nchw, Layout::Nhwc] {
+            for flip in [false, true] {
+                let writer = |dtype| SlotWriter {
+                    dtype,
+                    layout,
+                    normalize: Some(Normalize::IMAGENET),
+                };
+                let mut f32_slot = vec![0u32; w * h * 3];
+                // SAFETY: any bytes are valid u8s; a u32 buffer is aligned for its bytes.
+                let bytes = unsafe { f32_slot.align_to_mut::<u8>().1 };
+                writer(DType::F32).write(&pixels, w as u32, h as u32, flip, bytes);
+                let mut bf16_slot = vec![0u16; w * h * 3];
+                // SAFETY: as above.
+                let bytes = unsafe { bf16_slot.align_to_mut::<u8>().1 };
+                writer(DType::Bf16).write(&pixels, w as u32, h as u32, flip, bytes);
+                for (i, (&f, &b)) in f32_slot.iter().zip(&bf16_slot).enumerate() {
+                    let want = bf16::from_f32(f32::from_bits(f)).to_bits();
+                    assert_eq!(b, want, "{layout:?} flip {flip}: element {i}");
+                }
+            }
+        }
+        assert_eq!((DType::Bf16.size(), DType::Bf16.name()), (2, "bf16"));
     }
 
     #[test]

@@ -85,6 +85,8 @@ pub(super) unsafe fn write(
         (Layout::Nhwc, DType::U8) => kernel::<true, U8>,
         (Layout::Nhwc, DType::F32) => kernel::<true, F32>,
         (Layout::Nhwc, DType::F16) => kernel::<true, F16>,
+        // The caller writes bfloat16 with the portable writer.
+        (_, DType::Bf16) => unreachable!("no SIMD kernel for bfloat16"),
     };
     // SAFETY: the caller's contract, passed on unchanged.
     unsafe { kernel(image, w, h, flip, scale, bias, slot) }
