@@ -70,7 +70,7 @@ for line in sys.stdin:
     .venv/bin/pip download -q -d "$dir/payload/wheels" pytest==9.2.0
     cp -r python/tests "$dir/payload/python/"
     cp -r fixtures/imagefolder fixtures/compat "$dir/payload/fixtures/"
-    cp examples/train_pytorch.py "$dir/payload/examples/"
+    cp examples/train_pytorch.py examples/imagenet_ddp.py "$dir/payload/examples/"
     cp bench/python_loader.py "$dir/payload/"
     # xz: a quarter smaller than gzip on these binaries, room for ImageNet photos.
     tar -C "$dir" -cf - payload | xz -T0 -6 >"$dir/payload.tar.xz"
@@ -303,7 +303,7 @@ EOF
             # The Python package against this machine's torch and GPU: its whole test suite (the
             # CUDA tests included), then the Python loop beside the Rust one, CPU and CUDA batches.
             step "install the Python package into work/pylib" install_wheels "$torch_py" work/pylib payload/wheels/*.whl
-            step "Python tests (torch, CUDA)" env PYTHONPATH="$PWD/work/pylib" IMAGEFEED_BENCH="$PWD/$B/imagefeed-bench" "$torch_py" -m pytest -q -rs -p no:cacheprovider payload/python/tests
+            step "Python tests (torch, CUDA)" env PYTHONPATH="$PWD/work/pylib" PATH="$PWD/work/pylib/bin:$PATH" IMAGEFEED_BENCH="$PWD/$B/imagefeed-bench" "$torch_py" -m pytest -q -rs -p no:cacheprovider payload/python/tests
             local device
             for device in cpu cuda; do
                 step "Python loop vs Rust loop, CIFAR-10 LMDB, 8 workers, $device batches" env PYTHONPATH="$PWD/work/pylib" "$torch_py" payload/python_loader.py work/cifar.lmdb --bench "$B/imagefeed-bench" --transform cifar --batch-size 256 --workers 8 --epochs 5 --rounds 3 --device "$device"

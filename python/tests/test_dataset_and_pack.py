@@ -246,14 +246,24 @@ def test_joined_record_parts_keep_the_label_base(tree, tmp_path):
     assert all(filecmp.cmp(whole / s, joined / s, shallow=False) for s in shards)
 
 
-def _pack_dataset(*args, **kw):
-    """The wheel's `pack-dataset` console script, from the interpreter's environment."""
-    import subprocess
+def _console_script() -> str:
+    """Where the wheel installed its `pack-dataset` console script: beside the interpreter in a
+    virtual environment, or on PATH for a `pip install --target` (as the GPU check installs)."""
+    import shutil
     import sys
 
-    script = os.path.join(os.path.dirname(sys.executable), "pack-dataset")
-    assert os.access(script, os.X_OK), f"the wheel installs {script}"
-    return subprocess.run([script, *map(str, args)], capture_output=True, text=True, timeout=120, **kw)
+    beside = os.path.join(os.path.dirname(sys.executable), "pack-dataset")
+    script = beside if os.access(beside, os.X_OK) else shutil.which("pack-dataset")
+    assert script, f"the wheel installs {beside} (or a pack-dataset on PATH)"
+    return script
+
+
+def _pack_dataset(*args, **kw):
+    """The wheel's `pack-dataset` console script."""
+    import subprocess
+
+    return subprocess.run([_console_script(), *map(str, args)], capture_output=True, text=True,
+                          timeout=120, **kw)
 
 
 def test_the_wheel_ships_pack_dataset_as_a_console_script_and_a_module(tmp_path):
@@ -279,7 +289,7 @@ def test_the_wheel_ships_pack_dataset_as_a_console_script_and_a_module(tmp_path)
     assert missing.returncode == 2 and "nothing.lmdb" in missing.stderr
     assert _pack_dataset("--version").stdout.startswith("pack-dataset ")
     # `| head` ends it quietly, as the binary (SIGPIPE's default action is restored).
-    shell = subprocess.run(f"'{os.path.dirname(sys.executable)}/pack-dataset' --help | head -1",
+    shell = subprocess.run(f"'{_console_script()}' --help | head -1",
                            shell=True, capture_output=True, text=True, timeout=60)
     assert shell.returncode == 0 and "Traceback" not in shell.stderr and "panicked" not in shell.stderr
 
@@ -293,7 +303,7 @@ def test_ctrl_c_stops_the_console_scripts_pack_saying_how_to_finish(tmp_path):
     src, out = tmp_path / "src", tmp_path / "out.lmdb"
     replicated_tree(src, classes=4, per_class=300, size=(256, 192), distinct=10)
     partial = tmp_path / "out.lmdb.partial"
-    script = os.path.join(os.path.dirname(sys.executable), "pack-dataset")
+    script = _console_script()
     proc = subprocess.Popen([script, "imagefolder2lmdb", str(src), str(out), "--threads", "1",
                              "--resize", "48", "-q"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
