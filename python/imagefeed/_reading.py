@@ -5,9 +5,12 @@ theirs."""
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import errors
+
+if TYPE_CHECKING:
+    from . import _native
 
 PathLike = Union[str, "os.PathLike[str]"]
 #: A dataset: one path (a file, a directory, or a pattern such as ``"DIR/train-*"``), or a list
@@ -75,3 +78,49 @@ def reading_options(
         storage_options=sorted((storage_options or {}).items()),
         ranged_reads=ranged_reads,
     )
+
+
+def sample_index(index: Any, length: int) -> int:
+    """``index`` as an ``int`` in ``-length..length`` (negative counts from the end), taken as a
+    list takes it: ``TypeError`` for what is not an integer, ``IndexError`` out of range."""
+    if isinstance(index, bool) or not isinstance(index, int):
+        try:
+            index = index.__index__()
+        except AttributeError:
+            raise TypeError(f"dataset indices must be integers, not {type(index).__name__}") from None
+    if not -length <= index < length:
+        raise IndexError(f"index {index} is out of range for a dataset of {length} samples")
+    return int(index)
+
+
+def labelled_listing(native: "_native.NativeDataset", paths: Sequence[str]) -> List[Tuple[str, int]]:
+    """Every record's ``(path, label)``: an image folder's file paths, else the keys the records
+    were packed from (reading every record once)."""
+    listing = native.keys_and_labels()
+    if native.format == "folder" and len(paths) == 1:
+        root = os.fspath(paths[0])
+        listing = [(os.path.join(root, key), label) for key, label in listing]
+    return listing
+
+
+class ImageFolderListing:
+    """ImageFolder's ``samples``, ``imgs`` and ``targets``, from the class's ``_list()``."""
+
+    def _list(self) -> List[Tuple[str, int]]:
+        raise NotImplementedError
+
+    @property
+    def samples(self) -> List[Tuple[str, int]]:
+        """``(path, label)`` of every sample in index order: the file's path for an image
+        folder (as ImageFolder's ``samples``), the key it was packed from for a packed file."""
+        return list(self._list())
+
+    @property
+    def imgs(self) -> List[Tuple[str, int]]:
+        """The same as :attr:`samples` (ImageFolder's older name)."""
+        return self.samples
+
+    @property
+    def targets(self) -> List[int]:
+        """Every sample's label, in index order."""
+        return [label for _, label in self._list()]

@@ -10,7 +10,9 @@ from typing import Dict, Any, Callable, List, Optional, Tuple
 
 from . import _native
 from . import errors
-from ._reading import DatasetPath, dataset_paths, reading_options
+from ._reading import (
+    DatasetPath, ImageFolderListing, dataset_paths, labelled_listing, reading_options, sample_index,
+)
 
 __all__ = ["Dataset"]
 
@@ -20,7 +22,7 @@ _DECODES = ("pil", "numpy", "bytes", None)
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
-class Dataset:
+class Dataset(ImageFolderListing):
     """``ds[i] -> (sample, label)`` over a packed file or folder, safe in DataLoader workers: a
     drop-in for ``torchvision.datasets.ImageFolder(root, transform, target_transform)``.
 
@@ -149,13 +151,7 @@ class Dataset:
         return self._len
 
     def __getitem__(self, index: int) -> Tuple[Any, Any]:
-        if isinstance(index, bool) or not isinstance(index, int):
-            try:
-                index = index.__index__()
-            except AttributeError:
-                raise TypeError(f"dataset indices must be integers, not {type(index).__name__}") from None
-        if not -self._len <= index < self._len:
-            raise IndexError(f"index {index} is out of range for a dataset of {self._len} samples")
+        index = sample_index(index, self._len)
         native = self._handle()
         if self.decode == "numpy":
             import numpy  # noqa: PLC0415
@@ -189,27 +185,8 @@ class Dataset:
 
     def _list(self) -> List[Tuple[str, int]]:
         if self._listing is None:
-            listing = self._handle().keys_and_labels()
-            if self.format == "folder" and isinstance(self.root, str):
-                listing = [(os.path.join(self.root, key), label) for key, label in listing]
-            self._listing = listing
+            self._listing = labelled_listing(self._handle(), self._paths)
         return self._listing
-
-    @property
-    def samples(self) -> List[Tuple[str, int]]:
-        """``(path, label)`` of every sample in index order: the file's path for an image
-        folder (as ImageFolder's ``samples``), the key it was packed from for a packed file."""
-        return list(self._list())
-
-    @property
-    def imgs(self) -> List[Tuple[str, int]]:
-        """The same as :attr:`samples` (ImageFolder's older name)."""
-        return self.samples
-
-    @property
-    def targets(self) -> List[int]:
-        """Every sample's label, in index order."""
-        return [label for _, label in self._list()]
 
     @staticmethod
     def find_classes(directory: "str | os.PathLike[str]") -> Tuple[List[str], Dict[str, int]]:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
 
 from . import _native
 from . import errors
+from ._reading import ImageFolderListing, labelled_listing, sample_index
 
 if TYPE_CHECKING:
     from .loader import Loader
@@ -97,7 +98,7 @@ class LoaderSampler:
         )
 
 
-class LoaderDataset:
+class LoaderDataset(ImageFolderListing):
     """The loader's samples one at a time: ``dataset[i]`` is ``(image, label)`` with ``image``
     exactly the slot the loader's batches give sample ``i`` in the current epoch (the same
     transform, random draws, dtype and layout; a CPU tensor, or a NumPy array when the loader
@@ -152,14 +153,7 @@ class LoaderDataset:
         return self._len
 
     def __getitem__(self, index: int) -> Tuple[Any, int]:
-        if isinstance(index, bool) or not isinstance(index, int):
-            try:
-                index = index.__index__()
-            except AttributeError:
-                raise TypeError(f"dataset indices must be integers, not {type(index).__name__}") from None
-        if not -self._len <= index < self._len:
-            raise IndexError(f"index {index} is out of range for a dataset of {self._len} samples")
-        index %= self._len
+        index = sample_index(index, self._len) % self._len
         epoch = self._loader.epoch if self._loader is not None else self._epoch
         images, labels, samples, bad = self._handle().build_batch(epoch, [index])
         if not samples:
@@ -183,27 +177,8 @@ class LoaderDataset:
             reading = self._args.get("reading")
             with errors.arguments("Loader.dataset"):
                 native = _native.NativeDataset(self._paths, reading=reading)
-            listing = native.keys_and_labels()
-            if native.format == "folder" and len(self._paths) == 1:
-                root = os.fspath(self._paths[0])
-                listing = [(os.path.join(root, key), label) for key, label in listing]
-            self._listing = listing
+            self._listing = labelled_listing(native, self._paths)
         return self._listing
-
-    @property
-    def samples(self) -> List[Tuple[str, int]]:
-        """``(path, label)`` of every sample, in index order (ImageFolder's ``samples``)."""
-        return list(self._list())
-
-    @property
-    def imgs(self) -> List[Tuple[str, int]]:
-        """The same as :attr:`samples` (ImageFolder's older name)."""
-        return self.samples
-
-    @property
-    def targets(self) -> List[int]:
-        """Every sample's label, in index order."""
-        return [label for _, label in self._list()]
 
     def __getstate__(self) -> Dict[str, Any]:
         state = dict(self.__dict__)
