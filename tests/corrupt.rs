@@ -13,7 +13,7 @@
 //! Then every structure byte of an LMDB file (ours, and py-lmdb's folder2lmdb fixture: meta
 //! pages, page headers, node tables, node headers, keys) is flipped alone, and every byte of an
 //! HDF5 file that is not a payload stored as is (ours, and three h5py files: variable-length
-//! bytes, contiguous and chunked, and a gzip pixel array), each copy checked by a child in the
+//! bytes, contiguous and chunked, and two compressed pixel arrays), each copy checked by a child in the
 //! same way. h5py's files keep no checksums: a changed label or pixel read as good from them is
 //! listed, not a finding.
 //!
@@ -21,7 +21,8 @@
 //! short version `make test` runs); `IMAGEFEED_STRUCTURE_FLIPS=N|all` the structure bytes
 //! flipped per file (default 40, a seeded sample); `IMAGEFEED_STRUCTURE_FILES=a,b` limits the
 //! structure flips to the files named (`d.lmdb`, `folder2lmdb.lmdb`, `pristine-d.h5`,
-//! `vlen.h5`, `vlen-chunked.h5`, `pixels.h5`); `make corrupt` runs the long ones.
+//! `vlen.h5`, `vlen-chunked.h5`, `pixels.h5`, `pixels-lzf.h5`); `make corrupt` runs the long
+//! ones.
 //! `harness = false`: the binary is both the harness and, with `--child`, the child.
 
 mod support;
@@ -376,8 +377,9 @@ fn sample_offsets(offsets: &mut Vec<usize>, flips: Option<&str>, points: &mut Sa
 
 /// Writes h5py's layouts of the tree `src` into `dir`: `vlen.h5` (each file's bytes in a
 /// contiguous variable-length `uint8` dataset, `labels` int64, a `classes` attribute),
-/// `vlen-chunked.h5` (the same, chunked and appendable) and `pixels.h5` (an `N×8×8×3` uint8
-/// array, chunked and gzip-compressed). Empty, saying why, where h5py is not installed.
+/// `vlen-chunked.h5` (the same, chunked and appendable), `pixels.h5` (an `N×8×8×3` uint8
+/// array, chunked and gzip-compressed) and `pixels-lzf.h5` (the same array through shuffle,
+/// LZF and fletcher32, in chunks that split every dimension). Empty, saying why, where h5py is not installed.
 #[cfg(feature = "hdf5")]
 fn write_h5py(src: &Path, dir: &Path) -> Vec<PathBuf> {
     let Some(python) = support::python_with("h5py, numpy") else {
@@ -404,6 +406,10 @@ with h5py.File(os.path.join(out, "pixels.h5"), "w") as f:
     f.create_dataset("images", data=((i * 7 + y * 3 + x * 5 + c) % 256).astype(np.uint8),
                      chunks=(4, 8, 8, 3), compression="gzip")
     f.create_dataset("labels", data=(np.arange(n) % 3).astype(np.int64), compression="gzip")
+with h5py.File(os.path.join(out, "pixels-lzf.h5"), "w") as f:
+    f.create_dataset("images", data=((i * 7 + y * 3 + x * 5 + c) % 256).astype(np.uint8),
+                     chunks=(5, 4, 8, 2), compression="lzf", shuffle=True, fletcher32=True)
+    f.create_dataset("labels", data=(np.arange(n) % 3).astype(np.int64), compression="lzf")
 "#;
     let status = Command::new(python)
         .args(["-c", script])
@@ -416,7 +422,7 @@ with h5py.File(os.path.join(out, "pixels.h5"), "w") as f:
         "h5py wrote its files into {}",
         dir.display()
     );
-    ["vlen.h5", "vlen-chunked.h5", "pixels.h5"]
+    ["vlen.h5", "vlen-chunked.h5", "pixels.h5", "pixels-lzf.h5"]
         .iter()
         .map(|name| dir.join(name))
         .collect()

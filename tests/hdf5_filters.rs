@@ -259,10 +259,12 @@ fn every_filter_this_build_undoes_reads_what_h5py_wrote_and_others_are_refused_b
                 .collect();
         assert_eq!(got, want, "{name}");
     }
-    // More chunks than libhdf5 can be asked for one by one (each lookup walks its chunk index):
-    // read through the library, which opens the path again (a file renamed over it is refused).
+    // One element per chunk, 5,000 chunks: the descriptors are read chunk by chunk at open
+    // and the records with pread through the descriptor opened then, so a file renamed over
+    // it afterwards is not read.
     let many = dir.path().join("vlen-many-chunks.h5");
     let dataset = format::open(&many).unwrap();
+    std::fs::rename(dir.path().join("ub.h5"), &many).unwrap();
     let mut reader = dataset.open_reader().unwrap();
     for i in [0usize, 1, 2500, 4999] {
         let record = reader.read(i).unwrap();
@@ -272,12 +274,6 @@ fn every_filter_this_build_undoes_reads_what_h5py_wrote_and_others_are_refused_b
             "element {i}"
         );
     }
-    drop(reader);
-    std::fs::rename(dir.path().join("ub.h5"), &many).unwrap();
-    assert!(matches!(
-        dataset.open_reader(),
-        Err(imagefeed::Error::FileChanged { .. })
-    ));
     // Chunks never allocated and elements never written read as empty, as h5py reads them.
     let gaps = records(
         format::open(dir.path().join("vlen-gaps.h5"))
@@ -345,4 +341,175 @@ fn child_opens_a_file() {
         }
         Err(e) => println!("opened: {e}"),
     }
+}
+
+/// Writes pixel arrays whose chunks are read as stored and decoded by imagefeed (deflate, lzf,
+/// shuffle, fletcher32), each beside `NAME.raw`: the array as h5py reads it. Prints each name.
+const WRITE_CHUNKED: &str = r#"
+import os, sys
+import h5py, numpy as np
+out = sys.argv[1]
+rng = np.random.default_rng(7)
+def save(name, data, **options):
+    with h5py.File(os.path.join(out, name + ".h5"), "w") as f:
+        f.create_dataset("images", data=data, **options)
+        f.create_dataset("labels", data=np.arange(len(data)) % 3)
+        back = f["images"][()]
+    back.tofile(os.path.join(out, name + ".raw"))
+    print(name)
+smooth = (np.indices((13, 7, 9, 3)).sum(axis=0) * 11 % 256).astype(np.uint8)
+# Chunks that split every dimension, edge chunks reaching past all of them.
+save("split", smooth, chunks=(5, 4, 2, 2), compression="gzip", shuffle=True, fletcher32=True)
+with h5py.File(os.path.join(out, "split.h5"), "r") as f:
+    d = f["images"].id
+    with open(os.path.join(out, "split.chunks"), "w") as listing:
+        for k in range(d.get_num_chunks()):
+            info = d.get_chunk_info(k)
+            listing.write(" ".join(map(str, (*info.chunk_offset, info.byte_offset, info.size))) + "\n")
+# Noise LZF cannot shrink: h5py's optional filter is skipped for those chunks (mask bit set).
+save("incompressible", rng.integers(0, 256, (6, 16, 16, 3), dtype=np.uint8),
+     chunks=(2, 16, 16, 3), compression="lzf")
+# Grey N x H x W.
+save("grey", smooth[..., 0].copy(), chunks=(4, 7, 4), compression="lzf", shuffle=True)
+# Chunk rows never written: the fill value; rows in a written chunk never written: the same.
+with h5py.File(os.path.join(out, "gaps.h5"), "w") as f:
+    d = f.create_dataset("images", (10, 5, 4, 3), np.uint8, chunks=(3, 5, 4, 3),
+                         compression="gzip", fillvalue=17)
+    d[0] = 1
+    d[7] = 2
+    f.create_dataset("labels", data=np.zeros(10, np.int64))
+    f["images"][()].tofile(os.path.join(out, "gaps.raw"))
+print("gaps")
+"#;
+
+/// Every sample of each file as h5py reads it: `(height, width, channels, bytes)`.
+fn chunked_samples(dir: &Path, name: &str, shape: [usize; 4]) -> Vec<Vec<u8>> {
+    let raw = std::fs::read(dir.join(format!("{name}.raw"))).unwrap();
+    let [n, h, w, c] = shape;
+    assert_eq!(raw.len(), n * h * w * c, "{name}");
+    raw.chunks(h * w * c)
+        .map(|sample| {
+            // As the reader hands them out: RGB, grey replicated.
+            if c == 1 {
+                sample.iter().flat_map(|&g| [g, g, g]).collect()
+            } else {
+                sample.to_vec()
+            }
+        })
+        .collect()
+}
+
+/// Reads every file `WRITE_CHUNKED` wrote in `dir` backwards and then forwards, each sample
+/// compared with h5py's: chunk rows decoded afresh, and taken from the cache when it keeps them.
+fn check_chunked_files(dir: &Path) {
+    let files = [
+        ("split", [13, 7, 9, 3]),
+        ("incompressible", [6, 16, 16, 3]),
+        ("grey", [13, 7, 9, 1]),
+        ("gaps", [10, 5, 4, 3]),
+    ];
+    for (name, shape) in files {
+        let want = chunked_samples(dir, name, shape);
+        let dataset = format::open(dir.join(format!("{name}.h5"))).unwrap();
+        assert_eq!(dataset.len(), want.len(), "{name}");
+        let mut reader = dataset.open_reader().unwrap();
+        for i in (0..want.len()).rev().chain(0..want.len()) {
+            let record = reader.read(i).unwrap();
+            let (w, h, pixels) = RawImage::parse(record.payload).unwrap();
+            assert_eq!((h as usize, w as usize), (shape[1], shape[2]), "{name}");
+            assert_eq!(pixels, want[i], "{name} sample {i}");
+        }
+    }
+}
+
+#[test]
+fn chunked_pixel_arrays_read_as_h5py_reads_them_in_any_order() {
+    let Some(python) = python_with("h5py, numpy") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let output = std::process::Command::new(python)
+        .args(["-c", WRITE_CHUNKED])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // With the default cache (every row kept), then in a child with none (every chunk decoded
+    // for each sample that needs it).
+    check_chunked_files(dir.path());
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_checks_chunked_files", "--nocapture"])
+        .env("IMAGEFEED_TEST_CHUNKED", dir.path())
+        .env("IMAGEFEED_HDF5_CHUNK_CACHE_MIB", "0")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert!(stdout.contains("checked without a cache"), "{stdout}");
+}
+
+/// The child of `chunked_pixel_arrays_read_as_h5py_reads_them_in_any_order`.
+#[test]
+fn child_checks_chunked_files() {
+    let Some(dir) = std::env::var_os("IMAGEFEED_TEST_CHUNKED") else {
+        return;
+    };
+    check_chunked_files(Path::new(&dir));
+    println!("checked without a cache");
+}
+
+#[test]
+fn a_damaged_chunk_is_a_bad_sample_naming_its_record_and_the_rest_read() {
+    let Some(python) = python_with("h5py, numpy") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new(python)
+        .args(["-c", WRITE_CHUNKED])
+        .arg(dir.path())
+        .output()
+        .unwrap()
+        .status;
+    assert!(status.success());
+    // "split" carries fletcher32 sums: damage to a chunk's stored bytes is caught there (or
+    // by the inflater). One byte in the middle of one chunk of the chunk row 5..10 spoils
+    // exactly the samples of that row.
+    let want = chunked_samples(dir.path(), "split", [13, 7, 9, 3]);
+    let mut bytes = std::fs::read(dir.path().join("split.h5")).unwrap();
+    let listing = std::fs::read_to_string(dir.path().join("split.chunks")).unwrap();
+    let (offset, size) = listing
+        .lines()
+        .map(|line| {
+            line.split(' ')
+                .map(|v| v.parse::<usize>().unwrap())
+                .collect::<Vec<_>>()
+        })
+        .find(|v| v[..4] == [5, 4, 2, 0])
+        .map(|v| (v[4], v[5]))
+        .expect("h5py listed the chunk at (5, 4, 2, 0)");
+    bytes[offset + size / 2] ^= 0x5a;
+    let damaged = dir.path().join("split-damaged.h5");
+    std::fs::write(&damaged, &bytes).unwrap();
+    let dataset = format::open(&damaged).unwrap();
+    let mut reader = dataset.open_reader().unwrap();
+    let mut bad = Vec::new();
+    for (i, want) in want.iter().enumerate() {
+        match reader.read(i) {
+            Ok(record) => {
+                let (_, _, pixels) = RawImage::parse(record.payload).unwrap();
+                assert_eq!(&pixels, want, "sample {i} read as good but differs");
+            }
+            Err(imagefeed::Error::CorruptRecord { index, key, .. }) => {
+                assert_eq!(index, i);
+                assert_eq!(key, format!("images[{i}]"));
+                bad.push(i);
+            }
+            Err(other) => panic!("sample {i}: {other}"),
+        }
+    }
+    assert_eq!(bad, (5..10).collect::<Vec<_>>());
 }

@@ -5,14 +5,16 @@
 use std::fs;
 use std::os::unix::fs::FileExt as _;
 use std::path::Path;
+use std::sync::Arc;
 
 use hdf5::types::{TypeDescriptor, VarLenUnicode};
 
 use super::CLASSES_ATTR;
 use super::Hdf5Names;
+use super::chunks::{self, ChunkLayout};
 use super::gate;
 use super::heap::{self, HeapId};
-use super::reader::{Layout, Shared, checked_str};
+use super::reader::{Layout, PixelStorage, Shared, checked_str};
 use super::storage::{check_inside_file, check_stored, contiguous_offset, readable_filters};
 use crate::dataset::{DatasetInfo, FormatKind, PayloadKind};
 use crate::error::{Error, IoContext as _, Result};
@@ -125,10 +127,24 @@ pub(super) fn open_foreign(
             }
             // Fits in u64: check_stored accepted the whole array's size.
             let len = n as u64 * pixels * channels as u64;
-            let file_offset = contiguous_offset(&images, len);
-            if let Some(offset) = file_offset {
-                check_inside_file(path, offset, len, file_len)?;
-            }
+            let storage = match contiguous_offset(&images, len) {
+                Some(offset) => {
+                    check_inside_file(path, offset, len, file_len)?;
+                    PixelStorage::Contiguous(offset)
+                }
+                None => {
+                    // What a chunk never written holds: the fill value (0 unless set).
+                    let fill = images
+                        .dcpl()
+                        .ok()
+                        .and_then(|dcpl| dcpl.fill_value_as::<u8>())
+                        .unwrap_or(0);
+                    match ChunkLayout::of(path, &images, &names.images, 1, vec![fill], file_len)? {
+                        Some(layout) => PixelStorage::Chunked(Arc::new(layout)),
+                        None => PixelStorage::Library,
+                    }
+                }
+            };
             (
                 Layout::Pixels {
                     images: names.images.clone(),
@@ -136,7 +152,7 @@ pub(super) fn open_foreign(
                     height,
                     width,
                     channels,
-                    file_offset,
+                    storage,
                 },
                 PayloadKind::RawRgb8,
             )
@@ -185,10 +201,11 @@ pub(super) fn open_foreign(
 }
 
 /// How h5py's variable-length images are read: each element's descriptor (its global heap ID)
-/// is read here, from where the library says the dataset's raw data lies, so that records are
-/// read with `pread` (`heap`) and never through the library. Descriptors stored through a
-/// filter are read through the library instead. In the trial child (`plain` is `None`) only the
-/// library's part runs.
+/// is read here, so that records are read with `pread` (`heap`) and never through the library:
+/// from where the library says the dataset's raw data lies when it is contiguous, chunk by
+/// chunk (`chunks`, filters undone by checked code) when it is chunked. Descriptors the library
+/// must read itself (compact, virtual, external, a filter of its own) are read through it, one
+/// element at a time.
 fn var_len_layout(
     path: &Path,
     images: &hdf5::Dataset,
@@ -200,9 +217,6 @@ fn var_len_layout(
     let through_library = Layout::VarLenThroughLibrary {
         images: name.to_string(),
     };
-    let Some(runs) = descriptor_runs(path, images, name, n)? else {
-        return Ok(through_library);
-    };
     let Some(plain) = plain else {
         return Ok(through_library);
     };
@@ -211,39 +225,34 @@ fn var_len_layout(
     let widths = heap::superblock_widths(&head[..got])
         .map_err(|reason| Error::not_a_dataset(path, reason))?;
     let size = widths.descriptor() as u64;
-    let mut ids = Vec::with_capacity(n);
-    let mut bytes = Vec::new();
-    for run in runs {
-        let Some(address) = run.address else {
+    let bytes = match descriptor_storage(path, images, name, n, widths.descriptor(), file_len)? {
+        DescriptorStorage::Contiguous(None) => {
             // Storage never written: the elements are empty, as the library reads them.
-            ids.extend(std::iter::repeat_n(HeapId::EMPTY, run.count));
-            continue;
-        };
-        let len = run.count as u64 * size;
-        if run.stored.is_some_and(|stored| stored < len) {
-            return Err(Error::not_a_dataset(
-                path,
-                format!(
-                    "a chunk of {name:?} at byte {address} holds {} bytes, too few for its {} \
-                     element descriptors",
-                    run.stored.unwrap_or(0),
-                    run.count
-                ),
-            ));
+            return Ok(Layout::VarLen {
+                images: name.to_string(),
+                widths,
+                ids: vec![HeapId::EMPTY; n],
+            });
         }
-        if address.checked_add(len).is_none_or(|end| end > file_len) {
-            return Err(Error::not_a_dataset(
-                path,
-                format!(
-                    "{name:?}'s element descriptors lie at bytes {address}..+{len}, past the end \
-                     of the {file_len}-byte file (truncated?)"
-                ),
-            ));
+        DescriptorStorage::Contiguous(Some(address)) => {
+            let len = n as u64 * size;
+            if address.checked_add(len).is_none_or(|end| end > file_len) {
+                return Err(Error::not_a_dataset(
+                    path,
+                    format!(
+                        "{name:?}'s element descriptors lie at bytes {address}..+{len}, past the \
+                         end of the {file_len}-byte file (truncated?)"
+                    ),
+                ));
+            }
+            let mut bytes = vec![0; len as usize];
+            plain.read_exact_at(&mut bytes, address).at(path)?;
+            bytes
         }
-        bytes.resize(len as usize, 0);
-        plain.read_exact_at(&mut bytes, address).at(path)?;
-        ids.extend(heap::parse_descriptors(&bytes, &widths));
-    }
+        DescriptorStorage::Chunked(layout) => chunks::read_all(path, name, &layout, images)?,
+        DescriptorStorage::Library => return Ok(through_library),
+    };
+    let ids = heap::parse_descriptors(&bytes, &widths);
     debug_assert_eq!(ids.len(), n);
     Ok(Layout::VarLen {
         images: name.to_string(),
@@ -252,97 +261,55 @@ fn var_len_layout(
     })
 }
 
-/// `count` consecutive element descriptors at file offset `address` (`None`: never written),
-/// in storage of `stored` bytes (`None`: as many as the file holds past `address`).
-struct DescriptorRun {
-    address: Option<u64>,
-    count: usize,
-    stored: Option<u64>,
+/// Where the element descriptors of a one-dimensional variable-length dataset lie.
+enum DescriptorStorage {
+    /// At one file offset (`None`: storage never written, every element empty).
+    Contiguous(Option<u64>),
+    /// In chunks this build reads (see `chunks`).
+    Chunked(ChunkLayout),
+    /// Only the library can read them: compact (in the object header), virtual, in external
+    /// files, or through a filter of its own.
+    Library,
 }
 
-/// The most chunks whose addresses are looked up one by one: libhdf5 1.10 walks the chunk
-/// index for each lookup, so the time grows with the square of their number (64,000 chunks took
-/// 26 s). A dataset of more chunks (h5py's `chunks=(1,)`, appended one element at a time) is
-/// read through the library.
-const MAX_CHUNK_LOOKUPS: usize = 4096;
-
-/// Where the raw data of a one-dimensional variable-length dataset lies, in element order: one
-/// run when it is contiguous, one per chunk when it is chunked; `None` when the library must
-/// read it: stored through a filter (the bytes on disk are not the descriptors), compact (in the
-/// object header), virtual or in external files, or in too many chunks.
-fn descriptor_runs(
+fn descriptor_storage(
     path: &Path,
     dataset: &hdf5::Dataset,
     name: &str,
     n: usize,
-) -> Result<Option<Vec<DescriptorRun>>> {
-    if !readable_filters(path, dataset, name)?.is_empty() {
-        return Ok(None);
-    }
-    if n == 0 {
-        return Ok(Some(Vec::new()));
-    }
+    descriptor: usize,
+    file_len: u64,
+) -> Result<DescriptorStorage> {
+    let filtered = !readable_filters(path, dataset, name)?.is_empty();
     let dcpl = dataset
         .dcpl()
         .map_err(|e| gate::error(path, &format!("reading the layout of {name:?}"), e))?;
-    match dcpl.layout() {
-        hdf5::dataset::Layout::Contiguous if dcpl.external().is_empty() => {
-            return Ok(match dataset.offset() {
-                Some(address) => Some(vec![DescriptorRun {
-                    address: Some(address),
-                    count: n,
-                    stored: None,
-                }]),
-                // Never written: every element is empty.
-                None if dataset.storage_size() == 0 => Some(vec![DescriptorRun {
-                    address: None,
-                    count: n,
-                    stored: None,
-                }]),
-                None => None,
-            });
+    Ok(match dcpl.layout() {
+        hdf5::dataset::Layout::Contiguous if dcpl.external().is_empty() && !filtered => {
+            match dataset.offset() {
+                Some(address) if n > 0 => DescriptorStorage::Contiguous(Some(address)),
+                None if n == 0 || dataset.storage_size() == 0 => {
+                    DescriptorStorage::Contiguous(None)
+                }
+                _ => DescriptorStorage::Library,
+            }
         }
-        hdf5::dataset::Layout::Chunked => {}
-        _ => return Ok(None),
-    }
-    let chunk = dataset
-        .chunk()
-        .and_then(|c| c.first().copied())
-        .filter(|&c| c > 0)
-        .ok_or_else(|| {
-            Error::not_a_dataset(path, format!("{name:?} is chunked with no chunk shape"))
-        })?;
-    if n.div_ceil(chunk) > MAX_CHUNK_LOOKUPS {
-        return Ok(None);
-    }
-    let mut runs = Vec::with_capacity(n.div_ceil(chunk));
-    for start in (0..n).step_by(chunk) {
-        let offset = [start as hdf5_sys::h5::hsize_t];
-        let (mut mask, mut address, mut size) = (0, 0, 0);
-        // SAFETY: the dataset id is valid while `dataset` lives; `offset` has one coordinate
-        // per dimension (the dataset is one-dimensional) and the out-pointers are valid.
-        let status = unsafe {
-            hdf5_sys::h5d::H5Dget_chunk_info_by_coord(
-                dataset.id(),
-                offset.as_ptr(),
-                &mut mask,
-                &mut address,
-                &mut size,
-            )
-        };
-        if status < 0 {
-            return Err(Error::not_a_dataset(
+        hdf5::dataset::Layout::Chunked => {
+            // A never-written element reads as empty: an all-zero descriptor.
+            match ChunkLayout::of(
                 path,
-                format!("libhdf5 could not locate the chunk of {name:?} at element {start}"),
-            ));
+                dataset,
+                name,
+                descriptor,
+                vec![0; descriptor],
+                file_len,
+            )? {
+                Some(layout) => DescriptorStorage::Chunked(layout),
+                None => DescriptorStorage::Library,
+            }
         }
-        runs.push(DescriptorRun {
-            address: (address != hdf5_sys::h5::HADDR_UNDEF).then_some(address),
-            count: chunk.min(n - start),
-            stored: Some(size),
-        });
-    }
-    Ok(Some(runs))
+        _ => DescriptorStorage::Library,
+    })
 }
 
 /// The `classes` attribute of `location` as strings, when it has one. An attribute declaring

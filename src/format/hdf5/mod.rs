@@ -44,12 +44,16 @@
 //! Opened with `Hdf5::open_with` (dataset names configurable, default `images` and `labels`):
 //!
 //! - **encoded images in a variable-length dataset** (`h5py.vlen_dtype(np.uint8)`), one element
-//!   per sample: each element's descriptor is read at open, and each record with `pread` from
-//!   the global heap that holds it (`heap.rs`, checked, no libhdf5 and no lock); when the
-//!   descriptors pass through a filter (a compressed variable-length dataset), through the
-//!   library, one element at a time.
+//!   per sample: each element's descriptor is read at open (from one file offset when the
+//!   dataset is contiguous, chunk by chunk when it is chunked: `chunks.rs`), and each record
+//!   with `pread` from the global heap that holds it (`heap.rs`, checked, no libhdf5 and no
+//!   lock). Descriptors only the library can read (compact, virtual, external, through a filter
+//!   other than deflate, LZF, shuffle and fletcher32) are read through it, one element at a time.
 //! - **a fixed-shape pixel array** `N×H×W×C` (C = 1, 3 or 4) or `N×H×W` of `uint8`: contiguous
-//!   arrays are read with `pread`; chunked or compressed ones through the library. Samples come
+//!   arrays are read with `pread`; chunked ones chunk by chunk (`chunks.rs`: libhdf5 finds a
+//!   chunk and hands over its stored bytes, checked code of ours undoes deflate, LZF, shuffle
+//!   and fletcher32 outside the lock and copies the sample out); through other filters, by the
+//!   library, sample by sample. Samples come
 //!   out as raw RGB payloads (grey replicated to three channels, a fourth channel dropped).
 //!
 //! with a labels dataset of any integer type. Class names come from a `classes` attribute on the
@@ -83,7 +87,8 @@
 //! (the signature, the writer's staging files). With the `hdf5` feature (on by default):
 //! `reader.rs` opens files and reads records ([`Hdf5`]), `foreign.rs` finds the layouts h5py
 //! users have, `storage.rs` says where a dataset's bytes lie and which filters this build can
-//! undo, `heap.rs` reads h5py's variable-length elements without libhdf5, `writer.rs` packs
+//! undo, `chunks.rs` reads chunked datasets chunk by chunk, `heap.rs` reads h5py's
+//! variable-length elements without libhdf5, `writer.rs` packs
 //! ([`Hdf5Writer`]), `probe.rs` tries each open in a child first, and `gate.rs` keeps every
 //! libhdf5 call fork-safe. Without the feature an HDF5 path is still recognized, and opening
 //! or packing one fails with [`Error::FeatureDisabled`].
@@ -96,6 +101,8 @@ use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::format::writer::{DatasetWriter, PackPlan, PackProgress, WriterOptions};
 
+#[cfg(feature = "hdf5")]
+mod chunks;
 #[cfg(feature = "hdf5")]
 mod foreign;
 #[cfg(feature = "hdf5")]

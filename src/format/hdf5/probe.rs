@@ -14,9 +14,11 @@
 //! the library: the child's copy of it is consistent, and it gets a fresh gate. The child
 //! first closes every descriptor it inherited (a `flock` another thread holds must not outlive
 //! that thread's close), logs nothing, and leaves with `_exit`. What this does not cover:
-//! damage libhdf5 only meets when a record is read later (a chunk of a compressed pixel array;
-//! h5py's variable-length records are read by checked code of ours, `heap`), and a fork that
-//! fails (the file is then opened without the trial).
+//! damage libhdf5 only meets when a record is read later and the trial's reads (3 s) did not
+//! reach: in a chunk index it walks to find a chunk (the chunks themselves are decoded by
+//! checked code of ours, `chunks`, as are h5py's variable-length records, `heap`), or in a
+//! dataset stored through a filter only the library undoes; and a fork that fails (the file
+//! is then opened without the trial).
 //!
 //! `IMAGEFEED_HDF5_OPEN_SECONDS` sets the time limit (default 30; `0` turns the trial off),
 //! `IMAGEFEED_HDF5_OPEN_MIB` the memory budget (default 1 GiB plus twice the file's size).

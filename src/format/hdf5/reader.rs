@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use hdf5::types::{VarLenArray, VarLenUnicode};
 
+use super::chunks::{ChunkLayout, ChunkReader};
 use super::foreign::open_foreign;
 use super::gate::{self, Gated};
 use super::heap::{self, HeapId, HeapReader, Widths};
@@ -39,18 +40,28 @@ pub(super) enum Layout {
         widths: Widths,
         ids: Vec<HeapId>,
     },
-    /// The same, with the elements' descriptors stored through a filter (compressed): read
-    /// through the library, one element at a time.
+    /// The same, with the elements' descriptors where only the library reads them (compact,
+    /// virtual, external, through a filter of its own): read through it, one at a time.
     VarLenThroughLibrary { images: String },
-    /// An `N×H×W×C` `uint8` array; `file_offset` is set when it is contiguous and unfiltered.
+    /// An `N×H×W×C` `uint8` array.
     Pixels {
         images: String,
         rank: usize,
         height: usize,
         width: usize,
         channels: usize,
-        file_offset: Option<u64>,
+        storage: PixelStorage,
     },
+}
+
+/// Where a pixel array's bytes lie, and so how a worker reads a sample.
+pub(super) enum PixelStorage {
+    /// One unfiltered run at this file offset: read with `pread`.
+    Contiguous(u64),
+    /// In chunks read as stored and decoded by checked code (`chunks`).
+    Chunked(Arc<ChunkLayout>),
+    /// Through a filter only the library undoes: read through it, sample by sample.
+    Library,
 }
 
 pub(super) struct Shared {
@@ -97,13 +108,13 @@ impl Hdf5 {
         crate::pagecache::prefetch_if_it_fits(&plain);
         // Metadata that crashes or loops libhdf5 must cost an error, not the process: the
         // same open runs in a trial child first (see `probe`), with the reads the library does
-        // record by record. The child has no descriptor of the parent's, so it runs the
-        // library's part of the open alone.
+        // record by record. The child has none of the parent's descriptors: it opens its own.
         super::probe::try_in_child(path, || {
             gate::run(|| {
-                let opened = open_unlocked(path)
-                    .ok()
-                    .and_then(|file| open_metadata(path, &file, names, None, file_len).ok());
+                let plain = fs::File::open(path).ok();
+                let opened = open_unlocked(path).ok().and_then(|file| {
+                    open_metadata(path, &file, names, plain.as_ref(), file_len).ok()
+                });
                 if let Some(shared) = opened {
                     trial_reads(shared);
                 }
@@ -126,24 +137,40 @@ impl Hdf5 {
 /// How long the trial child reads records through libhdf5 (see [`trial_reads`]).
 const TRIAL_READING: std::time::Duration = std::time::Duration::from_secs(3);
 
-/// In the trial child: reads the records libhdf5 reads one at a time (compressed or chunked
-/// pixel arrays, variable-length datasets whose descriptors are compressed), for up to
-/// [`TRIAL_READING`], so that damage the library meets only when it reads a record (a chunk's
-/// shape or index) crashes or stalls the trial, refusing the file, instead of an epoch. Errors
-/// are ignored here: the process meets them again as bad samples naming the record. A dataset
-/// too large to read in that time is covered as far as the trial got.
+/// How long the trial child looks up chunks in a chunked array's index before it reads records
+/// (about 3 million lookups a second, warm: a dataset of 10 million chunks is walked whole).
+const TRIAL_INDEX_WALK: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// In the trial child: reads the records libhdf5 has a part in reading (chunked pixel arrays,
+/// whose chunks it finds in their index; those it reads whole through a filter of its own),
+/// for up to [`TRIAL_READING`], so that damage the library meets only then crashes or stalls
+/// the trial, refusing the file, instead of an epoch. Errors are ignored here: the process
+/// meets them again as bad samples naming the record. A dataset too large to read in that
+/// time is covered as far as the trial got.
 fn trial_reads(shared: Shared) {
     if !matches!(
         shared.layout,
         Layout::VarLenThroughLibrary { .. }
             | Layout::Pixels {
-                file_offset: None,
+                storage: PixelStorage::Chunked(_) | PixelStorage::Library,
                 ..
             }
     ) {
         return;
     }
     let samples = shared.info.num_samples;
+    let walking = std::time::Instant::now();
+    if let Layout::Pixels {
+        storage: PixelStorage::Chunked(layout),
+        images,
+        ..
+    } = &shared.layout
+    {
+        // Every chunk's place in the index first: the index is what reads still ask libhdf5.
+        if let Ok(dataset) = open_unlocked(&shared.path).and_then(|file| file.dataset(images)) {
+            super::chunks::walk_index(layout, &dataset, walking + TRIAL_INDEX_WALK);
+        }
+    }
     let dataset = Hdf5 {
         shared: Arc::new(shared),
     };
@@ -161,8 +188,8 @@ fn trial_reads(shared: Shared) {
 
 /// What the file's metadata says: imagefeed's layout when it carries our attribute, else one
 /// of the layouts others write. Runs inside the HDF5 gate. `plain` is the file as opened, for
-/// what is read without the library (h5py's variable-length descriptors); the trial child has
-/// none.
+/// what is read without the library (h5py's variable-length descriptors; the trial child
+/// opens its own).
 fn open_metadata(
     path: &Path,
     file: &hdf5::File,
@@ -351,7 +378,7 @@ impl Dataset for Hdf5 {
             Layout::Imagefeed { .. }
                 | Layout::VarLen { .. }
                 | Layout::Pixels {
-                    file_offset: Some(_),
+                    storage: PixelStorage::Contiguous(_),
                     ..
                 }
         );
@@ -389,6 +416,7 @@ impl Dataset for Hdf5 {
             file,
             dataset,
             heap,
+            chunks: ChunkReader::new(),
             buffer: Vec::new(),
             pixels: Vec::new(),
             key: String::new(),
@@ -404,6 +432,8 @@ struct Hdf5Reader {
     dataset: Option<Gated<hdf5::Dataset>>,
     /// Reads h5py's variable-length elements (`Layout::VarLen`).
     heap: Option<HeapReader>,
+    /// Reads chunked pixel arrays (`PixelStorage::Chunked`).
+    chunks: ChunkReader,
     /// The payload handed out by `read`.
     buffer: Vec<u8>,
     /// Pixels of a pixel-array sample before they become a raw payload.
@@ -531,23 +561,33 @@ impl RecordReader for Hdf5Reader {
                     })
                     .map_err(|e: String| self.corrupt(index, &self.key, format!("HDF5: {e}")))?;
             }
-            &Layout::Pixels {
-                ref images,
+            Layout::Pixels {
+                images,
                 rank,
                 height,
                 width,
                 channels,
-                file_offset,
+                storage,
             } => {
                 self.set_key(images, index);
+                let (rank, height, width, channels) = (*rank, *height, *width, *channels);
                 let len = height * width * channels;
-                match file_offset {
-                    Some(offset) => {
+                match storage {
+                    PixelStorage::Contiguous(offset) => {
                         let offset = offset + (index * len) as u64;
                         pread_exact(self.file.as_deref(), &mut self.pixels, offset, len)
                             .map_err(|reason| self.corrupt(index, &self.key, reason))?
                     }
-                    None => {
+                    PixelStorage::Chunked(layout) => {
+                        let dataset = self
+                            .dataset
+                            .as_ref()
+                            .expect("chunked layouts open a dataset");
+                        self.chunks
+                            .read_row(layout, dataset, index, &mut self.pixels)
+                            .map_err(|reason| self.corrupt(index, &self.key, reason))?;
+                    }
+                    PixelStorage::Library => {
                         let mut selection = vec![hdf5::SliceOrIndex::Index(index)];
                         selection.resize(rank, hdf5::SliceOrIndex::from(..));
                         let pixels = &mut self.pixels;

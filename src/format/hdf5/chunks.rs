@@ -1,0 +1,808 @@
+//! Chunked datasets read chunk by chunk with checked code: libhdf5 only finds a chunk in the
+//! dataset's index and hands over its stored bytes (`H5Dread_chunk`); undoing the filters
+//! (fletcher32, deflate, lzf, shuffle) and copying a sample out of its chunks happens here.
+//!
+//! libhdf5 trusts what a file says about its chunks when it reads them: a damaged chunk
+//! dimension made it copy past its buffers (SIGSEGV, `make corrupt`), and only the records the
+//! trial open reached were covered. Here every size is checked before it sizes an allocation or
+//! a copy: the stored size against the file, each filter's output against the chunk's size, and
+//! every copy against the chunk and the sample it fills. Damage becomes a bad sample naming the
+//! record. The decompression also runs outside the process-wide HDF5 lock, so workers inflate
+//! in parallel instead of taking turns.
+//!
+//! Filters other than those four (szip, n-bit, scale-offset, Blosc and plugins) are left to
+//! the library, record by record, as before.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::Path;
+use std::time::Instant;
+
+use hdf5_sys::h5::{HADDR_UNDEF, hsize_t};
+
+use super::gate::{self, Gated};
+use crate::error::{Error, Result};
+
+/// One filter of a dataset's pipeline that this module can undo.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Filter {
+    /// Bytes regrouped by their position in each `size`-byte element (HDF5 filter 2).
+    Shuffle { size: usize },
+    /// zlib (HDF5 filter 1).
+    Deflate,
+    /// h5py's LZF (filter 32000).
+    Lzf,
+    /// A 4-byte checksum after the data (HDF5 filter 3).
+    Fletcher32,
+}
+
+/// How a dataset's chunks lie: the dataset's shape, the chunk shape, the element size, what
+/// the chunks pass through and what unwritten storage reads as.
+#[derive(Debug)]
+pub(super) struct ChunkLayout {
+    dims: Vec<usize>,
+    chunk: Vec<usize>,
+    element: usize,
+    /// The filters in the order they were applied when writing.
+    filters: Vec<Filter>,
+    /// One element's fill value: what a chunk never written holds.
+    fill: Vec<u8>,
+    /// The file's size: no stored chunk is larger.
+    file_len: u64,
+}
+
+impl ChunkLayout {
+    /// The chunk layout of `dataset` when its chunks can be read here: chunked, every filter
+    /// one of ours. `None` when the library must read it (contiguous, compact, or a filter of
+    /// its own). The chunk shape must already have been checked (`storage::check_stored`).
+    /// `fill` is one element's fill value. Runs inside the HDF5 gate.
+    pub(super) fn of(
+        path: &Path,
+        dataset: &hdf5::Dataset,
+        name: &str,
+        element: usize,
+        fill: Vec<u8>,
+        file_len: u64,
+    ) -> Result<Option<ChunkLayout>> {
+        let Some(chunk) = dataset.chunk() else {
+            return Ok(None);
+        };
+        let dims = dataset.shape();
+        if chunk.len() != dims.len() || dims.is_empty() || fill.len() != element {
+            return Ok(None);
+        }
+        let dcpl = dataset
+            .dcpl()
+            .map_err(|e| gate::error(path, &format!("reading the filters of {name:?}"), e))?;
+        let Some(filters) = pipeline(dcpl.id()) else {
+            return Ok(None);
+        };
+        Ok(Some(ChunkLayout {
+            dims,
+            chunk,
+            element,
+            filters,
+            fill,
+            file_len,
+        }))
+    }
+
+    /// The bytes of one decoded chunk (checked at open to be at most 4 GiB).
+    fn chunk_bytes(&self) -> usize {
+        self.chunk.iter().product::<usize>() * self.element
+    }
+
+    /// The bytes of one element row: everything of one index along the first dimension.
+    pub(super) fn row_bytes(&self) -> usize {
+        self.dims[1..].iter().product::<usize>() * self.element
+    }
+
+    /// How many chunks cover one element row.
+    fn chunks_per_row(&self) -> usize {
+        self.dims[1..]
+            .iter()
+            .zip(&self.chunk[1..])
+            .map(|(&d, &c)| d.div_ceil(c))
+            .product()
+    }
+
+    /// The origin, in elements, of chunk `number` (in row-major order) of the chunk row that
+    /// starts at `first`.
+    fn origin(&self, first: usize, number: usize) -> Vec<hsize_t> {
+        let mut origin = vec![0; self.dims.len()];
+        origin[0] = first as hsize_t;
+        let mut rest = number;
+        for d in (1..self.dims.len()).rev() {
+            let across = self.dims[d].div_ceil(self.chunk[d]);
+            origin[d] = ((rest % across) * self.chunk[d]) as hsize_t;
+            rest /= across;
+        }
+        origin
+    }
+
+    /// Undoes the filters on a chunk's `stored` bytes (`skipped`: the filters the writer left
+    /// out for this chunk, one bit each), leaving the chunk's decoded bytes in `stored`.
+    fn decode(
+        &self,
+        stored: &mut Vec<u8>,
+        skipped: u32,
+        scratch: &mut Vec<u8>,
+    ) -> std::result::Result<(), String> {
+        let want = self.chunk_bytes();
+        for (position, filter) in self.filters.iter().enumerate().rev() {
+            if position < 32 && skipped & (1 << position) != 0 {
+                continue;
+            }
+            match *filter {
+                Filter::Fletcher32 => check_fletcher32(stored)?,
+                Filter::Deflate => {
+                    inflate(stored, want, scratch)?;
+                    std::mem::swap(stored, scratch);
+                }
+                Filter::Lzf => {
+                    unlzf(stored, want, scratch)?;
+                    std::mem::swap(stored, scratch);
+                }
+                Filter::Shuffle { size } => {
+                    unshuffle(stored, size, scratch);
+                    std::mem::swap(stored, scratch);
+                }
+            }
+        }
+        if stored.len() != want {
+            return Err(format!(
+                "a chunk decodes to {} bytes, not the {want} of its shape {:?}",
+                stored.len(),
+                self.chunk
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The filters of the pipeline in dataset creation property list `dcpl`, when every one is
+/// ours to undo.
+fn pipeline(dcpl: hdf5_sys::h5i::hid_t) -> Option<Vec<Filter>> {
+    use hdf5_sys::h5p::{H5Pget_filter2, H5Pget_nfilters};
+    // SAFETY: `dcpl` is a valid property list id while its owner lives.
+    let count = unsafe { H5Pget_nfilters(dcpl) };
+    let mut filters = Vec::with_capacity(usize::try_from(count).ok()?);
+    for index in 0..count as u32 {
+        let mut flags = 0;
+        let mut values = [0u32; 8];
+        let mut n_values = values.len();
+        let mut config = 0;
+        // SAFETY: the out-pointers are valid; `n_values` says how many values fit; no name
+        // is asked for (length 0, null buffer).
+        let id = unsafe {
+            H5Pget_filter2(
+                dcpl,
+                index,
+                &mut flags,
+                &mut n_values,
+                values.as_mut_ptr(),
+                0,
+                std::ptr::null_mut(),
+                &mut config,
+            )
+        };
+        filters.push(match id {
+            1 => Filter::Deflate,
+            2 => Filter::Shuffle {
+                size: (n_values >= 1)
+                    .then_some(values[0] as usize)
+                    .filter(|&s| s > 0)?,
+            },
+            3 => Filter::Fletcher32,
+            32000 => Filter::Lzf,
+            _ => return None,
+        });
+    }
+    Some(filters)
+}
+
+/// Checks and removes the fletcher32 checksum at the end of `data`. libhdf5 accepts the sum
+/// in either byte order (files of old versions stored it byte-swapped).
+fn check_fletcher32(data: &mut Vec<u8>) -> std::result::Result<(), String> {
+    let Some(len) = data.len().checked_sub(4) else {
+        return Err("a chunk is too short to hold its fletcher32 checksum".into());
+    };
+    let stored = u32::from_le_bytes(data[len..].try_into().expect("4 bytes"));
+    let computed = fletcher32(&data[..len]);
+    if stored != computed && stored != computed.swap_bytes() {
+        return Err(format!(
+            "a chunk's fletcher32 checksum is {stored:#010x}, its bytes give {computed:#010x}"
+        ));
+    }
+    data.truncate(len);
+    Ok(())
+}
+
+/// HDF5's Fletcher-32: big-endian 16-bit words (an odd last byte as the high half), both sums
+/// folded to 16 bits as they go.
+fn fletcher32(data: &[u8]) -> u32 {
+    let fold = |s: u32| (s & 0xffff) + (s >> 16);
+    let (mut low, mut high) = (0u32, 0u32);
+    let whole = data.len() & !1;
+    // 360 words keep both sums below 2^32 before they are folded.
+    for block in data[..whole].chunks(720) {
+        for word in block.chunks_exact(2) {
+            low += u32::from(u16::from_be_bytes([word[0], word[1]]));
+            high += low;
+        }
+        low = fold(low);
+        high = fold(high);
+    }
+    if let Some(&last) = data.get(whole) {
+        low += u32::from(last) << 8;
+        high += low;
+        low = fold(low);
+        high = fold(high);
+    }
+    (fold(high) << 16) | fold(low)
+}
+
+/// Inflates the zlib stream `input` into `output`, which must come to exactly `want` bytes.
+fn inflate(input: &[u8], want: usize, output: &mut Vec<u8>) -> std::result::Result<(), String> {
+    output.clear();
+    output
+        .try_reserve_exact(want)
+        .map_err(|_| format!("no memory for a {want}-byte chunk"))?;
+    output.resize(want, 0);
+    let mut inflater = flate2::Decompress::new(true);
+    let status = inflater
+        .decompress(input, output, flate2::FlushDecompress::Finish)
+        .map_err(|e| format!("a chunk's deflate stream is damaged: {e}"))?;
+    let written = inflater.total_out() as usize;
+    if status != flate2::Status::StreamEnd || written != want {
+        return Err(format!(
+            "a chunk's deflate stream gives {}{written} bytes, not {want}",
+            if status == flate2::Status::StreamEnd {
+                ""
+            } else {
+                "more than "
+            }
+        ));
+    }
+    Ok(())
+}
+
+/// Decompresses the LZF block `input` into `output`, which must come to exactly `want` bytes
+/// (h5py's filter compresses each chunk as one block).
+fn unlzf(input: &[u8], want: usize, output: &mut Vec<u8>) -> std::result::Result<(), String> {
+    output.clear();
+    output
+        .try_reserve_exact(want)
+        .map_err(|_| format!("no memory for a {want}-byte chunk"))?;
+    output.resize(want, 0);
+    if input.is_empty() || want == 0 {
+        return Err("a chunk's LZF block is empty".into());
+    }
+    let in_len = u32::try_from(input.len()).map_err(|_| "a chunk's LZF block is over 4 GiB")?;
+    let out_len = u32::try_from(want).map_err(|_| "a chunk is over 4 GiB")?;
+    // SAFETY: liblzf reads at most `in_len` bytes of `input` and writes at most `out_len`
+    // bytes into `output` (its input and output checks are compiled in: CHECK_INPUT, and the
+    // output bound is always checked), returning 0 when either would be exceeded.
+    let written = unsafe {
+        lzf_sys::lzf_decompress(
+            input.as_ptr().cast(),
+            in_len,
+            output.as_mut_ptr().cast(),
+            out_len,
+        )
+    };
+    if written as usize != want {
+        return Err(format!(
+            "a chunk's LZF block is damaged (it gives {written} bytes, not {want})"
+        ));
+    }
+    Ok(())
+}
+
+/// Undoes the shuffle filter: `input` holds byte 0 of every `size`-byte element, then byte 1
+/// of every element, and so on; bytes past the last whole element are left as they are.
+fn unshuffle(input: &[u8], size: usize, output: &mut Vec<u8>) {
+    output.clear();
+    output.resize(input.len(), 0);
+    let elements = input.len() / size;
+    if size <= 1 || elements <= 1 {
+        output.copy_from_slice(input);
+        return;
+    }
+    for (byte, plane) in input[..elements * size].chunks_exact(elements).enumerate() {
+        for (element, &value) in plane.iter().enumerate() {
+            output[element * size + byte] = value;
+        }
+    }
+    let whole = elements * size;
+    output[whole..].copy_from_slice(&input[whole..]);
+}
+
+unsafe extern "C" {
+    /// The stored size of the chunk at `offset` (libhdf5 1.10.2 on; `hdf5-sys` does not bind
+    /// it). Links to the libhdf5 `hdf5-sys` links.
+    fn H5Dget_chunk_storage_size(
+        dset_id: hdf5_sys::h5i::hid_t,
+        offset: *const hsize_t,
+        chunk_bytes: *mut hsize_t,
+    ) -> hdf5_sys::h5::herr_t;
+}
+
+/// Reads the stored bytes of the chunk at `origin` into `stored`, returning the filters the
+/// writer skipped for it, or `None` when the chunk was never written. Runs inside the gate.
+fn read_stored(
+    dataset: &hdf5::Dataset,
+    origin: &[hsize_t],
+    file_len: u64,
+    stored: &mut Vec<u8>,
+) -> std::result::Result<Option<u32>, String> {
+    debug_assert!(gate::held());
+    let mut size: hsize_t = 0;
+    // SAFETY: the dataset id is valid while `dataset` lives; `origin` has one coordinate per
+    // dimension; `size` is a valid out-pointer.
+    let status = unsafe { H5Dget_chunk_storage_size(dataset.id(), origin.as_ptr(), &mut size) };
+    if status < 0 || size == 0 {
+        // libhdf5 1.10 fails for a chunk never written: ask the index whether it holds one.
+        let (mut mask, mut address, mut bytes) = (0, 0, 0);
+        // SAFETY: as above, with valid out-pointers.
+        let found = unsafe {
+            hdf5_sys::h5d::H5Dget_chunk_info_by_coord(
+                dataset.id(),
+                origin.as_ptr(),
+                &mut mask,
+                &mut address,
+                &mut bytes,
+            )
+        };
+        if found >= 0 && address == HADDR_UNDEF {
+            return Ok(None);
+        }
+        return Err(format!(
+            "libhdf5 could not find the chunk at {origin:?} in the dataset's index"
+        ));
+    }
+    if size > file_len {
+        return Err(format!(
+            "the index says the chunk at {origin:?} holds {size} bytes, more than the \
+             {file_len}-byte file"
+        ));
+    }
+    let size = size as usize;
+    stored.clear();
+    stored
+        .try_reserve_exact(size)
+        .map_err(|_| format!("no memory for a {size}-byte chunk"))?;
+    stored.resize(size, 0);
+    let mut skipped = 0u32;
+    // SAFETY: `stored` holds the `size` bytes the index gives for this chunk, which is what
+    // libhdf5 writes (it reads the size from the same index entry); the other pointers are
+    // valid.
+    #[cfg(not(hdf5_read_chunk2))]
+    let status = unsafe {
+        hdf5_sys::h5d::H5Dread_chunk1(
+            dataset.id(),
+            hdf5_sys::h5p::H5P_DEFAULT,
+            origin.as_ptr(),
+            &mut skipped,
+            stored.as_mut_ptr().cast(),
+        )
+    };
+    // SAFETY: as above; libhdf5 2 also checks `size` against the chunk's.
+    #[cfg(hdf5_read_chunk2)]
+    let status = unsafe {
+        let mut capacity = size;
+        hdf5_sys::h5d::H5Dread_chunk2(
+            dataset.id(),
+            hdf5_sys::h5p::H5P_DEFAULT,
+            origin.as_ptr(),
+            &mut skipped,
+            stored.as_mut_ptr().cast(),
+            &mut capacity,
+        )
+    };
+    if status < 0 {
+        return Err(format!("libhdf5 could not read the chunk at {origin:?}"));
+    }
+    Ok(Some(skipped))
+}
+
+/// Looks up every chunk of the dataset in its index, as reading would, until `deadline`: run
+/// in the trial child (`probe`), so that a damaged index crashes or stalls the trial, refusing
+/// the file, rather than a worker mid-epoch (the lookups of a read walk the same nodes).
+/// Errors are ignored: reads meet them again as bad samples. Runs inside the gate.
+pub(super) fn walk_index(layout: &ChunkLayout, dataset: &hdf5::Dataset, deadline: Instant) {
+    let per_row = layout.chunks_per_row();
+    for first in (0..layout.dims[0]).step_by(layout.chunk[0]) {
+        for number in 0..per_row {
+            let origin = layout.origin(first, number);
+            let mut size: hsize_t = 0;
+            // SAFETY: as in `read_stored`.
+            unsafe { H5Dget_chunk_storage_size(dataset.id(), origin.as_ptr(), &mut size) };
+        }
+        if Instant::now() > deadline {
+            return;
+        }
+    }
+}
+
+/// A worker's reader of one chunked dataset: keeps the decoded chunks of the chunk rows it read
+/// last (a chunk row holds the chunks of indices `first..first + chunk[0]`), up to
+/// [`cache_budget`] bytes, so that indices sharing a chunk row (h5py's default chunks hold
+/// hundreds of samples) decode it once while it stays in the cache, in any order. The oldest
+/// row goes first.
+pub(super) struct ChunkReader {
+    /// Each cached row's decoded chunks, by its first index, in row-major order (`None`: not
+    /// read yet).
+    rows: HashMap<usize, Vec<Option<Vec<u8>>>>,
+    /// The cached rows' first indices, oldest first.
+    order: VecDeque<usize>,
+    /// Bytes of decoded chunks in `rows`.
+    held: usize,
+    budget: usize,
+    stored: Vec<u8>,
+    scratch: Vec<u8>,
+}
+
+/// The bytes of decoded chunks each reader keeps: `IMAGEFEED_HDF5_CHUNK_CACHE_MIB`, default 64
+/// (the CIFAR-10 test set as h5py's gzip array decodes to 31 MB: all of it). libhdf5's own
+/// chunk cache is 1 MiB per dataset, too little for one of h5py's default chunk rows.
+fn cache_budget() -> usize {
+    std::env::var("IMAGEFEED_HDF5_CHUNK_CACHE_MIB")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(64)
+        .saturating_mul(1 << 20)
+}
+
+impl ChunkReader {
+    pub(super) fn new() -> ChunkReader {
+        ChunkReader::with_budget(cache_budget())
+    }
+
+    fn with_budget(budget: usize) -> ChunkReader {
+        ChunkReader {
+            rows: HashMap::new(),
+            order: VecDeque::new(),
+            held: 0,
+            budget,
+            stored: Vec::new(),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Makes room for the chunk row starting at `first` (`row_bytes` when all of it is
+    /// decoded) unless it is cached already, evicting the oldest rows.
+    fn use_row(&mut self, first: usize, per_row: usize, row_bytes: usize) {
+        if self.rows.contains_key(&first) {
+            return;
+        }
+        while self.held + row_bytes > self.budget {
+            let Some(oldest) = self.order.pop_front() else {
+                break;
+            };
+            let evicted = self.rows.remove(&oldest).expect("ordered rows are cached");
+            self.held -= evicted.iter().flatten().map(Vec::len).sum::<usize>();
+        }
+        let mut chunks = Vec::with_capacity(per_row);
+        chunks.resize_with(per_row, || None);
+        self.rows.insert(first, chunks);
+        self.order.push_back(first);
+    }
+
+    /// Reads element row `index` (every element of that index along the first dimension)
+    /// into `out`, reading through `dataset` (the library's handle, used inside the gate).
+    pub(super) fn read_row(
+        &mut self,
+        layout: &ChunkLayout,
+        dataset: &Gated<hdf5::Dataset>,
+        index: usize,
+        out: &mut Vec<u8>,
+    ) -> std::result::Result<(), String> {
+        let first = index - index % layout.chunk[0];
+        let per_row = layout.chunks_per_row();
+        let row_bytes = per_row.saturating_mul(layout.chunk_bytes());
+        // A row larger than the whole cache is decoded chunk by chunk and kept in none.
+        let keep = row_bytes <= self.budget;
+        if keep {
+            self.use_row(first, per_row, row_bytes);
+        }
+        out.clear();
+        out.try_reserve_exact(layout.row_bytes())
+            .map_err(|_| format!("no memory for a {}-byte sample", layout.row_bytes()))?;
+        out.resize(layout.row_bytes(), 0);
+        for number in 0..per_row {
+            let origin = layout.origin(first, number);
+            let mut row = if keep {
+                self.rows.get_mut(&first)
+            } else {
+                None
+            };
+            if row.as_ref().is_none_or(|row| row[number].is_none()) {
+                let skipped =
+                    dataset.with(|d| read_stored(d, &origin, layout.file_len, &mut self.stored))?;
+                match skipped {
+                    Some(skipped) => layout.decode(&mut self.stored, skipped, &mut self.scratch)?,
+                    None => {
+                        self.stored.clear();
+                        let fill = layout.fill.iter().copied().cycle();
+                        self.stored.extend(fill.take(layout.chunk_bytes()));
+                    }
+                }
+                if let Some(row) = row.as_mut() {
+                    self.held += self.stored.len();
+                    row[number] = Some(std::mem::take(&mut self.stored));
+                }
+            }
+            let chunk = match row {
+                Some(row) => row[number].as_deref().expect("decoded above"),
+                None => &self.stored,
+            };
+            copy_part(layout, chunk, index - first, &origin[1..], out);
+        }
+        Ok(())
+    }
+}
+
+/// Copies the part of element row `plane` of a decoded chunk whose other coordinates start at
+/// `origin` into `out`, the whole element row.
+fn copy_part(layout: &ChunkLayout, chunk: &[u8], plane: usize, origin: &[hsize_t], out: &mut [u8]) {
+    let dims = &layout.dims[1..];
+    let shape = &layout.chunk[1..];
+    let element = layout.element;
+    let origin: Vec<usize> = origin.iter().map(|&o| o as usize).collect();
+    // How far the chunk reaches into the dataset along each dimension (edge chunks reach
+    // past it: their extra elements are not the dataset's).
+    let extent: Vec<usize> = (0..dims.len())
+        .map(|d| shape[d].min(dims[d] - origin[d]))
+        .collect();
+    // Copies run along the last dimension; the others are walked like an odometer.
+    let (run, outer) = match dims.len() {
+        0 => (1, 0),
+        rank => (extent[rank - 1], rank - 1),
+    };
+    let mut position = vec![0usize; outer];
+    loop {
+        let (mut from, mut to) = (plane, 0);
+        for d in 0..dims.len() {
+            let at = if d < outer { position[d] } else { 0 };
+            from = from * shape[d] + at;
+            to = to * dims[d] + origin[d] + at;
+        }
+        out[to * element..(to + run) * element]
+            .copy_from_slice(&chunk[from * element..(from + run) * element]);
+        let mut d = outer;
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            position[d] += 1;
+            if position[d] < extent[d] {
+                break;
+            }
+            position[d] = 0;
+        }
+    }
+}
+
+/// Every element of a chunked one-dimensional dataset, read chunk by chunk (h5py's
+/// variable-length descriptors). Runs inside the gate.
+pub(super) fn read_all(
+    path: &Path,
+    name: &str,
+    layout: &ChunkLayout,
+    dataset: &hdf5::Dataset,
+) -> Result<Vec<u8>> {
+    debug_assert_eq!(layout.dims.len(), 1);
+    let n = layout.dims[0];
+    let damaged = |reason: String| Error::not_a_dataset(path, format!("{name:?}: {reason}"));
+    let mut all = Vec::new();
+    all.try_reserve_exact(n * layout.element)
+        .map_err(|_| damaged(format!("no memory for {n} element descriptors")))?;
+    let (mut stored, mut scratch) = (Vec::new(), Vec::new());
+    for first in (0..n).step_by(layout.chunk[0]) {
+        let origin = [first as hsize_t];
+        let count = layout.chunk[0].min(n - first);
+        match read_stored(dataset, &origin, layout.file_len, &mut stored).map_err(damaged)? {
+            Some(skipped) => {
+                layout
+                    .decode(&mut stored, skipped, &mut scratch)
+                    .map_err(|reason| damaged(format!("the chunk at element {first}: {reason}")))?;
+                all.extend_from_slice(&stored[..count * layout.element]);
+            }
+            None => {
+                let fill = layout.fill.iter().copied().cycle();
+                all.extend(fill.take(count * layout.element));
+            }
+        }
+    }
+    Ok(all)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(dims: &[usize], chunk: &[usize], filters: Vec<Filter>) -> ChunkLayout {
+        ChunkLayout {
+            dims: dims.to_vec(),
+            chunk: chunk.to_vec(),
+            element: 1,
+            filters,
+            fill: vec![0],
+            file_len: u64::MAX,
+        }
+    }
+
+    #[test]
+    fn fletcher32_matches_the_reference_values() {
+        // Fletcher-32 over big-endian 16-bit words, as HDF5 computes it, against the
+        // definition: both sums modulo 65535. (The exact values libhdf5 writes are checked by
+        // tests/hdf5_filters.rs on h5py's files.)
+        assert_eq!(fletcher32(b""), 0);
+        let words = |s: &[u8]| {
+            // The definition, computed directly.
+            let (mut a, mut b) = (0u64, 0u64);
+            for w in s.chunks(2) {
+                let v = (u64::from(w[0]) << 8) | w.get(1).map_or(0, |&x| u64::from(x));
+                a = (a + v) % 65535;
+                b = (b + a) % 65535;
+            }
+            ((b << 16) | a) as u32
+        };
+        let long: Vec<u8> = (0..5000u32).map(|i| (i * 7 + 3) as u8).collect();
+        for data in [&b"abcde"[..], b"abcdef", b"\xff\xff\xff\xff\xff", &long] {
+            let (ours, direct) = (fletcher32(data), words(data));
+            // 0xffff and 0 are the same residue mod 65535; the folded sums may use either.
+            let norm = |x: u32| [x & 0xffff, x >> 16].map(|h| if h == 0xffff { 0 } else { h });
+            assert_eq!(norm(ours), norm(direct), "{data:?}");
+        }
+    }
+
+    #[test]
+    fn a_damaged_fletcher32_chunk_is_refused_and_a_good_one_stripped() {
+        let mut data = b"pixels of a chunk".to_vec();
+        let sum = fletcher32(&data);
+        data.extend_from_slice(&sum.to_le_bytes());
+        let mut good = data.clone();
+        check_fletcher32(&mut good).unwrap();
+        assert_eq!(good, b"pixels of a chunk");
+        // The byte-swapped sum of old files is accepted too.
+        let mut swapped = b"pixels of a chunk".to_vec();
+        swapped.extend_from_slice(&sum.swap_bytes().to_le_bytes());
+        check_fletcher32(&mut swapped).unwrap();
+        data[3] ^= 1;
+        assert!(check_fletcher32(&mut data).is_err());
+        assert!(check_fletcher32(&mut vec![1, 2]).is_err());
+    }
+
+    #[test]
+    fn unshuffle_regroups_bytes_and_keeps_a_tail() {
+        // Three 4-byte elements, then 2 tail bytes.
+        let elements = [[1u8, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]];
+        let mut shuffled: Vec<u8> = (0..4)
+            .flat_map(|b| elements.iter().map(move |e| e[b]))
+            .collect();
+        shuffled.extend([99, 98]);
+        let mut out = Vec::new();
+        unshuffle(&shuffled, 4, &mut out);
+        assert_eq!(out, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 99, 98]);
+    }
+
+    #[test]
+    fn inflate_and_unlzf_refuse_wrong_sizes_and_damage() {
+        use std::io::Write as _;
+        let data: Vec<u8> = (0..4000u32).map(|i| (i / 7) as u8).collect();
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+        z.write_all(&data).unwrap();
+        let z = z.finish().unwrap();
+        let mut out = Vec::new();
+        inflate(&z, data.len(), &mut out).unwrap();
+        assert_eq!(out, data);
+        assert!(inflate(&z, data.len() - 1, &mut out).is_err());
+        assert!(inflate(&z, data.len() + 1, &mut out).is_err());
+        assert!(inflate(&z[..z.len() / 2], data.len(), &mut out).is_err());
+
+        let mut packed = vec![0u8; data.len()];
+        // SAFETY: both buffers are as long as the lengths given.
+        let len = unsafe {
+            lzf_sys::lzf_compress(
+                data.as_ptr().cast(),
+                data.len() as u32,
+                packed.as_mut_ptr().cast(),
+                packed.len() as u32,
+            )
+        } as usize;
+        assert!(len > 0);
+        unlzf(&packed[..len], data.len(), &mut out).unwrap();
+        assert_eq!(out, data);
+        assert!(unlzf(&packed[..len], data.len() - 1, &mut out).is_err());
+        assert!(unlzf(&packed[..len / 2], data.len(), &mut out).is_err());
+        // Every single-byte change of the block either decodes to the right size or is
+        // refused; none reads or writes outside the buffers (run under the sanitizers of the
+        // fuzz build as well).
+        for at in 0..len {
+            let mut damaged = packed[..len].to_vec();
+            damaged[at] ^= 0xa5;
+            let _ = unlzf(&damaged, data.len(), &mut out);
+        }
+    }
+
+    #[test]
+    fn rows_are_assembled_from_chunks_that_split_every_dimension() {
+        // A 5x5x4x3 array in chunks of 2x2x3x2: edge chunks reach past every dimension.
+        let dims = [5, 5, 4, 3];
+        let shape = [2, 2, 3, 2];
+        let value = |i: usize, y: usize, x: usize, c: usize| (i * 60 + y * 12 + x * 3 + c) as u8;
+        let l = layout(&dims, &shape, Vec::new());
+        assert_eq!(l.chunks_per_row(), 3 * 2 * 2);
+        for index in 0..dims[0] {
+            let first = index - index % shape[0];
+            let mut out = vec![0u8; l.row_bytes()];
+            for number in 0..l.chunks_per_row() {
+                let origin = l.origin(first, number);
+                let o: Vec<usize> = origin.iter().map(|&v| v as usize).collect();
+                // The chunk as libhdf5 stores it: full size, padding past the edges.
+                let mut chunk = vec![0xeeu8; l.chunk_bytes()];
+                for (k, byte) in chunk.iter_mut().enumerate() {
+                    let c = k % shape[3];
+                    let x = k / shape[3] % shape[2];
+                    let y = k / (shape[3] * shape[2]) % shape[1];
+                    let i = k / (shape[3] * shape[2] * shape[1]);
+                    let (i, y, x, c) = (o[0] + i, o[1] + y, o[2] + x, o[3] + c);
+                    if i < dims[0] && y < dims[1] && x < dims[2] && c < dims[3] {
+                        *byte = value(i, y, x, c);
+                    }
+                }
+                copy_part(&l, &chunk, index - first, &origin[1..], &mut out);
+            }
+            let want: Vec<u8> = (0..dims[1])
+                .flat_map(|y| {
+                    (0..dims[2]).flat_map(move |x| (0..dims[3]).map(move |c| value(index, y, x, c)))
+                })
+                .collect();
+            assert_eq!(out, want, "row {index}");
+        }
+    }
+
+    #[test]
+    fn the_row_cache_keeps_the_rows_read_last_within_its_budget() {
+        // Rows of two 50-byte chunks: three fit in 300 bytes.
+        let mut reader = ChunkReader::with_budget(300);
+        let fill = |reader: &mut ChunkReader, first: usize| {
+            reader
+                .rows
+                .insert(first, vec![Some(vec![0; 50]), Some(vec![0; 50])]);
+            reader.held += 100;
+        };
+        for first in [0, 10, 20] {
+            reader.use_row(first, 2, 100);
+            fill(&mut reader, first);
+        }
+        // A row cached already keeps its chunks.
+        reader.use_row(10, 2, 100);
+        assert!(reader.rows[&10].iter().all(Option::is_some));
+        assert_eq!(reader.order, [0, 10, 20]);
+        // A new row evicts the oldest to make room.
+        reader.use_row(30, 2, 100);
+        assert_eq!(reader.order, [10, 20, 30]);
+        assert!(!reader.rows.contains_key(&0));
+        assert_eq!(reader.held, 200);
+        assert!(reader.rows[&30].iter().all(Option::is_none));
+    }
+
+    #[test]
+    fn skipped_filters_are_not_undone() {
+        // A chunk the writer could not compress (LZF is optional: the chunk is stored as is,
+        // its bit set in the mask) reads as stored.
+        let l = layout(&[4, 3], &[2, 3], vec![Filter::Lzf]);
+        let mut stored = vec![1, 2, 3, 4, 5, 6];
+        l.decode(&mut stored, 1, &mut Vec::new()).unwrap();
+        assert_eq!(stored, [1, 2, 3, 4, 5, 6]);
+        // Not skipped: the same bytes are no LZF block of 6 bytes.
+        let mut stored = vec![1, 2, 3, 4, 5, 6];
+        assert!(l.decode(&mut stored, 0, &mut Vec::new()).is_err());
+        // No filter, wrong size: refused.
+        let plain = layout(&[4, 3], &[2, 3], Vec::new());
+        assert!(plain.decode(&mut vec![0; 5], 0, &mut Vec::new()).is_err());
+    }
+}
