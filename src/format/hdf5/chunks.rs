@@ -50,6 +50,10 @@ pub(super) struct ChunkLayout {
     file_len: u64,
 }
 
+/// How much larger than its stored bytes a chunk can decompress to: deflate's limit is about
+/// 1032:1, LZF's far lower.
+const MAX_RATIO: usize = 1100;
+
 impl ChunkLayout {
     /// The chunk layout of `dataset` when its chunks can be read here: chunked, every filter
     /// one of ours. `None` when the library must read it (contiguous, compact, or a filter of
@@ -134,6 +138,13 @@ impl ChunkLayout {
             }
             match *filter {
                 Filter::Fletcher32 => check_fletcher32(stored)?,
+                Filter::Deflate | Filter::Lzf if stored.len().saturating_mul(MAX_RATIO) < want => {
+                    // No allocation of the declared size for a few stored bytes.
+                    return Err(format!(
+                        "a chunk of {} stored bytes cannot decompress to the {want} of its shape",
+                        stored.len()
+                    ));
+                }
                 Filter::Deflate => {
                     inflate(stored, want, scratch)?;
                     std::mem::swap(stored, scratch);
@@ -801,6 +812,15 @@ mod tests {
         // Not skipped: the same bytes are no LZF block of 6 bytes.
         let mut stored = vec![1, 2, 3, 4, 5, 6];
         assert!(l.decode(&mut stored, 0, &mut Vec::new()).is_err());
+        // Too few stored bytes for the chunk's size: refused before anything is allocated.
+        let mut big = layout(&[4, 1 << 20], &[1, 1 << 20], vec![Filter::Deflate]);
+        big.file_len = 1 << 30;
+        let mut scratch = Vec::new();
+        assert!(
+            big.decode(&mut vec![0x78, 0x9c, 0, 0], 0, &mut scratch)
+                .is_err()
+        );
+        assert_eq!(scratch.capacity(), 0);
         // No filter, wrong size: refused.
         let plain = layout(&[4, 3], &[2, 3], Vec::new());
         assert!(plain.decode(&mut vec![0; 5], 0, &mut Vec::new()).is_err());
