@@ -3,7 +3,7 @@
 
 Every top-level module of src/ has a layer in LAYERS below. A module may use (`crate::m`,
 `crate::{m, ..}` over any number of lines, or `super::` chains that climb out of it) only
-modules of a lower layer; inside one top-level module (format::lmdb using format::output)
+modules of a lower layer; inside one top-level module (format::lmdb using format::staging)
 anything goes. Comments, string and char literals, and the `#[cfg(test)] mod tests` at the end
 of a file are not dependencies and are skipped. A module missing from the table is an error
 too, so a new module gets a layer when it is added.

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::dataset::{Dataset, PayloadKind, par_map_records};
 use crate::error::{Error, Result};
-use crate::format::{self, OpenOptions, lmdb::Lmdb, output};
+use crate::format::{self, OpenOptions, lmdb::Lmdb, staging};
 use crate::pack;
 
 /// Samples of one class.
@@ -187,7 +187,7 @@ pub fn inspect_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Ins
             || path
                 .file_name()
                 .is_some_and(|n| n == format::mds::index::INDEX)
-            || (!path.exists() && output::partial_path(path).is_dir())
+            || (!path.exists() && staging::partial_path(path).is_dir())
         {
             // Incomplete HDF5 and records outputs are refused with an error that says how to
             // finish them.
@@ -198,8 +198,8 @@ pub fn inspect_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Ins
             } else {
                 path.to_path_buf()
             };
-            let target = if !path.exists() && output::partial_path(path).exists() {
-                output::partial_path(path)
+            let target = if !path.exists() && staging::partial_path(path).exists() {
+                staging::partial_path(path)
             } else {
                 path.to_path_buf()
             };
@@ -216,7 +216,7 @@ pub fn inspect_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Ins
                 .or_else(|| lmdb.pack_progress().map(|p| p.rejected.len()));
             // Under a staging name it is unfinished whatever it says: a kill between marking
             // it complete and renaming it, or the old dataset of a replacement.
-            let complete = lmdb.is_complete() && !output::is_staging_name(&target);
+            let complete = lmdb.is_complete() && !staging::is_staging_name(&target);
             (Box::new(lmdb), complete, rejected)
         };
     Ok(inspect_dataset(

@@ -46,7 +46,7 @@ fn interrupted_hdf5_and_records_packs_resume_to_the_same_dataset() {
             !out.exists(),
             "{name}: a partial output under the final name"
         );
-        let partial = format::output::partial_path(&out);
+        let partial = format::staging::partial_path(&out);
         for path in [&out, &partial] {
             let err = format::open(path).unwrap_err();
             assert!(
@@ -384,7 +384,7 @@ fn a_records_staging_directory_is_never_taken_for_a_dataset() {
         pack::pack_image_folder(&fixture_root(), &out, PackFormat::Records, &options, &crash)
     }));
     assert!(result.is_err());
-    let partial = format::output::partial_path(&out);
+    let partial = format::staging::partial_path(&out);
     assert!(partial.join("shard-00000.tfrecord").is_file());
     for path in [&partial, &out] {
         let err = format::open(path).unwrap_err();
@@ -410,7 +410,7 @@ fn a_records_staging_directory_is_never_taken_for_a_dataset() {
 fn a_records_dataset_whose_deletion_was_interrupted_is_never_a_dataset_and_force_replaces_it() {
     // A kill while `--force` deleted an old records directory left it a third deleted; it then
     // "verified OK" with the records left. The deletion marks the directory first (on disk:
-    // the file `format::output::DELETING` holding `{"magic": "imagefeed-deleting"}`) and drops the
+    // the file `format::staging::DELETING` holding `{"magic": "imagefeed-deleting"}`) and drops the
     // manifest next, so what is left is refused by every reader and still recognised as ours.
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("old.records");
@@ -421,7 +421,7 @@ fn a_records_dataset_whose_deletion_was_interrupted_is_never_a_dataset_and_force
     pack_as(&fixture_root(), &out, PackFormat::Records, &options);
     // Where an interrupted deletion stops: marked, manifest gone, shards left.
     fs::write(
-        out.join(format::output::DELETING),
+        out.join(format::staging::DELETING),
         "{\"magic\": \"imagefeed-deleting\"}\n",
     )
     .unwrap();
@@ -431,20 +431,20 @@ fn a_records_dataset_whose_deletion_was_interrupted_is_never_a_dataset_and_force
     assert!(matches!(err, Error::Incomplete { .. }), "{err}");
     let err = verify::verify(&out, None).unwrap_err();
     assert!(matches!(err, Error::Incomplete { .. }), "{err}");
-    assert!(format::output::is_own_output(&out));
+    assert!(format::staging::is_own_output(&out));
 
     // The same shards without the mark (someone's copy of them) are not ours to delete.
     let copy = dir.path().join("copy");
     support::copy_tree(&out, &copy);
-    fs::remove_file(copy.join(format::output::DELETING)).unwrap();
-    assert!(!format::output::is_own_output(&copy));
+    fs::remove_file(copy.join(format::staging::DELETING)).unwrap();
+    assert!(!format::staging::is_own_output(&copy));
     // Nor is a mark holding anything else.
     fs::write(
-        copy.join(format::output::DELETING),
+        copy.join(format::staging::DELETING),
         "{\"magic\": \"other\"}",
     )
     .unwrap();
-    assert!(!format::output::is_own_output(&copy));
+    assert!(!format::staging::is_own_output(&copy));
 
     // --force replaces what is left with a complete dataset.
     let forced = PackOptions {
@@ -455,7 +455,7 @@ fn a_records_dataset_whose_deletion_was_interrupted_is_never_a_dataset_and_force
         ..options.clone()
     };
     pack_as(&fixture_root(), &out, PackFormat::Records, &forced);
-    assert!(!out.join(format::output::DELETING).exists());
+    assert!(!out.join(format::staging::DELETING).exists());
     let clean = dir.path().join("clean.records");
     pack_as(&fixture_root(), &clean, PackFormat::Records, &options);
     assert!(all_records(&out) == all_records(&clean));
@@ -471,7 +471,7 @@ fn a_complete_dataset_under_a_partial_name_is_never_opened_and_resume_says_to_fo
     for format in PackFormat::available() {
         let out = dir.path().join(format!("k.{}", format.name()));
         pack_as(&fixture_root(), &out, format, &small_options());
-        let partial = format::output::partial_path(&out);
+        let partial = format::staging::partial_path(&out);
         fs::rename(&out, &partial).unwrap();
         for path in [&partial, &out] {
             let err = format::open(path).map(|_| ()).unwrap_err();
@@ -507,7 +507,7 @@ fn a_complete_dataset_under_a_partial_name_is_never_opened_and_resume_says_to_fo
         .unwrap_err();
         assert!(matches!(err, Error::Options(_)), "{err}");
         assert!(!named_partial.exists());
-        assert!(!format::output::partial_path(&named_partial).exists());
+        assert!(!format::staging::partial_path(&named_partial).exists());
     }
     // --resume on the records one has nothing to resume and says what to do.
     let out = dir.path().join("k.records");
@@ -539,7 +539,7 @@ fn a_complete_dataset_under_a_partial_name_is_never_opened_and_resume_says_to_fo
     };
     pack_as(&fixture_root(), &out, PackFormat::Records, &force);
     assert!(format::open(&out).is_ok());
-    assert!(!format::output::partial_path(&out).exists());
+    assert!(!format::staging::partial_path(&out).exists());
 }
 
 #[test]
@@ -601,7 +601,7 @@ fn crash_pack(out: &Path, format: PackFormat, options: &PackOptions, chunks: usi
         pack::pack_image_folder(&fixture_root(), out, format, options, &crash)
     }));
     assert!(result.is_err(), "the pack finished before the crash");
-    assert!(format::output::partial_path(out).exists());
+    assert!(format::staging::partial_path(out).exists());
 }
 
 /// Every file under `dir` (not following links) with its bytes.
@@ -672,7 +672,7 @@ fn resume_and_concurrent_runs_never_write_outside_their_own_staging_output() {
     // A progress record naming a file outside the staging directory.
     let out = work.join("named.records");
     crash_pack(&out, PackFormat::Records, &small_shards, 2);
-    let progress_path = format::output::partial_path(&out).join("progress.json");
+    let progress_path = format::staging::partial_path(&out).join("progress.json");
     let mut progress: serde_json::Value =
         serde_json::from_slice(&fs::read(&progress_path).unwrap()).unwrap();
     progress["shards"][0][0]["file"] = serde_json::json!("../../victims/victim.bin");
@@ -687,7 +687,7 @@ fn resume_and_concurrent_runs_never_write_outside_their_own_staging_output() {
     // A link inside a staging directory.
     let out = work.join("linked.records");
     crash_pack(&out, PackFormat::Records, &small_shards, 2);
-    let shard = format::output::partial_path(&out).join("shard-00000.tfrecord");
+    let shard = format::staging::partial_path(&out).join("shard-00000.tfrecord");
     fs::remove_file(&shard).unwrap();
     std::os::unix::fs::symlink(victims.join("victim.bin"), &shard).unwrap();
     let err = run(&out, PackFormat::Records, &resume(&small_shards)).unwrap_err();
@@ -710,7 +710,7 @@ fn resume_and_concurrent_runs_never_write_outside_their_own_staging_output() {
         }),
     ] {
         let out = work.join(name);
-        make(&format::output::partial_path(&out));
+        make(&format::staging::partial_path(&out));
         let err = run(&out, PackFormat::Lmdb, &resume(&small_options())).unwrap_err();
         assert!(
             matches!(
@@ -726,7 +726,7 @@ fn resume_and_concurrent_runs_never_write_outside_their_own_staging_output() {
     for format in PackFormat::available() {
         let out = work.join(format!("busy.{}", format.name()));
         crash_pack(&out, format, &small_shards, 2);
-        let partial = format::output::partial_path(&out);
+        let partial = format::staging::partial_path(&out);
         let holder = fs::File::open(&partial).unwrap();
         use std::os::fd::AsRawFd as _;
         // SAFETY: flock on a descriptor this test owns.
@@ -753,7 +753,7 @@ fn resume_and_concurrent_runs_never_write_outside_their_own_staging_output() {
 
     // Something that is not an LMDB lock file at the LMDB writer's lock path.
     let out = work.join("lockpath.lmdb");
-    let mut lock = format::output::partial_path(&out).into_os_string();
+    let mut lock = format::staging::partial_path(&out).into_os_string();
     lock.push("-lock");
     fs::hard_link(victims.join("victim.bin"), &lock).unwrap();
     let err = run(&out, PackFormat::Lmdb, &small_options()).unwrap_err();
@@ -953,11 +953,11 @@ fn a_staging_directory_killed_before_its_first_record_is_replaced_by_force_and_n
         (PackFormat::Records, "d.records"),
     ]) {
         let out = dir.path().join(name);
-        let partial = format::output::partial_path(&out);
+        let partial = format::staging::partial_path(&out);
         // A pack killed between writing its progress record's temporary file and renaming it.
         fs::create_dir(&partial).unwrap();
         fs::write(partial.join("progress.json.tmp"), "{\"magic\": \"imag").unwrap();
-        assert!(format::output::is_own_output(&partial), "{name}");
+        assert!(format::staging::is_own_output(&partial), "{name}");
         pack::pack_image_folder(
             &support::fixture_root(),
             &out,
@@ -978,10 +978,10 @@ fn a_staging_directory_killed_before_its_first_record_is_replaced_by_force_and_n
     fs::create_dir(&other).unwrap();
     fs::write(other.join("progress.json.tmp"), "x").unwrap();
     fs::write(other.join("notes.txt"), "mine").unwrap();
-    assert!(!format::output::is_own_output(&other));
+    assert!(!format::staging::is_own_output(&other));
     fs::remove_file(other.join("notes.txt")).unwrap();
     fs::write(other.join("thesis.tmp"), "mine").unwrap();
-    assert!(!format::output::is_own_output(&other));
+    assert!(!format::staging::is_own_output(&other));
 }
 
 #[test]
@@ -999,7 +999,7 @@ fn resume_after_a_kill_before_the_first_progress_record_starts_afresh() {
         ..small_options()
     };
     let out = dir.path().join("d.lmdb");
-    let partial = format::output::partial_path(&out);
+    let partial = format::staging::partial_path(&out);
     {
         let mut options = heed::EnvOpenOptions::new();
         options.max_dbs(3);
@@ -1029,7 +1029,7 @@ fn resume_after_a_kill_before_the_first_progress_record_starts_afresh() {
         (PackFormat::Records, "d.records"),
     ]) {
         let out = dir.path().join(name);
-        let partial = format::output::partial_path(&out);
+        let partial = format::staging::partial_path(&out);
         fs::create_dir(&partial).unwrap();
         fs::write(partial.join("progress.json.tmp"), "{\"magic\": \"imag").unwrap();
         pack::pack_image_folder(&fixture_root(), &out, format, &resume, &NoProgress)
@@ -1345,7 +1345,7 @@ fn without_the_hdf5_feature_hdf5_is_recognized_and_refused_naming_path_and_featu
     disabled(verify::verify(&h5, None).unwrap_err(), "theirs.h5");
     disabled(imagefeed::inspect::inspect(&h5).unwrap_err(), "theirs.h5");
     assert!(!dir.path().join("c.lmdb").exists());
-    assert!(!format::output::partial_path(&dir.path().join("c.lmdb")).exists());
+    assert!(!format::staging::partial_path(&dir.path().join("c.lmdb")).exists());
     // Joining: an HDF5 part, or HDF5 output (refused before the parts are opened).
     let joined = dir.path().join("j.lmdb");
     disabled(
@@ -1389,7 +1389,7 @@ fn without_the_hdf5_feature_hdf5_is_recognized_and_refused_naming_path_and_featu
     // An interrupted HDF5 pack: resuming it, or opening its output, says what is missing, and
     // the staging directory is kept for a build that has HDF5.
     let staged = dir.path().join("d.h5");
-    let partial = format::output::partial_path(&staged);
+    let partial = format::staging::partial_path(&staged);
     fs::create_dir(&partial).unwrap();
     fs::write(
         partial.join("progress.json"),

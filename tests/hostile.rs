@@ -273,7 +273,7 @@ fn a_nul_in_a_filename_is_a_rejected_record_when_converting_to_hdf5() {
         "{:?}",
         summary.rejected
     );
-    assert!(!format::output::partial_path(&out).exists());
+    assert!(!format::staging::partial_path(&out).exists());
     assert!(verify::verify(&out, None).unwrap().is_ok());
 }
 

@@ -147,7 +147,7 @@ fn an_interrupted_pack_is_never_accepted_and_resume_completes_it() {
         matches!(err, Error::Incomplete { .. }) && err.to_string().contains("--resume"),
         "{err}"
     );
-    let err = Lmdb::open(format::output::partial_path(&out)).unwrap_err();
+    let err = Lmdb::open(format::staging::partial_path(&out)).unwrap_err();
     assert!(matches!(err, Error::Incomplete { .. }), "{err}");
     assert!(imagefeed::format::open(&out).is_err());
     let seen = inspect::inspect(&out).unwrap();
@@ -192,7 +192,7 @@ fn an_interrupted_pack_is_never_accepted_and_resume_completes_it() {
         rejected, BROKEN,
         "rejections from before the crash are kept"
     );
-    assert!(!format::output::partial_path(&out).exists());
+    assert!(!format::staging::partial_path(&out).exists());
 
     // Identical to a pack that was never interrupted.
     let clean = dir.path().join("clean.lmdb");
@@ -330,7 +330,7 @@ fn a_tree_of_only_broken_files_packs_nothing_and_says_so() {
         err.to_string().contains("all 1 files were rejected"),
         "{err}"
     );
-    assert!(!out.exists() && !format::output::partial_path(&out).exists());
+    assert!(!out.exists() && !format::staging::partial_path(&out).exists());
 }
 
 #[test]
@@ -424,7 +424,7 @@ fn impossible_pack_options_are_refused_as_options_not_loader_settings() {
         let err = try_pack_lmdb(&fixture_root(), &out, &options).unwrap_err();
         assert!(matches!(err, Error::Options(_)), "{err}");
         assert!(err.to_string().starts_with("invalid options: "), "{err}");
-        assert!(!out.exists() && !format::output::partial_path(&out).exists());
+        assert!(!out.exists() && !format::staging::partial_path(&out).exists());
     }
 }
 
@@ -458,7 +458,7 @@ fn a_pack_asked_to_stop_keeps_what_it_committed_and_resume_finishes_it() {
         matches!(err, Error::Interrupted { .. }) && err.to_string().contains("8 of 20"),
         "{err}"
     );
-    assert!(!out.exists() && format::output::partial_path(&out).exists());
+    assert!(!out.exists() && format::staging::partial_path(&out).exists());
     let resume = PackOptions {
         mode: StartMode {
             resume: true,
@@ -492,7 +492,7 @@ fn a_foreign_report_file_is_refused_before_force_discards_an_interrupted_pack() 
         seen: Default::default(),
     };
     pack::pack_image_folder(&src, &out, PackFormat::Lmdb, &small_options(), &stop).unwrap_err();
-    let partial = format::output::partial_path(&out);
+    let partial = format::staging::partial_path(&out);
     let staged = fs::read(&partial).unwrap();
     let report = pack::report_path(&out);
     fs::write(&report, "my own notes").unwrap();

@@ -11,7 +11,7 @@
 //!
 //! Shared by the formats' writers: [`writer`] (the [`DatasetWriter`](writer::DatasetWriter)
 //! trait every writer implements, and [`PackFormat`](writer::PackFormat), the registry of
-//! writable formats) and [`output`] (staging, locking, resuming and publishing an output, and
+//! writable formats) and [`staging`] (staging, locking, resuming and publishing an output, and
 //! what `--force` may replace).
 
 use std::path::Path;
@@ -28,7 +28,6 @@ pub mod folder;
 pub mod hdf5;
 pub mod lmdb;
 pub mod mds;
-pub mod output;
 pub mod parts;
 pub(crate) mod pickle;
 pub mod records;
@@ -36,6 +35,7 @@ pub mod records;
 pub(crate) mod remote;
 pub mod shard_data;
 pub mod shards;
+pub mod staging;
 #[cfg(feature = "remote")]
 pub mod upload;
 pub mod webdataset;
@@ -320,7 +320,7 @@ pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Arc<dy
         return open_shards(&shards::Selection::Pattern(path.to_path_buf()), options);
     }
     if !path.exists() {
-        let partial = output::partial_path(path);
+        let partial = staging::partial_path(path);
         if partial.is_dir() && hdf5::is_own_staging(&partial) {
             return hdf5::open_dataset(path, &options.hdf5);
         }

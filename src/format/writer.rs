@@ -226,7 +226,7 @@ pub struct PackedRecord<'a> {
 /// A format's writing side. The pack pipeline drives every format the same way: [`start`]
 /// (prepare the staging output, or pick up a resumed one), [`write_chunk`] for each chunk in
 /// source order, then [`finish`] (seal and publish) or [`abandon`]. The writer owns its
-/// output's whole life (staging, lock, progress record, publishing; see [`super::output`]);
+/// output's whole life (staging, lock, progress record, publishing; see [`super::staging`]);
 /// the pipeline never touches the files.
 ///
 /// [`start`]: DatasetWriter::start
@@ -239,7 +239,7 @@ pub trait DatasetWriter {
     ///
     /// Refuses to touch an existing `out` unless `options.mode.force`; refuses an existing
     /// partial output unless resuming (then its plan must equal `plan`) or forcing (then it is
-    /// discarded). See [`super::output::prepare_output`].
+    /// discarded). See [`super::staging::prepare_output`].
     fn start(out: &Path, plan: &PackPlan, options: &WriterOptions) -> Result<(Self, PackProgress)>
     where
         Self: Sized;

@@ -13,10 +13,10 @@
 //! to `OUT` once complete, and each chunk is committed with the count of source files consumed.
 //! [`StartMode::resume`] picks up from that count; the plan check makes sure a resumed run uses
 //! the same source tree and options. Both are the writers' work ([`format::writer`],
-//! [`format::output`]): this module reads and checks, and hands them records.
+//! [`format::staging`]): this module reads and checks, and hands them records.
 //!
 //! [`format::writer`]: crate::format::writer
-//! [`format::output`]: crate::format::output
+//! [`format::staging`]: crate::format::staging
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -26,8 +26,8 @@ use rayon::prelude::*;
 use crate::dataset::{Dataset, PartInfo, PayloadKind};
 use crate::error::{Error, IoContext as _, Result};
 use crate::format::folder::ImageFolder;
-use crate::format::output::{partial_path, write_file_atomically};
 use crate::format::parts::JoinedParts;
+use crate::format::staging::{partial_path, write_file_atomically};
 use crate::format::writer::{DatasetWriter, PackPlan, PackProgress, PackedRecord, start_writer};
 
 // What pack's own signatures use, where they are defined.

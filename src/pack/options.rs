@@ -12,7 +12,7 @@ use crate::dataset::hex;
 use crate::decode::DEFAULT_MAX_PIXELS;
 use crate::error::{Error, Result};
 use crate::format::folder::ImageFolder;
-use crate::format::output::partial_path;
+use crate::format::staging::partial_path;
 use crate::format::writer::WriterOptions;
 use crate::format::{lmdb, records};
 

@@ -11,12 +11,12 @@
 //! ([`DctScaling::Antialiased`]: no aliasing, no slow odd scales), and the crop and resize happen
 //! in one SIMD pass (fast_image_resize, antialiased bilinear like PIL). The flip, the
 //! layout change and the normalization happen while writing the slot
-//! ([`output::SlotWriter`]).
+//! ([`slot::SlotWriter`]).
 
 pub mod crop;
-pub mod output;
 #[cfg(target_arch = "x86_64")]
 mod simd;
+pub mod slot;
 
 use std::time::{Duration, Instant};
 
@@ -27,7 +27,7 @@ use crate::geometry::Rect;
 use crate::resize::{RgbResizer, short_side_size};
 use crate::rng::SampleRng;
 use crop::{center_crop, random_resized_crop};
-pub use output::{DType, Layout, Normalize, SlotWriter};
+pub use slot::{DType, Layout, Normalize, SlotWriter};
 
 /// Resizing and cropping.
 #[derive(Debug, Clone, Copy, PartialEq)]

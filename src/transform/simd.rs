@@ -9,7 +9,7 @@
 
 use std::arch::x86_64::*;
 
-use super::output::{DType, Layout};
+use super::slot::{DType, Layout};
 
 /// Whether this CPU can run the kernel (checked once by the standard library, then cached).
 pub(super) fn available() -> bool {

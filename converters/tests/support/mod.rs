@@ -11,7 +11,7 @@ pub fn bin() -> Command {
 
 /// Where a pack of `out` is staged while it runs (`OUT.partial`).
 pub fn partial(out: &Path) -> PathBuf {
-    imagefeed::format::output::partial_path(out)
+    imagefeed::format::staging::partial_path(out)
 }
 
 /// Copies `src` to `dst`: a file, or a directory with everything under it.

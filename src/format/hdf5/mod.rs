@@ -190,7 +190,7 @@ pub(crate) fn is_staging_file(name: &str) -> bool {
 /// True when the directory `path` is an HDF5 writer's staging directory (`OUT.partial/`): its
 /// progress record carries [`MAGIC`]. (The writer makes that record before anything else.)
 pub(crate) fn is_own_staging(path: &Path) -> bool {
-    super::output::staged_magic(path, STAGED_PROGRESS).as_deref() == Some(MAGIC)
+    super::staging::staged_magic(path, STAGED_PROGRESS).as_deref() == Some(MAGIC)
 }
 
 /// [`format::open`](crate::format::open)'s recognizer for an HDF5 file, by its signature (so

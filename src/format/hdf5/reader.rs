@@ -19,7 +19,7 @@ use super::{
 use crate::dataset::{Dataset, DatasetInfo, FormatKind, Record, RecordReader};
 use crate::decode::RawImage;
 use crate::error::{Error, IoContext as _, Result};
-use crate::format::output;
+use crate::format::staging;
 use crate::format::{FileIdentity, InfoRecord};
 
 /// How samples are laid out in the file, with what reading them needs.
@@ -93,7 +93,7 @@ impl Hdf5 {
     /// not in imagefeed's layout.
     pub fn open_with(path: impl AsRef<Path>, names: &Hdf5Names) -> Result<Hdf5> {
         let path = path.as_ref();
-        output::refuse_interrupted(path)?;
+        staging::refuse_interrupted(path)?;
         let plain = fs::File::open(path).at(path)?;
         let identity = FileIdentity::of(&plain.metadata().at(path)?);
         let file_len = identity.len;

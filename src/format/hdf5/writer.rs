@@ -17,7 +17,7 @@ use super::{
 use crate::dataset::DatasetInfo;
 use crate::error::{Error, IoContext as _, Result};
 use crate::format::InfoRecord;
-use crate::format::output;
+use crate::format::staging;
 use crate::format::writer::{DatasetWriter, PackPlan, PackProgress, PackedRecord, WriterOptions};
 
 /// Bytes copied per HDF5 write when the staged payloads are moved into the file.
@@ -37,7 +37,7 @@ pub(super) struct StagedProgress {
 /// Writes an HDF5 dataset: stages chunks in `OUT.partial/`, then writes `OUT` in one pass.
 pub struct Hdf5Writer {
     partial: PathBuf,
-    /// Held while writing: see [`output::lock_staging`].
+    /// Held while writing: see [`staging::lock_staging`].
     _lock: fs::File,
     out: PathBuf,
     plan: PackPlan,
@@ -344,24 +344,24 @@ pub(crate) fn parse_staged_index(bytes: &[u8]) -> std::result::Result<StagedInde
 impl DatasetWriter for Hdf5Writer {
     fn start(out: &Path, plan: &PackPlan, options: &WriterOptions) -> Result<(Self, PackProgress)> {
         let mode = options.mode;
-        let partial = output::prepare_output(out, mode)?;
+        let partial = staging::prepare_output(out, mode)?;
         let out = std::path::absolute(out).at(out)?;
         let created = !partial.exists();
         if created {
             fs::create_dir(&partial).at(&partial)?;
         }
-        let lock = output::lock_staging(&partial)?;
+        let lock = staging::lock_staging(&partial)?;
         // A run killed before its first progress record committed nothing: start afresh.
-        if created || output::nothing_committed(&partial, STAGED_PROGRESS) {
-            output::clear_uncommitted(&partial)?;
+        if created || staging::nothing_committed(&partial, STAGED_PROGRESS) {
+            staging::clear_uncommitted(&partial)?;
             // The progress record goes in before any other file, so a staging directory is
             // recognised as ours (and never taken for anything else) from its first entry on.
             let progress = PackProgress::default();
             save_staged_progress(&partial, plan, &progress, 0, 0)?;
             let writer = Hdf5Writer {
                 _lock: lock,
-                payloads: output::open_staged_file(&partial, STAGED_PAYLOADS, true)?,
-                index: output::open_staged_file(&partial, STAGED_INDEX, true)?,
+                payloads: staging::open_staged_file(&partial, STAGED_PAYLOADS, true)?,
+                index: staging::open_staged_file(&partial, STAGED_INDEX, true)?,
                 partial,
                 out,
                 plan: plan.clone(),
@@ -371,16 +371,16 @@ impl DatasetWriter for Hdf5Writer {
             return Ok((writer, progress));
         }
         let staged: StagedProgress =
-            output::read_staged_progress(&partial, STAGED_PROGRESS, "imagefeed HDF5")?;
+            staging::read_staged_progress(&partial, STAGED_PROGRESS, "imagefeed HDF5")?;
         staged.plan.check_resumable(plan, &partial)?;
-        let payloads = output::open_staged_file(&partial, STAGED_PAYLOADS, false)?;
-        let index = output::open_staged_file(&partial, STAGED_INDEX, false)?;
-        output::cut_to_committed(
+        let payloads = staging::open_staged_file(&partial, STAGED_PAYLOADS, false)?;
+        let index = staging::open_staged_file(&partial, STAGED_INDEX, false)?;
+        staging::cut_to_committed(
             &payloads,
             &partial.join(STAGED_PAYLOADS),
             staged.payload_bytes,
         )?;
-        output::cut_to_committed(&index, &partial.join(STAGED_INDEX), staged.index_bytes)?;
+        staging::cut_to_committed(&index, &partial.join(STAGED_INDEX), staged.index_bytes)?;
         let writer = Hdf5Writer {
             _lock: lock,
             partial,
@@ -421,7 +421,7 @@ impl DatasetWriter for Hdf5Writer {
         let staged_h5 = self.partial.join(STAGED_HDF5);
         let _ = fs::remove_file(&staged_h5);
         self.write_hdf5(&staged_h5, info)?;
-        output::publish(&staged_h5, &self.out)?;
+        staging::publish(&staged_h5, &self.out)?;
         // The dataset is in place; the staging directory is only scratch now.
         let _ = fs::remove_dir_all(&self.partial);
         Ok(())
@@ -447,7 +447,7 @@ pub(super) fn save_staged_progress(
         payload_bytes,
         index_bytes,
     };
-    output::write_file_atomically(
+    staging::write_file_atomically(
         &partial.join(STAGED_PROGRESS),
         &serde_json::to_vec(&staged).expect("progress serializes"),
     )

@@ -64,7 +64,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::format::output;
+use crate::format::staging;
 use crate::format::writer::{PackPlan, PackProgress};
 use crate::format::{InfoRecord, Recognizer};
 
@@ -188,7 +188,7 @@ pub(crate) const DIRECTORY_FORM: Recognizer = Recognizer {
 /// the reader would.
 pub(crate) const FILE: Recognizer = Recognizer {
     holds: |path| {
-        output::refuse_interrupted(path)?;
+        staging::refuse_interrupted(path)?;
         has_magic(path)
     },
     open: |path, _| Ok(Arc::new(Lmdb::open(path)?)),

@@ -14,8 +14,8 @@ use heed::{Database, Env, EnvFlags, EnvOpenOptions, RoTxn, WithoutTls};
 
 use crate::dataset::{Dataset, DatasetInfo, FormatKind, Record, RecordReader};
 use crate::error::{Error, IoContext as _, Result};
-use crate::format::output;
 use crate::format::pickle;
+use crate::format::staging;
 use crate::format::writer::PackProgress;
 
 use super::foreign::open_folder2lmdb;
@@ -159,7 +159,7 @@ impl Lmdb {
     /// says how to finish it.
     pub fn open(path: impl AsRef<Path>) -> Result<Lmdb> {
         let path = path.as_ref();
-        output::refuse_interrupted(path)?;
+        staging::refuse_interrupted(path)?;
         let lmdb = Self::open_incomplete(path)?;
         if !lmdb.complete {
             return Err(Error::Incomplete {
@@ -356,7 +356,7 @@ fn read_meta_pages(path: &Path) -> Result<(fs::File, u64, Option<LmdbMeta>)> {
     let meta = match fs::metadata(path) {
         Ok(meta) => meta,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            output::refuse_interrupted(path)?;
+            staging::refuse_interrupted(path)?;
             return Err(Error::io(path, e));
         }
         Err(e) => return Err(Error::io(path, e)),

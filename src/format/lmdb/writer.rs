@@ -10,7 +10,7 @@ use heed::{Database, Env, EnvFlags, EnvOpenOptions};
 use crate::dataset::{DatasetInfo, FormatKind};
 use crate::error::{Error, IoContext as _, Result};
 use crate::format::InfoRecord;
-use crate::format::output;
+use crate::format::staging;
 use crate::format::writer::{DatasetWriter, PackPlan, PackProgress, PackedRecord, WriterOptions};
 
 use super::foreign::holds_nothing;
@@ -24,7 +24,7 @@ pub struct LmdbWriter {
     env: Env,
     /// The map's size: doubled when the data outgrows it ([`LmdbWriter::grow_map`]).
     map_size: usize,
-    /// Held while writing: see [`output::lock_staging`].
+    /// Held while writing: see [`staging::lock_staging`].
     _lock: fs::File,
     meta: Database<Str, Str>,
     samples: Database<Bytes, Bytes>,
@@ -173,11 +173,11 @@ impl LmdbWriter {
 impl DatasetWriter for LmdbWriter {
     fn start(out: &Path, plan: &PackPlan, options: &WriterOptions) -> Result<(Self, PackProgress)> {
         let (mode, map_size) = (options.mode, options.lmdb_map_size);
-        let partial = output::prepare_output(out, mode)?;
+        let partial = staging::prepare_output(out, mode)?;
         let existed = partial.exists();
         refuse_odd_lock_file(&partial)?;
         let (env, map_size) = open_write_env(&partial, map_size)?;
-        let lock = output::lock_staging(&partial)?;
+        let lock = staging::lock_staging(&partial)?;
         // A file in which no transaction was committed (a run killed before its first commit)
         // holds nothing to resume: start afresh in it. Decided with the lock held.
         let fresh = !existed || holds_nothing(&partial);
@@ -304,7 +304,7 @@ impl DatasetWriter for LmdbWriter {
         } = *self;
         env.prepare_for_closing().wait();
         remove_lock_file(&partial);
-        output::publish(&partial, &out)
+        staging::publish(&partial, &out)
     }
 
     fn abandon(self: Box<Self>) {

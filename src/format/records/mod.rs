@@ -50,7 +50,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::dataset::{Dataset, DatasetInfo};
 use crate::error::Result;
-use crate::format::{Recognizer, output};
+use crate::format::{Recognizer, staging};
 
 mod foreign;
 mod framing;
@@ -128,8 +128,8 @@ struct Manifest {
 /// True when the directory `path` is a records dataset or staging directory an imagefeed writer
 /// made: its manifest or progress record carries [`MAGIC`].
 pub(crate) fn is_own_dir(path: &Path) -> bool {
-    output::staged_magic(path, MANIFEST).as_deref() == Some(MAGIC)
-        || output::staged_magic(path, PROGRESS).as_deref() == Some(MAGIC)
+    staging::staged_magic(path, MANIFEST).as_deref() == Some(MAGIC)
+        || staging::staged_magic(path, PROGRESS).as_deref() == Some(MAGIC)
 }
 
 /// Whether `name` is one the records writer gives a file: the manifest, the progress record,

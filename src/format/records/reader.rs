@@ -15,7 +15,7 @@ use crate::dataset::{Dataset, DatasetInfo, FormatKind, Record, RecordReader};
 use crate::error::{Error, IoContext as _, Result};
 use crate::format::shard_data::{HeldShard, Mapped, ShardData, ShardPlanner};
 use crate::format::shards::{Selection, SetReport, check_sets};
-use crate::format::{OpenOptions, example, output};
+use crate::format::{OpenOptions, example, staging};
 
 /// How to read TFRecord shards that carry no imagefeed manifest.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -158,7 +158,7 @@ impl Records {
                 (first.as_path(), files.clone(), false)
             }
             Selection::File(file) => {
-                output::refuse_interrupted(file)?;
+                staging::refuse_interrupted(file)?;
                 fs::metadata(file).at(file)?;
                 let set = SetReport::default();
                 return open_foreign(file, std::slice::from_ref(file), set, options);
@@ -222,7 +222,7 @@ impl Records {
             {
                 fs::create_dir(dir).at(dir)?;
             }
-            output::write_file_atomically(&index_path, lines.as_bytes())?;
+            staging::write_file_atomically(&index_path, lines.as_bytes())?;
             written.push(index_path);
         }
         Ok(written)
@@ -233,13 +233,13 @@ impl Records {
 /// of other tools' shards. A writer's staging directory is refused: its shards hold only some
 /// of the records.
 fn open_directory_of_ours(dir: &Path) -> Result<Option<Records>> {
-    output::refuse_interrupted(dir)?;
+    staging::refuse_interrupted(dir)?;
     let manifest_path = dir.join(MANIFEST);
     if manifest_path.is_file() {
         return open_ours(dir, &manifest_path).map(Some);
     }
-    if output::staged_magic(dir, PROGRESS).as_deref() == Some(MAGIC)
-        || output::is_being_deleted(dir)
+    if staging::staged_magic(dir, PROGRESS).as_deref() == Some(MAGIC)
+        || staging::is_being_deleted(dir)
         || dir
             .file_name()
             .and_then(|n| n.to_str())

@@ -14,7 +14,7 @@ use crate::dataset::DatasetInfo;
 use crate::decode::{PayloadFormat, RawImage};
 use crate::error::{Error, IoContext as _, Result};
 use crate::format::example::{self, FeatureValue};
-use crate::format::output;
+use crate::format::staging;
 use crate::format::writer::{DatasetWriter, PackPlan, PackProgress, PackedRecord, WriterOptions};
 
 /// What `OUT.partial/progress.json` holds.
@@ -33,7 +33,7 @@ struct StagedProgress {
 /// Writes record shards into `OUT.partial/` and renames the directory when finished.
 pub struct RecordsWriter {
     partial: PathBuf,
-    /// Held while writing: see [`output::lock_staging`].
+    /// Held while writing: see [`staging::lock_staging`].
     _lock: fs::File,
     out: PathBuf,
     staged: StagedProgress,
@@ -47,12 +47,12 @@ pub struct RecordsWriter {
 
 impl RecordsWriter {
     fn open_shard_files(&self, entry: &ShardEntry, create: bool) -> Result<(fs::File, fs::File)> {
-        let open = |name: &str| output::open_staged_file(&self.partial, name, create);
+        let open = |name: &str| staging::open_staged_file(&self.partial, name, create);
         Ok((open(&entry.file)?, open(&entry.index)?))
     }
 
     fn save_progress(&self) -> Result<()> {
-        output::write_file_atomically(
+        staging::write_file_atomically(
             &self.partial.join(PROGRESS),
             &serde_json::to_vec(&self.staged).expect("progress serializes"),
         )
@@ -106,17 +106,17 @@ impl DatasetWriter for RecordsWriter {
     fn start(out: &Path, plan: &PackPlan, options: &WriterOptions) -> Result<(Self, PackProgress)> {
         let (mode, shard_bytes, label_base) =
             (options.mode, options.shard_bytes, options.label_base);
-        let partial = output::prepare_output(out, mode)?;
+        let partial = staging::prepare_output(out, mode)?;
         let out = std::path::absolute(out).at(out)?;
         let resuming = partial.exists();
         if !resuming {
             fs::create_dir(&partial).at(&partial)?;
         }
-        let lock = output::lock_staging(&partial)?;
+        let lock = staging::lock_staging(&partial)?;
         // A run killed before its first progress record committed nothing: start afresh.
-        let resuming = resuming && !output::nothing_committed(&partial, PROGRESS);
+        let resuming = resuming && !staging::nothing_committed(&partial, PROGRESS);
         if !resuming {
-            output::clear_uncommitted(&partial)?;
+            staging::clear_uncommitted(&partial)?;
         }
         let staged = if resuming {
             if !partial.join(PROGRESS).exists() && partial.join(MANIFEST).exists() {
@@ -130,7 +130,7 @@ impl DatasetWriter for RecordsWriter {
                 });
             }
             let staged: StagedProgress =
-                output::read_staged_progress(&partial, PROGRESS, "records directory")?;
+                staging::read_staged_progress(&partial, PROGRESS, "records directory")?;
             staged.plan.check_resumable(plan, &partial)?;
             if (staged.shard_bytes, staged.label_base) != (shard_bytes, label_base) {
                 return Err(Error::ResumeMismatch {
@@ -180,8 +180,8 @@ impl DatasetWriter for RecordsWriter {
         // have grown since, but checking all costs nothing), and reopen the last one.
         for (entry, index_bytes) in writer.staged.shards.clone() {
             let shard = writer.open_shard_files(&entry, false)?;
-            output::cut_to_committed(&shard.0, &writer.partial.join(&entry.file), entry.bytes)?;
-            output::cut_to_committed(&shard.1, &writer.partial.join(&entry.index), index_bytes)?;
+            staging::cut_to_committed(&shard.0, &writer.partial.join(&entry.file), entry.bytes)?;
+            staging::cut_to_committed(&shard.1, &writer.partial.join(&entry.index), index_bytes)?;
             writer.shard = Some(shard);
         }
         // Shards opened after the last commit (a crash right after rollover) are not listed.
@@ -258,12 +258,12 @@ impl DatasetWriter for RecordsWriter {
             shards: self.staged.shards.iter().map(|(e, _)| e.clone()).collect(),
             info: info.clone(),
         };
-        output::write_file_atomically(
+        staging::write_file_atomically(
             &self.partial.join(MANIFEST),
             &serde_json::to_vec_pretty(&manifest).expect("manifest serializes"),
         )?;
         let _ = fs::remove_file(self.partial.join(PROGRESS));
-        output::publish(&self.partial, &self.out)
+        staging::publish(&self.partial, &self.out)
     }
 
     fn abandon(self: Box<Self>) {
