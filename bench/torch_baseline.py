@@ -6,6 +6,7 @@ transforms, batch size and worker count as the imagefeed configuration it stands
 the same way: one untimed warm-up epoch, then one line per timed epoch.
 
   cifar     RandomHorizontalFlip, ToTensor, Normalize(CIFAR-10 mean/std)      -> f32 NCHW
+  cifar-train  RandomCrop(32, padding=4), then as cifar                       -> f32 NCHW
   imagenet  RandomResizedCrop(224), RandomHorizontalFlip, ToTensor,
             Normalize(ImageNet mean/std)                                      -> f32 NCHW
 
@@ -58,7 +59,7 @@ def evict_tree(root):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("root", help="an ImageFolder tree (one sub-folder per class)")
-    parser.add_argument("--transform", choices=["cifar", "imagenet"], default="cifar")
+    parser.add_argument("--transform", choices=["cifar", "cifar-train", "imagenet"], default="cifar")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=5, help="timed epochs")
@@ -81,9 +82,11 @@ def main():
         print(f"error: the PyTorch baseline needs torch and torchvision: {err}", file=sys.stderr)
         return 3
 
-    if args.transform == "cifar":
+    if args.transform in ("cifar", "cifar-train"):
+        crop = [transforms.RandomCrop(32, padding=4)] if args.transform == "cifar-train" else []
         augment = transforms.Compose(
-            [
+            crop
+            + [
                 transforms.RandomHorizontalFlip(),
                 transforms.ToTensor(),
                 transforms.Normalize(CIFAR10_MEAN, CIFAR10_STD),

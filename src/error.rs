@@ -525,7 +525,8 @@ pub enum BadSampleKind {
     /// The image declares more pixels than the decoder's limit (a decompression bomb).
     TooLarge,
     /// The payload is an image whose bytes do not decode: truncated or corrupt data, an empty
-    /// or zero-sized image, a raw payload whose header does not match its length.
+    /// or zero-sized image, a raw payload whose header does not match its length; or one too
+    /// small for the transform's `RandomCrop` window.
     Undecodable,
 }
 
@@ -548,7 +549,8 @@ impl BadSampleKind {
             | DecodeError::Implausible { .. }
             | DecodeError::Jpeg(_)
             | DecodeError::Image { .. }
-            | DecodeError::BadRaw(_) => BadSampleKind::Undecodable,
+            | DecodeError::BadRaw(_)
+            | DecodeError::SmallerThanCrop { .. } => BadSampleKind::Undecodable,
         }
     }
 

@@ -89,6 +89,7 @@ pub fn draw(report: &Report, path: &Path) -> Result<()> {
         thousands(report.samples as f64),
         match report.transform {
             crate::compare::CompareTransform::Cifar => "cifar",
+            crate::compare::CompareTransform::CifarTrain => "RandomCrop 32 pad 4",
             crate::compare::CompareTransform::Imagenet => "RandomResizedCrop 224",
         },
         report.batch_size

@@ -95,6 +95,9 @@ impl Subject {
 pub enum CompareTransform {
     /// Random flip + CIFAR-10 normalize at native size, f32 NCHW.
     Cifar,
+    /// RandomCrop 32 with padding 4 + random flip + CIFAR-10 normalize, f32 NCHW (the CIFAR
+    /// training recipe).
+    CifarTrain,
     /// RandomResizedCrop 224 + random flip + ImageNet normalize, f32 NCHW.
     Imagenet,
 }
@@ -103,6 +106,7 @@ impl CompareTransform {
     fn name(self) -> &'static str {
         match self {
             CompareTransform::Cifar => "cifar",
+            CompareTransform::CifarTrain => "cifar-train",
             CompareTransform::Imagenet => "imagenet",
         }
     }
@@ -290,7 +294,7 @@ pub fn compare(args: CompareArgs) -> Result<()> {
     });
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let batch_size = args.batch_size.unwrap_or(match args.transform {
-        CompareTransform::Cifar => 256,
+        CompareTransform::Cifar | CompareTransform::CifarTrain => 256,
         CompareTransform::Imagenet => 64,
     });
     let mut notes = Vec::new();

@@ -44,6 +44,8 @@ struct Cli {
 enum TransformArg {
     /// Random flip + normalize at native size.
     Cifar,
+    /// RandomCrop 32 with padding 4 + random flip + normalize (the CIFAR training recipe).
+    CifarTrain,
     /// RandomResizedCrop 224 + random flip + normalize.
     Imagenet,
     /// Resize 256 + CenterCrop 224 + normalize (evaluation).
@@ -297,6 +299,7 @@ fn load(args: LoadArgs) -> Result<()> {
     };
     let transform_name = match transform {
         TransformArg::Cifar => "cifar",
+        TransformArg::CifarTrain => "cifar-train",
         TransformArg::Imagenet => "imagenet",
         TransformArg::ImagenetEval => "imagenet-eval",
         TransformArg::None => "none",
@@ -419,6 +422,7 @@ fn load(args: LoadArgs) -> Result<()> {
 fn load_config(args: &LoadArgs) -> (LoaderConfig, Transform) {
     let t = match args.transform {
         TransformArg::Cifar => Transform::cifar(),
+        TransformArg::CifarTrain => Transform::cifar_train(),
         TransformArg::Imagenet => Transform::imagenet_train(224),
         TransformArg::ImagenetEval => Transform::imagenet_eval(256, 224),
         TransformArg::None => Transform::none(),

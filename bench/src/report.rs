@@ -41,6 +41,8 @@ pub fn markdown(report: &Report) -> String {
         report.payload_bytes as f64 / 1e6,
         match report.transform {
             crate::compare::CompareTransform::Cifar => "cifar (flip + normalize)",
+            crate::compare::CompareTransform::CifarTrain =>
+                "cifar-train (RandomCrop 32 padding 4 + flip + normalize)",
             crate::compare::CompareTransform::Imagenet =>
                 "imagenet (RandomResizedCrop 224 + flip + normalize)",
         },

@@ -26,6 +26,7 @@ __all__ = [
     "Compose",
     "Resize",
     "CenterCrop",
+    "RandomCrop",
     "RandomResizedCrop",
     "RandomHorizontalFlip",
     "Normalize",
@@ -101,6 +102,74 @@ class CenterCrop(_Step):
             raise ValueError("CenterCrop can follow only Resize")
 
 
+class RandomCrop(_Step):
+    """torchvision ``RandomCrop(size, padding, pad_if_needed)``: pad, then take a ``size`` window
+    at a uniformly drawn offset.
+
+    Parameters
+    ----------
+    size : int or (int, int)
+        The window, ``(height, width)`` or one int for a square.
+    padding : int or sequence of 2 or 4 ints, optional
+        As torchvision: one int pads every side; ``(a, b)`` pads left/right by ``a`` and
+        top/bottom by ``b``; ``(left, top, right, bottom)`` each side.
+    pad_if_needed : bool
+        Pad a side still shorter than the window by the difference on both ends. Without it an
+        image smaller than the window is a bad sample (torchvision raises).
+    fill : int
+        Only ``0`` (black), torchvision's default.
+    padding_mode : str
+        Only ``"constant"``, torchvision's default.
+    """
+
+    def __init__(
+        self,
+        size: Size,
+        padding: Union[int, Sequence[int], None] = None,
+        pad_if_needed: bool = False,
+        fill: int = 0,
+        padding_mode: str = "constant",
+    ):
+        self.size = _hw(size, "RandomCrop")
+        if fill != 0 or padding_mode != "constant":
+            raise ValueError(
+                f"RandomCrop: fill={fill!r}, padding_mode={padding_mode!r}: the loader pads with "
+                "zeros only (fill=0, padding_mode='constant')"
+            )
+        self.padding = _padding(padding)
+        self.pad_if_needed = bool(pad_if_needed)
+
+    def _apply(self, spec: Dict[str, Any]) -> None:
+        if spec["geometry"] != "native":
+            raise ValueError("RandomCrop replaces Resize/CenterCrop: use it alone")
+        h, w = self.size
+        spec.update(
+            geometry="random_crop",
+            width=w,
+            height=h,
+            padding=self.padding,
+            pad_if_needed=self.pad_if_needed,
+        )
+
+
+def _padding(padding: Union[int, Sequence[int], None]) -> Tuple[int, int, int, int]:
+    """torchvision's padding forms as (left, top, right, bottom)."""
+    if padding is None:
+        return (0, 0, 0, 0)
+    values = [padding] if isinstance(padding, int) else list(padding)
+    if len(values) not in (1, 2, 4) or any(
+        isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in values
+    ):
+        raise ValueError(
+            f"RandomCrop: padding {padding!r} must be a non-negative int or a sequence of 2 or 4"
+        )
+    if len(values) == 1:
+        return (values[0],) * 4
+    if len(values) == 2:
+        return (values[0], values[1], values[0], values[1])
+    return (values[0], values[1], values[2], values[3])
+
+
 class RandomResizedCrop(_Step):
     """torchvision ``RandomResizedCrop(size, scale, ratio)`` (bilinear, antialiased)."""
 
@@ -169,8 +238,8 @@ class Transform:
 
 
 class Compose(Transform):
-    """A chain of steps: at most one geometry (``Resize`` [+ ``CenterCrop``], ``CenterCrop`` or
-    ``RandomResizedCrop``), then optionally ``RandomHorizontalFlip`` and ``Normalize``, in any order
+    """A chain of steps: at most one geometry (``Resize`` [+ ``CenterCrop``], ``CenterCrop``,
+    ``RandomCrop`` or ``RandomResizedCrop``), then optionally ``RandomHorizontalFlip`` and ``Normalize``, in any order
     (the flip and the normalization are applied while writing the batch slot)."""
 
     def __init__(self, steps: Sequence[_Step]):
@@ -179,7 +248,8 @@ class Compose(Transform):
             if not isinstance(step, _Step):
                 raise TypeError(
                     f"{step!r} is not an imagefeed transform step; the loader runs only "
-                    "Resize, CenterCrop, RandomResizedCrop, RandomHorizontalFlip and Normalize "
+                    "Resize, CenterCrop, RandomCrop, RandomResizedCrop, RandomHorizontalFlip and "
+                    "Normalize "
                     "(for arbitrary Python transforms use imagefeed.Dataset with a DataLoader)"
                 )
             step._apply(spec)
@@ -192,8 +262,11 @@ def none() -> Transform:
 
 
 def cifar_train() -> Transform:
-    """CIFAR training: random flip and CIFAR-10 normalization at native size."""
-    return Compose([RandomHorizontalFlip(0.5), Normalize(CIFAR10_MEAN, CIFAR10_STD)])
+    """CIFAR training as torchvision's tutorials and most papers do it: ``RandomCrop(32,
+    padding=4)``, random flip, CIFAR-10 normalization."""
+    return Compose(
+        [RandomCrop(32, padding=4), RandomHorizontalFlip(0.5), Normalize(CIFAR10_MEAN, CIFAR10_STD)]
+    )
 
 
 def imagenet_train(size: int = 224) -> Transform:

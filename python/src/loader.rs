@@ -168,8 +168,9 @@ fn uint(d: &Bound<'_, PyDict>, key: &str) -> PyResult<u32> {
 }
 
 /// A transform from the dict `imagefeed.transforms` builds:
-/// `{"geometry": "native" | "resize" | "center_crop" | "resize_center_crop" |
-/// "random_resized_crop", "width", "height", "short", "scale", "ratio", "hflip", "mean", "std"}`.
+/// `{"geometry": "native" | "resize" | "center_crop" | "resize_center_crop" | "random_crop" |
+/// "random_resized_crop", "width", "height", "short", "padding" (left, top, right, bottom),
+/// "pad_if_needed", "scale", "ratio", "hflip", "mean", "std"}`.
 fn parse_transform(spec: &Bound<'_, PyDict>) -> PyResult<Transform> {
     let geometry: String = spec
         .get_item("geometry")?
@@ -189,6 +190,20 @@ fn parse_transform(spec: &Bound<'_, PyDict>) -> PyResult<Transform> {
             short: uint(spec, "short")?,
             width: uint(spec, "width")?,
             height: uint(spec, "height")?,
+        },
+        "random_crop" => Geometry::RandomCrop {
+            width: uint(spec, "width")?,
+            height: uint(spec, "height")?,
+            padding: spec
+                .get_item("padding")?
+                .map(|v| v.extract())
+                .transpose()?
+                .unwrap_or([0; 4]),
+            pad_if_needed: spec
+                .get_item("pad_if_needed")?
+                .map(|v| v.extract())
+                .transpose()?
+                .unwrap_or(false),
         },
         "random_resized_crop" => Geometry::RandomResizedCrop {
             width: uint(spec, "width")?,

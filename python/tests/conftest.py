@@ -11,6 +11,11 @@ import shutil
 import pytest
 
 import imagefeed
+from imagefeed import transforms as T
+
+# Flip and CIFAR-10 normalization at native size (what T.cifar_train() was before it gained
+# RandomCrop(32, padding=4)): the suite's images are 32x24 and keep their shape.
+FLIP_NORMALIZE = T.Compose([T.RandomHorizontalFlip(0.5), T.Normalize(T.CIFAR10_MEAN, T.CIFAR10_STD)])
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 FIXTURE_TREE = REPO / "fixtures" / "imagefolder"

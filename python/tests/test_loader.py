@@ -20,14 +20,14 @@ import pytest
 import imagefeed
 from imagefeed import transforms as T
 
-from conftest import FIXTURE_TREE, default_sigint, epoch_digest
+from conftest import FLIP_NORMALIZE, FIXTURE_TREE, default_sigint, epoch_digest
 
 
 def loader(path, **kw):
     kw.setdefault("batch_size", 16)
     kw.setdefault("workers", 2)
     kw.setdefault("output", "numpy")
-    kw.setdefault("transform", T.cifar_train())
+    kw.setdefault("transform", FLIP_NORMALIZE)
     kw.setdefault("rank", 0)
     kw.setdefault("world_size", 1)
     return imagefeed.Loader(path, **kw)
@@ -475,7 +475,7 @@ def test_the_sampler_names_the_padding_and_follows_set_epoch(lmdb_path):
 def test_the_dataset_view_is_the_loaders_samples_with_imagefolders_attributes(lmdb_path, tree):
     import pickle
 
-    l = loader(lmdb_path, batch_size=8, transform=T.cifar_train(), seed=5)
+    l = loader(lmdb_path, batch_size=8, transform=FLIP_NORMALIZE, seed=5)
     d = l.dataset
     assert len(d) == 240 == l.num_samples
     assert d.classes == l.classes and d.class_to_idx == {c: i for i, c in enumerate(l.classes)}
@@ -1069,3 +1069,59 @@ def test_finding_the_rank_never_imports_torch(lmdb_path, tmp_path):
     first, second = run.stdout.strip().splitlines()
     assert first == "0 0 1", "torch was imported just to find the rank"
     assert second == "1 2", "an initialised process group gives the rank"
+
+
+# -- RandomCrop (#33) ---------------------------------------------------------------------------
+
+
+def test_random_crop_is_a_window_of_the_zero_padded_image_at_an_even_offset(lmdb_path):
+    ds = imagefeed.Dataset(lmdb_path, decode="numpy")
+    crop = loader(
+        lmdb_path,
+        transform=T.Compose([T.RandomCrop((20, 28), padding=(3, 1, 5, 2))]),
+        dtype="uint8",
+        layout="NHWC",
+        seed=9,
+    ).dataset
+    offsets = set()
+    for i in range(120):
+        image, _ = ds[i]
+        window, _ = crop[i]
+        assert window.shape == (20, 28, 3)
+        # torchvision: F.crop(F.pad(img, [3, 1, 5, 2]), top, left, 20, 28), the offsets drawn
+        # uniformly from 0..=H+3-20 and 0..=W+8-28.
+        padded = np.pad(image, ((1, 2), (3, 5), (0, 0)))
+        found = [
+            (top, left)
+            for top in range(padded.shape[0] - 20 + 1)
+            for left in range(padded.shape[1] - 28 + 1)
+            if np.array_equal(padded[top : top + 20, left : left + 28], window)
+        ]
+        assert found, f"sample {i} is no window of the padded image"
+        offsets.update(found)
+    tops = {t for t, _ in offsets}
+    lefts = {left for _, left in offsets}
+    assert tops == set(range(8)) and lefts == set(range(13)), (tops, lefts)
+
+
+def test_random_crop_pads_if_needed_and_refuses_what_it_cannot_do(lmdb_path):
+    # 32x24 images and a 40x40 window: bad samples, or padded on both ends with pad_if_needed.
+    too_big = loader(lmdb_path, transform=T.Compose([T.RandomCrop(40)]), bad_samples="error")
+    with pytest.raises(imagefeed.Error, match="RandomCrop window"):
+        next(iter(too_big))
+    padded = loader(
+        lmdb_path, transform=T.Compose([T.RandomCrop(40, pad_if_needed=True)]), dtype="uint8", layout="NHWC"
+    )
+    images, _ = next(iter(padded))
+    assert images.shape[1:] == (40, 40, 3)
+    for bad in (dict(fill=1), dict(padding_mode="reflect"), dict(padding=-1), dict(padding=(1, 2, 3))):
+        with pytest.raises(ValueError):
+            T.RandomCrop(32, **bad)
+    with pytest.raises(ValueError):
+        T.Compose([T.Resize(40), T.RandomCrop(32)])
+    # The CIFAR preset is torchvision's recipe: RandomCrop(32, padding=4), flip, normalize.
+    assert T.cifar_train() == T.Compose(
+        [T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(0.5), T.Normalize(T.CIFAR10_MEAN, T.CIFAR10_STD)]
+    )
+    images, _ = next(iter(loader(lmdb_path, transform=T.cifar_train())))
+    assert images.shape[1:] == (3, 32, 32)

@@ -16,6 +16,8 @@ import pytest
 import imagefeed
 from imagefeed import transforms as T
 
+from conftest import FLIP_NORMALIZE
+
 boto3 = pytest.importorskip("boto3", reason="boto3 and moto are not installed (make test installs them)")
 pytest.importorskip("moto", reason="moto is not installed (make test installs it)")
 
@@ -59,7 +61,7 @@ def test_pack_to_s3_then_train_from_it_with_one_url_change(storage, tree, lmdb_p
     assert summary["output"] == url
     with pytest.raises(imagefeed.OutputExistsError):
         imagefeed.pack(tree, url, "records", progress=False, storage_options=options)
-    kw = dict(batch_size=32, workers=2, seed=3, output="numpy", transform=T.cifar_train(),
+    kw = dict(batch_size=32, workers=2, seed=3, output="numpy", transform=FLIP_NORMALIZE,
               rank=0, world_size=1)
     remote = [y.tolist() for _, y in imagefeed.Loader(url, storage_options=options, shard_window=2, **kw)]
     local = [y.tolist() for _, y in imagefeed.Loader(lmdb_path, **kw)]
@@ -104,7 +106,7 @@ def test_ranged_reads_read_each_record_alone(storage, tree, tmp_path):
     whole = imagefeed.Dataset(url, storage_options=options, decode="bytes")
     ranged = imagefeed.Dataset(url, storage_options=options, ranged_reads=True, decode="bytes")
     assert [ranged[i] for i in range(0, len(ranged), 7)] == [whole[i] for i in range(0, len(whole), 7)]
-    kw = dict(batch_size=32, workers=4, seed=3, output="numpy", transform=T.cifar_train(),
+    kw = dict(batch_size=32, workers=4, seed=3, output="numpy", transform=FLIP_NORMALIZE,
               rank=0, world_size=1)
     a = [(x.tobytes(), y.tolist()) for x, y in imagefeed.Loader(url, storage_options=options, **kw)]
     b = [(x.tobytes(), y.tolist()) for x, y in

@@ -14,13 +14,13 @@ import numpy as np  # noqa: E402
 import imagefeed  # noqa: E402
 from imagefeed import transforms as T  # noqa: E402
 
-from conftest import epoch_digest  # noqa: E402
+from conftest import FLIP_NORMALIZE, epoch_digest  # noqa: E402
 
 
 def test_torch_tensors_are_zero_copy_views_of_the_batch(lmdb_path):
-    l = imagefeed.Loader(lmdb_path, batch_size=32, workers=2, output="torch", transform=T.cifar_train(),
+    l = imagefeed.Loader(lmdb_path, batch_size=32, workers=2, output="torch", transform=FLIP_NORMALIZE,
                          rank=0, world_size=1)
-    raw = imagefeed.Loader(lmdb_path, batch_size=32, workers=2, output="dlpack", transform=T.cifar_train(),
+    raw = imagefeed.Loader(lmdb_path, batch_size=32, workers=2, output="dlpack", transform=FLIP_NORMALIZE,
                            rank=0, world_size=1)
     for (images, labels), (raw_images, _) in zip(l, raw):
         assert isinstance(images, torch.Tensor) and images.dtype == torch.float32
@@ -40,7 +40,7 @@ def test_torch_digests_equal_numpy_digests(lmdb_path):
 
 
 def test_a_kept_tensor_survives_the_loader(lmdb_path):
-    l = imagefeed.Loader(lmdb_path, batch_size=32, output="torch", rank=0, world_size=1, transform=T.cifar_train())
+    l = imagefeed.Loader(lmdb_path, batch_size=32, output="torch", rank=0, world_size=1, transform=FLIP_NORMALIZE)
     first, _ = next(iter(l))
     copy = first.clone()
     del l
@@ -291,7 +291,7 @@ def test_bfloat16_batches_are_the_float32_ones_rounded_to_nearest_even(lmdb_path
     """#33 item 5: dtype="bfloat16" on the CPU path, in both layouts, normalized."""
     for layout in ("NCHW", "NHWC"):
         kw = dict(batch_size=32, workers=2, seed=3, rank=0, world_size=1, layout=layout,
-                  transform=T.cifar_train())
+                  transform=FLIP_NORMALIZE)
         f32 = [images.clone() for images, _ in imagefeed.Loader(lmdb_path, dtype="float32", **kw)]
         bf16 = [images.clone() for images, _ in imagefeed.Loader(lmdb_path, dtype="bfloat16", **kw)]
         assert bf16[0].dtype == torch.bfloat16 and bf16[0].is_contiguous()

@@ -95,6 +95,21 @@ pub enum DecodeError {
     /// A raw payload's header does not match its length.
     #[error("raw RGB payload: {0}")]
     BadRaw(String),
+    /// The image, padded as the transform says, is smaller than the window `RandomCrop` takes
+    /// (torchvision raises; `pad_if_needed` pads it).
+    #[error(
+        "the image is {width}x{height} after padding, smaller than the {crop_width}x{crop_height} RandomCrop window (pad_if_needed pads it)"
+    )]
+    SmallerThanCrop {
+        /// Padded width.
+        width: u64,
+        /// Padded height.
+        height: u64,
+        /// The window's width.
+        crop_width: u32,
+        /// The window's height.
+        crop_height: u32,
+    },
 }
 
 /// The container format of a payload, from its leading bytes.

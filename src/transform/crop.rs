@@ -1,5 +1,6 @@
 //! Crop boxes ([`Rect`]s) with torchvision's exact arithmetic.
 
+use crate::decode::DecodeError;
 use crate::geometry::Rect;
 use crate::rng::SampleRng;
 
@@ -53,6 +54,61 @@ pub fn random_resized_crop(
         height: h,
         width: w,
     }
+}
+
+/// torchvision `RandomCrop((crop_h, crop_w), padding, pad_if_needed)` on an image of
+/// `width × height`, drawing from `rng`: the window in the image's own coordinates (negative,
+/// or reaching past the image, where it lies in the zero padding). `padding` is left, top,
+/// right, bottom; `pad_if_needed` then pads a side still shorter than the window by the
+/// difference on both ends. The offsets are drawn as torchvision's `get_params` draws them:
+/// `randint(0, H - h + 1)` for the top, then the left; none when the padded image is the
+/// window's size.
+pub fn random_crop(
+    rng: &mut SampleRng,
+    width: u32,
+    height: u32,
+    crop_width: u32,
+    crop_height: u32,
+    padding: [u32; 4],
+    pad_if_needed: bool,
+) -> Result<Rect, DecodeError> {
+    let [left, top, right, bottom] = padding.map(u64::from);
+    let (mut padded_w, mut padded_h) = (
+        u64::from(width) + left + right,
+        u64::from(height) + top + bottom,
+    );
+    let (mut left, mut top) = (left, top);
+    if pad_if_needed && padded_w < u64::from(crop_width) {
+        let more = u64::from(crop_width) - padded_w;
+        left += more;
+        padded_w += 2 * more;
+    }
+    if pad_if_needed && padded_h < u64::from(crop_height) {
+        let more = u64::from(crop_height) - padded_h;
+        top += more;
+        padded_h += 2 * more;
+    }
+    if padded_w < u64::from(crop_width) || padded_h < u64::from(crop_height) {
+        return Err(DecodeError::SmallerThanCrop {
+            width: padded_w,
+            height: padded_h,
+            crop_width,
+            crop_height,
+        });
+    }
+    let (i, j) = if (padded_w, padded_h) == (u64::from(crop_width), u64::from(crop_height)) {
+        (0, 0)
+    } else {
+        let i = rng.below(padded_h - u64::from(crop_height) + 1);
+        let j = rng.below(padded_w - u64::from(crop_width) + 1);
+        (i, j)
+    };
+    Ok(Rect {
+        top: i as f64 - top as f64,
+        left: j as f64 - left as f64,
+        height: crop_height as f64,
+        width: crop_width as f64,
+    })
 }
 
 /// torchvision `CenterCrop((crop_h, crop_w))` on an image of `width × height`: offsets
@@ -110,6 +166,54 @@ mod tests {
         let mut rng = SampleRng::new(0, 0, 0);
         let b = random_resized_crop(&mut rng, 1000, 10, (0.9, 1.0), (3.0 / 4.0, 4.0 / 3.0));
         assert_eq!((b.top, b.left, b.height, b.width), (0.0, 493.0, 10.0, 13.0));
+    }
+
+    #[test]
+    fn random_crop_draws_every_offset_of_the_padded_image_evenly() {
+        // CIFAR's RandomCrop(32, padding=4): offsets -4..=4 on both axes, each about 1/9.
+        let mut counts = [[0u32; 9]; 2];
+        for index in 0..9000 {
+            let mut rng = SampleRng::new(3, 0, index);
+            let b = random_crop(&mut rng, 32, 32, 32, 32, [4; 4], false).unwrap();
+            assert_eq!((b.width, b.height), (32.0, 32.0));
+            counts[0][(b.top + 4.0) as usize] += 1;
+            counts[1][(b.left + 4.0) as usize] += 1;
+        }
+        for axis in counts {
+            assert!(axis.iter().all(|&c| (850..1150).contains(&c)), "{axis:?}");
+        }
+        // Asymmetric padding (left 1, top 2, right 3, bottom 0): the window stays inside.
+        for index in 0..500 {
+            let mut rng = SampleRng::new(3, 1, index);
+            let b = random_crop(&mut rng, 10, 8, 12, 8, [1, 2, 3, 0], false).unwrap();
+            assert!(
+                (-1.0..=1.0).contains(&b.left) && (-2.0..=0.0).contains(&b.top),
+                "{b:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn random_crop_pads_if_needed_and_refuses_a_window_larger_than_the_padded_image() {
+        // A window exactly the padded size: no draw, the padding's corner.
+        let mut rng = SampleRng::new(0, 0, 0);
+        let b = random_crop(&mut rng, 30, 20, 32, 24, [1, 2, 1, 2], false).unwrap();
+        assert_eq!((b.top, b.left), (-2.0, -1.0));
+        // Larger: an error, or (pad_if_needed) padding by the difference on both ends: width
+        // 20 -> 20 + 2 * 12 = 44 for a 32-wide window, offsets -12..=0.
+        assert!(matches!(
+            random_crop(&mut rng, 20, 20, 32, 20, [0; 4], false),
+            Err(DecodeError::SmallerThanCrop {
+                width: 20,
+                crop_width: 32,
+                ..
+            })
+        ));
+        for index in 0..200 {
+            let mut rng = SampleRng::new(0, 0, index);
+            let b = random_crop(&mut rng, 20, 20, 32, 20, [0; 4], true).unwrap();
+            assert!((-12.0..=0.0).contains(&b.left) && b.top == 0.0, "{b:?}");
+        }
     }
 
     #[test]

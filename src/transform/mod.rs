@@ -26,7 +26,7 @@ use crate::decode::{
 use crate::geometry::Rect;
 use crate::resize::{RgbResizer, short_side_size};
 use crate::rng::SampleRng;
-use crop::{center_crop, random_resized_crop};
+use crop::{center_crop, random_crop, random_resized_crop};
 pub use slot::{DType, Layout, Normalize, SlotWriter};
 
 /// Resizing and cropping.
@@ -55,6 +55,21 @@ pub enum Geometry {
         /// Output height.
         height: u32,
     },
+    /// torchvision `RandomCrop((height, width), padding, pad_if_needed)` with constant zero
+    /// fill: the image is padded, then a `width × height` window is taken at a uniformly drawn
+    /// offset (top first, then left, as torchvision draws them). An image still smaller than
+    /// the window is a bad sample ([`DecodeError::SmallerThanCrop`]), where torchvision raises.
+    RandomCrop {
+        /// Output width.
+        width: u32,
+        /// Output height.
+        height: u32,
+        /// Zero padding added to the left, top, right and bottom (torchvision's `padding`
+        /// order).
+        padding: [u32; 4],
+        /// Pad a side still smaller than the window on both ends, as torchvision does.
+        pad_if_needed: bool,
+    },
     /// torchvision `RandomResizedCrop((height, width), scale, ratio)`.
     RandomResizedCrop {
         /// Output width.
@@ -78,6 +93,10 @@ pub struct Transform {
     /// Element type, layout, normalization.
     pub output: SlotWriter,
 }
+
+/// The most padding `RandomCrop` takes on one side (torchvision has no limit; this keeps the
+/// arithmetic far from overflow).
+pub const MAX_PADDING: u32 = 1 << 16;
 
 /// CIFAR-10 channel statistics.
 pub const CIFAR10_NORMALIZE: Normalize = Normalize {
@@ -109,6 +128,20 @@ impl Transform {
                 layout: Layout::Nchw,
                 normalize: Some(CIFAR10_NORMALIZE),
             },
+        }
+    }
+
+    /// The CIFAR training recipe of torchvision's tutorials and most papers:
+    /// `RandomCrop(32, padding=4)`, random flip, CIFAR-10 normalization, `f32` NCHW.
+    pub fn cifar_train() -> Transform {
+        Transform {
+            geometry: Geometry::RandomCrop {
+                width: 32,
+                height: 32,
+                padding: [4; 4],
+                pad_if_needed: false,
+            },
+            ..Transform::cifar()
         }
     }
 
@@ -182,6 +215,19 @@ impl Transform {
             Geometry::Native => {}
             Geometry::Resize { short } => positive(short, short)?,
             Geometry::CenterCrop { width, height } => positive(width, height)?,
+            Geometry::RandomCrop {
+                width,
+                height,
+                padding,
+                ..
+            } => {
+                positive(width, height)?;
+                if let Some(side) = padding.iter().find(|&&p| p > MAX_PADDING) {
+                    return Err(format!(
+                        "RandomCrop padding {side} is more than {MAX_PADDING} pixels"
+                    ));
+                }
+            }
             Geometry::ResizeCenterCrop {
                 short,
                 width,
@@ -230,6 +276,7 @@ impl Transform {
         match self.geometry {
             Geometry::Native | Geometry::Resize { .. } => None,
             Geometry::CenterCrop { width, height }
+            | Geometry::RandomCrop { width, height, .. }
             | Geometry::ResizeCenterCrop { width, height, .. }
             | Geometry::RandomResizedCrop { width, height, .. } => Some((width, height)),
         }
@@ -327,16 +374,20 @@ impl SampleTransformer {
         let decoded = self
             .decoder
             .decode_crop(payload, &mut self.decoded, |header| {
-                let (crop, out_w, out_h, flip) = plan_crop(transform, header, rng);
-                plan = Some((out_w, out_h, flip));
-                (!matches!(transform.geometry, Geometry::Native)).then_some(CropPlan {
-                    crop,
-                    out_width: out_w,
-                    out_height: out_h,
-                    scaling,
-                })
+                let planned = plan_crop(transform, header, rng);
+                let crop = planned
+                    .as_ref()
+                    .ok()
+                    .map(|&(crop, out_w, out_h, _)| CropPlan {
+                        crop,
+                        out_width: out_w,
+                        out_height: out_h,
+                        scaling,
+                    });
+                plan = Some(planned);
+                crop.filter(|_| !matches!(transform.geometry, Geometry::Native))
             })?;
-        let (out_w, out_h, flip) = plan.expect("the plan runs once the header is read");
+        let (_, out_w, out_h, flip) = plan.expect("the plan runs once the header is read")?;
         let decoded_at = Instant::now();
         let pixels = self.crop_and_resize(&decoded, out_w, out_h);
         let finished = Instant::now();
@@ -429,7 +480,7 @@ fn plan_crop(
     transform: &Transform,
     header: &ImageHeader,
     rng: &mut SampleRng,
-) -> (Rect, u32, u32, bool) {
+) -> Result<(Rect, u32, u32, bool), DecodeError> {
     let (w, h) = (header.width, header.height);
     let (crop, out_w, out_h) = match transform.geometry {
         Geometry::Native => (Rect::full(w, h), w, h),
@@ -438,6 +489,16 @@ fn plan_crop(
             (Rect::full(w, h), rw, rh)
         }
         Geometry::CenterCrop { width, height } => (center_crop(w, h, width, height), width, height),
+        Geometry::RandomCrop {
+            width,
+            height,
+            padding,
+            pad_if_needed,
+        } => (
+            random_crop(rng, w, h, width, height, padding, pad_if_needed)?,
+            width,
+            height,
+        ),
         Geometry::ResizeCenterCrop {
             short,
             width,
@@ -456,13 +517,14 @@ fn plan_crop(
         } => (random_resized_crop(rng, w, h, scale, ratio), width, height),
     };
     let flip = transform.hflip > 0.0 && rng.chance(transform.hflip);
-    (crop, out_w, out_h, flip)
+    Ok((crop, out_w, out_h, flip))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::decode::RawImage;
+    use crop::random_crop;
 
     /// A raw payload whose pixel (x, y) is [x, y, 7].
     fn ramp(w: u32, h: u32) -> Vec<u8> {
@@ -519,6 +581,57 @@ mod tests {
         // left = round(-1) = -1: one zero column on each side.
         assert_eq!(&p.pixels[..6], &[0, 0, 0, 0, 0, 7]);
         assert_eq!(&p.pixels[11 * 3..12 * 3], &[0, 0, 0]);
+    }
+
+    #[test]
+    fn random_crop_is_the_window_of_the_zero_padded_image_at_the_drawn_offset() {
+        let (w, h) = (10u32, 8u32);
+        let payload = ramp(w, h);
+        let padding = [3, 1, 2, 4];
+        let t = geometry(Geometry::RandomCrop {
+            width: 9,
+            height: 7,
+            padding,
+            pad_if_needed: false,
+        });
+        let mut transformer = SampleTransformer::default();
+        let mut seen = std::collections::HashSet::new();
+        for index in 0..60 {
+            let p = transformer
+                .apply(&t, &payload, &mut SampleRng::new(5, 0, index))
+                .unwrap();
+            assert_eq!((p.width, p.height), (9, 7));
+            let window =
+                random_crop(&mut SampleRng::new(5, 0, index), w, h, 9, 7, padding, false).unwrap();
+            let (top, left) = (window.top as i64, window.left as i64);
+            seen.insert((top, left));
+            for y in 0..7i64 {
+                for x in 0..9i64 {
+                    let (sy, sx) = (y + top, x + left);
+                    let want = if (0..h as i64).contains(&sy) && (0..w as i64).contains(&sx) {
+                        [sx as u8, sy as u8, 7]
+                    } else {
+                        [0, 0, 0]
+                    };
+                    let at = ((y * 9 + x) * 3) as usize;
+                    assert_eq!(p.pixels[at..at + 3], want, "sample {index} at ({x}, {y})");
+                }
+            }
+        }
+        // Windows reaching past every side were drawn.
+        assert!(seen.iter().any(|&(t, _)| t < 0) && seen.iter().any(|&(t, _)| t > 1));
+        assert!(seen.iter().any(|&(_, l)| l < 0) && seen.iter().any(|&(_, l)| l > 1));
+        // An image too small for the window is a bad sample, not a panic.
+        let small = geometry(Geometry::RandomCrop {
+            width: 32,
+            height: 32,
+            padding: [0; 4],
+            pad_if_needed: false,
+        });
+        assert!(matches!(
+            transformer.apply(&small, &payload, &mut SampleRng::new(0, 0, 0)),
+            Err(DecodeError::SmallerThanCrop { .. })
+        ));
     }
 
     #[test]
