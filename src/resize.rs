@@ -16,11 +16,36 @@ pub fn short_side_size(width: u32, height: u32, short: u32) -> (u32, u32) {
     }
 }
 
-/// Resizes 8-bit RGB images with an antialiased bilinear filter (what PIL, and so torchvision's
-/// `Resize`, uses by default). Holds scratch state: one per worker.
+/// How a resize samples: torchvision's `InterpolationMode`s on PIL images, antialiased when
+/// shrinking as PIL always is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Interpolation {
+    /// PIL `NEAREST`: the source pixel under each output pixel's centre.
+    Nearest,
+    /// PIL `BILINEAR` (torchvision's default): a triangle filter, widened when shrinking.
+    #[default]
+    Bilinear,
+    /// PIL `BICUBIC` (the ViT recipes'): a cubic filter with a = -0.5 (Catmull-Rom), widened
+    /// when shrinking.
+    Bicubic,
+}
+
+impl Interpolation {
+    fn algorithm(self) -> ResizeAlg {
+        match self {
+            Interpolation::Nearest => ResizeAlg::Nearest,
+            Interpolation::Bilinear => ResizeAlg::Convolution(FilterType::Bilinear),
+            Interpolation::Bicubic => ResizeAlg::Convolution(FilterType::CatmullRom),
+        }
+    }
+}
+
+/// Resizes 8-bit RGB images, by default with an antialiased bilinear filter (what PIL, and so
+/// torchvision's `Resize`, uses by default). Holds scratch state: one per worker.
 pub struct RgbResizer {
     resizer: Resizer,
     options: ResizeOptions,
+    interpolation: Interpolation,
 }
 
 impl Default for RgbResizer {
@@ -32,9 +57,19 @@ impl Default for RgbResizer {
 impl RgbResizer {
     /// A bilinear (antialiased) resizer.
     pub fn new() -> Self {
+        let interpolation = Interpolation::Bilinear;
         RgbResizer {
             resizer: Resizer::new(),
-            options: ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear)),
+            options: ResizeOptions::new().resize_alg(interpolation.algorithm()),
+            interpolation,
+        }
+    }
+
+    /// Resizes with `interpolation` from now on.
+    pub fn set_interpolation(&mut self, interpolation: Interpolation) {
+        if interpolation != self.interpolation {
+            self.interpolation = interpolation;
+            self.options = ResizeOptions::new().resize_alg(interpolation.algorithm());
         }
     }
 
@@ -97,10 +132,56 @@ mod tests {
     }
 
     #[test]
-    fn resizing_a_flat_image_keeps_its_colour() {
+    fn resizing_a_flat_image_keeps_its_colour_with_every_interpolation() {
         let src = [200u8, 100, 50].repeat(40 * 30);
-        let mut dst = vec![0u8; 20 * 15 * 3];
-        RgbResizer::new().resize(&src, 40, 30, &mut dst, 20, 15);
-        assert!(dst.chunks(3).all(|p| p == [200, 100, 50]));
+        for interpolation in [
+            Interpolation::Nearest,
+            Interpolation::Bilinear,
+            Interpolation::Bicubic,
+        ] {
+            let mut dst = vec![0u8; 23 * 15 * 3];
+            let mut resizer = RgbResizer::new();
+            resizer.set_interpolation(interpolation);
+            resizer.resize(&src, 40, 30, &mut dst, 23, 15);
+            assert!(
+                dst.chunks(3).all(|p| p == [200, 100, 50]),
+                "{interpolation:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn each_interpolation_samples_differently_and_nearest_only_copies() {
+        // A noisy image: nearest hands out source values only; the filters mix them, bicubic
+        // (negative lobes) differently from bilinear.
+        let src: Vec<u8> = (0..30 * 20 * 3).map(|i| ((i * 7919) % 251) as u8).collect();
+        let resized = |interpolation| {
+            let mut resizer = RgbResizer::new();
+            resizer.set_interpolation(interpolation);
+            let mut dst = vec![0u8; 13 * 9 * 3];
+            resizer.resize(&src, 30, 20, &mut dst, 13, 9);
+            dst
+        };
+        let (nearest, bilinear, bicubic) = (
+            resized(Interpolation::Nearest),
+            resized(Interpolation::Bilinear),
+            resized(Interpolation::Bicubic),
+        );
+        assert_ne!(bilinear, bicubic);
+        assert_ne!(nearest, bilinear);
+        for (at, value) in nearest.iter().enumerate() {
+            let channel = at % 3;
+            assert!(
+                src.iter().skip(channel).step_by(3).any(|v| v == value),
+                "nearest made a value no source pixel has"
+            );
+        }
+        // Switching back restores the first filter.
+        let mut resizer = RgbResizer::new();
+        resizer.set_interpolation(Interpolation::Bicubic);
+        resizer.set_interpolation(Interpolation::Bilinear);
+        let mut dst = vec![0u8; 13 * 9 * 3];
+        resizer.resize(&src, 30, 20, &mut dst, 13, 9);
+        assert_eq!(dst, bilinear);
     }
 }

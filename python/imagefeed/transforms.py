@@ -19,7 +19,7 @@ the pixels. Random decisions come from each sample's own generator, seeded by
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Sequence, Tuple, Union
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 __all__ = [
     "Transform",
@@ -72,18 +72,34 @@ class _Step:
         return f"{type(self).__name__}({fields})"
 
 
-class Resize(_Step):
-    """torchvision ``Resize(short)``: the shorter side becomes ``size`` (an int only)."""
+def _interpolation(mode: Any, antialias: Optional[bool], what: str) -> str:
+    """torchvision's ``interpolation`` (an ``InterpolationMode`` or its name) as a name."""
+    name = getattr(mode, "value", mode)
+    if name not in ("nearest", "bilinear", "bicubic"):
+        raise ValueError(f"{what}: interpolation {mode!r} must be nearest, bilinear or bicubic")
+    if antialias is False:
+        raise ValueError(
+            f"{what}: antialias=False is not supported: the loader filters as PIL does when "
+            "shrinking (torchvision's behaviour on PIL images and its default on tensors)"
+        )
+    return str(name)
 
-    def __init__(self, size: int):
+
+class Resize(_Step):
+    """torchvision ``Resize(short, interpolation)``: the shorter side becomes ``size`` (an int
+    only), resampled with ``interpolation`` (``"bilinear"``, the default, ``"bicubic"`` or
+    ``"nearest"``; torchvision's ``InterpolationMode`` works too), antialiased as PIL is."""
+
+    def __init__(self, size: int, interpolation: Any = "bilinear", antialias: Optional[bool] = True):
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"Resize: size {size!r} must be a positive int (the shorter side)")
         self.size = size
+        self.interpolation = _interpolation(interpolation, antialias, "Resize")
 
     def _apply(self, spec: Dict[str, Any]) -> None:
         if spec["geometry"] != "native":
             raise ValueError("Resize must come before any crop, and only once")
-        spec.update(geometry="resize", short=self.size)
+        spec.update(geometry="resize", short=self.size, interpolation=self.interpolation)
 
 
 class CenterCrop(_Step):
@@ -171,23 +187,35 @@ def _padding(padding: Union[int, Sequence[int], None]) -> Tuple[int, int, int, i
 
 
 class RandomResizedCrop(_Step):
-    """torchvision ``RandomResizedCrop(size, scale, ratio)`` (bilinear, antialiased)."""
+    """torchvision ``RandomResizedCrop(size, scale, ratio, interpolation)``, antialiased as PIL
+    is; ``interpolation`` as for :class:`Resize` (bilinear by default, bicubic for the ViT
+    recipes)."""
 
     def __init__(
         self,
         size: Size,
         scale: Tuple[float, float] = (0.08, 1.0),
         ratio: Tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0),
+        interpolation: Any = "bilinear",
+        antialias: Optional[bool] = True,
     ):
         self.size = _hw(size, "RandomResizedCrop")
         self.scale = (float(scale[0]), float(scale[1]))
         self.ratio = (float(ratio[0]), float(ratio[1]))
+        self.interpolation = _interpolation(interpolation, antialias, "RandomResizedCrop")
 
     def _apply(self, spec: Dict[str, Any]) -> None:
         if spec["geometry"] != "native":
             raise ValueError("RandomResizedCrop replaces Resize/CenterCrop: use it alone")
         h, w = self.size
-        spec.update(geometry="random_resized_crop", width=w, height=h, scale=self.scale, ratio=self.ratio)
+        spec.update(
+            geometry="random_resized_crop",
+            width=w,
+            height=h,
+            scale=self.scale,
+            ratio=self.ratio,
+            interpolation=self.interpolation,
+        )
 
 
 class RandomHorizontalFlip(_Step):

@@ -17,7 +17,7 @@ use imagefeed::batch::BadSample;
 use imagefeed::format;
 use imagefeed::loader::{BadSamplePolicy, Epoch, Loader, LoaderConfig, LoaderState, MaxBad, Wait};
 use imagefeed::sampler::Uneven;
-use imagefeed::transform::{DType, Geometry, Layout, Normalize, Transform};
+use imagefeed::transform::{DType, Geometry, Interpolation, Layout, Normalize, Transform};
 
 use crate::dlpack::{Element, HostArray, HostMemory};
 use crate::errors::{config, to_py};
@@ -170,7 +170,8 @@ fn uint(d: &Bound<'_, PyDict>, key: &str) -> PyResult<u32> {
 /// A transform from the dict `imagefeed.transforms` builds:
 /// `{"geometry": "native" | "resize" | "center_crop" | "resize_center_crop" | "random_crop" |
 /// "random_resized_crop", "width", "height", "short", "padding" (left, top, right, bottom),
-/// "pad_if_needed", "scale", "ratio", "hflip", "mean", "std"}`.
+/// "pad_if_needed", "scale", "ratio", "interpolation" ("nearest" | "bilinear" | "bicubic"),
+/// "hflip", "mean", "std"}`.
 fn parse_transform(spec: &Bound<'_, PyDict>) -> PyResult<Transform> {
     let geometry: String = spec
         .get_item("geometry")?
@@ -225,8 +226,23 @@ fn parse_transform(spec: &Bound<'_, PyDict>) -> PyResult<Transform> {
         (None, None) => None,
         _ => return Err(config("transform: Normalize needs both mean and std")),
     };
+    let interpolation: Option<String> = spec
+        .get_item("interpolation")?
+        .map(|v| v.extract())
+        .transpose()?;
+    let interpolation = match interpolation.as_deref() {
+        None | Some("bilinear") => Interpolation::Bilinear,
+        Some("bicubic") => Interpolation::Bicubic,
+        Some("nearest") => Interpolation::Nearest,
+        Some(other) => {
+            return Err(config(format!(
+                "transform: unknown interpolation {other:?} (nearest, bilinear or bicubic)"
+            )));
+        }
+    };
     let mut transform = Transform::none();
     transform.geometry = geometry;
+    transform.interpolation = interpolation;
     transform.hflip = hflip;
     transform.output.normalize = normalize;
     Ok(transform)

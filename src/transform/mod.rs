@@ -24,6 +24,7 @@ use crate::decode::{
     CropDecoded, CropPlan, DEFAULT_MAX_PIXELS, DctScaling, DecodeError, Decoder, ImageHeader,
 };
 use crate::geometry::Rect;
+pub use crate::resize::Interpolation;
 use crate::resize::{RgbResizer, short_side_size};
 use crate::rng::SampleRng;
 use crop::{center_crop, random_crop, random_resized_crop};
@@ -90,6 +91,8 @@ pub struct Transform {
     pub geometry: Geometry,
     /// Probability of a horizontal flip (0 = never).
     pub hflip: f64,
+    /// How the geometry resamples (torchvision's `interpolation`); bilinear by default.
+    pub interpolation: Interpolation,
     /// Element type, layout, normalization.
     pub output: SlotWriter,
 }
@@ -110,6 +113,7 @@ impl Transform {
         Transform {
             geometry: Geometry::Native,
             hflip: 0.0,
+            interpolation: Interpolation::Bilinear,
             output: SlotWriter {
                 dtype: DType::U8,
                 layout: Layout::Nhwc,
@@ -123,6 +127,7 @@ impl Transform {
         Transform {
             geometry: Geometry::Native,
             hflip: 0.5,
+            interpolation: Interpolation::Bilinear,
             output: SlotWriter {
                 dtype: DType::F32,
                 layout: Layout::Nchw,
@@ -156,6 +161,7 @@ impl Transform {
                 ratio: (3.0 / 4.0, 4.0 / 3.0),
             },
             hflip: 0.5,
+            interpolation: Interpolation::Bilinear,
             output: SlotWriter {
                 dtype: DType::F32,
                 layout: Layout::Nchw,
@@ -174,12 +180,20 @@ impl Transform {
                 height: size,
             },
             hflip: 0.0,
+            interpolation: Interpolation::Bilinear,
             output: SlotWriter {
                 dtype: DType::F32,
                 layout: Layout::Nchw,
                 normalize: Some(Normalize::IMAGENET),
             },
         }
+    }
+
+    /// The same transform resampling with `interpolation` (torchvision's `interpolation=` on
+    /// `Resize` and `RandomResizedCrop`).
+    pub fn with_interpolation(mut self, interpolation: Interpolation) -> Transform {
+        self.interpolation = interpolation;
+        self
     }
 
     /// The same transform with another output element type and layout.
@@ -364,7 +378,8 @@ impl SampleTransformer {
         rng: &mut SampleRng,
     ) -> Result<Prepared<'_>, DecodeError> {
         let mut plan = None;
-        let scaling = if self.scaled_decode {
+        // A DCT-scaled decode averages pixels: nearest-neighbour sampling must see them whole.
+        let scaling = if self.scaled_decode && transform.interpolation != Interpolation::Nearest {
             DctScaling::Antialiased
         } else {
             DctScaling::Off
@@ -389,6 +404,7 @@ impl SampleTransformer {
             })?;
         let (_, out_w, out_h, flip) = plan.expect("the plan runs once the header is read")?;
         let decoded_at = Instant::now();
+        self.resizer.set_interpolation(transform.interpolation);
         let pixels = self.crop_and_resize(&decoded, out_w, out_h);
         let finished = Instant::now();
         Ok(Prepared {
