@@ -29,6 +29,7 @@ __all__ = [
     "RandomCrop",
     "RandomResizedCrop",
     "RandomHorizontalFlip",
+    "RandomErasing",
     "Normalize",
     "none",
     "cifar_train",
@@ -230,6 +231,51 @@ class RandomHorizontalFlip(_Step):
         spec["hflip"] = self.p
 
 
+class RandomErasing(_Step):
+    """torchvision ``RandomErasing(p, scale, ratio, value)``: with probability ``p`` a
+    rectangle of the finished image is replaced by ``value``, in the units of the
+    :class:`Normalize` in the same :class:`Compose` (``0`` after normalization: the mean colour),
+    or ``"random"`` standard normal values. As torchvision, it applies after the flip and the
+    normalization wherever it stands in the list.
+
+    The rectangle is filled with the pixel that normalizes to ``value``, so outputs are within
+    half a level of torchvision's; random values are clamped to what a pixel can hold.
+    ``inplace`` is accepted and ignored (the loader writes a new batch anyway).
+    """
+
+    def __init__(
+        self,
+        p: float = 0.5,
+        scale: Tuple[float, float] = (0.02, 0.33),
+        ratio: Tuple[float, float] = (0.3, 3.3),
+        value: Union[float, Sequence[float], str] = 0,
+        inplace: bool = False,
+    ):
+        if not 0.0 <= float(p) <= 1.0:
+            raise ValueError(f"RandomErasing: p {p!r} must be in [0, 1]")
+        self.p = float(p)
+        self.scale = (float(scale[0]), float(scale[1]))
+        self.ratio = (float(ratio[0]), float(ratio[1]))
+        if not 0.0 <= self.scale[0] <= self.scale[1] <= 1.0:
+            raise ValueError(f"RandomErasing: scale {scale!r} must satisfy 0 <= min <= max <= 1")
+        if not 0.0 < self.ratio[0] <= self.ratio[1]:
+            raise ValueError(f"RandomErasing: ratio {ratio!r} must satisfy 0 < min <= max")
+        self.value: Union[str, Tuple[float, float, float]]
+        if isinstance(value, str):
+            if value != "random":
+                raise ValueError(f"RandomErasing: value {value!r} must be a number, 3 numbers or 'random'")
+            self.value = "random"
+        else:
+            values = [float(value)] if isinstance(value, (int, float)) else [float(v) for v in value]
+            if len(values) not in (1, 3) or not all(math.isfinite(v) for v in values):
+                raise ValueError(f"RandomErasing: value {value!r} must be a number, 3 numbers or 'random'")
+            v = values if len(values) == 3 else values * 3
+            self.value = (v[0], v[1], v[2])
+
+    def _apply(self, spec: Dict[str, Any]) -> None:
+        spec["erase"] = {"p": self.p, "scale": self.scale, "ratio": self.ratio, "value": self.value}
+
+
 class Normalize(_Step):
     """torchvision ``Normalize(mean, std)`` after ``ToTensor`` (statistics on the 0..1 scale)."""
 
@@ -276,8 +322,8 @@ class Compose(Transform):
             if not isinstance(step, _Step):
                 raise TypeError(
                     f"{step!r} is not an imagefeed transform step; the loader runs only "
-                    "Resize, CenterCrop, RandomCrop, RandomResizedCrop, RandomHorizontalFlip and "
-                    "Normalize "
+                    "Resize, CenterCrop, RandomCrop, RandomResizedCrop, RandomHorizontalFlip, "
+                    "Normalize and RandomErasing "
                     "(for arbitrary Python transforms use imagefeed.Dataset with a DataLoader)"
                 )
             step._apply(spec)

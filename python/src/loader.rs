@@ -17,7 +17,9 @@ use imagefeed::batch::BadSample;
 use imagefeed::format;
 use imagefeed::loader::{BadSamplePolicy, Epoch, Loader, LoaderConfig, LoaderState, MaxBad, Wait};
 use imagefeed::sampler::Uneven;
-use imagefeed::transform::{DType, Geometry, Interpolation, Layout, Normalize, Transform};
+use imagefeed::transform::{
+    DType, EraseValue, Geometry, Interpolation, Layout, Normalize, RandomErasing, Transform,
+};
 
 use crate::dlpack::{Element, HostArray, HostMemory};
 use crate::errors::{config, to_py};
@@ -240,9 +242,40 @@ fn parse_transform(spec: &Bound<'_, PyDict>) -> PyResult<Transform> {
             )));
         }
     };
+    let erase = match spec.get_item("erase")? {
+        None => None,
+        Some(erase) => {
+            let erase = erase.cast_into::<PyDict>().map_err(PyErr::from)?;
+            let value: Bound<'_, PyAny> = erase
+                .get_item("value")?
+                .ok_or_else(|| config("transform: RandomErasing value is missing"))?;
+            let value = match value.extract::<String>() {
+                Ok(random) if random == "random" => EraseValue::Random,
+                Ok(other) => {
+                    return Err(config(format!(
+                        "transform: RandomErasing value {other:?} must be numbers or \"random\""
+                    )));
+                }
+                Err(_) => EraseValue::Constant(value.extract()?),
+            };
+            let mut erasing = RandomErasing::new(
+                erase
+                    .get_item("p")?
+                    .map(|v| v.extract())
+                    .transpose()?
+                    .unwrap_or(0.5),
+                normalize,
+            );
+            erasing.scale = pair(&erase, "scale")?.unwrap_or(erasing.scale);
+            erasing.ratio = pair(&erase, "ratio")?.unwrap_or(erasing.ratio);
+            erasing.value = value;
+            Some(erasing)
+        }
+    };
     let mut transform = Transform::none();
     transform.geometry = geometry;
     transform.interpolation = interpolation;
+    transform.erase = erase;
     transform.hflip = hflip;
     transform.output.normalize = normalize;
     Ok(transform)

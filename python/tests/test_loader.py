@@ -1125,3 +1125,43 @@ def test_random_crop_pads_if_needed_and_refuses_what_it_cannot_do(lmdb_path):
     )
     images, _ = next(iter(loader(lmdb_path, transform=T.cifar_train())))
     assert images.shape[1:] == (3, 32, 32)
+
+
+# -- RandomErasing (#33) ------------------------------------------------------------------------
+
+
+def test_random_erasing_fills_one_rectangle_with_the_value_after_normalization(lmdb_path):
+    mean, std = T.CIFAR10_MEAN, T.CIFAR10_STD
+    plain = loader(lmdb_path, transform=T.Compose([T.Normalize(mean, std)]), shuffle=False, seed=2).dataset
+    erased = loader(
+        lmdb_path,
+        transform=T.Compose([T.RandomErasing(p=0.5, value=0), T.Normalize(mean, std)]),
+        shuffle=False,
+        seed=2,
+    ).dataset
+    hits, areas = 0, []
+    for i in range(120):
+        before, after = plain[i][0], erased[i][0]
+        changed = np.any(before != after, axis=0)
+        if not changed.any():
+            continue
+        hits += 1
+        rows, cols = np.nonzero(changed)
+        # One rectangle, holding torchvision's value (0 after Normalize) within half a level.
+        box = (slice(rows.min(), rows.max() + 1), slice(cols.min(), cols.max() + 1))
+        inside = after[:, box[0], box[1]]
+        half_level = 0.5 / 255 / np.array(std)[:, None, None] + 1e-6
+        assert (np.abs(inside) <= half_level).all()
+        assert changed.sum() <= inside.shape[1] * inside.shape[2]
+        areas.append(inside.shape[1] * inside.shape[2] / (24 * 32))
+    # p = 0.5 over 120 samples, areas from scale (0.02, 0.33).
+    assert 40 <= hits <= 80, hits
+    assert all(0.0 < a < 0.4 for a in areas)
+    # Bit-identical for any worker count.
+    one = loader(lmdb_path, workers=1, transform=T.Compose([T.RandomErasing(1.0, value="random")]), seed=4)
+    two = loader(lmdb_path, workers=3, transform=T.Compose([T.RandomErasing(1.0, value="random")]), seed=4)
+    for (a, _), (b, _) in zip(one, two):
+        np.testing.assert_array_equal(a, b)
+    for bad in (dict(p=2), dict(value="noise"), dict(value=(1, 2)), dict(scale=(0.5, 0.1))):
+        with pytest.raises(ValueError):
+            T.RandomErasing(**bad)

@@ -14,6 +14,7 @@
 //! ([`slot::SlotWriter`]).
 
 pub mod crop;
+pub mod erase;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 pub mod slot;
@@ -28,6 +29,7 @@ pub use crate::resize::Interpolation;
 use crate::resize::{RgbResizer, short_side_size};
 use crate::rng::SampleRng;
 use crop::{center_crop, random_crop, random_resized_crop};
+pub use erase::{EraseValue, RandomErasing};
 pub use slot::{DType, Layout, Normalize, SlotWriter};
 
 /// Resizing and cropping.
@@ -93,6 +95,9 @@ pub struct Transform {
     pub hflip: f64,
     /// How the geometry resamples (torchvision's `interpolation`); bilinear by default.
     pub interpolation: Interpolation,
+    /// torchvision `RandomErasing`, applied last (after the flip, in the normalized units its
+    /// values are in); `None` by default.
+    pub erase: Option<RandomErasing>,
     /// Element type, layout, normalization.
     pub output: SlotWriter,
 }
@@ -114,6 +119,7 @@ impl Transform {
             geometry: Geometry::Native,
             hflip: 0.0,
             interpolation: Interpolation::Bilinear,
+            erase: None,
             output: SlotWriter {
                 dtype: DType::U8,
                 layout: Layout::Nhwc,
@@ -128,6 +134,7 @@ impl Transform {
             geometry: Geometry::Native,
             hflip: 0.5,
             interpolation: Interpolation::Bilinear,
+            erase: None,
             output: SlotWriter {
                 dtype: DType::F32,
                 layout: Layout::Nchw,
@@ -162,6 +169,7 @@ impl Transform {
             },
             hflip: 0.5,
             interpolation: Interpolation::Bilinear,
+            erase: None,
             output: SlotWriter {
                 dtype: DType::F32,
                 layout: Layout::Nchw,
@@ -181,6 +189,7 @@ impl Transform {
             },
             hflip: 0.0,
             interpolation: Interpolation::Bilinear,
+            erase: None,
             output: SlotWriter {
                 dtype: DType::F32,
                 layout: Layout::Nchw,
@@ -193,6 +202,12 @@ impl Transform {
     /// `Resize` and `RandomResizedCrop`).
     pub fn with_interpolation(mut self, interpolation: Interpolation) -> Transform {
         self.interpolation = interpolation;
+        self
+    }
+
+    /// The same transform followed by torchvision's `RandomErasing` (see [`erase`]).
+    pub fn with_random_erasing(mut self, erasing: RandomErasing) -> Transform {
+        self.erase = Some(erasing);
         self
     }
 
@@ -269,6 +284,9 @@ impl Transform {
                 }
             }
         }
+        if let Some(erase) = &self.erase {
+            erase.validate()?;
+        }
         if !(0.0..=1.0).contains(&self.hflip) {
             return Err(format!("flip probability {} is not in 0..1", self.hflip));
         }
@@ -295,6 +313,14 @@ impl Transform {
             | Geometry::RandomResizedCrop { width, height, .. } => Some((width, height)),
         }
     }
+}
+
+/// Which of a [`SampleTransformer`]'s buffers holds a finished image.
+enum Finished {
+    /// The decoder's output, already the output size.
+    Decoded,
+    /// The resized or padded image.
+    Image,
 }
 
 /// A transformed sample, ready for [`SlotWriter::write`].
@@ -405,7 +431,14 @@ impl SampleTransformer {
         let (_, out_w, out_h, flip) = plan.expect("the plan runs once the header is read")?;
         let decoded_at = Instant::now();
         self.resizer.set_interpolation(transform.interpolation);
-        let pixels = self.crop_and_resize(&decoded, out_w, out_h);
+        let pixels = match self.crop_and_resize(&decoded, out_w, out_h) {
+            Finished::Decoded => &mut self.decoded,
+            Finished::Image => &mut self.image,
+        };
+        if let Some(erase) = &transform.erase {
+            erase.apply(rng, pixels, out_w, out_h, flip);
+        }
+        let pixels = &*pixels;
         let finished = Instant::now();
         Ok(Prepared {
             pixels,
@@ -420,12 +453,12 @@ impl SampleTransformer {
 
     /// The decoded image's crop, resized to `out_w × out_h`: the decoded buffer itself when
     /// that is already it, one resampling pass for a crop inside the image, or the padded path
-    /// for a crop reaching past it ([`Self::pad_oversized_crop`]).
-    fn crop_and_resize(&mut self, decoded: &CropDecoded, out_w: u32, out_h: u32) -> &[u8] {
+    /// for a crop reaching past it ([`Self::pad_oversized_crop`]). Says which buffer holds it.
+    fn crop_and_resize(&mut self, decoded: &CropDecoded, out_w: u32, out_h: u32) -> Finished {
         let crop = decoded.crop;
         let (dw, dh) = (decoded.width as f64, decoded.height as f64);
         if crop.is_whole(dw, dh) && (out_w, out_h) == (decoded.width, decoded.height) {
-            &self.decoded
+            Finished::Decoded
         } else if crop.is_inside(dw, dh) {
             self.image.resize(out_w as usize * out_h as usize * 3, 0);
             self.resizer.resize_region(
@@ -437,15 +470,16 @@ impl SampleTransformer {
                 out_w,
                 out_h,
             );
-            &self.image
+            Finished::Image
         } else {
-            self.pad_oversized_crop(decoded, out_w, out_h)
+            self.pad_oversized_crop(decoded, out_w, out_h);
+            Finished::Image
         }
     }
 
     /// A center crop larger than the (resized) image: resize to the scale the crop is taken
-    /// at, then copy the overlap into a zero canvas, as torchvision pads.
-    fn pad_oversized_crop(&mut self, decoded: &CropDecoded, out_w: u32, out_h: u32) -> &[u8] {
+    /// at, then copy the overlap into a zero canvas (`self.image`), as torchvision pads.
+    fn pad_oversized_crop(&mut self, decoded: &CropDecoded, out_w: u32, out_h: u32) {
         let crop = decoded.crop;
         let (dw, dh) = (decoded.width as f64, decoded.height as f64);
         let (sw, sh) = (
@@ -485,7 +519,6 @@ impl SampleTransformer {
             let n = ((x1 - x0) * 3) as usize;
             self.image[dst..dst + n].copy_from_slice(&source[src..src + n]);
         }
-        &self.image
     }
 }
 
