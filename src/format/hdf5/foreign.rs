@@ -26,56 +26,13 @@ pub(super) fn open_foreign(
     plain: Option<&fs::File>,
     file_len: u64,
 ) -> Result<Shared> {
-    let h5 = |doing: String| move |e: hdf5::Error| gate::error(path, &doing, e);
-    let members = file.member_names().unwrap_or_default();
-    let missing = |name: &str| {
-        Error::not_a_dataset(
-            path,
-            format!(
-                "HDF5 file without imagefeed's layout and without a dataset {name:?} (it has {}); \
-                 name the images and labels datasets",
-                if members.is_empty() {
-                    "no datasets".to_string()
-                } else {
-                    members.join(", ")
-                }
-            ),
-        )
-    };
-    if !file.link_exists(&names.images) {
-        return Err(missing(&names.images));
-    }
-    if !file.link_exists(&names.labels) {
-        return Err(missing(&names.labels));
-    }
-    let images = file
-        .dataset(&names.images)
-        .map_err(h5(format!("opening {:?}", names.images)))?;
-    let labels_ds = file
-        .dataset(&names.labels)
-        .map_err(h5(format!("opening {:?}", names.labels)))?;
-    let label_type = labels_ds
-        .dtype()
-        .and_then(|t| t.to_descriptor())
-        .map_err(h5(format!("reading the type of {:?}", names.labels)))?;
-    if !matches!(
-        label_type,
-        TypeDescriptor::Integer(_) | TypeDescriptor::Unsigned(_)
-    ) {
-        return Err(Error::not_a_dataset(
-            path,
-            format!(
-                "{:?} holds {label_type} values; labels must be integers (class indices), and \
-                 non-integer ones would be cut silently",
-                names.labels
-            ),
-        ));
-    }
+    let (images, labels_ds) = open_datasets(path, file, names)?;
+    check_label_type(path, &labels_ds, &names.labels)?;
     check_stored(path, &labels_ds, &names.labels, file_len)?;
     check_stored(path, &images, &names.images, file_len)?;
     let labels: Vec<i64> = labels_ds
         .read_raw()
-        .map_err(h5(format!("reading {:?} as integers", names.labels)))?;
+        .map_err(|e| gate::error(path, &format!("reading {:?} as integers", names.labels), e))?;
     let shape = images.shape();
     let n = shape.first().copied().unwrap_or(0);
     if labels.len() != n {
@@ -92,7 +49,7 @@ pub(super) fn open_foreign(
     let dtype = images
         .dtype()
         .and_then(|t| t.to_descriptor())
-        .map_err(h5(format!("reading the type of {:?}", names.images)))?;
+        .map_err(|e| gate::error(path, &format!("reading the type of {:?}", names.images), e))?;
     let (layout, payload) = match (&dtype, shape.len()) {
         (TypeDescriptor::VarLenArray(inner), 1)
             if **inner == TypeDescriptor::Unsigned(hdf5::types::IntSize::U1) =>
@@ -102,61 +59,10 @@ pub(super) fn open_foreign(
                 PayloadKind::Encoded,
             )
         }
-        (TypeDescriptor::Unsigned(hdf5::types::IntSize::U1), 3 | 4) => {
-            let (height, width) = (shape[1], shape[2]);
-            let channels = shape.get(3).copied().unwrap_or(1);
-            if !matches!(channels, 1 | 3 | 4) {
-                return Err(Error::not_a_dataset(
-                    path,
-                    format!(
-                        "{:?} has {channels} channels; pixel arrays need 1, 3 or 4",
-                        names.images
-                    ),
-                ));
-            }
-            let pixels = (height as u64).saturating_mul(width as u64);
-            if pixels == 0 || pixels > crate::decode::DEFAULT_MAX_PIXELS {
-                return Err(Error::not_a_dataset(
-                    path,
-                    format!(
-                        "{:?} holds {height}x{width} images; each must have 1..={} pixels",
-                        names.images,
-                        crate::decode::DEFAULT_MAX_PIXELS
-                    ),
-                ));
-            }
-            // Fits in u64: check_stored accepted the whole array's size.
-            let len = n as u64 * pixels * channels as u64;
-            let storage = match contiguous_offset(&images, len) {
-                Some(offset) => {
-                    check_inside_file(path, offset, len, file_len)?;
-                    PixelStorage::Contiguous(offset)
-                }
-                None => {
-                    // What a chunk never written holds: the fill value (0 unless set).
-                    let fill = images
-                        .dcpl()
-                        .ok()
-                        .and_then(|dcpl| dcpl.fill_value_as::<u8>())
-                        .unwrap_or(0);
-                    match ChunkLayout::of(path, &images, &names.images, 1, vec![fill], file_len)? {
-                        Some(layout) => PixelStorage::Chunked(Arc::new(layout)),
-                        None => PixelStorage::Library,
-                    }
-                }
-            };
-            (
-                Layout::Pixels {
-                    images: names.images.clone(),
-                    rank: shape.len(),
-                    height,
-                    width,
-                    channels,
-                    storage,
-                },
-                PayloadKind::RawRgb8,
-            )
-        }
+        (TypeDescriptor::Unsigned(hdf5::types::IntSize::U1), 3 | 4) => (
+            pixel_layout(path, &images, &names.images, &shape, file_len)?,
+            PayloadKind::RawRgb8,
+        ),
         _ => {
             return Err(Error::not_a_dataset(
                 path,
@@ -169,18 +75,9 @@ pub(super) fn open_foreign(
         }
     };
     let mut notices = Vec::new();
-    let classes = match class_names(file, file_len).or_else(|| class_names(&labels_ds, file_len)) {
-        Some(classes) => classes,
-        None => {
-            let mut inference = crate::dataset::ClassInference::default();
-            for (index, &label) in labels.iter().enumerate() {
-                inference.see(|| format!("{}[{index}]", names.labels), Some(label));
-            }
-            let (classes, notice) = inference.classes();
-            notices.extend(notice);
-            classes
-        }
-    };
+    let classes = class_names(file, file_len)
+        .or_else(|| class_names(&labels_ds, file_len))
+        .unwrap_or_else(|| inferred_classes(&names.labels, &labels, &mut notices));
     Ok(Shared {
         path: path.to_path_buf(),
         info: DatasetInfo {
@@ -198,6 +95,126 @@ pub(super) fn open_foreign(
         opened: None,
         identity: None,
     })
+}
+
+/// The images and labels datasets `names` names, or an error listing what the file has.
+fn open_datasets(
+    path: &Path,
+    file: &hdf5::File,
+    names: &Hdf5Names,
+) -> Result<(hdf5::Dataset, hdf5::Dataset)> {
+    for name in [&names.images, &names.labels] {
+        if !file.link_exists(name) {
+            let members = file.member_names().unwrap_or_default();
+            return Err(Error::not_a_dataset(
+                path,
+                format!(
+                    "HDF5 file without imagefeed's layout and without a dataset {name:?} (it has \
+                     {}); name the images and labels datasets",
+                    if members.is_empty() {
+                        "no datasets".to_string()
+                    } else {
+                        members.join(", ")
+                    }
+                ),
+            ));
+        }
+    }
+    let open = |name: &str| {
+        file.dataset(name)
+            .map_err(|e| gate::error(path, &format!("opening {name:?}"), e))
+    };
+    Ok((open(&names.images)?, open(&names.labels)?))
+}
+
+/// Refuses labels not stored as integers (class indices): other types would be cut silently.
+fn check_label_type(path: &Path, labels: &hdf5::Dataset, name: &str) -> Result<()> {
+    let label_type = labels
+        .dtype()
+        .and_then(|t| t.to_descriptor())
+        .map_err(|e| gate::error(path, &format!("reading the type of {name:?}"), e))?;
+    if !matches!(
+        label_type,
+        TypeDescriptor::Integer(_) | TypeDescriptor::Unsigned(_)
+    ) {
+        return Err(Error::not_a_dataset(
+            path,
+            format!(
+                "{name:?} holds {label_type} values; labels must be integers (class indices), \
+                 and non-integer ones would be cut silently"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// How an `N×H×W×C` (or `N×H×W`) `uint8` pixel array is read: with `pread` when contiguous,
+/// chunk by chunk (`chunks`) when every filter is ours, else through the library.
+fn pixel_layout(
+    path: &Path,
+    images: &hdf5::Dataset,
+    name: &str,
+    shape: &[usize],
+    file_len: u64,
+) -> Result<Layout> {
+    let (n, height, width) = (shape[0], shape[1], shape[2]);
+    let channels = shape.get(3).copied().unwrap_or(1);
+    if !matches!(channels, 1 | 3 | 4) {
+        return Err(Error::not_a_dataset(
+            path,
+            format!("{name:?} has {channels} channels; pixel arrays need 1, 3 or 4"),
+        ));
+    }
+    let pixels = (height as u64).saturating_mul(width as u64);
+    if pixels == 0 || pixels > crate::decode::DEFAULT_MAX_PIXELS {
+        return Err(Error::not_a_dataset(
+            path,
+            format!(
+                "{name:?} holds {height}x{width} images; each must have 1..={} pixels",
+                crate::decode::DEFAULT_MAX_PIXELS
+            ),
+        ));
+    }
+    // Fits in u64: check_stored accepted the whole array's size.
+    let len = n as u64 * pixels * channels as u64;
+    let storage = match contiguous_offset(images, len) {
+        Some(offset) => {
+            check_inside_file(path, offset, len, file_len)?;
+            PixelStorage::Contiguous(offset)
+        }
+        None => {
+            // What a chunk never written holds: the fill value (0 unless set).
+            let fill = images
+                .dcpl()
+                .ok()
+                .and_then(|dcpl| dcpl.fill_value_as::<u8>())
+                .unwrap_or(0);
+            match ChunkLayout::of(path, images, name, 1, vec![fill], file_len)? {
+                Some(layout) => PixelStorage::Chunked(Arc::new(layout)),
+                None => PixelStorage::Library,
+            }
+        }
+    };
+    Ok(Layout::Pixels {
+        images: name.to_string(),
+        rank: shape.len(),
+        height,
+        width,
+        channels,
+        storage,
+    })
+}
+
+/// Class names for a file without a `classes` attribute: `"0"..="max label"`, with a notice
+/// when labels are left out.
+fn inferred_classes(name: &str, labels: &[i64], notices: &mut Vec<String>) -> Vec<String> {
+    let mut inference = crate::dataset::ClassInference::default();
+    for (index, &label) in labels.iter().enumerate() {
+        inference.see(|| format!("{name}[{index}]"), Some(label));
+    }
+    let (classes, notice) = inference.classes();
+    notices.extend(notice);
+    classes
 }
 
 /// How h5py's variable-length images are read: each element's descriptor (its global heap ID)

@@ -486,6 +486,119 @@ fn pread_exact(
     heap::read_at(file.expect("pread layouts open a file"), buffer, offset)
 }
 
+impl Hdf5Reader {
+    /// imagefeed's layout: the payload at its offsets, checked against its checksum.
+    fn read_imagefeed(&mut self, index: usize) -> Result<()> {
+        let shared = Arc::clone(&self.shared);
+        let Layout::Imagefeed {
+            data_offset,
+            data_len,
+            offsets,
+            keys,
+            checksums,
+        } = &shared.layout
+        else {
+            unreachable!("called for imagefeed's layout")
+        };
+        let key = keys[index].as_str();
+        let (start, end) = (offsets[index], offsets[index + 1]);
+        if start > end || end > *data_len {
+            return Err(self.corrupt(
+                index,
+                key,
+                format!("offsets {start}..{end} are outside the {data_len}-byte images dataset"),
+            ));
+        }
+        let len = (end - start) as usize;
+        pread_exact(
+            self.file.as_deref(),
+            &mut self.buffer,
+            data_offset + start,
+            len,
+        )
+        .map_err(|reason| self.corrupt(index, key, reason))?;
+        if let Some(checksums) = checksums {
+            let label = shared.labels[index] as u32;
+            let computed = crate::format::record_checksum(label, key, &self.buffer);
+            if computed != checksums[index] {
+                let reason = crate::format::checksum_mismatch(checksums[index], computed);
+                return Err(self.corrupt(index, key, reason));
+            }
+        }
+        Ok(())
+    }
+
+    /// An h5py variable-length element read through the library (`self.buffer`).
+    fn read_var_len_through_library(&mut self, index: usize) -> Result<()> {
+        let buffer = &mut self.buffer;
+        self.dataset
+            .as_ref()
+            .expect("library layouts open a dataset")
+            .with(|dataset| {
+                // The library's error (and the elements it allocated) are let go inside the
+                // gate.
+                let element = dataset
+                    .read_slice_1d::<VarLenArray<u8>, _>(index..index + 1)
+                    .map_err(|e| e.to_string())?;
+                buffer.clear();
+                buffer.extend_from_slice(element[0].as_slice());
+                Ok(())
+            })
+            .map_err(|e: String| self.corrupt(index, &self.key, format!("HDF5: {e}")))
+    }
+
+    /// Sample `index` of a pixel array into `self.pixels`, however it is stored.
+    fn read_pixels(&mut self, index: usize, rank: usize, storage: &PixelStorage) -> Result<()> {
+        let len = self.pixels_len();
+        match storage {
+            PixelStorage::Contiguous(offset) => {
+                let offset = offset + (index * len) as u64;
+                pread_exact(self.file.as_deref(), &mut self.pixels, offset, len)
+                    .map_err(|reason| self.corrupt(index, &self.key, reason))
+            }
+            PixelStorage::Chunked(layout) => {
+                let dataset = self
+                    .dataset
+                    .as_ref()
+                    .expect("chunked layouts open a dataset");
+                self.chunks
+                    .read_row(layout, dataset, index, &mut self.pixels)
+                    .map_err(|reason| self.corrupt(index, &self.key, reason))
+            }
+            PixelStorage::Library => {
+                let mut selection = vec![hdf5::SliceOrIndex::Index(index)];
+                selection.resize(rank, hdf5::SliceOrIndex::from(..));
+                let pixels = &mut self.pixels;
+                self.dataset
+                    .as_ref()
+                    .expect("library layouts open a dataset")
+                    .with(|dataset| {
+                        let read = dataset
+                            .read_slice::<u8, _, ndarray::IxDyn>(hdf5::Hyperslab::from(selection))
+                            .map_err(|e| e.to_string())?;
+                        pixels.clear();
+                        pixels.extend(read.iter().copied());
+                        Ok(())
+                    })
+                    .map_err(|e: String| self.corrupt(index, &self.key, format!("HDF5: {e}")))
+            }
+        }
+    }
+
+    /// The bytes of one sample of the pixel array.
+    fn pixels_len(&self) -> usize {
+        match self.shared.layout {
+            Layout::Pixels {
+                height,
+                width,
+                channels,
+                ..
+            } => height * width * channels,
+            _ => unreachable!("called for pixel arrays"),
+        }
+    }
+}
+
 impl RecordReader for Hdf5Reader {
     fn read(&mut self, index: usize) -> Result<Record<'_>> {
         let shared = Arc::clone(&self.shared);
@@ -496,41 +609,7 @@ impl RecordReader for Hdf5Reader {
         );
         let mut from_heap = None;
         match &shared.layout {
-            Layout::Imagefeed {
-                data_offset,
-                data_len,
-                offsets,
-                keys,
-                checksums,
-            } => {
-                let key = keys[index].as_str();
-                let (start, end) = (offsets[index], offsets[index + 1]);
-                if start > end || end > *data_len {
-                    return Err(self.corrupt(
-                        index,
-                        key,
-                        format!(
-                            "offsets {start}..{end} are outside the {data_len}-byte images dataset"
-                        ),
-                    ));
-                }
-                let len = (end - start) as usize;
-                pread_exact(
-                    self.file.as_deref(),
-                    &mut self.buffer,
-                    data_offset + start,
-                    len,
-                )
-                .map_err(|reason| self.corrupt(index, key, reason))?;
-                if let Some(checksums) = checksums {
-                    let label = shared.labels[index] as u32;
-                    let computed = crate::format::record_checksum(label, key, &self.buffer);
-                    if computed != checksums[index] {
-                        let reason = crate::format::checksum_mismatch(checksums[index], computed);
-                        return Err(self.corrupt(index, key, reason));
-                    }
-                }
-            }
+            Layout::Imagefeed { .. } => self.read_imagefeed(index)?,
             Layout::VarLen { images, ids, .. } => {
                 self.set_key(images, index);
                 let heap = self
@@ -545,21 +624,7 @@ impl RecordReader for Hdf5Reader {
             }
             Layout::VarLenThroughLibrary { images } => {
                 self.set_key(images, index);
-                let buffer = &mut self.buffer;
-                self.dataset
-                    .as_ref()
-                    .expect("library layouts open a dataset")
-                    .with(|dataset| {
-                        // The library's error (and the elements it allocated) are let go
-                        // inside the gate.
-                        let element = dataset
-                            .read_slice_1d::<VarLenArray<u8>, _>(index..index + 1)
-                            .map_err(|e| e.to_string())?;
-                        buffer.clear();
-                        buffer.extend_from_slice(element[0].as_slice());
-                        Ok(())
-                    })
-                    .map_err(|e: String| self.corrupt(index, &self.key, format!("HDF5: {e}")))?;
+                self.read_var_len_through_library(index)?;
             }
             Layout::Pixels {
                 images,
@@ -570,46 +635,8 @@ impl RecordReader for Hdf5Reader {
                 storage,
             } => {
                 self.set_key(images, index);
-                let (rank, height, width, channels) = (*rank, *height, *width, *channels);
-                let len = height * width * channels;
-                match storage {
-                    PixelStorage::Contiguous(offset) => {
-                        let offset = offset + (index * len) as u64;
-                        pread_exact(self.file.as_deref(), &mut self.pixels, offset, len)
-                            .map_err(|reason| self.corrupt(index, &self.key, reason))?
-                    }
-                    PixelStorage::Chunked(layout) => {
-                        let dataset = self
-                            .dataset
-                            .as_ref()
-                            .expect("chunked layouts open a dataset");
-                        self.chunks
-                            .read_row(layout, dataset, index, &mut self.pixels)
-                            .map_err(|reason| self.corrupt(index, &self.key, reason))?;
-                    }
-                    PixelStorage::Library => {
-                        let mut selection = vec![hdf5::SliceOrIndex::Index(index)];
-                        selection.resize(rank, hdf5::SliceOrIndex::from(..));
-                        let pixels = &mut self.pixels;
-                        self.dataset
-                            .as_ref()
-                            .expect("library layouts open a dataset")
-                            .with(|dataset| {
-                                let read = dataset
-                                    .read_slice::<u8, _, ndarray::IxDyn>(hdf5::Hyperslab::from(
-                                        selection,
-                                    ))
-                                    .map_err(|e| e.to_string())?;
-                                pixels.clear();
-                                pixels.extend(read.iter().copied());
-                                Ok(())
-                            })
-                            .map_err(|e: String| {
-                                self.corrupt(index, &self.key, format!("HDF5: {e}"))
-                            })?;
-                    }
-                }
-                self.pixels_to_raw(height, width, channels);
+                self.read_pixels(index, *rank, storage)?;
+                self.pixels_to_raw(*height, *width, *channels);
             }
         }
         let key: &str = match &self.shared.layout {
