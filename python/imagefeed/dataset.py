@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Dict, Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import _native
-from . import errors
+from . import _native, errors
 from ._reading import (
-    DatasetPath, ImageFolderListing, dataset_paths, labelled_listing, reading_options, sample_index,
+    DatasetPath,
+    ImageFolderListing,
+    dataset_paths,
+    labelled_listing,
+    reading_options,
+    sample_index,
 )
 
 __all__ = ["Dataset"]

@@ -6,12 +6,12 @@ import json
 import os
 import sys
 import warnings
-from typing import Dict, Any, Iterator, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple, Union
 
-from . import _native
-from . import errors
+from . import _native, errors
 from ._reading import DatasetPath, dataset_paths, reading_options
-from .transforms import Transform, none as _no_transform
+from .transforms import Transform
+from .transforms import none as _no_transform
 from .views import LoaderDataset, LoaderSampler
 
 __all__ = ["Loader", "BadSample", "DEFAULT_MAX_BAD"]
@@ -196,8 +196,9 @@ class Loader:
 
     Bad samples (unreadable or undecodable records) are handled per ``bad_samples``: ``"skip"``
     (the batch is shorter; empty, with no sample, when all of its samples are bad, so that every
-    rank still takes the same number of steps: use ``"replace"`` for training), ``"replace"`` (another sample, chosen deterministically, takes the
-    slot) or ``"error"`` (raise :class:`~imagefeed.errors.BadSampleError`). More than ``max_bad``
+    rank still takes the same number of steps: use ``"replace"`` for training), ``"replace"``
+    (another sample, chosen deterministically, takes the slot) or ``"error"`` (raise
+    :class:`~imagefeed.errors.BadSampleError`). More than ``max_bad``
     bad samples in one epoch (an int count or a float fraction of the epoch; by default
     :data:`DEFAULT_MAX_BAD`, 1%) raises :class:`~imagefeed.errors.TooManyBadSamplesError` naming
     the last one, so an epoch that lost much of its data never ends as if it were complete;

@@ -7,7 +7,9 @@ horizontal flip and an optional normalization, followed by the loader's output c
 ``ToTensor``), so a torchvision pipeline of these steps maps one to one::
 
     from imagefeed import transforms as T
-    train = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.Normalize(T.IMAGENET_MEAN, T.IMAGENET_STD)])
+    train = T.Compose(
+        [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.Normalize(T.IMAGENET_MEAN, T.IMAGENET_STD)]
+    )
     # the same as
     train = T.imagenet_train(224)
 

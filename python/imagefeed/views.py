@@ -7,8 +7,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple
 
-from . import _native
-from . import errors
+from . import _native, errors
 from ._reading import ImageFolderListing, labelled_listing, sample_index
 
 if TYPE_CHECKING:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import io
 import json
 import multiprocessing
 import os
@@ -11,10 +10,9 @@ import pickle
 
 import numpy as np
 import pytest
+from conftest import FIXTURE_TREE, default_sigint, replicated_tree
 
 import imagefeed
-
-from conftest import FIXTURE_TREE, default_sigint, replicated_tree
 
 
 def read_item(args):
@@ -177,6 +175,8 @@ def test_verify_reports_a_damaged_dataset(tree, tmp_path):
     out.write_bytes(data.replace(payload, bytes(damaged)))
     report = imagefeed.verify(out, against=tree)
     assert not report["ok"] and report["problems"]
+    # The damaged record is named.
+    assert any(key in str(problem) for problem in report["problems"]), report["problems"]
 
 
 PACK_SCRIPT = """
@@ -297,7 +297,6 @@ def test_the_wheel_ships_pack_dataset_as_a_console_script_and_a_module(tmp_path)
 def test_ctrl_c_stops_the_console_scripts_pack_saying_how_to_finish(tmp_path):
     import signal
     import subprocess
-    import sys
     import time
 
     src, out = tmp_path / "src", tmp_path / "out.lmdb"

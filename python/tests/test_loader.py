@@ -4,8 +4,8 @@ errors and Ctrl-C. NumPy output (no torch needed); tests/test_torch.py covers to
 from __future__ import annotations
 
 import gc
-import os
 import json
+import os
 import re
 import signal
 import subprocess
@@ -16,11 +16,10 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import FIXTURE_TREE, FLIP_NORMALIZE, default_sigint, epoch_digest
 
 import imagefeed
 from imagefeed import transforms as T
-
-from conftest import FLIP_NORMALIZE, FIXTURE_TREE, default_sigint, epoch_digest
 
 
 def loader(path, **kw):
@@ -394,7 +393,7 @@ def test_two_ranks_cover_the_epoch_with_equal_batch_counts(lmdb_path):
         l = loader(lmdb_path, batch_size=7, rank=rank, world_size=2, output="dlpack", transform=T.none(),
                    dtype="uint8", layout="NHWC")
         n = 0
-        for images, labels in l:
+        for images, _labels in l:
             seen.append(np.from_dlpack(images).copy())
             n += 1
         counts.append(n)
@@ -416,7 +415,7 @@ def test_uneven_exact_gives_every_sample_once_over_ranks_that_differ_by_one(lmdb
         assert l.sampler.total_size == 240 and l.sampler.num_replicas == 7
         indices = list(l.sampler)
         got = []
-        for images, labels in l:
+        for images, _labels in l:
             got.extend(im.tobytes() for im in images)
         assert len(got) == len(indices) == len(l.sampler)
         seen.extend(indices)
@@ -485,8 +484,7 @@ def test_the_dataset_view_is_the_loaders_samples_with_imagefolders_attributes(lm
     assert all(os.path.isfile(p) for p, _ in folder.samples[:5])
     # Item i is the slot the epoch's batches give sample i: random crop and flip included.
     l.set_epoch(2)
-    for images, labels in l:
-        break
+    images, labels = next(iter(l))
     native_first = l._native.rank_indices(2)[:8]
     for slot, index in enumerate(native_first):
         image, label = d[index]
@@ -788,7 +786,9 @@ def test_transforms_refuse_impossible_chains():
         T.Normalize((0.5, 0.5), (1, 1, 1))
     with pytest.raises(ValueError):
         T.RandomHorizontalFlip(2)
-    assert T.imagenet_eval(224) == T.Compose([T.Resize(256), T.CenterCrop(224), T.Normalize(T.IMAGENET_MEAN, T.IMAGENET_STD)])
+    assert T.imagenet_eval(224) == T.Compose(
+        [T.Resize(256), T.CenterCrop(224), T.Normalize(T.IMAGENET_MEAN, T.IMAGENET_STD)]
+    )
 
 
 def test_breaking_out_keeps_the_position_and_an_old_iterator_cannot_disturb_a_new_loop(lmdb_path):

@@ -12,11 +12,9 @@ import sys
 import time
 
 import pytest
+from conftest import FLIP_NORMALIZE
 
 import imagefeed
-from imagefeed import transforms as T
-
-from conftest import FLIP_NORMALIZE
 
 boto3 = pytest.importorskip("boto3", reason="boto3 and moto are not installed (make test installs them)")
 pytest.importorskip("moto", reason="moto is not installed (make test installs it)")

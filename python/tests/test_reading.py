@@ -12,11 +12,10 @@ import time
 import warnings
 
 import pytest
+from conftest import FIXTURE_TREE, REPO
 
 import imagefeed
 from imagefeed import transforms as T
-
-from conftest import FIXTURE_TREE, REPO
 
 COMPAT = REPO / "fixtures" / "compat"
 

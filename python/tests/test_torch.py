@@ -10,11 +10,10 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed (make test-torch installs it)")
 
 import numpy as np  # noqa: E402
+from conftest import FLIP_NORMALIZE, epoch_digest  # noqa: E402
 
 import imagefeed  # noqa: E402
 from imagefeed import transforms as T  # noqa: E402
-
-from conftest import FLIP_NORMALIZE, epoch_digest  # noqa: E402
 
 
 def test_torch_tensors_are_zero_copy_views_of_the_batch(lmdb_path):
@@ -89,7 +88,9 @@ def cpu_and_cuda(lmdb_path, **kw):
 
 
 @needs_cuda
-@pytest.mark.parametrize("dtype,layout", [("float32", "NCHW"), ("float16", "NCHW"), ("float32", "NHWC"), ("uint8", "NHWC")])
+@pytest.mark.parametrize(
+    "dtype,layout", [("float32", "NCHW"), ("float16", "NCHW"), ("float32", "NHWC"), ("uint8", "NHWC")]
+)
 def test_cuda_batches_equal_the_cpu_batches(lmdb_path, dtype, layout):
     kw = dict(dtype=dtype, layout=layout)
     if dtype == "uint8":
@@ -327,7 +328,8 @@ def test_every_interpolation_matches_torchvision_within_one_level(tmp_path):
     )
     nearest = tvt.InterpolationMode.NEAREST
     theirs = datasets.ImageFolder(
-        str(tmp_path / "c"), tvt.Compose([tvt.Resize(256, interpolation=nearest), tvt.CenterCrop(224), tvt.PILToTensor()])
+        str(tmp_path / "c"),
+        tvt.Compose([tvt.Resize(256, interpolation=nearest), tvt.CenterCrop(224), tvt.PILToTensor()]),
     )
     loader = imagefeed.Loader(tmp_path / "c", batch_size=1, workers=1, shuffle=False, output="numpy",
                               dtype="uint8", rank=0, world_size=1,
