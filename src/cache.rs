@@ -167,7 +167,7 @@ impl Cache {
                     PathBuf::from(home).join(".cache").join("imagefeed")
                 }
                 _ => {
-                    return Err(Error::Options(
+                    return Err(Error::Config(
                         "no cache directory: set IMAGEFEED_CACHE_DIR (or HOME)".into(),
                     ));
                 }
@@ -176,7 +176,7 @@ impl Cache {
         let limit = match std::env::var("IMAGEFEED_CACHE_LIMIT") {
             Ok(text) if !text.trim().is_empty() => Some(
                 parse_bytes(&text)
-                    .map_err(|e| Error::Options(format!("IMAGEFEED_CACHE_LIMIT={text:?}: {e}")))?,
+                    .map_err(|e| Error::Config(format!("IMAGEFEED_CACHE_LIMIT={text:?}: {e}")))?,
             ),
             _ => None,
         };
@@ -587,9 +587,9 @@ mod tests {
         let cache = Cache::at(dir.path(), None);
         let failed = cache.get_or_fill("s", "a", None, |file| {
             file.write_all(b"half").at(Path::new("a"))?;
-            Err(Error::Options("stopped".into()))
+            Err(Error::Config("stopped".into()))
         });
-        assert!(matches!(failed, Err(Error::Options(_))));
+        assert!(matches!(failed, Err(Error::Config(_))));
         assert!(!dir.path().join("s/a").exists());
         assert!(!dir.path().join("s/a.partial").exists());
         let filled = cache.get_or_fill("s", "a", None, fill_with(3)).unwrap();
@@ -711,9 +711,9 @@ mod tests {
         let failed = cache.get_or_fill("s", "b", Some(100), |file| {
             file.write_all(&[3u8; 30]).at(Path::new("b"))?;
             kept = Some(file.detach()?);
-            Err(Error::Options("damaged".into()))
+            Err(Error::Config("damaged".into()))
         });
-        assert!(matches!(failed, Err(Error::Options(_))));
+        assert!(matches!(failed, Err(Error::Config(_))));
         assert!(!dir.path().join("s/b").exists() && !dir.path().join("s/b.partial").exists());
         let kept = kept.unwrap();
         assert_eq!(kept.metadata().unwrap().len(), 30);

@@ -276,8 +276,11 @@ pub enum Error {
         size: (u32, u32),
     },
 
-    /// The loader was configured with impossible settings.
-    #[error("invalid loader configuration: {0}")]
+    /// Settings that cannot work, named: a loader's (a batch size of zero, a transform that
+    /// cannot run), a pack's or a conversion's (a thread count of zero, a class count beyond
+    /// [`MAX_CLASSES`](crate::dataset::MAX_CLASSES), no input given), an environment
+    /// variable's value.
+    #[error("invalid configuration: {0}")]
     Config(String),
 
     /// Memory for a batch could not be had: the allocator said no (the machine is out of
@@ -333,11 +336,6 @@ pub enum Error {
         /// Its value in this loader.
         current: String,
     },
-
-    /// Packing, converting or opening was asked for with impossible options (a thread count of
-    /// zero, a class count beyond [`MAX_CLASSES`](crate::dataset::MAX_CLASSES), ...).
-    #[error("invalid options: {0}")]
-    Options(String),
 
     /// A file was not read: it is not a regular file (a FIFO, a device, a directory), or it is
     /// far longer than an image of its kind can be.

@@ -505,7 +505,7 @@ fn a_complete_dataset_under_a_partial_name_is_never_opened_and_resume_says_to_fo
             &NoProgress,
         )
         .unwrap_err();
-        assert!(matches!(err, Error::Options(_)), "{err}");
+        assert!(matches!(err, Error::Config(_)), "{err}");
         assert!(!named_partial.exists());
         assert!(!format::staging::partial_path(&named_partial).exists());
     }

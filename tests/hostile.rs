@@ -242,7 +242,7 @@ fn hostile_tfrecord_labels_and_label_bases_are_bad_records_not_panics() {
     let huge = OpenOptions::default().with_num_classes(100_000_000_000);
     let err = format::open_with(&shard_dir, &huge).unwrap_err();
     assert!(
-        matches!(err, Error::Options(_)) && err.to_string().contains(&MAX_CLASSES.to_string()),
+        matches!(err, Error::Config(_)) && err.to_string().contains(&MAX_CLASSES.to_string()),
         "{err}"
     );
 }

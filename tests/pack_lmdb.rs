@@ -399,7 +399,7 @@ fn a_file_name_that_is_not_utf8_is_rejected_by_its_lossy_path() {
 }
 
 #[test]
-fn impossible_pack_options_are_refused_as_options_not_loader_settings() {
+fn impossible_pack_options_are_refused_as_configuration_errors_not_loader_settings() {
     // Regression: packer errors were worded "invalid loader configuration".
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("o.lmdb");
@@ -422,8 +422,11 @@ fn impossible_pack_options_are_refused_as_options_not_loader_settings() {
         },
     ] {
         let err = try_pack_lmdb(&fixture_root(), &out, &options).unwrap_err();
-        assert!(matches!(err, Error::Options(_)), "{err}");
-        assert!(err.to_string().starts_with("invalid options: "), "{err}");
+        assert!(matches!(err, Error::Config(_)), "{err}");
+        assert!(
+            err.to_string().starts_with("invalid configuration: "),
+            "{err}"
+        );
         assert!(!out.exists() && !format::staging::partial_path(&out).exists());
     }
 }

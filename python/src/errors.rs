@@ -170,7 +170,7 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
             attrs.set_item("current", current)?;
             "StateMismatchError"
         }
-        Error::Config(reason) | Error::Options(reason) => {
+        Error::Config(reason) => {
             attrs.set_item("reason", reason)?;
             "ConfigError"
         }

@@ -376,7 +376,7 @@ fn open_url(text: &str, options: &OpenOptions) -> Result<Arc<dyn Dataset>> {
 /// `options.allow_missing_shards`. One file is read as it is.
 pub fn open_files(files: &[std::path::PathBuf], options: &OpenOptions) -> Result<Arc<dyn Dataset>> {
     match files {
-        [] => Err(Error::Options("no dataset files given".into())),
+        [] => Err(Error::Config("no dataset files given".into())),
         [one] => open_with(one, options),
         _ => open_shards(&shards::Selection::List(files.to_vec()), options),
     }

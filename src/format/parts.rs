@@ -23,7 +23,7 @@ impl JoinedParts {
     /// conversion: each part exactly once, the same source fingerprint, classes and payload.
     pub fn open(paths: &[PathBuf]) -> Result<JoinedParts> {
         let first = paths.first().ok_or_else(|| {
-            Error::Options("join needs the parts of a split conversion; none were given".into())
+            Error::Config("join needs the parts of a split conversion; none were given".into())
         })?;
         let mut parts: Vec<(PartInfo, Arc<dyn Dataset>)> = Vec::new();
         for path in paths {
@@ -76,7 +76,7 @@ impl JoinedParts {
                 .filter(|w| w[0] == w[1])
                 .map(|w| w[0].to_string())
                 .collect();
-            return Err(Error::Options(format!(
+            return Err(Error::Config(format!(
                 "join needs parts 0..{} exactly once; missing: [{}], given twice: [{}]",
                 reference.count,
                 missing.join(", "),

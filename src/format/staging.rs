@@ -52,7 +52,7 @@ pub fn prepare_output(out: &Path, mode: StartMode) -> Result<PathBuf> {
     // Absolute, so that libraries that canonicalize the parent (heed does) accept a bare name.
     let out = &std::path::absolute(out).at(out)?;
     if is_staging_name(out) {
-        return Err(Error::Options(format!(
+        return Err(Error::Config(format!(
             "{}: an output may not be named *.partial: that name is how pack-dataset marks \
              unfinished output, and readers refuse it",
             out.display()

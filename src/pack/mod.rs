@@ -270,13 +270,13 @@ fn part_range(
         return Ok((None, 0..items.len()));
     };
     if count == 0 || index >= count {
-        return Err(Error::Options(format!(
+        return Err(Error::Config(format!(
             "--part-index {index} must be below --num-parts {count}"
         )));
     }
     let range = PartInfo::range(items.len(), index, count);
     if range.is_empty() {
-        return Err(Error::Options(format!(
+        return Err(Error::Config(format!(
             "--part-index {index} of --num-parts {count} holds none of the {} source files; \
              split into at most {} parts",
             items.len(),
@@ -478,7 +478,7 @@ pub fn join(
     format.require(out)?;
     let joined = JoinedParts::open(parts)?;
     if options.raw || options.resize_short_side.is_some() || options.part.is_some() {
-        return Err(Error::Options(
+        return Err(Error::Config(
             "join copies the parts as they are: --raw, --resize and --part-index do not apply"
                 .into(),
         ));

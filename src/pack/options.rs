@@ -66,9 +66,9 @@ impl PackOptions {
         }
     }
 
-    /// `Err(Error::Options)` for settings no pack can run with.
+    /// `Err(Error::Config)` for settings no pack can run with.
     pub fn validate(&self) -> Result<()> {
-        let invalid = |m: String| Err(Error::Options(m));
+        let invalid = |m: String| Err(Error::Config(m));
         if let Some(threads) = self.threads
             && !(1..=MAX_THREADS).contains(&threads)
         {

@@ -31,7 +31,7 @@ impl RecordsOptions {
     /// [`MAX_CLASSES`](crate::dataset::MAX_CLASSES)); `None`: find them from the labels.
     pub(crate) fn given_classes(&self) -> Result<Option<Vec<String>>> {
         match self.num_classes {
-            Some(n) if n > crate::dataset::MAX_CLASSES => Err(Error::Options(format!(
+            Some(n) if n > crate::dataset::MAX_CLASSES => Err(Error::Config(format!(
                 "{n} classes: at most {} are allowed",
                 crate::dataset::MAX_CLASSES
             ))),
@@ -153,7 +153,7 @@ impl Records {
             }
             Selection::List(files) => {
                 let Some(first) = files.first() else {
-                    return Err(Error::Options("an empty list of shards".into()));
+                    return Err(Error::Config("an empty list of shards".into()));
                 };
                 (first.as_path(), files.clone(), false)
             }

@@ -150,7 +150,7 @@ impl WebDataset {
             Selection::List(files) => {
                 let first = files
                     .first()
-                    .ok_or_else(|| Error::Options("an empty list of shards".into()))?;
+                    .ok_or_else(|| Error::Config("an empty list of shards".into()))?;
                 (first.clone(), files.clone(), false)
             }
             Selection::File(file) => (file.clone(), vec![file.clone()], false),
