@@ -90,6 +90,9 @@ pub fn prepare_output(out: &Path, mode: StartMode) -> Result<PathBuf> {
     Ok(partial)
 }
 
+/// How long [`lock_staging`] waits for a lock held by a descriptor copy in a forked child.
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// Takes the writer's lock on the staging output `partial` (a directory or file): an exclusive,
 /// non-blocking `flock` held as long as the returned handle lives, and released by the kernel
 /// when the process dies however it dies. A second pack to the same `OUT` (with `--force` or
@@ -97,9 +100,18 @@ pub fn prepare_output(out: &Path, mode: StartMode) -> Result<PathBuf> {
 pub(crate) fn lock_staging(partial: &Path) -> Result<fs::File> {
     use std::os::fd::AsRawFd as _;
     let file = fs::File::open(partial).at(partial)?;
+    // A child forked by another thread at this moment (the HDF5 open trial, a DataLoader
+    // worker) holds a copy of every descriptor until it closes them, which the trial does
+    // first: a lock held that way is gone within milliseconds, while another run holds its
+    // lock for the whole pack. So a held lock is tried again for a short while.
+    let deadline = std::time::Instant::now() + LOCK_PATIENCE;
     // SAFETY: flock on a descriptor this function owns; no memory is passed.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    while unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            continue;
+        }
         if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
             return Err(Error::NotReplaceable {
                 path: partial.to_path_buf(),
