@@ -8,7 +8,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use imagefeed::loader::{BadSamplePolicy, Loader, LoaderConfig};
-use imagefeed::pack::{self, NoProgress, PackFormat, PackOptions, StartMode};
+use imagefeed::pack::{self, NoProgress, PackFormat, PackOptions, Part, StartMode};
 use imagefeed::transform::Transform;
 use imagefeed::{Error, format, verify};
 use support::{BROKEN, Crash, Row, fixture_root, pack_as, records, small_options, writable};
@@ -260,7 +260,7 @@ fn a_split_conversion_joins_into_exactly_the_unsplit_dataset() {
         .map(|i| {
             let part = dir.path().join(format!("part-{i}.lmdb"));
             let options = PackOptions {
-                part: Some((i, 4)),
+                part: Some(Part { index: i, count: 4 }),
                 ..small_options()
             };
             let summary = pack_as(&src, &part, PackFormat::Lmdb, &options);
@@ -317,7 +317,7 @@ fn a_split_conversion_joins_into_exactly_the_unsplit_dataset() {
         &other,
         PackFormat::Lmdb,
         &PackOptions {
-            part: Some((0, 4)),
+            part: Some(Part { index: 0, count: 4 }),
             ..small_options()
         },
     );
@@ -334,7 +334,7 @@ fn a_split_conversion_joins_into_exactly_the_unsplit_dataset() {
         &dir.path().join("x.lmdb"),
         PackFormat::Lmdb,
         &PackOptions {
-            part: Some((4, 4)),
+            part: Some(Part { index: 4, count: 4 }),
             ..small_options()
         },
         &NoProgress,

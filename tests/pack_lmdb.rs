@@ -9,7 +9,7 @@ use std::path::Path;
 use imagefeed::dataset::{Dataset as _, PayloadKind};
 use imagefeed::decode::{Decoder, RawImage};
 use imagefeed::format::lmdb::Lmdb;
-use imagefeed::pack::{self, PackFormat, PackOptions, PackSummary, StartMode};
+use imagefeed::pack::{self, PackFormat, PackOptions, PackSummary, Part, StartMode};
 use imagefeed::{Error, format, inspect, verify};
 use support::{
     BROKEN, Crash, copy_tree, fixture_records_without_broken, fixture_root, pack_lmdb, records,
@@ -417,7 +417,7 @@ fn impossible_pack_options_are_refused_as_configuration_errors_not_loader_settin
             ..small_options()
         },
         PackOptions {
-            part: Some((3, 2)),
+            part: Some(Part { index: 3, count: 2 }),
             ..small_options()
         },
     ] {

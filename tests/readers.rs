@@ -16,7 +16,7 @@ use imagefeed::format::lmdb::Lmdb;
 use imagefeed::format::writer::{
     PackFormat, PackPlan, PackProgress, PackedRecord, WriterOptions, start_writer,
 };
-use imagefeed::pack::{self, NoProgress, PackOptions};
+use imagefeed::pack::{self, NoProgress, PackOptions, Part};
 use imagefeed::{Error, format};
 use support::{BROKEN, copy_tree, fixture_root, pack_as, pack_lmdb, small_options, writable};
 
@@ -68,7 +68,7 @@ fn backends(dir: &Path) -> Vec<(&'static str, Arc<dyn Dataset>)> {
         .map(|&i| {
             let part = dir.join(format!("part{i}.records"));
             let options = PackOptions {
-                part: Some((i, 3)),
+                part: Some(Part { index: i, count: 3 }),
                 ..small_options()
             };
             pack_as(&src, &part, PackFormat::Records, &options);

@@ -14,7 +14,7 @@ use anyhow::{Context as _, Result, bail};
 use clap::{Parser, Subcommand};
 use imagefeed::cli::{ReadingArgs, describe};
 use imagefeed::inspect::Inspection;
-use imagefeed::pack::{self, PackFormat, PackObserver, PackOptions, PackSummary, StartMode};
+use imagefeed::pack::{self, PackFormat, PackObserver, PackOptions, PackSummary, Part, StartMode};
 use imagefeed::progress::{PackProgressBar, human_bytes};
 use imagefeed::synthetic::{self, SyntheticSpec};
 
@@ -416,7 +416,10 @@ fn pack(
         threads: args.threads,
         shard_bytes: args.shard_size,
         label_base: args.label_base,
-        part: args.part_index.zip(args.num_parts),
+        part: args
+            .part_index
+            .zip(args.num_parts)
+            .map(|(index, count)| Part { index, count }),
         ..PackOptions::default()
     };
     let progress = Stoppable::new(args.quiet);

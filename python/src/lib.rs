@@ -19,7 +19,7 @@ use pyo3::prelude::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use imagefeed::pack::{self, PackFormat, PackObserver, PackOptions, Rejection, StartMode};
+use imagefeed::pack::{self, PackFormat, PackObserver, PackOptions, Part, Rejection, StartMode};
 use imagefeed::progress::PackProgressBar;
 
 use crate::errors::{config, to_py};
@@ -130,7 +130,7 @@ fn pack_dataset(
         mode: StartMode { resume, force },
         threads,
         label_base,
-        part,
+        part: part.map(|(index, count)| Part { index, count }),
         ..PackOptions::default()
     };
     if let Some(bytes) = shard_bytes {

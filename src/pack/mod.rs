@@ -39,7 +39,8 @@ mod worker;
 use options::refuse_foreign_report;
 pub(crate) use options::refuse_source_as_output;
 pub use options::{
-    NoProgress, PackObserver, PackOptions, PackSummary, disk_bytes, report_path, source_fingerprint,
+    NoProgress, PackObserver, PackOptions, PackSummary, Part, disk_bytes, report_path,
+    source_fingerprint,
 };
 use worker::{Fetched, PackWorker, Source};
 
@@ -266,7 +267,7 @@ fn part_range(
     items: &Source<'_>,
     options: &PackOptions,
 ) -> Result<(Option<PartInfo>, std::ops::Range<usize>)> {
-    let Some((index, count)) = options.part else {
+    let Some(Part { index, count }) = options.part else {
         return Ok((None, 0..items.len()));
     };
     if count == 0 || index >= count {

@@ -18,6 +18,16 @@ use crate::format::{lmdb, records};
 
 use crate::format::writer::{Rejection, StartMode};
 
+/// One share of a split pack: part `index` of `count` (`pack-dataset --part-index INDEX
+/// --num-parts COUNT`, a job array's task), joined back with [`join`](super::join).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Part {
+    /// This part's number, `0..count`.
+    pub index: usize,
+    /// How many parts the source listing is split into.
+    pub count: usize,
+}
+
 /// How to pack.
 #[derive(Debug, Clone)]
 pub struct PackOptions {
@@ -44,9 +54,9 @@ pub struct PackOptions {
     pub shard_bytes: u64,
     /// Records format: store `label + label_base` (ImageNet TFRecords use 1).
     pub label_base: u32,
-    /// Pack only part `.0` of `.1` of the source listing (a job array's share); see
+    /// Pack only one share of the source listing (a job array's); see
     /// [`PartInfo`](crate::dataset::PartInfo) and [`join`](super::join).
-    pub part: Option<(usize, usize)>,
+    pub part: Option<Part>,
     /// An output in object storage: where its local staging copy goes (`None`: the cache the
     /// environment names).
     pub cache: Option<crate::cache::Cache>,
