@@ -729,11 +729,12 @@ fn resume_and_concurrent_runs_never_write_outside_their_own_staging_output() {
         let partial = format::staging::partial_path(&out);
         let holder = fs::File::open(&partial).unwrap();
         use std::os::fd::AsRawFd as _;
-        // SAFETY: flock on a descriptor this test owns. Retried for a while: a child forked by
-        // another test's HDF5 open trial may hold a copy of the crashed run's descriptor for
-        // the moment before it closes it (the same wait `lock_staging` makes).
+        // Retried for a while: a child forked by another test's HDF5 open trial may hold a
+        // copy of the crashed run's descriptor for the moment before it closes it (the same
+        // wait `lock_staging` makes).
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
         let locked = loop {
+            // SAFETY: flock on a descriptor this test owns.
             let locked = unsafe { libc::flock(holder.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
             if locked == 0 || std::time::Instant::now() > deadline {
                 break locked;
