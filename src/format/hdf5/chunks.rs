@@ -428,6 +428,10 @@ pub(super) fn walk_index(layout: &ChunkLayout, dataset: &hdf5::Dataset, deadline
             let mut size: hsize_t = 0;
             // SAFETY: as in `read_stored`.
             unsafe { H5Dget_chunk_storage_size(dataset.id(), origin.as_ptr(), &mut size) };
+            // The clock every 4,096 lookups: a row of millions of tiny chunks stops in time.
+            if number % 4096 == 4095 && Instant::now() > deadline {
+                return;
+            }
         }
         if Instant::now() > deadline {
             return;
@@ -486,15 +490,18 @@ impl ChunkReader {
         if self.rows.contains_key(&first) {
             return;
         }
+        let slot = std::mem::size_of::<Option<Vec<u8>>>();
         while self.held + row_bytes > self.budget {
             let Some(oldest) = self.order.pop_front() else {
                 break;
             };
             let evicted = self.rows.remove(&oldest).expect("ordered rows are cached");
+            self.held -= evicted.len() * slot;
             self.held -= evicted.iter().flatten().map(Vec::len).sum::<usize>();
         }
         let mut chunks = Vec::with_capacity(per_row);
         chunks.resize_with(per_row, || None);
+        self.held += per_row * slot;
         self.rows.insert(first, chunks);
         self.order.push_back(first);
     }
@@ -510,7 +517,10 @@ impl ChunkReader {
     ) -> std::result::Result<(), String> {
         let first = index - index % layout.chunk[0];
         let per_row = layout.chunks_per_row();
-        let row_bytes = per_row.saturating_mul(layout.chunk_bytes());
+        // What a cached row costs: its decoded chunks and a slot for each (tiny chunks make the
+        // slots the larger part).
+        let slot = std::mem::size_of::<Option<Vec<u8>>>();
+        let row_bytes = per_row.saturating_mul(layout.chunk_bytes().saturating_add(slot));
         // A row larger than the whole cache is decoded chunk by chunk and kept in none.
         let keep = row_bytes <= self.budget;
         if keep {
@@ -777,8 +787,10 @@ mod tests {
 
     #[test]
     fn the_row_cache_keeps_the_rows_read_last_within_its_budget() {
-        // Rows of two 50-byte chunks: three fit in 300 bytes.
-        let mut reader = ChunkReader::with_budget(300);
+        // Rows of two 50-byte chunks and their two slots: three fit.
+        let slot = std::mem::size_of::<Option<Vec<u8>>>();
+        let row = 100 + 2 * slot;
+        let mut reader = ChunkReader::with_budget(3 * row);
         let fill = |reader: &mut ChunkReader, first: usize| {
             reader
                 .rows
@@ -786,18 +798,19 @@ mod tests {
             reader.held += 100;
         };
         for first in [0, 10, 20] {
-            reader.use_row(first, 2, 100);
+            reader.use_row(first, 2, row);
             fill(&mut reader, first);
         }
+        assert_eq!(reader.held, 3 * row);
         // A row cached already keeps its chunks.
-        reader.use_row(10, 2, 100);
+        reader.use_row(10, 2, row);
         assert!(reader.rows[&10].iter().all(Option::is_some));
         assert_eq!(reader.order, [0, 10, 20]);
-        // A new row evicts the oldest to make room.
-        reader.use_row(30, 2, 100);
+        // A new row evicts the oldest to make room, slots included.
+        reader.use_row(30, 2, row);
         assert_eq!(reader.order, [10, 20, 30]);
         assert!(!reader.rows.contains_key(&0));
-        assert_eq!(reader.held, 200);
+        assert_eq!(reader.held, 2 * row + 2 * slot);
         assert!(reader.rows[&30].iter().all(Option::is_none));
     }
 
