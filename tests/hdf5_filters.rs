@@ -259,12 +259,12 @@ fn every_filter_this_build_undoes_reads_what_h5py_wrote_and_others_are_refused_b
                 .collect();
         assert_eq!(got, want, "{name}");
     }
-    // One element per chunk, 5,000 chunks: the descriptors are read chunk by chunk at open
-    // and the records with pread through the descriptor opened then, so a file renamed over
-    // it afterwards is not read.
+    // One element per chunk, 5,000 chunks, no filter: each chunk's size would have to come from
+    // its own index entry, which libhdf5 1.10 finds by walking the whole index, so the
+    // descriptors are read through the library, which opens the path again (a file renamed
+    // over it is refused).
     let many = dir.path().join("vlen-many-chunks.h5");
     let dataset = format::open(&many).unwrap();
-    std::fs::rename(dir.path().join("ub.h5"), &many).unwrap();
     let mut reader = dataset.open_reader().unwrap();
     for i in [0usize, 1, 2500, 4999] {
         let record = reader.read(i).unwrap();
@@ -274,6 +274,12 @@ fn every_filter_this_build_undoes_reads_what_h5py_wrote_and_others_are_refused_b
             "element {i}"
         );
     }
+    drop(reader);
+    std::fs::rename(dir.path().join("ub.h5"), &many).unwrap();
+    assert!(matches!(
+        dataset.open_reader(),
+        Err(imagefeed::Error::FileChanged { .. })
+    ));
     // Chunks never allocated and elements never written read as empty, as h5py reads them.
     let gaps = records(
         format::open(dir.path().join("vlen-gaps.h5"))
@@ -380,6 +386,30 @@ with h5py.File(os.path.join(out, "gaps.h5"), "w") as f:
     f.create_dataset("labels", data=np.zeros(10, np.int64))
     f["images"][()].tofile(os.path.join(out, "gaps.raw"))
 print("gaps")
+# Fill time "never": libhdf5 leaves never-written chunks as the reader's buffer was (h5py: 0).
+with h5py.File(os.path.join(out, "fill-never.h5"), "w") as f:
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_chunk((4, 5, 4, 3))
+    dcpl.set_deflate(4)
+    dcpl.set_fill_value(np.array(77, np.uint8))
+    dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+    space = h5py.h5s.create_simple((10, 5, 4, 3))
+    h5py.h5d.create(f.id, b"images", h5py.h5t.NATIVE_UINT8, space, dcpl=dcpl)
+    f["images"][0:4] = smooth[:4, :5, :4]
+    f.create_dataset("labels", data=np.zeros(10, np.int64))
+    f["images"][()].tofile(os.path.join(out, "fill-never.raw"))
+print("fill-never")
+# Unfiltered chunks whose index entry gives the wrong size (written as is): 196 and 7 bytes
+# for a 96-byte chunk. libhdf5 1.10 copies what the entry says into its reader's buffer.
+for name, cut in (("plain-long", None), ("plain-short", 7)):
+    with h5py.File(os.path.join(out, name + ".h5"), "w") as f:
+        d = f.create_dataset("images", (8, 4, 4, 3), np.uint8, chunks=(2, 4, 4, 3))
+        d[...] = smooth[:8, :4, :4]
+        good = d[0:2].tobytes()
+        d.id.write_direct_chunk((0, 0, 0, 0), good + b"x" * 100 if cut is None else good[:cut], 0)
+        f.create_dataset("labels", data=np.zeros(8, np.int64))
+    smooth[:8, :4, :4].tofile(os.path.join(out, name + ".raw"))
+    print(name)
 "#;
 
 /// Every sample of each file as h5py reads it: `(height, width, channels, bytes)`.
@@ -407,6 +437,7 @@ fn check_chunked_files(dir: &Path) {
         ("incompressible", [6, 16, 16, 3]),
         ("grey", [13, 7, 9, 1]),
         ("gaps", [10, 5, 4, 3]),
+        ("fill-never", [10, 5, 4, 3]),
     ];
     for (name, shape) in files {
         let want = chunked_samples(dir, name, shape);
@@ -460,6 +491,44 @@ fn child_checks_chunked_files() {
     };
     check_chunked_files(Path::new(&dir));
     println!("checked without a cache");
+}
+
+#[test]
+fn an_unfiltered_chunk_whose_index_gives_the_wrong_size_is_a_bad_sample() {
+    // Found by a hostile try: the index entry of an unfiltered chunk gives 196 (or 7) bytes for
+    // a 96-byte chunk; reading it with the nominal size made libhdf5 1.10 write past the
+    // buffer (or hand out zeros). Now the chunk's two samples are bad, the rest read.
+    let Some(python) = python_with("h5py, numpy") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let output = std::process::Command::new(python)
+        .args(["-c", WRITE_CHUNKED])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    for name in ["plain-long", "plain-short"] {
+        let want = chunked_samples(dir.path(), name, [8, 4, 4, 3]);
+        let path = dir.path().join(format!("{name}.h5"));
+        // Opens: the trial child reads these chunks with the same checked code (before the
+        // fix it crashed on "plain-long", refusing the file; a file past the trial's 3 s of
+        // reads would have crashed the process itself).
+        let dataset = imagefeed::format::hdf5::Hdf5::open(&path).unwrap();
+        let mut reader = imagefeed::Dataset::open_reader(&dataset).unwrap();
+        let mut bad = Vec::new();
+        for (i, want) in want.iter().enumerate() {
+            match reader.read(i) {
+                Ok(record) => {
+                    let (_, _, pixels) = RawImage::parse(record.payload).unwrap();
+                    assert_eq!(&pixels, want, "{name} sample {i} read as good but differs");
+                }
+                Err(imagefeed::Error::CorruptRecord { index, .. }) => bad.push(index),
+                Err(other) => panic!("{name} sample {i}: {other}"),
+            }
+        }
+        assert_eq!(bad, [0, 1], "{name}");
+    }
 }
 
 #[test]

@@ -80,6 +80,13 @@ impl ChunkLayout {
         let Some(filters) = pipeline(dcpl.id()) else {
             return Ok(None);
         };
+        let chunks = dims
+            .iter()
+            .zip(&chunk)
+            .try_fold(1usize, |n, (&d, &c)| n.checked_mul(d.div_ceil(c)));
+        if filters.is_empty() && chunks.is_none_or(|n| n > MAX_UNFILTERED_CHUNKS) {
+            return Ok(None);
+        }
         Ok(Some(ChunkLayout {
             dims,
             chunk,
@@ -338,45 +345,93 @@ unsafe extern "C" {
     ) -> hdf5_sys::h5::herr_t;
 }
 
-/// Reads the stored bytes of the chunk at `origin` into `stored`, returning the filters the
-/// writer skipped for it, or `None` when the chunk was never written. Runs inside the gate.
-fn read_stored(
+/// The index entry of the chunk at `origin`: its file address (`None`: never written) and
+/// stored size. Walks the whole index in libhdf5 1.10 (see [`MAX_UNFILTERED_CHUNKS`]).
+fn index_entry(
     dataset: &hdf5::Dataset,
     origin: &[hsize_t],
-    file_len: u64,
-    stored: &mut Vec<u8>,
-) -> std::result::Result<Option<u32>, String> {
-    debug_assert!(gate::held());
-    let mut size: hsize_t = 0;
+) -> std::result::Result<(Option<u64>, u64), String> {
+    let (mut mask, mut address, mut bytes) = (0, 0, 0);
     // SAFETY: the dataset id is valid while `dataset` lives; `origin` has one coordinate per
-    // dimension; `size` is a valid out-pointer.
-    let status = unsafe { H5Dget_chunk_storage_size(dataset.id(), origin.as_ptr(), &mut size) };
-    if status < 0 || size == 0 {
-        // libhdf5 1.10 fails for a chunk never written: ask the index whether it holds one.
-        let (mut mask, mut address, mut bytes) = (0, 0, 0);
-        // SAFETY: as above, with valid out-pointers.
-        let found = unsafe {
-            hdf5_sys::h5d::H5Dget_chunk_info_by_coord(
-                dataset.id(),
-                origin.as_ptr(),
-                &mut mask,
-                &mut address,
-                &mut bytes,
-            )
-        };
-        if found >= 0 && address == HADDR_UNDEF {
-            return Ok(None);
-        }
+    // dimension; the out-pointers are valid.
+    let found = unsafe {
+        hdf5_sys::h5d::H5Dget_chunk_info_by_coord(
+            dataset.id(),
+            origin.as_ptr(),
+            &mut mask,
+            &mut address,
+            &mut bytes,
+        )
+    };
+    if found < 0 {
         return Err(format!(
             "libhdf5 could not find the chunk at {origin:?} in the dataset's index"
         ));
     }
-    if size > file_len {
-        return Err(format!(
-            "the index says the chunk at {origin:?} holds {size} bytes, more than the \
-             {file_len}-byte file"
-        ));
-    }
+    Ok(((address != HADDR_UNDEF).then_some(address), bytes))
+}
+
+/// The most chunks an unfiltered chunked dataset may have to be read here: each chunk's size
+/// is then taken from its own index entry, which libhdf5 1.10 finds by walking the whole index
+/// (time growing with the square of the chunk count); larger ones are read through the library.
+const MAX_UNFILTERED_CHUNKS: usize = 4096;
+
+/// Reads the stored bytes of the chunk at `origin` into `stored`, returning the filters the
+/// writer skipped for it, or `None` when the chunk was never written. Runs inside the gate.
+///
+/// The buffer must hold what `H5Dread_chunk` writes, which is the size in the chunk's index
+/// entry. For a filtered dataset `H5Dget_chunk_storage_size` reports that size; for an
+/// unfiltered one it reports the chunk's nominal size whatever the entry says (a damaged entry
+/// of 196 bytes for a 96-byte chunk made libhdf5 1.10 write past a 96-byte buffer), so there the
+/// entry itself is read and must hold exactly the nominal size.
+fn read_stored(
+    dataset: &hdf5::Dataset,
+    origin: &[hsize_t],
+    layout: &ChunkLayout,
+    stored: &mut Vec<u8>,
+) -> std::result::Result<Option<u32>, String> {
+    debug_assert!(gate::held());
+    let file_len = layout.file_len;
+    let size = if layout.filters.is_empty() {
+        let (address, size) = index_entry(dataset, origin)?;
+        let Some(address) = address else {
+            return Ok(None);
+        };
+        let want = layout.chunk_bytes() as u64;
+        if size != want {
+            return Err(format!(
+                "the index gives the unfiltered chunk at {origin:?} {size} bytes, not the {want} \
+                 of its shape"
+            ));
+        }
+        if address.checked_add(size).is_none_or(|end| end > file_len) {
+            return Err(format!(
+                "the chunk at {origin:?} lies at bytes {address}..+{size}, past the end of the \
+                 {file_len}-byte file"
+            ));
+        }
+        size
+    } else {
+        let mut size: hsize_t = 0;
+        // SAFETY: as in `index_entry`; `size` is a valid out-pointer.
+        let status = unsafe { H5Dget_chunk_storage_size(dataset.id(), origin.as_ptr(), &mut size) };
+        if status < 0 || size == 0 {
+            // libhdf5 1.10 fails for a chunk never written: ask the index whether it holds one.
+            return match index_entry(dataset, origin)? {
+                (None, _) => Ok(None),
+                (Some(_), _) => Err(format!(
+                    "libhdf5 could not find the chunk at {origin:?} in the dataset's index"
+                )),
+            };
+        }
+        if size > file_len {
+            return Err(format!(
+                "the index says the chunk at {origin:?} holds {size} bytes, more than the \
+                 {file_len}-byte file"
+            ));
+        }
+        size
+    };
     let size = size as usize;
     stored.clear();
     stored
@@ -384,9 +439,9 @@ fn read_stored(
         .map_err(|_| format!("no memory for a {size}-byte chunk"))?;
     stored.resize(size, 0);
     let mut skipped = 0u32;
-    // SAFETY: `stored` holds the `size` bytes the index gives for this chunk, which is what
-    // libhdf5 writes (it reads the size from the same index entry); the other pointers are
-    // valid.
+    // SAFETY: `stored` holds the `size` bytes the chunk's index entry gives (read from the
+    // entry itself for an unfiltered dataset, see above), which is what libhdf5 writes; the
+    // other pointers are valid.
     #[cfg(not(hdf5_read_chunk2))]
     let status = unsafe {
         hdf5_sys::h5d::H5Dread_chunk1(
@@ -397,10 +452,13 @@ fn read_stored(
             stored.as_mut_ptr().cast(),
         )
     };
-    // SAFETY: as above; libhdf5 2 also checks `size` against the chunk's.
+    // libhdf5 2 takes the buffer's size and reports the chunk's: a chunk of another size is not
+    // read (and must not pass as the zeros left in the buffer).
+    #[cfg(hdf5_read_chunk2)]
+    let mut capacity = size;
+    // SAFETY: as above; libhdf5 writes at most `capacity` bytes.
     #[cfg(hdf5_read_chunk2)]
     let status = unsafe {
-        let mut capacity = size;
         hdf5_sys::h5d::H5Dread_chunk2(
             dataset.id(),
             hdf5_sys::h5p::H5P_DEFAULT,
@@ -412,6 +470,12 @@ fn read_stored(
     };
     if status < 0 {
         return Err(format!("libhdf5 could not read the chunk at {origin:?}"));
+    }
+    #[cfg(hdf5_read_chunk2)]
+    if capacity != size {
+        return Err(format!(
+            "libhdf5 gives the chunk at {origin:?} {capacity} bytes where its index gave {size}"
+        ));
     }
     Ok(Some(skipped))
 }
@@ -539,7 +603,7 @@ impl ChunkReader {
             };
             if row.as_ref().is_none_or(|row| row[number].is_none()) {
                 let skipped =
-                    dataset.with(|d| read_stored(d, &origin, layout.file_len, &mut self.stored))?;
+                    dataset.with(|d| read_stored(d, &origin, layout, &mut self.stored))?;
                 match skipped {
                     Some(skipped) => layout.decode(&mut self.stored, skipped, &mut self.scratch)?,
                     None => {
@@ -623,7 +687,7 @@ pub(super) fn read_all(
     for first in (0..n).step_by(layout.chunk[0]) {
         let origin = [first as hsize_t];
         let count = layout.chunk[0].min(n - first);
-        match read_stored(dataset, &origin, layout.file_len, &mut stored).map_err(damaged)? {
+        match read_stored(dataset, &origin, layout, &mut stored).map_err(damaged)? {
             Some(skipped) => {
                 layout
                     .decode(&mut stored, skipped, &mut scratch)

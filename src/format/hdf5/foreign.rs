@@ -183,10 +183,12 @@ fn pixel_layout(
             PixelStorage::Contiguous(offset)
         }
         None => {
-            // What a chunk never written holds: the fill value (0 unless set).
+            // What a chunk never written holds: the fill value (0 unless set). With the fill
+            // time "never" libhdf5 leaves a reader's buffer as it was, which h5py zeroes.
             let fill = images
                 .dcpl()
                 .ok()
+                .filter(|dcpl| dcpl.fill_time() != hdf5::dataset::FillTime::Never)
                 .and_then(|dcpl| dcpl.fill_value_as::<u8>())
                 .unwrap_or(0);
             match ChunkLayout::of(path, images, name, 1, vec![fill], file_len)? {
