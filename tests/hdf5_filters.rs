@@ -12,7 +12,7 @@ use imagefeed::decode::RawImage;
 use imagefeed::format::{self, OpenOptions};
 use imagefeed::loader::{BadSamplePolicy, Loader, LoaderConfig};
 use imagefeed::transform::Transform;
-use support::{fixture_records_without_broken, fixture_root, python_with, records};
+use support::{fixture_records_without_broken, fixture_root, python_with, records, run_python};
 
 /// Writes one file per filter into argv[1]: `N x 8 x 6 x 3` uint8 pixels (value
 /// `(i*7 + y*3 + x*5 + c) % 256`) and int64 labels `i % 3`, both through the filter; checks
@@ -412,6 +412,14 @@ for name, cut in (("plain-long", None), ("plain-short", 7)):
     print(name)
 "#;
 
+/// A directory holding what `WRITE_CHUNKED` writes; `None` (skipped, saying why) without h5py.
+fn write_chunked_files() -> Option<tempfile::TempDir> {
+    let python = python_with("h5py, numpy")?;
+    let dir = tempfile::tempdir().unwrap();
+    run_python(&python, WRITE_CHUNKED, &[dir.path()]);
+    Some(dir)
+}
+
 /// Every sample of each file as h5py reads it: `(height, width, channels, bytes)`.
 fn chunked_samples(dir: &Path, name: &str, shape: [usize; 4]) -> Vec<Vec<u8>> {
     let raw = std::fs::read(dir.join(format!("{name}.raw"))).unwrap();
@@ -455,20 +463,9 @@ fn check_chunked_files(dir: &Path) {
 
 #[test]
 fn chunked_pixel_arrays_read_as_h5py_reads_them_in_any_order() {
-    let Some(python) = python_with("h5py, numpy") else {
+    let Some(dir) = write_chunked_files() else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let output = std::process::Command::new(python)
-        .args(["-c", WRITE_CHUNKED])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
     // With the default cache (every row kept), then in a child with none (every chunk decoded
     // for each sample that needs it).
     check_chunked_files(dir.path());
@@ -498,16 +495,9 @@ fn an_unfiltered_chunk_whose_index_gives_the_wrong_size_is_a_bad_sample() {
     // Found by a hostile try: the index entry of an unfiltered chunk gives 196 (or 7) bytes for
     // a 96-byte chunk; reading it with the nominal size made libhdf5 1.10 write past the
     // buffer (or hand out zeros). Now the chunk's two samples are bad, the rest read.
-    let Some(python) = python_with("h5py, numpy") else {
+    let Some(dir) = write_chunked_files() else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let output = std::process::Command::new(python)
-        .args(["-c", WRITE_CHUNKED])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(output.status.success());
     for name in ["plain-long", "plain-short"] {
         let want = chunked_samples(dir.path(), name, [8, 4, 4, 3]);
         let path = dir.path().join(format!("{name}.h5"));
@@ -533,17 +523,9 @@ fn an_unfiltered_chunk_whose_index_gives_the_wrong_size_is_a_bad_sample() {
 
 #[test]
 fn a_damaged_chunk_is_a_bad_sample_naming_its_record_and_the_rest_read() {
-    let Some(python) = python_with("h5py, numpy") else {
+    let Some(dir) = write_chunked_files() else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let status = std::process::Command::new(python)
-        .args(["-c", WRITE_CHUNKED])
-        .arg(dir.path())
-        .output()
-        .unwrap()
-        .status;
-    assert!(status.success());
     // "split" carries fletcher32 sums: damage to a chunk's stored bytes is caught there (or
     // by the inflater). One byte in the middle of one chunk of the chunk row 5..10 spoils
     // exactly the samples of that row.

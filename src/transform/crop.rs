@@ -9,6 +9,24 @@ fn py_round(x: f64) -> f64 {
     x.round_ties_even()
 }
 
+/// One try of torchvision's box draws (`RandomResizedCrop`, `RandomErasing`): an area of
+/// `scale` × `area` and a log-uniform aspect ratio in `ratio`, drawn in that order, as the
+/// box's sides `(round(sqrt(area × ratio)), round(sqrt(area / ratio)))`, Python rounding.
+/// `RandomResizedCrop` takes them as width and height, `RandomErasing` as height and width.
+pub(crate) fn area_and_ratio(
+    rng: &mut SampleRng,
+    area: f64,
+    scale: (f64, f64),
+    ratio: (f64, f64),
+) -> (f64, f64) {
+    let target = area * rng.uniform(scale.0, scale.1);
+    let aspect = rng.uniform(ratio.0.ln(), ratio.1.ln()).exp();
+    (
+        py_round((target * aspect).sqrt()),
+        py_round((target / aspect).sqrt()),
+    )
+}
+
 /// torchvision `RandomResizedCrop.get_params(img, scale, ratio)`, drawing from `rng`.
 ///
 /// Up to 10 attempts at a box of random area (`scale` × image area) and log-uniform aspect ratio
@@ -22,12 +40,8 @@ pub fn random_resized_crop(
 ) -> Rect {
     let (w_img, h_img) = (width as f64, height as f64);
     let area = w_img * h_img;
-    let log_ratio = (ratio.0.ln(), ratio.1.ln());
     for _ in 0..10 {
-        let target_area = area * rng.uniform(scale.0, scale.1);
-        let aspect = rng.uniform(log_ratio.0, log_ratio.1).exp();
-        let w = py_round((target_area * aspect).sqrt());
-        let h = py_round((target_area / aspect).sqrt());
+        let (w, h) = area_and_ratio(rng, area, scale, ratio);
         if 0.0 < w && w <= w_img && 0.0 < h && h <= h_img {
             // torch.randint(0, H - h + 1): an integer in 0..=H-h.
             let top = rng.below((h_img - h) as u64 + 1) as f64;

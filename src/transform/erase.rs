@@ -12,6 +12,7 @@
 use crate::geometry::Rect;
 use crate::rng::SampleRng;
 
+use super::crop::area_and_ratio;
 use super::slot::Normalize;
 
 /// What an erased rectangle holds, in the output's units (after normalization).
@@ -146,12 +147,8 @@ fn erase_rect(
 ) -> Option<Rect> {
     let (img_w, img_h) = (width as f64, height as f64);
     let area = img_w * img_h;
-    let log_ratio = (ratio.0.ln(), ratio.1.ln());
     for _ in 0..10 {
-        let erase_area = area * rng.uniform(scale.0, scale.1);
-        let aspect = rng.uniform(log_ratio.0, log_ratio.1).exp();
-        let h = (erase_area * aspect).sqrt().round_ties_even();
-        let w = (erase_area / aspect).sqrt().round_ties_even();
+        let (h, w) = area_and_ratio(rng, area, scale, ratio);
         if !(h < img_h && w < img_w) {
             continue;
         }

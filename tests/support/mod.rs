@@ -247,8 +247,9 @@ pub fn python_with(modules: &str) -> Option<String> {
     }
 }
 
-/// Runs a Python script that prints "key label payload-hex" lines and parses them.
-pub fn python_rows(python: &str, script: &str, args: &[&Path]) -> Vec<(String, u32, Vec<u8>)> {
+/// Runs the Python script `script` with `args`, failing the test (with its stderr) unless it
+/// succeeds; returns what it printed.
+pub fn run_python(python: &str, script: &str, args: &[&Path]) -> String {
     let output = Command::new(python)
         .arg("-c")
         .arg(script)
@@ -260,8 +261,12 @@ pub fn python_rows(python: &str, script: &str, args: &[&Path]) -> Vec<(String, u
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    String::from_utf8(output.stdout)
-        .unwrap()
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// Runs a Python script that prints "key label payload-hex" lines and parses them.
+pub fn python_rows(python: &str, script: &str, args: &[&Path]) -> Vec<(String, u32, Vec<u8>)> {
+    run_python(python, script, args)
         .lines()
         .map(|l| {
             let mut parts = l.split(' ');

@@ -50,6 +50,16 @@ pub(super) struct ChunkLayout {
     file_len: u64,
 }
 
+/// The most dimensions of a dataset read here (`N×H×W×C` pixel arrays), so that chunk
+/// coordinates live on the stack on the per-sample path.
+const MAX_RANK: usize = 4;
+
+/// A chunk's coordinates, in elements; the first `ChunkLayout::dims.len()` are used.
+type Origin = [hsize_t; MAX_RANK];
+
+/// What each chunk of a cached row costs beyond its bytes: its slot in the row.
+const SLOT_BYTES: usize = std::mem::size_of::<Option<Vec<u8>>>();
+
 /// How much larger than its stored bytes a chunk can decompress to: deflate's limit is about
 /// 1032:1, LZF's far lower.
 const MAX_RATIO: usize = 1100;
@@ -71,7 +81,11 @@ impl ChunkLayout {
             return Ok(None);
         };
         let dims = dataset.shape();
-        if chunk.len() != dims.len() || dims.is_empty() || fill.len() != element {
+        if chunk.len() != dims.len()
+            || dims.is_empty()
+            || dims.len() > MAX_RANK
+            || fill.len() != element
+        {
             return Ok(None);
         }
         let dcpl = dataset
@@ -118,8 +132,8 @@ impl ChunkLayout {
 
     /// The origin, in elements, of chunk `number` (in row-major order) of the chunk row that
     /// starts at `first`.
-    fn origin(&self, first: usize, number: usize) -> Vec<hsize_t> {
-        let mut origin = vec![0; self.dims.len()];
+    fn origin(&self, first: usize, number: usize) -> Origin {
+        let mut origin = [0; MAX_RANK];
         origin[0] = first as hsize_t;
         let mut rest = number;
         for d in (1..self.dims.len()).rev() {
@@ -128,6 +142,11 @@ impl ChunkLayout {
             rest /= across;
         }
         origin
+    }
+
+    /// Fills `out` with `len` bytes of the fill value: what a chunk never written holds.
+    fn fill(&self, out: &mut Vec<u8>, len: usize) {
+        out.extend(self.fill.iter().copied().cycle().take(len));
     }
 
     /// Undoes the filters on a chunk's `stored` bytes (`skipped`: the filters the writer left
@@ -386,11 +405,12 @@ const MAX_UNFILTERED_CHUNKS: usize = 4096;
 /// entry itself is read and must hold exactly the nominal size.
 fn read_stored(
     dataset: &hdf5::Dataset,
-    origin: &[hsize_t],
+    origin: &Origin,
     layout: &ChunkLayout,
     stored: &mut Vec<u8>,
 ) -> std::result::Result<Option<u32>, String> {
     debug_assert!(gate::held());
+    let origin = &origin[..layout.dims.len()];
     let file_len = layout.file_len;
     let size = if layout.filters.is_empty() {
         let (address, size) = index_entry(dataset, origin)?;
@@ -554,18 +574,17 @@ impl ChunkReader {
         if self.rows.contains_key(&first) {
             return;
         }
-        let slot = std::mem::size_of::<Option<Vec<u8>>>();
         while self.held + row_bytes > self.budget {
             let Some(oldest) = self.order.pop_front() else {
                 break;
             };
             let evicted = self.rows.remove(&oldest).expect("ordered rows are cached");
-            self.held -= evicted.len() * slot;
+            self.held -= evicted.len() * SLOT_BYTES;
             self.held -= evicted.iter().flatten().map(Vec::len).sum::<usize>();
         }
         let mut chunks = Vec::with_capacity(per_row);
         chunks.resize_with(per_row, || None);
-        self.held += per_row * slot;
+        self.held += per_row * SLOT_BYTES;
         self.rows.insert(first, chunks);
         self.order.push_back(first);
     }
@@ -583,8 +602,7 @@ impl ChunkReader {
         let per_row = layout.chunks_per_row();
         // What a cached row costs: its decoded chunks and a slot for each (tiny chunks make the
         // slots the larger part).
-        let slot = std::mem::size_of::<Option<Vec<u8>>>();
-        let row_bytes = per_row.saturating_mul(layout.chunk_bytes().saturating_add(slot));
+        let row_bytes = per_row.saturating_mul(layout.chunk_bytes().saturating_add(SLOT_BYTES));
         // A row larger than the whole cache is decoded chunk by chunk and kept in none.
         let keep = row_bytes <= self.budget;
         if keep {
@@ -608,8 +626,7 @@ impl ChunkReader {
                     Some(skipped) => layout.decode(&mut self.stored, skipped, &mut self.scratch)?,
                     None => {
                         self.stored.clear();
-                        let fill = layout.fill.iter().copied().cycle();
-                        self.stored.extend(fill.take(layout.chunk_bytes()));
+                        layout.fill(&mut self.stored, layout.chunk_bytes());
                     }
                 }
                 if let Some(row) = row.as_mut() {
@@ -621,36 +638,38 @@ impl ChunkReader {
                 Some(row) => row[number].as_deref().expect("decoded above"),
                 None => &self.stored,
             };
-            copy_part(layout, chunk, index - first, &origin[1..], out);
+            copy_part(layout, chunk, index - first, &origin, out);
         }
         Ok(())
     }
 }
 
-/// Copies the part of element row `plane` of a decoded chunk whose other coordinates start at
-/// `origin` into `out`, the whole element row.
-fn copy_part(layout: &ChunkLayout, chunk: &[u8], plane: usize, origin: &[hsize_t], out: &mut [u8]) {
+/// Copies the part of element row `plane` of a decoded chunk whose coordinates start at
+/// `origin` (the first, the chunk row's, is not used) into `out`, the whole element row.
+fn copy_part(layout: &ChunkLayout, chunk: &[u8], plane: usize, origin: &Origin, out: &mut [u8]) {
     let dims = &layout.dims[1..];
     let shape = &layout.chunk[1..];
     let element = layout.element;
-    let origin: Vec<usize> = origin.iter().map(|&o| o as usize).collect();
+    let rank = dims.len();
     // How far the chunk reaches into the dataset along each dimension (edge chunks reach
     // past it: their extra elements are not the dataset's).
-    let extent: Vec<usize> = (0..dims.len())
-        .map(|d| shape[d].min(dims[d] - origin[d]))
-        .collect();
+    let (mut start, mut extent) = ([0usize; MAX_RANK], [0usize; MAX_RANK]);
+    for d in 0..rank {
+        start[d] = origin[d + 1] as usize;
+        extent[d] = shape[d].min(dims[d] - start[d]);
+    }
     // Copies run along the last dimension; the others are walked like an odometer.
-    let (run, outer) = match dims.len() {
+    let (run, outer) = match rank {
         0 => (1, 0),
         rank => (extent[rank - 1], rank - 1),
     };
-    let mut position = vec![0usize; outer];
+    let mut position = [0usize; MAX_RANK];
     loop {
         let (mut from, mut to) = (plane, 0);
-        for d in 0..dims.len() {
+        for d in 0..rank {
             let at = if d < outer { position[d] } else { 0 };
             from = from * shape[d] + at;
-            to = to * dims[d] + origin[d] + at;
+            to = to * dims[d] + start[d] + at;
         }
         out[to * element..(to + run) * element]
             .copy_from_slice(&chunk[from * element..(from + run) * element]);
@@ -685,7 +704,7 @@ pub(super) fn read_all(
         .map_err(|_| damaged(format!("no memory for {n} element descriptors")))?;
     let (mut stored, mut scratch) = (Vec::new(), Vec::new());
     for first in (0..n).step_by(layout.chunk[0]) {
-        let origin = [first as hsize_t];
+        let origin = layout.origin(first, 0);
         let count = layout.chunk[0].min(n - first);
         match read_stored(dataset, &origin, layout, &mut stored).map_err(damaged)? {
             Some(skipped) => {
@@ -694,10 +713,7 @@ pub(super) fn read_all(
                     .map_err(|reason| damaged(format!("the chunk at element {first}: {reason}")))?;
                 all.extend_from_slice(&stored[..count * layout.element]);
             }
-            None => {
-                let fill = layout.fill.iter().copied().cycle();
-                all.extend(fill.take(count * layout.element));
-            }
+            None => layout.fill(&mut all, count * layout.element),
         }
     }
     Ok(all)
@@ -838,7 +854,7 @@ mod tests {
                         *byte = value(i, y, x, c);
                     }
                 }
-                copy_part(&l, &chunk, index - first, &origin[1..], &mut out);
+                copy_part(&l, &chunk, index - first, &origin, &mut out);
             }
             let want: Vec<u8> = (0..dims[1])
                 .flat_map(|y| {
@@ -852,7 +868,7 @@ mod tests {
     #[test]
     fn the_row_cache_keeps_the_rows_read_last_within_its_budget() {
         // Rows of two 50-byte chunks and their two slots: three fit.
-        let slot = std::mem::size_of::<Option<Vec<u8>>>();
+        let slot = SLOT_BYTES;
         let row = 100 + 2 * slot;
         let mut reader = ChunkReader::with_budget(3 * row);
         let fill = |reader: &mut ChunkReader, first: usize| {

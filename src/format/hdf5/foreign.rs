@@ -306,11 +306,11 @@ fn descriptor_storage(
     Ok(match dcpl.layout() {
         hdf5::dataset::Layout::Contiguous if dcpl.external().is_empty() && !filtered => {
             match dataset.offset() {
-                Some(address) if n > 0 => DescriptorStorage::Contiguous(Some(address)),
-                None if n == 0 || dataset.storage_size() == 0 => {
-                    DescriptorStorage::Contiguous(None)
-                }
-                _ => DescriptorStorage::Library,
+                // No elements, or storage never written: every element (if any) is empty.
+                _ if n == 0 => DescriptorStorage::Contiguous(None),
+                Some(address) => DescriptorStorage::Contiguous(Some(address)),
+                None if dataset.storage_size() == 0 => DescriptorStorage::Contiguous(None),
+                None => DescriptorStorage::Library,
             }
         }
         hdf5::dataset::Layout::Chunked => {

@@ -547,9 +547,14 @@ impl Hdf5Reader {
             .map_err(|e: String| self.corrupt(index, &self.key, format!("HDF5: {e}")))
     }
 
-    /// Sample `index` of a pixel array into `self.pixels`, however it is stored.
-    fn read_pixels(&mut self, index: usize, rank: usize, storage: &PixelStorage) -> Result<()> {
-        let len = self.pixels_len();
+    /// Sample `index` (`len` bytes) of a pixel array into `self.pixels`, however it is stored.
+    fn read_pixels(
+        &mut self,
+        index: usize,
+        len: usize,
+        rank: usize,
+        storage: &PixelStorage,
+    ) -> Result<()> {
         match storage {
             PixelStorage::Contiguous(offset) => {
                 let offset = offset + (index * len) as u64;
@@ -582,19 +587,6 @@ impl Hdf5Reader {
                     })
                     .map_err(|e: String| self.corrupt(index, &self.key, format!("HDF5: {e}")))
             }
-        }
-    }
-
-    /// The bytes of one sample of the pixel array.
-    fn pixels_len(&self) -> usize {
-        match self.shared.layout {
-            Layout::Pixels {
-                height,
-                width,
-                channels,
-                ..
-            } => height * width * channels,
-            _ => unreachable!("called for pixel arrays"),
         }
     }
 }
@@ -635,7 +627,7 @@ impl RecordReader for Hdf5Reader {
                 storage,
             } => {
                 self.set_key(images, index);
-                self.read_pixels(index, *rank, storage)?;
+                self.read_pixels(index, height * width * channels, *rank, storage)?;
                 self.pixels_to_raw(*height, *width, *channels);
             }
         }
