@@ -147,6 +147,14 @@ def verify_dataset(
     against: Optional[_Path] = None,
     reading: Optional[_Reading] = None,
 ) -> str: ...
+def _augment_op(
+    op: str,
+    magnitude: float,
+    pixels: bytes,
+    width: int,
+    height: int,
+    fill: Tuple[int, int, int] = (0, 0, 0),
+) -> bytes: ...
 def synthesize(
     root: _Path,
     *,

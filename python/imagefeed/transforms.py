@@ -21,7 +21,7 @@ the pixels. Random decisions come from each sample's own generator, seeded by
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 __all__ = [
     "Transform",
@@ -32,6 +32,9 @@ __all__ = [
     "RandomResizedCrop",
     "RandomHorizontalFlip",
     "RandomErasing",
+    "AutoAugment",
+    "RandAugment",
+    "TrivialAugmentWide",
     "Normalize",
     "none",
     "cifar_train",
@@ -278,6 +281,131 @@ class RandomErasing(_Step):
         spec["erase"] = {"p": self.p, "scale": self.scale, "ratio": self.ratio, "value": self.value}
 
 
+def _nearest_only(mode: Any, what: str) -> None:
+    """The automatic augmentations sample with nearest neighbours (torchvision's default)."""
+    if getattr(mode, "value", mode) != "nearest":
+        raise ValueError(
+            f"{what}: interpolation {mode!r} is not supported: the loader's geometric ops "
+            "sample nearest neighbours, torchvision's default for this step"
+        )
+
+
+def _fill(fill: Union[int, Sequence[int], None], what: str) -> Tuple[int, int, int]:
+    """torchvision's ``fill`` (None: black; one int or three) as an RGB triple."""
+    if fill is None:
+        return (0, 0, 0)
+    values = [fill] if isinstance(fill, int) else list(fill)
+    if len(values) not in (1, 3) or any(
+        isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 255 for v in values
+    ):
+        raise ValueError(f"{what}: fill {fill!r} must be an int in 0..255 or three of them")
+    v = values * 3 if len(values) == 1 else values
+    return (v[0], v[1], v[2])
+
+
+def _bins(num_magnitude_bins: int, what: str) -> int:
+    if isinstance(num_magnitude_bins, bool) or not isinstance(num_magnitude_bins, int) or not (
+        2 <= num_magnitude_bins <= 1 << 16
+    ):
+        raise ValueError(f"{what}: num_magnitude_bins {num_magnitude_bins!r} must be an int in 2..65536")
+    return num_magnitude_bins
+
+
+class _Augmentation(_Step):
+    """An automatic augmentation: it runs on the cropped, resized and flipped image."""
+
+    def _augment(self) -> Dict[str, Any]:  # pragma: no cover - every augmentation overrides it
+        raise NotImplementedError
+
+    def _apply(self, spec: Dict[str, Any]) -> None:
+        if "augment" in spec:
+            raise ValueError("only one of AutoAugment, RandAugment, TrivialAugmentWide per Compose")
+        spec["augment"] = self._augment()
+
+
+class AutoAugment(_Augmentation):
+    """torchvision ``AutoAugment(policy)``: one of the policy's 25 learned pairs of ops, each
+    applied with its probability and magnitude. ``policy`` is ``"imagenet"`` (the default),
+    ``"cifar10"`` or ``"svhn"``, or torchvision's ``AutoAugmentPolicy``.
+
+    The ops are PIL's (what torchvision runs on the PIL images of its recipes), sampling with
+    nearest neighbours; ``fill`` colours the pixels the geometric ops move in (black by default).
+    """
+
+    def __init__(
+        self,
+        policy: Any = "imagenet",
+        interpolation: Any = "nearest",
+        fill: Union[int, Sequence[int], None] = None,
+    ):
+        name = getattr(policy, "value", policy)
+        if name not in ("imagenet", "cifar10", "svhn"):
+            raise ValueError(f"AutoAugment: policy {policy!r} must be imagenet, cifar10 or svhn")
+        _nearest_only(interpolation, "AutoAugment")
+        self.policy = str(name)
+        self.fill = _fill(fill, "AutoAugment")
+
+    def _augment(self) -> Dict[str, Any]:
+        return {"policy": self.policy, "fill": self.fill}
+
+
+class RandAugment(_Augmentation):
+    """torchvision ``RandAugment(num_ops, magnitude, num_magnitude_bins)``: ``num_ops`` ops drawn
+    uniformly from the 14, each at bin ``magnitude`` of its table, with a random sign."""
+
+    def __init__(
+        self,
+        num_ops: int = 2,
+        magnitude: int = 9,
+        num_magnitude_bins: int = 31,
+        interpolation: Any = "nearest",
+        fill: Union[int, Sequence[int], None] = None,
+    ):
+        self.num_magnitude_bins = _bins(num_magnitude_bins, "RandAugment")
+        if isinstance(num_ops, bool) or not isinstance(num_ops, int) or not 0 <= num_ops <= 64:
+            raise ValueError(f"RandAugment: num_ops {num_ops!r} must be an int in 0..64")
+        if isinstance(magnitude, bool) or not isinstance(magnitude, int) or not 0 <= magnitude < num_magnitude_bins:
+            raise ValueError(
+                f"RandAugment: magnitude {magnitude!r} must be an int below num_magnitude_bins ({num_magnitude_bins})"
+            )
+        _nearest_only(interpolation, "RandAugment")
+        self.num_ops = num_ops
+        self.magnitude = magnitude
+        self.fill = _fill(fill, "RandAugment")
+
+    def _augment(self) -> Dict[str, Any]:
+        return {
+            "policy": "rand_augment",
+            "num_ops": self.num_ops,
+            "magnitude": self.magnitude,
+            "num_magnitude_bins": self.num_magnitude_bins,
+            "fill": self.fill,
+        }
+
+
+class TrivialAugmentWide(_Augmentation):
+    """torchvision ``TrivialAugmentWide(num_magnitude_bins)``: one op drawn uniformly from the
+    14, at a uniformly drawn bin of its wide table, with a random sign. The augmentation of
+    torchvision's current classification recipe."""
+
+    def __init__(
+        self,
+        num_magnitude_bins: int = 31,
+        interpolation: Any = "nearest",
+        fill: Union[int, Sequence[int], None] = None,
+    ):
+        self.num_magnitude_bins = _bins(num_magnitude_bins, "TrivialAugmentWide")
+        _nearest_only(interpolation, "TrivialAugmentWide")
+        self.fill = _fill(fill, "TrivialAugmentWide")
+
+    def _augment(self) -> Dict[str, Any]:
+        return {
+            "policy": "trivial_augment_wide",
+            "num_magnitude_bins": self.num_magnitude_bins,
+            "fill": self.fill,
+        }
+
+
 class Normalize(_Step):
     """torchvision ``Normalize(mean, std)`` after ``ToTensor`` (statistics on the 0..1 scale)."""
 
@@ -315,19 +443,32 @@ class Transform:
 
 class Compose(Transform):
     """A chain of steps: at most one geometry (``Resize`` [+ ``CenterCrop``], ``CenterCrop``,
-    ``RandomCrop`` or ``RandomResizedCrop``), then optionally ``RandomHorizontalFlip`` and ``Normalize``, in any order
-    (the flip and the normalization are applied while writing the batch slot)."""
+    ``RandomCrop`` or ``RandomResizedCrop``), optionally ``RandomHorizontalFlip``, then
+    optionally one of ``AutoAugment``, ``RandAugment``, ``TrivialAugmentWide`` (after the
+    geometry and the flip, as in torchvision's recipes; a geometry or flip after it is refused),
+    and ``Normalize`` and ``RandomErasing`` anywhere (they apply to the finished image, as
+    torchvision's do after ``ToTensor``)."""
 
     def __init__(self, steps: Sequence[_Step]):
         spec: Dict[str, Any] = {"geometry": "native", "hflip": 0.0}
+        augmentation: Optional[_Step] = None
         for step in steps:
             if not isinstance(step, _Step):
                 raise TypeError(
                     f"{step!r} is not an imagefeed transform step; the loader runs only "
                     "Resize, CenterCrop, RandomCrop, RandomResizedCrop, RandomHorizontalFlip, "
-                    "Normalize and RandomErasing "
+                    "AutoAugment, RandAugment, TrivialAugmentWide, Normalize and RandomErasing "
                     "(for arbitrary Python transforms use imagefeed.Dataset with a DataLoader)"
                 )
+            if augmentation is not None and isinstance(
+                step, (Resize, CenterCrop, RandomCrop, RandomResizedCrop, RandomHorizontalFlip)
+            ):
+                raise ValueError(
+                    f"{type(step).__name__} after {type(augmentation).__name__}: the loader "
+                    "crops and flips before the automatic augmentation; list them first"
+                )
+            if isinstance(step, _Augmentation):
+                augmentation = step
             step._apply(spec)
         super().__init__(spec, f"Compose({list(steps)!r})")
 
@@ -345,9 +486,41 @@ def cifar_train() -> Transform:
     )
 
 
-def imagenet_train(size: int = 224) -> Transform:
-    """ImageNet training: ``RandomResizedCrop(size)``, random flip, ImageNet normalization."""
-    return Compose([RandomResizedCrop(size), RandomHorizontalFlip(0.5), Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+def imagenet_train(
+    size: int = 224,
+    *,
+    auto_augment: Optional[str] = None,
+    random_erase: float = 0.0,
+    interpolation: Any = "bilinear",
+    ra_magnitude: int = 9,
+) -> Transform:
+    """ImageNet training as torchvision's classification reference (``ClassificationPresetTrain``)
+    builds it: ``RandomResizedCrop(size, interpolation)``, random flip, then the automatic
+    augmentation ``auto_augment`` names (``"ta_wide"``: :class:`TrivialAugmentWide`, ``"ra"``:
+    :class:`RandAugment` at ``ra_magnitude``, ``"imagenet"``, ``"cifar10"``, ``"svhn"``:
+    :class:`AutoAugment`; None: none), ImageNet normalization, and :class:`RandomErasing` with
+    probability ``random_erase`` when it is above 0.
+
+    With the defaults, ``RandomResizedCrop(size)``, flip and normalization: the classic recipe.
+    The reference's current recipe is ``imagenet_train(176, auto_augment="ta_wide",
+    random_erase=0.1)`` (its MixUp/CutMix on the batch are not in the loader yet).
+    """
+    steps: List[_Step] = [RandomResizedCrop(size, interpolation=interpolation), RandomHorizontalFlip(0.5)]
+    if auto_augment == "ta_wide":
+        steps.append(TrivialAugmentWide())
+    elif auto_augment == "ra":
+        steps.append(RandAugment(magnitude=ra_magnitude))
+    elif auto_augment in ("imagenet", "cifar10", "svhn"):
+        steps.append(AutoAugment(auto_augment))
+    elif auto_augment is not None:
+        raise ValueError(
+            f"imagenet_train: auto_augment {auto_augment!r} must be None, 'ta_wide', 'ra', "
+            "'imagenet', 'cifar10' or 'svhn' (torchvision's 'augmix' is not supported)"
+        )
+    steps.append(Normalize(IMAGENET_MEAN, IMAGENET_STD))
+    if random_erase > 0:
+        steps.append(RandomErasing(p=random_erase))
+    return Compose(steps)
 
 
 def imagenet_eval(size: int = 224, resize: int = 256) -> Transform:

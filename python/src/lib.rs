@@ -300,6 +300,39 @@ fn synthesize(
     Ok(tree.image_files)
 }
 
+/// One automatic-augmentation op (torchvision's name, e.g. `"ShearX"`) with `magnitude` applied
+/// to a `width × height` RGB image; returns the new pixels. For checking the ops against PIL and
+/// torchvision op by op (the loader draws them itself).
+#[pyfunction]
+#[pyo3(signature = (op, magnitude, pixels, width, height, fill=(0, 0, 0)))]
+fn _augment_op<'py>(
+    py: Python<'py>,
+    op: &str,
+    magnitude: f64,
+    pixels: Vec<u8>,
+    width: u32,
+    height: u32,
+    fill: (u8, u8, u8),
+) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+    use imagefeed::transform::ops::{Op, RgbImage};
+    let op = Op::from_name(op).ok_or_else(|| config(format!("unknown op {op:?}")))?;
+    if width == 0 || height == 0 || pixels.len() as u64 != width as u64 * height as u64 * 3 {
+        return Err(config(format!(
+            "{} bytes are not a {width}x{height} RGB image",
+            pixels.len()
+        )));
+    }
+    let (mut pixels, mut scratch) = (pixels, Vec::new());
+    RgbImage {
+        pixels: &mut pixels,
+        scratch: &mut scratch,
+        width,
+        height,
+    }
+    .apply(op, magnitude, [fill.0, fill.1, fill.2]);
+    Ok(pyo3::types::PyBytes::new(py, &pixels))
+}
+
 /// Runs the `pack-dataset` command line with `argv` (`argv[0]` first) and returns its exit
 /// code, the GIL released: what the wheel's `pack-dataset` console script and
 /// `python -m imagefeed.pack_dataset` run. SIGINT/SIGTERM stop a pack after its chunk in
@@ -319,6 +352,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(inspect_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(verify_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(synthesize, m)?)?;
+    m.add_function(wrap_pyfunction!(_augment_op, m)?)?;
     m.add_function(wrap_pyfunction!(pack_dataset_main, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -18,7 +18,8 @@ use imagefeed::format;
 use imagefeed::loader::{BadSamplePolicy, Epoch, Loader, LoaderConfig, LoaderState, MaxBad, Wait};
 use imagefeed::sampler::Uneven;
 use imagefeed::transform::{
-    DType, EraseValue, Geometry, Interpolation, Layout, Normalize, RandomErasing, Transform,
+    AugmentPolicy, AutoAugment, DType, EraseValue, Geometry, Interpolation, Layout, Normalize,
+    RandomErasing, Transform, autoaugment::DEFAULT_MAGNITUDE_BINS,
 };
 
 use crate::dlpack::{Element, HostArray, HostMemory};
@@ -242,43 +243,88 @@ fn parse_transform(spec: &Bound<'_, PyDict>) -> PyResult<Transform> {
             )));
         }
     };
-    let erase = match spec.get_item("erase")? {
-        None => None,
-        Some(erase) => {
-            let erase = erase.cast_into::<PyDict>().map_err(PyErr::from)?;
-            let value: Bound<'_, PyAny> = erase
-                .get_item("value")?
-                .ok_or_else(|| config("transform: RandomErasing value is missing"))?;
-            let value = match value.extract::<String>() {
-                Ok(random) if random == "random" => EraseValue::Random,
-                Ok(other) => {
-                    return Err(config(format!(
-                        "transform: RandomErasing value {other:?} must be numbers or \"random\""
-                    )));
-                }
-                Err(_) => EraseValue::Constant(value.extract()?),
-            };
-            let mut erasing = RandomErasing::new(
-                erase
-                    .get_item("p")?
-                    .map(|v| v.extract())
-                    .transpose()?
-                    .unwrap_or(0.5),
-                normalize,
-            );
-            erasing.scale = pair(&erase, "scale")?.unwrap_or(erasing.scale);
-            erasing.ratio = pair(&erase, "ratio")?.unwrap_or(erasing.ratio);
-            erasing.value = value;
-            Some(erasing)
-        }
-    };
+    let erase = spec
+        .get_item("erase")?
+        .map(|erase| parse_erase(&erase, normalize))
+        .transpose()?;
+    let augment = spec
+        .get_item("augment")?
+        .map(|augment| parse_augment(&augment))
+        .transpose()?;
     let mut transform = Transform::none();
     transform.geometry = geometry;
     transform.interpolation = interpolation;
+    transform.augment = augment;
     transform.erase = erase;
     transform.hflip = hflip;
     transform.output.normalize = normalize;
     Ok(transform)
+}
+
+/// `RandomErasing`'s dict: `{"p", "scale", "ratio", "value": numbers | "random"}`, its
+/// values in the units of `normalize`.
+fn parse_erase(erase: &Bound<'_, PyAny>, normalize: Option<Normalize>) -> PyResult<RandomErasing> {
+    let erase = erase.cast::<PyDict>().map_err(PyErr::from)?;
+    let value: Bound<'_, PyAny> = erase
+        .get_item("value")?
+        .ok_or_else(|| config("transform: RandomErasing value is missing"))?;
+    let value = match value.extract::<String>() {
+        Ok(random) if random == "random" => EraseValue::Random,
+        Ok(other) => {
+            return Err(config(format!(
+                "transform: RandomErasing value {other:?} must be numbers or \"random\""
+            )));
+        }
+        Err(_) => EraseValue::Constant(value.extract()?),
+    };
+    let p = erase
+        .get_item("p")?
+        .map(|v| v.extract())
+        .transpose()?
+        .unwrap_or(0.5);
+    let mut erasing = RandomErasing::new(p, normalize);
+    erasing.scale = pair(erase, "scale")?.unwrap_or(erasing.scale);
+    erasing.ratio = pair(erase, "ratio")?.unwrap_or(erasing.ratio);
+    erasing.value = value;
+    Ok(erasing)
+}
+
+/// The automatic augmentation's dict: `{"policy": "imagenet" | "cifar10" | "svhn" |
+/// "rand_augment" | "trivial_augment_wide", "num_ops", "magnitude", "num_magnitude_bins",
+/// "fill": (r, g, b)}`.
+fn parse_augment(augment: &Bound<'_, PyAny>) -> PyResult<AutoAugment> {
+    let augment = augment.cast::<PyDict>().map_err(PyErr::from)?;
+    let policy: String = augment
+        .get_item("policy")?
+        .ok_or_else(|| config("transform: the augmentation's policy is missing"))?
+        .extract()?;
+    let bins = || -> PyResult<u32> {
+        Ok(augment
+            .get_item("num_magnitude_bins")?
+            .map(|v| v.extract())
+            .transpose()?
+            .unwrap_or(DEFAULT_MAGNITUDE_BINS))
+    };
+    let policy = match policy.as_str() {
+        "imagenet" => AugmentPolicy::ImageNet,
+        "cifar10" => AugmentPolicy::Cifar10,
+        "svhn" => AugmentPolicy::Svhn,
+        "rand_augment" => AugmentPolicy::RandAugment {
+            num_ops: uint(augment, "num_ops")?,
+            magnitude: uint(augment, "magnitude")?,
+            num_magnitude_bins: bins()?,
+        },
+        "trivial_augment_wide" => AugmentPolicy::TrivialAugmentWide {
+            num_magnitude_bins: bins()?,
+        },
+        other => return Err(config(format!("transform: unknown augmentation {other:?}"))),
+    };
+    let fill: [u8; 3] = augment
+        .get_item("fill")?
+        .map(|v| v.extract())
+        .transpose()?
+        .unwrap_or([0; 3]);
+    Ok(AutoAugment::new(policy).with_fill(fill))
 }
 
 fn parse_max_bad(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<MaxBad>> {

@@ -1,4 +1,5 @@
-//! Per-sample transforms: decode → geometry (resize / crop) → flip → write into a batch slot.
+//! Per-sample transforms: decode → geometry (resize / crop) → flip → automatic augmentation →
+//! erasing → write into a batch slot.
 //!
 //! A [`Transform`] is a plain description; a [`SampleTransformer`] (one per worker) applies it.
 //! Geometry follows torchvision's semantics (`Resize`, `CenterCrop`, `RandomResizedCrop` with
@@ -13,8 +14,10 @@
 //! layout change and the normalization happen while writing the slot
 //! ([`slot::SlotWriter`]).
 
+pub mod autoaugment;
 pub mod crop;
 pub mod erase;
+pub mod ops;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 pub mod slot;
@@ -28,6 +31,7 @@ use crate::geometry::Rect;
 pub use crate::resize::Interpolation;
 use crate::resize::{RgbResizer, short_side_size};
 use crate::rng::SampleRng;
+pub use autoaugment::{AugmentPolicy, AutoAugment};
 use crop::{center_crop, random_crop, random_resized_crop};
 pub use erase::{EraseValue, RandomErasing};
 pub use slot::{DType, Layout, Normalize, SlotWriter};
@@ -95,6 +99,9 @@ pub struct Transform {
     pub hflip: f64,
     /// How the geometry resamples (torchvision's `interpolation`); bilinear by default.
     pub interpolation: Interpolation,
+    /// torchvision's `AutoAugment`, `RandAugment` or `TrivialAugmentWide`, applied to the
+    /// cropped, resized and flipped `u8` image; `None` by default.
+    pub augment: Option<AutoAugment>,
     /// torchvision `RandomErasing`, applied last (after the flip, in the normalized units its
     /// values are in); `None` by default.
     pub erase: Option<RandomErasing>,
@@ -119,6 +126,7 @@ impl Transform {
             geometry: Geometry::Native,
             hflip: 0.0,
             interpolation: Interpolation::Bilinear,
+            augment: None,
             erase: None,
             output: SlotWriter {
                 dtype: DType::U8,
@@ -134,6 +142,7 @@ impl Transform {
             geometry: Geometry::Native,
             hflip: 0.5,
             interpolation: Interpolation::Bilinear,
+            augment: None,
             erase: None,
             output: SlotWriter {
                 dtype: DType::F32,
@@ -169,6 +178,7 @@ impl Transform {
             },
             hflip: 0.5,
             interpolation: Interpolation::Bilinear,
+            augment: None,
             erase: None,
             output: SlotWriter {
                 dtype: DType::F32,
@@ -176,6 +186,18 @@ impl Transform {
                 normalize: Some(Normalize::IMAGENET),
             },
         }
+    }
+
+    /// torchvision's classification reference recipe (`ClassificationPresetTrain` with
+    /// `auto_augment_policy="ta_wide"`, `random_erase_prob=0.1`, as its current ResNet-50 and
+    /// ViT recipes train at 176): `RandomResizedCrop(size)`, random flip,
+    /// `TrivialAugmentWide`, ImageNet normalization, `RandomErasing(0.1)`, `f32` NCHW. (The
+    /// recipe's MixUp/CutMix act on the batch, outside the per-sample transform.)
+    pub fn imagenet_reference(size: u32) -> Transform {
+        let train = Transform::imagenet_train(size);
+        train
+            .with_augment(AutoAugment::trivial_augment_wide())
+            .with_random_erasing(RandomErasing::new(0.1, train.output.normalize))
     }
 
     /// ImageNet evaluation: `Resize(resize)`, `CenterCrop(size)`, ImageNet normalization, `f32`
@@ -189,6 +211,7 @@ impl Transform {
             },
             hflip: 0.0,
             interpolation: Interpolation::Bilinear,
+            augment: None,
             erase: None,
             output: SlotWriter {
                 dtype: DType::F32,
@@ -202,6 +225,13 @@ impl Transform {
     /// `Resize` and `RandomResizedCrop`).
     pub fn with_interpolation(mut self, interpolation: Interpolation) -> Transform {
         self.interpolation = interpolation;
+        self
+    }
+
+    /// The same transform with an automatic augmentation after the flip (torchvision's
+    /// `AutoAugment`, `RandAugment`, `TrivialAugmentWide`: see [`autoaugment`]).
+    pub fn with_augment(mut self, augment: AutoAugment) -> Transform {
+        self.augment = Some(augment);
         self
     }
 
@@ -283,6 +313,9 @@ impl Transform {
                     ));
                 }
             }
+        }
+        if let Some(augment) = &self.augment {
+            augment.validate()?;
         }
         if let Some(erase) = &self.erase {
             erase.validate()?;
@@ -428,13 +461,31 @@ impl SampleTransformer {
                 plan = Some(planned);
                 crop.filter(|_| !matches!(transform.geometry, Geometry::Native))
             })?;
-        let (_, out_w, out_h, flip) = plan.expect("the plan runs once the header is read")?;
+        let (_, out_w, out_h, mut flip) = plan.expect("the plan runs once the header is read")?;
         let decoded_at = Instant::now();
         self.resizer.set_interpolation(transform.interpolation);
         let pixels = match self.crop_and_resize(&decoded, out_w, out_h) {
             Finished::Decoded => &mut self.decoded,
             Finished::Image => &mut self.image,
         };
+        if let Some(augment) = &transform.augment {
+            pixels.truncate(out_w as usize * out_h as usize * 3);
+            // The geometric ops do not commute with the flip: it happens first, as in
+            // torchvision's recipes (flip, then the augmentation).
+            if flip {
+                flip_rows(pixels, out_w);
+                flip = false;
+            }
+            augment.apply(
+                rng,
+                &mut ops::RgbImage {
+                    pixels,
+                    scratch: &mut self.staging,
+                    width: out_w,
+                    height: out_h,
+                },
+            );
+        }
         if let Some(erase) = &transform.erase {
             erase.apply(rng, pixels, out_w, out_h, flip);
         }
@@ -518,6 +569,24 @@ impl SampleTransformer {
             let dst = ((y * out_w as i64 + x0) * 3) as usize;
             let n = ((x1 - x0) * 3) as usize;
             self.image[dst..dst + n].copy_from_slice(&source[src..src + n]);
+        }
+    }
+}
+
+/// Mirrors each row of a `width`-wide RGB image in place.
+fn flip_rows(pixels: &mut [u8], width: u32) {
+    let row = width as usize * 3;
+    if row == 0 {
+        return;
+    }
+    for line in pixels.chunks_exact_mut(row) {
+        let (mut a, mut b) = (0, width as usize - 1);
+        while a < b {
+            for c in 0..3 {
+                line.swap(a * 3 + c, b * 3 + c);
+            }
+            a += 1;
+            b -= 1;
         }
     }
 }

@@ -1,0 +1,212 @@
+"""#33: the automatic augmentations (AutoAugment, RandAugment, TrivialAugmentWide).
+
+Each op against PIL itself, with the calls torchvision's functional ops make on PIL images (the
+images of its reference recipes); test_torch.py checks them against torchvision's own
+``_apply_op`` where torch is installed. Then the steps in the loader: deterministic for any
+worker count, refused where they cannot be what torchvision does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from conftest import FLIP_NORMALIZE
+from PIL import Image, ImageEnhance, ImageOps
+
+import imagefeed
+from imagefeed import _native
+from imagefeed import transforms as T
+
+
+def photo(width: int, height: int, seed: int = 0) -> Image.Image:
+    """A deterministic photo-like image: smooth colour fields, hard edges and noise."""
+    rng = np.random.RandomState(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float64)
+    fields = [
+        128 + 100 * np.sin(x / (5 + 7 * c) + y / (11 - 3 * c) + c) * np.cos(y / (9 + 2 * c))
+        for c in range(3)
+    ]
+    image = np.stack(fields, axis=-1)
+    image[(x - width / 3) ** 2 + (y - height / 2) ** 2 < (min(width, height) / 4) ** 2] = (230, 40, 20)
+    image += rng.normal(0, 12, image.shape)
+    return Image.fromarray(np.clip(image, 0, 255).astype(np.uint8), "RGB")
+
+
+def ours(op: str, magnitude: float, img: Image.Image, fill=(0, 0, 0)) -> np.ndarray:
+    w, h = img.size
+    out = _native._augment_op(op, magnitude, img.tobytes(), w, h, fill)
+    return np.frombuffer(out, np.uint8).reshape(h, w, 3)
+
+
+def pil_affine(img: Image.Image, matrix, fill=(0, 0, 0)) -> Image.Image:
+    return img.transform(img.size, Image.AFFINE, matrix, Image.NEAREST, fillcolor=fill)
+
+
+def pil_op(op: str, m: float, img: Image.Image, fill=(0, 0, 0)) -> Image.Image:
+    """What torchvision's _apply_op does to a PIL image, written with PIL's own calls."""
+    if op in ("ShearX", "ShearY"):
+        t = math.tan(math.radians(math.degrees(math.atan(m))))
+        return pil_affine(img, (1, t, 0, 0, 1, 0) if op == "ShearX" else (1, 0, 0, t, 1, 0), fill)
+    if op in ("TranslateX", "TranslateY"):
+        t = int(m)
+        return pil_affine(img, (1, 0, -t, 0, 1, 0) if op == "TranslateX" else (1, 0, 0, 0, 1, -t), fill)
+    if op == "Rotate":
+        return img.rotate(m, Image.NEAREST, fillcolor=fill)
+    enhance = {"Brightness": ImageEnhance.Brightness, "Color": ImageEnhance.Color,
+               "Contrast": ImageEnhance.Contrast, "Sharpness": ImageEnhance.Sharpness}
+    if op in enhance:
+        return enhance[op](img).enhance(1.0 + m)
+    if op == "Posterize":
+        return ImageOps.posterize(img, int(m))
+    if op == "Solarize":
+        return ImageOps.solarize(img, m)
+    if op == "AutoContrast":
+        return ImageOps.autocontrast(img)
+    if op == "Equalize":
+        return ImageOps.equalize(img)
+    if op == "Invert":
+        return ImageOps.invert(img)
+    assert op == "Identity"
+    return img
+
+
+MAGNITUDES = {
+    "ShearX": [-0.99, -0.3, -0.033, 0.0, 0.1, 0.5, 0.99],
+    "ShearY": [-0.99, -0.2, 0.0, 0.033, 0.3, 0.99],
+    "TranslateX": [-32.0, -15.999, -1.0, 0.0, 3.7, 16.0, 101.5],
+    "TranslateY": [-79.7, -2.0, 0.0, 1.0, 32.0],
+    "Rotate": [-135.0, -90.0, -47.25, -4.5, 0.0, 9.0, 30.0, 90.0, 121.5, 135.0],
+    "Brightness": [-0.99, -0.5, -0.033, 0.0, 0.3, 0.99],
+    "Color": [-0.99, -0.42, 0.0, 0.066, 0.9],
+    "Contrast": [-0.99, -0.6, 0.0, 0.2, 0.99],
+    "Sharpness": [-0.99, -0.3, 0.0, 0.5, 0.99],
+    "Posterize": [1.0, 2.0, 4.0, 7.0, 8.0],
+    "Solarize": [255.0, 246.5, 128.0, 8.5, 0.0],
+    "AutoContrast": [0.0],
+    "Equalize": [0.0],
+    "Invert": [0.0],
+    "Identity": [0.0],
+}
+
+
+@pytest.mark.parametrize("size", [(61, 47), (64, 64), (32, 32), (2, 7)])
+@pytest.mark.parametrize("op", sorted(MAGNITUDES))
+def test_every_op_is_pils(op, size):
+    """Every op, at magnitudes across its tables, equals PIL's result exactly."""
+    img = photo(*size, seed=len(op))
+    for m in MAGNITUDES[op]:
+        want = np.asarray(pil_op(op, m, img))
+        got = ours(op, m, img)
+        diff = np.abs(got.astype(int) - want.astype(int))
+        assert (diff == 0).all(), f"{op}({m}) on {size}: {np.count_nonzero(diff)} values differ, max {diff.max()}"
+
+
+def test_geometric_ops_fill_with_the_fill_colour():
+    img = photo(40, 30)
+    fill = (9, 200, 77)
+    for op, m in (("ShearX", 0.5), ("TranslateY", -10.0), ("Rotate", 45.0)):
+        np.testing.assert_array_equal(ours(op, m, img, fill), np.asarray(pil_op(op, m, img, fill)))
+        assert (ours(op, m, img, fill) == fill).all(axis=-1).any()
+    with pytest.raises(imagefeed.ConfigError):
+        _native._augment_op("Shear", 0.1, img.tobytes(), 40, 30)
+    with pytest.raises(imagefeed.ConfigError):
+        _native._augment_op("Invert", 0.0, img.tobytes()[:-1], 40, 30)
+
+
+# -- in the loader ------------------------------------------------------------------------------
+
+
+def loader(path, **kw):
+    kw.setdefault("batch_size", 16)
+    kw.setdefault("workers", 2)
+    kw.setdefault("output", "numpy")
+    kw.setdefault("rank", 0)
+    kw.setdefault("world_size", 1)
+    return imagefeed.Loader(path, **kw)
+
+
+AUGMENTATIONS = [
+    T.TrivialAugmentWide(),
+    T.RandAugment(),
+    T.RandAugment(num_ops=3, magnitude=20, fill=128),
+    T.AutoAugment("imagenet"),
+    T.AutoAugment("cifar10"),
+    T.AutoAugment("svhn"),
+]
+
+
+@pytest.mark.parametrize("augmentation", AUGMENTATIONS, ids=repr)
+def test_augmented_batches_are_the_same_for_any_worker_count_and_differ_from_plain(lmdb_path, augmentation):
+    transform = T.Compose([T.RandomCrop(24, padding=2), T.RandomHorizontalFlip(), augmentation])
+    one = loader(lmdb_path, workers=1, transform=transform, dtype="uint8", layout="NHWC", seed=3)
+    three = loader(lmdb_path, workers=3, transform=transform, dtype="uint8", layout="NHWC", seed=3)
+    plain = loader(
+        lmdb_path,
+        workers=2,
+        transform=T.Compose([T.RandomCrop(24, padding=2), T.RandomHorizontalFlip()]),
+        dtype="uint8",
+        layout="NHWC",
+        seed=3,
+    )
+    changed = total = 0
+    for (a, la), (b, lb), (p, _) in zip(one, three, plain):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(la, lb)
+        changed += int(np.any(a != p, axis=(1, 2, 3)).sum())
+        total += len(a)
+    # The same crops and flips, then the augmentation: most images change.
+    assert total > 0 and changed >= total // 3, (changed, total)
+
+
+def test_the_flip_comes_before_the_augmentation(lmdb_path):
+    """With an augmentation the flip happens on the pixels first (torchvision's order): a
+    RandAugment of no ops leaves exactly the mirrored crop."""
+    transform = T.Compose([T.CenterCrop(24), T.RandomHorizontalFlip(1.0), T.RandAugment(num_ops=0)])
+    flipped = loader(lmdb_path, transform=transform, dtype="uint8", layout="NHWC", shuffle=False)
+    plain = loader(lmdb_path, transform=T.Compose([T.CenterCrop(24)]), dtype="uint8", layout="NHWC", shuffle=False)
+    for (a, _), (b, _) in zip(flipped, plain):
+        np.testing.assert_array_equal(a, b[:, :, ::-1])
+
+
+def test_presets_and_refusals(lmdb_path):
+    # torchvision's reference recipe, as ClassificationPresetTrain builds it.
+    ref = T.imagenet_train(176, auto_augment="ta_wide", random_erase=0.1)
+    assert ref == T.Compose(
+        [
+            T.RandomResizedCrop(176),
+            T.RandomHorizontalFlip(0.5),
+            T.TrivialAugmentWide(),
+            T.Normalize(T.IMAGENET_MEAN, T.IMAGENET_STD),
+            T.RandomErasing(p=0.1),
+        ]
+    )
+    images, _ = next(iter(loader(lmdb_path, transform=ref)))
+    assert images.shape[1:] == (3, 176, 176) and images.dtype == np.float32
+    assert T.imagenet_train(auto_augment="ra").spec()["augment"]["magnitude"] == 9
+    assert T.imagenet_train(auto_augment="imagenet").spec()["augment"]["policy"] == "imagenet"
+    with pytest.raises(ValueError, match="augmix"):
+        T.imagenet_train(auto_augment="augmix")
+    # A crop or flip after the augmentation would not be torchvision's order: refused.
+    with pytest.raises(ValueError, match="before the automatic augmentation"):
+        T.Compose([T.TrivialAugmentWide(), T.RandomResizedCrop(32)])
+    with pytest.raises(ValueError, match="before the automatic augmentation"):
+        T.Compose([T.RandAugment(), T.RandomHorizontalFlip()])
+    with pytest.raises(ValueError, match="only one"):
+        T.Compose([T.RandAugment(), T.TrivialAugmentWide()])
+    for bad in (
+        lambda: T.RandAugment(magnitude=31),
+        lambda: T.RandAugment(num_ops=-1),
+        lambda: T.RandAugment(num_magnitude_bins=1),
+        lambda: T.TrivialAugmentWide(interpolation="bilinear"),
+        lambda: T.TrivialAugmentWide(fill=256),
+        lambda: T.TrivialAugmentWide(fill=(1, 2)),
+        lambda: T.AutoAugment("reduced_imagenet"),
+    ):
+        with pytest.raises(ValueError):
+            bad()
+    # The loader itself checks a hand-written description too.
+    spec = dict(FLIP_NORMALIZE.spec(), augment={"policy": "rand_augment", "num_ops": 2, "magnitude": 40})
+    with pytest.raises(imagefeed.ConfigError, match="magnitude"):
+        loader(lmdb_path, transform=T.Transform(spec, "hand-written"))
