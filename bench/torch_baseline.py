@@ -9,6 +9,9 @@ the same way: one untimed warm-up epoch, then one line per timed epoch.
   cifar-train  RandomCrop(32, padding=4), then as cifar                       -> f32 NCHW
   imagenet  RandomResizedCrop(224), RandomHorizontalFlip, ToTensor,
             Normalize(ImageNet mean/std)                                      -> f32 NCHW
+  imagenet-ref  torchvision's reference recipe: RandomResizedCrop(176), RandomHorizontalFlip,
+            TrivialAugmentWide, PILToTensor, ConvertImageDtype, Normalize,
+            RandomErasing(0.1)                                                -> f32 NCHW
 
 Workers are persistent (created once, before the warm-up), which is the fastest way to run the
 DataLoader over several epochs. With --cold every file of the tree is evicted from the page cache
@@ -59,7 +62,7 @@ def evict_tree(root):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("root", help="an ImageFolder tree (one sub-folder per class)")
-    parser.add_argument("--transform", choices=["cifar", "cifar-train", "imagenet"], default="cifar")
+    parser.add_argument("--transform", choices=["cifar", "cifar-train", "imagenet", "imagenet-ref"], default="cifar")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=5, help="timed epochs")
@@ -90,6 +93,19 @@ def main():
                 transforms.RandomHorizontalFlip(),
                 transforms.ToTensor(),
                 transforms.Normalize(CIFAR10_MEAN, CIFAR10_STD),
+            ]
+        )
+    elif args.transform == "imagenet-ref":
+        # As torchvision's references/classification/presets.py builds it (PIL backend).
+        augment = transforms.Compose(
+            [
+                transforms.RandomResizedCrop(176),
+                transforms.RandomHorizontalFlip(),
+                transforms.TrivialAugmentWide(),
+                transforms.PILToTensor(),
+                transforms.ConvertImageDtype(torch.float),
+                transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
+                transforms.RandomErasing(p=0.1),
             ]
         )
     else:

@@ -91,6 +91,7 @@ pub fn draw(report: &Report, path: &Path) -> Result<()> {
             crate::compare::CompareTransform::Cifar => "cifar",
             crate::compare::CompareTransform::CifarTrain => "RandomCrop 32 pad 4",
             crate::compare::CompareTransform::Imagenet => "RandomResizedCrop 224",
+            crate::compare::CompareTransform::ImagenetRef => "reference recipe (RRC 176 + TA)",
         },
         report.batch_size
     );

@@ -100,6 +100,9 @@ pub enum CompareTransform {
     CifarTrain,
     /// RandomResizedCrop 224 + random flip + ImageNet normalize, f32 NCHW.
     Imagenet,
+    /// torchvision's reference recipe: RandomResizedCrop 176 + random flip +
+    /// TrivialAugmentWide + ImageNet normalize + RandomErasing(0.1), f32 NCHW.
+    ImagenetRef,
 }
 
 impl CompareTransform {
@@ -108,6 +111,7 @@ impl CompareTransform {
             CompareTransform::Cifar => "cifar",
             CompareTransform::CifarTrain => "cifar-train",
             CompareTransform::Imagenet => "imagenet",
+            CompareTransform::ImagenetRef => "imagenet-ref",
         }
     }
 }
@@ -295,7 +299,7 @@ pub fn compare(args: CompareArgs) -> Result<()> {
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let batch_size = args.batch_size.unwrap_or(match args.transform {
         CompareTransform::Cifar | CompareTransform::CifarTrain => 256,
-        CompareTransform::Imagenet => 64,
+        CompareTransform::Imagenet | CompareTransform::ImagenetRef => 64,
     });
     let mut notes = Vec::new();
 

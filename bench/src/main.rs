@@ -48,6 +48,9 @@ enum TransformArg {
     CifarTrain,
     /// RandomResizedCrop 224 + random flip + normalize.
     Imagenet,
+    /// torchvision's reference recipe: RandomResizedCrop 176 + random flip +
+    /// TrivialAugmentWide + normalize + RandomErasing(0.1).
+    ImagenetRef,
     /// Resize 256 + CenterCrop 224 + normalize (evaluation).
     ImagenetEval,
     /// Decode only, u8 NHWC.
@@ -301,6 +304,7 @@ fn load(args: LoadArgs) -> Result<()> {
         TransformArg::Cifar => "cifar",
         TransformArg::CifarTrain => "cifar-train",
         TransformArg::Imagenet => "imagenet",
+        TransformArg::ImagenetRef => "imagenet-ref",
         TransformArg::ImagenetEval => "imagenet-eval",
         TransformArg::None => "none",
     };
@@ -424,6 +428,7 @@ fn load_config(args: &LoadArgs) -> (LoaderConfig, Transform) {
         TransformArg::Cifar => Transform::cifar(),
         TransformArg::CifarTrain => Transform::cifar_train(),
         TransformArg::Imagenet => Transform::imagenet_train(224),
+        TransformArg::ImagenetRef => Transform::imagenet_reference(176),
         TransformArg::ImagenetEval => Transform::imagenet_eval(256, 224),
         TransformArg::None => Transform::none(),
     };

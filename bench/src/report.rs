@@ -43,6 +43,9 @@ pub fn markdown(report: &Report) -> String {
             crate::compare::CompareTransform::Cifar => "cifar (flip + normalize)",
             crate::compare::CompareTransform::CifarTrain =>
                 "cifar-train (RandomCrop 32 padding 4 + flip + normalize)",
+            crate::compare::CompareTransform::ImagenetRef =>
+                "imagenet-ref (RandomResizedCrop 176 + flip + TrivialAugmentWide + normalize + \
+                 RandomErasing 0.1)",
             crate::compare::CompareTransform::Imagenet =>
                 "imagenet (RandomResizedCrop 224 + flip + normalize)",
         },
