@@ -155,6 +155,7 @@ def _augment_op(
     height: int,
     fill: Tuple[int, int, int] = (0, 0, 0),
 ) -> bytes: ...
+def _color_op(op: str, factor: float, pixels: bytes, width: int, height: int) -> bytes: ...
 def synthesize(
     root: _Path,
     *,

@@ -35,6 +35,9 @@ __all__ = [
     "AutoAugment",
     "RandAugment",
     "TrivialAugmentWide",
+    "ColorJitter",
+    "RandomGrayscale",
+    "RandomApply",
     "Normalize",
     "none",
     "cifar_train",
@@ -406,6 +409,91 @@ class TrivialAugmentWide(_Augmentation):
         }
 
 
+def _jitter_range(
+    value: Union[float, Sequence[float]], name: str, center: float, bound: Tuple[float, float]
+) -> Optional[Tuple[float, float]]:
+    """torchvision's ``ColorJitter._check_input``: a number ``x`` is ``[center - x, center + x]``
+    (clipped at 0 for the factors), a pair is the range; the range of only ``center`` is off."""
+    if isinstance(value, bool):
+        raise TypeError(f"ColorJitter: {name} must be a number or a (min, max) pair, not a bool")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"ColorJitter: {name} {value!r} must be non-negative")
+        low, high = center - float(value), center + float(value)
+        if center == 1.0:
+            low = max(low, 0.0)
+    elif isinstance(value, (tuple, list)) and len(value) == 2:
+        low, high = float(value[0]), float(value[1])
+    else:
+        raise TypeError(f"ColorJitter: {name} must be a number or a (min, max) pair, not {value!r}")
+    if not (bound[0] <= low <= high <= bound[1]) or not math.isfinite(high):
+        raise ValueError(f"ColorJitter: {name} range ({low}, {high}) must be ordered within {bound}")
+    return None if low == high == center else (low, high)
+
+
+class ColorJitter(_Step):
+    """torchvision ``ColorJitter(brightness, contrast, saturation, hue)``: the four adjustments
+    in a random order, each factor uniform in its range, with PIL's arithmetic (as torchvision
+    runs it on PIL images). Applied after the flip and any automatic augmentation."""
+
+    def __init__(
+        self,
+        brightness: Union[float, Sequence[float]] = 0,
+        contrast: Union[float, Sequence[float]] = 0,
+        saturation: Union[float, Sequence[float]] = 0,
+        hue: Union[float, Sequence[float]] = 0,
+    ):
+        inf = float("inf")
+        self.brightness = _jitter_range(brightness, "brightness", 1.0, (0.0, inf))
+        self.contrast = _jitter_range(contrast, "contrast", 1.0, (0.0, inf))
+        self.saturation = _jitter_range(saturation, "saturation", 1.0, (0.0, inf))
+        self.hue = _jitter_range(hue, "hue", 0.0, (-0.5, 0.5))
+        self.p = 1.0
+
+    def _apply(self, spec: Dict[str, Any]) -> None:
+        if "color_jitter" in spec:
+            raise ValueError("only one ColorJitter per Compose")
+        spec["color_jitter"] = {
+            "brightness": self.brightness,
+            "contrast": self.contrast,
+            "saturation": self.saturation,
+            "hue": self.hue,
+            "p": self.p,
+        }
+
+
+class RandomApply(_Step):
+    """torchvision ``RandomApply(transforms, p)``, for one :class:`ColorJitter` (SimCLR's and
+    BYOL's ``RandomApply([ColorJitter(...)], p=0.8)``); anything else is refused."""
+
+    def __init__(self, transforms: Sequence[_Step], p: float = 0.5):
+        steps = list(transforms)
+        if len(steps) != 1 or not isinstance(steps[0], ColorJitter):
+            raise ValueError("RandomApply: the loader applies only [ColorJitter(...)] with a probability")
+        if not 0.0 <= float(p) <= 1.0:
+            raise ValueError(f"RandomApply: p {p!r} must be in [0, 1]")
+        jitter = ColorJitter()
+        jitter.__dict__.update(vars(steps[0]))
+        jitter.p = float(p)
+        self.jitter = jitter
+
+    def _apply(self, spec: Dict[str, Any]) -> None:
+        self.jitter._apply(spec)
+
+
+class RandomGrayscale(_Step):
+    """torchvision ``RandomGrayscale(p)``: with probability ``p`` PIL's gray in all three
+    channels. Applied after any :class:`ColorJitter`."""
+
+    def __init__(self, p: float = 0.1):
+        if not 0.0 <= float(p) <= 1.0:
+            raise ValueError(f"RandomGrayscale: p {p!r} must be in [0, 1]")
+        self.p = float(p)
+
+    def _apply(self, spec: Dict[str, Any]) -> None:
+        spec["grayscale"] = self.p
+
+
 class Normalize(_Step):
     """torchvision ``Normalize(mean, std)`` after ``ToTensor`` (statistics on the 0..1 scale)."""
 
@@ -441,34 +529,52 @@ class Transform:
         return self._name
 
 
+def _place(step: _Step) -> Optional[int]:
+    """Where a step runs in the loader's fixed order (None: Normalize and RandomErasing, which
+    apply to the finished image wherever they are listed)."""
+    if isinstance(step, (Resize, CenterCrop, RandomCrop, RandomResizedCrop)):
+        return 0
+    if isinstance(step, RandomHorizontalFlip):
+        return 1
+    if isinstance(step, _Augmentation):
+        return 2
+    if isinstance(step, (ColorJitter, RandomApply)):
+        return 3
+    if isinstance(step, RandomGrayscale):
+        return 4
+    return None
+
+
 class Compose(Transform):
     """A chain of steps: at most one geometry (``Resize`` [+ ``CenterCrop``], ``CenterCrop``,
     ``RandomCrop`` or ``RandomResizedCrop``), optionally ``RandomHorizontalFlip``, then
     optionally one of ``AutoAugment``, ``RandAugment``, ``TrivialAugmentWide`` (after the
-    geometry and the flip, as in torchvision's recipes; a geometry or flip after it is refused),
-    and ``Normalize`` and ``RandomErasing`` anywhere (they apply to the finished image, as
-    torchvision's do after ``ToTensor``)."""
+    geometry and the flip, as in torchvision's recipes), ``ColorJitter`` (or
+    ``RandomApply([ColorJitter(...)], p)``), ``RandomGrayscale``, in that order (a step listed
+    after one that runs later is refused), and ``Normalize`` and ``RandomErasing`` anywhere
+    (they apply to the finished image, as torchvision's do after ``ToTensor``)."""
 
     def __init__(self, steps: Sequence[_Step]):
         spec: Dict[str, Any] = {"geometry": "native", "hflip": 0.0}
-        augmentation: Optional[_Step] = None
+        latest: Optional[_Step] = None  # the last step of a fixed place in the order
         for step in steps:
             if not isinstance(step, _Step):
                 raise TypeError(
                     f"{step!r} is not an imagefeed transform step; the loader runs only "
                     "Resize, CenterCrop, RandomCrop, RandomResizedCrop, RandomHorizontalFlip, "
-                    "AutoAugment, RandAugment, TrivialAugmentWide, Normalize and RandomErasing "
+                    "AutoAugment, RandAugment, TrivialAugmentWide, ColorJitter, RandomApply, "
+                    "RandomGrayscale, Normalize and RandomErasing "
                     "(for arbitrary Python transforms use imagefeed.Dataset with a DataLoader)"
                 )
-            if augmentation is not None and isinstance(
-                step, (Resize, CenterCrop, RandomCrop, RandomResizedCrop, RandomHorizontalFlip)
-            ):
-                raise ValueError(
-                    f"{type(step).__name__} after {type(augmentation).__name__}: the loader "
-                    "crops and flips before the automatic augmentation; list them first"
-                )
-            if isinstance(step, _Augmentation):
-                augmentation = step
+            place = _place(step)
+            if place is not None:
+                if latest is not None and place < _place(latest):  # type: ignore[operator]
+                    raise ValueError(
+                        f"{type(step).__name__} after {type(latest).__name__}: the loader runs "
+                        "geometry, flip, automatic augmentation, ColorJitter, RandomGrayscale in "
+                        "that order; list them so"
+                    )
+                latest = step
             step._apply(spec)
         super().__init__(spec, f"Compose({list(steps)!r})")
 

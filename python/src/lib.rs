@@ -333,6 +333,38 @@ fn _augment_op<'py>(
     Ok(pyo3::types::PyBytes::new(py, &pixels))
 }
 
+/// One colour adjustment (`"brightness"`, `"contrast"`, `"saturation"`, `"hue"` with its factor,
+/// or `"grayscale"`) applied to a `width × height` RGB image, as `ColorJitter` and
+/// `RandomGrayscale` apply them; returns the new pixels. For checking them against PIL and
+/// torchvision.
+#[pyfunction]
+fn _color_op<'py>(
+    py: Python<'py>,
+    op: &str,
+    factor: f64,
+    pixels: Vec<u8>,
+    width: u32,
+    height: u32,
+) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+    use imagefeed::transform::ops;
+    if width == 0 || height == 0 || pixels.len() as u64 != width as u64 * height as u64 * 3 {
+        return Err(config(format!(
+            "{} bytes are not a {width}x{height} RGB image",
+            pixels.len()
+        )));
+    }
+    let mut pixels = pixels;
+    match op {
+        "brightness" => ops::adjust_brightness(&mut pixels, factor as f32),
+        "contrast" => ops::adjust_contrast(&mut pixels, factor as f32),
+        "saturation" => ops::adjust_saturation(&mut pixels, factor as f32),
+        "hue" => ops::adjust_hue(&mut pixels, factor),
+        "grayscale" => ops::to_grayscale(&mut pixels),
+        other => return Err(config(format!("unknown colour op {other:?}"))),
+    }
+    Ok(pyo3::types::PyBytes::new(py, &pixels))
+}
+
 /// Runs the `pack-dataset` command line with `argv` (`argv[0]` first) and returns its exit
 /// code, the GIL released: what the wheel's `pack-dataset` console script and
 /// `python -m imagefeed.pack_dataset` run. SIGINT/SIGTERM stop a pack after its chunk in
@@ -353,6 +385,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verify_dataset, m)?)?;
     m.add_function(wrap_pyfunction!(synthesize, m)?)?;
     m.add_function(wrap_pyfunction!(_augment_op, m)?)?;
+    m.add_function(wrap_pyfunction!(_color_op, m)?)?;
     m.add_function(wrap_pyfunction!(pack_dataset_main, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

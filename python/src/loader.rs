@@ -18,8 +18,8 @@ use imagefeed::format;
 use imagefeed::loader::{BadSamplePolicy, Epoch, Loader, LoaderConfig, LoaderState, MaxBad, Wait};
 use imagefeed::sampler::Uneven;
 use imagefeed::transform::{
-    AugmentPolicy, AutoAugment, DType, EraseValue, Geometry, Interpolation, Layout, Normalize,
-    RandomErasing, Transform, autoaugment::DEFAULT_MAGNITUDE_BINS,
+    AugmentPolicy, AutoAugment, ColorJitter, DType, EraseValue, Geometry, Interpolation, Layout,
+    Normalize, RandomErasing, RandomGrayscale, Transform, autoaugment::DEFAULT_MAGNITUDE_BINS,
 };
 
 use crate::dlpack::{Element, HostArray, HostMemory};
@@ -251,10 +251,20 @@ fn parse_transform(spec: &Bound<'_, PyDict>) -> PyResult<Transform> {
         .get_item("augment")?
         .map(|augment| parse_augment(&augment))
         .transpose()?;
+    let color_jitter = spec
+        .get_item("color_jitter")?
+        .map(|jitter| parse_color_jitter(&jitter))
+        .transpose()?;
+    let grayscale: Option<f64> = spec
+        .get_item("grayscale")?
+        .map(|v| v.extract())
+        .transpose()?;
     let mut transform = Transform::none();
     transform.geometry = geometry;
     transform.interpolation = interpolation;
     transform.augment = augment;
+    transform.color_jitter = color_jitter;
+    transform.grayscale = grayscale.map(|p| RandomGrayscale { p });
     transform.erase = erase;
     transform.hflip = hflip;
     transform.output.normalize = normalize;
@@ -325,6 +335,30 @@ fn parse_augment(augment: &Bound<'_, PyAny>) -> PyResult<AutoAugment> {
         .transpose()?
         .unwrap_or([0; 3]);
     Ok(AutoAugment::new(policy).with_fill(fill))
+}
+
+/// `ColorJitter`'s dict: `{"brightness", "contrast", "saturation", "hue": (min, max) | None,
+/// "p"}`.
+fn parse_color_jitter(jitter: &Bound<'_, PyAny>) -> PyResult<ColorJitter> {
+    let jitter = jitter.cast::<PyDict>().map_err(PyErr::from)?;
+    let range = |key: &str| -> PyResult<Option<(f64, f64)>> {
+        jitter
+            .get_item(key)?
+            .filter(|v| !v.is_none())
+            .map(|v| v.extract())
+            .transpose()
+    };
+    Ok(ColorJitter {
+        brightness: range("brightness")?,
+        contrast: range("contrast")?,
+        saturation: range("saturation")?,
+        hue: range("hue")?,
+        p: jitter
+            .get_item("p")?
+            .map(|v| v.extract())
+            .transpose()?
+            .unwrap_or(1.0),
+    })
 }
 
 fn parse_max_bad(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<MaxBad>> {

@@ -1,5 +1,5 @@
 //! Per-sample transforms: decode → geometry (resize / crop) → flip → automatic augmentation →
-//! erasing → write into a batch slot.
+//! colour jitter → grayscale → erasing → write into a batch slot.
 //!
 //! A [`Transform`] is a plain description; a [`SampleTransformer`] (one per worker) applies it.
 //! Geometry follows torchvision's semantics (`Resize`, `CenterCrop`, `RandomResizedCrop` with
@@ -15,6 +15,7 @@
 //! ([`slot::SlotWriter`]).
 
 pub mod autoaugment;
+pub mod color;
 pub mod crop;
 pub mod erase;
 pub mod ops;
@@ -32,6 +33,7 @@ pub use crate::resize::Interpolation;
 use crate::resize::{RgbResizer, short_side_size};
 use crate::rng::SampleRng;
 pub use autoaugment::{AugmentPolicy, AutoAugment};
+pub use color::{ColorJitter, RandomGrayscale};
 use crop::{center_crop, random_crop, random_resized_crop};
 pub use erase::{EraseValue, RandomErasing};
 pub use slot::{DType, Layout, Normalize, SlotWriter};
@@ -102,6 +104,11 @@ pub struct Transform {
     /// torchvision's `AutoAugment`, `RandAugment` or `TrivialAugmentWide`, applied to the
     /// cropped, resized and flipped `u8` image; `None` by default.
     pub augment: Option<AutoAugment>,
+    /// torchvision's `ColorJitter` (in `RandomApply(p)`), after the automatic augmentation;
+    /// `None` by default.
+    pub color_jitter: Option<ColorJitter>,
+    /// torchvision's `RandomGrayscale`, after the colour jitter; `None` by default.
+    pub grayscale: Option<RandomGrayscale>,
     /// torchvision `RandomErasing`, applied last (after the flip, in the normalized units its
     /// values are in); `None` by default.
     pub erase: Option<RandomErasing>,
@@ -127,6 +134,8 @@ impl Transform {
             hflip: 0.0,
             interpolation: Interpolation::Bilinear,
             augment: None,
+            color_jitter: None,
+            grayscale: None,
             erase: None,
             output: SlotWriter {
                 dtype: DType::U8,
@@ -143,6 +152,8 @@ impl Transform {
             hflip: 0.5,
             interpolation: Interpolation::Bilinear,
             augment: None,
+            color_jitter: None,
+            grayscale: None,
             erase: None,
             output: SlotWriter {
                 dtype: DType::F32,
@@ -179,6 +190,8 @@ impl Transform {
             hflip: 0.5,
             interpolation: Interpolation::Bilinear,
             augment: None,
+            color_jitter: None,
+            grayscale: None,
             erase: None,
             output: SlotWriter {
                 dtype: DType::F32,
@@ -212,6 +225,8 @@ impl Transform {
             hflip: 0.0,
             interpolation: Interpolation::Bilinear,
             augment: None,
+            color_jitter: None,
+            grayscale: None,
             erase: None,
             output: SlotWriter {
                 dtype: DType::F32,
@@ -232,6 +247,19 @@ impl Transform {
     /// `AutoAugment`, `RandAugment`, `TrivialAugmentWide`: see [`autoaugment`]).
     pub fn with_augment(mut self, augment: AutoAugment) -> Transform {
         self.augment = Some(augment);
+        self
+    }
+
+    /// The same transform with torchvision's `ColorJitter` after the flip and any automatic
+    /// augmentation (see [`color`]).
+    pub fn with_color_jitter(mut self, jitter: ColorJitter) -> Transform {
+        self.color_jitter = Some(jitter);
+        self
+    }
+
+    /// The same transform with torchvision's `RandomGrayscale(p)` after any colour jitter.
+    pub fn with_random_grayscale(mut self, p: f64) -> Transform {
+        self.grayscale = Some(RandomGrayscale { p });
         self
     }
 
@@ -316,6 +344,12 @@ impl Transform {
         }
         if let Some(augment) = &self.augment {
             augment.validate()?;
+        }
+        if let Some(jitter) = &self.color_jitter {
+            jitter.validate()?;
+        }
+        if let Some(grayscale) = &self.grayscale {
+            grayscale.validate()?;
         }
         if let Some(erase) = &self.erase {
             erase.validate()?;
@@ -485,6 +519,12 @@ impl SampleTransformer {
                     height: out_h,
                 },
             );
+        }
+        if let Some(jitter) = &transform.color_jitter {
+            jitter.apply(rng, &mut pixels[..out_w as usize * out_h as usize * 3]);
+        }
+        if let Some(grayscale) = &transform.grayscale {
+            grayscale.apply(rng, &mut pixels[..out_w as usize * out_h as usize * 3]);
         }
         if let Some(erase) = &transform.erase {
             erase.apply(rng, pixels, out_w, out_h, flip);

@@ -147,12 +147,9 @@ impl RgbImage<'_> {
                 fill,
             ),
             Op::Rotate => self.rotate(magnitude, fill),
-            Op::Brightness => blend_with(self.pixels, factor(magnitude), |_| [0; 3]),
-            Op::Color => blend_with(self.pixels, factor(magnitude), |px| [gray(px); 3]),
-            Op::Contrast => {
-                let mean = mean_gray(self.pixels);
-                blend_with(self.pixels, factor(magnitude), |_| [mean; 3])
-            }
+            Op::Brightness => adjust_brightness(self.pixels, factor(magnitude)),
+            Op::Color => adjust_saturation(self.pixels, factor(magnitude)),
+            Op::Contrast => adjust_contrast(self.pixels, factor(magnitude)),
             Op::Sharpness => {
                 smooth(self.pixels, self.scratch, self.width, self.height);
                 blend(self.scratch, self.pixels, factor(magnitude));
@@ -295,6 +292,90 @@ impl RgbImage<'_> {
                 *v = luts[c][*v as usize];
             }
         }
+    }
+}
+
+/// torchvision `adjust_brightness(img, factor)` on a PIL image: `ImageEnhance.Brightness`, a
+/// blend with black.
+pub fn adjust_brightness(pixels: &mut [u8], factor: f32) {
+    blend_with(pixels, factor, |_| [0; 3]);
+}
+
+/// torchvision `adjust_saturation(img, factor)` on a PIL image: `ImageEnhance.Color`, a blend
+/// with the pixel's gray.
+pub fn adjust_saturation(pixels: &mut [u8], factor: f32) {
+    blend_with(pixels, factor, |px| [gray(px); 3]);
+}
+
+/// torchvision `adjust_contrast(img, factor)` on a PIL image: `ImageEnhance.Contrast`, a blend
+/// with the image's mean gray, rounded.
+pub fn adjust_contrast(pixels: &mut [u8], factor: f32) {
+    let mean = mean_gray(pixels);
+    blend_with(pixels, factor, |_| [mean; 3]);
+}
+
+/// torchvision `adjust_hue(img, hue_factor)` on a PIL image: to PIL's 8-bit HSV, the hue
+/// shifted by `int(hue_factor · 255)` modulo 256, back to RGB.
+pub fn adjust_hue(pixels: &mut [u8], hue_factor: f64) {
+    // PIL's round trip through HSV changes some pixels even with no shift: kept, as PIL does.
+    let shift = ((hue_factor * 255.0) as i32) as u8;
+    for px in pixels.chunks_exact_mut(3) {
+        let (h, s, v) = rgb_to_hsv(px[0], px[1], px[2]);
+        px.copy_from_slice(&hsv_to_rgb(h.wrapping_add(shift), s, v));
+    }
+}
+
+/// torchvision `rgb_to_grayscale(img, 3)` on a PIL image: `convert("L")`, three times.
+pub fn to_grayscale(pixels: &mut [u8]) {
+    for px in pixels.chunks_exact_mut(3) {
+        px.fill(gray(px));
+    }
+}
+
+/// PIL's `rgb2hsv` (after `colorsys`), in its mix of `float` and `double` arithmetic.
+fn rgb_to_hsv(r: u8, g: u8, b: u8) -> (u8, u8, u8) {
+    let (maxc, minc) = (r.max(g).max(b), r.min(g).min(b));
+    if maxc == minc {
+        return (0, 0, maxc);
+    }
+    let cr = (maxc - minc) as f32;
+    let s = cr / maxc as f32;
+    let rc = (maxc - r) as f32 / cr;
+    let gc = (maxc - g) as f32 / cr;
+    let bc = (maxc - b) as f32 / cr;
+    let h = if r == maxc {
+        bc - gc
+    } else if g == maxc {
+        (2.0 + rc as f64 - bc as f64) as f32
+    } else {
+        (4.0 + gc as f64 - rc as f64) as f32
+    };
+    let h = ((h as f64 / 6.0 + 1.0) % 1.0) as f32;
+    let clip8 = |v: f64| (v as i32).clamp(0, 255) as u8;
+    (clip8(h as f64 * 255.0), clip8(s as f64 * 255.0), maxc)
+}
+
+/// PIL's `hsv2rgb`, likewise.
+fn hsv_to_rgb(h: u8, s: u8, v: u8) -> [u8; 3] {
+    if s == 0 {
+        return [v; 3];
+    }
+    let h6 = h as f64 * 6.0 / 255.0;
+    let i = h6.floor() as i32;
+    let f = (h6 - i as f64) as f32;
+    let fs = (s as f64 / 255.0) as f32;
+    let vf = v as f64;
+    let clip8 = |x: f64| (x.round() as i32).clamp(0, 255) as u8;
+    let p = clip8(vf * (1.0 - fs as f64));
+    let q = clip8(vf * (1.0 - (fs * f) as f64));
+    let t = clip8(vf * (1.0 - fs as f64 * (1.0 - f as f64)));
+    match i % 6 {
+        0 => [v, t, p],
+        1 => [q, v, p],
+        2 => [p, v, t],
+        3 => [p, q, v],
+        4 => [t, p, v],
+        _ => [v, p, q],
     }
 }
 
