@@ -173,8 +173,8 @@ impl Loader {
                 // (A whole decode is named only when chosen, so states saved before the
                 // setting existed keep resuming.)
                 format!(
-                    "{:?} max_pixels {}{}",
-                    config.transform,
+                    "{} max_pixels {}{}",
+                    config.transform.fingerprint(),
                     config.max_pixels,
                     if config.scaled_decode {
                         ""

@@ -370,6 +370,33 @@ impl Transform {
         Ok(())
     }
 
+    /// What decides the pixels, as text that stays the same across releases (a resume state
+    /// keeps the digest of it): the steps every release had, then only the later steps that are
+    /// on (non-default interpolation, erasing, augmentation, colour jitter, grayscale), so a
+    /// state saved before a step existed still matches a transform that does not use it.
+    pub fn fingerprint(&self) -> String {
+        let mut text = format!(
+            "Transform {{ geometry: {:?}, hflip: {:?}, output: {:?} }}",
+            self.geometry, self.hflip, self.output
+        );
+        if self.interpolation != Interpolation::Bilinear {
+            text += &format!(" interpolation {:?}", self.interpolation);
+        }
+        if let Some(augment) = &self.augment {
+            text += &format!(" augment {augment:?}");
+        }
+        if let Some(jitter) = &self.color_jitter {
+            text += &format!(" color_jitter {jitter:?}");
+        }
+        if let Some(grayscale) = &self.grayscale {
+            text += &format!(" grayscale {grayscale:?}");
+        }
+        if let Some(erase) = &self.erase {
+            text += &format!(" erase {erase:?}");
+        }
+        text
+    }
+
     /// The output size when the geometry fixes it (`None` for `Native` and `Resize`).
     pub fn fixed_size(&self) -> Option<(u32, u32)> {
         match self.geometry {
@@ -918,6 +945,33 @@ mod tests {
                 diff <= tolerance,
                 "{crop:?} -> {out:?}: mean abs diff {diff}"
             );
+        }
+    }
+
+    #[test]
+    fn the_fingerprint_names_only_the_steps_that_are_on() {
+        let base = Transform::imagenet_train(224);
+        // The form every release had for the steps it knew: the derived Debug of those fields.
+        assert!(
+            base.fingerprint()
+                .starts_with("Transform { geometry: RandomResizedCrop")
+        );
+        assert!(!base.fingerprint().contains("augment") && !base.fingerprint().contains("erase"));
+        assert_eq!(
+            base.fingerprint(),
+            base.with_interpolation(Interpolation::Bilinear)
+                .fingerprint()
+        );
+        let variants = [
+            base.with_interpolation(Interpolation::Bicubic),
+            base.with_augment(AutoAugment::trivial_augment_wide()),
+            base.with_color_jitter(ColorJitter::new(0.4, 0.4, 0.4, 0.0)),
+            base.with_random_grayscale(0.2),
+            base.with_random_erasing(RandomErasing::new(0.25, None)),
+        ];
+        let mut seen: std::collections::HashSet<String> = [base.fingerprint()].into();
+        for variant in variants {
+            assert!(seen.insert(variant.fingerprint()), "{variant:?}");
         }
     }
 
