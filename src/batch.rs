@@ -35,6 +35,11 @@ pub struct Batch {
     pub samples: Vec<usize>,
     /// Class label of each slot.
     pub labels: Vec<u32>,
+    /// With MixUp/CutMix ([`LoaderConfig::batch_mix`]): each slot's class probabilities,
+    /// `[n, num_classes]` row-major, the labels mixed as the images were; `None` otherwise.
+    ///
+    /// [`LoaderConfig::batch_mix`]: crate::loader::LoaderConfig::batch_mix
+    pub soft_labels: Option<Vec<f32>>,
     /// Bad samples met while building this batch.
     pub bad: Vec<BadSample>,
     /// `[n, 3, h, w]` for NCHW, `[n, h, w, 3]` for NHWC.
@@ -94,6 +99,7 @@ impl Batch {
             index,
             samples,
             labels,
+            soft_labels: None,
             bad: Vec::new(),
             shape,
             dtype,

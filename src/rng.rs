@@ -61,11 +61,75 @@ impl SampleRng {
     pub fn chance(&mut self, p: f64) -> bool {
         self.unit() < p
     }
+
+    /// A standard normal value (Box-Muller on two uniforms; the cosine branch only).
+    pub fn normal(&mut self) -> f64 {
+        let u = 1.0 - self.unit(); // (0, 1]: ln is finite
+        let v = self.unit();
+        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+    }
+
+    /// A Gamma(`shape`, 1) value, `shape` > 0 (Marsaglia and Tsang's method; for `shape` < 1,
+    /// Gamma(`shape` + 1) · U^(1/`shape`)).
+    pub fn gamma(&mut self, shape: f64) -> f64 {
+        if shape < 1.0 {
+            let u = 1.0 - self.unit();
+            return self.gamma(shape + 1.0) * u.powf(1.0 / shape);
+        }
+        let d = shape - 1.0 / 3.0;
+        let c = 1.0 / (9.0 * d).sqrt();
+        loop {
+            let (x, v) = loop {
+                let x = self.normal();
+                let v = 1.0 + c * x;
+                if v > 0.0 {
+                    break (x, v * v * v);
+                }
+            };
+            let u = 1.0 - self.unit();
+            if u.ln() < 0.5 * x * x + d - d * v + d * v.ln() {
+                return d * v;
+            }
+        }
+    }
+
+    /// A Beta(`a`, `b`) value (two Gamma values), `a`, `b` > 0; never NaN.
+    pub fn beta(&mut self, a: f64, b: f64) -> f64 {
+        let x = self.gamma(a);
+        let y = self.gamma(b);
+        if x + y > 0.0 {
+            x / (x + y)
+        } else {
+            // Both underflowed (tiny shapes): the limit is 0 or 1 with these odds.
+            if self.chance(a / (a + b)) { 1.0 } else { 0.0 }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn beta_values_have_the_distributions_moments() {
+        for (a, b) in [(0.2, 0.2), (1.0, 1.0), (2.5, 0.7)] {
+            let n = 40_000;
+            let mut rng = SampleRng::new(9, 0, 0);
+            let values: Vec<f64> = (0..n).map(|_| rng.beta(a, b)).collect();
+            assert!(values.iter().all(|v| (0.0..=1.0).contains(v)));
+            let mean = values.iter().sum::<f64>() / n as f64;
+            let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n as f64;
+            let (want_mean, want_var) = (a / (a + b), a * b / ((a + b).powi(2) * (a + b + 1.0)));
+            assert!(
+                (mean - want_mean).abs() < 0.01,
+                "Beta({a}, {b}) mean {mean}"
+            );
+            assert!(
+                (var - want_var).abs() < 0.01,
+                "Beta({a}, {b}) variance {var}"
+            );
+        }
+    }
 
     #[test]
     fn streams_depend_on_every_key_part_and_nothing_else() {

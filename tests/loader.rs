@@ -14,7 +14,7 @@ use imagefeed::loader::{BadSamplePolicy, Loader, LoaderConfig, LoaderState, MaxB
 use imagefeed::pack::PackOptions;
 use imagefeed::sampler::Uneven;
 use imagefeed::synthetic::{self, SyntheticSpec};
-use imagefeed::transform::{DType, Geometry, Layout, Transform};
+use imagefeed::transform::{BatchMix, DType, Geometry, Layout, Transform};
 use imagefeed::{Error, format};
 use sha2::{Digest as _, Sha256};
 use support::{BROKEN, fixture_root, pack_lmdb, small_options};
@@ -324,6 +324,82 @@ fn resume_yields_exactly_the_remaining_batches() {
             setting: "seed",
             ..
         })
+    ));
+}
+
+#[test]
+fn mixup_cutmix_batches_carry_soft_labels_and_resume_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, lmdb, _) = datasets(dir.path());
+    let mixed = |workers| config(rrc(12), workers, 2).with_batch_mix(BatchMix::either(0.2, 1.0, 3));
+    type Run = Vec<(Vec<u8>, Vec<u32>, Vec<f32>)>;
+    let run = |loader: &Loader, epoch| -> Run {
+        loader
+            .epoch(epoch)
+            .map(|b| {
+                let b = b.unwrap();
+                let soft = b.soft_labels.clone().expect("soft labels with a batch mix");
+                (b.bytes().to_vec(), b.labels.clone(), soft)
+            })
+            .collect()
+    };
+    let one = run(&Loader::new(Arc::clone(&lmdb), mixed(1)).unwrap(), 3);
+    let three = run(&Loader::new(Arc::clone(&lmdb), mixed(3)).unwrap(), 3);
+    assert_eq!(one, three, "the same for any worker count");
+    let plain: Vec<Vec<u8>> = Loader::new(Arc::clone(&lmdb), config(rrc(12), 2, 2))
+        .unwrap()
+        .epoch(3)
+        .map(|b| b.unwrap().bytes().to_vec())
+        .collect();
+    let mut differs = 0;
+    for ((images, labels, soft), unmixed) in one.iter().zip(&plain) {
+        assert_eq!(soft.len(), labels.len() * 3);
+        for (row, &label) in soft.chunks(3).zip(labels) {
+            assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-5);
+            assert!(row[label as usize] > 0.0);
+        }
+        differs += (images != unmixed) as usize;
+    }
+    assert!(
+        differs >= one.len() / 2,
+        "{differs} of {} batches mixed",
+        one.len()
+    );
+    // Resumed mid-epoch: the same mixed batches; another mix is another configuration.
+    let first = Loader::new(Arc::clone(&lmdb), mixed(2)).unwrap();
+    let mut epoch = first.epoch(3);
+    epoch.next().unwrap().unwrap();
+    let state = epoch.state();
+    drop(epoch);
+    let rest: Run = Loader::new(Arc::clone(&lmdb), mixed(1))
+        .unwrap()
+        .resume(&state)
+        .unwrap()
+        .map(|b| {
+            let b = b.unwrap();
+            (
+                b.bytes().to_vec(),
+                b.labels.clone(),
+                b.soft_labels.clone().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(rest, one[1..]);
+    let other = config(rrc(12), 1, 2).with_batch_mix(BatchMix::cutmix(1.0, 3));
+    assert!(matches!(
+        Loader::new(Arc::clone(&lmdb), other)
+            .unwrap()
+            .resume(&state),
+        Err(Error::StateMismatch {
+            setting: "transform",
+            ..
+        })
+    ));
+    // Fewer classes than the dataset has: refused when the loader is made.
+    let too_few = config(rrc(12), 1, 2).with_batch_mix(BatchMix::mixup(0.2, 2));
+    assert!(matches!(
+        Loader::new(Arc::clone(&lmdb), too_few),
+        Err(Error::Config(_))
     ));
 }
 

@@ -81,6 +81,7 @@ class NativeLoader:
         pinned_device: Optional[int] = None,
         shard_window: Optional[int] = None,
         scaled_decode: bool = True,
+        batch_mix: Optional[Dict[str, Any]] = None,
     ) -> None: ...
     def __len__(self) -> int: ...
     @property

@@ -10,7 +10,7 @@ from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple, Union
 
 from . import _native, errors
 from ._reading import DatasetPath, dataset_paths, reading_options
-from .transforms import Transform
+from .transforms import BatchTransform, Transform
 from .transforms import none as _no_transform
 from .views import LoaderDataset, LoaderSampler
 
@@ -177,7 +177,10 @@ class Loader:
     Iterating gives ``(images, labels)``: ``images`` is ``[n, 3, h, w]`` (``layout="NCHW"``) or
     ``[n, h, w, 3]`` of ``dtype`` (``"float32"``, ``"float16"``, ``"bfloat16"``: the float32
     values rounded to nearest-even, torch or DLPack output only; or ``"uint8"``), C-contiguous,
-    viewing the loader's batch buffer; ``labels`` is ``int64 [n]``. ``output`` chooses torch
+    viewing the loader's batch buffer; ``labels`` is ``int64 [n]``, or, with a
+    ``batch_transform`` (:class:`~imagefeed.transforms.MixUp`, ``CutMix`` or ``RandomChoice`` of
+    the two, as torchvision's ``transforms.v2``; drawn per batch from the seed, epoch and batch
+    position), ``float32 [n, num_classes]`` class probabilities. ``output`` chooses torch
     tensors, NumPy arrays, or the raw DLPack objects.
     A batch's buffer goes back to the loader's pool when the last reference to the tensor is
     dropped, so tensors kept across steps stay intact (the pool grows instead, with a
@@ -272,6 +275,7 @@ class Loader:
         ranged_reads: bool = False,
         shard_window: Optional[int] = None,
         scaled_decode: bool = True,
+        batch_transform: Optional[BatchTransform] = None,
     ):
         paths = dataset_paths(path)
         reading = reading_options(
@@ -287,6 +291,11 @@ class Loader:
         if not isinstance(transform, Transform):
             raise errors.ConfigError(
                 f"transform {transform!r} is not an imagefeed transform (see imagefeed.transforms)"
+            )
+        if batch_transform is not None and not isinstance(batch_transform, BatchTransform):
+            raise errors.ConfigError(
+                f"batch_transform {batch_transform!r} is not an imagefeed batch step "
+                "(T.MixUp, T.CutMix or T.RandomChoice of the two)"
             )
         if (rank is None) != (world_size is None):
             raise errors.ConfigError("give both rank and world_size, or neither")
@@ -334,6 +343,13 @@ class Loader:
 
             self._numpy = numpy
         spec = transform.spec()
+        # A preset's batch step (T.imagenet_train(mixup=..., cutmix=...)).
+        preset_mix = spec.pop("batch_mix", None)
+        if preset_mix is not None and batch_transform is not None:
+            raise errors.ConfigError(
+                "the transform's preset already mixes batches (mixup/cutmix): leave out batch_transform"
+            )
+        batch_mix = preset_mix if batch_transform is None else batch_transform.spec()
         host_dtype, host_layout, pinned_device = dtype, layout, None
         if device != "cpu":
             if output != "torch":
@@ -362,6 +378,7 @@ class Loader:
             pinned_device=pinned_device,
             shard_window=shard_window,
             scaled_decode=scaled_decode,
+            batch_mix=batch_mix,
         )
         self._paths = paths
         self._dtype, self._layout = dtype, layout

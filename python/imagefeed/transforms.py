@@ -38,10 +38,15 @@ __all__ = [
     "ColorJitter",
     "RandomGrayscale",
     "RandomApply",
+    "MixUp",
+    "CutMix",
+    "RandomChoice",
+    "BatchTransform",
     "Normalize",
     "none",
     "cifar_train",
     "imagenet_train",
+    "imagenet_mixup_cutmix",
     "imagenet_eval",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
@@ -579,6 +584,92 @@ class Compose(Transform):
         super().__init__(spec, f"Compose({list(steps)!r})")
 
 
+class BatchTransform:
+    """A step on the finished batch (``imagefeed.Loader(batch_transform=...)``): :class:`MixUp`,
+    :class:`CutMix`, or :class:`RandomChoice` of the two."""
+
+    def spec(self) -> Dict[str, Any]:  # pragma: no cover - every batch step overrides it
+        raise NotImplementedError
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, BatchTransform) and self.spec() == other.spec()
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({fields})"
+
+
+def _alpha(alpha: float, what: str) -> float:
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (0 < alpha < math.inf):
+        raise ValueError(f"{what}: alpha {alpha!r} must be positive and finite")
+    return float(alpha)
+
+
+def _classes(num_classes: Optional[int], what: str) -> Optional[int]:
+    if num_classes is None:
+        return None
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or not 1 <= num_classes <= 1 << 20:
+        raise ValueError(f"{what}: num_classes {num_classes!r} must be an int in 1..1048576 (or None)")
+    return num_classes
+
+
+class MixUp(BatchTransform):
+    """torchvision ``transforms.v2.MixUp(alpha, num_classes)`` on each batch: every image blended
+    with the one before it in the batch (``roll(1, 0)``), ``lam ~ Beta(alpha, alpha)`` per
+    batch, and the labels become ``float32 [n, num_classes]`` probabilities mixed the same way.
+    ``num_classes=None`` takes the dataset's class count."""
+
+    def __init__(self, *, alpha: float = 1.0, num_classes: Optional[int] = None):
+        self.alpha = _alpha(alpha, "MixUp")
+        self.num_classes = _classes(num_classes, "MixUp")
+
+    def spec(self) -> Dict[str, Any]:
+        return {"mixup_alpha": self.alpha, "cutmix_alpha": None, "num_classes": self.num_classes}
+
+
+class CutMix(BatchTransform):
+    """torchvision ``transforms.v2.CutMix(alpha, num_classes)`` on each batch: a box of the image
+    before it in the batch pasted into every image (its sides ``sqrt(1 - lam)`` of the image's,
+    ``lam ~ Beta(alpha, alpha)``), the labels mixed by the pasted area."""
+
+    def __init__(self, *, alpha: float = 1.0, num_classes: Optional[int] = None):
+        self.alpha = _alpha(alpha, "CutMix")
+        self.num_classes = _classes(num_classes, "CutMix")
+
+    def spec(self) -> Dict[str, Any]:
+        return {"mixup_alpha": None, "cutmix_alpha": self.alpha, "num_classes": self.num_classes}
+
+
+class RandomChoice(BatchTransform):
+    """torchvision ``transforms.v2.RandomChoice([MixUp(...), CutMix(...)])``, as its
+    classification reference uses it: one of the two, with equal odds, for each batch."""
+
+    def __init__(self, transforms: Sequence[BatchTransform], p: Optional[Sequence[float]] = None):
+        steps = list(transforms)
+        mixups = [s for s in steps if isinstance(s, MixUp)]
+        cutmixes = [s for s in steps if isinstance(s, CutMix)]
+        if len(steps) != 2 or len(mixups) != 1 or len(cutmixes) != 1:
+            raise ValueError("RandomChoice: the loader chooses only between one MixUp and one CutMix")
+        if p is not None and (len(p) != 2 or float(p[0]) != float(p[1])):
+            raise ValueError(f"RandomChoice: p {p!r}: only equal odds are supported")
+        if mixups[0].num_classes != cutmixes[0].num_classes:
+            raise ValueError("RandomChoice: MixUp and CutMix must have the same num_classes")
+        self.mixup, self.cutmix = mixups[0], cutmixes[0]
+
+    def spec(self) -> Dict[str, Any]:
+        return {
+            "mixup_alpha": self.mixup.alpha,
+            "cutmix_alpha": self.cutmix.alpha,
+            "num_classes": self.mixup.num_classes,
+        }
+
+
+def imagenet_mixup_cutmix(mixup_alpha: float = 0.2, cutmix_alpha: float = 1.0) -> BatchTransform:
+    """The batch step of torchvision's classification reference (``--mixup-alpha 0.2
+    --cutmix-alpha 1.0``): ``RandomChoice([MixUp(alpha=0.2), CutMix(alpha=1.0)])``."""
+    return RandomChoice([MixUp(alpha=mixup_alpha), CutMix(alpha=cutmix_alpha)])
+
+
 def none() -> Transform:
     """Decode only: native size (every image of a batch must then have the same size)."""
     return Compose([])
@@ -599,6 +690,8 @@ def imagenet_train(
     random_erase: float = 0.0,
     interpolation: Any = "bilinear",
     ra_magnitude: int = 9,
+    mixup: float = 0.0,
+    cutmix: float = 0.0,
 ) -> Transform:
     """ImageNet training as torchvision's classification reference (``ClassificationPresetTrain``)
     builds it: ``RandomResizedCrop(size, interpolation)``, random flip, then the automatic
@@ -607,9 +700,14 @@ def imagenet_train(
     :class:`AutoAugment`; None: none), ImageNet normalization, and :class:`RandomErasing` with
     probability ``random_erase`` when it is above 0.
 
+    ``mixup`` and ``cutmix`` above 0 add the reference's batch step (its ``--mixup-alpha``,
+    ``--cutmix-alpha``): :class:`MixUp` and/or :class:`CutMix` with those alphas, one of them
+    for each batch when both are set, over the dataset's classes; the loader's labels are then
+    ``float32 [n, classes]``.
+
     With the defaults, ``RandomResizedCrop(size)``, flip and normalization: the classic recipe.
     The reference's current recipe is ``imagenet_train(176, auto_augment="ta_wide",
-    random_erase=0.1)`` (its MixUp/CutMix on the batch are not in the loader yet).
+    random_erase=0.1, mixup=0.2, cutmix=1.0)``.
     """
     steps: List[_Step] = [RandomResizedCrop(size, interpolation=interpolation), RandomHorizontalFlip(0.5)]
     if auto_augment == "ta_wide":
@@ -626,7 +724,17 @@ def imagenet_train(
     steps.append(Normalize(IMAGENET_MEAN, IMAGENET_STD))
     if random_erase > 0:
         steps.append(RandomErasing(p=random_erase))
-    return Compose(steps)
+    composed = Compose(steps)
+    batch: Optional[BatchTransform] = None
+    if mixup > 0 and cutmix > 0:
+        batch = RandomChoice([MixUp(alpha=mixup), CutMix(alpha=cutmix)])
+    elif mixup > 0:
+        batch = MixUp(alpha=mixup)
+    elif cutmix > 0:
+        batch = CutMix(alpha=cutmix)
+    if batch is None:
+        return composed
+    return Transform(dict(composed.spec(), batch_mix=batch.spec()), f"{composed!r} + {batch!r}")
 
 
 def imagenet_eval(size: int = 224, resize: int = 256) -> Transform:

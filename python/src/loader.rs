@@ -18,8 +18,9 @@ use imagefeed::format;
 use imagefeed::loader::{BadSamplePolicy, Epoch, Loader, LoaderConfig, LoaderState, MaxBad, Wait};
 use imagefeed::sampler::Uneven;
 use imagefeed::transform::{
-    AugmentPolicy, AutoAugment, ColorJitter, DType, EraseValue, Geometry, Interpolation, Layout,
-    Normalize, RandomErasing, RandomGrayscale, Transform, autoaugment::DEFAULT_MAGNITUDE_BINS,
+    AugmentPolicy, AutoAugment, BatchMix, ColorJitter, DType, EraseValue, Geometry, Interpolation,
+    Layout, Normalize, RandomErasing, RandomGrayscale, Transform,
+    autoaugment::DEFAULT_MAGNITUDE_BINS,
 };
 
 use crate::dlpack::{Element, HostArray, HostMemory};
@@ -27,7 +28,7 @@ use crate::errors::{config, to_py};
 
 /// A batch as Python receives it: images and labels viewing Rust memory, sample indices, bad
 /// samples.
-fn batch_parts(batch: imagefeed::batch::Batch) -> PyResult<BatchParts> {
+fn batch_parts(mut batch: imagefeed::batch::Batch) -> PyResult<BatchParts> {
     let shape = batch.shape;
     let element = match batch.dtype {
         DType::U8 => Element::U8,
@@ -35,8 +36,22 @@ fn batch_parts(batch: imagefeed::batch::Batch) -> PyResult<BatchParts> {
         DType::Bf16 => Element::Bf16,
         DType::F32 => Element::F32,
     };
-    let labels: Vec<i64> = batch.labels.iter().map(|&l| i64::from(l)).collect();
-    let mut batch = batch;
+    let n = batch.labels.len();
+    let labels = match batch.soft_labels.take() {
+        // MixUp/CutMix: float32 [n, classes] probabilities.
+        Some(soft) => {
+            let classes = soft.len().checked_div(n).unwrap_or(0);
+            HostArray::new(
+                Arc::new(HostMemory::from_vec(soft)),
+                &[n, classes],
+                Element::F32,
+            )?
+        }
+        None => {
+            let labels: Vec<i64> = batch.labels.iter().map(|&l| i64::from(l)).collect();
+            HostArray::new(Arc::new(HostMemory::from_vec(labels)), &[n], Element::I64)?
+        }
+    };
     let samples = std::mem::take(&mut batch.samples);
     let bad: Vec<_> = std::mem::take(&mut batch.bad)
         .into_iter()
@@ -50,8 +65,6 @@ fn batch_parts(batch: imagefeed::batch::Batch) -> PyResult<BatchParts> {
     // else holds it.
     let memory = unsafe { HostMemory::new(ptr, len, Box::new(buffer)) };
     let images = HostArray::new(Arc::new(memory), &shape, element)?;
-    let n = labels.len();
-    let labels = HostArray::new(Arc::new(HostMemory::from_vec(labels)), &[n], Element::I64)?;
     Ok((images, labels, samples, bad))
 }
 
@@ -361,6 +374,27 @@ fn parse_color_jitter(jitter: &Bound<'_, PyAny>) -> PyResult<ColorJitter> {
     })
 }
 
+/// The batch step's dict: `{"mixup_alpha": float | None, "cutmix_alpha": float | None,
+/// "num_classes": int | None}` (`None` classes: 0 here, the dataset's count later).
+fn parse_batch_mix(mix: &Bound<'_, PyDict>) -> PyResult<BatchMix> {
+    let alpha = |key: &str| -> PyResult<Option<f64>> {
+        mix.get_item(key)?
+            .filter(|v| !v.is_none())
+            .map(|v| v.extract())
+            .transpose()
+    };
+    let num_classes: Option<usize> = mix
+        .get_item("num_classes")?
+        .filter(|v| !v.is_none())
+        .map(|v| v.extract())
+        .transpose()?;
+    Ok(BatchMix {
+        mixup_alpha: alpha("mixup_alpha")?,
+        cutmix_alpha: alpha("cutmix_alpha")?,
+        num_classes: num_classes.unwrap_or(0),
+    })
+}
+
 fn parse_max_bad(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<MaxBad>> {
     let Some(value) = value.filter(|v| !v.is_none()) else {
         return Ok(None);
@@ -415,7 +449,7 @@ impl NativeLoader {
     #[pyo3(signature = (
         paths, *, batch_size, workers, seed, prefetch, shuffle, drop_last, rank, world_size,
         uneven, transform, dtype, layout, bad_samples, max_bad=None, max_pixels=None,
-        reading=None, pinned_device=None, shard_window=None, scaled_decode=true,
+        reading=None, pinned_device=None, shard_window=None, scaled_decode=true, batch_mix=None,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -440,7 +474,9 @@ impl NativeLoader {
         pinned_device: Option<usize>,
         shard_window: Option<usize>,
         scaled_decode: bool,
+        batch_mix: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<NativeLoader> {
+        let batch_mix = batch_mix.map(parse_batch_mix).transpose()?;
         let transform =
             parse_transform(transform)?.with_output(parse_dtype(dtype)?, parse_layout(layout)?);
         let policy = match bad_samples {
@@ -485,6 +521,24 @@ impl NativeLoader {
         let (loader, pinned) = py
             .detach(|| {
                 let dataset = format::open_files(&paths, &options)?;
+                let config_ = match batch_mix {
+                    None => config_,
+                    Some(mut mix) => {
+                        // num_classes left out: the dataset's class count.
+                        if mix.num_classes == 0 {
+                            mix.num_classes = dataset.info().classes.len();
+                        }
+                        if mix.num_classes == 0 {
+                            return Err(imagefeed::Error::Config(
+                                "MixUp/CutMix need num_classes: this dataset does not name its \
+                                 classes"
+                                    .into(),
+                            ));
+                        }
+                        config_.with_batch_mix(mix)
+                    }
+                };
+                config_.validate()?;
                 match pinned_device {
                     // Batches bound for the GPU are written straight into page-locked memory,
                     // so the host-to-device copy is a DMA that overlaps with compute.

@@ -275,3 +275,116 @@ def test_colour_jitter_and_grayscale_in_the_loader(lmdb_path):
     off = loader(lmdb_path, transform=T.Compose([T.ColorJitter()]), dtype="uint8", layout="NHWC", shuffle=False)
     for (a, _), (b, _) in zip(plain, off):
         np.testing.assert_array_equal(a, b)
+
+
+# -- MixUp and CutMix on the batch ----------------------------------------------------------------
+
+
+def mixed_epochs(lmdb_path, batch_transform, epochs=1, **kw):
+    """(plain images, mixed images, labels, soft labels) per batch, same seed and samples."""
+    kw.setdefault("transform", FLIP_NORMALIZE)
+    kw.setdefault("batch_size", 8)
+    out = []
+    for epoch in range(epochs):
+        plain = loader(lmdb_path, seed=epoch, **kw)
+        mixed = loader(lmdb_path, seed=epoch, batch_transform=batch_transform, **kw)
+        for (x, y), (mx, soft) in zip(plain, mixed):
+            out.append((x.copy(), mx.copy(), y.copy(), soft.copy()))
+    return out
+
+
+def lam_of(labels, soft):
+    """lam from the soft labels: the own class's share where the predecessor's class differs."""
+    rolled = np.roll(labels, 1)
+    for i in range(len(labels)):
+        if labels[i] != rolled[i]:
+            return float(soft[i, labels[i]])
+    return None
+
+
+def test_mixup_blends_each_image_with_its_predecessor(lmdb_path):
+    batches = mixed_epochs(lmdb_path, T.MixUp(alpha=0.4))
+    classes = len(loader(lmdb_path).dataset.classes)
+    checked = 0
+    for x, mx, y, soft in batches:
+        assert soft.dtype == np.float32 and soft.shape == (len(y), classes)
+        np.testing.assert_allclose(soft.sum(axis=1), 1.0, atol=1e-6)
+        lam = lam_of(y, soft)
+        if lam is None:
+            continue
+        lam32 = np.float32(lam)
+        want = np.roll(x, 1, axis=0) * (np.float32(1.0) - lam32) + x * lam32
+        np.testing.assert_array_equal(mx, want)
+        checked += 1
+    assert checked >= len(batches) // 2
+
+
+def test_cutmix_pastes_one_box_and_labels_follow_its_area(lmdb_path):
+    batches = mixed_epochs(lmdb_path, T.CutMix(alpha=1.0), dtype="uint8", layout="NHWC",
+                           transform=T.Compose([]))
+    boxes = 0
+    for x, mx, y, soft in batches:
+        rolled = np.roll(x, 1, axis=0)
+        h, w = x.shape[1:3]
+        # Outside one box every image is its own; inside it, its predecessor's.
+        from_prev = np.all(mx == rolled, axis=-1) & np.any(x != rolled, axis=-1)
+        changed = np.any(mx != x, axis=-1)
+        area = 0
+        if changed.any():
+            rows, cols = np.nonzero(changed.any(axis=0))
+            y1, y2, x1, x2 = rows.min(), rows.max() + 1, cols.min(), cols.max() + 1
+            np.testing.assert_array_equal(mx[:, y1:y2, x1:x2], rolled[:, y1:y2, x1:x2])
+            outside = np.ones((h, w), bool)
+            outside[y1:y2, x1:x2] = False
+            np.testing.assert_array_equal(mx[:, outside], x[:, outside])
+            area = (y2 - y1) * (x2 - x1)
+            boxes += 1
+            assert from_prev.any()
+        lam = lam_of(y, soft)
+        if lam is not None and changed.any():
+            # The box found may be smaller than the pasted one where images agree at its edge.
+            assert lam <= 1 - area / (h * w) + 1e-6
+
+
+def test_mixup_lam_is_beta_distributed_and_batches_do_not_depend_on_workers(lmdb_path):
+    lams = []
+    for _, _, y, soft in mixed_epochs(lmdb_path, T.MixUp(alpha=0.2), epochs=8, batch_size=2):
+        lam = lam_of(y, soft)
+        if lam is not None:
+            lams.append(lam)
+    assert len(lams) > 150
+    reference = np.random.RandomState(0).beta(0.2, 0.2, 20000)
+    grid = np.union1d(lams, reference)
+    cdf = [np.searchsorted(np.sort(v), grid, "right") / len(v) for v in (lams, reference)]
+    assert np.abs(cdf[0] - cdf[1]).max() < 0.15, np.abs(cdf[0] - cdf[1]).max()
+    choice = T.imagenet_mixup_cutmix()
+    one = loader(lmdb_path, workers=1, seed=2, batch_transform=choice, transform=FLIP_NORMALIZE)
+    three = loader(lmdb_path, workers=3, seed=2, batch_transform=choice, transform=FLIP_NORMALIZE)
+    for (a, sa), (b, sb) in zip(one, three):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(sa, sb)
+
+
+def test_batch_transform_refusals(lmdb_path):
+    for bad in (
+        lambda: T.MixUp(alpha=0),
+        lambda: T.CutMix(alpha=float("inf")),
+        lambda: T.MixUp(num_classes=0),
+        lambda: T.RandomChoice([T.MixUp(), T.MixUp()]),
+        lambda: T.RandomChoice([T.MixUp(), T.CutMix()], p=[0.3, 0.7]),
+        lambda: T.RandomChoice([T.MixUp(num_classes=3), T.CutMix(num_classes=4)]),
+    ):
+        with pytest.raises(ValueError):
+            bad()
+    with pytest.raises(imagefeed.ConfigError):
+        loader(lmdb_path, transform=FLIP_NORMALIZE, batch_transform=T.MixUp)  # the class, not one
+    # The reference preset carries its batch step; giving another one too is refused.
+    ref = T.imagenet_train(32, auto_augment="ta_wide", random_erase=0.1, mixup=0.2, cutmix=1.0)
+    images, soft = next(iter(loader(lmdb_path, transform=ref)))
+    assert images.shape[1:] == (3, 32, 32) and soft.dtype == np.float32 and soft.ndim == 2
+    np.testing.assert_allclose(soft.sum(axis=1), 1.0, atol=1e-6)
+    with pytest.raises(imagefeed.ConfigError, match="already mixes"):
+        loader(lmdb_path, transform=ref, batch_transform=T.MixUp())
+    # Fewer classes than the dataset's 3.
+    with pytest.raises(imagefeed.ConfigError, match="num_classes"):
+        loader(lmdb_path, transform=FLIP_NORMALIZE, batch_transform=T.MixUp(num_classes=2))

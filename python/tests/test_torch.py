@@ -434,3 +434,39 @@ def test_augmentations_draw_like_torchvision(tmp_path, policy):
     unchanged = ((ours == 0).mean(), (theirs == 0).mean())
     assert ks < 0.1, (policy, ks, unchanged)
     assert abs(unchanged[0] - unchanged[1]) < 0.06, (policy, unchanged)
+
+
+def test_mixup_and_cutmix_are_torchvisions_v2_given_the_same_draw(lmdb_path):
+    """Each mixed batch against torchvision's transforms.v2 MixUp / CutMix applied to the same
+    unmixed batch with the same draw (lam read off our soft labels, the box off our images):
+    images and soft labels equal, value for value."""
+    v2 = pytest.importorskip("torchvision.transforms.v2", reason="torchvision is not installed")
+    from test_augment import lam_of, mixed_epochs
+
+    classes = len(imagefeed.Loader(lmdb_path, rank=0, world_size=1).dataset.classes)
+    mixups = cutmixes = 0
+    for x, mx, y, soft in mixed_epochs(lmdb_path, T.MixUp(alpha=0.5), epochs=2):
+        lam = lam_of(y, soft)
+        if lam is None:
+            continue
+        tv = v2.MixUp(alpha=0.5, num_classes=classes)
+        tv.make_params = lambda flat, lam=lam: {"lam": lam}
+        images, labels = tv(torch.from_numpy(x), torch.from_numpy(y.astype(np.int64)))
+        assert np.array_equal(images.numpy(), mx)
+        assert np.array_equal(labels.numpy(), soft)
+        mixups += 1
+    for x, mx, y, soft in mixed_epochs(lmdb_path, T.CutMix(alpha=1.0), epochs=2):
+        changed = np.any(mx != x, axis=1)
+        if not changed.any():
+            continue
+        rows, cols = np.nonzero(changed.any(axis=0))
+        box = (int(cols.min()), int(rows.min()), int(cols.max()) + 1, int(rows.max()) + 1)
+        h, w = x.shape[2:]
+        lam_adjusted = 1.0 - (box[2] - box[0]) * (box[3] - box[1]) / (w * h)
+        tv = v2.CutMix(alpha=1.0, num_classes=classes)
+        tv.make_params = lambda flat, box=box, lam=lam_adjusted: {"box": box, "lam_adjusted": lam}
+        images, labels = tv(torch.from_numpy(x), torch.from_numpy(y.astype(np.int64)))
+        assert np.array_equal(images.numpy(), mx)
+        assert np.array_equal(labels.numpy(), soft)
+        cutmixes += 1
+    assert mixups >= 5 and cutmixes >= 5, (mixups, cutmixes)

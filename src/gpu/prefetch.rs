@@ -257,6 +257,13 @@ impl Prefetcher<Epoch> {
                 host.layout
             )));
         }
+        if loader.config().batch_mix.is_some() {
+            return Err(Error::Config(
+                "the GPU prefetcher does not carry MixUp/CutMix soft labels yet: mix the device \
+                 batch (or use the Python loader's device=\"cuda\", which does)"
+                    .into(),
+            ));
+        }
         let prefetcher = Self::new(gpu, compute, output, depth)?;
         loader.prewarm(loader.config().prefetch + depth + 1)?;
         Ok(prefetcher)

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::decode::DEFAULT_MAX_PIXELS;
 use crate::error::{Error, Result};
 use crate::sampler::{Sampling, Uneven};
-use crate::transform::{Geometry, SampleTransformer, Transform};
+use crate::transform::{BatchMix, Geometry, SampleTransformer, Transform};
 
 /// What to do with a sample that cannot be read or decoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -108,6 +108,11 @@ pub struct LoaderConfig {
     /// level of torchvision on 99.96% of ImageNet eval values); `false` decodes it whole before
     /// resizing, as torchvision does with PIL: every value within one level.
     pub scaled_decode: bool,
+    /// MixUp and/or CutMix on each finished batch, with soft labels ([`Batch::soft_labels`]);
+    /// `None` by default.
+    ///
+    /// [`Batch::soft_labels`]: crate::batch::Batch::soft_labels
+    pub batch_mix: Option<BatchMix>,
 }
 
 impl Default for LoaderConfig {
@@ -123,11 +128,19 @@ impl Default for LoaderConfig {
             max_bad: Some(DEFAULT_MAX_BAD),
             max_pixels: DEFAULT_MAX_PIXELS,
             scaled_decode: true,
+            batch_mix: None,
         }
     }
 }
 
 impl LoaderConfig {
+    /// MixUp/CutMix on every batch (torchvision's `MixUp`, `CutMix`, or the uniform choice of
+    /// the two its reference recipe uses).
+    pub fn with_batch_mix(mut self, mix: BatchMix) -> Self {
+        self.batch_mix = Some(mix);
+        self
+    }
+
     /// Samples per batch.
     pub fn with_batch_size(mut self, batch_size: usize) -> Self {
         self.sampling.batch_size = batch_size;
@@ -266,6 +279,9 @@ impl LoaderConfig {
             return invalid("max_pixels 0 would refuse every image".into());
         }
         self.transform.validate().map_err(Error::Config)?;
+        if let Some(mix) = &self.batch_mix {
+            mix.validate().map_err(Error::Config)?;
+        }
         // An output image larger than the pixel limit could never be made: refusing it here
         // keeps a typo (CenterCrop(65536)) from becoming a batch buffer allocation that aborts.
         let output = match self.transform.geometry {

@@ -154,6 +154,15 @@ impl Loader {
         if let Some((w, h)) = config.transform.fixed_size() {
             config.check_batch_memory(w, h, dataset.len())?;
         }
+        if let Some(mix) = &config.batch_mix {
+            let classes = dataset.info().classes.len();
+            if classes > mix.num_classes {
+                return Err(Error::Config(format!(
+                    "MixUp/CutMix were given num_classes {} but the dataset has {classes} classes",
+                    mix.num_classes
+                )));
+            }
+        }
         if config.sampling.world_size > dataset.len().max(1) {
             return Err(Error::Config(format!(
                 "world_size {} exceeds the dataset's {} samples: some ranks would get none",
@@ -173,14 +182,18 @@ impl Loader {
                 // (A whole decode is named only when chosen, so states saved before the
                 // setting existed keep resuming.)
                 format!(
-                    "{} max_pixels {}{}",
+                    "{} max_pixels {}{}{}",
                     config.transform.fingerprint(),
                     config.max_pixels,
                     if config.scaled_decode {
                         ""
                     } else {
                         " whole decode"
-                    }
+                    },
+                    config
+                        .batch_mix
+                        .map(|mix| format!(" batch_mix {mix:?}"))
+                        .unwrap_or_default()
                 )
                 .as_bytes(),
             );

@@ -17,6 +17,8 @@ use crate::transform::SampleTransformer;
 
 /// Domain of the replacement-choice streams (sample streams use 0, the shuffle 1).
 const REPLACE_DOMAIN: u64 = 2;
+/// The random stream of a batch's MixUp/CutMix draw (the rank in the bits above).
+const MIX_DOMAIN: u64 = 6;
 /// Candidates tried for one bad sample under `Replace`.
 const REPLACE_ATTEMPTS: usize = 16;
 
@@ -164,11 +166,13 @@ impl Worker {
             Layout::Nchw => [n, 3, h, w],
             Layout::Nhwc => [n, h, w, 3],
         };
+        let soft_labels = mix_batch(config, job, data.as_mut_slice(), shape, &labels)?;
         Ok(Batch {
             epoch: job.epoch,
             index: job.position,
             samples,
             labels,
+            soft_labels,
             bad,
             shape,
             dtype: config.transform.output.dtype,
@@ -310,4 +314,30 @@ impl Worker {
         times.collate += times.clock.lap();
         Ok(Outcome::Ok(label))
     }
+}
+
+/// MixUp/CutMix on a finished batch when the configuration asks for them: the draw comes from
+/// the batch's own stream (this rank's batch at this position); returns the soft labels.
+fn mix_batch(
+    config: &super::LoaderConfig,
+    job: &Job,
+    data: &mut [u8],
+    shape: [usize; 4],
+    labels: &[u32],
+) -> Result<Option<Vec<f32>>> {
+    let Some(mix) = &config.batch_mix else {
+        return Ok(None);
+    };
+    let s = &config.sampling;
+    let domain = MIX_DOMAIN | (s.rank as u64) << 8;
+    let mut rng = SampleRng::keyed(s.seed, job.epoch, job.position as u64, domain);
+    let output = &config.transform.output;
+    mix.apply(&mut rng, data, output.dtype, output.layout, shape, labels)
+        .map(Some)
+        .map_err(|reason| {
+            Error::Config(format!(
+                "batch {} of epoch {}: {reason}",
+                job.position, job.epoch
+            ))
+        })
 }

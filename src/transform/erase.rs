@@ -118,7 +118,7 @@ impl RandomErasing {
         // torchvision fills random values channel by channel (a C x h x w tensor).
         let mut random = Vec::new();
         if constant.is_none() {
-            random.extend((0..3 * h * w).map(|_| standard_normal(rng) as f32));
+            random.extend((0..3 * h * w).map(|_| rng.normal() as f32));
         }
         for y in 0..h {
             for x in 0..w {
@@ -162,13 +162,6 @@ fn erase_rect(
         });
     }
     None
-}
-
-/// A standard normal value (Box-Muller on two uniforms).
-fn standard_normal(rng: &mut SampleRng) -> f64 {
-    let u = 1.0 - rng.unit(); // (0, 1]: ln is finite
-    let v = rng.unit();
-    (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
 }
 
 #[cfg(test)]

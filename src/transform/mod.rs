@@ -18,6 +18,7 @@ pub mod autoaugment;
 pub mod color;
 pub mod crop;
 pub mod erase;
+pub mod mix;
 pub mod ops;
 #[cfg(target_arch = "x86_64")]
 mod simd;
@@ -36,6 +37,7 @@ pub use autoaugment::{AugmentPolicy, AutoAugment};
 pub use color::{ColorJitter, RandomGrayscale};
 use crop::{center_crop, random_crop, random_resized_crop};
 pub use erase::{EraseValue, RandomErasing};
+pub use mix::BatchMix;
 pub use slot::{DType, Layout, Normalize, SlotWriter};
 
 /// Resizing and cropping.
