@@ -11,7 +11,8 @@ the same way: one untimed warm-up epoch, then one line per timed epoch.
             Normalize(ImageNet mean/std)                                      -> f32 NCHW
   imagenet-ref  torchvision's reference recipe: RandomResizedCrop(176), RandomHorizontalFlip,
             TrivialAugmentWide, PILToTensor, ConvertImageDtype, Normalize,
-            RandomErasing(0.1)                                                -> f32 NCHW
+            RandomErasing(0.1); RandomChoice([MixUp(0.2), CutMix(1.0)]) in the
+            collate_fn, as references/classification/train.py does          -> f32 NCHW
 
 Workers are persistent (created once, before the warm-up), which is the fastest way to run the
 DataLoader over several epochs. With --cold every file of the tree is evicted from the page cache
@@ -57,6 +58,27 @@ def evict_tree(root):
             finally:
                 os.close(fd)
     return count
+
+
+class MixCollate:
+    """The reference recipe's collate_fn: default_collate, then MixUp or CutMix on the batch
+    (stage times passed through). A class at module level, so workers can unpickle it."""
+
+    def __init__(self, num_classes):
+        self.num_classes = num_classes
+        self.mix = None
+
+    def __call__(self, batch):
+        import torch
+        from torchvision.transforms import v2
+
+        if self.mix is None:
+            self.mix = v2.RandomChoice(
+                [v2.MixUp(alpha=0.2, num_classes=self.num_classes), v2.CutMix(alpha=1.0, num_classes=self.num_classes)]
+            )
+        images, targets, seconds = torch.utils.data.default_collate(batch)
+        images, targets = self.mix(images, targets)
+        return images, targets, seconds
 
 
 def main():
@@ -145,6 +167,7 @@ def main():
         persistent_workers=args.workers > 0,
         generator=generator,
         pin_memory=args.pin_memory,
+        collate_fn=MixCollate(len(dataset.classes)) if args.transform == "imagenet-ref" else None,
     )
     emit(
         event="start",

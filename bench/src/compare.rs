@@ -101,7 +101,8 @@ pub enum CompareTransform {
     /// RandomResizedCrop 224 + random flip + ImageNet normalize, f32 NCHW.
     Imagenet,
     /// torchvision's reference recipe: RandomResizedCrop 176 + random flip +
-    /// TrivialAugmentWide + ImageNet normalize + RandomErasing(0.1), f32 NCHW.
+    /// TrivialAugmentWide + ImageNet normalize + RandomErasing(0.1), f32 NCHW, then MixUp(0.2)
+    /// or CutMix(1.0) on each batch.
     ImagenetRef,
 }
 

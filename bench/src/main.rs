@@ -49,7 +49,8 @@ enum TransformArg {
     /// RandomResizedCrop 224 + random flip + normalize.
     Imagenet,
     /// torchvision's reference recipe: RandomResizedCrop 176 + random flip +
-    /// TrivialAugmentWide + normalize + RandomErasing(0.1).
+    /// TrivialAugmentWide + normalize + RandomErasing(0.1), then MixUp(0.2) or CutMix(1.0) on
+    /// each batch.
     ImagenetRef,
     /// Resize 256 + CenterCrop 224 + normalize (evaluation).
     ImagenetEval,
@@ -311,6 +312,15 @@ fn load(args: LoadArgs) -> Result<()> {
     let opening = Instant::now();
     let ds = open()?;
     let open_seconds = opening.elapsed().as_secs_f64();
+    // The reference recipe's batch step: RandomChoice([MixUp(0.2), CutMix(1.0)]) over the
+    // dataset's classes.
+    let config =
+        match transform {
+            TransformArg::ImagenetRef => config.with_batch_mix(
+                imagefeed::transform::BatchMix::either(0.2, 1.0, ds.info().classes.len().max(1)),
+            ),
+            _ => config,
+        };
     let references = if ceiling_samples > 0 {
         let payloads = ceiling::payloads(ds.as_ref(), Some(ceiling_samples))?;
         if !json {

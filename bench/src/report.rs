@@ -45,7 +45,7 @@ pub fn markdown(report: &Report) -> String {
                 "cifar-train (RandomCrop 32 padding 4 + flip + normalize)",
             crate::compare::CompareTransform::ImagenetRef =>
                 "imagenet-ref (RandomResizedCrop 176 + flip + TrivialAugmentWide + normalize + \
-                 RandomErasing 0.1)",
+                 RandomErasing 0.1, then MixUp 0.2 / CutMix 1.0 on the batch)",
             crate::compare::CompareTransform::Imagenet =>
                 "imagenet (RandomResizedCrop 224 + flip + normalize)",
         },
