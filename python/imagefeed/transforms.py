@@ -20,6 +20,7 @@ the pixels. Random decisions come from each sample's own generator, seeded by
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -37,6 +38,7 @@ __all__ = [
     "TrivialAugmentWide",
     "ColorJitter",
     "RandomGrayscale",
+    "GaussianBlur",
     "RandomApply",
     "MixUp",
     "CutMix",
@@ -467,23 +469,57 @@ class ColorJitter(_Step):
         }
 
 
+class GaussianBlur(_Step):
+    """torchvision ``GaussianBlur(kernel_size, sigma=(0.1, 2.0))``: sigma drawn uniformly, the
+    image convolved with the normalized Gaussian after reflect padding (torchvision's tensor
+    arithmetic, as it runs on PIL images too): within one level of torchvision's. ``kernel_size``
+    is odd, one int or ``(width, height)``. Applied after any :class:`RandomGrayscale`."""
+
+    def __init__(self, kernel_size: Union[int, Sequence[int]], sigma: Union[float, Sequence[float]] = (0.1, 2.0)):
+        sizes = [kernel_size] * 2 if isinstance(kernel_size, int) else list(kernel_size)
+        if len(sizes) != 2 or any(
+            isinstance(k, bool) or not isinstance(k, int) or k <= 0 or k % 2 == 0 or k > 1024 for k in sizes
+        ):
+            raise ValueError(f"GaussianBlur: kernel_size {kernel_size!r} must be odd and positive (at most 1024)")
+        if isinstance(sigma, (int, float)) and not isinstance(sigma, bool):
+            if not 0 < sigma < math.inf:
+                raise ValueError(f"GaussianBlur: sigma {sigma!r} must be positive")
+            low = high = float(sigma)
+        elif isinstance(sigma, (tuple, list)) and len(sigma) == 2:
+            low, high = float(sigma[0]), float(sigma[1])
+            if not 0.0 < low <= high < math.inf:
+                raise ValueError(f"GaussianBlur: sigma {sigma!r} must be (min, max) with 0 < min <= max")
+        else:
+            raise ValueError(f"GaussianBlur: sigma {sigma!r} must be a number or a (min, max) pair")
+        self.kernel_size = (sizes[0], sizes[1])
+        self.sigma = (low, high)
+        self.p = 1.0
+
+    def _apply(self, spec: Dict[str, Any]) -> None:
+        if "blur" in spec:
+            raise ValueError("only one GaussianBlur per Compose")
+        spec["blur"] = {"kernel": self.kernel_size, "sigma": self.sigma, "p": self.p}
+
+
 class RandomApply(_Step):
-    """torchvision ``RandomApply(transforms, p)``, for one :class:`ColorJitter` (SimCLR's and
-    BYOL's ``RandomApply([ColorJitter(...)], p=0.8)``); anything else is refused."""
+    """torchvision ``RandomApply(transforms, p)``, for one :class:`ColorJitter` or one
+    :class:`GaussianBlur` (SimCLR's and BYOL's ``RandomApply([ColorJitter(...)], p=0.8)``,
+    ``RandomApply([GaussianBlur(23)], p=0.5)``); anything else is refused."""
 
     def __init__(self, transforms: Sequence[_Step], p: float = 0.5):
         steps = list(transforms)
-        if len(steps) != 1 or not isinstance(steps[0], ColorJitter):
-            raise ValueError("RandomApply: the loader applies only [ColorJitter(...)] with a probability")
+        if len(steps) != 1 or not isinstance(steps[0], (ColorJitter, GaussianBlur)):
+            raise ValueError(
+                "RandomApply: the loader applies only [ColorJitter(...)] or [GaussianBlur(...)] with a probability"
+            )
         if not 0.0 <= float(p) <= 1.0:
             raise ValueError(f"RandomApply: p {p!r} must be in [0, 1]")
-        jitter = ColorJitter()
-        jitter.__dict__.update(vars(steps[0]))
-        jitter.p = float(p)
-        self.jitter = jitter
+        step = copy.copy(steps[0])
+        step.p = float(p)
+        self.step: Union[ColorJitter, GaussianBlur] = step
 
     def _apply(self, spec: Dict[str, Any]) -> None:
-        self.jitter._apply(spec)
+        self.step._apply(spec)
 
 
 class RandomGrayscale(_Step):
@@ -543,10 +579,14 @@ def _place(step: _Step) -> Optional[int]:
         return 1
     if isinstance(step, _Augmentation):
         return 2
-    if isinstance(step, (ColorJitter, RandomApply)):
+    if isinstance(step, RandomApply):
+        step = step.step
+    if isinstance(step, ColorJitter):
         return 3
     if isinstance(step, RandomGrayscale):
         return 4
+    if isinstance(step, GaussianBlur):
+        return 5
     return None
 
 
@@ -555,7 +595,8 @@ class Compose(Transform):
     ``RandomCrop`` or ``RandomResizedCrop``), optionally ``RandomHorizontalFlip``, then
     optionally one of ``AutoAugment``, ``RandAugment``, ``TrivialAugmentWide`` (after the
     geometry and the flip, as in torchvision's recipes), ``ColorJitter`` (or
-    ``RandomApply([ColorJitter(...)], p)``), ``RandomGrayscale``, in that order (a step listed
+    ``RandomApply([ColorJitter(...)], p)``), ``RandomGrayscale``, ``GaussianBlur`` (or in
+    ``RandomApply``), in that order (a step listed
     after one that runs later is refused), and ``Normalize`` and ``RandomErasing`` anywhere
     (they apply to the finished image, as torchvision's do after ``ToTensor``)."""
 
@@ -568,7 +609,7 @@ class Compose(Transform):
                     f"{step!r} is not an imagefeed transform step; the loader runs only "
                     "Resize, CenterCrop, RandomCrop, RandomResizedCrop, RandomHorizontalFlip, "
                     "AutoAugment, RandAugment, TrivialAugmentWide, ColorJitter, RandomApply, "
-                    "RandomGrayscale, Normalize and RandomErasing "
+                    "RandomGrayscale, GaussianBlur, Normalize and RandomErasing "
                     "(for arbitrary Python transforms use imagefeed.Dataset with a DataLoader)"
                 )
             place = _place(step)
@@ -576,8 +617,8 @@ class Compose(Transform):
                 if latest is not None and place < _place(latest):  # type: ignore[operator]
                     raise ValueError(
                         f"{type(step).__name__} after {type(latest).__name__}: the loader runs "
-                        "geometry, flip, automatic augmentation, ColorJitter, RandomGrayscale in "
-                        "that order; list them so"
+                        "geometry, flip, automatic augmentation, ColorJitter, RandomGrayscale, "
+                        "GaussianBlur in that order; list them so"
                     )
                 latest = step
             step._apply(spec)

@@ -365,6 +365,42 @@ fn _color_op<'py>(
     Ok(pyo3::types::PyBytes::new(py, &pixels))
 }
 
+/// torchvision's `GaussianBlur` with a given sigma on a `width × height` RGB image (the loader
+/// draws sigma itself); returns the new pixels. For checking against torchvision.
+#[pyfunction]
+fn _blur_op<'py>(
+    py: Python<'py>,
+    kernel: (u32, u32),
+    sigma: f32,
+    pixels: Vec<u8>,
+    width: u32,
+    height: u32,
+) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+    let check = imagefeed::transform::GaussianBlur {
+        kernel,
+        sigma: (sigma as f64, sigma as f64),
+        p: 1.0,
+    };
+    check.validate().map_err(config)?;
+    if width == 0 || height == 0 || pixels.len() as u64 != width as u64 * height as u64 * 3 {
+        return Err(config(format!(
+            "{} bytes are not a {width}x{height} RGB image",
+            pixels.len()
+        )));
+    }
+    let mut pixels = pixels;
+    let mut scratch = Vec::new();
+    imagefeed::transform::blur::blur(
+        &mut pixels,
+        &mut scratch,
+        width as usize,
+        height as usize,
+        kernel,
+        sigma,
+    );
+    Ok(pyo3::types::PyBytes::new(py, &pixels))
+}
+
 /// Runs the `pack-dataset` command line with `argv` (`argv[0]` first) and returns its exit
 /// code, the GIL released: what the wheel's `pack-dataset` console script and
 /// `python -m imagefeed.pack_dataset` run. SIGINT/SIGTERM stop a pack after its chunk in
@@ -386,6 +422,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(synthesize, m)?)?;
     m.add_function(wrap_pyfunction!(_augment_op, m)?)?;
     m.add_function(wrap_pyfunction!(_color_op, m)?)?;
+    m.add_function(wrap_pyfunction!(_blur_op, m)?)?;
     m.add_function(wrap_pyfunction!(pack_dataset_main, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

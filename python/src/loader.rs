@@ -18,8 +18,8 @@ use imagefeed::format;
 use imagefeed::loader::{BadSamplePolicy, Epoch, Loader, LoaderConfig, LoaderState, MaxBad, Wait};
 use imagefeed::sampler::Uneven;
 use imagefeed::transform::{
-    AugmentPolicy, AutoAugment, BatchMix, ColorJitter, DType, EraseValue, Geometry, Interpolation,
-    Layout, Normalize, RandomErasing, RandomGrayscale, Transform,
+    AugmentPolicy, AutoAugment, BatchMix, ColorJitter, DType, EraseValue, GaussianBlur, Geometry,
+    Interpolation, Layout, Normalize, RandomErasing, RandomGrayscale, Transform,
     autoaugment::DEFAULT_MAGNITUDE_BINS,
 };
 
@@ -268,6 +268,10 @@ fn parse_transform(spec: &Bound<'_, PyDict>) -> PyResult<Transform> {
         .get_item("color_jitter")?
         .map(|jitter| parse_color_jitter(&jitter))
         .transpose()?;
+    let blur = spec
+        .get_item("blur")?
+        .map(|blur| parse_blur(&blur))
+        .transpose()?;
     let grayscale: Option<f64> = spec
         .get_item("grayscale")?
         .map(|v| v.extract())
@@ -278,6 +282,7 @@ fn parse_transform(spec: &Bound<'_, PyDict>) -> PyResult<Transform> {
     transform.augment = augment;
     transform.color_jitter = color_jitter;
     transform.grayscale = grayscale.map(|p| RandomGrayscale { p });
+    transform.blur = blur;
     transform.erase = erase;
     transform.hflip = hflip;
     transform.output.normalize = normalize;
@@ -367,6 +372,24 @@ fn parse_color_jitter(jitter: &Bound<'_, PyAny>) -> PyResult<ColorJitter> {
         saturation: range("saturation")?,
         hue: range("hue")?,
         p: jitter
+            .get_item("p")?
+            .map(|v| v.extract())
+            .transpose()?
+            .unwrap_or(1.0),
+    })
+}
+
+/// `GaussianBlur`'s dict: `{"kernel": (width, height), "sigma": (min, max), "p"}`.
+fn parse_blur(blur: &Bound<'_, PyAny>) -> PyResult<GaussianBlur> {
+    let blur = blur.cast::<PyDict>().map_err(PyErr::from)?;
+    let kernel: (u32, u32) = blur
+        .get_item("kernel")?
+        .ok_or_else(|| config("transform: GaussianBlur kernel is missing"))?
+        .extract()?;
+    Ok(GaussianBlur {
+        kernel,
+        sigma: pair(blur, "sigma")?.unwrap_or((0.1, 2.0)),
+        p: blur
             .get_item("p")?
             .map(|v| v.extract())
             .transpose()?

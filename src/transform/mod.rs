@@ -1,5 +1,5 @@
 //! Per-sample transforms: decode → geometry (resize / crop) → flip → automatic augmentation →
-//! colour jitter → grayscale → erasing → write into a batch slot.
+//! colour jitter → grayscale → blur → erasing → write into a batch slot.
 //!
 //! A [`Transform`] is a plain description; a [`SampleTransformer`] (one per worker) applies it.
 //! Geometry follows torchvision's semantics (`Resize`, `CenterCrop`, `RandomResizedCrop` with
@@ -15,6 +15,7 @@
 //! ([`slot::SlotWriter`]).
 
 pub mod autoaugment;
+pub mod blur;
 pub mod color;
 pub mod crop;
 pub mod erase;
@@ -34,6 +35,7 @@ pub use crate::resize::Interpolation;
 use crate::resize::{RgbResizer, short_side_size};
 use crate::rng::SampleRng;
 pub use autoaugment::{AugmentPolicy, AutoAugment};
+pub use blur::GaussianBlur;
 pub use color::{ColorJitter, RandomGrayscale};
 use crop::{center_crop, random_crop, random_resized_crop};
 pub use erase::{EraseValue, RandomErasing};
@@ -111,6 +113,9 @@ pub struct Transform {
     pub color_jitter: Option<ColorJitter>,
     /// torchvision's `RandomGrayscale`, after the colour jitter; `None` by default.
     pub grayscale: Option<RandomGrayscale>,
+    /// torchvision's `GaussianBlur` (in `RandomApply(p)`), after the grayscale; `None` by
+    /// default.
+    pub blur: Option<GaussianBlur>,
     /// torchvision `RandomErasing`, applied last (after the flip, in the normalized units its
     /// values are in); `None` by default.
     pub erase: Option<RandomErasing>,
@@ -138,6 +143,7 @@ impl Transform {
             augment: None,
             color_jitter: None,
             grayscale: None,
+            blur: None,
             erase: None,
             output: SlotWriter {
                 dtype: DType::U8,
@@ -156,6 +162,7 @@ impl Transform {
             augment: None,
             color_jitter: None,
             grayscale: None,
+            blur: None,
             erase: None,
             output: SlotWriter {
                 dtype: DType::F32,
@@ -194,6 +201,7 @@ impl Transform {
             augment: None,
             color_jitter: None,
             grayscale: None,
+            blur: None,
             erase: None,
             output: SlotWriter {
                 dtype: DType::F32,
@@ -229,6 +237,7 @@ impl Transform {
             augment: None,
             color_jitter: None,
             grayscale: None,
+            blur: None,
             erase: None,
             output: SlotWriter {
                 dtype: DType::F32,
@@ -262,6 +271,12 @@ impl Transform {
     /// The same transform with torchvision's `RandomGrayscale(p)` after any colour jitter.
     pub fn with_random_grayscale(mut self, p: f64) -> Transform {
         self.grayscale = Some(RandomGrayscale { p });
+        self
+    }
+
+    /// The same transform with torchvision's `GaussianBlur` after any grayscale (see [`blur`]).
+    pub fn with_gaussian_blur(mut self, blur: GaussianBlur) -> Transform {
+        self.blur = Some(blur);
         self
     }
 
@@ -353,6 +368,9 @@ impl Transform {
         if let Some(grayscale) = &self.grayscale {
             grayscale.validate()?;
         }
+        if let Some(blur) = &self.blur {
+            blur.validate()?;
+        }
         if let Some(erase) = &self.erase {
             erase.validate()?;
         }
@@ -392,6 +410,9 @@ impl Transform {
         }
         if let Some(grayscale) = &self.grayscale {
             text += &format!(" grayscale {grayscale:?}");
+        }
+        if let Some(blur) = &self.blur {
+            text += &format!(" blur {blur:?}");
         }
         if let Some(erase) = &self.erase {
             text += &format!(" erase {erase:?}");
@@ -449,6 +470,7 @@ pub struct SampleTransformer {
     decoded: Vec<u8>,
     image: Vec<u8>,
     staging: Vec<u8>,
+    blur_scratch: Vec<f32>,
 }
 
 impl Default for SampleTransformer {
@@ -467,6 +489,7 @@ impl SampleTransformer {
             decoded: Vec::new(),
             image: Vec::new(),
             staging: Vec::new(),
+            blur_scratch: Vec::new(),
         }
     }
 
@@ -554,6 +577,10 @@ impl SampleTransformer {
         }
         if let Some(grayscale) = &transform.grayscale {
             grayscale.apply(rng, &mut pixels[..out_w as usize * out_h as usize * 3]);
+        }
+        if let Some(blur) = &transform.blur {
+            let n = out_w as usize * out_h as usize * 3;
+            blur.apply(rng, &mut pixels[..n], &mut self.blur_scratch, out_w, out_h);
         }
         if let Some(erase) = &transform.erase {
             erase.apply(rng, pixels, out_w, out_h, flip);
@@ -969,6 +996,7 @@ mod tests {
             base.with_augment(AutoAugment::trivial_augment_wide()),
             base.with_color_jitter(ColorJitter::new(0.4, 0.4, 0.4, 0.0)),
             base.with_random_grayscale(0.2),
+            base.with_gaussian_blur(GaussianBlur::new(23)),
             base.with_random_erasing(RandomErasing::new(0.25, None)),
         ];
         let mut seen: std::collections::HashSet<String> = [base.fingerprint()].into();
