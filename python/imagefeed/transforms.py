@@ -291,6 +291,19 @@ class RandomErasing(_Step):
         spec["erase"] = {"p": self.p, "scale": self.scale, "ratio": self.ratio, "value": self.value}
 
 
+MAX_PIXEL_STEPS = 8
+
+
+def _pixel_step(spec: Dict[str, Any], step: Dict[str, Any]) -> None:
+    """Appends a step on the cropped and flipped image's pixels, in the order listed."""
+    steps = spec.setdefault("pixel_steps", [])
+    if len(steps) == MAX_PIXEL_STEPS:
+        raise ValueError(
+            f"at most {MAX_PIXEL_STEPS} augmentation, ColorJitter, RandomGrayscale and GaussianBlur steps"
+        )
+    steps.append(step)
+
+
 def _nearest_only(mode: Any, what: str) -> None:
     """The automatic augmentations sample with nearest neighbours (torchvision's default)."""
     if getattr(mode, "value", mode) != "nearest":
@@ -328,9 +341,7 @@ class _Augmentation(_Step):
         raise NotImplementedError
 
     def _apply(self, spec: Dict[str, Any]) -> None:
-        if "augment" in spec:
-            raise ValueError("only one of AutoAugment, RandAugment, TrivialAugmentWide per Compose")
-        spec["augment"] = self._augment()
+        _pixel_step(spec, dict(self._augment(), kind="augment"))
 
 
 class AutoAugment(_Augmentation):
@@ -458,15 +469,14 @@ class ColorJitter(_Step):
         self.p = 1.0
 
     def _apply(self, spec: Dict[str, Any]) -> None:
-        if "color_jitter" in spec:
-            raise ValueError("only one ColorJitter per Compose")
-        spec["color_jitter"] = {
+        _pixel_step(spec, {
+            "kind": "color_jitter",
             "brightness": self.brightness,
             "contrast": self.contrast,
             "saturation": self.saturation,
             "hue": self.hue,
             "p": self.p,
-        }
+        })
 
 
 class GaussianBlur(_Step):
@@ -496,9 +506,7 @@ class GaussianBlur(_Step):
         self.p = 1.0
 
     def _apply(self, spec: Dict[str, Any]) -> None:
-        if "blur" in spec:
-            raise ValueError("only one GaussianBlur per Compose")
-        spec["blur"] = {"kernel": self.kernel_size, "sigma": self.sigma, "p": self.p}
+        _pixel_step(spec, {"kind": "blur", "kernel": self.kernel_size, "sigma": self.sigma, "p": self.p})
 
 
 class RandomApply(_Step):
@@ -532,7 +540,7 @@ class RandomGrayscale(_Step):
         self.p = float(p)
 
     def _apply(self, spec: Dict[str, Any]) -> None:
-        spec["grayscale"] = self.p
+        _pixel_step(spec, {"kind": "grayscale", "p": self.p})
 
 
 class Normalize(_Step):
@@ -577,27 +585,19 @@ def _place(step: _Step) -> Optional[int]:
         return 0
     if isinstance(step, RandomHorizontalFlip):
         return 1
-    if isinstance(step, _Augmentation):
+    if isinstance(step, (_Augmentation, RandomApply, ColorJitter, RandomGrayscale, GaussianBlur)):
         return 2
-    if isinstance(step, RandomApply):
-        step = step.step
-    if isinstance(step, ColorJitter):
-        return 3
-    if isinstance(step, RandomGrayscale):
-        return 4
-    if isinstance(step, GaussianBlur):
-        return 5
     return None
 
 
 class Compose(Transform):
     """A chain of steps: at most one geometry (``Resize`` [+ ``CenterCrop``], ``CenterCrop``,
     ``RandomCrop`` or ``RandomResizedCrop``), optionally ``RandomHorizontalFlip``, then
-    optionally one of ``AutoAugment``, ``RandAugment``, ``TrivialAugmentWide`` (after the
-    geometry and the flip, as in torchvision's recipes), ``ColorJitter`` (or
-    ``RandomApply([ColorJitter(...)], p)``), ``RandomGrayscale``, ``GaussianBlur`` (or in
-    ``RandomApply``), in that order (a step listed
-    after one that runs later is refused), and ``Normalize`` and ``RandomErasing`` anywhere
+    up to 8 pixel steps in any order, run in the order listed: ``AutoAugment``, ``RandAugment``,
+    ``TrivialAugmentWide``, ``ColorJitter``, ``RandomGrayscale``, ``GaussianBlur`` (the last two
+    kinds also inside ``RandomApply([...], p)``), after the geometry and the flip as in
+    torchvision's recipes (a crop or flip listed after them is refused), and ``Normalize`` and
+    ``RandomErasing`` anywhere
     (they apply to the finished image, as torchvision's do after ``ToTensor``)."""
 
     def __init__(self, steps: Sequence[_Step]):
@@ -616,9 +616,8 @@ class Compose(Transform):
             if place is not None:
                 if latest is not None and place < _place(latest):  # type: ignore[operator]
                     raise ValueError(
-                        f"{type(step).__name__} after {type(latest).__name__}: the loader runs "
-                        "geometry, flip, automatic augmentation, ColorJitter, RandomGrayscale, "
-                        "GaussianBlur in that order; list them so"
+                        f"{type(step).__name__} after {type(latest).__name__}: the loader crops "
+                        "and flips before the augmentation, colour and blur steps; list them first"
                     )
                 latest = step
             step._apply(spec)

@@ -19,8 +19,8 @@ use imagefeed::loader::{BadSamplePolicy, Epoch, Loader, LoaderConfig, LoaderStat
 use imagefeed::sampler::Uneven;
 use imagefeed::transform::{
     AugmentPolicy, AutoAugment, BatchMix, ColorJitter, DType, EraseValue, GaussianBlur, Geometry,
-    Interpolation, Layout, Normalize, RandomErasing, RandomGrayscale, Transform,
-    autoaugment::DEFAULT_MAGNITUDE_BINS,
+    Interpolation, Layout, Normalize, PixelStep, PixelSteps, RandomErasing, RandomGrayscale,
+    Transform, autoaugment::DEFAULT_MAGNITUDE_BINS,
 };
 
 use crate::dlpack::{Element, HostArray, HostMemory};
@@ -260,29 +260,18 @@ fn parse_transform(spec: &Bound<'_, PyDict>) -> PyResult<Transform> {
         .get_item("erase")?
         .map(|erase| parse_erase(&erase, normalize))
         .transpose()?;
-    let augment = spec
-        .get_item("augment")?
-        .map(|augment| parse_augment(&augment))
-        .transpose()?;
-    let color_jitter = spec
-        .get_item("color_jitter")?
-        .map(|jitter| parse_color_jitter(&jitter))
-        .transpose()?;
-    let blur = spec
-        .get_item("blur")?
-        .map(|blur| parse_blur(&blur))
-        .transpose()?;
-    let grayscale: Option<f64> = spec
-        .get_item("grayscale")?
-        .map(|v| v.extract())
-        .transpose()?;
+    let mut pixel_steps = PixelSteps::default();
+    if let Some(steps) = spec.get_item("pixel_steps")? {
+        for step in steps.try_iter()? {
+            pixel_steps
+                .push(parse_pixel_step(&step?)?)
+                .map_err(|e| config(format!("transform: {e}")))?;
+        }
+    }
     let mut transform = Transform::none();
     transform.geometry = geometry;
     transform.interpolation = interpolation;
-    transform.augment = augment;
-    transform.color_jitter = color_jitter;
-    transform.grayscale = grayscale.map(|p| RandomGrayscale { p });
-    transform.blur = blur;
+    transform.pixel_steps = pixel_steps;
     transform.erase = erase;
     transform.hflip = hflip;
     transform.output.normalize = normalize;
@@ -376,6 +365,28 @@ fn parse_color_jitter(jitter: &Bound<'_, PyAny>) -> PyResult<ColorJitter> {
             .map(|v| v.extract())
             .transpose()?
             .unwrap_or(1.0),
+    })
+}
+
+/// One of the dicts of `"pixel_steps"`: `{"kind": "augment" | "color_jitter" | "grayscale" |
+/// "blur", ...}` with the step's own keys.
+fn parse_pixel_step(step: &Bound<'_, PyAny>) -> PyResult<PixelStep> {
+    let dict = step.cast::<PyDict>().map_err(PyErr::from)?;
+    let kind: String = dict
+        .get_item("kind")?
+        .ok_or_else(|| config("transform: a pixel step has no kind"))?
+        .extract()?;
+    Ok(match kind.as_str() {
+        "augment" => PixelStep::AutoAugment(parse_augment(step)?),
+        "color_jitter" => PixelStep::ColorJitter(parse_color_jitter(step)?),
+        "grayscale" => PixelStep::Grayscale(RandomGrayscale {
+            p: dict
+                .get_item("p")?
+                .ok_or_else(|| config("transform: RandomGrayscale p is missing"))?
+                .extract()?,
+        }),
+        "blur" => PixelStep::GaussianBlur(parse_blur(step)?),
+        other => return Err(config(format!("transform: unknown pixel step {other:?}"))),
     })
 }
 

@@ -21,6 +21,7 @@ pub mod crop;
 pub mod erase;
 pub mod mix;
 pub mod ops;
+pub mod pixel;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 pub mod slot;
@@ -40,6 +41,7 @@ pub use color::{ColorJitter, RandomGrayscale};
 use crop::{center_crop, random_crop, random_resized_crop};
 pub use erase::{EraseValue, RandomErasing};
 pub use mix::BatchMix;
+pub use pixel::{PixelStep, PixelSteps};
 pub use slot::{DType, Layout, Normalize, SlotWriter};
 
 /// Resizing and cropping.
@@ -105,17 +107,9 @@ pub struct Transform {
     pub hflip: f64,
     /// How the geometry resamples (torchvision's `interpolation`); bilinear by default.
     pub interpolation: Interpolation,
-    /// torchvision's `AutoAugment`, `RandAugment` or `TrivialAugmentWide`, applied to the
-    /// cropped, resized and flipped `u8` image; `None` by default.
-    pub augment: Option<AutoAugment>,
-    /// torchvision's `ColorJitter` (in `RandomApply(p)`), after the automatic augmentation;
-    /// `None` by default.
-    pub color_jitter: Option<ColorJitter>,
-    /// torchvision's `RandomGrayscale`, after the colour jitter; `None` by default.
-    pub grayscale: Option<RandomGrayscale>,
-    /// torchvision's `GaussianBlur` (in `RandomApply(p)`), after the grayscale; `None` by
-    /// default.
-    pub blur: Option<GaussianBlur>,
+    /// The automatic augmentations, colour jitter, grayscale and blur, in order, on the cropped,
+    /// resized and flipped `u8` image (see [`pixel`]); none by default.
+    pub pixel_steps: PixelSteps,
     /// torchvision `RandomErasing`, applied last (after the flip, in the normalized units its
     /// values are in); `None` by default.
     pub erase: Option<RandomErasing>,
@@ -140,10 +134,7 @@ impl Transform {
             geometry: Geometry::Native,
             hflip: 0.0,
             interpolation: Interpolation::Bilinear,
-            augment: None,
-            color_jitter: None,
-            grayscale: None,
-            blur: None,
+            pixel_steps: PixelSteps::default(),
             erase: None,
             output: SlotWriter {
                 dtype: DType::U8,
@@ -159,10 +150,7 @@ impl Transform {
             geometry: Geometry::Native,
             hflip: 0.5,
             interpolation: Interpolation::Bilinear,
-            augment: None,
-            color_jitter: None,
-            grayscale: None,
-            blur: None,
+            pixel_steps: PixelSteps::default(),
             erase: None,
             output: SlotWriter {
                 dtype: DType::F32,
@@ -198,10 +186,7 @@ impl Transform {
             },
             hflip: 0.5,
             interpolation: Interpolation::Bilinear,
-            augment: None,
-            color_jitter: None,
-            grayscale: None,
-            blur: None,
+            pixel_steps: PixelSteps::default(),
             erase: None,
             output: SlotWriter {
                 dtype: DType::F32,
@@ -234,10 +219,7 @@ impl Transform {
             },
             hflip: 0.0,
             interpolation: Interpolation::Bilinear,
-            augment: None,
-            color_jitter: None,
-            grayscale: None,
-            blur: None,
+            pixel_steps: PixelSteps::default(),
             erase: None,
             output: SlotWriter {
                 dtype: DType::F32,
@@ -254,30 +236,38 @@ impl Transform {
         self
     }
 
-    /// The same transform with an automatic augmentation after the flip (torchvision's
-    /// `AutoAugment`, `RandAugment`, `TrivialAugmentWide`: see [`autoaugment`]).
-    pub fn with_augment(mut self, augment: AutoAugment) -> Transform {
-        self.augment = Some(augment);
+    /// The same transform with one more pixel step after the others (see [`pixel`]).
+    ///
+    /// # Panics
+    /// With more than [`pixel::MAX_PIXEL_STEPS`] steps.
+    pub fn with_pixel_step(mut self, step: PixelStep) -> Transform {
+        self.pixel_steps
+            .push(step)
+            .expect("at most MAX_PIXEL_STEPS pixel steps");
         self
     }
 
-    /// The same transform with torchvision's `ColorJitter` after the flip and any automatic
-    /// augmentation (see [`color`]).
-    pub fn with_color_jitter(mut self, jitter: ColorJitter) -> Transform {
-        self.color_jitter = Some(jitter);
-        self
+    /// The same transform with an automatic augmentation after its other pixel steps
+    /// (torchvision's `AutoAugment`, `RandAugment`, `TrivialAugmentWide`: see [`autoaugment`]).
+    pub fn with_augment(self, augment: AutoAugment) -> Transform {
+        self.with_pixel_step(PixelStep::AutoAugment(augment))
     }
 
-    /// The same transform with torchvision's `RandomGrayscale(p)` after any colour jitter.
-    pub fn with_random_grayscale(mut self, p: f64) -> Transform {
-        self.grayscale = Some(RandomGrayscale { p });
-        self
+    /// The same transform with torchvision's `ColorJitter` after its other pixel steps (see
+    /// [`color`]).
+    pub fn with_color_jitter(self, jitter: ColorJitter) -> Transform {
+        self.with_pixel_step(PixelStep::ColorJitter(jitter))
     }
 
-    /// The same transform with torchvision's `GaussianBlur` after any grayscale (see [`blur`]).
-    pub fn with_gaussian_blur(mut self, blur: GaussianBlur) -> Transform {
-        self.blur = Some(blur);
-        self
+    /// The same transform with torchvision's `RandomGrayscale(p)` after its other pixel steps.
+    pub fn with_random_grayscale(self, p: f64) -> Transform {
+        self.with_pixel_step(PixelStep::Grayscale(RandomGrayscale { p }))
+    }
+
+    /// The same transform with torchvision's `GaussianBlur` after its other pixel steps (see
+    /// [`blur`]).
+    pub fn with_gaussian_blur(self, blur: GaussianBlur) -> Transform {
+        self.with_pixel_step(PixelStep::GaussianBlur(blur))
     }
 
     /// The same transform followed by torchvision's `RandomErasing` (see [`erase`]).
@@ -359,18 +349,7 @@ impl Transform {
                 }
             }
         }
-        if let Some(augment) = &self.augment {
-            augment.validate()?;
-        }
-        if let Some(jitter) = &self.color_jitter {
-            jitter.validate()?;
-        }
-        if let Some(grayscale) = &self.grayscale {
-            grayscale.validate()?;
-        }
-        if let Some(blur) = &self.blur {
-            blur.validate()?;
-        }
+        self.pixel_steps.validate()?;
         if let Some(erase) = &self.erase {
             erase.validate()?;
         }
@@ -402,17 +381,8 @@ impl Transform {
         if self.interpolation != Interpolation::Bilinear {
             text += &format!(" interpolation {:?}", self.interpolation);
         }
-        if let Some(augment) = &self.augment {
-            text += &format!(" augment {augment:?}");
-        }
-        if let Some(jitter) = &self.color_jitter {
-            text += &format!(" color_jitter {jitter:?}");
-        }
-        if let Some(grayscale) = &self.grayscale {
-            text += &format!(" grayscale {grayscale:?}");
-        }
-        if let Some(blur) = &self.blur {
-            text += &format!(" blur {blur:?}");
+        if !self.pixel_steps.is_empty() {
+            text += &format!(" pixel_steps {:?}", self.pixel_steps);
         }
         if let Some(erase) = &self.erase {
             text += &format!(" erase {erase:?}");
@@ -470,7 +440,7 @@ pub struct SampleTransformer {
     decoded: Vec<u8>,
     image: Vec<u8>,
     staging: Vec<u8>,
-    blur_scratch: Vec<f32>,
+    pixel_scratch: pixel::PixelScratch,
 }
 
 impl Default for SampleTransformer {
@@ -489,7 +459,7 @@ impl SampleTransformer {
             decoded: Vec::new(),
             image: Vec::new(),
             staging: Vec::new(),
-            blur_scratch: Vec::new(),
+            pixel_scratch: pixel::PixelScratch::default(),
         }
     }
 
@@ -554,33 +524,17 @@ impl SampleTransformer {
             Finished::Decoded => &mut self.decoded,
             Finished::Image => &mut self.image,
         };
-        if let Some(augment) = &transform.augment {
+        if !transform.pixel_steps.is_empty() {
             pixels.truncate(out_w as usize * out_h as usize * 3);
             // The geometric ops do not commute with the flip: it happens first, as in
             // torchvision's recipes (flip, then the augmentation).
-            if flip {
+            if flip && transform.pixel_steps.moves_pixels() {
                 flip_rows(pixels, out_w);
                 flip = false;
             }
-            augment.apply(
-                rng,
-                &mut ops::RgbImage {
-                    pixels,
-                    scratch: &mut self.staging,
-                    width: out_w,
-                    height: out_h,
-                },
-            );
-        }
-        if let Some(jitter) = &transform.color_jitter {
-            jitter.apply(rng, &mut pixels[..out_w as usize * out_h as usize * 3]);
-        }
-        if let Some(grayscale) = &transform.grayscale {
-            grayscale.apply(rng, &mut pixels[..out_w as usize * out_h as usize * 3]);
-        }
-        if let Some(blur) = &transform.blur {
-            let n = out_w as usize * out_h as usize * 3;
-            blur.apply(rng, &mut pixels[..n], &mut self.blur_scratch, out_w, out_h);
+            transform
+                .pixel_steps
+                .apply(rng, pixels, &mut self.pixel_scratch, out_w, out_h);
         }
         if let Some(erase) = &transform.erase {
             erase.apply(rng, pixels, out_w, out_h, flip);
@@ -985,7 +939,7 @@ mod tests {
             base.fingerprint()
                 .starts_with("Transform { geometry: RandomResizedCrop")
         );
-        assert!(!base.fingerprint().contains("augment") && !base.fingerprint().contains("erase"));
+        assert!(!base.fingerprint().contains("pixel") && !base.fingerprint().contains("erase"));
         assert_eq!(
             base.fingerprint(),
             base.with_interpolation(Interpolation::Bilinear)
