@@ -357,6 +357,9 @@ class Loader:
             self._cuda = _CudaFeed(self._torch, device, spec, dtype, layout)
             pinned_device = self._cuda.device.index
             # The workers write u8 NHWC into page-locked memory; the GPU converts and normalizes.
+            # RandomErasing's value stays in the normalized units it was given in.
+            if "erase" in spec and "mean" in spec:
+                spec["erase"] = dict(spec["erase"], mean=spec["mean"], std=spec["std"])
             spec = {k: v for k, v in spec.items() if k not in ("mean", "std")}
             host_dtype, host_layout = "uint8", "NHWC"
         # What the native loader is made from, kept to make it again for other ranks.

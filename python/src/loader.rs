@@ -279,9 +279,16 @@ fn parse_transform(spec: &Bound<'_, PyDict>) -> PyResult<Transform> {
 }
 
 /// `RandomErasing`'s dict: `{"p", "scale", "ratio", "value": numbers | "random"}`, its
-/// values in the units of `normalize`.
+/// values in the units of `normalize`, or of its own `"mean"` and `"std"` when it has them (the
+/// CUDA feed's workers write unnormalized pixels; the GPU normalizes).
 fn parse_erase(erase: &Bound<'_, PyAny>, normalize: Option<Normalize>) -> PyResult<RandomErasing> {
     let erase = erase.cast::<PyDict>().map_err(PyErr::from)?;
+    let mean: Option<[f32; 3]> = erase.get_item("mean")?.map(|v| v.extract()).transpose()?;
+    let std: Option<[f32; 3]> = erase.get_item("std")?.map(|v| v.extract()).transpose()?;
+    let normalize = match (mean, std) {
+        (Some(mean), Some(std)) => Some(Normalize { mean, std }),
+        _ => normalize,
+    };
     let value: Bound<'_, PyAny> = erase
         .get_item("value")?
         .ok_or_else(|| config("transform: RandomErasing value is missing"))?;

@@ -1130,6 +1130,25 @@ def test_random_crop_pads_if_needed_and_refuses_what_it_cannot_do(lmdb_path):
 # -- RandomErasing (#33) ------------------------------------------------------------------------
 
 
+def test_erasing_keeps_its_units_when_the_gpu_normalizes(lmdb_path):
+    """device="cuda" has the workers write unnormalized uint8 pixels (the GPU normalizes); the
+    loader then hands RandomErasing the normalization itself, so value=0 is still the mean
+    colour, not black. The description it makes, checked on the CPU."""
+    mean, std = T.IMAGENET_MEAN, T.IMAGENET_STD
+    erase = dict(T.Compose([T.RandomErasing(p=1.0, value=0)]).spec()["erase"], mean=mean, std=std)
+    spec = dict(T.Compose([]).spec(), erase=erase)
+    erased = loader(lmdb_path, transform=T.Transform(spec, "as the CUDA feed makes it"), dtype="uint8",
+                    layout="NHWC", shuffle=False)
+    plain = loader(lmdb_path, transform=T.Compose([]), dtype="uint8", layout="NHWC", shuffle=False)
+    fill = np.round(np.array(mean) * 255).astype(np.uint8)
+    changed_images = 0
+    for (a, _), (b, _) in zip(erased, plain):
+        changed = np.any(a != b, axis=-1)
+        assert (a[changed] == fill).all()
+        changed_images += int(changed.any(axis=(1, 2)).sum())
+    assert changed_images > 10
+
+
 def test_random_erasing_fills_one_rectangle_with_the_value_after_normalization(lmdb_path):
     mean, std = T.CIFAR10_MEAN, T.CIFAR10_STD
     plain = loader(lmdb_path, transform=T.Compose([T.Normalize(mean, std)]), shuffle=False, seed=2).dataset

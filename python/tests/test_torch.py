@@ -111,6 +111,23 @@ def test_cuda_batches_equal_the_cpu_batches(lmdb_path, dtype, layout):
 
 
 @needs_cuda
+def test_cuda_batches_carry_the_batch_mix_and_augmentations(lmdb_path):
+    """The reference recipe (TrivialAugmentWide, erasing, MixUp/CutMix) with device="cuda": the
+    workers augment and mix uint8 pixels, the GPU normalizes. Soft labels equal the CPU
+    loader's; images within half a level of it (the uint8 MixUp rounds before normalizing)."""
+    ref = T.imagenet_train(16, auto_augment="ta_wide", random_erase=0.1, mixup=0.2, cutmix=1.0)
+    cpu, gpu = cpu_and_cuda(lmdb_path, transform=ref)
+    level = 1 / 255 / torch.tensor(T.IMAGENET_STD).view(1, 3, 1, 1)
+    n = 0
+    for (x, y), (gx, gy) in zip(cpu, gpu):
+        assert gx.device.type == "cuda" and gy.device.type == "cuda" and gy.dtype == torch.float32
+        assert torch.equal(gy.cpu(), y)
+        assert ((gx.cpu() - x).abs() <= 0.5 * level + 1e-5).all()
+        n += 1
+    assert n == len(cpu)
+
+
+@needs_cuda
 def test_kept_cuda_tensors_stay_intact_on_a_side_stream(lmdb_path):
     cpu, gpu = cpu_and_cuda(lmdb_path)
     expected = [x for x, _ in cpu]
