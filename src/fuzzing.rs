@@ -490,15 +490,6 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
         }
         (out, index)
     };
-    let with_len = |out: &mut Vec<u8>, field: &[u8]| {
-        out.extend_from_slice(&(field.len() as u16).to_le_bytes());
-        out.extend_from_slice(field);
-    };
-    let info = |n: usize| {
-        format!(
-            r#"{{"magic":"MAGIC","version":1,"complete":true,"format":"lmdb","classes":["a","b"],"num_samples":{n},"payload":"encoded"}}"#
-        )
-    };
     match name {
         "pickle" => vec![
             pickled(&jpeg, 1),
@@ -532,51 +523,8 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
             lmdb::encode_value(&mut out, 1, "class/a.jpg", &jpeg);
             vec![out]
         }
-        "lmdb_meta" => {
-            let mut page = vec![0u8; lmdb::META_PAGE_BYTES];
-            page[16..20].copy_from_slice(&0xBEEF_C0DEu32.to_le_bytes());
-            page[40..44].copy_from_slice(&4096u32.to_le_bytes());
-            page[136..144].copy_from_slice(&3u64.to_le_bytes());
-            page[144..152].copy_from_slice(&2u64.to_le_bytes());
-            let mut out = page;
-            with_len(&mut out, info(2).replace("MAGIC", lmdb::MAGIC).as_bytes());
-            with_len(
-                &mut out,
-                br#"{"files_done":2,"samples_written":2,"rejected":[{"path":"a/x.jpg","reason":"bad"}]}"#,
-            );
-            vec![out]
-        }
-        "hdf5_dataset" => {
-            // Layout version 1 without checksums, and version 2 with the right ones.
-            [(1, 0u8), (2, 1u8)]
-                .into_iter()
-                .map(|(version, checksum_mode)| {
-                    let text = info(2)
-                        .replace("MAGIC", h5fmt::MAGIC)
-                        .replace("lmdb", "hdf5")
-                        .replace("\"version\":1", &format!("\"version\":{version}"));
-                    let mut out = Vec::new();
-                    with_len(&mut out, text.as_bytes());
-                    out.push(3);
-                    for offset in [0u64, jpeg.len() as u64, (jpeg.len() + tiny.len()) as u64] {
-                        out.extend_from_slice(&offset.to_le_bytes());
-                    }
-                    out.push(2);
-                    out.extend_from_slice(&0u64.to_le_bytes());
-                    out.extend_from_slice(&1u64.to_le_bytes());
-                    out.push(2);
-                    for key in ["a/0.jpg", "b/1.jpg"] {
-                        out.push(key.len() as u8);
-                        out.extend_from_slice(key.as_bytes());
-                    }
-                    out.push(checksum_mode);
-                    out.extend_from_slice(&[0; 16]);
-                    out.extend_from_slice(&jpeg);
-                    out.extend_from_slice(&tiny);
-                    out
-                })
-                .collect()
-        }
+        "lmdb_meta" => vec![lmdb_meta_seed()],
+        "hdf5_dataset" => hdf5_dataset_seeds(&jpeg, &tiny),
         #[cfg(feature = "hdf5")]
         "hdf5_staged_index" => {
             let mut out = Vec::new();
@@ -586,39 +534,7 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
             vec![out]
         }
         #[cfg(feature = "hdf5")]
-        "hdf5_global_heap" => {
-            // A collection (sizes of lengths 8) holding the JPEG as object 1 and 3 bytes as
-            // object 2, then free space; the descriptor names object 1, then object 2.
-            let collection = |lengths: usize| {
-                let mut c = b"GCOL\x01\0\0\0".to_vec();
-                c.extend_from_slice(&4096u64.to_le_bytes()[..lengths]);
-                c.resize(c.len().next_multiple_of(8), 0);
-                for (index, data) in [(1u16, jpeg.as_slice()), (2, b"abc")] {
-                    c.extend_from_slice(&index.to_le_bytes());
-                    c.extend_from_slice(&[1, 0, 0, 0, 0, 0]);
-                    c.extend_from_slice(&(data.len() as u64).to_le_bytes()[..lengths]);
-                    c.extend_from_slice(data);
-                    c.extend(std::iter::repeat_n(
-                        0,
-                        data.len().next_multiple_of(8) - data.len(),
-                    ));
-                }
-                c.resize(4096, 0);
-                c
-            };
-            let seed = |selector: u8, object: u16, len: usize, lengths: usize| {
-                let mut out = vec![selector];
-                out.extend_from_slice(&object.to_le_bytes());
-                out.extend_from_slice(&(len as u16).to_le_bytes());
-                out.extend_from_slice(&collection(lengths));
-                out
-            };
-            vec![
-                seed(2, 1, jpeg.len(), 8),
-                seed(2, 2, 3, 8),
-                seed(1, 2, 3, 4),
-            ]
-        }
+        "hdf5_global_heap" => global_heap_seeds(&jpeg),
         "raw_payload" => vec![raw.clone(), RawImage::encode(1, 1, &[1, 2, 3])],
         "decode" | "transform" => {
             let [progressive, cmyk] = crate::synthetic::sample_jpeg_variants(32, 24);
@@ -626,4 +542,101 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
         }
         _ => Vec::new(),
     }
+}
+
+/// A field with its `u16` length in front (how the composite targets take their parts).
+fn with_len(out: &mut Vec<u8>, field: &[u8]) {
+    out.extend_from_slice(&(field.len() as u16).to_le_bytes());
+    out.extend_from_slice(field);
+}
+
+/// A dataset `info.json` of `n` samples in two classes, its magic to be filled in.
+fn info(n: usize) -> String {
+    format!(
+        r#"{{"magic":"MAGIC","version":1,"complete":true,"format":"lmdb","classes":["a","b"],"num_samples":{n},"payload":"encoded"}}"#
+    )
+}
+
+/// An LMDB meta page, then the info and progress documents the reader checks beside it.
+fn lmdb_meta_seed() -> Vec<u8> {
+    let mut page = vec![0u8; lmdb::META_PAGE_BYTES];
+    page[16..20].copy_from_slice(&0xBEEF_C0DEu32.to_le_bytes());
+    page[40..44].copy_from_slice(&4096u32.to_le_bytes());
+    page[136..144].copy_from_slice(&3u64.to_le_bytes());
+    page[144..152].copy_from_slice(&2u64.to_le_bytes());
+    let mut out = page;
+    with_len(&mut out, info(2).replace("MAGIC", lmdb::MAGIC).as_bytes());
+    with_len(
+        &mut out,
+        br#"{"files_done":2,"samples_written":2,"rejected":[{"path":"a/x.jpg","reason":"bad"}]}"#,
+    );
+    out
+}
+
+/// Our HDF5 layout's parts (info, offsets, labels, keys, checksums, payloads): layout version 1
+/// without checksums, and version 2 with the right ones.
+fn hdf5_dataset_seeds(jpeg: &[u8], tiny: &[u8]) -> Vec<Vec<u8>> {
+    [(1, 0u8), (2, 1u8)]
+        .into_iter()
+        .map(|(version, checksum_mode)| {
+            let text = info(2)
+                .replace("MAGIC", h5fmt::MAGIC)
+                .replace("lmdb", "hdf5")
+                .replace("\"version\":1", &format!("\"version\":{version}"));
+            let mut out = Vec::new();
+            with_len(&mut out, text.as_bytes());
+            out.push(3);
+            for offset in [0u64, jpeg.len() as u64, (jpeg.len() + tiny.len()) as u64] {
+                out.extend_from_slice(&offset.to_le_bytes());
+            }
+            out.push(2);
+            out.extend_from_slice(&0u64.to_le_bytes());
+            out.extend_from_slice(&1u64.to_le_bytes());
+            out.push(2);
+            for key in ["a/0.jpg", "b/1.jpg"] {
+                out.push(key.len() as u8);
+                out.extend_from_slice(key.as_bytes());
+            }
+            out.push(checksum_mode);
+            out.extend_from_slice(&[0; 16]);
+            out.extend_from_slice(jpeg);
+            out.extend_from_slice(tiny);
+            out
+        })
+        .collect()
+}
+
+/// A global heap collection (sizes of lengths 8 or 4) holding the JPEG as object 1 and 3 bytes
+/// as object 2, then free space, behind a descriptor naming one of them.
+#[cfg(feature = "hdf5")]
+fn global_heap_seeds(jpeg: &[u8]) -> Vec<Vec<u8>> {
+    let collection = |lengths: usize| {
+        let mut c = b"GCOL\x01\0\0\0".to_vec();
+        c.extend_from_slice(&4096u64.to_le_bytes()[..lengths]);
+        c.resize(c.len().next_multiple_of(8), 0);
+        for (index, data) in [(1u16, jpeg), (2, b"abc")] {
+            c.extend_from_slice(&index.to_le_bytes());
+            c.extend_from_slice(&[1, 0, 0, 0, 0, 0]);
+            c.extend_from_slice(&(data.len() as u64).to_le_bytes()[..lengths]);
+            c.extend_from_slice(data);
+            c.extend(std::iter::repeat_n(
+                0,
+                data.len().next_multiple_of(8) - data.len(),
+            ));
+        }
+        c.resize(4096, 0);
+        c
+    };
+    let seed = |selector: u8, object: u16, len: usize, lengths: usize| {
+        let mut out = vec![selector];
+        out.extend_from_slice(&object.to_le_bytes());
+        out.extend_from_slice(&(len as u16).to_le_bytes());
+        out.extend_from_slice(&collection(lengths));
+        out
+    };
+    vec![
+        seed(2, 1, jpeg.len(), 8),
+        seed(2, 2, 3, 8),
+        seed(1, 2, 3, 4),
+    ]
 }

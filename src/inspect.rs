@@ -307,20 +307,7 @@ fn inspect_dataset(
             bad_records.push(bad);
         }
     }
-    let mut common_sizes: Vec<SizeCount> = sizes
-        .into_iter()
-        .map(|((width, height), count)| SizeCount {
-            width,
-            height,
-            count,
-        })
-        .collect();
-    common_sizes.sort_by(|a, b| {
-        b.count
-            .cmp(&a.count)
-            .then((a.width, a.height).cmp(&(b.width, b.height)))
-    });
-    common_sizes.truncate(5);
+    let common_sizes = most_common_sizes(sizes, 5);
     let file_bytes = if info.format == crate::dataset::FormatKind::Folder {
         payload_bytes
     } else {
@@ -356,6 +343,25 @@ fn inspect_dataset(
         empty_shards,
         cut_shards,
     }
+}
+
+/// The `n` most frequent image sizes, the most frequent first (ties: the smaller size first).
+fn most_common_sizes(sizes: BTreeMap<(u32, u32), usize>, n: usize) -> Vec<SizeCount> {
+    let mut common: Vec<SizeCount> = sizes
+        .into_iter()
+        .map(|((width, height), count)| SizeCount {
+            width,
+            height,
+            count,
+        })
+        .collect();
+    common.sort_by(|a, b| {
+        b.count
+            .cmp(&a.count)
+            .then((a.width, a.height).cmp(&(b.width, b.height)))
+    });
+    common.truncate(n);
+    common
 }
 
 /// Whether `n` is zero (serde: a count left out of the JSON when none).
