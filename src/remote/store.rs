@@ -149,42 +149,10 @@ fn store(url: &RemoteUrl, patience: Patience) -> Result<Arc<dyn ObjectStore>> {
 const RETRY_OPTIONS: [&str; 2] = ["max_retries", "retry_timeout"];
 
 fn build(url: &RemoteUrl, patience: Patience) -> Result<Arc<dyn ObjectStore>> {
-    use object_store::{BackoffConfig, ClientOptions, RetryConfig};
+    use object_store::ClientOptions;
     // reqwest is built without a TLS provider of its own (see Cargo.toml): ring's.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut retry = match patience {
-        Patience::Open => RetryConfig {
-            backoff: BackoffConfig {
-                init_backoff: Duration::from_millis(100),
-                max_backoff: Duration::from_secs(2),
-                base: 2.0,
-            },
-            max_retries: 3,
-            retry_timeout: Duration::from_secs(10),
-        },
-        Patience::Transfer => RetryConfig {
-            backoff: BackoffConfig::default(),
-            max_retries: 10,
-            retry_timeout: Duration::from_secs(120),
-        },
-    };
-    // `max_retries` and `retry_timeout` (seconds) bound transfers' retries (opening keeps its
-    // own, shorter ones unless these are shorter still).
-    for (key, value) in url.options() {
-        let number = || {
-            value.parse::<u64>().map_err(|_| Error::BadUrl {
-                url: url.to_string(),
-                reason: format!("client option {key}={value:?} is not a whole number"),
-            })
-        };
-        match key.as_str() {
-            "max_retries" => retry.max_retries = retry.max_retries.min(number()? as usize),
-            "retry_timeout" => {
-                retry.retry_timeout = retry.retry_timeout.min(Duration::from_secs(number()?));
-            }
-            _ => {}
-        }
-    }
+    let retry = retry_config(url, patience)?;
     let options = ClientOptions::new()
         .with_connect_timeout(Duration::from_secs(5))
         .with_timeout(Duration::from_secs(match patience {
@@ -200,10 +168,6 @@ fn build(url: &RemoteUrl, patience: Patience) -> Result<Arc<dyn ObjectStore>> {
     };
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
     let failed = |e: object_store::Error| Error::remote(url, "configuring the client", e);
-    let bad_option = |key: &str| Error::BadUrl {
-        url: url.to_string(),
-        reason: format!("unknown client option {key:?} for this store"),
-    };
     let store: Arc<dyn ObjectStore> = match url.scheme() {
         Scheme::S3 => {
             let endpoint = given(&["aws_endpoint", "aws_endpoint_url", "endpoint"])
@@ -223,16 +187,8 @@ fn build(url: &RemoteUrl, patience: Patience) -> Result<Arc<dyn ObjectStore>> {
             {
                 builder = builder.with_region("us-east-1");
             }
-            for (key, value) in url
-                .options()
-                .iter()
-                .filter(|(k, _)| !RETRY_OPTIONS.contains(&k.as_str()))
-            {
-                let parsed: object_store::aws::AmazonS3ConfigKey = key
-                    .to_ascii_lowercase()
-                    .parse()
-                    .map_err(|_| bad_option(key))?;
-                builder = builder.with_config(parsed, value);
+            for (key, value) in store_options::<object_store::aws::AmazonS3ConfigKey>(url)? {
+                builder = builder.with_config(key, value);
             }
             // Last: client options set after it would turn plain HTTP off again.
             Arc::new(
@@ -247,16 +203,8 @@ fn build(url: &RemoteUrl, patience: Patience) -> Result<Arc<dyn ObjectStore>> {
                 .with_url(url.root())
                 .with_retry(retry)
                 .with_client_options(options);
-            for (key, value) in url
-                .options()
-                .iter()
-                .filter(|(k, _)| !RETRY_OPTIONS.contains(&k.as_str()))
-            {
-                let parsed: object_store::gcp::GoogleConfigKey = key
-                    .to_ascii_lowercase()
-                    .parse()
-                    .map_err(|_| bad_option(key))?;
-                builder = builder.with_config(parsed, value);
+            for (key, value) in store_options::<object_store::gcp::GoogleConfigKey>(url)? {
+                builder = builder.with_config(key, value);
             }
             Arc::new(builder.build().map_err(failed)?)
         }
@@ -265,16 +213,8 @@ fn build(url: &RemoteUrl, patience: Patience) -> Result<Arc<dyn ObjectStore>> {
                 .with_url(url.root())
                 .with_retry(retry)
                 .with_client_options(options);
-            for (key, value) in url
-                .options()
-                .iter()
-                .filter(|(k, _)| !RETRY_OPTIONS.contains(&k.as_str()))
-            {
-                let parsed: object_store::azure::AzureConfigKey = key
-                    .to_ascii_lowercase()
-                    .parse()
-                    .map_err(|_| bad_option(key))?;
-                builder = builder.with_config(parsed, value);
+            for (key, value) in store_options::<object_store::azure::AzureConfigKey>(url)? {
+                builder = builder.with_config(key, value);
             }
             Arc::new(builder.build().map_err(failed)?)
         }
@@ -291,6 +231,63 @@ fn build(url: &RemoteUrl, patience: Patience) -> Result<Arc<dyn ObjectStore>> {
         }
     };
     Ok(store)
+}
+
+/// The retries for `patience` (opening: few and short; transfers: object_store's), bounded by
+/// the URL's `max_retries` and `retry_timeout` (seconds) where those are smaller.
+fn retry_config(url: &RemoteUrl, patience: Patience) -> Result<object_store::RetryConfig> {
+    use object_store::{BackoffConfig, RetryConfig};
+    let mut retry = match patience {
+        Patience::Open => RetryConfig {
+            backoff: BackoffConfig {
+                init_backoff: Duration::from_millis(100),
+                max_backoff: Duration::from_secs(2),
+                base: 2.0,
+            },
+            max_retries: 3,
+            retry_timeout: Duration::from_secs(10),
+        },
+        Patience::Transfer => RetryConfig {
+            backoff: BackoffConfig::default(),
+            max_retries: 10,
+            retry_timeout: Duration::from_secs(120),
+        },
+    };
+    for (key, value) in url.options() {
+        let number = || {
+            value.parse::<u64>().map_err(|_| Error::BadUrl {
+                url: url.to_string(),
+                reason: format!("client option {key}={value:?} is not a whole number"),
+            })
+        };
+        match key.as_str() {
+            "max_retries" => retry.max_retries = retry.max_retries.min(number()? as usize),
+            "retry_timeout" => {
+                retry.retry_timeout = retry.retry_timeout.min(Duration::from_secs(number()?));
+            }
+            _ => {}
+        }
+    }
+    Ok(retry)
+}
+
+/// The URL's client options other than ours ([`RETRY_OPTIONS`]) as the store's configuration
+/// keys `K`; an option the store does not know is a [`Error::BadUrl`] naming it.
+fn store_options<K: std::str::FromStr>(url: &RemoteUrl) -> Result<Vec<(K, &String)>> {
+    url.options()
+        .iter()
+        .filter(|(k, _)| !RETRY_OPTIONS.contains(&k.as_str()))
+        .map(|(key, value)| {
+            let parsed = key
+                .to_ascii_lowercase()
+                .parse()
+                .map_err(|_| Error::BadUrl {
+                    url: url.to_string(),
+                    reason: format!("unknown client option {key:?} for this store"),
+                })?;
+            Ok((parsed, value))
+        })
+        .collect()
 }
 
 /// True when `error` is a transfer that broke off (a reset, a time-out, a body cut short)
