@@ -253,71 +253,7 @@ impl<'a> Walk<'a> {
                 continue;
             }
             entries += nodes.len() as u64;
-            let mut overflow = Vec::new();
-            for (i, node) in nodes.iter().enumerate() {
-                let size = u64::from(node.lo) | u64::from(node.hi) << 16;
-                let data_at = node.key.end;
-                match node.flags {
-                    // An inline value whose size runs past the page is left to the reads:
-                    // liblmdb only computes its slice, which is checked against the map before
-                    // anything reads it, and the record's checksum then fails. One damaged
-                    // record is a bad record, not a dataset refused.
-                    0 => {}
-                    F_BIGDATA => {
-                        if data_at + 8 > self.page_size {
-                            return Err(self.node_error(what, number, i, "has data past the page"));
-                        }
-                        let first = u64_at(&self.page, data_at);
-                        let pages = (size + PAGE_HEADER as u64).div_ceil(self.page_size as u64);
-                        if size == 0
-                            || first < 2
-                            || first
-                                .checked_add(pages - 1)
-                                .is_none_or(|last| last > self.last_page)
-                        {
-                            return Err(self.node_error(
-                                what,
-                                number,
-                                i,
-                                &format!(
-                                    "puts {size} bytes on {pages} overflow pages from page \
-                                     {first}, past the file's {} pages",
-                                    self.last_page + 1
-                                ),
-                            ));
-                        }
-                        overflow.push((i, first, pages));
-                    }
-                    F_SUBDATA => {
-                        let Some(named) = named.as_deref_mut() else {
-                            return Err(self.node_error(
-                                what,
-                                number,
-                                i,
-                                "names a database inside a named database",
-                            ));
-                        };
-                        if size != DB_RECORD as u64 || data_at + DB_RECORD > self.page_size {
-                            return Err(self.node_error(
-                                what,
-                                number,
-                                i,
-                                "names a database with a record of the wrong size",
-                            ));
-                        }
-                        let record = DbRecord::parse(&self.page[data_at..data_at + DB_RECORD]);
-                        named.push((self.page[node.key.clone()].to_vec(), record));
-                    }
-                    other => {
-                        return Err(self.node_error(
-                            what,
-                            number,
-                            i,
-                            &format!("has flags {other:#x} (duplicates or unknown)"),
-                        ));
-                    }
-                }
-            }
+            let overflow = self.leaf_values(what, number, &nodes, named.as_deref_mut())?;
             // Each value's pages belong to it alone: a flipped page number that lands on
             // another value's run (or on a branch or leaf page) would hand out other bytes.
             for (i, first, pages) in overflow {
@@ -337,6 +273,84 @@ impl<'a> Walk<'a> {
             )));
         }
         Ok(())
+    }
+
+    /// Checks the values of leaf page `number`'s `nodes`: inline, on overflow pages (returned as
+    /// `(node, first page, pages)` for the caller to claim), or (main database only, `named`)
+    /// the record of a named database, collected.
+    fn leaf_values(
+        &mut self,
+        what: &str,
+        number: u64,
+        nodes: &[Node],
+        mut named: Option<&mut Vec<(Vec<u8>, DbRecord)>>,
+    ) -> Result<Vec<(usize, u64, u64)>> {
+        let mut overflow = Vec::new();
+        for (i, node) in nodes.iter().enumerate() {
+            let size = u64::from(node.lo) | u64::from(node.hi) << 16;
+            let data_at = node.key.end;
+            match node.flags {
+                // An inline value whose size runs past the page is left to the reads:
+                // liblmdb only computes its slice, which is checked against the map before
+                // anything reads it, and the record's checksum then fails. One damaged
+                // record is a bad record, not a dataset refused.
+                0 => {}
+                F_BIGDATA => {
+                    if data_at + 8 > self.page_size {
+                        return Err(self.node_error(what, number, i, "has data past the page"));
+                    }
+                    let first = u64_at(&self.page, data_at);
+                    let pages = (size + PAGE_HEADER as u64).div_ceil(self.page_size as u64);
+                    if size == 0
+                        || first < 2
+                        || first
+                            .checked_add(pages - 1)
+                            .is_none_or(|last| last > self.last_page)
+                    {
+                        return Err(self.node_error(
+                            what,
+                            number,
+                            i,
+                            &format!(
+                                "puts {size} bytes on {pages} overflow pages from page \
+                                 {first}, past the file's {} pages",
+                                self.last_page + 1
+                            ),
+                        ));
+                    }
+                    overflow.push((i, first, pages));
+                }
+                F_SUBDATA => {
+                    let Some(named) = named.as_deref_mut() else {
+                        return Err(self.node_error(
+                            what,
+                            number,
+                            i,
+                            "names a database inside a named database",
+                        ));
+                    };
+                    if size != DB_RECORD as u64 || data_at + DB_RECORD > self.page_size {
+                        return Err(self.node_error(
+                            what,
+                            number,
+                            i,
+                            "names a database with a record of the wrong size",
+                        ));
+                    }
+                    let record = DbRecord::parse(&self.page[data_at..data_at + DB_RECORD]);
+                    named.push((self.page[node.key.clone()].to_vec(), record));
+                }
+                other => {
+                    return Err(self.node_error(
+                        what,
+                        number,
+                        i,
+                        &format!("has flags {other:#x} (duplicates or unknown)"),
+                    ));
+                }
+            }
+        }
+        Ok(overflow)
     }
 
     /// Reads the page `visit` names into `self.page` (once per walk) and checks it: its
