@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
+import operator
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 __all__ = [
@@ -317,12 +319,16 @@ def _fill(fill: Union[int, Sequence[int], None], what: str) -> Tuple[int, int, i
     """torchvision's ``fill`` (None: black; one int or three) as an RGB triple."""
     if fill is None:
         return (0, 0, 0)
-    values = [fill] if isinstance(fill, int) else list(fill)
-    if len(values) not in (1, 3) or any(
-        isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 255 for v in values
-    ):
+    single = isinstance(fill, numbers.Number) or isinstance(fill, (str, bytes))
+    values: List[Any] = [fill] if single else list(fill)  # type: ignore[arg-type]
+    ints: List[int] = []
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= int(value) <= 255:
+            raise ValueError(f"{what}: fill {fill!r} must be an int in 0..255 or three of them")
+        ints.append(operator.index(value))
+    if len(ints) not in (1, 3):
         raise ValueError(f"{what}: fill {fill!r} must be an int in 0..255 or three of them")
-    v = values * 3 if len(values) == 1 else values
+    v = ints * 3 if len(ints) == 1 else ints
     return (v[0], v[1], v[2])
 
 
@@ -434,14 +440,14 @@ def _jitter_range(
     (clipped at 0 for the factors), a pair is the range; the range of only ``center`` is off."""
     if isinstance(value, bool):
         raise TypeError(f"ColorJitter: {name} must be a number or a (min, max) pair, not a bool")
-    if isinstance(value, (int, float)):
+    if isinstance(value, numbers.Real):
         if value < 0:
             raise ValueError(f"ColorJitter: {name} {value!r} must be non-negative")
         low, high = center - float(value), center + float(value)
         if center == 1.0:
             low = max(low, 0.0)
     elif isinstance(value, (tuple, list)) and len(value) == 2:
-        low, high = float(value[0]), float(value[1])
+        low, high = (_real(v, f"ColorJitter: {name}") for v in value)
     else:
         raise TypeError(f"ColorJitter: {name} must be a number or a (min, max) pair, not {value!r}")
     if not (bound[0] <= low <= high <= bound[1]) or not math.isfinite(high):
@@ -452,7 +458,8 @@ def _jitter_range(
 class ColorJitter(_Step):
     """torchvision ``ColorJitter(brightness, contrast, saturation, hue)``: the four adjustments
     in a random order, each factor uniform in its range, with PIL's arithmetic (as torchvision
-    runs it on PIL images). Applied after the flip and any automatic augmentation."""
+    runs it on PIL images). A pixel step: it runs after the crop and the flip, in the order the
+    pixel steps are listed."""
 
     def __init__(
         self,
@@ -483,7 +490,8 @@ class GaussianBlur(_Step):
     """torchvision ``GaussianBlur(kernel_size, sigma=(0.1, 2.0))``: sigma drawn uniformly, the
     image convolved with the normalized Gaussian after reflect padding (torchvision's tensor
     arithmetic, as it runs on PIL images too): within one level of torchvision's. ``kernel_size``
-    is odd, one int or ``(width, height)``. Applied after any :class:`RandomGrayscale`."""
+    is odd, one int or ``(width, height)``. A pixel step: after the crop and the flip, in the
+    order listed."""
 
     def __init__(self, kernel_size: Union[int, Sequence[int]], sigma: Union[float, Sequence[float]] = (0.1, 2.0)):
         sizes = [kernel_size] * 2 if isinstance(kernel_size, int) else list(kernel_size)
@@ -532,10 +540,10 @@ class RandomApply(_Step):
 
 class RandomGrayscale(_Step):
     """torchvision ``RandomGrayscale(p)``: with probability ``p`` PIL's gray in all three
-    channels. Applied after any :class:`ColorJitter`."""
+    channels. A pixel step: after the crop and the flip, in the order listed."""
 
     def __init__(self, p: float = 0.1):
-        if not 0.0 <= float(p) <= 1.0:
+        if not 0.0 <= _real(p, "RandomGrayscale: p") <= 1.0:
             raise ValueError(f"RandomGrayscale: p {p!r} must be in [0, 1]")
         self.p = float(p)
 
@@ -639,18 +647,34 @@ class BatchTransform:
         return f"{type(self).__name__}({fields})"
 
 
+def _real(value: Any, what: str) -> float:
+    """A real number (Python's or NumPy's; not a bool or a string) as a float."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{what} must be a number, not {value!r}")
+    return float(value)
+
+
+def _integer(value: Any, what: str) -> int:
+    """An integer (Python's or NumPy's; not a bool) as an int."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{what} must be an int, not {value!r}")
+    return operator.index(value)
+
+
 def _alpha(alpha: float, what: str) -> float:
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not (0 < alpha < math.inf):
-        raise ValueError(f"{what}: alpha {alpha!r} must be positive and finite")
-    return float(alpha)
+    value = _real(alpha, f"{what}: alpha")
+    if not 0 < value <= 1e12:
+        raise ValueError(f"{what}: alpha {alpha!r} must be positive and at most 1e12")
+    return value
 
 
 def _classes(num_classes: Optional[int], what: str) -> Optional[int]:
     if num_classes is None:
         return None
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or not 1 <= num_classes <= 1 << 20:
-        raise ValueError(f"{what}: num_classes {num_classes!r} must be an int in 1..1048576 (or None)")
-    return num_classes
+    value = _integer(num_classes, f"{what}: num_classes")
+    if not 1 <= value <= 1 << 20:
+        raise ValueError(f"{what}: num_classes {num_classes!r} must be in 1..1048576 (or None)")
+    return value
 
 
 class MixUp(BatchTransform):
@@ -690,8 +714,10 @@ class RandomChoice(BatchTransform):
         cutmixes = [s for s in steps if isinstance(s, CutMix)]
         if len(steps) != 2 or len(mixups) != 1 or len(cutmixes) != 1:
             raise ValueError("RandomChoice: the loader chooses only between one MixUp and one CutMix")
-        if p is not None and (len(p) != 2 or float(p[0]) != float(p[1])):
-            raise ValueError(f"RandomChoice: p {p!r}: only equal odds are supported")
+        if p is not None and (
+            len(p) != 2 or not 0 < float(p[0]) < math.inf or float(p[0]) != float(p[1])
+        ):
+            raise ValueError(f"RandomChoice: p {p!r}: only equal, positive odds are supported")
         if mixups[0].num_classes != cutmixes[0].num_classes:
             raise ValueError("RandomChoice: MixUp and CutMix must have the same num_classes")
         self.mixup, self.cutmix = mixups[0], cutmixes[0]
@@ -749,6 +775,9 @@ def imagenet_train(
     The reference's current recipe is ``imagenet_train(176, auto_augment="ta_wide",
     random_erase=0.1, mixup=0.2, cutmix=1.0)``.
     """
+    for name, value, top in (("mixup", mixup, 1e12), ("cutmix", cutmix, 1e12), ("random_erase", random_erase, 1.0)):
+        if not 0.0 <= _real(value, f"imagenet_train: {name}") <= top:
+            raise ValueError(f"imagenet_train: {name} {value!r} must be in 0..{top:g} (0: off)")
     steps: List[_Step] = [RandomResizedCrop(size, interpolation=interpolation), RandomHorizontalFlip(0.5)]
     if auto_augment == "ta_wide":
         steps.append(TrivialAugmentWide())

@@ -28,7 +28,9 @@ use crate::errors::{config, to_py};
 
 /// A batch as Python receives it: images and labels viewing Rust memory, sample indices, bad
 /// samples.
-fn batch_parts(mut batch: imagefeed::batch::Batch) -> PyResult<BatchParts> {
+/// `classes`: the soft labels' width (the batch mix's `num_classes`), so that an empty batch's
+/// labels are still `[0, classes]`.
+fn batch_parts(mut batch: imagefeed::batch::Batch, classes: usize) -> PyResult<BatchParts> {
     let shape = batch.shape;
     let element = match batch.dtype {
         DType::U8 => Element::U8,
@@ -39,14 +41,11 @@ fn batch_parts(mut batch: imagefeed::batch::Batch) -> PyResult<BatchParts> {
     let n = batch.labels.len();
     let labels = match batch.soft_labels.take() {
         // MixUp/CutMix: float32 [n, classes] probabilities.
-        Some(soft) => {
-            let classes = soft.len().checked_div(n).unwrap_or(0);
-            HostArray::new(
-                Arc::new(HostMemory::from_vec(soft)),
-                &[n, classes],
-                Element::F32,
-            )?
-        }
+        Some(soft) => HostArray::new(
+            Arc::new(HostMemory::from_vec(soft)),
+            &[n, classes],
+            Element::F32,
+        )?,
         None => {
             let labels: Vec<i64> = batch.labels.iter().map(|&l| i64::from(l)).collect();
             HostArray::new(Arc::new(HostMemory::from_vec(labels)), &[n], Element::I64)?
@@ -687,7 +686,8 @@ impl NativeLoader {
                 }
             }
         };
-        let parts = batch_parts(batch)?;
+        let classes = self.loader.config().batch_mix.map_or(0, |m| m.num_classes);
+        let parts = batch_parts(batch, classes)?;
         current.returned += 1;
         if current.history.len() == HISTORY {
             current.history.pop_front();
@@ -697,12 +697,15 @@ impl NativeLoader {
     }
 
     /// A batch of `indices` built now in the calling thread (the GIL released), with epoch
-    /// `epoch`'s random draws: what `loader.dataset[i]` reads.
+    /// `epoch`'s random draws: what `loader.dataset[i]` reads, one sample at a time. Samples have
+    /// class labels: a batch step (MixUp/CutMix) leaves a batch of one as it is, and its soft
+    /// label is dropped.
     fn build_batch(&self, py: Python<'_>, epoch: u64, indices: Vec<usize>) -> PyResult<BatchParts> {
-        let batch = py
+        let mut batch = py
             .detach(|| self.loader.build_batch(epoch, indices))
             .map_err(to_py)?;
-        batch_parts(batch)
+        batch.soft_labels = None;
+        batch_parts(batch, 0)
     }
 
     /// The samples epoch `epoch` gives this rank, in order (padding included).

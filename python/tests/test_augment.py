@@ -445,3 +445,40 @@ def test_gaussian_blur_in_the_loader(lmdb_path):
     ):
         with pytest.raises(ValueError):
             bad()
+
+
+def test_batch_steps_keep_map_style_access_empty_batches_and_numpy_scalars(lmdb_path, tmp_path):
+    """Found by a hostile try: loader.dataset[i] under a batch step, empty batches' labels,
+    NumPy scalars as parameters, values that were silently dropped."""
+    mixed = loader(lmdb_path, transform=FLIP_NORMALIZE, batch_transform=T.MixUp(alpha=0.2))
+    image, label = mixed.dataset[3]
+    plain_image, plain_label = loader(lmdb_path, transform=FLIP_NORMALIZE).dataset[3]
+    assert isinstance(label, int) and label == plain_label
+    np.testing.assert_array_equal(image, plain_image)
+    # A batch whose only sample is bad and skipped: labels [0, classes], not [0, 0].
+    imagefeed.synthesize(tmp_path / "tree", classes=2, per_class=2, edge_cases=True)
+    skip = loader(tmp_path / "tree", batch_size=1, bad_samples="skip", max_bad=None, shuffle=False,
+                  transform=T.Compose([T.CenterCrop(8)]), batch_transform=T.CutMix())
+    classes = len(skip.dataset.classes)
+    shapes = {labels.shape for _, labels in skip}
+    assert (0, classes) in shapes and (1, classes) in shapes, shapes
+    # NumPy scalars are numbers.
+    assert T.MixUp(alpha=np.float32(0.2)).alpha == pytest.approx(0.2)
+    assert T.CutMix(num_classes=np.int64(3)).num_classes == 3
+    assert T.ColorJitter(brightness=np.float32(0.4)).brightness is not None
+    assert T.TrivialAugmentWide(fill=np.uint8(3)).fill == (3, 3, 3)
+    for bad in (
+        lambda: T.MixUp(alpha=1.7e308),
+        lambda: T.AutoAugment(fill=1.0),
+        lambda: T.ColorJitter(brightness=(True, 2)),
+        lambda: T.ColorJitter(brightness=("a", 2)),
+        lambda: T.RandomGrayscale("0.5"),
+        lambda: T.RandomChoice([T.MixUp(), T.CutMix()], p=[0, 0]),
+        lambda: T.imagenet_train(mixup=float("nan")),
+        lambda: T.imagenet_train(cutmix=-1),
+        lambda: T.imagenet_train(random_erase=float("nan")),
+    ):
+        with pytest.raises((ValueError, TypeError)):
+            bad()
+    with pytest.raises(imagefeed.ConfigError, match="ratio"):
+        loader(lmdb_path, transform=T.Compose([T.RandomResizedCrop(8, ratio=(math.inf, math.inf))]))

@@ -31,6 +31,10 @@ pub struct BatchMix {
     pub num_classes: usize,
 }
 
+/// The largest alpha accepted: Beta(alpha, alpha) is 0.5 to within a millionth long before,
+/// and far larger Gamma draws overflow.
+pub const MAX_ALPHA: f64 = 1e12;
+
 /// The most classes soft labels may have (a batch of 1,024 samples is then 4 MB of labels).
 pub const MAX_CLASSES: usize = 1 << 20;
 
@@ -93,9 +97,11 @@ impl BatchMix {
         }
         for (name, alpha) in [("MixUp", self.mixup_alpha), ("CutMix", self.cutmix_alpha)] {
             if let Some(alpha) = alpha
-                && !(alpha > 0.0 && alpha.is_finite())
+                && !(alpha > 0.0 && alpha <= MAX_ALPHA)
             {
-                return Err(format!("{name} alpha {alpha} must be positive and finite"));
+                return Err(format!(
+                    "{name} alpha {alpha} must be positive and at most {MAX_ALPHA:e}"
+                ));
             }
         }
         if !(1..=MAX_CLASSES).contains(&self.num_classes) {
@@ -460,6 +466,7 @@ mod tests {
         for bad in [
             BatchMix::mixup(0.0, 10),
             BatchMix::cutmix(f64::NAN, 10),
+            BatchMix::cutmix(1.7e308, 10),
             BatchMix::mixup(0.2, 0),
             BatchMix {
                 mixup_alpha: None,

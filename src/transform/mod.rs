@@ -339,7 +339,7 @@ impl Transform {
                         "RandomResizedCrop scale {scale:?} must satisfy 0 < min <= max <= 1"
                     ));
                 }
-                if !(0.0 < ratio.0 && ratio.0 <= ratio.1) {
+                if !(0.0 < ratio.0 && ratio.0 <= ratio.1 && ratio.1.is_finite()) {
                     return Err(format!(
                         "RandomResizedCrop ratio {ratio:?} must satisfy 0 < min <= max"
                     ));
@@ -358,8 +358,9 @@ impl Transform {
         }
         if self.output.dtype == DType::U8 && self.output.normalize.is_some() {
             return Err(
-                "normalization needs a float output (f32 or f16), not u8 (for the GPU \
-                        feed, Transform::raw_u8_nhwc drops it: the GPU normalizes)"
+                "normalization needs a float output (float32, float16 or bfloat16), not \
+                        uint8: a uint8 batch holds the pixels as they are (for Rust's GPU feed, \
+                        Transform::raw_u8_nhwc drops the normalization: the GPU applies it)"
                     .into(),
             );
         }
