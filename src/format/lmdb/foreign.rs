@@ -55,6 +55,58 @@ fn holds_our_magic(path: &Path) -> bool {
     own().unwrap_or(false)
 }
 
+/// folder2lmdb's `__keys__` value: a pickled list of `len` str or bytes keys, UTF-8. Its total
+/// key bytes are checked against the value's size before any key is copied.
+fn folder2lmdb_keys(path: &Path, value: &[u8], len: usize) -> Result<Vec<String>> {
+    let keys = match pickle::parse(value) {
+        Ok(pickle::Value::List(items)) if items.len() != len => {
+            return Err(Error::not_a_dataset(
+                path,
+                format!("__len__ is {len} but __keys__ lists {} keys", items.len()),
+            ));
+        }
+        Ok(pickle::Value::List(items)) => {
+            // Checked before any key is copied: a pickle may name one long text many times
+            // (memo references), which would make a few megabytes of file terabytes of keys.
+            let key_bytes: usize = items
+                .iter()
+                .map(|item| match item {
+                    pickle::Value::Str(text) => text.len(),
+                    bytes => bytes.bytes(value).map_or(0, <[u8]>::len),
+                })
+                .fold(0usize, usize::saturating_add);
+            if key_bytes > value.len() {
+                return Err(Error::not_a_dataset(
+                    path,
+                    format!(
+                        "__keys__ repeats its keys: {key_bytes} bytes of keys from a {}-byte \
+                         value",
+                        value.len()
+                    ),
+                ));
+            }
+            items
+                .iter()
+                .map(|item| match item {
+                    pickle::Value::Str(text) => Some(text.to_string()),
+                    bytes => bytes
+                        .bytes(value)
+                        .and_then(|b| String::from_utf8(b.to_vec()).ok()),
+                })
+                .collect::<Option<Vec<String>>>()
+                .ok_or_else(|| {
+                    Error::not_a_dataset(
+                        path,
+                        "__keys__ holds something other than UTF-8 keys (bytes or str)",
+                    )
+                })?
+        }
+        Ok(_) => return Err(Error::not_a_dataset(path, "__keys__ is not a pickled list")),
+        Err(reason) => return Err(Error::not_a_dataset(path, format!("__keys__: {reason}"))),
+    };
+    Ok(keys)
+}
+
 /// Opens the Python folder2lmdb layout (see [`Lmdb`]); `rtxn` is a read transaction on `env`.
 pub(super) fn open_folder2lmdb(
     path: &Path,
@@ -110,52 +162,7 @@ pub(super) fn open_folder2lmdb(
     let len = len as usize;
     let keys: Vec<String> = match get(b"__keys__")? {
         None => (0..len).map(|i| i.to_string()).collect(),
-        Some(value) => match pickle::parse(value) {
-            Ok(pickle::Value::List(items)) if items.len() != len => {
-                return Err(Error::not_a_dataset(
-                    path,
-                    format!("__len__ is {len} but __keys__ lists {} keys", items.len()),
-                ));
-            }
-            Ok(pickle::Value::List(items)) => {
-                // Checked before any key is copied: a pickle may name one long text many times
-                // (memo references), which would make a few megabytes of file terabytes of keys.
-                let key_bytes: usize = items
-                    .iter()
-                    .map(|item| match item {
-                        pickle::Value::Str(text) => text.len(),
-                        bytes => bytes.bytes(value).map_or(0, <[u8]>::len),
-                    })
-                    .fold(0usize, usize::saturating_add);
-                if key_bytes > value.len() {
-                    return Err(Error::not_a_dataset(
-                        path,
-                        format!(
-                            "__keys__ repeats its keys: {key_bytes} bytes of keys from a {}-byte \
-                             value",
-                            value.len()
-                        ),
-                    ));
-                }
-                items
-                    .iter()
-                    .map(|item| match item {
-                        pickle::Value::Str(text) => Some(text.to_string()),
-                        bytes => bytes
-                            .bytes(value)
-                            .and_then(|b| String::from_utf8(b.to_vec()).ok()),
-                    })
-                    .collect::<Option<Vec<String>>>()
-                    .ok_or_else(|| {
-                        Error::not_a_dataset(
-                            path,
-                            "__keys__ holds something other than UTF-8 keys (bytes or str)",
-                        )
-                    })?
-            }
-            Ok(_) => return Err(Error::not_a_dataset(path, "__keys__ is not a pickled list")),
-            Err(reason) => return Err(Error::not_a_dataset(path, format!("__keys__: {reason}"))),
-        },
+        Some(value) => folder2lmdb_keys(path, value, len)?,
     };
     if keys.len() != len {
         return Err(Error::not_a_dataset(
