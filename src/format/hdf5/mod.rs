@@ -104,6 +104,8 @@ use crate::format::writer::{DatasetWriter, PackPlan, PackProgress, WriterOptions
 #[cfg(feature = "hdf5")]
 mod chunks;
 #[cfg(feature = "hdf5")]
+mod filters;
+#[cfg(feature = "hdf5")]
 mod foreign;
 #[cfg(feature = "hdf5")]
 mod gate;
