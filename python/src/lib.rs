@@ -300,6 +300,17 @@ fn synthesize(
     Ok(tree.image_files)
 }
 
+/// Refuses `pixels` that are not a `width × height` RGB image (for the op helpers below).
+fn check_rgb(pixels: &[u8], width: u32, height: u32) -> PyResult<()> {
+    if width == 0 || height == 0 || pixels.len() as u64 != width as u64 * height as u64 * 3 {
+        return Err(config(format!(
+            "{} bytes are not a {width}x{height} RGB image",
+            pixels.len()
+        )));
+    }
+    Ok(())
+}
+
 /// One automatic-augmentation op (torchvision's name, e.g. `"ShearX"`) with `magnitude` applied
 /// to a `width × height` RGB image; returns the new pixels. For checking the ops against PIL and
 /// torchvision op by op (the loader draws them itself).
@@ -316,12 +327,7 @@ fn _augment_op<'py>(
 ) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
     use imagefeed::transform::ops::{Op, RgbImage};
     let op = Op::from_name(op).ok_or_else(|| config(format!("unknown op {op:?}")))?;
-    if width == 0 || height == 0 || pixels.len() as u64 != width as u64 * height as u64 * 3 {
-        return Err(config(format!(
-            "{} bytes are not a {width}x{height} RGB image",
-            pixels.len()
-        )));
-    }
+    check_rgb(&pixels, width, height)?;
     let (mut pixels, mut scratch) = (pixels, Vec::new());
     RgbImage {
         pixels: &mut pixels,
@@ -347,12 +353,7 @@ fn _color_op<'py>(
     height: u32,
 ) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
     use imagefeed::transform::ops;
-    if width == 0 || height == 0 || pixels.len() as u64 != width as u64 * height as u64 * 3 {
-        return Err(config(format!(
-            "{} bytes are not a {width}x{height} RGB image",
-            pixels.len()
-        )));
-    }
+    check_rgb(&pixels, width, height)?;
     let mut pixels = pixels;
     match op {
         "brightness" => ops::adjust_brightness(&mut pixels, factor as f32),
@@ -382,14 +383,9 @@ fn _blur_op<'py>(
         p: 1.0,
     };
     check.validate().map_err(config)?;
-    if width == 0 || height == 0 || pixels.len() as u64 != width as u64 * height as u64 * 3 {
-        return Err(config(format!(
-            "{} bytes are not a {width}x{height} RGB image",
-            pixels.len()
-        )));
-    }
+    check_rgb(&pixels, width, height)?;
     let mut pixels = pixels;
-    let mut scratch = Vec::new();
+    let mut scratch = imagefeed::transform::blur::BlurScratch::default();
     imagefeed::transform::blur::blur(
         &mut pixels,
         &mut scratch,

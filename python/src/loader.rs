@@ -176,6 +176,17 @@ fn pair(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Option<(f64, f64)>> {
     d.get_item(key)?.map(|v| v.extract()).transpose()
 }
 
+/// `d[key]`, `None` when the key is missing or holds `None`.
+fn unless_none<'py, T>(d: &Bound<'py, PyDict>, key: &str) -> PyResult<Option<T>>
+where
+    T: pyo3::conversion::FromPyObjectOwned<'py>,
+{
+    d.get_item(key)?
+        .filter(|v| !v.is_none())
+        .map(|v| v.extract::<T>().map_err(Into::into))
+        .transpose()
+}
+
 fn uint(d: &Bound<'_, PyDict>, key: &str) -> PyResult<u32> {
     d.get_item(key)?
         .ok_or_else(|| config(format!("transform: {key} is missing")))?
@@ -354,18 +365,11 @@ fn parse_augment(augment: &Bound<'_, PyAny>) -> PyResult<AutoAugment> {
 /// "p"}`.
 fn parse_color_jitter(jitter: &Bound<'_, PyAny>) -> PyResult<ColorJitter> {
     let jitter = jitter.cast::<PyDict>().map_err(PyErr::from)?;
-    let range = |key: &str| -> PyResult<Option<(f64, f64)>> {
-        jitter
-            .get_item(key)?
-            .filter(|v| !v.is_none())
-            .map(|v| v.extract())
-            .transpose()
-    };
     Ok(ColorJitter {
-        brightness: range("brightness")?,
-        contrast: range("contrast")?,
-        saturation: range("saturation")?,
-        hue: range("hue")?,
+        brightness: unless_none(jitter, "brightness")?,
+        contrast: unless_none(jitter, "contrast")?,
+        saturation: unless_none(jitter, "saturation")?,
+        hue: unless_none(jitter, "hue")?,
         p: jitter
             .get_item("p")?
             .map(|v| v.extract())
@@ -417,20 +421,10 @@ fn parse_blur(blur: &Bound<'_, PyAny>) -> PyResult<GaussianBlur> {
 /// The batch step's dict: `{"mixup_alpha": float | None, "cutmix_alpha": float | None,
 /// "num_classes": int | None}` (`None` classes: 0 here, the dataset's count later).
 fn parse_batch_mix(mix: &Bound<'_, PyDict>) -> PyResult<BatchMix> {
-    let alpha = |key: &str| -> PyResult<Option<f64>> {
-        mix.get_item(key)?
-            .filter(|v| !v.is_none())
-            .map(|v| v.extract())
-            .transpose()
-    };
-    let num_classes: Option<usize> = mix
-        .get_item("num_classes")?
-        .filter(|v| !v.is_none())
-        .map(|v| v.extract())
-        .transpose()?;
+    let num_classes: Option<usize> = unless_none(mix, "num_classes")?;
     Ok(BatchMix {
-        mixup_alpha: alpha("mixup_alpha")?,
-        cutmix_alpha: alpha("cutmix_alpha")?,
+        mixup_alpha: unless_none(mix, "mixup_alpha")?,
+        cutmix_alpha: unless_none(mix, "cutmix_alpha")?,
         num_classes: num_classes.unwrap_or(0),
     })
 }

@@ -61,12 +61,12 @@ impl GaussianBlur {
         Ok(())
     }
 
-    /// Draws sigma and blurs the `width × height` RGB `pixels` (`scratch`: any contents).
+    /// Draws sigma and blurs the `width × height` RGB `pixels`.
     pub fn apply(
         &self,
         rng: &mut SampleRng,
         pixels: &mut [u8],
-        scratch: &mut Vec<f32>,
+        scratch: &mut BlurScratch,
         width: u32,
         height: u32,
     ) {
@@ -86,18 +86,30 @@ impl GaussianBlur {
     }
 }
 
-/// torchvision's `_get_gaussian_kernel1d`: `exp(-0.5 (x / sigma)²)` at `x` in
+/// Memory [`blur`] reuses from one image to the next (one per worker): the kernels, the
+/// reflected tap positions and the first pass's output.
+#[derive(Default)]
+pub struct BlurScratch {
+    kernel_x: Vec<f32>,
+    kernel_y: Vec<f32>,
+    taps_x: Vec<usize>,
+    taps_y: Vec<usize>,
+    pass: Vec<f32>,
+}
+
+/// torchvision's `_get_gaussian_kernel1d` into `out`: `exp(-0.5 (x / sigma)²)` at `x` in
 /// `linspace(-(k-1)/2, (k-1)/2, k)`, normalized to sum 1, in `float32`.
-fn kernel1d(size: u32, sigma: f32) -> Vec<f32> {
+fn kernel1d(size: u32, sigma: f32, out: &mut Vec<f32>) {
     let half = (size as f32 - 1.0) * 0.5;
-    let pdf: Vec<f32> = (0..size)
-        .map(|i| {
-            let x = -half + i as f32;
-            (-0.5 * (x / sigma).powi(2)).exp()
-        })
-        .collect();
-    let sum: f32 = pdf.iter().sum();
-    pdf.iter().map(|v| v / sum).collect()
+    out.clear();
+    out.extend((0..size).map(|i| {
+        let x = -half + i as f32;
+        (-0.5 * (x / sigma).powi(2)).exp()
+    }));
+    let sum: f32 = out.iter().sum();
+    for v in out.iter_mut() {
+        *v /= sum;
+    }
 }
 
 /// Index `i` of a side of `n` after reflect padding (`-1` → `1`), repeated as often as needed.
@@ -110,10 +122,20 @@ fn reflect(mut i: i64, n: i64) -> usize {
     (if i >= n { period - i } else { i }) as usize
 }
 
+/// For each of the `n` positions of a side, the source positions of its `k` taps after
+/// reflect padding, one run of `k` after the other in `out`.
+fn reflected_taps(n: usize, k: u32, out: &mut Vec<usize>) {
+    let half = (k / 2) as i64;
+    out.clear();
+    for position in 0..n as i64 {
+        out.extend((0..k as i64).map(|i| reflect(position + i - half, n as i64)));
+    }
+}
+
 /// The two 1-D passes over an HWC RGB image, the result rounded half to even.
 pub fn blur(
     pixels: &mut [u8],
-    scratch: &mut Vec<f32>,
+    scratch: &mut BlurScratch,
     width: usize,
     height: usize,
     (kx, ky): (u32, u32),
@@ -122,44 +144,39 @@ pub fn blur(
     if width == 0 || height == 0 {
         return;
     }
-    let (wx, wy) = (kernel1d(kx, sigma), kernel1d(ky, sigma));
-    let (hx, hy) = ((kx / 2) as i64, (ky / 2) as i64);
-    let columns: Vec<Vec<usize>> = (0..width as i64)
-        .map(|x| {
-            (0..kx as i64)
-                .map(|i| reflect(x + i - hx, width as i64))
-                .collect()
-        })
-        .collect();
-    scratch.clear();
-    scratch.resize(width * height * 3, 0.0);
+    let BlurScratch {
+        kernel_x,
+        kernel_y,
+        taps_x,
+        taps_y,
+        pass,
+    } = scratch;
+    kernel1d(kx, sigma, kernel_x);
+    kernel1d(ky, sigma, kernel_y);
+    reflected_taps(width, kx, taps_x);
+    reflected_taps(height, ky, taps_y);
+    let stride = width * 3;
+    pass.clear();
+    pass.resize(stride * height, 0.0);
     for y in 0..height {
-        let row = &pixels[y * width * 3..(y + 1) * width * 3];
-        let out = &mut scratch[y * width * 3..(y + 1) * width * 3];
-        for (x, taps) in columns.iter().enumerate() {
+        let row = &pixels[y * stride..(y + 1) * stride];
+        let out = &mut pass[y * stride..(y + 1) * stride];
+        for (x, taps) in taps_x.chunks_exact(kx as usize).enumerate() {
             for c in 0..3 {
                 out[x * 3 + c] = taps
                     .iter()
-                    .zip(&wx)
+                    .zip(kernel_x.iter())
                     .map(|(&sx, &k)| row[sx * 3 + c] as f32 * k)
                     .sum();
             }
         }
     }
-    let rows: Vec<Vec<usize>> = (0..height as i64)
-        .map(|y| {
-            (0..ky as i64)
-                .map(|j| reflect(y + j - hy, height as i64))
-                .collect()
-        })
-        .collect();
-    let stride = width * 3;
-    for (y, taps) in rows.iter().enumerate() {
+    for (y, taps) in taps_y.chunks_exact(ky as usize).enumerate() {
         for i in 0..stride {
             let v: f32 = taps
                 .iter()
-                .zip(&wy)
-                .map(|(&sy, &k)| scratch[sy * stride + i] * k)
+                .zip(kernel_y.iter())
+                .map(|(&sy, &k)| pass[sy * stride + i] * k)
                 .sum();
             pixels[y * stride + i] = v.round_ties_even().clamp(0.0, 255.0) as u8;
         }
@@ -183,7 +200,7 @@ mod tests {
     fn a_flat_image_stays_flat_and_an_edge_is_softened() {
         let (w, h) = (9, 7);
         let mut flat = [50u8, 100, 150].repeat(w * h);
-        let mut scratch = Vec::new();
+        let mut scratch = BlurScratch::default();
         blur(&mut flat, &mut scratch, w, h, (5, 3), 1.3);
         assert!(flat.chunks(3).all(|p| p == [50, 100, 150]));
         // A vertical edge: black left half, white right half.
@@ -195,14 +212,15 @@ mod tests {
         assert!(row.windows(2).all(|p| p[0] <= p[1]), "{row:?}");
         assert!(row[w / 2 - 1] > 0 && row[w / 2] < 255, "{row:?}");
         // Kernel weights sum to one and are symmetric.
-        let k = kernel1d(7, 1.5);
+        let mut k = Vec::new();
+        kernel1d(7, 1.5, &mut k);
         assert!((k.iter().sum::<f32>() - 1.0).abs() < 1e-6);
         assert_eq!(k[0], k[6]);
     }
 
     #[test]
     fn tiny_images_and_parameters_are_handled() {
-        let mut scratch = Vec::new();
+        let mut scratch = BlurScratch::default();
         for (w, h) in [(1, 1), (1, 4), (3, 1), (2, 2)] {
             let mut p = vec![200u8; w * h * 3];
             blur(&mut p, &mut scratch, w, h, (23, 23), 2.0);

@@ -267,6 +267,13 @@ fn mix_typed<E: Element>(data: &mut [u8], layout: Layout, shape: [usize; 4], dra
     if n < 2 || sample == 0 || data.len() < n * sample {
         return;
     }
+    // CutMix's box lies at the same bytes in every sample: found once for the batch.
+    let boxed = match draw {
+        MixDraw::CutMix { x1, y1, x2, y2, .. } => {
+            box_rows(layout, shape, (x1, y1, x2, y2), E::SIZE)
+        }
+        MixDraw::MixUp { .. } => Vec::new(),
+    };
     let last = data[(n - 1) * sample..n * sample].to_vec();
     for i in (0..n).rev() {
         let (before, rest) = data.split_at_mut(i * sample);
@@ -276,54 +283,58 @@ fn mix_typed<E: Element>(data: &mut [u8], layout: Layout, shape: [usize; 4], dra
         } else {
             &before[(i - 1) * sample..]
         };
-        mix_pair::<E>(own, previous, layout, shape, draw);
+        match draw {
+            MixDraw::MixUp { lam } => blend::<E>(own, previous, lam),
+            MixDraw::CutMix { .. } => {
+                for row in &boxed {
+                    own[row.clone()].copy_from_slice(&previous[row.clone()]);
+                }
+            }
+        }
     }
 }
 
-/// One sample (`own`) mixed with its predecessor.
-fn mix_pair<E: Element>(
-    own: &mut [u8],
-    previous: &[u8],
+/// MixUp of one sample (`own`) with its predecessor, as torchvision computes it:
+/// `rolled.mul_(1 - lam).add_(image.mul(lam))`.
+fn blend<E: Element>(own: &mut [u8], previous: &[u8], lam: f64) {
+    let (keep, take) = (lam as f32, (1.0 - lam) as f32);
+    for (o, p) in own
+        .chunks_exact_mut(E::SIZE)
+        .zip(previous.chunks_exact(E::SIZE))
+    {
+        let v = E::get(p) * take + E::get(o) * keep;
+        E::put(o, v);
+    }
+}
+
+/// The byte ranges, within one sample, of the box `[x1, x2) × [y1, y2)`: a run per row,
+/// `[c][y][x1..x2]` for NCHW, `[y][x1..x2][c]` for NHWC. None for an empty box.
+fn box_rows(
     layout: Layout,
     shape: [usize; 4],
-    draw: MixDraw,
-) {
-    match draw {
-        MixDraw::MixUp { lam } => {
-            let (keep, take) = (lam as f32, (1.0 - lam) as f32);
-            for (o, p) in own
-                .chunks_exact_mut(E::SIZE)
-                .zip(previous.chunks_exact(E::SIZE))
-            {
-                // torchvision: rolled.mul_(1 - lam).add_(image.mul(lam)).
-                let v = E::get(p) * take + E::get(o) * keep;
-                E::put(o, v);
-            }
-        }
-        MixDraw::CutMix { x1, y1, x2, y2, .. } => {
-            if x1 >= x2 || y1 >= y2 {
-                return;
-            }
-            // Copy the box row by row: [c][y][x1..x2] for NCHW, [y][x1..x2][c] for NHWC.
-            let (rows, row_len): (Vec<usize>, usize) = match layout {
-                Layout::Nchw => {
-                    let (c, h, w) = (shape[1], shape[2], shape[3]);
-                    let starts = (0..c)
-                        .flat_map(|ch| (y1..y2).map(move |y| (ch * h + y) * w + x1))
-                        .collect();
-                    (starts, x2 - x1)
-                }
-                Layout::Nhwc => {
-                    let (w, c) = (shape[2], shape[3]);
-                    ((y1..y2).map(|y| (y * w + x1) * c).collect(), (x2 - x1) * c)
-                }
-            };
-            for start in rows {
-                let (a, b) = (start * E::SIZE, (start + row_len) * E::SIZE);
-                own[a..b].copy_from_slice(&previous[a..b]);
-            }
-        }
+    (x1, y1, x2, y2): (usize, usize, usize, usize),
+    size: usize,
+) -> Vec<std::ops::Range<usize>> {
+    if x1 >= x2 || y1 >= y2 {
+        return Vec::new();
     }
+    let (starts, row_len): (Vec<usize>, usize) = match layout {
+        Layout::Nchw => {
+            let (c, h, w) = (shape[1], shape[2], shape[3]);
+            let starts = (0..c)
+                .flat_map(|ch| (y1..y2).map(move |y| (ch * h + y) * w + x1))
+                .collect();
+            (starts, x2 - x1)
+        }
+        Layout::Nhwc => {
+            let (w, c) = (shape[2], shape[3]);
+            ((y1..y2).map(|y| (y * w + x1) * c).collect(), (x2 - x1) * c)
+        }
+    };
+    starts
+        .into_iter()
+        .map(|start| start * size..(start + row_len) * size)
+        .collect()
 }
 
 #[cfg(test)]

@@ -541,12 +541,18 @@ fn autocontrast_lut(histogram: &[u64; 256]) -> [u8; 256] {
 
 /// `ImageOps.equalize`: PIL's cumulative-histogram table (its integer steps, `// 255`).
 fn equalize_lut(histogram: &[u64; 256]) -> [u8; 256] {
-    let present: Vec<u64> = histogram.iter().copied().filter(|&n| n > 0).collect();
     let identity = std::array::from_fn(|v| v as u8);
-    if present.len() <= 1 {
+    let present = histogram.iter().filter(|&&n| n > 0).count();
+    let last = histogram
+        .iter()
+        .rev()
+        .find(|&&n| n > 0)
+        .copied()
+        .unwrap_or(0);
+    if present <= 1 {
         return identity;
     }
-    let step = (present.iter().sum::<u64>() - present[present.len() - 1]) / 255;
+    let step = (histogram.iter().sum::<u64>() - last) / 255;
     if step == 0 {
         return identity;
     }

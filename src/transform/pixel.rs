@@ -6,7 +6,7 @@
 use crate::rng::SampleRng;
 
 use super::autoaugment::AutoAugment;
-use super::blur::GaussianBlur;
+use super::blur::{BlurScratch, GaussianBlur};
 use super::color::{ColorJitter, RandomGrayscale};
 use super::ops::RgbImage;
 
@@ -44,8 +44,8 @@ impl std::fmt::Debug for PixelSteps {
 pub struct PixelScratch {
     /// For the geometric ops and filters that cannot work in place.
     pub bytes: Vec<u8>,
-    /// For the blur's first pass.
-    pub floats: Vec<f32>,
+    /// For the blur.
+    pub blur: BlurScratch,
 }
 
 impl PixelSteps {
@@ -115,7 +115,7 @@ impl PixelSteps {
                 PixelStep::ColorJitter(jitter) => jitter.apply(rng, pixels),
                 PixelStep::Grayscale(grayscale) => grayscale.apply(rng, pixels),
                 PixelStep::GaussianBlur(blur) => {
-                    blur.apply(rng, pixels, &mut scratch.floats, width, height)
+                    blur.apply(rng, pixels, &mut scratch.blur, width, height)
                 }
             }
         }

@@ -97,17 +97,24 @@ fn fletcher32(data: &[u8]) -> u32 {
     (fold(high) << 16) | fold(low)
 }
 
+/// `output` as `want` zeroed bytes, its memory taken fallibly (a chunk's size comes from the
+/// file).
+fn sized_output(output: &mut Vec<u8>, want: usize) -> std::result::Result<(), String> {
+    output.clear();
+    output
+        .try_reserve_exact(want)
+        .map_err(|_| format!("no memory for a {want}-byte chunk"))?;
+    output.resize(want, 0);
+    Ok(())
+}
+
 /// Inflates the zlib stream `input` into `output`, which must come to exactly `want` bytes.
 pub(super) fn inflate(
     input: &[u8],
     want: usize,
     output: &mut Vec<u8>,
 ) -> std::result::Result<(), String> {
-    output.clear();
-    output
-        .try_reserve_exact(want)
-        .map_err(|_| format!("no memory for a {want}-byte chunk"))?;
-    output.resize(want, 0);
+    sized_output(output, want)?;
     let mut inflater = flate2::Decompress::new(true);
     let status = inflater
         .decompress(input, output, flate2::FlushDecompress::Finish)
@@ -133,11 +140,7 @@ pub(super) fn unlzf(
     want: usize,
     output: &mut Vec<u8>,
 ) -> std::result::Result<(), String> {
-    output.clear();
-    output
-        .try_reserve_exact(want)
-        .map_err(|_| format!("no memory for a {want}-byte chunk"))?;
-    output.resize(want, 0);
+    sized_output(output, want)?;
     if input.is_empty() || want == 0 {
         return Err("a chunk's LZF block is empty".into());
     }
