@@ -179,3 +179,39 @@ fn a_child_forked_while_other_threads_are_inside_libhdf5_opens_and_reads_every_l
     );
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+#[test]
+fn a_child_forked_while_other_code_holds_the_hdf5_crates_lock_opens_every_layout() {
+    // Regression: code outside imagefeed that uses the `hdf5` crate directly (as these tests
+    // do to write damaged files) holds the crate's lock without the gate; a child copied at
+    // that moment hung in its first HDF5 call (a trial open of `format::open`, then 1 run in
+    // 20 of tests/formats.rs). The fork now waits for the lock, and the child gets a fresh one.
+    let dir = tempfile::tempdir().unwrap();
+    let ours = dir.path().join("ours.h5");
+    pack_as(&fixture_root(), &ours, PackFormat::Hdf5, &small_options());
+    let want: Vec<Vec<Row>> = open_all(&ours)
+        .unwrap()
+        .iter()
+        .map(|d| records(d.as_ref()))
+        .collect();
+    for round in 0..3 {
+        let (inside, is_inside) = std::sync::mpsc::channel();
+        let holder = std::thread::spawn(move || {
+            hdf5::sync::sync(|| {
+                inside.send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(300));
+            })
+        });
+        is_inside.recv().unwrap();
+        // SAFETY: as in the test above: the child opens and reads, then leaves with `_exit`.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let code = child(&ours, &want);
+            // SAFETY: as above.
+            unsafe { libc::_exit(code) };
+        }
+        assert!(pid > 0, "fork failed");
+        holder.join().unwrap();
+        assert_eq!(wait(pid), Ok(0), "round {round}");
+    }
+}

@@ -11,11 +11,17 @@
 //! So every libhdf5 call imagefeed makes (opening, reading, writing, and dropping a library
 //! handle) runs inside [`run`], which holds the gate, a plain pthread mutex (reentered by the
 //! thread holding it without locking again). A `pthread_atfork` handler, registered on first
-//! use, takes the gate before any fork in the process: when the process is copied no thread is
-//! inside libhdf5, and none waits for the crate's lock (only the gate's holder ever takes it),
-//! so the child's copy of the library is consistent and its lock free. The parent opens the gate
-//! after the fork; the child makes a fresh one. A fork waits at most for the work in progress
-//! inside the gate: one record, one block of a write, or one file's open (its metadata read).
+//! use, takes the gate before any fork in the process, then the crate's lock itself: code
+//! outside imagefeed in the same process may use the `hdf5` crate without the gate (a test
+//! writing a damaged file, a user's own reads), and a child copied while such a thread held the
+//! crate's lock hung in its first HDF5 call. So when the process is copied no thread is inside
+//! libhdf5 and the child's copy of the library is consistent. The parent opens both after the
+//! fork; the child makes fresh ones (the crate's lock as a new, unlocked mutex: a thread of the
+//! parent's waiting for it must not be handed it, as it does not exist in the child). A fork
+//! waits at most for the work in progress inside the library: one record, one block of a write,
+//! or one file's open (its metadata read), or whatever the other code does under the lock.
+//! (Code that takes the crate's lock and then calls imagefeed's HDF5 code inside it, while
+//! another thread forks, deadlocks both: a lock-order inversion the gate cannot see.)
 //!
 //! Known limit: with glibc older than 2.36, a filter plugin that libhdf5 loads for the first time
 //! (inside the gate) and that registers fork handlers of its own, at the moment another thread
@@ -50,6 +56,10 @@ thread_local! {
 /// then unlocks it).
 static LOCKED_FOR_FORK: AtomicBool = AtomicBool::new(false);
 
+/// Whether the forking thread already held the crate's lock when the prepare handler took it
+/// again (the child then keeps it, one level down, instead of making a fresh one).
+static CRATE_LOCK_HELD_BEFORE_FORK: AtomicBool = AtomicBool::new(false);
+
 static REGISTER: Once = Once::new();
 
 fn lock() {
@@ -73,9 +83,18 @@ extern "C" fn before_fork() {
         lock();
         LOCKED_FOR_FORK.store(true, Ordering::SeqCst);
     }
+    // Gate first, then the crate's lock, the order `run` takes them in. Held until the
+    // handlers below release it (a guard cannot outlive this call).
+    CRATE_LOCK_HELD_BEFORE_FORK.store(
+        hdf5_sys::LOCK.is_owned_by_current_thread(),
+        Ordering::SeqCst,
+    );
+    std::mem::forget(hdf5_sys::LOCK.lock());
 }
 
 extern "C" fn after_fork_in_parent() {
+    // SAFETY: this thread locked it in `before_fork` (one level of a reentrant lock).
+    unsafe { hdf5_sys::LOCK.force_unlock() };
     if LOCKED_FOR_FORK.swap(false, Ordering::SeqCst) {
         unlock();
     }
@@ -83,6 +102,21 @@ extern "C" fn after_fork_in_parent() {
 
 extern "C" fn after_fork_in_child() {
     LOCKED_FOR_FORK.store(false, Ordering::SeqCst);
+    if CRATE_LOCK_HELD_BEFORE_FORK.load(Ordering::SeqCst) {
+        // The forking thread was inside the crate's lock: it goes on holding it, one level
+        // down. SAFETY: this thread locked it in `before_fork`.
+        unsafe { hdf5_sys::LOCK.force_unlock() };
+    } else {
+        // SAFETY: the child has one thread, this one, and it is inside no use of the lock; a
+        // fresh, unlocked mutex replaces the copy, whose waiters (parked threads of the
+        // parent's) do not exist here. Every field of the mutex is an atomic or a `Cell`, so
+        // the static is written through interior mutability.
+        unsafe {
+            std::ptr::addr_of!(hdf5_sys::LOCK)
+                .cast_mut()
+                .write(parking_lot::ReentrantMutex::new(()));
+        }
+    }
     // SAFETY: the child has one thread, this one; no other can be using the mutex. A fresh one
     // replaces the copy, which belongs to the parent's threads.
     unsafe {
@@ -114,6 +148,9 @@ impl Drop for Held {
 /// another thread's prepare handler waits for the gate.)
 pub(crate) fn register() {
     REGISTER.call_once(|| {
+        // The crate initializes libhdf5 once, under its lock, on first use: done before any
+        // fork is guarded, so no child is ever copied halfway through it.
+        hdf5::sync::sync(|| ());
         // SAFETY: the handlers are `extern "C"` functions that live as long as the process.
         // Registration fails only without memory; forks then go unguarded, as before.
         unsafe {
