@@ -24,7 +24,7 @@ import copy
 import math
 import numbers
 import operator
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union
 
 __all__ = [
     "Transform",
@@ -64,6 +64,7 @@ CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 
 Size = Union[int, Tuple[int, int]]
+PaddingMode = Literal["constant", "edge", "reflect", "symmetric"]
 
 
 def _hw(size: Size, what: str) -> Tuple[int, int]:
@@ -137,8 +138,8 @@ class CenterCrop(_Step):
 
 
 class RandomCrop(_Step):
-    """torchvision ``RandomCrop(size, padding, pad_if_needed)``: pad, then take a ``size`` window
-    at a uniformly drawn offset.
+    """torchvision ``RandomCrop(size, padding, pad_if_needed, fill, padding_mode)``: pad, then
+    take a ``size`` window at a uniformly drawn offset.
 
     Parameters
     ----------
@@ -150,10 +151,13 @@ class RandomCrop(_Step):
     pad_if_needed : bool
         Pad a side still shorter than the window by the difference on both ends. Without it an
         image smaller than the window is a bad sample (torchvision raises).
-    fill : int
-        Only ``0`` (black), torchvision's default.
-    padding_mode : str
-        Only ``"constant"``, torchvision's default.
+    fill : int or (int, int, int)
+        The colour ``"constant"`` padding fills with, in 0..255 pixel values (black by default),
+        as torchvision pads the image before ``ToTensor``/``Normalize``.
+    padding_mode : {"constant", "edge", "reflect", "symmetric"}
+        torchvision's modes: one colour; the edge pixel repeated; mirrored about the edge pixel;
+        mirrored with the edge pixel repeated. Padding wider than the image repeats the mirror,
+        as torchvision (``numpy.pad``) does for PIL images.
     """
 
     def __init__(
@@ -161,17 +165,18 @@ class RandomCrop(_Step):
         size: Size,
         padding: Union[int, Sequence[int], None] = None,
         pad_if_needed: bool = False,
-        fill: int = 0,
-        padding_mode: str = "constant",
+        fill: Union[int, Sequence[int]] = 0,
+        padding_mode: PaddingMode = "constant",
     ):
         self.size = _hw(size, "RandomCrop")
-        if fill != 0 or padding_mode != "constant":
+        if padding_mode not in _PADDING_MODES:
             raise ValueError(
-                f"RandomCrop: fill={fill!r}, padding_mode={padding_mode!r}: the loader pads with "
-                "zeros only (fill=0, padding_mode='constant')"
+                f"RandomCrop: padding_mode {padding_mode!r} is none of {', '.join(_PADDING_MODES)}"
             )
         self.padding = _padding(padding)
         self.pad_if_needed = bool(pad_if_needed)
+        self.fill = _fill(fill, "RandomCrop")
+        self.padding_mode = padding_mode
 
     def _apply(self, spec: Dict[str, Any]) -> None:
         if spec["geometry"] != "native":
@@ -183,7 +188,12 @@ class RandomCrop(_Step):
             height=h,
             padding=self.padding,
             pad_if_needed=self.pad_if_needed,
+            fill=self.fill,
+            padding_mode=self.padding_mode,
         )
+
+
+_PADDING_MODES: Tuple[str, ...] = ("constant", "edge", "reflect", "symmetric")
 
 
 def _padding(padding: Union[int, Sequence[int], None]) -> Tuple[int, int, int, int]:

@@ -19,8 +19,8 @@ use imagefeed::loader::{BadSamplePolicy, Epoch, Loader, LoaderConfig, LoaderStat
 use imagefeed::sampler::Uneven;
 use imagefeed::transform::{
     AugmentPolicy, AutoAugment, BatchMix, ColorJitter, DType, EraseValue, GaussianBlur, Geometry,
-    Interpolation, Layout, Normalize, PixelStep, PixelSteps, RandomErasing, RandomGrayscale,
-    Transform, autoaugment::DEFAULT_MAGNITUDE_BINS,
+    Interpolation, Layout, Normalize, PaddingMode, PixelStep, PixelSteps, RandomErasing,
+    RandomGrayscale, Transform, autoaugment::DEFAULT_MAGNITUDE_BINS,
 };
 
 use crate::dlpack::{Element, HostArray, HostMemory};
@@ -231,6 +231,23 @@ fn parse_transform(spec: &Bound<'_, PyDict>) -> PyResult<Transform> {
                 .map(|v| v.extract())
                 .transpose()?
                 .unwrap_or(false),
+            fill: spec
+                .get_item("fill")?
+                .map(|v| v.extract())
+                .transpose()?
+                .unwrap_or([0; 3]),
+            padding_mode: match spec.get_item("padding_mode")? {
+                None => PaddingMode::Constant,
+                Some(name) => {
+                    let name: String = name.extract()?;
+                    PaddingMode::from_name(&name).ok_or_else(|| {
+                        config(format!(
+                            "transform: RandomCrop padding_mode {name:?} is none of constant, \
+                             edge, reflect, symmetric"
+                        ))
+                    })?
+                }
+            },
         },
         "random_resized_crop" => Geometry::RandomResizedCrop {
             width: uint(spec, "width")?,

@@ -1074,23 +1074,38 @@ def test_finding_the_rank_never_imports_torch(lmdb_path, tmp_path):
 # -- RandomCrop (#33) ---------------------------------------------------------------------------
 
 
-def test_random_crop_is_a_window_of_the_zero_padded_image_at_an_even_offset(lmdb_path):
+@pytest.mark.parametrize(
+    "fill, padding_mode",
+    [(0, "constant"), ((10, 200, 30), "constant"), (0, "edge"), (0, "reflect"), (0, "symmetric")],
+)
+def test_random_crop_is_a_window_of_the_padded_image_at_an_even_offset(lmdb_path, fill, padding_mode):
     ds = imagefeed.Dataset(lmdb_path, decode="numpy")
+    # Left padding wider than the 32x24 image: the mirrored modes repeat, as numpy.pad does.
     crop = loader(
         lmdb_path,
-        transform=T.Compose([T.RandomCrop((20, 28), padding=(3, 1, 5, 2))]),
+        transform=T.Compose(
+            [T.RandomCrop((20, 28), padding=(35, 1, 5, 2), fill=fill, padding_mode=padding_mode)]
+        ),
         dtype="uint8",
         layout="NHWC",
         seed=9,
     ).dataset
     offsets = set()
-    for i in range(120):
+    for i in range(60):
         image, _ = ds[i]
         window, _ = crop[i]
         assert window.shape == (20, 28, 3)
-        # torchvision: F.crop(F.pad(img, [3, 1, 5, 2]), top, left, 20, 28), the offsets drawn
-        # uniformly from 0..=H+3-20 and 0..=W+8-28.
-        padded = np.pad(image, ((1, 2), (3, 5), (0, 0)))
+        # torchvision pads a PIL image with numpy.pad (ImageOps.expand for "constant"), then
+        # takes F.crop(padded, top, left, 20, 28), the offsets drawn from 0..=H+3-20 and
+        # 0..=W+40-28.
+        sides = ((1, 2), (35, 5))
+        if padding_mode == "constant":
+            padded = np.stack(
+                [np.pad(image[..., c], sides, constant_values=np.broadcast_to(fill, 3)[c]) for c in range(3)],
+                axis=-1,
+            )
+        else:
+            padded = np.pad(image, sides + ((0, 0),), mode=padding_mode)
         found = [
             (top, left)
             for top in range(padded.shape[0] - 20 + 1)
@@ -1101,7 +1116,7 @@ def test_random_crop_is_a_window_of_the_zero_padded_image_at_an_even_offset(lmdb
         offsets.update(found)
     tops = {t for t, _ in offsets}
     lefts = {left for _, left in offsets}
-    assert tops == set(range(8)) and lefts == set(range(13)), (tops, lefts)
+    assert tops == set(range(8)) and min(lefts) < 10 and max(lefts) > 34, (tops, lefts)
 
 
 def test_random_crop_pads_if_needed_and_refuses_what_it_cannot_do(lmdb_path):
@@ -1114,7 +1129,13 @@ def test_random_crop_pads_if_needed_and_refuses_what_it_cannot_do(lmdb_path):
     )
     images, _ = next(iter(padded))
     assert images.shape[1:] == (40, 40, 3)
-    for bad in (dict(fill=1), dict(padding_mode="reflect"), dict(padding=-1), dict(padding=(1, 2, 3))):
+    for bad in (
+        dict(fill=256),
+        dict(fill=(1, 2)),
+        dict(padding_mode="wrap"),
+        dict(padding=-1),
+        dict(padding=(1, 2, 3)),
+    ):
         with pytest.raises(ValueError):
             T.RandomCrop(32, **bad)
     with pytest.raises(ValueError):

@@ -376,6 +376,36 @@ def test_bfloat16_batches_are_the_float32_ones_rounded_to_nearest_even(lmdb_path
         imagefeed.Loader(lmdb_path, dtype="bfloat16", output="numpy", rank=0, world_size=1)
 
 
+def test_random_crop_padding_is_torchvisions(lmdb_path):
+    """RandomCrop's fill and padding modes: each window is a window of torchvision's own
+    ``F.pad`` of the PIL image (padding wider than the image included)."""
+    F = pytest.importorskip("torchvision.transforms.functional", reason="torchvision is not installed")
+    from PIL import Image
+
+    ds = imagefeed.Dataset(lmdb_path, decode="numpy")
+    padding = [35, 1, 5, 30]  # left, top, right, bottom, as torchvision's F.pad takes them
+    for fill, mode in [((10, 200, 30), "constant"), (0, "edge"), (0, "reflect"), (0, "symmetric")]:
+        crop = imagefeed.Loader(
+            lmdb_path,
+            transform=T.Compose([T.RandomCrop((20, 28), padding=padding, fill=fill, padding_mode=mode)]),
+            dtype="uint8",
+            layout="NHWC",
+            output="numpy",
+            seed=4,
+            rank=0,
+            world_size=1,
+        ).dataset
+        for i in range(12):
+            image, _ = ds[i]
+            padded = np.asarray(F.pad(Image.fromarray(image), padding, fill=fill, padding_mode=mode))
+            window, _ = crop[i]
+            assert any(
+                np.array_equal(padded[t : t + 20, x : x + 28], window)
+                for t in range(padded.shape[0] - 19)
+                for x in range(padded.shape[1] - 27)
+            ), (mode, i)
+
+
 # -- automatic augmentations (#33) ----------------------------------------------------------------
 
 

@@ -125,6 +125,79 @@ pub fn random_crop(
     })
 }
 
+/// What `RandomCrop` fills its padding with: torchvision's `padding_mode` (with `fill` for
+/// `Constant`), on the `u8` image before it is normalized, as torchvision pads a PIL image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PaddingMode {
+    /// One colour, the step's `fill` (black by default).
+    #[default]
+    Constant,
+    /// The edge pixel, repeated: `0 0 0 | 0 1 2`.
+    Edge,
+    /// Mirrored about the edge pixel, which is not repeated: `3 2 1 | 0 1 2 3`.
+    Reflect,
+    /// Mirrored with the edge pixel repeated: `2 1 0 | 0 1 2`.
+    Symmetric,
+}
+
+impl PaddingMode {
+    /// torchvision's name for the mode (`padding_mode`).
+    pub fn name(self) -> &'static str {
+        match self {
+            PaddingMode::Constant => "constant",
+            PaddingMode::Edge => "edge",
+            PaddingMode::Reflect => "reflect",
+            PaddingMode::Symmetric => "symmetric",
+        }
+    }
+
+    /// The mode torchvision calls `name`.
+    pub fn from_name(name: &str) -> Option<PaddingMode> {
+        [
+            PaddingMode::Constant,
+            PaddingMode::Edge,
+            PaddingMode::Reflect,
+            PaddingMode::Symmetric,
+        ]
+        .into_iter()
+        .find(|mode| mode.name() == name)
+    }
+
+    /// Which of a line's `len` (at least 1) pixels lands at coordinate `x` (negative, or `len`
+    /// and past, in the padding); `None` where the constant fill does. A padding wider than the
+    /// line repeats the pattern, as numpy's `pad` (which torchvision pads PIL images with) does.
+    pub fn source(self, x: i64, len: i64) -> Option<i64> {
+        debug_assert!(len >= 1);
+        if (0..len).contains(&x) {
+            return Some(x);
+        }
+        match self {
+            PaddingMode::Constant => None,
+            PaddingMode::Edge => Some(x.clamp(0, len - 1)),
+            PaddingMode::Reflect if len == 1 => Some(0),
+            PaddingMode::Reflect => {
+                let period = 2 * (len - 1);
+                let m = x.rem_euclid(period);
+                Some(if m < len { m } else { period - m })
+            }
+            PaddingMode::Symmetric => {
+                let period = 2 * len;
+                let m = x.rem_euclid(period);
+                Some(if m < len { m } else { period - 1 - m })
+            }
+        }
+    }
+}
+
+/// How a crop reaching past the image fills what lies outside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Padding {
+    /// The colour `Constant` fills with.
+    pub fill: [u8; 3],
+    /// How the padding is filled.
+    pub mode: PaddingMode,
+}
+
 /// torchvision `CenterCrop((crop_h, crop_w))` on an image of `width × height`: offsets
 /// `int(round((H - h) / 2))`, negative (padding) when the crop is larger.
 pub fn center_crop(width: u32, height: u32, crop_width: u32, crop_height: u32) -> Rect {
@@ -228,6 +301,58 @@ mod tests {
             let b = random_crop(&mut rng, 20, 20, 32, 20, [0; 4], true).unwrap();
             assert!((-12.0..=0.0).contains(&b.left) && b.top == 0.0, "{b:?}");
         }
+    }
+
+    #[test]
+    fn padding_modes_follow_numpys_pad_also_past_the_line() {
+        // numpy: np.pad(np.arange(4), 9, mode) for each mode, the indices it takes.
+        let line = |mode: PaddingMode| -> Vec<Option<i64>> {
+            (-9..13).map(|x| mode.source(x, 4)).collect()
+        };
+        let some = |v: &[i64]| v.iter().map(|&x| Some(x)).collect::<Vec<_>>();
+        assert_eq!(
+            line(PaddingMode::Reflect),
+            some(&[
+                3, 2, 1, 0, 1, 2, 3, 2, 1, 0, 1, 2, 3, 2, 1, 0, 1, 2, 3, 2, 1, 0
+            ])
+        );
+        assert_eq!(
+            line(PaddingMode::Symmetric),
+            some(&[
+                0, 0, 1, 2, 3, 3, 2, 1, 0, 0, 1, 2, 3, 3, 2, 1, 0, 0, 1, 2, 3, 3
+            ])
+        );
+        assert_eq!(
+            line(PaddingMode::Edge),
+            some(&[
+                0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3
+            ])
+        );
+        let constant = line(PaddingMode::Constant);
+        assert!(
+            constant[..9]
+                .iter()
+                .chain(&constant[13..])
+                .all(Option::is_none)
+        );
+        assert_eq!(constant[9..13], some(&[0, 1, 2, 3]));
+        // A one-pixel line: every mode repeats it.
+        for mode in [
+            PaddingMode::Edge,
+            PaddingMode::Reflect,
+            PaddingMode::Symmetric,
+        ] {
+            assert!((-5..5).all(|x| mode.source(x, 1) == Some(0)), "{mode:?}");
+        }
+        for mode in [
+            PaddingMode::Constant,
+            PaddingMode::Edge,
+            PaddingMode::Reflect,
+            PaddingMode::Symmetric,
+        ] {
+            assert_eq!(PaddingMode::from_name(mode.name()), Some(mode));
+        }
+        assert_eq!(PaddingMode::from_name("wrap"), None);
     }
 
     #[test]

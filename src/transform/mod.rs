@@ -35,6 +35,7 @@ pub use crate::resize::Interpolation;
 pub use autoaugment::{AugmentPolicy, AutoAugment};
 pub use blur::GaussianBlur;
 pub use color::{ColorJitter, RandomGrayscale};
+pub use crop::{Padding, PaddingMode};
 pub use erase::{EraseValue, RandomErasing};
 pub use mix::BatchMix;
 pub use pixel::{PixelStep, PixelSteps};
@@ -67,20 +68,23 @@ pub enum Geometry {
         /// Output height.
         height: u32,
     },
-    /// torchvision `RandomCrop((height, width), padding, pad_if_needed)` with constant zero
-    /// fill: the image is padded, then a `width × height` window is taken at a uniformly drawn
-    /// offset (top first, then left, as torchvision draws them). An image still smaller than
-    /// the window is a bad sample ([`DecodeError::SmallerThanCrop`](crate::decode::DecodeError::SmallerThanCrop)), where torchvision raises.
+    /// torchvision `RandomCrop((height, width), padding, pad_if_needed, fill, padding_mode)`:
+    /// the image is padded, then a `width × height` window is taken at a uniformly drawn offset
+    /// (top first, then left, as torchvision draws them). An image still smaller than the
+    /// window is a bad sample ([`DecodeError::SmallerThanCrop`](crate::decode::DecodeError::SmallerThanCrop)), where torchvision raises.
     RandomCrop {
         /// Output width.
         width: u32,
         /// Output height.
         height: u32,
-        /// Zero padding added to the left, top, right and bottom (torchvision's `padding`
-        /// order).
+        /// Padding added to the left, top, right and bottom (torchvision's `padding` order).
         padding: [u32; 4],
         /// Pad a side still smaller than the window on both ends, as torchvision does.
         pad_if_needed: bool,
+        /// The colour the `Constant` mode pads with (torchvision's `fill`; black by default).
+        fill: [u8; 3],
+        /// How the padding is filled (torchvision's `padding_mode`).
+        padding_mode: PaddingMode,
     },
     /// torchvision `RandomResizedCrop((height, width), scale, ratio)`.
     RandomResizedCrop {
@@ -93,6 +97,41 @@ pub enum Geometry {
         /// Range of the crop's aspect ratio (width / height).
         ratio: (f64, f64),
     },
+}
+
+impl Geometry {
+    /// torchvision's `RandomCrop((height, width), padding)`: black constant padding, no
+    /// `pad_if_needed`.
+    pub fn random_crop(width: u32, height: u32, padding: [u32; 4]) -> Geometry {
+        Geometry::RandomCrop {
+            width,
+            height,
+            padding,
+            pad_if_needed: false,
+            fill: [0; 3],
+            padding_mode: PaddingMode::Constant,
+        }
+    }
+
+    /// The geometry as [`Transform::fingerprint`] names it: the derived `Debug`, except that a
+    /// `RandomCrop` with the default black constant padding keeps the form it had before
+    /// `fill` and `padding_mode` existed (a saved loader state names it).
+    fn fingerprint(&self) -> String {
+        match *self {
+            Geometry::RandomCrop {
+                width,
+                height,
+                padding,
+                pad_if_needed,
+                fill: [0, 0, 0],
+                padding_mode: PaddingMode::Constant,
+            } => format!(
+                "RandomCrop {{ width: {width}, height: {height}, padding: {padding:?}, \
+                 pad_if_needed: {pad_if_needed} }}"
+            ),
+            other => format!("{other:?}"),
+        }
+    }
 }
 
 /// What happens to each sample between its payload and its batch slot.
@@ -161,12 +200,7 @@ impl Transform {
     /// `RandomCrop(32, padding=4)`, random flip, CIFAR-10 normalization, `f32` NCHW.
     pub fn cifar_train() -> Transform {
         Transform {
-            geometry: Geometry::RandomCrop {
-                width: 32,
-                height: 32,
-                padding: [4; 4],
-                pad_if_needed: false,
-            },
+            geometry: Geometry::random_crop(32, 32, [4; 4]),
             ..Transform::cifar()
         }
     }
@@ -373,8 +407,10 @@ impl Transform {
     /// state saved before a step existed still matches a transform that does not use it.
     pub fn fingerprint(&self) -> String {
         let mut text = format!(
-            "Transform {{ geometry: {:?}, hflip: {:?}, output: {:?} }}",
-            self.geometry, self.hflip, self.output
+            "Transform {{ geometry: {}, hflip: {:?}, output: {:?} }}",
+            self.geometry.fingerprint(),
+            self.hflip,
+            self.output
         );
         if self.interpolation != Interpolation::Bilinear {
             text += &format!(" interpolation {:?}", self.interpolation);
@@ -428,6 +464,35 @@ mod tests {
         ];
         let mut seen: std::collections::HashSet<String> = [base.fingerprint()].into();
         for variant in variants {
+            assert!(seen.insert(variant.fingerprint()), "{variant:?}");
+        }
+        // RandomCrop with black constant padding keeps the form saved states have; any other
+        // padding is named.
+        let cifar = Transform::cifar_train();
+        assert_eq!(
+            cifar.fingerprint(),
+            "Transform { geometry: RandomCrop { width: 32, height: 32, padding: [4, 4, 4, 4], \
+             pad_if_needed: false }, hflip: 0.5, output: SlotWriter { dtype: F32, layout: Nchw, \
+             normalize: Some(Normalize { mean: [0.4914, 0.4822, 0.4465], std: [0.247, 0.2435, \
+             0.2616] }) } }"
+        );
+        let padded = |fill, padding_mode| Transform {
+            geometry: Geometry::RandomCrop {
+                width: 32,
+                height: 32,
+                padding: [4; 4],
+                pad_if_needed: false,
+                fill,
+                padding_mode,
+            },
+            ..cifar
+        };
+        for variant in [
+            padded([0, 0, 1], PaddingMode::Constant),
+            padded([0; 3], PaddingMode::Reflect),
+            padded([0; 3], PaddingMode::Edge),
+            padded([0; 3], PaddingMode::Symmetric),
+        ] {
             assert!(seen.insert(variant.fingerprint()), "{variant:?}");
         }
     }

@@ -12,7 +12,7 @@ use crate::geometry::Rect;
 use crate::resize::{Interpolation, RgbResizer, short_side_size};
 use crate::rng::SampleRng;
 
-use super::crop::{center_crop, random_crop, random_resized_crop};
+use super::crop::{Padding, PaddingMode, center_crop, random_crop, random_resized_crop};
 use super::pixel::PixelScratch;
 use super::{Geometry, Transform};
 
@@ -134,7 +134,16 @@ impl SampleTransformer {
         let (_, out_w, out_h, mut flip) = plan.expect("the plan runs once the header is read")?;
         let decoded_at = Instant::now();
         self.resizer.set_interpolation(transform.interpolation);
-        let pixels = match self.crop_and_resize(&decoded, out_w, out_h) {
+        let padding = match transform.geometry {
+            Geometry::RandomCrop {
+                fill, padding_mode, ..
+            } => Padding {
+                fill,
+                mode: padding_mode,
+            },
+            _ => Padding::default(),
+        };
+        let pixels = match self.crop_and_resize(&decoded, out_w, out_h, padding) {
             Finished::Decoded => &mut self.decoded,
             Finished::Image => &mut self.image,
         };
@@ -169,7 +178,13 @@ impl SampleTransformer {
     /// The decoded image's crop, resized to `out_w × out_h`: the decoded buffer itself when
     /// that is already it, one resampling pass for a crop inside the image, or the padded path
     /// for a crop reaching past it ([`Self::pad_oversized_crop`]). Says which buffer holds it.
-    fn crop_and_resize(&mut self, decoded: &CropDecoded, out_w: u32, out_h: u32) -> Finished {
+    fn crop_and_resize(
+        &mut self,
+        decoded: &CropDecoded,
+        out_w: u32,
+        out_h: u32,
+        padding: Padding,
+    ) -> Finished {
         let crop = decoded.crop;
         let (dw, dh) = (decoded.width as f64, decoded.height as f64);
         if crop.is_whole(dw, dh) && (out_w, out_h) == (decoded.width, decoded.height) {
@@ -187,14 +202,21 @@ impl SampleTransformer {
             );
             Finished::Image
         } else {
-            self.pad_oversized_crop(decoded, out_w, out_h);
+            self.pad_oversized_crop(decoded, out_w, out_h, padding);
             Finished::Image
         }
     }
 
-    /// A center crop larger than the (resized) image: resize to the scale the crop is taken
-    /// at, then copy the overlap into a zero canvas (`self.image`), as torchvision pads.
-    fn pad_oversized_crop(&mut self, decoded: &CropDecoded, out_w: u32, out_h: u32) {
+    /// A crop reaching past the (resized) image: resize to the scale the crop is taken at,
+    /// then fill `self.image` from it as `padding` says (torchvision pads a center crop with
+    /// black, a `RandomCrop` with its `fill` or `padding_mode`).
+    fn pad_oversized_crop(
+        &mut self,
+        decoded: &CropDecoded,
+        out_w: u32,
+        out_h: u32,
+        padding: Padding,
+    ) {
         let crop = decoded.crop;
         let (dw, dh) = (decoded.width as f64, decoded.height as f64);
         let (sw, sh) = (
@@ -217,22 +239,98 @@ impl SampleTransformer {
         };
         let top = (crop.top * sh as f64 / dh).round() as i64;
         let left = (crop.left * sw as f64 / dw).round() as i64;
+        let image = Image {
+            pixels: source,
+            width: sw as i64,
+            height: sh as i64,
+        };
         self.image.clear();
-        self.image.resize(out_w as usize * out_h as usize * 3, 0);
-        for y in 0..out_h as i64 {
-            let sy = y + top;
-            if !(0..sh as i64).contains(&sy) {
-                continue;
-            }
-            let x0 = (-left).max(0);
-            let x1 = (sw as i64 - left).min(out_w as i64);
-            if x0 >= x1 {
-                continue;
-            }
-            let src = ((sy * sw as i64 + x0 + left) * 3) as usize;
-            let dst = ((y * out_w as i64 + x0) * 3) as usize;
-            let n = ((x1 - x0) * 3) as usize;
-            self.image[dst..dst + n].copy_from_slice(&source[src..src + n]);
+        if padding.mode == PaddingMode::Constant {
+            pad_constant(
+                &image,
+                top,
+                left,
+                padding.fill,
+                &mut self.image,
+                out_w,
+                out_h,
+            );
+        } else {
+            pad_mirrored(
+                &image,
+                top,
+                left,
+                padding.mode,
+                &mut self.image,
+                out_w,
+                out_h,
+            );
+        }
+    }
+}
+
+/// An RGB `u8` image a padded crop is taken from.
+struct Image<'a> {
+    pixels: &'a [u8],
+    width: i64,
+    height: i64,
+}
+
+/// Fills `out` (empty) with the `out_w × out_h` window at (`top`, `left`) of `image` padded
+/// with `fill`: the overlap row by row, the rest `fill`.
+fn pad_constant(
+    image: &Image<'_>,
+    top: i64,
+    left: i64,
+    fill: [u8; 3],
+    out: &mut Vec<u8>,
+    out_w: u32,
+    out_h: u32,
+) {
+    let len = out_w as usize * out_h as usize * 3;
+    if fill == [0; 3] {
+        out.resize(len, 0);
+    } else {
+        out.extend(fill.iter().copied().cycle().take(len));
+    }
+    let x0 = (-left).max(0);
+    let x1 = (image.width - left).min(out_w as i64);
+    if x0 >= x1 {
+        return;
+    }
+    let n = ((x1 - x0) * 3) as usize;
+    for y in 0..out_h as i64 {
+        let sy = y + top;
+        if !(0..image.height).contains(&sy) {
+            continue;
+        }
+        let src = ((sy * image.width + x0 + left) * 3) as usize;
+        let dst = ((y * out_w as i64 + x0) * 3) as usize;
+        out[dst..dst + n].copy_from_slice(&image.pixels[src..src + n]);
+    }
+}
+
+/// Fills `out` (empty) with the `out_w × out_h` window at (`top`, `left`) of `image` padded
+/// by `mode` (edge, reflect or symmetric: every position has a source pixel).
+fn pad_mirrored(
+    image: &Image<'_>,
+    top: i64,
+    left: i64,
+    mode: PaddingMode,
+    out: &mut Vec<u8>,
+    out_w: u32,
+    out_h: u32,
+) {
+    let source = |x: i64, len: i64| {
+        mode.source(x, len)
+            .expect("only the constant mode leaves a position without a source") as usize
+    };
+    out.reserve(out_w as usize * out_h as usize * 3);
+    for y in 0..out_h as i64 {
+        let row = source(y + top, image.height) * image.width as usize * 3;
+        for x in 0..out_w as i64 {
+            let at = row + source(x + left, image.width) * 3;
+            out.extend_from_slice(&image.pixels[at..at + 3]);
         }
     }
 }
@@ -276,6 +374,7 @@ fn plan_crop(
             height,
             padding,
             pad_if_needed,
+            ..
         } => (
             random_crop(rng, w, h, width, height, padding, pad_if_needed)?,
             width,
@@ -364,50 +463,61 @@ mod tests {
     }
 
     #[test]
-    fn random_crop_is_the_window_of_the_zero_padded_image_at_the_drawn_offset() {
+    fn random_crop_is_the_window_of_the_padded_image_at_the_drawn_offset() {
         let (w, h) = (10u32, 8u32);
         let payload = ramp(w, h);
-        let padding = [3, 1, 2, 4];
-        let t = geometry(Geometry::RandomCrop {
-            width: 9,
-            height: 7,
-            padding,
-            pad_if_needed: false,
-        });
+        // Padding wider than the image on the left and bottom: the mirrored modes repeat.
+        let padding = [13, 1, 2, 9];
         let mut transformer = SampleTransformer::default();
-        let mut seen = std::collections::HashSet::new();
-        for index in 0..60 {
-            let p = transformer
-                .apply(&t, &payload, &mut SampleRng::new(5, 0, index))
-                .unwrap();
-            assert_eq!((p.width, p.height), (9, 7));
-            let window =
-                random_crop(&mut SampleRng::new(5, 0, index), w, h, 9, 7, padding, false).unwrap();
-            let (top, left) = (window.top as i64, window.left as i64);
-            seen.insert((top, left));
-            for y in 0..7i64 {
-                for x in 0..9i64 {
-                    let (sy, sx) = (y + top, x + left);
-                    let want = if (0..h as i64).contains(&sy) && (0..w as i64).contains(&sx) {
-                        [sx as u8, sy as u8, 7]
-                    } else {
-                        [0, 0, 0]
-                    };
-                    let at = ((y * 9 + x) * 3) as usize;
-                    assert_eq!(p.pixels[at..at + 3], want, "sample {index} at ({x}, {y})");
+        for (fill, mode) in [
+            ([0; 3], PaddingMode::Constant),
+            ([10, 200, 30], PaddingMode::Constant),
+            ([0; 3], PaddingMode::Edge),
+            ([0; 3], PaddingMode::Reflect),
+            ([0; 3], PaddingMode::Symmetric),
+        ] {
+            let t = geometry(Geometry::RandomCrop {
+                width: 9,
+                height: 7,
+                padding,
+                pad_if_needed: false,
+                fill,
+                padding_mode: mode,
+            });
+            let mut seen = std::collections::HashSet::new();
+            for index in 0..80 {
+                let p = transformer
+                    .apply(&t, &payload, &mut SampleRng::new(5, 0, index))
+                    .unwrap();
+                assert_eq!((p.width, p.height), (9, 7));
+                let window =
+                    random_crop(&mut SampleRng::new(5, 0, index), w, h, 9, 7, padding, false)
+                        .unwrap();
+                let (top, left) = (window.top as i64, window.left as i64);
+                seen.insert((top, left));
+                for y in 0..7i64 {
+                    for x in 0..9i64 {
+                        let (sy, sx) = (y + top, x + left);
+                        // The ramp's pixel (x, y) is [x, y, 7].
+                        let want = match (mode.source(sx, w.into()), mode.source(sy, h.into())) {
+                            (Some(sx), Some(sy)) => [sx as u8, sy as u8, 7],
+                            _ => fill,
+                        };
+                        let at = ((y * 9 + x) * 3) as usize;
+                        assert_eq!(
+                            p.pixels[at..at + 3],
+                            want,
+                            "{mode:?} sample {index} at ({x}, {y})"
+                        );
+                    }
                 }
             }
+            // Windows reaching past every side were drawn.
+            assert!(seen.iter().any(|&(t, _)| t < 0) && seen.iter().any(|&(t, _)| t > 1));
+            assert!(seen.iter().any(|&(_, l)| l < -9) && seen.iter().any(|&(_, l)| l > 1));
         }
-        // Windows reaching past every side were drawn.
-        assert!(seen.iter().any(|&(t, _)| t < 0) && seen.iter().any(|&(t, _)| t > 1));
-        assert!(seen.iter().any(|&(_, l)| l < 0) && seen.iter().any(|&(_, l)| l > 1));
         // An image too small for the window is a bad sample, not a panic.
-        let small = geometry(Geometry::RandomCrop {
-            width: 32,
-            height: 32,
-            padding: [0; 4],
-            pad_if_needed: false,
-        });
+        let small = geometry(Geometry::random_crop(32, 32, [0; 4]));
         assert!(matches!(
             transformer.apply(&small, &payload, &mut SampleRng::new(0, 0, 0)),
             Err(DecodeError::SmallerThanCrop { .. })
