@@ -142,287 +142,90 @@ const CONVERT: &str = "this reader takes only bytes, str, int, NumPy integer sca
 /// byte, memo indices are only keys of a map (a `LONG_BINPUT` of 2³² − 1 allocates nothing), and
 /// nesting stops at [`MAX_DEPTH`].
 pub fn parse(data: &[u8]) -> Result<Value, String> {
-    let mut stack: Vec<Item> = Vec::new();
-    let mut marks: Vec<usize> = Vec::new();
-    let mut memo: HashMap<u32, Item> = HashMap::new();
-    // Values made so far, clones included: never more than one per input byte (plus slack).
-    let budget = data.len() + 16;
-    let mut made = 0usize;
-    // Values copied into the memo by PUT and MEMOIZE (which copy tuples and lists here too): a
-    // normal pickle stores each value once, and a container again inside each memoized one that
-    // holds it, so four times the budget leaves room and stays linear. Text is shared, not
-    // copied: protocol 0 memoizes an image's text, its bytes and the tuple holding them.
-    let mut stored = 0usize;
-    // Bytes made by calls (`_codecs.encode`): a normal pickle decodes each text once.
-    let mut decoded = 0usize;
-    let mut at = 0usize;
-    let take = |at: &mut usize, n: usize| -> Result<Range<usize>, String> {
-        let end = at
-            .checked_add(n)
-            .filter(|&e| e <= data.len())
-            .ok_or("pickle is truncated")?;
-        let r = *at..end;
-        *at = end;
-        Ok(r)
-    };
-    // A protocol-0 argument: the bytes up to the next newline (which is consumed).
-    let line = |at: &mut usize| -> Result<Range<usize>, String> {
-        let rest = data.get(*at..).ok_or("pickle is truncated")?;
-        let len = rest
-            .iter()
-            .position(|&b| b == b'\n')
-            .ok_or("pickle is truncated (a line without its newline)")?;
-        let r = *at..*at + len;
-        *at += len + 1;
-        Ok(r)
-    };
-    let uint = |r: Range<usize>| data[r].iter().rev().fold(0u64, |v, &b| (v << 8) | b as u64);
-    let utf8 = |r: Range<usize>| {
-        std::str::from_utf8(&data[r])
-            .map(Rc::from)
-            .map_err(|_| "a str that is not UTF-8".to_string())
-    };
+    let mut machine = Machine::new(data);
     loop {
-        let op = *data.get(at).ok_or("pickle ends without STOP")?;
-        at += 1;
-        // Every value made costs one; a memo GET copies, and costs what it copies.
-        let mut push = |stack: &mut Vec<Item>, item: Item, cost: usize| -> Result<(), String> {
-            made = made.saturating_add(cost);
-            if made > budget {
-                return Err(format!(
-                    "pickle of {} bytes expands to more than {budget} values (repeated memo references)",
-                    data.len()
-                ));
-            }
-            stack.push(item);
-            Ok(())
-        };
-        // A memo store (PUT, MEMOIZE) copies the top of the stack: it costs its values.
-        let mut store = |item: &Item| -> Result<(), String> {
-            stored = stored.saturating_add(item.nodes);
-            if stored > 4 * budget {
-                return Err(format!(
-                    "pickle of {} bytes stores more than {} values in its memo (repeated PUT or MEMOIZE)",
-                    data.len(),
-                    4 * budget
-                ));
-            }
-            Ok(())
-        };
-        let pop = |stack: &mut Vec<Item>, what: &str| {
-            stack
+        let op = *data.get(machine.at).ok_or("pickle ends without STOP")?;
+        machine.at += 1;
+        if op == b'.' {
+            return machine
+                .stack
                 .pop()
-                .ok_or_else(|| format!("{what} on an empty stack"))
-        };
+                .map(|item| item.value)
+                .ok_or_else(|| "STOP on an empty stack".into());
+        }
+        machine.step(op)?;
+    }
+}
+
+/// The pickle virtual machine's state while [`parse`] reads `data`, with the budgets that bound
+/// what the input can make.
+struct Machine<'a> {
+    data: &'a [u8],
+    /// The next opcode's position.
+    at: usize,
+    stack: Vec<Item>,
+    marks: Vec<usize>,
+    memo: HashMap<u32, Item>,
+    /// Values made so far, clones included: never more than one per input byte (plus slack).
+    budget: usize,
+    made: usize,
+    /// Values copied into the memo by PUT and MEMOIZE (which copy tuples and lists here too): a
+    /// normal pickle stores each value once, and a container again inside each memoized one
+    /// that holds it, so four times the budget leaves room and stays linear. Text is shared,
+    /// not copied: protocol 0 memoizes an image's text, its bytes and the tuple holding them.
+    stored: usize,
+    /// Bytes made by calls (`_codecs.encode`): a normal pickle decodes each text once.
+    decoded: usize,
+}
+
+impl<'a> Machine<'a> {
+    fn new(data: &'a [u8]) -> Machine<'a> {
+        Machine {
+            data,
+            at: 0,
+            stack: Vec::new(),
+            marks: Vec::new(),
+            memo: HashMap::new(),
+            budget: data.len() + 16,
+            made: 0,
+            stored: 0,
+            decoded: 0,
+        }
+    }
+
+    /// Runs opcode `op` (not STOP).
+    fn step(&mut self, op: u8) -> Result<(), String> {
         match op {
             0x80 => {
-                take(&mut at, 1)?; // PROTO
+                self.take(1)?; // PROTO
             }
             0x95 => {
-                take(&mut at, 8)?; // FRAME: a length hint only
+                self.take(8)?; // FRAME: a length hint only
             }
-            // Bytes stored as such: SHORT_BINBYTES, BINBYTES, BINBYTES8, BYTEARRAY8, and
-            // Python 2's SHORT_BINSTRING and BINSTRING (its `str` is bytes).
-            b'C' | b'U' => {
-                let n = uint(take(&mut at, 1)?) as usize;
-                push(&mut stack, Item::leaf(Value::Bytes(take(&mut at, n)?)), 1)?;
+            b'C' | b'U' | b'B' | b'T' | 0x8e | 0x96 | b'S' | 0x8c | b'X' | 0x8d | b'V' => {
+                self.text_or_bytes(op)?;
             }
-            b'B' | b'T' => {
-                let n = uint(take(&mut at, 4)?) as usize;
-                push(&mut stack, Item::leaf(Value::Bytes(take(&mut at, n)?)), 1)?;
+            b'K' | b'M' | b'J' | b'I' | b'L' | 0x8a | 0x8b | b'F' | b'G' | b'N' | 0x88 | 0x89 => {
+                self.number_or_constant(op)?;
             }
-            0x8e | 0x96 => {
-                let n =
-                    usize::try_from(uint(take(&mut at, 8)?)).map_err(|_| "absurd bytes length")?;
-                push(&mut stack, Item::leaf(Value::Bytes(take(&mut at, n)?)), 1)?;
-            }
-            // Python 2's STRING: a quoted, escaped repr on one line.
-            b'S' => {
-                let text = &data[line(&mut at)?];
-                let bytes = unquote_escaped(text)?;
-                push(&mut stack, Item::leaf(Value::OwnedBytes(bytes.into())), 1)?;
-            }
-            // Text: SHORT_BINUNICODE, BINUNICODE, BINUNICODE8 (UTF-8), UNICODE (raw-unicode-escape).
-            0x8c => {
-                let n = uint(take(&mut at, 1)?) as usize;
-                push(
-                    &mut stack,
-                    Item::leaf(Value::Str(utf8(take(&mut at, n)?)?)),
-                    1,
-                )?;
-            }
-            b'X' => {
-                let n = uint(take(&mut at, 4)?) as usize;
-                push(
-                    &mut stack,
-                    Item::leaf(Value::Str(utf8(take(&mut at, n)?)?)),
-                    1,
-                )?;
-            }
-            0x8d => {
-                let n =
-                    usize::try_from(uint(take(&mut at, 8)?)).map_err(|_| "absurd str length")?;
-                push(
-                    &mut stack,
-                    Item::leaf(Value::Str(utf8(take(&mut at, n)?)?)),
-                    1,
-                )?;
-            }
-            b'V' => {
-                let text = raw_unicode_escape(&data[line(&mut at)?])?;
-                push(&mut stack, Item::leaf(Value::Str(text.into())), 1)?;
-            }
-            b'K' => push(
-                &mut stack,
-                Item::leaf(Value::Int(uint(take(&mut at, 1)?) as i64)),
-                1,
-            )?,
-            b'M' => push(
-                &mut stack,
-                Item::leaf(Value::Int(uint(take(&mut at, 2)?) as i64)),
-                1,
-            )?,
-            b'J' => push(
-                &mut stack,
-                Item::leaf(Value::Int(uint(take(&mut at, 4)?) as u32 as i32 as i64)),
-                1,
-            )?,
-            // INT and LONG as decimal text (protocol 0); `I00`/`I01` are False/True.
-            b'I' | b'L' => {
-                let r = line(&mut at)?;
-                let text = std::str::from_utf8(&data[r]).map_err(|_| "an INT that is not text")?;
-                let value = match (op, text) {
-                    (b'I', "00" | "01") => Value::Other,
-                    _ => Value::Int(
-                        text.strip_suffix('L')
-                            .unwrap_or(text)
-                            .parse::<i64>()
-                            .map_err(|_| format!("integer {text:?} is not within 64 bits"))?,
-                    ),
-                };
-                push(&mut stack, Item::leaf(value), 1)?;
-            }
-            0x8a | 0x8b => {
-                // LONG1 / LONG4: n bytes, little-endian two's complement.
-                let n = uint(take(&mut at, if op == 0x8a { 1 } else { 4 })?) as usize;
-                if n > 8 {
-                    return Err("integer wider than 64 bits".into());
-                }
-                let r = take(&mut at, n)?;
-                let mut v = uint(r) as i64;
-                if n > 0 && n < 8 && data[at - 1] & 0x80 != 0 {
-                    v -= 1i64 << (8 * n);
-                }
-                push(&mut stack, Item::leaf(Value::Int(v)), 1)?;
-            }
-            // FLOAT (a line) and BINFLOAT (8 bytes): never a label here, but allowed beside one.
-            b'F' => {
-                line(&mut at)?;
-                push(&mut stack, Item::leaf(Value::Other), 1)?;
-            }
-            b'G' => {
-                take(&mut at, 8)?;
-                push(&mut stack, Item::leaf(Value::Other), 1)?;
-            }
-            b'N' | 0x88 | 0x89 => push(&mut stack, Item::leaf(Value::Other), 1)?,
-            // EMPTY_DICT, EMPTY_SET: opaque; SETITEM(S)/ADDITEMS below fill nothing in.
-            b'}' | 0x8f => push(&mut stack, Item::leaf(Value::Other), 1)?,
-            b')' => push(&mut stack, Item::container(Vec::new(), false)?, 1)?,
-            b']' => push(&mut stack, Item::container(Vec::new(), true)?, 1)?,
-            0x85..=0x87 => {
-                let n = (op - 0x84) as usize;
-                let len = stack.len();
-                if len < n {
-                    return Err("tuple needs more items than the stack holds".into());
-                }
-                let items = stack.split_off(len - n);
-                push(&mut stack, Item::container(items, false)?, 1)?;
-            }
-            b'(' => marks.push(stack.len()),
-            b't' => {
-                let items = items_since_mark(&mut stack, &mut marks, "TUPLE")?;
-                push(&mut stack, Item::container(items, false)?, 1)?;
-            }
-            b'l' => {
-                let items = items_since_mark(&mut stack, &mut marks, "LIST")?;
-                push(&mut stack, Item::container(items, true)?, 1)?;
-            }
-            b'e' => {
-                let items = items_since_mark(&mut stack, &mut marks, "APPENDS")?;
-                stack
-                    .last_mut()
-                    .ok_or("APPENDS onto an empty stack")?
-                    .extend(items)?;
-            }
-            b'a' => {
-                let item = pop(&mut stack, "APPEND")?;
-                stack
-                    .last_mut()
-                    .ok_or("APPEND onto an empty stack")?
-                    .extend(vec![item])?;
-            }
-            b'u' | 0x90 => {
-                // SETITEMS / ADDITEMS into an opaque dict or set: the items are dropped.
-                items_since_mark(&mut stack, &mut marks, "SETITEMS")?;
-                if !matches!(stack.last().map(|i| &i.value), Some(Value::Other)) {
-                    return Err("SETITEMS onto something that is not a dict or set".into());
-                }
-            }
-            b's' => {
-                pop(&mut stack, "SETITEM")?;
-                pop(&mut stack, "SETITEM")?;
-                if !matches!(stack.last().map(|i| &i.value), Some(Value::Other)) {
-                    return Err("SETITEM onto something that is not a dict".into());
-                }
-            }
-            b'0' => {
-                pop(&mut stack, "POP")?;
-            }
-            b'1' => {
-                items_since_mark(&mut stack, &mut marks, "POP_MARK")?;
-            }
-            b'2' => {
-                let top = stack.last().cloned().ok_or("DUP on an empty stack")?;
-                let cost = top.nodes;
-                push(&mut stack, top, cost)?;
-            }
-            // GLOBAL (module and name on two lines) and STACK_GLOBAL (two str on the stack).
-            b'c' => {
-                let module = utf8(line(&mut at)?)?;
-                let name = utf8(line(&mut at)?)?;
-                push(&mut stack, Item::leaf(Value::Global(module, name)), 1)?;
-            }
-            0x93 => {
-                let name = pop(&mut stack, "STACK_GLOBAL")?.value;
-                let module = pop(&mut stack, "STACK_GLOBAL")?.value;
-                let (Value::Str(module), Value::Str(name)) = (module, name) else {
-                    return Err("STACK_GLOBAL of something that is not two str".into());
-                };
-                push(&mut stack, Item::leaf(Value::Global(module, name)), 1)?;
-            }
-            b'R' => {
-                let args = pop(&mut stack, "REDUCE")?.value;
-                let callable = pop(&mut stack, "REDUCE")?.value;
-                let result = call(callable, args, data)?;
-                // A call makes new bytes (encode decodes a text): a shared text can be
-                // referenced for free, so what calls make is bounded by the input on its own.
-                if let Value::OwnedBytes(bytes) = &result {
-                    decoded = decoded.saturating_add(bytes.len());
-                    if decoded > budget {
-                        return Err(format!(
-                            "pickle of {} bytes decodes more than {budget} bytes (repeated calls \
-                             on memo references)",
-                            data.len()
-                        ));
-                    }
-                }
-                push(&mut stack, Item::leaf(result), 1)?;
-            }
-            b'b' => {
-                let state = pop(&mut stack, "BUILD")?.value;
-                let target = stack.last_mut().ok_or("BUILD on an empty stack")?;
-                build(&mut target.value, state)?;
-            }
+            b'}'
+            | 0x8f
+            | b')'
+            | b']'
+            | 0x85..=0x87
+            | b'('
+            | b't'
+            | b'l'
+            | b'e'
+            | b'a'
+            | b'u'
+            | 0x90
+            | b's'
+            | b'0'
+            | b'1'
+            | b'2' => self.container_or_stack(op)?,
+            b'c' | 0x93 | b'R' | b'b' => self.global_or_call(op)?,
+            0x94 | b'q' | b'r' | b'p' | b'h' | b'j' | b'g' => self.memo_op(op)?,
             0x81 | 0x92 | b'i' | b'o' => {
                 return Err(format!(
                     "the pickle makes an object of a class (opcode 0x{op:02x}); {CONVERT}"
@@ -434,51 +237,332 @@ pub fn parse(data: &[u8]) -> Result<Value, String> {
                         .into(),
                 );
             }
-            0x94 => {
-                // MEMOIZE: memo[len(memo)] = top
-                let top = stack.last().ok_or("MEMOIZE on an empty stack")?;
-                store(top)?;
-                let top = top.clone();
-                let index = u32::try_from(memo.len()).map_err(|_| "too many memo entries")?;
-                memo.insert(index, top);
-            }
-            b'q' | b'r' | b'p' => {
-                // BINPUT / LONG_BINPUT / PUT (decimal line): memo[i] = top
-                let i = match op {
-                    b'q' => uint(take(&mut at, 1)?),
-                    b'r' => uint(take(&mut at, 4)?),
-                    _ => decimal(&data[line(&mut at)?])?,
-                };
-                let i = u32::try_from(i).map_err(|_| "memo index beyond 2^32")?;
-                let top = stack.last().ok_or("PUT on an empty stack")?;
-                store(top)?;
-                memo.insert(i, top.clone());
-            }
-            b'h' | b'j' | b'g' => {
-                let i = match op {
-                    b'h' => uint(take(&mut at, 1)?),
-                    b'j' => uint(take(&mut at, 4)?),
-                    _ => decimal(&data[line(&mut at)?])?,
-                };
-                let i = u32::try_from(i).map_err(|_| "memo index beyond 2^32")?;
-                let value = memo.get(&i).ok_or("GET of an unknown memo entry")?;
-                // Every memo entry was made within the budget, so one copy is bounded too.
-                let (value, cost) = (value.clone(), value.nodes);
-                push(&mut stack, value, cost)?;
-            }
-            b'.' => {
-                return stack
-                    .pop()
-                    .map(|item| item.value)
-                    .ok_or_else(|| "STOP on an empty stack".into());
-            }
             other => {
                 return Err(format!(
                     "unsupported pickle opcode 0x{other:02x} at byte {}; {CONVERT}",
-                    at - 1
+                    self.at - 1
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// The next `n` bytes' range.
+    fn take(&mut self, n: usize) -> Result<Range<usize>, String> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&e| e <= self.data.len())
+            .ok_or("pickle is truncated")?;
+        let r = self.at..end;
+        self.at = end;
+        Ok(r)
+    }
+
+    /// A protocol-0 argument: the bytes up to the next newline (which is consumed).
+    fn line(&mut self) -> Result<Range<usize>, String> {
+        let rest = self.data.get(self.at..).ok_or("pickle is truncated")?;
+        let len = rest
+            .iter()
+            .position(|&b| b == b'\n')
+            .ok_or("pickle is truncated (a line without its newline)")?;
+        let r = self.at..self.at + len;
+        self.at += len + 1;
+        Ok(r)
+    }
+
+    /// The next `n` bytes as a little-endian unsigned integer.
+    fn uint(&mut self, n: usize) -> Result<u64, String> {
+        let r = self.take(n)?;
+        Ok(self.data[r]
+            .iter()
+            .rev()
+            .fold(0u64, |v, &b| (v << 8) | b as u64))
+    }
+
+    fn utf8(&self, r: Range<usize>) -> Result<Rc<str>, String> {
+        std::str::from_utf8(&self.data[r])
+            .map(Rc::from)
+            .map_err(|_| "a str that is not UTF-8".to_string())
+    }
+
+    /// Pushes `item`, which cost `cost` values: every value made costs one; a memo GET copies,
+    /// and costs what it copies.
+    fn push(&mut self, item: Item, cost: usize) -> Result<(), String> {
+        self.made = self.made.saturating_add(cost);
+        if self.made > self.budget {
+            return Err(format!(
+                "pickle of {} bytes expands to more than {} values (repeated memo references)",
+                self.data.len(),
+                self.budget
+            ));
+        }
+        self.stack.push(item);
+        Ok(())
+    }
+
+    fn push_leaf(&mut self, value: Value) -> Result<(), String> {
+        self.push(Item::leaf(value), 1)
+    }
+
+    fn pop(&mut self, what: &str) -> Result<Item, String> {
+        self.stack
+            .pop()
+            .ok_or_else(|| format!("{what} on an empty stack"))
+    }
+
+    /// Bytes and text: SHORT_BINBYTES, BINBYTES, BINBYTES8, BYTEARRAY8 and Python 2's
+    /// SHORT_BINSTRING, BINSTRING and STRING (its `str` is bytes); SHORT_BINUNICODE,
+    /// BINUNICODE, BINUNICODE8 (UTF-8) and UNICODE (raw-unicode-escape).
+    fn text_or_bytes(&mut self, op: u8) -> Result<(), String> {
+        let value = match op {
+            b'C' | b'U' => {
+                let n = self.uint(1)? as usize;
+                Value::Bytes(self.take(n)?)
+            }
+            b'B' | b'T' => {
+                let n = self.uint(4)? as usize;
+                Value::Bytes(self.take(n)?)
+            }
+            0x8e | 0x96 => {
+                let n = usize::try_from(self.uint(8)?).map_err(|_| "absurd bytes length")?;
+                Value::Bytes(self.take(n)?)
+            }
+            // A quoted, escaped repr on one line.
+            b'S' => {
+                let r = self.line()?;
+                Value::OwnedBytes(unquote_escaped(&self.data[r])?.into())
+            }
+            0x8c => {
+                let n = self.uint(1)? as usize;
+                let r = self.take(n)?;
+                Value::Str(self.utf8(r)?)
+            }
+            b'X' => {
+                let n = self.uint(4)? as usize;
+                let r = self.take(n)?;
+                Value::Str(self.utf8(r)?)
+            }
+            0x8d => {
+                let n = usize::try_from(self.uint(8)?).map_err(|_| "absurd str length")?;
+                let r = self.take(n)?;
+                Value::Str(self.utf8(r)?)
+            }
+            _ => {
+                let r = self.line()?;
+                Value::Str(raw_unicode_escape(&self.data[r])?.into())
+            }
+        };
+        self.push_leaf(value)
+    }
+
+    /// Integers (BININT1, BININT2, BININT, INT, LONG, LONG1, LONG4), floats (FLOAT, BINFLOAT:
+    /// never a label here, but allowed beside one), None, True and False.
+    fn number_or_constant(&mut self, op: u8) -> Result<(), String> {
+        let value = match op {
+            b'K' => Value::Int(self.uint(1)? as i64),
+            b'M' => Value::Int(self.uint(2)? as i64),
+            b'J' => Value::Int(self.uint(4)? as u32 as i32 as i64),
+            // INT and LONG as decimal text (protocol 0); `I00`/`I01` are False/True.
+            b'I' | b'L' => {
+                let r = self.line()?;
+                let text =
+                    std::str::from_utf8(&self.data[r]).map_err(|_| "an INT that is not text")?;
+                match (op, text) {
+                    (b'I', "00" | "01") => Value::Other,
+                    _ => Value::Int(
+                        text.strip_suffix('L')
+                            .unwrap_or(text)
+                            .parse::<i64>()
+                            .map_err(|_| format!("integer {text:?} is not within 64 bits"))?,
+                    ),
+                }
+            }
+            // LONG1 / LONG4: n bytes, little-endian two's complement.
+            0x8a | 0x8b => {
+                let n = self.uint(if op == 0x8a { 1 } else { 4 })? as usize;
+                if n > 8 {
+                    return Err("integer wider than 64 bits".into());
+                }
+                let mut v = self.uint(n)? as i64;
+                if n > 0 && n < 8 && self.data[self.at - 1] & 0x80 != 0 {
+                    v -= 1i64 << (8 * n);
+                }
+                Value::Int(v)
+            }
+            b'F' => {
+                self.line()?;
+                Value::Other
+            }
+            b'G' => {
+                self.take(8)?;
+                Value::Other
+            }
+            _ => Value::Other,
+        };
+        self.push_leaf(value)
+    }
+
+    /// Tuples and lists (made and filled), opaque dicts and sets (whose items are dropped), and
+    /// the stack's own opcodes (MARK, POP, POP_MARK, DUP).
+    fn container_or_stack(&mut self, op: u8) -> Result<(), String> {
+        match op {
+            // EMPTY_DICT, EMPTY_SET: opaque; SETITEM(S)/ADDITEMS below fill nothing in.
+            b'}' | 0x8f => self.push_leaf(Value::Other)?,
+            b')' => self.push(Item::container(Vec::new(), false)?, 1)?,
+            b']' => self.push(Item::container(Vec::new(), true)?, 1)?,
+            0x85..=0x87 => {
+                let n = (op - 0x84) as usize;
+                let len = self.stack.len();
+                if len < n {
+                    return Err("tuple needs more items than the stack holds".into());
+                }
+                let items = self.stack.split_off(len - n);
+                self.push(Item::container(items, false)?, 1)?;
+            }
+            b'(' => self.marks.push(self.stack.len()),
+            b't' | b'l' => {
+                let list = op == b'l';
+                let what = if list { "LIST" } else { "TUPLE" };
+                let items = items_since_mark(&mut self.stack, &mut self.marks, what)?;
+                self.push(Item::container(items, list)?, 1)?;
+            }
+            b'e' => {
+                let items = items_since_mark(&mut self.stack, &mut self.marks, "APPENDS")?;
+                self.stack
+                    .last_mut()
+                    .ok_or("APPENDS onto an empty stack")?
+                    .extend(items)?;
+            }
+            b'a' => {
+                let item = self.pop("APPEND")?;
+                self.stack
+                    .last_mut()
+                    .ok_or("APPEND onto an empty stack")?
+                    .extend(vec![item])?;
+            }
+            b'u' | 0x90 | b's' => {
+                // SETITEMS / ADDITEMS / SETITEM into an opaque dict or set: dropped.
+                if op == b's' {
+                    self.pop("SETITEM")?;
+                    self.pop("SETITEM")?;
+                } else {
+                    items_since_mark(&mut self.stack, &mut self.marks, "SETITEMS")?;
+                }
+                if !matches!(self.stack.last().map(|i| &i.value), Some(Value::Other)) {
+                    return Err(if op == b's' {
+                        "SETITEM onto something that is not a dict".into()
+                    } else {
+                        "SETITEMS onto something that is not a dict or set".into()
+                    });
+                }
+            }
+            b'0' => {
+                self.pop("POP")?;
+            }
+            b'1' => {
+                items_since_mark(&mut self.stack, &mut self.marks, "POP_MARK")?;
+            }
+            _ => {
+                // DUP
+                let top = self.stack.last().cloned().ok_or("DUP on an empty stack")?;
+                let cost = top.nodes;
+                self.push(top, cost)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// GLOBAL (module and name on two lines), STACK_GLOBAL (two str on the stack), REDUCE (the
+    /// calls [`call`] allows) and BUILD.
+    fn global_or_call(&mut self, op: u8) -> Result<(), String> {
+        match op {
+            b'c' => {
+                let r = self.line()?;
+                let module = self.utf8(r)?;
+                let r = self.line()?;
+                let name = self.utf8(r)?;
+                self.push_leaf(Value::Global(module, name))
+            }
+            0x93 => {
+                let name = self.pop("STACK_GLOBAL")?.value;
+                let module = self.pop("STACK_GLOBAL")?.value;
+                let (Value::Str(module), Value::Str(name)) = (module, name) else {
+                    return Err("STACK_GLOBAL of something that is not two str".into());
+                };
+                self.push_leaf(Value::Global(module, name))
+            }
+            b'R' => {
+                let args = self.pop("REDUCE")?.value;
+                let callable = self.pop("REDUCE")?.value;
+                let result = call(callable, args, self.data)?;
+                // A call makes new bytes (encode decodes a text): a shared text can be
+                // referenced for free, so what calls make is bounded by the input on its own.
+                if let Value::OwnedBytes(bytes) = &result {
+                    self.decoded = self.decoded.saturating_add(bytes.len());
+                    if self.decoded > self.budget {
+                        return Err(format!(
+                            "pickle of {} bytes decodes more than {} bytes (repeated calls \
+                             on memo references)",
+                            self.data.len(),
+                            self.budget
+                        ));
+                    }
+                }
+                self.push_leaf(result)
+            }
+            _ => {
+                // BUILD
+                let state = self.pop("BUILD")?.value;
+                let target = self.stack.last_mut().ok_or("BUILD on an empty stack")?;
+                build(&mut target.value, state)
+            }
+        }
+    }
+
+    /// The memo: MEMOIZE, PUT (BINPUT, LONG_BINPUT, PUT) and GET (BINGET, LONG_BINGET, GET).
+    fn memo_op(&mut self, op: u8) -> Result<(), String> {
+        let index = match op {
+            0x94 => None,
+            b'q' | b'h' => Some(self.uint(1)?),
+            b'r' | b'j' => Some(self.uint(4)?),
+            _ => {
+                let r = self.line()?;
+                Some(decimal(&self.data[r])?)
+            }
+        };
+        let index = match index {
+            // MEMOIZE: memo[len(memo)] = top
+            None => u32::try_from(self.memo.len()).map_err(|_| "too many memo entries")?,
+            Some(i) => u32::try_from(i).map_err(|_| "memo index beyond 2^32")?,
+        };
+        if matches!(op, b'h' | b'j' | b'g') {
+            let value = self
+                .memo
+                .get(&index)
+                .ok_or("GET of an unknown memo entry")?;
+            // Every memo entry was made within the budget, so one copy is bounded too.
+            let (value, cost) = (value.clone(), value.nodes);
+            return self.push(value, cost);
+        }
+        let what = if op == 0x94 { "MEMOIZE" } else { "PUT" };
+        let top = self
+            .stack
+            .last()
+            .ok_or_else(|| format!("{what} on an empty stack"))?;
+        // A memo store copies the top of the stack: it costs its values.
+        self.stored = self.stored.saturating_add(top.nodes);
+        if self.stored > 4 * self.budget {
+            return Err(format!(
+                "pickle of {} bytes stores more than {} values in its memo (repeated PUT or \
+                 MEMOIZE)",
+                self.data.len(),
+                4 * self.budget
+            ));
+        }
+        let top = top.clone();
+        self.memo.insert(index, top);
+        Ok(())
     }
 }
 
