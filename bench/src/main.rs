@@ -52,6 +52,9 @@ enum TransformArg {
     /// TrivialAugmentWide + normalize + RandomErasing(0.1), then MixUp(0.2) or CutMix(1.0) on
     /// each batch.
     ImagenetRef,
+    /// The reference recipe's per-sample steps DALI's CPU pipeline has too: RandomResizedCrop
+    /// 176 + random flip + TrivialAugmentWide + normalize (no erasing, no batch mix).
+    ImagenetTa,
     /// Resize 256 + CenterCrop 224 + normalize (evaluation).
     ImagenetEval,
     /// Decode only, u8 NHWC.
@@ -306,6 +309,7 @@ fn load(args: LoadArgs) -> Result<()> {
         TransformArg::CifarTrain => "cifar-train",
         TransformArg::Imagenet => "imagenet",
         TransformArg::ImagenetRef => "imagenet-ref",
+        TransformArg::ImagenetTa => "imagenet-ta",
         TransformArg::ImagenetEval => "imagenet-eval",
         TransformArg::None => "none",
     };
@@ -439,6 +443,8 @@ fn load_config(args: &LoadArgs) -> (LoaderConfig, Transform) {
         TransformArg::CifarTrain => Transform::cifar_train(),
         TransformArg::Imagenet => Transform::imagenet_train(224),
         TransformArg::ImagenetRef => Transform::imagenet_reference(176),
+        TransformArg::ImagenetTa => Transform::imagenet_train(176)
+            .with_augment(imagefeed::transform::AutoAugment::trivial_augment_wide()),
         TransformArg::ImagenetEval => Transform::imagenet_eval(256, 224),
         TransformArg::None => Transform::none(),
     };
