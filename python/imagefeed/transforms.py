@@ -468,8 +468,7 @@ def _jitter_range(
 class ColorJitter(_Step):
     """torchvision ``ColorJitter(brightness, contrast, saturation, hue)``: the four adjustments
     in a random order, each factor uniform in its range, with PIL's arithmetic (as torchvision
-    runs it on PIL images). A pixel step: it runs after the crop and the flip, in the order the
-    pixel steps are listed."""
+    runs it on PIL images). A pixel step: it runs where it is listed (see :class:`Compose`)."""
 
     def __init__(
         self,
@@ -500,8 +499,8 @@ class GaussianBlur(_Step):
     """torchvision ``GaussianBlur(kernel_size, sigma=(0.1, 2.0))``: sigma drawn uniformly, the
     image convolved with the normalized Gaussian after reflect padding (torchvision's tensor
     arithmetic, as it runs on PIL images too): within one level of torchvision's. ``kernel_size``
-    is odd, one int or ``(width, height)``. A pixel step: after the crop and the flip, in the
-    order listed."""
+    is odd, one int or ``(width, height)``. A pixel step: it runs where it is listed (see
+    :class:`Compose`)."""
 
     def __init__(self, kernel_size: Union[int, Sequence[int]], sigma: Union[float, Sequence[float]] = (0.1, 2.0)):
         sizes = [kernel_size] * 2 if isinstance(kernel_size, int) else list(kernel_size)
@@ -550,7 +549,7 @@ class RandomApply(_Step):
 
 class RandomGrayscale(_Step):
     """torchvision ``RandomGrayscale(p)``: with probability ``p`` PIL's gray in all three
-    channels. A pixel step: after the crop and the flip, in the order listed."""
+    channels. A pixel step: it runs where it is listed (see :class:`Compose`)."""
 
     def __init__(self, p: float = 0.1):
         if not 0.0 <= _real(p, "RandomGrayscale: p") <= 1.0:
@@ -596,31 +595,30 @@ class Transform:
         return self._name
 
 
-def _place(step: _Step) -> Optional[int]:
-    """Where a step runs in the loader's fixed order (None: Normalize and RandomErasing, which
-    apply to the finished image wherever they are listed)."""
-    if isinstance(step, (Resize, CenterCrop, RandomCrop, RandomResizedCrop)):
-        return 0
-    if isinstance(step, RandomHorizontalFlip):
-        return 1
-    if isinstance(step, (_Augmentation, RandomApply, ColorJitter, RandomGrayscale, GaussianBlur)):
-        return 2
-    return None
+def _is_geometry(step: _Step) -> bool:
+    return isinstance(step, (Resize, CenterCrop, RandomCrop, RandomResizedCrop))
 
 
 class Compose(Transform):
-    """A chain of steps: at most one geometry (``Resize`` [+ ``CenterCrop``], ``CenterCrop``,
-    ``RandomCrop`` or ``RandomResizedCrop``), optionally ``RandomHorizontalFlip``, then
-    up to 8 pixel steps in any order, run in the order listed: ``AutoAugment``, ``RandAugment``,
-    ``TrivialAugmentWide``, ``ColorJitter``, ``RandomGrayscale``, ``GaussianBlur`` (the last two
-    kinds also inside ``RandomApply([...], p)``), after the geometry and the flip as in
-    torchvision's recipes (a crop or flip listed after them is refused), and ``Normalize`` and
-    ``RandomErasing`` anywhere
-    (they apply to the finished image, as torchvision's do after ``ToTensor``)."""
+    """A chain of steps, run in the order listed, as torchvision's ``Compose``: at most one
+    geometry (``Resize`` [+ ``CenterCrop``], ``CenterCrop``, ``RandomCrop`` or
+    ``RandomResizedCrop``), ``RandomHorizontalFlip``, and up to 8 pixel steps before or after the
+    geometry: ``AutoAugment``, ``RandAugment``, ``TrivialAugmentWide``, ``ColorJitter``,
+    ``RandomGrayscale``, ``GaussianBlur`` (the last two kinds also inside ``RandomApply([...],
+    p)``). ``Normalize`` and ``RandomErasing`` may be listed anywhere (they apply to the finished
+    image, as torchvision's do after ``ToTensor``).
+
+    Pixel steps listed before the geometry run on the whole decoded image (which is then decoded
+    at full size: slower than after it, as in torchvision). The flip runs where it is listed,
+    except that it cannot cross an automatic augmentation (whose shears, translations and
+    rotations do not commute with it) on the same side of the geometry: ``[TrivialAugmentWide(),
+    RandomHorizontalFlip()]`` after the crop is refused, list the flip first."""
 
     def __init__(self, steps: Sequence[_Step]):
         spec: Dict[str, Any] = {"geometry": "native", "hflip": 0.0}
-        latest: Optional[_Step] = None  # the last step of a fixed place in the order
+        before_geometry: Optional[int] = None  # pixel steps listed before the geometry
+        flip_at: Optional[int] = None  # the flip's place among the pixel steps
+        flip_before_geometry = False
         for step in steps:
             if not isinstance(step, _Step):
                 raise TypeError(
@@ -630,15 +628,35 @@ class Compose(Transform):
                     "RandomGrayscale, GaussianBlur, Normalize and RandomErasing "
                     "(for arbitrary Python transforms use imagefeed.Dataset with a DataLoader)"
                 )
-            place = _place(step)
-            if place is not None:
-                if latest is not None and place < _place(latest):  # type: ignore[operator]
-                    raise ValueError(
-                        f"{type(step).__name__} after {type(latest).__name__}: the loader crops "
-                        "and flips before the augmentation, colour and blur steps; list them first"
-                    )
-                latest = step
+            listed = len(spec.get("pixel_steps", []))
+            if _is_geometry(step):
+                before_geometry = listed
+                flip_before_geometry = flip_at is not None
+            elif isinstance(step, RandomHorizontalFlip):
+                flip_at = listed
             step._apply(spec)
+        pixel = spec.pop("pixel_steps", [])
+        moving = [i for i, s in enumerate(pixel) if s["kind"] == "augment"]
+        if before_geometry is None:
+            # No geometry: the flip goes before the pixel steps (the fast form) unless an
+            # automatic augmentation is listed before it; then after them all.
+            before_geometry = len(pixel) if flip_at is not None and any(i < flip_at for i in moving) else 0
+            flip_before_geometry = before_geometry > 0
+        if flip_at is not None:
+            # The loader flips right before the geometry, or right after it.
+            lo, hi = (flip_at, before_geometry) if flip_before_geometry else (before_geometry, flip_at)
+            if any(lo <= i < hi for i in moving):
+                raise ValueError(
+                    "RandomHorizontalFlip and an automatic augmentation are listed in an order the "
+                    "loader cannot run (the flip happens right before or right after the crop): "
+                    "list the flip next to the crop"
+                )
+        if pixel[:before_geometry]:
+            spec["before_geometry"] = pixel[:before_geometry]
+        if pixel[before_geometry:]:
+            spec["pixel_steps"] = pixel[before_geometry:]
+        if flip_before_geometry and spec["hflip"] > 0:
+            spec["flip_before_geometry"] = True
         super().__init__(spec, f"Compose({list(steps)!r})")
 
 

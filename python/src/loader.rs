@@ -287,18 +287,27 @@ fn parse_transform(spec: &Bound<'_, PyDict>) -> PyResult<Transform> {
         .get_item("erase")?
         .map(|erase| parse_erase(&erase, normalize))
         .transpose()?;
-    let mut pixel_steps = PixelSteps::default();
-    if let Some(steps) = spec.get_item("pixel_steps")? {
-        for step in steps.try_iter()? {
-            pixel_steps
-                .push(parse_pixel_step(&step?)?)
-                .map_err(|e| config(format!("transform: {e}")))?;
+    let steps = |key: &str| -> PyResult<PixelSteps> {
+        let mut pixel_steps = PixelSteps::default();
+        if let Some(steps) = spec.get_item(key)? {
+            for step in steps.try_iter()? {
+                pixel_steps
+                    .push(parse_pixel_step(&step?)?)
+                    .map_err(|e| config(format!("transform: {e}")))?;
+            }
         }
-    }
+        Ok(pixel_steps)
+    };
     let mut transform = Transform::none();
     transform.geometry = geometry;
     transform.interpolation = interpolation;
-    transform.pixel_steps = pixel_steps;
+    transform.pixel_steps = steps("pixel_steps")?;
+    transform.before_geometry = steps("before_geometry")?;
+    transform.flip_before_geometry = spec
+        .get_item("flip_before_geometry")?
+        .map(|v| v.extract())
+        .transpose()?
+        .unwrap_or(false);
     transform.erase = erase;
     transform.hflip = hflip;
     transform.output.normalize = normalize;

@@ -188,11 +188,10 @@ def test_presets_and_refusals(lmdb_path):
     assert T.imagenet_train(auto_augment="imagenet").spec()["pixel_steps"][0]["policy"] == "imagenet"
     with pytest.raises(ValueError, match="augmix"):
         T.imagenet_train(auto_augment="augmix")
-    # A crop or flip after the augmentation would not be torchvision's order: refused.
-    with pytest.raises(ValueError, match="list them first"):
-        T.Compose([T.TrivialAugmentWide(), T.RandomResizedCrop(32)])
-    with pytest.raises(ValueError, match="list them first"):
-        T.Compose([T.RandAugment(), T.RandomHorizontalFlip()])
+    # A crop or flip after the augmentation runs in that order (the augmentation on the whole
+    # image, the flip after it).
+    assert T.Compose([T.TrivialAugmentWide(), T.RandomResizedCrop(32)]).spec()["before_geometry"]
+    assert T.Compose([T.RandAugment(), T.RandomHorizontalFlip()]).spec()["flip_before_geometry"]
     with pytest.raises(ValueError, match="at most 8"):
         T.Compose([T.RandAugment(), T.TrivialAugmentWide()] * 5)
     for bad in (
@@ -265,7 +264,6 @@ def test_colour_jitter_and_grayscale_in_the_loader(lmdb_path):
         lambda: T.ColorJitter(brightness=(1.2, 0.8)),
         lambda: T.RandomGrayscale(1.5),
         lambda: T.RandomApply([T.RandomGrayscale()], p=0.5),
-        lambda: T.Compose([T.ColorJitter(0.4), T.RandomCrop(8)]),
     ):
         with pytest.raises((ValueError, TypeError)):
             bad()
@@ -283,6 +281,66 @@ def test_colour_jitter_and_grayscale_in_the_loader(lmdb_path):
     off = loader(lmdb_path, transform=T.Compose([T.ColorJitter()]), dtype="uint8", layout="NHWC", shuffle=False)
     for (a, _), (b, _) in zip(plain, off):
         np.testing.assert_array_equal(a, b)
+
+
+# -- steps in any order (Compose) -----------------------------------------------------------------
+
+
+def test_pixel_steps_listed_before_the_geometry_run_on_the_whole_image(lmdb_path):
+    # Contrast blends with the image's mean: before the crop, the whole image's. The jitter
+    # draws first either way (CenterCrop draws nothing), so the crop of the jittered whole image
+    # is what the loader must give.
+    jitter = T.ColorJitter(contrast=0.9)
+    kw = dict(dtype="uint8", layout="NHWC", seed=5)
+    whole = loader(lmdb_path, transform=T.Compose([jitter]), **kw).dataset
+    first = loader(lmdb_path, transform=T.Compose([jitter, T.CenterCrop((12, 16))]), **kw).dataset
+    later = loader(lmdb_path, transform=T.Compose([T.CenterCrop((12, 16)), jitter]), **kw).dataset
+    differs = 0
+    for i in range(16):
+        image, _ = whole[i]  # 24 x 32
+        want = image[6:18, 8:24]
+        np.testing.assert_array_equal(first[i][0], want)
+        differs += not np.array_equal(later[i][0], want)
+    assert differs > 8, "jittering the crop instead must show"
+    # Bit-identical for any worker count, as every other step.
+    steps = T.Compose([T.TrivialAugmentWide(), T.RandomHorizontalFlip(), T.RandomResizedCrop(16)])
+    one = loader(lmdb_path, workers=1, transform=steps, **kw)
+    three = loader(lmdb_path, workers=3, transform=steps, **kw)
+    for (a, _), (b, _) in zip(one, three):
+        np.testing.assert_array_equal(a, b)
+    assert T.Compose([jitter, T.CenterCrop(8)]).spec()["before_geometry"][0]["kind"] == "color_jitter"
+
+
+def test_a_flip_listed_before_the_crop_flips_the_image_before_it(lmdb_path):
+    ds = imagefeed.Dataset(lmdb_path, decode="numpy")
+    crop = T.RandomCrop((24, 28), padding=(4, 0, 0, 0))  # padding on the left only
+    kw = dict(dtype="uint8", layout="NHWC", seed=2)
+    first = loader(lmdb_path, transform=T.Compose([T.RandomHorizontalFlip(1.0), crop]), **kw).dataset
+    later = loader(lmdb_path, transform=T.Compose([crop, T.RandomHorizontalFlip(1.0)]), **kw).dataset
+    black_left = black_right = 0
+    for i in range(24):
+        image, _ = ds[i]
+        padded = np.pad(image[:, ::-1], ((0, 0), (4, 0), (0, 0)))  # torchvision: pad(hflip(img))
+        window = first[i][0]
+        assert any(np.array_equal(padded[:, x : x + 28], window) for x in range(9)), i
+        black_left += int((window[:, 0] == 0).all())
+        black_right += int((later[i][0][:, -1] == 0).all())
+    assert black_left and black_right, (black_left, black_right)
+
+
+def test_compose_refuses_a_flip_across_an_automatic_augmentation():
+    ta, flip, crop = T.TrivialAugmentWide(), T.RandomHorizontalFlip(), T.RandomCrop(8)
+    for bad in ([flip, ta, crop], [crop, ta, flip], [ta, flip, ta]):
+        with pytest.raises(ValueError, match="RandomHorizontalFlip"):
+            T.Compose(bad)
+    # The orders the loader runs as listed.
+    assert "flip_before_geometry" not in T.Compose([flip, ta]).spec()
+    spec = T.Compose([ta, flip]).spec()
+    assert spec["flip_before_geometry"] and len(spec["before_geometry"]) == 1
+    spec = T.Compose([ta, flip, crop, T.ColorJitter(0.2), T.RandomGrayscale()]).spec()
+    assert spec["flip_before_geometry"] and [s["kind"] for s in spec["pixel_steps"]] == ["color_jitter", "grayscale"]
+    spec = T.Compose([crop, T.ColorJitter(0.2), flip, ta]).spec()
+    assert "flip_before_geometry" not in spec and len(spec["pixel_steps"]) == 2
 
 
 # -- MixUp and CutMix on the batch ----------------------------------------------------------------
@@ -441,7 +499,6 @@ def test_gaussian_blur_in_the_loader(lmdb_path):
         lambda: T.GaussianBlur(0),
         lambda: T.GaussianBlur(3, sigma=0),
         lambda: T.GaussianBlur(3, sigma=(2.0, 1.0)),
-        lambda: T.Compose([T.GaussianBlur(3), T.RandomHorizontalFlip()]),
     ):
         with pytest.raises(ValueError):
             bad()

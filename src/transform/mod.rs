@@ -146,6 +146,15 @@ pub struct Transform {
     /// The automatic augmentations, colour jitter, grayscale and blur, in order, on the cropped,
     /// resized and flipped `u8` image (see [`pixel`]); none by default.
     pub pixel_steps: PixelSteps,
+    /// Pixel steps listed before the geometry (`Compose([ColorJitter(..), RandomCrop(..)])`):
+    /// they run, in order, on the whole image, which is then decoded at full size (no DCT
+    /// scaling, no region); none by default.
+    pub before_geometry: PixelSteps,
+    /// The flip is listed before the geometry (`Compose([RandomHorizontalFlip(), RandomCrop(..)])`):
+    /// it mirrors the image after `before_geometry` and before the crop, which differs from a
+    /// flip after it where the crop's draw is not symmetric (`RandomCrop` with more padding on
+    /// one side). False by default.
+    pub flip_before_geometry: bool,
     /// torchvision `RandomErasing`, applied last (after the flip, in the normalized units its
     /// values are in); `None` by default.
     pub erase: Option<RandomErasing>,
@@ -171,6 +180,8 @@ impl Transform {
             hflip: 0.0,
             interpolation: Interpolation::Bilinear,
             pixel_steps: PixelSteps::default(),
+            before_geometry: PixelSteps::default(),
+            flip_before_geometry: false,
             erase: None,
             output: SlotWriter {
                 dtype: DType::U8,
@@ -187,6 +198,8 @@ impl Transform {
             hflip: 0.5,
             interpolation: Interpolation::Bilinear,
             pixel_steps: PixelSteps::default(),
+            before_geometry: PixelSteps::default(),
+            flip_before_geometry: false,
             erase: None,
             output: SlotWriter {
                 dtype: DType::F32,
@@ -218,6 +231,8 @@ impl Transform {
             hflip: 0.5,
             interpolation: Interpolation::Bilinear,
             pixel_steps: PixelSteps::default(),
+            before_geometry: PixelSteps::default(),
+            flip_before_geometry: false,
             erase: None,
             output: SlotWriter {
                 dtype: DType::F32,
@@ -251,6 +266,8 @@ impl Transform {
             hflip: 0.0,
             interpolation: Interpolation::Bilinear,
             pixel_steps: PixelSteps::default(),
+            before_geometry: PixelSteps::default(),
+            flip_before_geometry: false,
             erase: None,
             output: SlotWriter {
                 dtype: DType::F32,
@@ -275,6 +292,25 @@ impl Transform {
         self.pixel_steps
             .push(step)
             .expect("at most MAX_PIXEL_STEPS pixel steps");
+        self
+    }
+
+    /// The same transform with one more pixel step before the geometry, after the others
+    /// listed there (see [`Transform::before_geometry`]).
+    ///
+    /// # Panics
+    /// With more than [`pixel::MAX_PIXEL_STEPS`] steps before the geometry.
+    pub fn with_step_before_geometry(mut self, step: PixelStep) -> Transform {
+        self.before_geometry
+            .push(step)
+            .expect("at most MAX_PIXEL_STEPS pixel steps");
+        self
+    }
+
+    /// The same transform flipping before the geometry (see
+    /// [`Transform::flip_before_geometry`]).
+    pub fn with_flip_before_geometry(mut self) -> Transform {
+        self.flip_before_geometry = true;
         self
     }
 
@@ -381,6 +417,7 @@ impl Transform {
             }
         }
         self.pixel_steps.validate()?;
+        self.before_geometry.validate()?;
         if let Some(erase) = &self.erase {
             erase.validate()?;
         }
@@ -417,6 +454,12 @@ impl Transform {
         }
         if !self.pixel_steps.is_empty() {
             text += &format!(" pixel_steps {:?}", self.pixel_steps);
+        }
+        if !self.before_geometry.is_empty() {
+            text += &format!(" before_geometry {:?}", self.before_geometry);
+        }
+        if self.flip_before_geometry {
+            text += " flip_before_geometry";
         }
         if let Some(erase) = &self.erase {
             text += &format!(" erase {erase:?}");

@@ -1,4 +1,5 @@
-//! The steps that change the pixels of the cropped, resized and flipped `u8` image, in the
+//! The steps that change the pixels of the `u8` image (after the crop, or before it where they are
+//! listed first: [`Transform::before_geometry`](super::Transform::before_geometry)), in the
 //! order they are listed (torchvision's `Compose` order): the automatic augmentations,
 //! `ColorJitter`, `RandomGrayscale`, `GaussianBlur`, each as often as wanted, up to
 //! [`MAX_PIXEL_STEPS`].

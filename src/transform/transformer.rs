@@ -113,25 +113,46 @@ impl SampleTransformer {
         } else {
             DctScaling::Off
         };
+        // Steps before the geometry see the whole image at full size.
+        let whole_image = !transform.before_geometry.is_empty();
         // One header parse: the crop box (drawn from `rng`, crop first, then flip) decides the
         // decode scale and region.
-        let decoded = self
+        let mut decoded = self
             .decoder
             .decode_crop(payload, &mut self.decoded, |header| {
                 let planned = plan_crop(transform, header, rng);
-                let crop = planned
-                    .as_ref()
-                    .ok()
-                    .map(|&(crop, out_w, out_h, _)| CropPlan {
-                        crop,
-                        out_width: out_w,
-                        out_height: out_h,
-                        scaling,
-                    });
+                let crop =
+                    planned
+                        .as_ref()
+                        .ok()
+                        .map(|&(crop, out_w, out_h, _)| match whole_image {
+                            false => CropPlan {
+                                crop,
+                                out_width: out_w,
+                                out_height: out_h,
+                                scaling,
+                            },
+                            true => CropPlan {
+                                crop: Rect::full(header.width, header.height),
+                                out_width: header.width,
+                                out_height: header.height,
+                                scaling: DctScaling::Off,
+                            },
+                        });
                 plan = Some(planned);
                 crop.filter(|_| !matches!(transform.geometry, Geometry::Native))
             })?;
-        let (_, out_w, out_h, mut flip) = plan.expect("the plan runs once the header is read")?;
+        let (crop, out_w, out_h, mut flip) =
+            plan.expect("the plan runs once the header is read")?;
+        if whole_image {
+            // Decoded whole, at full size: the crop is in the decoded buffer's pixels as drawn.
+            decoded.crop = crop;
+            let (w, h) = (decoded.width, decoded.height);
+            self.decoded.truncate(w as usize * h as usize * 3);
+            transform
+                .before_geometry
+                .apply(rng, &mut self.decoded, &mut self.pixel_scratch, w, h);
+        }
         let decoded_at = Instant::now();
         self.resizer.set_interpolation(transform.interpolation);
         let padding = match transform.geometry {
@@ -398,6 +419,16 @@ fn plan_crop(
         } => (random_resized_crop(rng, w, h, scale, ratio), width, height),
     };
     let flip = transform.hflip > 0.0 && rng.chance(transform.hflip);
+    // A flip before the geometry: the crop of the mirrored image is the mirror of the crop at
+    // the mirrored place (padding included: every padding mode is symmetric).
+    let crop = if flip && transform.flip_before_geometry {
+        Rect {
+            left: w as f64 - crop.left - crop.width,
+            ..crop
+        }
+    } else {
+        crop
+    };
     Ok((crop, out_w, out_h, flip))
 }
 
@@ -405,6 +436,8 @@ fn plan_crop(
 mod tests {
     use super::*;
     use crate::decode::RawImage;
+    use crate::transform::color::ColorJitter;
+    use crate::transform::pixel::{PixelStep, PixelSteps};
     /// A raw payload whose pixel (x, y) is [x, y, 7].
     fn ramp(w: u32, h: u32) -> Vec<u8> {
         let pixels: Vec<u8> = (0..h)
@@ -522,6 +555,113 @@ mod tests {
             transformer.apply(&small, &payload, &mut SampleRng::new(0, 0, 0)),
             Err(DecodeError::SmallerThanCrop { .. })
         ));
+    }
+
+    /// The pixels a [`Prepared`] stands for: mirrored when it says so.
+    fn finished(p: &Prepared<'_>) -> Vec<u8> {
+        let mut pixels = p.pixels.to_vec();
+        if p.flip {
+            flip_rows(&mut pixels, p.width);
+        }
+        pixels
+    }
+
+    #[test]
+    fn steps_before_the_geometry_see_the_whole_image() {
+        // Contrast blends with the image's mean: before a crop it is the whole image's, after it
+        // the window's, so the order shows in the pixels.
+        let (w, h) = (40u32, 30u32);
+        let pixels: Vec<u8> = (0..w * h * 3).map(|i| (i * 37 % 251) as u8).collect();
+        let payload = RawImage::encode(w, h, &pixels);
+        let jitter = PixelStep::ColorJitter(ColorJitter::new(0.0, 0.9, 0.0, 0.0));
+        let crop = Geometry::CenterCrop {
+            width: 12,
+            height: 10,
+        };
+        let before = geometry(crop).with_step_before_geometry(jitter);
+        let after = geometry(crop).with_pixel_step(jitter);
+        let mut transformer = SampleTransformer::default();
+        let mut steps = PixelSteps::default();
+        steps.push(jitter).unwrap();
+        for index in 0..8 {
+            // CenterCrop draws nothing: the jitter's draws are the sample's first.
+            let mut whole = pixels.clone();
+            steps.apply(
+                &mut SampleRng::new(2, 0, index),
+                &mut whole,
+                &mut PixelScratch::default(),
+                w,
+                h,
+            );
+            let want: Vec<u8> = (10..20)
+                .flat_map(|y| {
+                    let at = ((y * w + 14) * 3) as usize;
+                    whole[at..at + 12 * 3].to_vec()
+                })
+                .collect();
+            let got = transformer
+                .apply(&before, &payload, &mut SampleRng::new(2, 0, index))
+                .unwrap();
+            assert_eq!(finished(&got), want, "sample {index}");
+            let later = transformer
+                .apply(&after, &payload, &mut SampleRng::new(2, 0, index))
+                .unwrap();
+            assert_ne!(
+                finished(&later),
+                want,
+                "sample {index}: the order must show"
+            );
+        }
+    }
+
+    #[test]
+    fn a_flip_before_the_geometry_is_the_crop_of_the_mirrored_image() {
+        // RandomCrop with padding on the left only: cropping the mirrored image puts the black
+        // columns on the left of the window, mirroring the crop on the right.
+        let (w, h) = (10u32, 6u32);
+        let payload = ramp(w, h);
+        let padding = [4, 0, 0, 0];
+        let t = Transform {
+            hflip: 1.0,
+            ..geometry(Geometry::random_crop(9, 6, padding))
+        };
+        let first = t.with_flip_before_geometry();
+        let mut transformer = SampleTransformer::default();
+        let (mut black_left, mut black_right) = (0, 0);
+        for index in 0..40 {
+            let window =
+                random_crop(&mut SampleRng::new(1, 0, index), w, h, 9, 6, padding, false).unwrap();
+            let left = window.left as i64;
+            let got = transformer
+                .apply(&first, &payload, &mut SampleRng::new(1, 0, index))
+                .unwrap();
+            let got = finished(&got);
+            for y in 0..6i64 {
+                for x in 0..9i64 {
+                    // Column x of the window is column x + left of the mirrored image, which is
+                    // column w - 1 - (x + left) of the image.
+                    let sx = x + left;
+                    let want = if (0..w as i64).contains(&sx) {
+                        [(w as i64 - 1 - sx) as u8, y as u8, 7]
+                    } else {
+                        [0, 0, 0]
+                    };
+                    let at = ((y * 9 + x) * 3) as usize;
+                    assert_eq!(got[at..at + 3], want, "sample {index} at ({x}, {y})");
+                }
+            }
+            let flipped_after = finished(
+                &transformer
+                    .apply(&t, &payload, &mut SampleRng::new(1, 0, index))
+                    .unwrap(),
+            );
+            black_left += usize::from(got[..3] == [0, 0, 0]);
+            black_right += usize::from(flipped_after[8 * 3..9 * 3] == [0, 0, 0]);
+        }
+        assert!(
+            black_left > 0 && black_right > 0,
+            "{black_left} {black_right}"
+        );
     }
 
     #[test]
