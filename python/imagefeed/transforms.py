@@ -630,6 +630,11 @@ class Compose(Transform):
                 )
             listed = len(spec.get("pixel_steps", []))
             if _is_geometry(step):
+                if before_geometry is not None and listed != before_geometry:
+                    raise ValueError(
+                        f"{type(step).__name__} after a pixel step that follows the Resize: the "
+                        "loader resizes and crops in one step, list the pixel steps before or after both"
+                    )
                 before_geometry = listed
                 flip_before_geometry = flip_at is not None
             elif isinstance(step, RandomHorizontalFlip):

@@ -341,6 +341,11 @@ def test_compose_refuses_a_flip_across_an_automatic_augmentation():
     assert spec["flip_before_geometry"] and [s["kind"] for s in spec["pixel_steps"]] == ["color_jitter", "grayscale"]
     spec = T.Compose([crop, T.ColorJitter(0.2), flip, ta]).spec()
     assert "flip_before_geometry" not in spec and len(spec["pixel_steps"]) == 2
+    # Resize and its CenterCrop are one step of the loader: nothing may come between them but
+    # the flip (then taken from the mirror of the resized image, before the crop).
+    with pytest.raises(ValueError, match="follows the Resize"):
+        T.Compose([T.Resize(40), T.ColorJitter(0.2), T.CenterCrop(32)])
+    assert T.Compose([T.Resize(40), flip, T.CenterCrop(32)]).spec()["flip_before_geometry"]
 
 
 # -- MixUp and CutMix on the batch ----------------------------------------------------------------
