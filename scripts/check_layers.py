@@ -171,8 +171,10 @@ def main():
     src = pathlib.Path(__file__).resolve().parent.parent / "src"
     table = layer_of()
     problems = []
-    for path in sorted(src.rglob("*.rs")):
-        module = top_module(src, path)
+    # The library's modules, and the one whose file lives outside src/ (`#[path]` in lib.rs).
+    outside = {src.parent / "fuzz" / "targets.rs": "fuzzing"}
+    for path in sorted(src.rglob("*.rs")) + sorted(outside):
+        module = outside.get(path) or top_module(src, path)
         if module is None:
             continue
         if module not in table:
@@ -186,7 +188,8 @@ def main():
         if tests:
             text = text[: tests.start()]
         code = strip_comments_and_strings(text)
-        for number, used in used_modules(code, module_path_of(src, path)):
+        module_path = [module] if path in outside else module_path_of(src, path)
+        for number, used in used_modules(code, module_path):
             if used == module or used not in table:
                 continue  # inside one module, or a crate-root item (Error, MAX_THREADS)
             if table[used] >= table[module]:

@@ -182,7 +182,7 @@ pub fn inspect_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Ins
         {
             (opened(path)?, true, None)
         } else if format::hdf5::has_signature(path)
-            || format::records::is_shard_name(path)
+            || format::tfrecord::is_shard_name(path)
             || format::webdataset::is_shard_name(path)
             || path
                 .file_name()

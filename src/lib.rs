@@ -42,7 +42,11 @@ pub mod decode;
 pub mod error;
 pub mod file;
 pub mod format;
+/// The fuzz targets' entry points (feature `fuzzing`). The file lives beside the harness, in
+/// `fuzz/targets.rs`; it is compiled into the library because it drives the crate's private
+/// parsers.
 #[cfg(feature = "fuzzing")]
+#[path = "../fuzz/targets.rs"]
 pub mod fuzzing;
 pub mod geometry;
 #[cfg(feature = "cuda")]

@@ -358,7 +358,7 @@ fn logged() -> Vec<(log::Level, String)> {
 #[test]
 fn tfrecord_shards_without_an_index_get_one_in_memory_saved_on_request_and_read_like_their_source()
 {
-    use imagefeed::format::records::{Records, RecordsOptions};
+    use imagefeed::format::tfrecord::{Records, RecordsOptions};
     let dir = tempfile::tempdir().unwrap();
     let shards = dir.path().join("tfrecord");
     support::copy_tree(&compat("tfrecord"), &shards);
@@ -389,7 +389,7 @@ fn tfrecord_shards_without_an_index_get_one_in_memory_saved_on_request_and_read_
         found.sort();
         found
     };
-    let saved_in = shards.join(imagefeed::format::records::INDEX_DIR);
+    let saved_in = shards.join(imagefeed::format::tfrecord::INDEX_DIR);
     assert!(
         index_files(&saved_in).is_empty(),
         "{:?}",
@@ -522,7 +522,7 @@ for use_index in (True, False):
     assert!(sequential == &expected[..], "without the index: differ");
     let shards = fs::read_dir(&out)
         .unwrap()
-        .filter(|e| imagefeed::format::records::is_shard_name(&e.as_ref().unwrap().path()))
+        .filter(|e| imagefeed::format::tfrecord::is_shard_name(&e.as_ref().unwrap().path()))
         .count();
     assert!(shards >= 2, "only {shards} shard of 20 kB");
 }

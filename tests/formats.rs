@@ -425,7 +425,7 @@ fn a_records_dataset_whose_deletion_was_interrupted_is_never_a_dataset_and_force
         "{\"magic\": \"imagefeed-deleting\"}\n",
     )
     .unwrap();
-    fs::remove_file(out.join(format::records::MANIFEST)).unwrap();
+    fs::remove_file(out.join(format::tfrecord::MANIFEST)).unwrap();
     assert!(out.join("shard-00001.tfrecord").is_file());
     let err = format::open(&out).unwrap_err();
     assert!(matches!(err, Error::Incomplete { .. }), "{err}");
@@ -554,7 +554,7 @@ fn a_manifest_naming_paths_outside_its_directory_or_a_shard_twice_is_refused() {
         ..small_options()
     };
     pack_as(&fixture_root(), &out, PackFormat::Records, &options);
-    let manifest_path = out.join(format::records::MANIFEST);
+    let manifest_path = out.join(format::tfrecord::MANIFEST);
     let original: serde_json::Value =
         serde_json::from_slice(&fs::read(&manifest_path).unwrap()).unwrap();
     assert!(original["shards"].as_array().unwrap().len() >= 2);
@@ -830,7 +830,7 @@ fn an_unindexed_shard_damaged_anywhere_keeps_every_good_record_and_saves_no_inde
     let dir = tempfile::tempdir().unwrap();
     let (pristine, payloads) = foreign_shard(dir.path(), 16);
     let bytes = fs::read(&pristine).unwrap();
-    let scan = imagefeed::format::records::scan_shard(&bytes);
+    let scan = imagefeed::format::tfrecord::scan_shard(&bytes);
     assert!(scan.damaged.is_empty());
     let offsets = scan.records;
     let (at, _) = offsets[5];
@@ -841,7 +841,7 @@ fn an_unindexed_shard_damaged_anywhere_keeps_every_good_record_and_saves_no_inde
     let len = (1u64 << 50).to_le_bytes();
     huge[at..at + 8].copy_from_slice(&len);
     huge[at + 8..at + 12]
-        .copy_from_slice(&imagefeed::format::records::masked_crc(&len).to_le_bytes());
+        .copy_from_slice(&imagefeed::format::tfrecord::masked_crc(&len).to_le_bytes());
     let (last, last_len) = offsets[15];
     let cut = bytes[..(last + last_len / 2) as usize].to_vec();
     for (what, damaged, bad_index, total) in [
@@ -890,13 +890,13 @@ fn an_unindexed_shard_damaged_anywhere_keeps_every_good_record_and_saves_no_inde
                     }
                 }
             }
-            let saved = imagefeed::format::records::Records::open(&case)
+            let saved = imagefeed::format::tfrecord::Records::open(&case)
                 .unwrap()
                 .save_missing_indexes()
                 .unwrap();
             assert!(saved.is_empty(), "{what}: {saved:?}");
             assert!(
-                !imagefeed::format::records::index_path_for(&shard).exists(),
+                !imagefeed::format::tfrecord::index_path_for(&shard).exists(),
                 "{what}: a damaged shard's index was saved"
             );
             let report = verify::verify(&case, None).unwrap();
@@ -909,9 +909,9 @@ fn an_unindexed_shard_damaged_anywhere_keeps_every_good_record_and_saves_no_inde
     fs::create_dir(&clean).unwrap();
     let shard = clean.join("train-00000-of-00001");
     fs::copy(&pristine, &shard).unwrap();
-    let index = imagefeed::format::records::saved_index_path(&shard);
+    let index = imagefeed::format::tfrecord::saved_index_path(&shard);
     assert_eq!(index, clean.join("index/train-00000-of-00001.index"));
-    let opened = imagefeed::format::records::Records::open(&clean).unwrap();
+    let opened = imagefeed::format::tfrecord::Records::open(&clean).unwrap();
     assert_eq!(imagefeed::Dataset::len(&opened), 16);
     assert!(!index.exists(), "opening wrote an index");
     assert_eq!(

@@ -781,9 +781,9 @@ fn ranged_reads_give_the_local_records_without_fetching_a_shard() {
         &Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/compat/tfrecord"),
         &tf,
     );
-    let saved = imagefeed::format::records::Records::open_with(
+    let saved = imagefeed::format::tfrecord::Records::open_with(
         &tf,
-        &imagefeed::format::records::RecordsOptions::default(),
+        &imagefeed::format::tfrecord::RecordsOptions::default(),
     )
     .unwrap()
     .save_missing_indexes()

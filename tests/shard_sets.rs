@@ -165,7 +165,7 @@ fn a_set_with_a_shard_missing_is_refused_naming_it_unless_allowed() {
 fn saved_indexes_are_out_of_the_sets_pattern_and_found_again() {
     let dir = tempfile::tempdir().unwrap();
     foreign_set(dir.path(), "train", 2);
-    let opened = format::records::Records::open(dir.path()).unwrap();
+    let opened = format::tfrecord::Records::open(dir.path()).unwrap();
     let saved = opened.save_missing_indexes().unwrap();
     assert_eq!(saved.len(), 2);
     for index in &saved {
@@ -178,7 +178,7 @@ fn saved_indexes_are_out_of_the_sets_pattern_and_found_again() {
         .filter(|n| n.starts_with("train-"))
         .collect();
     assert_eq!(matched.len(), 2, "{matched:?}");
-    let again = format::records::Records::open(dir.path()).unwrap();
+    let again = format::tfrecord::Records::open(dir.path()).unwrap();
     assert!(again.notices().is_empty(), "{:?}", again.notices());
     assert_eq!(records(&again), records(&opened));
 }
@@ -211,7 +211,7 @@ fn a_pattern_matching_only_index_files_matches_no_data() {
     // Found by a hostile review: `DIR/index/*` opened as an empty, complete dataset.
     let dir = tempfile::tempdir().unwrap();
     foreign_set(dir.path(), "train", 2);
-    format::records::Records::open(dir.path())
+    format::tfrecord::Records::open(dir.path())
         .unwrap()
         .save_missing_indexes()
         .unwrap();

@@ -307,7 +307,7 @@ mod tests {
     fn shard() -> Vec<u8> {
         let mut bytes = Vec::new();
         for data in [&b"first"[..], b"second record", b"third"] {
-            crate::format::records::frame(&mut bytes, data);
+            crate::format::tfrecord::frame(&mut bytes, data);
         }
         bytes
     }
@@ -326,7 +326,7 @@ mod tests {
 
     /// As the TFRecord reader asks.
     fn sniff_tfrecord(head: &[u8]) -> Option<Compression> {
-        sniff(head, crate::format::records::starts_with_frame, 12)
+        sniff(head, crate::format::tfrecord::starts_with_frame, 12)
     }
 
     #[test]
@@ -447,7 +447,7 @@ mod tests {
         // Found by a hostile review: the limit was checked against gzip's trailer only (the
         // size of the last member), so a small last member let 200 MiB into a 10 MiB cache.
         let mut big = Vec::new();
-        crate::format::records::frame(&mut big, &vec![0u8; 4 << 20]);
+        crate::format::tfrecord::frame(&mut big, &vec![0u8; 4 << 20]);
         let mut understated = gzip(&big);
         understated.extend(gzip(b"tiny"));
         let (result, dir) = decompress_limited(&understated, 1 << 20);
@@ -496,8 +496,8 @@ mod tests {
         // stream instead of skipping the bad frame. 559903 spells gzip's `1f 8b 08`.
         for len in [376usize, 24184, 559_903] {
             let mut bytes = Vec::new();
-            crate::format::records::frame(&mut bytes, &vec![9u8; len]);
-            crate::format::records::frame(&mut bytes, b"second");
+            crate::format::tfrecord::frame(&mut bytes, &vec![9u8; len]);
+            crate::format::tfrecord::frame(&mut bytes, b"second");
             bytes[8] ^= 0xff; // the length's CRC
             assert_eq!(
                 sniff_tfrecord(&bytes[..4096.min(bytes.len())]),

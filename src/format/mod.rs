@@ -6,7 +6,7 @@
 //!   Python folder2lmdb scripts write (pickled `(image_bytes, label)` values).
 //! - [`hdf5`]: HDF5 written by `pack-dataset imagefolder2hdf5` (payloads read with `pread`,
 //!   outside the HDF5 lock), and h5py files with variable-length encoded images or pixel arrays.
-//! - [`records`]: TFRecord shards of `tf.train.Example` ([`example`]) with per-shard indexes,
+//! - [`tfrecord`]: TFRecord shards of `tf.train.Example` ([`example`]) with per-shard indexes,
 //!   ours or TensorFlow's.
 //!
 //! Shared by the formats' writers: [`writer`] (the [`DatasetWriter`](writer::DatasetWriter)
@@ -30,7 +30,10 @@ pub mod lmdb;
 pub mod mds;
 pub mod parts;
 pub(crate) mod pickle;
-pub mod records;
+pub mod tfrecord;
+/// The record-shard module's old name (`format::records`), kept for code that names it.
+#[doc(hidden)]
+pub use tfrecord as records;
 #[cfg(feature = "remote")]
 pub(crate) mod remote;
 pub mod shard_data;
@@ -221,7 +224,7 @@ pub struct OpenOptions {
     /// Dataset names in an h5py file not in imagefeed's layout.
     pub hdf5: hdf5::Hdf5Names,
     /// Label base and class count for TFRecord shards without an imagefeed manifest.
-    pub records: records::RecordsOptions,
+    pub records: tfrecord::RecordsOptions,
     /// Read a set of shards with members missing (a deliberate subset; the missing ones are
     /// reported as a notice) instead of refusing it ([`Error::ShardSet`]).
     pub allow_missing_shards: bool,
@@ -325,7 +328,7 @@ pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Arc<dy
             return hdf5::open_dataset(path, &options.hdf5);
         }
         if partial.is_dir() {
-            return Ok(Arc::new(records::Records::open_with(
+            return Ok(Arc::new(tfrecord::Records::open_with(
                 path,
                 &options.records,
             )?));
@@ -397,7 +400,7 @@ fn open_shards(selection: &shards::Selection, options: &OpenOptions) -> Result<A
             selection, options,
         )?));
     }
-    Ok(Arc::new(records::Records::open_selection(
+    Ok(Arc::new(tfrecord::Records::open_selection(
         selection, options,
     )?))
 }
@@ -421,12 +424,12 @@ pub(crate) struct Recognizer {
 /// format is a module with its [`Recognizer`] and one line here.
 const RECOGNIZED: &[Recognizer] = &[
     lmdb::DIRECTORY_FORM,
-    records::DIRECTORY,
+    tfrecord::DIRECTORY,
     mds::DIRECTORY,
     webdataset::DIRECTORY,
     folder::TREE,
     hdf5::FILE,
-    records::SHARD,
+    tfrecord::SHARD,
     webdataset::SHARD,
     mds::INDEX_FILE,
     lmdb::FILE,

@@ -15,13 +15,13 @@ use crate::cache::Cache;
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::format::shards::{self, ShardSetProblem, check_sets};
-use crate::format::{OpenOptions, mds, records, webdataset};
+use crate::format::{OpenOptions, mds, tfrecord, webdataset};
 use crate::remote::RemoteUrl;
 use crate::remote::store::{self, ObjectInfo, Patience};
 
 /// What a URL opened as.
 pub(crate) enum Opened {
-    Records(records::Records),
+    Records(tfrecord::Records),
     Other(Arc<dyn Dataset>),
 }
 
@@ -34,7 +34,7 @@ pub(crate) fn open_url(text: &str, options: &OpenOptions) -> Result<Arc<dyn Data
 }
 
 /// Opens the TFRecord shards `text` (a URL) names; anything else is an error.
-pub(crate) fn open_records_url(text: &str, options: &OpenOptions) -> Result<records::Records> {
+pub(crate) fn open_records_url(text: &str, options: &OpenOptions) -> Result<tfrecord::Records> {
     match open(text, options)? {
         Opened::Records(records) => Ok(records),
         Opened::Other(dataset) => Err(Error::not_a_dataset(
@@ -87,9 +87,9 @@ fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
         }
         if listing
             .iter()
-            .any(|o| o.url.file_name() == records::MANIFEST)
+            .any(|o| o.url.file_name() == tfrecord::MANIFEST)
         {
-            return records::remote::open_ours(&url, &listing, options, &cache)
+            return tfrecord::remote::open_ours(&url, &listing, options, &cache)
                 .map(Opened::Records);
         }
         if mds::remote::holds_index(&listing) {
@@ -108,7 +108,7 @@ fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
                         "none of its {} objects is a TFRecord or WebDataset shard, and it has \
                          no {}",
                         listing.len(),
-                        records::MANIFEST
+                        tfrecord::MANIFEST
                     )
                 },
             ));
@@ -140,8 +140,8 @@ fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
     let dir = objects
         .first()
         .map_or_else(|| url.clone(), |o| o.url.parent());
-    let indexes = store::list_dir(&dir.join(records::INDEX_DIR), Patience::Open)?;
-    records::remote::open_foreign(&url, &objects, set, &indexes, options, &cache)
+    let indexes = store::list_dir(&dir.join(tfrecord::INDEX_DIR), Patience::Open)?;
+    tfrecord::remote::open_foreign(&url, &objects, set, &indexes, options, &cache)
         .map(Opened::Records)
 }
 
@@ -199,7 +199,7 @@ impl Dataset for Fetched {
 /// True when `object` is named like a shard of a format read from object storage.
 fn is_shard(object: &ObjectInfo) -> bool {
     let name = std::path::Path::new(object.url.file_name());
-    records::is_shard_name(name) || webdataset::is_shard_name(name)
+    tfrecord::is_shard_name(name) || webdataset::is_shard_name(name)
 }
 
 /// The objects of `listing` a pattern or brace list (`name`, the last part of `url`) selects,
@@ -253,7 +253,7 @@ fn select(
         .filter(|o| matcher.matches_with(o.url.file_name(), options_glob))
         .filter(|o| {
             let n = o.url.file_name();
-            !n.ends_with(".index") && !n.ends_with(".idx") && n != records::MANIFEST
+            !n.ends_with(".index") && !n.ends_with(".idx") && n != tfrecord::MANIFEST
         })
         .cloned()
         .collect();

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::writer::StartMode;
-use super::{hdf5, lmdb, records};
+use super::{hdf5, lmdb, tfrecord};
 use crate::error::{Error, IoContext as _, Result};
 
 /// `OUT.partial`: where an output is built.
@@ -441,7 +441,7 @@ pub fn is_own_output(path: &Path) -> bool {
 /// HDF5 staging progress record, or the [`DELETING`] mark. (What else it holds is
 /// [`foreign_entry`]'s question.)
 pub(crate) fn dir_says_ours(path: &Path) -> bool {
-    records::is_own_dir(path) || hdf5::is_own_staging(path) || is_being_deleted(path)
+    tfrecord::is_own_dir(path) || hdf5::is_own_staging(path) || is_being_deleted(path)
 }
 
 /// The first entry of the directory `dir` that no imagefeed writer makes there (anything but a
@@ -460,13 +460,13 @@ pub fn foreign_entry(dir: &Path) -> Option<std::ffi::OsString> {
         let ours = entry.file_type().is_ok_and(|t| t.is_file())
             && name.to_str().is_some_and(|name| {
                 let name = name.strip_suffix(".tmp").unwrap_or(name);
-                name == DELETING || records::is_writer_file(name) || hdf5::is_staging_file(name)
+                name == DELETING || tfrecord::is_writer_file(name) || hdf5::is_staging_file(name)
             });
         if !ours {
             return Some(name);
         }
     }
-    records::unlisted_shard_file(dir)
+    tfrecord::unlisted_shard_file(dir)
 }
 
 /// The file `remove_own_output` puts in a directory before deleting anything in it, and
@@ -503,8 +503,8 @@ pub(crate) fn remove_own_output(path: &Path) -> Result<()> {
             result.at(entry)
         };
         // What makes it a dataset (or a resumable pack) goes first.
-        remove(records::MANIFEST.as_ref())?;
-        remove(records::PROGRESS.as_ref())?;
+        remove(tfrecord::MANIFEST.as_ref())?;
+        remove(tfrecord::PROGRESS.as_ref())?;
         remove(hdf5::STAGED_PROGRESS.as_ref())?;
         for entry in std::fs::read_dir(path).at(path)? {
             let name = entry.at(path)?.file_name();

@@ -24,13 +24,13 @@ use std::path::{Path, PathBuf};
 
 use crate::cache::Cache;
 use crate::error::{Error, IoContext as _, Result};
-use crate::format::records;
+use crate::format::tfrecord;
 use crate::format::writer::StartMode;
 use crate::remote::RemoteUrl;
 use crate::remote::store::{self, Patience};
 
 /// The marker a records upload leaves while it runs.
-const MARKER: &str = records::PROGRESS;
+const MARKER: &str = tfrecord::PROGRESS;
 
 /// Where the local staging copy of an upload to `url` goes.
 pub fn staging_for(url: &RemoteUrl, cache: &Cache) -> PathBuf {
@@ -74,7 +74,9 @@ pub fn check_target(url: &RemoteUrl, mode: StartMode) -> Result<()> {
         return Ok(());
     }
     let ours_unfinished = under.iter().any(|o| o.url.file_name() == MARKER)
-        && !under.iter().any(|o| o.url.file_name() == records::MANIFEST);
+        && !under
+            .iter()
+            .any(|o| o.url.file_name() == tfrecord::MANIFEST);
     if mode.resume && ours_unfinished {
         return Ok(());
     }
@@ -120,7 +122,10 @@ fn publish_directory(local: &Path, url: &RemoteUrl, mode: StartMode, create: boo
     let marker = local.join(".upload-marker");
     fs::write(
         &marker,
-        format!("{{\"magic\": \"{}\", \"uploading\": true}}", records::MAGIC),
+        format!(
+            "{{\"magic\": \"{}\", \"uploading\": true}}",
+            tfrecord::MAGIC
+        ),
     )
     .at(&marker)?;
     store::upload(&marker, &url.join(MARKER), false)?;
@@ -130,7 +135,7 @@ fn publish_directory(local: &Path, url: &RemoteUrl, mode: StartMode, create: boo
         .filter_map(|e| e.ok())
         .filter(|e| e.path().is_file())
         .filter_map(|e| e.file_name().into_string().ok())
-        .filter(|n| n != records::MANIFEST && n != MARKER)
+        .filter(|n| n != tfrecord::MANIFEST && n != MARKER)
         .collect();
     names.sort();
     for name in &names {
@@ -143,15 +148,15 @@ fn publish_directory(local: &Path, url: &RemoteUrl, mode: StartMode, create: boo
         store::upload(&path, &url.join(name), create && !mode.resume)?;
     }
     store::upload(
-        &local.join(records::MANIFEST),
-        &url.join(records::MANIFEST),
+        &local.join(tfrecord::MANIFEST),
+        &url.join(tfrecord::MANIFEST),
         create,
     )?;
     if mode.force {
         for object in &present {
             let name = object.url.file_name();
-            if records::is_writer_file(name)
-                && name != records::MANIFEST
+            if tfrecord::is_writer_file(name)
+                && name != tfrecord::MANIFEST
                 && name != MARKER
                 && !names.iter().any(|n| n == name)
             {
@@ -168,5 +173,5 @@ pub(crate) fn is_unfinished(listing: &[crate::remote::store::ObjectInfo]) -> boo
     listing.iter().any(|o| o.url.file_name() == MARKER)
         && !listing
             .iter()
-            .any(|o| o.url.file_name() == records::MANIFEST)
+            .any(|o| o.url.file_name() == tfrecord::MANIFEST)
 }

@@ -11,7 +11,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::lmdb::{self, LmdbWriter};
-use super::records::{self, RecordsWriter};
+use super::tfrecord::{self, RecordsWriter};
 use crate::dataset::{DatasetInfo, FormatKind, PartInfo, PayloadKind};
 use crate::error::{Error, Result};
 
@@ -22,7 +22,7 @@ pub enum PackFormat {
     Lmdb,
     /// A single HDF5 file ([`crate::format::hdf5`]).
     Hdf5,
-    /// A directory of TFRecord shards with indexes ([`crate::format::records`]).
+    /// A directory of TFRecord shards with indexes ([`crate::format::tfrecord`]).
     Records,
 }
 
@@ -92,7 +92,7 @@ impl Default for WriterOptions {
         WriterOptions {
             mode: StartMode::default(),
             lmdb_map_size: lmdb::DEFAULT_MAP_SIZE,
-            shard_bytes: records::DEFAULT_SHARD_BYTES,
+            shard_bytes: tfrecord::DEFAULT_SHARD_BYTES,
             label_base: 0,
         }
     }

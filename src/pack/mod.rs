@@ -100,7 +100,7 @@ pub fn convert_with(
     format.require(out)?;
     if source.is_dir()
         && !source.join("data.mdb").is_file()
-        && !crate::format::records::looks_like_records(source)
+        && !crate::format::tfrecord::looks_like_records(source)
         && !crate::format::webdataset::looks_like_webdataset(source)
     {
         return pack_image_folder(source, out, format, options, observer);

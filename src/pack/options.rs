@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::format::folder::ImageFolder;
 use crate::format::staging::partial_path;
 use crate::format::writer::WriterOptions;
-use crate::format::{lmdb, records};
+use crate::format::{lmdb, tfrecord};
 
 use crate::format::writer::{Rejection, StartMode};
 
@@ -112,7 +112,7 @@ impl Default for PackOptions {
             threads: None,
             chunk_size: 256,
             lmdb_map_size: lmdb::DEFAULT_MAP_SIZE,
-            shard_bytes: records::DEFAULT_SHARD_BYTES,
+            shard_bytes: tfrecord::DEFAULT_SHARD_BYTES,
             label_base: 0,
             part: None,
             cache: None,

@@ -11,8 +11,8 @@ use crate::cache::Cache;
 use crate::error::Result;
 use crate::format::OpenOptions;
 use crate::format::compressed;
-use crate::format::records::remote::{SHARDS_AT_ONCE, in_parallel};
 use crate::format::shard_data::{Mapped, ShardData};
+use crate::format::tfrecord::remote::{SHARDS_AT_ONCE, in_parallel};
 use crate::remote::store::{self, ObjectInfo, Patience};
 use crate::remote::{RemoteUrl, fetch};
 

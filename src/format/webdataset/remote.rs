@@ -10,9 +10,9 @@ use crate::cache::Cache;
 use crate::error::Result;
 use crate::format::OpenOptions;
 use crate::format::compressed;
-use crate::format::records::remote::{SHARDS_AT_ONCE, in_parallel};
 use crate::format::shard_data::Mapped;
 use crate::format::shards::SetReport;
+use crate::format::tfrecord::remote::{SHARDS_AT_ONCE, in_parallel};
 use crate::remote::store::ObjectInfo;
 use crate::remote::{RemoteUrl, fetch};
 

@@ -690,8 +690,9 @@ fn run(cli: Cli) -> Result<u8> {
             };
             let options = imagefeed::format::OpenOptions::default()
                 .with_allow_missing_shards(allow_missing_shards);
-            let records = imagefeed::format::records::Records::open_selection(&selection, &options)
-                .with_context(|| format!("opening {}", describe(&shards)))?;
+            let records =
+                imagefeed::format::tfrecord::Records::open_selection(&selection, &options)
+                    .with_context(|| format!("opening {}", describe(&shards)))?;
             let written = records
                 .save_missing_indexes()
                 .with_context(|| format!("saving the indexes of {}", describe(&shards)))?;

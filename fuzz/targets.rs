@@ -16,7 +16,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::decode::{CropPlan, Decoder, RawImage};
-use crate::format::{example, hdf5 as h5fmt, lmdb, pickle, records};
+use crate::format::{example, hdf5 as h5fmt, lmdb, pickle, tfrecord};
 use crate::geometry::Rect;
 use crate::rng::SampleRng;
 use crate::transform::{SampleTransformer, Transform};
@@ -129,7 +129,7 @@ fn inside(whole: &[u8], part: &[u8]) -> bool {
 
 /// TFRecord framing: the shard scan that builds a missing index, and unframing one record.
 pub fn tfrecord_shard(data: &[u8]) {
-    let scan = records::scan_shard(data);
+    let scan = tfrecord::scan_shard(data);
     let mut end = 0u64;
     for (number, &(offset, len)) in scan.records.iter().enumerate() {
         assert_eq!(offset, end, "the scan skipped or repeated bytes");
@@ -146,14 +146,14 @@ pub fn tfrecord_shard(data: &[u8]) {
                 len,
                 "a record whose length is not its header's"
             );
-            match records::unframe(frame) {
+            match tfrecord::unframe(frame) {
                 Ok(payload) => assert!(inside(frame, payload)),
                 Err(e) => assert!(e.contains("data's CRC"), "{e}"),
             }
         }
     }
     assert_eq!(end, data.len() as u64, "the scan does not cover the shard");
-    if let Ok(payload) = records::unframe(data) {
+    if let Ok(payload) = tfrecord::unframe(data) {
         assert!(inside(data, payload));
     }
 }
@@ -163,8 +163,8 @@ pub fn records_index(data: &[u8]) {
     let mut fields = Fields { rest: data };
     let shard_len = fields.u64();
     let path = Path::new("fuzz.index");
-    if let Ok(entries) = records::parse_index(path, fields.rest)
-        && let Ok(end) = records::check_index_covers(path, &entries, shard_len)
+    if let Ok(entries) = tfrecord::parse_index(path, fields.rest)
+        && let Ok(end) = tfrecord::check_index_covers(path, &entries, shard_len)
     {
         assert!(end >= shard_len);
     }
@@ -240,10 +240,10 @@ pub fn records_dataset(data: &[u8]) {
     let index = fields.field();
     let shard = fields.rest;
     let dir = fresh_dir("records");
-    std::fs::write(dir.join(records::MANIFEST), manifest).expect("writing the manifest");
+    std::fs::write(dir.join(tfrecord::MANIFEST), manifest).expect("writing the manifest");
     std::fs::write(dir.join("s.index"), index).expect("writing the index");
     std::fs::write(dir.join("s.tfrecord"), shard).expect("writing the shard");
-    if let Ok(dataset) = records::Records::open(&dir) {
+    if let Ok(dataset) = tfrecord::Records::open(&dir) {
         read_everything(&dataset);
     }
 }
@@ -485,7 +485,7 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
         let mut index = String::new();
         for payload in payloads {
             let start = out.len();
-            records::frame(&mut out, &example(payload, 1));
+            tfrecord::frame(&mut out, &example(payload, 1));
             index.push_str(&format!("{start} {}\n", out.len() - start));
         }
         (out, index)
@@ -508,8 +508,8 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
             let (bytes, index) = shard(&[&jpeg, &tiny, &raw]);
             let manifest = format!(
                 r#"{{"magic":"{}","version":{},"complete":true,"label_base":0,"shards":[{{"file":"s.tfrecord","index":"s.index","records":3,"bytes":{}}}],"format":"records","classes":["a","b"],"num_samples":3,"payload":"encoded"}}"#,
-                records::MAGIC,
-                records::VERSION,
+                tfrecord::MAGIC,
+                tfrecord::VERSION,
                 bytes.len()
             );
             let mut out = Vec::new();

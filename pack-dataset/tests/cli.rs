@@ -492,7 +492,7 @@ fn hdf5_records_split_and_join_from_the_command_line() {
     ]));
     let shards = std::fs::read_dir(&recs)
         .unwrap()
-        .filter(|e| imagefeed::format::records::is_shard_name(&e.as_ref().unwrap().path()))
+        .filter(|e| imagefeed::format::tfrecord::is_shard_name(&e.as_ref().unwrap().path()))
         .count();
     assert!(shards >= 3, "{shards} shards");
     // Two parts, packed as separate jobs would, then joined.

@@ -9,7 +9,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use imagefeed::dataset::MAX_CLASSES;
-use imagefeed::format::records;
+use imagefeed::format::tfrecord;
 use imagefeed::format::{self, OpenOptions, example};
 use imagefeed::pack::{self, NoProgress, PackFormat};
 use imagefeed::{Error, inspect, verify};
@@ -179,20 +179,20 @@ fn write_shard(dir: &Path, records: &[(i64, &[u8])]) -> PathBuf {
             &mut example,
             &[
                 (
-                    records::features::ENCODED,
+                    tfrecord::features::ENCODED,
                     example::FeatureValue::Bytes(&image),
                 ),
                 (
-                    records::features::LABEL,
+                    tfrecord::features::LABEL,
                     example::FeatureValue::Int64(label),
                 ),
                 (
-                    records::features::FILENAME,
+                    tfrecord::features::FILENAME,
                     example::FeatureValue::Bytes(filename),
                 ),
             ],
         );
-        records::frame(&mut shard, &example);
+        tfrecord::frame(&mut shard, &example);
     }
     let path = dir.join("train-00000-of-00001");
     fs::write(&path, shard).unwrap();
