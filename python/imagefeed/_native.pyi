@@ -158,6 +158,15 @@ def _augment_op(
 ) -> bytes: ...
 def _blur_op(kernel: Tuple[int, int], sigma: float, pixels: bytes, width: int, height: int) -> bytes: ...
 def _color_op(op: str, factor: float, pixels: bytes, width: int, height: int) -> bytes: ...
+def _timm_op(
+    op: str,
+    arg: float,
+    pixels: bytes,
+    width: int,
+    height: int,
+    fill: Tuple[int, int, int],
+    resample: str,
+) -> bytes: ...
 def synthesize(
     root: _Path,
     *,

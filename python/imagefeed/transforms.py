@@ -38,6 +38,7 @@ __all__ = [
     "AutoAugment",
     "RandAugment",
     "TrivialAugmentWide",
+    "TimmRandAugment",
     "ColorJitter",
     "RandomGrayscale",
     "GaussianBlur",
@@ -420,6 +421,70 @@ class RandAugment(_Augmentation):
         }
 
 
+class TimmRandAugment(_Step):
+    """timm's RandAugment, as ``timm.data.rand_augment_transform(config_str, hparams)`` builds it:
+    the augmentation of timm's recipes (DeiT, ConvNeXt, Swin: ``"rand-m9-mstd0.5-inc1"``), with
+    timm's own 15 ops and level functions (not torchvision's ``RandAugment``).
+
+    Parameters
+    ----------
+    config_str : str
+        timm's config: ``"rand"`` then ``-``-separated sections ``m`` (magnitude, 0..10 scale),
+        ``n`` (ops per image, default 2), ``p`` (each op's probability, default 0.5), ``mstd``
+        (magnitude noise: normal standard deviation, or uniform in 0..m above 100), ``mmax``
+        (magnitude ceiling, default 10), ``inc`` (1: the level functions that grow with the
+        magnitude). Transform sets (``t...``) are not supported.
+    fill : int or (int, int, int)
+        The colour moved-in pixels take: timm passes the normalization mean in 0..255
+        (``img_mean``; ``(124, 116, 104)`` for ImageNet's, the default here).
+    interpolation : {"random", "bilinear", "bicubic"}
+        How the geometric ops sample: ``"random"`` (timm's default) draws one of the two per op.
+    """
+
+    def __init__(
+        self,
+        config_str: str = "rand-m9-mstd0.5-inc1",
+        fill: Union[int, Sequence[int]] = (124, 116, 104),
+        interpolation: Literal["random", "bilinear", "bicubic"] = "random",
+    ):
+        if not isinstance(config_str, str) or config_str.split("-")[0] != "rand":
+            raise ValueError(f"TimmRandAugment: config {config_str!r} must start with 'rand'")
+        for section in filter(None, config_str.split("-")[1:]):
+            key = section[: len(section) - len(section.lstrip("abcdefghijklmnopqrstuvwxyz"))]
+            value = section[len(key) :]
+            if key not in ("m", "n", "p", "mstd", "mmax", "inc") or not _is_number(value):
+                raise ValueError(
+                    f"TimmRandAugment: section {section!r} of {config_str!r} is not one of m, n, p, "
+                    "mstd, mmax, inc with a number (transform sets are not supported)"
+                )
+        if interpolation not in ("random", "bilinear", "bicubic"):
+            raise ValueError(
+                f"TimmRandAugment: interpolation {interpolation!r} is none of random, bilinear, bicubic"
+            )
+        self.config_str = config_str
+        self.fill = _fill(fill, "TimmRandAugment")
+        self.interpolation = interpolation
+
+    def _apply(self, spec: Dict[str, Any]) -> None:
+        _pixel_step(
+            spec,
+            {
+                "kind": "timm_rand_augment",
+                "config": self.config_str,
+                "fill": self.fill,
+                "interpolation": self.interpolation,
+            },
+        )
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 class TrivialAugmentWide(_Augmentation):
     """torchvision ``TrivialAugmentWide(num_magnitude_bins)``: one op drawn uniformly from the
     14, at a uniformly drawn bin of its wide table, with a random sign. The augmentation of
@@ -624,7 +689,7 @@ class Compose(Transform):
                 raise TypeError(
                     f"{step!r} is not an imagefeed transform step; the loader runs only "
                     "Resize, CenterCrop, RandomCrop, RandomResizedCrop, RandomHorizontalFlip, "
-                    "AutoAugment, RandAugment, TrivialAugmentWide, ColorJitter, RandomApply, "
+                    "AutoAugment, RandAugment, TrivialAugmentWide, TimmRandAugment, ColorJitter, RandomApply, "
                     "RandomGrayscale, GaussianBlur, Normalize and RandomErasing "
                     "(for arbitrary Python transforms use imagefeed.Dataset with a DataLoader)"
                 )
@@ -641,7 +706,7 @@ class Compose(Transform):
                 flip_at = listed
             step._apply(spec)
         pixel = spec.pop("pixel_steps", [])
-        moving = [i for i, s in enumerate(pixel) if s["kind"] == "augment"]
+        moving = [i for i, s in enumerate(pixel) if s["kind"] in ("augment", "timm_rand_augment")]
         if before_geometry is None:
             # No geometry: the flip goes before the pixel steps (the fast form) unless an
             # automatic augmentation is listed before it; then after them all.
@@ -796,7 +861,8 @@ def imagenet_train(
     builds it: ``RandomResizedCrop(size, interpolation)``, random flip, then the automatic
     augmentation ``auto_augment`` names (``"ta_wide"``: :class:`TrivialAugmentWide`, ``"ra"``:
     :class:`RandAugment` at ``ra_magnitude``, ``"imagenet"``, ``"cifar10"``, ``"svhn"``:
-    :class:`AutoAugment`; None: none), ImageNet normalization, and :class:`RandomErasing` with
+    :class:`AutoAugment`; a timm config such as ``"rand-m9-mstd0.5-inc1"``:
+    :class:`TimmRandAugment`; None: none), ImageNet normalization, and :class:`RandomErasing` with
     probability ``random_erase`` when it is above 0.
 
     ``mixup`` and ``cutmix`` above 0 add the reference's batch step (its ``--mixup-alpha``,
@@ -818,10 +884,14 @@ def imagenet_train(
         steps.append(RandAugment(magnitude=ra_magnitude))
     elif auto_augment in ("imagenet", "cifar10", "svhn"):
         steps.append(AutoAugment(auto_augment))
+    elif isinstance(auto_augment, str) and auto_augment.split("-")[0] == "rand":
+        # timm's create_transform: its RandAugment, filling with the normalization mean.
+        steps.append(TimmRandAugment(auto_augment, fill=tuple(min(255, round(255 * m)) for m in IMAGENET_MEAN)))
     elif auto_augment is not None:
         raise ValueError(
             f"imagenet_train: auto_augment {auto_augment!r} must be None, 'ta_wide', 'ra', "
-            "'imagenet', 'cifar10' or 'svhn' (torchvision's 'augmix' is not supported)"
+            "'imagenet', 'cifar10', 'svhn' or a timm RandAugment config ('rand-m9-mstd0.5-inc1'; "
+            "torchvision's 'augmix' is not supported)"
         )
     steps.append(Normalize(IMAGENET_MEAN, IMAGENET_STD))
     if random_erase > 0:

@@ -339,6 +339,46 @@ fn _augment_op<'py>(
     Ok(pyo3::types::PyBytes::new(py, &pixels))
 }
 
+/// One op of timm's RandAugment (its name) with its argument (what timm's level function
+/// returns) on a `width × height` RGB image, sampling with `"bilinear"` or `"bicubic"`; returns
+/// the new pixels. For checking the ops against timm's and PIL's.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn _timm_op<'py>(
+    py: Python<'py>,
+    op: &str,
+    arg: f64,
+    pixels: Vec<u8>,
+    width: u32,
+    height: u32,
+    fill: (u8, u8, u8),
+    resample: &str,
+) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+    use imagefeed::transform::affine_filter::AffineFilter;
+    use imagefeed::transform::ops::RgbImage;
+    use imagefeed::transform::timm::TimmOp;
+    let op = TimmOp::from_name(op).ok_or_else(|| config(format!("unknown timm op {op:?}")))?;
+    let filter = match resample {
+        "bilinear" => AffineFilter::Bilinear,
+        "bicubic" => AffineFilter::Bicubic,
+        other => return Err(config(format!("unknown resample {other:?}"))),
+    };
+    check_rgb(&pixels, width, height)?;
+    let (mut pixels, mut scratch) = (pixels, Vec::new());
+    op.apply(
+        &mut RgbImage {
+            pixels: &mut pixels,
+            scratch: &mut scratch,
+            width,
+            height,
+        },
+        arg,
+        [fill.0, fill.1, fill.2],
+        filter,
+    );
+    Ok(pyo3::types::PyBytes::new(py, &pixels))
+}
+
 /// One colour adjustment (`"brightness"`, `"contrast"`, `"saturation"`, `"hue"` with its factor,
 /// or `"grayscale"`) applied to a `width × height` RGB image, as `ColorJitter` and
 /// `RandomGrayscale` apply them; returns the new pixels. For checking them against PIL and
@@ -418,6 +458,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(synthesize, m)?)?;
     m.add_function(wrap_pyfunction!(_augment_op, m)?)?;
     m.add_function(wrap_pyfunction!(_color_op, m)?)?;
+    m.add_function(wrap_pyfunction!(_timm_op, m)?)?;
     m.add_function(wrap_pyfunction!(_blur_op, m)?)?;
     m.add_function(wrap_pyfunction!(pack_dataset_main, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

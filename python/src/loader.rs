@@ -20,7 +20,7 @@ use imagefeed::sampler::Uneven;
 use imagefeed::transform::{
     AugmentPolicy, AutoAugment, BatchMix, ColorJitter, DType, EraseValue, GaussianBlur, Geometry,
     Interpolation, Layout, Normalize, PaddingMode, PixelStep, PixelSteps, RandomErasing,
-    RandomGrayscale, Transform, autoaugment::DEFAULT_MAGNITUDE_BINS,
+    RandomGrayscale, TimmRandAugment, TimmResample, Transform, autoaugment::DEFAULT_MAGNITUDE_BINS,
 };
 
 use crate::dlpack::{Element, HostArray, HostMemory};
@@ -422,8 +422,38 @@ fn parse_pixel_step(step: &Bound<'_, PyAny>) -> PyResult<PixelStep> {
                 .extract()?,
         }),
         "blur" => PixelStep::GaussianBlur(parse_blur(step)?),
+        "timm_rand_augment" => PixelStep::TimmRandAugment(parse_timm(dict)?),
         other => return Err(config(format!("transform: unknown pixel step {other:?}"))),
     })
+}
+
+/// timm's RandAugment dict: `{"config": "rand-m9-mstd0.5-inc1", "fill": (r, g, b),
+/// "interpolation": "random" | "bilinear" | "bicubic"}`.
+fn parse_timm(dict: &Bound<'_, PyDict>) -> PyResult<TimmRandAugment> {
+    let text: String = dict
+        .get_item("config")?
+        .ok_or_else(|| config("transform: timm RandAugment config is missing"))?
+        .extract()?;
+    let mut augment =
+        TimmRandAugment::from_config(&text).map_err(|e| config(format!("transform: {e}")))?;
+    if let Some(fill) = dict.get_item("fill")? {
+        augment.fill = fill.extract()?;
+    }
+    if let Some(interpolation) = dict.get_item("interpolation")? {
+        let name: String = interpolation.extract()?;
+        augment.resample = match name.as_str() {
+            "random" => TimmResample::Random,
+            "bilinear" => TimmResample::Bilinear,
+            "bicubic" => TimmResample::Bicubic,
+            other => {
+                return Err(config(format!(
+                    "transform: timm RandAugment interpolation {other:?} is none of random, \
+                     bilinear, bicubic"
+                )));
+            }
+        };
+    }
+    Ok(augment)
 }
 
 /// `GaussianBlur`'s dict: `{"kernel": (width, height), "sigma": (min, max), "p"}`.

@@ -283,6 +283,108 @@ def test_colour_jitter_and_grayscale_in_the_loader(lmdb_path):
         np.testing.assert_array_equal(a, b)
 
 
+# -- timm's RandAugment ----------------------------------------------------------------------------
+
+TIMM_ARGS = {
+    "AutoContrast": [0.0],
+    "Equalize": [0.0],
+    "Invert": [0.0],
+    "Rotate": [-30.0, -27.0, -4.5, 0.0, 13.5, 30.0, 90.0],
+    "Posterize": [0.0, 1.0, 3.0, 4.0, 8.0],
+    "Solarize": [0.0, 26.0, 128.0, 230.0, 256.0],
+    "SolarizeAdd": [0.0, 33.0, 99.0, 110.0],
+    "Color": [0.1, 0.46, 1.0, 1.72, 1.9],
+    "Contrast": [0.1, 0.19, 1.81, 1.9],
+    "Brightness": [0.1, 0.55, 1.9],
+    "Sharpness": [0.1, 1.45, 1.9],
+    "ShearX": [-0.3, -0.27, 0.0, 0.09, 0.3],
+    "ShearY": [-0.3, 0.15, 0.3],
+    "TranslateXRel": [-0.45, -0.405, 0.0, 0.135, 0.45],
+    "TranslateYRel": [-0.45, 0.2, 0.45],
+}
+
+PIL_FILTER = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
+
+
+def timm_ours(op, arg, img, fill, resample):
+    w, h = img.size
+    out = _native._timm_op(op, arg, img.tobytes(), w, h, fill, resample)
+    return np.frombuffer(out, np.uint8).reshape(h, w, 3)
+
+
+def timm_pil(op, arg, img, fill, resample):
+    """What timm's op functions (timm/data/auto_augment.py) do, written with PIL's calls."""
+    f = PIL_FILTER[resample]
+    affine = lambda m: img.transform(img.size, Image.AFFINE, m, resample=f, fillcolor=fill)  # noqa: E731
+    w, h = img.size
+    enhance = {"Color": ImageEnhance.Color, "Contrast": ImageEnhance.Contrast,
+               "Brightness": ImageEnhance.Brightness, "Sharpness": ImageEnhance.Sharpness}
+    if op in enhance:
+        return enhance[op](img).enhance(arg)
+    if op == "SolarizeAdd":
+        lut = [min(255, i + int(arg)) if i < 128 else i for i in range(256)]
+        return img.point(lut * 3)
+    return {
+        "AutoContrast": lambda: ImageOps.autocontrast(img),
+        "Equalize": lambda: ImageOps.equalize(img),
+        "Invert": lambda: ImageOps.invert(img),
+        "Rotate": lambda: img.rotate(arg, resample=f, fillcolor=fill),
+        # Pillow 11 refuses 0 bits, which timm asks for at the top magnitude of the increasing
+        # level; older Pillow kept no bit (black), which the loader does.
+        "Posterize": lambda: img if arg >= 8 else (
+            ImageOps.posterize(img, int(arg)) if arg >= 1 else Image.new("RGB", img.size)
+        ),
+        "Solarize": lambda: ImageOps.solarize(img, arg),
+        "ShearX": lambda: affine((1, arg, 0, 0, 1, 0)),
+        "ShearY": lambda: affine((1, 0, 0, arg, 1, 0)),
+        "TranslateXRel": lambda: affine((1, 0, arg * w, 0, 1, 0)),
+        "TranslateYRel": lambda: affine((1, 0, 0, 0, 1, arg * h)),
+    }[op]()
+
+
+@pytest.mark.parametrize("resample", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("op", sorted(TIMM_ARGS))
+def test_every_timm_op_is_pils(op, resample):
+    """timm's RandAugment ops, its bilinear and bicubic affine sampling included, equal PIL's
+    result value for value (square and not, odd sizes)."""
+    fill = (124, 116, 104)
+    for size in ((61, 47), (64, 64)):
+        img = photo(*size, seed=len(op) + 1)
+        for arg in TIMM_ARGS[op]:
+            want = np.asarray(timm_pil(op, arg, img, fill, resample))
+            got = timm_ours(op, arg, img, fill, resample)
+            diff = np.abs(got.astype(int) - want.astype(int))
+            assert diff.max() == 0, (op, arg, size, resample, int((diff > 0).sum()), int(diff.max()))
+
+
+def test_timm_rand_augment_runs_in_the_loader_and_refuses_what_timm_would(lmdb_path):
+    step = T.TimmRandAugment("rand-m9-mstd0.5-inc1")
+    kw = dict(dtype="uint8", layout="NHWC", seed=4)
+    one = loader(lmdb_path, workers=1, transform=T.Compose([T.RandomResizedCrop(24), step]), **kw)
+    three = loader(lmdb_path, workers=3, transform=T.Compose([T.RandomResizedCrop(24), step]), **kw)
+    plain = loader(lmdb_path, workers=1, transform=T.Compose([T.RandomResizedCrop(24)]), **kw)
+    changed = total = 0
+    for (a, _), (b, _), (c, _) in zip(one, three, plain):
+        np.testing.assert_array_equal(a, b)
+        changed += int((a != c).any(axis=(1, 2, 3)).sum())
+        total += len(a)
+    # Two ops at p 0.5: about three images in four change (some ops change nothing).
+    assert 0.5 * total < changed < 0.95 * total, (changed, total)
+    spec = T.imagenet_train(auto_augment="rand-m9-mstd0.5-inc1").spec()
+    assert spec["pixel_steps"][0] == {
+        "kind": "timm_rand_augment", "config": "rand-m9-mstd0.5-inc1", "fill": (124, 116, 104),
+        "interpolation": "random",
+    }
+    for bad in ("augmix-m5", "rand-x3", "rand-mfoo", "rand-tweights", 9):
+        with pytest.raises(ValueError):
+            T.TimmRandAugment(bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        T.TimmRandAugment(interpolation="nearest")  # type: ignore[arg-type]
+    # What only the loader checks (the numbers' ranges) is a ConfigError naming the section.
+    with pytest.raises(imagefeed.ConfigError, match="p 2"):
+        loader(lmdb_path, transform=T.Compose([T.TimmRandAugment("rand-p2")]))
+
+
 # -- steps in any order (Compose) -----------------------------------------------------------------
 
 

@@ -483,6 +483,75 @@ def test_augmentations_draw_like_torchvision(tmp_path, policy):
     assert abs(unchanged[0] - unchanged[1]) < 0.06, (policy, unchanged)
 
 
+def _timm_augment():
+    """timm's auto_augment module, its posterize taking 0 bits as black (Pillow 11+ refuses 0,
+    which timm's increasing level asks for at the top magnitude; older Pillow gave black)."""
+    aa = pytest.importorskip("timm.data.auto_augment", reason="timm is not installed")
+    from PIL import Image
+
+    def posterize(img, bits, **kwargs):
+        return Image.new(img.mode, img.size) if bits < 1 else aa.posterize(img, bits, **kwargs)
+
+    for name in ("Posterize", "PosterizeIncreasing", "PosterizeOriginal"):
+        aa.NAME_TO_OP[name] = posterize
+    return aa
+
+
+def test_every_timm_op_is_timms():
+    """Each op of timm's RandAugment against timm's own op function, both resamplings."""
+    aa = _timm_augment()
+    from PIL import Image
+    from test_augment import TIMM_ARGS, photo, timm_ours
+
+    fill = (124, 116, 104)
+    for resample, f in (("bilinear", Image.BILINEAR), ("bicubic", Image.BICUBIC)):
+        img = photo(61, 47, seed=5)
+        for op, args in TIMM_ARGS.items():
+            for arg in args:
+                if op in ("AutoContrast", "Equalize", "Invert"):
+                    level: tuple = ()
+                else:
+                    level = (int(arg) if op in ("Posterize", "Solarize", "SolarizeAdd") else arg,)
+                want = np.asarray(aa.NAME_TO_OP[op](img.copy(), *level, fillcolor=fill, resample=f))
+                got = timm_ours(op, arg, img, fill, resample)
+                assert np.array_equal(got, want), (op, arg, resample, int((got != want).sum()))
+
+
+@pytest.mark.parametrize("config", ["rand-m9-mstd0.5-inc1", "rand-m9-mstd0.5", "rand-n3-m7-mstd101"])
+def test_timm_rand_augment_draws_like_timm(tmp_path, config):
+    """The random side against timm's rand_augment_transform with the same hparams: 800 results
+    each, the distributions of their distance from the photo (KS under 0.1) and the shares left
+    unchanged agree."""
+    aa = _timm_augment()
+    import random
+
+    from test_augment import photo
+
+    img = photo(40, 32, seed=8)
+    (tmp_path / "c" / "a").mkdir(parents=True)
+    first = tmp_path / "c" / "a" / "000.png"
+    img.save(first)
+    n = 800
+    for i in range(1, n):
+        os.link(first, tmp_path / "c" / "a" / f"{i:03d}.png")
+    fill = (124, 116, 104)
+    loader = imagefeed.Loader(tmp_path / "c", batch_size=100, workers=2, shuffle=False, output="numpy",
+                              dtype="uint8", layout="NHWC", rank=0, world_size=1, seed=13,
+                              transform=T.Compose([T.TimmRandAugment(config, fill=fill)]))
+    base = np.asarray(img).astype(int)
+    ours = np.concatenate([np.abs(x.astype(int) - base).mean(axis=(1, 2, 3)) for x, _ in loader])
+    random.seed(0)
+    np.random.seed(0)
+    theirs_step = aa.rand_augment_transform(config, {"translate_const": 100, "img_mean": fill})
+    theirs = np.array([np.abs(np.asarray(theirs_step(img)).astype(int) - base).mean() for _ in range(n)])
+    grid = np.union1d(ours, theirs)
+    cdf = [np.searchsorted(np.sort(values), grid, "right") / n for values in (ours, theirs)]
+    ks = np.abs(cdf[0] - cdf[1]).max()
+    unchanged = ((ours == 0).mean(), (theirs == 0).mean())
+    assert ks < 0.1, (config, ks, unchanged)
+    assert abs(unchanged[0] - unchanged[1]) < 0.06, (config, unchanged)
+
+
 def test_mixup_and_cutmix_are_torchvisions_v2_given_the_same_draw(lmdb_path):
     """Each mixed batch against torchvision's transforms.v2 MixUp / CutMix applied to the same
     unmixed batch with the same draw (lam read off our soft labels, the box off our images):

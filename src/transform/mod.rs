@@ -18,6 +18,7 @@
 //! layout change and the normalization happen while writing the slot
 //! ([`slot::SlotWriter`]).
 
+pub mod affine_filter;
 pub mod autoaugment;
 pub mod blur;
 pub mod color;
@@ -29,6 +30,7 @@ pub mod pixel;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 pub mod slot;
+pub mod timm;
 pub mod transformer;
 
 pub use crate::resize::Interpolation;
@@ -40,6 +42,7 @@ pub use erase::{EraseValue, RandomErasing};
 pub use mix::BatchMix;
 pub use pixel::{PixelStep, PixelSteps};
 pub use slot::{DType, Layout, Normalize, SlotWriter};
+pub use timm::{TimmRandAugment, TimmResample};
 pub use transformer::{Prepared, SampleTransformer};
 
 /// Resizing and cropping.

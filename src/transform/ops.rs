@@ -10,6 +10,8 @@
 //! exact transposes `Image.rotate` takes for 90° and 180°. Each op is tested against PIL (and
 //! torchvision's own `_apply_op` where torch is installed) on photos.
 
+use super::affine_filter::{self, AffineFilter};
+
 /// One operation of the automatic augmentation policies (torchvision's names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Op {
@@ -146,13 +148,9 @@ impl RgbImage<'_> {
                 ),
                 fill,
             ),
-            Op::Rotate => self.rotate(magnitude, fill),
-            Op::Brightness => adjust_brightness(self.pixels, factor(magnitude)),
-            Op::Color => adjust_saturation(self.pixels, factor(magnitude)),
-            Op::Contrast => adjust_contrast(self.pixels, factor(magnitude)),
-            Op::Sharpness => {
-                smooth(self.pixels, self.scratch, self.width, self.height);
-                blend(self.scratch, self.pixels, factor(magnitude));
+            Op::Rotate => self.rotate(magnitude, fill, None),
+            Op::Brightness | Op::Color | Op::Contrast | Op::Sharpness => {
+                self.enhance(op, factor(magnitude))
             }
             Op::Posterize => {
                 let bits = magnitude.trunc().clamp(0.0, 8.0) as u32;
@@ -168,10 +166,45 @@ impl RgbImage<'_> {
         }
     }
 
-    /// PIL `Image.rotate(angle)` with nearest-neighbour sampling, no expansion, about the
-    /// centre: the exact transposes for 0°, 180° and (square images) 90° / 270°, else the affine
-    /// transform with PIL's matrix (its sines and cosines rounded to 15 decimals as PIL does).
-    fn rotate(&mut self, angle: f64, fill: [u8; 3]) {
+    /// PIL `ImageEnhance.Brightness`, `Color`, `Contrast` or `Sharpness` (`op`) with `factor`
+    /// (PIL's blend takes it as a `float`). Other ops are left alone.
+    pub fn enhance(&mut self, op: Op, factor: f32) {
+        match op {
+            Op::Brightness => adjust_brightness(self.pixels, factor),
+            Op::Color => adjust_saturation(self.pixels, factor),
+            Op::Contrast => adjust_contrast(self.pixels, factor),
+            Op::Sharpness => {
+                smooth(self.pixels, self.scratch, self.width, self.height);
+                blend(self.scratch, self.pixels, factor);
+            }
+            _ => {}
+        }
+    }
+
+    /// PIL `Image.transform(AFFINE, m)` sampling with `filter` (`None`: nearest neighbour).
+    pub fn affine_with(&mut self, m: [f64; 6], fill: [u8; 3], filter: Option<AffineFilter>) {
+        match filter {
+            None => self.affine(m, fill),
+            Some(filter) => {
+                affine_filter::transform(
+                    self.pixels,
+                    self.width,
+                    self.height,
+                    m,
+                    fill,
+                    filter,
+                    self.scratch,
+                );
+                std::mem::swap(self.pixels, self.scratch);
+            }
+        }
+    }
+
+    /// PIL `Image.rotate(angle, resample)`, no expansion, about the centre, sampling with
+    /// `filter` (`None`: nearest neighbour): the exact transposes for 0°, 180° and (square
+    /// images) 90° / 270°, else the affine transform with PIL's matrix (its sines and cosines
+    /// rounded to 15 decimals as PIL does).
+    pub fn rotate(&mut self, angle: f64, fill: [u8; 3], filter: Option<AffineFilter>) {
         let angle = python_mod(angle, 360.0);
         let (w, h) = (self.width, self.height);
         if angle == 0.0 {
@@ -206,7 +239,7 @@ impl RgbImage<'_> {
         m[5] += m[3] * x + m[4] * y;
         m[2] += cx;
         m[5] += cy;
-        self.affine(m, fill);
+        self.affine_with(m, fill, filter);
     }
 
     /// PIL's nearest-neighbour `Image.transform(AFFINE, m)`: output pixel (x, y) takes the

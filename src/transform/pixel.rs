@@ -10,6 +10,7 @@ use super::autoaugment::AutoAugment;
 use super::blur::{BlurScratch, GaussianBlur};
 use super::color::{ColorJitter, RandomGrayscale};
 use super::ops::RgbImage;
+use super::timm::TimmRandAugment;
 
 /// One step on the image's pixels.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -22,6 +23,8 @@ pub enum PixelStep {
     Grayscale(RandomGrayscale),
     /// torchvision's `GaussianBlur` (in `RandomApply(p)`).
     GaussianBlur(GaussianBlur),
+    /// timm's `RandAugment` (`rand-m9-mstd0.5-inc1`).
+    TimmRandAugment(TimmRandAugment),
 }
 
 /// The most pixel steps one transform takes.
@@ -79,7 +82,8 @@ impl PixelSteps {
     /// rotations), so the flip must happen on the pixels before it rather than while the slot
     /// is written: the other steps do the same to an image and its mirror.
     pub fn moves_pixels(&self) -> bool {
-        self.iter().any(|s| matches!(s, PixelStep::AutoAugment(_)))
+        self.iter()
+            .any(|s| matches!(s, PixelStep::AutoAugment(_) | PixelStep::TimmRandAugment(_)))
     }
 
     /// Checks every step's parameters.
@@ -89,6 +93,7 @@ impl PixelSteps {
             PixelStep::ColorJitter(j) => j.validate(),
             PixelStep::Grayscale(g) => g.validate(),
             PixelStep::GaussianBlur(b) => b.validate(),
+            PixelStep::TimmRandAugment(t) => t.validate(),
         })
     }
 
@@ -118,6 +123,15 @@ impl PixelSteps {
                 PixelStep::GaussianBlur(blur) => {
                     blur.apply(rng, pixels, &mut scratch.blur, width, height)
                 }
+                PixelStep::TimmRandAugment(augment) => augment.apply(
+                    rng,
+                    &mut RgbImage {
+                        pixels,
+                        scratch: &mut scratch.bytes,
+                        width,
+                        height,
+                    },
+                ),
             }
         }
     }
