@@ -13,6 +13,10 @@ the same way: one untimed warm-up epoch, then one line per timed epoch.
             TrivialAugmentWide, PILToTensor, ConvertImageDtype, Normalize,
             RandomErasing(0.1); RandomChoice([MixUp(0.2), CutMix(1.0)]) in the
             collate_fn, as references/classification/train.py does          -> f32 NCHW
+  imagenet-timm  timm's recipe: RandomResizedCrop(224), RandomHorizontalFlip,
+            timm's rand_augment_transform("rand-m9-mstd0.5-inc1", mean fill), ToTensor,
+            Normalize (timm's posterize patched to take 0 bits as black: Pillow 11+
+            raises there, which ends a timm run)                              -> f32 NCHW
 
 Workers are persistent (created once, before the warm-up), which is the fastest way to run the
 DataLoader over several epochs. With --cold every file of the tree is evicted from the page cache
@@ -84,7 +88,7 @@ class MixCollate:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("root", help="an ImageFolder tree (one sub-folder per class)")
-    parser.add_argument("--transform", choices=["cifar", "cifar-train", "imagenet", "imagenet-ref"], default="cifar")
+    parser.add_argument("--transform", choices=["cifar", "cifar-train", "imagenet", "imagenet-ref", "imagenet-timm"], default="cifar")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=5, help="timed epochs")
@@ -115,6 +119,31 @@ def main():
                 transforms.RandomHorizontalFlip(),
                 transforms.ToTensor(),
                 transforms.Normalize(CIFAR10_MEAN, CIFAR10_STD),
+            ]
+        )
+    elif args.transform == "imagenet-timm":
+        try:
+            from timm.data import auto_augment
+        except ImportError as err:
+            print(f"error: imagenet-timm needs timm: {err}", file=sys.stderr)
+            return 3
+        posterize = auto_augment.posterize
+
+        def posterize_zero_as_black(img, bits, **kwargs):
+            return Image.new(img.mode, img.size) if bits < 1 else posterize(img, bits, **kwargs)
+
+        for name in ("Posterize", "PosterizeIncreasing", "PosterizeOriginal"):
+            auto_augment.NAME_TO_OP[name] = posterize_zero_as_black
+        mean_fill = tuple(min(255, round(255 * m)) for m in IMAGENET_MEAN)
+        augment = transforms.Compose(
+            [
+                transforms.RandomResizedCrop(224),
+                transforms.RandomHorizontalFlip(),
+                auto_augment.rand_augment_transform(
+                    "rand-m9-mstd0.5-inc1", {"translate_const": int(224 * 0.45), "img_mean": mean_fill}
+                ),
+                transforms.ToTensor(),
+                transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD),
             ]
         )
     elif args.transform == "imagenet-ref":

@@ -92,6 +92,7 @@ pub fn draw(report: &Report, path: &Path) -> Result<()> {
             crate::compare::CompareTransform::CifarTrain => "RandomCrop 32 pad 4",
             crate::compare::CompareTransform::Imagenet => "RandomResizedCrop 224",
             crate::compare::CompareTransform::ImagenetRef => "reference recipe (RRC 176 + TA)",
+            crate::compare::CompareTransform::ImagenetTimm => "timm recipe (RRC 224 + timm RA)",
         },
         report.batch_size
     );

@@ -104,6 +104,9 @@ pub enum CompareTransform {
     /// TrivialAugmentWide + ImageNet normalize + RandomErasing(0.1), f32 NCHW, then MixUp(0.2)
     /// or CutMix(1.0) on each batch.
     ImagenetRef,
+    /// timm's recipe: RandomResizedCrop 224 + random flip + timm's RandAugment
+    /// ("rand-m9-mstd0.5-inc1") + ImageNet normalize, f32 NCHW.
+    ImagenetTimm,
 }
 
 impl CompareTransform {
@@ -113,6 +116,7 @@ impl CompareTransform {
             CompareTransform::CifarTrain => "cifar-train",
             CompareTransform::Imagenet => "imagenet",
             CompareTransform::ImagenetRef => "imagenet-ref",
+            CompareTransform::ImagenetTimm => "imagenet-timm",
         }
     }
 }
@@ -300,7 +304,9 @@ pub fn compare(args: CompareArgs) -> Result<()> {
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let batch_size = args.batch_size.unwrap_or(match args.transform {
         CompareTransform::Cifar | CompareTransform::CifarTrain => 256,
-        CompareTransform::Imagenet | CompareTransform::ImagenetRef => 64,
+        CompareTransform::Imagenet
+        | CompareTransform::ImagenetRef
+        | CompareTransform::ImagenetTimm => 64,
     });
     let mut notes = Vec::new();
 

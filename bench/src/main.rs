@@ -55,6 +55,9 @@ enum TransformArg {
     /// The reference recipe's per-sample steps DALI's CPU pipeline has too: RandomResizedCrop
     /// 176 + random flip + TrivialAugmentWide + normalize (no erasing, no batch mix).
     ImagenetTa,
+    /// timm's recipe: RandomResizedCrop 224 + random flip + timm's RandAugment
+    /// ("rand-m9-mstd0.5-inc1", mean fill, random bilinear/bicubic) + normalize.
+    ImagenetTimm,
     /// Resize 256 + CenterCrop 224 + normalize (evaluation).
     ImagenetEval,
     /// Decode only, u8 NHWC.
@@ -310,6 +313,7 @@ fn load(args: LoadArgs) -> Result<()> {
         TransformArg::Imagenet => "imagenet",
         TransformArg::ImagenetRef => "imagenet-ref",
         TransformArg::ImagenetTa => "imagenet-ta",
+        TransformArg::ImagenetTimm => "imagenet-timm",
         TransformArg::ImagenetEval => "imagenet-eval",
         TransformArg::None => "none",
     };
@@ -445,6 +449,14 @@ fn load_config(args: &LoadArgs) -> (LoaderConfig, Transform) {
         TransformArg::ImagenetRef => Transform::imagenet_reference(176),
         TransformArg::ImagenetTa => Transform::imagenet_train(176)
             .with_augment(imagefeed::transform::AutoAugment::trivial_augment_wide()),
+        TransformArg::ImagenetTimm => {
+            let mut augment =
+                imagefeed::transform::TimmRandAugment::from_config("rand-m9-mstd0.5-inc1")
+                    .expect("a valid timm config");
+            augment.fill = [124, 116, 104];
+            Transform::imagenet_train(224)
+                .with_pixel_step(imagefeed::transform::PixelStep::TimmRandAugment(augment))
+        }
         TransformArg::ImagenetEval => Transform::imagenet_eval(256, 224),
         TransformArg::None => Transform::none(),
     };

@@ -48,6 +48,9 @@ pub fn markdown(report: &Report) -> String {
                  RandomErasing 0.1, then MixUp 0.2 / CutMix 1.0 on the batch)",
             crate::compare::CompareTransform::Imagenet =>
                 "imagenet (RandomResizedCrop 224 + flip + normalize)",
+            crate::compare::CompareTransform::ImagenetTimm =>
+                "imagenet-timm (RandomResizedCrop 224 + flip + timm RandAugment \
+                 rand-m9-mstd0.5-inc1 + normalize)",
         },
         report.batch_size,
     );
