@@ -187,6 +187,10 @@ pub struct TimmRandAugment {
 /// The most ops timm's RandAugment takes per image here.
 pub const MAX_TIMM_OPS: u32 = 64;
 
+/// The largest magnitude (and `mmax`) accepted: ten times timm's scale, past which every op's
+/// argument is saturated or meaningless (timm has no limit; a huge one overflows the levels).
+pub const MAX_TIMM_MAGNITUDE: f64 = 100.0;
+
 impl TimmRandAugment {
     /// timm's defaults (`"rand"`): 2 ops at magnitude 10, p 0.5, no noise, grey fill.
     pub fn new() -> TimmRandAugment {
@@ -257,10 +261,10 @@ impl TimmRandAugment {
                 self.num_ops
             ));
         }
-        let finite = |v: f64| v.is_finite() && v >= 0.0;
-        if !finite(self.magnitude) || !finite(self.magnitude_max) {
+        let sane = |v: f64| (0.0..=MAX_TIMM_MAGNITUDE).contains(&v);
+        if !sane(self.magnitude) || !sane(self.magnitude_max) {
             return Err(format!(
-                "timm RandAugment magnitude {} and mmax {} must be finite and non-negative",
+                "timm RandAugment magnitude {} and mmax {} must be in 0..{MAX_TIMM_MAGNITUDE}",
                 self.magnitude, self.magnitude_max
             ));
         }
