@@ -180,8 +180,10 @@ class RandomCrop(_Step):
         self.padding_mode = padding_mode
 
     def _apply(self, spec: Dict[str, Any]) -> None:
-        if spec["geometry"] != "native":
-            raise ValueError("RandomCrop replaces Resize/CenterCrop: use it alone")
+        # After a Resize (Compose([Resize(256), RandomCrop(224)])) the window is drawn on the
+        # resized image; "short" stays in the spec.
+        if spec["geometry"] not in ("native", "resize"):
+            raise ValueError("RandomCrop can follow only Resize")
         h, w = self.size
         spec.update(
             geometry="random_crop",

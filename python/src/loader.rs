@@ -236,6 +236,7 @@ fn parse_transform(spec: &Bound<'_, PyDict>) -> PyResult<Transform> {
                 .map(|v| v.extract())
                 .transpose()?
                 .unwrap_or([0; 3]),
+            resize: spec.get_item("short")?.map(|v| v.extract()).transpose()?,
             padding_mode: match spec.get_item("padding_mode")? {
                 None => PaddingMode::Constant,
                 Some(name) => {

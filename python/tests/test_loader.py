@@ -1139,13 +1139,43 @@ def test_random_crop_pads_if_needed_and_refuses_what_it_cannot_do(lmdb_path):
         with pytest.raises(ValueError):
             T.RandomCrop(32, **bad)
     with pytest.raises(ValueError):
-        T.Compose([T.Resize(40), T.RandomCrop(32)])
+        T.Compose([T.CenterCrop(40), T.RandomCrop(32)])
     # The CIFAR preset is torchvision's recipe: RandomCrop(32, padding=4), flip, normalize.
     assert T.cifar_train() == T.Compose(
         [T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(0.5), T.Normalize(T.CIFAR10_MEAN, T.CIFAR10_STD)]
     )
     images, _ = next(iter(loader(lmdb_path, transform=T.cifar_train())))
     assert images.shape[1:] == (3, 32, 32)
+
+
+@pytest.mark.parametrize("padding_mode", ["constant", "reflect"])
+def test_resize_then_random_crop_is_a_window_of_the_resized_image(lmdb_path, padding_mode):
+    """Compose([Resize(16), RandomCrop(12, padding=2)]): each window is one of PIL's resized
+    (as torchvision's Resize on a PIL image) and padded image, within one level on 99% of the
+    values (the loader crops, then resamples that region)."""
+    from PIL import Image
+
+    ds = imagefeed.Dataset(lmdb_path, decode="numpy")
+    crop = loader(
+        lmdb_path,
+        transform=T.Compose([T.Resize(16), T.RandomCrop(12, padding=2, padding_mode=padding_mode)]),
+        dtype="uint8",
+        layout="NHWC",
+        seed=3,
+    ).dataset
+    for i in range(12):
+        image, _ = ds[i]  # 24 x 32 -> 16 x 21 (torchvision: int(16 * 32 / 24))
+        resized = np.asarray(Image.fromarray(image).resize((21, 16), Image.BILINEAR)).astype(int)
+        padded = np.pad(resized, ((2, 2), (2, 2), (0, 0)), mode=padding_mode)
+        window = crop[i][0].astype(int)
+        assert window.shape == (12, 12, 3)
+        best = min(
+            (np.abs(padded[t : t + 12, x : x + 12] - window) > 1).mean()
+            for t in range(padded.shape[0] - 11)
+            for x in range(padded.shape[1] - 11)
+        )
+        assert best <= 0.01, (i, best)
+    assert T.Compose([T.Resize(16), T.RandomCrop(12)]).spec()["short"] == 16
 
 
 # -- RandomErasing (#33) ------------------------------------------------------------------------

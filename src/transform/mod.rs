@@ -88,6 +88,9 @@ pub enum Geometry {
         fill: [u8; 3],
         /// How the padding is filled (torchvision's `padding_mode`).
         padding_mode: PaddingMode,
+        /// `Resize(short)` first (`Compose([Resize(256), RandomCrop(224)])`): the window is
+        /// drawn on the resized image; `None` crops the image as decoded.
+        resize: Option<u32>,
     },
     /// torchvision `RandomResizedCrop((height, width), scale, ratio)`.
     RandomResizedCrop {
@@ -113,6 +116,7 @@ impl Geometry {
             pad_if_needed: false,
             fill: [0; 3],
             padding_mode: PaddingMode::Constant,
+            resize: None,
         }
     }
 
@@ -128,6 +132,7 @@ impl Geometry {
                 pad_if_needed,
                 fill: [0, 0, 0],
                 padding_mode: PaddingMode::Constant,
+                resize: None,
             } => format!(
                 "RandomCrop {{ width: {width}, height: {height}, padding: {padding:?}, \
                  pad_if_needed: {pad_if_needed} }}"
@@ -383,9 +388,13 @@ impl Transform {
                 width,
                 height,
                 padding,
+                resize,
                 ..
             } => {
                 positive(width, height)?;
+                if let Some(short) = resize {
+                    positive(short, short)?;
+                }
                 if let Some(side) = padding.iter().find(|&&p| p > MAX_PADDING) {
                     return Err(format!(
                         "RandomCrop padding {side} is more than {MAX_PADDING} pixels"
@@ -530,6 +539,7 @@ mod tests {
                 pad_if_needed: false,
                 fill,
                 padding_mode,
+                resize: None,
             },
             ..cifar
         };

@@ -395,12 +395,15 @@ fn plan_crop(
             height,
             padding,
             pad_if_needed,
+            resize,
             ..
-        } => (
-            random_crop(rng, w, h, width, height, padding, pad_if_needed)?,
-            width,
-            height,
-        ),
+        } => {
+            // With a Resize first, the window is drawn on the resized image and mapped back.
+            let (rw, rh) = resize.map_or((w, h), |short| short_side_size(w, h, short));
+            let window = random_crop(rng, rw, rh, width, height, padding, pad_if_needed)?;
+            let crop = window.scaled(w as f64 / rw as f64, h as f64 / rh as f64);
+            (crop, width, height)
+        }
         Geometry::ResizeCenterCrop {
             short,
             width,
@@ -516,6 +519,7 @@ mod tests {
                 pad_if_needed: false,
                 fill,
                 padding_mode: mode,
+                resize: None,
             });
             let mut seen = std::collections::HashSet::new();
             for index in 0..80 {
@@ -662,6 +666,69 @@ mod tests {
             black_left > 0 && black_right > 0,
             "{black_left} {black_right}"
         );
+    }
+
+    #[test]
+    fn a_random_crop_after_a_resize_draws_its_window_on_the_resized_image() {
+        let payload = ramp(32, 24);
+        let crop = |resize| {
+            geometry(Geometry::RandomCrop {
+                width: 12,
+                height: 10,
+                padding: [2; 4],
+                pad_if_needed: false,
+                fill: [0; 3],
+                padding_mode: PaddingMode::Constant,
+                resize,
+            })
+        };
+        let mut transformer = SampleTransformer::default();
+        // A resize to the image's own short side changes nothing: the same windows.
+        for index in 0..20 {
+            let plain = finished(
+                &transformer
+                    .apply(&crop(None), &payload, &mut SampleRng::new(7, 0, index))
+                    .unwrap(),
+            );
+            let same = finished(
+                &transformer
+                    .apply(&crop(Some(24)), &payload, &mut SampleRng::new(7, 0, index))
+                    .unwrap(),
+            );
+            assert_eq!(plain, same, "sample {index}");
+        }
+        // Halving: the ramp's steps double, and the windows (offsets 0..=2+12+2-12 on the
+        // 16 x 12 image) stay within it and its padding.
+        let mut offsets = std::collections::HashSet::new();
+        for index in 0..40 {
+            let p = transformer
+                .apply(&crop(Some(12)), &payload, &mut SampleRng::new(7, 0, index))
+                .unwrap();
+            assert_eq!((p.width, p.height), (12, 10));
+            let window = random_crop(
+                &mut SampleRng::new(7, 0, index),
+                16,
+                12,
+                12,
+                10,
+                [2; 4],
+                false,
+            )
+            .unwrap();
+            offsets.insert((window.left as i64, window.top as i64));
+            let pixels = finished(&p);
+            // Inside the resized image, red is about twice the resized column.
+            let (x, y) = (6i64, 5i64);
+            let (sx, sy) = (x + window.left as i64, y + window.top as i64);
+            if (1..15).contains(&sx) && (1..11).contains(&sy) {
+                let red = i64::from(pixels[((y * 12 + x) * 3) as usize]);
+                assert!(
+                    (red - (2 * sx + 1)).abs() <= 1,
+                    "sample {index}: {red} at {sx}"
+                );
+            }
+        }
+        assert!(offsets.len() > 10, "{offsets:?}");
     }
 
     #[test]
