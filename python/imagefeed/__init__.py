@@ -14,10 +14,11 @@
   exact mid-epoch resume (``state_dict``) and bad-sample reports.
 - :class:`Dataset`: a map-style dataset for existing ``DataLoader`` pipelines.
 - :func:`pack`, :func:`inspect`, :func:`verify`: packing and checking, as ``pack-dataset`` does.
-- :mod:`imagefeed.transforms`, :mod:`imagefeed.errors`.
+- :mod:`imagefeed.transforms`, :mod:`imagefeed.errors`, :mod:`imagefeed.reports` (the typed
+  shapes of the reports returned as dicts).
 """
 
-from . import errors, transforms
+from . import errors, reports, transforms
 from ._native import __version__
 from .dataset import Dataset
 from .errors import *  # noqa: F403 - the exception classes, listed in errors.__all__
@@ -40,5 +41,6 @@ __all__ = [
     "synthesize",
     "transforms",
     "errors",
+    "reports",
     *errors.__all__,
 ]

@@ -6,10 +6,11 @@ import json
 import os
 import sys
 import warnings
-from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple, Union, cast
 
 from . import _native, errors
 from ._reading import DatasetPath, dataset_paths, reading_options
+from .reports import LoaderState, LoaderStats
 from .transforms import BatchTransform, Transform
 from .transforms import none as _no_transform
 from .views import LoaderDataset, LoaderSampler
@@ -645,7 +646,7 @@ class Loader:
 
     # -- resume ----------------------------------------------------------------------------
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> LoaderState:
         """Where the loader stands: the next batch the current epoch would give the trainer
         (after a finished epoch, the start of the next one; after ``set_epoch(e)``, the start of
         epoch ``e``). Plain JSON types, for ``torch.save``."""
@@ -655,7 +656,7 @@ class Loader:
         state = self._native.state(self.epoch, fresh=fresh, handed=self._handed)
         return {"imagefeed_loader_state": json.loads(state)}
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: Union[LoaderState, Dict[str, Any]]) -> None:
         """Makes the next ``for`` loop continue the saved epoch at its next batch. Raises
         :class:`~imagefeed.errors.StateMismatchError` when the state was saved with another seed
         (a loader made with ``seed=None`` takes the saved one),
@@ -666,7 +667,7 @@ class Loader:
         if not isinstance(state, dict) or not isinstance(state.get("imagefeed_loader_state"), dict):
             raise errors.ConfigError("not an imagefeed Loader.state_dict()")
         inner = json.dumps(dict(state["imagefeed_loader_state"]))
-        saved_seed = state["imagefeed_loader_state"].get("seed")
+        saved_seed: Any = state["imagefeed_loader_state"].get("seed")
         native = self._native
         if (not self._seed_given and isinstance(saved_seed, int) and not isinstance(saved_seed, bool)
                 and 0 <= saved_seed < 2**64 and saved_seed != self.seed):
@@ -735,12 +736,12 @@ class Loader:
         """Which samples an epoch gives this rank (:class:`~imagefeed.views.LoaderSampler`)."""
         return LoaderSampler(self)
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self) -> LoaderStats:
         """Stage times (seconds, summed over workers), counts, and the pool's allocations."""
         s: Dict[str, Any] = dict(self._native.stats())
         s["pool_allocations"] = self._native.pool_allocations
         s["pool_bytes"] = self._native.pool_bytes
-        return s
+        return cast(LoaderStats, s)
 
     def __repr__(self) -> str:
         return (

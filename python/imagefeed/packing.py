@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 from . import _native, errors
 from ._reading import DatasetPath, dataset_paths, reading_options
+from .reports import Inspection, PackSummary, VerifyReport
 
 __all__ = ["pack", "join", "inspect", "verify", "synthesize"]
 
@@ -38,7 +39,7 @@ def pack(
     allow_missing_shards: bool = False,
     storage_options: Optional[Dict[str, str]] = None,
     ranged_reads: bool = False,
-) -> Dict[str, Any]:
+) -> PackSummary:
     """Packs an ImageFolder tree (one sub-folder per class), or converts any dataset imagefeed
     reads, into ``out`` as ``format`` (``"lmdb"``, ``"hdf5"`` or ``"records"``). A source that
     other tools wrote is read with the options :class:`~imagefeed.Loader` takes
@@ -80,7 +81,7 @@ def pack(
                 ranged_reads,
             ),
         )
-    result: Dict[str, Any] = json.loads(summary)
+    result: PackSummary = json.loads(summary)
     return result
 
 
@@ -95,7 +96,7 @@ def join(
     shard_bytes: Optional[int] = None,
     label_base: int = 0,
     progress: bool = True,
-) -> Dict[str, Any]:
+) -> PackSummary:
     """Joins the parts of a split pack (``pack(src, part_i, part=(i, n))`` for each i, in any
     order, e.g. one per job of an array) into ``out``: the same dataset an unsplit pack would
     have written. Payloads are copied, not decoded again. Give the options of the output side
@@ -106,7 +107,7 @@ def join(
             [os.fspath(p) for p in parts], os.fspath(out), format=format, resume=resume, force=force,
             threads=threads, shard_bytes=shard_bytes, label_base=label_base, quiet=not progress,
         )
-    result: Dict[str, Any] = json.loads(summary)
+    result: PackSummary = json.loads(summary)
     return result
 
 
@@ -119,7 +120,7 @@ def inspect(
     num_classes: Optional[int] = None,
     storage_options: Optional[Dict[str, str]] = None,
     ranged_reads: bool = False,
-) -> Dict[str, Any]:
+) -> Inspection:
     """What ``pack-dataset inspect`` shows: format, completeness (``missing_shards`` when a set
     lacks members), classes and their counts, image sizes, payload bytes, bad records. Takes the
     reading options :class:`~imagefeed.Loader` takes; ``report["whole"]`` is True when the
@@ -129,7 +130,7 @@ def inspect(
         ranged_reads=ranged_reads,
     )
     with errors.arguments("inspect"):
-        report: Dict[str, Any] = json.loads(_native.inspect_dataset(dataset_paths(path), reading))
+        report: Inspection = json.loads(_native.inspect_dataset(dataset_paths(path), reading))
     report["whole"] = bool(report.get("complete")) and not report.get("bad_records")
     return report
 
@@ -145,7 +146,7 @@ def verify(
     allow_missing_shards: bool = False,
     storage_options: Optional[Dict[str, str]] = None,
     ranged_reads: bool = False,
-) -> Dict[str, Any]:
+) -> VerifyReport:
     """Decodes every record (and, with ``against``, compares each with the ImageFolder tree it
     was packed from). Takes the reading options :class:`~imagefeed.Loader` takes. Returns the
     report; ``report["ok"]`` is True when no problem was found."""
@@ -154,7 +155,7 @@ def verify(
         ranged_reads,
     )
     with errors.arguments("verify"):
-        report: Dict[str, Any] = json.loads(
+        report: VerifyReport = json.loads(
             _native.verify_dataset(dataset_paths(path), None if against is None else os.fspath(against), reading)
         )
     report["ok"] = not report.get("problems")

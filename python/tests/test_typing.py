@@ -63,3 +63,46 @@ def test_the_stub_functions_and_methods_take_the_extensions_parameters():
                 assert parameters(item) == [a for a in actual if a != "self"], f"{node.name}.{item.name}"
                 checked += 1
     assert checked >= 10
+
+
+def _keys_fit(report, shape, what):
+    """The report has every required key of its TypedDict and no key the TypedDict lacks."""
+    keys = set(report)
+    assert shape.__required_keys__ <= keys, (what, shape.__required_keys__ - keys)
+    assert keys <= shape.__required_keys__ | shape.__optional_keys__, (
+        what,
+        keys - shape.__required_keys__ - shape.__optional_keys__,
+    )
+
+
+def test_the_reports_have_the_keys_their_typed_shapes_name(tmp_path):
+    from imagefeed import reports
+
+    imagefeed.synthesize(tmp_path / "src", classes=2, per_class=3, edge_cases=True)
+    summary = imagefeed.pack(tmp_path / "src", tmp_path / "o.lmdb", progress=False)
+    _keys_fit(summary, reports.PackSummary, "pack")
+    assert summary["rejected"], "the edge cases hold files that are not images"
+    _keys_fit(summary["rejected"][0], reports.Rejection, "rejection")
+    parts = [tmp_path / f"p{i}.lmdb" for i in range(2)]
+    for i, part in enumerate(parts):
+        imagefeed.pack(tmp_path / "src", part, part=(i, 2), progress=False)
+    joined = imagefeed.join(parts, tmp_path / "j.lmdb", progress=False)
+    _keys_fit(joined, reports.PackSummary, "join")
+    report = imagefeed.inspect(tmp_path / "o.lmdb")
+    _keys_fit(report, reports.Inspection, "inspect")
+    _keys_fit(report["classes"][0], reports.ClassCount, "class count")
+    _keys_fit(report["width"], reports.Spread, "spread")
+    _keys_fit(report["common_sizes"][0], reports.SizeCount, "size count")
+    checked = imagefeed.verify(tmp_path / "o.lmdb", tmp_path / "src")
+    _keys_fit(checked, reports.VerifyReport, "verify")
+    # A problem: the source gained an image the dataset lacks.
+    extra = tmp_path / "src" / "class00" / "extra.jpg"
+    extra.write_bytes((next((tmp_path / "src" / "class00").glob("*.jpg"))).read_bytes())
+    problems = imagefeed.verify(tmp_path / "o.lmdb", tmp_path / "src")["problems"]
+    assert problems
+    _keys_fit(problems[0], reports.Problem, "problem")
+    loader = imagefeed.Loader(tmp_path / "o.lmdb", batch_size=4, rank=0, world_size=1, output="numpy")
+    for _ in loader:
+        pass
+    _keys_fit(loader.stats(), reports.LoaderStats, "stats")
+    _keys_fit(loader.state_dict(), reports.LoaderState, "state")
