@@ -230,13 +230,10 @@ fn convert_rewrites_a_python_lmdb_into_ours() {
         &out,
         &out,
         imagefeed::pack::PackFormat::Lmdb,
-        &imagefeed::pack::PackOptions {
-            mode: imagefeed::pack::StartMode {
-                force: true,
-                resume: false,
-            },
-            ..small_options()
-        },
+        &small_options().with_mode(imagefeed::pack::StartMode {
+            force: true,
+            resume: false,
+        }),
         &imagefeed::pack::NoProgress,
     )
     .unwrap_err();
@@ -479,11 +476,7 @@ fn the_tfrecord_package_reads_our_shards_with_and_without_the_index() {
         &fixture_root(),
         &out,
         imagefeed::pack::PackFormat::Records,
-        &imagefeed::pack::PackOptions {
-            shard_bytes: 20_000,
-            label_base: 1,
-            ..small_options()
-        },
+        &small_options().with_shard_bytes(20_000).with_label_base(1),
     );
     // Every shard through tfrecord_loader, once through its index's offsets and once read
     // sequentially; labels are stored with base 1.

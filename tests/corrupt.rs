@@ -533,13 +533,11 @@ fn harness() {
         ..SyntheticSpec::default()
     };
     synthetic::write_image_folder(&src, &spec).unwrap();
-    let options = PackOptions {
-        lmdb_map_size: 64 << 20,
-        chunk_size: 8,
-        threads: Some(1),
-        shard_bytes: 8 << 10,
-        ..PackOptions::default()
-    };
+    let options = PackOptions::default()
+        .with_lmdb_map_size(64 << 20)
+        .with_chunk_size(8)
+        .with_threads(Some(1))
+        .with_shard_bytes(8 << 10);
     let mut tally = Tally::default();
     for (format, name) in support::writable([
         (PackFormat::Lmdb, "d.lmdb"),

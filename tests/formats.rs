@@ -33,10 +33,7 @@ fn interrupted_hdf5_and_records_packs_resume_to_the_same_dataset() {
         (PackFormat::Records, "resumed.records"),
     ]) {
         let out = dir.path().join(name);
-        let options = PackOptions {
-            shard_bytes: 8 << 10,
-            ..small_options()
-        };
+        let options = small_options().with_shard_bytes(8 << 10);
         let crash = Crash::after(2);
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             pack::pack_image_folder(&src, &out, format, &options, &crash)
@@ -72,13 +69,10 @@ fn interrupted_hdf5_and_records_packs_resume_to_the_same_dataset() {
         let err = pack::pack_image_folder(&src, &out, format, &options, &NoProgress).unwrap_err();
         assert!(err.to_string().contains("--resume"), "{name}: {err}");
 
-        let resume = PackOptions {
-            mode: StartMode {
-                resume: true,
-                force: false,
-            },
-            ..options.clone()
-        };
+        let resume = options.clone().with_mode(StartMode {
+            resume: true,
+            force: false,
+        });
         let summary = pack::pack_image_folder(&src, &out, format, &resume, &NoProgress).unwrap();
         assert_eq!(
             summary.resumed_from, 8,
@@ -173,10 +167,7 @@ fn locate(dir: &Path, index: usize) -> (PathBuf, u64, u64) {
 fn corrupt_and_truncated_shards_are_bad_samples_naming_shard_and_record() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.records");
-    let options = PackOptions {
-        shard_bytes: 8 << 10,
-        ..small_options()
-    };
+    let options = small_options().with_shard_bytes(8 << 10);
     pack_as(&fixture_root(), &path, PackFormat::Records, &options);
     // Flip one byte inside record 5's data.
     let (shard, offset, len) = locate(&path, 5);
@@ -259,10 +250,7 @@ fn a_split_conversion_joins_into_exactly_the_unsplit_dataset() {
         .rev()
         .map(|i| {
             let part = dir.path().join(format!("part-{i}.lmdb"));
-            let options = PackOptions {
-                part: Some(Part { index: i, count: 4 }),
-                ..small_options()
-            };
+            let options = small_options().with_part(Some(Part { index: i, count: 4 }));
             let summary = pack_as(&src, &part, PackFormat::Lmdb, &options);
             rejected.extend(summary.rejected.into_iter().map(|r| r.key));
             part
@@ -316,10 +304,7 @@ fn a_split_conversion_joins_into_exactly_the_unsplit_dataset() {
         &other_src,
         &other,
         PackFormat::Lmdb,
-        &PackOptions {
-            part: Some(Part { index: 0, count: 4 }),
-            ..small_options()
-        },
+        &small_options().with_part(Some(Part { index: 0, count: 4 })),
     );
     let mixed = [parts[0].clone(), parts[1].clone(), parts[2].clone(), other];
     let err = join(&mixed);
@@ -333,10 +318,7 @@ fn a_split_conversion_joins_into_exactly_the_unsplit_dataset() {
         &src,
         &dir.path().join("x.lmdb"),
         PackFormat::Lmdb,
-        &PackOptions {
-            part: Some(Part { index: 4, count: 4 }),
-            ..small_options()
-        },
+        &small_options().with_part(Some(Part { index: 4, count: 4 })),
         &NoProgress,
     )
     .unwrap_err();
@@ -375,10 +357,7 @@ fn a_records_staging_directory_is_never_taken_for_a_dataset() {
     // and inspected as "complete: yes".
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("cut.records");
-    let options = PackOptions {
-        shard_bytes: 8 << 10,
-        ..small_options()
-    };
+    let options = small_options().with_shard_bytes(8 << 10);
     let crash = Crash::after(2);
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         pack::pack_image_folder(&fixture_root(), &out, PackFormat::Records, &options, &crash)
@@ -414,10 +393,7 @@ fn a_records_dataset_whose_deletion_was_interrupted_is_never_a_dataset_and_force
     // manifest next, so what is left is refused by every reader and still recognised as ours.
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("old.records");
-    let options = PackOptions {
-        shard_bytes: 8 << 10,
-        ..small_options()
-    };
+    let options = small_options().with_shard_bytes(8 << 10);
     pack_as(&fixture_root(), &out, PackFormat::Records, &options);
     // Where an interrupted deletion stops: marked, manifest gone, shards left.
     fs::write(
@@ -447,13 +423,10 @@ fn a_records_dataset_whose_deletion_was_interrupted_is_never_a_dataset_and_force
     assert!(!format::staging::is_own_output(&copy));
 
     // --force replaces what is left with a complete dataset.
-    let forced = PackOptions {
-        mode: StartMode {
-            force: true,
-            resume: false,
-        },
-        ..options.clone()
-    };
+    let forced = options.clone().with_mode(StartMode {
+        force: true,
+        resume: false,
+    });
     pack_as(&fixture_root(), &out, PackFormat::Records, &forced);
     assert!(!out.join(format::staging::DELETING).exists());
     let clean = dir.path().join("clean.records");
@@ -511,13 +484,10 @@ fn a_complete_dataset_under_a_partial_name_is_never_opened_and_resume_says_to_fo
     }
     // --resume on the records one has nothing to resume and says what to do.
     let out = dir.path().join("k.records");
-    let resume = PackOptions {
-        mode: StartMode {
-            force: false,
-            resume: true,
-        },
-        ..small_options()
-    };
+    let resume = small_options().with_mode(StartMode {
+        force: false,
+        resume: true,
+    });
     let err = pack::pack_image_folder(
         &fixture_root(),
         &out,
@@ -530,13 +500,10 @@ fn a_complete_dataset_under_a_partial_name_is_never_opened_and_resume_says_to_fo
         matches!(err, Error::ResumeMismatch { .. }) && err.to_string().contains("--force"),
         "{err}"
     );
-    let force = PackOptions {
-        mode: StartMode {
-            force: true,
-            resume: false,
-        },
-        ..small_options()
-    };
+    let force = small_options().with_mode(StartMode {
+        force: true,
+        resume: false,
+    });
     pack_as(&fixture_root(), &out, PackFormat::Records, &force);
     assert!(format::open(&out).is_ok());
     assert!(!format::staging::partial_path(&out).exists());
@@ -549,10 +516,7 @@ fn a_manifest_naming_paths_outside_its_directory_or_a_shard_twice_is_refused() {
     // shard twice served its records twice.
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("k.records");
-    let options = PackOptions {
-        shard_bytes: 8 << 10,
-        ..small_options()
-    };
+    let options = small_options().with_shard_bytes(8 << 10);
     pack_as(&fixture_root(), &out, PackFormat::Records, &options);
     let manifest_path = out.join(format::tfrecord::MANIFEST);
     let original: serde_json::Value =
@@ -647,23 +611,18 @@ fn resume_and_concurrent_runs_never_write_outside_their_own_staging_output() {
     let before = contents(&victims);
     let work = dir.path().join("work");
     fs::create_dir(&work).unwrap();
-    let small_shards = PackOptions {
-        shard_bytes: 8 << 10,
-        ..small_options()
-    };
-    let resume = |options: &PackOptions| PackOptions {
-        mode: StartMode {
+    let small_shards = small_options().with_shard_bytes(8 << 10);
+    let resume = |options: &PackOptions| {
+        options.clone().with_mode(StartMode {
             force: false,
             resume: true,
-        },
-        ..options.clone()
+        })
     };
-    let force = |options: &PackOptions| PackOptions {
-        mode: StartMode {
+    let force = |options: &PackOptions| {
+        options.clone().with_mode(StartMode {
             force: true,
             resume: false,
-        },
-        ..options.clone()
+        })
     };
     let run = |out: &Path, format: PackFormat, options: &PackOptions| {
         pack::pack_image_folder(&fixture_root(), out, format, options, &NoProgress)
@@ -810,10 +769,7 @@ fn resume_and_concurrent_runs_never_write_outside_their_own_staging_output() {
 /// the payloads it holds in order.
 fn foreign_shard(dir: &Path, n: usize) -> (PathBuf, Vec<Vec<u8>>) {
     let packed = dir.join("packed.records");
-    let options = PackOptions {
-        shard_bytes: u64::MAX,
-        ..small_options()
-    };
+    let options = small_options().with_shard_bytes(u64::MAX);
     pack_as(&fixture_root(), &packed, PackFormat::Records, &options);
     let payloads: Vec<Vec<u8>> = all_records(&packed).into_iter().map(|r| r.2).collect();
     assert_eq!(payloads.len(), n);
@@ -951,13 +907,10 @@ fn bytes_appended_to_a_shard_of_ours_are_refused() {
 #[test]
 fn a_staging_directory_killed_before_its_first_record_is_replaced_by_force_and_nothing_else_is() {
     let dir = tempfile::tempdir().unwrap();
-    let forced = PackOptions {
-        mode: StartMode {
-            force: true,
-            resume: false,
-        },
-        ..small_options()
-    };
+    let forced = small_options().with_mode(StartMode {
+        force: true,
+        resume: false,
+    });
     for (format, name) in writable([
         (PackFormat::Hdf5, "d.h5"),
         (PackFormat::Records, "d.records"),
@@ -1001,13 +954,10 @@ fn resume_after_a_kill_before_the_first_progress_record_starts_afresh() {
     // imagefeed HDF5 (no readable progress.json)"), although the error told the user to resume;
     // likewise an LMDB killed before its first commit ("meta/info is missing").
     let dir = tempfile::tempdir().unwrap();
-    let resume_lmdb = PackOptions {
-        mode: StartMode {
-            force: false,
-            resume: true,
-        },
-        ..small_options()
-    };
+    let resume_lmdb = small_options().with_mode(StartMode {
+        force: false,
+        resume: true,
+    });
     let out = dir.path().join("d.lmdb");
     let partial = format::staging::partial_path(&out);
     {
@@ -1027,13 +977,10 @@ fn resume_after_a_kill_before_the_first_progress_record_starts_afresh() {
     )
     .unwrap();
     assert!(verify::verify(&out, Some(&fixture_root())).unwrap().is_ok());
-    let resume = PackOptions {
-        mode: StartMode {
-            force: false,
-            resume: true,
-        },
-        ..small_options()
-    };
+    let resume = small_options().with_mode(StartMode {
+        force: false,
+        resume: true,
+    });
     for (format, name) in writable([
         (PackFormat::Hdf5, "d.h5"),
         (PackFormat::Records, "d.records"),
@@ -1383,13 +1330,10 @@ fn without_the_hdf5_feature_hdf5_is_recognized_and_refused_naming_path_and_featu
     assert!(!joined.exists() && !out.exists());
     // --force onto an HDF5 file: whether it is ours takes libhdf5 to tell, so it is refused
     // as such (not called foreign) and left as it was.
-    let force = PackOptions {
-        mode: StartMode {
-            force: true,
-            resume: false,
-        },
-        ..small_options()
-    };
+    let force = small_options().with_mode(StartMode {
+        force: true,
+        resume: false,
+    });
     disabled(
         pack::pack_image_folder(&fixture_root(), &h5, PackFormat::Lmdb, &force, &NoProgress)
             .unwrap_err(),
@@ -1406,13 +1350,10 @@ fn without_the_hdf5_feature_hdf5_is_recognized_and_refused_naming_path_and_featu
         r#"{"magic":"imagefeed-hdf5"}"#,
     )
     .unwrap();
-    let resume = PackOptions {
-        mode: StartMode {
-            force: false,
-            resume: true,
-        },
-        ..small_options()
-    };
+    let resume = small_options().with_mode(StartMode {
+        force: false,
+        resume: true,
+    });
     disabled(
         pack::pack_image_folder(
             &fixture_root(),

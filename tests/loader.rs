@@ -11,7 +11,6 @@ use imagefeed::batch::BadSampleKind;
 use imagefeed::dataset::Dataset;
 use imagefeed::decode::{Decoder, RawImage};
 use imagefeed::loader::{BadSamplePolicy, Loader, LoaderConfig, LoaderState, MaxBad};
-use imagefeed::pack::PackOptions;
 use imagefeed::sampler::Uneven;
 use imagefeed::synthetic::{self, SyntheticSpec};
 use imagefeed::transform::{BatchMix, DType, Geometry, Layout, Transform};
@@ -31,10 +30,7 @@ fn datasets(dir: &Path) -> (Arc<dyn Dataset>, Arc<dyn Dataset>, Arc<dyn Dataset>
     };
     synthetic::write_image_folder(&src, &spec).unwrap();
     pack_lmdb(&src, &dir.join("enc.lmdb"), &small_options());
-    let raw = PackOptions {
-        raw: true,
-        ..small_options()
-    };
+    let raw = small_options().with_raw(true);
     pack_lmdb(&src, &dir.join("raw.lmdb"), &raw);
     (
         format::open(&src).unwrap(),

@@ -46,10 +46,7 @@ fn packed_records(dir: &Path) -> std::path::PathBuf {
         &src,
         &out,
         PackFormat::Records,
-        &PackOptions {
-            shard_bytes: 8 * 700,
-            ..small_options()
-        },
+        &small_options().with_shard_bytes(8 * 700),
     );
     out
 }
@@ -427,12 +424,10 @@ fn fork_child() {
 }
 
 fn pack_options(server: &S3Server, dir: &Path) -> PackOptions {
-    PackOptions {
-        shard_bytes: 8 * 700,
-        cache: Some(Cache::at(dir.join("pack-cache"), None)),
-        storage_options: server.options(),
-        ..small_options()
-    }
+    small_options()
+        .with_shard_bytes(8 * 700)
+        .with_cache(Some(Cache::at(dir.join("pack-cache"), None)))
+        .with_storage_options(server.options())
 }
 
 fn synth(dir: &Path) -> std::path::PathBuf {
@@ -500,13 +495,10 @@ fn packing_to_s3_uploads_a_dataset_that_reads_like_a_local_pack_and_never_overwr
             matches!(again, Err(Error::AlreadyExists { .. })),
             "{again:?}"
         );
-        let forced = PackOptions {
-            mode: StartMode {
-                force: true,
-                resume: false,
-            },
-            ..pack_options(server, dir.path())
-        };
+        let forced = (pack_options(server, dir.path())).with_mode(StartMode {
+            force: true,
+            resume: false,
+        });
         pack_image_folder(&src, Path::new(&url), format, &forced, &NoProgress).unwrap();
     }
 }
@@ -550,13 +542,10 @@ fn an_upload_cut_short_never_opens_and_resume_finishes_it() {
         matches!(plain, Err(Error::AlreadyExists { .. })),
         "{plain:?}"
     );
-    let resume = PackOptions {
-        mode: StartMode {
-            resume: true,
-            force: false,
-        },
-        ..pack_options(server, dir.path())
-    };
+    let resume = (pack_options(server, dir.path())).with_mode(StartMode {
+        resume: true,
+        force: false,
+    });
     pack_image_folder(
         &src,
         Path::new(&url),

@@ -71,10 +71,7 @@ fn broken_files_are_rejected_by_path_and_the_run_completes() {
 fn strict_mode_fails_on_the_first_broken_file_and_leaves_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("strict.lmdb");
-    let options = PackOptions {
-        strict: true,
-        ..small_options()
-    };
+    let options = small_options().with_strict(true);
     let err = try_pack_lmdb(&fixture_root(), &out, &options).unwrap_err();
     match &err {
         Error::Rejected { path, reason } => {
@@ -110,13 +107,10 @@ fn existing_output_is_kept_unless_forced() {
 
     // Forced, with a different source: the output is replaced.
     fs::remove_dir_all(src.join("class02")).unwrap();
-    let forced = PackOptions {
-        mode: StartMode {
-            force: true,
-            resume: false,
-        },
-        ..small_options()
-    };
+    let forced = small_options().with_mode(StartMode {
+        force: true,
+        resume: false,
+    });
     let summary = pack_lmdb(&src, &out, &forced);
     assert_eq!(summary.classes, 2);
     assert_eq!(Lmdb::open(&out).unwrap().classes(), ["class00", "class01"]);
@@ -163,24 +157,17 @@ fn an_interrupted_pack_is_never_accepted_and_resume_completes_it() {
     assert!(err.to_string().contains("--resume"), "{err}");
 
     // Other options: refused, the partial file untouched.
-    let raw_resume = PackOptions {
-        raw: true,
-        mode: StartMode {
-            resume: true,
-            force: false,
-        },
-        ..small_options()
-    };
+    let raw_resume = small_options().with_raw(true).with_mode(StartMode {
+        resume: true,
+        force: false,
+    });
     let err = try_pack_lmdb(&src, &out, &raw_resume).unwrap_err();
     assert!(matches!(err, Error::ResumeMismatch { .. }), "{err}");
 
-    let resume = PackOptions {
-        mode: StartMode {
-            resume: true,
-            force: false,
-        },
-        ..small_options()
-    };
+    let resume = small_options().with_mode(StartMode {
+        resume: true,
+        force: false,
+    });
     let summary = pack_lmdb(&src, &out, &resume);
     assert_eq!(
         summary.resumed_from, 12,
@@ -209,13 +196,10 @@ fn resume_refuses_a_changed_source_tree() {
     let out = dir.path().join("out.lmdb");
     crash_after(&src, &out, &small_options(), 1);
     fs::write(src.join("class02/img00000.jpg"), b"changed").unwrap();
-    let resume = PackOptions {
-        mode: StartMode {
-            resume: true,
-            force: false,
-        },
-        ..small_options()
-    };
+    let resume = small_options().with_mode(StartMode {
+        resume: true,
+        force: false,
+    });
     let err = try_pack_lmdb(&src, &out, &resume).unwrap_err();
     assert!(matches!(err, Error::ResumeMismatch { .. }), "{err}");
     assert!(err.to_string().contains("source tree changed"), "{err}");
@@ -225,10 +209,7 @@ fn resume_refuses_a_changed_source_tree() {
 fn raw_payloads_hold_the_decoded_pixels() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("raw.lmdb");
-    let options = PackOptions {
-        raw: true,
-        ..small_options()
-    };
+    let options = small_options().with_raw(true);
     let summary = pack_lmdb(&fixture_root(), &out, &options);
     assert_eq!(summary.samples, 16);
     let dataset = Lmdb::open(&out).unwrap();
@@ -253,11 +234,9 @@ fn resize_shrinks_the_shorter_side_and_verifies() {
     let dir = tempfile::tempdir().unwrap();
     for raw in [false, true] {
         let out = dir.path().join(format!("resized-{raw}.lmdb"));
-        let options = PackOptions {
-            resize_short_side: Some(16),
-            raw,
-            ..small_options()
-        };
+        let options = small_options()
+            .with_resize_short_side(Some(16))
+            .with_raw(raw);
         pack_lmdb(&fixture_root(), &out, &options);
         let seen = inspect::inspect(&out).unwrap();
         // 40x32 -> shorter side 16 -> 20x16 (torchvision: int(16 * 40 / 32) = 20).
@@ -342,10 +321,7 @@ fn a_corrupt_huffman_table_never_costs_the_good_files_after_it() {
     let bad = support::tree_with_bad_huffman_tables(&src, 30, &[5, 17]);
     for threads in [1, 2] {
         let out = dir.path().join(format!("t{threads}.lmdb"));
-        let options = PackOptions {
-            threads: Some(threads),
-            ..small_options()
-        };
+        let options = small_options().with_threads(Some(threads));
         let summary = pack_lmdb(&src, &out, &options);
         let rejected: Vec<&str> = summary.rejected.iter().map(|r| r.key.as_str()).collect();
         assert_eq!(rejected, bad, "{threads} threads");
@@ -404,22 +380,10 @@ fn impossible_pack_options_are_refused_as_configuration_errors_not_loader_settin
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("o.lmdb");
     for options in [
-        PackOptions {
-            threads: Some(0),
-            ..small_options()
-        },
-        PackOptions {
-            threads: Some(100_000),
-            ..small_options()
-        },
-        PackOptions {
-            resize_short_side: Some(0),
-            ..small_options()
-        },
-        PackOptions {
-            part: Some(Part { index: 3, count: 2 }),
-            ..small_options()
-        },
+        small_options().with_threads(Some(0)),
+        small_options().with_threads(Some(100_000)),
+        small_options().with_resize_short_side(Some(0)),
+        small_options().with_part(Some(Part { index: 3, count: 2 })),
     ] {
         let err = try_pack_lmdb(&fixture_root(), &out, &options).unwrap_err();
         assert!(matches!(err, Error::Config(_)), "{err}");
@@ -462,13 +426,10 @@ fn a_pack_asked_to_stop_keeps_what_it_committed_and_resume_finishes_it() {
         "{err}"
     );
     assert!(!out.exists() && format::staging::partial_path(&out).exists());
-    let resume = PackOptions {
-        mode: StartMode {
-            resume: true,
-            force: false,
-        },
-        ..small_options()
-    };
+    let resume = small_options().with_mode(StartMode {
+        resume: true,
+        force: false,
+    });
     let summary = pack_lmdb(&src, &out, &resume);
     assert_eq!((summary.resumed_from, summary.samples), (8, 16));
     assert!(verify::verify(&out, Some(&src)).unwrap().is_ok());
@@ -499,13 +460,10 @@ fn a_foreign_report_file_is_refused_before_force_discards_an_interrupted_pack() 
     let staged = fs::read(&partial).unwrap();
     let report = pack::report_path(&out);
     fs::write(&report, "my own notes").unwrap();
-    let force = PackOptions {
-        mode: StartMode {
-            resume: false,
-            force: true,
-        },
-        ..small_options()
-    };
+    let force = small_options().with_mode(StartMode {
+        resume: false,
+        force: true,
+    });
     let err = pack::pack_image_folder(&src, &out, PackFormat::Lmdb, &force, &pack::NoProgress)
         .unwrap_err();
     assert!(
@@ -535,10 +493,7 @@ fn a_map_smaller_than_the_data_grows_as_it_fills() {
     };
     imagefeed::synthetic::write_image_folder(&src, &spec).unwrap();
     let out = dir.path().join("grown.lmdb");
-    let options = PackOptions {
-        lmdb_map_size: 1 << 20,
-        ..small_options()
-    };
+    let options = small_options().with_lmdb_map_size(1 << 20);
     let summary = support::pack_as(&src, &out, PackFormat::Lmdb, &options);
     let file_len = std::fs::metadata(&out).unwrap().len();
     assert!(

@@ -16,7 +16,7 @@ use imagefeed::format::lmdb::Lmdb;
 use imagefeed::format::writer::{
     PackFormat, PackPlan, PackProgress, PackedRecord, WriterOptions, start_writer,
 };
-use imagefeed::pack::{self, NoProgress, PackOptions, Part};
+use imagefeed::pack::{self, NoProgress, Part};
 use imagefeed::{Error, format};
 use support::{BROKEN, copy_tree, fixture_root, pack_as, pack_lmdb, small_options, writable};
 
@@ -34,15 +34,9 @@ fn clean_tree(dir: &Path) -> std::path::PathBuf {
 fn backends(dir: &Path) -> Vec<(&'static str, Arc<dyn Dataset>)> {
     let src = clean_tree(dir);
     pack_lmdb(&src, &dir.join("encoded.lmdb"), &small_options());
-    let raw = PackOptions {
-        raw: true,
-        ..small_options()
-    };
+    let raw = small_options().with_raw(true);
     // Small shards, so samples span several of them.
-    let sharded = PackOptions {
-        shard_bytes: 8 << 10,
-        ..small_options()
-    };
+    let sharded = small_options().with_shard_bytes(8 << 10);
     pack_lmdb(&src, &dir.join("raw.lmdb"), &raw);
     pack_as(
         &src,
@@ -54,10 +48,7 @@ fn backends(dir: &Path) -> Vec<(&'static str, Arc<dyn Dataset>)> {
         &src,
         &dir.join("raw.records"),
         PackFormat::Records,
-        &PackOptions {
-            raw: true,
-            ..sharded
-        },
+        &sharded.with_raw(true),
     );
     // Three parts of a split conversion (written out of order), joined into one file: HDF5 when
     // the build has it, else LMDB.
@@ -67,10 +58,7 @@ fn backends(dir: &Path) -> Vec<(&'static str, Arc<dyn Dataset>)> {
         .iter()
         .map(|&i| {
             let part = dir.join(format!("part{i}.records"));
-            let options = PackOptions {
-                part: Some(Part { index: i, count: 3 }),
-                ..small_options()
-            };
+            let options = small_options().with_part(Some(Part { index: i, count: 3 }));
             pack_as(&src, &part, PackFormat::Records, &options);
             part
         })

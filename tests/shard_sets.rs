@@ -16,7 +16,7 @@ use imagefeed::dataset::Dataset as _;
 use imagefeed::format::shards::ShardSetProblem;
 use imagefeed::format::{self, OpenOptions};
 use imagefeed::loader::{Loader, LoaderConfig};
-use imagefeed::pack::{PackFormat, PackOptions};
+use imagefeed::pack::PackFormat;
 use imagefeed::transform::Transform;
 use support::{fixture_root, records, small_options};
 
@@ -28,10 +28,7 @@ fn foreign_set(dir: &Path, name: &str, shards: usize) -> Vec<PathBuf> {
         &fixture_root(),
         &packed,
         PackFormat::Records,
-        &PackOptions {
-            shard_bytes: 9_000,
-            ..small_options()
-        },
+        &small_options().with_shard_bytes(9_000),
     );
     let mut made: Vec<Vec<u8>> = Vec::new();
     let mut number = 0;

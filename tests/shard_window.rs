@@ -13,7 +13,7 @@ use imagefeed::Error;
 use imagefeed::dataset::Dataset;
 use imagefeed::format;
 use imagefeed::loader::{Loader, LoaderConfig, LoaderState};
-use imagefeed::pack::{PackFormat, PackOptions};
+use imagefeed::pack::PackFormat;
 use imagefeed::synthetic::{self, SyntheticSpec};
 use imagefeed::transform::Transform;
 use support::small_options;
@@ -34,10 +34,7 @@ fn shards(dir: &Path) -> Arc<dyn Dataset> {
         &src,
         &out,
         PackFormat::Records,
-        &PackOptions {
-            shard_bytes: 8 * 700,
-            ..small_options()
-        },
+        &small_options().with_shard_bytes(8 * 700),
     );
     format::open(&out).unwrap()
 }

@@ -647,14 +647,12 @@ fn ensure_packed(
     }
     let _ = std::fs::remove_file(&stamp);
     eprintln!("packing {} into {} ...", src.display(), path.display());
-    let options = PackOptions {
-        threads,
-        mode: StartMode {
+    let options = PackOptions::default()
+        .with_threads(threads)
+        .with_mode(StartMode {
             resume: false,
             force: true,
-        },
-        ..PackOptions::default()
-    };
+        });
     let summary = pack::pack_image_folder(src, path, format, &options, &NoProgress)
         .with_context(|| format!("packing {} into {}", src.display(), path.display()))?;
     eprintln!(

@@ -403,25 +403,24 @@ fn pack(
     format: PackFormat,
     input: Option<imagefeed::format::OpenOptions>,
 ) -> Result<u8> {
-    let options = PackOptions {
-        resize_short_side: args.resize,
-        quality: args.quality,
-        raw: args.raw,
-        strict: args.strict,
-        mode: StartMode {
+    let options = PackOptions::default()
+        .with_resize_short_side(args.resize)
+        .with_quality(args.quality)
+        .with_raw(args.raw)
+        .with_strict(args.strict)
+        .with_mode(StartMode {
             resume: args.resume,
             force: args.force,
-        },
-        max_pixels: args.max_pixels,
-        threads: args.threads,
-        shard_bytes: args.shard_size,
-        label_base: args.label_base,
-        part: args
-            .part_index
-            .zip(args.num_parts)
-            .map(|(index, count)| Part { index, count }),
-        ..PackOptions::default()
-    };
+        })
+        .with_max_pixels(args.max_pixels)
+        .with_threads(args.threads)
+        .with_shard_bytes(args.shard_size)
+        .with_label_base(args.label_base)
+        .with_part(
+            args.part_index
+                .zip(args.num_parts)
+                .map(|(index, count)| Part { index, count }),
+        );
     let progress = Stoppable::new(args.quiet);
     let result = if let Some(input) = input {
         pack::convert_with(
@@ -603,12 +602,10 @@ fn run(cli: Cli) -> Result<u8> {
             force,
             quiet,
         } => {
-            let options = PackOptions {
-                mode: StartMode { resume, force },
-                shard_bytes: shard_size,
-                label_base,
-                ..PackOptions::default()
-            };
+            let options = PackOptions::default()
+                .with_mode(StartMode { resume, force })
+                .with_shard_bytes(shard_size)
+                .with_label_base(label_base);
             let progress = Stoppable::new(quiet);
             let result = pack::join(&parts, &out, to, &options, &progress);
             progress.finish(result, || {

@@ -122,17 +122,15 @@ fn pack_dataset(
 ) -> PyResult<String> {
     let format = pack_format(format)?;
     let input = reading.unwrap_or_default().open_options();
-    let mut options = PackOptions {
-        resize_short_side: resize,
-        quality,
-        raw,
-        strict,
-        mode: StartMode { resume, force },
-        threads,
-        label_base,
-        part: part.map(|(index, count)| Part { index, count }),
-        ..PackOptions::default()
-    };
+    let mut options = PackOptions::default()
+        .with_resize_short_side(resize)
+        .with_quality(quality)
+        .with_raw(raw)
+        .with_strict(strict)
+        .with_mode(StartMode { resume, force })
+        .with_threads(threads)
+        .with_label_base(label_base)
+        .with_part(part.map(|(index, count)| Part { index, count }));
     if let Some(bytes) = shard_bytes {
         options.shard_bytes = bytes;
     }
@@ -217,12 +215,10 @@ fn join_parts(
     quiet: bool,
 ) -> PyResult<String> {
     let format = pack_format(format)?;
-    let mut options = PackOptions {
-        mode: StartMode { resume, force },
-        threads,
-        label_base,
-        ..PackOptions::default()
-    };
+    let mut options = PackOptions::default()
+        .with_mode(StartMode { resume, force })
+        .with_threads(threads)
+        .with_label_base(label_base);
     if let Some(bytes) = shard_bytes {
         options.shard_bytes = bytes;
     }

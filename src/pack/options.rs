@@ -28,8 +28,20 @@ pub struct Part {
     pub count: usize,
 }
 
-/// How to pack.
+/// How to pack: `PackOptions::default()` and the `with_*` builders below.
+///
+/// ```
+/// use imagefeed::pack::{PackOptions, StartMode};
+/// let options = PackOptions::default()
+///     .with_threads(Some(4))
+///     .with_mode(StartMode { resume: true, force: false });
+/// assert_eq!(options.threads, Some(4));
+/// ```
+///
+/// The fields are public to read (and to set one at a time); new fields may be added in any
+/// release, so the struct cannot be written as a literal outside this crate.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct PackOptions {
     /// Shrink images whose shorter side is longer than this (torchvision `Resize` rules) and
     /// re-encode them as JPEG at [`quality`](Self::quality). Smaller images are kept as they are.
@@ -66,6 +78,90 @@ pub struct PackOptions {
 }
 
 impl PackOptions {
+    /// With [`resize_short_side`](Self::resize_short_side).
+    pub fn with_resize_short_side(mut self, short: Option<u32>) -> Self {
+        self.resize_short_side = short;
+        self
+    }
+
+    /// With [`quality`](Self::quality).
+    pub fn with_quality(mut self, quality: u8) -> Self {
+        self.quality = quality;
+        self
+    }
+
+    /// With [`raw`](Self::raw).
+    pub fn with_raw(mut self, raw: bool) -> Self {
+        self.raw = raw;
+        self
+    }
+
+    /// With [`strict`](Self::strict).
+    pub fn with_strict(mut self, strict: bool) -> Self {
+        self.strict = strict;
+        self
+    }
+
+    /// With [`mode`](Self::mode).
+    pub fn with_mode(mut self, mode: StartMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// With [`max_pixels`](Self::max_pixels).
+    pub fn with_max_pixels(mut self, max_pixels: u64) -> Self {
+        self.max_pixels = max_pixels;
+        self
+    }
+
+    /// With [`threads`](Self::threads).
+    pub fn with_threads(mut self, threads: Option<usize>) -> Self {
+        self.threads = threads;
+        self
+    }
+
+    /// With [`chunk_size`](Self::chunk_size).
+    pub fn with_chunk_size(mut self, chunk_size: usize) -> Self {
+        self.chunk_size = chunk_size;
+        self
+    }
+
+    /// With [`lmdb_map_size`](Self::lmdb_map_size).
+    pub fn with_lmdb_map_size(mut self, bytes: usize) -> Self {
+        self.lmdb_map_size = bytes;
+        self
+    }
+
+    /// With [`shard_bytes`](Self::shard_bytes).
+    pub fn with_shard_bytes(mut self, bytes: u64) -> Self {
+        self.shard_bytes = bytes;
+        self
+    }
+
+    /// With [`label_base`](Self::label_base).
+    pub fn with_label_base(mut self, base: u32) -> Self {
+        self.label_base = base;
+        self
+    }
+
+    /// With [`part`](Self::part).
+    pub fn with_part(mut self, part: Option<Part>) -> Self {
+        self.part = part;
+        self
+    }
+
+    /// With [`cache`](Self::cache).
+    pub fn with_cache(mut self, cache: Option<crate::cache::Cache>) -> Self {
+        self.cache = cache;
+        self
+    }
+
+    /// With [`storage_options`](Self::storage_options).
+    pub fn with_storage_options(mut self, options: Vec<(String, String)>) -> Self {
+        self.storage_options = options;
+        self
+    }
+
     /// The settings the output's writer takes.
     pub fn writer_options(&self) -> WriterOptions {
         WriterOptions {

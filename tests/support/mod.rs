@@ -54,12 +54,10 @@ pub const BROKEN: [&str; 4] = [
 
 /// Test-sized pack options (small map, small chunks so several commits happen).
 pub fn small_options() -> PackOptions {
-    PackOptions {
-        lmdb_map_size: 64 << 20,
-        chunk_size: 4,
-        threads: Some(2),
-        ..PackOptions::default()
-    }
+    PackOptions::default()
+        .with_lmdb_map_size(64 << 20)
+        .with_chunk_size(4)
+        .with_threads(Some(2))
 }
 
 /// Packs `src` into `out` as LMDB.
