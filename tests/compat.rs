@@ -359,10 +359,7 @@ fn tfrecord_shards_without_an_index_get_one_in_memory_saved_on_request_and_read_
     let dir = tempfile::tempdir().unwrap();
     let shards = dir.path().join("tfrecord");
     support::copy_tree(&compat("tfrecord"), &shards);
-    let options = RecordsOptions {
-        label_base: Some(1),
-        num_classes: None,
-    };
+    let options = RecordsOptions::default().with_label_base(Some(1));
     logged(); // installs the capturing logger
     let dataset = Records::open_with(&shards, &options).unwrap();
     assert_eq!(dataset.notices().len(), 2, "{:?}", dataset.notices());
@@ -419,10 +416,9 @@ fn tfrecord_shards_without_an_index_get_one_in_memory_saved_on_request_and_read_
     assert_eq!(base0.classes().len(), 4);
     assert_eq!(records(&base0)[0].1, expected[0].1 + 1);
     // A base above the smallest label makes those records bad samples, with the reason.
-    let base2 = RecordsOptions {
-        label_base: Some(2),
-        num_classes: Some(2),
-    };
+    let base2 = RecordsOptions::default()
+        .with_label_base(Some(2))
+        .with_num_classes(Some(2));
     let base2 = Records::open_with(&shards, &base2).unwrap();
     let mut reader = base2.open_reader().unwrap();
     let first = expected.iter().position(|r| r.1 == 0).unwrap();

@@ -17,8 +17,10 @@ use crate::format::shard_data::{HeldShard, Mapped, ShardData, ShardPlanner};
 use crate::format::shards::{Selection, SetReport, check_sets};
 use crate::format::{OpenOptions, example, staging};
 
-/// How to read TFRecord shards that carry no imagefeed manifest.
+/// How to read TFRecord shards that carry no imagefeed manifest: `RecordsOptions::default()`
+/// and its `with_*` builders (new fields may come in any release).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RecordsOptions {
     /// The smallest label in the shards (ImageNet TFRecords: 1). Ignored when a manifest says.
     pub label_base: Option<u32>,
@@ -27,6 +29,18 @@ pub struct RecordsOptions {
 }
 
 impl RecordsOptions {
+    /// With [`label_base`](Self::label_base).
+    pub fn with_label_base(mut self, base: Option<u32>) -> Self {
+        self.label_base = base;
+        self
+    }
+
+    /// With [`num_classes`](Self::num_classes).
+    pub fn with_num_classes(mut self, classes: Option<usize>) -> Self {
+        self.num_classes = classes;
+        self
+    }
+
     /// The classes `"0".."N-1"` when a count was given (refused above
     /// [`MAX_CLASSES`](crate::dataset::MAX_CLASSES)); `None`: find them from the labels.
     pub(crate) fn given_classes(&self) -> Result<Option<Vec<String>>> {
