@@ -6,7 +6,7 @@ import json
 import os
 import sys
 import warnings
-from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Tuple, Union, cast
+from typing import Any, Dict, Iterator, List, Literal, NamedTuple, Optional, Tuple, Union, cast
 
 from . import _native, errors
 from ._reading import DatasetPath, dataset_paths, reading_options
@@ -39,6 +39,17 @@ class BadSample(NamedTuple):
 
 
 _OUTPUTS = ("torch", "numpy", "dlpack")
+
+#: What iterating a :class:`Loader` gives: torch tensors, NumPy arrays or DLPack capsules.
+Output = Literal["torch", "numpy", "dlpack"]
+#: A batch's element type (the short names are aliases).
+DType = Literal["float32", "float16", "bfloat16", "uint8", "f32", "f16", "bf16", "u8"]
+#: A batch's layout (either case).
+Layout = Literal["NCHW", "NHWC", "nchw", "nhwc"]
+#: What a bad sample does (see :class:`Loader`).
+BadSamplePolicy = Literal["replace", "skip", "error"]
+#: How an epoch that does not divide by the world size is dealt out.
+Uneven = Literal["pad", "drop", "exact"]
 
 #: The bad-sample cap a :class:`Loader` has unless given ``max_bad``: more than 1% of an epoch's
 #: samples bad raises :class:`~imagefeed.errors.TooManyBadSamplesError`. Sporadic damage (a few
@@ -244,6 +255,60 @@ class Loader:
     gives this rank, with ``DistributedSampler``'s attributes; ``loader.dataset``
     (:class:`~imagefeed.views.LoaderDataset`) gives them one at a time, with ImageFolder's
     ``classes``, ``class_to_idx``, ``samples`` and ``targets``.
+
+    Parameters
+    ----------
+    path : str, os.PathLike or sequence of them
+        The dataset (see above); a URL (``s3://...``) for one in object storage.
+    batch_size : int, default 256
+        Samples per batch. (The Rust ``LoaderConfig`` defaults to 32, a value for tests; 256 is
+        what image-classification recipes use.)
+    workers : int, default 4
+        Worker threads decoding and transforming (0: in the calling thread).
+    seed : int or None, default 0
+        Shuffling and every random draw; ``None`` draws one (kept in ``.seed``).
+    prefetch : int, optional
+        Batches in flight; default two per worker.
+    transform : imagefeed.transforms.Transform, optional
+        The per-sample steps (:mod:`imagefeed.transforms`); default: decode only.
+    output : {"torch", "numpy", "dlpack"}, default "torch"
+        What the batches are.
+    device : str, default "cpu"
+        ``"cuda"`` or ``"cuda:N"``: batches on the GPU (see above).
+    dtype : {"float32", "float16", "bfloat16", "uint8"}, default "float32"
+        The images' element type (``"bfloat16"``: torch or DLPack output only).
+    layout : {"NCHW", "NHWC"}, default "NCHW"
+        The images' layout.
+    shuffle : bool, default True
+        Shuffle each epoch (from ``seed`` and the epoch).
+    drop_last : bool, default False
+        Leave out the last, short batch.
+    bad_samples : {"replace", "skip", "error"}, default "replace"
+        What a bad sample does (see above). (The Rust ``LoaderConfig`` defaults to skip.)
+    max_bad : int, float or None, default DEFAULT_MAX_BAD
+        Bad samples an epoch may hold before it raises: a count, a fraction, or None.
+    rank, world_size : int, optional
+        This process's rank and the number of ranks (both or neither; see above).
+    uneven : {"pad", "drop", "exact"}, default "pad"
+        How an epoch that does not divide by ``world_size`` is dealt out.
+    max_pixels : int, optional
+        Decompression-bomb limit per image (default 178,956,970, PIL's).
+    hdf5_images, hdf5_labels : str, optional
+        An h5py file's dataset names (default ``images``, ``labels``).
+    label_base, num_classes : int, optional
+        TFRecords without a manifest: the smallest label, the class count.
+    allow_missing_shards : bool, default False
+        Read a shard set with members missing, on purpose.
+    storage_options : dict of str to str, optional
+        Object-storage client options over the environment's (``aws_endpoint``, ...).
+    ranged_reads : bool, default False
+        In object storage, read each record with a ranged GET instead of fetching whole shards.
+    shard_window : int, optional
+        Shuffle within windows of this many shards (see above).
+    scaled_decode : bool, default True
+        Decode JPEGs at a reduced DCT scale where the output allows (see above).
+    batch_transform : imagefeed.transforms.BatchTransform, optional
+        MixUp, CutMix or RandomChoice of the two, on each finished batch.
     """
 
     def __init__(
@@ -255,17 +320,17 @@ class Loader:
         seed: Optional[int] = 0,
         prefetch: Optional[int] = None,
         transform: Optional[Transform] = None,
-        output: str = "torch",
+        output: Output = "torch",
         device: str = "cpu",
-        dtype: str = "float32",
-        layout: str = "NCHW",
+        dtype: DType = "float32",
+        layout: Layout = "NCHW",
         shuffle: bool = True,
         drop_last: bool = False,
-        bad_samples: str = "replace",
+        bad_samples: BadSamplePolicy = "replace",
         max_bad: Union[int, float, None] = DEFAULT_MAX_BAD,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
-        uneven: str = "pad",
+        uneven: Uneven = "pad",
         max_pixels: Optional[int] = None,
         hdf5_images: Optional[str] = None,
         hdf5_labels: Optional[str] = None,
