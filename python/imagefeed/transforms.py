@@ -24,7 +24,7 @@ import copy
 import math
 import numbers
 import operator
-from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Literal, Optional, Sequence, Set, Tuple, Union
 
 __all__ = [
     "Transform",
@@ -69,16 +69,19 @@ PaddingMode = Literal["constant", "edge", "reflect", "symmetric"]
 
 
 def _hw(size: Size, what: str) -> Tuple[int, int]:
-    """``size`` as (height, width), torchvision style: an int is a square."""
-    if isinstance(size, bool):
-        raise TypeError(f"{what}: size must be an int or (height, width), not a bool")
-    if isinstance(size, int):
-        h = w = size
+    """``size`` as (height, width), torchvision style: an int (NumPy's too) is a square, a
+    sequence of one int too."""
+    if isinstance(size, (bool, str, bytes)):
+        raise ValueError(f"{what}: size {size!r} must be an int or (height, width)")
+    if isinstance(size, numbers.Integral):
+        values = [size, size]
+    elif isinstance(size, (list, tuple)) and len(size) in (1, 2):
+        values = list(size) * (3 - len(size))
     else:
-        h, w = size
-    if not (isinstance(h, int) and isinstance(w, int)) or h < 1 or w < 1:
-        raise ValueError(f"{what}: size {size!r} must be positive integers")
-    return h, w
+        raise ValueError(f"{what}: size {size!r} must be an int or (height, width)")
+    if any(isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 1 <= v < 2**31 for v in values):
+        raise ValueError(f"{what}: size {size!r} must be positive integers below 2**31")
+    return operator.index(values[0]), operator.index(values[1])
 
 
 class _Step:
@@ -175,7 +178,9 @@ class RandomCrop(_Step):
                 f"RandomCrop: padding_mode {padding_mode!r} is none of {', '.join(_PADDING_MODES)}"
             )
         self.padding = _padding(padding)
-        self.pad_if_needed = bool(pad_if_needed)
+        if not isinstance(pad_if_needed, bool):
+            raise ValueError(f"RandomCrop: pad_if_needed {pad_if_needed!r} must be True or False")
+        self.pad_if_needed = pad_if_needed
         self.fill = _fill(fill, "RandomCrop")
         self.padding_mode = padding_mode
 
@@ -203,18 +208,28 @@ def _padding(padding: Union[int, Sequence[int], None]) -> Tuple[int, int, int, i
     """torchvision's padding forms as (left, top, right, bottom)."""
     if padding is None:
         return (0, 0, 0, 0)
-    values = [padding] if isinstance(padding, int) else list(padding)
+    if isinstance(padding, numbers.Integral):
+        values: List[Any] = [padding]
+    elif isinstance(padding, (list, tuple)):
+        values = list(padding)
+    else:
+        values = []
     if len(values) not in (1, 2, 4) or any(
-        isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in values
+        isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 0 <= int(v) <= MAX_PADDING for v in values
     ):
         raise ValueError(
-            f"RandomCrop: padding {padding!r} must be a non-negative int or a sequence of 2 or 4"
+            f"RandomCrop: padding {padding!r} must be an int in 0..{MAX_PADDING} or a sequence of 2 or 4 of them"
         )
-    if len(values) == 1:
-        return (values[0],) * 4
-    if len(values) == 2:
-        return (values[0], values[1], values[0], values[1])
-    return (values[0], values[1], values[2], values[3])
+    v = [operator.index(x) for x in values]
+    if len(v) == 1:
+        return (v[0],) * 4
+    if len(v) == 2:
+        return (v[0], v[1], v[0], v[1])
+    return (v[0], v[1], v[2], v[3])
+
+
+#: The most padding RandomCrop takes on one side (the Rust loader's ``MAX_PADDING``).
+MAX_PADDING = 1 << 16
 
 
 class RandomResizedCrop(_Step):
@@ -332,8 +347,13 @@ def _fill(fill: Union[int, Sequence[int], None], what: str) -> Tuple[int, int, i
     """torchvision's ``fill`` (None: black; one int or three) as an RGB triple."""
     if fill is None:
         return (0, 0, 0)
-    single = isinstance(fill, numbers.Number) or isinstance(fill, (str, bytes))
-    values: List[Any] = [fill] if single else list(fill)  # type: ignore[arg-type]
+    if isinstance(fill, numbers.Number) or isinstance(fill, (str, bytes)):
+        values: List[Any] = [fill]
+    elif isinstance(fill, (list, tuple)) or type(fill).__name__ == "ndarray":
+        values = list(fill)  # type: ignore[arg-type]
+    else:
+        # A set has no order, a dict's keys are not colours.
+        raise ValueError(f"{what}: fill {fill!r} must be an int in 0..255 or three of them")
     ints: List[int] = []
     for value in values:
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= int(value) <= 255:
@@ -447,25 +467,17 @@ class TimmRandAugment(_Step):
         self,
         config_str: str = "rand-m9-mstd0.5-inc1",
         fill: Union[int, Sequence[int]] = (124, 116, 104),
-        interpolation: Literal["random", "bilinear", "bicubic"] = "random",
+        interpolation: Any = "random",
     ):
-        if not isinstance(config_str, str) or config_str.split("-")[0] != "rand":
-            raise ValueError(f"TimmRandAugment: config {config_str!r} must start with 'rand'")
-        for section in filter(None, config_str.split("-")[1:]):
-            key = section[: len(section) - len(section.lstrip("abcdefghijklmnopqrstuvwxyz"))]
-            value = section[len(key) :]
-            if key not in ("m", "n", "p", "mstd", "mmax", "inc") or not _is_number(value):
-                raise ValueError(
-                    f"TimmRandAugment: section {section!r} of {config_str!r} is not one of m, n, p, "
-                    "mstd, mmax, inc with a number (transform sets are not supported)"
-                )
-        if interpolation not in ("random", "bilinear", "bicubic"):
+        _timm_config(config_str)
+        name = getattr(interpolation, "value", interpolation)
+        if name not in ("random", "nearest", "bilinear", "bicubic"):
             raise ValueError(
-                f"TimmRandAugment: interpolation {interpolation!r} is none of random, bilinear, bicubic"
+                f"TimmRandAugment: interpolation {interpolation!r} is none of random, nearest, bilinear, bicubic"
             )
         self.config_str = config_str
         self.fill = _fill(fill, "TimmRandAugment")
-        self.interpolation = interpolation
+        self.interpolation = str(name)
 
     def _apply(self, spec: Dict[str, Any]) -> None:
         _pixel_step(
@@ -479,12 +491,31 @@ class TimmRandAugment(_Step):
         )
 
 
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
+def _timm_config(config: Any) -> None:
+    """Checks a timm RandAugment config as the loader will (``TimmRandAugment::from_config``):
+    sections m, n, mmax, inc with whole numbers and p, mstd with decimal ones, in range."""
+    if not isinstance(config, str) or config.split("-")[0] != "rand":
+        raise ValueError(f"TimmRandAugment: config {config!r} must start with 'rand'")
+    values: Dict[str, float] = {}
+    for section in filter(None, config.split("-")[1:]):
+        at = next((i for i, c in enumerate(section) if c in "0123456789."), len(section))
+        key, value = section[:at], section[at:]
+        whole = value.isascii() and value.isdigit()
+        decimal = (
+            value.isascii() and value.count(".") <= 1 and value.replace(".", "", 1).isdigit()
+        )
+        if not ((key in ("m", "n", "mmax", "inc") and whole) or (key in ("p", "mstd") and decimal)):
+            raise ValueError(
+                f"TimmRandAugment: section {section!r} of {config!r} is not one of m, n, mmax, inc with a "
+                "whole number or p, mstd with a decimal one (transform sets are not supported)"
+            )
+        if key in ("mstd", "mmax"):
+            values.setdefault(key, float(value))  # timm: the first one counts
+        else:
+            values[key] = float(value)
+    for key, top in (("m", 100.0), ("mmax", 100.0), ("n", 64.0), ("p", 1.0)):
+        if values.get(key, 0.0) > top:
+            raise ValueError(f"TimmRandAugment: {key} {values[key]:g} in {config!r} is above {top:g}")
 
 
 class TrivialAugmentWide(_Augmentation):
@@ -686,6 +717,7 @@ class Compose(Transform):
         before_geometry: Optional[int] = None  # pixel steps listed before the geometry
         flip_at: Optional[int] = None  # the flip's place among the pixel steps
         flip_before_geometry = False
+        seen_once: Set[type] = set()
         for step in steps:
             if not isinstance(step, _Step):
                 raise TypeError(
@@ -695,6 +727,16 @@ class Compose(Transform):
                     "RandomGrayscale, GaussianBlur, Normalize and RandomErasing "
                     "(for arbitrary Python transforms use imagefeed.Dataset with a DataLoader)"
                 )
+            once = (RandomHorizontalFlip, Normalize, RandomErasing)
+            kind = next((k for k in once if isinstance(step, k)), None)
+            if kind is not None:
+                if kind in seen_once:
+                    raise ValueError(
+                        f"a second {kind.__name__}: the loader runs it once per sample "
+                        "(two flips would cancel, two normalizations compound in torchvision); "
+                        "list it once"
+                    )
+                seen_once.add(kind)
             listed = len(spec.get("pixel_steps", []))
             if _is_geometry(step):
                 if before_geometry is not None and listed != before_geometry:
@@ -855,14 +897,14 @@ def imagenet_train(
     auto_augment: Optional[str] = None,
     random_erase: float = 0.0,
     interpolation: Any = "bilinear",
-    ra_magnitude: int = 9,
+    ra_magnitude: Optional[int] = None,
     mixup: float = 0.0,
     cutmix: float = 0.0,
 ) -> Transform:
     """ImageNet training as torchvision's classification reference (``ClassificationPresetTrain``)
     builds it: ``RandomResizedCrop(size, interpolation)``, random flip, then the automatic
     augmentation ``auto_augment`` names (``"ta_wide"``: :class:`TrivialAugmentWide`, ``"ra"``:
-    :class:`RandAugment` at ``ra_magnitude``, ``"imagenet"``, ``"cifar10"``, ``"svhn"``:
+    :class:`RandAugment` at ``ra_magnitude`` (default 9), ``"imagenet"``, ``"cifar10"``, ``"svhn"``:
     :class:`AutoAugment`; a timm config such as ``"rand-m9-mstd0.5-inc1"``:
     :class:`TimmRandAugment`; None: none), ImageNet normalization, and :class:`RandomErasing` with
     probability ``random_erase`` when it is above 0.
@@ -883,12 +925,21 @@ def imagenet_train(
     if auto_augment == "ta_wide":
         steps.append(TrivialAugmentWide())
     elif auto_augment == "ra":
-        steps.append(RandAugment(magnitude=ra_magnitude))
+        steps.append(RandAugment(magnitude=9 if ra_magnitude is None else ra_magnitude))
     elif auto_augment in ("imagenet", "cifar10", "svhn"):
         steps.append(AutoAugment(auto_augment))
     elif isinstance(auto_augment, str) and auto_augment.split("-")[0] == "rand":
-        # timm's create_transform: its RandAugment, filling with the normalization mean.
-        steps.append(TimmRandAugment(auto_augment, fill=tuple(min(255, round(255 * m)) for m in IMAGENET_MEAN)))
+        # timm's create_transform: its RandAugment, filling with the normalization mean and
+        # sampling as the crop does (timm passes a non-random interpolation on).
+        if ra_magnitude is not None:
+            raise ValueError("imagenet_train: ra_magnitude is for 'ra'; a timm config gives its own ('m9')")
+        steps.append(
+            TimmRandAugment(
+                auto_augment,
+                fill=tuple(min(255, round(255 * m)) for m in IMAGENET_MEAN),
+                interpolation=steps[0].interpolation,  # type: ignore[attr-defined]
+            )
+        )
     elif auto_augment is not None:
         raise ValueError(
             f"imagenet_train: auto_augment {auto_augment!r} must be None, 'ta_wide', 'ra', "

@@ -355,8 +355,9 @@ fn _timm_op<'py>(
     use imagefeed::transform::timm::TimmOp;
     let op = TimmOp::from_name(op).ok_or_else(|| config(format!("unknown timm op {op:?}")))?;
     let filter = match resample {
-        "bilinear" => AffineFilter::Bilinear,
-        "bicubic" => AffineFilter::Bicubic,
+        "bilinear" => Some(AffineFilter::Bilinear),
+        "bicubic" => Some(AffineFilter::Bicubic),
+        "nearest" => None,
         other => return Err(config(format!("unknown resample {other:?}"))),
     };
     check_rgb(&pixels, width, height)?;

@@ -446,10 +446,11 @@ fn parse_timm(dict: &Bound<'_, PyDict>) -> PyResult<TimmRandAugment> {
             "random" => TimmResample::Random,
             "bilinear" => TimmResample::Bilinear,
             "bicubic" => TimmResample::Bicubic,
+            "nearest" => TimmResample::Nearest,
             other => {
                 return Err(config(format!(
                     "transform: timm RandAugment interpolation {other:?} is none of random, \
-                     bilinear, bicubic"
+                     nearest, bilinear, bicubic"
                 )));
             }
         };

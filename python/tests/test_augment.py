@@ -373,16 +373,27 @@ def test_timm_rand_augment_runs_in_the_loader_and_refuses_what_timm_would(lmdb_p
     spec = T.imagenet_train(auto_augment="rand-m9-mstd0.5-inc1").spec()
     assert spec["pixel_steps"][0] == {
         "kind": "timm_rand_augment", "config": "rand-m9-mstd0.5-inc1", "fill": (124, 116, 104),
-        "interpolation": "random",
+        "interpolation": "bilinear",  # timm's create_transform default, passed on to its RandAugment
     }
-    for bad in ("augmix-m5", "rand-x3", "rand-mfoo", "rand-tweights", 9):
+    # Refused when the step is made, not later in the loader: what timm's parser refuses, the
+    # forms of numbers it takes that the loader does not, and values out of range.
+    for bad in ("augmix-m5", "rand-x3", "rand-mfoo", "rand-tweights", 9, "rand-m9.5", "rand-n2.5",
+                "rand-m1e1", "rand-m 9", "rand-m+9", "rand-m9_0", "rand-m\uff19", "rand-m9 ", "rand-n65",
+                "rand-p1.5", "rand-m101-mmax101", "rand-inc0.5"):
         with pytest.raises(ValueError):
             T.TimmRandAugment(bad)  # type: ignore[arg-type]
+    for good in ("rand-p.5", "rand-m9-mmax0", "rand-m20-mmax5-mmax20", "rand-mstd0-mstd101"):
+        T.TimmRandAugment(good)
+        loader(lmdb_path, transform=T.Compose([T.TimmRandAugment(good)]))
     with pytest.raises(ValueError):
-        T.TimmRandAugment(interpolation="nearest")  # type: ignore[arg-type]
-    # What only the loader checks (the numbers' ranges) is a ConfigError naming the section.
-    with pytest.raises(imagefeed.ConfigError, match="p 2"):
-        loader(lmdb_path, transform=T.Compose([T.TimmRandAugment("rand-p2")]))
+        T.TimmRandAugment(interpolation="area")  # type: ignore[arg-type]
+    # The preset samples the augmentation as the crop, as timm passes a non-random one on.
+    bicubic = T.imagenet_train(auto_augment="rand-m9-mstd0.5-inc1", interpolation="bicubic").spec()
+    assert bicubic["pixel_steps"][0]["interpolation"] == "bicubic"
+    with pytest.raises(ValueError, match="ra_magnitude"):
+        T.imagenet_train(auto_augment="rand-m9", ra_magnitude=7)
+    nearest = loader(lmdb_path, transform=T.Compose([T.TimmRandAugment("rand-n4-m10-p1", interpolation="nearest")]))
+    next(iter(nearest))
 
 
 # -- steps in any order (Compose) -----------------------------------------------------------------
@@ -443,6 +454,15 @@ def test_compose_refuses_a_flip_across_an_automatic_augmentation():
     assert spec["flip_before_geometry"] and [s["kind"] for s in spec["pixel_steps"]] == ["color_jitter", "grayscale"]
     spec = T.Compose([crop, T.ColorJitter(0.2), flip, ta]).spec()
     assert "flip_before_geometry" not in spec and len(spec["pixel_steps"]) == 2
+    # A step the loader runs once per sample, listed twice, is refused rather than collapsed.
+    for twice in (
+        [flip, flip],
+        [flip, T.CenterCrop(4), flip],
+        [T.Normalize((0.5,) * 3, (0.2,) * 3), T.Normalize((0.5,) * 3, (0.2,) * 3)],
+        [T.RandomErasing(), T.RandomErasing()],
+    ):
+        with pytest.raises(ValueError, match="a second"):
+            T.Compose(twice)
     # Resize and its CenterCrop are one step of the loader: nothing may come between them but
     # the flip (then taken from the mirror of the resized image, before the crop).
     with pytest.raises(ValueError, match="follows the Resize"):

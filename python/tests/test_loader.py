@@ -1132,12 +1132,22 @@ def test_random_crop_pads_if_needed_and_refuses_what_it_cannot_do(lmdb_path):
     for bad in (
         dict(fill=256),
         dict(fill=(1, 2)),
+        dict(fill={1, 2, 3}),
+        dict(fill={1: 0, 2: 0, 3: 0}),
         dict(padding_mode="wrap"),
         dict(padding=-1),
         dict(padding=(1, 2, 3)),
+        dict(padding=2.0),
+        dict(padding=2**32),
+        dict(pad_if_needed="no"),
     ):
         with pytest.raises(ValueError):
             T.RandomCrop(32, **bad)
+    for size in (3.0, 2**32, (3, 4, 5), "32", True):
+        with pytest.raises(ValueError):
+            T.RandomCrop(size)
+    # torchvision's other forms of size: NumPy ints, a one-element sequence.
+    assert T.RandomCrop(np.int64(32)).size == (32, 32) and T.RandomCrop([24]).size == (24, 24)
     with pytest.raises(ValueError):
         T.Compose([T.CenterCrop(40), T.RandomCrop(32)])
     # The CIFAR preset is torchvision's recipe: RandomCrop(32, padding=4), flip, normalize.

@@ -404,6 +404,25 @@ def test_random_crop_padding_is_torchvisions(lmdb_path):
                 for t in range(padded.shape[0] - 19)
                 for x in range(padded.shape[1] - 27)
             ), (mode, i)
+        # With pad_if_needed torchvision pads the padded image again (a mirror of the mirror):
+        # a 76-wide window on the 32 + 40 = 72-wide padded image pads 4 more on each side (80).
+        needed = imagefeed.Loader(
+            lmdb_path,
+            transform=T.Compose(
+                [T.RandomCrop((20, 76), padding=padding, pad_if_needed=True, fill=fill, padding_mode=mode)]
+            ),
+            dtype="uint8", layout="NHWC", output="numpy", seed=4, rank=0, world_size=1,
+        ).dataset
+        for i in range(6):
+            image, _ = ds[i]
+            once = F.pad(Image.fromarray(image), padding, fill=fill, padding_mode=mode)
+            twice = np.asarray(F.pad(once, [4, 0], fill=fill, padding_mode=mode))
+            window, _ = needed[i]
+            assert twice.shape[1] == 80 and any(
+                np.array_equal(twice[t : t + 20, x : x + 76], window)
+                for t in range(twice.shape[0] - 19)
+                for x in range(5)
+            ), (mode, "pad_if_needed", i)
 
 
 # -- automatic augmentations (#33) ----------------------------------------------------------------

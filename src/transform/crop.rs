@@ -196,6 +196,21 @@ pub struct Padding {
     pub fill: [u8; 3],
     /// How the padding is filled.
     pub mode: PaddingMode,
+    /// `RandomCrop`'s own padding (left, top, right, bottom): torchvision pads by it first,
+    /// then (`pad_if_needed`) pads that padded image again, so a mirrored second pad mirrors
+    /// the first one's pixels too.
+    pub first: [u32; 4],
+}
+
+impl Padding {
+    /// Which of a line's `len` pixels lands at `x` (in the image's coordinates) after the
+    /// first padding (`lo` before the line, `hi` after it) and a second padding of the padded
+    /// line by whatever reaches further; `None` where the constant fill does.
+    pub fn source(&self, x: i64, len: i64, lo: u32, hi: u32) -> Option<i64> {
+        let (lo, hi) = (i64::from(lo), i64::from(hi));
+        let padded = self.mode.source(x + lo, len + lo + hi)?;
+        self.mode.source(padded - lo, len)
+    }
 }
 
 /// torchvision `CenterCrop((crop_h, crop_w))` on an image of `width × height`: offsets
@@ -353,6 +368,44 @@ mod tests {
             assert_eq!(PaddingMode::from_name(mode.name()), Some(mode));
         }
         assert_eq!(PaddingMode::from_name("wrap"), None);
+    }
+
+    #[test]
+    fn a_second_mirrored_pad_mirrors_the_first_one_too() {
+        // torchvision: F.pad(F.pad([0, 1, 2, 3], 1, reflect), 2, reflect) = [1, 0, 1, 0, 1, 2,
+        // 3, 2, 3, 2] (the second pad reflects the first one's pixels), over x = -3..7.
+        let padding = Padding {
+            mode: PaddingMode::Reflect,
+            first: [1; 4],
+            ..Padding::default()
+        };
+        let line: Vec<i64> = (-3..7)
+            .map(|x| padding.source(x, 4, 1, 1).unwrap())
+            .collect();
+        assert_eq!(line, [1, 0, 1, 0, 1, 2, 3, 2, 3, 2]);
+        // One pad reflecting as far would give 3, 2, 1 at x = -3..0: not torchvision's.
+        assert_ne!(
+            (-3..7)
+                .map(|x| PaddingMode::Reflect.source(x, 4).unwrap())
+                .collect::<Vec<_>>(),
+            line
+        );
+        // Symmetric: [0, 1, 2, 3] -> [0 | 0 1 2 3 | 3] -> [0 0 | 0 0 1 2 3 3 | 3 3].
+        let symmetric = Padding {
+            mode: PaddingMode::Symmetric,
+            ..padding
+        };
+        let line: Vec<i64> = (-3..7)
+            .map(|x| symmetric.source(x, 4, 1, 1).unwrap())
+            .collect();
+        assert_eq!(line, [0, 0, 0, 0, 1, 2, 3, 3, 3, 3]);
+        // Within the first padding, the second changes nothing.
+        for x in -1..5 {
+            assert_eq!(
+                padding.source(x, 4, 1, 1),
+                PaddingMode::Reflect.source(x, 4)
+            );
+        }
     }
 
     #[test]

@@ -113,15 +113,22 @@ impl TimmOp {
     }
 
     /// Applies the op with its argument `arg` (what timm's level function returns), as timm's
-    /// op function does on a PIL image.
-    pub fn apply(self, image: &mut RgbImage<'_>, arg: f64, fill: [u8; 3], filter: AffineFilter) {
+    /// op function does on a PIL image, the geometric ops sampling with `filter` (`None`:
+    /// nearest neighbour).
+    pub fn apply(
+        self,
+        image: &mut RgbImage<'_>,
+        arg: f64,
+        fill: [u8; 3],
+        filter: Option<AffineFilter>,
+    ) {
         let (w, h) = (f64::from(image.width), f64::from(image.height));
-        let affine = |image: &mut RgbImage<'_>, m| image.affine_with(m, fill, Some(filter));
+        let affine = |image: &mut RgbImage<'_>, m| image.affine_with(m, fill, filter);
         match self {
             TimmOp::AutoContrast => image.apply(Op::AutoContrast, 0.0, fill),
             TimmOp::Equalize => image.apply(Op::Equalize, 0.0, fill),
             TimmOp::Invert => image.apply(Op::Invert, 0.0, fill),
-            TimmOp::Rotate => image.rotate(arg, fill, Some(filter)),
+            TimmOp::Rotate => image.rotate(arg, fill, filter),
             TimmOp::Posterize if arg >= 8.0 => {}
             TimmOp::Posterize => image.apply(Op::Posterize, arg, fill),
             TimmOp::Solarize => image.apply(Op::Solarize, arg, fill),
@@ -155,6 +162,8 @@ pub enum TimmResample {
     Bilinear,
     /// Always bicubic.
     Bicubic,
+    /// Always nearest neighbour.
+    Nearest,
 }
 
 /// timm's magnitude scale: magnitudes are tenths of an op's full range.
@@ -221,32 +230,58 @@ impl TimmRandAugment {
             ));
         }
         let mut ra = TimmRandAugment::new();
+        // timm sets mstd and mmax with `setdefault` (the first one given counts) and the others
+        // by assignment (the last one counts).
+        let (mut std_given, mut max_given) = (false, false);
         for section in sections.filter(|s| !s.is_empty()) {
             let split = section
-                .find(|c: char| c.is_ascii_digit())
+                .find(|c: char| c.is_ascii_digit() || c == '.')
                 .unwrap_or(section.len());
             let (key, value) = section.split_at(split);
-            let number = || -> Result<f64, String> {
-                value.parse::<f64>().map_err(|_| {
-                    format!("timm RandAugment config {config:?}: {section:?} has no number")
-                })
+            let bad = || {
+                format!(
+                    "timm RandAugment config {config:?}: section {section:?} is not one of m, n, \
+                     mmax, inc with a whole number or p, mstd with a decimal one (transform sets \
+                     are not supported)"
+                )
+            };
+            // What timm's int() and float() take, less their exotic forms (exponents, signs,
+            // underscores, other digits), which are refused.
+            let whole = || -> Result<f64, String> {
+                if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(bad());
+                }
+                value.parse::<f64>().map_err(|_| bad())
+            };
+            let decimal = || -> Result<f64, String> {
+                let digits = value.bytes().filter(u8::is_ascii_digit).count();
+                let dots = value.bytes().filter(|&b| b == b'.').count();
+                if digits == 0 || dots > 1 || digits + dots != value.len() {
+                    return Err(bad());
+                }
+                value.parse::<f64>().map_err(|_| bad())
             };
             match key {
-                "m" => ra.magnitude = number()?.trunc(),
-                "n" => ra.num_ops = number()? as u32,
-                "p" => ra.prob = number()?,
+                "m" => ra.magnitude = whole()?,
+                "n" => ra.num_ops = whole()?.min(f64::from(u32::MAX)) as u32,
+                "p" => ra.prob = decimal()?,
                 "mstd" => {
-                    let std = number()?;
-                    ra.magnitude_std = if std > 100.0 { f64::INFINITY } else { std };
+                    let std = decimal()?;
+                    if !std_given {
+                        ra.magnitude_std = if std > 100.0 { f64::INFINITY } else { std };
+                        std_given = true;
+                    }
                 }
-                "mmax" => ra.magnitude_max = number()?.trunc(),
-                "inc" => ra.increasing = number()? != 0.0,
-                _ => {
-                    return Err(format!(
-                        "timm RandAugment config {config:?}: section {section:?} is not one of \
-                         m, n, p, mstd, mmax, inc (transform sets are not supported)"
-                    ));
+                "mmax" => {
+                    let max = whole()?;
+                    if !max_given {
+                        // timm: `magnitude_max or 10`, so 0 is the default ceiling.
+                        ra.magnitude_max = if max == 0.0 { LEVEL_DENOM } else { max };
+                        max_given = true;
+                    }
                 }
+                "inc" => ra.increasing = whole()? != 0.0,
+                _ => return Err(bad()),
             }
         }
         ra.validate()?;
@@ -296,12 +331,13 @@ impl TimmRandAugment {
             let magnitude = self.noisy_magnitude(rng);
             let arg = self.level(op, magnitude, rng);
             let filter = match self.resample {
-                TimmResample::Bilinear => AffineFilter::Bilinear,
-                TimmResample::Bicubic => AffineFilter::Bicubic,
+                TimmResample::Bilinear => Some(AffineFilter::Bilinear),
+                TimmResample::Bicubic => Some(AffineFilter::Bicubic),
+                TimmResample::Nearest => None,
                 TimmResample::Random if op.is_geometric() => {
-                    [AffineFilter::Bilinear, AffineFilter::Bicubic][rng.below(2) as usize]
+                    Some([AffineFilter::Bilinear, AffineFilter::Bicubic][rng.below(2) as usize])
                 }
-                TimmResample::Random => AffineFilter::Bilinear,
+                TimmResample::Random => None,
             };
             op.apply(image, arg, self.fill, filter);
         }

@@ -157,10 +157,14 @@ impl SampleTransformer {
         self.resizer.set_interpolation(transform.interpolation);
         let padding = match transform.geometry {
             Geometry::RandomCrop {
-                fill, padding_mode, ..
+                fill,
+                padding_mode,
+                padding,
+                ..
             } => Padding {
                 fill,
                 mode: padding_mode,
+                first: padding,
             },
             _ => Padding::default(),
         };
@@ -277,15 +281,7 @@ impl SampleTransformer {
                 out_h,
             );
         } else {
-            pad_mirrored(
-                &image,
-                top,
-                left,
-                padding.mode,
-                &mut self.image,
-                out_w,
-                out_h,
-            );
+            pad_mirrored(&image, top, left, padding, &mut self.image, out_w, out_h);
         }
     }
 }
@@ -332,25 +328,27 @@ fn pad_constant(
 }
 
 /// Fills `out` (empty) with the `out_w × out_h` window at (`top`, `left`) of `image` padded
-/// by `mode` (edge, reflect or symmetric: every position has a source pixel).
+/// as `padding` says (edge, reflect or symmetric: every position has a source pixel).
 fn pad_mirrored(
     image: &Image<'_>,
     top: i64,
     left: i64,
-    mode: PaddingMode,
+    padding: Padding,
     out: &mut Vec<u8>,
     out_w: u32,
     out_h: u32,
 ) {
-    let source = |x: i64, len: i64| {
-        mode.source(x, len)
+    let [l, t, r, b] = padding.first;
+    let source = |x: i64, len: i64, lo: u32, hi: u32| {
+        padding
+            .source(x, len, lo, hi)
             .expect("only the constant mode leaves a position without a source") as usize
     };
     out.reserve(out_w as usize * out_h as usize * 3);
     for y in 0..out_h as i64 {
-        let row = source(y + top, image.height) * image.width as usize * 3;
+        let row = source(y + top, image.height, t, b) * image.width as usize * 3;
         for x in 0..out_w as i64 {
-            let at = row + source(x + left, image.width) * 3;
+            let at = row + source(x + left, image.width, l, r) * 3;
             out.extend_from_slice(&image.pixels[at..at + 3]);
         }
     }
