@@ -1188,6 +1188,26 @@ def test_resize_then_random_crop_is_a_window_of_the_resized_image(lmdb_path, pad
     assert T.Compose([T.Resize(16), T.RandomCrop(12)]).spec()["short"] == 16
 
 
+def test_bicubic_resizing_is_pils_on_noise(tmp_path):
+    """PIL resamples rows first, rounded to 8 bits, then columns; the other order clips the
+    cubic's overshoot elsewhere (it was up to 22 levels off on noise). Down and up, on noise,
+    within PIL's rounding (at most 2 levels, on a handful of values)."""
+    from PIL import Image
+
+    (tmp_path / "c" / "a").mkdir(parents=True)
+    noise = np.random.default_rng(0).integers(0, 256, (200, 300, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(tmp_path / "c" / "a" / "noise.png")
+    for short in (150, 130, 224, 600):
+        ds = loader(
+            tmp_path / "c", transform=T.Compose([T.Resize(short, interpolation="bicubic")]),
+            dtype="uint8", layout="NHWC", scaled_decode=False, shuffle=False,
+        ).dataset
+        got = ds[0][0].astype(int)
+        want = np.asarray(Image.fromarray(noise).resize((short * 3 // 2, short), Image.BICUBIC)).astype(int)
+        diff = np.abs(got - want)
+        assert diff.max() <= 2 and (diff > 1).mean() < 1e-4, (short, diff.max(), (diff > 1).mean())
+
+
 # -- RandomErasing (#33) ------------------------------------------------------------------------
 
 
