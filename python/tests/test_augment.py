@@ -666,3 +666,32 @@ def test_batch_steps_keep_map_style_access_empty_batches_and_numpy_scalars(lmdb_
             bad()
     with pytest.raises(imagefeed.ConfigError, match="ratio"):
         loader(lmdb_path, transform=T.Compose([T.RandomResizedCrop(8, ratio=(math.inf, math.inf))]))
+
+
+def test_the_new_steps_resume_mid_epoch_to_the_same_batches(lmdb_path):
+    """Steps before the crop, a flip before it, padding modes and timm's RandAugment: a loader
+    resumed from a mid-epoch state_dict gives exactly the batches the first one had left."""
+    steps = T.Compose([
+        T.ColorJitter(0.3, 0.3),
+        T.RandomHorizontalFlip(),
+        T.RandomCrop(20, padding=4, padding_mode="reflect"),
+        T.TimmRandAugment("rand-m9-mstd0.5-inc1"),
+        T.RandomGrayscale(0.2),
+    ])
+    kw = dict(transform=steps, dtype="uint8", layout="NHWC", seed=21, batch_size=8)
+    first = loader(lmdb_path, workers=2, **kw)
+    batches = iter(first)
+    for _ in range(3):
+        next(batches)
+    state = first.state_dict()
+    rest = [images.copy() for images, _ in batches]
+    resumed = loader(lmdb_path, workers=3, **kw)
+    resumed.load_state_dict(state)
+    again = [images.copy() for images, _ in resumed]
+    assert len(rest) == len(again) > 0
+    for a, b in zip(rest, again):
+        np.testing.assert_array_equal(a, b)
+    # Another transform is refused by the saved state (its fingerprint names the steps).
+    other = loader(lmdb_path, workers=1, **{**kw, "transform": T.Compose([T.RandomCrop(20, padding=4)])})
+    with pytest.raises(imagefeed.StateMismatchError):
+        other.load_state_dict(state)
