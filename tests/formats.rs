@@ -25,7 +25,7 @@ fn append_garbage(path: &Path) {
 }
 
 #[test]
-fn interrupted_hdf5_and_records_packs_resume_to_the_same_dataset() {
+fn resume_drops_what_a_crash_wrote_past_the_last_commit_of_staged_shards() {
     let dir = tempfile::tempdir().unwrap();
     let src = fixture_root();
     for (format, name) in writable([

@@ -1,0 +1,585 @@
+//! Packing an ImageFolder tree, one suite over every format a pack writes (LMDB, HDF5, record
+//! shards): rejection of broken files, strict mode, overwrite rules, interruption and resume,
+//! raw and resized payloads, and verify catching mismatches. What only LMDB has (its map
+//! growing, its single staging file) is tested for LMDB.
+
+mod support;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use imagefeed::dataset::PayloadKind;
+use imagefeed::decode::{Decoder, RawImage};
+use imagefeed::pack::{self, NoProgress, PackFormat, PackOptions, PackSummary, Part, StartMode};
+use imagefeed::{Error, Result, format, inspect, verify};
+use support::{
+    BROKEN, Crash, copy_tree, fixture_records_without_broken, fixture_root, records, small_options,
+};
+
+/// Every format a pack writes in this build, each with an output path `DIR/STEM.EXT`.
+fn outputs(dir: &Path, stem: &str) -> Vec<(PackFormat, PathBuf)> {
+    support::writable([
+        (PackFormat::Lmdb, "lmdb"),
+        (PackFormat::Hdf5, "h5"),
+        (PackFormat::Records, "records"),
+    ])
+    .into_iter()
+    .map(|(format, ext)| (format, dir.join(format!("{stem}.{ext}"))))
+    .collect()
+}
+
+fn try_pack(
+    src: &Path,
+    out: &Path,
+    format: PackFormat,
+    options: &PackOptions,
+) -> Result<PackSummary> {
+    pack::pack_image_folder(src, out, format, options, &NoProgress)
+}
+
+fn pack(src: &Path, out: &Path, format: PackFormat, options: &PackOptions) -> PackSummary {
+    try_pack(src, out, format, options).unwrap_or_else(|e| panic!("{format:?}: {e}"))
+}
+
+/// (key, label, payload) of every record of the dataset at `path`.
+fn all_records(path: &Path) -> Vec<support::Row> {
+    records(format::open(path).unwrap().as_ref())
+}
+
+fn resuming() -> PackOptions {
+    small_options().with_mode(StartMode {
+        resume: true,
+        force: false,
+    })
+}
+
+#[test]
+fn broken_files_are_rejected_by_path_and_the_run_completes() {
+    let dir = tempfile::tempdir().unwrap();
+    for (format, out) in outputs(dir.path(), "fixtures") {
+        let summary = pack(&fixture_root(), &out, format, &small_options());
+        assert_eq!(summary.samples, 16, "{format:?}");
+        assert_eq!(summary.classes, 3);
+        assert_eq!(summary.skipped_non_images, 1);
+        let rejected: Vec<&str> = summary.rejected.iter().map(|r| r.key.as_str()).collect();
+        assert_eq!(rejected, BROKEN, "{format:?}");
+        let reason = |key: &str| {
+            &summary
+                .rejected
+                .iter()
+                .find(|r| r.key == key)
+                .unwrap()
+                .reason
+        };
+        assert!(reason("class01/bad-empty.jpg").contains("empty file"));
+        assert!(reason("class01/bad-text.jpg").contains("not a recognized image format"));
+        assert!(reason("class01/bad-truncated.jpg").contains("Premature end of JPEG file"));
+        assert!(reason("class01/bad-bomb.jpg").contains("60000x60000"));
+
+        // The machine-readable report says the same.
+        let report: PackSummary =
+            serde_json::from_slice(&fs::read(pack::report_path(&out)).unwrap()).unwrap();
+        assert_eq!(report.rejected, summary.rejected);
+        assert_eq!(report.samples, 16);
+
+        // Records: the source listing in ImageFolder order, minus the rejected files, bytes
+        // unchanged.
+        assert_eq!(
+            all_records(&out),
+            fixture_records_without_broken(),
+            "{format:?}"
+        );
+        let report = verify::verify(&out, Some(&fixture_root())).unwrap();
+        assert!(report.is_ok(), "{format:?}: {:?}", report.problems);
+        assert_eq!((report.checked, report.source_rejects), (16, 4));
+    }
+    // No leftovers beside the outputs: each one and its report.
+    let mut names: Vec<String> = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    let mut want: Vec<String> = outputs(dir.path(), "fixtures")
+        .iter()
+        .flat_map(|(_, out)| {
+            let name = out.file_name().unwrap().to_string_lossy().into_owned();
+            [format!("{name}.report.json"), name]
+        })
+        .collect();
+    want.sort();
+    assert_eq!(names, want);
+}
+
+#[test]
+fn strict_mode_fails_on_the_first_broken_file_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    for (format, out) in outputs(dir.path(), "strict") {
+        let options = small_options().with_strict(true);
+        let err = try_pack(&fixture_root(), &out, format, &options).unwrap_err();
+        match &err {
+            Error::Rejected { path, reason } => {
+                assert!(path.ends_with("class01/bad-bomb.jpg"), "{}", path.display());
+                assert!(reason.contains("decompression-bomb"), "{reason}");
+            }
+            other => panic!("{format:?}: expected a rejection, got {other}"),
+        }
+        assert_eq!(
+            fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "{format:?}: strict failure left files behind"
+        );
+    }
+}
+
+#[test]
+fn existing_output_is_kept_unless_forced() {
+    let dir = tempfile::tempdir().unwrap();
+    for (format, out) in outputs(dir.path(), "out") {
+        let src = dir.path().join(format!("src-{format:?}"));
+        copy_tree(&fixture_root(), &src);
+        pack(&src, &out, format, &small_options());
+        let before = support::tree_contents(dir.path());
+
+        let err = try_pack(&src, &out, format, &small_options()).unwrap_err();
+        assert!(
+            matches!(err, Error::AlreadyExists { .. }),
+            "{format:?}: {err}"
+        );
+        assert!(err.to_string().contains("--force"), "{err}");
+        assert!(
+            support::tree_contents(dir.path()) == before,
+            "{format:?}: a refused pack modified the output"
+        );
+
+        // Forced, with a different source: the output is replaced.
+        fs::remove_dir_all(src.join("class02")).unwrap();
+        let forced = small_options().with_mode(StartMode {
+            force: true,
+            resume: false,
+        });
+        let summary = pack(&src, &out, format, &forced);
+        assert_eq!(summary.classes, 2);
+        assert_eq!(
+            format::open(&out).unwrap().classes(),
+            ["class00", "class01"]
+        );
+    }
+}
+
+fn crash_after(src: &Path, out: &Path, format: PackFormat, options: &PackOptions, chunks: usize) {
+    let crash = Crash::after(chunks);
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        pack::pack_image_folder(src, out, format, options, &crash)
+    }));
+    assert!(
+        result.is_err(),
+        "{format:?}: the pack finished before the simulated crash"
+    );
+}
+
+#[test]
+fn an_interrupted_pack_is_never_accepted_and_resume_completes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixture_root();
+    for ((format, out), (_, clean)) in outputs(dir.path(), "resumed")
+        .into_iter()
+        .zip(outputs(dir.path(), "clean"))
+    {
+        // chunk_size 4: chunks 0..4 hold files 0..16, so after 3 chunks some rejected files
+        // are done.
+        crash_after(&src, &out, format, &small_options(), 3);
+
+        assert!(!out.exists(), "{format:?}");
+        let err = format::open(&out).unwrap_err();
+        assert!(
+            matches!(err, Error::Incomplete { .. }) && err.to_string().contains("--resume"),
+            "{format:?}: {err}"
+        );
+        let err = format::open(format::staging::partial_path(&out)).unwrap_err();
+        assert!(matches!(err, Error::Incomplete { .. }), "{format:?}: {err}");
+
+        // Without --resume the partial output is not silently discarded.
+        let err = try_pack(&src, &out, format, &small_options()).unwrap_err();
+        assert!(err.to_string().contains("--resume"), "{format:?}: {err}");
+
+        // Other options: refused, the partial output untouched.
+        let raw_resume = resuming().with_raw(true);
+        let err = try_pack(&src, &out, format, &raw_resume).unwrap_err();
+        assert!(
+            matches!(err, Error::ResumeMismatch { .. }),
+            "{format:?}: {err}"
+        );
+
+        let summary = pack(&src, &out, format, &resuming());
+        assert_eq!(
+            summary.resumed_from, 12,
+            "{format:?}: 3 chunks of 4 files were committed"
+        );
+        assert_eq!(summary.samples, 16);
+        let rejected: Vec<&str> = summary.rejected.iter().map(|r| r.key.as_str()).collect();
+        assert_eq!(
+            rejected, BROKEN,
+            "{format:?}: rejections from before the crash are kept"
+        );
+        assert!(!format::staging::partial_path(&out).exists());
+
+        // Identical to a pack that was never interrupted.
+        pack(&src, &clean, format, &small_options());
+        assert!(all_records(&out) == all_records(&clean), "{format:?}");
+        assert!(verify::verify(&out, Some(&src)).unwrap().is_ok());
+    }
+    // LMDB's partial output is a file inspect reads: it says what was committed.
+    let lmdb = dir.path().join("seen.lmdb");
+    crash_after(&src, &lmdb, PackFormat::Lmdb, &small_options(), 3);
+    let seen = inspect::inspect(&lmdb).unwrap();
+    assert!(!seen.complete);
+    assert!(
+        seen.num_samples > 0 && seen.num_samples < 16,
+        "{}",
+        seen.num_samples
+    );
+}
+
+#[test]
+fn resume_refuses_a_changed_source_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    for (format, out) in outputs(dir.path(), "out") {
+        let src = dir.path().join(format!("src-{format:?}"));
+        copy_tree(&fixture_root(), &src);
+        crash_after(&src, &out, format, &small_options(), 1);
+        fs::write(src.join("class02/img00000.jpg"), b"changed").unwrap();
+        let err = try_pack(&src, &out, format, &resuming()).unwrap_err();
+        assert!(
+            matches!(err, Error::ResumeMismatch { .. }),
+            "{format:?}: {err}"
+        );
+        assert!(err.to_string().contains("source tree changed"), "{err}");
+    }
+}
+
+#[test]
+fn raw_payloads_hold_the_decoded_pixels() {
+    let dir = tempfile::tempdir().unwrap();
+    for (format, out) in outputs(dir.path(), "raw") {
+        let options = small_options().with_raw(true);
+        let summary = pack(&fixture_root(), &out, format, &options);
+        assert_eq!(summary.samples, 16);
+        let dataset = format::open(&out).unwrap();
+        assert_eq!(dataset.info().payload, PayloadKind::RawRgb8, "{format:?}");
+        let mut reader = dataset.open_reader().unwrap();
+        let record = reader.read(0).unwrap();
+        let (w, h, pixels) = RawImage::parse(record.payload).unwrap();
+        let mut expected = Vec::new();
+        Decoder::new()
+            .decode_rgb(
+                &fs::read(fixture_root().join(record.key)).unwrap(),
+                &mut expected,
+            )
+            .unwrap();
+        assert_eq!((w, h), (40, 32));
+        assert_eq!(pixels, expected.as_slice(), "{format:?}");
+        assert!(verify::verify(&out, Some(&fixture_root())).unwrap().is_ok());
+    }
+}
+
+#[test]
+fn resize_shrinks_the_shorter_side_and_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    for raw in [false, true] {
+        for (format, out) in outputs(dir.path(), &format!("resized-{raw}")) {
+            let options = small_options()
+                .with_resize_short_side(Some(16))
+                .with_raw(raw);
+            pack(&fixture_root(), &out, format, &options);
+            let seen = inspect::inspect(&out).unwrap();
+            // 40x32 -> shorter side 16 -> 20x16 (torchvision: int(16 * 40 / 32) = 20).
+            assert_eq!(
+                (seen.width.max, seen.height.max),
+                (20, 16),
+                "{format:?} raw={raw}"
+            );
+            assert_eq!(seen.resized_short_side, Some(16), "{format:?}");
+            let report = verify::verify(&out, Some(&fixture_root())).unwrap();
+            assert!(
+                report.is_ok(),
+                "{format:?} raw={raw}: {:?}",
+                report.problems
+            );
+        }
+    }
+}
+
+#[test]
+fn verify_reports_changed_missing_and_relabelled_samples() {
+    let dir = tempfile::tempdir().unwrap();
+    for (format, out) in outputs(dir.path(), "out") {
+        let src = dir.path().join(format!("src-{format:?}"));
+        copy_tree(&fixture_root(), &src);
+        pack(&src, &out, format, &small_options());
+        assert!(verify::verify(&out, Some(&src)).unwrap().is_ok());
+        verify_finds_what_changed(&src, &out, dir.path(), format);
+    }
+}
+
+fn verify_finds_what_changed(src: &Path, out: &Path, dir: &Path, format: PackFormat) {
+    // A changed file, a file only in the dataset, a new decodable file only in the source.
+    fs::copy(
+        src.join("class02/img00001.jpg"),
+        src.join("class02/img00000.jpg"),
+    )
+    .unwrap();
+    fs::remove_file(src.join("class02/img00003.jpg")).unwrap();
+    fs::copy(
+        src.join("class02/img00001.jpg"),
+        src.join("class02/img00009.jpg"),
+    )
+    .unwrap();
+    let report = verify::verify(out, Some(src)).unwrap();
+    let found: Vec<(String, &str)> = report
+        .problems
+        .iter()
+        .map(|p| (p.key.clone(), p.problem.split(' ').next().unwrap()))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            ("class02/img00000.jpg".to_string(), "payload"),
+            ("class02/img00003.jpg".to_string(), "no"),
+            ("class02/img00009.jpg".to_string(), "decodable"),
+        ],
+        "{format:?}: {:?}",
+        report.problems
+    );
+
+    // Classes renamed: labels no longer match the source's classes.
+    let renamed = dir.join(format!("renamed-{format:?}"));
+    copy_tree(&fixture_root(), &renamed);
+    fs::rename(renamed.join("class00"), renamed.join("zzz")).unwrap();
+    let report = verify::verify(out, Some(&renamed)).unwrap();
+    assert!(
+        report.problems.iter().any(|p| p.key == "classes"),
+        "{:?}",
+        report.problems
+    );
+}
+
+#[test]
+fn a_tree_of_only_broken_files_packs_nothing_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    fs::create_dir_all(src.join("a")).unwrap();
+    fs::write(src.join("a/x.jpg"), b"").unwrap();
+    for (format, out) in outputs(dir.path(), "out") {
+        let err = try_pack(&src, &out, format, &small_options()).unwrap_err();
+        assert!(
+            err.to_string().contains("all 1 files were rejected"),
+            "{format:?}: {err}"
+        );
+        assert!(!out.exists() && !format::staging::partial_path(&out).exists());
+    }
+}
+
+#[test]
+fn a_corrupt_huffman_table_never_costs_the_good_files_after_it() {
+    // Regression: one corrupt JPEG left libjpeg-turbo's handle mid-header, and every good file
+    // the same thread checked after it was rejected with "Bogus Huffman table definition".
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let bad = support::tree_with_bad_huffman_tables(&src, 30, &[5, 17]);
+    for threads in [1, 2] {
+        for (format, out) in outputs(dir.path(), &format!("t{threads}")) {
+            let options = small_options().with_threads(Some(threads));
+            let summary = pack(&src, &out, format, &options);
+            let rejected: Vec<&str> = summary.rejected.iter().map(|r| r.key.as_str()).collect();
+            assert_eq!(rejected, bad, "{format:?}, {threads} threads");
+            assert!(
+                summary
+                    .rejected
+                    .iter()
+                    .all(|r| r.reason.contains("Bogus Huffman table"))
+            );
+            assert_eq!(summary.samples, 30, "{format:?}, {threads} threads");
+            let report = verify::verify(&out, Some(&src)).unwrap();
+            assert!(report.is_ok(), "{format:?}: {:?}", report.problems);
+            assert_eq!(report.checked, 30);
+        }
+    }
+}
+
+#[test]
+fn a_file_name_that_is_not_utf8_is_rejected_by_its_lossy_path() {
+    // Regression: one non-UTF-8 file name aborted the whole pack.
+    use std::os::unix::ffi::OsStrExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    copy_tree(&fixture_root(), &src);
+    let good = fs::read(fixture_root().join("class02/img00000.jpg")).unwrap();
+    let name = std::ffi::OsStr::from_bytes(b"bad-\xff-name.jpg");
+    fs::write(src.join("class02").join(name), &good).unwrap();
+    let nested = src
+        .join("class02")
+        .join(std::ffi::OsStr::from_bytes(b"sub-\xfe"));
+    fs::create_dir(&nested).unwrap();
+    fs::write(nested.join("inside.jpg"), &good).unwrap();
+    for (format, out) in outputs(dir.path(), "o") {
+        let summary = pack(&src, &out, format, &small_options());
+        assert_eq!(
+            summary.samples, 16,
+            "{format:?}: the good files are all packed"
+        );
+        utf8_rejections_name_lossy_paths(&summary);
+    }
+}
+
+fn utf8_rejections_name_lossy_paths(summary: &PackSummary) {
+    let bad: Vec<(&str, &str)> = summary
+        .rejected
+        .iter()
+        .filter(|r| r.reason.contains("not valid UTF-8"))
+        .map(|r| (r.key.as_str(), r.reason.as_str()))
+        .collect();
+    let keys: Vec<&str> = bad.iter().map(|b| b.0).collect();
+    assert_eq!(
+        keys,
+        [
+            "class02/bad-\u{FFFD}-name.jpg",
+            "class02/sub-\u{FFFD}/inside.jpg"
+        ],
+        "{:?}",
+        summary.rejected
+    );
+    assert_eq!(summary.rejected.len(), 4 + 2);
+}
+
+#[test]
+fn impossible_pack_options_are_refused_as_configuration_errors_not_loader_settings() {
+    // Regression: packer errors were worded "invalid loader configuration".
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("o.lmdb");
+    for options in [
+        small_options().with_threads(Some(0)),
+        small_options().with_threads(Some(100_000)),
+        small_options().with_resize_short_side(Some(0)),
+        small_options().with_part(Some(Part { index: 3, count: 2 })),
+    ] {
+        let err = try_pack(&fixture_root(), &out, PackFormat::Lmdb, &options).unwrap_err();
+        assert!(matches!(err, Error::Config(_)), "{err}");
+        assert!(
+            err.to_string().starts_with("invalid configuration: "),
+            "{err}"
+        );
+        assert!(!out.exists() && !format::staging::partial_path(&out).exists());
+    }
+}
+
+/// Asks the pack to stop once `chunks` chunks are committed (what Ctrl-C does in Python).
+struct StopAfter {
+    chunks: usize,
+    seen: std::sync::atomic::AtomicUsize,
+}
+
+impl pack::PackObserver for StopAfter {
+    fn advanced(&self, _done: usize, _payload_bytes: u64) {
+        self.seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    fn should_stop(&self) -> bool {
+        self.seen.load(std::sync::atomic::Ordering::Relaxed) >= self.chunks
+    }
+}
+
+#[test]
+fn a_pack_asked_to_stop_keeps_what_it_committed_and_resume_finishes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixture_root();
+    for ((format, out), (_, whole)) in outputs(dir.path(), "stopped")
+        .into_iter()
+        .zip(outputs(dir.path(), "whole"))
+    {
+        let stop = StopAfter {
+            chunks: 2,
+            seen: Default::default(),
+        };
+        let err = pack::pack_image_folder(&src, &out, format, &small_options(), &stop).unwrap_err();
+        assert!(
+            matches!(err, Error::Interrupted { .. }) && err.to_string().contains("8 of 20"),
+            "{format:?}: {err}"
+        );
+        assert!(!out.exists() && format::staging::partial_path(&out).exists());
+        let summary = pack(&src, &out, format, &resuming());
+        assert_eq!(
+            (summary.resumed_from, summary.samples),
+            (8, 16),
+            "{format:?}"
+        );
+        assert!(verify::verify(&out, Some(&src)).unwrap().is_ok());
+
+        // A request that comes with the last chunk changes nothing: the pack completes.
+        let last = StopAfter {
+            chunks: 5,
+            seen: Default::default(),
+        };
+        pack::pack_image_folder(&src, &whole, format, &small_options(), &last).unwrap();
+        assert!(all_records(&whole) == all_records(&out), "{format:?}");
+    }
+}
+
+#[test]
+fn a_foreign_report_file_is_refused_before_force_discards_an_interrupted_pack() {
+    // Regression: with --force, the interrupted run's OUT.partial was deleted before the
+    // foreign OUT.report.json was noticed and the pack refused.
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixture_root();
+    let out = dir.path().join("stopped.lmdb");
+    let stop = StopAfter {
+        chunks: 1,
+        seen: Default::default(),
+    };
+    pack::pack_image_folder(&src, &out, PackFormat::Lmdb, &small_options(), &stop).unwrap_err();
+    let partial = format::staging::partial_path(&out);
+    let staged = fs::read(&partial).unwrap();
+    let report = pack::report_path(&out);
+    fs::write(&report, "my own notes").unwrap();
+    let force = small_options().with_mode(StartMode {
+        resume: false,
+        force: true,
+    });
+    let err = pack::pack_image_folder(&src, &out, PackFormat::Lmdb, &force, &pack::NoProgress)
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::NotReplaceable { path, .. } if *path == report),
+        "{err}"
+    );
+    assert_eq!(
+        fs::read(&partial).unwrap(),
+        staged,
+        "the interrupted pack was touched"
+    );
+    assert_eq!(fs::read_to_string(&report).unwrap(), "my own notes");
+}
+
+/// A map smaller than the data (here 1 MiB, as a process under `ulimit -v` may get) grows as
+/// the chunks come: the pack completes and reads back whole.
+#[test]
+fn a_map_smaller_than_the_data_grows_as_it_fills() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let spec = imagefeed::synthetic::SyntheticSpec {
+        classes: 3,
+        per_class: 60,
+        width: 96,
+        height: 64,
+        ..imagefeed::synthetic::SyntheticSpec::default()
+    };
+    imagefeed::synthetic::write_image_folder(&src, &spec).unwrap();
+    let out = dir.path().join("grown.lmdb");
+    let options = small_options().with_lmdb_map_size(1 << 20);
+    let summary = support::pack_as(&src, &out, PackFormat::Lmdb, &options);
+    let file_len = std::fs::metadata(&out).unwrap().len();
+    assert!(
+        file_len > 1 << 20,
+        "{file_len} bytes: more than the first map"
+    );
+    let ds = format::open(&out).unwrap();
+    assert_eq!(ds.len(), summary.samples);
+    assert!(verify::verify(&out, Some(&src)).unwrap().is_ok());
+}
