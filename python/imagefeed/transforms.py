@@ -109,20 +109,33 @@ def _interpolation(mode: Any, antialias: Optional[bool], what: str) -> str:
 
 
 class Resize(_Step):
-    """torchvision ``Resize(short, interpolation)``: the shorter side becomes ``size`` (an int
-    only), resampled with ``interpolation`` (``"bilinear"``, the default, ``"bicubic"`` or
-    ``"nearest"``; torchvision's ``InterpolationMode`` works too), antialiased as PIL is."""
+    """torchvision ``Resize(size, interpolation)``: with an int, the shorter side becomes
+    ``size`` (the aspect ratio kept); with ``(height, width)``, every image becomes exactly that
+    size. Resampled with ``interpolation`` (``"bilinear"``, the default, ``"bicubic"`` or
+    ``"nearest"``; torchvision's ``InterpolationMode`` works too), antialiased as PIL is. A
+    ``CenterCrop`` or ``RandomCrop`` may follow the int form."""
 
-    def __init__(self, size: int, interpolation: Any = "bilinear", antialias: Optional[bool] = True):
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"Resize: size {size!r} must be a positive int (the shorter side)")
-        self.size = size
+    def __init__(
+        self, size: Union[Size, Sequence[int]], interpolation: Any = "bilinear", antialias: Optional[bool] = True
+    ):
+        if isinstance(size, (list, tuple)) and len(size) == 1:
+            size = size[0]  # torchvision: a one-element sequence is the shorter side
+        if isinstance(size, numbers.Integral) and not isinstance(size, bool):
+            if not 1 <= int(size) < 2**31:
+                raise ValueError(f"Resize: size {size!r} must be a positive int (the shorter side)")
+            self.size: Union[int, Tuple[int, int]] = operator.index(size)
+        else:
+            self.size = _hw(size, "Resize")  # type: ignore[arg-type]
         self.interpolation = _interpolation(interpolation, antialias, "Resize")
 
     def _apply(self, spec: Dict[str, Any]) -> None:
         if spec["geometry"] != "native":
             raise ValueError("Resize must come before any crop, and only once")
-        spec.update(geometry="resize", short=self.size, interpolation=self.interpolation)
+        if isinstance(self.size, tuple):
+            h, w = self.size
+            spec.update(geometry="resize_to", width=w, height=h, interpolation=self.interpolation)
+        else:
+            spec.update(geometry="resize", short=self.size, interpolation=self.interpolation)
 
 
 class CenterCrop(_Step):
@@ -138,7 +151,7 @@ class CenterCrop(_Step):
         elif spec["geometry"] == "resize":
             spec.update(geometry="resize_center_crop", width=w, height=h)
         else:
-            raise ValueError("CenterCrop can follow only Resize")
+            raise ValueError("CenterCrop can follow only Resize with an int size (the shorter side)")
 
 
 class RandomCrop(_Step):
@@ -188,7 +201,7 @@ class RandomCrop(_Step):
         # After a Resize (Compose([Resize(256), RandomCrop(224)])) the window is drawn on the
         # resized image; "short" stays in the spec.
         if spec["geometry"] not in ("native", "resize"):
-            raise ValueError("RandomCrop can follow only Resize")
+            raise ValueError("RandomCrop can follow only Resize with an int size (the shorter side)")
         h, w = self.size
         spec.update(
             geometry="random_crop",

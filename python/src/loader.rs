@@ -209,6 +209,10 @@ fn parse_transform(spec: &Bound<'_, PyDict>) -> PyResult<Transform> {
         "resize" => Geometry::Resize {
             short: uint(spec, "short")?,
         },
+        "resize_to" => Geometry::ResizeTo {
+            width: uint(spec, "width")?,
+            height: uint(spec, "height")?,
+        },
         "center_crop" => Geometry::CenterCrop {
             width: uint(spec, "width")?,
             height: uint(spec, "height")?,

@@ -1208,6 +1208,35 @@ def test_bicubic_resizing_is_pils_on_noise(tmp_path):
         assert diff.max() <= 2 and (diff > 1).mean() < 1e-4, (short, diff.max(), (diff > 1).mean())
 
 
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
+def test_resize_to_a_fixed_size_is_pils(tmp_path, interpolation):
+    """torchvision's Resize((h, w)): every image exactly that size, aspect ratio not kept,
+    within PIL's rounding, shrinking and enlarging; the int and one-element forms keep theirs."""
+    from PIL import Image
+
+    (tmp_path / "c" / "a").mkdir(parents=True)
+    noise = np.random.default_rng(1).integers(0, 256, (200, 300, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(tmp_path / "c" / "a" / "noise.png")
+    filters = {"bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}
+    # Pillow runs the two passes in an order that depends on the shape (columns first only when
+    # it widens and shortens at once): each kind of shape is here.
+    for h, w in ((224, 224), (96, 400), (350, 120), (190, 310), (210, 290), (100, 200), (300, 500), (150, 450)):
+        ds = loader(
+            tmp_path / "c", transform=T.Compose([T.Resize((h, w), interpolation=interpolation)]),
+            dtype="uint8", layout="NHWC", scaled_decode=False, shuffle=False,
+        ).dataset
+        got = ds[0][0].astype(int)
+        want = np.asarray(Image.fromarray(noise).resize((w, h), filters[interpolation])).astype(int)
+        diff = np.abs(got - want)
+        assert got.shape == (h, w, 3) and diff.max() <= 2 and (diff > 1).mean() < 1e-4, ((h, w), diff.max())
+    assert T.Resize([50]).size == 50 and T.Resize((50, 60)).size == (50, 60)
+    with pytest.raises(ValueError, match="int size"):
+        T.Compose([T.Resize((50, 60)), T.CenterCrop(40)])
+    for bad in ((0, 5), (5, 6, 7), 2**31, "5"):
+        with pytest.raises(ValueError):
+            T.Resize(bad)
+
+
 # -- RandomErasing (#33) ------------------------------------------------------------------------
 
 

@@ -55,6 +55,14 @@ pub enum Geometry {
         /// Target shorter side.
         short: u32,
     },
+    /// torchvision `Resize((height, width))`: every image to exactly this size (the aspect ratio
+    /// is not kept), as the evaluation code of many projects does.
+    ResizeTo {
+        /// Output width.
+        width: u32,
+        /// Output height.
+        height: u32,
+    },
     /// torchvision `CenterCrop((height, width))` (zero padding when the image is smaller).
     CenterCrop {
         /// Output width.
@@ -383,6 +391,7 @@ impl Transform {
         match self.geometry {
             Geometry::Native => {}
             Geometry::Resize { short } => positive(short, short)?,
+            Geometry::ResizeTo { width, height } => positive(width, height)?,
             Geometry::CenterCrop { width, height } => positive(width, height)?,
             Geometry::RandomCrop {
                 width,
@@ -485,6 +494,7 @@ impl Transform {
             Geometry::Native | Geometry::Resize { .. } => None,
             Geometry::CenterCrop { width, height }
             | Geometry::RandomCrop { width, height, .. }
+            | Geometry::ResizeTo { width, height }
             | Geometry::ResizeCenterCrop { width, height, .. }
             | Geometry::RandomResizedCrop { width, height, .. } => Some((width, height)),
         }

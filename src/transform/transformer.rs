@@ -383,6 +383,7 @@ fn plan_crop(
     let (w, h) = (header.width, header.height);
     let (crop, out_w, out_h) = match transform.geometry {
         Geometry::Native => (Rect::full(w, h), w, h),
+        Geometry::ResizeTo { width, height } => (Rect::full(w, h), width, height),
         Geometry::Resize { short } => {
             let (rw, rh) = short_side_size(w, h, short);
             (Rect::full(w, h), rw, rh)
