@@ -90,14 +90,32 @@ fn meminfo_bytes(field: &str) -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// Asks the kernel to read `file` into the page cache in the background
-/// (`POSIX_FADV_WILLNEED`): one sequential stream instead of one small read per page fault.
-/// Done only when the file is at most half of the available memory, so a dataset larger than
-/// RAM is never pushed through the cache this way. Returns whether the advice was given.
+/// Files up to this size are read through at open, in order, before their index is walked.
+const READ_THROUGH_BYTES: u64 = 64 << 20;
+
+/// Brings `file` into the page cache as one sequential stream instead of one small read per
+/// page fault: a file of at most 64 MiB is read through now, in order (opening
+/// walks its index, whose pages are spread over the file: with only the background advice the
+/// walk faulted most of CIFAR-10's 14 MB in tree order, 90 ms cold against 20 ms read through);
+/// a larger one is handed to the kernel to stream in the background (`POSIX_FADV_WILLNEED`),
+/// when it is at most half of the available memory, so a dataset larger than RAM is never
+/// pushed through the cache this way. Returns whether anything was done.
 pub fn prefetch_if_it_fits(file: &fs::File) -> bool {
     let Ok(len) = file.metadata().map(|m| m.len()) else {
         return false;
     };
+    if len <= READ_THROUGH_BYTES {
+        use std::os::unix::fs::FileExt as _;
+        let mut buffer = vec![0u8; 1 << 20];
+        let mut at = 0u64;
+        while at < len {
+            match file.read_at(&mut buffer, at) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => at += n as u64,
+            }
+        }
+        return true;
+    }
     if available_memory().is_none_or(|available| len > available / 2) {
         return false;
     }
@@ -187,16 +205,9 @@ mod tests {
         evict(&path).unwrap();
         let file = fs::File::open(&path).unwrap();
         assert!(prefetch_if_it_fits(&file), "a 4 MiB file fits in memory");
-        // The advice is asynchronous: wait (bounded) for the pages to arrive.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while residency(&path).unwrap().resident_fraction() < 0.99 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{:?}",
-                residency(&path)
-            );
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
+        // Read through before the call returns (not merely advised): resident at once.
+        let resident = residency(&path).unwrap();
+        assert!(resident.resident_fraction() >= 0.99, "{resident:?}");
     }
 
     #[test]
