@@ -53,16 +53,14 @@ struct Source<'a> {
 }
 
 impl Source<'_> {
-    fn at(&self, x: i64, y: i64, band: usize) -> f64 {
-        f64::from(self.src[((y * self.w + x) * 3) as usize + band])
+    /// The byte offset of column `x`, clamped to the image (PIL's `XCLIP`).
+    fn column(&self, x: i64) -> usize {
+        (x.clamp(0, self.w - 1) * 3) as usize
     }
 
-    fn clip_x(&self, x: i64) -> i64 {
-        x.clamp(0, self.w - 1)
-    }
-
-    fn row_exists(&self, y: i64) -> bool {
-        (0..self.h).contains(&y)
+    /// The byte offset of row `y`, if the image has it.
+    fn row(&self, y: i64) -> Option<usize> {
+        (0..self.h).contains(&y).then(|| (y * self.w * 3) as usize)
     }
 
     /// PIL's test before sampling: inside `[0, size)` on both axes (a NaN passes, as in C).
@@ -70,24 +68,29 @@ impl Source<'_> {
         xin < 0.0 || xin >= self.w as f64 || yin < 0.0 || yin >= self.h as f64
     }
 
+    /// Where a point's taps start: the integer and fractional parts after PIL's half-pixel
+    /// shift.
+    fn split(v: f64) -> (i64, f64) {
+        let v = v - 0.5;
+        let i = v.floor();
+        (i as i64, v - i)
+    }
+
     fn bilinear(&self, xin: f64, yin: f64) -> Option<[u8; 3]> {
         if self.outside(xin, yin) {
             return None;
         }
-        let (xin, yin) = (xin - 0.5, yin - 0.5);
-        let (x, y) = (xin.floor() as i64, yin.floor() as i64);
-        let (dx, dy) = (xin - x as f64, yin - y as f64);
+        let ((x, dx), (y, dy)) = (Self::split(xin), Self::split(yin));
         let lerp = |a: f64, b: f64, d: f64| a + (b - a) * d;
-        let (x0, x1) = (self.clip_x(x), self.clip_x(x + 1));
+        let (x0, x1) = (self.column(x), self.column(x + 1));
+        // The first row is clamped into the image; a missing second row repeats the first.
+        let first = (y.clamp(0, self.h - 1) * self.w * 3) as usize;
+        let second = self.row(y + 1);
+        let at = |row: usize, col: usize, band: usize| f64::from(self.src[row + col + band]);
         let mut pixel = [0u8; 3];
         for (band, value) in pixel.iter_mut().enumerate() {
-            let row = y.clamp(0, self.h - 1);
-            let v1 = lerp(self.at(x0, row, band), self.at(x1, row, band), dx);
-            let v2 = if self.row_exists(y + 1) {
-                lerp(self.at(x0, y + 1, band), self.at(x1, y + 1, band), dx)
-            } else {
-                v1
-            };
+            let v1 = lerp(at(first, x0, band), at(first, x1, band), dx);
+            let v2 = second.map_or(v1, |row| lerp(at(row, x0, band), at(row, x1, band), dx));
             *value = lerp(v1, v2, dy) as u8;
         }
         Some(pixel)
@@ -97,30 +100,22 @@ impl Source<'_> {
         if self.outside(xin, yin) {
             return None;
         }
-        let (xin, yin) = (xin - 0.5, yin - 0.5);
-        let (x, y) = (xin.floor() as i64, yin.floor() as i64);
-        let (dx, dy) = (xin - x as f64, yin - y as f64);
+        let ((x, dx), (y, dy)) = (Self::split(xin), Self::split(yin));
         let (x, y) = (x - 1, y - 1);
-        let xs = [0, 1, 2, 3].map(|i| self.clip_x(x + i));
+        let cols = [0, 1, 2, 3].map(|i| self.column(x + i));
+        let first = (y.clamp(0, self.h - 1) * self.w * 3) as usize;
+        let rows = [self.row(y + 1), self.row(y + 2), self.row(y + 3)];
         let mut pixel = [0u8; 3];
         for (band, value) in pixel.iter_mut().enumerate() {
-            let row = |y: i64| cubic(xs.map(|x| self.at(x, y, band)), dx);
-            let v1 = row(y.clamp(0, self.h - 1));
-            let v2 = if self.row_exists(y + 1) {
-                row(y + 1)
-            } else {
-                v1
+            let line = |row: usize| {
+                let taps = cols.map(|c| f64::from(self.src[row + c + band]));
+                cubic(taps, dx)
             };
-            let v3 = if self.row_exists(y + 2) {
-                row(y + 2)
-            } else {
-                v2
-            };
-            let v4 = if self.row_exists(y + 3) {
-                row(y + 3)
-            } else {
-                v3
-            };
+            // A missing row repeats the one above it, as PIL's body does.
+            let v1 = line(first);
+            let v2 = rows[0].map_or(v1, line);
+            let v3 = rows[1].map_or(v2, line);
+            let v4 = rows[2].map_or(v3, line);
             let v = cubic([v1, v2, v3, v4], dy);
             *value = if v <= 0.0 {
                 0

@@ -134,10 +134,15 @@ impl TimmOp {
             TimmOp::Solarize => image.apply(Op::Solarize, arg, fill),
             TimmOp::SolarizeAdd => {
                 let add = arg.clamp(0.0, 255.0) as u16;
-                for v in image.pixels.iter_mut() {
-                    if *v < 128 {
-                        *v = (u16::from(*v) + add).min(255) as u8;
+                let lut: [u8; 256] = std::array::from_fn(|v| {
+                    if v < 128 {
+                        (v as u16 + add).min(255) as u8
+                    } else {
+                        v as u8
                     }
+                });
+                for v in image.pixels.iter_mut() {
+                    *v = lut[usize::from(*v)];
                 }
             }
             TimmOp::Color => image.enhance(Op::Color, arg as f32),
