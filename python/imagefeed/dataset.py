@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Literal, Optional, Tuple
 
 from . import _native, errors
 from ._reading import (
@@ -54,6 +54,29 @@ class Dataset(ImageFolderListing):
     is its format, sample count, classes and fingerprint (eight probed records); for one in
     object storage the format, count and classes (probing would download shards), and each
     shard is fetched only as the version listed when the process opened it.
+
+    Parameters
+    ----------
+    root : str, os.PathLike or sequence of them
+        An image folder, a packed file or shard directory, a shard pattern or list, or a URL.
+    transform : callable, optional
+        Applied to each sample (torchvision's transforms work as with ImageFolder).
+    target_transform : callable, optional
+        Applied to each label.
+    decode : {"pil", "numpy", "bytes", None}, default "pil"
+        What a sample is (see above).
+    hdf5_images, hdf5_labels : str, optional
+        An h5py file's dataset names (default ``images``, ``labels``).
+    label_base, num_classes : int, optional
+        TFRecords without a manifest: the smallest label, the class count.
+    allow_missing_shards : bool, default False
+        Read a shard set with members missing, on purpose.
+    storage_options : dict of str to str, optional
+        Object-storage client options over the environment's.
+    ranged_reads : bool, default False
+        In object storage, read each record with a ranged GET instead of fetching whole shards.
+    max_pixels : int, optional
+        Decompression-bomb limit for ``decode="numpy"`` (default PIL's, 178,956,970).
     """
 
     def __init__(
@@ -62,7 +85,7 @@ class Dataset(ImageFolderListing):
         transform: Optional[Callable[[Any], Any]] = None,
         target_transform: Optional[Callable[[int], Any]] = None,
         *,
-        decode: Optional[str] = "pil",
+        decode: Optional[Literal["pil", "numpy", "bytes"]] = "pil",
         hdf5_images: Optional[str] = None,
         hdf5_labels: Optional[str] = None,
         label_base: Optional[int] = None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Dict, Literal, Optional, Sequence, Tuple, Union
 
 from . import _native, errors
 from ._reading import DatasetPath, dataset_paths, reading_options
@@ -13,12 +13,14 @@ from .reports import Inspection, PackSummary, VerifyReport
 __all__ = ["pack", "join", "inspect", "verify", "synthesize"]
 
 PathLike = Union[str, "os.PathLike[str]"]
+#: The formats a pack writes (``"h5"`` and ``"tfrecord"`` are aliases).
+PackFormat = Literal["lmdb", "hdf5", "records", "h5", "tfrecord"]
 
 
 def pack(
     source: PathLike,
     out: PathLike,
-    format: str = "lmdb",
+    format: PackFormat = "lmdb",
     *,
     resize: Optional[int] = None,
     quality: int = 90,
@@ -58,6 +60,39 @@ def pack(
     ``progress=False``.
 
     Returns the summary the CLI prints (also written beside the output as a report).
+
+    Parameters
+    ----------
+    source : str or os.PathLike
+        An ImageFolder tree, or any dataset imagefeed reads (then converted).
+    out : str or os.PathLike
+        The output path, or a URL in object storage.
+    format : {"lmdb", "hdf5", "records"}, default "lmdb"
+        The output format.
+    resize : int, optional
+        Shrink images whose shorter side is longer than this (re-encoded at ``quality``).
+    quality : int, default 90
+        JPEG quality of re-encoded images.
+    raw : bool, default False
+        Store decoded RGB pixels instead of the encoded files.
+    strict : bool, default False
+        Fail on the first file that is not a usable image.
+    resume, force : bool, default False
+        Continue an interrupted pack; replace an existing output of imagefeed's.
+    threads : int, optional
+        Reading and checking threads (default: one per core).
+    shard_bytes : int, optional
+        Record shards: close a shard once it holds this many bytes.
+    label_base : int, default 0
+        Record shards: store ``label + label_base`` (ImageNet TFRecords use 1).
+    part : (int, int), optional
+        Pack only share ``i`` of ``n`` of the source (join the parts with :func:`join`).
+    max_pixels : int, optional
+        Decompression-bomb limit (default PIL's, 178,956,970).
+    progress : bool, default True
+        Draw a progress bar on stderr.
+    hdf5_images, hdf5_labels, input_label_base, num_classes, allow_missing_shards, storage_options, ranged_reads
+        How to read a source other tools wrote, as :class:`~imagefeed.Loader` takes them.
     """
     with errors.arguments("pack"):
         summary = _native.pack_dataset(
@@ -88,7 +123,7 @@ def pack(
 def join(
     parts: Sequence[PathLike],
     out: PathLike,
-    format: str = "lmdb",
+    format: PackFormat = "lmdb",
     *,
     resume: bool = False,
     force: bool = False,
