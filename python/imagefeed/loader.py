@@ -355,9 +355,12 @@ class Loader:
         if transform is None:
             transform = _no_transform()
         if not isinstance(transform, Transform):
-            raise errors.ConfigError(
-                f"transform {transform!r} is not an imagefeed transform (see imagefeed.transforms)"
+            hint = (
+                ": wrap the step in T.Compose([...])"
+                if type(transform).__module__ == "imagefeed.transforms"
+                else " (see imagefeed.transforms)"
             )
+            raise errors.ConfigError(f"transform {transform!r} is not an imagefeed transform{hint}")
         if batch_transform is not None and not isinstance(batch_transform, BatchTransform):
             raise errors.ConfigError(
                 f"batch_transform {batch_transform!r} is not an imagefeed batch step "

@@ -118,8 +118,8 @@ class Resize(_Step):
     def __init__(
         self, size: Union[Size, Sequence[int]], interpolation: Any = "bilinear", antialias: Optional[bool] = True
     ):
-        if isinstance(size, (list, tuple)) and len(size) == 1:
-            size = size[0]  # torchvision: a one-element sequence is the shorter side
+        if isinstance(size, (list, tuple)) and len(size) == 1 and isinstance(size[0], numbers.Integral):
+            size = operator.index(size[0])  # torchvision: a one-element sequence is the shorter side
         if isinstance(size, numbers.Integral) and not isinstance(size, bool):
             if not 1 <= int(size) < 2**31:
                 raise ValueError(f"Resize: size {size!r} must be a positive int (the shorter side)")

@@ -1232,9 +1232,12 @@ def test_resize_to_a_fixed_size_is_pils(tmp_path, interpolation):
     assert T.Resize([50]).size == 50 and T.Resize((50, 60)).size == (50, 60)
     with pytest.raises(ValueError, match="int size"):
         T.Compose([T.Resize((50, 60)), T.CenterCrop(40)])
-    for bad in ((0, 5), (5, 6, 7), 2**31, "5"):
+    for bad in ((0, 5), (5, 6, 7), 2**31, "5", ((3, 4),), [[5]]):
         with pytest.raises(ValueError):
             T.Resize(bad)
+    # A bare step (not in a Compose) is refused saying how to use it.
+    with pytest.raises(imagefeed.ConfigError, match="T.Compose"):
+        loader(tmp_path / "c", transform=T.Resize((10, 10)))
 
 
 # -- RandomErasing (#33) ------------------------------------------------------------------------
