@@ -50,6 +50,19 @@ fn open_all(ours: &Path) -> imagefeed::Result<Vec<Arc<dyn Dataset>>> {
     ])
 }
 
+/// Our HDF5 layout packed under `dir`, and the records of every layout as this process reads
+/// them (what each child must read too).
+fn packed_with_records(dir: &Path) -> (PathBuf, Vec<Vec<Row>>) {
+    let ours = dir.join("ours.h5");
+    pack_as(&fixture_root(), &ours, PackFormat::Hdf5, &small_options());
+    let want = open_all(&ours)
+        .unwrap()
+        .iter()
+        .map(|d| records(d.as_ref()))
+        .collect();
+    (ours, want)
+}
+
 /// The child's work: 0 when every record of every layout reads as the parent read it.
 fn child(ours: &Path, want: &[Vec<Row>]) -> i32 {
     let Ok(datasets) = open_all(ours) else {
@@ -99,13 +112,7 @@ fn wait(pid: libc::pid_t) -> Result<i32, String> {
 #[test]
 fn a_child_forked_while_other_threads_are_inside_libhdf5_opens_and_reads_every_layout() {
     let dir = tempfile::tempdir().unwrap();
-    let ours = dir.path().join("ours.h5");
-    pack_as(&fixture_root(), &ours, PackFormat::Hdf5, &small_options());
-    let want: Vec<Vec<Row>> = open_all(&ours)
-        .unwrap()
-        .iter()
-        .map(|d| records(d.as_ref()))
-        .collect();
+    let (ours, want) = packed_with_records(dir.path());
 
     let stop = Arc::new(AtomicBool::new(false));
     // A Loader whose workers are inside libhdf5 most of the time (decompressing chunks).
@@ -187,13 +194,7 @@ fn a_child_forked_while_other_code_holds_the_hdf5_crates_lock_opens_every_layout
     // that moment hung in its first HDF5 call (a trial open of `format::open`, then 1 run in
     // 20 of tests/formats.rs). The fork now waits for the lock, and the child gets a fresh one.
     let dir = tempfile::tempdir().unwrap();
-    let ours = dir.path().join("ours.h5");
-    pack_as(&fixture_root(), &ours, PackFormat::Hdf5, &small_options());
-    let want: Vec<Vec<Row>> = open_all(&ours)
-        .unwrap()
-        .iter()
-        .map(|d| records(d.as_ref()))
-        .collect();
+    let (ours, want) = packed_with_records(dir.path());
     for round in 0..3 {
         let (inside, is_inside) = std::sync::mpsc::channel();
         let holder = std::thread::spawn(move || {

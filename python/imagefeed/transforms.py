@@ -26,6 +26,8 @@ import numbers
 import operator
 from typing import Any, Dict, List, Literal, Optional, Sequence, Set, Tuple, Union
 
+from . import _native
+
 __all__ = [
     "Transform",
     "Compose",
@@ -505,30 +507,11 @@ class TimmRandAugment(_Step):
 
 
 def _timm_config(config: Any) -> None:
-    """Checks a timm RandAugment config as the loader will (``TimmRandAugment::from_config``):
-    sections m, n, mmax, inc with whole numbers and p, mstd with decimal ones, in range."""
-    if not isinstance(config, str) or config.split("-")[0] != "rand":
-        raise ValueError(f"TimmRandAugment: config {config!r} must start with 'rand'")
-    values: Dict[str, float] = {}
-    for section in filter(None, config.split("-")[1:]):
-        at = next((i for i, c in enumerate(section) if c in "0123456789."), len(section))
-        key, value = section[:at], section[at:]
-        whole = value.isascii() and value.isdigit()
-        decimal = (
-            value.isascii() and value.count(".") <= 1 and value.replace(".", "", 1).isdigit()
-        )
-        if not ((key in ("m", "n", "mmax", "inc") and whole) or (key in ("p", "mstd") and decimal)):
-            raise ValueError(
-                f"TimmRandAugment: section {section!r} of {config!r} is not one of m, n, mmax, inc with a "
-                "whole number or p, mstd with a decimal one (transform sets are not supported)"
-            )
-        if key in ("mstd", "mmax"):
-            values.setdefault(key, float(value))  # timm: the first one counts
-        else:
-            values[key] = float(value)
-    for key, top in (("m", 100.0), ("mmax", 100.0), ("n", 64.0), ("p", 1.0)):
-        if values.get(key, 0.0) > top:
-            raise ValueError(f"TimmRandAugment: {key} {values[key]:g} in {config!r} is above {top:g}")
+    """Checks a timm RandAugment config as the loader will read it (the loader's own parser):
+    a ``ConfigError``, a ``ValueError``, naming what is wrong."""
+    if not isinstance(config, str):
+        raise ValueError(f"TimmRandAugment: config {config!r} must be a string such as 'rand-m9-mstd0.5-inc1'")
+    _native._check_timm_config(config)
 
 
 class TrivialAugmentWide(_Augmentation):

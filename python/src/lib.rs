@@ -376,6 +376,16 @@ fn _timm_op<'py>(
     Ok(pyo3::types::PyBytes::new(py, &pixels))
 }
 
+/// Checks a timm RandAugment config string as the loader reads it
+/// (`TimmRandAugment::from_config`), so that `T.TimmRandAugment` refuses a bad one when it is
+/// made: `ConfigError` naming the section.
+#[pyfunction]
+fn _check_timm_config(config_str: &str) -> PyResult<()> {
+    imagefeed::transform::TimmRandAugment::from_config(config_str)
+        .map(drop)
+        .map_err(|e| config(format!("TimmRandAugment: {e}")))
+}
+
 /// One colour adjustment (`"brightness"`, `"contrast"`, `"saturation"`, `"hue"` with its factor,
 /// or `"grayscale"`) applied to a `width × height` RGB image, as `ColorJitter` and
 /// `RandomGrayscale` apply them; returns the new pixels. For checking them against PIL and
@@ -456,6 +466,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_augment_op, m)?)?;
     m.add_function(wrap_pyfunction!(_color_op, m)?)?;
     m.add_function(wrap_pyfunction!(_timm_op, m)?)?;
+    m.add_function(wrap_pyfunction!(_check_timm_config, m)?)?;
     m.add_function(wrap_pyfunction!(_blur_op, m)?)?;
     m.add_function(wrap_pyfunction!(pack_dataset_main, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

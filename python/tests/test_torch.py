@@ -462,6 +462,16 @@ def test_colour_adjustments_are_torchvisions():
     assert np.array_equal(ours_color("grayscale", 0.0, img), np.asarray(tvf.rgb_to_grayscale(img, 3)))
 
 
+def one_photo_many_times(root, img, n):
+    """An ImageFolder tree of one class holding `img` `n` times (hard links), so that each index
+    of a loader draws its own augmentation of the same photo."""
+    (root / "a").mkdir(parents=True)
+    first = root / "a" / "000.png"
+    img.save(first)
+    for i in range(1, n):
+        os.link(first, root / "a" / f"{i:03d}.png")
+
+
 @pytest.mark.parametrize("policy", ["trivial_augment_wide", "rand_augment", "imagenet", "color_jitter"])
 def test_augmentations_draw_like_torchvision(tmp_path, policy):
     """The random side: one photo augmented 800 times by the loader (each index its own draws)
@@ -473,13 +483,8 @@ def test_augmentations_draw_like_torchvision(tmp_path, policy):
     tvt = pytest.importorskip("torchvision.transforms", reason="torchvision is not installed")
     from test_augment import photo
 
-    img = photo(40, 32, seed=8)
-    (tmp_path / "c" / "a").mkdir(parents=True)
-    first = tmp_path / "c" / "a" / "000.png"
-    img.save(first)
-    n = 800
-    for i in range(1, n):
-        os.link(first, tmp_path / "c" / "a" / f"{i:03d}.png")
+    img, n = photo(40, 32, seed=8), 800
+    one_photo_many_times(tmp_path / "c", img, n)
     ours_step, theirs_step = {
         "trivial_augment_wide": (T.TrivialAugmentWide(), tvt.TrivialAugmentWide()),
         "rand_augment": (T.RandAugment(), tvt.RandAugment()),
@@ -546,13 +551,8 @@ def test_timm_rand_augment_draws_like_timm(tmp_path, config):
 
     from test_augment import photo
 
-    img = photo(40, 32, seed=8)
-    (tmp_path / "c" / "a").mkdir(parents=True)
-    first = tmp_path / "c" / "a" / "000.png"
-    img.save(first)
-    n = 800
-    for i in range(1, n):
-        os.link(first, tmp_path / "c" / "a" / f"{i:03d}.png")
+    img, n = photo(40, 32, seed=8), 800
+    one_photo_many_times(tmp_path / "c", img, n)
     fill = (124, 116, 104)
     loader = imagefeed.Loader(tmp_path / "c", batch_size=100, workers=2, shuffle=False, output="numpy",
                               dtype="uint8", layout="NHWC", rank=0, world_size=1, seed=13,

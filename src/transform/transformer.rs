@@ -55,6 +55,8 @@ pub struct SampleTransformer {
     image: Vec<u8>,
     staging: Vec<u8>,
     pixel_scratch: PixelScratch,
+    /// The source column of each output column of a mirror-padded crop.
+    columns: Vec<usize>,
 }
 
 impl Default for SampleTransformer {
@@ -74,6 +76,7 @@ impl SampleTransformer {
             image: Vec::new(),
             staging: Vec::new(),
             pixel_scratch: PixelScratch::default(),
+            columns: Vec::new(),
         }
     }
 
@@ -121,24 +124,23 @@ impl SampleTransformer {
             .decoder
             .decode_crop(payload, &mut self.decoded, |header| {
                 let planned = plan_crop(transform, header, rng);
-                let crop =
-                    planned
-                        .as_ref()
-                        .ok()
-                        .map(|&(crop, out_w, out_h, _)| match whole_image {
-                            false => CropPlan {
-                                crop,
-                                out_width: out_w,
-                                out_height: out_h,
-                                scaling,
-                            },
-                            true => CropPlan {
-                                crop: Rect::full(header.width, header.height),
-                                out_width: header.width,
-                                out_height: header.height,
-                                scaling: DctScaling::Off,
-                            },
-                        });
+                let crop = planned.as_ref().ok().map(|&(crop, out_w, out_h, _)| {
+                    if whole_image {
+                        CropPlan {
+                            crop: Rect::full(header.width, header.height),
+                            out_width: header.width,
+                            out_height: header.height,
+                            scaling: DctScaling::Off,
+                        }
+                    } else {
+                        CropPlan {
+                            crop,
+                            out_width: out_w,
+                            out_height: out_h,
+                            scaling,
+                        }
+                    }
+                });
                 plan = Some(planned);
                 crop.filter(|_| !matches!(transform.geometry, Geometry::Native))
             })?;
@@ -270,18 +272,16 @@ impl SampleTransformer {
             height: sh as i64,
         };
         self.image.clear();
+        let window = Window {
+            top,
+            left,
+            width: out_w,
+            height: out_h,
+        };
         if padding.mode == PaddingMode::Constant {
-            pad_constant(
-                &image,
-                top,
-                left,
-                padding.fill,
-                &mut self.image,
-                out_w,
-                out_h,
-            );
+            pad_constant(&image, window, padding.fill, &mut self.image);
         } else {
-            pad_mirrored(&image, top, left, padding, &mut self.image, out_w, out_h);
+            pad_mirrored(&image, window, padding, &mut self.columns, &mut self.image);
         }
     }
 }
@@ -293,17 +293,15 @@ struct Image<'a> {
     height: i64,
 }
 
-/// Fills `out` (empty) with the `out_w × out_h` window at (`top`, `left`) of `image` padded
+/// Fills `out` (empty) with `window` of `image` padded
 /// with `fill`: the overlap row by row, the rest `fill`.
-fn pad_constant(
-    image: &Image<'_>,
-    top: i64,
-    left: i64,
-    fill: [u8; 3],
-    out: &mut Vec<u8>,
-    out_w: u32,
-    out_h: u32,
-) {
+fn pad_constant(image: &Image<'_>, window: Window, fill: [u8; 3], out: &mut Vec<u8>) {
+    let Window {
+        top,
+        left,
+        width: out_w,
+        height: out_h,
+    } = window;
     let len = out_w as usize * out_h as usize * 3;
     if fill == [0; 3] {
         out.resize(len, 0);
@@ -327,16 +325,14 @@ fn pad_constant(
     }
 }
 
-/// Fills `out` (empty) with the `out_w × out_h` window at (`top`, `left`) of `image` padded
+/// Fills `out` (empty) with `window` of `image` padded
 /// as `padding` says (edge, reflect or symmetric: every position has a source pixel).
 fn pad_mirrored(
     image: &Image<'_>,
-    top: i64,
-    left: i64,
+    window: Window,
     padding: Padding,
+    columns: &mut Vec<usize>,
     out: &mut Vec<u8>,
-    out_w: u32,
-    out_h: u32,
 ) {
     let [l, t, r, b] = padding.first;
     let source = |x: i64, len: i64, lo: u32, hi: u32| {
@@ -344,14 +340,27 @@ fn pad_mirrored(
             .source(x, len, lo, hi)
             .expect("only the constant mode leaves a position without a source") as usize
     };
-    out.reserve(out_w as usize * out_h as usize * 3);
-    for y in 0..out_h as i64 {
-        let row = source(y + top, image.height, t, b) * image.width as usize * 3;
-        for x in 0..out_w as i64 {
-            let at = row + source(x + left, image.width, l, r) * 3;
-            out.extend_from_slice(&image.pixels[at..at + 3]);
+    // Every row takes the same columns: their byte offsets, found once.
+    columns.clear();
+    columns.extend(
+        (0..i64::from(window.width)).map(|x| source(x + window.left, image.width, l, r) * 3),
+    );
+    out.reserve(window.width as usize * window.height as usize * 3);
+    for y in 0..i64::from(window.height) {
+        let row = source(y + window.top, image.height, t, b) * image.width as usize * 3;
+        for &column in columns.iter() {
+            out.extend_from_slice(&image.pixels[row + column..row + column + 3]);
         }
     }
+}
+
+/// Where a padded crop's window lies in the image (its top-left corner may be outside it).
+#[derive(Clone, Copy)]
+struct Window {
+    top: i64,
+    left: i64,
+    width: u32,
+    height: u32,
 }
 
 /// Mirrors each row of a `width`-wide RGB image in place.
