@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes fixtures/compat/mds*/: Mosaic MDS datasets written by MosaicML Streaming's own
-MDSWriter (mosaicml-streaming 0.13.0), from fixtures/imagefolder, for tests/compat.rs.
+MDSWriter (mosaicml-streaming 0.13.0), from fixtures/imagefolder, for tests/integration/compat.rs.
 
 mds/: columns {'i': 'int', 'x': 'jpeg', 'y': 'int'} as Streaming's ImageNet converter writes
 them, the tree's JPEG files (their bytes unchanged: the jpeg encoding stores a JPEG file's own

@@ -192,7 +192,7 @@ fn a_child_forked_while_other_code_holds_the_hdf5_crates_lock_opens_every_layout
     // Regression: code outside imagefeed that uses the `hdf5` crate directly (as these tests
     // do to write damaged files) holds the crate's lock without the gate; a child copied at
     // that moment hung in its first HDF5 call (a trial open of `format::open`, then 1 run in
-    // 20 of tests/formats.rs). The fork now waits for the lock, and the child gets a fresh one.
+    // 20 of tests/integration/formats.rs). The fork now waits for the lock, and the child gets a fresh one.
     let dir = tempfile::tempdir().unwrap();
     let (ours, want) = packed_with_records(dir.path());
     for round in 0..3 {

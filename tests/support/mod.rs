@@ -279,3 +279,13 @@ pub fn python_rows(python: &str, script: &str, args: &[&Path]) -> Vec<(String, u
         })
         .collect()
 }
+
+/// The name libtest knows a test by, for re-running one test of this binary in a child process
+/// (`--exact`): `module_path` is the caller's `module_path!()`, whose first segment (the test
+/// crate) libtest leaves out.
+pub fn test_path(module_path: &str, test: &str) -> String {
+    match module_path.split_once("::") {
+        Some((_, module)) => format!("{module}::{test}"),
+        None => test.to_string(),
+    }
+}

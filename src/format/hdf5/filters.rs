@@ -192,7 +192,7 @@ mod tests {
     fn fletcher32_matches_the_reference_values() {
         // Fletcher-32 over big-endian 16-bit words, as HDF5 computes it, against the
         // definition: both sums modulo 65535. (The exact values libhdf5 writes are checked by
-        // tests/hdf5_filters.rs on h5py's files.)
+        // tests/integration/hdf5_filters.rs on h5py's files.)
         assert_eq!(fletcher32(b""), 0);
         let words = |s: &[u8]| {
             // The definition, computed directly.

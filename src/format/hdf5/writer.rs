@@ -221,7 +221,7 @@ fn write_raw_parts_in_gate(
         .with_data(labels)
         .create(LABELS)?;
     // The bytes as text, with NULs (which HDF5 strings cannot hold) and invalid UTF-8 replaced:
-    // a non-UTF-8 key is tested in tests/value_bounds.rs.
+    // a non-UTF-8 key is tested in tests/integration/value_bounds.rs.
     let text = |bytes: &[u8]| -> VarLenUnicode {
         String::from_utf8_lossy(bytes)
             .replace('\0', "\u{FFFD}")

@@ -139,7 +139,7 @@ mod tests {
     #[test]
     fn crc_is_castagnoli() {
         // The CRC-32C check value; the mask itself is checked against TensorFlow-format files
-        // written by the Python tfrecord package (tests/compat.rs).
+        // written by the Python tfrecord package (tests/integration/compat.rs).
         assert_eq!(crc32c::crc32c(b"123456789"), 0xe306_9283);
         assert_ne!(masked_crc(b"123456789"), 0xe306_9283);
     }

@@ -4,7 +4,7 @@
 //! GZIP/ZLIB-compressed shards (TensorFlow-written fixtures) read with the same records as
 //! uncompressed ones.
 
-mod support;
+use crate::support;
 
 use std::fs;
 use std::io::Write as _;

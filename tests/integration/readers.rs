@@ -3,7 +3,7 @@
 //! conversion, must present the same samples (keys, labels, pixels), per worker handle, from any
 //! number of threads. Then the error paths every packed format shares.
 
-mod support;
+use crate::support;
 
 use std::fs;
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! sample read with its image bytes and label, sets named by directory, pattern or brace list,
 //! gzipped shards, and damaged shards costing only the samples they touch.
 
-mod support;
+use crate::support;
 
 use std::fs;
 use std::path::{Path, PathBuf};

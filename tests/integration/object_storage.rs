@@ -4,7 +4,7 @@
 //! for wrong buckets, endpoints and incomplete uploads; and fork.
 #![cfg(feature = "remote")]
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -356,7 +356,12 @@ fn a_forked_child_reads_from_s3_on_its_own() {
     let bucket = server.bucket(&unique_bucket("fork"));
     server.upload_dir(&local, &bucket, "ds");
     let output = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "fork_child", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            &support::test_path(module_path!(), "fork_child"),
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("IMAGEFEED_TEST_FORK_URL", format!("s3://{bucket}/ds"))
         .env("IMAGEFEED_TEST_ENDPOINT", &server.endpoint)
         .env("IMAGEFEED_CACHE_DIR", dir.path().join("fork-cache"))

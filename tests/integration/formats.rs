@@ -2,7 +2,7 @@
 //! corrupt files (bad CRCs, offsets past the end, truncation) reported by file and record, and
 //! split conversions joined back together.
 
-mod support;
+use crate::support;
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -1,7 +1,7 @@
 //! Datasets other tools made (fixtures/compat, written by py-lmdb through
 //! scripts/make_compat_fixtures.py), and other tools reading what we make.
 
-mod support;
+use crate::support;
 
 use std::fs;
 use std::path::Path;

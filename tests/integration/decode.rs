@@ -1,7 +1,7 @@
 //! Decoding the fixture edge cases: unusual-but-valid files come out as RGB close to the
 //! generator's pixels; broken ones fail with the right reason.
 
-mod support;
+use crate::support;
 
 use std::fs;
 

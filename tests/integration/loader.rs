@@ -1,7 +1,7 @@
 //! The loader: determinism across worker counts and prefetch depths, exact resume, bad-sample
 //! policies, sharding, batch contents and steady-state buffer reuse.
 
-mod support;
+use crate::support;
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -1691,7 +1691,7 @@ fn a_loader_dropped_in_a_forked_child_is_quiet() {
     let output = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "loader_fork_child",
+            &support::test_path(module_path!(), "loader_fork_child"),
             "--nocapture",
             "--test-threads=1",
         ])

@@ -1,6 +1,6 @@
 //! The committed fixture tree is exactly what the generator makes, and scans as torchvision would.
 
-mod support;
+use crate::support;
 
 use imagefeed::Dataset as _;
 use imagefeed::format::folder::ImageFolder;

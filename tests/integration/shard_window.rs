@@ -3,7 +3,7 @@
 //! holds — bit-identical batches for any worker count, exact resume, each sample once per epoch
 //! at any world size, and a state that resumes only a loader with the same window.
 
-mod support;
+use crate::support;
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;

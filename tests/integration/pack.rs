@@ -3,7 +3,7 @@
 //! raw and resized payloads, and verify catching mismatches. What only LMDB has (its map
 //! growing, its single staging file) is tested for LMDB.
 
-mod support;
+use crate::support;
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! allocated, and the error (or bad record) names the file, the record and the value. Before,
 //! each of these aborted or panicked every tool (`inspect`, `verify`, `load`, `convert`).
 
-mod support;
+use crate::support;
 
 use std::fs;
 use std::path::{Path, PathBuf};

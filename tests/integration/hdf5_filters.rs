@@ -4,7 +4,7 @@
 //! hdf5plugin, when the test Python has it: `make test` installs both into .venv).
 #![cfg(feature = "hdf5")]
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 
@@ -312,7 +312,11 @@ fn the_named_remedy_makes_a_plugin_filter_readable() {
     for (env, opens) in [(None, false), (Some(plugins.trim()), true)] {
         let mut child = std::process::Command::new(std::env::current_exe().unwrap());
         child
-            .args(["--exact", "child_opens_a_file", "--nocapture"])
+            .args([
+                "--exact",
+                &support::test_path(module_path!(), "child_opens_a_file"),
+                "--nocapture",
+            ])
             .env("IMAGEFEED_TEST_OPEN", dir.path().join("zstd.h5"))
             .env_remove("HDF5_PLUGIN_PATH");
         if let Some(path) = env {
@@ -470,7 +474,11 @@ fn chunked_pixel_arrays_read_as_h5py_reads_them_in_any_order() {
     // for each sample that needs it).
     check_chunked_files(dir.path());
     let output = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_checks_chunked_files", "--nocapture"])
+        .args([
+            "--exact",
+            &support::test_path(module_path!(), "child_checks_chunked_files"),
+            "--nocapture",
+        ])
         .env("IMAGEFEED_TEST_CHUNKED", dir.path())
         .env("IMAGEFEED_HDF5_CHUNK_CACHE_MIB", "0")
         .output()
