@@ -25,8 +25,9 @@ pub struct ReadingArgs {
     /// TFRecord input without a manifest: the number of classes (else found by a scan).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=crate::dataset::MAX_CLASSES as i64))]
     pub num_classes: Option<u32>,
-    /// Read a set of shards (NAME-NNNNN-of-TTTTT) with members missing, on purpose, instead of
-    /// refusing it.
+    /// Read a set of shards (NAME-NNNNN-of-TTTTT), or a records or MDS dataset whose index
+    /// lists shards that are gone, with those members missing, on purpose, instead of refusing
+    /// it.
     #[arg(long)]
     pub allow_missing_shards: bool,
     /// A dataset in object storage: read each record with a ranged GET of its own instead of

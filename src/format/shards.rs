@@ -308,6 +308,46 @@ pub fn expand_selection(
     Ok((files, Vec::new()))
 }
 
+/// For a dataset whose own index lists its shards (a records manifest, an MDS `index.json`):
+/// the shards it lists that are gone, `missing` of `expected`. None gone: nothing missing.
+/// Otherwise a [`ShardSetProblem::Missing`] naming them unless `allow_missing`, when they are
+/// what the dataset reports as missing (and its notice says so).
+pub(crate) fn listed_members_missing(
+    dataset: &Path,
+    missing: Vec<String>,
+    expected: usize,
+    allow_missing: bool,
+    notices: &mut Vec<String>,
+) -> Result<MissingShards> {
+    if missing.is_empty() {
+        return Ok(MissingShards::NONE);
+    }
+    let count = missing.len() as u64;
+    if !allow_missing {
+        return Err(Error::ShardSet {
+            path: dataset.to_path_buf(),
+            problem: ShardSetProblem::Missing {
+                set: dataset.display().to_string(),
+                count,
+                expected: expected as u64,
+                missing: missing.into_iter().take(10).collect(),
+            },
+        });
+    }
+    let missing = MissingShards {
+        named: missing.into_iter().take(NAMED_MISSING).collect(),
+        count,
+    };
+    crate::dataset::notice(
+        notices,
+        format!(
+            "{}: reading with {count} of its {expected} shard(s) missing, as asked: {missing}",
+            dataset.display()
+        ),
+    );
+    Ok(missing)
+}
+
 /// How many missing members a [`SetReport`] names (the count says how many there are: a
 /// deliberate subset of a set of 100,000 shards must not make a notice of 100,000 names).
 pub const NAMED_MISSING: usize = 20;

@@ -674,13 +674,26 @@ fn a_damaged_mds_shard_reads_as_bad_records_and_a_missing_one_is_named() {
         "{err}"
     );
     fs::write(&index, text).unwrap();
-    // A shard the index lists that is not there.
+    // A shard the index lists that is not there: refused naming it, read around on purpose.
     fs::remove_file(&shard).unwrap();
     let err = format::open(&mds).unwrap_err();
     assert!(
-        matches!(&err, imagefeed::Error::Incomplete { reason, .. } if reason.contains("shard.00001.mds")),
+        matches!(
+            &err,
+            imagefeed::Error::ShardSet {
+                problem: imagefeed::format::shards::ShardSetProblem::Missing { missing, count: 1, expected: 4, .. },
+                ..
+            } if missing == &["shard.00001.mds"]
+        ),
         "{err}"
     );
+    let allowed = format::OpenOptions::default().with_allow_missing_shards(true);
+    let partial = format::open_with(&mds, &allowed).unwrap();
+    assert_eq!(partial.missing_shards().named, ["shard.00001.mds"]);
+    let left = records(partial.as_ref());
+    assert_eq!(left.len(), good.len() - 4);
+    assert!(left.iter().all(|row| good.contains(row)));
+    assert!(!imagefeed::inspect::inspect(&mds).unwrap().complete);
     // Compressed: a zstd file cut short yields no whole block, so the shard cannot hold the
     // samples the index lists: an error naming it (and a notice saying the stream broke).
     let zstd = copied("mds-zstd", dir.path());

@@ -254,9 +254,21 @@ fn mosaic_mds_read_from_s3_as_from_disk() {
     server.delete(&bucket, "mds/shard.00002.mds");
     let err = format::open_with(format!("s3://{bucket}/mds"), &options).unwrap_err();
     assert!(
-        matches!(&err, Error::Incomplete { reason, .. } if reason.contains("shard.00002.mds")),
+        matches!(
+            &err,
+            Error::ShardSet {
+                problem: ShardSetProblem::Missing { missing, count: 1, expected: 4, .. },
+                ..
+            } if missing == &["shard.00002.mds"]
+        ),
         "{err}"
     );
+    // Allowed on purpose: the other three shards read.
+    let allowed = options.clone().with_allow_missing_shards(true);
+    let partial = format::open_with(format!("s3://{bucket}/mds"), &allowed).unwrap();
+    assert_eq!(partial.missing_shards().named, ["shard.00002.mds"]);
+    assert_eq!(records(partial.as_ref()).len(), partial.len());
+    assert!(!partial.is_empty());
 }
 
 #[test]
@@ -313,10 +325,32 @@ fn wrong_buckets_endpoints_and_half_uploads_fail_fast_saying_which() {
     );
     let local = packed_records(dir.path());
     server.upload_dir(&local, &bucket, "ds");
+    let whole = format::open_with(format!("s3://{bucket}/ds"), &options)
+        .unwrap()
+        .len();
     server.delete(&bucket, "ds/shard-00003.tfrecord");
     let err = format::open_with(format!("s3://{bucket}/ds"), &options).unwrap_err();
     assert!(
-        matches!(&err, Error::Incomplete { reason, .. } if reason.contains("shard-00003.tfrecord")),
+        matches!(
+            &err,
+            Error::ShardSet {
+                problem: ShardSetProblem::Missing { missing, count: 1, .. },
+                ..
+            } if missing == &["shard-00003.tfrecord"]
+        ),
+        "{err}"
+    );
+    // Allowed on purpose, the rest reads and the dataset names what is missing.
+    let allowed = options.clone().with_allow_missing_shards(true);
+    let partial = format::open_with(format!("s3://{bucket}/ds"), &allowed).unwrap();
+    assert_eq!(partial.missing_shards().named, ["shard-00003.tfrecord"]);
+    assert!(partial.len() < whole, "{} of {whole}", partial.len());
+    assert_eq!(records(partial.as_ref()).len(), partial.len());
+    // A shard's index gone while the shard is there is still an error naming it.
+    server.delete(&bucket, "ds/shard-00002.index");
+    let err = format::open_with(format!("s3://{bucket}/ds"), &allowed).unwrap_err();
+    assert!(
+        matches!(&err, Error::Incomplete { reason, .. } if reason.contains("shard-00002.index")),
         "{err}"
     );
 }

@@ -158,6 +158,56 @@ fn a_set_with_a_shard_missing_is_refused_naming_it_unless_allowed() {
     assert!(format::open(&files[0]).is_ok());
 }
 
+/// A records dataset of ours lists its shards in its manifest: one gone is refused naming it,
+/// and read around on purpose with `allow_missing_shards`, as a foreign set is.
+#[test]
+fn a_shard_missing_from_our_records_is_refused_naming_it_unless_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.records");
+    support::pack_as(
+        &fixture_root(),
+        &out,
+        PackFormat::Records,
+        &small_options().with_shard_bytes(9_000),
+    );
+    let whole = records(format::open(&out).unwrap().as_ref());
+    let shard = out.join("shard-00001.tfrecord");
+    let in_shard = fs::read_to_string(out.join("shard-00001.index"))
+        .unwrap()
+        .lines()
+        .count();
+    assert!(in_shard > 0 && out.join("shard-00002.tfrecord").exists());
+    fs::remove_file(&shard).unwrap();
+    match shard_set_problem(format::open(&out)) {
+        ShardSetProblem::Missing {
+            missing,
+            count,
+            expected,
+            ..
+        } => {
+            assert_eq!(missing, ["shard-00001.tfrecord"]);
+            assert_eq!(count, 1);
+            assert!(expected >= 3, "{expected}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let allowed = OpenOptions::default().with_allow_missing_shards(true);
+    let partial = format::open_with(&out, &allowed).unwrap();
+    assert_eq!(partial.missing_shards().named, ["shard-00001.tfrecord"]);
+    assert_eq!(partial.len(), whole.len() - in_shard);
+    // Every record left reads, and they are the whole dataset's less the missing shard's.
+    let left = records(partial.as_ref());
+    assert!(left.iter().all(|row| whole.contains(row)));
+    assert!(partial.notices().iter().any(|n| n.contains("shard-00001")));
+    let inspection = imagefeed::inspect::inspect(&out).unwrap();
+    assert!(!inspection.complete);
+    assert_eq!(inspection.missing_shards, ["shard-00001.tfrecord"]);
+    assert_eq!(inspection.num_samples, left.len());
+    // Any other failure to open a listed shard is not "missing": it stays an error.
+    fs::create_dir(&shard).unwrap();
+    assert!(format::open_with(&out, &allowed).is_err());
+}
+
 #[test]
 fn saved_indexes_are_out_of_the_sets_pattern_and_found_again() {
     let dir = tempfile::tempdir().unwrap();

@@ -147,8 +147,24 @@ impl Mds {
         let index = Index::parse(&index_path, &text)?;
         let mut notices = Vec::new();
         let mut cache = None;
-        let mut shards = Vec::with_capacity(index.shards.len());
-        for entry in &index.shards {
+        // A shard is missing when neither its file nor its compressed file is there at all
+        // (any other failure to open one is an error naming it).
+        let gone = |name: &str| {
+            fs::symlink_metadata(dir.join(name))
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+        };
+        let (present, absent): (Vec<_>, Vec<_>) = index.shards.iter().partition(|entry| {
+            !gone(&entry.raw.0) || entry.zip.as_ref().is_some_and(|(zip, _)| !gone(zip))
+        });
+        let missing_shards = crate::format::shards::listed_members_missing(
+            dir,
+            absent.iter().map(|entry| entry.raw.0.clone()).collect(),
+            index.shards.len(),
+            options.allow_missing_shards,
+            &mut notices,
+        )?;
+        let mut shards = Vec::with_capacity(present.len());
+        for entry in present {
             let (raw_name, raw_bytes) = &entry.raw;
             let raw = dir.join(raw_name);
             let (path, file, compression) = match (&entry.zip, raw.is_file()) {
@@ -228,7 +244,7 @@ impl Mds {
             );
         }
         notices.extend(index.notes.iter().cloned());
-        assemble(dir, index.layout, shards, options, notices)
+        assemble(dir, index.layout, shards, options, notices, missing_shards)
     }
 }
 
@@ -308,13 +324,14 @@ pub(super) fn checked_shard(
 }
 
 /// The dataset over `shards`: classes (given, or inferred from every sample's label), counts
-/// and notices.
+/// and notices; `missing_shards`: those its index lists that were allowed missing.
 pub(super) fn assemble(
     name: &Path,
     layout: Layout,
     shards: Vec<Shard>,
     options: &OpenOptions,
     mut notices: Vec<String>,
+    missing_shards: crate::format::shards::MissingShards,
 ) -> Result<Mds> {
     let starts = crate::format::shards::starts(shards.iter().map(|s| s.samples));
     let total = *starts.last().expect("starts has a final entry");
@@ -345,7 +362,7 @@ pub(super) fn assemble(
             shards,
             starts,
             notices,
-            missing_shards: Default::default(),
+            missing_shards,
         }),
     })
 }

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use super::index::{INDEX, Index, MAX_INDEX_BYTES};
-use super::{Mds, assemble, checked_shard, missing};
+use super::{Mds, assemble, checked_shard};
 use crate::cache::Cache;
 use crate::error::Result;
 use crate::format::OpenOptions;
@@ -43,18 +43,32 @@ pub(crate) fn open(
         Ok(None)
     };
     let mut wanted = Vec::with_capacity(index.shards.len());
+    let mut gone = Vec::new();
     for entry in &index.shards {
         let object = match (find(&entry.raw.0)?, &entry.zip) {
             (Some(raw), _) => (raw, None),
             (None, Some((zip_name, compression))) => match find(zip_name)? {
                 Some(zip) => (zip, Some(*compression)),
-                None => return Err(missing(&label, zip_name)),
+                None => {
+                    gone.push(entry.raw.0.clone());
+                    continue;
+                }
             },
-            (None, None) => return Err(missing(&label, &entry.raw.0)),
+            (None, None) => {
+                gone.push(entry.raw.0.clone());
+                continue;
+            }
         };
         wanted.push((object, entry));
     }
     let mut notices = index.notes.clone();
+    let missing = crate::format::shards::listed_members_missing(
+        &label,
+        gone,
+        index.shards.len(),
+        options.allow_missing_shards,
+        &mut notices,
+    )?;
     let fetched = in_parallel(&wanted, SHARDS_AT_ONCE, |((object, compression), entry)| {
         let path = PathBuf::from(object.url.to_string());
         let cached = fetch::fetch(object, cache)?;
@@ -87,5 +101,5 @@ pub(crate) fn open(
             &mut notices,
         )?);
     }
-    assemble(&label, index.layout, shards, options, notices)
+    assemble(&label, index.layout, shards, options, notices, missing)
 }

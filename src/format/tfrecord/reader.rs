@@ -139,7 +139,7 @@ impl Records {
         let mut brace_missing = Vec::new();
         let (name, files, one_set) = match selection {
             Selection::Directory(dir) => {
-                if let Some(records) = open_directory_of_ours(dir)? {
+                if let Some(records) = open_directory_of_ours(dir, options.allow_missing_shards)? {
                     return Ok(records);
                 }
                 (dir.as_path(), shard_files_in(dir)?, true)
@@ -245,12 +245,13 @@ impl Records {
 
 /// Opens `dir` when it is a records dataset of ours (a manifest); `None` when it is a directory
 /// of other tools' shards. A writer's staging directory is refused: its shards hold only some
-/// of the records.
-fn open_directory_of_ours(dir: &Path) -> Result<Option<Records>> {
+/// of the records. Shards the manifest lists that are gone are an error naming them, unless
+/// `allow_missing` (then the rest are read, and the dataset says which are missing).
+fn open_directory_of_ours(dir: &Path, allow_missing: bool) -> Result<Option<Records>> {
     staging::refuse_interrupted(dir)?;
     let manifest_path = dir.join(MANIFEST);
     if manifest_path.is_file() {
-        return open_ours(dir, &manifest_path).map(Some);
+        return open_ours(dir, &manifest_path, allow_missing).map(Some);
     }
     if staging::staged_magic(dir, PROGRESS).as_deref() == Some(MAGIC)
         || staging::is_being_deleted(dir)
@@ -331,9 +332,16 @@ pub(super) fn parse_manifest(dir: &Path, at: &Path, text: &[u8]) -> Result<Manif
     Ok(manifest)
 }
 
-fn open_ours(dir: &Path, manifest_path: &Path) -> Result<Records> {
+fn open_ours(dir: &Path, manifest_path: &Path, allow_missing: bool) -> Result<Records> {
     let text = fs::read(manifest_path).at(manifest_path)?;
     let manifest = parse_manifest(dir, manifest_path, &text)?;
+    // Only a shard that is not there at all counts as missing; any other failure to open one
+    // (permissions, a directory in its place) is an error naming it, as before.
+    let gone = |entry: &super::ShardEntry| {
+        fs::symlink_metadata(dir.join(&entry.file))
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+    };
+    let manifest = drop_missing_shards(dir, manifest, allow_missing, gone)?;
     let mut shards = Vec::with_capacity(manifest.shards.len());
     let mut lens = Vec::with_capacity(manifest.shards.len());
     for entry in &manifest.shards {
@@ -415,14 +423,42 @@ pub(super) fn entry_records(
 /// checked to hold what it says. A shard shorter than the manifest lists is a notice and
 /// counts in [`Dataset::cut_shards`]: its last records are bad records, and `inspect` does not
 /// call the dataset complete.
+/// A manifest of ours less the shards for which `gone` is true (missing from where the
+/// manifest says they are), when `allow_missing`; else those shards are
+/// [`ShardSetProblem::Missing`](crate::format::shards::ShardSetProblem::Missing), naming them.
+/// What was dropped is kept in the manifest (`missing`, with its notice) for [`assemble_ours`].
+pub(super) fn drop_missing_shards(
+    dir: &Path,
+    mut manifest: Manifest,
+    allow_missing: bool,
+    gone: impl Fn(&super::ShardEntry) -> bool,
+) -> Result<Manifest> {
+    let expected = manifest.shards.len();
+    let (missing, present): (Vec<_>, Vec<_>) = manifest.shards.into_iter().partition(&gone);
+    manifest.missing = crate::format::shards::listed_members_missing(
+        dir,
+        missing.into_iter().map(|e| e.file).collect(),
+        expected,
+        allow_missing,
+        &mut manifest.notices,
+    )?;
+    if !manifest.missing.is_empty() {
+        // The dataset info describes the whole pack; what is left is what the remaining
+        // shards' entries count.
+        manifest.info.num_samples = present.iter().map(|e| e.records).sum();
+    }
+    manifest.shards = present;
+    Ok(manifest)
+}
+
 pub(super) fn assemble_ours(
     dir: &Path,
     manifest_path: &Path,
-    manifest: Manifest,
+    mut manifest: Manifest,
     shards: Vec<Shard>,
     lens: &[u64],
 ) -> Result<Records> {
-    let mut notices = Vec::new();
+    let mut notices = std::mem::take(&mut manifest.notices);
     let mut cut_shards = 0;
     for ((entry, shard), &len) in manifest.shards.iter().zip(&shards).zip(lens) {
         if len < entry.bytes {
@@ -463,7 +499,7 @@ pub(super) fn assemble_ours(
             starts,
             notices,
             cut_shards,
-            missing_shards: crate::format::shards::MissingShards::NONE,
+            missing_shards: manifest.missing,
         }),
     })
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::foreign::{assemble_foreign, report_damage, scan_decompressed};
-use super::reader::{Shard, assemble_ours, entry_records, parse_manifest};
+use super::reader::{Shard, assemble_ours, drop_missing_shards, entry_records, parse_manifest};
 use super::{MANIFEST, Records, check_index_covers, parse_index, starts_with_frame};
 use crate::cache::Cache;
 use crate::error::Result;
@@ -87,6 +87,10 @@ pub(crate) fn open_ours(
     let manifest_label = PathBuf::from(manifest_url.to_string());
     let text = store::get_small(&manifest_url, SMALL, Patience::Open)?;
     let manifest = parse_manifest(&label, &manifest_label, &text)?;
+    let in_store = |name: &str| listing.iter().any(|o| o.url.file_name() == name);
+    let manifest = drop_missing_shards(&label, manifest, options.allow_missing_shards, |entry| {
+        !in_store(&entry.file)
+    })?;
     let find = |name: &str| -> Result<ObjectInfo> {
         listing
             .iter()
