@@ -27,6 +27,7 @@ use image::ImageDecoder as _;
 mod encode;
 mod image_crate;
 mod limits;
+pub(crate) mod restart;
 mod turbo;
 
 use image_crate::{decode_with_image_crate, image_decoder};
@@ -245,6 +246,9 @@ pub struct Decoder {
     last_jpeg: Option<JpegHeader>,
     max_pixels: u64,
     cmyk: Vec<u8>,
+    /// The segments of a segmented JPEG that a crop needs, as a JPEG of their own
+    /// ([`restart::RestartSegments::window_as_jpeg`]).
+    rows: Vec<u8>,
 }
 
 /// How far [`Decoder::decode_crop`] may shrink a JPEG in the DCT domain (decoding at M/8 of its
@@ -350,6 +354,7 @@ impl Decoder {
             last_jpeg: None,
             max_pixels: DEFAULT_MAX_PIXELS,
             cmyk: Vec::new(),
+            rows: Vec::new(),
         }
     }
 
@@ -540,7 +545,9 @@ impl Decoder {
         };
         match region {
             Some(r) => {
-                self.decompress_rgb(data, &jh, m, Some(r), r.width, r.height, out)?;
+                if !self.decompress_window(data, &jh, m, r, out)? {
+                    self.decompress_rgb(data, &jh, m, Some(r), r.width, r.height, out)?;
+                }
                 Ok(CropDecoded {
                     header,
                     width: r.width,
@@ -558,6 +565,58 @@ impl Decoder {
                 })
             }
         }
+    }
+
+    /// For a JPEG whose restart markers cut its rows into segments (`pack-dataset
+    /// --restart-rows`): decodes `region` (of the image at scale `eighths`/8) into `out` from
+    /// only the segments around it, with one MCU of context on every side (chroma upsampling
+    /// reads neighbouring samples), so the pixels equal those of a decode of the whole file.
+    /// Returns false, having done nothing, for any other JPEG, or when the region needs every
+    /// segment.
+    fn decompress_window(
+        &mut self,
+        data: &[u8],
+        jh: &JpegHeader,
+        eighths: u32,
+        region: Region,
+        out: &mut Vec<u8>,
+    ) -> Result<bool, DecodeError> {
+        let Some(segments) = restart::RestartSegments::parse(data) else {
+            return Ok(false);
+        };
+        let Some(window) =
+            segments.window_for(eighths, (region.x, region.y, region.width, region.height))
+        else {
+            return Ok(false);
+        };
+        let mut jpeg = std::mem::take(&mut self.rows);
+        let result = if segments.window_as_jpeg(data, window, &mut jpeg).is_none() {
+            Ok(false)
+        } else {
+            let (left, top) = segments.origin(window, eighths);
+            let within = Region {
+                x: region.x - left,
+                y: region.y - top,
+                ..region
+            };
+            self.jpeg()
+                .and_then(|turbo| turbo.read_header(&jpeg))
+                .and_then(|window_jh| {
+                    debug_assert_eq!(window_jh.imcu_width, jh.imcu_width);
+                    self.decompress_rgb(
+                        &jpeg,
+                        &window_jh,
+                        eighths,
+                        Some(within),
+                        region.width,
+                        region.height,
+                        out,
+                    )
+                })
+                .map(|()| true)
+        };
+        self.rows = jpeg;
+        result
     }
 
     /// Decompresses into `out` as `w × h` RGB (through the CMYK scratch buffer for CMYK files).
@@ -624,6 +683,15 @@ impl Decoder {
         }
         Ok(header)
     }
+}
+
+/// Rewrites a JPEG losslessly, its pixels unchanged, with restart markers that cut every MCU
+/// row into segments about 32 pixels wide (and optimized Huffman tables), so that
+/// [`Decoder::decode_crop`] Huffman-decodes only the segments around a crop instead of every
+/// row above it and the whole width of its own rows: what `pack-dataset --restart-rows` stores. A progressive or arithmetic-coded file comes out baseline and Huffman-coded, with
+/// the same pixels.
+pub fn add_restart_markers(jpeg: &[u8]) -> Result<Vec<u8>, DecodeError> {
+    turbo::add_restart_markers(jpeg)
 }
 
 /// Converts Adobe-inverted CMYK (what Photoshop and libjpeg write, and PIL assumes) to RGB.

@@ -325,3 +325,170 @@ fn a_tiff_entry_claiming_values_past_the_file_is_refused_before_decoding() {
         assert_eq!(out, pixels);
     }
 }
+
+/// A JPEG of `w × h` noisy pixels (sharp colour edges everywhere, so a chroma sample taken
+/// from the wrong neighbour shows) at `subsamp`; grayscale for `Subsamp::Gray`.
+fn noisy_jpeg(w: u32, h: u32, subsamp: turbojpeg::Subsamp) -> Vec<u8> {
+    let gray = subsamp == turbojpeg::Subsamp::Gray;
+    let channels = if gray { 1 } else { 3 };
+    let pixels: Vec<u8> = (0..w * h * channels)
+        .map(|i| {
+            let (p, c) = (i / channels, i % channels);
+            let (x, y) = (p % w, p / w);
+            let noise = (p.wrapping_mul(2654435761) >> 13) as u8;
+            ((x * 3 + y * 5 + c * 80) as u8).wrapping_add(noise / 2)
+        })
+        .collect();
+    let image = turbojpeg::Image {
+        pixels: pixels.as_slice(),
+        width: w as usize,
+        pitch: (w * channels) as usize,
+        height: h as usize,
+        format: if gray {
+            turbojpeg::PixelFormat::GRAY
+        } else {
+            turbojpeg::PixelFormat::RGB
+        },
+    };
+    turbojpeg::compress(image, 92, subsamp).unwrap().to_vec()
+}
+
+/// `--restart-markers`: a crop of a rewritten JPEG decodes from the segments around it only,
+/// with the same pixels, size and crop rectangle as the original file gives, for every
+/// subsampling, DCT scale policy and odd size, crops at the edges included.
+#[test]
+fn a_crop_of_a_jpeg_with_restart_markers_has_the_original_pixels() {
+    use turbojpeg::Subsamp::*;
+    let mut rng = crate::rng::SampleRng::new(7, 0, 0);
+    let mut windows = 0;
+    for subsamp in [None, Sub2x2, Sub2x1, Sub1x2, Gray] {
+        for (w, h) in [(517, 389), (64, 48), (1000, 17), (33, 700), (301, 301)] {
+            let original = noisy_jpeg(w, h, subsamp);
+            let rewritten = add_restart_markers(&original).unwrap();
+            assert!(
+                restart::RestartSegments::parse(&rewritten).is_some(),
+                "{subsamp:?} {w}x{h}: not recognised"
+            );
+            assert!(restart::RestartSegments::parse(&original).is_none());
+            let (mut a, mut b) = (Decoder::new(), Decoder::new());
+            let (mut pa, mut pb) = (Vec::new(), Vec::new());
+            a.decode_rgb(&original, &mut pa).unwrap();
+            b.decode_rgb(&rewritten, &mut pb).unwrap();
+            assert!(pa == pb, "{subsamp:?} {w}x{h}: whole decodes differ");
+            for i in 0..60 {
+                let scaling = [
+                    DctScaling::Off,
+                    DctScaling::Smallest,
+                    DctScaling::Antialiased,
+                ][i % 3];
+                let (cw, ch) = (
+                    1.0 + rng.below(w as u64) as f64,
+                    1.0 + rng.below(h as u64) as f64,
+                );
+                let crop = Rect {
+                    left: rng.below((w as f64 - cw) as u64 + 1) as f64,
+                    top: rng.below((h as f64 - ch) as u64 + 1) as f64,
+                    width: cw,
+                    height: ch,
+                };
+                let out = [8, 32, 224][i % 3];
+                let plan = |_: &ImageHeader| {
+                    Some(CropPlan {
+                        crop,
+                        out_width: out,
+                        out_height: out,
+                        scaling,
+                    })
+                };
+                let da = a.decode_crop(&original, &mut pa, plan).unwrap();
+                b.rows.clear();
+                let db = b.decode_crop(&rewritten, &mut pb, plan).unwrap();
+                assert_eq!(
+                    (da.width, da.height, da.crop),
+                    (db.width, db.height, db.crop),
+                    "{subsamp:?} {w}x{h} {crop:?} {scaling:?}"
+                );
+                assert!(
+                    pa == pb,
+                    "{subsamp:?} {w}x{h} {crop:?} {scaling:?}: pixels differ"
+                );
+                if !b.rows.is_empty() {
+                    windows += 1;
+                    assert!(b.rows.len() < rewritten.len());
+                }
+            }
+        }
+    }
+    // Most crops decode a window (the others need every segment, or nothing is gained).
+    assert!(windows > 5 * 5 * 60 / 2, "{windows} windows");
+}
+
+/// A rewritten JPEG damaged anywhere (a byte changed, or cut short) decodes or fails with an
+/// error, whatever the crop: never a panic. Where the window decode succeeds and a decode of
+/// the same region through every row above it does too, their pixels are the same (restart
+/// markers keep damage in one segment from reaching the others).
+#[test]
+fn a_damaged_jpeg_with_restart_markers_is_an_error_or_the_same_pixels() {
+    let rewritten = add_restart_markers(&noisy_jpeg(333, 250, turbojpeg::Subsamp::Sub2x2)).unwrap();
+    let (mut windowed, mut through) = (Decoder::new(), Decoder::new());
+    let (mut window_pixels, mut through_pixels) = (Vec::new(), Vec::new());
+    let crop = Rect {
+        left: 100.0,
+        top: 90.0,
+        width: 120.0,
+        height: 80.0,
+    };
+    let plan = |_: &ImageHeader| {
+        Some(CropPlan {
+            crop,
+            out_width: 120,
+            out_height: 80,
+            scaling: DctScaling::Off,
+        })
+    };
+    let mut damaged = rewritten.clone();
+    let (mut compared, mut failed) = (0, 0);
+    for at in (0..rewritten.len()).step_by(11) {
+        for value in [0x00, 0xFF, 0xD3, rewritten[at] ^ 0x10] {
+            damaged.copy_from_slice(&rewritten);
+            damaged[at] = value;
+            windowed.rows.clear();
+            let Ok(c) = windowed.decode_crop(&damaged, &mut window_pixels, plan) else {
+                failed += 1;
+                continue;
+            };
+            if windowed.rows.is_empty() {
+                continue; // the damage made it no segmented JPEG: decoded as usual
+            }
+            // The same region, decoded through every row above it.
+            let region = Region {
+                x: (crop.left - c.crop.left) as u32,
+                y: (crop.top - c.crop.top) as u32,
+                width: c.width,
+                height: c.height,
+            };
+            let Ok(_) = through.probe(&damaged) else {
+                continue;
+            };
+            let jh = through.last_jpeg.take().unwrap();
+            let decoded = through.decompress_rgb(
+                &damaged,
+                &jh,
+                8,
+                Some(region),
+                c.width,
+                c.height,
+                &mut through_pixels,
+            );
+            if decoded.is_ok() {
+                assert!(window_pixels == through_pixels, "byte {at} = {value:#x}");
+                compared += 1;
+            }
+        }
+        let _ = windowed.decode_crop(&rewritten[..at], &mut window_pixels, plan);
+    }
+    assert!(
+        compared > 100 && failed > 100,
+        "{compared} compared, {failed} failed"
+    );
+}
