@@ -90,6 +90,10 @@ pub struct DatasetInfo {
     /// them); `None` for datasets imagefeed did not pack, or packed before this was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rejected_at_pack: Option<usize>,
+    /// Set when the JPEGs were rewritten at pack time with restart markers
+    /// (`--restart-markers`): the same pixels as the source files, other bytes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub restart_markers: bool,
 }
 
 /// Which part of a split conversion a dataset holds.

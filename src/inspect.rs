@@ -82,6 +82,8 @@ pub struct Inspection {
     pub payload: PayloadKind,
     /// Pack-time resize, if any.
     pub resized_short_side: Option<u32>,
+    /// Whether the JPEGs were rewritten with restart markers at pack time.
+    pub restart_markers: bool,
     /// Samples per class, in label order.
     pub classes: Vec<ClassCount>,
     /// Sum of payload sizes.
@@ -320,6 +322,7 @@ fn inspect_dataset(
         num_samples: info.num_samples,
         payload: info.payload,
         resized_short_side: info.resized_short_side,
+        restart_markers: info.restart_markers,
         classes: info
             .classes
             .iter()

@@ -5,7 +5,7 @@
 //! - the same classes, in the same order;
 //! - every record's key names a source file, with the source's label, in source order;
 //! - payloads equal the source: byte for byte for stored files; pixel for pixel (after the same
-//!   pack-time resize) for raw datasets; for re-encoded (resized) JPEGs, the resized size;
+//!   pack-time resize) for raw datasets and for JPEGs rewritten with restart markers; for re-encoded (resized) JPEGs, the resized size;
 //! - every source file is in the dataset, unless it is not a decodable image (those were
 //!   rejected when packing, and are counted separately).
 
@@ -242,6 +242,31 @@ impl Checker<'_> {
         let info = self.dataset.info();
         let resize = info.resized_short_side;
         match (info.payload, resize) {
+            // Rewritten losslessly with restart markers: other bytes, the same pixels.
+            (PayloadKind::Encoded, None)
+                if info.restart_markers && record.payload != src_bytes.as_slice() =>
+            {
+                let mut src_rgb = Vec::new();
+                match decoder.decode_rgb(&src_bytes, &mut src_rgb) {
+                    Err(e) => {
+                        problems.push(problem(record.key, format!("source does not decode: {e}")))
+                    }
+                    Ok(src) if (src.width, src.height) != (header.width, header.height) => problems
+                        .push(problem(
+                            record.key,
+                            format!(
+                                "stored {}x{}, the source is {}x{}",
+                                header.width, header.height, src.width, src.height
+                            ),
+                        )),
+                    Ok(_) if src_rgb != pixels => problems.push(problem(
+                        record.key,
+                        "pixels differ from the source's (the restart-marker rewrite is lossless)"
+                            .into(),
+                    )),
+                    Ok(_) => {}
+                }
+            }
             (PayloadKind::Encoded, None) => {
                 if record.payload != src_bytes.as_slice() {
                     problems.push(problem(
@@ -290,6 +315,15 @@ impl Checker<'_> {
                         problems.push(problem(
                             record.key,
                             "raw pixels differ from the decoded source".into(),
+                        ));
+                    }
+                } else if info.restart_markers {
+                    // Kept at its size and rewritten losslessly, or resized: the pixels tell
+                    // only for the former.
+                    if (ew, eh) == (src.width, src.height) && src_rgb != pixels {
+                        problems.push(problem(
+                            record.key,
+                            "pixels differ from the (unresized) source's".into(),
                         ));
                     }
                 } else if (ew, eh) == (src.width, src.height)

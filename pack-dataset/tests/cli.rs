@@ -1494,3 +1494,23 @@ fn an_hdf5_chunk_shape_libhdf5_would_never_write_is_refused_at_open() {
         }
     }
 }
+
+/// `--restart-markers` (alias `--restart-rows`) reaches the pack: `inspect --json` reports it
+/// (and not for a plain pack), and `verify --against` the source passes.
+#[test]
+fn restart_markers_are_packed_reported_and_verified() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("segmented.lmdb");
+    let packed = run(&[&"imagefolder2lmdb", &fixtures(), &out, &"--restart-rows"]);
+    succeeded(&packed);
+    let inspected = run(&[&"inspect", &"--json", &out]);
+    succeeded(&inspected);
+    let json: serde_json::Value = serde_json::from_str(&stdout(&inspected)).unwrap();
+    assert_eq!(json["restart_markers"], true, "{json}");
+    succeeded(&run(&[&"verify", &out, &"--against", &fixtures()]));
+    let plain = dir.path().join("plain.lmdb");
+    succeeded(&run(&[&"imagefolder2lmdb", &fixtures(), &plain]));
+    let json: serde_json::Value =
+        serde_json::from_str(&stdout(&run(&[&"inspect", &"--json", &plain]))).unwrap();
+    assert_eq!(json["restart_markers"], false, "{json}");
+}

@@ -129,6 +129,7 @@ def pack_dataset(
     max_pixels: Optional[int] = None,
     quiet: bool = False,
     reading: Optional[_Reading] = None,
+    restart_markers: bool = False,
 ) -> str: ...
 def join_parts(
     parts: Sequence[_Path],

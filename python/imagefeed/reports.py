@@ -103,6 +103,8 @@ class Inspection(_InspectionOptional):
     payload: str
     """``"encoded"`` (image files as packed) or ``"raw-rgb8"`` (decoded pixels)."""
     resized_short_side: Optional[int]
+    restart_markers: bool
+    """True when the JPEGs were rewritten with restart markers at pack time (same pixels)."""
     classes: List[ClassCount]
     payload_bytes: int
     file_bytes: int

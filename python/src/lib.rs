@@ -98,7 +98,7 @@ impl PackObserver for StoppableProgress {
 #[pyo3(signature = (
     source, out, *, format, resize=None, quality=90, raw=false, strict=false, resume=false,
     force=false, threads=None, shard_bytes=None, label_base=0, part=None, max_pixels=None,
-    quiet=false, reading=None,
+    quiet=false, reading=None, restart_markers=false,
 ))]
 #[allow(clippy::too_many_arguments)]
 fn pack_dataset(
@@ -119,6 +119,7 @@ fn pack_dataset(
     max_pixels: Option<u64>,
     quiet: bool,
     reading: Option<Reading>,
+    restart_markers: bool,
 ) -> PyResult<String> {
     let format = pack_format(format)?;
     let input = reading.unwrap_or_default().open_options();
@@ -126,6 +127,7 @@ fn pack_dataset(
         .with_resize_short_side(resize)
         .with_quality(quality)
         .with_raw(raw)
+        .with_restart_markers(restart_markers)
         .with_strict(strict)
         .with_mode(StartMode { resume, force })
         .with_threads(threads)

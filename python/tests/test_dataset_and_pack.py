@@ -148,6 +148,27 @@ def test_pack_inspect_verify_round_trip(tree, tmp_path, capfd):
     assert again["samples"] == 240
 
 
+def test_restart_markers_keep_the_pixels_and_the_loaders_batches(tmp_path):
+    src = tmp_path / "src"
+    imagefeed.synthesize(src, classes=2, per_class=5, size=(200, 150), seed=4)
+    plain, segmented = tmp_path / "plain.lmdb", tmp_path / "segmented.lmdb"
+    imagefeed.pack(src, plain, progress=False)
+    imagefeed.pack(src, segmented, restart_markers=True, progress=False)
+    assert imagefeed.inspect(segmented)["restart_markers"] is True
+    assert imagefeed.inspect(plain)["restart_markers"] is False
+    assert imagefeed.verify(segmented, against=src)["ok"]
+    raw_plain = imagefeed.Dataset(plain, decode="bytes")
+    raw_segmented = imagefeed.Dataset(segmented, decode="bytes")
+    assert all(raw_plain[i][0] != raw_segmented[i][0] for i in range(len(raw_plain)))
+
+    def batches(path):
+        loader = imagefeed.Loader(path, batch_size=4, workers=2, seed=1, rank=0, world_size=1,
+                                  transform=imagefeed.transforms.imagenet_train(64), output="numpy")
+        return [np.array(images).copy() for images, _ in loader]
+
+    assert all(np.array_equal(a, b) for a, b in zip(batches(plain), batches(segmented), strict=True))
+
+
 def test_pack_rejects_broken_files_or_stops_in_strict_mode(tmp_path):
     summary = imagefeed.pack(FIXTURE_TREE, tmp_path / "f.lmdb", progress=False)
     assert {r["key"] for r in summary["rejected"]} == {

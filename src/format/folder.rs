@@ -156,6 +156,7 @@ impl ImageFolder {
             resized_short_side: None,
             part: None,
             rejected_at_pack: None,
+            restart_markers: false,
         };
         Ok(ImageFolder {
             root,

@@ -59,8 +59,9 @@ impl JoinedParts {
             }
             if dataset.info().payload != reference_set.info().payload
                 || dataset.info().resized_short_side != reference_set.info().resized_short_side
+                || dataset.info().restart_markers != reference_set.info().restart_markers
             {
-                return mismatch(path, "the payload kind (--raw/--resize)");
+                return mismatch(path, "the payload kind (--raw/--resize/--restart-markers)");
             }
         }
         let have: Vec<usize> = parts.iter().map(|(p, _)| p.index).collect();

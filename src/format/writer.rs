@@ -152,6 +152,9 @@ pub struct PackPlan {
     /// The part of a split conversion this output holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub part: Option<PartInfo>,
+    /// `--restart-markers`: JPEGs rewritten with restart markers.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub restart_markers: bool,
 }
 
 impl PackPlan {
@@ -165,6 +168,7 @@ impl PackPlan {
             resized_short_side: self.resize_short_side,
             part: self.part.clone(),
             rejected_at_pack: None,
+            restart_markers: self.restart_markers,
         }
     }
 
@@ -184,7 +188,7 @@ impl PackPlan {
             ));
         }
         if self != new {
-            return mismatch("it was started with other options (--raw/--resize/--quality/--part-index); use the same ones, or --force".into());
+            return mismatch("it was started with other options (--raw/--resize/--quality/--part-index/--restart-markers); use the same ones, or --force".into());
         }
         Ok(())
     }

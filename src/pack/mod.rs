@@ -314,6 +314,9 @@ fn plan_for(
         resize_short_side: items.resized_short_side().or(options.resize_short_side),
         quality: options.quality,
         part,
+        // A source's rewritten JPEGs are copied as they are unless decoded (raw) or resized.
+        restart_markers: options.restart_markers
+            || (items.restart_markers() && !options.raw && options.resize_short_side.is_none()),
     })
 }
 
@@ -478,9 +481,14 @@ pub fn join(
 ) -> Result<PackSummary> {
     format.require(out)?;
     let joined = JoinedParts::open(parts)?;
-    if options.raw || options.resize_short_side.is_some() || options.part.is_some() {
+    if options.raw
+        || options.resize_short_side.is_some()
+        || options.part.is_some()
+        || options.restart_markers
+    {
         return Err(Error::Config(
-            "join copies the parts as they are: --raw, --resize and --part-index do not apply"
+            "join copies the parts as they are: --raw, --resize, --restart-markers and \
+             --part-index do not apply"
                 .into(),
         ));
     }

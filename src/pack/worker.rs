@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest as _, Sha256};
 
 use crate::dataset::{Dataset, PayloadKind, RecordReader, hex};
-use crate::decode::{ChromaSubsampling, Decoder, JpegEncoder, RawImage};
+use crate::decode::{ChromaSubsampling, Decoder, JpegEncoder, PayloadFormat, RawImage};
 use crate::error::{Error, IoContext as _, Result};
 use crate::format::folder::ImageFolder;
 use crate::format::parts::JoinedParts;
@@ -57,6 +57,11 @@ impl Source<'_> {
 
     pub(super) fn resized_short_side(&self) -> Option<u32> {
         self.dataset().and_then(|d| d.info().resized_short_side)
+    }
+
+    /// Whether the source's JPEGs were rewritten with restart markers when it was packed.
+    pub(super) fn restart_markers(&self) -> bool {
+        self.dataset().is_some_and(|d| d.info().restart_markers)
     }
 
     /// What changes when the source does: the listing for a tree; path, size, modification
@@ -204,8 +209,23 @@ impl PackWorker {
         }
     }
 
-    /// Checks (and with --raw/--resize, transforms) one image's bytes.
+    /// Checks (and with --raw/--resize/--restart-markers, transforms) one image's bytes.
     pub(super) fn prepare_bytes(
+        &mut self,
+        bytes: Vec<u8>,
+        options: &PackOptions,
+    ) -> std::result::Result<Vec<u8>, String> {
+        let payload = self.checked_or_transformed(bytes, options)?;
+        if !options.restart_markers || PayloadFormat::sniff(&payload) != Some(PayloadFormat::Jpeg) {
+            return Ok(payload);
+        }
+        // The file decoded above; a rewrite libjpeg-turbo cannot do (none is known) keeps the
+        // file as it is: its pixels are the same either way, only crops decode slower.
+        Ok(crate::decode::add_restart_markers(&payload).unwrap_or(payload))
+    }
+
+    /// Checks (and with --raw/--resize, transforms) one image's bytes.
+    fn checked_or_transformed(
         &mut self,
         bytes: Vec<u8>,
         options: &PackOptions,

@@ -312,6 +312,97 @@ fn resize_shrinks_the_shorter_side_and_verifies() {
     }
 }
 
+/// `restart_markers`: every format stores the JPEGs rewritten with restart markers (other
+/// bytes, the same pixels) and says so; `verify --against` the source passes, and one changed
+/// pixel fails it; and a RandomResizedCrop loader, which decodes only the segments around each
+/// crop, gives batches bit-identical to a plain pack's.
+#[test]
+fn restart_markers_keep_the_pixels_and_the_loaders_batches() {
+    use imagefeed::loader::{Loader, LoaderConfig};
+    use sha2::{Digest as _, Sha256};
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let spec = imagefeed::synthetic::SyntheticSpec {
+        classes: 2,
+        per_class: 6,
+        width: 240,
+        height: 176,
+        ..Default::default()
+    };
+    imagefeed::synthetic::write_image_folder(&src, &spec).unwrap();
+    let digest = |path: &Path| {
+        let config = LoaderConfig::default()
+            .with_batch_size(5)
+            .with_workers(2)
+            .with_seed(3)
+            .with_transform(imagefeed::transform::Transform::imagenet_train(64));
+        let loader = Loader::new(format::open(path).unwrap(), config).unwrap();
+        let mut hash = Sha256::new();
+        for epoch in 0..3 {
+            for batch in loader.epoch(epoch) {
+                hash.update(batch.unwrap().bytes());
+            }
+        }
+        hash.finalize()
+    };
+    let mut decoder = Decoder::new();
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for ((format, plain), (_, segmented)) in outputs(dir.path(), "plain")
+        .into_iter()
+        .zip(outputs(dir.path(), "segmented"))
+    {
+        pack(&src, &plain, format, &small_options());
+        pack(
+            &src,
+            &segmented,
+            format,
+            &small_options().with_restart_markers(true),
+        );
+        assert!(format::open(&segmented).unwrap().info().restart_markers);
+        assert!(inspect::inspect(&segmented).unwrap().restart_markers);
+        assert!(!inspect::inspect(&plain).unwrap().restart_markers);
+        let report = verify::verify(&segmented, Some(&src)).unwrap();
+        assert!(report.is_ok(), "{format:?}: {:?}", report.problems);
+        let (rows, plain_rows) = (all_records(&segmented), all_records(&plain));
+        assert_eq!(rows.len(), plain_rows.len());
+        for ((key, label, payload), (plain_key, plain_label, plain_payload)) in
+            rows.iter().zip(&plain_rows)
+        {
+            assert_eq!((key, label), (plain_key, plain_label));
+            assert_ne!(payload, plain_payload, "{format:?} {key}: not rewritten");
+            decoder.decode_rgb(payload, &mut a).unwrap();
+            decoder.decode_rgb(plain_payload, &mut b).unwrap();
+            assert!(a == b, "{format:?} {key}: pixels differ");
+        }
+        assert_eq!(digest(&segmented), digest(&plain), "{format:?}");
+    }
+    // verify compares pixels, not bytes: a source file changed by one pixel is reported.
+    let (format, segmented) = outputs(dir.path(), "segmented").remove(0);
+    let changed = &rows_source_path(&src, &all_records(&segmented)[0].0);
+    let mut pixels = Vec::new();
+    let header = decoder
+        .decode_rgb(&fs::read(changed).unwrap(), &mut pixels)
+        .unwrap();
+    pixels[0] = pixels[0].wrapping_add(128);
+    let mut encoder =
+        imagefeed::decode::JpegEncoder::new(100, imagefeed::decode::ChromaSubsampling::Full)
+            .unwrap();
+    fs::write(
+        changed,
+        encoder
+            .encode_rgb(&pixels, header.width, header.height)
+            .unwrap(),
+    )
+    .unwrap();
+    let report = verify::verify(&segmented, Some(&src)).unwrap();
+    assert!(!report.is_ok(), "{format:?}: a changed source passed");
+}
+
+/// The source file of a record key (a path relative to the tree).
+fn rows_source_path(src: &Path, key: &str) -> PathBuf {
+    src.join(key)
+}
+
 #[test]
 fn verify_reports_changed_missing_and_relabelled_samples() {
     let dir = tempfile::tempdir().unwrap();
@@ -465,6 +556,7 @@ fn impossible_pack_options_are_refused_as_configuration_errors_not_loader_settin
         small_options().with_threads(Some(100_000)),
         small_options().with_resize_short_side(Some(0)),
         small_options().with_part(Some(Part { index: 3, count: 2 })),
+        small_options().with_raw(true).with_restart_markers(true),
     ] {
         let err = try_pack(&fixture_root(), &out, PackFormat::Lmdb, &options).unwrap_err();
         assert!(matches!(err, Error::Config(_)), "{err}");

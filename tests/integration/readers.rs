@@ -281,6 +281,7 @@ fn write_with(format: PackFormat, path: &Path, classes: &[&str], records: &[Pack
         resize_short_side: None,
         quality: 90,
         part: None,
+        restart_markers: false,
     };
     let options = WriterOptions {
         lmdb_map_size: 16 << 20,

@@ -88,6 +88,7 @@ pub(super) fn open_foreign(
             resized_short_side: None,
             part: None,
             rejected_at_pack: None,
+            restart_markers: false,
         },
         labels,
         layout,

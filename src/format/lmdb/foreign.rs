@@ -200,6 +200,7 @@ pub(super) fn open_folder2lmdb(
         resized_short_side: None,
         part: None,
         rejected_at_pack: None,
+        restart_markers: false,
     };
     rtxn.commit().map_err(|e| Error::lmdb(path, e))?;
     Ok(Lmdb {

@@ -356,6 +356,7 @@ pub(super) fn assemble(
                 resized_short_side: None,
                 part: None,
                 rejected_at_pack: None,
+                restart_markers: false,
             },
             label_base,
             layout,

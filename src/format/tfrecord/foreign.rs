@@ -83,6 +83,7 @@ pub(super) fn assemble_foreign(
                 resized_short_side: None,
                 part: None,
                 rejected_at_pack: None,
+                restart_markers: false,
             },
             label_base,
             planner: planner(&shards),
