@@ -172,9 +172,6 @@ enum Command {
     /// Many epochs of one loader over a dataset with bad samples: resident memory flat, no
     /// buffer growth, determinism and exact resume checked every few epochs.
     Soak(soak::SoakArgs),
-    /// A TCP proxy on loopback that adds a delay to every request on its way to `upstream`
-    /// (object storage latency for the benchmarks); prints its address, then runs until
-    /// killed.
     /// Draws labelled values as a PNG of horizontal bars (for benchmark scripts).
     BarChart {
         /// The chart's title.
@@ -190,6 +187,9 @@ enum Command {
         #[arg(required = true)]
         bars: Vec<String>,
     },
+    /// A TCP proxy on loopback that adds a delay to every request on its way to `upstream`
+    /// (object storage latency for the benchmarks); prints its address, then runs until
+    /// killed.
     LatencyProxy {
         /// Where to forward (`host:port`, or `http://host:port`).
         #[arg(long)]
