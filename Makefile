@@ -194,7 +194,7 @@ lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p imagefeed --no-default-features --all-targets -- -D warnings
 
-# Regenerates the committed test fixtures (tests/fixtures.rs checks they match).
+# Regenerates the committed test fixtures (tests/integration/fixtures.rs checks they match).
 fixtures: deps
 	rm -rf fixtures/imagefolder
 	$(CARGO) run --release -p pack-dataset -- synth fixtures/imagefolder --classes 3 --per-class 4 --size 40x32 --edge-cases

@@ -141,8 +141,32 @@ def join(
     """Joins the parts of a split pack (``pack(src, part_i, part=(i, n))`` for each i, in any
     order, e.g. one per job of an array) into ``out``: the same dataset an unsplit pack would
     have written. Payloads are copied, not decoded again. Give the options of the output side
-    the parts were packed with (``shard_bytes``, ``label_base`` for records). Returns the
-    summary."""
+    the parts were packed with (``shard_bytes``, ``label_base`` for records).
+
+    Parameters
+    ----------
+    parts : sequence of str or os.PathLike
+        Every part, once each, in any order.
+    out : str or os.PathLike
+        The joined dataset's path.
+    format : {"lmdb", "hdf5", "records"}, default "lmdb"
+        The output format.
+    resume, force : bool, default False
+        Continue an interrupted join; replace an existing output of imagefeed's.
+    threads : int, optional
+        Copying threads (default: one per core).
+    shard_bytes : int, optional
+        Record shards: close a shard once it holds this many bytes.
+    label_base : int, default 0
+        Record shards: store ``label + label_base``.
+    progress : bool, default True
+        Draw a progress bar on stderr.
+
+    Returns
+    -------
+    PackSummary
+        What :func:`pack` returns, for the joined dataset.
+    """
     with errors.arguments("join"):
         summary = _native.join_parts(
             [os.fspath(p) for p in parts], os.fspath(out), format=format, resume=resume, force=force,
@@ -165,7 +189,22 @@ def inspect(
     """What ``pack-dataset inspect`` shows: format, completeness (``missing_shards`` when a set
     lacks members), classes and their counts, image sizes, payload bytes, bad records. Takes the
     reading options :class:`~imagefeed.Loader` takes; ``report["whole"]`` is True when the
-    dataset is complete and every record read."""
+    dataset is complete and every record read. An interrupted pack of ours is reported
+    incomplete (LMDB) or refused saying how to finish it (HDF5, records).
+
+    Parameters
+    ----------
+    path : str, os.PathLike or sequence of them
+        A dataset file or directory, a shard pattern or list, or a URL.
+    hdf5_images, hdf5_labels, label_base, num_classes, storage_options, ranged_reads
+        How to read a dataset other tools wrote, as :class:`~imagefeed.Loader` takes them.
+        Shards missing from a set are reported (``missing_shards``), never refused.
+
+    Returns
+    -------
+    Inspection
+        The report (``imagefeed.reports.Inspection``).
+    """
     reading = reading_options(
         hdf5_images, hdf5_labels, label_base, num_classes, storage_options=storage_options,
         ranged_reads=ranged_reads,
@@ -189,8 +228,24 @@ def verify(
     ranged_reads: bool = False,
 ) -> VerifyReport:
     """Decodes every record (and, with ``against``, compares each with the ImageFolder tree it
-    was packed from). Takes the reading options :class:`~imagefeed.Loader` takes. Returns the
-    report; ``report["ok"]`` is True when no problem was found."""
+    was packed from). Takes the reading options :class:`~imagefeed.Loader` takes.
+
+    Parameters
+    ----------
+    path : str, os.PathLike or sequence of them
+        A dataset file or directory, a shard pattern or list, or a URL.
+    against : str or os.PathLike, optional
+        The ImageFolder tree the dataset was packed from: every record must be its file
+        (byte for byte; pixel for pixel for raw, resized or ``restart_markers`` packs), with
+        its label, in its order, and no file missing.
+    hdf5_images, hdf5_labels, label_base, num_classes, allow_missing_shards, storage_options, ranged_reads
+        How to read a dataset other tools wrote, as :class:`~imagefeed.Loader` takes them.
+
+    Returns
+    -------
+    VerifyReport
+        The report; ``report["ok"]`` is True when no problem was found.
+    """
     reading = reading_options(
         hdf5_images, hdf5_labels, label_base, num_classes, allow_missing_shards, storage_options,
         ranged_reads,
@@ -215,7 +270,26 @@ def synthesize(
     """Writes a synthetic ImageFolder tree of ``classes`` x ``per_class`` JPEGs of ``size``
     (width, height) under ``root`` (what ``pack-dataset synth`` makes: deterministic for a seed).
     ``edge_cases`` adds grayscale, CMYK, progressive and PNG files and broken ones (truncated,
-    empty, text, a decompression bomb). Returns the number of image files written."""
+    empty, text, a decompression bomb).
+
+    Parameters
+    ----------
+    root : str or os.PathLike
+        Where the tree goes (created; files at the names it writes are replaced).
+    classes, per_class : int, default 10 and 100
+        Class folders, and images in each.
+    size : (int, int), default (64, 48)
+        Width and height of every image.
+    seed : int, default 0
+        The tree is a function of the seed.
+    edge_cases : bool, default False
+        Add the unusual and broken files listed above.
+
+    Returns
+    -------
+    int
+        The number of image files written.
+    """
     width, height = size
     return _native.synthesize(
         os.fspath(root), classes=classes, per_class=per_class, width=width, height=height,

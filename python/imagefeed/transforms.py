@@ -870,7 +870,18 @@ class RandomChoice(BatchTransform):
 
 def imagenet_mixup_cutmix(mixup_alpha: float = 0.2, cutmix_alpha: float = 1.0) -> BatchTransform:
     """The batch step of torchvision's classification reference (``--mixup-alpha 0.2
-    --cutmix-alpha 1.0``): ``RandomChoice([MixUp(alpha=0.2), CutMix(alpha=1.0)])``."""
+    --cutmix-alpha 1.0``): ``RandomChoice([MixUp(alpha=0.2), CutMix(alpha=1.0)])``.
+
+    Parameters
+    ----------
+    mixup_alpha, cutmix_alpha : float, default 0.2 and 1.0
+        :class:`MixUp`'s and :class:`CutMix`'s Beta-distribution alphas.
+
+    Returns
+    -------
+    BatchTransform
+        What :class:`~imagefeed.Loader` takes as ``batch_transform``.
+    """
     return RandomChoice([MixUp(alpha=mixup_alpha), CutMix(alpha=cutmix_alpha)])
 
 
@@ -913,6 +924,27 @@ def imagenet_train(
     With the defaults, ``RandomResizedCrop(size)``, flip and normalization: the classic recipe.
     The reference's current recipe is ``imagenet_train(176, auto_augment="ta_wide",
     random_erase=0.1, mixup=0.2, cutmix=1.0)``.
+
+    Parameters
+    ----------
+    size : int, default 224
+        The crop's output side.
+    auto_augment : str, optional
+        ``"ta_wide"``, ``"ra"``, ``"imagenet"``, ``"cifar10"``, ``"svhn"`` or a timm
+        RandAugment config; None for no automatic augmentation.
+    random_erase : float, default 0.0
+        :class:`RandomErasing`'s probability (0: no erasing).
+    interpolation : str or torchvision InterpolationMode, default "bilinear"
+        The crop's resampling (``"bilinear"``, ``"bicubic"``, ``"nearest"``).
+    ra_magnitude : int, optional
+        :class:`RandAugment`'s magnitude for ``auto_augment="ra"`` (default 9).
+    mixup, cutmix : float, default 0.0
+        The batch step's alphas (0: off).
+
+    Returns
+    -------
+    Transform
+        What :class:`~imagefeed.Loader` takes as ``transform``.
     """
     for name, value, top in (("mixup", mixup, 1e12), ("cutmix", cutmix, 1e12), ("random_erase", random_erase, 1.0)):
         if not 0.0 <= _real(value, f"imagenet_train: {name}") <= top:
@@ -959,5 +991,18 @@ def imagenet_train(
 
 
 def imagenet_eval(size: int = 224, resize: int = 256) -> Transform:
-    """ImageNet evaluation: ``Resize(resize)``, ``CenterCrop(size)``, ImageNet normalization."""
+    """ImageNet evaluation: ``Resize(resize)``, ``CenterCrop(size)``, ImageNet normalization.
+
+    Parameters
+    ----------
+    size : int, default 224
+        The center crop's side.
+    resize : int, default 256
+        The shorter side after the resize, before the crop.
+
+    Returns
+    -------
+    Transform
+        What :class:`~imagefeed.Loader` takes as ``transform``.
+    """
     return Compose([Resize(resize), CenterCrop(size), Normalize(IMAGENET_MEAN, IMAGENET_STD)])
