@@ -40,7 +40,7 @@ pub mod cli;
 pub mod dataset;
 pub mod decode;
 pub mod error;
-pub mod file;
+pub(crate) mod file;
 pub mod format;
 /// The fuzz targets' entry points (feature `fuzzing`). The file lives beside the harness, in
 /// `fuzz/targets.rs`; it is compiled into the library because it drives the crate's private
@@ -86,4 +86,9 @@ pub struct GpuGuideExamples;
 pub const MAX_THREADS: usize = 1024;
 
 pub use dataset::{Dataset, DatasetInfo, LazyReader, PayloadKind, Record, RecordReader};
+pub use decode::Decoder;
 pub use error::{Error, Result};
+pub use format::{OpenOptions, open, open_with};
+pub use loader::{Loader, LoaderConfig};
+pub use pack::{PackFormat, PackOptions};
+pub use transform::Transform;

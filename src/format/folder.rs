@@ -182,10 +182,10 @@ impl ImageFolder {
         self.root.join(&self.entries[index].key)
     }
 
-    /// Reads sample `index`'s file into `buffer` with [`read_image_file`]'s checks; an entry
-    /// whose name is not UTF-8 is an [`Error::RefusedFile`] naming its lossy path.
-    ///
-    /// [`read_image_file`]: crate::file::read_image_file
+    /// Reads sample `index`'s file into `buffer`. Refused by path, without reading further: a
+    /// file that is not a regular file, and one whose first bytes are not an image format we
+    /// decode or whose length is more than an image of that format and declared size can take;
+    /// an entry whose name is not UTF-8 is an [`Error::RefusedFile`] naming its lossy path.
     pub fn read_file(&self, index: usize, buffer: &mut Vec<u8>) -> Result<()> {
         read_entry(&self.root, &self.entries[index], buffer)
     }
