@@ -694,6 +694,12 @@ pub fn add_restart_markers(jpeg: &[u8]) -> Result<Vec<u8>, DecodeError> {
     turbo::add_restart_markers(jpeg)
 }
 
+/// Whether `jpeg` already has the restart markers [`add_restart_markers`] writes (any segment
+/// width that divides its rows): rewriting it again would change nothing a crop uses.
+pub fn has_restart_segments(jpeg: &[u8]) -> bool {
+    restart::RestartSegments::parse(jpeg).is_some()
+}
+
 /// Converts Adobe-inverted CMYK (what Photoshop and libjpeg write, and PIL assumes) to RGB.
 fn cmyk_to_rgb(cmyk: &[u8], rgb: &mut [u8]) {
     for (src, dst) in cmyk.chunks_exact(4).zip(rgb.chunks_exact_mut(3)) {

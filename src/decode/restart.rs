@@ -54,92 +54,171 @@ pub(crate) struct Window {
 const RST0: u8 = 0xD0;
 const EOI: u8 = 0xD9;
 
+/// The header segments of a JPEG in order, up to and including the first scan header (SOS):
+/// `(marker, offset of the segment's payload, payload)`. Ends early, without an error, at
+/// anything malformed; nothing is read past a slice's end.
+struct Markers<'a> {
+    data: &'a [u8],
+    at: usize,
+    done: bool,
+}
+
+impl<'a> Markers<'a> {
+    fn of(data: &'a [u8]) -> Self {
+        let jpeg = data.get(..2) == Some(&[0xFF, 0xD8]);
+        Markers {
+            data,
+            at: 2,
+            done: !jpeg,
+        }
+    }
+
+    fn step(&mut self) -> Option<(u8, usize, &'a [u8])> {
+        let data = self.data;
+        let mut at = self.at;
+        // Markers may be preceded by any number of fill bytes.
+        if *data.get(at)? != 0xFF {
+            return None;
+        }
+        while *data.get(at)? == 0xFF {
+            at += 1;
+        }
+        let marker = *data.get(at)?;
+        at += 1;
+        // Start of image, end of image, a restart marker or TEM: no length, and not where a
+        // header segment belongs.
+        if matches!(marker, 0xD0..=0xD9 | 0x01) {
+            return None;
+        }
+        let len = u16::from_be_bytes([*data.get(at)?, *data.get(at + 1)?]) as usize;
+        let payload = data.get(at + 2..at + len.checked_sub(2)? + 2)?;
+        self.at = at + len;
+        self.done = marker == 0xDA;
+        Some((marker, at + 2, payload))
+    }
+}
+
+impl<'a> Iterator for Markers<'a> {
+    type Item = (u8, usize, &'a [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let step = self.step();
+        if step.is_none() {
+            self.done = true;
+        }
+        step
+    }
+}
+
+/// A frame header's numbers: components and the largest sampling factors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Frame {
+    pub marker: u8,
+    pub width: u32,
+    pub height: u32,
+    pub components: u8,
+    pub h_max: u32,
+    pub v_max: u32,
+}
+
+impl Frame {
+    fn parse(marker: u8, payload: &[u8]) -> Option<Frame> {
+        let components = *payload.get(5)?;
+        if components == 0 || payload.len() != 6 + 3 * components as usize {
+            return None;
+        }
+        let (mut h_max, mut v_max) = (1, 1);
+        for c in payload[6..].chunks_exact(3) {
+            let (h, v) = ((c[1] >> 4) as u32, (c[1] & 15) as u32);
+            if !(1..=4).contains(&h) || !(1..=4).contains(&v) {
+                return None;
+            }
+            h_max = h_max.max(h);
+            v_max = v_max.max(v);
+        }
+        Some(Frame {
+            marker,
+            width: u16::from_be_bytes([payload[3], payload[4]]) as u32,
+            height: u16::from_be_bytes([payload[1], payload[2]]) as u32,
+            components,
+            h_max,
+            v_max,
+        })
+    }
+
+    /// The first frame header of `data` (any SOF type).
+    pub(crate) fn of(data: &[u8]) -> Option<Frame> {
+        Markers::of(data)
+            .find(|(marker, _, _)| is_frame(*marker))
+            .and_then(|(marker, _, payload)| Frame::parse(marker, payload))
+    }
+
+    /// The MCU's size in pixels, as libjpeg lays out a scan of every component (one block for
+    /// a single component, whatever its sampling factors say).
+    pub(crate) fn mcu_size(&self) -> (u32, u32) {
+        if self.components == 1 {
+            (8, 8)
+        } else {
+            (8 * self.h_max, 8 * self.v_max)
+        }
+    }
+}
+
+/// SOF0..SOF15 but DHT (0xC4), JPG (0xC8) and DAC (0xCC).
+fn is_frame(marker: u8) -> bool {
+    (0xC0..=0xCF).contains(&marker) && !matches!(marker, 0xC4 | 0xC8 | 0xCC)
+}
+
 impl RestartSegments {
     /// Parses `data`'s markers up to the scan; `None` unless it is a segmented JPEG as the
     /// module docs describe.
     pub(crate) fn parse(data: &[u8]) -> Option<RestartSegments> {
-        if data.get(..2)? != [0xFF, 0xD8] {
-            return None;
-        }
-        let mut at = 2;
-        // (height_at, width, height, components, largest h and v sampling factors)
-        let mut frame: Option<(usize, u32, u32, u8, u32, u32)> = None;
+        let mut frame: Option<(usize, Frame)> = None;
         let mut interval = 0u32;
-        loop {
-            // Markers may be preceded by any number of fill bytes.
-            if *data.get(at)? != 0xFF {
-                return None;
-            }
-            while *data.get(at)? == 0xFF {
-                at += 1;
-            }
-            let marker = *data.get(at)?;
-            at += 1;
-            // Start of image, end of image, a restart marker or TEM: no length, and not where a
-            // header segment belongs.
-            if matches!(marker, 0xD0..=0xD9 | 0x01) {
-                return None;
-            }
-            let len = u16::from_be_bytes([*data.get(at)?, *data.get(at + 1)?]) as usize;
-            let segment = data.get(at + 2..at + len.checked_sub(2)? + 2)?;
+        for (marker, at, payload) in Markers::of(data) {
             match marker {
-                // Baseline or extended sequential, Huffman-coded.
-                0xC0 | 0xC1 => {
-                    if frame.is_some() || segment.len() < 6 || segment[0] != 8 {
+                m if is_frame(m) => {
+                    // Baseline or extended sequential, Huffman-coded, 8 bits: nothing else.
+                    if frame.is_some() || !matches!(m, 0xC0 | 0xC1) || payload.first() != Some(&8) {
                         return None;
                     }
-                    let h = u16::from_be_bytes([segment[1], segment[2]]) as u32;
-                    let w = u16::from_be_bytes([segment[3], segment[4]]) as u32;
-                    let comps = segment[5];
-                    if h == 0 || w == 0 || comps == 0 || segment.len() != 6 + 3 * comps as usize {
+                    let parsed = Frame::parse(m, payload)?;
+                    if parsed.width == 0 || parsed.height == 0 {
                         return None;
                     }
-                    let (mut hmax, mut vmax) = (1, 1);
-                    for c in segment[6..].chunks_exact(3) {
-                        let (hs, vs) = ((c[1] >> 4) as u32, (c[1] & 15) as u32);
-                        if !(1..=4).contains(&hs) || !(1..=4).contains(&vs) {
-                            return None;
-                        }
-                        hmax = hmax.max(hs);
-                        vmax = vmax.max(vs);
-                    }
-                    frame = Some((at + 3, w, h, comps, hmax, vmax));
+                    frame = Some((at + 1, parsed));
                 }
-                // Any other frame type (progressive, lossless, arithmetic, hierarchical).
-                0xC2 | 0xC3 | 0xC5..=0xC7 | 0xC9..=0xCB | 0xCD..=0xCF => return None,
-                0xDD => interval = u16::from_be_bytes([*segment.first()?, *segment.get(1)?]) as u32,
+                0xDD => interval = u16::from_be_bytes([*payload.first()?, *payload.get(1)?]) as u32,
                 0xDA => {
-                    let (height_at, width, height, comps, hmax, vmax) = frame?;
-                    // One scan holding every component (interleaved, or a single component,
-                    // whose MCU is one block).
-                    if *segment.first()? != comps {
+                    let (height_at, frame) = frame?;
+                    // One scan holding every component.
+                    if *payload.first()? != frame.components {
                         return None;
                     }
-                    let (mcu_width, mcu_height) = if comps == 1 {
-                        (8, 8)
-                    } else {
-                        (8 * hmax, 8 * vmax)
-                    };
-                    let mcus = width.div_ceil(mcu_width);
+                    let (mcu_width, mcu_height) = frame.mcu_size();
+                    let mcus = frame.width.div_ceil(mcu_width);
                     if interval == 0 || !mcus.is_multiple_of(interval) {
                         return None;
                     }
                     return Some(RestartSegments {
                         height_at,
-                        width,
-                        height,
+                        width: frame.width,
+                        height: frame.height,
                         mcu_width,
                         mcu_height,
                         interval,
                         per_row: mcus / interval,
-                        rows: height.div_ceil(mcu_height),
-                        data_start: at + len,
+                        rows: frame.height.div_ceil(mcu_height),
+                        data_start: at + payload.len(),
                     });
                 }
                 _ => {}
             }
-            at += len;
         }
+        None
     }
 
     /// The window of segments that covers `x..x + width`, `y..y + height` of the image decoded

@@ -492,3 +492,75 @@ fn a_damaged_jpeg_with_restart_markers_is_an_error_or_the_same_pixels() {
         "{compared} compared, {failed} failed"
     );
 }
+
+/// Sampling factors TurboJPEG misclasses (every component 2x1: "4:4:4" with an 8-pixel MCU;
+/// the file's MCU is 16 wide): a crop's region is aligned to the file's real iMCU, so every
+/// crop decodes (a hostile try found half of them failing with "Unexplained mismatch between
+/// specified and actual cropping region"), and the rewrite with restart markers gives the same
+/// crops.
+#[test]
+fn crops_of_jpegs_with_unusual_sampling_factors_decode() {
+    for file in [
+        &include_bytes!("../../fixtures/jpeg/sampling-2x1-all.jpg")[..],
+        &include_bytes!("../../fixtures/jpeg/sampling-2x2-2x1-2x1.jpg")[..],
+    ] {
+        let rewritten = add_restart_markers(file).unwrap();
+        let (mut a, mut b) = (Decoder::new(), Decoder::new());
+        let (mut pa, mut pb) = (Vec::new(), Vec::new());
+        for left in 0..60 {
+            for scaling in [DctScaling::Off, DctScaling::Antialiased] {
+                let plan = |_: &ImageHeader| {
+                    Some(CropPlan {
+                        crop: Rect {
+                            left: left as f64,
+                            top: 3.0,
+                            width: 12.0,
+                            height: 30.0,
+                        },
+                        out_width: 6,
+                        out_height: 15,
+                        scaling,
+                    })
+                };
+                let da = a.decode_crop(file, &mut pa, plan).unwrap();
+                let db = b.decode_crop(&rewritten, &mut pb, plan).unwrap();
+                assert_eq!(
+                    (da.width, da.height, da.crop),
+                    (db.width, db.height, db.crop)
+                );
+                assert!(pa == pb, "left {left} {scaling:?}");
+            }
+        }
+    }
+}
+
+/// Progressive and arithmetic-coded sources come out of the rewrite baseline and
+/// Huffman-coded, with restart segments crops use (a hostile try found them left progressive,
+/// with a marker every block or two: +50% bytes and no faster crops), and the same pixels.
+#[test]
+fn a_progressive_jpeg_is_rewritten_baseline_with_the_same_pixels() {
+    let spec = crate::synthetic::SyntheticSpec {
+        width: 300,
+        height: 200,
+        ..Default::default()
+    };
+    let pixels = crate::synthetic::synthetic_pixels(&spec, 0, 0);
+    let mut encoder = JpegEncoder::new(90, ChromaSubsampling::Half).unwrap();
+    encoder.set_progressive(true).unwrap();
+    let progressive = encoder.encode_rgb(&pixels, 300, 200).unwrap();
+    assert!(restart::Frame::of(&progressive).unwrap().marker == 0xC2);
+    let rewritten = add_restart_markers(&progressive).unwrap();
+    assert_eq!(restart::Frame::of(&rewritten).unwrap().marker, 0xC0);
+    assert!(restart::RestartSegments::parse(&rewritten).is_some());
+    assert!(
+        rewritten.len() < progressive.len() * 6 / 5,
+        "{} -> {} bytes",
+        progressive.len(),
+        rewritten.len()
+    );
+    let mut decoder = Decoder::new();
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    decoder.decode_rgb(&progressive, &mut a).unwrap();
+    decoder.decode_rgb(&rewritten, &mut b).unwrap();
+    assert!(a == b);
+}

@@ -74,6 +74,18 @@ impl Drop for Turbo {
     }
 }
 
+/// The width a cropping region's left edge must be a multiple of, at full scale: TurboJPEG
+/// checks it against its subsampling class (`tjMCUWidth`), while libjpeg aligns the region to
+/// the file's real iMCU (8 × the largest horizontal sampling factor), and the two differ for
+/// valid files TurboJPEG classes as 4:4:4 or 4:4:0 whose components are all sampled 2x1, say
+/// ("Unexplained mismatch between specified and actual cropping region" otherwise). Both are
+/// powers of two: the larger satisfies both. `None` (decode whole) when either is unknown.
+fn imcu_width(data: &[u8], subsamp: libc::c_int) -> Option<u32> {
+    let turbo = MCU_WIDTH.get(usize::try_from(subsamp).ok()?).copied()?;
+    let (file, _) = super::restart::Frame::of(data)?.mcu_size();
+    (turbo.is_power_of_two() && file.is_power_of_two()).then_some(turbo.max(file))
+}
+
 /// `TJSCALED(dimension, M/8)`: libjpeg-turbo's rounding up.
 pub(crate) fn scaled(dimension: u32, eighths: u32) -> u32 {
     (dimension as u64 * eighths as u64).div_ceil(8) as u32
@@ -148,9 +160,7 @@ impl Turbo {
         if width <= 0 || height <= 0 {
             return Err(DecodeError::ZeroSized);
         }
-        let imcu_width = usize::try_from(subsamp)
-            .ok()
-            .and_then(|i| MCU_WIDTH.get(i).copied());
+        let imcu_width = imcu_width(data, subsamp);
         self.header_of = Some((data.as_ptr() as usize, data.len()));
         Ok(JpegHeader {
             width: width as u32,
@@ -355,24 +365,32 @@ pub(crate) fn add_restart_markers(data: &[u8]) -> Result<Vec<u8>, DecodeError> {
     if unsafe { sys::tj3DecompressHeader(h, data.as_ptr(), data.len() as sys::size_t) } != 0 {
         return Err(error(&handle));
     }
-    let width = Turbo::get(h, sys::TJPARAM_TJPARAM_JPEGWIDTH).max(1) as u32;
     let subsamp = Turbo::get(h, sys::TJPARAM_TJPARAM_SUBSAMP);
-    let restart = match usize::try_from(subsamp).ok().and_then(|i| MCU_WIDTH.get(i)) {
-        Some(&mcu_width) => (
-            sys::TJPARAM_TJPARAM_RESTARTBLOCKS,
-            restart_interval(width.div_ceil(mcu_width), mcu_width) as libc::c_int,
-        ),
-        // Unknown subsampling: a marker at every row start still lets crops skip rows.
-        None => (sys::TJPARAM_TJPARAM_RESTARTROWS, 1),
-    };
+    // A subsampling TurboJPEG cannot class is one it will not crop: markers would not help.
+    if imcu_width(data, subsamp).is_none() {
+        return Err(DecodeError::Jpeg(
+            "its chroma subsampling is one TurboJPEG decodes only whole: restart markers \
+             would not speed up its crops"
+                .into(),
+        ));
+    }
+    let frame = super::restart::Frame::of(data)
+        .ok_or_else(|| DecodeError::Jpeg("no frame header".into()))?;
+    let (mcu_width, _) = frame.mcu_size();
+    let interval = restart_interval(frame.width.max(1).div_ceil(mcu_width), mcu_width);
     for (param, value) in [
-        restart,
+        (sys::TJPARAM_TJPARAM_RESTARTBLOCKS, interval as libc::c_int),
         (
             sys::TJPARAM_TJPARAM_MAXMEMORY,
             buffer_memory_limit_mb(data.len()),
         ),
+        // Reading the header copied the source's coding into the handle: the output is
+        // baseline and Huffman-coded whatever the source was (a progressive scan's restart
+        // interval would count single blocks, and crops read only sequential scans).
+        (sys::TJPARAM_TJPARAM_PROGRESSIVE, 0),
+        (sys::TJPARAM_TJPARAM_ARITHMETIC, 0),
     ] {
-        // SAFETY: live handle; both parameters apply to transforms and take these values.
+        // SAFETY: live handle; each parameter applies to transforms and takes its value.
         if unsafe { sys::tj3Set(h, param as libc::c_int, value) } != 0 {
             return Err(error(&handle));
         }
