@@ -188,7 +188,27 @@ impl PackPlan {
             ));
         }
         if self != new {
-            return mismatch("it was started with other options (--raw/--resize/--quality/--part-index/--restart-markers); use the same ones, or --force".into());
+            let differ: Vec<&str> = [
+                (self.payload != new.payload, "--raw"),
+                (self.resize_short_side != new.resize_short_side, "--resize"),
+                (self.quality != new.quality, "--quality"),
+                (self.part != new.part, "--num-parts/--part-index"),
+                (
+                    self.restart_markers != new.restart_markers,
+                    "--restart-markers",
+                ),
+            ]
+            .into_iter()
+            .filter_map(|(differs, flag)| differs.then_some(flag))
+            .collect();
+            let which = if differ.is_empty() {
+                "other options (--raw/--resize/--quality/--part-index/--restart-markers)".into()
+            } else {
+                format!("other options: {} differ", differ.join(", "))
+            };
+            return mismatch(format!(
+                "it was started with {which}; use the same ones, or --force"
+            ));
         }
         Ok(())
     }

@@ -135,6 +135,15 @@ fn pack_source(
     }
     let started = Instant::now();
     options.validate()?;
+    // A source whose JPEGs were rewritten with restart markers keeps them: files copied as they
+    // are still hold them, so resized (re-encoded) ones get them too, and the output says so.
+    let inherited;
+    let options = if items.restart_markers() && !options.raw && !options.restart_markers {
+        inherited = options.clone().with_restart_markers(true);
+        &inherited
+    } else {
+        options
+    };
     let (part, range) = part_range(items, options)?;
     refuse_source_as_output(out, &items.paths())?;
     if let Some(class) = items.classes().iter().find(|c| c.contains('\0')) {
@@ -314,9 +323,7 @@ fn plan_for(
         resize_short_side: items.resized_short_side().or(options.resize_short_side),
         quality: options.quality,
         part,
-        // A source's rewritten JPEGs are copied as they are unless decoded (raw) or resized.
-        restart_markers: options.restart_markers
-            || (items.restart_markers() && !options.raw && options.resize_short_side.is_none()),
+        restart_markers: options.restart_markers,
     })
 }
 

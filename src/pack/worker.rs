@@ -216,11 +216,14 @@ impl PackWorker {
         options: &PackOptions,
     ) -> std::result::Result<Vec<u8>, String> {
         let payload = self.checked_or_transformed(bytes, options)?;
-        if !options.restart_markers || PayloadFormat::sniff(&payload) != Some(PayloadFormat::Jpeg) {
+        if !options.restart_markers
+            || PayloadFormat::sniff(&payload) != Some(PayloadFormat::Jpeg)
+            || crate::decode::has_restart_segments(&payload)
+        {
             return Ok(payload);
         }
-        // The file decoded above; a rewrite libjpeg-turbo cannot do (none is known) keeps the
-        // file as it is: its pixels are the same either way, only crops decode slower.
+        // A file the rewrite refuses (lossless or 12-bit JPEG, a subsampling crops cannot use)
+        // is kept as it is: its pixels are the same either way, only its crops decode whole.
         Ok(crate::decode::add_restart_markers(&payload).unwrap_or(payload))
     }
 

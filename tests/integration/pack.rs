@@ -243,6 +243,30 @@ fn an_interrupted_pack_is_never_accepted_and_resume_completes_it() {
     );
 }
 
+/// A resume with other pack options is refused, naming the options that differ.
+#[test]
+fn resume_with_other_options_is_refused_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    for (format, out) in outputs(dir.path(), "changed-options") {
+        crash_after(&fixture_root(), &out, format, &small_options(), 1);
+        for (changed, flag) in [
+            (resuming().with_restart_markers(true), "--restart-markers"),
+            (
+                resuming().with_quality(50).with_resize_short_side(Some(8)),
+                "--resize, --quality",
+            ),
+        ] {
+            match try_pack(&fixture_root(), &out, format, &changed) {
+                Err(Error::ResumeMismatch { reason, .. }) => {
+                    assert!(reason.contains(flag), "{format:?}: {reason}")
+                }
+                other => panic!("{format:?}: {other:?}"),
+            }
+        }
+        pack(&fixture_root(), &out, format, &resuming());
+    }
+}
+
 #[test]
 fn resume_refuses_a_changed_source_tree() {
     let dir = tempfile::tempdir().unwrap();
@@ -375,6 +399,31 @@ fn restart_markers_keep_the_pixels_and_the_loaders_batches() {
             assert!(a == b, "{format:?} {key}: pixels differ");
         }
         assert_eq!(digest(&segmented), digest(&plain), "{format:?}");
+    }
+    // A conversion keeps the markers, resized (160) or not (200 is above the images' 176): the
+    // files it keeps hold them, the ones it re-encodes get them, and verify passes (a hostile
+    // try found resized conversions dropping the flag while kept files still held markers, and
+    // verify then failing on them).
+    let (_, segmented) = outputs(dir.path(), "segmented").remove(0);
+    for resize in [None, Some(160), Some(200)] {
+        let converted = dir.path().join(format!("converted-{resize:?}.records"));
+        pack::convert(
+            &segmented,
+            &converted,
+            PackFormat::Records,
+            &small_options().with_resize_short_side(resize),
+            &NoProgress,
+        )
+        .unwrap();
+        let dataset = format::open(&converted).unwrap();
+        assert!(dataset.info().restart_markers, "{resize:?}");
+        let rows = all_records(&converted);
+        assert!(
+            rows.iter()
+                .all(|(_, _, p)| imagefeed::decode::has_restart_segments(p))
+        );
+        let report = verify::verify(&converted, Some(&src)).unwrap();
+        assert!(report.is_ok(), "{resize:?}: {:?}", report.problems);
     }
     // verify compares pixels, not bytes: a source file changed by one pixel is reported.
     let (format, segmented) = outputs(dir.path(), "segmented").remove(0);
