@@ -178,6 +178,10 @@ pub struct CompareArgs {
     /// Threads for packing.
     #[arg(long)]
     pub pack_threads: Option<usize>,
+    /// Pack with `--restart-markers` (JPEGs rewritten so crops decode only their segments;
+    /// docs/formats.md). The raw folder and the PyTorch baseline read the original files.
+    #[arg(long)]
+    pub restart_markers: bool,
 }
 
 /// Page-cache state of a run.
@@ -381,7 +385,13 @@ fn subjects(
     notes: &mut Vec<String>,
 ) -> Result<(Subjects, Option<TorchBaseline>)> {
     let pack_dir = args.pack_dir.clone().unwrap_or_else(|| out.join("packed"));
-    let fingerprint = pack::source_fingerprint(folder)?;
+    // A pack with restart markers is another dataset than a plain one of the same tree.
+    let fingerprint = pack::source_fingerprint(folder)?
+        + if args.restart_markers {
+            " restart-markers"
+        } else {
+            ""
+        };
     let mut subjects: Subjects = Vec::new();
     for &subject in &args.formats {
         if subject == Subject::Pytorch {
@@ -394,7 +404,7 @@ fn subjects(
             None => args.src.clone(),
             Some((format, ext)) => {
                 let path = pack_dir.join(format!("{name}.{ext}"));
-                ensure_packed(&fingerprint, &args.src, &path, format, args.pack_threads)?;
+                ensure_packed(&fingerprint, &args.src, &path, format, args)?;
                 path
             }
         };
@@ -632,7 +642,7 @@ fn ensure_packed(
     src: &Path,
     path: &Path,
     format: PackFormat,
-    threads: Option<usize>,
+    args: &CompareArgs,
 ) -> Result<()> {
     let stamp = stamp_path(path);
     if path.exists() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(fingerprint) {
@@ -648,7 +658,8 @@ fn ensure_packed(
     let _ = std::fs::remove_file(&stamp);
     eprintln!("packing {} into {} ...", src.display(), path.display());
     let options = PackOptions::default()
-        .with_threads(threads)
+        .with_threads(args.pack_threads)
+        .with_restart_markers(args.restart_markers)
         .with_mode(StartMode {
             resume: false,
             force: true,

@@ -141,9 +141,9 @@ fn every_format_warm_and_cold_with_table_json_and_chart() {
     let png = std::fs::read(out.join("chart.png")).expect("chart written");
     assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG file");
 
-    // A second run reuses the packs; a changed tree is packed again.
-    let again = |expect_reuse: bool| {
-        let o = compare(&[
+    // A second run reuses the packs; a changed tree, or --restart-markers, is packed again.
+    let again_with = |expect_reuse: bool, restart_markers: bool| {
+        let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![
             &src,
             &"--formats",
             &"lmdb",
@@ -154,7 +154,11 @@ fn every_format_warm_and_cold_with_table_json_and_chart() {
             &"--no-torch",
             &"--out",
             &out,
-        ]);
+        ];
+        if restart_markers {
+            args.push(&"--restart-markers");
+        }
+        let o = compare(&args);
         succeeded(&o);
         let err = text(&o.stderr);
         assert_eq!(
@@ -163,8 +167,21 @@ fn every_format_warm_and_cold_with_table_json_and_chart() {
             "{err}"
         );
         assert_eq!(err.contains("packing "), !expect_reuse, "{err}");
+        let packed: Vec<PathBuf> = walk(&out.join("packed"))
+            .into_iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "lmdb"))
+            .collect();
+        assert!(!packed.is_empty());
+        for path in packed {
+            let info = imagefeed::format::open(&path).unwrap().info().clone();
+            assert_eq!(info.restart_markers, restart_markers, "{}", path.display());
+        }
     };
+    let again = |expect_reuse: bool| again_with(expect_reuse, false);
     again(true);
+    again_with(false, true);
+    again_with(true, true);
+    again(false);
     let class = std::fs::read_dir(&src)
         .unwrap()
         .flatten()
