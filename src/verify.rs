@@ -242,32 +242,9 @@ impl Checker<'_> {
         let info = self.dataset.info();
         let resize = info.resized_short_side;
         match (info.payload, resize) {
-            // Rewritten losslessly with restart markers: other bytes, the same pixels.
-            (PayloadKind::Encoded, None)
-                if info.restart_markers && record.payload != src_bytes.as_slice() =>
-            {
-                let mut src_rgb = Vec::new();
-                match decoder.decode_rgb(&src_bytes, &mut src_rgb) {
-                    Err(e) => {
-                        problems.push(problem(record.key, format!("source does not decode: {e}")))
-                    }
-                    Ok(src) if (src.width, src.height) != (header.width, header.height) => problems
-                        .push(problem(
-                            record.key,
-                            format!(
-                                "stored {}x{}, the source is {}x{}",
-                                header.width, header.height, src.width, src.height
-                            ),
-                        )),
-                    Ok(_) if src_rgb != pixels => problems.push(problem(
-                        record.key,
-                        "pixels differ from the source's (the restart-marker rewrite is lossless)"
-                            .into(),
-                    )),
-                    Ok(_) => {}
-                }
-            }
-            (PayloadKind::Encoded, None) => {
+            // Stored as packed; JPEGs rewritten with restart markers hold other bytes, the same
+            // pixels, and are compared below.
+            (PayloadKind::Encoded, None) if !info.restart_markers => {
                 if record.payload != src_bytes.as_slice() {
                     problems.push(problem(
                         record.key,
@@ -318,12 +295,14 @@ impl Checker<'_> {
                         ));
                     }
                 } else if info.restart_markers {
-                    // Kept at its size and rewritten losslessly, or resized: the pixels tell
-                    // only for the former.
+                    // Kept at its size and rewritten losslessly (the same pixels), or resized:
+                    // the pixels tell only for the former.
                     if (ew, eh) == (src.width, src.height) && src_rgb != pixels {
                         problems.push(problem(
                             record.key,
-                            "pixels differ from the (unresized) source's".into(),
+                            "pixels differ from the (unresized) source's; the restart-marker \
+                             rewrite is lossless"
+                                .into(),
                         ));
                     }
                 } else if (ew, eh) == (src.width, src.height)

@@ -581,7 +581,7 @@ impl Decoder {
         region: Region,
         out: &mut Vec<u8>,
     ) -> Result<bool, DecodeError> {
-        let Some(segments) = restart::RestartSegments::parse(data) else {
+        let Some(segments) = jh.segments else {
             return Ok(false);
         };
         let Some(window) =

@@ -24,7 +24,7 @@
 //! [`add_restart_markers`]: super::turbo::add_restart_markers
 
 /// Where the pieces of a segmented JPEG are.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RestartSegments {
     /// Offset of the frame header's 16-bit image height (the width follows it).
     height_at: usize,
@@ -149,13 +149,6 @@ impl Frame {
         })
     }
 
-    /// The first frame header of `data` (any SOF type).
-    pub(crate) fn of(data: &[u8]) -> Option<Frame> {
-        Markers::of(data)
-            .find(|(marker, _, _)| is_frame(*marker))
-            .and_then(|(marker, _, payload)| Frame::parse(marker, payload))
-    }
-
     /// The MCU's size in pixels, as libjpeg lays out a scan of every component (one block for
     /// a single component, whatever its sampling factors say).
     pub(crate) fn mcu_size(&self) -> (u32, u32) {
@@ -172,53 +165,86 @@ fn is_frame(marker: u8) -> bool {
     (0xC0..=0xCF).contains(&marker) && !matches!(marker, 0xC4 | 0xC8 | 0xCC)
 }
 
-impl RestartSegments {
-    /// Parses `data`'s markers up to the scan; `None` unless it is a segmented JPEG as the
-    /// module docs describe.
-    pub(crate) fn parse(data: &[u8]) -> Option<RestartSegments> {
-        let mut frame: Option<(usize, Frame)> = None;
+/// What a JPEG's header segments say, from one walk over them: its frame header, and whether
+/// it is a segmented JPEG (the module docs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Layout {
+    /// The first frame header (any SOF type).
+    pub frame: Option<Frame>,
+    pub segments: Option<RestartSegments>,
+}
+
+impl Layout {
+    pub(crate) fn of(data: &[u8]) -> Layout {
+        let mut layout = Layout::default();
+        // Where the frame's height is, and whether it is baseline or extended sequential,
+        // Huffman-coded, 8 bits: segments are recognised in nothing else.
+        let mut height_at = 0;
+        let mut sequential = false;
         let mut interval = 0u32;
         for (marker, at, payload) in Markers::of(data) {
             match marker {
                 m if is_frame(m) => {
-                    // Baseline or extended sequential, Huffman-coded, 8 bits: nothing else.
-                    if frame.is_some() || !matches!(m, 0xC0 | 0xC1) || payload.first() != Some(&8) {
-                        return None;
+                    if layout.frame.is_some() {
+                        return layout; // a second frame: no file of ours
                     }
-                    let parsed = Frame::parse(m, payload)?;
-                    if parsed.width == 0 || parsed.height == 0 {
-                        return None;
-                    }
-                    frame = Some((at + 1, parsed));
+                    layout.frame = Frame::parse(m, payload);
+                    height_at = at + 1;
+                    sequential = matches!(m, 0xC0 | 0xC1) && payload.first() == Some(&8);
                 }
-                0xDD => interval = u16::from_be_bytes([*payload.first()?, *payload.get(1)?]) as u32,
+                0xDD => match payload {
+                    [high, low, ..] => interval = u16::from_be_bytes([*high, *low]) as u32,
+                    _ => return layout,
+                },
                 0xDA => {
-                    let (height_at, frame) = frame?;
-                    // One scan holding every component.
-                    if *payload.first()? != frame.components {
-                        return None;
-                    }
-                    let (mcu_width, mcu_height) = frame.mcu_size();
-                    let mcus = frame.width.div_ceil(mcu_width);
-                    if interval == 0 || !mcus.is_multiple_of(interval) {
-                        return None;
-                    }
-                    return Some(RestartSegments {
-                        height_at,
-                        width: frame.width,
-                        height: frame.height,
-                        mcu_width,
-                        mcu_height,
-                        interval,
-                        per_row: mcus / interval,
-                        rows: frame.height.div_ceil(mcu_height),
-                        data_start: at + payload.len(),
+                    layout.segments = layout.frame.filter(|_| sequential).and_then(|frame| {
+                        RestartSegments::of(frame, height_at, interval, payload, at)
                     });
+                    return layout;
                 }
                 _ => {}
             }
         }
-        None
+        layout
+    }
+}
+
+impl RestartSegments {
+    /// Parses `data`'s markers up to the scan; `None` unless it is a segmented JPEG as the
+    /// module docs describe.
+    pub(crate) fn parse(data: &[u8]) -> Option<RestartSegments> {
+        Layout::of(data).segments
+    }
+
+    /// The segments of a sequential scan of `frame` with restart `interval` (`height_at`: the
+    /// frame height's offset; `scan` the scan header's payload, at offset `scan_at`).
+    fn of(
+        frame: Frame,
+        height_at: usize,
+        interval: u32,
+        scan: &[u8],
+        scan_at: usize,
+    ) -> Option<RestartSegments> {
+        // One scan holding every component.
+        if frame.width == 0 || frame.height == 0 || *scan.first()? != frame.components {
+            return None;
+        }
+        let (mcu_width, mcu_height) = frame.mcu_size();
+        let mcus = frame.width.div_ceil(mcu_width);
+        if interval == 0 || !mcus.is_multiple_of(interval) {
+            return None;
+        }
+        Some(RestartSegments {
+            height_at,
+            width: frame.width,
+            height: frame.height,
+            mcu_width,
+            mcu_height,
+            interval,
+            per_row: mcus / interval,
+            rows: frame.height.div_ceil(mcu_height),
+            data_start: scan_at + scan.len(),
+        })
     }
 
     /// The window of segments that covers `x..x + width`, `y..y + height` of the image decoded

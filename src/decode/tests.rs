@@ -140,14 +140,24 @@ fn jpeg_420(w: u32, h: u32) -> Vec<u8> {
         ..Default::default()
     };
     let pixels = crate::synthetic::synthetic_pixels(&spec, 0, 0);
+    compress(&pixels, w, h, 90, turbojpeg::Subsamp::Sub2x2)
+}
+
+/// `w × h` pixels (RGB, or gray for `Subsamp::Gray`) as a libjpeg-turbo JPEG.
+fn compress(pixels: &[u8], w: u32, h: u32, quality: i32, subsamp: turbojpeg::Subsamp) -> Vec<u8> {
+    let gray = subsamp == turbojpeg::Subsamp::Gray;
     let image = turbojpeg::Image {
-        pixels: pixels.as_slice(),
+        pixels,
         width: w as usize,
-        pitch: w as usize * 3,
+        pitch: w as usize * if gray { 1 } else { 3 },
         height: h as usize,
-        format: turbojpeg::PixelFormat::RGB,
+        format: if gray {
+            turbojpeg::PixelFormat::GRAY
+        } else {
+            turbojpeg::PixelFormat::RGB
+        },
     };
-    turbojpeg::compress(image, 90, turbojpeg::Subsamp::Sub2x2)
+    turbojpeg::compress(image, quality, subsamp)
         .unwrap()
         .to_vec()
 }
@@ -339,18 +349,7 @@ fn noisy_jpeg(w: u32, h: u32, subsamp: turbojpeg::Subsamp) -> Vec<u8> {
             ((x * 3 + y * 5 + c * 80) as u8).wrapping_add(noise / 2)
         })
         .collect();
-    let image = turbojpeg::Image {
-        pixels: pixels.as_slice(),
-        width: w as usize,
-        pitch: (w * channels) as usize,
-        height: h as usize,
-        format: if gray {
-            turbojpeg::PixelFormat::GRAY
-        } else {
-            turbojpeg::PixelFormat::RGB
-        },
-    };
-    turbojpeg::compress(image, 92, subsamp).unwrap().to_vec()
+    compress(&pixels, w, h, 92, subsamp)
 }
 
 /// `--restart-markers`: a crop of a rewritten JPEG decodes from the segments around it only,
@@ -548,9 +547,9 @@ fn a_progressive_jpeg_is_rewritten_baseline_with_the_same_pixels() {
     let mut encoder = JpegEncoder::new(90, ChromaSubsampling::Half).unwrap();
     encoder.set_progressive(true).unwrap();
     let progressive = encoder.encode_rgb(&pixels, 300, 200).unwrap();
-    assert!(restart::Frame::of(&progressive).unwrap().marker == 0xC2);
+    assert!(restart::Layout::of(&progressive).frame.unwrap().marker == 0xC2);
     let rewritten = add_restart_markers(&progressive).unwrap();
-    assert_eq!(restart::Frame::of(&rewritten).unwrap().marker, 0xC0);
+    assert_eq!(restart::Layout::of(&rewritten).frame.unwrap().marker, 0xC0);
     assert!(restart::RestartSegments::parse(&rewritten).is_some());
     assert!(
         rewritten.len() < progressive.len() * 6 / 5,

@@ -25,6 +25,7 @@ use std::ptr::NonNull;
 use turbojpeg_sys as sys;
 
 use super::DecodeError;
+use super::restart::{Frame, Layout, RestartSegments};
 
 /// iMCU width in pixels for each `TJSAMP` (444, 422, 420, GRAY, 440, 411, 441): turbojpeg.h's
 /// `tjMCUWidth`, a header-only table that is not exported from the library.
@@ -41,6 +42,8 @@ pub(crate) struct JpegHeader {
     pub imcu_width: Option<u32>,
     /// Arithmetic-coded (rare): no lower bound on the bits per block.
     pub arithmetic: bool,
+    /// Where its restart segments are, when it is a segmented JPEG (`--restart-markers`).
+    pub segments: Option<RestartSegments>,
 }
 
 /// A rectangle of the *scaled* image, in pixels.
@@ -80,10 +83,18 @@ impl Drop for Turbo {
 /// valid files TurboJPEG classes as 4:4:4 or 4:4:0 whose components are all sampled 2x1, say
 /// ("Unexplained mismatch between specified and actual cropping region" otherwise). Both are
 /// powers of two: the larger satisfies both. `None` (decode whole) when either is unknown.
-fn imcu_width(data: &[u8], subsamp: libc::c_int) -> Option<u32> {
+fn imcu_width(frame: Option<Frame>, subsamp: libc::c_int) -> Option<u32> {
     let turbo = MCU_WIDTH.get(usize::try_from(subsamp).ok()?).copied()?;
-    let (file, _) = super::restart::Frame::of(data)?.mcu_size();
+    let (file, _) = frame?.mcu_size();
     (turbo.is_power_of_two() && file.is_power_of_two()).then_some(turbo.max(file))
+}
+
+/// The error of the call that just failed on the live `handle`, as TurboJPEG words it.
+fn last_error(handle: *mut std::ffi::c_void) -> DecodeError {
+    // SAFETY: `handle` is live; tj3GetErrorStr returns a NUL-terminated string owned by the
+    // handle (or a static one), copied here before the handle can be destroyed.
+    let message = unsafe { CStr::from_ptr(sys::tj3GetErrorStr(handle)) };
+    DecodeError::Jpeg(format!("TurboJPEG error: {}", message.to_string_lossy()))
 }
 
 /// `TJSCALED(dimension, M/8)`: libjpeg-turbo's rounding up.
@@ -128,13 +139,9 @@ impl Turbo {
     /// The error of the call that just failed on `handle`; the handle is then discarded, so
     /// whatever state the failure left it in cannot affect the next image.
     fn fail(&mut self, handle: *mut std::ffi::c_void) -> DecodeError {
-        // SAFETY: `handle` is the live handle; tj3GetErrorStr returns a NUL-terminated string
-        // owned by the handle (or a static one), copied here before the handle is destroyed.
-        let message = unsafe { CStr::from_ptr(sys::tj3GetErrorStr(handle)) }
-            .to_string_lossy()
-            .into_owned();
+        let error = last_error(handle);
         self.discard();
-        DecodeError::Jpeg(format!("TurboJPEG error: {message}"))
+        error
     }
 
     fn get(handle: *mut std::ffi::c_void, param: sys::TJPARAM) -> libc::c_int {
@@ -160,15 +167,17 @@ impl Turbo {
         if width <= 0 || height <= 0 {
             return Err(DecodeError::ZeroSized);
         }
-        let imcu_width = imcu_width(data, subsamp);
+        // One walk over the header segments for both.
+        let layout = Layout::of(data);
         self.header_of = Some((data.as_ptr() as usize, data.len()));
         Ok(JpegHeader {
             width: width as u32,
             height: height as u32,
             cmyk: colorspace == sys::TJCS_TJCS_CMYK as libc::c_int
                 || colorspace == sys::TJCS_TJCS_YCCK as libc::c_int,
-            imcu_width,
+            imcu_width: imcu_width(layout.frame, subsamp),
             arithmetic,
+            segments: layout.segments,
         })
     }
 
@@ -350,11 +359,7 @@ pub(crate) fn add_restart_markers(data: &[u8]) -> Result<Vec<u8>, DecodeError> {
             unsafe { sys::tj3Destroy(self.0.as_ptr()) };
         }
     }
-    let error = |handle: &Handle| {
-        // SAFETY: live handle; the message is copied before the handle is destroyed.
-        let message = unsafe { CStr::from_ptr(sys::tj3GetErrorStr(handle.0.as_ptr())) };
-        DecodeError::Jpeg(format!("TurboJPEG error: {}", message.to_string_lossy()))
-    };
+    let error = |handle: &Handle| last_error(handle.0.as_ptr());
     // SAFETY: tj3Init has no preconditions; a null result is handled.
     let handle = NonNull::new(unsafe { sys::tj3Init(sys::TJINIT_TJINIT_TRANSFORM as libc::c_int) })
         .map(Handle)
@@ -366,16 +371,15 @@ pub(crate) fn add_restart_markers(data: &[u8]) -> Result<Vec<u8>, DecodeError> {
         return Err(error(&handle));
     }
     let subsamp = Turbo::get(h, sys::TJPARAM_TJPARAM_SUBSAMP);
+    let frame = Layout::of(data).frame;
     // A subsampling TurboJPEG cannot class is one it will not crop: markers would not help.
-    if imcu_width(data, subsamp).is_none() {
+    let (Some(frame), Some(_)) = (frame, imcu_width(frame, subsamp)) else {
         return Err(DecodeError::Jpeg(
             "its chroma subsampling is one TurboJPEG decodes only whole: restart markers \
              would not speed up its crops"
                 .into(),
         ));
-    }
-    let frame = super::restart::Frame::of(data)
-        .ok_or_else(|| DecodeError::Jpeg("no frame header".into()))?;
+    };
     let (mcu_width, _) = frame.mcu_size();
     let interval = restart_interval(frame.width.max(1).div_ceil(mcu_width), mcu_width);
     for (param, value) in [
@@ -519,6 +523,7 @@ mod tests {
             cmyk: false,
             imcu_width: Some(16),
             arithmetic: false,
+            segments: None,
         };
         // Full scale: step 16. x = 37 -> 32, offset 5.
         let (r, dx) = aligned_region(&header, 8, 37, 10, 100, 50).unwrap();

@@ -46,20 +46,16 @@ pub(crate) fn open(
     let mut gone = Vec::new();
     for entry in &index.shards {
         let object = match (find(&entry.raw.0)?, &entry.zip) {
-            (Some(raw), _) => (raw, None),
-            (None, Some((zip_name, compression))) => match find(zip_name)? {
-                Some(zip) => (zip, Some(*compression)),
-                None => {
-                    gone.push(entry.raw.0.clone());
-                    continue;
-                }
-            },
-            (None, None) => {
-                gone.push(entry.raw.0.clone());
-                continue;
+            (Some(raw), _) => Some((raw, None)),
+            (None, Some((zip_name, compression))) => {
+                find(zip_name)?.map(|zip| (zip, Some(*compression)))
             }
+            (None, None) => None,
         };
-        wanted.push((object, entry));
+        match object {
+            Some(object) => wanted.push((object, entry)),
+            None => gone.push(entry.raw.0.clone()),
+        }
     }
     let mut notices = index.notes.clone();
     let missing = crate::format::shards::listed_members_missing(

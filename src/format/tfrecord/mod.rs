@@ -123,13 +123,6 @@ struct Manifest {
     shards: Vec<ShardEntry>,
     #[serde(flatten)]
     info: DatasetInfo,
-    /// Shards the manifest lists that were not found, when the dataset was opened with them
-    /// allowed missing (filled in by the reader; never written).
-    #[serde(skip)]
-    missing: crate::format::shards::MissingShards,
-    /// The notice that says so (never written).
-    #[serde(skip)]
-    notices: Vec<String>,
 }
 
 /// True when the directory `path` is a records dataset or staging directory an imagefeed writer

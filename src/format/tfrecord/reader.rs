@@ -341,7 +341,7 @@ fn open_ours(dir: &Path, manifest_path: &Path, allow_missing: bool) -> Result<Re
         fs::symlink_metadata(dir.join(&entry.file))
             .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
     };
-    let manifest = drop_missing_shards(dir, manifest, allow_missing, gone)?;
+    let (manifest, dropped) = drop_missing_shards(dir, manifest, allow_missing, gone)?;
     let mut shards = Vec::with_capacity(manifest.shards.len());
     let mut lens = Vec::with_capacity(manifest.shards.len());
     for entry in &manifest.shards {
@@ -381,7 +381,7 @@ fn open_ours(dir: &Path, manifest_path: &Path, allow_missing: bool) -> Result<Re
             }
         }
     }
-    assemble_ours(dir, manifest_path, manifest, shards, &lens)
+    assemble_ours(dir, manifest_path, manifest, dropped, shards, &lens)
 }
 
 /// One shard's records from its index, checked against what the manifest says of the shard
@@ -423,42 +423,53 @@ pub(super) fn entry_records(
 /// checked to hold what it says. A shard shorter than the manifest lists is a notice and
 /// counts in [`Dataset::cut_shards`]: its last records are bad records, and `inspect` does not
 /// call the dataset complete.
-/// A manifest of ours less the shards for which `gone` is true (missing from where the
-/// manifest says they are), when `allow_missing`; else those shards are
-/// [`ShardSetProblem::Missing`](crate::format::shards::ShardSetProblem::Missing), naming them.
-/// What was dropped is kept in the manifest (`missing`, with its notice) for [`assemble_ours`].
+/// The shards a manifest of ours lists that are gone
+/// ([`ShardSetProblem::Missing`](crate::format::shards::ShardSetProblem::Missing) naming them,
+/// unless `allow_missing`), and the notice that says so.
+pub(super) struct Dropped {
+    pub missing: crate::format::shards::MissingShards,
+    pub notices: Vec<String>,
+}
+
+/// `manifest` less the shards for which `gone` is true (missing from where it says they are),
+/// when `allow_missing`; else those shards are an error naming them.
 pub(super) fn drop_missing_shards(
     dir: &Path,
     mut manifest: Manifest,
     allow_missing: bool,
     gone: impl Fn(&super::ShardEntry) -> bool,
-) -> Result<Manifest> {
+) -> Result<(Manifest, Dropped)> {
     let expected = manifest.shards.len();
     let (missing, present): (Vec<_>, Vec<_>) = manifest.shards.into_iter().partition(&gone);
-    manifest.missing = crate::format::shards::listed_members_missing(
+    let mut notices = Vec::new();
+    let missing = crate::format::shards::listed_members_missing(
         dir,
         missing.into_iter().map(|e| e.file).collect(),
         expected,
         allow_missing,
-        &mut manifest.notices,
+        &mut notices,
     )?;
-    if !manifest.missing.is_empty() {
+    if !missing.is_empty() {
         // The dataset info describes the whole pack; what is left is what the remaining
         // shards' entries count.
         manifest.info.num_samples = present.iter().map(|e| e.records).sum();
     }
     manifest.shards = present;
-    Ok(manifest)
+    Ok((manifest, Dropped { missing, notices }))
 }
 
 pub(super) fn assemble_ours(
     dir: &Path,
     manifest_path: &Path,
-    mut manifest: Manifest,
+    manifest: Manifest,
+    dropped: Dropped,
     shards: Vec<Shard>,
     lens: &[u64],
 ) -> Result<Records> {
-    let mut notices = std::mem::take(&mut manifest.notices);
+    let Dropped {
+        missing,
+        mut notices,
+    } = dropped;
     let mut cut_shards = 0;
     for ((entry, shard), &len) in manifest.shards.iter().zip(&shards).zip(lens) {
         if len < entry.bytes {
@@ -499,7 +510,7 @@ pub(super) fn assemble_ours(
             starts,
             notices,
             cut_shards,
-            missing_shards: manifest.missing,
+            missing_shards: missing,
         }),
     })
 }

@@ -88,9 +88,10 @@ pub(crate) fn open_ours(
     let text = store::get_small(&manifest_url, SMALL, Patience::Open)?;
     let manifest = parse_manifest(&label, &manifest_label, &text)?;
     let in_store = |name: &str| listing.iter().any(|o| o.url.file_name() == name);
-    let manifest = drop_missing_shards(&label, manifest, options.allow_missing_shards, |entry| {
-        !in_store(&entry.file)
-    })?;
+    let (manifest, dropped) =
+        drop_missing_shards(&label, manifest, options.allow_missing_shards, |entry| {
+            !in_store(&entry.file)
+        })?;
     let find = |name: &str| -> Result<ObjectInfo> {
         listing
             .iter()
@@ -122,7 +123,7 @@ pub(crate) fn open_ours(
         })
     })?;
     let lens: Vec<u64> = entries.iter().map(|(shard, _, _)| shard.size).collect();
-    assemble_ours(&label, &manifest_label, manifest, shards, &lens)
+    assemble_ours(&label, &manifest_label, manifest, dropped, shards, &lens)
 }
 
 /// Opens other tools' shards `objects` (named `name`), after the set checks found `set`;

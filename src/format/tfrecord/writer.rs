@@ -257,8 +257,6 @@ impl DatasetWriter for RecordsWriter {
             label_base: self.staged.label_base,
             shards: self.staged.shards.iter().map(|(e, _)| e.clone()).collect(),
             info: info.clone(),
-            missing: Default::default(),
-            notices: Vec::new(),
         };
         staging::write_file_atomically(
             &self.partial.join(MANIFEST),
