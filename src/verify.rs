@@ -239,31 +239,43 @@ impl Checker<'_> {
             problems.push(problem(record.key, format!("cannot read source: {e}")));
             return (Some(si), problems);
         }
+        let stored = (header.width, header.height);
+        if let Some(reason) = self.against_source(decoder, &record, stored, &pixels, &src_bytes) {
+            problems.push(problem(record.key, reason));
+        }
+        (Some(si), problems)
+    }
+
+    /// Why a record that decodes (to `stored` size and `pixels`) does not hold what its source
+    /// file (`src_bytes`) should have become, if it does not: the same bytes when stored as
+    /// packed, else the same size and, where the pack kept the pixels, the same pixels.
+    fn against_source(
+        &self,
+        decoder: &mut Decoder,
+        record: &crate::Record<'_>,
+        (width, height): (u32, u32),
+        pixels: &[u8],
+        src_bytes: &[u8],
+    ) -> Option<String> {
         let info = self.dataset.info();
         let resize = info.resized_short_side;
         match (info.payload, resize) {
             // Stored as packed; JPEGs rewritten with restart markers hold other bytes, the same
             // pixels, and are compared below.
             (PayloadKind::Encoded, None) if !info.restart_markers => {
-                if record.payload != src_bytes.as_slice() {
-                    problems.push(problem(
-                        record.key,
-                        format!(
-                            "payload ({} bytes) differs from the source file ({} bytes)",
-                            record.payload.len(),
-                            src_bytes.len()
-                        ),
+                if record.payload != src_bytes {
+                    return Some(format!(
+                        "payload ({} bytes) differs from the source file ({} bytes)",
+                        record.payload.len(),
+                        src_bytes.len()
                     ));
                 }
             }
             (payload, _) => {
                 let mut src_rgb = Vec::new();
-                let src = match decoder.decode_rgb(&src_bytes, &mut src_rgb) {
+                let src = match decoder.decode_rgb(src_bytes, &mut src_rgb) {
                     Ok(h) => h,
-                    Err(e) => {
-                        problems.push(problem(record.key, format!("source does not decode: {e}")));
-                        return (Some(si), problems);
-                    }
+                    Err(e) => return Some(format!("source does not decode: {e}")),
                 };
                 let (ew, eh) = match resize {
                     Some(s) if src.width.min(src.height) > s => {
@@ -271,14 +283,8 @@ impl Checker<'_> {
                     }
                     _ => (src.width, src.height),
                 };
-                if (header.width, header.height) != (ew, eh) {
-                    problems.push(problem(
-                        record.key,
-                        format!(
-                            "stored {}x{}, expected {ew}x{eh}",
-                            header.width, header.height
-                        ),
-                    ));
+                if (width, height) != (ew, eh) {
+                    return Some(format!("stored {width}x{height}, expected {ew}x{eh}"));
                 } else if payload == PayloadKind::RawRgb8 {
                     let expected = if (ew, eh) == (src.width, src.height) {
                         src_rgb
@@ -289,32 +295,23 @@ impl Checker<'_> {
                     };
                     if RawImage::parse(record.payload).map(|(_, _, p)| p) != Ok(expected.as_slice())
                     {
-                        problems.push(problem(
-                            record.key,
-                            "raw pixels differ from the decoded source".into(),
-                        ));
+                        return Some("raw pixels differ from the decoded source".into());
                     }
                 } else if info.restart_markers {
                     // Kept at its size and rewritten losslessly (the same pixels), or resized:
                     // the pixels tell only for the former.
                     if (ew, eh) == (src.width, src.height) && src_rgb != pixels {
-                        problems.push(problem(
-                            record.key,
+                        return Some(
                             "pixels differ from the (unresized) source's; the restart-marker \
                              rewrite is lossless"
                                 .into(),
-                        ));
+                        );
                     }
-                } else if (ew, eh) == (src.width, src.height)
-                    && record.payload != src_bytes.as_slice()
-                {
-                    problems.push(problem(
-                        record.key,
-                        "payload differs from the (unresized) source file".into(),
-                    ));
+                } else if (ew, eh) == (src.width, src.height) && record.payload != src_bytes {
+                    return Some("payload differs from the (unresized) source file".into());
                 }
             }
         }
-        (Some(si), problems)
+        None
     }
 }
