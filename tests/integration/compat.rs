@@ -7,10 +7,10 @@ use std::fs;
 use std::path::Path;
 
 use imagefeed::dataset::Dataset as _;
-use imagefeed::format;
 use imagefeed::format::folder::ImageFolder;
 use imagefeed::loader::{BadSamplePolicy, Loader, LoaderConfig};
 use imagefeed::transform::Transform;
+use imagefeed::{Error, format};
 use support::{
     BROKEN, fixture_records_without_broken, fixture_root, pack_lmdb, python_rows, python_with,
     records, small_options,
@@ -319,9 +319,9 @@ fn h5py_pixel_arrays_read_as_raw_images_chunked_or_contiguous() {
         .collect();
     assert_eq!(pixels, want);
     // Wrong names are a clear error listing what the file has.
-    let err = format::open(compat("h5py-pixels.h5"))
-        .unwrap_err()
-        .to_string();
+    let err = format::open(compat("h5py-pixels.h5")).unwrap_err();
+    assert!(matches!(err, Error::NotADataset { .. }), "{err:?}");
+    let err = err.to_string();
     assert!(
         err.contains("h5py-pixels.h5") && err.contains("pixels, targets"),
         "{err}"
@@ -422,7 +422,9 @@ fn tfrecord_shards_without_an_index_get_one_in_memory_saved_on_request_and_read_
     let base2 = Records::open_with(&shards, &base2).unwrap();
     let mut reader = base2.open_reader().unwrap();
     let first = expected.iter().position(|r| r.1 == 0).unwrap();
-    let err = reader.read(first).unwrap_err().to_string();
+    let err = reader.read(first).unwrap_err();
+    assert!(matches!(err, Error::CorruptRecord { .. }), "{err:?}");
+    let err = err.to_string();
     assert!(
         err.contains("train-00000-of-00002") && err.contains("label 1 is below the label base 2"),
         "{err}"

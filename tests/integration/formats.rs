@@ -124,7 +124,9 @@ fn hdf5_offsets_past_the_data_and_truncated_files_are_reported() {
     pack_as(&fixture_root(), &cut, PackFormat::Hdf5, &small_options());
     let bytes = fs::read(&cut).unwrap();
     fs::write(&cut, &bytes[..bytes.len() * 3 / 4]).unwrap();
-    let err = format::open(&cut).unwrap_err().to_string();
+    let err = format::open(&cut).unwrap_err();
+    assert!(matches!(err, Error::Hdf5 { .. }), "{err:?}");
+    let err = err.to_string();
     assert!(err.contains("cut.h5"), "{err}");
 
     let garbage = dir.path().join("garbage.h5");
@@ -184,15 +186,18 @@ fn corrupt_and_truncated_shards_are_bad_samples_naming_shard_and_record() {
 
     let dataset = format::open(&path).unwrap();
     let mut reader = dataset.open_reader().unwrap();
-    let err = reader.read(5).unwrap_err().to_string();
+    let err = reader.read(5).unwrap_err();
+    assert!(matches!(err, Error::CorruptRecord { .. }), "{err:?}");
+    let err = err.to_string();
     assert!(
         err.contains(&shard.file_name().unwrap().to_string_lossy().to_string())
             && err.contains("record 5 (")
             && err.contains("CRC"),
         "{err}"
     );
-    let err = reader.read(15).unwrap_err().to_string();
-    assert!(err.contains("truncated"), "{err}");
+    let err = reader.read(15).unwrap_err();
+    assert!(matches!(err, Error::CorruptRecord { .. }), "{err:?}");
+    assert!(err.to_string().contains("truncated"), "{err}");
     assert!(reader.read(4).is_ok() && reader.read(6).is_ok());
 
     // The loader skips both and reports them by index; the epoch completes (2 of 16 is over
@@ -286,19 +291,23 @@ fn a_split_conversion_joins_into_exactly_the_unsplit_dataset() {
     // Missing and repeated parts, parts of another conversion, and whole datasets are refused.
     let out = dir.path().join("never.lmdb");
     let join = |parts: &[PathBuf]| {
-        pack::join(parts, &out, PackFormat::Lmdb, &small_options(), &NoProgress)
-            .unwrap_err()
-            .to_string()
+        pack::join(parts, &out, PackFormat::Lmdb, &small_options(), &NoProgress).unwrap_err()
     };
     let err = join(&parts[..3]);
-    assert!(err.contains("missing: [0]"), "{err}");
+    assert!(
+        matches!(err, Error::Config(_)) && err.to_string().contains("missing: [0]"),
+        "{err:?}"
+    );
     let err = join(&[
         parts[0].clone(),
         parts[0].clone(),
         parts[1].clone(),
         parts[2].clone(),
     ]);
-    assert!(err.contains("given twice: [3]"), "{err}");
+    assert!(
+        matches!(err, Error::Config(_)) && err.to_string().contains("given twice: [3]"),
+        "{err:?}"
+    );
     let other = dir.path().join("other-part.lmdb");
     let other_src = dir.path().join("other-src");
     support::copy_tree(&src, &other_src);
@@ -311,9 +320,17 @@ fn a_split_conversion_joins_into_exactly_the_unsplit_dataset() {
     );
     let mixed = [parts[0].clone(), parts[1].clone(), parts[2].clone(), other];
     let err = join(&mixed);
-    assert!(err.contains("parts of different conversions"), "{err}");
+    assert!(
+        matches!(err, Error::NotADataset { .. })
+            && err.to_string().contains("parts of different conversions"),
+        "{err:?}"
+    );
     let err = join(std::slice::from_ref(&whole));
-    assert!(err.contains("not a part of a split conversion"), "{err}");
+    assert!(
+        matches!(err, Error::NotADataset { .. })
+            && err.to_string().contains("not a part of a split conversion"),
+        "{err:?}"
+    );
     assert!(!out.exists());
 
     // A part index past the count is a configuration error, not a panic.
@@ -843,6 +860,7 @@ fn an_unindexed_shard_damaged_anywhere_keeps_every_good_record_and_saves_no_inde
                     }
                     Err(e) => {
                         assert_eq!(i, bad_index, "{what}: {e}");
+                        assert!(matches!(e, Error::CorruptRecord { .. }), "{what}: {e:?}");
                         let message = e.to_string();
                         assert!(
                             message.contains("train-00000-of-00001")
@@ -883,7 +901,9 @@ fn an_unindexed_shard_damaged_anywhere_keeps_every_good_record_and_saves_no_inde
     let text = fs::read_to_string(&index).unwrap();
     let short: String = text.lines().take(5).map(|l| format!("{l}\n")).collect();
     fs::write(&index, short).unwrap();
-    let err = format::open(&clean).unwrap_err().to_string();
+    let err = format::open(&clean).unwrap_err();
+    assert!(matches!(err, Error::NotADataset { .. }), "{err:?}");
+    let err = err.to_string();
     assert!(
         err.contains("train-00000-of-00001.index") && err.contains("delete the index"),
         "{err}"
@@ -903,7 +923,9 @@ fn bytes_appended_to_a_shard_of_ours_are_refused() {
     let shard = path.join("shard-00000.tfrecord");
     // Bytes appended: the manifest no longer describes the shard.
     append_garbage(&shard);
-    let err = format::open(&path).unwrap_err().to_string();
+    let err = format::open(&path).unwrap_err();
+    assert!(matches!(err, Error::NotADataset { .. }), "{err:?}");
+    let err = err.to_string();
     assert!(
         err.contains("shard-00000.index") && err.contains("was changed"),
         "{err}"
@@ -1236,7 +1258,9 @@ fn version_1_hdf5_files_still_read(dir: &Path) {
         .unwrap()
         .unlink("checksums")
         .unwrap();
-    let err = format::open(&no_sums).unwrap_err().to_string();
+    let err = format::open(&no_sums).unwrap_err();
+    assert!(matches!(err, Error::Hdf5 { .. }), "{err:?}");
+    let err = err.to_string();
     assert!(
         err.contains("v2-no-sums.h5") && err.contains("checksums"),
         "{err}"

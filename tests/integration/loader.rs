@@ -693,7 +693,9 @@ fn mixed_sizes_without_resizing_name_both_samples() {
     let mut cfg = config(Transform::cifar(), 2, 2);
     cfg.sampling.shuffle = false;
     let loader = Loader::new(format::open(&src).unwrap(), cfg.clone()).unwrap();
-    let err = loader.epoch(0).find_map(Result::err).unwrap().to_string();
+    let err = loader.epoch(0).find_map(Result::err).unwrap();
+    assert!(matches!(err, Error::ShapeMismatch { .. }), "{err:?}");
+    let err = err.to_string();
     assert!(
         err.contains("a/img00000.jpg") && err.contains("24x16"),
         "{err}"

@@ -279,6 +279,7 @@ fn wrong_buckets_endpoints_and_half_uploads_fail_fast_saying_which() {
     // A bucket that does not exist.
     let started = Instant::now();
     let err = format::open_with("s3://no-such-bucket-here/x", &options).unwrap_err();
+    assert!(matches!(err, Error::Remote { .. }), "{err:?}");
     assert!(
         err.to_string().contains("s3://no-such-bucket-here"),
         "{err}"

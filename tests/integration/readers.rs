@@ -354,7 +354,9 @@ fn files_that_are_not_datasets_are_refused_clearly() {
     let dir = tempfile::tempdir().unwrap();
     let garbage = dir.path().join("garbage.lmdb");
     fs::write(&garbage, vec![0x42u8; 10_000]).unwrap();
-    let err = format::open(&garbage).unwrap_err().to_string();
+    let err = format::open(&garbage).unwrap_err();
+    assert!(matches!(err, Error::NotADataset { .. }), "{err:?}");
+    let err = err.to_string();
     assert!(
         err.contains("garbage.lmdb") && err.contains("neither a directory"),
         "{err}"
@@ -374,7 +376,9 @@ fn files_that_are_not_datasets_are_refused_clearly() {
     let bytes = fs::read(&cut).unwrap();
     fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
     assert!(format::lmdb::has_magic(&cut).unwrap());
-    let err = format::open(&cut).unwrap_err().to_string();
+    let err = format::open(&cut).unwrap_err();
+    assert!(matches!(err, Error::NotADataset { .. }), "{err:?}");
+    let err = err.to_string();
     assert!(
         err.contains("cut.lmdb") && err.contains("truncated"),
         "{err}"
@@ -405,7 +409,9 @@ fn a_truncated_lmdb_is_an_error_not_a_crash() {
     pack_lmdb(&src, &path, &small_options());
     let full = fs::read(&path).unwrap();
     fs::write(&path, &full[..full.len() / 2]).unwrap();
-    let err = Lmdb::open(&path).unwrap_err().to_string();
+    let err = Lmdb::open(&path).unwrap_err();
+    assert!(matches!(err, Error::NotADataset { .. }), "{err:?}");
+    let err = err.to_string();
     assert!(
         err.contains("cut.lmdb") && err.contains("truncated"),
         "{err}"
@@ -446,6 +452,10 @@ fn an_lmdb_from_a_newer_layout_is_refused() {
         env.prepare_for_closing().wait();
     }
     let _ = fs::remove_file(dir.path().join("future.lmdb-lock"));
-    let err = Lmdb::open(&path).unwrap_err().to_string();
-    assert!(err.contains("layout version 99 is newer"), "{err}");
+    let err = Lmdb::open(&path).unwrap_err();
+    assert!(
+        matches!(err, Error::NotADataset { .. })
+            && err.to_string().contains("layout version 99 is newer"),
+        "{err:?}"
+    );
 }

@@ -321,7 +321,9 @@ fn hostile_h5py_labels_are_bad_records_and_float_labels_are_refused() {
             .create("labels")
             .unwrap();
     });
-    let err = format::open(&path).unwrap_err().to_string();
+    let err = format::open(&path).unwrap_err();
+    assert!(matches!(err, Error::NotADataset { .. }), "{err:?}");
+    let err = err.to_string();
     assert!(
         err.contains("float.h5") && err.contains("labels must be integers"),
         "{err}"
@@ -335,7 +337,9 @@ fn hostile_h5py_labels_are_bad_records_and_float_labels_are_refused() {
             .create("labels")
             .unwrap();
     });
-    let err = format::open(&path).unwrap_err().to_string();
+    let err = format::open(&path).unwrap_err();
+    assert!(matches!(err, Error::NotADataset { .. }), "{err:?}");
+    let err = err.to_string();
     assert!(
         err.contains("shape.h5") && err.contains("declares shape"),
         "{err}"
