@@ -58,7 +58,7 @@ pub(crate) struct Region {
 /// A TurboJPEG decompression handle. `Send`, not `Sync`: one per worker.
 pub(crate) struct Turbo {
     /// `None` after a failed call (see the module docs); made again on the next call.
-    handle: Option<NonNull<std::ffi::c_void>>,
+    handle: Option<Handle>,
     /// Where rows are decoded when `out`'s own rows would be streamed (see
     /// [`STREAMED_ROW_ALIGNMENT`]); at most [`MAX_STAGED_BYTES`] plus the alignment.
     staging: Vec<u8>,
@@ -67,15 +67,33 @@ pub(crate) struct Turbo {
     header_of: Option<(usize, usize)>,
 }
 
+/// A TurboJPEG handle (`tj3Init`), destroyed when dropped.
+struct Handle(NonNull<std::ffi::c_void>);
+
+impl Handle {
+    /// A new handle for `init` (decompressing, transforming).
+    fn new(init: sys::TJINIT) -> Result<Handle, DecodeError> {
+        // SAFETY: tj3Init has no preconditions; a null result is handled.
+        NonNull::new(unsafe { sys::tj3Init(init as libc::c_int) })
+            .map(Handle)
+            .ok_or_else(|| DecodeError::Jpeg("cannot create a TurboJPEG handle".into()))
+    }
+
+    fn as_ptr(&self) -> *mut std::ffi::c_void {
+        self.0.as_ptr()
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from tj3Init and is destroyed exactly once, here.
+        unsafe { sys::tj3Destroy(self.0.as_ptr()) };
+    }
+}
+
 // SAFETY: a TurboJPEG handle has no thread affinity; it must only not be used from two threads
 // at once, which `&mut self` on every call guarantees.
 unsafe impl Send for Turbo {}
-
-impl Drop for Turbo {
-    fn drop(&mut self) {
-        self.discard();
-    }
-}
 
 /// The width a cropping region's left edge must be a multiple of, at full scale: TurboJPEG
 /// checks it against its subsampling class (`tjMCUWidth`), while libjpeg aligns the region to
@@ -115,25 +133,16 @@ impl Turbo {
 
     /// The live handle, made first if the last one was discarded.
     fn handle(&mut self) -> Result<*mut std::ffi::c_void, DecodeError> {
-        if let Some(handle) = self.handle {
-            return Ok(handle.as_ptr());
+        if self.handle.is_none() {
+            self.handle = Some(Handle::new(sys::TJINIT_TJINIT_DECOMPRESS)?);
         }
-        // SAFETY: tj3Init has no preconditions; a null result is handled.
-        let handle = unsafe { sys::tj3Init(sys::TJINIT_TJINIT_DECOMPRESS as libc::c_int) };
-        let handle = NonNull::new(handle)
-            .ok_or_else(|| DecodeError::Jpeg("cannot create a TurboJPEG handle".into()))?;
-        self.handle = Some(handle);
-        Ok(handle.as_ptr())
+        Ok(self.handle.as_ref().expect("made above").as_ptr())
     }
 
     /// Destroys the handle, if there is one.
     fn discard(&mut self) {
         self.header_of = None;
-        if let Some(handle) = self.handle.take() {
-            // SAFETY: the handle came from tj3Init and is destroyed exactly once (it was just
-            // taken out of `self.handle`).
-            unsafe { sys::tj3Destroy(handle.as_ptr()) };
-        }
+        self.handle = None;
     }
 
     /// The error of the call that just failed on `handle`; the handle is then discarded, so
@@ -352,23 +361,13 @@ pub(crate) fn restart_interval(mcus: u32, mcu_width: u32) -> u32 {
 /// `jpegtran -restart NB -optimize` does). A progressive or arithmetic-coded file comes out
 /// baseline and Huffman-coded. Markers (EXIF, ICC) are kept.
 pub(crate) fn add_restart_markers(data: &[u8]) -> Result<Vec<u8>, DecodeError> {
-    struct Handle(NonNull<std::ffi::c_void>);
-    impl Drop for Handle {
-        fn drop(&mut self) {
-            // SAFETY: made by tj3Init below, destroyed once, here.
-            unsafe { sys::tj3Destroy(self.0.as_ptr()) };
-        }
-    }
-    let error = |handle: &Handle| last_error(handle.0.as_ptr());
-    // SAFETY: tj3Init has no preconditions; a null result is handled.
-    let handle = NonNull::new(unsafe { sys::tj3Init(sys::TJINIT_TJINIT_TRANSFORM as libc::c_int) })
-        .map(Handle)
-        .ok_or_else(|| DecodeError::Jpeg("cannot create a TurboJPEG handle".into()))?;
-    let h = handle.0.as_ptr();
+    // Destroyed when this returns, after the last use of `h`.
+    let handle = Handle::new(sys::TJINIT_TJINIT_TRANSFORM)?;
+    let h = handle.as_ptr();
     // SAFETY: live handle; `data` is a live buffer of its length. tj3Transform then reuses the
     // header read here.
     if unsafe { sys::tj3DecompressHeader(h, data.as_ptr(), data.len() as sys::size_t) } != 0 {
-        return Err(error(&handle));
+        return Err(last_error(h));
     }
     let subsamp = Turbo::get(h, sys::TJPARAM_TJPARAM_SUBSAMP);
     let frame = Layout::of(data).frame;
@@ -396,7 +395,7 @@ pub(crate) fn add_restart_markers(data: &[u8]) -> Result<Vec<u8>, DecodeError> {
     ] {
         // SAFETY: live handle; each parameter applies to transforms and takes its value.
         if unsafe { sys::tj3Set(h, param as libc::c_int, value) } != 0 {
-            return Err(error(&handle));
+            return Err(last_error(h));
         }
     }
     let transform = sys::tjtransform {
@@ -430,7 +429,7 @@ pub(crate) fn add_restart_markers(data: &[u8]) -> Result<Vec<u8>, DecodeError> {
         // SAFETY: on success TurboJPEG wrote `len` bytes at `out`.
         Ok(unsafe { std::slice::from_raw_parts(out, len as usize) }.to_vec())
     } else {
-        Err(error(&handle))
+        Err(last_error(h))
     };
     if !out.is_null() {
         // SAFETY: `out` was allocated by TurboJPEG (tj3Alloc) in the call above.

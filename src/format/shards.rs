@@ -308,6 +308,12 @@ pub fn expand_selection(
     Ok((files, Vec::new()))
 }
 
+/// Whether nothing at all is at `path`, not even a dangling link: what makes a shard that a
+/// dataset's own index lists missing (any other failure to open one is an error naming it).
+pub(crate) fn is_gone(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+}
+
 /// For a dataset whose own index lists its shards (a records manifest, an MDS `index.json`):
 /// the shards it lists that are gone, `missing` of `expected`. None gone: nothing missing.
 /// Otherwise a [`ShardSetProblem::Missing`] naming them unless `allow_missing`, when they are

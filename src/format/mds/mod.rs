@@ -147,12 +147,8 @@ impl Mds {
         let index = Index::parse(&index_path, &text)?;
         let mut notices = Vec::new();
         let mut cache = None;
-        // A shard is missing when neither its file nor its compressed file is there at all
-        // (any other failure to open one is an error naming it).
-        let gone = |name: &str| {
-            fs::symlink_metadata(dir.join(name))
-                .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
-        };
+        // A shard is missing when neither its file nor its compressed file is there at all.
+        let gone = |name: &str| crate::format::shards::is_gone(&dir.join(name));
         let (present, absent): (Vec<_>, Vec<_>) = index.shards.iter().partition(|entry| {
             !gone(&entry.raw.0) || entry.zip.as_ref().is_some_and(|(zip, _)| !gone(zip))
         });

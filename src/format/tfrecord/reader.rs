@@ -335,13 +335,9 @@ pub(super) fn parse_manifest(dir: &Path, at: &Path, text: &[u8]) -> Result<Manif
 fn open_ours(dir: &Path, manifest_path: &Path, allow_missing: bool) -> Result<Records> {
     let text = fs::read(manifest_path).at(manifest_path)?;
     let manifest = parse_manifest(dir, manifest_path, &text)?;
-    // Only a shard that is not there at all counts as missing; any other failure to open one
-    // (permissions, a directory in its place) is an error naming it, as before.
-    let gone = |entry: &super::ShardEntry| {
-        fs::symlink_metadata(dir.join(&entry.file))
-            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
-    };
-    let (manifest, dropped) = drop_missing_shards(dir, manifest, allow_missing, gone)?;
+    let (manifest, dropped) = drop_missing_shards(dir, manifest, allow_missing, |entry| {
+        crate::format::shards::is_gone(&dir.join(&entry.file))
+    })?;
     let mut shards = Vec::with_capacity(manifest.shards.len());
     let mut lens = Vec::with_capacity(manifest.shards.len());
     for entry in &manifest.shards {
@@ -419,10 +415,6 @@ pub(super) fn entry_records(
     Ok(records)
 }
 
-/// Records of ours from its manifest and its shards (`lens`: each shard's length now),
-/// checked to hold what it says. A shard shorter than the manifest lists is a notice and
-/// counts in [`Dataset::cut_shards`]: its last records are bad records, and `inspect` does not
-/// call the dataset complete.
 /// The shards a manifest of ours lists that are gone
 /// ([`ShardSetProblem::Missing`](crate::format::shards::ShardSetProblem::Missing) naming them,
 /// unless `allow_missing`), and the notice that says so.
@@ -458,6 +450,10 @@ pub(super) fn drop_missing_shards(
     Ok((manifest, Dropped { missing, notices }))
 }
 
+/// Records of ours from its manifest and its shards (`lens`: each shard's length now),
+/// checked to hold what it says. A shard shorter than the manifest lists is a notice and
+/// counts in [`Dataset::cut_shards`]: its last records are bad records, and `inspect` does not
+/// call the dataset complete.
 pub(super) fn assemble_ours(
     dir: &Path,
     manifest_path: &Path,
