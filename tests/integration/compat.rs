@@ -13,7 +13,7 @@ use imagefeed::transform::Transform;
 use imagefeed::{Error, format};
 use support::{
     BROKEN, fixture_records_without_broken, fixture_root, pack_lmdb, python_rows, python_with,
-    records, small_options,
+    records, run_python_on_fixture_files, small_options,
 };
 
 fn compat(name: &str) -> std::path::PathBuf {
@@ -122,33 +122,7 @@ for protocol in range(6):
         print(path)
 "#;
     let expected = fixture_records_without_broken();
-    let source = ImageFolder::open(fixture_root()).unwrap();
-    let files: Vec<String> = expected
-        .iter()
-        .map(|(key, _, _)| {
-            let i = source.entries().iter().position(|e| &e.key == key).unwrap();
-            source.file_path(i).to_string_lossy().into_owned()
-        })
-        .collect();
-    let labels: Vec<String> = expected.iter().map(|r| r.1.to_string()).collect();
-    let output = std::process::Command::new(&python)
-        .arg("-c")
-        .arg(script)
-        .arg(dir.path())
-        .args(&files)
-        .env("LABELS", labels.join(","))
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let written: Vec<String> = String::from_utf8(output.stdout)
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect();
+    let written = run_python_on_fixture_files(&python, script, dir.path(), &expected);
     assert_eq!(written.len(), 12);
     let want: Vec<(u32, Vec<u8>)> = expected.into_iter().map(|(_, l, b)| (l, b)).collect();
     for path in written {

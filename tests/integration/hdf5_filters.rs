@@ -12,7 +12,9 @@ use imagefeed::decode::RawImage;
 use imagefeed::format::{self, OpenOptions};
 use imagefeed::loader::{BadSamplePolicy, Loader, LoaderConfig};
 use imagefeed::transform::Transform;
-use support::{fixture_records_without_broken, fixture_root, python_with, records, run_python};
+use support::{
+    fixture_records_without_broken, python_with, records, run_python, run_python_on_fixture_files,
+};
 
 /// Writes one file per filter into argv[1]: `N x 8 x 6 x 3` uint8 pixels (value
 /// `(i*7 + y*3 + x*5 + c) % 256`) and int64 labels `i % 3`, both through the filter; checks
@@ -132,35 +134,7 @@ fn expected_pixels(i: usize) -> Vec<u8> {
 fn write_files(dir: &Path) -> Option<Vec<String>> {
     let python = python_with("h5py, numpy")?;
     let rows = fixture_records_without_broken();
-    let source = imagefeed::format::folder::ImageFolder::open(fixture_root()).unwrap();
-    let files: Vec<String> = rows
-        .iter()
-        .map(|(key, _, _)| {
-            let index = source.entries().iter().position(|e| &e.key == key).unwrap();
-            source.file_path(index).to_string_lossy().into_owned()
-        })
-        .collect();
-    let labels: Vec<String> = rows.iter().map(|r| r.1.to_string()).collect();
-    let output = std::process::Command::new(python)
-        .arg("-c")
-        .arg(WRITE)
-        .arg(dir)
-        .args(&files)
-        .env("LABELS", labels.join(","))
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Some(
-        String::from_utf8(output.stdout)
-            .unwrap()
-            .lines()
-            .map(str::to_owned)
-            .collect(),
-    )
+    Some(run_python_on_fixture_files(&python, WRITE, dir, &rows))
 }
 
 #[test]

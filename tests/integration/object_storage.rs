@@ -32,23 +32,7 @@ fn reaching(server: &S3Server, dir: &Path) -> OpenOptions {
 
 /// 60 JPEGs packed as about 8 record shards of ours.
 fn packed_records(dir: &Path) -> std::path::PathBuf {
-    let src = dir.join("src");
-    let spec = SyntheticSpec {
-        classes: 3,
-        per_class: 20,
-        width: 16,
-        height: 12,
-        ..SyntheticSpec::default()
-    };
-    synthetic::write_image_folder(&src, &spec).unwrap();
-    let out = dir.join("local.records");
-    support::pack_as(
-        &src,
-        &out,
-        PackFormat::Records,
-        &small_options().with_shard_bytes(8 * 700),
-    );
-    out
+    support::packed_small_records(dir, "local.records")
 }
 
 fn digest(dataset: Arc<dyn Dataset>, window: Option<usize>) -> String {

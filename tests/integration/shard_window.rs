@@ -13,30 +13,11 @@ use imagefeed::Error;
 use imagefeed::dataset::Dataset;
 use imagefeed::format;
 use imagefeed::loader::{Loader, LoaderConfig, LoaderState};
-use imagefeed::pack::PackFormat;
-use imagefeed::synthetic::{self, SyntheticSpec};
 use imagefeed::transform::Transform;
-use support::small_options;
 
 /// 60 small JPEGs packed as record shards of about 8 samples each.
 fn shards(dir: &Path) -> Arc<dyn Dataset> {
-    let src = dir.join("src");
-    let spec = SyntheticSpec {
-        classes: 3,
-        per_class: 20,
-        width: 16,
-        height: 12,
-        ..SyntheticSpec::default()
-    };
-    synthetic::write_image_folder(&src, &spec).unwrap();
-    let out = dir.join("shards.records");
-    support::pack_as(
-        &src,
-        &out,
-        PackFormat::Records,
-        &small_options().with_shard_bytes(8 * 700),
-    );
-    format::open(&out).unwrap()
+    format::open(support::packed_small_records(dir, "shards.records")).unwrap()
 }
 
 fn config(workers: usize, window: Option<usize>) -> LoaderConfig {

@@ -14,7 +14,10 @@ use imagefeed::format::shards::ShardSetProblem;
 use imagefeed::format::{self, OpenOptions};
 use imagefeed::loader::{Loader, LoaderConfig};
 use imagefeed::transform::Transform;
-use support::{Row, fixture_records_without_broken, fixture_root, python_with, records};
+use support::{
+    Row, fixture_records_without_broken, fixture_root, python_with, records,
+    run_python_on_fixture_files,
+};
 
 /// The fixture tree's good files, as (key, label, bytes), in ImageFolder order.
 fn expected() -> Vec<Row> {
@@ -223,15 +226,6 @@ fn shards_written_by_the_webdataset_package_and_tarfile_read_like_their_source()
     };
     let dir = tempfile::tempdir().unwrap();
     let rows = expected();
-    let source = imagefeed::format::folder::ImageFolder::open(fixture_root()).unwrap();
-    let files: Vec<String> = rows
-        .iter()
-        .map(|(key, _, _)| {
-            let i = source.entries().iter().position(|e| &e.key == key).unwrap();
-            source.file_path(i).to_string_lossy().into_owned()
-        })
-        .collect();
-    let labels: Vec<String> = rows.iter().map(|r| r.1.to_string()).collect();
     // webdataset's ShardWriter (PAX headers, 6 samples a shard) and tarfile in GNU format with
     // keys longer than a ustar name holds.
     let script = r#"
@@ -254,19 +248,7 @@ with tarfile.open(os.path.join(out, "gnu", "long.tar"), "w", format=tarfile.GNU_
             info.size = len(data)
             t.addfile(info, io.BytesIO(data))
 "#;
-    let output = std::process::Command::new(&python)
-        .arg("-c")
-        .arg(script)
-        .arg(dir.path())
-        .args(&files)
-        .env("LABELS", labels.join(","))
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    run_python_on_fixture_files(&python, script, dir.path(), &rows);
     let want = labels_and_bytes(rows);
     for path in [dir.path().join("wds"), dir.path().join("gnu/long.tar")] {
         let dataset = format::open(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));

@@ -105,6 +105,28 @@ pub fn pack_as(src: &Path, out: &Path, format: PackFormat, options: &PackOptions
     pack::pack_image_folder(src, out, format, options, &NoProgress).expect("pack succeeds")
 }
 
+/// 60 small synthetic JPEGs (3 classes, 16x12) under `dir/src`, packed as record shards of
+/// about 8 samples each at `dir/name`; returns that path.
+pub fn packed_small_records(dir: &Path, name: &str) -> PathBuf {
+    let src = dir.join("src");
+    let spec = SyntheticSpec {
+        classes: 3,
+        per_class: 20,
+        width: 16,
+        height: 12,
+        ..SyntheticSpec::default()
+    };
+    imagefeed::synthetic::write_image_folder(&src, &spec).unwrap();
+    let out = dir.join(name);
+    pack_as(
+        &src,
+        &out,
+        PackFormat::Records,
+        &small_options().with_shard_bytes(8 * 700),
+    );
+    out
+}
+
 /// Copies a directory tree.
 pub fn copy_tree(src: &Path, dst: &Path) {
     fs::create_dir_all(dst).unwrap();
@@ -248,12 +270,43 @@ pub fn python_with(modules: &str) -> Option<String> {
 /// Runs the Python script `script` with `args`, failing the test (with its stderr) unless it
 /// succeeds; returns what it printed.
 pub fn run_python(python: &str, script: &str, args: &[&Path]) -> String {
-    let output = Command::new(python)
-        .arg("-c")
-        .arg(script)
-        .args(args)
-        .output()
-        .unwrap();
+    python_output(Command::new(python).arg("-c").arg(script).args(args))
+}
+
+/// Runs the Python script `script` as the cross-tool writers take their input: `out`, then the
+/// fixture file of each of `rows` (in order) as arguments, their labels comma-separated in
+/// `LABELS`; fails the test (with its stderr) unless it succeeds; returns its printed lines.
+pub fn run_python_on_fixture_files(
+    python: &str,
+    script: &str,
+    out: &Path,
+    rows: &[Row],
+) -> Vec<String> {
+    let source = imagefeed::format::folder::ImageFolder::open(fixture_root()).unwrap();
+    let files: Vec<PathBuf> = rows
+        .iter()
+        .map(|(key, _, _)| {
+            let i = source.entries().iter().position(|e| &e.key == key).unwrap();
+            source.file_path(i)
+        })
+        .collect();
+    let labels: Vec<String> = rows.iter().map(|r| r.1.to_string()).collect();
+    python_output(
+        Command::new(python)
+            .arg("-c")
+            .arg(script)
+            .arg(out)
+            .args(&files)
+            .env("LABELS", labels.join(",")),
+    )
+    .lines()
+    .map(str::to_owned)
+    .collect()
+}
+
+/// Runs `command`, failing the test (with its stderr) unless it succeeds; what it printed.
+fn python_output(command: &mut Command) -> String {
+    let output = command.output().unwrap();
     assert!(
         output.status.success(),
         "{}",
