@@ -150,6 +150,10 @@ struct LoadArgs {
     /// and start the loader again (both timed).
     #[arg(long)]
     cold: bool,
+    /// Open the dataset and start the loader again before each epoch (both timed), as `--cold`
+    /// does but without evicting anything: the warm baseline a `--cold` run is compared with.
+    #[arg(long)]
+    reopen: bool,
     /// Print JSON lines (start, one per timed epoch, stages) instead of text: what `compare`
     /// reads.
     #[arg(long)]
@@ -299,6 +303,7 @@ fn load(args: LoadArgs) -> Result<()> {
         ceiling_samples,
         warmup,
         cold,
+        reopen,
         json,
         ..
     } = args;
@@ -376,7 +381,11 @@ fn load(args: LoadArgs) -> Result<()> {
             first.batches_per_epoch(),
             t.output.dtype.name(),
             t.output.layout,
-            if cold { ", cold page cache" } else { "" }
+            match (cold, reopen) {
+                (true, _) => ", cold page cache",
+                (false, true) => ", reopened each epoch",
+                (false, false) => "",
+            }
         );
     }
     // Stage times of the timed epochs only: earlier loaders' totals plus the current loader's
@@ -390,7 +399,7 @@ fn load(args: LoadArgs) -> Result<()> {
             baseline = loader.as_ref().map(Loader::stats).unwrap_or_default();
             before = measure_references()?;
         }
-        let start = if cold {
+        let start = if cold || reopen {
             // The kernel keeps pages this process maps: close everything, evict, reopen.
             if let Some(done) = loader.take() {
                 if timed {
@@ -398,7 +407,9 @@ fn load(args: LoadArgs) -> Result<()> {
                 }
                 baseline = Stats::default();
             }
-            imagefeed::pagecache::evict(&dataset)?;
+            if cold {
+                imagefeed::pagecache::evict(&dataset)?;
+            }
             let start = Instant::now();
             loader = Some(Loader::new(open()?, config.clone())?);
             start
