@@ -35,10 +35,26 @@ pub trait BatchAllocator: Send + Sync {
 /// Alignment of [`AlignedBuffer`]s.
 pub const ALIGNMENT: usize = 64;
 
-/// A 64-byte-aligned, zero-initialized heap block.
+/// Buffers of at least this many bytes are mapped from the kernel on their own (see
+/// [`AlignedBuffer`]); smaller ones come from the heap.
+const MAPPED_FROM: usize = 1 << 20;
+
+/// The size of a transparent huge page on x86-64 and (with 4 KiB pages) arm64.
+const HUGE_PAGE: usize = 2 << 20;
+
+/// A 64-byte-aligned, zero-initialized block.
+///
+/// A batch buffer of 1 MiB or more is an anonymous mapping of its own, which the kernel hands
+/// out zeroed as it is first written, and whose whole 2 MiB stretches are marked for
+/// transparent huge pages (`MADV_HUGEPAGE`: the default "madvise" setting honours it). From
+/// the heap, a 64-byte-aligned zeroed block is an `aligned_alloc` plus a `memset` that faults
+/// in every 4 KiB page up front, before collate writes them all again: a new loader's first
+/// batches of CIFAR-size images spent ~5% of their CPU time there.
 pub struct AlignedBuffer {
     ptr: NonNull<u8>,
     len: usize,
+    /// Bytes mapped (`mmap`), or 0 for a heap block.
+    mapped: usize,
 }
 
 // SAFETY: the buffer owns its allocation exclusively; &self gives only shared reads and
@@ -57,18 +73,64 @@ impl AlignedBuffer {
     /// [`new`](Self::new), or `None` where the memory cannot be had (or `len` is past what a
     /// layout can hold).
     pub fn try_new(len: usize) -> Option<AlignedBuffer> {
+        if len >= MAPPED_FROM {
+            return AlignedBuffer::mapped(len);
+        }
         let layout = Layout::from_size_align(len.max(1), ALIGNMENT).ok()?;
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         Some(AlignedBuffer {
             ptr: NonNull::new(ptr)?,
             len,
+            mapped: 0,
+        })
+    }
+
+    /// `len` zeroed bytes in an anonymous mapping of their own (page-aligned, so 64-byte
+    /// aligned too), huge pages asked for where whole ones fit.
+    fn mapped(len: usize) -> Option<AlignedBuffer> {
+        // A multiple of the huge page size: the kernel then aligns the mapping's start to one
+        // (Linux 6.7+; elsewhere the advice covers what it can). The pages past `len` are never
+        // touched, so they cost address space only.
+        let mapped = len.checked_next_multiple_of(HUGE_PAGE)?;
+        Layout::from_size_align(mapped, ALIGNMENT).ok()?;
+        // SAFETY: a fresh private anonymous mapping; nothing else refers to the range.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                mapped,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return None;
+        }
+        // Only whole huge pages inside `len`: one over the tail would fault in 2 MiB for the
+        // last few bytes. Advice only; where it is refused, 4 KiB pages serve as well.
+        let start = (ptr as usize).next_multiple_of(HUGE_PAGE);
+        let end = (ptr as usize + len) / HUGE_PAGE * HUGE_PAGE;
+        if end > start {
+            // SAFETY: `start..end` lies inside the mapping just made.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+        }
+        Some(AlignedBuffer {
+            ptr: NonNull::new(ptr.cast())?,
+            len,
+            mapped,
         })
     }
 }
 
 impl Drop for AlignedBuffer {
     fn drop(&mut self) {
+        if self.mapped != 0 {
+            // SAFETY: `ptr` and `mapped` are exactly the mapping `mapped` made, unmapped once.
+            unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.mapped) };
+            return;
+        }
         let layout =
             Layout::from_size_align(self.len.max(1), ALIGNMENT).expect("same layout as allocated");
         // SAFETY: `ptr` came from `alloc_zeroed` with exactly this layout and is freed once.
@@ -337,6 +399,38 @@ mod tests {
             drop(pool.take(small));
         }
         assert_eq!(pool.allocations(), before);
+    }
+
+    #[test]
+    fn buffers_are_zeroed_aligned_and_writable_from_the_heap_and_mapped() {
+        for len in [
+            0,
+            1,
+            MAPPED_FROM - 1,
+            MAPPED_FROM,
+            HUGE_PAGE,
+            HUGE_PAGE + 1,
+            3 * HUGE_PAGE + 4099,
+        ] {
+            let mut buffer = AlignedBuffer::new(len);
+            assert_eq!(buffer.mapped != 0, len >= MAPPED_FROM, "{len} bytes");
+            if buffer.mapped != 0 {
+                assert!(buffer.mapped >= len && buffer.mapped.is_multiple_of(HUGE_PAGE));
+            }
+            assert!((buffer.as_slice().as_ptr() as usize).is_multiple_of(ALIGNMENT));
+            assert_eq!(buffer.as_slice().len(), len);
+            assert!(buffer.as_slice().iter().all(|&b| b == 0), "{len} bytes");
+            for (i, byte) in buffer.as_mut_slice().iter_mut().enumerate() {
+                *byte = (i % 251) as u8;
+            }
+            assert!(
+                buffer
+                    .as_slice()
+                    .iter()
+                    .enumerate()
+                    .all(|(i, &b)| b == (i % 251) as u8)
+            );
+        }
     }
 
     #[test]
