@@ -419,6 +419,71 @@ fn a_truncated_lmdb_is_an_error_not_a_crash() {
 }
 
 #[test]
+fn a_sample_whose_key_is_gone_is_a_bad_record_and_its_neighbours_still_read() {
+    // A fresh reader finds values by cursor runs over many samples at once (the LMDB reader's
+    // `sample_value`): a key that is missing, or one past the last sample, must neither shift
+    // the samples after it nor stop them from being found.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gap.lmdb");
+    let jpeg = fs::read(fixture_root().join("class00/img00000.jpg")).unwrap();
+    let keys: Vec<String> = (0..150).map(|i| format!("a/{i:03}.jpg")).collect();
+    let records: Vec<PackedRecord<'_>> = keys
+        .iter()
+        .map(|key| PackedRecord {
+            label: 0,
+            key,
+            payload: &jpeg,
+        })
+        .collect();
+    write_lmdb(&path, &["a"], &records);
+    let gone = 70u64;
+    {
+        let mut options = heed::EnvOpenOptions::new();
+        options.max_dbs(3);
+        // SAFETY: test-only; nothing else has this file open.
+        unsafe { options.flags(heed::EnvFlags::NO_SUB_DIR) };
+        // SAFETY: as above.
+        let env = unsafe { options.open(&path) }.unwrap();
+        let mut wtxn = env.write_txn().unwrap();
+        let samples: heed::Database<heed::types::Bytes, heed::types::Bytes> =
+            env.open_database(&wtxn, Some("samples")).unwrap().unwrap();
+        // Sample 70's value moves under the key of sample 1000: the count stays 150.
+        let value = samples
+            .get(&wtxn, &gone.to_be_bytes())
+            .unwrap()
+            .unwrap()
+            .to_vec();
+        assert!(samples.delete(&mut wtxn, &gone.to_be_bytes()).unwrap());
+        samples
+            .put(&mut wtxn, &1000u64.to_be_bytes(), &value)
+            .unwrap();
+        wtxn.commit().unwrap();
+        env.prepare_for_closing().wait();
+    }
+    let _ = fs::remove_file(dir.path().join("gap.lmdb-lock"));
+    let dataset = Lmdb::open(&path).unwrap();
+    let mut reader = dataset.open_reader().unwrap();
+    // Runs start at 0 (up to 63), 65 (past the gap) and 130 (up to the stray key); 70 is read
+    // after a run went over it, 64 is found by a run of its own, and all again once known.
+    for index in [0, 65, 71, 70, 130, 149, 64, 69, 0, 70, 149] {
+        match reader.read(index) {
+            Ok(record) => {
+                assert_ne!(index, gone as usize);
+                assert_eq!(record.key, keys[index], "sample {index}");
+                assert_eq!(record.payload, &jpeg[..], "sample {index}");
+            }
+            Err(err) => {
+                assert_eq!(index, gone as usize, "{err}");
+                assert!(
+                    matches!(err, Error::CorruptRecord { index: 70, .. }),
+                    "{err:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn an_lmdb_from_a_newer_layout_is_refused() {
     // Simulate a future writer by rewriting meta/info's version through heed directly.
     let dir = tempfile::tempdir().unwrap();
