@@ -2,8 +2,8 @@
 //!
 //! [`BatchAllocator`] is the one interface through which the loader gets memory, so a GPU feed can
 //! supply page-locked buffers and collate writes straight into them (no extra copy). The default,
-//! [`HeapAllocator`], gives 64-byte-aligned heap buffers (aligned for any element type and for
-//! SIMD). [`BufferPool`] keeps returned buffers and hands them out again: in steady state no
+//! [`HeapAllocator`], gives 64-byte-aligned [`AlignedBuffer`]s (aligned for any element type and
+//! for SIMD; from 1 MiB up, mappings of their own with huge pages). [`BufferPool`] keeps returned buffers and hands them out again: in steady state no
 //! batch allocates.
 
 use std::alloc::{Layout, dealloc};
@@ -158,7 +158,7 @@ fn out_of_memory(len: usize) -> ! {
     )
 }
 
-/// The default allocator: [`AlignedBuffer`]s on the heap.
+/// The default allocator: [`AlignedBuffer`]s.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct HeapAllocator;
 
