@@ -124,20 +124,10 @@ pub fn prefetch_if_it_fits(file: &fs::File) -> bool {
     unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_WILLNEED) == 0 }
 }
 
-/// The system's memory page size in bytes (4096 if it cannot be read).
-pub(crate) fn page_size() -> usize {
-    // SAFETY: sysconf with a valid name has no preconditions.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    usize::try_from(size)
-        .ok()
-        .filter(|&s| s > 0)
-        .unwrap_or(4096)
-}
-
 /// Counts how much of the files at or below `path` is in the page cache.
 pub fn residency(path: impl AsRef<Path>) -> Result<CacheStats> {
     let path = path.as_ref();
-    let page = page_size() as u64;
+    let page = crate::pool::page_size() as u64;
     let mut stats = CacheStats::default();
     let mut vec = Vec::new();
     for file_path in files_under(path)? {

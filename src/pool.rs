@@ -89,16 +89,18 @@ impl AlignedBuffer {
     /// `len` zeroed bytes in an anonymous mapping of their own (page-aligned, so 64-byte
     /// aligned too), huge pages asked for where whole ones fit.
     fn mapped(len: usize) -> Option<AlignedBuffer> {
-        // A multiple of the huge page size: the kernel then aligns the mapping's start to one
-        // (Linux 6.7+; elsewhere the advice covers what it can). The pages past `len` are never
-        // touched, so they cost address space only.
-        let mapped = len.checked_next_multiple_of(HUGE_PAGE)?;
-        Layout::from_size_align(mapped, ALIGNMENT).ok()?;
+        // Asked for as a multiple of the huge page size, so that the kernel aligns the start to
+        // one (Linux 6.7+; elsewhere the advice covers what it can), then cut back to the pages
+        // `len` needs: a whole 2 MiB stretch left past `len` would cost address space, and
+        // under THP "always" a huge page for the last few bytes.
+        let asked = len.checked_next_multiple_of(HUGE_PAGE)?;
+        let kept = len.checked_next_multiple_of(page_size())?;
+        Layout::from_size_align(asked, ALIGNMENT).ok()?;
         // SAFETY: a fresh private anonymous mapping; nothing else refers to the range.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                mapped,
+                asked,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                 -1,
@@ -108,12 +110,26 @@ impl AlignedBuffer {
         if ptr == libc::MAP_FAILED {
             return None;
         }
-        // Only whole huge pages inside `len`: one over the tail would fault in 2 MiB for the
-        // last few bytes. Advice only; where it is refused, 4 KiB pages serve as well.
+        if kept < asked {
+            // SAFETY: `kept..asked` is the page-aligned tail of the mapping just made, which
+            // nothing refers to. Where it fails the buffer keeps it, and frees it with the rest.
+            let cut = unsafe { libc::munmap(ptr.cast::<u8>().add(kept).cast(), asked - kept) };
+            if cut != 0 {
+                return AlignedBuffer::advised(ptr, len, asked);
+            }
+        }
+        AlignedBuffer::advised(ptr, len, kept)
+    }
+
+    /// The buffer of `len` bytes at `ptr`, a mapping of `mapped` bytes, with `MADV_HUGEPAGE`
+    /// over the whole huge pages inside `len`. Advice only; where it is refused, 4 KiB pages
+    /// serve as well. (With THP's defrag set to "madvise", a first touch may compact memory to
+    /// find a huge page: on a fragmented host, latency in collate instead of page faults.)
+    fn advised(ptr: *mut libc::c_void, len: usize, mapped: usize) -> Option<AlignedBuffer> {
         let start = (ptr as usize).next_multiple_of(HUGE_PAGE);
         let end = (ptr as usize + len) / HUGE_PAGE * HUGE_PAGE;
         if end > start {
-            // SAFETY: `start..end` lies inside the mapping just made.
+            // SAFETY: `start..end` lies inside the mapping at `ptr`.
             unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
         }
         Some(AlignedBuffer {
@@ -149,6 +165,16 @@ impl BatchMemory for AlignedBuffer {
         // SAFETY: as above, and `&mut self` makes this the only reference.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
+}
+
+/// The system's memory page size in bytes (4096 if it cannot be read).
+pub(crate) fn page_size() -> usize {
+    // SAFETY: sysconf with a valid name has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size)
+        .ok()
+        .filter(|&s| s > 0)
+        .unwrap_or(4096)
 }
 
 /// Aborts as `Vec` does when `len` bytes of batch memory cannot be had.
@@ -415,7 +441,9 @@ mod tests {
             let mut buffer = AlignedBuffer::new(len);
             assert_eq!(buffer.mapped != 0, len >= MAPPED_FROM, "{len} bytes");
             if buffer.mapped != 0 {
-                assert!(buffer.mapped >= len && buffer.mapped.is_multiple_of(HUGE_PAGE));
+                // Cut back to whole pages: no huge page's worth of address space past `len`.
+                let page = page_size();
+                assert_eq!(buffer.mapped, len.next_multiple_of(page), "{len} bytes");
             }
             assert!((buffer.as_slice().as_ptr() as usize).is_multiple_of(ALIGNMENT));
             assert_eq!(buffer.as_slice().len(), len);

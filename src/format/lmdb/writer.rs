@@ -44,7 +44,7 @@ const SMALLEST_WRITE_MAP: usize = 64 << 20;
 /// (`ulimit -v`), the largest half, quarter, ... that it may, down to what the file already
 /// holds; the map then grows with the data ([`LmdbWriter::grow_map`]). Returns the map size.
 pub(super) fn open_write_env(path: &Path, map_size: usize) -> Result<(Env, usize)> {
-    let page = crate::pagecache::page_size();
+    let page = crate::pool::page_size();
     let held = fs::metadata(path).map_or(0, |m| m.len() as usize);
     let floor = held.max(SMALLEST_WRITE_MAP).div_ceil(page) * page;
     let mut size = map_size.max(page).div_ceil(page) * page;
