@@ -495,7 +495,7 @@ fn read_env(path: &Path, file_len: u64) -> Result<Arc<ReadEnv>> {
     // the largest size ever configured in the meta page). A configured size takes precedence
     // and LMDB raises it to the committed data size if needed, so nothing is cut off; a process
     // under an address-space limit (ulimit -v, valgrind) can then open the file.
-    let page = crate::pagecache::page_size();
+    let page = crate::pool::page_size();
     options
         .max_dbs(3)
         .map_size((file_len as usize).max(1).div_ceil(page) * page);
@@ -598,20 +598,20 @@ struct LmdbReader {
 
 impl LmdbReader {
     /// The value of record `index`, stored under `key` in `db`: from the table of values
-    /// already found, or looked up (and remembered).
+    /// already found, or looked up (and remembered if it lies inside the map, `bounds`).
     fn value<'t>(
         txn: &'t RoTxn<'static, WithoutTls>,
         found: &mut [(usize, usize)],
+        bounds: &MapBounds,
         db: &Database<Bytes, Bytes>,
-        index: usize,
-        key: &[u8],
+        (index, key): (usize, &[u8]),
     ) -> heed::Result<Option<&'t [u8]>> {
         if let Some(value) = remembered(txn, found, index) {
             return Ok(Some(value));
         }
         let value = db.get(txn, key)?;
-        if let (Some(value), Some(slot)) = (value, found.get_mut(index)) {
-            *slot = (value.as_ptr() as usize, value.len());
+        if let Some(value) = value {
+            remember(found, bounds, index, value);
         }
         Ok(value)
     }
@@ -620,27 +620,39 @@ impl LmdbReader {
     /// found or, on a miss, by one cursor run from its key that remembers the next
     /// [`FILL_RUN`] samples' values too (keys are the indices, so the run follows the file's
     /// order). A fresh reader's first epoch then costs one B-tree search per run instead of one
-    /// per sample: ~1 µs each, 5% of a CIFAR-size epoch's CPU time.
+    /// per sample: ~1 µs each, 5% of a CIFAR-size epoch's CPU time. The run only reaches pages
+    /// the open checked (`tree`): the leaves after this one, through their checked parents.
     fn sample_value<'t>(
         txn: &'t RoTxn<'static, WithoutTls>,
         found: &mut [(usize, usize)],
+        bounds: &MapBounds,
         samples: &Database<Bytes, Bytes>,
         index: usize,
     ) -> heed::Result<Option<&'t [u8]>> {
-        if found.is_empty() || remembered(txn, found, index).is_some() {
-            return Self::value(txn, found, samples, index, &sample_key(index));
-        }
         let start = sample_key(index);
-        let from: (Bound<&[u8]>, Bound<&[u8]>) = (Bound::Included(&start), Bound::Unbounded);
-        for entry in samples.range(txn, &from)?.take(FILL_RUN) {
-            let (key, value) = entry?;
-            let Some(at) = sample_index(key).filter(|&at| at < found.len()) else {
-                break;
-            };
-            found[at] = (value.as_ptr() as usize, value.len());
+        if !found.is_empty() && remembered(txn, found, index).is_none() {
+            let from: (Bound<&[u8]>, Bound<&[u8]>) = (Bound::Included(&start), Bound::Unbounded);
+            for entry in samples.range(txn, &from)?.take(FILL_RUN) {
+                // A key that is no sample's ends the run; so does an error, which the lookup
+                // below then meets (or not) on its own.
+                let Ok((key, value)) = entry else { break };
+                let Some(at) = sample_index(key).filter(|&at| at < found.len()) else {
+                    break;
+                };
+                remember(found, bounds, at, value);
+            }
         }
         // A sample the run did not find is missing: the lookup says so as before.
-        Self::value(txn, found, samples, index, &start)
+        Self::value(txn, found, bounds, samples, (index, &start))
+    }
+}
+
+/// Remembers where sample `index`'s `value` lies, if it lies inside the map (`bounds`): only
+/// checked values reach [`remembered`], and so [`RecordReader::prefetch`]. One that does not is
+/// looked up again when read, and refused then.
+fn remember(found: &mut [(usize, usize)], bounds: &MapBounds, index: usize, value: &[u8]) {
+    if let (Some(slot), Ok(value)) = (found.get_mut(index), bounds.check(value)) {
+        *slot = (value.as_ptr() as usize, value.len());
     }
 }
 
@@ -661,9 +673,11 @@ fn remembered<'t>(
     index: usize,
 ) -> Option<&'t [u8]> {
     let &(address, len) = found.get(index).filter(|(address, _)| *address != 0)?;
-    // SAFETY: `address` and `len` are those of a value that `db.get` returned in `_txn` (the
-    // reader's one read-only transaction, which `found` belongs to). LMDB keeps such bytes
-    // valid and unchanged until the transaction ends, and the slice borrows `_txn` for `'t`.
+    // SAFETY: `address` and `len` are those of a value that liblmdb returned in `_txn` (the
+    // reader's one read-only transaction, which `found` belongs to), by `db.get` or by a
+    // cursor run over it, and that lies inside the map (`remember`). LMDB keeps such bytes
+    // valid and unchanged until the transaction ends (cursors closed or not: this build has no
+    // `MDB_VL32`), and the slice borrows `_txn` for `'t`.
     Some(unsafe { std::slice::from_raw_parts(address as *const u8, len) })
 }
 
@@ -677,7 +691,7 @@ impl RecordReader for LmdbReader {
         let (txn, found) = (&self.txn, &mut self.found);
         let (label, key, payload) = match &self.layout {
             Layout::Imagefeed { samples, checksums } => {
-                let value = Self::sample_value(txn, found, samples, index)
+                let value = Self::sample_value(txn, found, &self.bounds, samples, index)
                     .map_err(|e| Error::lmdb(&self.path, e))?
                     .ok_or_else(|| {
                         corrupt(&self.path, index, &format!("#{index}"), "record is missing")
@@ -702,7 +716,7 @@ impl RecordReader for LmdbReader {
             }
             Layout::Folder2Lmdb { db, keys } => {
                 let key = keys[index].as_str();
-                let value = Self::value(txn, found, db, index, key.as_bytes())
+                let value = Self::value(txn, found, &self.bounds, db, (index, key.as_bytes()))
                     .map_err(|e| Error::lmdb(&self.path, e))?
                     .ok_or_else(|| {
                         corrupt(&self.path, index, key, "key listed in __keys__ is missing")
