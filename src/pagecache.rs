@@ -91,7 +91,7 @@ fn meminfo_bytes(field: &str) -> Option<u64> {
 }
 
 /// Files up to this size are read through at open, in order, before their index is walked.
-const READ_THROUGH_BYTES: u64 = 64 << 20;
+pub(crate) const READ_THROUGH_BYTES: u64 = 64 << 20;
 
 /// Brings `file` into the page cache as one sequential stream instead of one small read per
 /// page fault: a file of at most 64 MiB is read through now, in order (opening
@@ -99,13 +99,22 @@ const READ_THROUGH_BYTES: u64 = 64 << 20;
 /// walk faulted most of CIFAR-10's 14 MB in tree order, 90 ms cold against 20 ms read through);
 /// a larger one is handed to the kernel to stream in the background (`POSIX_FADV_WILLNEED`),
 /// when it is at most half of the available memory, so a dataset larger than RAM is never
-/// pushed through the cache this way. Returns whether anything was done.
+/// pushed through the cache this way. A small file already wholly cached (a reopen) is left as
+/// it is (`mincore`, ~0.25 ms for 14 MB, against 0.7 ms to copy it through). Returns whether
+/// the file is read through, cached already, or advised.
 pub fn prefetch_if_it_fits(file: &fs::File) -> bool {
     let Ok(len) = file.metadata().map(|m| m.len()) else {
         return false;
     };
     if len <= READ_THROUGH_BYTES {
         use std::os::unix::fs::FileExt as _;
+        // Already cached (a reopen): reading it through would only copy it.
+        // SAFETY: the map is read-only and only its address range is used (by mincore); no
+        // byte of it is read, so a concurrent change to the file cannot cause undefined
+        // behaviour.
+        if len > 0 && unsafe { memmap2::Mmap::map(file) }.is_ok_and(|map| is_resident(&map)) {
+            return true;
+        }
         let mut buffer = vec![0u8; 1 << 20];
         let mut at = 0u64;
         while at < len {
@@ -141,25 +150,40 @@ pub fn residency(path: impl AsRef<Path>) -> Result<CacheStats> {
         // SAFETY: the map is read-only and only its address range is used (by mincore); no byte
         // of it is read, so a concurrent change to the file cannot cause undefined behaviour.
         let map = unsafe { memmap2::Mmap::map(&file) }.at(&file_path)?;
-        let pages = len.div_ceil(page) as usize;
-        vec.clear();
-        vec.resize(pages, 0u8);
-        // SAFETY: `map` is a live mapping of `len` bytes at a page-aligned address, and `vec`
-        // has one byte per page of that range, as mincore requires.
-        let rc = unsafe {
-            libc::mincore(
-                map.as_ptr() as *mut libc::c_void,
-                len as usize,
-                vec.as_mut_ptr(),
-            )
-        };
-        if rc != 0 {
-            return Err(Error::io(&file_path, std::io::Error::last_os_error()));
-        }
-        let resident_pages = vec.iter().filter(|&&b| b & 1 == 1).count() as u64;
+        let resident_pages =
+            resident_pages(&map, &mut vec).map_err(|e| Error::io(&file_path, e))? as u64;
         stats.resident_bytes += (resident_pages * page).min(len);
     }
     Ok(stats)
+}
+
+/// How many pages of `map` (a live mapping, from its page-aligned start) are in the page
+/// cache; `vec` is scratch space (a byte per page).
+fn resident_pages(map: &[u8], vec: &mut Vec<u8>) -> std::io::Result<usize> {
+    let pages = map.len().div_ceil(crate::pool::page_size());
+    vec.clear();
+    vec.resize(pages, 0u8);
+    // SAFETY: `map` is a live mapping of `map.len()` bytes at a page-aligned address, and
+    // `vec` has one byte per page of that range, as mincore requires; no byte of the map is
+    // read.
+    let rc = unsafe {
+        libc::mincore(
+            map.as_ptr() as *mut libc::c_void,
+            map.len(),
+            vec.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(vec.iter().filter(|&&b| b & 1 == 1).count())
+}
+
+/// Whether every page of `map` (a live mapping of a file, from its start) is in the page
+/// cache: then reading it through first would only copy it. False where it cannot be told.
+pub(crate) fn is_resident(map: &[u8]) -> bool {
+    let pages = map.len().div_ceil(crate::pool::page_size());
+    resident_pages(map, &mut Vec::new()).is_ok_and(|resident| resident == pages)
 }
 
 #[cfg(test)]
@@ -185,6 +209,23 @@ mod tests {
             "{before:?} -> {after:?}"
         );
         assert!(after.resident_fraction() < 0.5, "{after:?}");
+    }
+
+    #[test]
+    fn a_mapped_file_is_resident_once_read_and_not_once_evicted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("seen.bin");
+        fs::write(&path, vec![3u8; (1 << 20) + 17]).unwrap();
+        let file = fs::File::open(&path).unwrap();
+        // SAFETY: test-only; the file is not changed while mapped.
+        let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
+        let _ = fs::read(&path).unwrap();
+        assert!(is_resident(&map));
+        evict(&path).unwrap();
+        assert!(!is_resident(&map));
+        // Read through (not skipped as resident), and then resident.
+        assert!(prefetch_if_it_fits(&file));
+        assert!(is_resident(&map));
     }
 
     #[test]
