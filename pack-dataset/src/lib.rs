@@ -630,11 +630,28 @@ fn run(cli: Cli) -> Result<u8> {
             json,
         } => {
             let options = input.open_options();
-            let inspection = match dataset.as_slice() {
+            let inspected = match dataset.as_slice() {
                 [one] => imagefeed::inspect::inspect_with(one, &options),
                 files => imagefeed::inspect::inspect_files(files, &options),
+            };
+            // An interrupted HDF5 or records pack has no dataset to read yet (LMDB's partial
+            // file is one): still an answer, "incomplete", as for LMDB, not a failure to look.
+            if let Err(imagefeed::Error::Incomplete { path, reason }) = &inspected {
+                if json {
+                    let report = serde_json::json!({
+                        "path": path.to_string_lossy(),
+                        "complete": false,
+                        "incomplete": reason,
+                    });
+                    out!("{}", serde_json::to_string_pretty(&report)?);
+                } else {
+                    out!("dataset:     {}", path.display());
+                    out!("complete:    NO: {reason}");
+                }
+                return Ok(FAILURE);
             }
-            .with_context(|| format!("inspecting {}", describe(&dataset)))?;
+            let inspection =
+                inspected.with_context(|| format!("inspecting {}", describe(&dataset)))?;
             if json {
                 out!("{}", serde_json::to_string_pretty(&inspection)?);
             } else {

@@ -1514,3 +1514,63 @@ fn restart_markers_are_packed_reported_and_verified() {
         serde_json::from_str(&stdout(&run(&[&"inspect", &"--json", &plain]))).unwrap();
     assert_eq!(json["restart_markers"], false, "{json}");
 }
+
+#[test]
+fn inspect_calls_an_interrupted_hdf5_or_records_pack_incomplete_with_exit_1() {
+    use imagefeed::dataset::PayloadKind;
+    use imagefeed::format::writer::{
+        PackFormat, PackPlan, PackProgress, PackedRecord, WriterOptions, start_writer,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    synthetic::write_image_folder(&src, &SyntheticSpec::default()).unwrap();
+    let jpeg = std::fs::read(src.join("class00/img00000.jpg")).unwrap();
+    for (format, name) in [
+        (PackFormat::Hdf5, "cut.hdf5"),
+        (PackFormat::Records, "cut.records"),
+    ] {
+        let out = dir.path().join(name);
+        // A pack that committed one chunk and then stopped (killed: no finish, no abandon).
+        let plan = PackPlan {
+            source_fingerprint: "test".into(),
+            num_sources: 10,
+            classes: vec!["a".into()],
+            payload: PayloadKind::Encoded,
+            resize_short_side: None,
+            quality: 90,
+            part: None,
+            restart_markers: false,
+        };
+        let (mut writer, _) = start_writer(format, &out, &plan, &WriterOptions::default()).unwrap();
+        let record = PackedRecord {
+            label: 0,
+            key: "a/x.jpg",
+            payload: &jpeg,
+        };
+        let progress = PackProgress {
+            sources_done: 1,
+            samples_written: 1,
+            ..PackProgress::default()
+        };
+        writer.write_chunk(&[record], &progress).unwrap();
+        drop(writer);
+        assert!(!out.exists() && partial(&out).is_dir(), "{name}");
+
+        for target in [out.clone(), partial(&out)] {
+            let text = run(&[&"inspect", &target]);
+            assert_eq!(text.status.code(), Some(1), "{name}: {}", stderr(&text));
+            assert!(
+                stdout(&text).contains("complete:    NO: ") && stdout(&text).contains("--resume"),
+                "{name}: {}",
+                stdout(&text)
+            );
+            let json = run(&[&"inspect", &"--json", &target]);
+            assert_eq!(json.status.code(), Some(1), "{name}: {}", stderr(&json));
+            let report: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+            assert_eq!(report["complete"], false, "{name}: {report}");
+            assert!(report["incomplete"].is_string(), "{name}: {report}");
+        }
+        // Still resumable: inspecting touched nothing.
+        assert!(partial(&out).is_dir(), "{name}");
+    }
+}
