@@ -530,6 +530,42 @@ fn a_complete_dataset_under_a_partial_name_is_never_opened_and_resume_says_to_fo
     pack_as(&fixture_root(), &out, PackFormat::Records, &force);
     assert!(format::open(&out).is_ok());
     assert!(!format::staging::partial_path(&out).exists());
+
+    // The LMDB one, as a writer of ours leaves it when killed between its last commit and
+    // its rename (the kill loop found that window): complete, with its lock file still there.
+    // Without the lock file it is a copy put there, and refused (the hostile-review test
+    // `resume_and_concurrent_runs_never_write_outside_their_own_staging_output`); with it,
+    // --resume with the same plan publishes it, nothing packed again.
+    let out = dir.path().join("k.lmdb");
+    let partial = format::staging::partial_path(&out);
+    let mut lock = partial.clone().into_os_string();
+    lock.push("-lock");
+    let resume_lmdb = |options: &PackOptions| {
+        pack::pack_image_folder(
+            &fixture_root(),
+            &out,
+            PackFormat::Lmdb,
+            options,
+            &NoProgress,
+        )
+    };
+    let err = resume_lmdb(&resume).unwrap_err();
+    assert!(matches!(err, Error::ResumeMismatch { .. }), "{err}");
+    assert!(partial.is_file() && !out.exists());
+    fs::write(&lock, b"").unwrap();
+    let summary = resume_lmdb(&resume).unwrap();
+    assert_eq!(
+        summary.resumed_from,
+        summary.samples + summary.rejected.len()
+    );
+    assert!(!partial.exists() && !Path::new(&lock).exists());
+    assert!(verify::verify(&out, Some(&fixture_root())).unwrap().is_ok());
+    // With another plan it is still refused, and left as it was.
+    fs::rename(&out, &partial).unwrap();
+    fs::write(&lock, b"").unwrap();
+    let err = resume_lmdb(&resume.clone().with_raw(true)).unwrap_err();
+    assert!(matches!(err, Error::ResumeMismatch { .. }), "{err}");
+    assert!(partial.is_file() && !out.exists());
 }
 
 #[test]

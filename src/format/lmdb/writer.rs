@@ -176,6 +176,9 @@ impl DatasetWriter for LmdbWriter {
         let partial = staging::prepare_output(out, mode)?;
         let existed = partial.exists();
         refuse_odd_lock_file(&partial)?;
+        // A writer of ours leaves its lock file until the file is published (`finish`): a
+        // complete file with one was killed between its last commit and its rename.
+        let left_by_a_writer = lock_file(&partial).is_file();
         let (env, map_size) = open_write_env(&partial, map_size)?;
         let lock = staging::lock_staging(&partial)?;
         // A file in which no transaction was committed (a run killed before its first commit)
@@ -229,13 +232,17 @@ impl DatasetWriter for LmdbWriter {
                     ),
                 });
             }
-            if info.complete {
+            // A partial file marked complete, with the lock file a writer of ours leaves, is
+            // a pack killed between its last commit and its rename: when its plan is this one
+            // (below), resuming only publishes it (`finish`). The kill loop
+            // (pack-dataset/tests/kill_loop.rs) found that window refused. Without the lock
+            // file it is a copy of a finished dataset put there, which is not ours to publish.
+            if info.complete && !left_by_a_writer {
                 return Err(Error::ResumeMismatch {
                     path: partial,
-                    reason: "it holds a complete dataset (a pack whose final rename was cut \
-                             short, or a copy of a finished one), so there is nothing to resume: \
-                             use --force to pack again, or rename it yourself if it is the \
-                             dataset you want"
+                    reason: "it holds a complete dataset that no interrupted pack left (a copy \
+                             of a finished one?), so there is nothing to resume: use --force to \
+                             pack again, or rename it yourself if it is the dataset you want"
                         .into(),
                 });
             }
@@ -303,8 +310,11 @@ impl DatasetWriter for LmdbWriter {
             env, partial, out, ..
         } = *self;
         env.prepare_for_closing().wait();
+        // The lock file goes after the rename: until then it marks the complete partial file
+        // as one a writer of ours left (see `start`).
+        staging::publish(&partial, &out)?;
         remove_lock_file(&partial);
-        staging::publish(&partial, &out)
+        Ok(())
     }
 
     fn abandon(self: Box<Self>) {
