@@ -17,7 +17,6 @@ use imagefeed::format::shards::ShardSetProblem;
 use imagefeed::format::{self, OpenOptions};
 use imagefeed::loader::{Loader, LoaderConfig};
 use imagefeed::pack::{PackFormat, PackOptions};
-use imagefeed::synthetic::{self, SyntheticSpec};
 use imagefeed::transform::Transform;
 use support::s3::{S3Server, server, unique_bucket};
 use support::{records, small_options};
@@ -454,27 +453,12 @@ fn pack_options(server: &S3Server, dir: &Path) -> PackOptions {
         .with_storage_options(server.options())
 }
 
-fn synth(dir: &Path) -> std::path::PathBuf {
-    let src = dir.join("src");
-    if !src.exists() {
-        let spec = SyntheticSpec {
-            classes: 3,
-            per_class: 20,
-            width: 16,
-            height: 12,
-            ..SyntheticSpec::default()
-        };
-        synthetic::write_image_folder(&src, &spec).unwrap();
-    }
-    src
-}
-
 #[test]
 fn packing_to_s3_uploads_a_dataset_that_reads_like_a_local_pack_and_never_overwrites() {
     use imagefeed::pack::{NoProgress, StartMode, pack_image_folder};
     let Some(server) = server() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let src = synth(dir.path());
+    let src = support::small_tree(dir.path());
     let bucket = server.bucket(&unique_bucket("pack"));
     let local = packed_records(dir.path());
     for (format, key) in [
@@ -532,7 +516,7 @@ fn an_upload_cut_short_never_opens_and_resume_finishes_it() {
     use imagefeed::pack::{NoProgress, StartMode, pack_image_folder};
     let Some(server) = server() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let src = synth(dir.path());
+    let src = support::small_tree(dir.path());
     let bucket = server.bucket(&unique_bucket("cut"));
     // What an upload killed after its marker and two shards leaves.
     let local = packed_records(dir.path());

@@ -305,6 +305,24 @@ fn write_lmdb(path: &Path, classes: &[&str], records: &[PackedRecord<'_>]) {
     write_with(PackFormat::Lmdb, path, classes, records);
 }
 
+/// Changes the single-file LMDB at `path` in one write transaction (`edit`), as a writer other
+/// than ours would, and removes the lock file that leaves.
+fn edit_lmdb(path: &Path, edit: impl FnOnce(&heed::Env, &mut heed::RwTxn<'_>)) {
+    let mut options = heed::EnvOpenOptions::new();
+    options.max_dbs(3);
+    // SAFETY: test-only; nothing else has this file open.
+    unsafe { options.flags(heed::EnvFlags::NO_SUB_DIR) };
+    // SAFETY: as above.
+    let env = unsafe { options.open(path) }.unwrap();
+    let mut wtxn = env.write_txn().unwrap();
+    edit(&env, &mut wtxn);
+    wtxn.commit().unwrap();
+    env.prepare_for_closing().wait();
+    let mut lock = path.as_os_str().to_owned();
+    lock.push("-lock");
+    let _ = fs::remove_file(lock);
+}
+
 #[test]
 fn label_out_of_range_is_an_error_naming_the_record() {
     let dir = tempfile::tempdir().unwrap();
@@ -437,30 +455,18 @@ fn a_sample_whose_key_is_gone_is_a_bad_record_and_its_neighbours_still_read() {
         .collect();
     write_lmdb(&path, &["a"], &records);
     let gone = 70u64;
-    {
-        let mut options = heed::EnvOpenOptions::new();
-        options.max_dbs(3);
-        // SAFETY: test-only; nothing else has this file open.
-        unsafe { options.flags(heed::EnvFlags::NO_SUB_DIR) };
-        // SAFETY: as above.
-        let env = unsafe { options.open(&path) }.unwrap();
-        let mut wtxn = env.write_txn().unwrap();
+    edit_lmdb(&path, |env, wtxn| {
         let samples: heed::Database<heed::types::Bytes, heed::types::Bytes> =
-            env.open_database(&wtxn, Some("samples")).unwrap().unwrap();
+            env.open_database(wtxn, Some("samples")).unwrap().unwrap();
         // Sample 70's value moves under the key of sample 1000: the count stays 150.
         let value = samples
-            .get(&wtxn, &gone.to_be_bytes())
+            .get(wtxn, &gone.to_be_bytes())
             .unwrap()
             .unwrap()
             .to_vec();
-        assert!(samples.delete(&mut wtxn, &gone.to_be_bytes()).unwrap());
-        samples
-            .put(&mut wtxn, &1000u64.to_be_bytes(), &value)
-            .unwrap();
-        wtxn.commit().unwrap();
-        env.prepare_for_closing().wait();
-    }
-    let _ = fs::remove_file(dir.path().join("gap.lmdb-lock"));
+        assert!(samples.delete(wtxn, &gone.to_be_bytes()).unwrap());
+        samples.put(wtxn, &1000u64.to_be_bytes(), &value).unwrap();
+    });
     let dataset = Lmdb::open(&path).unwrap();
     let mut reader = dataset.open_reader().unwrap();
     // Runs start at 0 (up to 63), 65 (past the gap) and 130 (up to the stray key); 70 is read
@@ -498,25 +504,15 @@ fn an_lmdb_from_a_newer_layout_is_refused() {
             payload: &jpeg,
         }],
     );
-    {
-        let mut options = heed::EnvOpenOptions::new();
-        options.max_dbs(2);
-        // SAFETY: test-only; nothing else has this file open.
-        unsafe { options.flags(heed::EnvFlags::NO_SUB_DIR) };
-        // SAFETY: as above.
-        let env = unsafe { options.open(&path) }.unwrap();
-        let mut wtxn = env.write_txn().unwrap();
+    edit_lmdb(&path, |env, wtxn| {
         let meta: heed::Database<heed::types::Str, heed::types::Str> =
-            env.open_database(&wtxn, Some("meta")).unwrap().unwrap();
-        let info = meta.get(&wtxn, "info").unwrap().unwrap().replace(
+            env.open_database(wtxn, Some("meta")).unwrap().unwrap();
+        let info = meta.get(wtxn, "info").unwrap().unwrap().replace(
             &format!("\"version\":{}", imagefeed::format::lmdb::VERSION),
             "\"version\":99",
         );
-        meta.put(&mut wtxn, "info", &info).unwrap();
-        wtxn.commit().unwrap();
-        env.prepare_for_closing().wait();
-    }
-    let _ = fs::remove_file(dir.path().join("future.lmdb-lock"));
+        meta.put(wtxn, "info", &info).unwrap();
+    });
     let err = Lmdb::open(&path).unwrap_err();
     assert!(
         matches!(err, Error::NotADataset { .. })

@@ -105,18 +105,27 @@ pub fn pack_as(src: &Path, out: &Path, format: PackFormat, options: &PackOptions
     pack::pack_image_folder(src, out, format, options, &NoProgress).expect("pack succeeds")
 }
 
-/// 60 small synthetic JPEGs (3 classes, 16x12) under `dir/src`, packed as record shards of
-/// about 8 samples each at `dir/name`; returns that path.
-pub fn packed_small_records(dir: &Path, name: &str) -> PathBuf {
+/// 60 small synthetic JPEGs (3 classes, 16x12) at `dir/src`, written unless already there;
+/// returns that path.
+pub fn small_tree(dir: &Path) -> PathBuf {
     let src = dir.join("src");
-    let spec = SyntheticSpec {
-        classes: 3,
-        per_class: 20,
-        width: 16,
-        height: 12,
-        ..SyntheticSpec::default()
-    };
-    imagefeed::synthetic::write_image_folder(&src, &spec).unwrap();
+    if !src.exists() {
+        let spec = SyntheticSpec {
+            classes: 3,
+            per_class: 20,
+            width: 16,
+            height: 12,
+            ..SyntheticSpec::default()
+        };
+        imagefeed::synthetic::write_image_folder(&src, &spec).unwrap();
+    }
+    src
+}
+
+/// [`small_tree`] packed as record shards of about 8 samples each at `dir/name`; returns that
+/// path.
+pub fn packed_small_records(dir: &Path, name: &str) -> PathBuf {
+    let src = small_tree(dir);
     let out = dir.join(name);
     pack_as(
         &src,

@@ -290,12 +290,6 @@ fn shard_files_in(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(found)
 }
 
-/// Maps the local shard at `path`.
-fn map_file(path: &Path) -> Result<Mapped> {
-    let (file, _) = crate::file::open_regular(path)?;
-    Mapped::new(path, file, false)
-}
-
 /// A manifest of ours, checked: its magic and layout version, that the pack finished, and that
 /// it names each shard and index once, as a plain file name beside it. `dir` and `at` name the
 /// dataset and the manifest in errors.
@@ -338,12 +332,26 @@ fn open_ours(dir: &Path, manifest_path: &Path, allow_missing: bool) -> Result<Re
     let (manifest, dropped) = drop_missing_shards(dir, manifest, allow_missing, |entry| {
         crate::format::shards::is_gone(&dir.join(&entry.file))
     })?;
+    // Shards of up to 64 MiB together are read through as they are opened, in order, as a
+    // small LMDB is (see `pagecache`): with only the advice, a cold epoch's workers faulted
+    // pages in one by one in the sampler's order (CIFAR-10, one 11 MB shard: cold epochs ~58
+    // -> ~54 ms). Larger sets that fit in half the available memory are advised to stream in.
+    // The sizes are the manifest's, which each shard's index is checked against just after.
+    let total = manifest
+        .shards
+        .iter()
+        .fold(0u64, |sum, entry| sum.saturating_add(entry.bytes));
+    let read_through = total <= crate::pagecache::READ_THROUGH_BYTES;
     let mut shards = Vec::with_capacity(manifest.shards.len());
     let mut lens = Vec::with_capacity(manifest.shards.len());
     for entry in &manifest.shards {
         let path = dir.join(&entry.file);
         let index_path = dir.join(&entry.index);
-        let mapped = map_file(&path)?;
+        let (file, _) = crate::file::open_regular(&path)?;
+        if read_through {
+            crate::pagecache::prefetch_if_it_fits(&file);
+        }
+        let mapped = Mapped::new(&path, file, false)?;
         let map = mapped.bytes();
         let index = {
             use std::io::Read as _;
@@ -363,22 +371,9 @@ fn open_ours(dir: &Path, manifest_path: &Path, allow_missing: bool) -> Result<Re
             unsaved_index: false,
         });
     }
-    // Shards of up to 64 MiB together are read through now, in order, as a small LMDB is (see
-    // `pagecache`): with only the advice, a cold epoch's workers faulted pages in one by one
-    // in the sampler's order (CIFAR-10, one 11 MB shard: cold epochs ~58 -> ~54 ms). Larger
-    // sets that fit in half the available memory are advised to stream in.
-    let total: u64 = shards
-        .iter()
-        .map(|s| s.records.last().map_or(0, |r| r.0 + r.1))
-        .sum();
-    if total <= crate::pagecache::READ_THROUGH_BYTES {
-        for shard in &shards {
-            // Speed only: a shard that cannot be opened again is read when needed.
-            if let Ok(file) = fs::File::open(&shard.path) {
-                crate::pagecache::prefetch_if_it_fits(&file);
-            }
-        }
-    } else if crate::pagecache::available_memory().is_some_and(|available| total <= available / 2) {
+    if !read_through
+        && crate::pagecache::available_memory().is_some_and(|available| total <= available / 2)
+    {
         for shard in &shards {
             // Advice only: failure changes nothing but speed.
             if let Some(mapped) = shard.data.get_if_resident() {
