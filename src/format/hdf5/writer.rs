@@ -422,13 +422,15 @@ impl DatasetWriter for Hdf5Writer {
         let _ = fs::remove_file(&staged_h5);
         self.write_hdf5(&staged_h5, info)?;
         staging::publish(&staged_h5, &self.out)?;
-        // The dataset is in place; the staging directory is only scratch now.
-        let _ = fs::remove_dir_all(&self.partial);
+        // The dataset is in place; the staging directory is only scratch now. Deleted as
+        // every output of ours is (marked first): a kill part-way leaves a directory `--force`
+        // still knows as ours, not one it must refuse (the kill loop found that).
+        let _ = staging::remove_own_output(&self.partial);
         Ok(())
     }
 
     fn abandon(self: Box<Self>) {
-        let _ = fs::remove_dir_all(&self.partial);
+        let _ = staging::remove_own_output(&self.partial);
     }
 }
 

@@ -267,7 +267,7 @@ impl DatasetWriter for RecordsWriter {
     }
 
     fn abandon(self: Box<Self>) {
-        let _ = fs::remove_dir_all(&self.partial);
+        let _ = staging::remove_own_output(&self.partial);
     }
 }
 
