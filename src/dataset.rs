@@ -505,6 +505,14 @@ pub trait RecordReader: Send {
     fn plan_reads(&mut self, indices: &[usize]) {
         let _ = indices;
     }
+
+    /// Whether reading a record a second time soon after costs about as little as the first
+    /// (local files: the bytes are in memory). The loader reads a batch's records twice when
+    /// that lets it decode small JPEGs together (see `Decoder::stack_offer`); a format whose
+    /// records may come over the network says `false`. The default is `true`.
+    fn rereads_are_cheap(&self) -> bool {
+        true
+    }
 }
 
 /// Asks the CPU to start loading the first [`PREFETCH_BYTES`] of `bytes` into its caches
@@ -569,6 +577,11 @@ impl LazyReader {
         if let Some(handle) = &mut self.handle {
             handle.prefetch(index);
         }
+    }
+
+    /// [`RecordReader::rereads_are_cheap`] of the open handle (`false` before it is open).
+    pub fn rereads_are_cheap(&self) -> bool {
+        self.handle.as_ref().is_some_and(|h| h.rereads_are_cheap())
     }
 
     /// Passes the hint on ([`RecordReader::plan_reads`]), opening the handle first if needed

@@ -271,6 +271,7 @@ fn stats_since(now: Stats, before: Stats) -> Stats {
         samples: now.samples - before.samples,
         batches: now.batches - before.batches,
         bad_samples: now.bad_samples - before.bad_samples,
+        stacked: now.stacked - before.stacked,
     }
 }
 
@@ -284,6 +285,7 @@ fn stats_sum(a: Stats, b: Stats) -> Stats {
         samples: a.samples + b.samples,
         batches: a.batches + b.batches,
         bad_samples: a.bad_samples + b.bad_samples,
+        stacked: a.stacked + b.stacked,
     }
 }
 
@@ -617,6 +619,8 @@ fn print_stages(s: &Stats, shares: &[(f64, f64)], workers: usize, buffers: u64, 
             "transform_s": secs(s.transform),
             "collate_s": secs(s.collate),
             "wait_s": secs(s.waiting),
+            "stacked": s.stacked,
+            "samples": s.samples,
             "peak_rss_mb": peak,
             "anon_mb": anon,
         });
@@ -635,12 +639,14 @@ fn print_stages(s: &Stats, shares: &[(f64, f64)], workers: usize, buffers: u64, 
         );
     }
     println!(
-        "stages of the timed epochs (summed over workers): read {:.0} ms, decode {:.0} ms, transform {:.0} ms, collate {:.0} ms; consumer waited {:.0} ms; buffers allocated {buffers}",
+        "stages of the timed epochs (summed over workers): read {:.0} ms, decode {:.0} ms, transform {:.0} ms, collate {:.0} ms; consumer waited {:.0} ms; buffers allocated {buffers}; {} of {} samples decoded stacked",
         1e3 * secs(s.read),
         1e3 * secs(s.decode),
         1e3 * secs(s.transform),
         1e3 * secs(s.collate),
         1e3 * secs(s.waiting),
+        s.stacked,
+        s.samples,
     );
 }
 

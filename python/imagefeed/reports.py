@@ -151,6 +151,9 @@ class LoaderStats(TypedDict):
     samples: int
     batches: int
     bad_samples: int
+    #: Samples whose JPEG was decoded together with others of its batch (small JPEGs that
+    #: share their headers, such as CIFAR's: the same pixels, less fixed cost per image).
+    stacked: int
     pool_allocations: int
     pool_bytes: int
 

@@ -839,6 +839,7 @@ impl NativeLoader {
         d.set_item("samples", s.samples)?;
         d.set_item("batches", s.batches)?;
         d.set_item("bad_samples", s.bad_samples)?;
+        d.set_item("stacked", s.stacked)?;
         Ok(d)
     }
 }

@@ -28,7 +28,9 @@ mod encode;
 mod image_crate;
 mod limits;
 pub(crate) mod restart;
+mod stack;
 mod turbo;
+mod ycc;
 
 use image_crate::{decode_with_image_crate, image_decoder};
 use limits::jpeg_blocks_fit;
@@ -38,6 +40,7 @@ pub use encode::{ChromaSubsampling, EncodeError, JpegEncoder};
 
 use crate::geometry::Rect;
 
+use stack::{JpegStack, Shape};
 use turbo::{JpegHeader, Region, Turbo};
 
 /// PIL refuses images over twice its `MAX_IMAGE_PIXELS` (89,478,485) as decompression bombs; we
@@ -249,6 +252,8 @@ pub struct Decoder {
     /// The segments of a segmented JPEG that a crop needs, as a JPEG of their own
     /// ([`restart::RestartSegments::window_as_jpeg`]).
     rows: Vec<u8>,
+    /// Small JPEGs decoded together ([`stack`]; [`Decoder::stack_offer`]).
+    stack: JpegStack,
 }
 
 /// How far [`Decoder::decode_crop`] may shrink a JPEG in the DCT domain (decoding at M/8 of its
@@ -355,6 +360,7 @@ impl Decoder {
             max_pixels: DEFAULT_MAX_PIXELS,
             cmyk: Vec::new(),
             rows: Vec::new(),
+            stack: JpegStack::default(),
         }
     }
 
@@ -506,8 +512,56 @@ impl Decoder {
         out: &mut Vec<u8>,
         plan: impl FnOnce(&ImageHeader) -> Option<CropPlan>,
     ) -> Result<CropDecoded, DecodeError> {
+        self.decode_crop_at(data, None, out, plan)
+    }
+
+    /// [`decode_crop`](Self::decode_crop) of the image offered to the stack at `stacked`
+    /// ([`stack_offer`](Self::stack_offer)): its pixels come from the decoded stack when they
+    /// are the ones the plan needs (the whole image at full size) and `data` is the image
+    /// stacked at that position; otherwise, or with `None`, it is decoded alone.
+    pub(crate) fn decode_crop_at(
+        &mut self,
+        data: &[u8],
+        stacked: Option<usize>,
+        out: &mut Vec<u8>,
+        plan: impl FnOnce(&ImageHeader) -> Option<CropPlan>,
+    ) -> Result<CropDecoded, DecodeError> {
+        if let Some(position) = stacked
+            && let Some((header, jh)) = self.stack.member(position, data)
+        {
+            let plan = plan(&header);
+            let whole = plan.is_none_or(|plan| {
+                dct_scale_for(&jh, &plan) == 8
+                    && !(plan.crop.is_inside(jh.width as f64, jh.height as f64)
+                        && region_around(&jh, 8, plan.crop, &plan).is_some())
+            });
+            if whole && !jh.cmyk {
+                self.stack.pixels(position, out);
+                let crop = plan.map_or(Rect::full(header.width, header.height), |p| p.crop);
+                return Ok(CropDecoded {
+                    header,
+                    width: header.width,
+                    height: header.height,
+                    crop,
+                });
+            }
+            let header = self.probe(data)?;
+            return self.decode_planned(data, header, plan, out);
+        }
         let header = self.probe(data)?;
         let plan = plan(&header);
+        self.decode_planned(data, header, plan, out)
+    }
+
+    /// The rest of [`decode_crop_at`](Self::decode_crop_at) once `data`'s header is probed
+    /// and the plan made.
+    fn decode_planned(
+        &mut self,
+        data: &[u8],
+        header: ImageHeader,
+        plan: Option<CropPlan>,
+        out: &mut Vec<u8>,
+    ) -> Result<CropDecoded, DecodeError> {
         let whole = |header: ImageHeader, crop| CropDecoded {
             header,
             width: header.width,
@@ -617,6 +671,59 @@ impl Decoder {
         };
         self.rows = jpeg;
         result
+    }
+
+    /// Empties the stack of small JPEGs ([`stack_offer`](Self::stack_offer)).
+    pub(crate) fn stack_clear(&mut self) {
+        self.stack.clear();
+    }
+
+    /// Offers `data`, the image the caller will later decode as `position` (increasing from
+    /// one offer to the next), to the stack: small JPEGs with the same headers as the stack's
+    /// first are decoded together by [`stack_decode`](Self::stack_decode), and
+    /// [`decode_crop_at`](Self::decode_crop_at) then takes their pixels from there. Says
+    /// whether it was stacked; nothing is ever an error here (an image that is not stacked,
+    /// or a damaged one, is decoded alone later).
+    pub(crate) fn stack_offer(&mut self, position: usize, data: &[u8]) -> bool {
+        if !self.stack.has_group() {
+            let Some(shape) = Shape::of(data) else {
+                return false;
+            };
+            // What libjpeg-turbo makes of the first image's headers, which every member shares
+            // byte for byte: its colour space, the pixel limit, the size.
+            let Ok(header) = self.probe(data) else {
+                return false;
+            };
+            let Some(jh) = self.last_jpeg.take() else {
+                return false;
+            };
+            if !jh.ycc_or_gray || jh.cmyk || (jh.width, jh.height) != shape.size() {
+                return false;
+            }
+            self.stack.start(data, shape, header, jh);
+        }
+        self.stack.push(position, data)
+    }
+
+    /// Decodes the stacked images in one libjpeg-turbo call. On any error or warning none of
+    /// them comes from the stack (each is decoded alone, with its own error if it has one).
+    /// Returns how many were stacked.
+    pub(crate) fn stack_decode(&mut self) -> usize {
+        if self.stack.counts().0 < 2 || self.jpeg().is_err() {
+            self.stack.clear();
+            return 0;
+        }
+        let turbo = self.jpeg.as_mut().expect("made above");
+        match self.stack.decode(turbo) {
+            Ok(()) => self.stack.counts().0,
+            Err(_) => 0,
+        }
+    }
+
+    /// Images stacked since the last [`stack_clear`](Self::stack_clear), and how many of them
+    /// [`decode_crop_at`](Self::decode_crop_at) took from the stack.
+    pub(crate) fn stack_counts(&self) -> (usize, usize) {
+        self.stack.counts()
     }
 
     /// Decompresses into `out` as `w × h` RGB (through the CMYK scratch buffer for CMYK files).

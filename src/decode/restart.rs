@@ -57,14 +57,14 @@ const EOI: u8 = 0xD9;
 /// The header segments of a JPEG in order, up to and including the first scan header (SOS):
 /// `(marker, offset of the segment's payload, payload)`. Ends early, without an error, at
 /// anything malformed; nothing is read past a slice's end.
-struct Markers<'a> {
+pub(super) struct Markers<'a> {
     data: &'a [u8],
     at: usize,
     done: bool,
 }
 
 impl<'a> Markers<'a> {
-    fn of(data: &'a [u8]) -> Self {
+    pub(super) fn of(data: &'a [u8]) -> Self {
         let jpeg = data.get(..2) == Some(&[0xFF, 0xD8]);
         Markers {
             data,
@@ -161,7 +161,7 @@ impl Frame {
 }
 
 /// SOF0..SOF15 but DHT (0xC4), JPG (0xC8) and DAC (0xCC).
-fn is_frame(marker: u8) -> bool {
+pub(super) fn is_frame(marker: u8) -> bool {
     (0xC0..=0xCF).contains(&marker) && !matches!(marker, 0xC4 | 0xC8 | 0xCC)
 }
 

@@ -563,3 +563,254 @@ fn a_progressive_jpeg_is_rewritten_baseline_with_the_same_pixels() {
     decoder.decode_rgb(&rewritten, &mut b).unwrap();
     assert!(a == b);
 }
+
+/// `w × h` noise-and-gradient pixels that differ with `seed`, as a libjpeg-turbo JPEG: files
+/// of one size, subsampling and quality share every header byte.
+fn seeded_jpeg(w: u32, h: u32, subsamp: turbojpeg::Subsamp, seed: u32, quality: i32) -> Vec<u8> {
+    let channels = if subsamp == turbojpeg::Subsamp::Gray {
+        1
+    } else {
+        3
+    };
+    let pixels: Vec<u8> = (0..w * h * channels)
+        .map(|i| {
+            let (p, c) = (i / channels, i % channels);
+            let (x, y) = (p % w, p / w);
+            let noise = ((p ^ seed.wrapping_mul(0x9E37_79B9)).wrapping_mul(2654435761) >> 13) as u8;
+            ((x * (3 + seed % 5) + y * 5 + c * 80 + seed * 31) as u8).wrapping_add(noise / 2)
+        })
+        .collect();
+    compress(&pixels, w, h, quality, subsamp)
+}
+
+/// Each image's result through `decode_crop_at` after stacking `images` (offered at positions
+/// 0..), with `plan`; and how many were stacked and taken from the stack.
+#[allow(clippy::type_complexity)]
+fn through_the_stack(
+    images: &[Vec<u8>],
+    plan: impl Fn(&ImageHeader) -> Option<CropPlan>,
+) -> (
+    Vec<Result<(CropDecoded, Vec<u8>), DecodeError>>,
+    usize,
+    usize,
+) {
+    let mut decoder = Decoder::new();
+    decoder.stack_clear();
+    for (position, image) in images.iter().enumerate() {
+        decoder.stack_offer(position, image);
+    }
+    let stacked = decoder.stack_decode();
+    let results = images
+        .iter()
+        .enumerate()
+        .map(|(position, image)| {
+            let mut out = Vec::new();
+            decoder
+                .decode_crop_at(image, Some(position), &mut out, &plan)
+                .map(|c| (c, out))
+        })
+        .collect();
+    (results, stacked, decoder.stack_counts().1)
+}
+
+/// Each image decoded alone, as before stacks.
+fn alone(
+    image: &[u8],
+    plan: impl Fn(&ImageHeader) -> Option<CropPlan>,
+) -> Result<(CropDecoded, Vec<u8>), DecodeError> {
+    let mut out = Vec::new();
+    Decoder::new()
+        .decode_crop(image, &mut out, plan)
+        .map(|c| (c, out))
+}
+
+/// Small JPEGs that share their headers decode in one stack, to exactly the pixels each
+/// gives alone: every stackable subsampling, odd and even widths, one MCU row and several.
+#[test]
+fn stacked_small_jpegs_have_the_pixels_each_has_alone() {
+    use turbojpeg::Subsamp::*;
+    for (subsamp, sizes) in [
+        (
+            Sub2x2,
+            &[
+                (32, 32),
+                (8, 16),
+                (17, 32),
+                (33, 48),
+                (64, 64),
+                (100, 16),
+                (128, 128),
+            ][..],
+        ),
+        (None, &[(32, 32), (8, 8), (21, 40), (96, 96)][..]),
+        (Gray, &[(32, 32), (9, 8), (64, 24)][..]),
+    ] {
+        for &(w, h) in sizes {
+            let images: Vec<_> = (0..9).map(|s| seeded_jpeg(w, h, subsamp, s, 90)).collect();
+            assert!(
+                stack::Shape::of(&images[0]).is_some(),
+                "{subsamp:?} {w}×{h} stackable"
+            );
+            let (results, stacked, used) = through_the_stack(&images, |_| Option::None);
+            assert_eq!((stacked, used), (9, 9), "{subsamp:?} {w}×{h}");
+            for (image, result) in images.iter().zip(results) {
+                let (c, pixels) = result.unwrap();
+                let (c0, expected) = alone(image, |_| Option::None).unwrap();
+                assert_eq!(c, c0);
+                assert!(pixels == expected, "{subsamp:?} {w}×{h}: pixels differ");
+            }
+        }
+    }
+}
+
+/// What a stack cannot hold is refused at the door: other headers (quality), progressive
+/// files, restart markers, 4:2:2, a height that is not whole MCU rows, large images, a marker
+/// inside the data, bytes after the end. Refused images still decode, alone, and a stacked
+/// position asked about with other bytes gets those bytes' pixels.
+#[test]
+fn what_cannot_be_stacked_decodes_alone() {
+    use turbojpeg::Subsamp::*;
+    let good = seeded_jpeg(32, 32, Sub2x2, 1, 90);
+    let mut progressive = JpegEncoder::new(90, ChromaSubsampling::Half).unwrap();
+    progressive.set_progressive(true).unwrap();
+    let pixels = vec![100u8; 32 * 32 * 3];
+    let mut trailing = seeded_jpeg(32, 32, Sub2x2, 2, 90);
+    trailing.push(0);
+    let mut marker_inside = seeded_jpeg(32, 32, Sub2x2, 3, 90);
+    let n = marker_inside.len();
+    marker_inside[n - 6..n - 4].copy_from_slice(&[0xFF, 0xD1]);
+    let refused = [
+        (
+            "progressive",
+            progressive.encode_rgb(&pixels, 32, 32).unwrap(),
+        ),
+        ("restart markers", add_restart_markers(&good).unwrap()),
+        ("4:2:2", seeded_jpeg(32, 32, Sub2x1, 1, 90)),
+        ("height 24 at 4:2:0", seeded_jpeg(32, 24, Sub2x2, 1, 90)),
+        ("256×256", seeded_jpeg(256, 256, Sub2x2, 1, 90)),
+        ("4 wide", seeded_jpeg(4, 16, Sub2x2, 1, 90)),
+        ("bytes after EOI", trailing),
+        ("a marker in the data", marker_inside),
+    ];
+    for (what, image) in &refused {
+        assert_eq!(stack::Shape::of(image), Option::None, "{what}");
+    }
+    // Another quality: other tables, so not the stack's headers.
+    let other_quality = seeded_jpeg(32, 32, Sub2x2, 4, 50);
+    let same = seeded_jpeg(32, 32, Sub2x2, 5, 90);
+    let images = [good.clone(), other_quality.clone(), same.clone()];
+    let mut decoder = Decoder::new();
+    decoder.stack_clear();
+    assert!(decoder.stack_offer(0, &good));
+    assert!(!decoder.stack_offer(1, &other_quality));
+    assert!(decoder.stack_offer(2, &same));
+    assert_eq!(decoder.stack_decode(), 2);
+    for (position, image) in images.iter().enumerate() {
+        let mut out = Vec::new();
+        decoder
+            .decode_crop_at(image, Some(position), &mut out, |_| Option::None)
+            .unwrap();
+        assert!(out == alone(image, |_| Option::None).unwrap().1);
+    }
+    assert_eq!(decoder.stack_counts(), (2, 2));
+    // Position 2 asked about with other bytes (same headers): those bytes' pixels.
+    let mut out = Vec::new();
+    let impostor = seeded_jpeg(32, 32, Sub2x2, 6, 90);
+    decoder
+        .decode_crop_at(&impostor, Some(2), &mut out, |_| Option::None)
+        .unwrap();
+    assert!(out == alone(&impostor, |_| Option::None).unwrap().1);
+    assert_eq!(decoder.stack_counts(), (2, 2));
+    // The refused ones, offered after a good one, decode alone with their own pixels.
+    let mut images = vec![good.clone()];
+    images.extend(refused.iter().map(|(_, image)| image.clone()));
+    let (results, _, used) = through_the_stack(&images, |_| Option::None);
+    assert_eq!(used, 0, "one stackable image is no stack");
+    for (image, result) in images.iter().zip(results) {
+        match (result, alone(image, |_| Option::None)) {
+            (Ok((c, pixels)), Ok((c0, expected))) => {
+                assert_eq!(c, c0);
+                assert!(pixels == expected);
+            }
+            (Err(e), Err(e0)) => assert_eq!(e, e0),
+            (a, b) => panic!("stacked {:?}, alone {:?}", a.map(|r| r.0), b.map(|r| r.0)),
+        }
+    }
+}
+
+/// A plan that needs less than the whole image at full size (a DCT-scaled crop) decodes the
+/// stacked image alone, as it would have been: same pixels and rectangle.
+#[test]
+fn a_stacked_image_whose_plan_wants_a_scaled_crop_decodes_alone() {
+    let images: Vec<_> = (0..4)
+        .map(|s| seeded_jpeg(128, 128, turbojpeg::Subsamp::Sub2x2, s, 90))
+        .collect();
+    let plan = |_: &ImageHeader| {
+        Some(CropPlan {
+            crop: Rect {
+                left: 10.0,
+                top: 20.0,
+                width: 100.0,
+                height: 90.0,
+            },
+            out_width: 24,
+            out_height: 24,
+            scaling: DctScaling::Antialiased,
+        })
+    };
+    let (results, stacked, used) = through_the_stack(&images, plan);
+    assert_eq!((stacked, used), (4, 0));
+    for (image, result) in images.iter().zip(results) {
+        let (c, pixels) = result.unwrap();
+        let (c0, expected) = alone(image, plan).unwrap();
+        assert_eq!(c, c0);
+        assert!(c.width < 128, "decoded at a reduced scale");
+        assert!(pixels == expected);
+    }
+}
+
+/// Damage to one stacked image's data never changes another's pixels or an outcome: every
+/// image gets exactly what it gets alone (its pixels, or its own error), whether the damage
+/// broke the stack's decode (everything then decodes alone) or not.
+#[test]
+fn a_damaged_stacked_image_is_an_error_or_its_own_pixels_and_harms_no_other() {
+    let images: Vec<_> = (0..6)
+        .map(|s| seeded_jpeg(32, 32, turbojpeg::Subsamp::Sub2x2, s, 90))
+        .collect();
+    let data_at = images[2].len() - 300.min(images[2].len() / 3);
+    let (mut broken_stacks, mut compared, mut errors) = (0, 0, 0);
+    for at in (data_at..images[2].len()).step_by(3) {
+        for value in [0x00, 0xFF, 0x7F, images[2][at] ^ 0x21] {
+            let mut damaged = images.clone();
+            damaged[2][at] = value;
+            if at % 5 == 0 {
+                damaged[2].truncate(at + 1);
+            }
+            let (results, stacked, _) = through_the_stack(&damaged, |_| Option::None);
+            if stacked == 0 {
+                broken_stacks += 1;
+            }
+            for (image, result) in damaged.iter().zip(results) {
+                match (result, alone(image, |_| Option::None)) {
+                    (Ok((_, pixels)), Ok((_, expected))) => {
+                        assert!(pixels == expected, "byte {at} = {value:#x}");
+                        compared += 1;
+                    }
+                    (Err(e), Err(e0)) => {
+                        assert_eq!(e, e0);
+                        errors += 1;
+                    }
+                    (a, b) => panic!(
+                        "byte {at} = {value:#x}: stacked {:?}, alone {:?}",
+                        a.map(|r| r.0),
+                        b.map(|r| r.0)
+                    ),
+                }
+            }
+        }
+    }
+    assert!(
+        broken_stacks > 10 && errors > 10 && compared > 1000,
+        "{broken_stacks} broken stacks, {errors} errors, {compared} compared"
+    );
+}

@@ -44,6 +44,8 @@ pub(crate) struct JpegHeader {
     pub arithmetic: bool,
     /// Where its restart segments are, when it is a segmented JPEG (`--restart-markers`).
     pub segments: Option<RestartSegments>,
+    /// libjpeg-turbo reads it as YCbCr or grayscale (not RGB, CMYK or YCCK).
+    pub ycc_or_gray: bool,
 }
 
 /// A rectangle of the *scaled* image, in pixels.
@@ -187,6 +189,8 @@ impl Turbo {
             imcu_width: imcu_width(layout.frame, subsamp),
             arithmetic,
             segments: layout.segments,
+            ycc_or_gray: colorspace == sys::TJCS_TJCS_YCbCr as libc::c_int
+                || colorspace == sys::TJCS_TJCS_GRAY as libc::c_int,
         })
     }
 
@@ -299,6 +303,98 @@ impl Turbo {
             {
                 row.copy_from_slice(&staged[..pitch]);
             }
+        }
+        Ok(())
+    }
+
+    /// Decompresses `data`, whose header was just read by [`read_header`](Self::read_header),
+    /// at full size to its Y, Cb and Cr planes (only Y for grayscale): entropy decoding and
+    /// inverse DCT, no upsampling or colour conversion. Plane `i` starts at `lens[..i]`'s sum
+    /// in `out`, `lens[i]` bytes of rows `strides[i]` apart.
+    ///
+    /// # Panics
+    /// When `data` is not the buffer whose header was read, or `out` is shorter than the planes
+    /// (caller bugs).
+    pub(crate) fn decompress_planes(
+        &mut self,
+        data: &[u8],
+        out: &mut [u8],
+        strides: [usize; 3],
+        lens: [usize; 3],
+    ) -> Result<(), DecodeError> {
+        assert_eq!(
+            self.header_of.take(),
+            Some((data.as_ptr() as usize, data.len())),
+            "decompress_planes must follow read_header on the same buffer"
+        );
+        assert!(out.len() >= lens.iter().sum::<usize>(), "planes too small");
+        let handle = self.handle()?;
+        let full = sys::tjscalingfactor { num: 1, denom: 1 };
+        let uncropped = sys::tjregion {
+            x: 0,
+            y: 0,
+            w: 0,
+            h: 0,
+        };
+        // SAFETY: live handle whose header has been read; 1/1 and no region are always valid,
+        // as is any non-negative memory limit.
+        let set = unsafe {
+            sys::tj3SetScalingFactor(handle, full) == 0
+                && sys::tj3SetCroppingRegion(handle, uncropped) == 0
+                && sys::tj3Set(
+                    handle,
+                    sys::TJPARAM_TJPARAM_MAXMEMORY as libc::c_int,
+                    buffer_memory_limit_mb(data.len()),
+                ) == 0
+        };
+        if !set {
+            return Err(self.fail(handle));
+        }
+        // Each plane's width and height as TurboJPEG writes it, checked against the caller's.
+        let subsamp = Self::get(handle, sys::TJPARAM_TJPARAM_SUBSAMP);
+        let (width, height) = (
+            Self::get(handle, sys::TJPARAM_TJPARAM_JPEGWIDTH),
+            Self::get(handle, sys::TJPARAM_TJPARAM_JPEGHEIGHT),
+        );
+        let gray = subsamp == sys::TJSAMP_TJSAMP_GRAY as libc::c_int;
+        let mut planes = [std::ptr::null_mut(); 3];
+        let mut pitches = [0 as libc::c_int; 3];
+        let mut at = 0;
+        for i in 0..if gray { 1 } else { 3 } {
+            // SAFETY: pure functions of their arguments.
+            let (pw, ph) = unsafe {
+                (
+                    sys::tj3YUVPlaneWidth(i as libc::c_int, width, subsamp),
+                    sys::tj3YUVPlaneHeight(i as libc::c_int, height, subsamp),
+                )
+            };
+            let fits = pw > 0
+                && ph > 0
+                && pw as usize <= strides[i]
+                && strides[i] * (ph as usize - 1) + pw as usize <= lens[i];
+            if !fits {
+                return Err(DecodeError::Jpeg(format!(
+                    "plane {i} is {pw}×{ph}, more than its {} bytes",
+                    lens[i]
+                )));
+            }
+            planes[i] = out[at..].as_mut_ptr();
+            pitches[i] = strides[i] as libc::c_int;
+            at += lens[i];
+        }
+        // SAFETY: `data` is the live buffer whose header the handle holds (checked above);
+        // each plane pointer is valid for the plane's rows (checked against `lens` above).
+        let rc = unsafe {
+            sys::tj3DecompressToYUVPlanes8(
+                handle,
+                data.as_ptr(),
+                data.len() as sys::size_t,
+                planes.as_mut_ptr(),
+                pitches.as_mut_ptr(),
+            )
+        };
+        if rc != 0 {
+            return Err(self.fail(handle));
         }
         Ok(())
     }
@@ -523,6 +619,7 @@ mod tests {
             imcu_width: Some(16),
             arithmetic: false,
             segments: None,
+            ycc_or_gray: true,
         };
         // Full scale: step 16. x = 37 -> 32, offset 5.
         let (r, dx) = aligned_region(&header, 8, 37, 10, 100, 50).unwrap();

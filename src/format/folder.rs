@@ -342,6 +342,12 @@ impl RecordReader for FolderReader {
             payload: &self.buffer,
         })
     }
+
+    /// Each read opens and reads a file again: a system call or two per image, about what
+    /// decoding a small JPEG together with others saves.
+    fn rereads_are_cheap(&self) -> bool {
+        false
+    }
 }
 
 #[cfg(test)]

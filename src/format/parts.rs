@@ -155,4 +155,8 @@ impl RecordReader for JoinedReader {
         record.index = index;
         Ok(record)
     }
+
+    fn rereads_are_cheap(&self) -> bool {
+        self.readers.iter().all(LazyReader::rereads_are_cheap)
+    }
 }

@@ -36,7 +36,7 @@ use std::time::Duration;
 use crossbeam_channel::Sender;
 
 use crate::batch::Batch;
-use crate::dataset::{Dataset, LazyReader};
+use crate::dataset::Dataset;
 use crate::dataset::{fingerprint, hex};
 use crate::error::{Error, Result};
 use crate::pool::{BatchAllocator, BufferPool, HeapAllocator};
@@ -217,12 +217,7 @@ impl Loader {
                     .map_err(|source| Error::ThreadSpawn { source })
             })
             .collect::<Result<Vec<_>>>()?;
-        let inline = workers.is_empty().then(|| {
-            Mutex::new(Worker {
-                reader: LazyReader::new(Arc::clone(&shared.dataset)),
-                transformer: shared.config.transformer(),
-            })
-        });
+        let inline = workers.is_empty().then(|| Mutex::new(Worker::new(&shared)));
         Ok(Loader {
             inner: Arc::new(Inner {
                 shared,
@@ -297,11 +292,8 @@ impl Loader {
                 .run(shared, &job);
         }
         let mut side = self.inner.side.lock().unwrap_or_else(|e| e.into_inner());
-        side.get_or_insert_with(|| Worker {
-            reader: LazyReader::new(Arc::clone(&shared.dataset)),
-            transformer: shared.config.transformer(),
-        })
-        .run(shared, &job)
+        side.get_or_insert_with(|| Worker::new(shared))
+            .run(shared, &job)
     }
 
     /// The batch buffer pool (its allocation count shows steady-state reuse).
@@ -511,6 +503,7 @@ impl Loader {
             samples: c.samples.load(Ordering::Relaxed),
             batches: c.batches.load(Ordering::Relaxed),
             bad_samples: c.bad.load(Ordering::Relaxed),
+            stacked: c.stacked.load(Ordering::Relaxed),
         }
     }
 }

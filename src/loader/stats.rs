@@ -23,6 +23,9 @@ pub struct Stats {
     pub batches: u64,
     /// Bad samples met.
     pub bad_samples: u64,
+    /// Samples whose JPEG was decoded together with others of its batch in one libjpeg-turbo
+    /// call (small JPEGs sharing their headers: the same pixels, a fraction of the fixed cost).
+    pub stacked: u64,
 }
 
 #[derive(Default)]
@@ -35,6 +38,7 @@ pub(super) struct Counters {
     pub(super) samples: AtomicU64,
     pub(super) batches: AtomicU64,
     pub(super) bad: AtomicU64,
+    pub(super) stacked: AtomicU64,
 }
 
 pub(super) fn add(counter: &AtomicU64, d: Duration) {

@@ -22,11 +22,12 @@ const MIX_DOMAIN: u64 = 6;
 /// Candidates tried for one bad sample under `Replace`.
 const REPLACE_ATTEMPTS: usize = 16;
 
+/// Batches in a row whose small JPEGs mostly did not decode together after which a worker
+/// stops trying (see [`Worker::stack_batch`]).
+const STACK_MISSES: u32 = 3;
+
 pub(super) fn worker_loop(shared: &Shared, queue: &Receiver<Job>) {
-    let mut worker = Worker {
-        reader: LazyReader::new(Arc::clone(&shared.dataset)),
-        transformer: shared.config.transformer(),
-    };
+    let mut worker = Worker::new(shared);
     for job in queue.iter() {
         if job.cancel.load(Ordering::Relaxed) {
             continue;
@@ -40,9 +41,20 @@ pub(super) fn worker_loop(shared: &Shared, queue: &Receiver<Job>) {
 pub(super) struct Worker {
     pub(super) reader: LazyReader,
     pub(super) transformer: SampleTransformer,
+    /// Batches in a row in which stacking small JPEGs did not pay; none is tried once this
+    /// reaches [`STACK_MISSES`].
+    stack_misses: u32,
 }
 
 impl Worker {
+    pub(super) fn new(shared: &Shared) -> Worker {
+        Worker {
+            reader: LazyReader::new(Arc::clone(&shared.dataset)),
+            transformer: shared.config.transformer(),
+            stack_misses: 0,
+        }
+    }
+
     /// Builds `job`'s batch; a panic is an error naming the batch, not the end of the thread.
     pub(super) fn run(&mut self, shared: &Shared, job: &Job) -> Result<Batch> {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.build(shared, job)))
@@ -93,6 +105,7 @@ impl Worker {
         let mut times = StageTimes::starting_now();
         // Reads that wait on the network (ranged reads from object storage) start together.
         self.reader.plan_reads(&job.indices);
+        let stacked = self.stack_batch(job, &mut times);
         // The samples, in a closure so that the stage times are counted however it ends.
         let mut fill = || -> Result<()> {
             for (position, &index) in job.indices.iter().enumerate() {
@@ -103,7 +116,8 @@ impl Worker {
                 if let Some(&next) = job.indices.get(position + 1) {
                     self.reader.prefetch(next);
                 }
-                match self.sample(shared, job.epoch, index, &mut collator, &mut times)? {
+                let at = stacked.then_some(position);
+                match self.sample(shared, job.epoch, index, at, &mut collator, &mut times)? {
                     Outcome::Ok(label) => {
                         samples.push(index);
                         labels.push(label);
@@ -147,6 +161,14 @@ impl Worker {
         };
         let result = fill();
         times.add_to(&shared.counters);
+        if stacked {
+            let (stacked, used) = self.transformer.stack_counts();
+            self.stack_result(stacked, used, job.indices.len());
+            shared
+                .counters
+                .stacked
+                .fetch_add(used as u64, Ordering::Relaxed);
+        }
         result?;
         // A batch left with no sample keeps the transform's size when it has one, so that its
         // shape is still [0, 3, h, w] (only a native-size batch with no image has no size).
@@ -201,7 +223,7 @@ impl Worker {
             if candidate == index {
                 continue;
             }
-            match self.sample(shared, epoch, candidate, collator, times)? {
+            match self.sample(shared, epoch, candidate, None, collator, times)? {
                 Outcome::Ok(label) => return Ok(Some((candidate, label))),
                 Outcome::Bad { key, kind, reason } => bad.push(BadSample {
                     index: candidate,
@@ -216,13 +238,63 @@ impl Worker {
         Ok(None)
     }
 
-    /// Reads, decodes and transforms sample `index` into the next free slot. A problem with the
-    /// sample is an `Outcome::Bad`; only a batch-level problem (mixed sizes) is an `Err`.
+    /// Small JPEGs decode several times faster together than one by one (the fixed cost of a
+    /// decode is most of a 32×32 image's; `decode::stack`): before a batch's samples are
+    /// built, their records are read once and offered to the decoder's stack, which decodes
+    /// the ones that can be stacked in one call; [`Self::sample`] then takes their pixels
+    /// from there. The pixels are the same either way. Only where reading a record twice
+    /// costs little, and a worker whose batches do not stack stops trying. Says whether the
+    /// batch's samples may come from the stack.
+    fn stack_batch(&mut self, job: &Job, times: &mut StageTimes) -> bool {
+        if self.stack_misses >= STACK_MISSES {
+            return false;
+        }
+        self.transformer.stack_clear();
+        let mut offered = 0;
+        for (position, &index) in job.indices.iter().enumerate() {
+            // Opened by the first read, so asked after it.
+            if position == 1 && !self.reader.rereads_are_cheap() {
+                self.stack_misses = STACK_MISSES;
+                return false;
+            }
+            if let Ok(record) = self.reader.read(index)
+                && self.transformer.stack_offer(position, record.payload)
+            {
+                offered += 1;
+            }
+            // A dataset of large or unstackable images gives up after a few reads.
+            if position == 3 && offered == 0 {
+                break;
+            }
+        }
+        times.read += times.clock.lap();
+        let stacked = self.transformer.stack_decode();
+        times.decode += times.clock.lap();
+        if stacked == 0 {
+            self.stack_result(0, 0, job.indices.len());
+        }
+        stacked > 0
+    }
+
+    /// Counts a batch whose stack held `stacked` of its `len` samples, `used` of them taken
+    /// from it: less than half taken is a miss.
+    fn stack_result(&mut self, stacked: usize, used: usize, len: usize) {
+        if used * 2 < len || stacked == 0 {
+            self.stack_misses += 1;
+        } else {
+            self.stack_misses = 0;
+        }
+    }
+
+    /// Reads, decodes and transforms sample `index` into the next free slot (`stacked`: its
+    /// position in the batch when the batch was offered to the decoder's stack). A problem with
+    /// the sample is an `Outcome::Bad`; only a batch-level problem (mixed sizes) is an `Err`.
     fn sample(
         &mut self,
         shared: &Shared,
         epoch: u64,
         index: usize,
+        stacked: Option<usize>,
         collator: &mut Collator,
         times: &mut StageTimes,
     ) -> Result<Outcome> {
@@ -252,11 +324,12 @@ impl Worker {
         };
         let label = record.label;
         let mut rng = SampleRng::new(config.sampling.seed, epoch, index as u64);
-        let prepared = match self.transformer.apply_since(
+        let prepared = match self.transformer.apply_stacked(
             times.clock.last,
             &config.transform,
             record.payload,
             &mut rng,
+            stacked,
         ) {
             Ok(p) => p,
             Err(e) => {

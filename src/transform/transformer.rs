@@ -109,6 +109,42 @@ impl SampleTransformer {
         payload: &[u8],
         rng: &mut SampleRng,
     ) -> Result<Prepared<'_>, DecodeError> {
+        self.apply_stacked(started, transform, payload, rng, None)
+    }
+
+    /// Empties the decoder's stack of small JPEGs (see [`Self::stack_offer`]).
+    pub(crate) fn stack_clear(&mut self) {
+        self.decoder.stack_clear();
+    }
+
+    /// Offers the payload the caller will later transform as `position` to the decoder's
+    /// stack of small JPEGs, which [`stack_decode`](Self::stack_decode) decodes in one call;
+    /// [`apply_stacked`](Self::apply_stacked) with that position then takes its pixels from
+    /// there when the transform needs the whole image at full size. Same pixels either way.
+    pub(crate) fn stack_offer(&mut self, position: usize, payload: &[u8]) -> bool {
+        self.decoder.stack_offer(position, payload)
+    }
+
+    /// Decodes the stack; returns how many images it holds (0 after an error: those decode
+    /// alone).
+    pub(crate) fn stack_decode(&mut self) -> usize {
+        self.decoder.stack_decode()
+    }
+
+    /// Images stacked, and how many of them were taken from the stack.
+    pub(crate) fn stack_counts(&self) -> (usize, usize) {
+        self.decoder.stack_counts()
+    }
+
+    /// [`apply_since`](Self::apply_since) for the payload offered to the stack as `stacked`.
+    pub(crate) fn apply_stacked(
+        &mut self,
+        started: Instant,
+        transform: &Transform,
+        payload: &[u8],
+        rng: &mut SampleRng,
+        stacked: Option<usize>,
+    ) -> Result<Prepared<'_>, DecodeError> {
         let mut plan = None;
         // A DCT-scaled decode averages pixels: nearest-neighbour sampling must see them whole.
         let scaling = if self.scaled_decode && transform.interpolation != Interpolation::Nearest {
@@ -120,30 +156,30 @@ impl SampleTransformer {
         let whole_image = !transform.before_geometry.is_empty();
         // One header parse: the crop box (drawn from `rng`, crop first, then flip) decides the
         // decode scale and region.
-        let mut decoded = self
-            .decoder
-            .decode_crop(payload, &mut self.decoded, |header| {
-                let planned = plan_crop(transform, header, rng);
-                let crop = planned.as_ref().ok().map(|&(crop, out_w, out_h, _)| {
-                    if whole_image {
-                        CropPlan {
-                            crop: Rect::full(header.width, header.height),
-                            out_width: header.width,
-                            out_height: header.height,
-                            scaling: DctScaling::Off,
+        let mut decoded =
+            self.decoder
+                .decode_crop_at(payload, stacked, &mut self.decoded, |header| {
+                    let planned = plan_crop(transform, header, rng);
+                    let crop = planned.as_ref().ok().map(|&(crop, out_w, out_h, _)| {
+                        if whole_image {
+                            CropPlan {
+                                crop: Rect::full(header.width, header.height),
+                                out_width: header.width,
+                                out_height: header.height,
+                                scaling: DctScaling::Off,
+                            }
+                        } else {
+                            CropPlan {
+                                crop,
+                                out_width: out_w,
+                                out_height: out_h,
+                                scaling,
+                            }
                         }
-                    } else {
-                        CropPlan {
-                            crop,
-                            out_width: out_w,
-                            out_height: out_h,
-                            scaling,
-                        }
-                    }
-                });
-                plan = Some(planned);
-                crop.filter(|_| !matches!(transform.geometry, Geometry::Native))
-            })?;
+                    });
+                    plan = Some(planned);
+                    crop.filter(|_| !matches!(transform.geometry, Geometry::Native))
+                })?;
         let (crop, out_w, out_h, mut flip) =
             plan.expect("the plan runs once the header is read")?;
         if whole_image {

@@ -854,7 +854,9 @@ fn stage_times_cover_every_stage_and_never_exceed_the_workers_time() {
 
 #[test]
 fn decoded_pixels_match_a_direct_decode_for_native_u8() {
-    // The loader's u8 NHWC output for a JPEG dataset equals decoding the payload directly.
+    // The loader's u8 NHWC output for a JPEG dataset equals decoding the payload directly,
+    // also where (as here: 24×16 JPEGs of one encoder) the workers decode each batch's
+    // images together in one stack.
     let dir = tempfile::tempdir().unwrap();
     let (_, lmdb, _) = datasets(dir.path());
     let loader = Loader::new(Arc::clone(&lmdb), config(Transform::none(), 3, 2)).unwrap();
@@ -871,6 +873,7 @@ fn decoded_pixels_match_a_direct_decode_for_native_u8() {
             assert_eq!(&batch.as_u8()[i * slot..(i + 1) * slot], rgb.as_slice());
         }
     }
+    assert_eq!(loader.stats().stacked, 30, "every batch decoded as a stack");
 }
 
 #[test]

@@ -736,6 +736,14 @@ impl RecordReader for RecordsReader {
         let _ = indices;
     }
 
+    fn rereads_are_cheap(&self) -> bool {
+        #[cfg(feature = "remote")]
+        if self.shared.shards.iter().any(|s| s.data.is_ranged()) {
+            return false;
+        }
+        true
+    }
+
     fn prefetch(&mut self, index: usize) {
         let shared = &*self.shared;
         if index >= shared.info.num_samples {

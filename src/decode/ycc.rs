@@ -1,0 +1,242 @@
+//! The last two steps of libjpeg-turbo's decode, for images whose Y, Cb and Cr planes it
+//! decoded as part of a stack ([`super::stack`]): the "fancy" 4:2:0 chroma upsampling (a
+//! triangle filter; jdsample.c's `h2v2_fancy_upsample`) and the JFIF YCbCr-to-RGB conversion
+//! (jdcolor.c's `ycc_rgb_convert`), in libjpeg's own integer arithmetic, so the pixels are
+//! bit-identical to a decode of the file on its own (libjpeg-turbo's SIMD versions of both are
+//! bit-exact with its C; the tests compare against the library's output).
+//!
+//! Each image's first and last chroma rows are their own upsampler's context (libjpeg
+//! replicates an image's edge rows), which is why a stack is decoded to planes and not to RGB:
+//! decoded as one tall image, each image's top and bottom rows would blend with its
+//! neighbours' chroma.
+//!
+//! The code is written for the compiler to vectorise, and compiled twice on x86-64: once for
+//! any CPU and once with AVX2, picked at run time. Same integer operations either way.
+
+/// How a stackable JPEG's components are sampled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sampling {
+    /// One component: R = G = B = Y.
+    Gray,
+    /// Y, Cb, Cr at full resolution.
+    Ycc444,
+    /// Cb and Cr at half the width and height (Y sampled 2×2, chroma 1×1).
+    Ycc420,
+}
+
+impl Sampling {
+    /// Chroma plane size for an image of `width × height` pixels.
+    pub(crate) fn chroma_size(self, width: usize, height: usize) -> (usize, usize) {
+        match self {
+            Sampling::Gray => (0, 0),
+            Sampling::Ycc444 => (width, height),
+            Sampling::Ycc420 => (width.div_ceil(2), height.div_ceil(2)),
+        }
+    }
+}
+
+/// The widest image converted here (the row scratch lives on the stack).
+pub(crate) const MAX_WIDTH: usize = 512;
+
+/// One image's planes: `height` rows of `y_stride` bytes, and for colour images the chroma
+/// rows ([`Sampling::chroma_size`]) of `c_stride` bytes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Planes<'a> {
+    pub y: &'a [u8],
+    pub y_stride: usize,
+    pub cb: &'a [u8],
+    pub cr: &'a [u8],
+    pub c_stride: usize,
+}
+
+/// Writes the `width × height` image in `planes` into `out` as HWC RGB.
+///
+/// # Panics
+/// When `width` exceeds [`MAX_WIDTH`], a plane is shorter than its rows, or `out` is not
+/// `width × height × 3` bytes (caller bugs).
+pub(crate) fn to_rgb(
+    sampling: Sampling,
+    planes: Planes<'_>,
+    width: usize,
+    height: usize,
+    out: &mut [u8],
+) {
+    assert!(width <= MAX_WIDTH && width > 0, "width {width}");
+    assert_eq!(out.len(), width * height * 3, "output size");
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        unsafe { to_rgb_avx2(sampling, planes, width, height, out) };
+        return;
+    }
+    to_rgb_any(sampling, planes, width, height, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn to_rgb_avx2(
+    sampling: Sampling,
+    planes: Planes<'_>,
+    width: usize,
+    height: usize,
+    out: &mut [u8],
+) {
+    to_rgb_any(sampling, planes, width, height, out);
+}
+
+#[inline(always)]
+fn to_rgb_any(sampling: Sampling, p: Planes<'_>, width: usize, height: usize, out: &mut [u8]) {
+    let (cw, ch) = sampling.chroma_size(width, height);
+    let mut sums = [0u16; MAX_WIDTH];
+    let mut cb_row = [0u8; MAX_WIDTH + 1];
+    let mut cr_row = [0u8; MAX_WIDTH + 1];
+    for (row, rgb) in out.chunks_exact_mut(width * 3).enumerate() {
+        let y = &p.y[row * p.y_stride..][..width];
+        match sampling {
+            Sampling::Gray => {
+                for (o, &v) in rgb.chunks_exact_mut(3).zip(y) {
+                    o.copy_from_slice(&[v, v, v]);
+                }
+            }
+            Sampling::Ycc444 => {
+                let cb = &p.cb[row * p.c_stride..][..width];
+                let cr = &p.cr[row * p.c_stride..][..width];
+                convert_row(y, cb, cr, rgb);
+            }
+            Sampling::Ycc420 => {
+                // Output row 2k blends chroma row k with the row above it, row 2k+1 with the
+                // row below; an image's edge rows are their own neighbours.
+                let near = row / 2;
+                let far = if row % 2 == 1 {
+                    (near + 1).min(ch - 1)
+                } else {
+                    near.saturating_sub(1)
+                };
+                let (near, far) = (near * p.c_stride, far * p.c_stride);
+                let up = 2 * cw;
+                upsample_row(
+                    &p.cb[near..][..cw],
+                    &p.cb[far..][..cw],
+                    &mut sums[..cw],
+                    &mut cb_row[..up],
+                );
+                upsample_row(
+                    &p.cr[near..][..cw],
+                    &p.cr[far..][..cw],
+                    &mut sums[..cw],
+                    &mut cr_row[..up],
+                );
+                convert_row(y, &cb_row[..width], &cr_row[..width], rgb);
+            }
+        }
+    }
+}
+
+/// One output row of 4:2:0 fancy upsampling: `near` is the chroma row the output row lies in,
+/// `far` the adjacent one on the output row's side; `out` gets `2 × near.len()` samples.
+/// libjpeg: column sums `3·near + far`, then `(3·this + left + 8) >> 4` and
+/// `(3·this + right + 7) >> 4`, the edge columns their own neighbours.
+#[inline(always)]
+fn upsample_row(near: &[u8], far: &[u8], sums: &mut [u16], out: &mut [u8]) {
+    let cw = near.len();
+    debug_assert!(
+        cw >= 2,
+        "libjpeg upsamples narrower chroma without the filter"
+    );
+    for ((s, &n), &f) in sums.iter_mut().zip(near).zip(far) {
+        *s = 3 * n as u16 + f as u16;
+    }
+    out[0] = ((4 * sums[0] + 8) >> 4) as u8;
+    out[1] = ((3 * sums[0] + sums[1] + 7) >> 4) as u8;
+    for (w, o) in sums.windows(3).zip(out[2..].chunks_exact_mut(2)) {
+        let this = 3 * w[1];
+        o[0] = ((this + w[0] + 8) >> 4) as u8;
+        o[1] = ((this + w[2] + 7) >> 4) as u8;
+    }
+    let last = sums[cw - 1];
+    out[2 * cw - 2] = ((3 * last + sums[cw - 2] + 8) >> 4) as u8;
+    out[2 * cw - 1] = ((4 * last + 7) >> 4) as u8;
+}
+
+/// JFIF YCbCr to RGB as libjpeg computes it: `FIX(x)` is `x·65536` rounded, `R = Y +
+/// (FIX(1.402)·Cr + ½) >> 16`, `G = Y + (−FIX(0.34414)·Cb − FIX(0.71414)·Cr + ½) >> 16`,
+/// `B = Y + (FIX(1.772)·Cb + ½) >> 16`, with Cb and Cr centred on 128, clamped to 0..=255.
+#[inline(always)]
+fn convert_row(y: &[u8], cb: &[u8], cr: &[u8], out: &mut [u8]) {
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        done = unsafe { convert_row_avx2(y, cb, cr, out) };
+    }
+    for (((o, &y), &cb), &cr) in out[3 * done..]
+        .chunks_exact_mut(3)
+        .zip(&y[done..])
+        .zip(&cb[done..])
+        .zip(&cr[done..])
+    {
+        let (y, cb, cr) = (y as i32, cb as i32 - 128, cr as i32 - 128);
+        o[0] = (y + ((91_881 * cr + 32_768) >> 16)).clamp(0, 255) as u8;
+        o[1] = (y + ((-22_554 * cb - 46_802 * cr + 32_768) >> 16)).clamp(0, 255) as u8;
+        o[2] = (y + ((116_130 * cb + 32_768) >> 16)).clamp(0, 255) as u8;
+    }
+}
+
+/// [`convert_row`] eight pixels at a time in 32-bit lanes, the same operations (the packs
+/// saturate as the clamp does); returns how many pixels it wrote (a multiple of 8; the caller
+/// does the rest).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn convert_row_avx2(y: &[u8], cb: &[u8], cr: &[u8], out: &mut [u8]) -> usize {
+    use std::arch::x86_64::*;
+    let w = y.len().min(cb.len()).min(cr.len()).min(out.len() / 3);
+    // Per 128-bit lane, bytes r0..r3 g0..g3 b0..b3 (then zeros) to r0 g0 b0 r1 g1 b1 ...
+    let order = _mm256_setr_epi8(
+        0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11, -1, -1, -1, -1, //
+        0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11, -1, -1, -1, -1,
+    );
+    let centre = _mm256_set1_epi32(128);
+    let half = _mm256_set1_epi32(32_768);
+    let (r_cr, g_cb, g_cr, b_cb) = (
+        _mm256_set1_epi32(91_881),
+        _mm256_set1_epi32(-22_554),
+        _mm256_set1_epi32(-46_802),
+        _mm256_set1_epi32(116_130),
+    );
+    let load = |s: &[u8], x: usize| {
+        // SAFETY: x + 8 <= w <= s.len(): eight readable bytes.
+        unsafe { _mm256_cvtepu8_epi32(_mm_loadl_epi64(s.as_ptr().add(x).cast())) }
+    };
+    let mut x = 0;
+    while x + 8 <= w {
+        let l = load(y, x);
+        let u = _mm256_sub_epi32(load(cb, x), centre);
+        let v = _mm256_sub_epi32(load(cr, x), centre);
+        let r = _mm256_add_epi32(
+            l,
+            _mm256_srai_epi32::<16>(_mm256_add_epi32(_mm256_mullo_epi32(v, r_cr), half)),
+        );
+        let g = _mm256_add_epi32(
+            l,
+            _mm256_srai_epi32::<16>(_mm256_add_epi32(
+                _mm256_add_epi32(_mm256_mullo_epi32(u, g_cb), _mm256_mullo_epi32(v, g_cr)),
+                half,
+            )),
+        );
+        let b = _mm256_add_epi32(
+            l,
+            _mm256_srai_epi32::<16>(_mm256_add_epi32(_mm256_mullo_epi32(u, b_cb), half)),
+        );
+        // Lane k (pixels 4k..4k+3): r, g as i16, then b and zeros; then bytes, clamped.
+        let rg = _mm256_packs_epi32(r, g);
+        let bz = _mm256_packs_epi32(b, _mm256_setzero_si256());
+        let bytes = _mm256_shuffle_epi8(_mm256_packus_epi16(rg, bz), order);
+        let mut twelve = [[0u8; 16]; 2];
+        // SAFETY: two 16-byte stores into a 32-byte array.
+        unsafe { _mm256_storeu_si256(twelve.as_mut_ptr().cast(), bytes) };
+        out[3 * x..3 * x + 12].copy_from_slice(&twelve[0][..12]);
+        out[3 * x + 12..3 * x + 24].copy_from_slice(&twelve[1][..12]);
+        x += 8;
+    }
+    x
+}
