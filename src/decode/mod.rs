@@ -512,48 +512,52 @@ impl Decoder {
         out: &mut Vec<u8>,
         plan: impl FnOnce(&ImageHeader) -> Option<CropPlan>,
     ) -> Result<CropDecoded, DecodeError> {
-        self.decode_crop_at(data, None, out, plan)
-    }
-
-    /// [`decode_crop`](Self::decode_crop) of the image offered to the stack at `stacked`
-    /// ([`stack_offer`](Self::stack_offer)): its pixels come from the decoded stack when they
-    /// are the ones the plan needs (the whole image at full size) and `data` is the image
-    /// stacked at that position; otherwise, or with `None`, it is decoded alone.
-    pub(crate) fn decode_crop_at(
-        &mut self,
-        data: &[u8],
-        stacked: Option<usize>,
-        out: &mut Vec<u8>,
-        plan: impl FnOnce(&ImageHeader) -> Option<CropPlan>,
-    ) -> Result<CropDecoded, DecodeError> {
-        if let Some(position) = stacked
-            && let Some((header, jh)) = self.stack.member(position, data)
-        {
-            let plan = plan(&header);
-            let whole = plan.is_none_or(|plan| {
-                dct_scale_for(&jh, &plan) == 8
-                    && !(plan.crop.is_inside(jh.width as f64, jh.height as f64)
-                        && region_around(&jh, 8, plan.crop, &plan).is_some())
-            });
-            if whole && !jh.cmyk {
-                self.stack.pixels(position, out);
-                let crop = plan.map_or(Rect::full(header.width, header.height), |p| p.crop);
-                return Ok(CropDecoded {
-                    header,
-                    width: header.width,
-                    height: header.height,
-                    crop,
-                });
-            }
-            let header = self.probe(data)?;
-            return self.decode_planned(data, header, plan, out);
-        }
         let header = self.probe(data)?;
         let plan = plan(&header);
         self.decode_planned(data, header, plan, out)
     }
 
-    /// The rest of [`decode_crop_at`](Self::decode_crop_at) once `data`'s header is probed
+    /// [`decode_crop`](Self::decode_crop) of the image stacked at `position`
+    /// ([`stack_offer`](Self::stack_offer)), whose bytes the stack holds: its pixels come from
+    /// the decoded stack when they are what the plan needs (the whole image at full size),
+    /// otherwise it is decoded alone from those bytes.
+    pub(crate) fn decode_crop_stacked(
+        &mut self,
+        position: usize,
+        out: &mut Vec<u8>,
+        plan: impl FnOnce(&ImageHeader) -> Option<CropPlan>,
+    ) -> Result<CropDecoded, DecodeError> {
+        let Some((header, jh)) = self.stack.member(position) else {
+            return Err(DecodeError::Jpeg(format!(
+                "no image was stacked at position {position}"
+            )));
+        };
+        let plan = plan(&header);
+        let whole = plan.is_none_or(|plan| {
+            dct_scale_for(&jh, &plan) == 8
+                && !(plan.crop.is_inside(jh.width as f64, jh.height as f64)
+                    && region_around(&jh, 8, plan.crop, &plan).is_some())
+        });
+        if whole {
+            self.stack.pixels(position, out);
+            let crop = plan.map_or(Rect::full(header.width, header.height), |p| p.crop);
+            return Ok(CropDecoded {
+                header,
+                width: header.width,
+                height: header.height,
+                crop,
+            });
+        }
+        let mut data = std::mem::take(&mut self.rows);
+        self.stack.bytes(position, &mut data);
+        let result = self
+            .probe(&data)
+            .and_then(|header| self.decode_planned(&data, header, plan, out));
+        self.rows = data;
+        result
+    }
+
+    /// The rest of [`decode_crop`](Self::decode_crop) once `data`'s header is probed
     /// and the plan made.
     fn decode_planned(
         &mut self,
@@ -681,9 +685,11 @@ impl Decoder {
     /// Offers `data`, the image the caller will later decode as `position` (increasing from
     /// one offer to the next), to the stack: small JPEGs with the same headers as the stack's
     /// first are decoded together by [`stack_decode`](Self::stack_decode), and
-    /// [`decode_crop_at`](Self::decode_crop_at) then takes their pixels from there. Says
+    /// [`decode_crop_stacked`](Self::decode_crop_stacked) then takes their pixels from there. Says
     /// whether it was stacked; nothing is ever an error here (an image that is not stacked,
-    /// or a damaged one, is decoded alone later).
+    /// or a damaged one, is decoded alone later). The stack keeps a copy of what it needs of
+    /// `data`: a stacked image is later decoded by position alone
+    /// ([`decode_crop_stacked`](Self::decode_crop_stacked)).
     pub(crate) fn stack_offer(&mut self, position: usize, data: &[u8]) -> bool {
         if !self.stack.has_group() {
             let Some(shape) = Shape::of(data) else {
@@ -705,9 +711,9 @@ impl Decoder {
         self.stack.push(position, data)
     }
 
-    /// Decodes the stacked images in one libjpeg-turbo call. On any error or warning none of
-    /// them comes from the stack (each is decoded alone, with its own error if it has one).
-    /// Returns how many were stacked.
+    /// Decodes the stacked images in one libjpeg-turbo call. Returns how many were stacked:
+    /// 0 after any error or warning, when none of them is in the stack any more (the caller
+    /// decodes each alone, and a damaged one gets its own error).
     pub(crate) fn stack_decode(&mut self) -> usize {
         if self.stack.counts().0 < 2 || self.jpeg().is_err() {
             self.stack.clear();
@@ -721,7 +727,7 @@ impl Decoder {
     }
 
     /// Images stacked since the last [`stack_clear`](Self::stack_clear), and how many of them
-    /// [`decode_crop_at`](Self::decode_crop_at) took from the stack.
+    /// [`decode_crop_stacked`](Self::decode_crop_stacked) took from the stack.
     pub(crate) fn stack_counts(&self) -> (usize, usize) {
         self.stack.counts()
     }

@@ -24,8 +24,8 @@
 //!
 //! Damage: if libjpeg-turbo reports any error or warning for the stack, none of it is used and
 //! every image is decoded alone, so a damaged file fails with its own error, as it would have.
-//! A member's bytes are compared with what was stacked before its pixels are handed out, so
-//! the pixels are always those of the bytes asked about.
+//! The stack keeps each member's bytes (the shared headers once, its data), so a member that
+//! needs another decode than the whole image (a DCT-scaled crop) is decoded alone from them.
 
 use std::ops::Range;
 
@@ -309,40 +309,42 @@ impl JpegStack {
         result
     }
 
-    /// The header of the image at `position` when it was stacked from exactly `data` and the
-    /// stack decoded: `(header, jpeg header)` as the decoder would read them from `data`.
-    pub(crate) fn member(&self, position: usize, data: &[u8]) -> Option<(ImageHeader, JpegHeader)> {
+    /// The header of the image stacked at `position`, once the stack is decoded: `(header,
+    /// jpeg header)` as the decoder reads them from its bytes.
+    pub(crate) fn member(&self, position: usize) -> Option<(ImageHeader, JpegHeader)> {
         let group = self.group.as_ref()?;
-        let member = self.find(position)?;
-        let head = group.head.len();
-        let same = self.decoded
-            && data.len() == head + member.data.len() + 2
-            && data[..head] == group.head[..]
-            && data[head..data.len() - 2] == self.jpeg[member.data.clone()]
-            && data[data.len() - 2..] == [0xFF, 0xD9];
-        same.then_some((group.header, group.jpeg_header))
+        self.find(position)?;
+        self.decoded.then_some((group.header, group.jpeg_header))
     }
 
-    fn find(&self, position: usize) -> Option<&Member> {
-        let at = self
-            .members
+    fn find(&self, position: usize) -> Option<usize> {
+        self.members
             .binary_search_by_key(&position, |m| m.position)
-            .ok()?;
-        Some(&self.members[at])
+            .ok()
     }
 
-    /// Writes the RGB pixels of the image at `position` into `out` (resized to fit); call only
-    /// after [`member`](Self::member) said its bytes are the stacked ones.
+    /// The bytes of the file stacked at `position` (its headers, data and `EOI`), into `out`.
+    ///
+    /// # Panics
+    /// When there is no such member (a caller bug).
+    pub(crate) fn bytes(&self, position: usize, out: &mut Vec<u8>) {
+        let group = self.group.as_ref().expect("a stack");
+        let member = &self.members[self.find(position).expect("a stacked member")];
+        out.clear();
+        out.extend_from_slice(&group.head);
+        out.extend_from_slice(&self.jpeg[member.data.clone()]);
+        out.extend_from_slice(&[0xFF, 0xD9]);
+    }
+
+    /// Writes the RGB pixels of the image at `position` into `out` (resized to fit), once the
+    /// stack is decoded.
     ///
     /// # Panics
     /// When there is no such decoded member (a caller bug).
     pub(crate) fn pixels(&mut self, position: usize, out: &mut Vec<u8>) {
         let group = self.group.as_ref().expect("a decoded stack");
         assert!(self.decoded, "a decoded stack");
-        let index = self
-            .members
-            .binary_search_by_key(&position, |m| m.position)
-            .expect("a stacked member");
+        let index = self.find(position).expect("a stacked member");
         let shape = group.shape;
         let (w, h) = (shape.width as usize, shape.height as usize);
         let height = self.members.len() * h;

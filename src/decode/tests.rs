@@ -596,18 +596,23 @@ fn through_the_stack(
 ) {
     let mut decoder = Decoder::new();
     decoder.stack_clear();
-    for (position, image) in images.iter().enumerate() {
-        decoder.stack_offer(position, image);
-    }
+    let offered: Vec<bool> = images
+        .iter()
+        .enumerate()
+        .map(|(position, image)| decoder.stack_offer(position, image))
+        .collect();
     let stacked = decoder.stack_decode();
     let results = images
         .iter()
         .enumerate()
         .map(|(position, image)| {
             let mut out = Vec::new();
-            decoder
-                .decode_crop_at(image, Some(position), &mut out, &plan)
-                .map(|c| (c, out))
+            if offered[position] && stacked > 0 {
+                decoder.decode_crop_stacked(position, &mut out, &plan)
+            } else {
+                decoder.decode_crop(image, &mut out, &plan)
+            }
+            .map(|c| (c, out))
         })
         .collect();
     (results, stacked, decoder.stack_counts().1)
@@ -665,8 +670,8 @@ fn stacked_small_jpegs_have_the_pixels_each_has_alone() {
 
 /// What a stack cannot hold is refused at the door: other headers (quality), progressive
 /// files, restart markers, 4:2:2, a height that is not whole MCU rows, large images, a marker
-/// inside the data, bytes after the end. Refused images still decode, alone, and a stacked
-/// position asked about with other bytes gets those bytes' pixels.
+/// inside the data, bytes after the end. Refused images still decode, alone; a position
+/// holding no stacked image is an error.
 #[test]
 fn what_cannot_be_stacked_decodes_alone() {
     use turbojpeg::Subsamp::*;
@@ -698,29 +703,27 @@ fn what_cannot_be_stacked_decodes_alone() {
     // Another quality: other tables, so not the stack's headers.
     let other_quality = seeded_jpeg(32, 32, Sub2x2, 4, 50);
     let same = seeded_jpeg(32, 32, Sub2x2, 5, 90);
-    let images = [good.clone(), other_quality.clone(), same.clone()];
     let mut decoder = Decoder::new();
     decoder.stack_clear();
     assert!(decoder.stack_offer(0, &good));
     assert!(!decoder.stack_offer(1, &other_quality));
     assert!(decoder.stack_offer(2, &same));
     assert_eq!(decoder.stack_decode(), 2);
-    for (position, image) in images.iter().enumerate() {
+    for (position, image) in [(0, &good), (2, &same)] {
         let mut out = Vec::new();
         decoder
-            .decode_crop_at(image, Some(position), &mut out, |_| Option::None)
+            .decode_crop_stacked(position, &mut out, |_| Option::None)
             .unwrap();
         assert!(out == alone(image, |_| Option::None).unwrap().1);
     }
     assert_eq!(decoder.stack_counts(), (2, 2));
-    // Position 2 asked about with other bytes (same headers): those bytes' pixels.
+    // A position that holds no stacked image is an error, not another image's pixels.
     let mut out = Vec::new();
-    let impostor = seeded_jpeg(32, 32, Sub2x2, 6, 90);
-    decoder
-        .decode_crop_at(&impostor, Some(2), &mut out, |_| Option::None)
-        .unwrap();
-    assert!(out == alone(&impostor, |_| Option::None).unwrap().1);
-    assert_eq!(decoder.stack_counts(), (2, 2));
+    assert!(
+        decoder
+            .decode_crop_stacked(1, &mut out, |_| Option::None)
+            .is_err()
+    );
     // The refused ones, offered after a good one, decode alone with their own pixels.
     let mut images = vec![good.clone()];
     images.extend(refused.iter().map(|(_, image)| image.clone()));

@@ -14,6 +14,7 @@ use crate::pool::PooledBuffer;
 use crate::rng::SampleRng;
 use crate::transform::Layout;
 use crate::transform::SampleTransformer;
+use crate::transform::transformer::Source;
 
 /// Domain of the replacement-choice streams (sample streams use 0, the shuffle 1).
 const REPLACE_DOMAIN: u64 = 2;
@@ -44,6 +45,9 @@ pub(super) struct Worker {
     /// Batches in a row in which stacking small JPEGs did not pay; none is tried once this
     /// reaches [`STACK_MISSES`].
     stack_misses: u32,
+    /// The label and key of each sample of the batch that is in the decoder's stack, by
+    /// position: [`Self::sample`] takes it from the stack without reading it again.
+    stacked: Vec<Option<(u32, String)>>,
 }
 
 impl Worker {
@@ -52,6 +56,7 @@ impl Worker {
             reader: LazyReader::new(Arc::clone(&shared.dataset)),
             transformer: shared.config.transformer(),
             stack_misses: 0,
+            stacked: Vec::new(),
         }
     }
 
@@ -113,7 +118,9 @@ impl Worker {
                     return Err(Error::Cancelled);
                 }
                 // The next sample's bytes load while this one decodes.
-                if let Some(&next) = job.indices.get(position + 1) {
+                if let Some(&next) = job.indices.get(position + 1)
+                    && !self.stacked.get(position + 1).is_some_and(Option::is_some)
+                {
                     self.reader.prefetch(next);
                 }
                 let at = stacked.then_some(position);
@@ -250,6 +257,8 @@ impl Worker {
             return false;
         }
         self.transformer.stack_clear();
+        self.stacked.clear();
+        self.stacked.resize(job.indices.len(), None);
         let mut offered = 0;
         for (position, &index) in job.indices.iter().enumerate() {
             // Opened by the first read, so asked after it.
@@ -260,6 +269,7 @@ impl Worker {
             if let Ok(record) = self.reader.read(index)
                 && self.transformer.stack_offer(position, record.payload)
             {
+                self.stacked[position] = Some((record.label, record.key.to_owned()));
                 offered += 1;
             }
             // A dataset of large or unstackable images gives up after a few reads.
@@ -271,6 +281,7 @@ impl Worker {
         let stacked = self.transformer.stack_decode();
         times.decode += times.clock.lap();
         if stacked == 0 {
+            self.stacked.clear();
             self.stack_result(0, 0, job.indices.len());
         }
         stacked > 0
@@ -301,53 +312,69 @@ impl Worker {
         let config = &shared.config;
         // The read stage runs from the end of the previous sample (or the batch's start), so
         // it includes the loop's own work, such as the prefetch hint for this record.
-        let record = self.reader.read(index);
-        times.read += times.clock.lap();
-        let record = match record {
-            Ok(record) => record,
-            // Not the sample's fault: the cache has no room for its shard. Going on would make
-            // every later sample of that shard bad too; the batch fails, saying what to do.
-            Err(e @ Error::CacheFull { .. }) => return Err(e),
-            // The dataset's file was replaced or rewritten since it was opened: every later
-            // sample would be bad too, or another file's. The batch fails, naming the file.
-            Err(e @ Error::FileChanged { .. }) => return Err(e),
-            Err(e) => {
-                return Ok(Outcome::Bad {
-                    key: match &e {
-                        Error::CorruptRecord { key, .. } => key.clone(),
-                        _ => format!("#{index}"),
-                    },
-                    kind: BadSampleKind::of_read_error(&e),
-                    reason: e.to_string(),
-                });
+        // A stacked sample was read (and checked) before the batch's stack was decoded: its
+        // label and key were kept, and the stack holds its bytes.
+        let kept = stacked
+            .and_then(|p| self.stacked.get(p))
+            .and_then(Option::as_ref);
+        let (label, key, source) = match kept {
+            Some((label, key)) => {
+                times.read += times.clock.lap();
+                (
+                    *label,
+                    key.as_str(),
+                    Source::Stacked(stacked.expect("kept")),
+                )
+            }
+            None => {
+                let record = self.reader.read(index);
+                times.read += times.clock.lap();
+                match record {
+                    Ok(record) => (record.label, record.key, Source::Payload(record.payload)),
+                    // Not the sample's fault: the cache has no room for its shard. Going on
+                    // would make every later sample of that shard bad too; the batch fails,
+                    // saying what to do.
+                    Err(e @ Error::CacheFull { .. }) => return Err(e),
+                    // The dataset's file was replaced or rewritten since it was opened: every
+                    // later sample would be bad too, or another file's. The batch fails,
+                    // naming the file.
+                    Err(e @ Error::FileChanged { .. }) => return Err(e),
+                    Err(e) => {
+                        return Ok(Outcome::Bad {
+                            key: match &e {
+                                Error::CorruptRecord { key, .. } => key.clone(),
+                                _ => format!("#{index}"),
+                            },
+                            kind: BadSampleKind::of_read_error(&e),
+                            reason: e.to_string(),
+                        });
+                    }
+                }
             }
         };
-        let label = record.label;
         let mut rng = SampleRng::new(config.sampling.seed, epoch, index as u64);
-        let prepared = match self.transformer.apply_stacked(
-            times.clock.last,
-            &config.transform,
-            record.payload,
-            &mut rng,
-            stacked,
-        ) {
-            Ok(p) => p,
-            Err(e) => {
-                times.decode += times.clock.lap();
-                return Ok(Outcome::Bad {
-                    key: record.key.to_string(),
-                    kind: BadSampleKind::of_decode_error(&e),
-                    reason: e.to_string(),
-                });
-            }
-        };
+        let prepared =
+            match self
+                .transformer
+                .apply_to(times.clock.last, &config.transform, source, &mut rng)
+            {
+                Ok(p) => p,
+                Err(e) => {
+                    times.decode += times.clock.lap();
+                    return Ok(Outcome::Bad {
+                        key: key.to_string(),
+                        kind: BadSampleKind::of_decode_error(&e),
+                        reason: e.to_string(),
+                    });
+                }
+            };
         times.decode += prepared.decode_time;
         times.transform += prepared.transform_time;
         times.clock.last = prepared.finished;
         let (w, h) = (prepared.width, prepared.height);
         match &collator.size {
             None => {
-                collator.size = Some((w, h, index, record.key.to_string()));
+                collator.size = Some((w, h, index, key.to_string()));
                 collator.slot_len = config.transform.output.slot_len(w, h);
                 let bytes = collator.slot_len * collator.capacity;
                 collator.buffer =
@@ -370,7 +397,7 @@ impl Worker {
                     first_key: first_key.clone(),
                     first_size: (*fw, *fh),
                     index,
-                    key: record.key.to_string(),
+                    key: key.to_string(),
                     size: (w, h),
                 });
             }

@@ -16,6 +16,16 @@ use super::crop::{Padding, PaddingMode, center_crop, random_crop, random_resized
 use super::pixel::PixelScratch;
 use super::{Geometry, Transform};
 
+/// Where a sample's image comes from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Source<'a> {
+    /// Its payload, as read.
+    Payload(&'a [u8]),
+    /// The image the decoder's stack holds at this position (see
+    /// [`SampleTransformer::stack_offer`]).
+    Stacked(usize),
+}
+
 /// Which of a [`SampleTransformer`]'s buffers holds a finished image.
 enum Finished {
     /// The decoder's output, already the output size.
@@ -109,7 +119,7 @@ impl SampleTransformer {
         payload: &[u8],
         rng: &mut SampleRng,
     ) -> Result<Prepared<'_>, DecodeError> {
-        self.apply_stacked(started, transform, payload, rng, None)
+        self.apply_to(started, transform, Source::Payload(payload), rng)
     }
 
     /// Empties the decoder's stack of small JPEGs (see [`Self::stack_offer`]).
@@ -119,8 +129,9 @@ impl SampleTransformer {
 
     /// Offers the payload the caller will later transform as `position` to the decoder's
     /// stack of small JPEGs, which [`stack_decode`](Self::stack_decode) decodes in one call;
-    /// [`apply_stacked`](Self::apply_stacked) with that position then takes its pixels from
-    /// there when the transform needs the whole image at full size. Same pixels either way.
+    /// [`apply_to`](Self::apply_to) with [`Source::Stacked`] then takes its pixels from
+    /// there (when the transform needs the whole image at full size; else it decodes the bytes
+    /// the stack kept). Same pixels either way.
     pub(crate) fn stack_offer(&mut self, position: usize, payload: &[u8]) -> bool {
         self.decoder.stack_offer(position, payload)
     }
@@ -136,14 +147,13 @@ impl SampleTransformer {
         self.decoder.stack_counts()
     }
 
-    /// [`apply_since`](Self::apply_since) for the payload offered to the stack as `stacked`.
-    pub(crate) fn apply_stacked(
+    /// [`apply_since`](Self::apply_since) of a payload or of an image in the decoder's stack.
+    pub(crate) fn apply_to(
         &mut self,
         started: Instant,
         transform: &Transform,
-        payload: &[u8],
+        source: Source<'_>,
         rng: &mut SampleRng,
-        stacked: Option<usize>,
     ) -> Result<Prepared<'_>, DecodeError> {
         let mut plan = None;
         // A DCT-scaled decode averages pixels: nearest-neighbour sampling must see them whole.
@@ -156,30 +166,38 @@ impl SampleTransformer {
         let whole_image = !transform.before_geometry.is_empty();
         // One header parse: the crop box (drawn from `rng`, crop first, then flip) decides the
         // decode scale and region.
-        let mut decoded =
-            self.decoder
-                .decode_crop_at(payload, stacked, &mut self.decoded, |header| {
-                    let planned = plan_crop(transform, header, rng);
-                    let crop = planned.as_ref().ok().map(|&(crop, out_w, out_h, _)| {
-                        if whole_image {
-                            CropPlan {
-                                crop: Rect::full(header.width, header.height),
-                                out_width: header.width,
-                                out_height: header.height,
-                                scaling: DctScaling::Off,
-                            }
-                        } else {
-                            CropPlan {
-                                crop,
-                                out_width: out_w,
-                                out_height: out_h,
-                                scaling,
-                            }
-                        }
-                    });
-                    plan = Some(planned);
-                    crop.filter(|_| !matches!(transform.geometry, Geometry::Native))
-                })?;
+        let plan_for = |header: &ImageHeader| {
+            let planned = plan_crop(transform, header, rng);
+            let crop = planned.as_ref().ok().map(|&(crop, out_w, out_h, _)| {
+                if whole_image {
+                    CropPlan {
+                        crop: Rect::full(header.width, header.height),
+                        out_width: header.width,
+                        out_height: header.height,
+                        scaling: DctScaling::Off,
+                    }
+                } else {
+                    CropPlan {
+                        crop,
+                        out_width: out_w,
+                        out_height: out_h,
+                        scaling,
+                    }
+                }
+            });
+            plan = Some(planned);
+            crop.filter(|_| !matches!(transform.geometry, Geometry::Native))
+        };
+        let mut decoded = match source {
+            Source::Payload(payload) => {
+                self.decoder
+                    .decode_crop(payload, &mut self.decoded, plan_for)?
+            }
+            Source::Stacked(position) => {
+                self.decoder
+                    .decode_crop_stacked(position, &mut self.decoded, plan_for)?
+            }
+        };
         let (crop, out_w, out_h, mut flip) =
             plan.expect("the plan runs once the header is read")?;
         if whole_image {

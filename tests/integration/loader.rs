@@ -1817,3 +1817,75 @@ fn batch_memory_that_cannot_be_had_is_an_error_not_an_abort() {
         other => panic!("expected OutOfMemory, got {other:?}"),
     }
 }
+
+/// A batch's small JPEGs are decoded together in one stack; one with its data cut short
+/// breaks that stack's decode, and then every image of the batch decodes alone: the damaged
+/// one is a bad sample under its own key, every other has its own pixels and label. (A
+/// WebDataset shard: packing would refuse the damaged file.)
+#[test]
+fn a_truncated_jpeg_among_stacked_ones_is_reported_and_spoils_no_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let spec = SyntheticSpec {
+        classes: 1,
+        per_class: 24,
+        width: 32,
+        height: 32,
+        ..SyntheticSpec::default()
+    };
+    synthetic::write_image_folder(&src, &spec).unwrap();
+    let mut files: Vec<_> = std::fs::read_dir(src.join("class00"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    let shard = dir.path().join("small-000000.tar");
+    let mut tar = tar::Builder::new(std::fs::File::create(&shard).unwrap());
+    for (i, file) in files.iter().enumerate() {
+        let mut jpeg = std::fs::read(file).unwrap();
+        if i == 5 {
+            jpeg.truncate(jpeg.len() - 60);
+            jpeg.extend_from_slice(&[0xFF, 0xD9]);
+        }
+        let label = format!("{}", i % 3);
+        for (ext, bytes) in [("jpg", &jpeg[..]), ("cls", label.as_bytes())] {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(bytes.len() as u64);
+            header.set_mode(0o644);
+            header.set_entry_type(tar::EntryType::Regular);
+            tar.append_data(&mut header, format!("s{i:03}.{ext}"), bytes)
+                .unwrap();
+        }
+    }
+    tar.finish().unwrap();
+    drop(tar);
+    let dataset = format::open(&shard).unwrap();
+    let loader = Loader::new(
+        Arc::clone(&dataset),
+        config(Transform::none(), 2, 2)
+            .with_batch_size(8)
+            .with_max_bad(None),
+    )
+    .unwrap();
+    let mut reader = dataset.open_reader().unwrap();
+    let (mut bad, mut good) = (Vec::new(), 0);
+    for batch in loader.epoch(0) {
+        let batch = batch.unwrap();
+        bad.extend(batch.bad.iter().map(|b| (b.key.clone(), b.kind)));
+        let slot = 32 * 32 * 3;
+        for (i, &index) in batch.samples.iter().enumerate() {
+            let record = reader.read(index).unwrap();
+            let mut rgb = Vec::new();
+            Decoder::new().decode_rgb(record.payload, &mut rgb).unwrap();
+            assert_eq!(&batch.as_u8()[i * slot..(i + 1) * slot], rgb.as_slice());
+            assert_eq!(batch.labels[i], record.label);
+            good += 1;
+        }
+    }
+    assert_eq!(good, 23);
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert!(bad[0].0.contains("s005"), "{bad:?}");
+    assert_eq!(bad[0].1, BadSampleKind::Undecodable);
+    // Two of the three batches stacked; the victim's decoded alone.
+    assert_eq!(loader.stats().stacked, 16);
+}
