@@ -87,7 +87,6 @@ unsafe fn to_rgb_avx2(
 #[inline(always)]
 fn to_rgb_any(sampling: Sampling, p: Planes<'_>, width: usize, height: usize, out: &mut [u8]) {
     let (cw, ch) = sampling.chroma_size(width, height);
-    let mut sums = [0u16; MAX_WIDTH];
     let mut cb_row = [0u8; MAX_WIDTH + 1];
     let mut cr_row = [0u8; MAX_WIDTH + 1];
     for (row, rgb) in out.chunks_exact_mut(width * 3).enumerate() {
@@ -114,18 +113,8 @@ fn to_rgb_any(sampling: Sampling, p: Planes<'_>, width: usize, height: usize, ou
                 };
                 let (near, far) = (near * p.c_stride, far * p.c_stride);
                 let up = 2 * cw;
-                upsample_row(
-                    &p.cb[near..][..cw],
-                    &p.cb[far..][..cw],
-                    &mut sums[..cw],
-                    &mut cb_row[..up],
-                );
-                upsample_row(
-                    &p.cr[near..][..cw],
-                    &p.cr[far..][..cw],
-                    &mut sums[..cw],
-                    &mut cr_row[..up],
-                );
+                upsample_row(&p.cb[near..][..cw], &p.cb[far..][..cw], &mut cb_row[..up]);
+                upsample_row(&p.cr[near..][..cw], &p.cr[far..][..cw], &mut cr_row[..up]);
                 convert_row(y, &cb_row[..width], &cr_row[..width], rgb);
             }
         }
@@ -137,25 +126,75 @@ fn to_rgb_any(sampling: Sampling, p: Planes<'_>, width: usize, height: usize, ou
 /// libjpeg: column sums `3·near + far`, then `(3·this + left + 8) >> 4` and
 /// `(3·this + right + 7) >> 4`, the edge columns their own neighbours.
 #[inline(always)]
-fn upsample_row(near: &[u8], far: &[u8], sums: &mut [u16], out: &mut [u8]) {
+fn upsample_row(near: &[u8], far: &[u8], out: &mut [u8]) {
     let cw = near.len();
     debug_assert!(
         cw >= 2,
         "libjpeg upsamples narrower chroma without the filter"
     );
-    for ((s, &n), &f) in sums.iter_mut().zip(near).zip(far) {
-        *s = 3 * n as u16 + f as u16;
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        done = unsafe { upsample_avx2(near, far, out) };
     }
-    out[0] = ((4 * sums[0] + 8) >> 4) as u8;
-    out[1] = ((3 * sums[0] + sums[1] + 7) >> 4) as u8;
-    for (w, o) in sums.windows(3).zip(out[2..].chunks_exact_mut(2)) {
-        let this = 3 * w[1];
-        o[0] = ((this + w[0] + 8) >> 4) as u8;
-        o[1] = ((this + w[2] + 7) >> 4) as u8;
+    let sum = |j: usize| 3 * near[j] as u16 + far[j] as u16;
+    for (i, o) in (done..cw).zip(out[2 * done..].chunks_exact_mut(2)) {
+        let this = 3 * sum(i);
+        o[0] = ((this + sum(i.saturating_sub(1)) + 8) >> 4) as u8;
+        o[1] = ((this + sum((i + 1).min(cw - 1)) + 7) >> 4) as u8;
     }
-    let last = sums[cw - 1];
-    out[2 * cw - 2] = ((3 * last + sums[cw - 2] + 8) >> 4) as u8;
-    out[2 * cw - 1] = ((4 * last + 7) >> 4) as u8;
+}
+
+/// [`upsample_row`] sixteen columns at a time, in 16-bit lanes (every value fits), the column
+/// sums kept in registers: each chunk's left and right neighbours are the chunk shifted by one
+/// lane, carrying in the previous and the next chunk's edge (or the row's edge repeated).
+/// The even output in the low byte of a lane and the odd one in the high byte is the pair in
+/// memory order. Returns how many columns it did (a multiple of 16; the caller does the rest).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn upsample_avx2(near: &[u8], far: &[u8], out: &mut [u8]) -> usize {
+    use std::arch::x86_64::*;
+    let cw = near.len().min(far.len()).min(out.len() / 2);
+    if cw < 16 {
+        return 0;
+    }
+    let sums_at = |i: usize| {
+        // SAFETY: callers pass i + 16 <= cw: sixteen readable bytes in both rows.
+        let (n, f) = unsafe {
+            (
+                _mm256_cvtepu8_epi16(_mm_loadu_si128(near.as_ptr().add(i).cast())),
+                _mm256_cvtepu8_epi16(_mm_loadu_si128(far.as_ptr().add(i).cast())),
+            )
+        };
+        _mm256_add_epi16(_mm256_add_epi16(n, _mm256_add_epi16(n, n)), f)
+    };
+    let sum = |j: usize| _mm256_set1_epi16((3 * near[j] as u16 + far[j] as u16) as i16);
+    let (eight, seven) = (_mm256_set1_epi16(8), _mm256_set1_epi16(7));
+    let mut previous = sum(0);
+    let mut this = sums_at(0);
+    let mut i = 0;
+    while i + 16 <= cw {
+        let next = if i + 32 <= cw {
+            sums_at(i + 16)
+        } else {
+            sum((i + 16).min(cw - 1))
+        };
+        // [previous[15], this[0..15]] and [this[1..16], next[0]].
+        let left =
+            _mm256_alignr_epi8::<14>(this, _mm256_permute2x128_si256::<0x21>(previous, this));
+        let right = _mm256_alignr_epi8::<2>(_mm256_permute2x128_si256::<0x21>(this, next), this);
+        let this3 = _mm256_add_epi16(this, _mm256_add_epi16(this, this));
+        let even = _mm256_srli_epi16::<4>(_mm256_add_epi16(_mm256_add_epi16(this3, left), eight));
+        let odd = _mm256_srli_epi16::<4>(_mm256_add_epi16(_mm256_add_epi16(this3, right), seven));
+        let pairs = _mm256_or_si256(even, _mm256_slli_epi16::<8>(odd));
+        // SAFETY: 2i + 32 <= 2cw <= out.len().
+        unsafe { _mm256_storeu_si256(out.as_mut_ptr().add(2 * i).cast(), pairs) };
+        previous = this;
+        this = next;
+        i += 16;
+    }
+    i
 }
 
 /// JFIF YCbCr to RGB as libjpeg computes it: `FIX(x)` is `x·65536` rounded, `R = Y +
