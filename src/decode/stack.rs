@@ -43,6 +43,10 @@ pub(crate) const MAX_PIXELS: u32 = 128 * 128;
 /// stacked, the rest alone, rather than holding tens of megabytes per worker.
 const MAX_PLANE_BYTES: u64 = 4 << 20;
 
+/// The tallest stack: libjpeg's largest image dimension (`JPEG_MAX_DIMENSION`), below the
+/// frame header's 65535.
+const MAX_HEIGHT: u64 = 65_500;
+
 /// A JPEG frame's and scan's rows, as far as stacking needs them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Shape {
@@ -246,7 +250,7 @@ impl JpegStack {
         let (w, h) = (group.shape.width as usize, group.shape.height as usize);
         let (cw, ch) = group.shape.sampling.chroma_size(w, h);
         let image_bytes = (y_stride(&group.shape) * h + 2 * cw * ch) as u64;
-        let full = count * h as u64 > u16::MAX as u64 || count * image_bytes > MAX_PLANE_BYTES;
+        let full = count * h as u64 > MAX_HEIGHT || count * image_bytes > MAX_PLANE_BYTES;
         if self.decoded
             || full
             || data.len() < head + 3

@@ -817,3 +817,21 @@ fn a_damaged_stacked_image_is_an_error_or_its_own_pixels_and_harms_no_other() {
         "{broken_stacks} broken stacks, {errors} errors, {compared} compared"
     );
 }
+
+/// A stack takes images until it would be taller than libjpeg decodes (65,500 rows) or its
+/// planes would pass 4 MiB; the images after that decode alone, with the same pixels.
+#[test]
+fn a_full_stack_leaves_the_rest_to_decode_alone() {
+    use turbojpeg::Subsamp::Sub2x2;
+    // 63 × 1040 = 65,520 rows: past libjpeg's limit, under the frame header's.
+    for ((w, h), count, fit) in [((8, 1040), 70, 62), ((128, 128), 200, 170)] {
+        let images: Vec<_> = (0..count)
+            .map(|s| seeded_jpeg(w, h, Sub2x2, s, 80))
+            .collect();
+        let (results, stacked, used) = through_the_stack(&images, |_| Option::None);
+        assert_eq!((stacked, used), (fit, fit), "{w}×{h}");
+        for (image, result) in images.iter().zip(results) {
+            assert!(result.unwrap().1 == alone(image, |_| Option::None).unwrap().1);
+        }
+    }
+}
