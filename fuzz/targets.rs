@@ -47,6 +47,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("hdf5_global_heap", hdf5_global_heap),
     ("raw_payload", raw_payload),
     ("decode", decode),
+    ("stack", stack),
     ("transform", transform),
 ];
 
@@ -421,6 +422,63 @@ pub fn decode(data: &[u8]) {
     assert!(out == *pixels, "the decoder was poisoned by the input");
 }
 
+/// Two good 32×32 JPEGs of one encoder (byte-identical headers, other pixels): the input's
+/// neighbours in [`stack`].
+fn stack_neighbours() -> &'static [Vec<u8>; 2] {
+    static NEIGHBOURS: OnceLock<[Vec<u8>; 2]> = OnceLock::new();
+    NEIGHBOURS.get_or_init(|| {
+        let spec = crate::synthetic::SyntheticSpec {
+            width: 32,
+            height: 32,
+            ..Default::default()
+        };
+        [(0, 0), (1, 3)].map(|(class, index)| {
+            let pixels = crate::synthetic::synthetic_pixels(&spec, class, index);
+            crate::synthetic::encode_jpeg(&pixels, 32, 32, image::ExtendedColorType::Rgb8, 90)
+        })
+    })
+}
+
+/// Small JPEGs decoded together (`Decoder::stack_offer`): the input between two good JPEGs
+/// with the usual headers, and once more after them, offered to one stack and decoded; each
+/// must come out exactly as it decodes alone (its pixels, or an error for each), whatever the
+/// input does to the stack.
+pub fn stack(data: &[u8]) {
+    let [a, b] = stack_neighbours();
+    let images = [a.as_slice(), data, b.as_slice(), data];
+    let mut decoder = Decoder::new().with_max_pixels(FUZZ_MAX_PIXELS);
+    decoder.stack_clear();
+    let offered: Vec<bool> = images
+        .iter()
+        .enumerate()
+        .map(|(position, image)| decoder.stack_offer(position, image))
+        .collect();
+    let stacked = decoder.stack_decode();
+    for (position, image) in images.iter().enumerate() {
+        let mut out = Vec::new();
+        let got = if offered[position] && stacked > 0 {
+            decoder.decode_crop_stacked(position, &mut out, |_| None)
+        } else {
+            decoder.decode_crop(image, &mut out, |_| None)
+        }
+        .map(|c| (c, out));
+        let mut pixels = Vec::new();
+        let alone = Decoder::new()
+            .with_max_pixels(FUZZ_MAX_PIXELS)
+            .decode_crop(image, &mut pixels, |_| None)
+            .map(|c| (c, pixels));
+        match (got, alone) {
+            (Ok(got), Ok(alone)) => assert!(got == alone, "image {position}: other pixels"),
+            (Err(_), Err(_)) => {}
+            (got, alone) => panic!(
+                "image {position}: stacked ok {}, alone ok {}",
+                got.is_ok(),
+                alone.is_ok()
+            ),
+        }
+    }
+}
+
 /// The loader's per-sample path: decode plus each built-in transform (random resized crop,
 /// center crop, flip), seeded from the input.
 pub fn transform(data: &[u8]) {
@@ -536,6 +594,13 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
         #[cfg(feature = "hdf5")]
         "hdf5_global_heap" => global_heap_seeds(&jpeg),
         "raw_payload" => vec![raw.clone(), RawImage::encode(1, 1, &[1, 2, 3])],
+        "stack" => {
+            let [a, b] = stack_neighbours().clone();
+            let mut cut = a.clone();
+            cut.truncate(a.len() - 40);
+            cut.extend_from_slice(&[0xFF, 0xD9]);
+            vec![a, b, cut, crate::synthetic::sample_jpeg(32, 32)]
+        }
         "decode" | "transform" => {
             let [progressive, cmyk] = crate::synthetic::sample_jpeg_variants(32, 24);
             vec![jpeg, tiny, raw, png, progressive, cmyk]

@@ -131,7 +131,7 @@ pub(crate) fn sample_jpeg_variants(width: u32, height: u32) -> [Vec<u8>; 2] {
 
 /// The plain images' encoder: the `image` crate's, not [`JpegEncoder`], because these bytes
 /// define the committed fixtures and the demo's digests.
-fn encode_jpeg(
+pub(crate) fn encode_jpeg(
     pixels: &[u8],
     width: u32,
     height: u32,

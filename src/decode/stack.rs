@@ -43,6 +43,17 @@ pub(crate) const MAX_PIXELS: u32 = 128 * 128;
 /// stacked, the rest alone, rather than holding tens of megabytes per worker.
 const MAX_PLANE_BYTES: u64 = 4 << 20;
 
+/// The most entropy-coded bytes a stack holds: hostile files padded with megabytes of
+/// marker-free bytes must not make a worker copy a batch's worth of them.
+const MAX_DATA_BYTES: usize = 16 << 20;
+
+/// The most entropy-coded bytes an image of `pixels` pixels may have to be stacked: more than
+/// any real file needs (a block's 64 coefficients take at most 64 × 27 bits per component,
+/// about 10 bytes a pixel for three full-resolution components), far less than padding.
+fn max_data_len(pixels: u32) -> usize {
+    12 * pixels as usize + 1024
+}
+
 /// The tallest stack: libjpeg's largest image dimension (`JPEG_MAX_DIMENSION`), below the
 /// frame header's 65535.
 const MAX_HEIGHT: u64 = 65_500;
@@ -85,11 +96,6 @@ impl Shape {
                     {
                         return None;
                     }
-                    let data_at = at + payload.len();
-                    let scan = data.get(data_at..data.len().checked_sub(2)?)?;
-                    if data[data.len() - 2..] != [0xFF, 0xD9] || !marker_free(scan) {
-                        return None;
-                    }
                     let (mcu_w, mcu_h) = match sampling {
                         Sampling::Ycc420 => (16, 16),
                         Sampling::Gray | Sampling::Ycc444 => (8, 8),
@@ -97,7 +103,16 @@ impl Shape {
                     let fits = (8..=ycc::MAX_WIDTH as u32).contains(&width)
                         && height.is_multiple_of(mcu_h)
                         && width * height <= MAX_PIXELS;
-                    return fits.then_some(Shape {
+                    let data_at = at + payload.len();
+                    let scan = data.get(data_at..data.len().checked_sub(2)?)?;
+                    if !fits
+                        || scan.len() > max_data_len(width * height)
+                        || data[data.len() - 2..] != [0xFF, 0xD9]
+                        || !marker_free(scan)
+                    {
+                        return None;
+                    }
+                    return Some(Shape {
                         sos_at: at - 4,
                         data_at,
                         height_at,
@@ -261,7 +276,11 @@ impl JpegStack {
             return false;
         }
         let scan = &data[head..data.len() - 2];
-        if !marker_free(scan) {
+        let pixels = group.shape.width * group.shape.height;
+        if scan.len() > max_data_len(pixels)
+            || self.jpeg.len() + scan.len() + 4 > MAX_DATA_BYTES
+            || !marker_free(scan)
+        {
             return false;
         }
         if !self.members.is_empty() {
@@ -308,7 +327,7 @@ impl JpegStack {
         });
         match result {
             Ok(()) => self.decoded = true,
-            Err(_) => self.members.clear(),
+            Err(_) => self.clear(),
         }
         result
     }

@@ -835,3 +835,44 @@ fn a_full_stack_leaves_the_rest_to_decode_alone() {
         }
     }
 }
+
+/// Bytes of junk between an image's last MCU and its end (short enough that libjpeg may read
+/// them ahead into its bit buffer): stacked, in the middle or last, the image has the outcome
+/// it has alone.
+#[test]
+fn junk_after_a_stacked_images_data_gives_the_outcome_it_gives_alone() {
+    use turbojpeg::Subsamp::*;
+    let mut mismatches = Vec::new();
+    let mut errors = 0;
+    for (subsamp, w, h) in [
+        (Gray, 64, 64),
+        (None, 64, 64),
+        (Sub2x2, 64, 64),
+        (Sub2x2, 32, 32),
+    ] {
+        let images: Vec<_> = (0..4).map(|s| seeded_jpeg(w, h, subsamp, s, 95)).collect();
+        for junk in 1..=12 {
+            for (value, victim) in [(0x00u8, 1), (0x55, 3), (0xA3, 3), (0x00, 3)] {
+                let mut damaged = images.clone();
+                let n = damaged[victim].len();
+                damaged[victim].splice(n - 2..n - 2, std::iter::repeat_n(value, junk));
+                let (results, _, _) = through_the_stack(&damaged, |_| Option::None);
+                for (position, (image, result)) in damaged.iter().zip(results).enumerate() {
+                    let alone = alone(image, |_| Option::None);
+                    match (&result, &alone) {
+                        (Ok(a), Ok(b)) if a == b => {}
+                        (Err(_), Err(_)) => errors += 1,
+                        _ => mismatches.push(format!(
+                            "{subsamp:?} {w}x{h} junk {junk}×{value:#x} in image {victim}: \
+                             image {position} stacked ok {}, alone ok {}",
+                            result.is_ok(),
+                            alone.is_ok()
+                        )),
+                    }
+                }
+            }
+        }
+    }
+    assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
+    assert!(errors > 0);
+}

@@ -359,6 +359,7 @@ impl Turbo {
         let gray = subsamp == sys::TJSAMP_TJSAMP_GRAY as libc::c_int;
         let mut planes = [std::ptr::null_mut(); 3];
         let mut pitches = [0 as libc::c_int; 3];
+        let base = out.as_mut_ptr();
         let mut at = 0;
         for i in 0..if gray { 1 } else { 3 } {
             // SAFETY: pure functions of their arguments.
@@ -378,7 +379,8 @@ impl Turbo {
                     lens[i]
                 )));
             }
-            planes[i] = out[at..].as_mut_ptr();
+            // SAFETY: at + lens[i] <= out.len() (the planes fit, asserted above).
+            planes[i] = unsafe { base.add(at) };
             pitches[i] = strides[i] as libc::c_int;
             at += lens[i];
         }

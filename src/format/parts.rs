@@ -156,7 +156,12 @@ impl RecordReader for JoinedReader {
         Ok(record)
     }
 
+    /// Every part opened so far says so (parts open as they are first read; a batch that
+    /// opens one that does not say so is the last one read twice).
     fn rereads_are_cheap(&self) -> bool {
-        self.readers.iter().all(LazyReader::rereads_are_cheap)
+        self.readers
+            .iter()
+            .filter(|r| r.is_open())
+            .all(LazyReader::rereads_are_cheap)
     }
 }

@@ -253,17 +253,22 @@ impl Worker {
     /// costs little, and a worker whose batches do not stack stops trying. Says whether the
     /// batch's samples may come from the stack.
     fn stack_batch(&mut self, job: &Job, times: &mut StageTimes) -> bool {
+        self.stacked.clear();
         if self.stack_misses >= STACK_MISSES {
             return false;
         }
         self.transformer.stack_clear();
-        self.stacked.clear();
         self.stacked.resize(job.indices.len(), None);
         let mut offered = 0;
         for (position, &index) in job.indices.iter().enumerate() {
             // Opened by the first read, so asked after it.
             if position == 1 && !self.reader.rereads_are_cheap() {
                 self.stack_misses = STACK_MISSES;
+                self.stacked.clear();
+                return false;
+            }
+            if job.cancel.load(Ordering::Relaxed) {
+                self.stacked.clear();
                 return false;
             }
             if let Ok(record) = self.reader.read(index)
