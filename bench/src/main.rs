@@ -60,6 +60,8 @@ enum TransformArg {
     ImagenetTimm,
     /// Resize 256 + CenterCrop 224 + normalize (evaluation).
     ImagenetEval,
+    /// RandomResizedCrop 64 + random flip + normalize (Tiny-ImageNet-size images).
+    Tiny,
     /// Decode only, u8 NHWC.
     None,
 }
@@ -322,6 +324,7 @@ fn load(args: LoadArgs) -> Result<()> {
         TransformArg::ImagenetTa => "imagenet-ta",
         TransformArg::ImagenetTimm => "imagenet-timm",
         TransformArg::ImagenetEval => "imagenet-eval",
+        TransformArg::Tiny => "tiny",
         TransformArg::None => "none",
     };
     let opening = Instant::now();
@@ -471,6 +474,7 @@ fn load_config(args: &LoadArgs) -> (LoaderConfig, Transform) {
                 .with_pixel_step(imagefeed::transform::PixelStep::TimmRandAugment(augment))
         }
         TransformArg::ImagenetEval => Transform::imagenet_eval(256, 224),
+        TransformArg::Tiny => Transform::imagenet_train(64),
         TransformArg::None => Transform::none(),
     };
     let dtype = args.dtype.map(|d| match d {
