@@ -297,6 +297,15 @@ fn dct_scale_for(jh: &JpegHeader, plan: &CropPlan) -> u32 {
         .unwrap_or(8)
 }
 
+/// Whether a crop of this JPEG is decoded as a region of it. Not for small images (up to
+/// [`stack::MAX_PIXELS`], CIFAR and Tiny-ImageNet sizes): a region saves them little, and the
+/// crop is then resized from the whole decoded image exactly as PIL's decode-then-crop does
+/// (a region's edges make the resize differ by up to a level), and the same whether or not the
+/// image was decoded in a stack.
+fn decodes_regions(jh: &JpegHeader) -> bool {
+    jh.width as u64 * jh.height as u64 > stack::MAX_PIXELS as u64
+}
+
 /// The region to decode at scale `m` for `scaled_crop` (the crop in scaled pixels, inside the
 /// image): the crop plus a margin for the resampling filter's support, aligned as TurboJPEG
 /// requires. `None` when the region would be the whole scaled image, or the subsampling is
@@ -533,11 +542,10 @@ impl Decoder {
             )));
         };
         let plan = plan(&header);
-        let whole = plan.is_none_or(|plan| {
-            dct_scale_for(&jh, &plan) == 8
-                && !(plan.crop.is_inside(jh.width as f64, jh.height as f64)
-                    && region_around(&jh, 8, plan.crop, &plan).is_some())
-        });
+        // A stacked image is small: never decoded as a region (`decodes_regions`), so the
+        // stack's whole image is what a full-scale plan needs.
+        debug_assert!(!decodes_regions(&jh));
+        let whole = plan.is_none_or(|plan| dct_scale_for(&jh, &plan) == 8);
         if whole {
             self.stack.pixels(position, out);
             let crop = plan.map_or(Rect::full(header.width, header.height), |p| p.crop);
@@ -596,7 +604,9 @@ impl Decoder {
         let (sw, sh) = (turbo::scaled(jh.width, m), turbo::scaled(jh.height, m));
         let (fx, fy) = (sw as f64 / jh.width as f64, sh as f64 / jh.height as f64);
         let scaled_crop = plan.crop.scaled(fx, fy);
-        let region = if plan.crop.is_inside(jh.width as f64, jh.height as f64) {
+        let region = if decodes_regions(&jh)
+            && plan.crop.is_inside(jh.width as f64, jh.height as f64)
+        {
             region_around(&jh, m, scaled_crop, &plan)
         } else {
             None

@@ -751,10 +751,10 @@ fn a_stacked_image_whose_plan_wants_a_scaled_crop_decodes_alone() {
     let plan = |_: &ImageHeader| {
         Some(CropPlan {
             crop: Rect {
-                left: 10.0,
-                top: 20.0,
-                width: 100.0,
-                height: 90.0,
+                left: 4.0,
+                top: 6.0,
+                width: 120.0,
+                height: 120.0,
             },
             out_width: 24,
             out_height: 24,
@@ -876,3 +876,40 @@ fn junk_after_a_stacked_images_data_gives_the_outcome_it_gives_alone() {
     assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
     assert!(errors > 0);
 }
+
+/// A full-size crop of a small image (a RandomResizedCrop of a Tiny-ImageNet-size image) is
+/// resized from the whole decoded image, stacked or not: the same crop rectangle and pixels
+/// either way, and the pixels are the whole decode's (as PIL crops after decoding).
+#[test]
+fn a_small_images_crop_comes_from_the_whole_image_stacked_or_alone() {
+    let images: Vec<_> = (0..4)
+        .map(|s| seeded_jpeg(64, 64, turbojpeg::Subsamp::Sub2x2, s, 90))
+        .collect();
+    let crop = Rect {
+        left: 9.5,
+        top: 17.25,
+        width: 30.0,
+        height: 21.0,
+    };
+    let plan = |_: &ImageHeader| {
+        Some(CropPlan {
+            crop,
+            out_width: 56,
+            out_height: 56,
+            scaling: DctScaling::Antialiased,
+        })
+    };
+    let (results, stacked, used) = through_the_stack(&images, plan);
+    assert_eq!((stacked, used), (4, 4));
+    for (image, result) in images.iter().zip(results) {
+        let (c, pixels) = result.unwrap();
+        let (c0, expected) = alone(image, plan).unwrap();
+        assert_eq!(c, c0);
+        assert_eq!((c.width, c.height, c.crop), (64, 64, crop));
+        let mut whole = Vec::new();
+        Decoder::new().decode_rgb(image, &mut whole).unwrap();
+        assert!(pixels == expected && pixels == whole);
+    }
+}
+
+
