@@ -420,6 +420,24 @@ pub fn decode(data: &[u8]) {
         .decode_rgb(jpeg, &mut out)
         .expect("a good JPEG after the fuzz input");
     assert!(out == *pixels, "the decoder was poisoned by the input");
+    // And the other way: the input after a good image decodes as in a fresh decoder (libjpeg
+    // keeps tables from image to image).
+    let mut fresh = Vec::new();
+    let alone = Decoder::new()
+        .with_max_pixels(FUZZ_MAX_PIXELS)
+        .decode_rgb(data, &mut fresh)
+        .is_ok();
+    let after = decoder.decode_rgb(data, &mut out).is_ok();
+    assert_eq!(
+        after, alone,
+        "the input decodes differently after another image"
+    );
+    if alone {
+        assert!(
+            out == fresh,
+            "the input's pixels depend on the image before it"
+        );
+    }
 }
 
 /// Two good 32×32 JPEGs of one encoder (byte-identical headers, other pixels): the input's

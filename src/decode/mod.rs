@@ -29,6 +29,7 @@ mod image_crate;
 mod limits;
 pub(crate) mod restart;
 mod stack;
+mod tables;
 mod turbo;
 mod ycc;
 
@@ -604,13 +605,12 @@ impl Decoder {
         let (sw, sh) = (turbo::scaled(jh.width, m), turbo::scaled(jh.height, m));
         let (fx, fy) = (sw as f64 / jh.width as f64, sh as f64 / jh.height as f64);
         let scaled_crop = plan.crop.scaled(fx, fy);
-        let region = if decodes_regions(&jh)
-            && plan.crop.is_inside(jh.width as f64, jh.height as f64)
-        {
-            region_around(&jh, m, scaled_crop, &plan)
-        } else {
-            None
-        };
+        let region =
+            if decodes_regions(&jh) && plan.crop.is_inside(jh.width as f64, jh.height as f64) {
+                region_around(&jh, m, scaled_crop, &plan)
+            } else {
+                None
+            };
         match region {
             Some(r) => {
                 if !self.decompress_window(data, &jh, m, r, out)? {

@@ -912,4 +912,65 @@ fn a_small_images_crop_comes_from_the_whole_image_stacked_or_alone() {
     }
 }
 
+/// `jpeg` without its segments with marker `marker` (before the first scan).
+fn without_segments(jpeg: &[u8], marker: u8) -> Vec<u8> {
+    let mut out = jpeg[..2].to_vec();
+    let mut at = 2;
+    while jpeg[at + 1] != 0xDA {
+        let len = u16::from_be_bytes([jpeg[at + 2], jpeg[at + 3]]) as usize;
+        if jpeg[at + 1] != marker {
+            out.extend_from_slice(&jpeg[at..at + 2 + len]);
+        }
+        at += 2 + len;
+    }
+    out.extend_from_slice(&jpeg[at..]);
+    out
+}
 
+/// libjpeg keeps tables from one image to the next in a decompressor: a file that uses tables
+/// it does not define must decode as in a fresh decoder whatever came before it (found by
+/// fuzzing the stack: such a file failed alone and decoded after another image).
+#[test]
+fn a_jpeg_missing_its_tables_decodes_as_alone_whatever_came_before() {
+    use turbojpeg::Subsamp::*;
+    let plain = seeded_jpeg(32, 32, Sub2x2, 1, 90);
+    // Another image's tables in the handle first: other quantization (quality 40) and
+    // optimized Huffman tables (the restart-marker rewrite optimizes them).
+    let before = add_restart_markers(&seeded_jpeg(48, 32, Sub2x2, 2, 40)).unwrap();
+    let no_dqt = without_segments(&plain, 0xDB);
+    let no_dht = without_segments(&plain, 0xC4);
+    assert!(tables::defines_its_tables(&plain));
+    assert!(tables::defines_its_tables(&before));
+    assert!(!tables::defines_its_tables(&no_dqt));
+    assert!(!tables::defines_its_tables(&no_dht));
+    let progressive = {
+        let mut encoder = JpegEncoder::new(90, ChromaSubsampling::Half).unwrap();
+        encoder.set_progressive(true).unwrap();
+        encoder
+            .encode_rgb(&vec![90u8; 40 * 24 * 3], 40, 24)
+            .unwrap()
+    };
+    assert!(
+        tables::defines_its_tables(&progressive),
+        "tables between scans"
+    );
+    for (what, image) in [("no DQT", &no_dqt), ("no DHT", &no_dht)] {
+        let mut fresh = Vec::new();
+        let alone = Decoder::new().decode_rgb(image, &mut fresh).map(|_| ());
+        let mut decoder = Decoder::new();
+        let mut out = Vec::new();
+        decoder.decode_rgb(&before, &mut out).unwrap();
+        let after = decoder.decode_rgb(image, &mut out).map(|_| ());
+        assert_eq!(after, alone, "{what}");
+        if alone.is_ok() {
+            assert!(out == fresh, "{what}: other pixels after another image");
+        }
+    }
+    // Without DQT: an error alone. Without DHT: libjpeg's standard tables, which these are.
+    let mut out = Vec::new();
+    assert!(Decoder::new().decode_rgb(&no_dqt, &mut out).is_err());
+    let mut expected = Vec::new();
+    Decoder::new().decode_rgb(&plain, &mut expected).unwrap();
+    Decoder::new().decode_rgb(&no_dht, &mut out).unwrap();
+    assert!(out == expected);
+}

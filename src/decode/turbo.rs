@@ -163,6 +163,11 @@ impl Turbo {
     /// Parses the headers of `data` and leaves the handle ready to decompress it.
     pub(crate) fn read_header(&mut self, data: &[u8]) -> Result<JpegHeader, DecodeError> {
         self.header_of = None;
+        // Tables the file uses but does not define would come from the images this handle
+        // decoded before (see `tables`): such a file gets a fresh handle.
+        if !super::tables::defines_its_tables(data) {
+            self.discard();
+        }
         let handle = self.handle()?;
         // SAFETY: the handle is live and `data` is a live buffer of `data.len()` bytes.
         let rc =
