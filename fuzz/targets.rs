@@ -464,22 +464,10 @@ fn stack_neighbours() -> &'static [Vec<u8>; 2] {
 pub fn stack(data: &[u8]) {
     let [a, b] = stack_neighbours();
     let images = [a.as_slice(), data, b.as_slice(), data];
-    let mut decoder = Decoder::new().with_max_pixels(FUZZ_MAX_PIXELS);
-    decoder.stack_clear();
-    let offered: Vec<bool> = images
-        .iter()
-        .enumerate()
-        .map(|(position, image)| decoder.stack_offer(position, image))
-        .collect();
-    let stacked = decoder.stack_decode();
-    for (position, image) in images.iter().enumerate() {
-        let mut out = Vec::new();
-        let got = if offered[position] && stacked > 0 {
-            decoder.decode_crop_stacked(position, &mut out, |_| None)
-        } else {
-            decoder.decode_crop(image, &mut out, |_| None)
-        }
-        .map(|c| (c, out));
+    let results = Decoder::new()
+        .with_max_pixels(FUZZ_MAX_PIXELS)
+        .decode_batch_stacked(&images, |_| None);
+    for (position, (image, got)) in images.iter().zip(results).enumerate() {
         let mut pixels = Vec::new();
         let alone = Decoder::new()
             .with_max_pixels(FUZZ_MAX_PIXELS)

@@ -808,6 +808,44 @@ impl Decoder {
     }
 }
 
+/// What [`Decoder::decode_batch_stacked`] gives for each image: the crop decode and its pixels.
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) type StackedResult = Result<(CropDecoded, Vec<u8>), DecodeError>;
+
+#[cfg(any(test, feature = "fuzzing"))]
+impl Decoder {
+    /// Decodes `images` as a worker decodes a batch (tests and fuzzing): every one offered to
+    /// the stack at its position, the stack decoded, then each image taken from the stack when
+    /// it was stacked and decoded alone otherwise, with `plan`. `stack_counts` says afterwards
+    /// how many were stacked and taken from it.
+    pub(crate) fn decode_batch_stacked(
+        &mut self,
+        images: &[impl AsRef<[u8]>],
+        plan: impl Fn(&ImageHeader) -> Option<CropPlan>,
+    ) -> Vec<StackedResult> {
+        self.stack_clear();
+        let offered: Vec<bool> = images
+            .iter()
+            .enumerate()
+            .map(|(position, image)| self.stack_offer(position, image.as_ref()))
+            .collect();
+        let stacked = self.stack_decode();
+        images
+            .iter()
+            .enumerate()
+            .map(|(position, image)| {
+                let mut out = Vec::new();
+                if offered[position] && stacked > 0 {
+                    self.decode_crop_stacked(position, &mut out, &plan)
+                } else {
+                    self.decode_crop(image.as_ref(), &mut out, &plan)
+                }
+                .map(|c| (c, out))
+            })
+            .collect()
+    }
+}
+
 /// Rewrites a JPEG losslessly, its pixels unchanged, with restart markers that cut every MCU
 /// row into segments about 32 pixels wide (and optimized Huffman tables), so that
 /// [`Decoder::decode_crop`] Huffman-decodes only the segments around a crop instead of every

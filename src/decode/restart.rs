@@ -73,6 +73,15 @@ impl<'a> Markers<'a> {
         }
     }
 
+    /// The segments from offset `at` on (a marker there: after a scan's data, say).
+    pub(super) fn from(data: &'a [u8], at: usize) -> Self {
+        Markers {
+            data,
+            at,
+            done: false,
+        }
+    }
+
     fn step(&mut self) -> Option<(u8, usize, &'a [u8])> {
         let data = self.data;
         let mut at = self.at;

@@ -202,12 +202,33 @@ pub(crate) struct JpegStack {
     used: usize,
 }
 
-/// The stacked plane rows of one image take this many rows of the planes.
-fn y_stride(shape: &Shape) -> usize {
-    match shape.sampling {
-        // TurboJPEG's Y plane is a whole number of chroma samples wide.
-        Sampling::Ycc420 => (shape.width as usize).next_multiple_of(2),
-        Sampling::Gray | Sampling::Ycc444 => shape.width as usize,
+/// Where one image's rows lie in a stack's planes: its Y rows `y_stride` apart, `y_len` bytes
+/// in all, and each chroma plane's rows `c_stride` apart, `c_len` bytes. A stack of `n` images
+/// holds `n` of each, image after image (its height is whole MCU rows, so no chroma row is
+/// shared).
+#[derive(Debug, Clone, Copy)]
+struct PlaneSizes {
+    y_stride: usize,
+    y_len: usize,
+    c_stride: usize,
+    c_len: usize,
+}
+
+impl Shape {
+    fn plane_sizes(&self) -> PlaneSizes {
+        let (w, h) = (self.width as usize, self.height as usize);
+        let y_stride = match self.sampling {
+            // TurboJPEG's Y plane is a whole number of chroma samples wide.
+            Sampling::Ycc420 => w.next_multiple_of(2),
+            Sampling::Gray | Sampling::Ycc444 => w,
+        };
+        let (c_stride, c_rows) = self.sampling.chroma_size(w, h);
+        PlaneSizes {
+            y_stride,
+            y_len: y_stride * h,
+            c_stride,
+            c_len: c_stride * c_rows,
+        }
     }
 }
 
@@ -262,10 +283,10 @@ impl JpegStack {
         };
         let head = group.head.len();
         let count = self.members.len() as u64 + 1;
-        let (w, h) = (group.shape.width as usize, group.shape.height as usize);
-        let (cw, ch) = group.shape.sampling.chroma_size(w, h);
-        let image_bytes = (y_stride(&group.shape) * h + 2 * cw * ch) as u64;
-        let full = count * h as u64 > MAX_HEIGHT || count * image_bytes > MAX_PLANE_BYTES;
+        let sizes = group.shape.plane_sizes();
+        let image_bytes = (sizes.y_len + 2 * sizes.c_len) as u64;
+        let full =
+            count * group.shape.height as u64 > MAX_HEIGHT || count * image_bytes > MAX_PLANE_BYTES;
         if self.decoded
             || full
             || data.len() < head + 3
@@ -310,10 +331,10 @@ impl JpegStack {
         let [hi, lo] = (height as u16).to_be_bytes();
         self.jpeg[shape.height_at..shape.height_at + 2].copy_from_slice(&[hi, lo]);
         self.jpeg.extend_from_slice(&[0xFF, 0xD9]);
-        let y_stride = y_stride(&shape);
-        let (c_stride, c_rows) = shape.sampling.chroma_size(shape.width as usize, height);
-        let y_len = y_stride * height;
-        self.planes.resize(y_len + 2 * c_stride * c_rows, 0);
+        let n = self.members.len();
+        let sizes = shape.plane_sizes();
+        let (y_len, c_len) = (n * sizes.y_len, n * sizes.c_len);
+        self.planes.resize(y_len + 2 * c_len, 0);
         let result = turbo.read_header(&self.jpeg).and_then(|jh| {
             if (jh.width as usize, jh.height as usize) != (shape.width as usize, height) {
                 return Err(DecodeError::Jpeg("the stacked JPEG's size changed".into()));
@@ -321,8 +342,8 @@ impl JpegStack {
             turbo.decompress_planes(
                 &self.jpeg,
                 &mut self.planes,
-                [y_stride, c_stride, c_stride],
-                [y_len, c_stride * c_rows, c_stride * c_rows],
+                [sizes.y_stride, sizes.c_stride, sizes.c_stride],
+                [y_len, c_len, c_len],
             )
         });
         match result {
@@ -370,20 +391,17 @@ impl JpegStack {
         let index = self.find(position).expect("a stacked member");
         let shape = group.shape;
         let (w, h) = (shape.width as usize, shape.height as usize);
-        let height = self.members.len() * h;
-        let y_stride = y_stride(&shape);
-        let (c_stride, c_rows) = shape.sampling.chroma_size(w, height);
-        let (_, image_c_rows) = shape.sampling.chroma_size(w, h);
-        let (y, chroma) = self.planes.split_at(y_stride * height);
-        let (cb, cr) = chroma.split_at(c_stride * c_rows);
-        let c_at = index * image_c_rows * c_stride;
-        let c_len = image_c_rows * c_stride;
+        let n = self.members.len();
+        let sizes = shape.plane_sizes();
+        let (y, chroma) = self.planes.split_at(n * sizes.y_len);
+        let (cb, cr) = chroma.split_at(n * sizes.c_len);
+        let (y_at, c_at) = (index * sizes.y_len, index * sizes.c_len);
         let planes = Planes {
-            y: &y[index * h * y_stride..][..h * y_stride],
-            y_stride,
-            cb: &cb[c_at..c_at + c_len],
-            cr: &cr[c_at..c_at + c_len],
-            c_stride,
+            y: &y[y_at..y_at + sizes.y_len],
+            y_stride: sizes.y_stride,
+            cb: &cb[c_at..c_at + sizes.c_len],
+            cr: &cr[c_at..c_at + sizes.c_len],
+            c_stride: sizes.c_stride,
         };
         out.resize(w * h * 3, 0);
         ycc::to_rgb(shape.sampling, planes, w, h, &mut out[..]);

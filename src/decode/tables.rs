@@ -14,49 +14,23 @@
 //! fresh handle (what a fresh process would do). Ordinary files define everything before the
 //! first scan and never pay for one.
 
+use super::restart::Markers;
+
 /// Whether every scan in `data` uses only quantization and Huffman tables that `data` defines
 /// before it. `false` for anything it cannot follow (arithmetic coding, whose conditioning
-/// tables persist too; a malformed marker), which costs only a fresh handle.
+/// tables persist too; a malformed marker; a file that ends without `EOI`), which costs only a
+/// fresh handle.
 pub(crate) fn defines_its_tables(data: &[u8]) -> bool {
-    if data.get(..2) != Some(&[0xFF, 0xD8]) {
-        return false;
-    }
     // Defined tables: quantization 0..3, Huffman DC 0..3 and AC 0..3, as bit sets.
     let (mut quant, mut dc, mut ac) = (0u8, 0u8, 0u8);
     // Each frame component's id and quantization table; whether the frame is sequential.
     let mut components: Vec<(u8, u8)> = Vec::new();
     let mut sequential = false;
-    let mut at = 2;
+    let mut markers = Markers::of(data);
     loop {
-        // A marker: any number of fill bytes, then its code.
-        if data.get(at) != Some(&0xFF) {
-            return false;
-        }
-        while data.get(at) == Some(&0xFF) {
-            at += 1;
-        }
-        let Some(&marker) = data.get(at) else {
+        let Some((marker, at, payload)) = markers.next() else {
             return false;
         };
-        at += 1;
-        match marker {
-            0xD9 => return true, // EOI
-            0xD0..=0xD8 | 0x01 => continue,
-            _ => {}
-        }
-        let Some(len) = data
-            .get(at..at + 2)
-            .map(|b| u16::from_be_bytes([b[0], b[1]]) as usize)
-        else {
-            return false;
-        };
-        let Some(payload) = len
-            .checked_sub(2)
-            .and_then(|n| data.get(at + 2..at + 2 + n))
-        else {
-            return false;
-        };
-        at += len;
         match marker {
             0xDB => {
                 // DQT: (precision << 4 | id, 64 or 128 bytes)...
@@ -135,18 +109,21 @@ pub(crate) fn defines_its_tables(data: &[u8]) -> bool {
                     return true;
                 }
                 // Past the entropy-coded data to the next marker (not a restart marker).
+                let mut next = at + payload.len();
                 loop {
-                    let Some(ff) = data.get(at..).and_then(|d| memchr::memchr(0xFF, d)) else {
+                    let Some(ff) = data.get(next..).and_then(|d| memchr::memchr(0xFF, d)) else {
                         return true; // data to the end: libjpeg reports that itself
                     };
-                    at += ff;
-                    match data.get(at + 1) {
-                        Some(0x00 | 0xD0..=0xD7) => at += 2,
-                        Some(0xFF) => at += 1,
+                    next += ff;
+                    match data.get(next + 1) {
+                        Some(0x00 | 0xD0..=0xD7) => next += 2,
+                        Some(0xFF) => next += 1,
+                        Some(0xD9) => return true, // EOI
                         Some(_) => break,
                         None => return true,
                     }
                 }
+                markers = Markers::from(data, next);
             }
             _ => {}
         }

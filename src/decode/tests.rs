@@ -583,39 +583,16 @@ fn seeded_jpeg(w: u32, h: u32, subsamp: turbojpeg::Subsamp, seed: u32, quality: 
     compress(&pixels, w, h, quality, subsamp)
 }
 
-/// Each image's result through `decode_crop_at` after stacking `images` (offered at positions
-/// 0..), with `plan`; and how many were stacked and taken from the stack.
-#[allow(clippy::type_complexity)]
+/// Each image's result through [`Decoder::decode_batch_stacked`] with `plan`; and how many
+/// were stacked and taken from the stack.
 fn through_the_stack(
     images: &[Vec<u8>],
     plan: impl Fn(&ImageHeader) -> Option<CropPlan>,
-) -> (
-    Vec<Result<(CropDecoded, Vec<u8>), DecodeError>>,
-    usize,
-    usize,
-) {
+) -> (Vec<StackedResult>, usize, usize) {
     let mut decoder = Decoder::new();
-    decoder.stack_clear();
-    let offered: Vec<bool> = images
-        .iter()
-        .enumerate()
-        .map(|(position, image)| decoder.stack_offer(position, image))
-        .collect();
-    let stacked = decoder.stack_decode();
-    let results = images
-        .iter()
-        .enumerate()
-        .map(|(position, image)| {
-            let mut out = Vec::new();
-            if offered[position] && stacked > 0 {
-                decoder.decode_crop_stacked(position, &mut out, &plan)
-            } else {
-                decoder.decode_crop(image, &mut out, &plan)
-            }
-            .map(|c| (c, out))
-        })
-        .collect();
-    (results, stacked, decoder.stack_counts().1)
+    let results = decoder.decode_batch_stacked(images, plan);
+    let (stacked, used) = decoder.stack_counts();
+    (results, stacked, used)
 }
 
 /// Each image decoded alone, as before stacks.

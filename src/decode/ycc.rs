@@ -69,7 +69,7 @@ pub(crate) fn to_rgb(
         unsafe { to_rgb_avx2(sampling, planes, width, height, out) };
         return;
     }
-    to_rgb_any(sampling, planes, width, height, out);
+    to_rgb_any::<false>(sampling, planes, width, height, out);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -81,11 +81,19 @@ unsafe fn to_rgb_avx2(
     height: usize,
     out: &mut [u8],
 ) {
-    to_rgb_any(sampling, planes, width, height, out);
+    to_rgb_any::<true>(sampling, planes, width, height, out);
 }
 
+/// [`to_rgb`]; `AVX2` (true only inside [`to_rgb_avx2`], so only on a CPU that has it) picks
+/// the AVX2 kernels for the rows.
 #[inline(always)]
-fn to_rgb_any(sampling: Sampling, p: Planes<'_>, width: usize, height: usize, out: &mut [u8]) {
+fn to_rgb_any<const AVX2: bool>(
+    sampling: Sampling,
+    p: Planes<'_>,
+    width: usize,
+    height: usize,
+    out: &mut [u8],
+) {
     let (cw, ch) = sampling.chroma_size(width, height);
     let mut cb_row = [0u8; MAX_WIDTH + 1];
     let mut cr_row = [0u8; MAX_WIDTH + 1];
@@ -100,7 +108,7 @@ fn to_rgb_any(sampling: Sampling, p: Planes<'_>, width: usize, height: usize, ou
             Sampling::Ycc444 => {
                 let cb = &p.cb[row * p.c_stride..][..width];
                 let cr = &p.cr[row * p.c_stride..][..width];
-                convert_row(y, cb, cr, rgb);
+                convert_row::<AVX2>(y, cb, cr, rgb);
             }
             Sampling::Ycc420 => {
                 // Output row 2k blends chroma row k with the row above it, row 2k+1 with the
@@ -113,9 +121,9 @@ fn to_rgb_any(sampling: Sampling, p: Planes<'_>, width: usize, height: usize, ou
                 };
                 let (near, far) = (near * p.c_stride, far * p.c_stride);
                 let up = 2 * cw;
-                upsample_row(&p.cb[near..][..cw], &p.cb[far..][..cw], &mut cb_row[..up]);
-                upsample_row(&p.cr[near..][..cw], &p.cr[far..][..cw], &mut cr_row[..up]);
-                convert_row(y, &cb_row[..width], &cr_row[..width], rgb);
+                upsample_row::<AVX2>(&p.cb[near..][..cw], &p.cb[far..][..cw], &mut cb_row[..up]);
+                upsample_row::<AVX2>(&p.cr[near..][..cw], &p.cr[far..][..cw], &mut cr_row[..up]);
+                convert_row::<AVX2>(y, &cb_row[..width], &cr_row[..width], rgb);
             }
         }
     }
@@ -126,7 +134,7 @@ fn to_rgb_any(sampling: Sampling, p: Planes<'_>, width: usize, height: usize, ou
 /// libjpeg: column sums `3·near + far`, then `(3·this + left + 8) >> 4` and
 /// `(3·this + right + 7) >> 4`, the edge columns their own neighbours.
 #[inline(always)]
-fn upsample_row(near: &[u8], far: &[u8], out: &mut [u8]) {
+fn upsample_row<const AVX2: bool>(near: &[u8], far: &[u8], out: &mut [u8]) {
     let cw = near.len();
     debug_assert!(
         cw >= 2,
@@ -134,8 +142,8 @@ fn upsample_row(near: &[u8], far: &[u8], out: &mut [u8]) {
     );
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 (checked just above).
+    if AVX2 {
+        // SAFETY: AVX2 is true only on a CPU that has it (`to_rgb_any`).
         done = unsafe { upsample_avx2(near, far, out) };
     }
     let sum = |j: usize| 3 * near[j] as u16 + far[j] as u16;
@@ -201,11 +209,11 @@ unsafe fn upsample_avx2(near: &[u8], far: &[u8], out: &mut [u8]) -> usize {
 /// (FIX(1.402)·Cr + ½) >> 16`, `G = Y + (−FIX(0.34414)·Cb − FIX(0.71414)·Cr + ½) >> 16`,
 /// `B = Y + (FIX(1.772)·Cb + ½) >> 16`, with Cb and Cr centred on 128, clamped to 0..=255.
 #[inline(always)]
-fn convert_row(y: &[u8], cb: &[u8], cr: &[u8], out: &mut [u8]) {
+fn convert_row<const AVX2: bool>(y: &[u8], cb: &[u8], cr: &[u8], out: &mut [u8]) {
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 (checked just above).
+    if AVX2 {
+        // SAFETY: AVX2 is true only on a CPU that has it (`to_rgb_any`).
         done = unsafe { convert_row_avx2(y, cb, cr, out) };
     }
     for (((o, &y), &cb), &cr) in out[3 * done..]

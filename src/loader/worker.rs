@@ -1,5 +1,6 @@
 //! The worker threads: each builds whole batches, sample by sample, into pooled buffers.
 
+use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -47,7 +48,7 @@ pub(super) struct Worker {
     stack_misses: u32,
     /// The label and key of each sample of the batch that is in the decoder's stack, by
     /// position: [`Self::sample`] takes it from the stack without reading it again.
-    stacked: Vec<Option<(u32, String)>>,
+    stacked: KeptRecords,
 }
 
 impl Worker {
@@ -56,7 +57,7 @@ impl Worker {
             reader: LazyReader::new(Arc::clone(&shared.dataset)),
             transformer: shared.config.transformer(),
             stack_misses: 0,
-            stacked: Vec::new(),
+            stacked: KeptRecords::default(),
         }
     }
 
@@ -69,6 +70,40 @@ impl Worker {
                     message: crate::error::panic_message(&*panic),
                 })
             })
+    }
+}
+
+/// The label and key of each sample of a batch that is in the decoder's stack, by position
+/// in the batch; the keys share one buffer, so keeping them allocates nothing per sample once
+/// the buffers have grown.
+#[derive(Default)]
+struct KeptRecords {
+    by_position: Vec<Option<(u32, Range<usize>)>>,
+    keys: String,
+}
+
+impl KeptRecords {
+    fn clear(&mut self) {
+        self.by_position.clear();
+        self.keys.clear();
+    }
+
+    /// Empty, for a batch of `len` samples.
+    fn reset(&mut self, len: usize) {
+        self.clear();
+        self.by_position.resize(len, None);
+    }
+
+    fn keep(&mut self, position: usize, label: u32, key: &str) {
+        let start = self.keys.len();
+        self.keys.push_str(key);
+        self.by_position[position] = Some((label, start..self.keys.len()));
+    }
+
+    /// The label and key kept for `position`, if any.
+    fn get(&self, position: usize) -> Option<(u32, &str)> {
+        let (label, key) = self.by_position.get(position)?.as_ref()?;
+        Some((*label, &self.keys[key.clone()]))
     }
 }
 
@@ -119,7 +154,7 @@ impl Worker {
                 }
                 // The next sample's bytes load while this one decodes.
                 if let Some(&next) = job.indices.get(position + 1)
-                    && !self.stacked.get(position + 1).is_some_and(Option::is_some)
+                    && self.stacked.get(position + 1).is_none()
                 {
                     self.reader.prefetch(next);
                 }
@@ -258,7 +293,7 @@ impl Worker {
             return false;
         }
         self.transformer.stack_clear();
-        self.stacked.resize(job.indices.len(), None);
+        self.stacked.reset(job.indices.len());
         let mut offered = 0;
         for (position, &index) in job.indices.iter().enumerate() {
             // Opened by the first read, so asked after it.
@@ -274,7 +309,7 @@ impl Worker {
             if let Ok(record) = self.reader.read(index)
                 && self.transformer.stack_offer(position, record.payload)
             {
-                self.stacked[position] = Some((record.label, record.key.to_owned()));
+                self.stacked.keep(position, record.label, record.key);
                 offered += 1;
             }
             // A dataset of large or unstackable images gives up after a few reads.
@@ -322,17 +357,11 @@ impl Worker {
         // it includes the loop's own work, such as the prefetch hint for this record.
         // A stacked sample was read (and checked) before the batch's stack was decoded: its
         // label and key were kept, and the stack holds its bytes.
-        let kept = stacked
-            .and_then(|p| self.stacked.get(p))
-            .and_then(Option::as_ref);
+        let kept = stacked.and_then(|p| Some((p, self.stacked.get(p)?)));
         let (label, key, source) = match kept {
-            Some((label, key)) => {
+            Some((position, (label, key))) => {
                 times.read += times.clock.lap();
-                (
-                    *label,
-                    key.as_str(),
-                    Source::Stacked(stacked.expect("kept")),
-                )
+                (label, key, Source::Stacked(position))
             }
             None => {
                 let record = self.reader.read(index);
