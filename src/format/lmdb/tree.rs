@@ -23,14 +23,19 @@
 //! A database record (`MDB_db`, 48 bytes) is `md_pad` u32, `md_flags` u16, `md_depth` u16, the
 //! branch, leaf and overflow page counts and `md_entries` (u64 each), `md_root` u64.
 //!
-//! Cost: one `pread` per branch and leaf page and a bit per page of the file, once per file per
-//! process (the environment is shared): 3 ms for the 10,000 CIFAR-10 test images.
+//! Cost: a bit per page of the file, and reading each branch and leaf page, once per file per
+//! process (the environment is shared). A file small enough to be read through at open
+//! ([`READ_THROUGH_BYTES`]) is walked in place from a read-only map of it, where only the
+//! bytes checked are touched; a larger one is read a page at a time with `pread`, as the walk
+//! needs them (its leaves may lie far apart, between values' overflow pages). The 10,000
+//! CIFAR-10 test images (14 MB): 3.5 ms with `pread`, 1.2 ms in place.
 
 use std::fs;
 use std::os::unix::fs::FileExt as _;
 use std::path::Path;
 
 use crate::error::{Error, IoContext as _, Result};
+use crate::pagecache::READ_THROUGH_BYTES;
 
 const PAGE_HEADER: usize = 16;
 const NODE_HEADER: usize = 8;
@@ -86,7 +91,20 @@ fn u64_at(bytes: &[u8], at: usize) -> u64 {
 /// databases in `opened` (the ones a reader will open; others are never read, so not walked);
 /// `Err` names the page and what is wrong with it.
 pub(super) fn check(path: &Path, file: &fs::File, file_len: u64, opened: &[&str]) -> Result<()> {
-    let mut walk = Walk::start(path, file, file_len)?;
+    if file_len <= READ_THROUGH_BYTES {
+        // SAFETY: a read-only shared map of a file imagefeed does not modify, dropped before
+        // this returns; every read from it is bounds-checked against its length. (liblmdb maps
+        // the same file right after: a concurrent truncation would fault there as here.)
+        let map = unsafe { memmap2::Mmap::map(file) }.at(path)?;
+        check_pages(path, Pages::Mapped(&map), file_len, opened)
+    } else {
+        check_pages(path, Pages::Read(file), file_len, opened)
+    }
+}
+
+/// [`check`] over pages read from `pages`.
+fn check_pages(path: &Path, pages: Pages<'_>, file_len: u64, opened: &[&str]) -> Result<()> {
+    let mut walk = Walk::start(path, pages, file_len)?;
     let main = walk.main;
     let mut named = Vec::new();
     walk.database("the main database", main, Some(&mut named))?;
@@ -117,9 +135,39 @@ struct Node {
     key: std::ops::Range<usize>,
 }
 
+/// Where a walk reads pages from.
+#[derive(Clone, Copy)]
+enum Pages<'a> {
+    /// A map of the whole file: a page is a slice of it.
+    Mapped(&'a [u8]),
+    /// The file: a page is read with `pread`.
+    Read(&'a fs::File),
+}
+
+impl Pages<'_> {
+    /// Fills `buf` from `offset`; an unexpected end of file where the file holds less.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        match self {
+            Pages::Read(file) => file.read_exact_at(buf, offset),
+            Pages::Mapped(map) => {
+                buf.copy_from_slice(Self::slice(map, offset, buf.len())?);
+                Ok(())
+            }
+        }
+    }
+
+    /// `map[offset..offset + len]`, or an unexpected end of file.
+    fn slice(map: &[u8], offset: u64, len: usize) -> std::io::Result<&[u8]> {
+        usize::try_from(offset)
+            .ok()
+            .and_then(|at| map.get(at..at.checked_add(len)?))
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))
+    }
+}
+
 struct Walk<'a> {
     path: &'a Path,
-    file: &'a fs::File,
+    pages: Pages<'a>,
     page_size: usize,
     /// The last page the live meta page uses; every page number must be at most this.
     last_page: u64,
@@ -127,12 +175,14 @@ struct Walk<'a> {
     /// Pages reached so far (branch, leaf and overflow), one bit each: a page reached twice is
     /// a loop, a shared page, or two values on the same pages.
     seen: Vec<u64>,
-    page: Vec<u8>,
+    /// The page last read: in `buffer` (read), or at `mapped` (mapped).
+    buffer: Vec<u8>,
+    mapped: &'a [u8],
 }
 
 impl<'a> Walk<'a> {
     /// Reads both meta pages and takes the one liblmdb takes: the later transaction.
-    fn start(path: &'a Path, file: &'a fs::File, file_len: u64) -> Result<Walk<'a>> {
+    fn start(path: &'a Path, file: Pages<'a>, file_len: u64) -> Result<Walk<'a>> {
         let damaged = |why: String| Error::not_a_dataset(path, format!("damaged LMDB: {why}"));
         let mut meta = [0u8; super::reader::META_PAGE_BYTES];
         file.read_exact_at(&mut meta, 0).at(path)?;
@@ -165,12 +215,16 @@ impl<'a> Walk<'a> {
         }
         Ok(Walk {
             path,
-            file,
+            pages: file,
             page_size,
             last_page,
             main: DbRecord::parse(&meta[88..88 + DB_RECORD]),
             seen: vec![0; (last_page as usize + 1).div_ceil(64)],
-            page: vec![0; page_size],
+            buffer: match file {
+                Pages::Read(_) => vec![0; page_size],
+                Pages::Mapped(_) => Vec::new(),
+            },
+            mapped: &[],
         })
     }
 
@@ -237,10 +291,10 @@ impl<'a> Walk<'a> {
                     let low = if i == 0 {
                         visit.low.clone()
                     } else {
-                        Some(self.page[node.key.clone()].to_vec())
+                        Some(self.page()[node.key.clone()].to_vec())
                     };
                     let high = match nodes.get(i + 1) {
-                        Some(next) => Some(self.page[next.key.clone()].to_vec()),
+                        Some(next) => Some(self.page()[next.key.clone()].to_vec()),
                         None => visit.high.clone(),
                     };
                     stack.push(Visit {
@@ -279,12 +333,13 @@ impl<'a> Walk<'a> {
     /// `(node, first page, pages)` for the caller to claim), or (main database only, `named`)
     /// the record of a named database, collected.
     fn leaf_values(
-        &mut self,
+        &self,
         what: &str,
         number: u64,
         nodes: &[Node],
         mut named: Option<&mut Vec<(Vec<u8>, DbRecord)>>,
     ) -> Result<Vec<(usize, u64, u64)>> {
+        let page = self.page();
         let mut overflow = Vec::new();
         for (i, node) in nodes.iter().enumerate() {
             let size = u64::from(node.lo) | u64::from(node.hi) << 16;
@@ -299,7 +354,7 @@ impl<'a> Walk<'a> {
                     if data_at + 8 > self.page_size {
                         return Err(self.node_error(what, number, i, "has data past the page"));
                     }
-                    let first = u64_at(&self.page, data_at);
+                    let first = u64_at(page, data_at);
                     let pages = (size + PAGE_HEADER as u64).div_ceil(self.page_size as u64);
                     if size == 0
                         || first < 2
@@ -337,8 +392,8 @@ impl<'a> Walk<'a> {
                             "names a database with a record of the wrong size",
                         ));
                     }
-                    let record = DbRecord::parse(&self.page[data_at..data_at + DB_RECORD]);
-                    named.push((self.page[node.key.clone()].to_vec(), record));
+                    let record = DbRecord::parse(&page[data_at..data_at + DB_RECORD]);
+                    named.push((page[node.key.clone()].to_vec(), record));
                 }
                 other => {
                     return Err(self.node_error(
@@ -373,14 +428,20 @@ impl<'a> Walk<'a> {
         }
         self.mark(what, number, "as a branch or leaf page")?;
         let at = number * self.page_size as u64;
-        self.file.read_exact_at(&mut self.page, at).at(self.path)?;
-        let recorded = u64_at(&self.page, 0);
+        match self.pages {
+            Pages::Read(file) => file.read_exact_at(&mut self.buffer, at).at(self.path)?,
+            Pages::Mapped(map) => {
+                self.mapped = Pages::slice(map, at, self.page_size).at(self.path)?;
+            }
+        }
+        let page = self.page();
+        let recorded = u64_at(page, 0);
         if recorded != number {
             return Err(self.damaged(format!(
                 "page {number} of {what} says it is page {recorded}"
             )));
         }
-        let flags = u16_at(&self.page, 10) & !P_DIRTY;
+        let flags = u16_at(page, 10) & !P_DIRTY;
         let expected = if leaf { P_LEAF } else { P_BRANCH };
         if flags != expected {
             return Err(self.damaged(format!(
@@ -390,10 +451,7 @@ impl<'a> Walk<'a> {
                 visit.level,
             )));
         }
-        let (lower, upper) = (
-            u16_at(&self.page, 12) as usize,
-            u16_at(&self.page, 14) as usize,
-        );
+        let (lower, upper) = (u16_at(page, 12) as usize, u16_at(page, 14) as usize);
         // liblmdb asserts (debug builds abort) that a branch page has two children or more.
         let least = if leaf { 1 } else { 2 };
         if lower < PAGE_HEADER + 2 * least
@@ -409,19 +467,19 @@ impl<'a> Walk<'a> {
         }
         let mut nodes = Vec::with_capacity((lower - PAGE_HEADER) / 2);
         for i in 0..(lower - PAGE_HEADER) / 2 {
-            let at = u16_at(&self.page, PAGE_HEADER + 2 * i) as usize;
+            let at = u16_at(page, PAGE_HEADER + 2 * i) as usize;
             let key_at = at + NODE_HEADER;
             if at < upper || key_at > self.page_size {
                 return Err(self.node_error(what, number, i, "lies outside the page's nodes"));
             }
-            let key = key_at..key_at + u16_at(&self.page, at + 6) as usize;
+            let key = key_at..key_at + u16_at(page, at + 6) as usize;
             if key.end > self.page_size {
                 return Err(self.node_error(what, number, i, "has a key past the page"));
             }
             nodes.push(Node {
-                lo: u16_at(&self.page, at),
-                hi: u16_at(&self.page, at + 2),
-                flags: u16_at(&self.page, at + 4),
+                lo: u16_at(page, at),
+                hi: u16_at(page, at + 2),
+                flags: u16_at(page, at + 4),
                 key,
             });
         }
@@ -430,7 +488,7 @@ impl<'a> Walk<'a> {
         let keys: Vec<&[u8]> = nodes
             .iter()
             .skip(usize::from(!leaf))
-            .map(|n| &self.page[n.key.clone()])
+            .map(|n| &page[n.key.clone()])
             .collect();
         let in_order = keys.windows(2).all(|pair| pair[0] < pair[1])
             && visit
@@ -450,7 +508,101 @@ impl<'a> Walk<'a> {
         Ok(nodes)
     }
 
+    /// The page [`read_page`](Self::read_page) read last.
+    fn page(&self) -> &[u8] {
+        match self.pages {
+            Pages::Read(_) => &self.buffer,
+            Pages::Mapped(_) => self.mapped,
+        }
+    }
+
     fn node_error(&self, what: &str, page: u64, node: usize, why: &str) -> Error {
         self.damaged(format!("node {node} of page {page} of {what} {why}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use heed::types::Bytes;
+    use heed::{Database, EnvOpenOptions};
+
+    /// A small LMDB file like a dataset's: a `samples` database with inline values over a
+    /// two-level tree, a few values on overflow pages, and a `meta` database.
+    fn small_lmdb(dir: &Path) -> std::path::PathBuf {
+        let path = dir.join("small.lmdb");
+        let mut options = EnvOpenOptions::new();
+        options.max_dbs(3).map_size(16 << 20);
+        // SAFETY: a fresh file this test alone opens.
+        let env = unsafe {
+            options
+                .flags(heed::EnvFlags::NO_SUB_DIR)
+                .open(&path)
+                .unwrap()
+        };
+        let mut txn = env.write_txn().unwrap();
+        let samples: Database<Bytes, Bytes> =
+            env.create_database(&mut txn, Some("samples")).unwrap();
+        let meta: Database<Bytes, Bytes> = env.create_database(&mut txn, Some("meta")).unwrap();
+        for i in 0u64..60 {
+            let len = if i % 40 == 7 { 9000 } else { 300 + i as usize };
+            let value: Vec<u8> = (0..len).map(|b| (b as u64 * 31 + i) as u8).collect();
+            samples.put(&mut txn, &i.to_be_bytes(), &value).unwrap();
+        }
+        meta.put(&mut txn, b"info", b"{}").unwrap();
+        txn.commit().unwrap();
+        drop(env);
+        path
+    }
+
+    type Outcome = std::result::Result<(), String>;
+
+    /// The outcome of checking `bytes` (the whole of the file at `path`, which `file` has open)
+    /// both ways the walk reads pages.
+    fn both_ways(path: &Path, file: &fs::File, bytes: &[u8]) -> (Outcome, Outcome) {
+        let len = bytes.len() as u64;
+        let opened = ["meta", "samples"];
+        let read = check_pages(path, Pages::Read(file), len, &opened).map_err(|e| e.to_string());
+        let mapped =
+            check_pages(path, Pages::Mapped(bytes), len, &opened).map_err(|e| e.to_string());
+        (read, mapped)
+    }
+
+    #[test]
+    fn a_mapped_walk_finds_exactly_what_a_read_walk_finds_for_every_damaged_byte() {
+        use std::os::unix::fs::FileExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = small_lmdb(dir.path());
+        let mut bytes = fs::read(&path).unwrap();
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        assert_eq!(both_ways(&path, &file, &bytes), (Ok(()), Ok(())));
+        // Every byte of the file, each changed two ways (in the file and in the copy the
+        // mapped walk reads), then put back.
+        let mut refused = 0;
+        for at in 0..bytes.len() {
+            let pristine = bytes[at];
+            for flip in [0x01u8, 0xff] {
+                bytes[at] = pristine ^ flip;
+                file.write_all_at(&bytes[at..=at], at as u64).unwrap();
+                let (read, mapped) = both_ways(&path, &file, &bytes);
+                assert_eq!(read, mapped, "byte {at} ^ {flip:#x}");
+                refused += usize::from(read.is_err());
+            }
+            bytes[at] = pristine;
+            file.write_all_at(&bytes[at..=at], at as u64).unwrap();
+        }
+        // The walk is not vacuous: damaged structure is refused.
+        assert!(refused > 1000, "{refused} refusals");
+        // A file cut short (shorter than the meta page says) fails both ways alike.
+        for cut in [bytes.len() - 1, bytes.len() / 2, 4096 * 3 + 17] {
+            file.set_len(cut as u64).unwrap();
+            let (read, mapped) = both_ways(&path, &file, &bytes[..cut]);
+            assert!(read.is_err(), "cut at {cut}");
+            assert_eq!(read, mapped, "cut at {cut}");
+        }
     }
 }
