@@ -404,7 +404,7 @@ fn load(args: LoadArgs) -> Result<()> {
             baseline = loader.as_ref().map(Loader::stats).unwrap_or_default();
             before = measure_references()?;
         }
-        let start = if cold || reopen {
+        let (start, setup) = if cold || reopen {
             // The kernel keeps pages this process maps: close everything, evict, reopen.
             if let Some(done) = loader.take() {
                 if timed {
@@ -417,12 +417,13 @@ fn load(args: LoadArgs) -> Result<()> {
             }
             let start = Instant::now();
             loader = Some(Loader::new(open()?, config.clone())?);
-            start
+            (start, Some(start.elapsed().as_secs_f64()))
         } else {
-            Instant::now()
+            (Instant::now(), None)
         };
         let current = loader.as_ref().expect("a loader is open");
-        let run = run_epoch(current, epoch, digest)?;
+        let mut run = run_epoch(current, epoch, digest)?;
+        run.setup = setup;
         let secs = start.elapsed().as_secs_f64();
         if !timed {
             continue;
@@ -515,6 +516,9 @@ struct EpochRun {
     bad_samples: usize,
     /// Seconds from the epoch's start to its first batch.
     first_batch: f64,
+    /// With `--cold` or `--reopen`: seconds of the epoch spent opening the dataset and making
+    /// the loader (before its first batch was asked for).
+    setup: Option<f64>,
     /// SHA-256 over every batch's bytes and labels, in order (with `--digest`); finished
     /// after the epoch's clock stops.
     digest: Option<Sha256>,
@@ -544,6 +548,7 @@ fn run_epoch(loader: &Loader, epoch: u64, digest: bool) -> Result<EpochRun> {
         images,
         bad_samples,
         first_batch: first_batch.unwrap_or(0.0),
+        setup: None,
         digest: digest.then_some(hasher),
     })
 }
@@ -563,6 +568,7 @@ fn print_epoch(
         images,
         bad_samples,
         first_batch,
+        setup,
         ..
     } = run;
     if json {
@@ -574,6 +580,9 @@ fn print_epoch(
             "first_batch_seconds": first_batch,
             "bad": bad_samples,
         });
+        if let Some(setup) = setup {
+            line["setup_seconds"] = serde_json::json!(setup);
+        }
         if let Some((b, a)) = around {
             line["decode_references"] = serde_json::json!({
                 "one_thread": [b.one_thread, a.one_thread],
@@ -588,6 +597,13 @@ fn print_epoch(
     let mut line = format!(
         "epoch {epoch}: {images} images in {secs:.3} s: {rate:.0} images/s, {bad_samples} bad, rss {rss:.0} MB (anon {anon:.0} MB, peak {peak:.0} MB)"
     );
+    if let Some(setup) = setup {
+        line.push_str(&format!(
+            " (open and new loader {:.1} ms, first batch {:.1} ms later)",
+            setup * 1e3,
+            first_batch * 1e3
+        ));
+    }
     if let (Some((b, a)), Some((of_ceiling, of_together))) = (around, share) {
         line.push_str(&format!(
             "; {:.0}% of ceiling (1 thread decodes {:.0} / {:.0} images/s before / after)",
