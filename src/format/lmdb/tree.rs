@@ -24,11 +24,12 @@
 //! branch, leaf and overflow page counts and `md_entries` (u64 each), `md_root` u64.
 //!
 //! Cost: a bit per page of the file, and reading each branch and leaf page, once per file per
-//! process (the environment is shared). A file small enough to be read through at open
-//! ([`READ_THROUGH_BYTES`]) is walked in place from a read-only map of it, where only the
-//! bytes checked are touched; a larger one is read a page at a time with `pread`, as the walk
-//! needs them (its leaves may lie far apart, between values' overflow pages). The 10,000
-//! CIFAR-10 test images (14 MB): 3.5 ms with `pread`, 1.2 ms in place.
+//! process (the environment is shared). A file in the page cache (read through at open when it
+//! is at most [`READ_THROUGH_BYTES`], or cached already) is walked in place from a read-only
+//! map of it, where only the bytes checked are touched; any other is read a page at a time
+//! with `pread`, as the walk needs them (its leaves may lie far apart, between values' overflow
+//! pages), in the order the writer put them in the file, so that readahead serves a cold one.
+//! The 10,000 CIFAR-10 test images (14 MB): 3.5 ms with `pread`, 1.2 ms in place.
 
 use std::fs;
 use std::os::unix::fs::FileExt as _;
@@ -91,14 +92,16 @@ fn u64_at(bytes: &[u8], at: usize) -> u64 {
 /// databases in `opened` (the ones a reader will open; others are never read, so not walked);
 /// `Err` names the page and what is wrong with it.
 pub(super) fn check(path: &Path, file: &fs::File, file_len: u64, opened: &[&str]) -> Result<()> {
-    if file_len <= READ_THROUGH_BYTES {
-        // SAFETY: a read-only shared map of a file imagefeed does not modify, dropped before
-        // this returns; every read from it is bounds-checked against its length. (liblmdb maps
-        // the same file right after: a concurrent truncation would fault there as here.)
-        let map = unsafe { memmap2::Mmap::map(file) }.at(path)?;
-        check_pages(path, Pages::Mapped(&map), file_len, opened)
-    } else {
-        check_pages(path, Pages::Read(file), file_len, opened)
+    // SAFETY: a read-only shared map of a file imagefeed does not modify, dropped before this
+    // returns; every read from it is bounds-checked against its length. (liblmdb maps the same
+    // file right after: a concurrent truncation would fault there as here.)
+    let map = unsafe { memmap2::Mmap::map(file) }.ok();
+    match map {
+        // Read through at open, or cached already: walked in place.
+        Some(map) if file_len <= READ_THROUGH_BYTES || crate::pagecache::is_resident(&map) => {
+            check_pages(path, Pages::Mapped(&map), file_len, opened)
+        }
+        _ => check_pages(path, Pages::Read(file), file_len, opened),
     }
 }
 
@@ -284,8 +287,11 @@ impl<'a> Walk<'a> {
             let nodes = self.read_page(what, &visit, leaf, db.depth)?;
             if !leaf {
                 // Child i holds the keys from node i's key (the parent's bound for node 0,
-                // whose key liblmdb leaves empty) up to node i + 1's.
-                for (i, node) in nodes.iter().enumerate() {
+                // whose key liblmdb leaves empty) up to node i + 1's. Pushed last to first, so
+                // that the walk visits the leaves in key order: the order a dataset's writer
+                // put them in the file, which the kernel's readahead follows on a cold file
+                // (backwards, each page was a read of its own: 1.5 s for an 84 MB file).
+                for (i, node) in nodes.iter().enumerate().rev() {
                     let child =
                         u64::from(node.lo) | u64::from(node.hi) << 16 | u64::from(node.flags) << 32;
                     let low = if i == 0 {
