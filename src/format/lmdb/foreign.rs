@@ -38,7 +38,7 @@ pub(super) fn holds_nothing(path: &Path) -> bool {
 fn holds_our_magic(path: &Path) -> bool {
     let own = || -> Result<bool> {
         let file = check_lmdb_file(path)?;
-        let (env, bounds) = shared_read_env(path, file.metadata().at(path)?.len())?;
+        let (env, bounds, _) = shared_read_env(path, file.metadata().at(path)?.len())?;
         let rtxn = env.read_txn().map_err(|e| Error::lmdb(path, e))?;
         let Some(meta) = env
             .open_database::<Str, Bytes>(&rtxn, Some(META_DB))
@@ -207,6 +207,7 @@ pub(super) fn open_folder2lmdb(
         path: path.to_path_buf(),
         env: Arc::clone(env),
         bounds,
+        located: None,
         layout: Layout::Folder2Lmdb {
             db,
             keys: keys.into(),

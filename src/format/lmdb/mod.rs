@@ -234,6 +234,51 @@ mod tests {
     }
 
     #[test]
+    fn values_located_at_open_read_as_liblmdb_looks_them_up() {
+        // Small images' values lie inline in leaf pages, large ones' on overflow pages: read
+        // through where the open's check located them and through liblmdb's lookups, every
+        // record is the same, in any order.
+        use crate::dataset::Dataset as _;
+        use crate::pack::{NoProgress, PackFormat, PackOptions, pack_image_folder};
+        use crate::synthetic::{SyntheticSpec, write_image_folder};
+        let dir = tempfile::tempdir().unwrap();
+        for (name, side) in [("inline", 16), ("overflow", 96)] {
+            let src = dir.path().join(name);
+            let spec = SyntheticSpec {
+                classes: 3,
+                per_class: 12,
+                width: side,
+                height: side,
+                ..SyntheticSpec::default()
+            };
+            write_image_folder(&src, &spec).unwrap();
+            let out = dir.path().join(format!("{name}.lmdb"));
+            let options = PackOptions::default().with_lmdb_map_size(64 << 20);
+            pack_image_folder(&src, &out, PackFormat::Lmdb, &options, &NoProgress).unwrap();
+            let located = Lmdb::open(&out).unwrap();
+            assert!(located.located.is_some(), "{name}: nothing located");
+            let mut looked_up = Lmdb::open(&out).unwrap();
+            looked_up.located = None;
+            let mut a = located.open_reader().unwrap();
+            let mut b = looked_up.open_reader().unwrap();
+            for index in (0..located.len()).rev() {
+                let (x, y) = (a.read(index).unwrap(), b.read(index).unwrap());
+                assert_eq!(
+                    (x.key, x.label, x.payload),
+                    (y.key, y.label, y.payload),
+                    "{name}: record {index}"
+                );
+            }
+            if side == 96 {
+                assert!(
+                    a.read(0).unwrap().payload.len() > 4096,
+                    "not on overflow pages"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn value_layout_round_trips() {
         let mut buf = Vec::new();
         encode_value(&mut buf, 7, "cat/ü.jpg", b"\xff\xd8payload");

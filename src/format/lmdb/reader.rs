@@ -20,6 +20,7 @@ use crate::format::staging;
 use crate::format::writer::PackProgress;
 
 use super::foreign::open_folder2lmdb;
+use super::tree::Located;
 use super::{
     CHECKSUMS_DB, CHECKSUMS_SINCE, INFO_KEY, LMDB_FILE_MAGIC, META_DB, PROGRESS_KEY, SAMPLES_DB,
     corrupt, decode_value, parse_info, parse_progress, sample_key, tree,
@@ -32,6 +33,8 @@ struct OpenEnv {
     dev: u64,
     ino: u64,
     env: Weak<ReadEnv>,
+    /// Where the samples' values lie, found when the environment was opened (if they were).
+    located: Option<Weak<Located>>,
 }
 
 /// Environments open in this process, by canonical path, with the file's identity so that a
@@ -136,6 +139,8 @@ pub struct Lmdb {
     pub(super) path: PathBuf,
     pub(super) env: Arc<ReadEnv>,
     pub(super) bounds: MapBounds,
+    /// Where the samples' values lie (imagefeed's layout, found by the open's check).
+    pub(super) located: Option<Arc<Located>>,
     pub(super) layout: Layout,
     pub(super) info: DatasetInfo,
     pub(super) complete: bool,
@@ -182,7 +187,7 @@ impl Lmdb {
         // Small datasets stream into the page cache in one sequential read; see pagecache.
         crate::pagecache::prefetch_if_it_fits(&file);
         let len = file.metadata().at(path)?.len();
-        let (env, bounds) = shared_read_env(path, len)?;
+        let (env, bounds, located) = shared_read_env(path, len)?;
         let rtxn = env.read_txn().map_err(|e| Error::lmdb(path, e))?;
         let meta: Option<Database<Str, Bytes>> = env
             .open_database(&rtxn, Some(META_DB))
@@ -240,6 +245,7 @@ impl Lmdb {
             path: path.to_path_buf(),
             env,
             bounds,
+            located,
             layout: Layout::Imagefeed { samples, checksums },
             info,
             complete: record.complete,
@@ -466,14 +472,22 @@ pub(super) fn meta_text<'t>(
         .map_err(|_| Error::not_a_dataset(path, format!("meta/{key} is not UTF-8 text")))
 }
 
-/// The process's environment for `path` (one per file, shared), and where its map lies.
-pub(super) fn shared_read_env(path: &Path, file_len: u64) -> Result<(Arc<ReadEnv>, MapBounds)> {
-    let env = read_env(path, file_len)?;
+/// The process's environment for `path` (one per file, shared), where its map lies, and where
+/// the values of its samples database lie (when the open's check found them: [`Located`]).
+pub(super) fn shared_read_env(
+    path: &Path,
+    file_len: u64,
+) -> Result<(Arc<ReadEnv>, MapBounds, Option<Arc<Located>>)> {
+    let (env, located) = read_env(path, file_len)?;
     let meta = fs::metadata(path).at(path)?;
-    Ok((env, MapBounds::of(meta.dev(), meta.ino(), file_len)))
+    Ok((
+        env,
+        MapBounds::of(meta.dev(), meta.ino(), file_len),
+        located,
+    ))
 }
 
-fn read_env(path: &Path, file_len: u64) -> Result<Arc<ReadEnv>> {
+fn read_env(path: &Path, file_len: u64) -> Result<(Arc<ReadEnv>, Option<Arc<Located>>)> {
     let canonical = fs::canonicalize(path).at(path)?;
     let meta = fs::metadata(&canonical).at(path)?;
     let (dev, ino) = (meta.dev(), meta.ino());
@@ -483,12 +497,19 @@ fn read_env(path: &Path, file_len: u64) -> Result<Arc<ReadEnv>> {
         && (open.dev, open.ino) == (dev, ino)
         && let Some(env) = open.env.upgrade()
     {
-        return Ok(env);
+        return Ok((env, open.located.as_ref().and_then(Weak::upgrade)));
     }
     // Every branch and leaf page is checked before liblmdb reads any (see `tree`): once per
     // file per process, as the environment is.
     let (file, _) = crate::file::open_regular(&canonical)?;
-    tree::check(path, &file, file_len, &[META_DB, SAMPLES_DB, CHECKSUMS_DB])?;
+    let located = tree::check(
+        path,
+        &file,
+        file_len,
+        &[META_DB, SAMPLES_DB, CHECKSUMS_DB],
+        Some(SAMPLES_DB),
+    )?
+    .map(Arc::new);
     drop(file);
     let mut options = EnvOpenOptions::new().read_txn_without_tls();
     // Map the file's length, not the map size the writer recorded (1 TiB by default: LMDB keeps
@@ -532,9 +553,10 @@ fn read_env(path: &Path, file_len: u64) -> Result<Arc<ReadEnv>> {
             dev,
             ino,
             env: Arc::downgrade(&env),
+            located: located.as_ref().map(Arc::downgrade),
         },
     );
-    Ok(env)
+    Ok((env, located))
 }
 
 impl Dataset for Lmdb {
@@ -558,10 +580,12 @@ impl Dataset for Lmdb {
             txn,
             _env: Arc::clone(&self.env),
             bounds: self.bounds.clone(),
+            located: self.located.clone(),
             layout: self.layout.clone(),
             path: self.path.clone(),
             info: self.info.clone(),
-            found: if self.info.num_samples <= FOUND_TABLE_MAX_RECORDS {
+            // Values already located need no table of their own.
+            found: if self.located.is_none() && self.info.num_samples <= FOUND_TABLE_MAX_RECORDS {
                 vec![(0, 0); self.info.num_samples]
             } else {
                 Vec::new()
@@ -583,6 +607,9 @@ struct LmdbReader {
     _env: Arc<ReadEnv>,
     /// Where the map lies: every value is checked to be inside it before it is read.
     bounds: MapBounds,
+    /// Where the samples' values lie, when the open found them: read from there, with no
+    /// lookup at all.
+    located: Option<Arc<Located>>,
     layout: Layout,
     path: PathBuf,
     info: DatasetInfo,
@@ -691,15 +718,16 @@ impl RecordReader for LmdbReader {
         let (txn, found) = (&self.txn, &mut self.found);
         let (label, key, payload) = match &self.layout {
             Layout::Imagefeed { samples, checksums } => {
-                let value = Self::sample_value(txn, found, &self.bounds, samples, index)
-                    .map_err(|e| Error::lmdb(&self.path, e))?
-                    .ok_or_else(|| {
-                        corrupt(&self.path, index, &format!("#{index}"), "record is missing")
-                    })?;
-                let value = self
-                    .bounds
-                    .check(value)
-                    .map_err(|reason| corrupt(&self.path, index, &format!("#{index}"), reason))?;
+                let value = match self.located.as_deref().and_then(|l| l.value(index)) {
+                    Some(located) => located,
+                    None => Self::sample_value(txn, found, &self.bounds, samples, index)
+                        .map_err(|e| Error::lmdb(&self.path, e))?
+                        .ok_or_else(|| {
+                            corrupt(&self.path, index, &format!("#{index}"), "record is missing")
+                        })
+                        .map(|value| self.bounds.check(value))?,
+                }
+                .map_err(|reason| corrupt(&self.path, index, &format!("#{index}"), reason))?;
                 let decoded = decode_value(value);
                 if let Some(checksums) = checksums {
                     let computed = crc32c::crc32c(value);
@@ -752,7 +780,9 @@ impl RecordReader for LmdbReader {
     }
 
     fn prefetch(&mut self, index: usize) {
-        if let Some(value) = remembered(&self.txn, &self.found, index) {
+        if let Some(Ok(value)) = self.located.as_deref().and_then(|l| l.value(index)) {
+            crate::dataset::prefetch(value);
+        } else if let Some(value) = remembered(&self.txn, &self.found, index) {
             crate::dataset::prefetch(value);
         }
     }

@@ -91,33 +91,103 @@ fn u64_at(bytes: &[u8], at: usize) -> u64 {
 /// messages), `file_len` bytes long, as the live meta page describes it, and of the named
 /// databases in `opened` (the ones a reader will open; others are never read, so not walked);
 /// `Err` names the page and what is wrong with it.
-pub(super) fn check(path: &Path, file: &fs::File, file_len: u64, opened: &[&str]) -> Result<()> {
-    // SAFETY: a read-only shared map of a file imagefeed does not modify, dropped before this
-    // returns; every read from it is bounds-checked against its length. (liblmdb maps the same
-    // file right after: a concurrent truncation would fault there as here.)
+///
+/// With `locate`, also returns where the values of that database's records lie, by index,
+/// when its keys are sample indices ([`super::sample_key`]) and it holds at most
+/// [`LOCATED_MAX_RECORDS`]; see [`Located`].
+pub(super) fn check(
+    path: &Path,
+    file: &fs::File,
+    file_len: u64,
+    opened: &[&str],
+    locate: Option<&str>,
+) -> Result<Option<Located>> {
+    // SAFETY: a read-only shared map of a file imagefeed does not modify; every read from it
+    // is bounds-checked against its length. (liblmdb maps the same file right after: a
+    // concurrent truncation would fault there as here.)
     let map = unsafe { memmap2::Mmap::map(file) }.ok();
-    match map {
+    let (found, map) = match map {
         // Read through at open, or cached already: walked in place.
         Some(map) if file_len <= READ_THROUGH_BYTES || crate::pagecache::is_resident(&map) => {
-            check_pages(path, Pages::Mapped(&map), file_len, opened)
+            let found = check_pages(path, Pages::Mapped(&map), file_len, opened, locate)?;
+            (found, Some(map))
         }
-        _ => check_pages(path, Pages::Read(file), file_len, opened),
+        map => (
+            check_pages(path, Pages::Read(file), file_len, opened, locate)?,
+            map,
+        ),
+    };
+    Ok(found
+        .zip(map)
+        .map(|((offsets, lens), map)| Located { map, offsets, lens }))
+}
+
+/// The most records whose values [`check`] locates (12 bytes each: 48 MiB at the limit).
+pub(super) const LOCATED_MAX_RECORDS: u64 = 1 << 22;
+
+/// Where the values of a database keyed by sample index lie in the file, found by the walk
+/// that checked its pages, and a read-only map of the file to read them from: a reader takes a
+/// sample's value from here without a B-tree search or a cursor (which cost a fresh reader
+/// ~1 µs a sample). A value is the bytes liblmdb would return for the key: an inline value
+/// from just past its key, or an overflow value from its first page's header on, of the size
+/// its node gives. The sizes are as the pages hold them: a damaged one can run past the map,
+/// which [`Located::value`] refuses.
+pub(super) struct Located {
+    map: memmap2::Mmap,
+    /// File offset of each index's value; 0 for an index no key names.
+    offsets: Vec<u64>,
+    lens: Vec<u32>,
+}
+
+impl Located {
+    /// The value of record `index`: `None` when no key names it, `Err` when its size runs past
+    /// the file.
+    pub(super) fn value(&self, index: usize) -> Option<std::result::Result<&[u8], String>> {
+        let (&offset, &len) = self.offsets.get(index).zip(self.lens.get(index))?;
+        if offset == 0 {
+            return None;
+        }
+        Some(Pages::slice(&self.map, offset, len as usize).map_err(|_| {
+            format!(
+                "its node gives {len} bytes at offset {offset} of a {}-byte file: past the \
+                 file's end (a damaged LMDB page)",
+                self.map.len()
+            )
+        }))
     }
 }
 
+/// Offsets and sizes of the located database's values, by index ([`Located`]).
+type Locations = (Vec<u64>, Vec<u32>);
+
 /// [`check`] over pages read from `pages`.
-fn check_pages(path: &Path, pages: Pages<'_>, file_len: u64, opened: &[&str]) -> Result<()> {
+fn check_pages(
+    path: &Path,
+    pages: Pages<'_>,
+    file_len: u64,
+    opened: &[&str],
+    locate: Option<&str>,
+) -> Result<Option<Locations>> {
     let mut walk = Walk::start(path, pages, file_len)?;
     let main = walk.main;
     let mut named = Vec::new();
     walk.database("the main database", main, Some(&mut named))?;
+    let mut located = None;
     for (name, record) in named {
         if opened.iter().any(|o| o.as_bytes() == name.as_slice()) {
             let what = format!("database {:?}", String::from_utf8_lossy(&name));
+            walk.locations = (locate.is_some_and(|l| l.as_bytes() == name.as_slice())
+                // (A record claiming more entries than the file can hold allocates nothing.)
+                && record.entries <= LOCATED_MAX_RECORDS.min(file_len / 16))
+            .then(|| {
+                let n = record.entries as usize;
+                (vec![0; n], vec![0; n])
+            });
             walk.database(&what, record, None)?;
+            located = located.or(walk.locations.take());
         }
     }
-    Ok(())
+    Ok(located)
 }
 
 /// A page to visit: its number, its level (the root is 1), and the keys its parent allows it
@@ -181,6 +251,8 @@ struct Walk<'a> {
     /// The page last read: in `buffer` (read), or at `mapped` (mapped).
     buffer: Vec<u8>,
     mapped: &'a [u8],
+    /// While walking the database to locate ([`check`]): its values' offsets and sizes.
+    locations: Option<Locations>,
 }
 
 impl<'a> Walk<'a> {
@@ -228,6 +300,7 @@ impl<'a> Walk<'a> {
                 Pages::Mapped(_) => Vec::new(),
             },
             mapped: &[],
+            locations: None,
         })
     }
 
@@ -314,6 +387,7 @@ impl<'a> Walk<'a> {
             }
             entries += nodes.len() as u64;
             let overflow = self.leaf_values(what, number, &nodes, named.as_deref_mut())?;
+            self.locate(number, &nodes);
             // Each value's pages belong to it alone: a flipped page number that lands on
             // another value's run (or on a branch or leaf page) would hand out other bytes.
             for (i, first, pages) in overflow {
@@ -514,6 +588,41 @@ impl<'a> Walk<'a> {
         Ok(nodes)
     }
 
+    /// Notes where the values of leaf page `number`'s `nodes` (just checked) lie, when locating
+    /// and their keys are sample indices.
+    fn locate(&mut self, number: u64, nodes: &[Node]) {
+        let Some((offsets, lens)) = self.locations.as_mut() else {
+            return;
+        };
+        let page = match self.pages {
+            Pages::Read(_) => &self.buffer[..],
+            Pages::Mapped(_) => self.mapped,
+        };
+        let page_at = number * self.page_size as u64;
+        for node in nodes {
+            let Ok(key) = <[u8; 8]>::try_from(&page[node.key.clone()]) else {
+                continue;
+            };
+            let Some(index) = usize::try_from(u64::from_be_bytes(key))
+                .ok()
+                .filter(|&i| i < offsets.len())
+            else {
+                continue;
+            };
+            let size = u32::from(node.lo) | u32::from(node.hi) << 16;
+            let offset = match node.flags {
+                0 => page_at + node.key.end as u64,
+                // Checked by `leaf_values`: the page number lies inside the file.
+                F_BIGDATA => {
+                    u64_at(page, node.key.end) * self.page_size as u64 + PAGE_HEADER as u64
+                }
+                _ => continue,
+            };
+            offsets[index] = offset;
+            lens[index] = size;
+        }
+    }
+
     /// The page [`read_page`](Self::read_page) read last.
     fn page(&self) -> &[u8] {
         match self.pages {
@@ -561,16 +670,18 @@ mod tests {
         path
     }
 
-    type Outcome = std::result::Result<(), String>;
+    type Outcome = std::result::Result<Option<Locations>, String>;
 
     /// The outcome of checking `bytes` (the whole of the file at `path`, which `file` has open)
-    /// both ways the walk reads pages.
+    /// both ways the walk reads pages, locating the samples' values.
     fn both_ways(path: &Path, file: &fs::File, bytes: &[u8]) -> (Outcome, Outcome) {
         let len = bytes.len() as u64;
         let opened = ["meta", "samples"];
-        let read = check_pages(path, Pages::Read(file), len, &opened).map_err(|e| e.to_string());
-        let mapped =
-            check_pages(path, Pages::Mapped(bytes), len, &opened).map_err(|e| e.to_string());
+        let locate = Some("samples");
+        let read =
+            check_pages(path, Pages::Read(file), len, &opened, locate).map_err(|e| e.to_string());
+        let mapped = check_pages(path, Pages::Mapped(bytes), len, &opened, locate)
+            .map_err(|e| e.to_string());
         (read, mapped)
     }
 
@@ -585,7 +696,35 @@ mod tests {
             .write(true)
             .open(&path)
             .unwrap();
-        assert_eq!(both_ways(&path, &file, &bytes), (Ok(()), Ok(())));
+        let (read, mapped) = both_ways(&path, &file, &bytes);
+        assert_eq!(read, mapped);
+        // Every sample's value located, and where liblmdb finds it.
+        let (offsets, lens) = read.unwrap().expect("located");
+        let env = {
+            let mut options = EnvOpenOptions::new();
+            options.max_dbs(3);
+            // SAFETY: read only, by this test alone.
+            unsafe {
+                options
+                    .flags(heed::EnvFlags::NO_SUB_DIR)
+                    .open(&path)
+                    .unwrap()
+            }
+        };
+        let txn = env.read_txn().unwrap();
+        let samples: Database<Bytes, Bytes> =
+            env.open_database(&txn, Some("samples")).unwrap().unwrap();
+        assert_eq!(offsets.len(), 60);
+        for (i, (&offset, &len)) in offsets.iter().zip(&lens).enumerate() {
+            let value = samples
+                .get(&txn, &(i as u64).to_be_bytes())
+                .unwrap()
+                .unwrap();
+            let at = offset as usize;
+            assert_eq!(&bytes[at..at + len as usize], value, "sample {i}");
+        }
+        drop(txn);
+        drop(env);
         // Every byte of the file, each changed two ways (in the file and in the copy the
         // mapped walk reads), then put back.
         let mut refused = 0;
