@@ -52,7 +52,7 @@
 //! # Page cache
 //!
 //! Unlike the Python convention (`readahead=False`), kernel read-ahead stays on, and a file that
-//! fits in half the available memory is read through in order at open (up to 64 MiB) or handed
+//! fits in half the available memory is read through in order at open (up to 256 MiB) or handed
 //! to the kernel to stream in (larger)
 //! ([`prefetch_if_it_fits`](crate::pagecache::prefetch_if_it_fits)). Small records live in
 //! B-tree leaf pages that are not in file order, so without this a cold epoch faults in one 4 KiB

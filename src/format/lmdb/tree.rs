@@ -36,7 +36,9 @@ use std::os::unix::fs::FileExt as _;
 use std::path::Path;
 
 use crate::error::{Error, IoContext as _, Result};
+#[cfg(doc)]
 use crate::pagecache::READ_THROUGH_BYTES;
+use crate::pagecache::reads_through;
 
 const PAGE_HEADER: usize = 16;
 const NODE_HEADER: usize = 8;
@@ -108,7 +110,7 @@ pub(super) fn check(
     let map = unsafe { memmap2::Mmap::map(file) }.ok();
     let (found, map) = match map {
         // Read through at open, or cached already: walked in place.
-        Some(map) if file_len <= READ_THROUGH_BYTES || crate::pagecache::is_resident(&map) => {
+        Some(map) if reads_through(file_len) || crate::pagecache::is_resident(&map) => {
             let found = check_pages(path, Pages::Mapped(&map), file_len, opened, locate)?;
             (found, Some(map))
         }

@@ -332,7 +332,7 @@ fn open_ours(dir: &Path, manifest_path: &Path, allow_missing: bool) -> Result<Re
     let (manifest, dropped) = drop_missing_shards(dir, manifest, allow_missing, |entry| {
         crate::format::shards::is_gone(&dir.join(&entry.file))
     })?;
-    // Shards of up to 64 MiB together are read through as they are opened, in order, as a
+    // Shards of up to 256 MiB together are read through as they are opened, in order, as a
     // small LMDB is (see `pagecache`): with only the advice, a cold epoch's workers faulted
     // pages in one by one in the sampler's order (CIFAR-10, one 11 MB shard: cold epochs ~58
     // -> ~54 ms). Larger sets that fit in half the available memory are advised to stream in.
@@ -341,7 +341,7 @@ fn open_ours(dir: &Path, manifest_path: &Path, allow_missing: bool) -> Result<Re
         .shards
         .iter()
         .fold(0u64, |sum, entry| sum.saturating_add(entry.bytes));
-    let read_through = total <= crate::pagecache::READ_THROUGH_BYTES;
+    let read_through = crate::pagecache::reads_through(total);
     let mut shards = Vec::with_capacity(manifest.shards.len());
     let mut lens = Vec::with_capacity(manifest.shards.len());
     for entry in &manifest.shards {
