@@ -721,6 +721,12 @@ impl Decoder {
         self.stack.push(position, data)
     }
 
+    /// Whether the stack has no room for another image ([`JpegStack::is_full`]): the images
+    /// after it go into the next stack.
+    pub(crate) fn stack_is_full(&self) -> bool {
+        self.stack.is_full()
+    }
+
     /// Decodes the stacked images in one libjpeg-turbo call. Returns how many were stacked:
     /// 0 after any error or warning, when none of them is in the stack any more (the caller
     /// decodes each alone, and a damaged one gets its own error).

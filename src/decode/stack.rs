@@ -275,18 +275,26 @@ impl JpegStack {
         });
     }
 
+    /// Whether the stack has no room for another image of its shape (its height or its planes
+    /// would pass [`MAX_HEIGHT`] or [`MAX_PLANE_BYTES`]); false before its first image.
+    pub(crate) fn is_full(&self) -> bool {
+        let Some(group) = &self.group else {
+            return false;
+        };
+        let count = self.members.len() as u64 + 1;
+        let sizes = group.shape.plane_sizes();
+        let image_bytes = (sizes.y_len + 2 * sizes.c_len) as u64;
+        count * group.shape.height as u64 > MAX_HEIGHT || count * image_bytes > MAX_PLANE_BYTES
+    }
+
     /// Adds `data` as the image at `position` (greater than any before) when it has the
     /// stack's headers and stackable data and the stack has room; says whether it did.
     pub(crate) fn push(&mut self, position: usize, data: &[u8]) -> bool {
+        let full = self.is_full();
         let Some(group) = &self.group else {
             return false;
         };
         let head = group.head.len();
-        let count = self.members.len() as u64 + 1;
-        let sizes = group.shape.plane_sizes();
-        let image_bytes = (sizes.y_len + 2 * sizes.c_len) as u64;
-        let full =
-            count * group.shape.height as u64 > MAX_HEIGHT || count * image_bytes > MAX_PLANE_BYTES;
         if self.decoded
             || full
             || data.len() < head + 3

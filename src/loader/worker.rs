@@ -49,6 +49,9 @@ pub(super) struct Worker {
     /// The label and key of each sample of the batch that is in the decoder's stack, by
     /// position: [`Self::sample`] takes it from the stack without reading it again.
     stacked: KeptRecords,
+    /// Images stacked, and taken from a stack, in the batch's stacks decoded before the
+    /// current one (a batch larger than one stack holds has several).
+    stack_totals: (usize, usize),
 }
 
 impl Worker {
@@ -58,6 +61,7 @@ impl Worker {
             transformer: shared.config.transformer(),
             stack_misses: 0,
             stacked: KeptRecords::default(),
+            stack_totals: (0, 0),
         }
     }
 
@@ -145,12 +149,22 @@ impl Worker {
         let mut times = StageTimes::starting_now();
         // Reads that wait on the network (ranged reads from object storage) start together.
         self.reader.plan_reads(&job.indices);
-        let stacked = self.stack_batch(job, &mut times);
+        self.stack_totals = (0, 0);
+        // Where the decoder's stack ends: samples from there on go into the next one.
+        let mut stack_end = self.stack_batch(job, 0, &mut times);
+        let stacked = stack_end.is_some();
         // The samples, in a closure so that the stage times are counted however it ends.
         let mut fill = || -> Result<()> {
             for (position, &index) in job.indices.iter().enumerate() {
                 if job.cancel.load(Ordering::Relaxed) {
                     return Err(Error::Cancelled);
+                }
+                if stack_end == Some(position) {
+                    // The stack before is used up: the next stack starts here.
+                    let (stacked, used) = self.transformer.stack_counts();
+                    self.stack_totals.0 += stacked;
+                    self.stack_totals.1 += used;
+                    stack_end = self.stack_batch(job, position, &mut times);
                 }
                 // The next sample's bytes load while this one decodes.
                 if let Some(&next) = job.indices.get(position + 1)
@@ -158,7 +172,7 @@ impl Worker {
                 {
                     self.reader.prefetch(next);
                 }
-                let at = stacked.then_some(position);
+                let at = stack_end.is_some().then_some(position);
                 match self.sample(shared, job.epoch, index, at, &mut collator, &mut times)? {
                     Outcome::Ok(label) => {
                         samples.push(index);
@@ -204,7 +218,11 @@ impl Worker {
         let result = fill();
         times.add_to(&shared.counters);
         if stacked {
-            let (stacked, used) = self.transformer.stack_counts();
+            let (last_stacked, last_used) = self.transformer.stack_counts();
+            let (stacked, used) = (
+                self.stack_totals.0 + last_stacked,
+                self.stack_totals.1 + last_used,
+            );
             self.stack_result(stacked, used, job.indices.len());
             shared
                 .counters
@@ -285,26 +303,35 @@ impl Worker {
     /// built, their records are read once and offered to the decoder's stack, which decodes
     /// the ones that can be stacked in one call; [`Self::sample`] then takes their pixels
     /// from there. The pixels are the same either way. Only where reading a record twice
-    /// costs little, and a worker whose batches do not stack stops trying. Says whether the
-    /// batch's samples may come from the stack.
-    fn stack_batch(&mut self, job: &Job, times: &mut StageTimes) -> bool {
+    /// costs little, and a worker whose batches do not stack stops trying.
+    ///
+    /// The stack takes the batch's samples from position `from` on until it is full; returns
+    /// where it ends (the first position it did not consider: the batch's length when it
+    /// considered all), from which the next stack starts; `None` when no sample from `from`
+    /// on comes from a stack.
+    fn stack_batch(&mut self, job: &Job, from: usize, times: &mut StageTimes) -> Option<usize> {
         self.stacked.clear();
         if self.stack_misses >= STACK_MISSES {
-            return false;
+            return None;
         }
         self.transformer.stack_clear();
         self.stacked.reset(job.indices.len());
         let mut offered = 0;
-        for (position, &index) in job.indices.iter().enumerate() {
+        let mut end = job.indices.len();
+        for (position, &index) in job.indices.iter().enumerate().skip(from) {
+            if self.transformer.stack_is_full() {
+                end = position;
+                break;
+            }
             // Opened by the first read, so asked after it.
             if position == 1 && !self.reader.rereads_are_cheap() {
                 self.stack_misses = STACK_MISSES;
                 self.stacked.clear();
-                return false;
+                return None;
             }
             if job.cancel.load(Ordering::Relaxed) {
                 self.stacked.clear();
-                return false;
+                return None;
             }
             if let Ok(record) = self.reader.read(index)
                 && self.transformer.stack_offer(position, record.payload)
@@ -313,7 +340,7 @@ impl Worker {
                 offered += 1;
             }
             // A dataset of large or unstackable images gives up after a few reads.
-            if position == 3 && offered == 0 {
+            if position == from + 3 && offered == 0 {
                 break;
             }
         }
@@ -322,16 +349,19 @@ impl Worker {
         times.decode += times.clock.lap();
         if stacked == 0 {
             self.stacked.clear();
-            self.stack_result(0, 0, job.indices.len());
+            if from == 0 {
+                self.stack_result(0, 0, job.indices.len());
+            }
+            return None;
         }
-        stacked > 0
+        Some(end)
     }
 
     /// Counts a batch whose stack held `stacked` of its `len` samples, `used` of them taken
     /// from it. A miss: nothing stacked, fewer than half of the stacked taken (the transform
     /// wanted other decodes), or under an eighth of the batch stacked (then the records read
-    /// twice cost about what the stack saves). A stack full before the batch ended (over 2,000
-    /// CIFAR images) still counts as a hit.
+    /// twice cost about what the stack saves). A batch larger than a stack holds (over 2,000
+    /// CIFAR images) counts the images of all its stacks.
     fn stack_result(&mut self, stacked: usize, used: usize, len: usize) {
         if stacked == 0 || used * 2 < stacked || stacked * 8 < len {
             self.stack_misses += 1;

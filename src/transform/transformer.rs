@@ -136,6 +136,11 @@ impl SampleTransformer {
         self.decoder.stack_offer(position, payload)
     }
 
+    /// Whether the decoder's stack has no room for another image.
+    pub(crate) fn stack_is_full(&self) -> bool {
+        self.decoder.stack_is_full()
+    }
+
     /// Decodes the stack; returns how many images it holds (0 after an error: those decode
     /// alone).
     pub(crate) fn stack_decode(&mut self) -> usize {

@@ -877,6 +877,45 @@ fn decoded_pixels_match_a_direct_decode_for_native_u8() {
 }
 
 #[test]
+fn a_batch_larger_than_one_stack_is_decoded_in_several() {
+    // 16×1024 JPEGs: a stack holds 63 of them (65,500 rows), so a batch of 150 needs three
+    // stacks. Every image comes from one, and its pixels are those of a direct decode.
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let spec = SyntheticSpec {
+        classes: 2,
+        per_class: 75,
+        width: 16,
+        height: 1024,
+        ..SyntheticSpec::default()
+    };
+    synthetic::write_image_folder(&src, &spec).unwrap();
+    let out = dir.path().join("tall.lmdb");
+    pack_lmdb(&src, &out, &small_options());
+    let lmdb = format::open(&out).unwrap();
+    let config = config(Transform::none(), 1, 1).with_batch_size(150);
+    let loader = Loader::new(Arc::clone(&lmdb), config).unwrap();
+    let mut reader = lmdb.open_reader().unwrap();
+    let mut decoder = Decoder::new();
+    let slot = 16 * 1024 * 3;
+    for batch in loader.epoch(0) {
+        let batch = batch.unwrap();
+        assert_eq!(batch.len(), 150);
+        for (i, &index) in batch.samples.iter().enumerate() {
+            let mut rgb = Vec::new();
+            decoder
+                .decode_rgb(reader.read(index).unwrap().payload, &mut rgb)
+                .unwrap();
+            assert!(
+                batch.as_u8()[i * slot..(i + 1) * slot] == rgb[..],
+                "sample {index} at {i}"
+            );
+        }
+    }
+    assert_eq!(loader.stats().stacked, 150, "every image from a stack");
+}
+
+#[test]
 fn invalid_configurations_are_refused() {
     let dataset = format::open(fixture_root()).unwrap();
     let bad = |cfg: LoaderConfig| {
