@@ -279,6 +279,87 @@ mod tests {
     }
 
     #[test]
+    fn an_open_dataset_maps_its_file_once() {
+        // liblmdb's map is sized so that a process under an address-space limit (`ulimit -v`)
+        // can open the file; the located values are read from it, not from a second map.
+        use crate::dataset::Dataset as _;
+        use crate::pack::{NoProgress, PackFormat, PackOptions, pack_image_folder};
+        use crate::synthetic::{SyntheticSpec, write_image_folder};
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        let spec = SyntheticSpec {
+            classes: 2,
+            per_class: 5,
+            ..SyntheticSpec::default()
+        };
+        write_image_folder(&src, &spec).unwrap();
+        let out = dir.path().join("once.lmdb");
+        let options = PackOptions::default().with_lmdb_map_size(64 << 20);
+        pack_image_folder(&src, &out, PackFormat::Lmdb, &options, &NoProgress).unwrap();
+        let lmdb = Lmdb::open(&out).unwrap();
+        assert!(lmdb.located.is_some());
+        let mut reader = lmdb.open_reader().unwrap();
+        reader.read(3).unwrap();
+        let name = fs::canonicalize(&out).unwrap();
+        let name = name.to_str().unwrap();
+        let maps = fs::read_to_string("/proc/self/maps").unwrap();
+        let from_start = maps
+            .lines()
+            .filter(|line| line.ends_with(name))
+            .filter(|line| {
+                line.split_whitespace()
+                    .nth(2)
+                    .is_some_and(|offset| offset.trim_start_matches('0').is_empty())
+            })
+            .count();
+        assert_eq!(from_start, 1, "{maps}");
+    }
+
+    #[test]
+    fn a_file_written_in_place_while_open_is_refused_until_its_handle_goes() {
+        // Reviewer's finding: a second open reused the first one's environment and the values
+        // its check located, though another writer had committed to the file since.
+        use crate::pack::{NoProgress, PackFormat, PackOptions, pack_image_folder};
+        use crate::synthetic::{SyntheticSpec, write_image_folder};
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        let spec = SyntheticSpec {
+            classes: 2,
+            per_class: 4,
+            ..SyntheticSpec::default()
+        };
+        write_image_folder(&src, &spec).unwrap();
+        let out = dir.path().join("inplace.lmdb");
+        let options = PackOptions::default().with_lmdb_map_size(64 << 20);
+        pack_image_folder(&src, &out, PackFormat::Lmdb, &options, &NoProgress).unwrap();
+        let first = Lmdb::open(&out).unwrap();
+        // A commit that changes nothing but the transaction: the live meta page copied into
+        // the other slot with the next transaction id.
+        let mut bytes = fs::read(&out).unwrap();
+        let page = u32::from_le_bytes(bytes[40..44].try_into().unwrap()) as usize;
+        let txn =
+            |b: &[u8], at: usize| u64::from_le_bytes(b[at + 144..at + 152].try_into().unwrap());
+        let (live, other) = if txn(&bytes, page) > txn(&bytes, 0) {
+            (page, 0)
+        } else {
+            (0, page)
+        };
+        let next = txn(&bytes, live) + 1;
+        let fields = bytes[live + 16..live + 152].to_vec();
+        bytes[other + 16..other + 152].copy_from_slice(&fields);
+        bytes[other + 144..other + 152].copy_from_slice(&next.to_le_bytes());
+        fs::write(&out, &bytes).unwrap();
+        match Lmdb::open(&out) {
+            Err(Error::FileChanged { path, .. }) => assert_eq!(path, out),
+            Err(other) => panic!("expected FileChanged, got {other}"),
+            Ok(_) => panic!("reopened a file changed in place with its old check"),
+        }
+        drop(first);
+        let again = Lmdb::open(&out).unwrap();
+        assert_eq!(again.info.num_samples, 8);
+    }
+
+    #[test]
     fn value_layout_round_trips() {
         let mut buf = Vec::new();
         encode_value(&mut buf, 7, "cat/ü.jpg", b"\xff\xd8payload");

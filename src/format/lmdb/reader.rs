@@ -35,6 +35,9 @@ struct OpenEnv {
     env: Weak<ReadEnv>,
     /// Where the samples' values lie, found when the environment was opened (if they were).
     located: Option<Weak<Located>>,
+    /// The live meta page's transaction when the file was checked: a file changed in place
+    /// since (same inode, a new transaction) holds pages no check has seen.
+    txn_id: u64,
 }
 
 /// Environments open in this process, by canonical path, with the file's identity so that a
@@ -86,6 +89,19 @@ impl MapBounds {
             ranges.push((start, start + len));
         }
         MapBounds((!ranges.is_empty()).then(|| ranges.into()))
+    }
+
+    /// Whether the `len` bytes from address `start` lie inside one map of the file (or the
+    /// maps are unknown).
+    fn holds(&self, start: usize, len: u64) -> bool {
+        let Some(ranges) = &self.0 else {
+            return true;
+        };
+        usize::try_from(len).is_ok_and(|len| {
+            ranges
+                .iter()
+                .any(|&(s, e)| start >= s && start <= e && len <= e - start)
+        })
     }
 
     /// `value` when it lies inside a map of the file (or the maps are unknown), else why not.
@@ -140,7 +156,7 @@ pub struct Lmdb {
     pub(super) env: Arc<ReadEnv>,
     pub(super) bounds: MapBounds,
     /// Where the samples' values lie (imagefeed's layout, found by the open's check).
-    pub(super) located: Option<Arc<Located>>,
+    pub(super) located: Option<LocatedValues>,
     pub(super) layout: Layout,
     pub(super) info: DatasetInfo,
     pub(super) complete: bool,
@@ -208,6 +224,8 @@ impl Lmdb {
             .map_err(|e| Error::lmdb(path, e))?
             .ok_or_else(|| Error::not_a_dataset(path, "the samples database is missing"))?;
         let stored = samples.len(&rtxn).map_err(|e| Error::lmdb(path, e))? as usize;
+        let located =
+            located.and_then(|table| LocatedValues::anchor(table, &samples, &rtxn, &bounds));
         let mut notices = Vec::new();
         let checksums = if record.version >= CHECKSUMS_SINCE {
             Some(read_checksums(path, (&env, &bounds), &rtxn, stored)?)
@@ -491,17 +509,28 @@ fn read_env(path: &Path, file_len: u64) -> Result<(Arc<ReadEnv>, Option<Arc<Loca
     let canonical = fs::canonicalize(path).at(path)?;
     let meta = fs::metadata(&canonical).at(path)?;
     let (dev, ino) = (meta.dev(), meta.ino());
+    let (mut file, _) = crate::file::open_regular(&canonical)?;
+    let txn_id = LmdbMeta::read_live(&mut file, path)?.map_or(0, |live| live.txn_id);
     let mut guard = OPEN_ENVS.lock().unwrap_or_else(|e| e.into_inner());
     let envs = guard.get_or_insert_with(HashMap::new);
     if let Some(open) = envs.get(&canonical)
         && (open.dev, open.ino) == (dev, ino)
         && let Some(env) = open.env.upgrade()
     {
+        if open.txn_id != txn_id {
+            return Err(Error::FileChanged {
+                path: path.to_path_buf(),
+                change: format!(
+                    "written to in place (transaction {} became {txn_id}) while this process \
+                     holds it open; drop that handle first",
+                    open.txn_id
+                ),
+            });
+        }
         return Ok((env, open.located.as_ref().and_then(Weak::upgrade)));
     }
     // Every branch and leaf page is checked before liblmdb reads any (see `tree`): once per
     // file per process, as the environment is.
-    let (file, _) = crate::file::open_regular(&canonical)?;
     let located = tree::check(
         path,
         &file,
@@ -554,6 +583,7 @@ fn read_env(path: &Path, file_len: u64) -> Result<(Arc<ReadEnv>, Option<Arc<Loca
             ino,
             env: Arc::downgrade(&env),
             located: located.as_ref().map(Arc::downgrade),
+            txn_id,
         },
     );
     Ok((env, located))
@@ -595,6 +625,57 @@ impl Dataset for Lmdb {
     }
 }
 
+/// The values of the samples the open's check located ([`Located`]), anchored to the map of
+/// one environment: the address of the file's first byte there.
+#[derive(Clone)]
+pub(super) struct LocatedValues {
+    table: Arc<Located>,
+    base: usize,
+}
+
+impl LocatedValues {
+    /// `table` anchored to the map `rtxn`'s environment reads `samples` from: the address
+    /// liblmdb gives the first and the last located value, less its offset, agreeing, with the
+    /// whole file inside a map of it (`bounds`). `None` where anything disagrees (then every
+    /// value is looked up as before).
+    fn anchor(
+        table: Arc<Located>,
+        samples: &Database<Bytes, Bytes>,
+        rtxn: &RoTxn<'_, WithoutTls>,
+        bounds: &MapBounds,
+    ) -> Option<LocatedValues> {
+        let (first, last) = table.ends()?;
+        let base_of = |index: usize| -> Option<usize> {
+            let (offset, len) = table.location(index)?.ok()?;
+            let value = samples.get(rtxn, &sample_key(index)).ok()??;
+            let value = bounds.check(value).ok()?;
+            (value.len() == len).then_some(())?;
+            (value.as_ptr() as usize).checked_sub(offset)
+        };
+        let base = base_of(first)?;
+        (base_of(last)? == base && bounds.holds(base, table.file_len()))
+            .then_some(LocatedValues { table, base })
+    }
+
+    /// The value of record `index` (`None`: not located; `Err`: its size runs past the file).
+    /// `_txn` (a transaction of the environment this was anchored to) is only taken for its
+    /// lifetime: the slice cannot outlive what keeps the map.
+    fn value<'t>(
+        &self,
+        _txn: &'t RoTxn<'static, WithoutTls>,
+        index: usize,
+    ) -> Option<std::result::Result<&'t [u8], String>> {
+        Some(self.table.location(index)?.map(|(offset, len)| {
+            // SAFETY: `base` is where byte 0 of the file lies in the map of the environment
+            // `_txn` belongs to (`anchor`: two values liblmdb returned there, and the whole
+            // file inside a map of it), and `offset + len` is at most the file's length
+            // (`location`). The map is read-only and lives as long as its environment, which
+            // the transaction keeps alive; the slice borrows the transaction for `'t`.
+            unsafe { std::slice::from_raw_parts((self.base + offset) as *const u8, len) }
+        }))
+    }
+}
+
 /// Datasets of at most this many records get a per-reader table of where each value lies
 /// (16 bytes a record: 16 MiB at the limit). Past it the B-tree lookup is kept: its ~1 µs
 /// matters for small images, and datasets with millions of records are mostly large ones.
@@ -609,7 +690,7 @@ struct LmdbReader {
     bounds: MapBounds,
     /// Where the samples' values lie, when the open found them: read from there, with no
     /// lookup at all.
-    located: Option<Arc<Located>>,
+    located: Option<LocatedValues>,
     layout: Layout,
     path: PathBuf,
     info: DatasetInfo,
@@ -718,7 +799,7 @@ impl RecordReader for LmdbReader {
         let (txn, found) = (&self.txn, &mut self.found);
         let (label, key, payload) = match &self.layout {
             Layout::Imagefeed { samples, checksums } => {
-                let value = match self.located.as_deref().and_then(|l| l.value(index)) {
+                let value = match self.located.as_ref().and_then(|l| l.value(txn, index)) {
                     Some(located) => located,
                     None => Self::sample_value(txn, found, &self.bounds, samples, index)
                         .map_err(|e| Error::lmdb(&self.path, e))?
@@ -780,7 +861,11 @@ impl RecordReader for LmdbReader {
     }
 
     fn prefetch(&mut self, index: usize) {
-        if let Some(Ok(value)) = self.located.as_deref().and_then(|l| l.value(index)) {
+        if let Some(Ok(value)) = self
+            .located
+            .as_ref()
+            .and_then(|l| l.value(&self.txn, index))
+        {
             crate::dataset::prefetch(value);
         } else if let Some(value) = remembered(&self.txn, &self.found, index) {
             crate::dataset::prefetch(value);

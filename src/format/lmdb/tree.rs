@@ -24,11 +24,12 @@
 //! branch, leaf and overflow page counts and `md_entries` (u64 each), `md_root` u64.
 //!
 //! Cost: a bit per page of the file, and reading each branch and leaf page, once per file per
-//! process (the environment is shared). A file in the page cache (read through at open when it
-//! is at most [`READ_THROUGH_BYTES`], or cached already) is walked in place from a read-only
+//! process (the environment is shared). A file of at most [`READ_THROUGH_BYTES`] wholly in the
+//! page cache (read through at open, or cached already) is walked in place from a read-only
 //! map of it, where only the bytes checked are touched; any other is read a page at a time
 //! with `pread`, as the walk needs them (its leaves may lie far apart, between values' overflow
 //! pages), in the order the writer put them in the file, so that readahead serves a cold one.
+//! (A disk error is then an error, not SIGBUS.)
 //! The 10,000 CIFAR-10 test images (14 MB): 3.5 ms with `pread`, 1.2 ms in place.
 
 use std::fs;
@@ -36,9 +37,7 @@ use std::os::unix::fs::FileExt as _;
 use std::path::Path;
 
 use crate::error::{Error, IoContext as _, Result};
-#[cfg(doc)]
 use crate::pagecache::READ_THROUGH_BYTES;
-use crate::pagecache::reads_through;
 
 const PAGE_HEADER: usize = 16;
 const NODE_HEADER: usize = 8;
@@ -104,58 +103,80 @@ pub(super) fn check(
     opened: &[&str],
     locate: Option<&str>,
 ) -> Result<Option<Located>> {
-    // SAFETY: a read-only shared map of a file imagefeed does not modify; every read from it
-    // is bounds-checked against its length. (liblmdb maps the same file right after: a
-    // concurrent truncation would fault there as here.)
+    // SAFETY: a read-only shared map of a file imagefeed does not modify, dropped before this
+    // returns; every read from it is bounds-checked against its length. It is read only where
+    // every page is in the page cache: a page that had to come from the disk could fail to
+    // (an I/O error is SIGBUS through a map, where `pread` returns it). (liblmdb maps the same
+    // file right after: a concurrent truncation would fault there as here.)
     let map = unsafe { memmap2::Mmap::map(file) }.ok();
-    let (found, map) = match map {
-        // Read through at open, or cached already: walked in place.
-        Some(map) if reads_through(file_len) || crate::pagecache::is_resident(&map) => {
-            let found = check_pages(path, Pages::Mapped(&map), file_len, opened, locate)?;
-            (found, Some(map))
+    let found = match map {
+        // Read through at open, or cached already: walked in place. (`mincore` costs a byte
+        // and a look per page of the file's length: asked only of files that size allows.)
+        Some(map) if file_len <= READ_THROUGH_BYTES && crate::pagecache::is_resident(&map) => {
+            check_pages(path, Pages::Mapped(&map), file_len, opened, locate)?
         }
-        map => (
-            check_pages(path, Pages::Read(file), file_len, opened, locate)?,
-            map,
-        ),
+        _ => check_pages(path, Pages::Read(file), file_len, opened, locate)?,
     };
-    Ok(found
-        .zip(map)
-        .map(|((offsets, lens), map)| Located { map, offsets, lens }))
+    Ok(found.map(|(offsets, lens)| Located {
+        file_len,
+        offsets,
+        lens,
+    }))
 }
 
 /// The most records whose values [`check`] locates (12 bytes each: 48 MiB at the limit).
 pub(super) const LOCATED_MAX_RECORDS: u64 = 1 << 22;
 
 /// Where the values of a database keyed by sample index lie in the file, found by the walk
-/// that checked its pages, and a read-only map of the file to read them from: a reader takes a
-/// sample's value from here without a B-tree search or a cursor (which cost a fresh reader
-/// ~1 µs a sample). A value is the bytes liblmdb would return for the key: an inline value
-/// from just past its key, or an overflow value from its first page's header on, of the size
-/// its node gives. The sizes are as the pages hold them: a damaged one can run past the map,
-/// which [`Located::value`] refuses.
+/// that checked its pages: a reader takes a sample's value from its environment's map at
+/// that offset, without a B-tree search or a cursor (which cost a fresh reader ~1 µs a
+/// sample). A value is the bytes liblmdb would return for the key: an inline value from just
+/// past its key, or an overflow value from its first page's header on, of the size its node
+/// gives. The sizes are as the pages hold them: a damaged one can run past the file, which
+/// [`Located::location`] refuses.
 pub(super) struct Located {
-    map: memmap2::Mmap,
+    file_len: u64,
     /// File offset of each index's value; 0 for an index no key names.
     offsets: Vec<u64>,
     lens: Vec<u32>,
 }
 
 impl Located {
-    /// The value of record `index`: `None` when no key names it, `Err` when its size runs past
-    /// the file.
-    pub(super) fn value(&self, index: usize) -> Option<std::result::Result<&[u8], String>> {
+    /// Where the value of record `index` lies, `(offset, length)`, inside the file: `None`
+    /// when no key names it, `Err` when its size runs past the file.
+    pub(super) fn location(
+        &self,
+        index: usize,
+    ) -> Option<std::result::Result<(usize, usize), String>> {
         let (&offset, &len) = self.offsets.get(index).zip(self.lens.get(index))?;
         if offset == 0 {
             return None;
         }
-        Some(Pages::slice(&self.map, offset, len as usize).map_err(|_| {
-            format!(
-                "its node gives {len} bytes at offset {offset} of a {}-byte file: past the \
-                 file's end (a damaged LMDB page)",
-                self.map.len()
-            )
-        }))
+        Some(
+            offset
+                .checked_add(u64::from(len))
+                .filter(|&end| end <= self.file_len)
+                .and_then(|_| Some((usize::try_from(offset).ok()?, len as usize)))
+                .ok_or_else(|| {
+                    format!(
+                        "its node gives {len} bytes at offset {offset} of a {}-byte file: past \
+                         the file's end (a damaged LMDB page)",
+                        self.file_len
+                    )
+                }),
+        )
+    }
+
+    /// The length of the file the offsets are in.
+    pub(super) fn file_len(&self) -> u64 {
+        self.file_len
+    }
+
+    /// The first and the last index with a location (to anchor the offsets to a map).
+    pub(super) fn ends(&self) -> Option<(usize, usize)> {
+        let first = self.offsets.iter().position(|&o| o != 0)?;
+        let last = self.offsets.iter().rposition(|&o| o != 0)?;
+        Some((first, last))
     }
 }
 
