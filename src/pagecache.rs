@@ -73,9 +73,65 @@ pub fn evict(path: impl AsRef<Path>) -> Result<CacheStats> {
     residency(path)
 }
 
-/// `MemAvailable` from `/proc/meminfo`, in bytes (`None` where there is no such file).
+/// Memory this process may still fill, in bytes: `MemAvailable` from `/proc/meminfo`, or less
+/// where a memory cgroup the process is in (a container's limit) leaves less below its limit
+/// ([`cgroup_headroom`]); `None` where neither can be read. In a container `MemAvailable` is
+/// the host's: a dataset advised or read into the page cache past the container's limit would
+/// only be read again.
 pub fn available_memory() -> Option<u64> {
-    meminfo_bytes("MemAvailable:")
+    let host = meminfo_bytes("MemAvailable:");
+    match (host, cgroup_headroom(&|path| fs::read_to_string(path).ok())) {
+        (Some(host), Some(cgroup)) => Some(host.min(cgroup)),
+        (host, cgroup) => host.or(cgroup),
+    }
+}
+
+/// What the memory cgroups of this process (its own and each one above it, cgroup v2 or v1)
+/// leave below their limits: the least of limit minus usage over those with a limit; `None`
+/// where none has one. `read` reads a file's text (a parameter so tests can give the files).
+fn cgroup_headroom(read: &dyn Fn(&Path) -> Option<String>) -> Option<u64> {
+    /// v1 writes "no limit" as a page-rounded `i64::MAX`; anything this large is none.
+    const UNLIMITED: u64 = 1 << 60;
+    let membership = read(Path::new("/proc/self/cgroup"))?;
+    let mut least: Option<u64> = None;
+    for line in membership.lines() {
+        let mut fields = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(own)) = (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        let (roots, limit_file, usage_file): (&[&str], _, _) = if controllers.is_empty() {
+            (
+                &["/sys/fs/cgroup", "/sys/fs/cgroup/unified"],
+                "memory.max",
+                "memory.current",
+            )
+        } else if controllers.split(',').any(|c| c == "memory") {
+            (
+                &["/sys/fs/cgroup/memory"],
+                "memory.limit_in_bytes",
+                "memory.usage_in_bytes",
+            )
+        } else {
+            continue;
+        };
+        for root in roots {
+            // The group and every group above it, up to the root of the mount.
+            let mut group = Some(Path::new(own.trim()));
+            while let Some(at) = group {
+                let dir = Path::new(root).join(at.strip_prefix("/").unwrap_or(at));
+                let number = |file: &str| read(&dir.join(file))?.trim().parse::<u64>().ok();
+                if let (Some(limit), Some(usage)) = (number(limit_file), number(usage_file))
+                    && limit < UNLIMITED
+                {
+                    let left = limit.saturating_sub(usage);
+                    least = Some(least.map_or(left, |l| l.min(left)));
+                }
+                group = at.parent();
+            }
+        }
+    }
+    least
 }
 
 /// Installed memory in bytes (Linux `/proc/meminfo`); `None` elsewhere.
@@ -221,6 +277,55 @@ mod tests {
             "{before:?} -> {after:?}"
         );
         assert!(after.resident_fraction() < 0.5, "{after:?}");
+    }
+
+    #[test]
+    fn a_memory_cgroup_limit_bounds_the_memory_available() {
+        use std::collections::HashMap;
+        let files = |entries: &[(&str, &str)]| {
+            let map: HashMap<String, String> = entries
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            move |path: &Path| map.get(path.to_str()?).cloned()
+        };
+        // cgroup v2: the pod's limit (above the container's unlimited group) counts.
+        let v2 = files(&[
+            ("/proc/self/cgroup", "0::/pod/box\n"),
+            ("/sys/fs/cgroup/pod/box/memory.max", "max\n"),
+            ("/sys/fs/cgroup/pod/box/memory.current", "100\n"),
+            ("/sys/fs/cgroup/pod/memory.max", "8000\n"),
+            ("/sys/fs/cgroup/pod/memory.current", "3000\n"),
+        ]);
+        assert_eq!(cgroup_headroom(&v2), Some(5000));
+        // cgroup v1's memory controller; "no limit" is a huge number.
+        let v1 = files(&[
+            ("/proc/self/cgroup", "4:memory:/job\n1:cpu:/\n"),
+            ("/sys/fs/cgroup/memory/job/memory.limit_in_bytes", "4096\n"),
+            ("/sys/fs/cgroup/memory/job/memory.usage_in_bytes", "5000\n"),
+            (
+                "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                "9223372036854771712\n",
+            ),
+            ("/sys/fs/cgroup/memory/memory.usage_in_bytes", "1\n"),
+        ]);
+        assert_eq!(
+            cgroup_headroom(&v1),
+            Some(0),
+            "usage past the limit leaves nothing"
+        );
+        let unlimited = files(&[
+            ("/proc/self/cgroup", "4:memory:/\n0::/\n"),
+            (
+                "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                "9223372036854771712\n",
+            ),
+            ("/sys/fs/cgroup/memory/memory.usage_in_bytes", "1\n"),
+            ("/sys/fs/cgroup/memory.max", "max\n"),
+            ("/sys/fs/cgroup/memory.current", "1\n"),
+        ]);
+        assert_eq!(cgroup_headroom(&unlimited), None);
+        assert_eq!(cgroup_headroom(&files(&[])), None);
     }
 
     #[test]
