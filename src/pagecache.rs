@@ -158,7 +158,32 @@ pub(crate) const READ_THROUGH_BYTES: u64 = 256 << 20;
 /// ([`prefetch_if_it_fits`]): at most [`READ_THROUGH_BYTES`], and at most a quarter of the
 /// available memory where that is known.
 pub(crate) fn reads_through(len: u64) -> bool {
-    len <= READ_THROUGH_BYTES && available_memory().is_none_or(|available| len <= available / 4)
+    fits_read_through(len, available_memory())
+}
+
+/// [`reads_through`] with the memory available already read.
+fn fits_read_through(len: u64, available: Option<u64>) -> bool {
+    len <= READ_THROUGH_BYTES && available.is_none_or(|available| len <= available / 4)
+}
+
+/// Reads `file` (`len` bytes) through the page cache once, in order, unless it is wholly cached
+/// already (a reopen: reading it through would only copy it). Read errors end it early: the
+/// reads that follow meet them (or not) on their own.
+pub(crate) fn read_through(file: &fs::File, len: u64) {
+    use std::os::unix::fs::FileExt as _;
+    // SAFETY: the map is read-only and only its address range is used (by mincore); no byte of
+    // it is read, so a concurrent change to the file cannot cause undefined behaviour.
+    if len > 0 && unsafe { memmap2::Mmap::map(file) }.is_ok_and(|map| is_resident(&map)) {
+        return;
+    }
+    let mut buffer = vec![0u8; 1 << 20];
+    let mut at = 0u64;
+    while at < len {
+        match file.read_at(&mut buffer, at) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => at += n as u64,
+        }
+    }
 }
 
 /// Brings `file` into the page cache as one sequential stream instead of one small read per
@@ -174,26 +199,12 @@ pub fn prefetch_if_it_fits(file: &fs::File) -> bool {
     let Ok(len) = file.metadata().map(|m| m.len()) else {
         return false;
     };
-    if reads_through(len) {
-        use std::os::unix::fs::FileExt as _;
-        // Already cached (a reopen): reading it through would only copy it.
-        // SAFETY: the map is read-only and only its address range is used (by mincore); no
-        // byte of it is read, so a concurrent change to the file cannot cause undefined
-        // behaviour.
-        if len > 0 && unsafe { memmap2::Mmap::map(file) }.is_ok_and(|map| is_resident(&map)) {
-            return true;
-        }
-        let mut buffer = vec![0u8; 1 << 20];
-        let mut at = 0u64;
-        while at < len {
-            match file.read_at(&mut buffer, at) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => at += n as u64,
-            }
-        }
+    let available = available_memory();
+    if fits_read_through(len, available) {
+        read_through(file, len);
         return true;
     }
-    if available_memory().is_none_or(|available| len > available / 2) {
+    if available.is_none_or(|available| len > available / 2) {
         return false;
     }
     // SAFETY: a plain syscall on a valid, open file descriptor; offset 0 and length 0 mean

@@ -49,9 +49,6 @@ pub(super) struct Worker {
     /// The label and key of each sample of the batch that is in the decoder's stack, by
     /// position: [`Self::sample`] takes it from the stack without reading it again.
     stacked: KeptRecords,
-    /// Images stacked, and taken from a stack, in the batch's stacks decoded before the
-    /// current one (a batch larger than one stack holds has several).
-    stack_totals: (usize, usize),
 }
 
 impl Worker {
@@ -61,7 +58,6 @@ impl Worker {
             transformer: shared.config.transformer(),
             stack_misses: 0,
             stacked: KeptRecords::default(),
-            stack_totals: (0, 0),
         }
     }
 
@@ -149,10 +145,12 @@ impl Worker {
         let mut times = StageTimes::starting_now();
         // Reads that wait on the network (ranged reads from object storage) start together.
         self.reader.plan_reads(&job.indices);
-        self.stack_totals = (0, 0);
         // Where the decoder's stack ends: samples from there on go into the next one.
         let mut stack_end = self.stack_batch(job, 0, &mut times);
         let stacked = stack_end.is_some();
+        // Images stacked, and taken from a stack, in the batch's stacks before the current one
+        // (a batch larger than one stack holds has several).
+        let mut earlier_stacks = (0, 0);
         // The samples, in a closure so that the stage times are counted however it ends.
         let mut fill = || -> Result<()> {
             for (position, &index) in job.indices.iter().enumerate() {
@@ -162,8 +160,8 @@ impl Worker {
                 if stack_end == Some(position) {
                     // The stack before is used up: the next stack starts here.
                     let (stacked, used) = self.transformer.stack_counts();
-                    self.stack_totals.0 += stacked;
-                    self.stack_totals.1 += used;
+                    earlier_stacks.0 += stacked;
+                    earlier_stacks.1 += used;
                     stack_end = self.stack_batch(job, position, &mut times);
                 }
                 // The next sample's bytes load while this one decodes.
@@ -220,8 +218,8 @@ impl Worker {
         if stacked {
             let (last_stacked, last_used) = self.transformer.stack_counts();
             let (stacked, used) = (
-                self.stack_totals.0 + last_stacked,
-                self.stack_totals.1 + last_used,
+                earlier_stacks.0 + last_stacked,
+                earlier_stacks.1 + last_used,
             );
             self.stack_result(stacked, used, job.indices.len());
             shared

@@ -198,6 +198,7 @@ pub(crate) const FILE: Recognizer = Recognizer {
 #[cfg(test)]
 mod tests {
     use std::fs;
+    use std::path::PathBuf;
 
     use heed::types::Str;
 
@@ -233,28 +234,35 @@ mod tests {
         assert!(!is_own_file(&text));
     }
 
+    /// `dir/NAME.lmdb`, packed from a synthetic tree of `classes × per_class` JPEGs `side`
+    /// pixels square (written at `dir/NAME`).
+    fn packed(dir: &Path, name: &str, classes: usize, per_class: usize, side: u32) -> PathBuf {
+        use crate::pack::{NoProgress, PackFormat, PackOptions, pack_image_folder};
+        use crate::synthetic::{SyntheticSpec, write_image_folder};
+        let src = dir.join(name);
+        let spec = SyntheticSpec {
+            classes,
+            per_class,
+            width: side,
+            height: side,
+            ..SyntheticSpec::default()
+        };
+        write_image_folder(&src, &spec).unwrap();
+        let out = dir.join(format!("{name}.lmdb"));
+        let options = PackOptions::default().with_lmdb_map_size(64 << 20);
+        pack_image_folder(&src, &out, PackFormat::Lmdb, &options, &NoProgress).unwrap();
+        out
+    }
+
     #[test]
     fn values_located_at_open_read_as_liblmdb_looks_them_up() {
         // Small images' values lie inline in leaf pages, large ones' on overflow pages: read
         // through where the open's check located them and through liblmdb's lookups, every
         // record is the same, in any order.
         use crate::dataset::Dataset as _;
-        use crate::pack::{NoProgress, PackFormat, PackOptions, pack_image_folder};
-        use crate::synthetic::{SyntheticSpec, write_image_folder};
         let dir = tempfile::tempdir().unwrap();
         for (name, side) in [("inline", 16), ("overflow", 96)] {
-            let src = dir.path().join(name);
-            let spec = SyntheticSpec {
-                classes: 3,
-                per_class: 12,
-                width: side,
-                height: side,
-                ..SyntheticSpec::default()
-            };
-            write_image_folder(&src, &spec).unwrap();
-            let out = dir.path().join(format!("{name}.lmdb"));
-            let options = PackOptions::default().with_lmdb_map_size(64 << 20);
-            pack_image_folder(&src, &out, PackFormat::Lmdb, &options, &NoProgress).unwrap();
+            let out = packed(dir.path(), name, 3, 12, side);
             let located = Lmdb::open(&out).unwrap();
             assert!(located.located.is_some(), "{name}: nothing located");
             let mut looked_up = Lmdb::open(&out).unwrap();
@@ -283,19 +291,8 @@ mod tests {
         // liblmdb's map is sized so that a process under an address-space limit (`ulimit -v`)
         // can open the file; the located values are read from it, not from a second map.
         use crate::dataset::Dataset as _;
-        use crate::pack::{NoProgress, PackFormat, PackOptions, pack_image_folder};
-        use crate::synthetic::{SyntheticSpec, write_image_folder};
         let dir = tempfile::tempdir().unwrap();
-        let src = dir.path().join("src");
-        let spec = SyntheticSpec {
-            classes: 2,
-            per_class: 5,
-            ..SyntheticSpec::default()
-        };
-        write_image_folder(&src, &spec).unwrap();
-        let out = dir.path().join("once.lmdb");
-        let options = PackOptions::default().with_lmdb_map_size(64 << 20);
-        pack_image_folder(&src, &out, PackFormat::Lmdb, &options, &NoProgress).unwrap();
+        let out = packed(dir.path(), "once", 2, 5, 32);
         let lmdb = Lmdb::open(&out).unwrap();
         assert!(lmdb.located.is_some());
         let mut reader = lmdb.open_reader().unwrap();
@@ -319,19 +316,8 @@ mod tests {
     fn a_file_written_in_place_while_open_is_refused_until_its_handle_goes() {
         // Reviewer's finding: a second open reused the first one's environment and the values
         // its check located, though another writer had committed to the file since.
-        use crate::pack::{NoProgress, PackFormat, PackOptions, pack_image_folder};
-        use crate::synthetic::{SyntheticSpec, write_image_folder};
         let dir = tempfile::tempdir().unwrap();
-        let src = dir.path().join("src");
-        let spec = SyntheticSpec {
-            classes: 2,
-            per_class: 4,
-            ..SyntheticSpec::default()
-        };
-        write_image_folder(&src, &spec).unwrap();
-        let out = dir.path().join("inplace.lmdb");
-        let options = PackOptions::default().with_lmdb_map_size(64 << 20);
-        pack_image_folder(&src, &out, PackFormat::Lmdb, &options, &NoProgress).unwrap();
+        let out = packed(dir.path(), "inplace", 2, 4, 32);
         let first = Lmdb::open(&out).unwrap();
         // A commit that changes nothing but the transaction: the live meta page copied into
         // the other slot with the next transaction id.

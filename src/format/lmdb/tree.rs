@@ -103,19 +103,23 @@ pub(super) fn check(
     opened: &[&str],
     locate: Option<&str>,
 ) -> Result<Option<Located>> {
-    // SAFETY: a read-only shared map of a file imagefeed does not modify, dropped before this
-    // returns; every read from it is bounds-checked against its length. It is read only where
-    // every page is in the page cache: a page that had to come from the disk could fail to
-    // (an I/O error is SIGBUS through a map, where `pread` returns it). (liblmdb maps the same
-    // file right after: a concurrent truncation would fault there as here.)
-    let map = unsafe { memmap2::Mmap::map(file) }.ok();
-    let found = match map {
-        // Read through at open, or cached already: walked in place. (`mincore` costs a byte
-        // and a look per page of the file's length: asked only of files that size allows.)
-        Some(map) if file_len <= READ_THROUGH_BYTES && crate::pagecache::is_resident(&map) => {
-            check_pages(path, Pages::Mapped(&map), file_len, opened, locate)?
-        }
-        _ => check_pages(path, Pages::Read(file), file_len, opened, locate)?,
+    // Read through at open, or cached already: walked in place. (`mincore` costs a byte and a
+    // look per page of the file's length: asked only of files that size allows.)
+    let map = (file_len <= READ_THROUGH_BYTES)
+        .then(|| {
+            // SAFETY: a read-only shared map of a file imagefeed does not modify, dropped before
+            // this returns; every read from it is bounds-checked against its length. It is read
+            // only where every page is in the page cache: a page that had to come from the
+            // disk could fail to (an I/O error is SIGBUS through a map, where `pread` returns
+            // it). (liblmdb maps the same file right after: a concurrent truncation would fault
+            // there as here.)
+            unsafe { memmap2::Mmap::map(file) }.ok()
+        })
+        .flatten()
+        .filter(|map| crate::pagecache::is_resident(map));
+    let found = match &map {
+        Some(map) => check_pages(path, Pages::Mapped(map), file_len, opened, locate)?,
+        None => check_pages(path, Pages::Read(file), file_len, opened, locate)?,
     };
     Ok(found.map(|(offsets, lens)| Located {
         file_len,

@@ -347,9 +347,9 @@ fn open_ours(dir: &Path, manifest_path: &Path, allow_missing: bool) -> Result<Re
     for entry in &manifest.shards {
         let path = dir.join(&entry.file);
         let index_path = dir.join(&entry.index);
-        let (file, _) = crate::file::open_regular(&path)?;
+        let (file, file_len) = crate::file::open_regular(&path)?;
         if read_through {
-            crate::pagecache::prefetch_if_it_fits(&file);
+            crate::pagecache::read_through(&file, file_len);
         }
         let mapped = Mapped::new(&path, file, false)?;
         let map = mapped.bytes();
