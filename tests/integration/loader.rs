@@ -101,6 +101,69 @@ fn batches_are_bit_identical_for_any_worker_count_and_prefetch() {
     }
 }
 
+/// The fingerprint fetches its probes on threads of their own only where a read takes long
+/// (object storage): a local dataset's probes are read in turn, in the calling thread, without
+/// a thread and a reader each. The fingerprint is the same either way.
+#[test]
+fn the_fingerprint_fetches_its_probes_at_once_only_where_a_read_is_slow() {
+    use std::sync::Mutex;
+    use std::thread::ThreadId;
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let (_, lmdb, _) = datasets(dir.path());
+    // The dataset, each read taking `delay` longer, recording the threads readers open on.
+    struct Slow {
+        inner: Arc<dyn Dataset>,
+        delay: Duration,
+        threads: Mutex<Vec<ThreadId>>,
+    }
+    struct SlowReader {
+        inner: Box<dyn imagefeed::RecordReader>,
+        delay: Duration,
+    }
+    impl imagefeed::RecordReader for SlowReader {
+        fn read(&mut self, index: usize) -> imagefeed::Result<imagefeed::Record<'_>> {
+            std::thread::sleep(self.delay);
+            self.inner.read(index)
+        }
+    }
+    impl Dataset for Slow {
+        fn info(&self) -> &imagefeed::DatasetInfo {
+            self.inner.info()
+        }
+        fn path(&self) -> &std::path::Path {
+            self.inner.path()
+        }
+        fn open_reader(&self) -> imagefeed::Result<Box<dyn imagefeed::RecordReader>> {
+            self.threads
+                .lock()
+                .unwrap()
+                .push(std::thread::current().id());
+            Ok(Box::new(SlowReader {
+                inner: self.inner.open_reader()?,
+                delay: self.delay,
+            }))
+        }
+    }
+    let fingerprint_at = |delay: Duration| {
+        let slow = Slow {
+            inner: Arc::clone(&lmdb),
+            delay,
+            threads: Mutex::new(Vec::new()),
+        };
+        let fingerprint = imagefeed::dataset::fingerprint(&slow);
+        (fingerprint, slow.threads.into_inner().unwrap())
+    };
+    let here = std::thread::current().id();
+    let (fast, fast_threads) = fingerprint_at(Duration::ZERO);
+    assert_eq!(fast_threads, [here], "one reader, in the calling thread");
+    let (slow, slow_threads) = fingerprint_at(Duration::from_millis(5));
+    assert_eq!(slow, fast);
+    let elsewhere = slow_threads.iter().filter(|&&t| t != here).count();
+    // The seven probes after the first, a thread and a reader each.
+    assert_eq!((slow_threads.len(), elsewhere), (8, 7), "{slow_threads:?}");
+}
+
 /// #32 finding 6: `workers=0`, as PyTorch users write it, builds each batch in the thread that
 /// asks for it: no worker thread exists, and an epoch resumed mid-way gives the same batches.
 #[test]
