@@ -25,8 +25,60 @@ const MIX_DOMAIN: u64 = 6;
 const REPLACE_ATTEMPTS: usize = 16;
 
 /// Batches in a row whose small JPEGs mostly did not decode together after which a worker
-/// stops trying (see [`Worker::stack_batch`]).
+/// stops trying for a while (see [`StackTries`]).
 const STACK_MISSES: u32 = 3;
+/// The batches a worker first leaves unstacked after [`STACK_MISSES`] misses; each miss of a
+/// retry doubles it, up to [`STACK_PAUSE_MOST`].
+const STACK_PAUSE_LEAST: u32 = 8;
+/// The most batches a worker leaves unstacked before it tries again.
+const STACK_PAUSE_MOST: u32 = 256;
+
+/// When a worker offers its batches to the decoder's stack ([`Worker::stack_batch`]): not
+/// after [`STACK_MISSES`] misses in a row, until a pause of [`STACK_PAUSE_LEAST`] batches has
+/// passed (doubling with each retry that misses, up to [`STACK_PAUSE_MOST`]): a dataset whose
+/// first batches do not stack (large images first, or a few damaged files) still gets the
+/// stacks' speed where later ones do, and one that never stacks pays for a try once in 256
+/// batches. Never where records cost a read over the network to read again.
+#[derive(Debug, Default)]
+struct StackTries {
+    /// Misses in a row since the last hit.
+    misses: u32,
+    /// Batches still to leave unstacked.
+    paused: u32,
+    /// The length of the last pause.
+    pause: u32,
+    /// The records cost a fetch to read again: never tried.
+    never: bool,
+}
+
+impl StackTries {
+    /// Whether to offer the next batch to the stack (one call per batch).
+    fn next_batch(&mut self) -> bool {
+        if self.never {
+            return false;
+        }
+        if self.paused > 0 {
+            self.paused -= 1;
+            return false;
+        }
+        true
+    }
+
+    /// Counts a batch offered to the stack: `hit` when stacking it paid.
+    fn counted(&mut self, hit: bool) {
+        if hit {
+            *self = StackTries::default();
+            return;
+        }
+        self.misses += 1;
+        if self.misses >= STACK_MISSES {
+            self.pause = (self.pause * 2).clamp(STACK_PAUSE_LEAST, STACK_PAUSE_MOST);
+            self.paused = self.pause;
+            // One more miss after the pause starts the next, longer one.
+            self.misses = STACK_MISSES - 1;
+        }
+    }
+}
 
 pub(super) fn worker_loop(shared: &Shared, queue: &Receiver<Job>) {
     let mut worker = Worker::new(shared);
@@ -43,9 +95,8 @@ pub(super) fn worker_loop(shared: &Shared, queue: &Receiver<Job>) {
 pub(super) struct Worker {
     pub(super) reader: LazyReader,
     pub(super) transformer: SampleTransformer,
-    /// Batches in a row in which stacking small JPEGs did not pay; none is tried once this
-    /// reaches [`STACK_MISSES`].
-    stack_misses: u32,
+    /// When stacking small JPEGs is tried.
+    stack_tries: StackTries,
     /// The label and key of each sample of the batch that is in the decoder's stack, by
     /// position: [`Self::sample`] takes it from the stack without reading it again.
     stacked: KeptRecords,
@@ -56,7 +107,7 @@ impl Worker {
         Worker {
             reader: LazyReader::new(Arc::clone(&shared.dataset)),
             transformer: shared.config.transformer(),
-            stack_misses: 0,
+            stack_tries: StackTries::default(),
             stacked: KeptRecords::default(),
         }
     }
@@ -301,7 +352,7 @@ impl Worker {
     /// built, their records are read once and offered to the decoder's stack, which decodes
     /// the ones that can be stacked in one call; [`Self::sample`] then takes their pixels
     /// from there. The pixels are the same either way. Only where reading a record twice
-    /// costs little, and a worker whose batches do not stack stops trying.
+    /// costs little, and a worker whose batches do not stack tries less often ([`StackTries`]).
     ///
     /// The stack takes the batch's samples from position `from` on until it is full; returns
     /// where it ends (the first position it did not consider: the batch's length when it
@@ -309,7 +360,7 @@ impl Worker {
     /// on comes from a stack.
     fn stack_batch(&mut self, job: &Job, from: usize, times: &mut StageTimes) -> Option<usize> {
         self.stacked.clear();
-        if self.stack_misses >= STACK_MISSES {
+        if from == 0 && !self.stack_tries.next_batch() {
             return None;
         }
         self.transformer.stack_clear();
@@ -323,7 +374,7 @@ impl Worker {
             }
             // Opened by the first read, so asked after it.
             if position == 1 && !self.reader.rereads_are_cheap() {
-                self.stack_misses = STACK_MISSES;
+                self.stack_tries.never = true;
                 self.stacked.clear();
                 return None;
             }
@@ -361,11 +412,8 @@ impl Worker {
     /// twice cost about what the stack saves). A batch larger than a stack holds (over 2,000
     /// CIFAR images) counts the images of all its stacks.
     fn stack_result(&mut self, stacked: usize, used: usize, len: usize) {
-        if stacked == 0 || used * 2 < stacked || stacked * 8 < len {
-            self.stack_misses += 1;
-        } else {
-            self.stack_misses = 0;
-        }
+        let miss = stacked == 0 || used * 2 < stacked || stacked * 8 < len;
+        self.stack_tries.counted(!miss);
     }
 
     /// Reads, decodes and transforms sample `index` into the next free slot (`stacked`: its
@@ -505,4 +553,56 @@ fn mix_batch(
                 job.position, job.epoch
             ))
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Which of `batches` batches in a row are offered to the stack when each offered one
+    /// stacks or not as `hit` says.
+    fn offered(tries: &mut StackTries, batches: usize, hit: impl Fn(usize) -> bool) -> Vec<usize> {
+        (0..batches)
+            .filter(|&batch| {
+                let offer = tries.next_batch();
+                if offer {
+                    tries.counted(hit(batch));
+                }
+                offer
+            })
+            .collect()
+    }
+
+    #[test]
+    fn stacking_pauses_after_misses_longer_each_time_and_resumes_on_a_hit() {
+        let mut tries = StackTries::default();
+        // Three misses, a pause of 8, a retry that misses, a pause of 16, ...
+        let never = offered(&mut tries, 40, |_| false);
+        assert_eq!(never, [0, 1, 2, 11, 28]);
+        // ... up to pauses of 256 batches.
+        let mut tries = StackTries::default();
+        let far = offered(&mut tries, 5_000, |_| false);
+        let gaps: Vec<usize> = far.windows(2).map(|w| w[1] - w[0] - 1).collect();
+        assert_eq!(&gaps[..8], [0, 0, 8, 16, 32, 64, 128, 256]);
+        assert!(gaps[8..].iter().all(|&gap| gap == 256), "{gaps:?}");
+        // A retry that stacks ends the pauses: every batch is offered again.
+        let mut tries = StackTries::default();
+        let late = offered(&mut tries, 30, |batch| batch >= 11);
+        assert_eq!(
+            late,
+            [0, 1, 2].into_iter().chain(11..30).collect::<Vec<_>>()
+        );
+        // A miss among hits pauses nothing.
+        let mut tries = StackTries::default();
+        assert_eq!(offered(&mut tries, 20, |batch| batch % 3 != 0).len(), 20);
+    }
+
+    #[test]
+    fn records_read_over_the_network_are_never_stacked() {
+        let mut tries = StackTries {
+            never: true,
+            ..StackTries::default()
+        };
+        assert!(offered(&mut tries, 1_000, |_| true).is_empty());
+    }
 }

@@ -978,6 +978,84 @@ fn a_batch_larger_than_one_stack_is_decoded_in_several() {
     assert_eq!(loader.stats().stacked, 150, "every image from a stack");
 }
 
+/// A worker whose first batches do not stack (large images here; a few damaged files would
+/// do the same) pauses stacking, then tries again: later batches of small JPEGs are decoded in
+/// stacks. It used to stop for good after three misses.
+#[test]
+fn stacking_is_tried_again_after_batches_that_did_not_stack() {
+    let dir = tempfile::tempdir().unwrap();
+    let packed = |name: &str, spec: SyntheticSpec| {
+        let src = dir.path().join(name);
+        synthetic::write_image_folder(&src, &spec).unwrap();
+        let out = dir.path().join(format!("{name}.lmdb"));
+        pack_lmdb(&src, &out, &small_options());
+        format::open(&out).unwrap()
+    };
+    let small = packed(
+        "small",
+        SyntheticSpec {
+            classes: 2,
+            per_class: 60,
+            width: 24,
+            height: 16,
+            ..SyntheticSpec::default()
+        },
+    );
+    let large = packed(
+        "large",
+        SyntheticSpec {
+            classes: 1,
+            per_class: 4,
+            width: 200,
+            height: 150,
+            ..SyntheticSpec::default()
+        },
+    );
+    // The small dataset, its first `LARGE` records read from the large one.
+    const LARGE: usize = 12;
+    struct LargeFirst {
+        small: Arc<dyn Dataset>,
+        large: Arc<dyn Dataset>,
+    }
+    struct Reader {
+        small: Box<dyn imagefeed::RecordReader>,
+        large: Box<dyn imagefeed::RecordReader>,
+    }
+    impl imagefeed::RecordReader for Reader {
+        fn read(&mut self, index: usize) -> imagefeed::Result<imagefeed::Record<'_>> {
+            if index < LARGE {
+                self.large.read(index % 4)
+            } else {
+                self.small.read(index)
+            }
+        }
+    }
+    impl Dataset for LargeFirst {
+        fn info(&self) -> &imagefeed::DatasetInfo {
+            self.small.info()
+        }
+        fn path(&self) -> &std::path::Path {
+            self.small.path()
+        }
+        fn open_reader(&self) -> imagefeed::Result<Box<dyn imagefeed::RecordReader>> {
+            Ok(Box::new(Reader {
+                small: self.small.open_reader()?,
+                large: self.large.open_reader()?,
+            }))
+        }
+    }
+    let dataset = Arc::new(LargeFirst { small, large });
+    // One worker, in order, batches of 4: three batches of large images, then 27 of small.
+    let config = config(Transform::none(), 1, 1).with_shuffle(false);
+    let loader = Loader::new(dataset, config).unwrap();
+    let samples: usize = loader.epoch(0).map(|batch| batch.unwrap().len()).sum();
+    assert_eq!(samples, 120);
+    let stacked = loader.stats().stacked as usize;
+    // Stacked again after a pause; not all of the small ones (the pause left some alone).
+    assert!(stacked > 0 && stacked < 120 - LARGE, "{stacked} stacked");
+    assert_eq!(stacked % 4, 0, "whole batches: {stacked}");
+}
+
 #[test]
 fn invalid_configurations_are_refused() {
     let dataset = format::open(fixture_root()).unwrap();
