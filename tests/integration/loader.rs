@@ -103,7 +103,8 @@ fn batches_are_bit_identical_for_any_worker_count_and_prefetch() {
 
 /// The fingerprint fetches its probes on threads of their own only where a read takes long
 /// (object storage): a local dataset's probes are read in turn, in the calling thread, without
-/// a thread and a reader each. The fingerprint is the same either way.
+/// a thread and a reader each, and once one read is slow the probes after it are fetched at
+/// once. The fingerprint is the same either way.
 #[test]
 fn the_fingerprint_fetches_its_probes_at_once_only_where_a_read_is_slow() {
     use std::sync::Mutex;
@@ -111,19 +112,24 @@ fn the_fingerprint_fetches_its_probes_at_once_only_where_a_read_is_slow() {
     use std::time::Duration;
     let dir = tempfile::tempdir().unwrap();
     let (_, lmdb, _) = datasets(dir.path());
-    // The dataset, each read taking `delay` longer, recording the threads readers open on.
+    // The dataset, each read of a record from `slow_from` on taking `delay` longer,
+    // recording the threads readers open on.
     struct Slow {
         inner: Arc<dyn Dataset>,
         delay: Duration,
+        slow_from: usize,
         threads: Mutex<Vec<ThreadId>>,
     }
     struct SlowReader {
         inner: Box<dyn imagefeed::RecordReader>,
         delay: Duration,
+        slow_from: usize,
     }
     impl imagefeed::RecordReader for SlowReader {
         fn read(&mut self, index: usize) -> imagefeed::Result<imagefeed::Record<'_>> {
-            std::thread::sleep(self.delay);
+            if index >= self.slow_from {
+                std::thread::sleep(self.delay);
+            }
             self.inner.read(index)
         }
     }
@@ -142,26 +148,37 @@ fn the_fingerprint_fetches_its_probes_at_once_only_where_a_read_is_slow() {
             Ok(Box::new(SlowReader {
                 inner: self.inner.open_reader()?,
                 delay: self.delay,
+                slow_from: self.slow_from,
             }))
         }
     }
-    let fingerprint_at = |delay: Duration| {
+    let fingerprint_at = |delay: Duration, slow_from: usize| {
         let slow = Slow {
             inner: Arc::clone(&lmdb),
             delay,
+            slow_from,
             threads: Mutex::new(Vec::new()),
         };
         let fingerprint = imagefeed::dataset::fingerprint(&slow);
         (fingerprint, slow.threads.into_inner().unwrap())
     };
     let here = std::thread::current().id();
-    let (fast, fast_threads) = fingerprint_at(Duration::ZERO);
+    let (fast, fast_threads) = fingerprint_at(Duration::ZERO, 0);
     assert_eq!(fast_threads, [here], "one reader, in the calling thread");
-    let (slow, slow_threads) = fingerprint_at(Duration::from_millis(5));
-    assert_eq!(slow, fast);
-    let elsewhere = slow_threads.iter().filter(|&&t| t != here).count();
-    // The seven probes after the first, a thread and a reader each.
-    assert_eq!((slow_threads.len(), elsewhere), (8, 7), "{slow_threads:?}");
+    let delay = Duration::from_millis(5);
+    // Probes are records 0, then spread up to the last: every read slow, then every read but
+    // the first (whose record is cached, say).
+    for (slow_from, fetched_at_once) in [(0, 7), (1, 6)] {
+        let (slow, threads) = fingerprint_at(delay, slow_from);
+        assert_eq!(slow, fast);
+        let elsewhere = threads.iter().filter(|&&t| t != here).count();
+        // The probes after the first slow one, a thread and a reader each.
+        assert_eq!(
+            (threads.len(), elsewhere),
+            (1 + fetched_at_once, fetched_at_once),
+            "slow from record {slow_from}: {threads:?}"
+        );
+    }
 }
 
 /// #32 finding 6: `workers=0`, as PyTorch users write it, builds each batch in the thread that
