@@ -166,6 +166,12 @@ fn fits_read_through(len: u64, available: Option<u64>) -> bool {
     len <= READ_THROUGH_BYTES && available.is_none_or(|available| len <= available / 4)
 }
 
+/// The size of each read of [`read_through`]: the kernel's usual readahead window, so that its
+/// readahead of the next window runs while a read is copied out. Measured cold, 21 rounds
+/// alternating: the CIFAR-10 test LMDB (14 MB) in 10.0 ms with 128 KiB reads against 12.1 ms
+/// with 1 MiB (256 and 512 KiB between), its 11 MB record shard in 8.6 against 10.6 ms.
+const READ_THROUGH_REQUEST: usize = 128 << 10;
+
 /// Reads `file` (`len` bytes) through the page cache once, in order, unless it is wholly cached
 /// already (a reopen: reading it through would only copy it). Read errors end it early: the
 /// reads that follow meet them (or not) on their own.
@@ -176,7 +182,7 @@ pub(crate) fn read_through(file: &fs::File, len: u64) {
     if len > 0 && unsafe { memmap2::Mmap::map(file) }.is_ok_and(|map| is_resident(&map)) {
         return;
     }
-    let mut buffer = vec![0u8; 1 << 20];
+    let mut buffer = vec![0u8; READ_THROUGH_REQUEST];
     let mut at = 0u64;
     while at < len {
         match file.read_at(&mut buffer, at) {
