@@ -173,23 +173,36 @@ fn fits_read_through(len: u64, available: Option<u64>) -> bool {
 const READ_THROUGH_REQUEST: usize = 128 << 10;
 
 /// Reads `file` (`len` bytes) through the page cache once, in order, unless it is wholly cached
-/// already (a reopen: reading it through would only copy it). Read errors end it early: the
-/// reads that follow meet them (or not) on their own.
-pub(crate) fn read_through(file: &fs::File, len: u64) {
+/// already (a reopen: reading it through would only copy it). A file that ends early is read to
+/// its end.
+///
+/// # Errors
+/// A read that fails (the disk cannot read part of the file: `EIO`), naming the byte it was
+/// at. A format that reads the file through a memory map must not open it then: the same
+/// failure under the map is a `SIGBUS` that kills the process, not an error.
+pub(crate) fn read_through(file: &fs::File, len: u64) -> std::io::Result<()> {
     use std::os::unix::fs::FileExt as _;
     // SAFETY: the map is read-only and only its address range is used (by mincore); no byte of
     // it is read, so a concurrent change to the file cannot cause undefined behaviour.
     if len > 0 && unsafe { memmap2::Mmap::map(file) }.is_ok_and(|map| is_resident(&map)) {
-        return;
+        return Ok(());
     }
     let mut buffer = vec![0u8; READ_THROUGH_REQUEST];
     let mut at = 0u64;
     while at < len {
         match file.read_at(&mut buffer, at) {
-            Ok(0) | Err(_) => break,
+            Ok(0) => break,
             Ok(n) => at += n as u64,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                return Err(std::io::Error::new(
+                    e.kind(),
+                    format!("reading it through at byte {at}: {e}"),
+                ));
+            }
         }
     }
+    Ok(())
 }
 
 /// Brings `file` into the page cache as one sequential stream instead of one small read per
@@ -201,21 +214,25 @@ pub(crate) fn read_through(file: &fs::File, len: u64) {
 /// pushed through the cache this way. A small file already wholly cached (a reopen) is left as
 /// it is (`mincore`, ~0.25 ms for 14 MB, against 0.7 ms to copy it through). Returns whether
 /// the file is read through, cached already, or advised.
-pub fn prefetch_if_it_fits(file: &fs::File) -> bool {
+///
+/// # Errors
+/// A read of the read-through that fails ([`read_through`]'s errors): the disk cannot read
+/// part of the file.
+pub fn prefetch_if_it_fits(file: &fs::File) -> std::io::Result<bool> {
     let Ok(len) = file.metadata().map(|m| m.len()) else {
-        return false;
+        return Ok(false);
     };
     let available = available_memory();
     if fits_read_through(len, available) {
-        read_through(file, len);
-        return true;
+        read_through(file, len)?;
+        return Ok(true);
     }
     if available.is_none_or(|available| len > available / 2) {
-        return false;
+        return Ok(false);
     }
     // SAFETY: a plain syscall on a valid, open file descriptor; offset 0 and length 0 mean
     // "the whole file". The advice is asynchronous and has no effect on correctness.
-    unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_WILLNEED) == 0 }
+    Ok(unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_WILLNEED) == 0 })
 }
 
 /// Counts how much of the files at or below `path` is in the page cache.
@@ -370,8 +387,27 @@ mod tests {
         evict(&path).unwrap();
         assert!(!is_resident(&map));
         // Read through (not skipped as resident), and then resident.
-        assert!(prefetch_if_it_fits(&file));
+        assert!(prefetch_if_it_fits(&file).unwrap());
         assert!(is_resident(&map));
+    }
+
+    #[test]
+    fn a_read_that_fails_while_reading_through_is_an_error_naming_the_byte() {
+        // A directory opens as a file whose reads fail (EISDIR), as a disk that cannot read
+        // part of a file fails them (EIO): the read-through reports it instead of stopping
+        // quietly, so a format read through a map refuses the file rather than crash on it.
+        let dir = tempfile::tempdir().unwrap();
+        let unreadable = fs::File::open(dir.path()).unwrap();
+        let err = read_through(&unreadable, 1 << 20).unwrap_err();
+        assert_eq!(err.raw_os_error(), None, "wrapped, with the byte it was at");
+        assert!(err.to_string().contains("at byte 0"), "{err}");
+        let err = prefetch_if_it_fits(&unreadable).unwrap_err();
+        assert!(err.to_string().contains("at byte 0"), "{err}");
+        // A file that is shorter than asked is read to its end, without error.
+        let path = dir.path().join("short.bin");
+        fs::write(&path, vec![5u8; 1000]).unwrap();
+        evict(&path).unwrap();
+        read_through(&fs::File::open(&path).unwrap(), 1 << 20).unwrap();
     }
 
     #[test]
@@ -381,7 +417,10 @@ mod tests {
         fs::write(&path, vec![1u8; 4 << 20]).unwrap();
         evict(&path).unwrap();
         let file = fs::File::open(&path).unwrap();
-        assert!(prefetch_if_it_fits(&file), "a 4 MiB file fits in memory");
+        assert!(
+            prefetch_if_it_fits(&file).unwrap(),
+            "a 4 MiB file fits in memory"
+        );
         // Read through before the call returns (not merely advised): resident at once.
         let resident = residency(&path).unwrap();
         assert!(resident.resident_fraction() >= 0.99, "{resident:?}");

@@ -105,7 +105,9 @@ impl Hdf5 {
         }
         // Small files stream into the page cache in one sequential read, as an LMDB's do
         // (see `pagecache`); payloads are then `pread` without a disk seek each.
-        crate::pagecache::prefetch_if_it_fits(&plain);
+        // (libhdf5 reads with `pread`: a part the disk cannot read fails the records in it,
+        // each a bad sample, as it would without the read-through.)
+        let _ = crate::pagecache::prefetch_if_it_fits(&plain);
         // Metadata that crashes or loops libhdf5 must cost an error, not the process: the
         // same open runs in a trial child first (see `probe`), with the reads the library does
         // record by record. The child has none of the parent's descriptors: it opens its own.

@@ -200,8 +200,10 @@ impl Lmdb {
     pub fn open_incomplete(path: impl AsRef<Path>) -> Result<Lmdb> {
         let path = path.as_ref();
         let file = check_lmdb_file(path)?;
-        // Small datasets stream into the page cache in one sequential read; see pagecache.
-        crate::pagecache::prefetch_if_it_fits(&file);
+        // Small datasets stream into the page cache in one sequential read; see pagecache. A
+        // part the disk cannot read is an error here: liblmdb reads through a map, where it
+        // would be a SIGBUS.
+        crate::pagecache::prefetch_if_it_fits(&file).at(path)?;
         let len = file.metadata().at(path)?.len();
         let (env, bounds, located) = shared_read_env(path, len)?;
         let rtxn = env.read_txn().map_err(|e| Error::lmdb(path, e))?;

@@ -349,7 +349,9 @@ fn open_ours(dir: &Path, manifest_path: &Path, allow_missing: bool) -> Result<Re
         let index_path = dir.join(&entry.index);
         let (file, file_len) = crate::file::open_regular(&path)?;
         if read_through {
-            crate::pagecache::read_through(&file, file_len);
+            // The records are read through a map, where a part the disk cannot read would be a
+            // SIGBUS: such a shard is an error here.
+            crate::pagecache::read_through(&file, file_len).at(&path)?;
         }
         let mapped = Mapped::new(&path, file, false)?;
         let map = mapped.bytes();
