@@ -205,6 +205,38 @@ pub(crate) fn read_through(file: &fs::File, len: u64) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Reads the local shards of a set through at open, in order, when the set fits
+/// ([`reads_through`]): for the same reasons as [`prefetch_if_it_fits`], and so that a part of
+/// a shard the disk cannot read refuses the set with an error naming the shard and the byte,
+/// where the readers, which read shards through memory maps, would die of SIGBUS on it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SetReadThrough {
+    on: bool,
+}
+
+impl SetReadThrough {
+    /// For a set of `paths`, by their sizes now (a file that cannot be looked at counts as
+    /// empty: opening it fails on its own).
+    pub(crate) fn for_files(paths: impl IntoIterator<Item = impl AsRef<Path>>) -> SetReadThrough {
+        let total = paths
+            .into_iter()
+            .filter_map(|path| fs::metadata(path).ok())
+            .fold(0u64, |sum, meta| sum.saturating_add(meta.len()));
+        SetReadThrough {
+            on: reads_through(total),
+        }
+    }
+
+    /// Reads `file` (`path` in messages) through, when the set fits.
+    pub(crate) fn read(&self, path: &Path, file: &fs::File) -> Result<()> {
+        if !self.on {
+            return Ok(());
+        }
+        let len = file.metadata().at(path)?.len();
+        read_through(file, len).at(path)
+    }
+}
+
 /// Brings `file` into the page cache as one sequential stream instead of one small read per
 /// page fault: a file of at most 256 MiB is read through now, in order (opening
 /// walks its index, whose pages are spread over the file: with only the background advice the
@@ -408,6 +440,39 @@ mod tests {
         fs::write(&path, vec![5u8; 1000]).unwrap();
         evict(&path).unwrap();
         read_through(&fs::File::open(&path).unwrap(), 1 << 20).unwrap();
+    }
+
+    #[test]
+    fn a_set_that_fits_is_read_through_and_an_unreadable_member_refuses_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a.bin"), dir.path().join("b.bin"));
+        fs::write(&a, vec![1u8; 1 << 20]).unwrap();
+        fs::write(&b, vec![2u8; 1 << 20]).unwrap();
+        let set = SetReadThrough::for_files([&a, &b]);
+        evict(&a).unwrap();
+        set.read(&a, &fs::File::open(&a).unwrap()).unwrap();
+        assert!(residency(&a).unwrap().resident_fraction() >= 0.99);
+        // A member whose reads fail (a directory opened as a file) is an error naming it.
+        let unreadable = fs::File::open(dir.path()).unwrap();
+        match set.read(dir.path(), &unreadable) {
+            Err(Error::Io { path, source }) => {
+                assert_eq!(path, dir.path());
+                assert!(source.to_string().contains("at byte 0"), "{source}");
+            }
+            other => panic!("expected an I/O error naming the member, got {other:?}"),
+        }
+        // A set past the limit (a sparse member) is not read at open: nothing read, nothing
+        // to fail.
+        let large = dir.path().join("large.bin");
+        fs::File::create(&large)
+            .unwrap()
+            .set_len(READ_THROUGH_BYTES + 1)
+            .unwrap();
+        let past = SetReadThrough::for_files([&b, &large]);
+        past.read(dir.path(), &unreadable).unwrap();
+        evict(&b).unwrap();
+        past.read(&b, &fs::File::open(&b).unwrap()).unwrap();
+        assert!(residency(&b).unwrap().resident_fraction() < 0.5);
     }
 
     #[test]

@@ -160,6 +160,9 @@ impl Mds {
             &mut notices,
         )?;
         let mut shards = Vec::with_capacity(present.len());
+        let read_through = crate::pagecache::SetReadThrough::for_files(
+            present.iter().map(|entry| dir.join(&entry.raw.0)),
+        );
         for entry in present {
             let (raw_name, raw_bytes) = &entry.raw;
             let raw = dir.join(raw_name);
@@ -183,7 +186,10 @@ impl Mds {
                 }
             };
             let mapped = match compression {
-                None => Mapped::new(&path, file, false)?,
+                None => {
+                    read_through.read(&path, &file)?;
+                    Mapped::new(&path, file, false)?
+                }
                 Some(compression) => {
                     let cache = match &mut cache {
                         Some(cache) => cache,

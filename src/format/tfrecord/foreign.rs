@@ -30,8 +30,14 @@ pub(super) fn open_foreign(
     let mut notices = set.notices(name);
     let mut cache = None;
     let mut shards = Vec::with_capacity(files.len());
+    let read_through = crate::pagecache::SetReadThrough::for_files(files);
     for file in files {
-        shards.push(open_foreign_shard(file, options, &mut cache, &mut notices)?);
+        shards.push(open_foreign_shard(
+            file,
+            options,
+            (&mut cache, read_through),
+            &mut notices,
+        )?);
     }
     let single = match files {
         [one] => Some(one.as_path()),
@@ -103,12 +109,13 @@ pub(super) fn planner(shards: &[Shard]) -> Option<ShardPlanner> {
     ShardPlanner::new(shards.iter().map(|s| Arc::clone(&s.data)).collect())
 }
 
-/// Opens one shard another tool wrote: memory-maps it (a compressed one's decompressed copy)
-/// and finds its records through its index, or by scanning it when it has none.
+/// Opens one shard another tool wrote: memory-maps it (a compressed one's decompressed copy;
+/// a plain one read through first when the set fits) and finds its records through its index,
+/// or by scanning it when it has none.
 pub(super) fn open_foreign_shard(
     path: &Path,
     options: &OpenOptions,
-    cache: &mut Option<Cache>,
+    (cache, read_through): (&mut Option<Cache>, crate::pagecache::SetReadThrough),
     notices: &mut Vec<String>,
 ) -> Result<Shard> {
     let (file, _) = crate::file::open_regular(path)?;
@@ -150,6 +157,7 @@ pub(super) fn open_foreign_shard(
             unsaved_index: false,
         });
     }
+    read_through.read(path, &file)?;
     let mapped = Mapped::new(path, file, false)?;
     if let Some(index_path) = index::find_index(path) {
         let records = parse_index(&index_path, &fs::read(&index_path).at(&index_path)?)?;

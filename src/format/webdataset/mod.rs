@@ -174,8 +174,14 @@ fn open_files(
     let mut notices = set.notices(name);
     let mut cache = None;
     let mut shards = Vec::with_capacity(files.len());
+    let read_through = crate::pagecache::SetReadThrough::for_files(files);
     for file in files {
-        shards.push(open_shard(file, options, &mut cache, &mut notices)?);
+        shards.push(open_shard(
+            file,
+            options,
+            (&mut cache, read_through),
+            &mut notices,
+        )?);
     }
     assemble(name, shards, set, options, notices)
 }
@@ -243,11 +249,12 @@ pub(super) fn walked(path: &Path, mapped: Mapped, notices: &mut Vec<String>) -> 
     }
 }
 
-/// Maps one shard (a gzipped one's decompressed copy) and walks it into sample spans.
+/// Maps one shard (a gzipped one's decompressed copy) and walks it into sample spans; a plain
+/// one is read through first when the set fits.
 fn open_shard(
     path: &Path,
     options: &OpenOptions,
-    cache: &mut Option<Cache>,
+    (cache, read_through): (&mut Option<Cache>, crate::pagecache::SetReadThrough),
     notices: &mut Vec<String>,
 ) -> Result<Shard> {
     let (file, _) = crate::file::open_regular(path)?;
@@ -266,7 +273,10 @@ fn open_shard(
             }
             Mapped::new(path, copy.file, true)?
         }
-        None => Mapped::new(path, file, false)?,
+        None => {
+            read_through.read(path, &file)?;
+            Mapped::new(path, file, false)?
+        }
     };
     Ok(walked(path, mapped, notices))
 }
