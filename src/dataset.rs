@@ -428,25 +428,16 @@ pub fn fingerprint(dataset: &dyn Dataset) -> String {
                 }
             })
             .collect();
-        // Fetched at once first (over object storage each probe may be a shard download,
-        // and one after another they were most of the time to the first batch), then hashed
-        // one by one with one reader as always: which probes are readable must not depend on
-        // which thread won room in a full cache. Whether reads fetch, the reads say: a local
-        // one takes microseconds, and a thread and a reader for each probe cost more than
-        // reading them in turn (~0.6 ms of a 3.4 ms open and new loader of CIFAR-10's test
-        // set packed), so they are read in turn until one takes long.
+        // Hashed one by one with one reader: which probes are readable must not depend on
+        // which thread won room in a full cache. Over object storage each probe may be a shard
+        // download, and one after another they were most of the time to the first batch: once
+        // a read takes long (a fetch), the probes after it are fetched at once before they are
+        // read. A local read takes microseconds, where a thread and a reader for each probe
+        // cost ~0.6 ms of a 3.4 ms open and new loader of CIFAR-10's test set packed.
         let mut reader = dataset.open_reader().ok();
-        if let Some(reader) = reader.as_mut() {
-            for (probe, &index) in indices.iter().enumerate() {
-                let started = Instant::now();
-                let _ = reader.read(index);
-                if started.elapsed() >= FETCHES_AFTER {
-                    warm_up(dataset, &indices[probe + 1..]);
-                    break;
-                }
-            }
-        }
-        for &index in &indices {
+        let mut fetched = false;
+        for (probe, &index) in indices.iter().enumerate() {
+            let started = Instant::now();
             match reader.as_mut().map(|r| r.read(index)) {
                 Some(Ok(record)) => {
                     field(record.key.as_bytes());
@@ -454,6 +445,10 @@ pub fn fingerprint(dataset: &dyn Dataset) -> String {
                     field(record.payload);
                 }
                 _ => field(b"unreadable"),
+            }
+            if !fetched && started.elapsed() >= FETCHES_AFTER {
+                warm_up(dataset, &indices[probe + 1..]);
+                fetched = true;
             }
         }
     }

@@ -157,7 +157,7 @@ pub(crate) const READ_THROUGH_BYTES: u64 = 256 << 20;
 /// Whether a file (or a set of shards) of `len` bytes is read through at open
 /// ([`prefetch_if_it_fits`]): at most [`READ_THROUGH_BYTES`], and at most a quarter of the
 /// available memory where that is known.
-pub(crate) fn reads_through(len: u64) -> bool {
+fn reads_through(len: u64) -> bool {
     fits_read_through(len, available_memory())
 }
 
@@ -180,7 +180,7 @@ const READ_THROUGH_REQUEST: usize = 128 << 10;
 /// A read that fails (the disk cannot read part of the file: `EIO`), naming the byte it was
 /// at. A format that reads the file through a memory map must not open it then: the same
 /// failure under the map is a `SIGBUS` that kills the process, not an error.
-pub(crate) fn read_through(file: &fs::File, len: u64) -> std::io::Result<()> {
+fn read_through(file: &fs::File, len: u64) -> std::io::Result<()> {
     use std::os::unix::fs::FileExt as _;
     // SAFETY: the map is read-only and only its address range is used (by mincore); no byte of
     // it is read, so a concurrent change to the file cannot cause undefined behaviour.
@@ -215,25 +215,35 @@ pub(crate) struct SetReadThrough {
 }
 
 impl SetReadThrough {
-    /// For a set of `paths`, by their sizes now (a file that cannot be looked at counts as
-    /// empty: opening it fails on its own).
-    pub(crate) fn for_files(paths: impl IntoIterator<Item = impl AsRef<Path>>) -> SetReadThrough {
-        let total = paths
-            .into_iter()
-            .filter_map(|path| fs::metadata(path).ok())
-            .fold(0u64, |sum, meta| sum.saturating_add(meta.len()));
+    /// For a set of `total` bytes.
+    pub(crate) fn for_total(total: u64) -> SetReadThrough {
         SetReadThrough {
             on: reads_through(total),
         }
     }
 
-    /// Reads `file` (`path` in messages) through, when the set fits.
-    pub(crate) fn read(&self, path: &Path, file: &fs::File) -> Result<()> {
-        if !self.on {
-            return Ok(());
+    /// For a set of `paths`, by their sizes now (a file that cannot be looked at counts as
+    /// empty: opening it fails on its own).
+    pub(crate) fn for_files(paths: impl IntoIterator<Item = impl AsRef<Path>>) -> SetReadThrough {
+        Self::for_total(
+            paths
+                .into_iter()
+                .filter_map(|path| fs::metadata(path).ok())
+                .fold(0u64, |sum, meta| sum.saturating_add(meta.len())),
+        )
+    }
+
+    /// Whether the set is read through.
+    pub(crate) fn is_on(&self) -> bool {
+        self.on
+    }
+
+    /// Reads `file` (`path` in messages, `len` bytes) through, when the set fits.
+    pub(crate) fn read(&self, path: &Path, file: &fs::File, len: u64) -> Result<()> {
+        if self.on {
+            read_through(file, len).at(path)?;
         }
-        let len = file.metadata().at(path)?.len();
-        read_through(file, len).at(path)
+        Ok(())
     }
 }
 
@@ -450,11 +460,11 @@ mod tests {
         fs::write(&b, vec![2u8; 1 << 20]).unwrap();
         let set = SetReadThrough::for_files([&a, &b]);
         evict(&a).unwrap();
-        set.read(&a, &fs::File::open(&a).unwrap()).unwrap();
+        set.read(&a, &fs::File::open(&a).unwrap(), 1 << 20).unwrap();
         assert!(residency(&a).unwrap().resident_fraction() >= 0.99);
         // A member whose reads fail (a directory opened as a file) is an error naming it.
         let unreadable = fs::File::open(dir.path()).unwrap();
-        match set.read(dir.path(), &unreadable) {
+        match set.read(dir.path(), &unreadable, 1 << 20) {
             Err(Error::Io { path, source }) => {
                 assert_eq!(path, dir.path());
                 assert!(source.to_string().contains("at byte 0"), "{source}");
@@ -469,9 +479,10 @@ mod tests {
             .set_len(READ_THROUGH_BYTES + 1)
             .unwrap();
         let past = SetReadThrough::for_files([&b, &large]);
-        past.read(dir.path(), &unreadable).unwrap();
+        past.read(dir.path(), &unreadable, 1 << 20).unwrap();
         evict(&b).unwrap();
-        past.read(&b, &fs::File::open(&b).unwrap()).unwrap();
+        past.read(&b, &fs::File::open(&b).unwrap(), 1 << 20)
+            .unwrap();
         assert!(residency(&b).unwrap().resident_fraction() < 0.5);
     }
 

@@ -112,14 +112,7 @@ fn the_fingerprint_fetches_its_probes_at_once_only_where_a_read_is_slow() {
     use std::time::Duration;
     let dir = tempfile::tempdir().unwrap();
     let (_, lmdb, _) = datasets(dir.path());
-    // The dataset, each read of a record from `slow_from` on taking `delay` longer,
-    // recording the threads readers open on.
-    struct Slow {
-        inner: Arc<dyn Dataset>,
-        delay: Duration,
-        slow_from: usize,
-        threads: Mutex<Vec<ThreadId>>,
-    }
+    // Reads of records from `slow_from` on taking `delay` longer.
     struct SlowReader {
         inner: Box<dyn imagefeed::RecordReader>,
         delay: Duration,
@@ -133,34 +126,24 @@ fn the_fingerprint_fetches_its_probes_at_once_only_where_a_read_is_slow() {
             self.inner.read(index)
         }
     }
-    impl Dataset for Slow {
-        fn info(&self) -> &imagefeed::DatasetInfo {
-            self.inner.info()
-        }
-        fn path(&self) -> &std::path::Path {
-            self.inner.path()
-        }
-        fn open_reader(&self) -> imagefeed::Result<Box<dyn imagefeed::RecordReader>> {
-            self.threads
-                .lock()
-                .unwrap()
-                .push(std::thread::current().id());
-            Ok(Box::new(SlowReader {
-                inner: self.inner.open_reader()?,
-                delay: self.delay,
-                slow_from: self.slow_from,
-            }))
-        }
-    }
+    // The fingerprint of the dataset read that way, and the threads its readers opened on.
     let fingerprint_at = |delay: Duration, slow_from: usize| {
-        let slow = Slow {
+        let threads = Arc::new(Mutex::new(Vec::<ThreadId>::new()));
+        let (seen, inner) = (Arc::clone(&threads), Arc::clone(&lmdb));
+        let slow = OnOpen {
             inner: Arc::clone(&lmdb),
-            delay,
-            slow_from,
-            threads: Mutex::new(Vec::new()),
+            open: Box::new(move || {
+                seen.lock().unwrap().push(std::thread::current().id());
+                Ok(Box::new(SlowReader {
+                    inner: inner.open_reader()?,
+                    delay,
+                    slow_from,
+                }))
+            }),
         };
         let fingerprint = imagefeed::dataset::fingerprint(&slow);
-        (fingerprint, slow.threads.into_inner().unwrap())
+        let threads = threads.lock().unwrap().clone();
+        (fingerprint, threads)
     };
     let here = std::thread::current().id();
     let (fast, fast_threads) = fingerprint_at(Duration::ZERO, 0);
@@ -189,37 +172,19 @@ fn zero_workers_build_batches_in_the_calling_thread() {
     let (_, lmdb, _) = datasets(dir.path());
     // The dataset, recording the threads its readers are opened on (a reader is opened by
     // the first read in a thread).
-    struct Recording {
-        inner: Arc<dyn Dataset>,
-        threads: std::sync::Mutex<Vec<std::thread::ThreadId>>,
-    }
-    impl Dataset for Recording {
-        fn info(&self) -> &imagefeed::DatasetInfo {
-            self.inner.info()
-        }
-        fn path(&self) -> &std::path::Path {
-            self.inner.path()
-        }
-        fn open_reader(&self) -> imagefeed::Result<Box<dyn imagefeed::RecordReader>> {
-            self.threads
-                .lock()
-                .unwrap()
-                .push(std::thread::current().id());
-            self.inner.open_reader()
-        }
-    }
-    let recording = Arc::new(Recording {
-        inner: Arc::clone(&lmdb),
-        threads: Default::default(),
-    });
-    let loader = Loader::new(recording.clone(), config(Transform::cifar(), 0, 4)).unwrap();
+    let opened_on = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = Arc::clone(&opened_on);
+    let recording = Arc::new(OnOpen::before(Arc::clone(&lmdb), move || {
+        seen.lock().unwrap().push(std::thread::current().id());
+    }));
+    let loader = Loader::new(recording, config(Transform::cifar(), 0, 4)).unwrap();
     // (Making the loader reads a few records on threads of its own, for the fingerprint.)
-    recording.threads.lock().unwrap().clear();
+    opened_on.lock().unwrap().clear();
     let mut epoch = loader.epoch(1);
     epoch.next().unwrap().unwrap();
     epoch.next().unwrap().unwrap();
     drop(epoch);
-    let threads = recording.threads.lock().unwrap().clone();
+    let threads = opened_on.lock().unwrap().clone();
     assert!(
         !threads.is_empty() && threads.iter().all(|&t| t == std::thread::current().id()),
         "read in the calling thread only: {threads:?}"
@@ -1030,10 +995,6 @@ fn stacking_is_tried_again_after_batches_that_did_not_stack() {
     );
     // The small dataset, its first `LARGE` records read from the large one.
     const LARGE: usize = 12;
-    struct LargeFirst {
-        small: Arc<dyn Dataset>,
-        large: Arc<dyn Dataset>,
-    }
     struct Reader {
         small: Box<dyn imagefeed::RecordReader>,
         large: Box<dyn imagefeed::RecordReader>,
@@ -1047,21 +1008,15 @@ fn stacking_is_tried_again_after_batches_that_did_not_stack() {
             }
         }
     }
-    impl Dataset for LargeFirst {
-        fn info(&self) -> &imagefeed::DatasetInfo {
-            self.small.info()
-        }
-        fn path(&self) -> &std::path::Path {
-            self.small.path()
-        }
-        fn open_reader(&self) -> imagefeed::Result<Box<dyn imagefeed::RecordReader>> {
+    let dataset = Arc::new(OnOpen {
+        inner: Arc::clone(&small),
+        open: Box::new(move || {
             Ok(Box::new(Reader {
-                small: self.small.open_reader()?,
-                large: self.large.open_reader()?,
+                small: small.open_reader()?,
+                large: large.open_reader()?,
             }))
-        }
-    }
-    let dataset = Arc::new(LargeFirst { small, large });
+        }),
+    });
     // One worker, in order, batches of 4: three batches of large images, then 27 of small.
     let config = config(Transform::none(), 1, 1).with_shuffle(false);
     let loader = Loader::new(dataset, config).unwrap();
@@ -1637,11 +1592,30 @@ fn a_bad_sample_limit_survives_elastic_resume_without_panicking() {
     );
 }
 
-/// A dataset that runs `before_open` each time a reader is opened, then opens `inner`'s: a test
-/// makes readers wait (a slow disk) or panic (a buggy custom dataset) with it.
+/// Opens a reader.
+type OpenReader =
+    Box<dyn Fn() -> imagefeed::Result<Box<dyn imagefeed::RecordReader>> + Send + Sync>;
+
+/// A dataset that is `inner` but for its readers, which `open` opens each time one is asked
+/// for: a test records where readers open, makes them wait (a slow disk) or panic (a buggy
+/// custom dataset), or hands out readers of its own.
 struct OnOpen {
     inner: Arc<dyn Dataset>,
-    before_open: Box<dyn Fn() + Send + Sync>,
+    open: OpenReader,
+}
+
+impl OnOpen {
+    /// `inner`, running `before_open` before each of its readers opens.
+    fn before(inner: Arc<dyn Dataset>, before_open: impl Fn() + Send + Sync + 'static) -> OnOpen {
+        let opened = Arc::clone(&inner);
+        OnOpen {
+            inner,
+            open: Box::new(move || {
+                before_open();
+                opened.open_reader()
+            }),
+        }
+    }
 }
 
 impl Dataset for OnOpen {
@@ -1652,8 +1626,7 @@ impl Dataset for OnOpen {
         self.inner.path()
     }
     fn open_reader(&self) -> imagefeed::Result<Box<dyn imagefeed::RecordReader>> {
-        (self.before_open)();
-        self.inner.open_reader()
+        (self.open)()
     }
 }
 
@@ -1671,16 +1644,13 @@ fn a_timed_wait_gives_up_without_consuming_and_the_next_call_gets_the_same_batch
     // Open while the loader takes the dataset's fingerprint, shut before any worker reads.
     let open = Arc::new((std::sync::Mutex::new(true), std::sync::Condvar::new()));
     let gate = Arc::clone(&open);
-    let gated = Arc::new(OnOpen {
-        inner: encoded,
-        before_open: Box::new(move || {
-            let (lock, ready) = &*gate;
-            let mut open = lock.lock().unwrap();
-            while !*open {
-                open = ready.wait(open).unwrap();
-            }
-        }),
-    });
+    let gated = Arc::new(OnOpen::before(encoded, move || {
+        let (lock, ready) = &*gate;
+        let mut open = lock.lock().unwrap();
+        while !*open {
+            open = ready.wait(open).unwrap();
+        }
+    }));
     let loader = Loader::new(gated, config(Transform::cifar(), 2, 2)).unwrap();
     *open.0.lock().unwrap() = false;
     let mut epoch = loader.epoch(0);
@@ -1720,14 +1690,11 @@ fn a_panic_in_a_worker_is_an_error_naming_the_batch_and_the_loader_goes_on() {
     // Readers panic on open while `armed` is set (a bug in a custom dataset).
     let armed = Arc::new(AtomicBool::new(false));
     let trigger = Arc::clone(&armed);
-    let dataset = Arc::new(OnOpen {
-        inner: encoded,
-        before_open: Box::new(move || {
-            if trigger.load(Ordering::SeqCst) {
-                panic!("custom reader bug");
-            }
-        }),
-    });
+    let dataset = Arc::new(OnOpen::before(encoded, move || {
+        if trigger.load(Ordering::SeqCst) {
+            panic!("custom reader bug");
+        }
+    }));
     let loader = Loader::new(dataset, config(Transform::cifar(), 1, 2)).unwrap();
     armed.store(true, Ordering::SeqCst);
     let err = loader.epoch(0).next().unwrap().unwrap_err();

@@ -166,28 +166,28 @@ impl Mds {
         for entry in present {
             let (raw_name, raw_bytes) = &entry.raw;
             let raw = dir.join(raw_name);
-            let (path, file, compression) = match (&entry.zip, raw.is_file()) {
+            let (path, (file, len), compression) = match (&entry.zip, raw.is_file()) {
                 // Streaming keeps the decompressed shard next to the compressed one once it
                 // has read it; either is the same data.
                 (None, _) | (Some(_), true) => {
-                    let (file, _) = crate::file::open_regular(&raw).map_err(|e| match e {
+                    let opened = crate::file::open_regular(&raw).map_err(|e| match e {
                         Error::Io { .. } if !raw.exists() => missing(dir, raw_name),
                         other => other,
                     })?;
-                    (raw.clone(), file, None)
+                    (raw.clone(), opened, None)
                 }
                 (Some((zip_name, compression)), false) => {
                     let zip = dir.join(zip_name);
                     if !zip.exists() {
                         return Err(missing(dir, zip_name));
                     }
-                    let (file, _) = crate::file::open_regular(&zip)?;
-                    (zip, file, Some(*compression))
+                    let opened = crate::file::open_regular(&zip)?;
+                    (zip, opened, Some(*compression))
                 }
             };
             let mapped = match compression {
                 None => {
-                    read_through.read(&path, &file)?;
+                    read_through.read(&path, &file, len)?;
                     Mapped::new(&path, file, false)?
                 }
                 Some(compression) => {

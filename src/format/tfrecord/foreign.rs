@@ -118,7 +118,7 @@ pub(super) fn open_foreign_shard(
     (cache, read_through): (&mut Option<Cache>, crate::pagecache::SetReadThrough),
     notices: &mut Vec<String>,
 ) -> Result<Shard> {
-    let (file, _) = crate::file::open_regular(path)?;
+    let (file, len) = crate::file::open_regular(path)?;
     let mut head = [0u8; compressed::SNIFF_BYTES];
     let head_len = read_head(&file, &mut head).at(path)?;
     let head = &head[..head_len];
@@ -157,7 +157,7 @@ pub(super) fn open_foreign_shard(
             unsaved_index: false,
         });
     }
-    read_through.read(path, &file)?;
+    read_through.read(path, &file, len)?;
     let mapped = Mapped::new(path, file, false)?;
     if let Some(index_path) = index::find_index(path) {
         let records = parse_index(&index_path, &fs::read(&index_path).at(&index_path)?)?;

@@ -341,18 +341,14 @@ fn open_ours(dir: &Path, manifest_path: &Path, allow_missing: bool) -> Result<Re
         .shards
         .iter()
         .fold(0u64, |sum, entry| sum.saturating_add(entry.bytes));
-    let read_through = crate::pagecache::reads_through(total);
+    let read_through = crate::pagecache::SetReadThrough::for_total(total);
     let mut shards = Vec::with_capacity(manifest.shards.len());
     let mut lens = Vec::with_capacity(manifest.shards.len());
     for entry in &manifest.shards {
         let path = dir.join(&entry.file);
         let index_path = dir.join(&entry.index);
         let (file, file_len) = crate::file::open_regular(&path)?;
-        if read_through {
-            // The records are read through a map, where a part the disk cannot read would be a
-            // SIGBUS: such a shard is an error here.
-            crate::pagecache::read_through(&file, file_len).at(&path)?;
-        }
+        read_through.read(&path, &file, file_len)?;
         let mapped = Mapped::new(&path, file, false)?;
         let map = mapped.bytes();
         let index = {
@@ -373,7 +369,7 @@ fn open_ours(dir: &Path, manifest_path: &Path, allow_missing: bool) -> Result<Re
             unsaved_index: false,
         });
     }
-    if !read_through
+    if !read_through.is_on()
         && crate::pagecache::available_memory().is_some_and(|available| total <= available / 2)
     {
         for shard in &shards {

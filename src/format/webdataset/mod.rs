@@ -257,7 +257,7 @@ fn open_shard(
     (cache, read_through): (&mut Option<Cache>, crate::pagecache::SetReadThrough),
     notices: &mut Vec<String>,
 ) -> Result<Shard> {
-    let (file, _) = crate::file::open_regular(path)?;
+    let (file, len) = crate::file::open_regular(path)?;
     let mut head = [0u8; compressed::SNIFF_BYTES];
     let got = read_head(&file, &mut head).at(path)?;
     let head = &head[..got];
@@ -274,7 +274,7 @@ fn open_shard(
             Mapped::new(path, copy.file, true)?
         }
         None => {
-            read_through.read(path, &file)?;
+            read_through.read(path, &file, len)?;
             Mapped::new(path, file, false)?
         }
     };
