@@ -23,8 +23,8 @@ LAYERS = [
     ["decode", "resize", "rng", "pool"],
     # Errors (DecodeError is a source).
     ["error"],
-    # Files and the page cache.
-    ["file", "pagecache"],
+    # Files, the page cache, reads through file maps.
+    ["file", "pagecache", "mapguard"],
     # The sample model, batch membership, test data, the local cache directory.
     ["dataset", "sampler", "synthetic", "cache"],
     # Object storage: URLs, clients, fetching into the cache.

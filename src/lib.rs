@@ -53,6 +53,7 @@ pub mod geometry;
 pub mod gpu;
 pub mod inspect;
 pub mod loader;
+pub(crate) mod mapguard;
 pub mod pack;
 pub mod pagecache;
 pub mod pool;

@@ -203,3 +203,23 @@ def test_the_wheel_carries_its_own_hdf5_linked_statically(tmp_path):
     with open(native.__file__, "rb") as so:
         blob = so.read()
     assert b"HDF5 library version: 2." in blob
+
+
+def test_an_lmdb_cut_short_under_a_reader_raises_instead_of_killing_python(tmp_path):
+    """``cp other.lmdb train.lmdb`` over a file a job is reading: the pages past the cut are
+    gone, and reading them through the map is SIGBUS. pytest's faulthandler (enabled before
+    imagefeed was imported) must still see only the faults that are not imagefeed's."""
+    out = tmp_path / "small.lmdb"
+    imagefeed.pack(FIXTURE_TREE, out, "lmdb", progress=False)
+    ds = imagefeed.Dataset(out, decode="bytes")
+    before = [ds[i] for i in range(len(ds))]
+    with open(out, "r+b") as f:
+        f.truncate(8192)
+    changed = 0
+    for i, value in enumerate(before):
+        try:
+            assert ds[i] == value
+        except imagefeed.DatasetChangedError as e:
+            assert str(out) in str(e) and "shrank to 8192 bytes" in str(e)
+            changed += 1
+    assert changed > len(before) // 2

@@ -127,14 +127,16 @@ impl ShardData {
                     .ok()
                     .zip(usize::try_from(len).ok())
                     .and_then(|(start, len)| mapped.bytes().get(start..start.checked_add(len)?));
-                out.clear();
-                out.extend_from_slice(bytes.ok_or_else(|| crate::Error::Io {
+                let bytes = bytes.ok_or_else(|| crate::Error::Io {
                     path: self.name.clone(),
                     source: std::io::Error::new(
                         std::io::ErrorKind::UnexpectedEof,
                         format!("bytes {offset}..+{len} are past the shard's end"),
                     ),
-                })?);
+                })?;
+                crate::mapguard::check_readable(&self.name, mapped.bytes(), bytes)?;
+                out.clear();
+                out.extend_from_slice(bytes);
                 Ok(())
             }
             #[cfg(feature = "remote")]
@@ -201,6 +203,16 @@ impl ShardData {
                 let mut resident = remote.resident.lock().expect("not poisoned");
                 Ok(Arc::clone(resident.get_or_insert(mapped)))
             }
+        }
+    }
+
+    /// How long a local shard was when mapped (`None` for a remote one, whose bytes are a
+    /// cache entry of imagefeed's own).
+    pub(crate) fn mapped_len(&self) -> Option<u64> {
+        match &self.source {
+            Source::Local(mapped) => Some(mapped.bytes().len() as u64),
+            #[cfg(feature = "remote")]
+            Source::Remote(_) => None,
         }
     }
 

@@ -574,7 +574,7 @@ fn mosaic_mds_pil_pixels_read_as_raw_rgb() {
 }
 
 /// A copy of `compat/NAME` to damage.
-fn copied(name: &str, into: &Path) -> std::path::PathBuf {
+pub(crate) fn copied(name: &str, into: &Path) -> std::path::PathBuf {
     let to = into.join(name);
     fs::create_dir_all(&to).unwrap();
     for entry in fs::read_dir(compat(name)).unwrap() {

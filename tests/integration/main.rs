@@ -18,6 +18,7 @@ mod fixtures;
 mod formats;
 mod hdf5_filters;
 mod loader;
+mod mapped_files;
 mod object_storage;
 mod pack;
 mod readers;

@@ -26,7 +26,7 @@ fn expected() -> Vec<Row> {
 
 /// Writes `expected()` as tar shards with the `tar` crate: `n` shards `NAME-00000i.tar`,
 /// each sample `key.jpg` (or `.png`, whatever the file is), `key.cls`, `key.json`.
-fn rust_shards(dir: &Path, name: &str, n: usize) -> Vec<PathBuf> {
+pub(crate) fn rust_shards(dir: &Path, name: &str, n: usize) -> Vec<PathBuf> {
     let rows = expected();
     let mut paths = Vec::new();
     for shard in 0..n {

@@ -104,6 +104,18 @@ impl MapBounds {
         })
     }
 
+    /// The map of the file `value` lies in: its first byte's address and the file's length
+    /// (`None` where the maps are unknown).
+    fn map_of(&self, value: &[u8]) -> Option<(usize, u64)> {
+        let at = value.as_ptr() as usize;
+        let &(start, end) = self
+            .0
+            .as_ref()?
+            .iter()
+            .find(|&&(s, e)| at >= s && at <= e)?;
+        Some((start, (end - start) as u64))
+    }
+
     /// `value` when it lies inside a map of the file (or the maps are unknown), else why not.
     pub(super) fn check<'v>(&self, value: &'v [u8]) -> std::result::Result<&'v [u8], String> {
         let Some(ranges) = &self.0 else {
@@ -811,6 +823,7 @@ impl RecordReader for LmdbReader {
                         .map(|value| self.bounds.check(value))?,
                 }
                 .map_err(|reason| corrupt(&self.path, index, &format!("#{index}"), reason))?;
+                crate::mapguard::check_mapped(&self.path, self.bounds.map_of(value), value)?;
                 let decoded = decode_value(value);
                 if let Some(checksums) = checksums {
                     let computed = crc32c::crc32c(value);
@@ -836,6 +849,7 @@ impl RecordReader for LmdbReader {
                     .bounds
                     .check(value)
                     .map_err(|reason| corrupt(&self.path, index, key, reason))?;
+                crate::mapguard::check_mapped(&self.path, self.bounds.map_of(value), value)?;
                 let (image, label) = pickle::image_and_label(value)
                     .map_err(|reason| corrupt(&self.path, index, key, reason))?;
                 let label = self

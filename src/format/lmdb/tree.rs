@@ -108,11 +108,10 @@ pub(super) fn check(
     let map = (file_len <= READ_THROUGH_BYTES)
         .then(|| {
             // SAFETY: a read-only shared map of a file imagefeed does not modify, dropped before
-            // this returns; every read from it is bounds-checked against its length. It is read
-            // only where every page is in the page cache: a page that had to come from the
-            // disk could fail to (an I/O error is SIGBUS through a map, where `pread` returns
-            // it). (liblmdb maps the same file right after: a concurrent truncation would fault
-            // there as here.)
+            // this returns; every read from it is bounds-checked against its length and goes
+            // through `Pages::slice`, whose guard turns a page the disk cannot supply (or that
+            // a concurrent truncation removed) into the error `pread` would give. It is walked
+            // in place only where every page is in the page cache: cheaper than `pread` then.
             unsafe { memmap2::Mmap::map(file) }.ok()
         })
         .flatten()
@@ -256,12 +255,17 @@ impl Pages<'_> {
         }
     }
 
-    /// `map[offset..offset + len]`, or an unexpected end of file.
+    /// `map[offset..offset + len]`, or an unexpected end of file; or the I/O error `pread`
+    /// would have given where a page of it cannot be read (it left the page cache since the
+    /// open found it there, and the disk failed: [`crate::mapguard`]).
     fn slice(map: &[u8], offset: u64, len: usize) -> std::io::Result<&[u8]> {
-        usize::try_from(offset)
+        let bytes = usize::try_from(offset)
             .ok()
             .and_then(|at| map.get(at..at.checked_add(len)?))
-            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
+        crate::mapguard::fault_in(bytes)
+            .map_err(|_| std::io::Error::from_raw_os_error(libc::EIO))?;
+        Ok(bytes)
     }
 }
 

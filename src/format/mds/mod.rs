@@ -382,6 +382,9 @@ fn infer_classes(
     let mut samples = 0usize;
     for shard in shards {
         let mapped = shard.data.get()?;
+        if let Some(head) = mapped.bytes().get(..4) {
+            crate::mapguard::check_readable(&shard.path, mapped.bytes(), head)?;
+        }
         if read_u32(mapped.bytes(), 0) != u32::try_from(shard.samples).ok() {
             // Not the shard the index describes: every sample is a bad record (a notice said).
             samples += shard.samples;
@@ -389,6 +392,7 @@ fn infer_classes(
         }
         for within in 0..shard.samples {
             samples += 1;
+            check_sample_readable(&shard.path, mapped.bytes(), shard.samples, within)?;
             let Ok(columns) = sample_columns(mapped.bytes(), shard.samples, within, layout) else {
                 continue;
             };
@@ -440,14 +444,13 @@ struct SampleColumns<'a> {
     key: Option<&'a [u8]>,
 }
 
-/// Sample `within` of a shard (`bytes`, which the index says holds `samples`): its image and
-/// label values, or why they cannot be read.
-fn sample_columns<'a>(
-    bytes: &'a [u8],
+/// Where sample `within` of a shard of `samples` lies in its `bytes`, from the shard's offset
+/// table (checked against the count it starts with and against the shard's length).
+fn sample_span(
+    bytes: &[u8],
     samples: usize,
     within: usize,
-    layout: &Layout,
-) -> std::result::Result<SampleColumns<'a>, String> {
+) -> std::result::Result<std::ops::Range<usize>, String> {
     let count = read_u32(bytes, 0).ok_or("the shard is shorter than its header")? as usize;
     if count != samples {
         return Err(format!(
@@ -467,7 +470,35 @@ fn sample_columns<'a>(
             bytes.len().saturating_sub(header_end)
         ));
     }
-    let sample = &bytes[begin..end];
+    Ok(begin..end)
+}
+
+/// The bytes of sample `within` (of `samples`) of an MDS shard, and of the parts of the shard's
+/// header that locate it, read through the guard of [`crate::mapguard`]: a page the disk cannot
+/// supply is an error naming the shard, not SIGBUS.
+fn check_sample_readable(path: &Path, bytes: &[u8], samples: usize, within: usize) -> Result<()> {
+    let table = 4 * (within + 1)..4 * (within + 3);
+    for part in [0..4, table] {
+        if let Some(part) = bytes.get(part) {
+            crate::mapguard::check_readable(path, bytes, part)?;
+        }
+    }
+    if let Ok(span) = sample_span(bytes, samples, within) {
+        crate::mapguard::check_readable(path, bytes, &bytes[span])?;
+    }
+    Ok(())
+}
+
+/// Sample `within` of a shard (`bytes`, which the index says holds `samples`): its image and
+/// label values, or why they cannot be read.
+fn sample_columns<'a>(
+    bytes: &'a [u8],
+    samples: usize,
+    within: usize,
+    layout: &Layout,
+) -> std::result::Result<SampleColumns<'a>, String> {
+    let span = sample_span(bytes, samples, within)?;
+    let sample = &bytes[span];
     let variable = layout.columns.iter().filter(|c| c.size.is_none()).count();
     let mut at = 4 * variable;
     if at > sample.len() {
@@ -663,6 +694,7 @@ impl RecordReader for MdsReader {
             reason,
         };
         let bytes = self.held.bytes(number, &shard.data)?;
+        check_sample_readable(&shard.path, bytes, shard.samples, within)?;
         let columns = sample_columns(bytes, shard.samples, within, &shared.layout)
             .map_err(|reason| corrupt(&self.key, reason))?;
         // A key column names the sample when it holds text (else the shard's name does).

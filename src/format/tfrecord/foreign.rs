@@ -304,7 +304,11 @@ pub(super) fn infer_classes(
     for shard in shards {
         let mapped = shard.data.get()?;
         for (number, &(offset, len)) in shard.records.iter().enumerate() {
-            if let Some(bytes) = record_bytes(mapped.bytes(), offset, len)
+            let bytes = record_bytes(mapped.bytes(), offset, len);
+            if let Some(bytes) = bytes {
+                crate::mapguard::check_readable(&shard.path, mapped.bytes(), bytes)?;
+            }
+            if let Some(bytes) = bytes
                 && let Ok(data) = unframe(bytes)
                 && let Ok(features) = example::parse(data)
                 && let Ok(label) = example::int64(&features, features::LABEL)

@@ -676,7 +676,7 @@ impl RecordReader for RecordsReader {
             &self.ranged[..]
         } else {
             let map = self.held.bytes(number, &shard.data)?;
-            record_bytes(map, offset, len).ok_or_else(|| {
+            let bytes = record_bytes(map, offset, len).ok_or_else(|| {
                 corrupt(
                     &unnamed(),
                     format!(
@@ -686,9 +686,17 @@ impl RecordReader for RecordsReader {
                         map.len()
                     ),
                 )
-            })?
+            })?;
+            crate::mapguard::check_readable(&shard.path, map, bytes)?;
+            bytes
         };
-        let data = unframe(bytes).map_err(|reason| corrupt(&unnamed(), reason))?;
+        let data = unframe(bytes).map_err(|reason| {
+            // A shard cut short under its map reads as zeros to the end of the page the cut
+            // falls in: not damage but a changed file.
+            let len = shard.data.mapped_len();
+            len.and_then(|len| crate::mapguard::shrank(&shard.path, len, ""))
+                .unwrap_or_else(|| corrupt(&unnamed(), reason))
+        })?;
         let features = example::parse(data).map_err(|reason| corrupt(&unnamed(), reason))?;
         let key = match example::bytes(&features, features::FILENAME)
             .ok()

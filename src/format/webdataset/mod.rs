@@ -314,6 +314,7 @@ fn infer_classes(
             let Some(bytes) = slice(mapped.bytes(), *span) else {
                 continue;
             };
+            crate::mapguard::check_readable(&shard.path, mapped.bytes(), bytes)?;
             if let Ok(members) = members(bytes)
                 && let Some(Ok(label)) = members.label()
             {
@@ -405,6 +406,7 @@ impl RecordReader for WebDatasetReader {
         }
         let bytes = slice(map, shard.samples[within])
             .ok_or_else(|| corrupt(&unnamed(), "its bytes lie past the shard's end".into()))?;
+        crate::mapguard::check_readable(&shard.path, map, bytes)?;
         let members = members(bytes).map_err(|reason| corrupt(&unnamed(), reason))?;
         let payload = members.image().ok_or_else(|| {
             let fields: Vec<&str> = members.fields.iter().map(|(f, _)| f.as_str()).collect();

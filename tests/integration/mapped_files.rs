@@ -1,0 +1,145 @@
+//! Datasets read through memory maps (LMDB, record shards, WebDataset and MDS shards) whose file
+//! is cut short under an open reader, as `cp other.lmdb train.lmdb` does to a running job: the
+//! pages past the cut are gone, and reading them through the map is SIGBUS. Every read must be
+//! the record as before or [`Error::FileChanged`] naming the file, and a loader must fail the
+//! batch saying so: never a dead process.
+
+use crate::support;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use imagefeed::dataset::Dataset;
+use imagefeed::format::{self, writer::PackFormat};
+use imagefeed::loader::{Loader, LoaderConfig};
+use imagefeed::transform::Transform;
+use imagefeed::{Error, pack};
+use support::{pack_lmdb, packed_small_records, small_options, small_tree};
+
+/// Reads every record of `dataset` through one reader, cuts `file` to `keep` bytes, and reads
+/// them all again through the same reader: each is the same record or `FileChanged` naming
+/// `file`, and at least one is the latter. Returns how many were.
+fn cut_under_a_reader(dataset: &dyn Dataset, file: &Path, keep: u64) -> usize {
+    let mut reader = dataset.open_reader().unwrap();
+    let before: Vec<Vec<u8>> = (0..dataset.len())
+        .map(|i| reader.read(i).unwrap().payload.to_vec())
+        .collect();
+    let len = fs::metadata(file).unwrap().len();
+    assert!(keep < len, "{} is only {len} bytes", file.display());
+    fs::OpenOptions::new()
+        .write(true)
+        .open(file)
+        .unwrap()
+        .set_len(keep)
+        .unwrap();
+    let mut gone = 0;
+    for (index, payload) in before.iter().enumerate() {
+        match reader.read(index) {
+            Ok(record) => assert_eq!(&record.payload, payload, "record {index}"),
+            Err(Error::FileChanged { path, change }) => {
+                assert_eq!(path, file, "record {index}: {change}");
+                assert!(change.contains(&format!("from {len}")), "{change}");
+                gone += 1;
+            }
+            Err(other) => panic!("record {index}: {other}"),
+        }
+    }
+    assert!(gone > 0, "no record of {} was past the cut", file.display());
+    gone
+}
+
+#[test]
+fn an_lmdb_cut_short_under_a_reader_is_an_error_not_sigbus() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("small.lmdb");
+    pack_lmdb(&small_tree(dir.path()), &out, &small_options());
+    let dataset = format::open(&out).unwrap();
+    // Two pages keep both meta pages; most values lie beyond.
+    let gone = cut_under_a_reader(dataset.as_ref(), &out, 8192);
+    assert!(gone > dataset.len() / 2, "{gone} of {}", dataset.len());
+}
+
+#[test]
+fn a_record_shard_cut_short_under_a_reader_is_an_error_not_sigbus() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = packed_small_records(dir.path(), "small.records");
+    let dataset = format::open(&out).unwrap();
+    let shard = largest_file(&out, ".tfrecord");
+    cut_under_a_reader(dataset.as_ref(), &shard, 4096);
+}
+
+#[test]
+fn a_record_shard_cut_inside_a_page_is_a_changed_file_not_damage() {
+    // The rest of the page the cut falls in reads as zeros, which the record's CRC refuses:
+    // the reader then finds the file shorter and says so.
+    let dir = tempfile::tempdir().unwrap();
+    let out = packed_small_records(dir.path(), "small.records");
+    let dataset = format::open(&out).unwrap();
+    cut_under_a_reader(dataset.as_ref(), &largest_file(&out, ".tfrecord"), 100);
+}
+
+#[test]
+fn a_webdataset_shard_cut_short_under_a_reader_is_an_error_not_sigbus() {
+    let dir = tempfile::tempdir().unwrap();
+    let shards = crate::webdataset::rust_shards(dir.path(), "train", 2);
+    let dataset = format::open(dir.path()).unwrap();
+    cut_under_a_reader(dataset.as_ref(), &shards[1], 4096);
+}
+
+#[test]
+fn an_mds_shard_cut_short_under_a_reader_is_an_error_not_sigbus() {
+    let dir = tempfile::tempdir().unwrap();
+    let mds = crate::compat::copied("mds", dir.path());
+    let dataset = format::open(&mds).unwrap();
+    // At a page boundary: MDS has no checksums, and a cut inside a page leaves the rest of that
+    // page reading as zeros (see `a_record_shard_cut_inside_a_page_...`).
+    cut_under_a_reader(dataset.as_ref(), &largest_file(&mds, ".mds"), 4096);
+}
+
+#[test]
+fn a_loader_over_a_file_cut_short_fails_the_batch_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("small.lmdb");
+    pack::pack_image_folder(
+        &small_tree(dir.path()),
+        &out,
+        PackFormat::Lmdb,
+        &small_options(),
+        &pack::NoProgress,
+    )
+    .unwrap();
+    let dataset = format::open(&out).unwrap();
+    let loader = Loader::new(
+        dataset,
+        LoaderConfig::default()
+            .with_batch_size(8)
+            .with_workers(2)
+            .with_transform(Transform::cifar()),
+    )
+    .unwrap();
+    assert!(loader.epoch(0).all(|batch| batch.is_ok()));
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&out)
+        .unwrap()
+        .set_len(8192)
+        .unwrap();
+    let failed = loader.epoch(1).find_map(|batch| batch.err());
+    match failed {
+        Some(Error::FileChanged { path, .. }) => assert_eq!(path, out),
+        other => panic!(
+            "expected FileChanged naming {}, got {other:?}",
+            out.display()
+        ),
+    }
+}
+
+/// The largest file under `dir` whose name ends with `suffix`.
+fn largest_file(dir: &Path, suffix: &str) -> PathBuf {
+    fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(suffix))
+        .max_by_key(|p| fs::metadata(p).unwrap().len())
+        .unwrap_or_else(|| panic!("no {suffix} file under {}", dir.display()))
+}
