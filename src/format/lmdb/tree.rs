@@ -539,10 +539,19 @@ impl<'a> Walk<'a> {
         }
         self.mark(what, number, "as a branch or leaf page")?;
         let at = number * self.page_size as u64;
+        // An I/O error names the page, as damage does.
+        let reading = |e: std::io::Error| {
+            std::io::Error::new(e.kind(), format!("reading page {number} at byte {at}: {e}"))
+        };
         match self.pages {
-            Pages::Read(file) => file.read_exact_at(&mut self.buffer, at).at(self.path)?,
+            Pages::Read(file) => file
+                .read_exact_at(&mut self.buffer, at)
+                .map_err(reading)
+                .at(self.path)?,
             Pages::Mapped(map) => {
-                self.mapped = Pages::slice(map, at, self.page_size).at(self.path)?;
+                self.mapped = Pages::slice(map, at, self.page_size)
+                    .map_err(reading)
+                    .at(self.path)?;
             }
         }
         let page = self.page();
