@@ -9,7 +9,7 @@
 //! length is one an image of that format and (where the header says) size can have.
 
 use std::fs;
-use std::io::Read as _;
+use std::io::{self, Read as _};
 use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
 use std::path::Path;
 
@@ -60,6 +60,30 @@ pub fn open_regular(path: &Path) -> Result<(fs::File, u64)> {
         return Err(refuse(meta.file_type()));
     }
     Ok((file, meta.len()))
+}
+
+/// Reads the first `want` bytes of the regular file at `path` (fewer if it is shorter): an
+/// error naming the file when the read fails, or ends before the file's length says it should
+/// (a failing disk or network filesystem), rather than bytes that look like another format.
+pub fn check_head_readable(path: &Path, want: u64) -> Result<()> {
+    let (file, len) = open_regular(path)?;
+    let want = want.min(len);
+    let mut head = Vec::new();
+    let got = file
+        .take(want)
+        .read_to_end(&mut head)
+        .map_err(|e| io::Error::new(e.kind(), format!("reading its first bytes: {e}")))
+        .at(path)?;
+    if (got as u64) < want {
+        return Err(Error::io(
+            path,
+            io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("the file is {len} bytes, but reading its start ended after {got}"),
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Reads the image file at `path` into `buffer` (cleared first; its capacity is reused).

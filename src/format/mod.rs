@@ -347,12 +347,21 @@ pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Arc<dy
             return (format.open)(path, options);
         }
     }
+    if path.is_file() {
+        // The recognizers read a file's first bytes and take a failed read for a format
+        // mismatch: an unreadable file is said to be one.
+        crate::file::check_head_readable(path, SNIFFED_BYTES)?;
+    }
     Err(Error::not_a_dataset(
         path,
         "neither a directory (ImageFolder tree, records shards) nor a dataset file this build \
          reads (LMDB, HDF5, *.tfrecord)",
     ))
 }
+
+/// How much of the start of a file no recognizer took is read to tell an unreadable file from
+/// one of another format: a page, more than any recognizer reads.
+const SNIFFED_BYTES: u64 = 4096;
 
 /// Opens the dataset a URL names (`s3://bucket/prefix/`): see `format::remote`. Without the
 /// `remote` feature a URL is refused naming the feature (never taken for a local path).

@@ -420,6 +420,26 @@ fn files_that_are_not_datasets_are_refused_clearly() {
 }
 
 #[test]
+fn a_file_whose_start_cannot_be_read_is_an_io_error_not_another_format() {
+    // A sysfs attribute says it is 4,096 bytes long and reads one line: the short read a
+    // failing network filesystem gives. The format sniffers see too few bytes for any magic.
+    let attr = Path::new("/sys/kernel/mm/transparent_hugepage/enabled");
+    if !fs::metadata(attr).is_ok_and(|m| m.len() > 64) {
+        eprintln!(
+            "skipped: no sysfs attribute at {} to read short",
+            attr.display()
+        );
+        return;
+    }
+    let err = format::open(attr).unwrap_err();
+    assert!(
+        matches!(&err, Error::Io { path, source }
+            if path == attr && source.kind() == std::io::ErrorKind::UnexpectedEof),
+        "{err:?}"
+    );
+}
+
+#[test]
 fn a_truncated_lmdb_is_an_error_not_a_crash() {
     let dir = tempfile::tempdir().unwrap();
     let src = clean_tree(dir.path());
