@@ -68,6 +68,18 @@ pub(crate) fn shrank(path: &Path, len: u64, more: &str) -> Option<Error> {
     })
 }
 
+/// The step between the addresses [`fault_in`] touches: the smallest page size there is (larger
+/// pages are touched more than once, which costs a few loads). A scan that meets an unreadable
+/// byte can skip to the next multiple of it.
+pub(crate) const TOUCH_STRIDE: usize = 4096;
+
+/// The offset in `bytes` of the first byte after the page that holds the address `fault` (one
+/// [`fault_in`] returned for part of `bytes`): where a scan goes on after an unreadable page.
+pub(crate) fn past_page_of(bytes: &[u8], fault: usize) -> usize {
+    let next_page = (fault / TOUCH_STRIDE + 1) * TOUCH_STRIDE;
+    next_page.saturating_sub(bytes.as_ptr() as usize)
+}
+
 /// Touches one byte of every page under `bytes`: `Err` with the address that faulted when
 /// the kernel could not supply a page (SIGBUS, caught).
 pub(crate) fn fault_in(bytes: &[u8]) -> std::result::Result<(), usize> {
@@ -86,8 +98,6 @@ pub(crate) fn fault_in(bytes: &[u8]) -> std::result::Result<(), usize> {
     }
     #[cfg(not(guarded_touch))]
     {
-        /// The step between touched addresses: the smallest page size there is.
-        const TOUCH_STRIDE: usize = 4096;
         let mut at = 0;
         while at < bytes.len() {
             // SAFETY: `at` is within `bytes`.
@@ -269,6 +279,21 @@ unsafe fn pass_on(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut
             handler(signal);
         }
     }
+}
+
+/// `bytes` written to a file, mapped, and the file then cut to `keep` bytes: reading the map
+/// past `keep` (rounded up to a page) is SIGBUS unless guarded. The directory holds the file.
+#[cfg(test)]
+pub(crate) fn map_then_cut(bytes: &[u8], keep: u64) -> (tempfile::TempDir, memmap2::Mmap) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cut.bin");
+    std::fs::write(&path, bytes).unwrap();
+    let file = std::fs::File::open(&path).unwrap();
+    // SAFETY: a test's own file, cut on purpose; read only through the guard.
+    let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
+    let cut = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    cut.set_len(keep).unwrap();
+    (dir, map)
 }
 
 #[cfg(test)]

@@ -385,6 +385,9 @@ fn infer_classes(
         if let Some(head) = mapped.bytes().get(..4) {
             crate::mapguard::check_readable(&shard.path, mapped.bytes(), head)?;
         }
+        // The scan reads each sample's place and label, not its image: an unreadable one
+        // (`crate::mapguard`) is left out here, and is a bad record when read.
+        let variable = layout.columns.iter().filter(|c| c.size.is_none()).count();
         if read_u32(mapped.bytes(), 0) != u32::try_from(shard.samples).ok() {
             // Not the shard the index describes: every sample is a bad record (a notice said).
             samples += shard.samples;
@@ -392,10 +395,15 @@ fn infer_classes(
         }
         for within in 0..shard.samples {
             samples += 1;
-            check_sample_readable(&shard.path, mapped.bytes(), shard.samples, within)?;
+            if !sample_sizes_readable(mapped.bytes(), shard.samples, within, variable) {
+                continue;
+            }
             let Ok(columns) = sample_columns(mapped.bytes(), shard.samples, within, layout) else {
                 continue;
             };
+            if crate::mapguard::fault_in(columns.label).is_err() {
+                continue;
+            }
             if let Ok(label) = decode_label(columns.label, layout.label.1) {
                 inference.see(
                     || sample_key(&shard.name, within),
@@ -477,8 +485,7 @@ fn sample_span(
 /// header that locate it, read through the guard of [`crate::mapguard`]: a page the disk cannot
 /// supply is an error naming the shard, not SIGBUS.
 fn check_sample_readable(path: &Path, bytes: &[u8], samples: usize, within: usize) -> Result<()> {
-    let table = 4 * (within + 1)..4 * (within + 3);
-    for part in [0..4, table] {
+    for part in sample_place(within) {
         if let Some(part) = bytes.get(part) {
             crate::mapguard::check_readable(path, bytes, part)?;
         }
@@ -487,6 +494,26 @@ fn check_sample_readable(path: &Path, bytes: &[u8], samples: usize, within: usiz
         crate::mapguard::check_readable(path, bytes, &bytes[span])?;
     }
     Ok(())
+}
+
+/// Whether the parts of an MDS shard that [`sample_columns`] reads before handing out column
+/// slices can be read ([`crate::mapguard`]): the shard's count, the sample's offsets, and the
+/// sizes of its `variable` variable-size columns at its start.
+fn sample_sizes_readable(bytes: &[u8], samples: usize, within: usize, variable: usize) -> bool {
+    let readable = |part: std::ops::Range<usize>| {
+        bytes
+            .get(part)
+            .is_none_or(|part| crate::mapguard::fault_in(part).is_ok())
+    };
+    sample_place(within).into_iter().all(readable)
+        && sample_span(bytes, samples, within)
+            .is_ok_and(|span| readable(span.start..span.end.min(span.start + 4 * variable)))
+}
+
+/// Where an MDS shard says where sample `within` lies: its count of samples, and the sample's
+/// two entries in its offset table.
+fn sample_place(within: usize) -> [std::ops::Range<usize>; 2] {
+    [0..4, 4 * (within + 1)..4 * (within + 3)]
 }
 
 /// Sample `within` of a shard (`bytes`, which the index says holds `samples`): its image and

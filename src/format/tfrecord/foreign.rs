@@ -304,11 +304,8 @@ pub(super) fn infer_classes(
     for shard in shards {
         let mapped = shard.data.get()?;
         for (number, &(offset, len)) in shard.records.iter().enumerate() {
-            let bytes = record_bytes(mapped.bytes(), offset, len);
-            if let Some(bytes) = bytes {
-                crate::mapguard::check_readable(&shard.path, mapped.bytes(), bytes)?;
-            }
-            if let Some(bytes) = bytes
+            if let Some(bytes) = record_bytes(mapped.bytes(), offset, len)
+                && crate::mapguard::fault_in(bytes).is_ok()
                 && let Ok(data) = unframe(bytes)
                 && let Ok(features) = example::parse(data)
                 && let Ok(label) = example::int64(&features, features::LABEL)

@@ -83,9 +83,7 @@ pub fn scan_shard(bytes: &[u8]) -> ShardScan {
                 offset += total;
             }
             Err(problem) => {
-                let next = (offset + 1..bytes.len())
-                    .find(|&o| frame_at(bytes, o).is_ok_and(|_| full_frame_ok(bytes, o)))
-                    .unwrap_or(bytes.len());
+                let next = next_frame(bytes, offset + 1);
                 let reason = format!(
                     "bytes {offset}..{next} of the shard are not a TFRecord frame ({problem}){}",
                     if next == bytes.len() {
@@ -103,13 +101,35 @@ pub fn scan_shard(bytes: &[u8]) -> ShardScan {
     scan
 }
 
+/// The first place from `from` on where a whole frame checks out (length CRC, length, data
+/// CRC), or the shard's end. Bytes that cannot be read ([`crate::mapguard`]: a page of a mapped
+/// shard the disk failed to supply) are skipped a page at a time.
+fn next_frame(bytes: &[u8], from: usize) -> usize {
+    let mut at = from;
+    while at < bytes.len() {
+        let header = &bytes[at..bytes.len().min(at + HEADER_BYTES)];
+        if let Err(fault) = crate::mapguard::fault_in(header) {
+            at = crate::mapguard::past_page_of(bytes, fault);
+            continue;
+        }
+        if frame_at(bytes, at).is_ok_and(|_| full_frame_ok(bytes, at)) {
+            return at;
+        }
+        at += 1;
+    }
+    bytes.len()
+}
+
 /// The total length of the frame whose header starts at `offset`, when the header's CRC checks
-/// out and the frame fits in `bytes`; otherwise what is wrong.
+/// out and the frame fits in `bytes`; otherwise what is wrong (also when the header cannot be
+/// read: [`crate::mapguard`]).
 fn frame_at(bytes: &[u8], offset: usize) -> std::result::Result<usize, String> {
     let rest = &bytes[offset..];
     if rest.len() < HEADER_BYTES + FOOTER_BYTES {
         return Err(format!("{} bytes left, too few for a frame", rest.len()));
     }
+    crate::mapguard::fault_in(&rest[..HEADER_BYTES])
+        .map_err(|_| "its header could not be read (an I/O error)".to_string())?;
     let len_bytes = &rest[..8];
     let crc = u32::from_le_bytes(rest[8..12].try_into().expect("4 bytes"));
     if masked_crc(len_bytes) != crc {
@@ -129,12 +149,47 @@ fn frame_at(bytes: &[u8], offset: usize) -> std::result::Result<usize, String> {
 /// Whether the frame at `offset` (whose header [`frame_at`] accepted) has a good data CRC too:
 /// the check that makes a place found by resynchronising a real frame.
 fn full_frame_ok(bytes: &[u8], offset: usize) -> bool {
-    frame_at(bytes, offset).is_ok_and(|total| unframe(&bytes[offset..offset + total]).is_ok())
+    frame_at(bytes, offset).is_ok_and(|total| {
+        let frame = &bytes[offset..offset + total];
+        crate::mapguard::fault_in(frame).is_ok() && unframe(frame).is_ok()
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_scan_over_a_map_whose_file_was_cut_marks_the_rest_unreadable_not_sigbus() {
+        let mut shard = Vec::new();
+        for i in 0..2000u32 {
+            frame(
+                &mut shard,
+                format!("record {i:04} {}", "x".repeat(80)).as_bytes(),
+            );
+        }
+        let clean = scan_shard(&shard);
+        // Three pages stay; the map still says the whole shard.
+        let (_dir, map) = crate::mapguard::map_then_cut(&shard, 3 * 4096);
+        let scan = scan_shard(&map);
+        let (&(last_at, last_len), before) = scan.records.split_last().unwrap();
+        assert_eq!(before, &clean.records[..before.len()]);
+        assert_eq!(
+            last_at + last_len,
+            shard.len() as u64,
+            "{:?}",
+            scan.records.last()
+        );
+        // From the first frame whose header lies past the cut (frames are 108 bytes).
+        assert!((3 * 4096..3 * 4096 + 108).contains(&last_at), "{last_at}");
+        assert_eq!(scan.damaged.len(), 1, "{:?}", scan.damaged);
+        assert_eq!(scan.damaged[0].0, before.len());
+        assert!(
+            scan.damaged[0].1.contains("could not be read"),
+            "{:?}",
+            scan.damaged
+        );
+    }
 
     #[test]
     fn crc_is_castagnoli() {

@@ -80,10 +80,7 @@ pub(super) fn walk_shard(bytes: &[u8]) -> Walk {
             Ok(()) => break,
             Err((at, problem)) => {
                 // Resynchronise: the next block after the problem holding a valid header.
-                let next = ((at / BLOCK) + 1..end.div_ceil(BLOCK))
-                    .map(|b| b * BLOCK)
-                    .find(|&o| is_tar_header(&bytes[o as usize..]))
-                    .unwrap_or(end);
+                let next = next_header(bytes, (at / BLOCK + 1) * BLOCK);
                 let start = walk
                     .samples
                     .last()
@@ -111,10 +108,56 @@ pub(super) fn walk_shard(bytes: &[u8]) -> Walk {
     walk
 }
 
+/// The first block from `from` on (a multiple of [`BLOCK`]) that holds a valid tar header, or
+/// the shard's end. Blocks that cannot be read ([`crate::mapguard`]: a page of a mapped shard
+/// the disk failed to supply) are skipped a page at a time.
+fn next_header(bytes: &[u8], from: u64) -> u64 {
+    let end = bytes.len() as u64;
+    let mut at = from;
+    while at < end {
+        let block = &bytes[at as usize..bytes.len().min((at + BLOCK) as usize)];
+        if let Err(fault) = crate::mapguard::fault_in(block) {
+            let past = crate::mapguard::past_page_of(bytes, fault) as u64;
+            at = past.div_ceil(BLOCK) * BLOCK;
+            continue;
+        }
+        if is_tar_header(block) {
+            return at;
+        }
+        at += BLOCK;
+    }
+    end
+}
+
+/// A cursor over bytes that may be a file's map, for the tar reader: each read goes through
+/// [`crate::mapguard`] first, so a page the disk cannot supply is an I/O error (the member is
+/// then damage, named with it) where reading it would be SIGBUS.
+struct GuardedCursor<'a>(Cursor<&'a [u8]>);
+
+impl std::io::Read for GuardedCursor<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let bytes = *self.0.get_ref();
+        let start = usize::try_from(self.0.position())
+            .unwrap_or(usize::MAX)
+            .min(bytes.len());
+        let wanted = &bytes[start..bytes.len().min(start.saturating_add(buf.len()))];
+        crate::mapguard::fault_in(wanted).map_err(|_| {
+            std::io::Error::other("the disk failed to supply a page of it (an I/O error)")
+        })?;
+        self.0.read(buf)
+    }
+}
+
+impl std::io::Seek for GuardedCursor<'_> {
+    fn seek(&mut self, to: std::io::SeekFrom) -> std::io::Result<u64> {
+        self.0.seek(to)
+    }
+}
+
 /// Walks members from byte `from` to the end of the archive, adding samples to `walk`; on a
 /// member that does not parse, returns where it was and why.
 fn walk_from(bytes: &[u8], from: u64, walk: &mut Walk) -> std::result::Result<(), (u64, String)> {
-    let mut archive = tar::Archive::new(Cursor::new(&bytes[from as usize..]));
+    let mut archive = tar::Archive::new(GuardedCursor(Cursor::new(&bytes[from as usize..])));
     let entries = archive
         .entries_with_seek()
         .map_err(|e| (from, e.to_string()))?;
@@ -171,7 +214,14 @@ fn walk_from(bytes: &[u8], from: u64, walk: &mut Walk) -> std::result::Result<()
     close(&mut open, walk);
     // The walk stops at an all-zero block (the end of the archive) or where a header is cut
     // short: only zeros may follow, else the tail is damage, never silently dropped.
-    if bytes[last_end as usize..].iter().any(|&b| b != 0) {
+    let tail = &bytes[last_end as usize..];
+    if crate::mapguard::fault_in(tail).is_err() {
+        return Err((
+            last_end,
+            "the bytes after the last member could not be read (an I/O error)".into(),
+        ));
+    }
+    if tail.iter().any(|&b| b != 0) {
         return Err((
             last_end,
             "the archive ends early: a header is cut short, or a block of zeros stands where a \
@@ -190,7 +240,7 @@ pub(super) struct Members<'a> {
 
 /// Parses the members in a sample's bytes.
 pub(super) fn members(span: &[u8]) -> std::result::Result<Members<'_>, String> {
-    let mut archive = tar::Archive::new(Cursor::new(span));
+    let mut archive = tar::Archive::new(GuardedCursor(Cursor::new(span)));
     let entries = archive.entries_with_seek().map_err(|e| e.to_string())?;
     let mut key = None;
     let mut fields = Vec::new();
@@ -237,6 +287,11 @@ impl<'a> Members<'a> {
         let (field, data) = LABEL_FIELDS
             .iter()
             .find_map(|name| self.fields.iter().find(|(f, _)| f == name))?;
+        if crate::mapguard::fault_in(data).is_err() {
+            return Some(Err(format!(
+                "its .{field} could not be read (an I/O error)"
+            )));
+        }
         let text = std::str::from_utf8(data)
             .ok()
             .map(str::trim)
@@ -268,6 +323,48 @@ mod tests {
             builder.append_data(&mut header, path, *data).unwrap();
         }
         builder.into_inner().unwrap()
+    }
+
+    #[test]
+    fn a_walk_over_a_map_whose_file_was_cut_marks_the_rest_unreadable_not_sigbus() {
+        let data: Vec<(String, Vec<u8>)> = (0..40)
+            .flat_map(|i| {
+                [
+                    (format!("s{i:02}.jpg"), vec![b'J'; 700]),
+                    (format!("s{i:02}.cls"), b"1".to_vec()),
+                ]
+            })
+            .collect();
+        let members_list: Vec<(&str, &[u8])> = data
+            .iter()
+            .map(|(p, d)| (p.as_str(), d.as_slice()))
+            .collect();
+        let bytes = tar(&members_list);
+        let clean = walk_shard(&bytes);
+        assert_eq!(clean.samples.len(), 40);
+        let (_dir, map) = crate::mapguard::map_then_cut(&bytes, 4 * 4096);
+        let walk = walk_shard(&map);
+        let (last, before) = walk.samples.split_last().unwrap();
+        // Samples before the cut as they were; the one it falls in ends at its last readable
+        // member (its .cls header lies past the cut), and the damage runs to the end.
+        let (cut, whole) = before.split_last().unwrap();
+        assert_eq!(whole, &clean.samples[..whole.len()]);
+        assert_eq!(cut.offset, clean.samples[whole.len()].offset);
+        assert_eq!(cut.offset + cut.len, last.offset);
+        assert!((4 * 4096..5 * 4096).contains(&last.offset), "{last:?}");
+        assert_eq!(last.offset + last.len, bytes.len() as u64);
+        assert_eq!(walk.damaged.len(), 1, "{:?}", walk.damaged);
+        assert!(
+            walk.damaged[0].1.contains("I/O error"),
+            "{:?}",
+            walk.damaged
+        );
+        // A sample past the cut, parsed on its own: an error, not SIGBUS.
+        let past = clean.samples[30];
+        assert!(members(slice(&map, past).unwrap()).is_err());
+        // One before it reads as it did.
+        let early = members(slice(&map, clean.samples[1]).unwrap()).unwrap();
+        assert_eq!(early.label(), Some(Ok(1)));
     }
 
     #[test]

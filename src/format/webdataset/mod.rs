@@ -314,7 +314,8 @@ fn infer_classes(
             let Some(bytes) = slice(mapped.bytes(), *span) else {
                 continue;
             };
-            crate::mapguard::check_readable(&shard.path, mapped.bytes(), bytes)?;
+            // (Members and labels are read through the map's guard: an unreadable sample is
+            // left out here, and is a bad record when read.)
             if let Ok(members) = members(bytes)
                 && let Some(Ok(label)) = members.label()
             {
