@@ -60,6 +60,19 @@ fn an_lmdb_cut_short_under_a_reader_is_an_error_not_sigbus() {
 }
 
 #[test]
+fn an_lmdb_cut_inside_a_page_is_a_changed_file_not_damage() {
+    // The rest of the page the cut falls in reads as zeros, which the value's checksum refuses:
+    // the reader then finds the file shorter and says so.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("small.lmdb");
+    pack_lmdb(&small_tree(dir.path()), &out, &small_options());
+    let dataset = format::open(&out).unwrap();
+    // A page in the middle: a leaf of sample values, whose values lie at its end, past byte 100.
+    let pages = fs::metadata(&out).unwrap().len() / 4096;
+    cut_under_a_reader(dataset.as_ref(), &out, pages / 2 * 4096 + 100);
+}
+
+#[test]
 fn a_record_shard_cut_short_under_a_reader_is_an_error_not_sigbus() {
     let dir = tempfile::tempdir().unwrap();
     let out = packed_small_records(dir.path(), "small.records");
