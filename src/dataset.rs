@@ -9,7 +9,8 @@
 //! [`Dataset`] is the shared, thread-safe description (`Send + Sync`, cheap to clone behind an
 //! `Arc`), and [`RecordReader`] is a per-worker handle that [`Dataset::open_reader`] creates. A
 //! handle keeps whatever per-thread state its format needs (an LMDB read transaction, a reusable
-//! file buffer) and returns records that borrow from it, so LMDB reads are zero-copy.
+//! file buffer, the copy of a record taken out of a memory map under the SIGBUS guard) and
+//! returns records that borrow from it.
 //! [`LazyReader`] opens that handle on first use, which is what a worker thread wants.
 //!
 //! Panic versus error: an index `>= len()` is a bug in the caller and panics; anything the data on
@@ -495,8 +496,8 @@ impl std::fmt::Debug for dyn Dataset {
 
 /// A per-worker read handle.
 pub trait RecordReader: Send {
-    /// Reads record `index`. The returned record borrows from the handle (zero-copy where the
-    /// format allows) until the next call.
+    /// Reads record `index`. The returned record borrows from the handle (its buffer, or the
+    /// file's map where the format allows) until the next call.
     ///
     /// # Panics
     /// When `index >= len()`.

@@ -3,7 +3,7 @@
 //! The main pieces:
 //! - [`format`](mod@format): datasets on disk. [`format::open`](fn@format::open) opens an ImageFolder tree or a packed file
 //!   behind the [`Dataset`] trait; each worker thread reads through its own [`RecordReader`]
-//!   (zero-copy for LMDB).
+//!   (memory-mapped formats copy each record out of the map once, under a SIGBUS guard).
 //! - [`pack`]: packs an ImageFolder tree into a crash-safe, resumable dataset file (what the
 //!   `pack-dataset` binary runs).
 //! - [`decode`]: JPEG (libjpeg-turbo), PNG and others into caller buffers, with a

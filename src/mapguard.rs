@@ -4,47 +4,82 @@
 //! filesystem returns an I/O error, or another process truncated the file) is not an error
 //! return but a SIGBUS, which ends the process. Datasets small enough are read through at open
 //! ([`crate::pagecache`]), which turns a failing disk into an error there; this module covers
-//! the rest: before a reader hands out a record's bytes from a map, [`check_readable`] touches
-//! one byte of each page under them in a small assembly routine, and a process-wide SIGBUS
-//! handler that finds the fault at that routine's one load instruction resumes it at its exit
-//! with the faulting address instead of letting the signal kill the process. The record is then
-//! an error naming the file and byte ([`Error::Io`], or [`Error::FileChanged`] when the file
-//! has shrunk), and the loader goes on.
+//! the rest. A reader copies each record's bytes out of the map ([`copy_readable`]) in a small
+//! assembly routine before anything parses or decodes them, and a process-wide SIGBUS handler
+//! that finds the fault at that routine's load instruction resumes it at a common exit with the
+//! faulting address instead of letting the signal kill the process. The record is then an error
+//! naming the file and byte ([`Error::Io`], or [`Error::FileChanged`] when the file has
+//! shrunk), and the loader goes on. Scans that only look at a few bytes (headers, offsets)
+//! touch their pages first with [`fault_in`], a second routine of the same kind.
+//!
+//! The copy is the point: a record is parsed, checked and decoded for tens of microseconds to
+//! milliseconds, and a page dropped or cut in that time would fault inside libjpeg-turbo, out
+//! of any guard's reach (a hostile run found exactly that when records were only touched
+//! first). After the copy, nothing reads the map again. It costs a `memcpy` of the record
+//! (tens of nanoseconds for a CIFAR-size JPEG; bench/RESULTS.md).
 //!
 //! This is the way the Linux kernel reads user memory (an exception table: the fault's
 //! instruction address says whether it is expected); no `longjmp`, no thread-local state, so
 //! the handler is async-signal-safe. Any other SIGBUS goes to the handler that was there
 //! before (Rust's own, Python's `faulthandler`, or the default action, which ends the process
-//! as it always did). A handler installed after ours (Python's `faulthandler.enable()` called
-//! after the first dataset is opened) takes the signal first, and the process ends as before.
+//! as it always did; a SIGBUS sent by `kill` ends it too). A handler installed after ours
+//! (Python's `faulthandler.enable()` called after the first dataset is read) takes the signal
+//! first, and the process ends as before.
 //!
-//! What stays unguarded: a page the kernel drops in the microseconds between the touch and the
-//! decoder's read and then cannot read again, and reads liblmdb makes itself (B-tree lookups of
-//! datasets whose values the open's check did not locate). x86-64 and AArch64 Linux only;
-//! elsewhere [`check_readable`] touches the pages without a guard.
+//! What stays unguarded: reads liblmdb makes itself (B-tree lookups of datasets whose values
+//! the open's check did not locate) and the short windows between a [`fault_in`] and the few
+//! header bytes read after it. x86-64 and AArch64 Linux only; elsewhere the routines are a plain
+//! copy and a plain touch.
 
 use std::io;
 use std::path::Path;
 
 use crate::error::{Error, Result};
 
-/// Touches every page under `bytes`, part of the map of the file at `path` whose whole mapping
-/// is `map`: `Ok` when each could be read, else the error for the first that could not (see
-/// the module docs).
-pub(crate) fn check_readable(path: &Path, map: &[u8], bytes: &[u8]) -> Result<()> {
-    check_mapped(path, Some((map.as_ptr() as usize, map.len() as u64)), bytes)
+/// Copies `bytes`, part of the map of the file at `path` whose whole mapping is `map`, into
+/// `out` (cleared first) and returns the copy; else the error for the first page that could
+/// not be read (see the module docs).
+pub(crate) fn copy_readable<'o>(
+    path: &Path,
+    map: &[u8],
+    bytes: &[u8],
+    out: &'o mut Vec<u8>,
+) -> Result<&'o [u8]> {
+    copy_mapped(
+        path,
+        Some((map.as_ptr() as usize, map.len() as u64)),
+        bytes,
+        out,
+    )
 }
 
-/// [`check_readable`] where the map is known by its start address and the file's length when
+/// [`copy_readable`] where the map is known by its start address and the file's length when
 /// it was mapped (`None`: unknown, and the error names no byte).
-pub(crate) fn check_mapped(path: &Path, map: Option<(usize, u64)>, bytes: &[u8]) -> Result<()> {
-    let Err(fault) = fault_in(bytes) else {
-        return Ok(());
-    };
+pub(crate) fn copy_mapped<'o>(
+    path: &Path,
+    map: Option<(usize, u64)>,
+    bytes: &[u8],
+    out: &'o mut Vec<u8>,
+) -> Result<&'o [u8]> {
+    match copy_into(bytes, out) {
+        Ok(()) => Ok(out),
+        Err(fault) => Err(unreadable(path, map, fault)),
+    }
+}
+
+/// Touches every page under `bytes`, part of the map of the file at `path` whose whole mapping
+/// is `map`: `Ok` when each could be read, else the error for the first that could not.
+pub(crate) fn check_readable(path: &Path, map: &[u8], bytes: &[u8]) -> Result<()> {
+    fault_in(bytes)
+        .map_err(|fault| unreadable(path, Some((map.as_ptr() as usize, map.len() as u64)), fault))
+}
+
+/// The error for the faulting address `fault` in the map `map` of the file at `path`.
+fn unreadable(path: &Path, map: Option<(usize, u64)>, fault: usize) -> Error {
     let byte = map.map(|(start, _)| fault.saturating_sub(start));
     let at = byte.map_or_else(|| "a byte".to_string(), |byte| format!("byte {byte}"));
     let shrank = map.and_then(|(_, len)| shrank(path, len, &format!(", and {at} is gone")));
-    Err(match shrank {
+    match shrank {
         Some(e) => e,
         None => Error::Io {
             path: path.to_path_buf(),
@@ -53,7 +88,7 @@ pub(crate) fn check_mapped(path: &Path, map: Option<(usize, u64)>, bytes: &[u8])
                  filesystem failed to supply its page (an I/O error)"
             )),
         },
-    })
+    }
 }
 
 /// [`Error::FileChanged`] when the file at `path` is now shorter than the `len` bytes it had
@@ -78,6 +113,53 @@ pub(crate) const TOUCH_STRIDE: usize = 4096;
 pub(crate) fn past_page_of(bytes: &[u8], fault: usize) -> usize {
     let next_page = (fault / TOUCH_STRIDE + 1) * TOUCH_STRIDE;
     next_page.saturating_sub(bytes.as_ptr() as usize)
+}
+
+/// Copies `bytes` into `out` (cleared first): `Err` with the address that faulted when the
+/// kernel could not supply a page of `bytes` (SIGBUS, caught; `out` is then empty).
+pub(crate) fn copy_into(bytes: &[u8], out: &mut Vec<u8>) -> std::result::Result<(), usize> {
+    out.clear();
+    out.reserve(bytes.len());
+    // SAFETY: the spare capacity holds at least `bytes.len()` bytes, and it is not a part of
+    // `bytes` (which is borrowed while `out` is borrowed mutably).
+    unsafe { copy_raw(out.spare_capacity_mut().as_mut_ptr().cast::<u8>(), bytes) }?;
+    // SAFETY: the routine wrote all `bytes.len()` bytes of the spare capacity (it returned 0).
+    unsafe { out.set_len(bytes.len()) };
+    Ok(())
+}
+
+/// Copies `src` (part of a file's map) into `dst`, of the same length: `Err` with the faulting
+/// address (and `dst` partly written) when a page of `src` is unreadable.
+pub(crate) fn copy_to_slice(dst: &mut [u8], src: &[u8]) -> std::result::Result<(), usize> {
+    assert_eq!(dst.len(), src.len(), "copy_to_slice needs equal lengths");
+    // SAFETY: `dst` is writable for `src.len()` bytes and, borrowed mutably, does not overlap
+    // `src`.
+    unsafe { copy_raw(dst.as_mut_ptr(), src) }
+}
+
+/// The guarded copy of `src` to `dst`.
+///
+/// # Safety
+/// `dst` is valid for writes of `src.len()` bytes and does not overlap `src`.
+unsafe fn copy_raw(dst: *mut u8, src: &[u8]) -> std::result::Result<(), usize> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    #[cfg(guarded_touch)]
+    {
+        install_handler();
+        // SAFETY: `src` is a live slice and `dst` is writable for as many bytes (the caller's
+        // promise): the routine reads `src.len()` bytes from the one and writes as many to the
+        // other, and clobbers only registers the C ABI lets it (see the assembly below).
+        let fault = unsafe { imagefeed_copy_bytes(dst, src.as_ptr(), src.len()) };
+        if fault == 0 { Ok(()) } else { Err(fault) }
+    }
+    #[cfg(not(guarded_touch))]
+    {
+        // SAFETY: the caller's promise.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+        Ok(())
+    }
 }
 
 /// Touches one byte of every page under `bytes`: `Err` with the address that faulted when
@@ -111,15 +193,26 @@ pub(crate) fn fault_in(bytes: &[u8]) -> std::result::Result<(), usize> {
 #[cfg(guarded_touch)]
 unsafe extern "C" {
     /// Loads one byte at `ptr` and at every 4 KiB boundary in `ptr + 1 .. ptr + len`;
-    /// returns 0, or the faulting address when [`on_sigbus`] resumed it at its exit.
+    /// returns 0, or the faulting address when [`on_sigbus`] resumed it at the common exit.
     fn imagefeed_touch_pages(ptr: *const u8, len: usize) -> usize;
-    /// The routine's load instruction: the only place a SIGBUS is expected.
+    /// Copies `len` bytes from `src` to `dst`; returns 0, or the faulting address when
+    /// [`on_sigbus`] resumed it at the common exit.
+    fn imagefeed_copy_bytes(dst: *mut u8, src: *const u8, len: usize) -> usize;
+    /// The touch routine's load instruction.
     static imagefeed_touch_load: u8;
-    /// Where [`on_sigbus`] resumes the routine, with the faulting address as its result.
-    static imagefeed_touch_fault: u8;
+    /// The copy routine's load instruction (`rep movsb` on x86-64; the 16-byte load on
+    /// AArch64, whose byte tail has [`imagefeed_copy_tail_load`]).
+    static imagefeed_copy_load: u8;
+    /// The AArch64 copy's byte-tail load (on x86-64, the same address as the copy's load).
+    static imagefeed_copy_tail_load: u8;
+    /// The common exit [`on_sigbus`] resumes a routine at, with the faulting address in the
+    /// result register. Every routine is a leaf that keeps nothing on the stack, so one `ret`
+    /// serves them all.
+    static imagefeed_guard_fault: u8;
 }
 
-// Arguments: rdi = ptr, rsi = len (non-zero). Result in rax.
+// x86-64 System V: arguments in rdi, rsi, rdx; result in rax; rcx and the direction flag
+// (clear on entry, by the ABI) are the caller's to lose.
 #[cfg(all(guarded_touch, target_arch = "x86_64"))]
 std::arch::global_asm!(
     ".text",
@@ -127,7 +220,7 @@ std::arch::global_asm!(
     ".globl imagefeed_touch_pages",
     ".hidden imagefeed_touch_pages",
     ".type imagefeed_touch_pages, @function",
-    "imagefeed_touch_pages:",
+    "imagefeed_touch_pages:",       // rdi = ptr, rsi = len (non-zero)
     "    lea rsi, [rdi + rsi - 1]", // the last byte
     ".globl imagefeed_touch_load",
     ".hidden imagefeed_touch_load",
@@ -139,14 +232,33 @@ std::arch::global_asm!(
     "    jbe imagefeed_touch_load",
     "    xor eax, eax",
     "    ret",
-    ".globl imagefeed_touch_fault",
-    ".hidden imagefeed_touch_fault",
-    "imagefeed_touch_fault:",
-    "    ret", // rax holds the faulting address (set by the handler)
     ".size imagefeed_touch_pages, . - imagefeed_touch_pages",
+    "",
+    ".p2align 4",
+    ".globl imagefeed_copy_bytes",
+    ".hidden imagefeed_copy_bytes",
+    ".type imagefeed_copy_bytes, @function",
+    "imagefeed_copy_bytes:", // rdi = dst, rsi = src, rdx = len (non-zero)
+    "    mov rcx, rdx",
+    // A fault leaves rip at this instruction (it restarts where it stopped).
+    ".globl imagefeed_copy_load",
+    ".hidden imagefeed_copy_load",
+    ".globl imagefeed_copy_tail_load",
+    ".hidden imagefeed_copy_tail_load",
+    "imagefeed_copy_load:",
+    "imagefeed_copy_tail_load:",
+    "    rep movsb",
+    "    xor eax, eax",
+    "    ret",
+    ".size imagefeed_copy_bytes, . - imagefeed_copy_bytes",
+    "",
+    ".globl imagefeed_guard_fault",
+    ".hidden imagefeed_guard_fault",
+    "imagefeed_guard_fault:",
+    "    ret", // rax holds the faulting address (set by the handler)
 );
 
-// Arguments: x0 = ptr, x1 = len (non-zero). Result in x0.
+// AArch64 (AAPCS64): arguments in x0, x1, x2; result in x0; x3 and v0 are the caller's to lose.
 #[cfg(all(guarded_touch, target_arch = "aarch64"))]
 std::arch::global_asm!(
     ".text",
@@ -154,7 +266,7 @@ std::arch::global_asm!(
     ".globl imagefeed_touch_pages",
     ".hidden imagefeed_touch_pages",
     ".type imagefeed_touch_pages, %function",
-    "imagefeed_touch_pages:",
+    "imagefeed_touch_pages:", // x0 = ptr, x1 = len (non-zero)
     "    add x1, x0, x1",
     "    sub x1, x1, #1", // the last byte
     ".globl imagefeed_touch_load",
@@ -167,11 +279,43 @@ std::arch::global_asm!(
     "    b.ls imagefeed_touch_load",
     "    mov x0, #0",
     "    ret",
-    ".globl imagefeed_touch_fault",
-    ".hidden imagefeed_touch_fault",
-    "imagefeed_touch_fault:",
-    "    ret", // x0 holds the faulting address (set by the handler)
     ".size imagefeed_touch_pages, . - imagefeed_touch_pages",
+    "",
+    ".p2align 4",
+    ".globl imagefeed_copy_bytes",
+    ".hidden imagefeed_copy_bytes",
+    ".type imagefeed_copy_bytes, %function",
+    "imagefeed_copy_bytes:", // x0 = dst, x1 = src, x2 = len (non-zero)
+    "    cmp x2, #16",
+    "    b.lo 2f",
+    "1:",
+    ".globl imagefeed_copy_load",
+    ".hidden imagefeed_copy_load",
+    "imagefeed_copy_load:",
+    "    ldr q0, [x1], #16",
+    "    str q0, [x0], #16",
+    "    sub x2, x2, #16",
+    "    cmp x2, #16",
+    "    b.hs 1b",
+    "2:",
+    "    cbz x2, 4f",
+    "3:",
+    ".globl imagefeed_copy_tail_load",
+    ".hidden imagefeed_copy_tail_load",
+    "imagefeed_copy_tail_load:",
+    "    ldrb w3, [x1], #1",
+    "    strb w3, [x0], #1",
+    "    subs x2, x2, #1",
+    "    b.ne 3b",
+    "4:",
+    "    mov x0, #0",
+    "    ret",
+    ".size imagefeed_copy_bytes, . - imagefeed_copy_bytes",
+    "",
+    ".globl imagefeed_guard_fault",
+    ".hidden imagefeed_guard_fault",
+    "imagefeed_guard_fault:",
+    "    ret", // x0 holds the faulting address (set by the handler)
 );
 
 /// The SIGBUS action in place before ours, which every signal not ours is passed to.
@@ -185,9 +329,9 @@ fn install_handler() {
     INSTALL.call_once(|| {
         // SAFETY: `sigaction` with a zeroed struct whose handler, flags and mask are set: the
         // handler has the SA_SIGINFO signature, and `previous` is written by the kernel before
-        // it is stored, which happens before the first guarded touch can fault (this runs
-        // first in `fault_in`). A SIGBUS between the two calls finds PREVIOUS unset and takes
-        // the default action (see `on_sigbus`).
+        // it is stored, which happens before the first guarded routine can fault (this runs
+        // first in `fault_in` and `copy_raw`). A SIGBUS between the two calls finds PREVIOUS
+        // unset and takes the default action (see `pass_on`).
         unsafe {
             let mut previous: libc::sigaction = std::mem::zeroed();
             if libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut previous) != 0 {
@@ -203,19 +347,24 @@ fn install_handler() {
     });
 }
 
-/// The SIGBUS handler: a fault at the touch routine's load resumes the routine at its exit
-/// with the faulting address as its result; anything else goes to the previous action.
+/// The SIGBUS handler: a fault at one of the routines' load instructions resumes the routine at
+/// the common exit with the faulting address as its result; anything else goes to the
+/// previous action.
 #[cfg(guarded_touch)]
 extern "C" fn on_sigbus(
     signal: libc::c_int,
     info: *mut libc::siginfo_t,
     context: *mut libc::c_void,
 ) {
-    let load = &raw const imagefeed_touch_load as usize;
-    let resume = &raw const imagefeed_touch_fault as usize;
+    let loads = [
+        &raw const imagefeed_touch_load as usize,
+        &raw const imagefeed_copy_load as usize,
+        &raw const imagefeed_copy_tail_load as usize,
+    ];
+    let resume = &raw const imagefeed_guard_fault as usize;
     // SAFETY: the kernel passes a valid siginfo and ucontext to an SA_SIGINFO handler; the
     // registers it saved are the interrupted thread's and are restored from it on return.
-    // A signal sent by a process (si_code <= 0) never counts as the routine's fault.
+    // A signal sent by a process (si_code <= 0) never counts as a routine's fault.
     unsafe {
         let context = &mut *(context as *mut libc::ucontext_t);
         let address = (*info).si_addr() as usize;
@@ -223,7 +372,7 @@ extern "C" fn on_sigbus(
         #[cfg(target_arch = "x86_64")]
         {
             let registers = &mut context.uc_mcontext.gregs;
-            if fault && registers[libc::REG_RIP as usize] as usize == load {
+            if fault && loads.contains(&(registers[libc::REG_RIP as usize] as usize)) {
                 registers[libc::REG_RIP as usize] = resume as i64;
                 registers[libc::REG_RAX as usize] = address.max(1) as i64;
                 return;
@@ -232,7 +381,7 @@ extern "C" fn on_sigbus(
         #[cfg(target_arch = "aarch64")]
         {
             let registers = &mut context.uc_mcontext;
-            if fault && registers.pc as usize == load {
+            if fault && loads.contains(&(registers.pc as usize)) {
                 registers.pc = resume as u64;
                 registers.regs[0] = address.max(1) as u64;
                 return;
@@ -386,6 +535,45 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[cfg(guarded_touch)]
+    #[test]
+    fn a_copy_past_a_truncation_is_an_error_and_leaves_nothing() {
+        let (_dir, path, map) = truncated_map(4, 2 * 4096);
+        let mut out = vec![1, 2, 3];
+        // Lengths around the routines' 16-byte steps, inside the pages still there.
+        for (start, end) in [(0, 1), (5, 21), (0, 2 * 4096), (4090, 4096 + 17)] {
+            assert_eq!(
+                copy_into(&map[start..end], &mut out),
+                Ok(()),
+                "{start}..{end}"
+            );
+            assert_eq!(out, &map[start..end], "{start}..{end}");
+        }
+        let base = map.as_ptr() as usize;
+        // Across the cut: the fault is the first byte of the first missing page.
+        assert_eq!(
+            copy_into(&map[4000..3 * 4096], &mut out),
+            Err(base + 2 * 4096)
+        );
+        assert!(out.is_empty());
+        assert_eq!(
+            copy_into(&map[3 * 4096 + 9..], &mut out),
+            Err(base + 3 * 4096 + 9)
+        );
+        let mut buffer = Vec::new();
+        match copy_readable(&path, &map, &map[2 * 4096 - 3..], &mut buffer) {
+            Err(Error::FileChanged { change, .. }) => {
+                assert!(change.contains("byte 8192 is gone"), "{change}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // And the map's pages that are there still copy.
+        assert_eq!(
+            copy_readable(&path, &map, &map[..9], &mut buffer).unwrap(),
+            &map[..9]
+        );
     }
 
     /// Runs the ignored test `name` of this binary in a child process; its exit status (a

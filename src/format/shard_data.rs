@@ -134,9 +134,7 @@ impl ShardData {
                         format!("bytes {offset}..+{len} are past the shard's end"),
                     ),
                 })?;
-                crate::mapguard::check_readable(&self.name, mapped.bytes(), bytes)?;
-                out.clear();
-                out.extend_from_slice(bytes);
+                crate::mapguard::copy_readable(&self.name, mapped.bytes(), bytes, out)?;
                 Ok(())
             }
             #[cfg(feature = "remote")]

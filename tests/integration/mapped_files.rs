@@ -147,6 +147,75 @@ fn a_loader_over_a_file_cut_short_fails_the_batch_naming_it() {
     }
 }
 
+/// Cuts `file` (a copy of `packed`, made fresh each round) to nothing at a varying moment while
+/// a loader's workers read and decode it, `rounds` times: each run ends with `FileChanged` (or
+/// an I/O error) naming it, never a signal. Records used to be only touched before the decoder
+/// read them from the map, and a cut during the decode was SIGBUS inside libjpeg-turbo.
+fn cut_while_decoding(packed: &Path, file: impl Fn(&Path) -> PathBuf, rounds: u32) {
+    for round in 0..rounds {
+        let dir = tempfile::tempdir().unwrap();
+        let copy = dir.path().join(packed.file_name().unwrap());
+        if packed.is_dir() {
+            support::copy_tree(packed, &copy);
+        } else {
+            fs::copy(packed, &copy).unwrap();
+        }
+        let dataset = format::open(&copy).unwrap();
+        let loader = Loader::new(
+            dataset,
+            LoaderConfig::default()
+                .with_batch_size(4)
+                .with_workers(2)
+                .with_seed(u64::from(round))
+                .with_transform(Transform::cifar()),
+        )
+        .unwrap();
+        let target = file(&copy);
+        std::thread::scope(|s| {
+            let reading = s.spawn(|| {
+                for epoch in 0.. {
+                    for batch in loader.epoch(epoch) {
+                        if let Err(e) = batch {
+                            return e;
+                        }
+                    }
+                }
+                unreachable!()
+            });
+            std::thread::sleep(std::time::Duration::from_micros(
+                200 + 700 * u64::from(round),
+            ));
+            fs::OpenOptions::new()
+                .write(true)
+                .open(&target)
+                .unwrap()
+                .set_len(0)
+                .unwrap();
+            match reading.join().unwrap() {
+                Error::FileChanged { path, .. } | Error::Io { path, .. } => {
+                    assert_eq!(path, target, "round {round}")
+                }
+                other => panic!("round {round}: {other}"),
+            }
+        });
+    }
+}
+
+#[test]
+fn an_lmdb_cut_while_workers_decode_never_kills_the_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("small.lmdb");
+    pack_lmdb(&small_tree(dir.path()), &out, &small_options());
+    cut_while_decoding(&out, Path::to_path_buf, 12);
+}
+
+#[test]
+fn a_record_shard_cut_while_workers_decode_never_kills_the_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = packed_small_records(dir.path(), "small.records");
+    cut_while_decoding(&out, |copy| largest_file(copy, ".tfrecord"), 12);
+}
+
 /// The largest file under `dir` whose name ends with `suffix`.
 fn largest_file(dir: &Path, suffix: &str) -> PathBuf {
     fs::read_dir(dir)

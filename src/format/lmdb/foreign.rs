@@ -136,6 +136,7 @@ pub(super) fn open_folder2lmdb(
         }
     };
     let len_value = get(b"__len__")?.ok_or_else(not_ours)?;
+    let map = super::reader::EnvMap::of(&bounds, len_value);
     let len = match pickle::parse(len_value) {
         Ok(pickle::Value::Int(n)) if n >= 0 => n as u64,
         _ => {
@@ -206,6 +207,7 @@ pub(super) fn open_folder2lmdb(
     Ok(Lmdb {
         path: path.to_path_buf(),
         env: Arc::clone(env),
+        map,
         bounds,
         located: None,
         layout: Layout::Folder2Lmdb {

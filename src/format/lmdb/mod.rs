@@ -47,7 +47,9 @@
 //! heed allows one open environment per file per process. [`Lmdb::open`] therefore shares one
 //! environment between every `Lmdb` value of the same file, and each [`RecordReader`](crate::dataset::RecordReader) holds its
 //! own read transaction (created without thread-local storage, so it can move to a worker).
-//! Reads return slices into the memory map: zero-copy.
+//! Reads copy each value out of the memory map once, under the SIGBUS guard
+//! ([`crate::mapguard`]: a page the disk cannot supply, or a file cut under the map, is an
+//! error, not a dead process), and return slices of that copy.
 //!
 //! # Page cache
 //!

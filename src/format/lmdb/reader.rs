@@ -1,5 +1,6 @@
 //! [`Lmdb`]: opens an imagefeed or folder2lmdb LMDB file (its structure checked before liblmdb
-//! touches it) and reads records zero-copy from per-worker handles.
+//! touches it) and reads records from per-worker handles, each value copied once out of the map
+//! under the SIGBUS guard ([`crate::mapguard`]) before it is parsed.
 
 use std::collections::HashMap;
 use std::fs;
@@ -25,6 +26,7 @@ use super::{
     CHECKSUMS_DB, CHECKSUMS_SINCE, INFO_KEY, LMDB_FILE_MAGIC, META_DB, PROGRESS_KEY, SAMPLES_DB,
     corrupt, decode_value, parse_info, parse_progress, sample_key, tree,
 };
+use crate::mapguard::copy_mapped;
 
 pub(super) type ReadEnv = Env<WithoutTls>;
 
@@ -175,6 +177,39 @@ pub struct Lmdb {
     pub(super) progress: Option<PackProgress>,
     /// What opening found that a user should hear about (labels left out of the classes).
     pub(super) notices: Vec<String>,
+    /// The environment's map (see [`EnvMap`]).
+    pub(super) map: EnvMap,
+}
+
+/// Where an environment's map starts and the file's length when it was opened (`None` where
+/// the process's maps are unknown): a new reader's transaction reads the meta pages through the
+/// map (in liblmdb), which are touched through the SIGBUS guard first ([`crate::mapguard`]): a
+/// file cut short since the open is then [`Error::FileChanged`], not a dead process.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct EnvMap(Option<(usize, u64)>);
+
+impl EnvMap {
+    /// The map that `value`, a value the environment returned, lies in.
+    pub(super) fn of(bounds: &MapBounds, value: &[u8]) -> EnvMap {
+        EnvMap(bounds.map_of(value))
+    }
+
+    /// Touches the pages a transaction begins by reading (the two meta pages, whatever the
+    /// file's page size) through the guard.
+    fn check_meta_pages(&self, path: &Path) -> Result<()> {
+        /// Two meta pages of LMDB's largest page size.
+        const META_BYTES: usize = 2 * 65536;
+        let Some((start, file_len)) = self.0 else {
+            return Ok(());
+        };
+        let len = usize::try_from(file_len).unwrap_or(usize::MAX);
+        // SAFETY: `start` is where a map of the file that holds a value liblmdb returned
+        // begins, and `len` at most its length (`MapBounds`): the environment's map, which
+        // lives while the environment does, and the caller's `Lmdb` holds that. The bytes are
+        // only read through the guard.
+        let map = unsafe { std::slice::from_raw_parts(start as *const u8, len) };
+        crate::mapguard::check_readable(path, map, &map[..len.min(META_BYTES)])
+    }
 }
 
 impl std::fmt::Debug for Lmdb {
@@ -228,6 +263,7 @@ impl Lmdb {
         let get = |key: &str| meta_text(path, &bounds, &meta, &rtxn, key);
         let info_text =
             get(INFO_KEY)?.ok_or_else(|| Error::not_a_dataset(path, "meta/info is missing"))?;
+        let map = EnvMap::of(&bounds, info_text.as_bytes());
         let record = parse_info(path, info_text)?;
         let progress = match get(PROGRESS_KEY)? {
             Some(text) => Some(parse_progress(path, text)?),
@@ -275,6 +311,7 @@ impl Lmdb {
         rtxn.commit().map_err(|e| Error::lmdb(path, e))?;
         Ok(Lmdb {
             path: path.to_path_buf(),
+            map,
             env,
             bounds,
             located,
@@ -617,6 +654,7 @@ impl Dataset for Lmdb {
     }
 
     fn open_reader(&self) -> Result<Box<dyn RecordReader>> {
+        self.map.check_meta_pages(&self.path)?;
         let txn = ReadEnv::clone(&self.env)
             .static_read_txn()
             .map_err(|e| Error::lmdb(&self.path, e))?;
@@ -635,6 +673,7 @@ impl Dataset for Lmdb {
                 Vec::new()
             },
             decoded: Vec::new(),
+            copied: Vec::new(),
         }))
     }
 }
@@ -716,6 +755,10 @@ struct LmdbReader {
     found: Vec<(usize, usize)>,
     /// A folder2lmdb image that had to be decoded (pickle protocols 0 to 2).
     decoded: Vec<u8>,
+    /// The value last read, copied out of the map before it is parsed
+    /// ([`crate::mapguard::copy_mapped`]): a page the disk cannot supply, or a file cut under
+    /// the map, is then an error here rather than SIGBUS in the decoder.
+    copied: Vec<u8>,
 }
 
 impl LmdbReader {
@@ -823,7 +866,9 @@ impl RecordReader for LmdbReader {
                         .map(|value| self.bounds.check(value))?,
                 }
                 .map_err(|reason| corrupt(&self.path, index, &format!("#{index}"), reason))?;
-                crate::mapguard::check_mapped(&self.path, self.bounds.map_of(value), value)?;
+                // Out of the map before anything reads it (`mapguard`).
+                let map = self.bounds.map_of(value);
+                let value = copy_mapped(&self.path, map, value, &mut self.copied)?;
                 let decoded = decode_value(value);
                 if let Some(checksums) = checksums {
                     let computed = crc32c::crc32c(value);
@@ -833,7 +878,6 @@ impl RecordReader for LmdbReader {
                             .map_or_else(|_| format!("#{index}"), |d| d.1.to_string());
                         // A file cut inside this value's last page reads as zeros from the
                         // cut on: a changed file, not damage.
-                        let map = self.bounds.map_of(value);
                         if let Some(e) =
                             map.and_then(|(_, len)| crate::mapguard::shrank(&self.path, len, ""))
                         {
@@ -857,7 +901,8 @@ impl RecordReader for LmdbReader {
                     .bounds
                     .check(value)
                     .map_err(|reason| corrupt(&self.path, index, key, reason))?;
-                crate::mapguard::check_mapped(&self.path, self.bounds.map_of(value), value)?;
+                let map = self.bounds.map_of(value);
+                let value = copy_mapped(&self.path, map, value, &mut self.copied)?;
                 let (image, label) = pickle::image_and_label(value)
                     .map_err(|reason| corrupt(&self.path, index, key, reason))?;
                 let label = self

@@ -481,17 +481,14 @@ fn sample_span(
     Ok(begin..end)
 }
 
-/// The bytes of sample `within` (of `samples`) of an MDS shard, and of the parts of the shard's
-/// header that locate it, read through the guard of [`crate::mapguard`]: a page the disk cannot
-/// supply is an error naming the shard, not SIGBUS.
-fn check_sample_readable(path: &Path, bytes: &[u8], samples: usize, within: usize) -> Result<()> {
+/// Checks that the parts of an MDS shard's header that locate sample `within` can be read
+/// ([`crate::mapguard`]): a page the disk cannot supply is an error naming the shard, not
+/// SIGBUS.
+fn check_place_readable(path: &Path, bytes: &[u8], within: usize) -> Result<()> {
     for part in sample_place(within) {
         if let Some(part) = bytes.get(part) {
             crate::mapguard::check_readable(path, bytes, part)?;
         }
-    }
-    if let Ok(span) = sample_span(bytes, samples, within) {
-        crate::mapguard::check_readable(path, bytes, &bytes[span])?;
     }
     Ok(())
 }
@@ -525,7 +522,14 @@ fn sample_columns<'a>(
     layout: &Layout,
 ) -> std::result::Result<SampleColumns<'a>, String> {
     let span = sample_span(bytes, samples, within)?;
-    let sample = &bytes[span];
+    columns_of(&bytes[span], layout)
+}
+
+/// The wanted columns of one sample's bytes (the span [`sample_span`] gives).
+fn columns_of<'a>(
+    sample: &'a [u8],
+    layout: &Layout,
+) -> std::result::Result<SampleColumns<'a>, String> {
     let variable = layout.columns.iter().filter(|c| c.size.is_none()).count();
     let mut at = 4 * variable;
     if at > sample.len() {
@@ -683,6 +687,7 @@ impl Dataset for Mds {
             key: String::new(),
             pixels: Vec::new(),
             held: HeldShard::default(),
+            copied: Vec::new(),
         }))
     }
 }
@@ -694,6 +699,9 @@ struct MdsReader {
     /// A `pil` sample's pixels, as a raw payload.
     pixels: Vec<u8>,
     held: HeldShard,
+    /// The sample last read, copied out of its shard's map before it is parsed
+    /// ([`crate::mapguard::copy_readable`]).
+    copied: Vec<u8>,
 }
 
 impl Shared {
@@ -721,9 +729,14 @@ impl RecordReader for MdsReader {
             reason,
         };
         let bytes = self.held.bytes(number, &shard.data)?;
-        check_sample_readable(&shard.path, bytes, shard.samples, within)?;
-        let columns = sample_columns(bytes, shard.samples, within, &shared.layout)
+        check_place_readable(&shard.path, bytes, within)?;
+        let span = sample_span(bytes, shard.samples, within)
             .map_err(|reason| corrupt(&self.key, reason))?;
+        // Out of the map before anything reads it (`mapguard`).
+        let sample =
+            crate::mapguard::copy_readable(&shard.path, bytes, &bytes[span], &mut self.copied)?;
+        let columns =
+            columns_of(sample, &shared.layout).map_err(|reason| corrupt(&self.key, reason))?;
         // A key column names the sample when it holds text (else the shard's name does).
         if let Some(key) = columns.key.and_then(|k| std::str::from_utf8(k).ok())
             && !key.is_empty()
@@ -766,7 +779,15 @@ impl RecordReader for MdsReader {
         }
         let (number, within) = shared.locate(index);
         let shard = &shared.shards[number];
+        let variable = shared
+            .layout
+            .columns
+            .iter()
+            .filter(|c| c.size.is_none())
+            .count();
+        // The sample's place is read from the shard's header: through the guard, as a read.
         if let Some(mapped) = shard.data.get_if_resident()
+            && sample_sizes_readable(mapped.bytes(), shard.samples, within, variable)
             && let Ok(columns) =
                 sample_columns(mapped.bytes(), shard.samples, within, &shared.layout)
         {

@@ -25,9 +25,10 @@
 //! # Reading
 //!
 //! Shards and indexes are memory-mapped (memmap2). At open each index is parsed once, giving
-//! O(1) access to any record; reading returns `image/encoded` as a slice of the mapped shard
-//! (zero-copy). Both CRCs are checked on every read: a corrupt record, or one an index places
-//! past the end of a truncated shard, is a bad sample naming the shard and record, never a crash.
+//! O(1) access to any record; reading copies the record out of the mapped shard once, under the
+//! SIGBUS guard ([`crate::mapguard`]), and returns `image/encoded` as a slice of that copy. Both
+//! CRCs are checked on every read: a corrupt record, or one an index places past the end of a
+//! truncated shard, is a bad sample naming the shard and record, never a crash.
 //!
 //! Shards without an imagefeed manifest (a directory of `*.tfrecord` / `*-NNNNN-of-NNNNN` files,
 //! or a single shard) are read too. The label base is then an option (0, or 1 for ImageNet

@@ -565,7 +565,7 @@ impl Dataset for Records {
             shared: Arc::clone(&self.shared),
             key: String::new(),
             held: HeldShard::default(),
-            ranged: Vec::new(),
+            copied: Vec::new(),
             #[cfg(feature = "remote")]
             ahead: ReadAhead::default(),
         }))
@@ -578,8 +578,11 @@ struct RecordsReader {
     key: String,
     /// The shard last read.
     held: HeldShard,
-    /// The last record read with a ranged GET, from a shard read record by record.
-    ranged: Vec<u8>,
+    /// The last record read: fetched with a ranged GET (a shard read record by record), or
+    /// copied out of its shard's map before it is parsed ([`crate::mapguard::copy_readable`]:
+    /// a page the disk cannot supply, or a shard cut under the map, is then an error here
+    /// rather than SIGBUS in the decoder).
+    copied: Vec<u8>,
     /// Ranged reads started ahead of need.
     #[cfg(feature = "remote")]
     ahead: ReadAhead,
@@ -665,15 +668,15 @@ impl RecordReader for RecordsReader {
             {
                 let started = self.ahead.take(index);
                 let read = match started {
-                    Some(read) => read.wait(&mut self.ranged),
-                    None => shard.data.read_range(offset, len, &mut self.ranged),
+                    Some(read) => read.wait(&mut self.copied),
+                    None => shard.data.read_range(offset, len, &mut self.copied),
                 };
                 self.ahead.top_up(shared);
                 read?;
             }
             #[cfg(not(feature = "remote"))]
-            shard.data.read_range(offset, len, &mut self.ranged)?;
-            &self.ranged[..]
+            shard.data.read_range(offset, len, &mut self.copied)?;
+            &self.copied[..]
         } else {
             let map = self.held.bytes(number, &shard.data)?;
             let bytes = record_bytes(map, offset, len).ok_or_else(|| {
@@ -687,8 +690,7 @@ impl RecordReader for RecordsReader {
                     ),
                 )
             })?;
-            crate::mapguard::check_readable(&shard.path, map, bytes)?;
-            bytes
+            crate::mapguard::copy_readable(&shard.path, map, bytes, &mut self.copied)?
         };
         let data = unframe(bytes).map_err(|reason| {
             // A shard cut short under its map reads as zeros to the end of the page the cut

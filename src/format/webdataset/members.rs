@@ -129,8 +129,8 @@ fn next_header(bytes: &[u8], from: u64) -> u64 {
     end
 }
 
-/// A cursor over bytes that may be a file's map, for the tar reader: each read goes through
-/// [`crate::mapguard`] first, so a page the disk cannot supply is an I/O error (the member is
+/// A cursor over bytes that may be a file's map, for the tar reader: each read is a guarded
+/// copy ([`crate::mapguard`]), so a page the disk cannot supply is an I/O error (the member is
 /// then damage, named with it) where reading it would be SIGBUS.
 struct GuardedCursor<'a>(Cursor<&'a [u8]>);
 
@@ -141,10 +141,11 @@ impl std::io::Read for GuardedCursor<'_> {
             .unwrap_or(usize::MAX)
             .min(bytes.len());
         let wanted = &bytes[start..bytes.len().min(start.saturating_add(buf.len()))];
-        crate::mapguard::fault_in(wanted).map_err(|_| {
+        crate::mapguard::copy_to_slice(&mut buf[..wanted.len()], wanted).map_err(|_| {
             std::io::Error::other("the disk failed to supply a page of it (an I/O error)")
         })?;
-        self.0.read(buf)
+        self.0.set_position((start + wanted.len()) as u64);
+        Ok(wanted.len())
     }
 }
 

@@ -372,6 +372,7 @@ impl Dataset for WebDataset {
             shared: Arc::clone(&self.shared),
             key: String::new(),
             held: HeldShard::default(),
+            copied: Vec::new(),
         }))
     }
 }
@@ -382,6 +383,9 @@ struct WebDatasetReader {
     key: String,
     /// The shard last read.
     held: HeldShard,
+    /// The sample last read, copied out of its shard's map before it is parsed
+    /// ([`crate::mapguard::copy_readable`]).
+    copied: Vec<u8>,
 }
 
 impl RecordReader for WebDatasetReader {
@@ -407,7 +411,8 @@ impl RecordReader for WebDatasetReader {
         }
         let bytes = slice(map, shard.samples[within])
             .ok_or_else(|| corrupt(&unnamed(), "its bytes lie past the shard's end".into()))?;
-        crate::mapguard::check_readable(&shard.path, map, bytes)?;
+        // Out of the map before anything reads it (`mapguard`).
+        let bytes = crate::mapguard::copy_readable(&shard.path, map, bytes, &mut self.copied)?;
         let members = members(bytes).map_err(|reason| corrupt(&unnamed(), reason))?;
         let payload = members.image().ok_or_else(|| {
             let fields: Vec<&str> = members.fields.iter().map(|(f, _)| f.as_str()).collect();
