@@ -562,6 +562,11 @@ mod tests {
             copy_into(&map[3 * 4096 + 9..], &mut out),
             Err(base + 3 * 4096 + 9)
         );
+        // Fewer than 16 bytes: AArch64's byte tail faults, not its 16-byte loop.
+        assert_eq!(
+            copy_into(&map[2 * 4096 - 5..2 * 4096 + 3], &mut out),
+            Err(base + 2 * 4096)
+        );
         let mut buffer = Vec::new();
         match copy_readable(&path, &map, &map[2 * 4096 - 3..], &mut buffer) {
             Err(Error::FileChanged { change, .. }) => {
