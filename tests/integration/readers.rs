@@ -405,6 +405,11 @@ fn files_that_are_not_datasets_are_refused_clearly() {
     let tiny = dir.path().join("tiny.lmdb");
     fs::write(&tiny, b"").unwrap();
     assert!(matches!(Lmdb::open(&tiny), Err(Error::NotADataset { .. })));
+    let err = format::open(&tiny).unwrap_err();
+    assert!(
+        matches!(&err, Error::NotADataset { reason, .. } if reason.contains("empty (0 bytes)")),
+        "{err:?}"
+    );
 
     let missing = dir.path().join("missing.lmdb");
     let err = format::open(&missing).unwrap_err();
