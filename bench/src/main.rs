@@ -733,10 +733,19 @@ fn run() -> Result<()> {
                                 let mut rgb = Vec::new();
                                 let mut local = 0u64;
                                 for index in (t * n / threads)..((t + 1) * n / threads) {
-                                    // A sample that fails to read or decode is counted, not fatal.
-                                    let Ok(record) = reader.read(index) else {
-                                        bad.fetch_add(1, Ordering::Relaxed);
-                                        continue;
+                                    // A sample that fails to read or decode is counted, not
+                                    // fatal; a file changed since the open (or a full cache)
+                                    // is, as in the loader: every later read would fail too.
+                                    let record = match reader.read(index) {
+                                        Ok(record) => record,
+                                        Err(
+                                            e @ (imagefeed::Error::FileChanged { .. }
+                                            | imagefeed::Error::CacheFull { .. }),
+                                        ) => return Err(e.into()),
+                                        Err(_) => {
+                                            bad.fetch_add(1, Ordering::Relaxed);
+                                            continue;
+                                        }
                                     };
                                     local += record.payload.len() as u64;
                                     if decode
