@@ -28,8 +28,23 @@ pub struct Problem {
     pub index: Option<usize>,
     /// Record key or source path (relative), or `classes`.
     pub key: String,
+    /// Which kind of problem it is.
+    pub kind: ProblemKind,
     /// What is wrong.
     pub problem: String,
+}
+
+/// The kinds of [`Problem`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProblemKind {
+    /// The record could not be read (damaged, or the disk failed).
+    Unreadable,
+    /// The record reads, but its image does not decode.
+    Undecodable,
+    /// The dataset differs from its source tree (`--against`): a record's bytes, size, pixels
+    /// or label, the classes, the order, or a source file missing.
+    Mismatch,
 }
 
 /// The result of [`verify`].
@@ -99,6 +114,7 @@ fn verify_dataset(
         problems.push(Problem {
             index: None,
             key: "classes".into(),
+            kind: ProblemKind::Mismatch,
             problem: format!(
                 "dataset has classes {:?}, source has {:?}",
                 dataset.classes(),
@@ -136,6 +152,7 @@ fn verify_dataset(
             if last_source_index.is_some_and(|last| si <= last) {
                 problems.push(Problem {
                     index: Some(index),
+                    kind: ProblemKind::Mismatch,
                     key: source.as_ref().expect("source set").entries()[si]
                         .key
                         .clone(),
@@ -162,6 +179,7 @@ fn verify_dataset(
             if ok {
                 problems.push(Problem {
                     index: None,
+                    kind: ProblemKind::Mismatch,
                     key: source.entries()[i].key.clone(),
                     problem: "decodable source file is missing from the dataset".into(),
                 });
@@ -195,11 +213,16 @@ impl Checker<'_> {
         let problem = |key: &str, problem: String| Problem {
             index: None,
             key: key.to_string(),
+            kind: ProblemKind::Mismatch,
             problem,
         };
+        let of_kind = |kind, p: Problem| Problem { kind, ..p };
         let record = match record {
             Ok(r) => r,
-            Err(unread) => return (None, vec![problem(&unread.key, unread.message)]),
+            Err(unread) => {
+                let p = problem(&unread.key, unread.message);
+                return (None, vec![of_kind(ProblemKind::Unreadable, p)]);
+            }
         };
         let mut problems = Vec::new();
         let mut pixels = Vec::new();
@@ -208,7 +231,10 @@ impl Checker<'_> {
             Err(e) => {
                 return (
                     None,
-                    vec![problem(record.key, format!("payload does not decode: {e}"))],
+                    vec![of_kind(
+                        ProblemKind::Undecodable,
+                        problem(record.key, format!("payload does not decode: {e}")),
+                    )],
                 );
             }
         };

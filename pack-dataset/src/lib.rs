@@ -679,9 +679,14 @@ fn run(cli: Cli) -> Result<u8> {
                 out!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 for p in &report.problems {
+                    let kind = match p.kind {
+                        imagefeed::verify::ProblemKind::Unreadable => "UNREADABLE",
+                        imagefeed::verify::ProblemKind::Undecodable => "UNDECODABLE",
+                        imagefeed::verify::ProblemKind::Mismatch => "MISMATCH",
+                    };
                     match p.index {
-                        Some(i) => out!("MISMATCH record {i} ({}): {}", p.key, p.problem),
-                        None => out!("MISMATCH {}: {}", p.key, p.problem),
+                        Some(i) => out!("{kind} record {i} ({}): {}", p.key, p.problem),
+                        None => out!("{kind} {}: {}", p.key, p.problem),
                     }
                 }
                 let against = match &report.against {

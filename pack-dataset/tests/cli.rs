@@ -321,6 +321,23 @@ fn verify_mismatch_exits_one_and_lists_it() {
         text.contains("MISMATCH record 5 (class01/img00002.jpg): payload"),
         "{text}"
     );
+    // A record that cannot be read is said to be unreadable, not a mismatch.
+    let bytes = std::fs::read(&out).unwrap();
+    let record = std::fs::read(src.join("class00/img00000.jpg")).unwrap();
+    let at = bytes
+        .windows(record.len())
+        .position(|w| w == record.as_slice())
+        .expect("the record's bytes are in the file");
+    let mut damaged = bytes.clone();
+    damaged[at + record.len() / 2] ^= 0x40;
+    std::fs::write(&out, &damaged).unwrap();
+    let verified = run(&[&"verify", &out]);
+    assert_eq!(verified.status.code(), Some(1));
+    let text = stdout(&verified);
+    assert!(
+        text.contains("UNREADABLE record 0 (class00/img00000.jpg)"),
+        "{text}"
+    );
     assert!(text.contains("1 problems"), "{text}");
 }
 

@@ -6,7 +6,7 @@ types, for logging and ``torch.save``), to a type checker their keys and value t
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, TypedDict
+from typing import Any, Dict, List, Literal, Optional, TypedDict
 
 __all__ = [
     "Rejection",
@@ -120,10 +120,13 @@ class Inspection(_InspectionOptional):
 
 class Problem(TypedDict):
     """One thing wrong: the record's index (None when not about one record), its key or source
-    path, and what is wrong."""
+    path, its kind (``"unreadable"``: the record could not be read; ``"undecodable"``: its
+    image does not decode; ``"mismatch"``: the dataset differs from its source tree), and what
+    is wrong."""
 
     index: Optional[int]
     key: str
+    kind: Literal["unreadable", "undecodable", "mismatch"]
     problem: str
 
 

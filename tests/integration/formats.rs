@@ -1147,6 +1147,12 @@ fn a_byte_changed_in_a_stored_payload_or_label_is_a_bad_record_in_every_format()
         let report = verify::verify(&path, None).unwrap();
         assert_eq!(report.problems.len(), 1, "{name}: {:?}", report.problems);
         assert_eq!(report.problems[0].index, Some(index), "{name}");
+        // A record its checksum refuses cannot be read: not a mismatch with any source.
+        assert_eq!(
+            report.problems[0].kind,
+            verify::ProblemKind::Unreadable,
+            "{name}"
+        );
         if format != PackFormat::Records {
             assert_eq!(report.problems[0].key, key, "{name}");
         }
