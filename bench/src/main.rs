@@ -514,6 +514,8 @@ fn load_config(args: &LoadArgs) -> (LoaderConfig, Transform) {
 struct EpochRun {
     images: usize,
     bad_samples: usize,
+    /// The first bad sample's key and why it was bad (what the count alone does not say).
+    first_bad: Option<String>,
     /// Seconds from the epoch's start to its first batch.
     first_batch: f64,
     /// With `--cold` or `--reopen`: seconds of the epoch spent opening the dataset and making
@@ -529,6 +531,7 @@ struct EpochRun {
 fn run_epoch(loader: &Loader, epoch: u64, digest: bool) -> Result<EpochRun> {
     let mut images = 0usize;
     let mut bad_samples = 0usize;
+    let mut first_bad = None;
     let mut hasher = Sha256::new();
     let started = Instant::now();
     let mut first_batch = None;
@@ -537,6 +540,11 @@ fn run_epoch(loader: &Loader, epoch: u64, digest: bool) -> Result<EpochRun> {
         first_batch.get_or_insert_with(|| started.elapsed().as_secs_f64());
         images += batch.len();
         bad_samples += batch.bad.len();
+        if first_bad.is_none()
+            && let Some(bad) = batch.bad.first()
+        {
+            first_bad = Some(format!("{}: {}", bad.key, bad.reason));
+        }
         if digest {
             hasher.update(batch.bytes());
             for label in &batch.labels {
@@ -547,6 +555,7 @@ fn run_epoch(loader: &Loader, epoch: u64, digest: bool) -> Result<EpochRun> {
     Ok(EpochRun {
         images,
         bad_samples,
+        first_bad,
         first_batch: first_batch.unwrap_or(0.0),
         setup: None,
         digest: digest.then_some(hasher),
@@ -567,6 +576,7 @@ fn print_epoch(
     let EpochRun {
         images,
         bad_samples,
+        first_bad,
         first_batch,
         setup,
         ..
@@ -580,6 +590,9 @@ fn print_epoch(
             "first_batch_seconds": first_batch,
             "bad": bad_samples,
         });
+        if let Some(first) = &first_bad {
+            line["first_bad"] = serde_json::json!(first);
+        }
         if let Some(setup) = setup {
             line["setup_seconds"] = serde_json::json!(setup);
         }
@@ -624,6 +637,10 @@ fn print_epoch(
         line.push_str(&format!(", sha256 {:x}", hasher.finalize()));
     }
     println!("{line}");
+    if let Some(first) = first_bad {
+        // On stderr: scripts that read the epoch lines see them as before.
+        eprintln!("  first bad sample of epoch {epoch}: {first}");
+    }
 }
 
 /// The stage times of the timed epochs (and the median share of the decode ceiling), or the

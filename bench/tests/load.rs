@@ -88,3 +88,72 @@ fn decode_references_bracket_every_timed_epoch() {
     let plain = load(&common[..common.len() - 2]);
     assert!(!plain.contains("of ceiling"), "{plain}");
 }
+
+#[test]
+fn an_epoch_with_bad_samples_names_the_first_and_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("tree");
+    let spec = SyntheticSpec {
+        classes: 2,
+        per_class: 4,
+        width: 32,
+        height: 32,
+        ..SyntheticSpec::default()
+    };
+    synthetic::write_image_folder(&root, &spec).unwrap();
+    let class = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.is_dir())
+        .unwrap();
+    std::fs::write(class.join("zz-broken.jpg"), b"\xff\xd8\xff not a JPEG").unwrap();
+    let run = |json: bool| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_imagefeed-bench"));
+        command.args([
+            "load",
+            root.to_str().unwrap(),
+            "--workers",
+            "1",
+            "--batch-size",
+            "4",
+            "--warmup",
+            "0",
+            "--epochs",
+            "1",
+            "--transform",
+            "cifar",
+            "--max-bad",
+            "none",
+        ]);
+        if json {
+            command.arg("--json");
+        }
+        let o = command.output().expect("imagefeed-bench runs");
+        assert!(o.status.success(), "{o:?}");
+        (
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (text, errors) = run(false);
+    assert!(text.contains(", 1 bad,"), "{text}");
+    let first = errors
+        .lines()
+        .find(|l| l.contains("first bad sample of epoch 0: "))
+        .unwrap_or_else(|| panic!("{errors}"));
+    assert!(first.contains("zz-broken.jpg"), "{first}");
+    let (json, _) = run(true);
+    let epoch: Value = json
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|v| v["event"] == "epoch")
+        .unwrap();
+    assert_eq!(epoch["bad"], 1, "{epoch}");
+    assert!(
+        epoch["first_bad"]
+            .as_str()
+            .unwrap()
+            .contains("zz-broken.jpg"),
+        "{epoch}"
+    );
+}
