@@ -26,7 +26,9 @@ impl Mapped {
     /// shared lock) as long as the mapping lives.
     pub(crate) fn new(path: &Path, file: fs::File, hold: bool) -> Result<Mapped> {
         // SAFETY: a read-only mapping of a shard or cache entry imagefeed never modifies; every
-        // read is bounds-checked against the length the file had when mapped.
+        // read is bounds-checked against the length the file had when mapped, and goes through
+        // `mapguard` (a record copied out, a header touched first), so a file cut or a page
+        // the disk cannot supply is an error rather than SIGBUS.
         let map = unsafe { Mmap::map(&file) }.at(path)?;
         Ok(Mapped {
             map,
