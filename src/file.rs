@@ -62,10 +62,11 @@ pub fn open_regular(path: &Path) -> Result<(fs::File, u64)> {
     Ok((file, meta.len()))
 }
 
-/// Reads the first `want` bytes of the regular file at `path` (fewer if it is shorter): an
-/// error naming the file when the read fails, or ends before the file's length says it should
-/// (a failing disk or network filesystem), rather than bytes that look like another format.
-pub fn check_head_readable(path: &Path, want: u64) -> Result<()> {
+/// Reads the first `want` bytes of the regular file at `path` (fewer if it is shorter) and
+/// returns the file's length: an error naming the file when the read fails, or ends before the
+/// file's length says it should (a failing disk or network filesystem), rather than bytes that
+/// look like another format.
+pub fn check_head_readable(path: &Path, want: u64) -> Result<u64> {
     let (file, len) = open_regular(path)?;
     let want = want.min(len);
     let mut head = Vec::new();
@@ -83,7 +84,7 @@ pub fn check_head_readable(path: &Path, want: u64) -> Result<()> {
             ),
         ));
     }
-    Ok(())
+    Ok(len)
 }
 
 /// Reads the image file at `path` into `buffer` (cleared first; its capacity is reused).

@@ -458,9 +458,13 @@ unsafe fn end_with(signal: libc::c_int) {
 }
 
 /// `bytes` written to a file, mapped, and the file then cut to `keep` bytes: reading the map
-/// past `keep` (rounded up to a page) is SIGBUS unless guarded. The directory holds the file.
+/// past `keep` (rounded up to a page) is SIGBUS unless guarded. The directory holds the file,
+/// at the path returned.
 #[cfg(test)]
-pub(crate) fn map_then_cut(bytes: &[u8], keep: u64) -> (tempfile::TempDir, memmap2::Mmap) {
+pub(crate) fn map_then_cut(
+    bytes: &[u8],
+    keep: u64,
+) -> (tempfile::TempDir, std::path::PathBuf, memmap2::Mmap) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("cut.bin");
     std::fs::write(&path, bytes).unwrap();
@@ -469,33 +473,19 @@ pub(crate) fn map_then_cut(bytes: &[u8], keep: u64) -> (tempfile::TempDir, memma
     let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
     let cut = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     cut.set_len(keep).unwrap();
-    (dir, map)
+    (dir, path, map)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::fs;
 
-    /// A file of `pages` pages mapped, then cut to `keep` bytes: reading past `keep` (rounded
-    /// up to a page) through the map is SIGBUS.
+    /// A file of `pages` pages mapped, then cut to `keep` bytes ([`map_then_cut`]).
     fn truncated_map(
         pages: usize,
         keep: u64,
     ) -> (tempfile::TempDir, std::path::PathBuf, memmap2::Mmap) {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("data.bin");
-        fs::write(&path, vec![5u8; pages * 4096]).unwrap();
-        let file = fs::File::open(&path).unwrap();
-        // SAFETY: a test's own file, truncated on purpose; only read through `fault_in`.
-        let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
-        fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_len(keep)
-            .unwrap();
-        (dir, path, map)
+        map_then_cut(&vec![5u8; pages * 4096], keep)
     }
 
     #[test]

@@ -6,19 +6,22 @@ use std::process::Command;
 use imagefeed::synthetic::{self, SyntheticSpec};
 use serde_json::Value;
 
+/// `imagefeed-bench load ARGS`, which must succeed: its stdout.
 fn load(args: &[&str]) -> String {
+    load_with_stderr(args).0
+}
+
+/// `imagefeed-bench load ARGS`, which must succeed: its stdout and stderr.
+fn load_with_stderr(args: &[&str]) -> (String, String) {
     let o = Command::new(env!("CARGO_BIN_EXE_imagefeed-bench"))
         .arg("load")
         .args(args)
         .output()
         .expect("imagefeed-bench runs");
     let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(
-        o.status.success(),
-        "stdout:\n{stdout}\nstderr:\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    stdout
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    (stdout, stderr)
 }
 
 #[test]
@@ -107,42 +110,29 @@ fn an_epoch_with_bad_samples_names_the_first_and_why() {
         .find(|p| p.is_dir())
         .unwrap();
     std::fs::write(class.join("zz-broken.jpg"), b"\xff\xd8\xff not a JPEG").unwrap();
-    let run = |json: bool| {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_imagefeed-bench"));
-        command.args([
-            "load",
-            root.to_str().unwrap(),
-            "--workers",
-            "1",
-            "--batch-size",
-            "4",
-            "--warmup",
-            "0",
-            "--epochs",
-            "1",
-            "--transform",
-            "cifar",
-            "--max-bad",
-            "none",
-        ]);
-        if json {
-            command.arg("--json");
-        }
-        let o = command.output().expect("imagefeed-bench runs");
-        assert!(o.status.success(), "{o:?}");
-        (
-            String::from_utf8_lossy(&o.stdout).into_owned(),
-            String::from_utf8_lossy(&o.stderr).into_owned(),
-        )
-    };
-    let (text, errors) = run(false);
+    let args = [
+        root.to_str().unwrap(),
+        "--workers",
+        "1",
+        "--batch-size",
+        "4",
+        "--warmup",
+        "0",
+        "--epochs",
+        "1",
+        "--transform",
+        "cifar",
+        "--max-bad",
+        "none",
+    ];
+    let (text, errors) = load_with_stderr(&args);
     assert!(text.contains(", 1 bad,"), "{text}");
     let first = errors
         .lines()
         .find(|l| l.contains("first bad sample of epoch 0: "))
         .unwrap_or_else(|| panic!("{errors}"));
     assert!(first.contains("zz-broken.jpg"), "{first}");
-    let (json, _) = run(true);
+    let json = load(&[&args[..], &["--json"]].concat());
     let epoch: Value = json
         .lines()
         .map(|l| serde_json::from_str::<Value>(l).unwrap())

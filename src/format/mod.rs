@@ -350,8 +350,7 @@ pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Arc<dy
     if path.is_file() {
         // The recognizers read a file's first bytes and take a failed read for a format
         // mismatch: an unreadable file is said to be one.
-        crate::file::check_head_readable(path, SNIFFED_BYTES)?;
-        if path.metadata().is_ok_and(|m| m.len() == 0) {
+        if crate::file::check_head_readable(path, SNIFFED_BYTES)? == 0 {
             return Err(Error::not_a_dataset(
                 path,
                 "the file is empty (0 bytes): no dataset file this build reads is (a pack \

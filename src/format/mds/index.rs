@@ -114,6 +114,13 @@ pub struct Layout {
     pub key: Option<usize>,
 }
 
+impl Layout {
+    /// How many columns are of variable size (each sample starts with their sizes).
+    pub fn variable_columns(&self) -> usize {
+        self.columns.iter().filter(|c| c.size.is_none()).count()
+    }
+}
+
 /// A parsed index: the shards and the columns they share.
 #[derive(Debug)]
 pub struct Index {

@@ -387,7 +387,6 @@ fn infer_classes(
         }
         // The scan reads each sample's place and label, not its image: an unreadable one
         // (`crate::mapguard`) is left out here, and is a bad record when read.
-        let variable = layout.columns.iter().filter(|c| c.size.is_none()).count();
         if read_u32(mapped.bytes(), 0) != u32::try_from(shard.samples).ok() {
             // Not the shard the index describes: every sample is a bad record (a notice said).
             samples += shard.samples;
@@ -395,9 +394,6 @@ fn infer_classes(
         }
         for within in 0..shard.samples {
             samples += 1;
-            if !sample_sizes_readable(mapped.bytes(), shard.samples, within, variable) {
-                continue;
-            }
             let Ok(columns) = sample_columns(mapped.bytes(), shard.samples, within, layout) else {
                 continue;
             };
@@ -493,20 +489,6 @@ fn check_place_readable(path: &Path, bytes: &[u8], within: usize) -> Result<()> 
     Ok(())
 }
 
-/// Whether the parts of an MDS shard that [`sample_columns`] reads before handing out column
-/// slices can be read ([`crate::mapguard`]): the shard's count, the sample's offsets, and the
-/// sizes of its `variable` variable-size columns at its start.
-fn sample_sizes_readable(bytes: &[u8], samples: usize, within: usize, variable: usize) -> bool {
-    let readable = |part: std::ops::Range<usize>| {
-        bytes
-            .get(part)
-            .is_none_or(|part| crate::mapguard::fault_in(part).is_ok())
-    };
-    sample_place(within).into_iter().all(readable)
-        && sample_span(bytes, samples, within)
-            .is_ok_and(|span| readable(span.start..span.end.min(span.start + 4 * variable)))
-}
-
 /// Where an MDS shard says where sample `within` lies: its count of samples, and the sample's
 /// two entries in its offset table.
 fn sample_place(within: usize) -> [std::ops::Range<usize>; 2] {
@@ -514,14 +496,29 @@ fn sample_place(within: usize) -> [std::ops::Range<usize>; 2] {
 }
 
 /// Sample `within` of a shard (`bytes`, which the index says holds `samples`): its image and
-/// label values, or why they cannot be read.
+/// label values, or why they cannot be read. What it reads of the shard to find them (the
+/// count, the sample's offsets, its column sizes) goes through the guard of
+/// [`crate::mapguard`] first, so a shard's map can be handed in: a page the disk cannot supply
+/// is an error, not SIGBUS. The values themselves are not read.
 fn sample_columns<'a>(
     bytes: &'a [u8],
     samples: usize,
     within: usize,
     layout: &Layout,
 ) -> std::result::Result<SampleColumns<'a>, String> {
+    let readable = |part: std::ops::Range<usize>| {
+        bytes
+            .get(part)
+            .is_none_or(|part| crate::mapguard::fault_in(part).is_ok())
+    };
+    let unreadable = || "the shard's header could not be read (an I/O error)".to_string();
+    if !sample_place(within).into_iter().all(readable) {
+        return Err(unreadable());
+    }
     let span = sample_span(bytes, samples, within)?;
+    if !readable(span.start..span.end.min(span.start + 4 * layout.variable_columns())) {
+        return Err(unreadable());
+    }
     columns_of(&bytes[span], layout)
 }
 
@@ -530,7 +527,7 @@ fn columns_of<'a>(
     sample: &'a [u8],
     layout: &Layout,
 ) -> std::result::Result<SampleColumns<'a>, String> {
-    let variable = layout.columns.iter().filter(|c| c.size.is_none()).count();
+    let variable = layout.variable_columns();
     let mut at = 4 * variable;
     if at > sample.len() {
         return Err("the sample is shorter than its column sizes".into());
@@ -779,15 +776,7 @@ impl RecordReader for MdsReader {
         }
         let (number, within) = shared.locate(index);
         let shard = &shared.shards[number];
-        let variable = shared
-            .layout
-            .columns
-            .iter()
-            .filter(|c| c.size.is_none())
-            .count();
-        // The sample's place is read from the shard's header: through the guard, as a read.
         if let Some(mapped) = shard.data.get_if_resident()
-            && sample_sizes_readable(mapped.bytes(), shard.samples, within, variable)
             && let Ok(columns) =
                 sample_columns(mapped.bytes(), shard.samples, within, &shared.layout)
         {

@@ -170,7 +170,7 @@ mod tests {
         }
         let clean = scan_shard(&shard);
         // Three pages stay; the map still says the whole shard.
-        let (_dir, map) = crate::mapguard::map_then_cut(&shard, 3 * 4096);
+        let (_dir, _, map) = crate::mapguard::map_then_cut(&shard, 3 * 4096);
         let scan = scan_shard(&map);
         let (&(last_at, last_len), before) = scan.records.split_last().unwrap();
         assert_eq!(before, &clean.records[..before.len()]);

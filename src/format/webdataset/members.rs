@@ -343,7 +343,7 @@ mod tests {
         let bytes = tar(&members_list);
         let clean = walk_shard(&bytes);
         assert_eq!(clean.samples.len(), 40);
-        let (_dir, map) = crate::mapguard::map_then_cut(&bytes, 4 * 4096);
+        let (_dir, _, map) = crate::mapguard::map_then_cut(&bytes, 4 * 4096);
         let walk = walk_shard(&map);
         let (last, before) = walk.samples.split_last().unwrap();
         // Samples before the cut as they were; the one it falls in ends at its last readable
