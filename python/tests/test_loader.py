@@ -79,18 +79,20 @@ def test_float16_and_normalization_match_the_float32_output(lmdb_path):
 def test_arrays_view_the_pool_buffer_and_buffers_are_reused(lmdb_path):
     l = loader(lmdb_path, output="dlpack", prefetch=2)
     pointers = set()
-    for epoch in range(3):
-        for images, labels in l:
-            array = np.from_dlpack(images)
-            assert array.ctypes.data == images.data_ptr, "the array is a view, not a copy"
-            assert np.from_dlpack(labels).ctypes.data == labels.data_ptr
-            pointers.add(images.data_ptr)
-            del array, images, labels
-        if epoch == 0:
-            after_first = l.stats()["pool_allocations"]
-    # Three epochs of 15 batches went through a handful of buffers, allocated in the first epoch.
-    assert l.stats()["pool_allocations"] == after_first
-    assert len(pointers) <= after_first < 15
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", imagefeed.PoolGrowthWarning)
+        for _epoch in range(3):
+            for images, labels in l:
+                array = np.from_dlpack(images)
+                assert array.ctypes.data == images.data_ptr, "the array is a view, not a copy"
+                assert np.from_dlpack(labels).ctypes.data == labels.data_ptr
+                pointers.add(images.data_ptr)
+                del array, images, labels
+    # Three epochs of 15 batches went through a handful of buffers: never more than the loader
+    # needs with nothing kept (prefetch + 2), however far the workers run ahead of this loop (a
+    # 16-core machine allocated its third in the second epoch, so no count per epoch is fixed).
+    allocations = l.stats()["pool_allocations"]
+    assert len(pointers) <= allocations <= 2 + 2
 
 
 def test_kept_arrays_stay_intact_and_the_pool_grows_with_one_warning(lmdb_path):
