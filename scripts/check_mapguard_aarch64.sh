@@ -55,18 +55,27 @@ cp "$repo/build.rs" "$work/build.rs"
 cd "$work"
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu"
-cargo test -q --target aarch64-unknown-linux-gnu -- --skip a_sigbus_elsewhere
+cargo test -q --target aarch64-unknown-linux-gnu -- --skip a_sigbus_elsewhere --skip a_handler_installed_later
 binary=$(cargo test -q --target aarch64-unknown-linux-gnu --no-run --message-format=json 2>/dev/null |
     sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | head -n 1)
-for child in child_reads_past_a_truncation child_is_sent_sigbus; do
+# The tests that run children re-execute the test binary, which needs qemu here: run each
+# child directly and check how it ended (135: signal 7; 42: see mapguard's tests). Not run:
+# child_faults_under_a_handler_that_puts_ours_back, which relies on sigpending() reporting a
+# signal raised inside a handler; qemu-user keeps such a signal to itself and reports none, so
+# under qemu it loops (the kernel reports it: the x86-64 run of the same code passes).
+for expected in child_reads_past_a_truncation:135 child_is_sent_sigbus:135 \
+    child_claims_back_from_a_later_handler:42 \
+    child_faults_under_a_handler_that_only_returns:135; do
+    child=${expected%%:*}
     set +e
-    qemu-aarch64 -L /usr/aarch64-linux-gnu "$binary" -q --exact --ignored \
+    timeout 60 qemu-aarch64 -L /usr/aarch64-linux-gnu "$binary" -q --exact --ignored \
         "mapguard::tests::$child" >/dev/null 2>&1
     status=$?
     set -e
-    if [ "$status" -ne 135 ]; then
-        echo "$child: an unguarded SIGBUS should end it with signal 7 (exit 135), got $status" >&2
+    if [ "$status" -ne "${expected##*:}" ]; then
+        echo "$child: expected exit ${expected##*:}, got $status" >&2
         exit 1
     fi
 done
-echo "mapguard on aarch64: the guarded tests pass, and an unguarded SIGBUS still kills"
+echo "mapguard on aarch64: the guarded tests pass, an unguarded SIGBUS still kills, and a"
+echo "handler installed later goes behind the guard"

@@ -86,6 +86,17 @@ pub struct GpuGuideExamples;
 /// cores, far fewer than would exhaust its memory for stacks.
 pub const MAX_THREADS: usize = 1024;
 
+/// Puts imagefeed's SIGBUS guard (which turns a memory-mapped page the kernel cannot supply
+/// into an error instead of the end of the process) in front again if a SIGBUS handler was
+/// installed since, as PyTorch's DataLoader does in each worker it forks; the handler found is
+/// kept, and every SIGBUS not the guard's goes to it. [`open`], each batch a loader worker
+/// builds and the Python package's reads call this themselves; a program that reads records
+/// through its own [`RecordReader`] after installing a SIGBUS handler calls it once. One
+/// system call; nothing to do on platforms without the guard.
+pub fn reclaim_sigbus_guard() {
+    mapguard::claim();
+}
+
 pub use dataset::{Dataset, DatasetInfo, LazyReader, PayloadKind, Record, RecordReader};
 pub use decode::Decoder;
 pub use error::{Error, Result};

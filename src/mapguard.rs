@@ -23,8 +23,8 @@
 //! the handler is async-signal-safe. Any other SIGBUS goes to the handler that was there
 //! before (Rust's own, Python's `faulthandler`, or the default action, which ends the process
 //! as it always did; a SIGBUS sent by `kill` ends it too). A handler installed after ours
-//! (Python's `faulthandler.enable()` called after the first dataset is read) takes the signal
-//! first, and the process ends as before.
+//! (PyTorch's DataLoader workers install one; Python's `faulthandler.enable()`) is put behind
+//! ours again at the next open, batch or Python `Dataset` read ([`claim`]).
 //!
 //! What stays unguarded: reads liblmdb makes itself (B-tree lookups of datasets whose values
 //! the open's check did not locate) and the short windows between a [`fault_in`] and the few
@@ -33,6 +33,8 @@
 
 use std::io;
 use std::path::Path;
+#[cfg(guarded_touch)]
+use std::sync::atomic::Ordering;
 
 use crate::error::{Error, Result};
 
@@ -318,33 +320,69 @@ std::arch::global_asm!(
     "    ret", // x0 holds the faulting address (set by the handler)
 );
 
-/// The SIGBUS action in place before ours, which every signal not ours is passed to.
+/// The SIGBUS action that was in place when ours was last put in front, which every signal
+/// not ours is passed to; null until then. Each one recorded is leaked: the handler may be
+/// reading it on another thread when a later [`claim`] records the next, and a new one is
+/// recorded only when another handler has taken SIGBUS since.
 #[cfg(guarded_touch)]
-static PREVIOUS: std::sync::OnceLock<libc::sigaction> = std::sync::OnceLock::new();
+static PREVIOUS: std::sync::atomic::AtomicPtr<libc::sigaction> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
 
-/// Installs [`on_sigbus`] once per process, keeping the action it replaces.
+/// The address of the last fault passed on that left ours in place ([`pass_on`]).
+#[cfg(guarded_touch)]
+static LAST_PASSED_ON: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// True once [`claim`] has put ours in place in this process.
+#[cfg(guarded_touch)]
+static CLAIMED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Installs [`on_sigbus`] on the first guarded read (one atomic load on every later one).
 #[cfg(guarded_touch)]
 fn install_handler() {
-    static INSTALL: std::sync::Once = std::sync::Once::new();
-    INSTALL.call_once(|| {
-        // SAFETY: `sigaction` with a zeroed struct whose handler, flags and mask are set: the
-        // handler has the SA_SIGINFO signature, and `previous` is written by the kernel before
-        // it is stored, which happens before the first guarded routine can fault (this runs
-        // first in `fault_in` and `copy_raw`). A SIGBUS between the two calls finds PREVIOUS
-        // unset and takes the default action (see `pass_on`).
-        unsafe {
-            let mut previous: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut previous) != 0 {
-                return;
-            }
-            let _ = PREVIOUS.set(previous);
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = on_sigbus as *const () as usize;
-            action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
-            libc::sigemptyset(&mut action.sa_mask);
-            libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut());
+    if !CLAIMED.load(Ordering::Acquire) {
+        claim();
+    }
+}
+
+/// Puts [`on_sigbus`] in front again if a handler installed since took SIGBUS, keeping that
+/// one as the action every signal not ours is passed to. PyTorch's DataLoader installs its own
+/// SIGBUS handler in each worker process it forks, after the parent opened (and so guarded)
+/// the dataset; Python's `faulthandler.enable()` can come after the first read. Either would
+/// otherwise take the signal first and end the process on a page the guard was there to
+/// catch. One `sigaction` query when ours is in place; called at each open, each batch a
+/// loader worker builds and each read of the Python package's `Dataset` (never per record:
+/// the query is a system call).
+pub(crate) fn claim() {
+    #[cfg(guarded_touch)]
+    // SAFETY: `sigaction` with zeroed structs whose handler, flags and mask are set: ours has
+    // the SA_SIGINFO signature. The action it replaces is recorded (leaked, never freed) before
+    // ours is installed, so the handler never passes a signal to an action not yet recorded;
+    // a SIGBUS before the first record finds none and takes the default action (`pass_on`).
+    // Two threads claiming at once both find the same other action and record it twice.
+    unsafe {
+        let ours = on_sigbus as *const () as usize;
+        let mut current: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut current) != 0 {
+            return;
         }
-    });
+        if current.sa_sigaction == ours {
+            CLAIMED.store(true, Ordering::Release);
+            return;
+        }
+        let recorded = PREVIOUS.load(Ordering::Acquire);
+        let same = !recorded.is_null()
+            && (*recorded).sa_sigaction == current.sa_sigaction
+            && (*recorded).sa_flags == current.sa_flags;
+        if !same {
+            PREVIOUS.store(Box::into_raw(Box::new(current)), Ordering::Release);
+        }
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = ours;
+        action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+        libc::sigemptyset(&mut action.sa_mask);
+        libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut());
+        CLAIMED.store(true, Ordering::Release);
+    }
 }
 
 /// The SIGBUS handler: a fault at one of the routines' load instructions resumes the routine at
@@ -400,18 +438,25 @@ extern "C" fn on_sigbus(
 /// signal came from a fault (which would recur on return anyway) or from `kill`. A handler that
 /// answers a signal from `kill` by restoring the default action and returning, as Rust's own
 /// does (it expects a fault to recur), would leave the process running with no handler at all:
-/// that signal is raised again, so it ends the process as the default action says.
+/// that signal is raised again, so it ends the process as the default action says. A handler
+/// put behind ours by [`claim`] may hand the signal back to ours: Python's `faulthandler`
+/// restores the action it replaced (ours) and raises the signal again, for each signal, so the
+/// two would pass it to and fro forever; ended with the default action when the handler leaves
+/// ours in place with the signal raised again. A `signal.signal` handler only notes the signal
+/// and returns, and a fault then recurs forever: ended when the same address faults twice in a
+/// row that way. (A handler that mends the page and returns sees its fault once.)
 ///
 /// # Safety
 /// Only from [`on_sigbus`], with the arguments it was given.
 #[cfg(guarded_touch)]
 unsafe fn pass_on(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
-    let previous = PREVIOUS.get();
-    let handler = previous.map_or(libc::SIG_DFL, |p| p.sa_sigaction);
-    // SAFETY: (for the whole block) the previous action's handler was installed for this
-    // signal with these flags, so calling it as the kernel would is what it expects;
-    // `sigaction` and `raise` are async-signal-safe.
+    let previous = PREVIOUS.load(Ordering::Acquire);
+    // SAFETY: (for the whole block) a recorded action is never freed; the previous action's
+    // handler was installed for this signal with these flags, so calling it as the kernel would
+    // is what it expects; `sigaction` and `raise` are async-signal-safe.
     unsafe {
+        let previous = previous.as_ref();
+        let handler = previous.map_or(libc::SIG_DFL, |p| p.sa_sigaction);
         let sent = (*info).si_code <= 0;
         if handler == libc::SIG_IGN && sent {
             // Sent by a process, and ignored before imagefeed was loaded: still ignored.
@@ -429,12 +474,23 @@ unsafe fn pass_on(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut
             let handler: extern "C" fn(libc::c_int) = std::mem::transmute(handler);
             handler(signal);
         }
-        if sent {
-            let mut now: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(signal, std::ptr::null(), &mut now) == 0
-                && now.sa_sigaction == libc::SIG_DFL
-            {
+        let mut now: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(signal, std::ptr::null(), &mut now) != 0 {
+            return;
+        }
+        if now.sa_sigaction == libc::SIG_DFL {
+            if sent {
                 libc::raise(signal);
+            }
+        } else if now.sa_sigaction == on_sigbus as *const () as usize {
+            let mut pending: libc::sigset_t = std::mem::zeroed();
+            let raised_again =
+                libc::sigpending(&mut pending) == 0 && libc::sigismember(&pending, signal) == 1;
+            let recurs = !sent
+                && LAST_PASSED_ON.swap((*info).si_addr() as usize, Ordering::Relaxed)
+                    == (*info).si_addr() as usize;
+            if raised_again || recurs {
+                end_with(signal);
             }
         }
     }
@@ -636,5 +692,129 @@ mod tests {
         unsafe { libc::raise(libc::SIGBUS) };
         std::thread::sleep(std::time::Duration::from_millis(200));
         panic!("still running after a SIGBUS sent to the process");
+    }
+    /// Which step a child below has reached, for the exit status of [`exits_with_stage`].
+    #[cfg(guarded_touch)]
+    static STAGE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+    /// A handler like PyTorch's in its DataLoader workers: ends the process, here with a status
+    /// that says which step the child had reached.
+    #[cfg(guarded_touch)]
+    extern "C" fn exits_with_stage(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+        // SAFETY: `_exit` is async-signal-safe.
+        unsafe { libc::_exit(40 + STAGE.load(Ordering::SeqCst)) };
+    }
+
+    /// The action [`puts_the_old_one_back`] replaced.
+    #[cfg(guarded_touch)]
+    static REPLACED: std::sync::OnceLock<libc::sigaction> = std::sync::OnceLock::new();
+
+    /// A handler like Python's `faulthandler`: puts back the action it replaced and raises
+    /// the signal again for it.
+    #[cfg(guarded_touch)]
+    extern "C" fn puts_the_old_one_back(
+        signal: libc::c_int,
+        _: *mut libc::siginfo_t,
+        _: *mut libc::c_void,
+    ) {
+        // SAFETY: `sigaction` and `raise` are async-signal-safe; REPLACED was set before this
+        // handler was installed.
+        unsafe {
+            libc::sigaction(signal, REPLACED.get().unwrap(), std::ptr::null_mut());
+            libc::raise(signal);
+        }
+    }
+
+    /// A handler like one set with Python's `signal.signal`: notes the signal and returns.
+    #[cfg(guarded_touch)]
+    extern "C" fn only_returns(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {}
+
+    /// Installs `handler` for SIGBUS in front of whatever is there (ours, in the children),
+    /// keeping what it replaces in [`REPLACED`].
+    #[cfg(guarded_touch)]
+    fn install_after_ours(
+        handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void),
+        flags: libc::c_int,
+    ) {
+        // SAFETY: a zeroed action with an SA_SIGINFO handler, flags and an empty mask.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = handler as *const () as usize;
+            action.sa_flags = libc::SA_SIGINFO | flags;
+            libc::sigemptyset(&mut action.sa_mask);
+            let mut replaced: libc::sigaction = std::mem::zeroed();
+            assert_eq!(libc::sigaction(libc::SIGBUS, &action, &mut replaced), 0);
+            let ours = on_sigbus as *const () as usize;
+            assert_eq!(replaced.sa_sigaction, ours, "the guard was not in place");
+            let _ = REPLACED.set(replaced);
+        }
+    }
+
+    /// A SIGBUS handler installed after the guard (PyTorch's DataLoader installs one in each
+    /// worker process it forks; Python's `faulthandler.enable()`) is put behind it by
+    /// [`claim`]: the guard catches its faults again, and every other SIGBUS reaches the
+    /// handler found, or ends the process when that handler would have the fault recur
+    /// forever.
+    #[cfg(guarded_touch)]
+    #[test]
+    fn a_handler_installed_later_goes_behind_the_guard() {
+        use std::os::unix::process::ExitStatusExt as _;
+        let status = child_status("mapguard::tests::child_claims_back_from_a_later_handler");
+        // 41: the guarded read went to the later handler; 42: it was caught, and the plain
+        // read after it went to the later handler.
+        assert_eq!(status.code(), Some(42), "{status:?}");
+        for child in [
+            "mapguard::tests::child_faults_under_a_handler_that_puts_ours_back",
+            "mapguard::tests::child_faults_under_a_handler_that_only_returns",
+        ] {
+            let status = child_status(child);
+            assert_eq!(status.signal(), Some(libc::SIGBUS), "{child}: {status:?}");
+        }
+    }
+
+    #[cfg(guarded_touch)]
+    #[test]
+    #[ignore = "a child process of a_handler_installed_later_goes_behind_the_guard"]
+    fn child_claims_back_from_a_later_handler() {
+        let (_dir, _path, map) = truncated_map(2, 0);
+        assert!(fault_in(&map[..1]).is_err());
+        install_after_ours(exits_with_stage, 0);
+        STAGE.store(1, Ordering::SeqCst);
+        claim();
+        assert!(fault_in(&map[..1]).is_err());
+        let mut out = Vec::new();
+        assert!(copy_into(&map[4090..4100], &mut out).is_err());
+        STAGE.store(2, Ordering::SeqCst);
+        // SAFETY: within the map; the file behind it is gone: SIGBUS, for the later handler.
+        let byte = unsafe { std::ptr::read_volatile(map.as_ptr().add(4096)) };
+        panic!("read {byte} past the end of a truncated file");
+    }
+
+    #[cfg(guarded_touch)]
+    #[test]
+    #[ignore = "a child process of a_handler_installed_later_goes_behind_the_guard"]
+    fn child_faults_under_a_handler_that_puts_ours_back() {
+        let (_dir, _path, map) = truncated_map(2, 0);
+        assert!(fault_in(&map[..1]).is_err());
+        install_after_ours(puts_the_old_one_back, libc::SA_NODEFER);
+        claim();
+        assert!(fault_in(&map[..1]).is_err());
+        // SAFETY: as above.
+        let byte = unsafe { std::ptr::read_volatile(map.as_ptr().add(4096)) };
+        panic!("read {byte} past the end of a truncated file");
+    }
+
+    #[cfg(guarded_touch)]
+    #[test]
+    #[ignore = "a child process of a_handler_installed_later_goes_behind_the_guard"]
+    fn child_faults_under_a_handler_that_only_returns() {
+        let (_dir, _path, map) = truncated_map(2, 0);
+        assert!(fault_in(&map[..1]).is_err());
+        install_after_ours(only_returns, 0);
+        claim();
+        assert!(fault_in(&map[..1]).is_err());
+        // SAFETY: as above.
+        let byte = unsafe { std::ptr::read_volatile(map.as_ptr().add(4096)) };
+        panic!("read {byte} past the end of a truncated file");
     }
 }

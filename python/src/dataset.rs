@@ -31,6 +31,13 @@ pub struct NativeDataset {
 }
 
 impl NativeDataset {
+    /// The handle and decoder, locked; first, the SIGBUS guard put back in front of any handler
+    /// installed since the last read (PyTorch's DataLoader installs one in each worker).
+    fn lock_reading(&self) -> std::sync::MutexGuard<'_, Reading> {
+        imagefeed::reclaim_sigbus_guard();
+        self.reading.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn check(&self, index: i64) -> PyResult<usize> {
         let len = self.dataset.len() as i64;
         let at = if index < 0 { index + len } else { index };
@@ -121,7 +128,7 @@ impl NativeDataset {
         index: i64,
     ) -> PyResult<(Bound<'py, PyBytes>, u32, String)> {
         let index = self.check(index)?;
-        let mut guard = self.reading.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = self.lock_reading();
         let reading = &mut *guard;
         let (payload, label, key) = py
             .detach(|| {
@@ -137,7 +144,7 @@ impl NativeDataset {
     /// Record `index`'s key (its path relative to the source root), without copying its payload.
     fn key(&self, py: Python<'_>, index: i64) -> PyResult<String> {
         let index = self.check(index)?;
-        let mut guard = self.reading.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = self.lock_reading();
         let reading = &mut *guard;
         py.detach(|| reading.reader.read(index).map(|r| r.key.to_owned()))
             .map_err(to_py)
@@ -146,7 +153,7 @@ impl NativeDataset {
     /// Record `index` decoded to RGB: `(array of shape (height, width, 3) uint8, label, key)`.
     fn decode(&self, py: Python<'_>, index: i64) -> PyResult<(HostArray, u32, String)> {
         let index = self.check(index)?;
-        let mut guard = self.reading.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = self.lock_reading();
         let reading = &mut *guard;
         let path = self.dataset.path().to_path_buf();
         let (pixels, width, height, label, key) = py

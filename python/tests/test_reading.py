@@ -7,6 +7,7 @@ import os
 import pathlib
 import shutil
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -223,3 +224,45 @@ def test_an_lmdb_cut_short_under_a_reader_raises_instead_of_killing_python(tmp_p
             assert str(out) in str(e) and "shrank to 8192 bytes" in str(e)
             changed += 1
     assert changed > len(before) // 2
+
+
+CUT_UNDER_A_LATER_HANDLER = """
+import faulthandler, signal, sys
+import imagefeed
+
+path, later = sys.argv[1], sys.argv[2]
+ds = imagefeed.Dataset(path, decode="bytes")
+before = [ds[i] for i in range(len(ds))]  # the guard is in place from here on
+if later == "faulthandler":
+    faulthandler.disable()
+    faulthandler.enable()
+elif later == "signal":
+    signal.signal(signal.SIGBUS, lambda signum, frame: None)
+with open(path, "r+b") as f:
+    f.truncate(8192)
+changed = 0
+for i, value in enumerate(before):
+    try:
+        assert ds[i] == value
+    except imagefeed.DatasetChangedError:
+        changed += 1
+print(changed, len(before))
+"""
+
+
+@pytest.mark.parametrize("later", ["faulthandler", "signal"])
+def test_a_sigbus_handler_installed_after_the_first_read_goes_behind_the_guard(tmp_path, later):
+    """A SIGBUS handler installed after imagefeed's guard (``faulthandler.enable()`` in the
+    training script, a ``signal.signal`` handler; PyTorch's DataLoader installs one in each
+    worker it forks) took the signal first: a page cut from under the reader then dumped a
+    traceback and ended the process, or faulted forever under a Python handler. The next read
+    puts the guard in front again."""
+    import subprocess
+
+    out = tmp_path / "small.lmdb"
+    imagefeed.pack(FIXTURE_TREE, out, "lmdb", progress=False)
+    run = subprocess.run([sys.executable, "-c", CUT_UNDER_A_LATER_HANDLER, str(out), later],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
+    changed, total = map(int, run.stdout.split())
+    assert changed > total // 2

@@ -59,6 +59,28 @@ def test_the_dataset_works_in_a_torch_dataloader_with_workers(lmdb_path):
     assert len(labels) == 240 and labels == [ds[i][1] for i in range(240)]
 
 
+def test_a_dataset_cut_under_dataloader_workers_is_an_error_not_a_bus_error(lmdb_path, tmp_path):
+    """PyTorch's DataLoader installs a SIGBUS handler of its own in each worker it forks ("This
+    might be caused by insufficient shared memory"), which then ends the worker. Read once
+    before the fork, imagefeed's guard was behind it in the workers, so a page cut from under
+    a worker's reader killed it with a bus error; now each worker's open and read put the
+    guard in front again, and the cut is the DatasetChangedError the worker raises."""
+    import shutil
+
+    cut = tmp_path / "cut.lmdb"
+    shutil.copy(lmdb_path, cut)
+    ds = imagefeed.Dataset(cut, decode="bytes")
+    assert ds[0][0]  # the guard is in place in this process before the workers fork
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, shuffle=False,
+                                     multiprocessing_context="fork", persistent_workers=True)
+    assert len(list(dl)) == len(ds)
+    with open(cut, "r+b") as f:
+        f.truncate(8192)
+    with pytest.raises(Exception) as e:
+        list(dl)
+    assert "shrank to 8192 bytes" in str(e.value), repr(e.value)
+
+
 def test_rank_comes_from_an_initialised_process_group(lmdb_path, tmp_path):
     import torch.distributed as dist
 

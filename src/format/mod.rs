@@ -314,6 +314,7 @@ pub fn open(path: impl AsRef<Path>) -> Result<Arc<dyn Dataset>> {
 /// pattern in its last component (`DIR/train-*`, quoted in a shell; see [`shards`]).
 pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Arc<dyn Dataset>> {
     let path = path.as_ref();
+    crate::mapguard::claim();
     if let Some(text) = path.to_str()
         && crate::remote::is_url(text)
     {

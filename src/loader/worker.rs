@@ -114,6 +114,8 @@ impl Worker {
 
     /// Builds `job`'s batch; a panic is an error naming the batch, not the end of the thread.
     pub(super) fn run(&mut self, shared: &Shared, job: &Job) -> Result<Batch> {
+        // A SIGBUS handler installed since the last batch (a forked process's) goes behind ours.
+        crate::mapguard::claim();
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.build(shared, job)))
             .unwrap_or_else(|panic| {
                 Err(Error::Panicked {
