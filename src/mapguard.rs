@@ -26,9 +26,11 @@
 //! (PyTorch's DataLoader workers install one; Python's `faulthandler.enable()`) is put behind
 //! ours again at the next open, batch or Python `Dataset` read ([`claim`]).
 //!
-//! What stays unguarded: reads liblmdb makes itself (B-tree lookups of datasets whose values
-//! the open's check did not locate) and the short windows between a [`fault_in`] and the few
-//! header bytes read after it. x86-64 and AArch64 Linux only; elsewhere the routines are a plain
+//! What stays unguarded: the few reads liblmdb makes itself at open (an LMDB file's info and
+//! checksum records, folder2lmdb's `__len__` and `__keys__`; a file of up to 256 MiB is read
+//! through before them) and every B-tree search where the process's maps cannot be listed
+//! (`/proc/self/maps`; elsewhere readers search the checked tree through the guard), and the
+//! short windows between a [`fault_in`] and the few header bytes read after it. x86-64 and AArch64 Linux only; elsewhere the routines are a plain
 //! copy and a plain touch.
 
 use std::io;

@@ -16,7 +16,7 @@ use support::{
     records, run_python_on_fixture_files, small_options,
 };
 
-fn compat(name: &str) -> std::path::PathBuf {
+pub(crate) fn compat(name: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("fixtures/compat")
         .join(name)

@@ -73,6 +73,30 @@ fn an_lmdb_cut_inside_a_page_is_a_changed_file_not_damage() {
 }
 
 #[test]
+fn a_folder2lmdb_file_cut_short_under_a_reader_is_an_error_not_sigbus() {
+    // Its values are searched for by key (nothing locates them at open): the search reads the
+    // B-tree's pages from the map, which a reader opened before the cut meets gone.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("folder2lmdb.lmdb");
+    fs::copy(crate::compat::compat("folder2lmdb.lmdb"), &file).unwrap();
+    let dataset = format::open(&file).unwrap();
+    let mut fresh = dataset.open_reader().unwrap();
+    cut_under_a_reader(dataset.as_ref(), &file, 8192);
+    let mut gone = 0;
+    for index in 0..dataset.len() {
+        match fresh.read(index) {
+            Ok(record) => panic!("record {index} ({}) read past the cut", record.key),
+            Err(Error::FileChanged { path, change }) => {
+                assert_eq!(path, file, "{change}");
+                gone += 1;
+            }
+            Err(other) => panic!("record {index}: {other}"),
+        }
+    }
+    assert_eq!(gone, dataset.len());
+}
+
+#[test]
 fn a_record_shard_cut_short_under_a_reader_is_an_error_not_sigbus() {
     let dir = tempfile::tempdir().unwrap();
     let out = packed_small_records(dir.path(), "small.records");

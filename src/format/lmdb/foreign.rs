@@ -14,6 +14,7 @@ use crate::format::{InfoRecord, pickle};
 use super::reader::{
     Layout, LmdbMeta, MapBounds, ReadEnv, check_lmdb_file, meta_text, shared_read_env,
 };
+use super::tree::TreeRoot;
 use super::{INFO_KEY, Lmdb, MAGIC, META_DB, from_json};
 
 /// True when `path` is an LMDB file an imagefeed writer made, finished or not (its `meta/info`
@@ -38,7 +39,8 @@ pub(super) fn holds_nothing(path: &Path) -> bool {
 fn holds_our_magic(path: &Path) -> bool {
     let own = || -> Result<bool> {
         let file = check_lmdb_file(path)?;
-        let (env, bounds, _) = shared_read_env(path, file.metadata().at(path)?.len())?;
+        let shared = shared_read_env(path, file.metadata().at(path)?.len())?;
+        let (env, bounds) = (shared.env, shared.bounds);
         let rtxn = env.read_txn().map_err(|e| Error::lmdb(path, e))?;
         let Some(meta) = env
             .open_database::<Str, Bytes>(&rtxn, Some(META_DB))
@@ -107,10 +109,24 @@ fn folder2lmdb_keys(path: &Path, value: &[u8], len: usize) -> Result<Vec<String>
     Ok(keys)
 }
 
+/// Touches, through the SIGBUS guard, the pages of the pickled `(bytes, label)` `value` that
+/// the label scan's parse reads: its first and last 64 bytes where the pickle (protocol 3 on)
+/// holds the image as bytes the parse steps over, every page otherwise (protocols 0 to 2 store
+/// them as text the parse decodes). `Err`: the address that could not be read.
+fn touch_for_label(value: &[u8]) -> std::result::Result<(), usize> {
+    let head = &value[..value.len().min(64)];
+    crate::mapguard::fault_in(head)?;
+    if matches!(head, [0x80, protocol, ..] if *protocol >= 3) {
+        crate::mapguard::fault_in(&value[value.len().saturating_sub(64)..])
+    } else {
+        crate::mapguard::fault_in(value)
+    }
+}
+
 /// Opens the Python folder2lmdb layout (see [`Lmdb`]); `rtxn` is a read transaction on `env`.
 pub(super) fn open_folder2lmdb(
     path: &Path,
-    (env, bounds): (&Arc<ReadEnv>, MapBounds),
+    (env, bounds, tree): (&Arc<ReadEnv>, MapBounds, Option<TreeRoot>),
     rtxn: RoTxn<'_, WithoutTls>,
     file_len: u64,
 ) -> Result<Lmdb> {
@@ -175,9 +191,20 @@ pub(super) fn open_folder2lmdb(
     // MAX_CLASSES). A value that does not parse is left to the reader, which reports it as a bad
     // sample.
     let mut inference = crate::dataset::ClassInference::default();
+    let mut page = Vec::new();
     for (index, key) in keys.iter().enumerate() {
-        // A damaged value is left to the reader too (it reports it as a bad sample).
-        if let Ok(Some(value)) = get(key.as_bytes())
+        // A damaged or unreadable value is left to the reader too (it reports it as a bad
+        // sample). Found by the guarded search where the map is known (a file too large to
+        // read through at open is read here one value at a time, where a disk error was SIGBUS).
+        let value = match tree.zip(map.span()) {
+            Some((tree, span)) => match tree.find(path, span, key.as_bytes(), &mut page) {
+                Ok(Some((offset, len))) => bounds.value_at(&rtxn, span, offset, len),
+                Ok(None) | Err(_) => None,
+            },
+            None => get(key.as_bytes()).ok().flatten(),
+        };
+        if let Some(value) = value
+            && touch_for_label(value).is_ok()
             && let Ok((_, label)) = pickle::image_and_label(value)
         {
             inference.see(|| format!("{index} (key {key:?})"), Some(label));
@@ -210,6 +237,7 @@ pub(super) fn open_folder2lmdb(
         map,
         bounds,
         located: None,
+        tree,
         layout: Layout::Folder2Lmdb {
             db,
             keys: keys.into(),
@@ -219,4 +247,24 @@ pub(super) fn open_folder2lmdb(
         progress: None,
         notices: notice.into_iter().collect(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_label_scan_touches_what_it_parses_through_the_guard() {
+        // A pickled (bytes, label), protocol 4: the image as bytes the parse steps over.
+        let mut value = vec![0x80, 4, b'B'];
+        value.extend_from_slice(&(3 * 4096u32).to_le_bytes());
+        value.extend(std::iter::repeat_n(b'a', 3 * 4096));
+        value.extend_from_slice(b"K\x07\x86.");
+        let (_dir, _path, map) = crate::mapguard::map_then_cut(&value, value.len() as u64);
+        assert_eq!(touch_for_label(&map), Ok(()));
+        assert_eq!(pickle::image_and_label(&map).map(|(_, l)| l), Ok(7));
+        // The last page cut away, and the label with it.
+        let (_dir, _path, map) = crate::mapguard::map_then_cut(&value, 3 * 4096);
+        assert!(touch_for_label(&map).is_err());
+    }
 }

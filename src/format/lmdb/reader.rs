@@ -21,7 +21,7 @@ use crate::format::staging;
 use crate::format::writer::PackProgress;
 
 use super::foreign::open_folder2lmdb;
-use super::tree::Located;
+use super::tree::{Located, NotFound, Roots, TreeRoot};
 use super::{
     CHECKSUMS_DB, CHECKSUMS_SINCE, INFO_KEY, LMDB_FILE_MAGIC, META_DB, PROGRESS_KEY, SAMPLES_DB,
     corrupt, decode_value, parse_info, parse_progress, sample_key, tree,
@@ -37,6 +37,8 @@ struct OpenEnv {
     env: Weak<ReadEnv>,
     /// Where the samples' values lie, found when the environment was opened (if they were).
     located: Option<Weak<Located>>,
+    /// The trees the check walked, for searches through the SIGBUS guard.
+    roots: Roots,
     /// The live meta page's transaction when the file was checked: a file changed in place
     /// since (same inode, a new transaction) holds pages no check has seen.
     txn_id: u64,
@@ -118,6 +120,26 @@ impl MapBounds {
         Some((start, (end - start) as u64))
     }
 
+    /// The `len` bytes at `offset` of the file in the map `span` (start address, file length)
+    /// when they lie inside it (`None` otherwise). `_txn`, a transaction of the environment
+    /// whose map `span` is, is only taken for its lifetime.
+    pub(super) fn value_at<'t>(
+        &self,
+        _txn: &'t RoTxn<'_, WithoutTls>,
+        span: (usize, u64),
+        offset: u64,
+        len: usize,
+    ) -> Option<&'t [u8]> {
+        let end = offset.checked_add(len as u64)?;
+        if end > span.1 || !self.holds(span.0, span.1) {
+            return None;
+        }
+        // SAFETY: the bytes lie inside `span`, a map of the file this process holds
+        // (`holds`), read-only and alive while its environment is, which `_txn` keeps open; the
+        // slice borrows `_txn`.
+        Some(unsafe { std::slice::from_raw_parts((span.0 + offset as usize) as *const u8, len) })
+    }
+
     /// `value` when it lies inside a map of the file (or the maps are unknown), else why not.
     pub(super) fn check<'v>(&self, value: &'v [u8]) -> std::result::Result<&'v [u8], String> {
         let Some(ranges) = &self.0 else {
@@ -171,6 +193,8 @@ pub struct Lmdb {
     pub(super) bounds: MapBounds,
     /// Where the samples' values lie (imagefeed's layout, found by the open's check).
     pub(super) located: Option<LocatedValues>,
+    /// The tree the samples' values are searched in where they were not located.
+    pub(super) tree: Option<TreeRoot>,
     pub(super) layout: Layout,
     pub(super) info: DatasetInfo,
     pub(super) complete: bool,
@@ -189,6 +213,11 @@ pub struct Lmdb {
 pub(super) struct EnvMap(Option<(usize, u64)>);
 
 impl EnvMap {
+    /// The map's start address and the file's length when it was opened, where known.
+    pub(super) fn span(&self) -> Option<(usize, u64)> {
+        self.0
+    }
+
     /// The map that `value`, a value the environment returned, lies in.
     pub(super) fn of(bounds: &MapBounds, value: &[u8]) -> EnvMap {
         EnvMap(bounds.map_of(value))
@@ -252,13 +281,18 @@ impl Lmdb {
         // would be a SIGBUS.
         crate::pagecache::prefetch_if_it_fits(&file).at(path)?;
         let len = file.metadata().at(path)?.len();
-        let (env, bounds, located) = shared_read_env(path, len)?;
+        let SharedEnv {
+            env,
+            bounds,
+            located,
+            roots,
+        } = shared_read_env(path, len)?;
         let rtxn = env.read_txn().map_err(|e| Error::lmdb(path, e))?;
         let meta: Option<Database<Str, Bytes>> = env
             .open_database(&rtxn, Some(META_DB))
             .map_err(|e| Error::lmdb(path, e))?;
         let Some(meta) = meta else {
-            return open_folder2lmdb(path, (&env, bounds), rtxn, len);
+            return open_folder2lmdb(path, (&env, bounds, roots.main), rtxn, len);
         };
         let get = |key: &str| meta_text(path, &bounds, &meta, &rtxn, key);
         let info_text =
@@ -315,6 +349,7 @@ impl Lmdb {
             env,
             bounds,
             located,
+            tree: roots.named(SAMPLES_DB),
             layout: Layout::Imagefeed { samples, checksums },
             info,
             complete: record.complete,
@@ -543,20 +578,27 @@ pub(super) fn meta_text<'t>(
 
 /// The process's environment for `path` (one per file, shared), where its map lies, and where
 /// the values of its samples database lie (when the open's check found them: [`Located`]).
-pub(super) fn shared_read_env(
-    path: &Path,
-    file_len: u64,
-) -> Result<(Arc<ReadEnv>, MapBounds, Option<Arc<Located>>)> {
-    let (env, located) = read_env(path, file_len)?;
+pub(super) fn shared_read_env(path: &Path, file_len: u64) -> Result<SharedEnv> {
+    let (env, located, roots) = read_env(path, file_len)?;
     let meta = fs::metadata(path).at(path)?;
-    Ok((
+    Ok(SharedEnv {
         env,
-        MapBounds::of(meta.dev(), meta.ino(), file_len),
+        bounds: MapBounds::of(meta.dev(), meta.ino(), file_len),
         located,
-    ))
+        roots,
+    })
 }
 
-fn read_env(path: &Path, file_len: u64) -> Result<(Arc<ReadEnv>, Option<Arc<Located>>)> {
+/// What [`shared_read_env`] returns.
+pub(super) struct SharedEnv {
+    pub(super) env: Arc<ReadEnv>,
+    pub(super) bounds: MapBounds,
+    pub(super) located: Option<Arc<Located>>,
+    /// The trees of the databases a reader opens, checked at open ([`TreeRoot::find`]).
+    pub(super) roots: Roots,
+}
+
+fn read_env(path: &Path, file_len: u64) -> Result<(Arc<ReadEnv>, Option<Arc<Located>>, Roots)> {
     let canonical = fs::canonicalize(path).at(path)?;
     let meta = fs::metadata(&canonical).at(path)?;
     let (dev, ino) = (meta.dev(), meta.ino());
@@ -578,18 +620,22 @@ fn read_env(path: &Path, file_len: u64) -> Result<(Arc<ReadEnv>, Option<Arc<Loca
                 ),
             });
         }
-        return Ok((env, open.located.as_ref().and_then(Weak::upgrade)));
+        return Ok((
+            env,
+            open.located.as_ref().and_then(Weak::upgrade),
+            open.roots.clone(),
+        ));
     }
     // Every branch and leaf page is checked before liblmdb reads any (see `tree`): once per
     // file per process, as the environment is.
-    let located = tree::check(
+    let (located, roots) = tree::check(
         path,
         &file,
         file_len,
         &[META_DB, SAMPLES_DB, CHECKSUMS_DB],
         Some(SAMPLES_DB),
-    )?
-    .map(Arc::new);
+    )?;
+    let located = located.map(Arc::new);
     drop(file);
     let mut options = EnvOpenOptions::new().read_txn_without_tls();
     // Map the file's length, not the map size the writer recorded (1 TiB by default: LMDB keeps
@@ -634,10 +680,11 @@ fn read_env(path: &Path, file_len: u64) -> Result<(Arc<ReadEnv>, Option<Arc<Loca
             ino,
             env: Arc::downgrade(&env),
             located: located.as_ref().map(Arc::downgrade),
+            roots: roots.clone(),
             txn_id,
         },
     );
-    Ok((env, located))
+    Ok((env, located, roots))
 }
 
 impl Dataset for Lmdb {
@@ -674,6 +721,11 @@ impl Dataset for Lmdb {
             },
             decoded: Vec::new(),
             copied: Vec::new(),
+            search: self.tree.zip(self.map.span()).map(|(tree, map)| Search {
+                tree,
+                map,
+                page: Vec::new(),
+            }),
         }))
     }
 }
@@ -759,22 +811,86 @@ struct LmdbReader {
     /// ([`crate::mapguard::copy_mapped`]): a page the disk cannot supply, or a file cut under
     /// the map, is then an error here rather than SIGBUS in the decoder.
     copied: Vec<u8>,
+    /// Where values not located at open nor found before are searched for, through the SIGBUS
+    /// guard (`None` where the environment's map is unknown: liblmdb's own search then).
+    search: Option<Search>,
+}
+
+/// A search of the database a reader reads values from, through the SIGBUS guard
+/// ([`TreeRoot::find`]): liblmdb's own search reads the tree's pages straight from the map,
+/// where a page the disk cannot supply (a folder2lmdb ImageNet file of 140 GB is never read
+/// through at open) or a file cut under the reader was SIGBUS.
+struct Search {
+    tree: TreeRoot,
+    /// The environment's map: its start address and the file's length at open.
+    map: (usize, u64),
+    /// The page being searched, copied out of the map.
+    page: Vec<u8>,
+}
+
+impl Search {
+    /// The value stored under `key` (record `index`, `name` in messages). `_txn`, a
+    /// transaction of the environment whose map this searches, is only taken for its
+    /// lifetime: the slice cannot outlive what keeps the map.
+    fn value<'t>(
+        &mut self,
+        _txn: &'t RoTxn<'static, WithoutTls>,
+        path: &Path,
+        (index, name): (usize, &str),
+        key: &[u8],
+    ) -> Result<Option<&'t [u8]>> {
+        let found = self.tree.find(path, self.map, key, &mut self.page);
+        let (offset, len) = match found {
+            Ok(Some(location)) => location,
+            Ok(None) => return Ok(None),
+            Err(NotFound::Unreadable(e)) => return Err(e),
+            Err(NotFound::Changed(why)) => {
+                return Err(Error::FileChanged {
+                    path: path.to_path_buf(),
+                    change: format!("{why}, not what the open checked; open it again"),
+                });
+            }
+        };
+        let inside = offset
+            .checked_add(len as u64)
+            .is_some_and(|end| end <= self.map.1);
+        if !inside {
+            return Err(corrupt(
+                path,
+                index,
+                name,
+                format!(
+                    "its node gives {len} bytes at offset {offset} of a {}-byte file: past the \
+                     file's end (a damaged LMDB page)",
+                    self.map.1
+                ),
+            ));
+        }
+        // SAFETY: `offset + len` lies inside the map (above), which is read-only and lives as
+        // long as its environment; `_txn` keeps that alive, and the slice borrows it for `'t`.
+        Ok(Some(unsafe {
+            std::slice::from_raw_parts((self.map.0 + offset as usize) as *const u8, len)
+        }))
+    }
 }
 
 impl LmdbReader {
-    /// The value of record `index`, stored under `key` in `db`: from the table of values
-    /// already found, or looked up (and remembered if it lies inside the map, `bounds`).
+    /// The value of record `index` (`name` in messages), stored under `key` in `db`: from the
+    /// table of values already found, or searched for through the guard (`search`; liblmdb's
+    /// lookup where there is none), and remembered if it lies inside the map (`bounds`).
     fn value<'t>(
         txn: &'t RoTxn<'static, WithoutTls>,
-        found: &mut [(usize, usize)],
-        bounds: &MapBounds,
-        db: &Database<Bytes, Bytes>,
-        (index, key): (usize, &[u8]),
-    ) -> heed::Result<Option<&'t [u8]>> {
+        (found, bounds, search): (&mut [(usize, usize)], &MapBounds, Option<&mut Search>),
+        (path, db): (&Path, &Database<Bytes, Bytes>),
+        (index, name, key): (usize, &str, &[u8]),
+    ) -> Result<Option<&'t [u8]>> {
         if let Some(value) = remembered(txn, found, index) {
             return Ok(Some(value));
         }
-        let value = db.get(txn, key)?;
+        let value = match search {
+            Some(search) => search.value(txn, path, (index, name), key)?,
+            None => db.get(txn, key).map_err(|e| Error::lmdb(path, e))?,
+        };
         if let Some(value) = value {
             remember(found, bounds, index, value);
         }
@@ -789,15 +905,18 @@ impl LmdbReader {
     /// the open checked (`tree`): the leaves after this one, through their checked parents.
     fn sample_value<'t>(
         txn: &'t RoTxn<'static, WithoutTls>,
-        found: &mut [(usize, usize)],
-        bounds: &MapBounds,
-        samples: &Database<Bytes, Bytes>,
+        (found, bounds, search): (&mut [(usize, usize)], &MapBounds, Option<&mut Search>),
+        (path, samples): (&Path, &Database<Bytes, Bytes>),
         index: usize,
-    ) -> heed::Result<Option<&'t [u8]>> {
+    ) -> Result<Option<&'t [u8]>> {
         let start = sample_key(index);
-        if !found.is_empty() && remembered(txn, found, index).is_none() {
+        // (Not where the guarded search can be had: the run is liblmdb's, from the map.)
+        if search.is_none() && !found.is_empty() && remembered(txn, found, index).is_none() {
             let from: (Bound<&[u8]>, Bound<&[u8]>) = (Bound::Included(&start), Bound::Unbounded);
-            for entry in samples.range(txn, &from)?.take(FILL_RUN) {
+            let run = samples
+                .range(txn, &from)
+                .map_err(|e| Error::lmdb(path, e))?;
+            for entry in run.take(FILL_RUN) {
                 // A key that is no sample's ends the run; so does an error, which the lookup
                 // below then meets (or not) on its own.
                 let Ok((key, value)) = entry else { break };
@@ -808,7 +927,13 @@ impl LmdbReader {
             }
         }
         // A sample the run did not find is missing: the lookup says so as before.
-        Self::value(txn, found, bounds, samples, (index, &start))
+        let name = format!("#{index}");
+        Self::value(
+            txn,
+            (found, bounds, search),
+            (path, samples),
+            (index, &name, &start),
+        )
     }
 }
 
@@ -853,13 +978,13 @@ impl RecordReader for LmdbReader {
             "index {index} out of range for {} samples",
             self.info.num_samples
         );
-        let (txn, found) = (&self.txn, &mut self.found);
+        let (txn, path) = (&self.txn, self.path.as_path());
+        let lookup = (&mut self.found[..], &self.bounds, self.search.as_mut());
         let (label, key, payload) = match &self.layout {
             Layout::Imagefeed { samples, checksums } => {
                 let value = match self.located.as_ref().and_then(|l| l.value(txn, index)) {
                     Some(located) => located,
-                    None => Self::sample_value(txn, found, &self.bounds, samples, index)
-                        .map_err(|e| Error::lmdb(&self.path, e))?
+                    None => Self::sample_value(txn, lookup, (path, samples), index)?
                         .ok_or_else(|| {
                             corrupt(&self.path, index, &format!("#{index}"), "record is missing")
                         })
@@ -892,8 +1017,7 @@ impl RecordReader for LmdbReader {
             }
             Layout::Folder2Lmdb { db, keys } => {
                 let key = keys[index].as_str();
-                let value = Self::value(txn, found, &self.bounds, db, (index, key.as_bytes()))
-                    .map_err(|e| Error::lmdb(&self.path, e))?
+                let value = Self::value(txn, lookup, (path, db), (index, key, key.as_bytes()))?
                     .ok_or_else(|| {
                         corrupt(&self.path, index, key, "key listed in __keys__ is missing")
                     })?;

@@ -15,6 +15,11 @@
 //! read (`MapBounds`), and a record's checksum catches the rest, so an inline value whose size
 //! runs past its page is one bad record.
 //!
+//! The readers' lookups of values the walk did not locate (every value of a folder2lmdb file;
+//! ours past [`LOCATED_MAX_RECORDS`]) search the checked trees here too ([`TreeRoot::find`]),
+//! each page copied out of the map through the SIGBUS guard first, instead of liblmdb's search,
+//! which reads the pages in place: a page the disk cannot supply was SIGBUS there.
+//!
 //! The layout is liblmdb's on a 64-bit build (`mdb.c`): a 16-byte page header (`mp_pgno` u64,
 //! `mp_pad` u16, `mp_flags` u16, `mp_lower` u16, `mp_upper` u16), then `mp_lower - 16` bytes of
 //! u16 node offsets from the page's start; a node is `mn_lo` u16, `mn_hi` u16, `mn_flags` u16,
@@ -102,7 +107,7 @@ pub(super) fn check(
     file_len: u64,
     opened: &[&str],
     locate: Option<&str>,
-) -> Result<Option<Located>> {
+) -> Result<(Option<Located>, Roots)> {
     // Read through at open, or cached already: walked in place. (`mincore` costs a byte and a
     // look per page of the file's length: asked only of files that size allows.)
     let map = (file_len <= READ_THROUGH_BYTES)
@@ -116,15 +121,208 @@ pub(super) fn check(
         })
         .flatten()
         .filter(|map| crate::pagecache::is_resident(map));
-    let found = match &map {
+    let (found, roots) = match &map {
         Some(map) => check_pages(path, Pages::Mapped(map), file_len, opened, locate)?,
         None => check_pages(path, Pages::Read(file), file_len, opened, locate)?,
     };
-    Ok(found.map(|(offsets, lens)| Located {
+    let located = found.map(|(offsets, lens)| Located {
         file_len,
         offsets,
         lens,
-    }))
+    });
+    Ok((located, roots))
+}
+
+/// A database's B-tree as the open's check found it: where [`TreeRoot::find`] starts.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct TreeRoot {
+    root: u64,
+    depth: u16,
+    page_size: usize,
+}
+
+/// The trees [`check`] walked: the main database's and each named one's it opened.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Roots {
+    pub(super) main: Option<TreeRoot>,
+    pub(super) named: Vec<(Vec<u8>, TreeRoot)>,
+}
+
+impl Roots {
+    /// The tree of the named database `name`, if it was walked and is not empty.
+    pub(super) fn named(&self, name: &str) -> Option<TreeRoot> {
+        self.named
+            .iter()
+            .find(|(n, _)| n.as_slice() == name.as_bytes())
+            .map(|&(_, root)| root)
+    }
+}
+
+/// Why [`TreeRoot::find`] found no value: a page it could not read (the error for it), or a
+/// page that is no longer what the open's check found (the file changed since).
+#[derive(Debug)]
+pub(super) enum NotFound {
+    Unreadable(Error),
+    Changed(String),
+}
+
+impl TreeRoot {
+    /// Where the value of `key` lies in the file, `(offset, length)` (`None`: no such key),
+    /// found by searching the tree in the map of the file at `path` that starts at address
+    /// `map.0` and is `map.1` bytes long. Each page is copied out of the map through the SIGBUS
+    /// guard into `page` before it is read ([`crate::mapguard`]): a page the disk cannot supply,
+    /// or one cut from the file, is an error here instead of SIGBUS in liblmdb's own search. The
+    /// pages were checked at open; each is checked again as far as the search relies on it
+    /// (number, kind, node table and keys inside the page), so a file changed in place since
+    /// is [`NotFound::Changed`], never a read outside the page. The value's bytes are the
+    /// caller's to copy out. One page copy per level (3 or 4 for millions of records).
+    pub(super) fn find(
+        &self,
+        path: &Path,
+        map: (usize, u64),
+        key: &[u8],
+        page: &mut Vec<u8>,
+    ) -> std::result::Result<Option<(u64, usize)>, NotFound> {
+        let changed = |why: String| NotFound::Changed(why);
+        let size = self.page_size;
+        let mut number = self.root;
+        for level in 1..=self.depth {
+            let at = number
+                .checked_mul(size as u64)
+                .filter(|&at| at.saturating_add(size as u64) <= map.1)
+                .ok_or_else(|| changed(format!("page {number} lies past the file's end")))?;
+            // SAFETY: `map` is the start and length of a live read-only map of the file (the
+            // caller's environment's, which it keeps open), and `at + size` is within it.
+            let bytes =
+                unsafe { std::slice::from_raw_parts((map.0 + at as usize) as *const u8, size) };
+            let page = crate::mapguard::copy_mapped(path, Some(map), bytes, page)
+                .map_err(NotFound::Unreadable)?;
+            let leaf = level == self.depth;
+            let nodes = SearchPage::new(page, number, leaf).map_err(changed)?;
+            if !leaf {
+                // Child i holds the keys from node i's up to node i + 1's (node 0's key is
+                // unused): the child of the last node whose key is at most `key`.
+                let child = match nodes.search(1, key).map_err(changed)? {
+                    (i, true) => i,
+                    (i, false) => i - 1,
+                };
+                let node = nodes.node(child).map_err(changed)?;
+                number =
+                    u64::from(node.lo) | u64::from(node.hi) << 16 | u64::from(node.flags) << 32;
+                continue;
+            }
+            let (i, true) = nodes.search(0, key).map_err(changed)? else {
+                return Ok(None);
+            };
+            let node = nodes.node(i).map_err(changed)?;
+            let len = u32::from(node.lo) | u32::from(node.hi) << 16;
+            let offset = match node.flags {
+                0 => at + node.key.end as u64,
+                F_BIGDATA => {
+                    let first = page
+                        .get(node.key.end..node.key.end + 8)
+                        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+                        .ok_or_else(|| {
+                            changed(format!("node {i} of page {number} has data past the page"))
+                        })?;
+                    first
+                        .checked_mul(size as u64)
+                        .and_then(|o| o.checked_add(PAGE_HEADER as u64))
+                        .ok_or_else(|| {
+                            changed(format!("node {i} of page {number} names page {first}"))
+                        })?
+                }
+                flags => {
+                    return Err(changed(format!(
+                        "node {i} of page {number} has flags {flags:#x}"
+                    )));
+                }
+            };
+            return Ok(Some((offset, len as usize)));
+        }
+        Err(changed("the tree has no leaf level".into()))
+    }
+}
+
+/// A page as a search reads it: its node table, each node parsed (and checked to lie inside
+/// the page) only when the search visits it.
+struct SearchPage<'p> {
+    page: &'p [u8],
+    number: u64,
+    /// The node table's end and the nodes' start.
+    lower: usize,
+    upper: usize,
+}
+
+impl<'p> SearchPage<'p> {
+    /// `page` (page `number`, a leaf or a branch page as `leaf` says), with the checks a search
+    /// relies on: its number and kind, its node table, and a branch's two children or more.
+    fn new(page: &'p [u8], number: u64, leaf: bool) -> std::result::Result<Self, String> {
+        if u64_at(page, 0) != number {
+            return Err(format!(
+                "page {number} now says it is page {}",
+                u64_at(page, 0)
+            ));
+        }
+        let flags = u16_at(page, 10) & !P_DIRTY;
+        if flags != if leaf { P_LEAF } else { P_BRANCH } {
+            return Err(format!("page {number} now has flags {flags:#x}"));
+        }
+        let (lower, upper) = (u16_at(page, 12) as usize, u16_at(page, 14) as usize);
+        let least = if leaf { 1 } else { 2 };
+        if lower < PAGE_HEADER + 2 * least || lower > upper || upper > page.len() {
+            return Err(format!(
+                "page {number} now has a node table at {PAGE_HEADER}..{lower}"
+            ));
+        }
+        Ok(SearchPage {
+            page,
+            number,
+            lower,
+            upper,
+        })
+    }
+
+    fn nodes(&self) -> usize {
+        (self.lower - PAGE_HEADER) / 2
+    }
+
+    /// Node `i` (below [`nodes`](Self::nodes)), its header and key inside the page.
+    fn node(&self, i: usize) -> std::result::Result<Node, String> {
+        let page = self.page;
+        let at = u16_at(page, PAGE_HEADER + 2 * i) as usize;
+        let key_at = at + NODE_HEADER;
+        let outside = || format!("node {i} of page {} now lies outside the page", self.number);
+        if at < self.upper || key_at > page.len() {
+            return Err(outside());
+        }
+        let key = key_at..key_at + u16_at(page, at + 6) as usize;
+        if key.end > page.len() {
+            return Err(outside());
+        }
+        Ok(Node {
+            lo: u16_at(page, at),
+            hi: u16_at(page, at + 2),
+            flags: u16_at(page, at + 4),
+            key,
+        })
+    }
+
+    /// The first node in `from..nodes()` whose key is not below `key` (`nodes()` if none),
+    /// and whether its key is `key`: a binary search, as liblmdb's (`mdb_node_search`).
+    fn search(&self, from: usize, key: &[u8]) -> std::result::Result<(usize, bool), String> {
+        let (mut low, mut high) = (from, self.nodes());
+        while low < high {
+            let middle = low + (high - low) / 2;
+            let node = self.node(middle)?;
+            match self.page[node.key].cmp(key) {
+                std::cmp::Ordering::Less => low = middle + 1,
+                std::cmp::Ordering::Equal => return Ok((middle, true)),
+                std::cmp::Ordering::Greater => high = middle,
+            }
+        }
+        Ok((low, false))
+    }
 }
 
 /// The most records whose values [`check`] locates (12 bytes each: 48 MiB at the limit).
@@ -193,14 +391,29 @@ fn check_pages(
     file_len: u64,
     opened: &[&str],
     locate: Option<&str>,
-) -> Result<Option<Locations>> {
+) -> Result<(Option<Locations>, Roots)> {
     let mut walk = Walk::start(path, pages, file_len)?;
     let main = walk.main;
     let mut named = Vec::new();
     walk.database("the main database", main, Some(&mut named))?;
+    let page_size = walk.page_size;
+    let root_of = |record: &DbRecord| {
+        (record.root != NO_PAGE).then_some(TreeRoot {
+            root: record.root,
+            depth: record.depth,
+            page_size,
+        })
+    };
+    let mut roots = Roots {
+        main: root_of(&main),
+        named: Vec::new(),
+    };
     let mut located = None;
     for (name, record) in named {
         if opened.iter().any(|o| o.as_bytes() == name.as_slice()) {
+            if let Some(root) = root_of(&record) {
+                roots.named.push((name.clone(), root));
+            }
             let what = format!("database {:?}", String::from_utf8_lossy(&name));
             walk.locations = (locate.is_some_and(|l| l.as_bytes() == name.as_slice())
                 // (A record claiming more entries than the file can hold allocates nothing.)
@@ -213,7 +426,7 @@ fn check_pages(
             located = located.or(walk.locations.take());
         }
     }
-    Ok(located)
+    Ok((located, roots))
 }
 
 /// A page to visit: its number, its level (the root is 1), and the keys its parent allows it
@@ -718,9 +931,11 @@ mod tests {
         let len = bytes.len() as u64;
         let opened = ["meta", "samples"];
         let locate = Some("samples");
-        let read =
-            check_pages(path, Pages::Read(file), len, &opened, locate).map_err(|e| e.to_string());
+        let read = check_pages(path, Pages::Read(file), len, &opened, locate)
+            .map(|(located, _)| located)
+            .map_err(|e| e.to_string());
         let mapped = check_pages(path, Pages::Mapped(bytes), len, &opened, locate)
+            .map(|(located, _)| located)
             .map_err(|e| e.to_string());
         (read, mapped)
     }
@@ -789,5 +1004,127 @@ mod tests {
             assert!(read.is_err(), "cut at {cut}");
             assert_eq!(read, mapped, "cut at {cut}");
         }
+    }
+    /// The value of key `i` in [`string_keys_lmdb`]: inline, and every 997th on overflow pages.
+    fn keyed_value(i: usize) -> Vec<u8> {
+        let len = if i % 997 == 5 { 5000 } else { 20 + i % 50 };
+        (0..len).map(|b| (b * 31 + i) as u8).collect()
+    }
+
+    fn string_key(i: usize) -> String {
+        format!("n{:05}/{:07}.JPEG", i % 100, i * 7)
+    }
+
+    /// An LMDB file like a folder2lmdb one: 20,000 string keys in the main database, three
+    /// levels deep.
+    fn string_keys_lmdb(dir: &Path) -> std::path::PathBuf {
+        let path = dir.join("keys.lmdb");
+        let mut options = EnvOpenOptions::new();
+        options.map_size(64 << 20);
+        // SAFETY: a fresh file this test alone opens.
+        let env = unsafe {
+            options
+                .flags(heed::EnvFlags::NO_SUB_DIR)
+                .open(&path)
+                .unwrap()
+        };
+        let mut txn = env.write_txn().unwrap();
+        let db: Database<Bytes, Bytes> = env.create_database(&mut txn, None).unwrap();
+        for i in 0..20_000 {
+            db.put(&mut txn, string_key(i).as_bytes(), &keyed_value(i))
+                .unwrap();
+        }
+        txn.commit().unwrap();
+        path
+    }
+
+    #[test]
+    fn a_guarded_search_finds_every_value_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = string_keys_lmdb(dir.path());
+        let file = fs::File::open(&path).unwrap();
+        let len = file.metadata().unwrap().len();
+        let (_, roots) = check(&path, &file, len, &[], None).unwrap();
+        let tree = roots.main.expect("a main database");
+        assert!(tree.depth >= 3, "depth {}", tree.depth);
+        let bytes = fs::read(&path).unwrap();
+        let mut page = Vec::new();
+        let mut find = |bytes: &[u8], key: &[u8]| {
+            tree.find(
+                &path,
+                (bytes.as_ptr() as usize, bytes.len() as u64),
+                key,
+                &mut page,
+            )
+        };
+        for i in 0..20_000 {
+            let (offset, len) = find(&bytes, string_key(i).as_bytes())
+                .unwrap()
+                .unwrap_or_else(|| panic!("key {i} not found"));
+            assert_eq!(&bytes[offset as usize..][..len], keyed_value(i), "key {i}");
+        }
+        // Before the first key, after the last, between two, a key's prefix and extension.
+        for absent in ["", "a", "n00000/", "n00000/0000000.JPEG0", "n00050", "zzzz"] {
+            assert!(
+                find(&bytes, absent.as_bytes()).unwrap().is_none(),
+                "{absent:?}"
+            );
+        }
+        // A page changed since the check (the root page's number), or past a shorter map.
+        let mut changed = bytes.clone();
+        let at = tree.root as usize * tree.page_size;
+        changed[at] ^= 1;
+        assert!(matches!(
+            find(&changed, string_key(1).as_bytes()),
+            Err(NotFound::Changed(_))
+        ));
+        assert!(matches!(
+            find(&bytes[..at], string_key(1).as_bytes()),
+            Err(NotFound::Changed(_))
+        ));
+        // Every byte of the root page changed: found as before, not found, or a changed file;
+        // never a read outside the page (the search would panic or fault).
+        for at in at..at + tree.page_size {
+            changed.copy_from_slice(&bytes);
+            changed[at] ^= 0xff;
+            let _ = find(&changed, string_key(12_345).as_bytes());
+        }
+    }
+    #[test]
+    fn a_guarded_search_of_a_named_database_finds_what_liblmdb_finds() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = small_lmdb(dir.path());
+        let file = fs::File::open(&path).unwrap();
+        let len = file.metadata().unwrap().len();
+        let (_, roots) = check(&path, &file, len, &["meta", "samples"], None).unwrap();
+        let tree = roots.named("samples").expect("the samples database");
+        let bytes = fs::read(&path).unwrap();
+        let span = (bytes.as_ptr() as usize, bytes.len() as u64);
+        let env = {
+            let mut options = EnvOpenOptions::new();
+            options.max_dbs(3);
+            // SAFETY: read only, by this test alone.
+            unsafe {
+                options
+                    .flags(heed::EnvFlags::NO_SUB_DIR)
+                    .open(&path)
+                    .unwrap()
+            }
+        };
+        let txn = env.read_txn().unwrap();
+        let samples: Database<Bytes, Bytes> =
+            env.open_database(&txn, Some("samples")).unwrap().unwrap();
+        let mut page = Vec::new();
+        for i in 0u64..62 {
+            let key = i.to_be_bytes();
+            let found = tree.find(&path, span, &key, &mut page).unwrap();
+            let expected = samples.get(&txn, &key).unwrap();
+            assert_eq!(
+                found.map(|(offset, len)| &bytes[offset as usize..][..len]),
+                expected,
+                "sample {i}"
+            );
+        }
+        assert!(roots.named("nothing").is_none());
     }
 }
