@@ -65,7 +65,8 @@ binary=$(cargo test -q --target aarch64-unknown-linux-gnu --no-run --message-for
 # under qemu it loops (the kernel reports it: the x86-64 run of the same code passes).
 for expected in child_reads_past_a_truncation:135 child_is_sent_sigbus:135 \
     child_claims_back_from_a_later_handler:42 \
-    child_faults_under_a_handler_that_only_returns:135; do
+    child_faults_under_a_handler_that_only_returns:135 \
+    child_faults_under_a_handler_that_calls_ours:135; do
     child=${expected%%:*}
     set +e
     timeout 60 qemu-aarch64 -L /usr/aarch64-linux-gnu "$binary" -q --exact --ignored \

@@ -26,11 +26,12 @@
 //! (PyTorch's DataLoader workers install one; Python's `faulthandler.enable()`) is put behind
 //! ours again at the next open, batch or Python `Dataset` read ([`claim`]).
 //!
-//! What stays unguarded: the few reads liblmdb makes itself at open (an LMDB file's info and
-//! checksum records, folder2lmdb's `__len__` and `__keys__`; a file of up to 256 MiB is read
-//! through before them) and every B-tree search where the process's maps cannot be listed
+//! What stays unguarded: liblmdb's own reads of tree pages at open (opening the databases, the
+//! lookups of an LMDB file's records, which the values are then copied out of through the
+//! guard; the open's check has just read those pages, and a file of up to 256 MiB is read
+//! through before them), every B-tree search where the process's maps cannot be listed
 //! (`/proc/self/maps`; elsewhere readers search the checked tree through the guard), and the
-//! short windows between a [`fault_in`] and the few header bytes read after it. x86-64 and AArch64 Linux only; elsewhere the routines are a plain
+//! short windows between a [`fault_in`] and the bytes read after it in the open's scans. x86-64 and AArch64 Linux only; elsewhere the routines are a plain
 //! copy and a plain touch.
 
 use std::io;
@@ -330,9 +331,37 @@ std::arch::global_asm!(
 static PREVIOUS: std::sync::atomic::AtomicPtr<libc::sigaction> =
     std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
 
-/// The address of the last fault passed on that left ours in place ([`pass_on`]).
+/// What [`pass_on`] keeps per thread (by thread id modulo [`THREAD_SLOTS`]; no thread-local
+/// storage, whose first use in a loaded library can allocate, which a handler must not): whether
+/// the thread is inside a handler ours passed a signal to, and the last fault passed on that
+/// left ours in place (address, instruction, when).
 #[cfg(guarded_touch)]
-static LAST_PASSED_ON: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+struct ThreadSlot {
+    tid: std::sync::atomic::AtomicI32,
+    passing: std::sync::atomic::AtomicBool,
+    address: std::sync::atomic::AtomicUsize,
+    pc: std::sync::atomic::AtomicUsize,
+    at_ns: std::sync::atomic::AtomicU64,
+}
+
+#[cfg(guarded_touch)]
+const THREAD_SLOTS: usize = 64;
+
+#[cfg(guarded_touch)]
+static THREADS: [ThreadSlot; THREAD_SLOTS] = [const {
+    ThreadSlot {
+        tid: std::sync::atomic::AtomicI32::new(0),
+        passing: std::sync::atomic::AtomicBool::new(false),
+        address: std::sync::atomic::AtomicUsize::new(0),
+        pc: std::sync::atomic::AtomicUsize::new(0),
+        at_ns: std::sync::atomic::AtomicU64::new(0),
+    }
+}; THREAD_SLOTS];
+
+/// A fault that comes back within this long, at the same address and instruction of the same
+/// thread, after the handler it was passed to returned leaving ours in place, recurs forever.
+#[cfg(guarded_touch)]
+const RECURS_WITHIN_NS: u64 = 100_000_000;
 
 /// True once [`claim`] has put ours in place in this process.
 #[cfg(guarded_touch)]
@@ -352,8 +381,10 @@ fn install_handler() {
 /// the dataset; Python's `faulthandler.enable()` can come after the first read. Either would
 /// otherwise take the signal first and end the process on a page the guard was there to
 /// catch. One `sigaction` query when ours is in place; called at each open, each batch a
-/// loader worker builds and each read of the Python package's `Dataset` (never per record:
-/// the query is a system call).
+/// loader worker builds and each call of the Python package's `Dataset` that reads (not in a
+/// Rust reader's loop over records: the query is a system call). A handler recorded here stays
+/// the next in line after it puts ours back itself (`faulthandler.disable()`): a SIGBUS sent by
+/// `kill` then reaches it, and a disabled `faulthandler` lets it pass.
 pub(crate) fn claim() {
     #[cfg(guarded_touch)]
     // SAFETY: `sigaction` with zeroed structs whose handler, flags and mask are set: ours has
@@ -382,7 +413,14 @@ pub(crate) fn claim() {
         action.sa_sigaction = ours;
         action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
         libc::sigemptyset(&mut action.sa_mask);
-        libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut());
+        let mut replaced: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(libc::SIGBUS, &action, &mut replaced) == 0
+            && replaced.sa_sigaction != current.sa_sigaction
+            && replaced.sa_sigaction != ours
+        {
+            // Another thread installed a handler between the query and ours: that one is next.
+            PREVIOUS.store(Box::into_raw(Box::new(replaced)), Ordering::Release);
+        }
         CLAIMED.store(true, Ordering::Release);
     }
 }
@@ -441,12 +479,14 @@ extern "C" fn on_sigbus(
 /// answers a signal from `kill` by restoring the default action and returning, as Rust's own
 /// does (it expects a fault to recur), would leave the process running with no handler at all:
 /// that signal is raised again, so it ends the process as the default action says. A handler
-/// put behind ours by [`claim`] may hand the signal back to ours: Python's `faulthandler`
-/// restores the action it replaced (ours) and raises the signal again, for each signal, so the
-/// two would pass it to and fro forever; ended with the default action when the handler leaves
-/// ours in place with the signal raised again. A `signal.signal` handler only notes the signal
-/// and returns, and a fault then recurs forever: ended when the same address faults twice in a
-/// row that way. (A handler that mends the page and returns sees its fault once.)
+/// put behind ours by [`claim`] may hand the signal back to ours, and the two would pass it to
+/// and fro forever; each way ends with the default action instead: one that calls the handler
+/// it replaced (ours) as a function (trap handlers of other runtimes, another copy of this
+/// library) re-enters ours on the same thread; Python's `faulthandler` restores the action it
+/// replaced (ours) and raises the signal again, for each signal, leaving it pending; a
+/// `signal.signal` handler only notes the signal and returns, and the same thread then faults
+/// at the same address and instruction again within 100 ms. (A handler that mends the page
+/// and returns, or resumes the thread elsewhere, sees its fault once.)
 ///
 /// # Safety
 /// Only from [`on_sigbus`], with the arguments it was given.
@@ -455,8 +495,21 @@ unsafe fn pass_on(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut
     let previous = PREVIOUS.load(Ordering::Acquire);
     // SAFETY: (for the whole block) a recorded action is never freed; the previous action's
     // handler was installed for this signal with these flags, so calling it as the kernel would
-    // is what it expects; `sigaction` and `raise` are async-signal-safe.
+    // is what it expects; `syscall(gettid)`, `clock_gettime`, `sigaction`, `sigpending` and
+    // `raise` are async-signal-safe.
     unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as i32;
+        let slot = &THREADS[tid as usize % THREAD_SLOTS];
+        if slot.tid.load(Ordering::Relaxed) == tid && slot.passing.load(Ordering::Relaxed) {
+            // Back in ours from the handler ours passed the signal to, on the same thread: it
+            // passes signals on to the one it replaced (ours) by calling it, and the two would
+            // call each other until the stack ran out.
+            end_with(signal);
+            return;
+        }
+        if slot.tid.swap(tid, Ordering::Relaxed) != tid {
+            slot.address.store(0, Ordering::Relaxed);
+        }
         let previous = previous.as_ref();
         let handler = previous.map_or(libc::SIG_DFL, |p| p.sa_sigaction);
         let sent = (*info).si_code <= 0;
@@ -468,6 +521,8 @@ unsafe fn pass_on(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut
             end_with(signal);
             return;
         }
+        let pc = instruction_of(context);
+        slot.passing.store(true, Ordering::Relaxed);
         if previous.is_some_and(|p| p.sa_flags & libc::SA_SIGINFO != 0) {
             let handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
                 std::mem::transmute(handler);
@@ -476,6 +531,7 @@ unsafe fn pass_on(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut
             let handler: extern "C" fn(libc::c_int) = std::mem::transmute(handler);
             handler(signal);
         }
+        slot.passing.store(false, Ordering::Relaxed);
         let mut now: libc::sigaction = std::mem::zeroed();
         if libc::sigaction(signal, std::ptr::null(), &mut now) != 0 {
             return;
@@ -488,13 +544,43 @@ unsafe fn pass_on(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut
             let mut pending: libc::sigset_t = std::mem::zeroed();
             let raised_again =
                 libc::sigpending(&mut pending) == 0 && libc::sigismember(&pending, signal) == 1;
-            let recurs = !sent
-                && LAST_PASSED_ON.swap((*info).si_addr() as usize, Ordering::Relaxed)
-                    == (*info).si_addr() as usize;
+            // A handler that resumed the thread elsewhere dealt with the fault.
+            let recurs = !sent && instruction_of(context) == pc && {
+                let address = (*info).si_addr() as usize;
+                let mut clock: libc::timespec = std::mem::zeroed();
+                libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut clock);
+                let at = (clock.tv_sec as u64)
+                    .saturating_mul(1_000_000_000)
+                    .saturating_add(clock.tv_nsec as u64);
+                let same = slot.address.swap(address, Ordering::Relaxed) == address
+                    && slot.pc.swap(pc, Ordering::Relaxed) == pc
+                    && at.saturating_sub(slot.at_ns.swap(at, Ordering::Relaxed)) < RECURS_WITHIN_NS;
+                slot.pc.store(pc, Ordering::Relaxed);
+                slot.at_ns.store(at, Ordering::Relaxed);
+                same
+            };
             if raised_again || recurs {
                 end_with(signal);
             }
         }
+    }
+}
+
+/// The address of the instruction the interrupted thread resumes at.
+///
+/// # Safety
+/// `context` is the `ucontext_t` the kernel passed to an SA_SIGINFO handler.
+#[cfg(guarded_touch)]
+unsafe fn instruction_of(context: *mut libc::c_void) -> usize {
+    // SAFETY: the caller's promise.
+    let context = unsafe { &*(context as *const libc::ucontext_t) };
+    #[cfg(target_arch = "x86_64")]
+    {
+        context.uc_mcontext.gregs[libc::REG_RIP as usize] as usize
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        context.uc_mcontext.pc as usize
     }
 }
 
@@ -768,6 +854,7 @@ mod tests {
         for child in [
             "mapguard::tests::child_faults_under_a_handler_that_puts_ours_back",
             "mapguard::tests::child_faults_under_a_handler_that_only_returns",
+            "mapguard::tests::child_faults_under_a_handler_that_calls_ours",
         ] {
             let status = child_status(child);
             assert_eq!(status.signal(), Some(libc::SIGBUS), "{child}: {status:?}");
@@ -813,6 +900,37 @@ mod tests {
         let (_dir, _path, map) = truncated_map(2, 0);
         assert!(fault_in(&map[..1]).is_err());
         install_after_ours(only_returns, 0);
+        claim();
+        assert!(fault_in(&map[..1]).is_err());
+        // SAFETY: as above.
+        let byte = unsafe { std::ptr::read_volatile(map.as_ptr().add(4096)) };
+        panic!("read {byte} past the end of a truncated file");
+    }
+
+    /// A handler like another runtime's trap handler, or another copy of this library: passes
+    /// the signal on by calling the handler it replaced (ours) as a function.
+    #[cfg(guarded_touch)]
+    extern "C" fn calls_the_old_one(
+        signal: libc::c_int,
+        info: *mut libc::siginfo_t,
+        context: *mut libc::c_void,
+    ) {
+        let replaced = REPLACED.get().unwrap().sa_sigaction;
+        // SAFETY: the replaced action is ours, an SA_SIGINFO handler.
+        unsafe {
+            let handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+                std::mem::transmute(replaced);
+            handler(signal, info, context);
+        }
+    }
+
+    #[cfg(guarded_touch)]
+    #[test]
+    #[ignore = "a child process of a_handler_installed_later_goes_behind_the_guard"]
+    fn child_faults_under_a_handler_that_calls_ours() {
+        let (_dir, _path, map) = truncated_map(2, 0);
+        assert!(fault_in(&map[..1]).is_err());
+        install_after_ours(calls_the_old_one, 0);
         claim();
         assert!(fault_in(&map[..1]).is_err());
         // SAFETY: as above.

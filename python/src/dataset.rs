@@ -100,6 +100,7 @@ impl NativeDataset {
     /// a loader's state records, and what tells a reopened path from the dataset first opened.
     #[getter]
     fn fingerprint(&self, py: Python<'_>) -> String {
+        imagefeed::reclaim_sigbus_guard();
         let dataset = &self.dataset;
         py.detach(|| imagefeed::dataset::fingerprint(dataset.as_ref()))
     }
@@ -116,6 +117,7 @@ impl NativeDataset {
     /// Every record's `(key, label)`, in index order: an image folder's from its listing,
     /// other formats' by reading every record (the GIL released).
     fn keys_and_labels(&self, py: Python<'_>) -> PyResult<Vec<(String, u32)>> {
+        imagefeed::reclaim_sigbus_guard();
         let dataset = &self.dataset;
         py.detach(|| imagefeed::dataset::keys_and_labels(dataset.as_ref()))
             .map_err(to_py)
