@@ -12,7 +12,7 @@ use crate::error::{Error, IoContext as _, Result};
 use crate::format::{InfoRecord, pickle};
 
 use super::reader::{
-    Layout, LmdbMeta, MapBounds, ReadEnv, check_lmdb_file, meta_text, shared_read_env,
+    Layout, LmdbMeta, MapBounds, ReadEnv, check_lmdb_file, copied, meta_text, shared_read_env,
 };
 use super::tree::TreeRoot;
 use super::{INFO_KEY, Lmdb, MAGIC, META_DB, from_json};
@@ -48,10 +48,10 @@ fn holds_our_magic(path: &Path) -> bool {
         else {
             return Ok(false);
         };
-        let Some(text) = meta_text(path, &bounds, &meta, &rtxn, INFO_KEY)? else {
+        let Some((text, _)) = meta_text(path, &bounds, &meta, &rtxn, INFO_KEY)? else {
             return Ok(false);
         };
-        let record: InfoRecord = from_json(path, INFO_KEY, text)?;
+        let record: InfoRecord = from_json(path, INFO_KEY, &text)?;
         Ok(record.magic == MAGIC)
     };
     own().unwrap_or(false)
@@ -110,17 +110,51 @@ fn folder2lmdb_keys(path: &Path, value: &[u8], len: usize) -> Result<Vec<String>
 }
 
 /// Touches, through the SIGBUS guard, the pages of the pickled `(bytes, label)` `value` that
-/// the label scan's parse reads: its first and last 64 bytes where the pickle (protocol 3 on)
-/// holds the image as bytes the parse steps over, every page otherwise (protocols 0 to 2 store
-/// them as text the parse decodes). `Err`: the address that could not be read.
+/// the label scan's parse reads: everything but the image's bytes, where the pickle (protocol 3
+/// on) opens with them as one bytes item the parse steps over; every page otherwise (protocols
+/// 0 to 2 store them as text the parse decodes). `Err`: the address that could not be read.
 fn touch_for_label(value: &[u8]) -> std::result::Result<(), usize> {
-    let head = &value[..value.len().min(64)];
-    crate::mapguard::fault_in(head)?;
-    if matches!(head, [0x80, protocol, ..] if *protocol >= 3) {
-        crate::mapguard::fault_in(&value[value.len().saturating_sub(64)..])
-    } else {
-        crate::mapguard::fault_in(value)
+    let mut head = [0u8; 32];
+    let head = &mut head[..value.len().min(32)];
+    crate::mapguard::copy_to_slice(head, &value[..head.len()])?;
+    match image_bytes(head).filter(|image| image.end <= value.len()) {
+        Some(image) => {
+            crate::mapguard::fault_in(&value[..image.start])?;
+            crate::mapguard::fault_in(&value[image.end..])
+        }
+        None => crate::mapguard::fault_in(value),
     }
+}
+
+/// Where the image's bytes lie in a pickle that begins with `head`: protocol 3 on, an optional
+/// frame, then the bytes (`SHORT_BINBYTES`, `BINBYTES` or `BINBYTES8`) as its first item.
+fn image_bytes(head: &[u8]) -> Option<std::ops::Range<usize>> {
+    let [0x80, protocol, ..] = *head else {
+        return None;
+    };
+    let mut at = 2;
+    if protocol < 3 {
+        return None;
+    }
+    if head.get(at) == Some(&0x95) {
+        at += 9; // FRAME and its 8-byte length
+    }
+    let (header, len) = match *head.get(at)? {
+        b'C' => (2, u64::from(*head.get(at + 1)?)),
+        b'B' => (
+            5,
+            u64::from(u32::from_le_bytes(
+                head.get(at + 1..at + 5)?.try_into().ok()?,
+            )),
+        ),
+        0x8e => (
+            9,
+            u64::from_le_bytes(head.get(at + 1..at + 9)?.try_into().ok()?),
+        ),
+        _ => return None,
+    };
+    let start = at + header;
+    Some(start..start.checked_add(usize::try_from(len).ok()?)?)
 }
 
 /// Opens the Python folder2lmdb layout (see [`Lmdb`]); `rtxn` is a read transaction on `env`.
@@ -153,7 +187,7 @@ pub(super) fn open_folder2lmdb(
     };
     let len_value = get(b"__len__")?.ok_or_else(not_ours)?;
     let map = super::reader::EnvMap::of(&bounds, len_value);
-    let len = match pickle::parse(len_value) {
+    let len = match pickle::parse(&copied(path, &bounds, len_value)?) {
         Ok(pickle::Value::Int(n)) if n >= 0 => n as u64,
         _ => {
             return Err(Error::not_a_dataset(
@@ -179,7 +213,7 @@ pub(super) fn open_folder2lmdb(
     let len = len as usize;
     let keys: Vec<String> = match get(b"__keys__")? {
         None => (0..len).map(|i| i.to_string()).collect(),
-        Some(value) => folder2lmdb_keys(path, value, len)?,
+        Some(value) => folder2lmdb_keys(path, &copied(path, &bounds, value)?, len)?,
     };
     if keys.len() != len {
         return Err(Error::not_a_dataset(
@@ -191,14 +225,19 @@ pub(super) fn open_folder2lmdb(
     // MAX_CLASSES). A value that does not parse is left to the reader, which reports it as a bad
     // sample.
     let mut inference = crate::dataset::ClassInference::default();
-    let mut page = Vec::new();
+    let mut pages = super::tree::SearchPages::default();
+    let whole = map
+        .span()
+        .and_then(|span| bounds.value_at(&rtxn, span, 0, span.1 as usize));
     for (index, key) in keys.iter().enumerate() {
         // A damaged or unreadable value is left to the reader too (it reports it as a bad
         // sample). Found by the guarded search where the map is known (a file too large to
         // read through at open is read here one value at a time, where a disk error was SIGBUS).
-        let value = match tree.zip(map.span()) {
-            Some((tree, span)) => match tree.find(path, span, key.as_bytes(), &mut page) {
-                Ok(Some((offset, len))) => bounds.value_at(&rtxn, span, offset, len),
+        let value = match tree.zip(whole) {
+            Some((tree, whole)) => match tree.find(path, whole, key.as_bytes(), &mut pages) {
+                Ok(Some((offset, len))) => usize::try_from(offset)
+                    .ok()
+                    .and_then(|at| whole.get(at..at.checked_add(len)?)),
                 Ok(None) | Err(_) => None,
             },
             None => get(key.as_bytes()).ok().flatten(),
@@ -266,5 +305,14 @@ mod tests {
         // The last page cut away, and the label with it.
         let (_dir, _path, map) = crate::mapguard::map_then_cut(&value, 3 * 4096);
         assert!(touch_for_label(&map).is_err());
+        // Where the image lies: after a frame, in each bytes opcode; none for text or protocol 2.
+        assert_eq!(image_bytes(&value), Some(7..7 + 3 * 4096));
+        let framed = [&[0x80, 4, 0x95][..], &[0; 8], b"C\x05"].concat();
+        assert_eq!(image_bytes(&framed), Some(13..18));
+        let eight = [&[0x80, 5, 0x8e][..], &9u64.to_le_bytes()].concat();
+        assert_eq!(image_bytes(&eight), Some(11..20));
+        assert_eq!(image_bytes(b"\x80\x04X\x05\x00\x00\x00hello"), None);
+        assert_eq!(image_bytes(b"\x80\x02C\x05hello"), None);
+        assert_eq!(image_bytes(&[0x80, 4, b'B', 0xff]), None);
     }
 }

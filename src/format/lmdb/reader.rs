@@ -21,7 +21,7 @@ use crate::format::staging;
 use crate::format::writer::PackProgress;
 
 use super::foreign::open_folder2lmdb;
-use super::tree::{Located, NotFound, Roots, TreeRoot};
+use super::tree::{Located, NotFound, Roots, SearchPages, TreeRoot};
 use super::{
     CHECKSUMS_DB, CHECKSUMS_SINCE, INFO_KEY, LMDB_FILE_MAGIC, META_DB, PROGRESS_KEY, SAMPLES_DB,
     corrupt, decode_value, parse_info, parse_progress, sample_key, tree,
@@ -295,12 +295,11 @@ impl Lmdb {
             return open_folder2lmdb(path, (&env, bounds, roots.main), rtxn, len);
         };
         let get = |key: &str| meta_text(path, &bounds, &meta, &rtxn, key);
-        let info_text =
+        let (info_text, map) =
             get(INFO_KEY)?.ok_or_else(|| Error::not_a_dataset(path, "meta/info is missing"))?;
-        let map = EnvMap::of(&bounds, info_text.as_bytes());
-        let record = parse_info(path, info_text)?;
+        let record = parse_info(path, &info_text)?;
         let progress = match get(PROGRESS_KEY)? {
-            Some(text) => Some(parse_progress(path, text)?),
+            Some((text, _)) => Some(parse_progress(path, &text)?),
             None => None,
         };
         let samples: Database<Bytes, Bytes> = env
@@ -396,6 +395,7 @@ fn read_checksums(
                 Error::not_a_dataset(path, format!("the checksums database: {reason}"))
             })?;
         let first = <[u8; 8]>::try_from(key).ok().map(u64::from_be_bytes);
+        let value = &copied(path, bounds, value)?;
         let count = value.len() / 4;
         if first != Some(sums.len() as u64) || value.len() % 4 != 0 || sums.len() + count > stored {
             return Err(Error::not_a_dataset(
@@ -557,23 +557,36 @@ fn read_up_to(file: &mut fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
 }
 
 /// The text stored under `key` in `meta` (a meta database opened with byte values), checked to
-/// lie in the map before it is read.
-pub(super) fn meta_text<'t>(
+/// lie in the map and then [`copied`] out of it, with the map it lies in.
+pub(super) fn meta_text(
     path: &Path,
     bounds: &MapBounds,
     meta: &Database<Str, Bytes>,
-    rtxn: &'t RoTxn<'_, WithoutTls>,
+    rtxn: &RoTxn<'_, WithoutTls>,
     key: &str,
-) -> Result<Option<&'t str>> {
+) -> Result<Option<(String, EnvMap)>> {
     let Some(value) = meta.get(rtxn, key).map_err(|e| Error::lmdb(path, e))? else {
         return Ok(None);
     };
     let value = bounds
         .check(value)
         .map_err(|reason| Error::not_a_dataset(path, format!("meta/{key}: {reason}")))?;
-    std::str::from_utf8(value)
-        .map(Some)
+    let map = EnvMap::of(bounds, value);
+    let text = copied(path, bounds, value)?;
+    String::from_utf8(text)
+        .map(|text| Some((text, map)))
         .map_err(|_| Error::not_a_dataset(path, format!("meta/{key} is not UTF-8 text")))
+}
+
+/// `value`, which liblmdb returned from the map of the file at `path` (`bounds`), copied out
+/// through the SIGBUS guard ([`crate::mapguard`]) before the open parses it: liblmdb only
+/// reads the page holding a value's node (which the open's check has just read) and returns
+/// where the value lies, so a value on overflow pages of a file too large to read through
+/// (folder2lmdb's `__keys__`, the checksums) is first read here.
+pub(super) fn copied(path: &Path, bounds: &MapBounds, value: &[u8]) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    crate::mapguard::copy_mapped(path, bounds.map_of(value), value, &mut out)?;
+    Ok(out)
 }
 
 /// The process's environment for `path` (one per file, shared), where its map lies, and where
@@ -724,7 +737,7 @@ impl Dataset for Lmdb {
             search: self.tree.zip(self.map.span()).map(|(tree, map)| Search {
                 tree,
                 map,
-                page: Vec::new(),
+                pages: SearchPages::default(),
             }),
         }))
     }
@@ -824,8 +837,8 @@ struct Search {
     tree: TreeRoot,
     /// The environment's map: its start address and the file's length at open.
     map: (usize, u64),
-    /// The page being searched, copied out of the map.
-    page: Vec<u8>,
+    /// The pages searched last, copied out of the map.
+    pages: SearchPages,
 }
 
 impl Search {
@@ -839,7 +852,12 @@ impl Search {
         (index, name): (usize, &str),
         key: &[u8],
     ) -> Result<Option<&'t [u8]>> {
-        let found = self.tree.find(path, self.map, key, &mut self.page);
+        // SAFETY: `map` is the start of the environment's read-only map and the file's length
+        // when it was opened, all of it mapped (`EnvMap`); `_txn` keeps the environment, and so
+        // the map, alive while the slice is used (here, and in what this returns).
+        let map: &'t [u8] =
+            unsafe { std::slice::from_raw_parts(self.map.0 as *const u8, self.map.1 as usize) };
+        let found = self.tree.find(path, map, key, &mut self.pages);
         let (offset, len) = match found {
             Ok(Some(location)) => location,
             Ok(None) => return Ok(None),
@@ -851,10 +869,10 @@ impl Search {
                 });
             }
         };
-        let inside = offset
-            .checked_add(len as u64)
-            .is_some_and(|end| end <= self.map.1);
-        if !inside {
+        let Some(value) = usize::try_from(offset)
+            .ok()
+            .and_then(|at| map.get(at..at.checked_add(len)?))
+        else {
             return Err(corrupt(
                 path,
                 index,
@@ -865,12 +883,8 @@ impl Search {
                     self.map.1
                 ),
             ));
-        }
-        // SAFETY: `offset + len` lies inside the map (above), which is read-only and lives as
-        // long as its environment; `_txn` keeps that alive, and the slice borrows it for `'t`.
-        Ok(Some(unsafe {
-            std::slice::from_raw_parts((self.map.0 + offset as usize) as *const u8, len)
-        }))
+        };
+        Ok(Some(value))
     }
 }
 

@@ -158,6 +158,13 @@ impl Roots {
     }
 }
 
+/// The pages [`TreeRoot::find`] copied last, one per level of the tree, by page number: the
+/// root's and the upper branch pages are the same for most searches, and are copied once.
+#[derive(Debug, Default)]
+pub(super) struct SearchPages {
+    levels: Vec<(Option<u64>, Vec<u8>)>,
+}
+
 /// Why [`TreeRoot::find`] found no value: a page it could not read (the error for it), or a
 /// page that is no longer what the open's check found (the file changed since).
 #[derive(Debug)]
@@ -168,35 +175,44 @@ pub(super) enum NotFound {
 
 impl TreeRoot {
     /// Where the value of `key` lies in the file, `(offset, length)` (`None`: no such key),
-    /// found by searching the tree in the map of the file at `path` that starts at address
-    /// `map.0` and is `map.1` bytes long. Each page is copied out of the map through the SIGBUS
+    /// found by searching the tree in `map`, a map of the file at `path` from its first byte
+    /// (its length the file's when it was checked). Each page is copied out of the map through the SIGBUS
     /// guard into `page` before it is read ([`crate::mapguard`]): a page the disk cannot supply,
     /// or one cut from the file, is an error here instead of SIGBUS in liblmdb's own search. The
     /// pages were checked at open; each is checked again as far as the search relies on it
     /// (number, kind, node table and keys inside the page), so a file changed in place since
     /// is [`NotFound::Changed`], never a read outside the page. The value's bytes are the
-    /// caller's to copy out. One page copy per level (3 or 4 for millions of records).
+    /// caller's to copy out. A page copied by an earlier search with the same `pages` is not
+    /// copied again (the root's and the upper branch pages are shared by most searches).
     pub(super) fn find(
         &self,
         path: &Path,
-        map: (usize, u64),
+        map: &[u8],
         key: &[u8],
-        page: &mut Vec<u8>,
+        pages: &mut SearchPages,
     ) -> std::result::Result<Option<(u64, usize)>, NotFound> {
+        let span = (map.as_ptr() as usize, map.len() as u64);
+        pages
+            .levels
+            .resize_with(usize::from(self.depth), Default::default);
         let changed = |why: String| NotFound::Changed(why);
         let size = self.page_size;
         let mut number = self.root;
         for level in 1..=self.depth {
-            let at = number
-                .checked_mul(size as u64)
-                .filter(|&at| at.saturating_add(size as u64) <= map.1)
+            let bytes = usize::try_from(number)
+                .ok()
+                .and_then(|n| n.checked_mul(size))
+                .and_then(|at| map.get(at..at.checked_add(size)?))
                 .ok_or_else(|| changed(format!("page {number} lies past the file's end")))?;
-            // SAFETY: `map` is the start and length of a live read-only map of the file (the
-            // caller's environment's, which it keeps open), and `at + size` is within it.
-            let bytes =
-                unsafe { std::slice::from_raw_parts((map.0 + at as usize) as *const u8, size) };
-            let page = crate::mapguard::copy_mapped(path, Some(map), bytes, page)
-                .map_err(NotFound::Unreadable)?;
+            let at = number * size as u64;
+            let (copied, page) = &mut pages.levels[usize::from(level) - 1];
+            if *copied != Some(number) {
+                *copied = None;
+                crate::mapguard::copy_mapped(path, Some(span), bytes, page)
+                    .map_err(NotFound::Unreadable)?;
+                *copied = Some(number);
+            }
+            let page = page.as_slice();
             let leaf = level == self.depth;
             let nodes = SearchPage::new(page, number, leaf).map_err(changed)?;
             if !leaf {
@@ -1048,15 +1064,22 @@ mod tests {
         let tree = roots.main.expect("a main database");
         assert!(tree.depth >= 3, "depth {}", tree.depth);
         let bytes = fs::read(&path).unwrap();
-        let mut page = Vec::new();
-        let mut find = |bytes: &[u8], key: &[u8]| {
-            tree.find(
-                &path,
-                (bytes.as_ptr() as usize, bytes.len() as u64),
-                key,
-                &mut page,
-            )
-        };
+        let find =
+            |bytes: &[u8], key: &[u8]| tree.find(&path, bytes, key, &mut SearchPages::default());
+        // In a scattered order, through one set of copied pages (most searches share the upper
+        // ones), and each key with fresh ones.
+        let mut shared = SearchPages::default();
+        for i in (0..20_000).map(|i| i * 7919 % 20_000) {
+            let (offset, len) = tree
+                .find(&path, &bytes, string_key(i).as_bytes(), &mut shared)
+                .unwrap()
+                .unwrap_or_else(|| panic!("key {i} not found"));
+            assert_eq!(&bytes[offset as usize..][..len], keyed_value(i), "key {i}");
+            assert_eq!(
+                find(&bytes, string_key(i).as_bytes()).unwrap(),
+                Some((offset, len))
+            );
+        }
         for i in 0..20_000 {
             let (offset, len) = find(&bytes, string_key(i).as_bytes())
                 .unwrap()
@@ -1099,7 +1122,6 @@ mod tests {
         let (_, roots) = check(&path, &file, len, &["meta", "samples"], None).unwrap();
         let tree = roots.named("samples").expect("the samples database");
         let bytes = fs::read(&path).unwrap();
-        let span = (bytes.as_ptr() as usize, bytes.len() as u64);
         let env = {
             let mut options = EnvOpenOptions::new();
             options.max_dbs(3);
@@ -1114,10 +1136,10 @@ mod tests {
         let txn = env.read_txn().unwrap();
         let samples: Database<Bytes, Bytes> =
             env.open_database(&txn, Some("samples")).unwrap().unwrap();
-        let mut page = Vec::new();
+        let mut pages = SearchPages::default();
         for i in 0u64..62 {
             let key = i.to_be_bytes();
-            let found = tree.find(&path, span, &key, &mut page).unwrap();
+            let found = tree.find(&path, &bytes, &key, &mut pages).unwrap();
             let expected = samples.get(&txn, &key).unwrap();
             assert_eq!(
                 found.map(|(offset, len)| &bytes[offset as usize..][..len]),
