@@ -545,3 +545,33 @@ fn an_lmdb_from_a_newer_layout_is_refused() {
         "{err:?}"
     );
 }
+
+#[test]
+fn an_lmdb_pack_fills_its_leaf_pages() {
+    // Keys only rise, so each leaf is left full: a file barely larger than its values (a plain
+    // put splits every full leaf in half, and a dataset's file came out ~1.5 times its values).
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("full.lmdb");
+    let keys: Vec<String> = (0..2000).map(|i| format!("c/{i:05}.jpg")).collect();
+    let payload = vec![7u8; 900];
+    let records: Vec<PackedRecord<'_>> = keys
+        .iter()
+        .map(|key| PackedRecord {
+            label: 0,
+            key,
+            payload: &payload,
+        })
+        .collect();
+    write_with(PackFormat::Lmdb, &path, &["c"], &records);
+    let values = 2000 * (900 + 12);
+    let len = fs::metadata(&path).unwrap().len() as usize;
+    assert!(
+        len < values * 125 / 100,
+        "{len} bytes for {values} bytes of values"
+    );
+    let dataset = Lmdb::open(&path).unwrap();
+    let mut reader = dataset.open_reader().unwrap();
+    for i in [0, 999, 1999] {
+        assert_eq!(reader.read(i).unwrap().payload, &payload[..]);
+    }
+}

@@ -5,7 +5,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use heed::types::{Bytes, Str};
-use heed::{Database, Env, EnvFlags, EnvOpenOptions};
+use heed::{Database, Env, EnvFlags, EnvOpenOptions, PutFlags};
 
 use crate::dataset::{DatasetInfo, FormatKind};
 use crate::error::{Error, IoContext as _, Result};
@@ -143,12 +143,23 @@ impl LmdbWriter {
             encode_value(&mut self.value, record.label, record.key, record.payload);
             self.chunk_checksums
                 .extend_from_slice(&crc32c::crc32c(&self.value).to_le_bytes());
-            self.samples
-                .put(&mut wtxn, &sample_key(first + offset), &self.value)?;
+            // Keys only rise (sample indices, each chunk after the last committed one): with
+            // APPEND a full leaf is left full and the next key starts a new one, where a plain
+            // put splits it in half. Leaves ~95% full instead of ~65%: a smaller file to read.
+            self.samples.put_with_flags(
+                &mut wtxn,
+                PutFlags::APPEND,
+                &sample_key(first + offset),
+                &self.value,
+            )?;
         }
         if !records.is_empty() {
-            self.checksums
-                .put(&mut wtxn, &sample_key(first), &self.chunk_checksums)?;
+            self.checksums.put_with_flags(
+                &mut wtxn,
+                PutFlags::APPEND,
+                &sample_key(first),
+                &self.chunk_checksums,
+            )?;
         }
         self.meta.put(&mut wtxn, PROGRESS_KEY, &to_json(progress))?;
         wtxn.commit()
