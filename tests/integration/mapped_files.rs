@@ -249,3 +249,31 @@ fn largest_file(dir: &Path, suffix: &str) -> PathBuf {
         .max_by_key(|p| fs::metadata(p).unwrap().len())
         .unwrap_or_else(|| panic!("no {suffix} file under {}", dir.display()))
 }
+
+#[test]
+fn an_lmdb_damaged_in_place_between_two_opens_is_refused_at_the_second() {
+    // The second open in a process (a forked DataLoader worker's, every epoch) shares the first
+    // one's environment: its pages are checked again before liblmdb reads them, so a page
+    // damaged since (or one the disk can no longer supply, which liblmdb would meet as SIGBUS)
+    // is the open's error.
+    use std::os::unix::fs::FileExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("small.lmdb");
+    pack_lmdb(&small_tree(dir.path()), &out, &small_options());
+    let first = format::open(&out).unwrap();
+    let pages = fs::metadata(&out).unwrap().len() / 4096;
+    // Every page past the meta pages says it is another page (its first 8 bytes).
+    let file = fs::OpenOptions::new().write(true).open(&out).unwrap();
+    for page in 2..pages {
+        file.write_all_at(&u64::MAX.to_le_bytes(), page * 4096)
+            .unwrap();
+    }
+    match format::open(&out) {
+        Err(Error::NotADataset { reason, .. }) => {
+            assert!(reason.contains("damaged LMDB"), "{reason}");
+        }
+        Ok(_) => panic!("opened a file whose every tree page is damaged"),
+        Err(other) => panic!("{other}"),
+    }
+    drop(first);
+}

@@ -109,26 +109,33 @@ fn folder2lmdb_keys(path: &Path, value: &[u8], len: usize) -> Result<Vec<String>
     Ok(keys)
 }
 
-/// Touches, through the SIGBUS guard, the pages of the pickled `(bytes, label)` `value` that
-/// the label scan's parse reads: everything but the image's bytes, where the pickle (protocol 3
-/// on) opens with them as one bytes item the parse steps over; every page otherwise (protocols
-/// 0 to 2 store them as text the parse decodes). `Err`: the address that could not be read.
-fn touch_for_label(value: &[u8]) -> std::result::Result<(), usize> {
+/// The label of the pickled `(bytes, label)` `value`, for the open's scan, parsed from bytes
+/// copied out of the map through the SIGBUS guard, never from the map itself (which a file cut
+/// or failing meanwhile turns into SIGBUS): where the pickle (protocol 3 on) opens with the
+/// image as one bytes item, everything but the image is copied, with an empty bytes item in its
+/// place; anything else is copied whole. `None`: unreadable, or not such a pickle (left to the
+/// reader, which reports the record). `copy` is the scan's buffer.
+fn scan_label(value: &[u8], copy: &mut Vec<u8>) -> Option<i64> {
     let mut head = [0u8; 32];
     let head = &mut head[..value.len().min(32)];
-    crate::mapguard::copy_to_slice(head, &value[..head.len()])?;
-    match image_bytes(head).filter(|image| image.end <= value.len()) {
-        Some(image) => {
-            crate::mapguard::fault_in(&value[..image.start])?;
-            crate::mapguard::fault_in(&value[image.end..])
+    crate::mapguard::copy_to_slice(head, &value[..head.len()]).ok()?;
+    match image_bytes(head).filter(|(_, image)| image.end <= value.len()) {
+        Some((opcode, image)) => {
+            let mut rest = Vec::new();
+            crate::mapguard::copy_into(&value[image.end..], &mut rest).ok()?;
+            crate::mapguard::copy_into(&value[..opcode], copy).ok()?;
+            copy.extend_from_slice(b"C\x00"); // SHORT_BINBYTES of no bytes
+            copy.extend_from_slice(&rest);
         }
-        None => crate::mapguard::fault_in(value),
+        None => crate::mapguard::copy_into(value, copy).ok()?,
     }
+    pickle::image_and_label(copy).ok().map(|(_, label)| label)
 }
 
-/// Where the image's bytes lie in a pickle that begins with `head`: protocol 3 on, an optional
-/// frame, then the bytes (`SHORT_BINBYTES`, `BINBYTES` or `BINBYTES8`) as its first item.
-fn image_bytes(head: &[u8]) -> Option<std::ops::Range<usize>> {
+/// Where the image's bytes item lies in a pickle that begins with `head` (its opcode's offset)
+/// and where its bytes lie: protocol 3 on, an optional frame, then the bytes
+/// (`SHORT_BINBYTES`, `BINBYTES` or `BINBYTES8`) as its first item.
+fn image_bytes(head: &[u8]) -> Option<(usize, std::ops::Range<usize>)> {
     let [0x80, protocol, ..] = *head else {
         return None;
     };
@@ -154,7 +161,7 @@ fn image_bytes(head: &[u8]) -> Option<std::ops::Range<usize>> {
         _ => return None,
     };
     let start = at + header;
-    Some(start..start.checked_add(usize::try_from(len).ok()?)?)
+    Some((at, start..start.checked_add(usize::try_from(len).ok()?)?))
 }
 
 /// Opens the Python folder2lmdb layout (see [`Lmdb`]); `rtxn` is a read transaction on `env`.
@@ -226,6 +233,7 @@ pub(super) fn open_folder2lmdb(
     // sample.
     let mut inference = crate::dataset::ClassInference::default();
     let mut pages = super::tree::SearchPages::default();
+    let mut copy = Vec::new();
     let whole = map
         .span()
         .and_then(|span| bounds.value_at(&rtxn, span, 0, span.1 as usize));
@@ -243,8 +251,7 @@ pub(super) fn open_folder2lmdb(
             None => get(key.as_bytes()).ok().flatten(),
         };
         if let Some(value) = value
-            && touch_for_label(value).is_ok()
-            && let Ok((_, label)) = pickle::image_and_label(value)
+            && let Some(label) = scan_label(value, &mut copy)
         {
             inference.see(|| format!("{index} (key {key:?})"), Some(label));
         }
@@ -293,24 +300,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_label_scan_touches_what_it_parses_through_the_guard() {
-        // A pickled (bytes, label), protocol 4: the image as bytes the parse steps over.
+    fn the_label_scan_parses_copies_not_the_map() {
+        // A pickled (bytes, label), protocol 4: the image as bytes the scan leaves out.
         let mut value = vec![0x80, 4, b'B'];
         value.extend_from_slice(&(3 * 4096u32).to_le_bytes());
         value.extend(std::iter::repeat_n(b'a', 3 * 4096));
         value.extend_from_slice(b"K\x07\x86.");
+        let mut copy = Vec::new();
         let (_dir, _path, map) = crate::mapguard::map_then_cut(&value, value.len() as u64);
-        assert_eq!(touch_for_label(&map), Ok(()));
-        assert_eq!(pickle::image_and_label(&map).map(|(_, l)| l), Ok(7));
+        assert_eq!(scan_label(&map, &mut copy), Some(7));
         // The last page cut away, and the label with it.
         let (_dir, _path, map) = crate::mapguard::map_then_cut(&value, 3 * 4096);
-        assert!(touch_for_label(&map).is_err());
+        assert_eq!(scan_label(&map, &mut copy), None);
+        // Anything else is copied whole and parsed as it is: a str image is no (bytes, label).
+        let text = [&b"\x80\x02X\x03\x00\x00\x00abc"[..], b"K\x09\x86."].concat();
+        assert_eq!(
+            scan_label(&text, &mut copy),
+            None,
+            "a str image is no (bytes, label)"
+        );
         // Where the image lies: after a frame, in each bytes opcode; none for text or protocol 2.
-        assert_eq!(image_bytes(&value), Some(7..7 + 3 * 4096));
+        assert_eq!(image_bytes(&value), Some((2, 7..7 + 3 * 4096)));
         let framed = [&[0x80, 4, 0x95][..], &[0; 8], b"C\x05"].concat();
-        assert_eq!(image_bytes(&framed), Some(13..18));
+        assert_eq!(image_bytes(&framed), Some((11, 13..18)));
         let eight = [&[0x80, 5, 0x8e][..], &9u64.to_le_bytes()].concat();
-        assert_eq!(image_bytes(&eight), Some(11..20));
+        assert_eq!(image_bytes(&eight), Some((2, 11..20)));
         assert_eq!(image_bytes(b"\x80\x04X\x05\x00\x00\x00hello"), None);
         assert_eq!(image_bytes(b"\x80\x02C\x05hello"), None);
         assert_eq!(image_bytes(&[0x80, 4, b'B', 0xff]), None);

@@ -633,11 +633,23 @@ fn read_env(path: &Path, file_len: u64) -> Result<(Arc<ReadEnv>, Option<Arc<Loca
                 ),
             });
         }
-        return Ok((
-            env,
-            open.located.as_ref().and_then(Weak::upgrade),
-            open.roots.clone(),
-        ));
+        // Checked again before liblmdb reads it through this environment's map: a second open
+        // in this process (a forked DataLoader worker's, each epoch) found the pages as the
+        // first check left them, and a page the disk has since failed to supply (read from the
+        // map: SIGBUS) or damaged in place (with the same transaction) went unnoticed. What the
+        // walk finds replaces what the first one found.
+        let (located, roots) = tree::check(
+            path,
+            &file,
+            file_len,
+            &[META_DB, SAMPLES_DB, CHECKSUMS_DB],
+            Some(SAMPLES_DB),
+        )?;
+        let located = located.map(Arc::new);
+        let open = envs.get_mut(&canonical).expect("found above");
+        open.located = located.as_ref().map(Arc::downgrade);
+        open.roots = roots.clone();
+        return Ok((env, located, roots));
     }
     // Every branch and leaf page is checked before liblmdb reads any (see `tree`): once per
     // file per process, as the environment is.

@@ -28,12 +28,14 @@
 //! A database record (`MDB_db`, 48 bytes) is `md_pad` u32, `md_flags` u16, `md_depth` u16, the
 //! branch, leaf and overflow page counts and `md_entries` (u64 each), `md_root` u64.
 //!
-//! Cost: a bit per page of the file, and reading each branch and leaf page, once per file per
-//! process (the environment is shared). A file of at most [`READ_THROUGH_BYTES`] wholly in the
-//! page cache (read through at open, or cached already) is walked in place from a read-only
-//! map of it, where only the bytes checked are touched; any other is read a page at a time
-//! with `pread`, as the walk needs them (its leaves may lie far apart, between values' overflow
-//! pages), in the order the writer put them in the file, so that readahead serves a cold one.
+//! Cost: a bit per page of the file, and reading each branch and leaf page, at every open (a
+//! second open in a process shares the first one's environment, and is checked again: its
+//! pages may have left the cache or changed since). A file of at most [`READ_THROUGH_BYTES`]
+//! wholly in the page cache (read through at open, or cached already) is walked in place from a
+//! read-only map of it, where only the bytes checked are touched; any other is read a page at a
+//! time with `pread`, as the walk needs them (its leaves may lie far apart, between values'
+//! overflow pages), in the order the writer put them in the file, so that readahead serves a
+//! cold one.
 //! (A disk error is then an error, not SIGBUS.)
 //! The 10,000 CIFAR-10 test images (14 MB): 3.5 ms with `pread`, 1.2 ms in place.
 
