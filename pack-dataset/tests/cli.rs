@@ -162,14 +162,19 @@ fn ctrl_c_or_sigterm_stops_a_pack_saying_how_to_resume() {
             .arg(&src)
             .arg(&out)
             .stderr(std::process::Stdio::piped());
-        if ignored {
-            // SAFETY: between fork and exec, only sets a signal's disposition.
-            unsafe {
-                command.pre_exec(|| {
-                    libc::signal(libc::SIGINT, libc::SIG_IGN);
-                    Ok(())
-                });
-            }
+        // Set either way: a test run started in the background by a non-interactive shell
+        // (`make test &` in a script) inherits SIGINT ignored, and so would the pack.
+        let disposition = if ignored {
+            libc::SIG_IGN
+        } else {
+            libc::SIG_DFL
+        };
+        // SAFETY: between fork and exec, only sets a signal's disposition.
+        unsafe {
+            command.pre_exec(move || {
+                libc::signal(libc::SIGINT, disposition);
+                Ok(())
+            });
         }
         let mut child = command.spawn().unwrap();
         let deadline = Instant::now() + Duration::from_secs(120);
