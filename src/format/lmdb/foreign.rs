@@ -121,11 +121,12 @@ fn scan_label(value: &[u8], copy: &mut Vec<u8>) -> Option<i64> {
     crate::mapguard::copy_to_slice(head, &value[..head.len()]).ok()?;
     match image_bytes(head).filter(|(_, image)| image.end <= value.len()) {
         Some((opcode, image)) => {
-            let mut rest = Vec::new();
-            crate::mapguard::copy_into(&value[image.end..], &mut rest).ok()?;
             crate::mapguard::copy_into(&value[..opcode], copy).ok()?;
             copy.extend_from_slice(b"C\x00"); // SHORT_BINBYTES of no bytes
-            copy.extend_from_slice(&rest);
+            let rest = &value[image.end..];
+            let at = copy.len();
+            copy.resize(at + rest.len(), 0);
+            crate::mapguard::copy_to_slice(&mut copy[at..], rest).ok()?;
         }
         None => crate::mapguard::copy_into(value, copy).ok()?,
     }
@@ -234,9 +235,7 @@ pub(super) fn open_folder2lmdb(
     let mut inference = crate::dataset::ClassInference::default();
     let mut pages = super::tree::SearchPages::default();
     let mut copy = Vec::new();
-    let whole = map
-        .span()
-        .and_then(|span| bounds.value_at(&rtxn, span, 0, span.1 as usize));
+    let whole = map.bytes(&rtxn);
     for (index, key) in keys.iter().enumerate() {
         // A damaged or unreadable value is left to the reader too (it reports it as a bad
         // sample). Found by the guarded search where the map is known (a file too large to

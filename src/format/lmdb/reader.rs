@@ -120,26 +120,6 @@ impl MapBounds {
         Some((start, (end - start) as u64))
     }
 
-    /// The `len` bytes at `offset` of the file in the map `span` (start address, file length)
-    /// when they lie inside it (`None` otherwise). `_txn`, a transaction of the environment
-    /// whose map `span` is, is only taken for its lifetime.
-    pub(super) fn value_at<'t>(
-        &self,
-        _txn: &'t RoTxn<'_, WithoutTls>,
-        span: (usize, u64),
-        offset: u64,
-        len: usize,
-    ) -> Option<&'t [u8]> {
-        let end = offset.checked_add(len as u64)?;
-        if end > span.1 || !self.holds(span.0, span.1) {
-            return None;
-        }
-        // SAFETY: the bytes lie inside `span`, a map of the file this process holds
-        // (`holds`), read-only and alive while its environment is, which `_txn` keeps open; the
-        // slice borrows `_txn`.
-        Some(unsafe { std::slice::from_raw_parts((span.0 + offset as usize) as *const u8, len) })
-    }
-
     /// `value` when it lies inside a map of the file (or the maps are unknown), else why not.
     pub(super) fn check<'v>(&self, value: &'v [u8]) -> std::result::Result<&'v [u8], String> {
         let Some(ranges) = &self.0 else {
@@ -213,9 +193,15 @@ pub struct Lmdb {
 pub(super) struct EnvMap(Option<(usize, u64)>);
 
 impl EnvMap {
-    /// The map's start address and the file's length when it was opened, where known.
-    pub(super) fn span(&self) -> Option<(usize, u64)> {
-        self.0
+    /// The whole map (the file as long as it was when opened), where known. `_txn`, a
+    /// transaction of the environment, is only taken for its lifetime: the slice cannot
+    /// outlive what keeps the map.
+    pub(super) fn bytes<'t>(&self, _txn: &'t RoTxn<'_, WithoutTls>) -> Option<&'t [u8]> {
+        let (start, len) = self.0?;
+        // SAFETY: `start` and `len` are those of the environment's read-only map, all of it
+        // mapped (`of`: the map a value the environment returned lies in, up to the file's
+        // length); `_txn` keeps the environment, and so the map, alive while the slice is.
+        Some(unsafe { std::slice::from_raw_parts(start as *const u8, len as usize) })
     }
 
     /// The map that `value`, a value the environment returned, lies in.
@@ -386,6 +372,8 @@ fn read_checksums(
             )
         })?;
     let mut sums = Vec::with_capacity(stored);
+    // Each entry copied out through the guard before it is parsed (see `copied`).
+    let mut copy = Vec::new();
     for entry in db.iter(rtxn).map_err(|e| Error::lmdb(path, e))? {
         let (key, value) = entry.map_err(|e| Error::lmdb(path, e))?;
         let (key, value) = bounds
@@ -395,7 +383,7 @@ fn read_checksums(
                 Error::not_a_dataset(path, format!("the checksums database: {reason}"))
             })?;
         let first = <[u8; 8]>::try_from(key).ok().map(u64::from_be_bytes);
-        let value = &copied(path, bounds, value)?;
+        let value = copy_mapped(path, bounds.map_of(value), value, &mut copy)?;
         let count = value.len() / 4;
         if first != Some(sums.len() as u64) || value.len() % 4 != 0 || sums.len() + count > stored {
             return Err(Error::not_a_dataset(
@@ -619,40 +607,28 @@ fn read_env(path: &Path, file_len: u64) -> Result<(Arc<ReadEnv>, Option<Arc<Loca
     let txn_id = LmdbMeta::read_live(&mut file, path)?.map_or(0, |live| live.txn_id);
     let mut guard = OPEN_ENVS.lock().unwrap_or_else(|e| e.into_inner());
     let envs = guard.get_or_insert_with(HashMap::new);
-    if let Some(open) = envs.get(&canonical)
-        && (open.dev, open.ino) == (dev, ino)
-        && let Some(env) = open.env.upgrade()
-    {
-        if open.txn_id != txn_id {
-            return Err(Error::FileChanged {
-                path: path.to_path_buf(),
-                change: format!(
-                    "written to in place (transaction {} became {txn_id}) while this process \
-                     holds it open; drop that handle first",
-                    open.txn_id
-                ),
-            });
-        }
-        // Checked again before liblmdb reads it through this environment's map: a second open
-        // in this process (a forked DataLoader worker's, each epoch) found the pages as the
-        // first check left them, and a page the disk has since failed to supply (read from the
-        // map: SIGBUS) or damaged in place (with the same transaction) went unnoticed. What the
-        // walk finds replaces what the first one found.
-        let (located, roots) = tree::check(
-            path,
-            &file,
-            file_len,
-            &[META_DB, SAMPLES_DB, CHECKSUMS_DB],
-            Some(SAMPLES_DB),
-        )?;
-        let located = located.map(Arc::new);
-        let open = envs.get_mut(&canonical).expect("found above");
-        open.located = located.as_ref().map(Arc::downgrade);
-        open.roots = roots.clone();
-        return Ok((env, located, roots));
-    }
-    // Every branch and leaf page is checked before liblmdb reads any (see `tree`): once per
-    // file per process, as the environment is.
+    // A second open in this process (a forked DataLoader worker's, each epoch) shares the
+    // first one's environment, unless the file on disk is another one now.
+    let shared = match envs.get(&canonical) {
+        Some(open) if (open.dev, open.ino) == (dev, ino) => match open.env.upgrade() {
+            Some(_) if open.txn_id != txn_id => {
+                return Err(Error::FileChanged {
+                    path: path.to_path_buf(),
+                    change: format!(
+                        "written to in place (transaction {} became {txn_id}) while this \
+                         process holds it open; drop that handle first",
+                        open.txn_id
+                    ),
+                });
+            }
+            env => env,
+        },
+        _ => None,
+    };
+    // Every branch and leaf page is checked before liblmdb reads any (see `tree`), at every
+    // open: a shared environment's pages may since have left the cache (a page the disk then
+    // fails to supply, read from the map, is SIGBUS) or been damaged in place (with the same
+    // transaction). What the walk finds replaces what an earlier one found.
     let (located, roots) = tree::check(
         path,
         &file,
@@ -661,6 +637,12 @@ fn read_env(path: &Path, file_len: u64) -> Result<(Arc<ReadEnv>, Option<Arc<Loca
         Some(SAMPLES_DB),
     )?;
     let located = located.map(Arc::new);
+    if let Some(env) = shared {
+        let open = envs.get_mut(&canonical).expect("found above");
+        open.located = located.as_ref().map(Arc::downgrade);
+        open.roots = roots.clone();
+        return Ok((env, located, roots));
+    }
     drop(file);
     let mut options = EnvOpenOptions::new().read_txn_without_tls();
     // Map the file's length, not the map size the writer recorded (1 TiB by default: LMDB keeps
@@ -746,11 +728,14 @@ impl Dataset for Lmdb {
             },
             decoded: Vec::new(),
             copied: Vec::new(),
-            search: self.tree.zip(self.map.span()).map(|(tree, map)| Search {
-                tree,
-                map,
-                pages: SearchPages::default(),
-            }),
+            search: self
+                .tree
+                .filter(|_| self.map.0.is_some())
+                .map(|tree| Search {
+                    tree,
+                    map: self.map,
+                    pages: SearchPages::default(),
+                }),
         }))
     }
 }
@@ -847,28 +832,26 @@ struct LmdbReader {
 /// through at open) or a file cut under the reader was SIGBUS.
 struct Search {
     tree: TreeRoot,
-    /// The environment's map: its start address and the file's length at open.
-    map: (usize, u64),
+    /// The environment's map (known: a reader searches only where it is).
+    map: EnvMap,
     /// The pages searched last, copied out of the map.
     pages: SearchPages,
 }
 
 impl Search {
-    /// The value stored under `key` (record `index`, `name` in messages). `_txn`, a
-    /// transaction of the environment whose map this searches, is only taken for its
-    /// lifetime: the slice cannot outlive what keeps the map.
+    /// The value stored under `key` (record `index`, `name` in messages), in the map of `txn`'s
+    /// environment.
     fn value<'t>(
         &mut self,
-        _txn: &'t RoTxn<'static, WithoutTls>,
+        txn: &'t RoTxn<'static, WithoutTls>,
         path: &Path,
         (index, name): (usize, &str),
         key: &[u8],
     ) -> Result<Option<&'t [u8]>> {
-        // SAFETY: `map` is the start of the environment's read-only map and the file's length
-        // when it was opened, all of it mapped (`EnvMap`); `_txn` keeps the environment, and so
-        // the map, alive while the slice is used (here, and in what this returns).
-        let map: &'t [u8] =
-            unsafe { std::slice::from_raw_parts(self.map.0 as *const u8, self.map.1 as usize) };
+        let map = self
+            .map
+            .bytes(txn)
+            .expect("a search is made only where the map is known");
         let found = self.tree.find(path, map, key, &mut self.pages);
         let (offset, len) = match found {
             Ok(Some(location)) => location,
@@ -892,7 +875,7 @@ impl Search {
                 format!(
                     "its node gives {len} bytes at offset {offset} of a {}-byte file: past the \
                      file's end (a damaged LMDB page)",
-                    self.map.1
+                    map.len()
                 ),
             ));
         };

@@ -941,6 +941,19 @@ mod tests {
         path
     }
 
+    /// The LMDB file at `path`, opened with liblmdb to compare against.
+    fn open_read_only(path: &Path) -> heed::Env {
+        let mut options = EnvOpenOptions::new();
+        options.max_dbs(3);
+        // SAFETY: read only, by the test that made the file alone.
+        unsafe {
+            options
+                .flags(heed::EnvFlags::NO_SUB_DIR)
+                .open(path)
+                .unwrap()
+        }
+    }
+
     type Outcome = std::result::Result<Option<Locations>, String>;
 
     /// The outcome of checking `bytes` (the whole of the file at `path`, which `file` has open)
@@ -973,17 +986,7 @@ mod tests {
         assert_eq!(read, mapped);
         // Every sample's value located, and where liblmdb finds it.
         let (offsets, lens) = read.unwrap().expect("located");
-        let env = {
-            let mut options = EnvOpenOptions::new();
-            options.max_dbs(3);
-            // SAFETY: read only, by this test alone.
-            unsafe {
-                options
-                    .flags(heed::EnvFlags::NO_SUB_DIR)
-                    .open(&path)
-                    .unwrap()
-            }
-        };
+        let env = open_read_only(&path);
         let txn = env.read_txn().unwrap();
         let samples: Database<Bytes, Bytes> =
             env.open_database(&txn, Some("samples")).unwrap().unwrap();
@@ -1124,17 +1127,7 @@ mod tests {
         let (_, roots) = check(&path, &file, len, &["meta", "samples"], None).unwrap();
         let tree = roots.named("samples").expect("the samples database");
         let bytes = fs::read(&path).unwrap();
-        let env = {
-            let mut options = EnvOpenOptions::new();
-            options.max_dbs(3);
-            // SAFETY: read only, by this test alone.
-            unsafe {
-                options
-                    .flags(heed::EnvFlags::NO_SUB_DIR)
-                    .open(&path)
-                    .unwrap()
-            }
-        };
+        let env = open_read_only(&path);
         let txn = env.read_txn().unwrap();
         let samples: Database<Bytes, Bytes> =
             env.open_database(&txn, Some("samples")).unwrap().unwrap();
