@@ -16,6 +16,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::decode::{CropPlan, Decoder, RawImage};
+use crate::format::shared_headers::{HeaderDictionary, SharedHeaders, encode_header};
 use crate::format::{example, hdf5 as h5fmt, lmdb, pickle, tfrecord};
 use crate::geometry::Rect;
 use crate::rng::SampleRng;
@@ -39,6 +40,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("records_dataset", records_dataset),
     ("lmdb_value", lmdb_value),
     ("lmdb_meta", lmdb_meta),
+    ("shared_headers", shared_headers),
     #[cfg(feature = "hdf5")]
     ("hdf5_dataset", hdf5_dataset),
     #[cfg(feature = "hdf5")]
@@ -254,6 +256,47 @@ pub fn lmdb_value(data: &[u8]) {
     if let Ok((_label, key, payload)) = lmdb::decode_value(data) {
         assert!(inside(data, key.as_bytes()) && inside(data, payload));
         assert_eq!(8 + key.len() + payload.len(), data.len());
+    }
+}
+
+/// Shared JPEG headers (`pack-dataset --shared-headers`): payloads
+/// (`u16 length | payload`, repeated) stored through one dictionary come back byte for byte
+/// from the headers it stored; the input read as stored headers and payloads
+/// (`u8 count | count × (u16 length | header) | stored payload...`) joins or fails, never
+/// panics.
+pub fn shared_headers(data: &[u8]) {
+    let mut fields = Fields { rest: data };
+    let mut dictionary = HeaderDictionary::default();
+    let (mut stored, mut headers) = (Vec::new(), Vec::new());
+    let mut payloads = Vec::new();
+    while !fields.rest.is_empty() {
+        let payload = fields.field();
+        let mut out = Vec::new();
+        if let Some((id, len)) = dictionary.encode(payload, &mut out) {
+            assert_eq!(id as usize, headers.len() + 1, "ids are dense");
+            let mut header = Vec::new();
+            encode_header(&payload[..len], &mut header);
+            headers.push(header);
+        }
+        stored.push(out);
+        payloads.push(payload);
+    }
+    let reader = SharedHeaders::from_stored(headers.iter().map(Vec::as_slice));
+    let mut joined = Vec::new();
+    for (payload, stored) in payloads.iter().zip(&stored) {
+        assert_eq!(reader.join(stored, &mut joined).unwrap(), *payload);
+    }
+
+    let mut fields = Fields { rest: data };
+    let count = fields.u8();
+    let headers: Vec<&[u8]> = (0..count).map(|_| fields.field()).collect();
+    let reader = SharedHeaders::from_stored(headers);
+    while !fields.rest.is_empty() {
+        let stored = fields.field();
+        if let Ok(payload) = reader.join(stored, &mut joined) {
+            assert!(payload.len() + 4 >= stored.len());
+            assert!(payload.ends_with(&stored[4..]));
+        }
     }
 }
 
@@ -588,6 +631,13 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
             vec![out]
         }
         "lmdb_meta" => vec![lmdb_meta_seed()],
+        "shared_headers" => {
+            let mut out = Vec::new();
+            for payload in [&jpeg[..], &jpeg, &tiny, &tiny, b"no jpeg"] {
+                with_len(&mut out, payload);
+            }
+            vec![out]
+        }
         "hdf5_dataset" => hdf5_dataset_seeds(&jpeg, &tiny),
         #[cfg(feature = "hdf5")]
         "hdf5_staged_index" => {

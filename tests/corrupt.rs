@@ -20,7 +20,8 @@
 //! `IMAGEFEED_CORRUPTIONS=N` sets the number of flips and of cuts per file (default 6: the
 //! short version `make test` runs); `IMAGEFEED_STRUCTURE_FLIPS=N|all` the structure bytes
 //! flipped per file (default 40, a seeded sample); `IMAGEFEED_STRUCTURE_FILES=a,b` limits the
-//! structure flips to the files named (`d.lmdb`, `folder2lmdb.lmdb`, `pristine-d.h5`,
+//! structure flips to the files named (`d.lmdb`, `d-shared.lmdb` (packed with shared JPEG
+//! headers), `folder2lmdb.lmdb`, `pristine-d.h5`,
 //! `vlen.h5`, `vlen-chunked.h5`, `pixels.h5`, `pixels-lzf.h5`); `make corrupt` runs the long
 //! ones.
 //! `harness = false`: the binary is both the harness and, with `--child`, the child.
@@ -518,6 +519,9 @@ impl Tally {
     }
 }
 
+/// The name of the LMDB packed with `--shared-headers`.
+const SHARED_HEADERS_LMDB: &str = "d-shared.lmdb";
+
 fn harness() {
     let per_file: u64 = std::env::var("IMAGEFEED_CORRUPTIONS")
         .ok()
@@ -539,12 +543,19 @@ fn harness() {
         .with_threads(Some(1))
         .with_shard_bytes(8 << 10);
     let mut tally = Tally::default();
-    for (format, name) in support::writable([
+    let mut outputs = support::writable([
         (PackFormat::Lmdb, "d.lmdb"),
         (PackFormat::Hdf5, "d.h5"),
         (PackFormat::Records, "d.records"),
-    ]) {
+    ]);
+    // An LMDB with shared JPEG headers (layout version 3): its `headers` database and the
+    // references in front of its payloads.
+    outputs.push((PackFormat::Lmdb, SHARED_HEADERS_LMDB));
+    for (format, name) in outputs {
         let pristine = dir.path().join(format!("pristine-{name}"));
+        let options = options
+            .clone()
+            .with_shared_headers(name == SHARED_HEADERS_LMDB);
         pack::pack_image_folder(&src, &pristine, format, &options, &NoProgress).unwrap();
         // The files to damage: the dataset file itself, or each shard and index.
         let files: Vec<PathBuf> = if pristine.is_dir() {
@@ -601,7 +612,13 @@ fn harness() {
     // headers and keys, named databases' records), ours and py-lmdb's, each flipped alone: a
     // seeded sample in `make test`, all of them in `make corrupt`.
     let structure_flips = std::env::var("IMAGEFEED_STRUCTURE_FLIPS").ok();
-    let mut lmdbs = vec![(dir.path().join("pristine-d.lmdb"), "d.lmdb")];
+    let mut lmdbs = vec![
+        (dir.path().join("pristine-d.lmdb"), "d.lmdb"),
+        (
+            dir.path().join(format!("pristine-{SHARED_HEADERS_LMDB}")),
+            SHARED_HEADERS_LMDB,
+        ),
+    ];
     let theirs = dir.path().join("pristine-folder2lmdb.lmdb");
     if write_folder2lmdb(&src, &theirs) {
         lmdbs.push((theirs, "folder2lmdb.lmdb"));

@@ -1537,6 +1537,46 @@ fn restart_markers_are_packed_reported_and_verified() {
     assert_eq!(json["restart_markers"], false, "{json}");
 }
 
+/// `--shared-headers` reaches an LMDB pack: a smaller file that `verify --against` the source
+/// passes; record shards refuse it before anything is written.
+#[test]
+fn shared_headers_pack_a_smaller_lmdb_and_are_refused_for_record_shards() {
+    let dir = tempfile::tempdir().unwrap();
+    let (shared, plain) = (
+        dir.path().join("shared.lmdb"),
+        dir.path().join("plain.lmdb"),
+    );
+    succeeded(&run(&[
+        &"imagefolder2lmdb",
+        &fixtures(),
+        &shared,
+        &"--shared-headers",
+    ]));
+    succeeded(&run(&[&"imagefolder2lmdb", &fixtures(), &plain]));
+    succeeded(&run(&[&"verify", &shared, &"--against", &fixtures()]));
+    let len = |p: &Path| std::fs::metadata(p).unwrap().len();
+    assert!(
+        len(&shared) < len(&plain),
+        "{} >= {}",
+        len(&shared),
+        len(&plain)
+    );
+    let records = dir.path().join("shared.records");
+    let refused = run(&[
+        &"imagefolder2records",
+        &fixtures(),
+        &records,
+        &"--shared-headers",
+    ]);
+    assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains("--shared-headers"),
+        "{}",
+        stderr(&refused)
+    );
+    assert!(!records.exists());
+}
+
 #[test]
 fn inspect_calls_an_interrupted_hdf5_or_records_pack_incomplete_with_exit_1() {
     use imagefeed::dataset::PayloadKind;
@@ -1562,6 +1602,7 @@ fn inspect_calls_an_interrupted_hdf5_or_records_pack_incomplete_with_exit_1() {
             quality: 90,
             part: None,
             restart_markers: false,
+            shared_headers: false,
         };
         let (mut writer, _) = start_writer(format, &out, &plan, &WriterOptions::default()).unwrap();
         let record = PackedRecord {

@@ -130,6 +130,7 @@ def pack_dataset(
     quiet: bool = False,
     reading: Optional[_Reading] = None,
     restart_markers: bool = False,
+    shared_headers: bool = False,
 ) -> str: ...
 def join_parts(
     parts: Sequence[_Path],

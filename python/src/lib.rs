@@ -98,7 +98,7 @@ impl PackObserver for StoppableProgress {
 #[pyo3(signature = (
     source, out, *, format, resize=None, quality=90, raw=false, strict=false, resume=false,
     force=false, threads=None, shard_bytes=None, label_base=0, part=None, max_pixels=None,
-    quiet=false, reading=None, restart_markers=false,
+    quiet=false, reading=None, restart_markers=false, shared_headers=false,
 ))]
 #[allow(clippy::too_many_arguments)]
 fn pack_dataset(
@@ -120,6 +120,7 @@ fn pack_dataset(
     quiet: bool,
     reading: Option<Reading>,
     restart_markers: bool,
+    shared_headers: bool,
 ) -> PyResult<String> {
     let format = pack_format(format)?;
     let input = reading.unwrap_or_default().open_options();
@@ -128,6 +129,7 @@ fn pack_dataset(
         .with_quality(quality)
         .with_raw(raw)
         .with_restart_markers(restart_markers)
+        .with_shared_headers(shared_headers)
         .with_strict(strict)
         .with_mode(StartMode { resume, force })
         .with_threads(threads)

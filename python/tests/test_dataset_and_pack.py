@@ -169,6 +169,22 @@ def test_restart_markers_keep_the_pixels_and_the_loaders_batches(tmp_path):
     assert all(np.array_equal(a, b) for a, b in zip(batches(plain), batches(segmented), strict=True))
 
 
+def test_shared_headers_hand_back_the_files_from_a_smaller_lmdb(tmp_path):
+    src = tmp_path / "src"
+    imagefeed.synthesize(src, classes=2, per_class=20, size=(32, 32), seed=2)
+    plain, shared = tmp_path / "plain.lmdb", tmp_path / "shared.lmdb"
+    imagefeed.pack(src, plain, progress=False)
+    imagefeed.pack(src, shared, shared_headers=True, progress=False)
+    assert shared.stat().st_size < plain.stat().st_size
+    assert imagefeed.verify(shared, against=src)["ok"]
+    ds = imagefeed.Dataset(shared, decode="bytes")
+    assert all(ds[i][0] == (src / ds.key(i)).read_bytes() for i in range(len(ds)))
+    with pytest.raises(imagefeed.ConfigError):
+        imagefeed.pack(src, tmp_path / "x.records", "records", shared_headers=True, progress=False)
+    with pytest.raises(imagefeed.ConfigError):
+        imagefeed.pack(src, tmp_path / "x.lmdb", raw=True, shared_headers=True, progress=False)
+
+
 def test_pack_rejects_broken_files_or_stops_in_strict_mode(tmp_path):
     summary = imagefeed.pack(FIXTURE_TREE, tmp_path / "f.lmdb", progress=False)
     assert {r["key"] for r in summary["rejected"]} == {

@@ -122,6 +122,16 @@ impl<'a> Iterator for Markers<'a> {
     }
 }
 
+/// Where the first scan's entropy-coded data begins in `data` (just past its scan header):
+/// every byte before it is tables and headers, identical across the files one encoder writes
+/// with the same settings and size. `None` for anything that is not a JPEG whose header
+/// segments parse up to a scan header.
+pub(crate) fn scan_data_start(data: &[u8]) -> Option<usize> {
+    Markers::of(data)
+        .find(|&(marker, _, _)| marker == 0xDA)
+        .map(|(_, at, payload)| at + payload.len())
+}
+
 /// A frame header's numbers: components and the largest sampling factors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Frame {

@@ -38,6 +38,7 @@ pub use tfrecord as records;
 pub(crate) mod remote;
 pub mod shard_data;
 pub mod shards;
+pub(crate) mod shared_headers;
 pub mod staging;
 #[cfg(feature = "remote")]
 pub mod upload;

@@ -155,6 +155,10 @@ pub struct PackPlan {
     /// `--restart-markers`: JPEGs rewritten with restart markers.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub restart_markers: bool,
+    /// `--shared-headers`: JPEG headers stored once per dataset
+    /// ([`shared_headers`](super::shared_headers)).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shared_headers: bool,
 }
 
 impl PackPlan {
@@ -197,12 +201,17 @@ impl PackPlan {
                     self.restart_markers != new.restart_markers,
                     "--restart-markers",
                 ),
+                (
+                    self.shared_headers != new.shared_headers,
+                    "--shared-headers",
+                ),
             ]
             .into_iter()
             .filter_map(|(differs, flag)| differs.then_some(flag))
             .collect();
             let which = if differ.is_empty() {
-                "other options (--raw/--resize/--quality/--part-index/--restart-markers)".into()
+                "other options (--raw/--resize/--quality/--part-index/--restart-markers/--shared-headers)"
+                    .into()
             } else {
                 format!("other options: {} differ", differ.join(", "))
             };

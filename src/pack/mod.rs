@@ -144,6 +144,12 @@ fn pack_source(
     } else {
         options
     };
+    if options.shared_headers && format != PackFormat::Lmdb {
+        return Err(Error::Config(format!(
+            "--shared-headers: only LMDB output stores shared JPEG headers, not {}",
+            format.name()
+        )));
+    }
     let (part, range) = part_range(items, options)?;
     refuse_source_as_output(out, &items.paths())?;
     if let Some(class) = items.classes().iter().find(|c| c.contains('\0')) {
@@ -324,6 +330,7 @@ fn plan_for(
         quality: options.quality,
         part,
         restart_markers: options.restart_markers,
+        shared_headers: options.shared_headers,
     })
 }
 

@@ -728,3 +728,66 @@ fn a_map_smaller_than_the_data_grows_as_it_fills() {
     assert_eq!(ds.len(), summary.samples);
     assert!(verify::verify(&out, Some(&src)).unwrap().is_ok());
 }
+
+/// `--shared-headers`: the LMDB holds each header shared by several files once, and reads
+/// back every source file byte for byte, whatever the files are (the fixtures: grayscale,
+/// CMYK, progressive, PNG) and across an interrupted and resumed pack.
+#[test]
+fn shared_headers_make_a_smaller_lmdb_that_reads_back_the_source_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = small_options().with_shared_headers(true);
+
+    // Same-size JPEGs of one encoder: each header stored once.
+    let src = support::small_tree(dir.path());
+    let (plain_out, shared_out) = (
+        dir.path().join("plain.lmdb"),
+        dir.path().join("shared.lmdb"),
+    );
+    pack(&src, &plain_out, PackFormat::Lmdb, &small_options());
+    pack(&src, &shared_out, PackFormat::Lmdb, &shared);
+    assert!(all_records(&shared_out) == all_records(&plain_out));
+    assert!(verify::verify(&shared_out, Some(&src)).unwrap().is_ok());
+    let (plain_len, shared_len) = (
+        fs::metadata(&plain_out).unwrap().len(),
+        fs::metadata(&shared_out).unwrap().len(),
+    );
+    assert!(
+        shared_len * 10 < plain_len * 8,
+        "{shared_len} bytes with shared headers, {plain_len} without"
+    );
+
+    // Every kind of file, interrupted after 2 chunks and resumed: the headers stored before
+    // the crash are referred to after it.
+    let fixtures = fixture_root();
+    let (resumed, whole) = (
+        dir.path().join("resumed.lmdb"),
+        dir.path().join("whole.lmdb"),
+    );
+    crash_after(&fixtures, &resumed, PackFormat::Lmdb, &shared, 2);
+    let err = try_pack(&fixtures, &resumed, PackFormat::Lmdb, &resuming()).unwrap_err();
+    assert!(
+        matches!(&err, Error::ResumeMismatch { reason, .. } if reason.contains("--shared-headers")),
+        "{err}"
+    );
+    let summary = pack(
+        &fixtures,
+        &resumed,
+        PackFormat::Lmdb,
+        &resuming().with_shared_headers(true),
+    );
+    assert_eq!(summary.resumed_from, 8);
+    pack(&fixtures, &whole, PackFormat::Lmdb, &small_options());
+    assert!(all_records(&resumed) == all_records(&whole));
+    assert!(verify::verify(&resumed, Some(&fixtures)).unwrap().is_ok());
+
+    // Only LMDB stores them; raw payloads have none.
+    for (format, options) in [
+        (PackFormat::Records, shared.clone()),
+        (PackFormat::Lmdb, shared.clone().with_raw(true)),
+    ] {
+        let out = dir.path().join("refused");
+        let err = try_pack(&src, &out, format, &options).unwrap_err();
+        assert!(matches!(err, Error::Config(_)), "{format:?}: {err}");
+        assert!(!out.exists() && !format::staging::partial_path(&out).exists());
+    }
+}

@@ -282,6 +282,7 @@ fn write_with(format: PackFormat, path: &Path, classes: &[&str], records: &[Pack
         quality: 90,
         part: None,
         restart_markers: false,
+        shared_headers: false,
     };
     let options = WriterOptions {
         lmdb_map_size: 16 << 20,
@@ -532,11 +533,11 @@ fn an_lmdb_from_a_newer_layout_is_refused() {
     edit_lmdb(&path, |env, wtxn| {
         let meta: heed::Database<heed::types::Str, heed::types::Str> =
             env.open_database(wtxn, Some("meta")).unwrap().unwrap();
-        let info = meta.get(wtxn, "info").unwrap().unwrap().replace(
-            &format!("\"version\":{}", imagefeed::format::lmdb::VERSION),
-            "\"version\":99",
-        );
-        meta.put(wtxn, "info", &info).unwrap();
+        let mut info: serde_json::Value =
+            serde_json::from_str(meta.get(wtxn, "info").unwrap().unwrap()).unwrap();
+        assert!(info["version"].as_u64().unwrap() <= imagefeed::format::lmdb::VERSION as u64);
+        info["version"] = 99.into();
+        meta.put(wtxn, "info", &info.to_string()).unwrap();
     });
     let err = Lmdb::open(&path).unwrap_err();
     assert!(

@@ -1,9 +1,9 @@
 //! Single-file LMDB datasets: the writer `pack-dataset imagefolder2lmdb` uses, and the reader.
 //!
-//! # Layout (version 2)
+//! # Layout (versions 2 and 3)
 //!
 //! One LMDB data file, opened with `MDB_NOSUBDIR` (as Python's `lmdb.open(path, subdir=False)`),
-//! holding two named databases:
+//! holding these named databases:
 //!
 //! - `meta`, UTF-8 keys, JSON values:
 //!   - `info`: `{"magic": "imagefeed-lmdb", "version": 2, "complete": bool, "format": "lmdb",
@@ -29,8 +29,15 @@
 //!   ([`record_checksum`](crate::format::record_checksum)). The reader checks every value
 //!   against it, so bytes changed since packing make a bad sample, never wrong pixels. Version 1
 //!   files (no checksums) are still read, unchecked.
+//! - `headers` (version 3, written only by `pack-dataset --shared-headers`): key = a header's
+//!   number `n` (`u32` big-endian, from 1), value = `u32` LE CRC-32C of the header, then the
+//!   header: the bytes before a JPEG's entropy-coded data, shared by many samples. Every sample
+//!   payload of a version-3 file starts with a `u32` LE reference, 0 (the file follows whole)
+//!   or `n` (header `n`, then the rest of the file follows); see
+//!   [`shared_headers`](crate::format::shared_headers). The checksums cover the values as
+//!   stored. Packs without `--shared-headers` are version 2, as before.
 //!
-//! Python reads sample `i` with
+//! Python reads sample `i` of a version-2 file with
 //! `env = lmdb.open(p, subdir=False, readonly=True, lock=False, max_dbs=2)`,
 //! `v = env.begin(db=env.open_db(b"samples")).get(i.to_bytes(8, "big"))`, then
 //! `label, k = struct.unpack_from("<II", v)` and `payload = v[8 + k:]`.
@@ -84,21 +91,43 @@ pub use writer::LmdbWriter;
 
 /// The `magic` value in `meta/info`.
 pub const MAGIC: &str = "imagefeed-lmdb";
-/// The layout version this build writes and the newest it reads.
-pub const VERSION: u32 = 2;
+/// The newest layout version this build reads (and writes, with shared headers).
+pub const VERSION: u32 = 3;
+/// The layout version this build writes without shared headers, so that a dataset packed
+/// without them stays readable by the builds before version 3 and by plain LMDB readers.
+const PLAIN_VERSION: u32 = 2;
 /// The first layout version with the `checksums` database.
 const CHECKSUMS_SINCE: u32 = 2;
+/// The first layout version with the `headers` database (and header references in payloads).
+const SHARED_HEADERS_SINCE: u32 = 3;
 /// Default LMDB map size for writing: address space only; the file grows as data is written.
 pub const DEFAULT_MAP_SIZE: usize = 1 << 40;
 
 const META_DB: &str = "meta";
 const SAMPLES_DB: &str = "samples";
 const CHECKSUMS_DB: &str = "checksums";
+const HEADERS_DB: &str = "headers";
+/// Every named database of the layout.
+const DATABASES: [&str; 4] = [META_DB, SAMPLES_DB, CHECKSUMS_DB, HEADERS_DB];
 const INFO_KEY: &str = "info";
 const PLAN_KEY: &str = "pack-plan";
 const PROGRESS_KEY: &str = "pack-progress";
 /// liblmdb's magic number, at byte 16 of the first meta page.
 const LMDB_FILE_MAGIC: u32 = 0xBEEF_C0DE;
+
+/// The layout version of a file written with or without shared headers.
+fn version_written(shared_headers: bool) -> u32 {
+    if shared_headers {
+        SHARED_HEADERS_SINCE
+    } else {
+        PLAIN_VERSION
+    }
+}
+
+/// The key of shared header `id` in the `headers` database.
+fn header_key(id: u32) -> [u8; 4] {
+    id.to_be_bytes()
+}
 
 /// Encodes a sample's key in the `samples` database.
 fn sample_key(index: usize) -> [u8; 8] {
@@ -239,6 +268,16 @@ mod tests {
     /// `dir/NAME.lmdb`, packed from a synthetic tree of `classes × per_class` JPEGs `side`
     /// pixels square (written at `dir/NAME`).
     fn packed(dir: &Path, name: &str, classes: usize, per_class: usize, side: u32) -> PathBuf {
+        packed_with(dir, name, (classes, per_class, side), false)
+    }
+
+    /// [`packed`], with or without shared headers.
+    fn packed_with(
+        dir: &Path,
+        name: &str,
+        (classes, per_class, side): (usize, usize, u32),
+        shared_headers: bool,
+    ) -> PathBuf {
         use crate::pack::{NoProgress, PackFormat, PackOptions, pack_image_folder};
         use crate::synthetic::{SyntheticSpec, write_image_folder};
         let src = dir.join(name);
@@ -251,9 +290,104 @@ mod tests {
         };
         write_image_folder(&src, &spec).unwrap();
         let out = dir.join(format!("{name}.lmdb"));
-        let options = PackOptions::default().with_lmdb_map_size(64 << 20);
+        let options = PackOptions::default()
+            .with_lmdb_map_size(64 << 20)
+            .with_shared_headers(shared_headers);
         pack_image_folder(&src, &out, PackFormat::Lmdb, &options, &NoProgress).unwrap();
         out
+    }
+
+    type Headers = heed::Database<heed::types::Bytes, heed::types::Bytes>;
+
+    /// Changes the published LMDB at `path` in one write transaction (a damaged file, for the
+    /// reader): `change` gets the transaction, the `meta` database and, when `headers`, the
+    /// `headers` database (created if missing).
+    fn rewrite(
+        path: &Path,
+        headers: bool,
+        change: impl FnOnce(&mut heed::RwTxn<'_>, heed::Database<Str, Str>, Option<Headers>),
+    ) {
+        let (env, _) = open_write_env(path, 64 << 20).unwrap();
+        let mut wtxn = env.write_txn().unwrap();
+        let meta = env.create_database(&mut wtxn, Some(META_DB)).unwrap();
+        let headers = headers.then(|| env.create_database(&mut wtxn, Some(HEADERS_DB)).unwrap());
+        change(&mut wtxn, meta, headers);
+        wtxn.commit().unwrap();
+        drop(env);
+        let _ = fs::remove_file(format!("{}-lock", path.display()));
+    }
+
+    /// `path`'s `meta/info` with `from` replaced by `to`.
+    fn edit_info(wtxn: &mut heed::RwTxn<'_>, meta: heed::Database<Str, Str>, from: &str, to: &str) {
+        let info = meta.get(wtxn, INFO_KEY).unwrap().unwrap();
+        assert!(info.contains(from), "{info}");
+        let info = info.replace(from, to);
+        meta.put(wtxn, INFO_KEY, &info).unwrap();
+    }
+
+    #[test]
+    fn a_damaged_shared_header_makes_the_samples_that_use_it_bad_naming_it() {
+        use crate::dataset::Dataset as _;
+        let dir = tempfile::tempdir().unwrap();
+        let out = packed_with(dir.path(), "damaged", (2, 6, 32), true);
+        let whole: Vec<Vec<u8>> = {
+            let lmdb = Lmdb::open(&out).unwrap();
+            let mut reader = lmdb.open_reader().unwrap();
+            (0..lmdb.len())
+                .map(|i| reader.read(i).unwrap().payload.to_vec())
+                .collect()
+        };
+        rewrite(&out, true, |wtxn, _, headers| {
+            let headers = headers.unwrap();
+            let mut header = headers.get(wtxn, &header_key(1)).unwrap().unwrap().to_vec();
+            header[100] ^= 0x10;
+            headers.put(wtxn, &header_key(1), &header).unwrap();
+        });
+        let lmdb = Lmdb::open(&out).unwrap();
+        let mut reader = lmdb.open_reader().unwrap();
+        // The first image stored its header inline; the others refer to header 1.
+        assert_eq!(reader.read(0).unwrap().payload, whole[0].as_slice());
+        for index in 1..lmdb.len() {
+            match reader.read(index) {
+                Err(Error::CorruptRecord {
+                    index: i, reason, ..
+                }) => {
+                    assert_eq!(i, index);
+                    assert!(reason.contains("shared header 1"), "{reason}");
+                }
+                other => panic!("record {index}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_headers_database_the_layout_version_contradicts_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let refused = |path: &Path, what: &str| match Lmdb::open(path) {
+            Err(Error::NotADataset { reason, .. }) => {
+                assert!(reason.contains(what), "{reason}")
+            }
+            other => panic!("{what}: {other:?}"),
+        };
+        // Version 3 said to be 2: the references would be handed out as payload bytes.
+        let out = packed_with(dir.path(), "older", (1, 3, 16), true);
+        rewrite(&out, false, |wtxn, meta, _| {
+            edit_info(wtxn, meta, "\"version\":3", "\"version\":2")
+        });
+        refused(&out, "yet the file holds their database");
+        // A version-2 pack said to be 3: its headers database is missing.
+        let out = packed_with(dir.path(), "newer", (1, 3, 16), false);
+        rewrite(&out, false, |wtxn, meta, _| {
+            edit_info(wtxn, meta, "\"version\":2", "\"version\":3")
+        });
+        refused(&out, "the headers database is missing");
+        // Headers numbered with a gap.
+        let out = packed_with(dir.path(), "gap", (1, 3, 16), true);
+        rewrite(&out, true, |wtxn, _, headers| {
+            let entry = [0u8; 4];
+            headers.unwrap().put(wtxn, &header_key(9), &entry).unwrap();
+        });
+        refused(&out, "the headers database is damaged");
     }
 
     #[test]

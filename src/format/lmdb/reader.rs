@@ -17,14 +17,16 @@ use heed::{Database, Env, EnvFlags, EnvOpenOptions, RoTxn, WithoutTls};
 use crate::dataset::{Dataset, DatasetInfo, FormatKind, Record, RecordReader};
 use crate::error::{Error, IoContext as _, Result};
 use crate::format::pickle;
+use crate::format::shared_headers::{MAX_HEADERS, SharedHeaders};
 use crate::format::staging;
 use crate::format::writer::PackProgress;
 
 use super::foreign::open_folder2lmdb;
 use super::tree::{Located, NotFound, Roots, SearchPages, TreeRoot};
 use super::{
-    CHECKSUMS_DB, CHECKSUMS_SINCE, INFO_KEY, LMDB_FILE_MAGIC, META_DB, PROGRESS_KEY, SAMPLES_DB,
-    corrupt, decode_value, parse_info, parse_progress, sample_key, tree,
+    CHECKSUMS_DB, CHECKSUMS_SINCE, DATABASES, HEADERS_DB, INFO_KEY, LMDB_FILE_MAGIC, META_DB,
+    PROGRESS_KEY, SAMPLES_DB, SHARED_HEADERS_SINCE, corrupt, decode_value, header_key, parse_info,
+    parse_progress, sample_key, tree,
 };
 use crate::mapguard::copy_mapped;
 
@@ -154,6 +156,8 @@ pub(super) enum Layout {
     Imagefeed {
         samples: Database<Bytes, Bytes>,
         checksums: Option<Arc<[u32]>>,
+        /// The shared JPEG headers payloads refer to (version 3 on).
+        headers: Option<Arc<SharedHeaders>>,
     },
     /// Python folder2lmdb: the unnamed database, keys listed in `__keys__`, pickled
     /// `(image_bytes, label)` values.
@@ -314,6 +318,7 @@ impl Lmdb {
             crate::dataset::notice(&mut notices, crate::format::unchecked_notice(path));
             None
         };
+        let headers = read_headers(path, (&env, &bounds), &rtxn, record.version)?;
         let mut info = record.info;
         if record.complete && stored != info.num_samples {
             return Err(Error::not_a_dataset(
@@ -335,7 +340,11 @@ impl Lmdb {
             bounds,
             located,
             tree: roots.named(SAMPLES_DB),
-            layout: Layout::Imagefeed { samples, checksums },
+            layout: Layout::Imagefeed {
+                samples,
+                checksums,
+                headers,
+            },
             info,
             complete: record.complete,
             progress,
@@ -412,6 +421,65 @@ fn read_checksums(
         ));
     }
     Ok(sums.into())
+}
+
+/// Reads the `headers` database of a version-3 file ([`SharedHeaders`]): headers numbered
+/// from 1 without a gap, each copied out through the guard. A header that fails its checksum
+/// only makes the samples that use it bad. An older version with the database had its info
+/// record changed, which would hand out payloads with their references in front.
+fn read_headers(
+    path: &Path,
+    (env, bounds): (&Env<WithoutTls>, &MapBounds),
+    rtxn: &RoTxn<'_, WithoutTls>,
+    version: u32,
+) -> Result<Option<Arc<SharedHeaders>>> {
+    let db: Option<Database<Bytes, Bytes>> = env
+        .open_database(rtxn, Some(HEADERS_DB))
+        .map_err(|e| Error::lmdb(path, e))?;
+    let db = match (db, version >= SHARED_HEADERS_SINCE) {
+        (Some(db), true) => db,
+        (None, false) => return Ok(None),
+        (None, true) => {
+            return Err(Error::not_a_dataset(
+                path,
+                format!("layout version {version} but the headers database is missing"),
+            ));
+        }
+        (Some(_), false) => {
+            return Err(Error::not_a_dataset(
+                path,
+                format!(
+                    "layout version {version} has no shared headers, yet the file holds their \
+                     database: its meta/info record was changed"
+                ),
+            ));
+        }
+    };
+    let mut stored = Vec::new();
+    for entry in db.iter(rtxn).map_err(|e| Error::lmdb(path, e))? {
+        let (key, value) = entry.map_err(|e| Error::lmdb(path, e))?;
+        let (key, value) = bounds
+            .check(key)
+            .and_then(|key| Ok((key, bounds.check(value)?)))
+            .map_err(|reason| {
+                Error::not_a_dataset(path, format!("the headers database: {reason}"))
+            })?;
+        let id = stored.len() as u32 + 1;
+        if id > MAX_HEADERS || key != header_key(id) {
+            return Err(Error::not_a_dataset(
+                path,
+                format!(
+                    "the headers database is damaged: key {key:02x?} after {} headers (at most \
+                     {MAX_HEADERS}, numbered from 1)",
+                    stored.len()
+                ),
+            ));
+        }
+        stored.push(copied(path, bounds, value)?);
+    }
+    Ok(Some(Arc::new(SharedHeaders::from_stored(
+        stored.iter().map(Vec::as_slice),
+    ))))
 }
 
 /// Refuses what is clearly not an LMDB data file, or one cut short, with a clear message;
@@ -629,13 +697,7 @@ fn read_env(path: &Path, file_len: u64) -> Result<(Arc<ReadEnv>, Option<Arc<Loca
     // open: a shared environment's pages may since have left the cache (a page the disk then
     // fails to supply, read from the map, is SIGBUS) or been damaged in place (with the same
     // transaction). What the walk finds replaces what an earlier one found.
-    let (located, roots) = tree::check(
-        path,
-        &file,
-        file_len,
-        &[META_DB, SAMPLES_DB, CHECKSUMS_DB],
-        Some(SAMPLES_DB),
-    )?;
+    let (located, roots) = tree::check(path, &file, file_len, &DATABASES, Some(SAMPLES_DB))?;
     let located = located.map(Arc::new);
     if let Some(env) = shared {
         let open = envs.get_mut(&canonical).expect("found above");
@@ -651,7 +713,7 @@ fn read_env(path: &Path, file_len: u64) -> Result<(Arc<ReadEnv>, Option<Arc<Loca
     // under an address-space limit (ulimit -v, valgrind) can then open the file.
     let page = crate::pool::page_size();
     options
-        .max_dbs(3)
+        .max_dbs(DATABASES.len() as u32)
         .map_size((file_len as usize).max(1).div_ceil(page) * page);
     // SAFETY: these flags make the environment read-only and lock-free, which is sound because
     // imagefeed never modifies a published (renamed, complete) file.
@@ -728,6 +790,7 @@ impl Dataset for Lmdb {
             },
             decoded: Vec::new(),
             copied: Vec::new(),
+            joined: Vec::new(),
             search: self
                 .tree
                 .filter(|_| self.map.0.is_some())
@@ -821,6 +884,8 @@ struct LmdbReader {
     /// ([`crate::mapguard::copy_mapped`]): a page the disk cannot supply, or a file cut under
     /// the map, is then an error here rather than SIGBUS in the decoder.
     copied: Vec<u8>,
+    /// The payload last read, its shared header put back in front (version 3).
+    joined: Vec<u8>,
     /// Where values not located at open nor found before are searched for, through the SIGBUS
     /// guard (`None` where the environment's map is unknown: liblmdb's own search then).
     search: Option<Search>,
@@ -990,7 +1055,11 @@ impl RecordReader for LmdbReader {
         let (txn, path) = (&self.txn, self.path.as_path());
         let lookup = (&mut self.found[..], &self.bounds, self.search.as_mut());
         let (label, key, payload) = match &self.layout {
-            Layout::Imagefeed { samples, checksums } => {
+            Layout::Imagefeed {
+                samples,
+                checksums,
+                headers,
+            } => {
                 let value = match self.located.as_ref().and_then(|l| l.value(txn, index)) {
                     Some(located) => located,
                     None => Self::sample_value(txn, lookup, (path, samples), index)?
@@ -1021,8 +1090,15 @@ impl RecordReader for LmdbReader {
                         return Err(corrupt(&self.path, index, &key, reason));
                     }
                 }
-                decoded
-                    .map_err(|reason| corrupt(&self.path, index, &format!("#{index}"), reason))?
+                let (label, key, payload) = decoded
+                    .map_err(|reason| corrupt(&self.path, index, &format!("#{index}"), reason))?;
+                let payload = match headers {
+                    Some(headers) => headers
+                        .join(payload, &mut self.joined)
+                        .map_err(|reason| corrupt(&self.path, index, key, reason))?,
+                    None => payload,
+                };
+                (label, key, payload)
             }
             Layout::Folder2Lmdb { db, keys } => {
                 let key = keys[index].as_str();

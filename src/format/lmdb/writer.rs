@@ -10,13 +10,15 @@ use heed::{Database, Env, EnvFlags, EnvOpenOptions, PutFlags};
 use crate::dataset::{DatasetInfo, FormatKind};
 use crate::error::{Error, IoContext as _, Result};
 use crate::format::InfoRecord;
+use crate::format::shared_headers::{HeaderDictionary, decode_header, encode_header};
 use crate::format::staging;
 use crate::format::writer::{DatasetWriter, PackPlan, PackProgress, PackedRecord, WriterOptions};
 
 use super::foreign::holds_nothing;
 use super::{
-    CHECKSUMS_DB, CHECKSUMS_SINCE, INFO_KEY, MAGIC, META_DB, PLAN_KEY, PROGRESS_KEY, SAMPLES_DB,
-    VERSION, encode_value, from_json, parse_plan, parse_progress, sample_key, to_json,
+    CHECKSUMS_DB, CHECKSUMS_SINCE, HEADERS_DB, INFO_KEY, MAGIC, META_DB, PLAN_KEY, PROGRESS_KEY,
+    SAMPLES_DB, encode_value, from_json, header_key, parse_plan, parse_progress, sample_key,
+    to_json, version_written,
 };
 
 /// Writes a dataset into `OUT.partial`, chunk by chunk, and renames it to `OUT` when finished.
@@ -34,6 +36,43 @@ pub struct LmdbWriter {
     value: Vec<u8>,
     /// The current chunk's checksums, as stored (`u32` LE each).
     chunk_checksums: Vec<u8>,
+    /// With `--shared-headers`: the `headers` database and what goes into it.
+    shared: Option<SharedChunk>,
+}
+
+/// A pack with shared headers: the `headers` database, the dictionary so far, and the current
+/// chunk's payloads as stored, prepared once before its transaction (which may be tried again
+/// after the map grows: the dictionary must not see the chunk twice).
+struct SharedChunk {
+    db: Database<Bytes, Bytes>,
+    dictionary: HeaderDictionary,
+    /// The chunk's stored payloads end to end, and where each ends.
+    payloads: Vec<u8>,
+    ends: Vec<usize>,
+    /// The headers the chunk adds to the dictionary: `(id, stored form)`.
+    added: Vec<(u32, Vec<u8>)>,
+}
+
+impl SharedChunk {
+    fn prepare(&mut self, records: &[PackedRecord<'_>]) {
+        self.payloads.clear();
+        self.ends.clear();
+        self.added.clear();
+        for record in records {
+            if let Some((id, len)) = self.dictionary.encode(record.payload, &mut self.payloads) {
+                let mut stored = Vec::with_capacity(len + 4);
+                encode_header(&record.payload[..len], &mut stored);
+                self.added.push((id, stored));
+            }
+            self.ends.push(self.payloads.len());
+        }
+    }
+
+    /// Record `offset` of the prepared chunk, as stored.
+    fn payload(&self, offset: usize) -> &[u8] {
+        let start = offset.checked_sub(1).map_or(0, |before| self.ends[before]);
+        &self.payloads[start..self.ends[offset]]
+    }
 }
 
 /// The smallest map the writer starts with when the asked-for one cannot be mapped.
@@ -50,7 +89,9 @@ pub(super) fn open_write_env(path: &Path, map_size: usize) -> Result<(Env, usize
     let mut size = map_size.max(page).div_ceil(page) * page;
     loop {
         let mut options = EnvOpenOptions::new();
-        options.map_size(size).max_dbs(3);
+        options
+            .map_size(size)
+            .max_dbs(super::DATABASES.len() as u32);
         // SAFETY: NO_SUB_DIR only changes where LMDB puts its files (PATH and PATH-lock).
         unsafe { options.flags(EnvFlags::NO_SUB_DIR) };
         // SAFETY: the partial file is private to this writer until it is renamed; nothing else
@@ -139,8 +180,19 @@ impl LmdbWriter {
         let first = progress.samples_written - records.len();
         let mut wtxn = self.env.write_txn()?;
         self.chunk_checksums.clear();
+        if let Some(shared) = &self.shared {
+            for (id, stored) in &shared.added {
+                shared
+                    .db
+                    .put_with_flags(&mut wtxn, PutFlags::APPEND, &header_key(*id), stored)?;
+            }
+        }
         for (offset, record) in records.iter().enumerate() {
-            encode_value(&mut self.value, record.label, record.key, record.payload);
+            let payload = match &self.shared {
+                Some(shared) => shared.payload(offset),
+                None => record.payload,
+            };
+            encode_value(&mut self.value, record.label, record.key, payload);
             self.chunk_checksums
                 .extend_from_slice(&crc32c::crc32c(&self.value).to_le_bytes());
             // Keys only rise (sample indices, each chunk after the last committed one): with
@@ -205,10 +257,18 @@ impl DatasetWriter for LmdbWriter {
         let checksums: Database<Bytes, Bytes> = env
             .create_database(&mut wtxn, Some(CHECKSUMS_DB))
             .map_err(|e| Error::lmdb(&partial, e))?;
+        let headers: Option<Database<Bytes, Bytes>> = if plan.shared_headers {
+            let db = env
+                .create_database(&mut wtxn, Some(HEADERS_DB))
+                .map_err(|e| Error::lmdb(&partial, e))?;
+            Some(db)
+        } else {
+            None
+        };
         let progress = if fresh {
             let info = InfoRecord::new(
                 MAGIC,
-                VERSION,
+                version_written(plan.shared_headers),
                 false,
                 plan.dataset_info(FormatKind::Lmdb, 0),
             );
@@ -272,6 +332,16 @@ impl DatasetWriter for LmdbWriter {
             }
             progress
         };
+        let shared = match headers {
+            Some(db) => Some(SharedChunk {
+                dictionary: HeaderDictionary::resumed(stored_headers(&partial, &db, &wtxn)?),
+                db,
+                payloads: Vec::new(),
+                ends: Vec::new(),
+                added: Vec::new(),
+            }),
+            None => None,
+        };
         wtxn.commit().map_err(|e| Error::lmdb(&partial, e))?;
         let writer = LmdbWriter {
             env,
@@ -284,11 +354,15 @@ impl DatasetWriter for LmdbWriter {
             partial,
             value: Vec::new(),
             chunk_checksums: Vec::new(),
+            shared,
         };
         Ok((writer, progress))
     }
 
     fn write_chunk(&mut self, records: &[PackedRecord<'_>], progress: &PackProgress) -> Result<()> {
+        if let Some(shared) = &mut self.shared {
+            shared.prepare(records);
+        }
         loop {
             match self.try_write_chunk(records, progress) {
                 // The map (a reservation of address space, smaller than the default where the
@@ -304,7 +378,8 @@ impl DatasetWriter for LmdbWriter {
     }
 
     fn finish(self: Box<Self>, info: &DatasetInfo, progress: &PackProgress) -> Result<()> {
-        let record = InfoRecord::new(MAGIC, VERSION, true, info.clone());
+        let version = version_written(self.shared.is_some());
+        let record = InfoRecord::new(MAGIC, version, true, info.clone());
         let mut wtxn = self
             .env
             .write_txn()
@@ -334,6 +409,38 @@ impl DatasetWriter for LmdbWriter {
         remove_lock_file(&partial);
         let _ = fs::remove_file(&partial);
     }
+}
+
+/// The headers a resumed pack stored before, in id order, each checked: the pack goes on
+/// referring to them, so one that is not what was written stops it.
+fn stored_headers(
+    partial: &Path,
+    db: &Database<Bytes, Bytes>,
+    wtxn: &heed::RwTxn<'_>,
+) -> Result<Vec<Vec<u8>>> {
+    let mut headers = Vec::new();
+    for entry in db.iter(wtxn).map_err(|e| Error::lmdb(partial, e))? {
+        let (key, value) = entry.map_err(|e| Error::lmdb(partial, e))?;
+        let expected = header_key(headers.len() as u32 + 1);
+        let header = if key == expected {
+            decode_header(value)
+        } else {
+            Err(format!("key {key:02x?} where {expected:02x?} belongs"))
+        };
+        match header {
+            Ok(header) => headers.push(header.to_vec()),
+            Err(why) => {
+                return Err(Error::ResumeMismatch {
+                    path: partial.to_path_buf(),
+                    reason: format!(
+                        "its shared header {} is damaged ({why}); pack again with --force",
+                        headers.len() + 1
+                    ),
+                });
+            }
+        }
+    }
+    Ok(headers)
 }
 
 fn lock_file(path: &Path) -> PathBuf {
