@@ -16,7 +16,9 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::decode::{CropPlan, Decoder, RawImage};
-use crate::format::shared_headers::{HeaderDictionary, SharedHeaders, encode_header};
+use crate::format::shared_headers::{
+    HeaderDictionary, SharedHeaders, encode_header, join, stored_value_checksum,
+};
 use crate::format::{example, hdf5 as h5fmt, lmdb, pickle, tfrecord};
 use crate::geometry::Rect;
 use crate::rng::SampleRng;
@@ -272,19 +274,28 @@ pub fn shared_headers(data: &[u8]) {
     while !fields.rest.is_empty() {
         let payload = fields.field();
         let mut out = Vec::new();
-        if let Some((id, len)) = dictionary.encode(payload, &mut out) {
-            assert_eq!(id as usize, headers.len() + 1, "ids are dense");
-            let mut header = Vec::new();
-            encode_header(&payload[..len], &mut header);
-            headers.push(header);
+        let encoded = dictionary.encode(payload, &mut out);
+        let header = &payload[..encoded.header_len];
+        if encoded.added {
+            assert_eq!(
+                encoded.reference as usize,
+                headers.len() + 1,
+                "ids are dense"
+            );
+            let mut entry = Vec::new();
+            encode_header(encoded.reference, header, &mut entry);
+            headers.push(entry);
         }
-        stored.push(out);
+        let sum = stored_value_checksum(&out, (encoded.reference != 0).then_some(header));
+        stored.push((out, sum));
         payloads.push(payload);
     }
     let reader = SharedHeaders::from_stored(headers.iter().map(Vec::as_slice));
     let mut joined = Vec::new();
-    for (payload, stored) in payloads.iter().zip(&stored) {
-        assert_eq!(reader.join(stored, &mut joined).unwrap(), *payload);
+    for (payload, (stored, sum)) in payloads.iter().zip(&stored) {
+        let (header, rest) = reader.split(stored).expect("a header the pack stored");
+        assert_eq!(stored_value_checksum(stored, header), *sum);
+        assert_eq!(join(header, rest, &mut joined), *payload);
     }
 
     let mut fields = Fields { rest: data };
@@ -293,9 +304,11 @@ pub fn shared_headers(data: &[u8]) {
     let reader = SharedHeaders::from_stored(headers);
     while !fields.rest.is_empty() {
         let stored = fields.field();
-        if let Ok(payload) = reader.join(stored, &mut joined) {
-            assert!(payload.len() + 4 >= stored.len());
-            assert!(payload.ends_with(&stored[4..]));
+        if let Ok((header, rest)) = reader.split(stored) {
+            assert!(inside(stored, rest) && rest.len() + 4 == stored.len());
+            let joined = join(header, rest, &mut joined);
+            assert!(joined.ends_with(rest));
+            assert_eq!(joined.len(), rest.len() + header.map_or(0, <[u8]>::len));
         }
     }
 }

@@ -13,6 +13,8 @@
 //!     refuses to continue a partial file made from another source or with other options.
 //!   - `pack-progress`: `{"sources_done", "samples_written", "payload_bytes", "rejected":
 //!     [{"key", "reason"}]}`, updated in the same transaction as each chunk of samples.
+//!   - `pack-headers` (version 3): the number of shared headers stored, with them; `--resume`
+//!     checks it against the `headers` database.
 //! - `samples`: key = the sample index as a `u64` big-endian (8 bytes, so keys sort in index
 //!   order); value =
 //!
@@ -112,6 +114,8 @@ const DATABASES: [&str; 4] = [META_DB, SAMPLES_DB, CHECKSUMS_DB, HEADERS_DB];
 const INFO_KEY: &str = "info";
 const PLAN_KEY: &str = "pack-plan";
 const PROGRESS_KEY: &str = "pack-progress";
+/// With shared headers: how many the `headers` database holds, committed with them.
+const HEADERS_KEY: &str = "pack-headers";
 /// liblmdb's magic number, at byte 16 of the first meta page.
 const LMDB_FILE_MAGIC: u32 = 0xBEEF_C0DE;
 
@@ -357,6 +361,116 @@ mod tests {
                 }
                 other => panic!("record {index}: {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn headers_swapped_between_numbers_hand_out_no_wrong_file() {
+        // Hostile review's finding: two encoders' headers swapped between their keys (each
+        // entry's own checksum intact) were joined to the other encoder's records, and every
+        // check passed. Now the entries' checksums cover their numbers and the samples'
+        // checksums the header they refer to.
+        use crate::dataset::Dataset as _;
+        use crate::decode::{ChromaSubsampling, JpegEncoder};
+        use crate::pack::{NoProgress, PackFormat, PackOptions, pack_image_folder};
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        fs::create_dir_all(src.join("a")).unwrap();
+        for (i, quality) in [90, 90, 90, 60, 60, 60].into_iter().enumerate() {
+            let pixels: Vec<u8> = (0..16 * 16 * 3).map(|p| (p * (i + 1)) as u8).collect();
+            let mut encoder = JpegEncoder::new(quality, ChromaSubsampling::Half).unwrap();
+            let jpeg = encoder.encode_rgb(&pixels, 16, 16).unwrap();
+            fs::write(src.join(format!("a/{i}.jpg")), jpeg).unwrap();
+        }
+        let out = dir.path().join("swapped.lmdb");
+        let options = PackOptions::default()
+            .with_lmdb_map_size(64 << 20)
+            .with_shared_headers(true);
+        pack_image_folder(&src, &out, PackFormat::Lmdb, &options, &NoProgress).unwrap();
+        let headers_of = |wtxn: &heed::RwTxn<'_>, headers: Headers| -> Vec<Vec<u8>> {
+            (1..=2)
+                .map(|id| {
+                    headers
+                        .get(wtxn, &header_key(id))
+                        .unwrap()
+                        .unwrap()
+                        .to_vec()
+                })
+                .collect()
+        };
+        rewrite(&out, true, |wtxn, _, headers| {
+            let headers = headers.unwrap();
+            let stored = headers_of(wtxn, headers);
+            headers.put(wtxn, &header_key(1), &stored[1]).unwrap();
+            headers.put(wtxn, &header_key(2), &stored[0]).unwrap();
+        });
+        let lmdb = Lmdb::open(&out).unwrap();
+        let mut reader = lmdb.open_reader().unwrap();
+        let mut good = Vec::new();
+        for index in 0..lmdb.len() {
+            match reader.read(index) {
+                Ok(record) => {
+                    let file = fs::read(src.join(record.key)).unwrap();
+                    assert_eq!(record.payload, file.as_slice(), "record {index}");
+                    good.push(index);
+                }
+                Err(Error::CorruptRecord { .. }) => {}
+                Err(other) => panic!("record {index}: {other}"),
+            }
+        }
+        // The first file of each quality keeps its header inline.
+        assert_eq!(good.len(), 2, "{good:?}");
+    }
+
+    #[test]
+    fn a_resume_refuses_a_partial_pack_whose_headers_went_missing() {
+        use crate::pack::{PackFormat, PackObserver, PackOptions, StartMode, pack_image_folder};
+        use crate::synthetic::{SyntheticSpec, write_image_folder};
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        struct StopAfterTwo(AtomicUsize);
+        impl PackObserver for StopAfterTwo {
+            fn advanced(&self, _done: usize, _payload_bytes: u64) {
+                self.0.fetch_add(1, Ordering::Relaxed);
+            }
+            fn should_stop(&self) -> bool {
+                self.0.load(Ordering::Relaxed) >= 2
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        let spec = SyntheticSpec {
+            classes: 2,
+            per_class: 8,
+            width: 16,
+            height: 16,
+            ..SyntheticSpec::default()
+        };
+        write_image_folder(&src, &spec).unwrap();
+        let out = dir.path().join("cut.lmdb");
+        let options = PackOptions::default()
+            .with_lmdb_map_size(64 << 20)
+            .with_chunk_size(4)
+            .with_threads(Some(1))
+            .with_shared_headers(true);
+        let stop = StopAfterTwo(AtomicUsize::new(0));
+        let err = pack_image_folder(&src, &out, PackFormat::Lmdb, &options, &stop).unwrap_err();
+        assert!(matches!(err, Error::Interrupted { .. }), "{err}");
+        let partial = staging::partial_path(&out);
+        rewrite(&partial, true, |wtxn, _, headers| {
+            let headers = headers.unwrap();
+            assert!(headers.len(wtxn).unwrap() > 0, "a header was stored");
+            headers.clear(wtxn).unwrap();
+        });
+        let resume = options.with_mode(StartMode {
+            resume: true,
+            force: false,
+        });
+        let observer = crate::pack::NoProgress;
+        match pack_image_folder(&src, &out, PackFormat::Lmdb, &resume, &observer) {
+            Err(Error::ResumeMismatch { reason, .. }) => {
+                assert!(reason.contains("commits recorded 1"), "{reason}")
+            }
+            other => panic!("{other:?}"),
         }
     }
 

@@ -17,7 +17,7 @@ use heed::{Database, Env, EnvFlags, EnvOpenOptions, RoTxn, WithoutTls};
 use crate::dataset::{Dataset, DatasetInfo, FormatKind, Record, RecordReader};
 use crate::error::{Error, IoContext as _, Result};
 use crate::format::pickle;
-use crate::format::shared_headers::{MAX_HEADERS, SharedHeaders};
+use crate::format::shared_headers::{self, MAX_HEADERS, SharedHeaders, stored_value_checksum};
 use crate::format::staging;
 use crate::format::writer::PackProgress;
 
@@ -1073,8 +1073,20 @@ impl RecordReader for LmdbReader {
                 let map = self.bounds.map_of(value);
                 let value = copy_mapped(&self.path, map, value, &mut self.copied)?;
                 let decoded = decode_value(value);
+                // With shared headers (version 3): the header the payload refers to, which
+                // its checksum covers too. One that is damaged or not there fails the sample
+                // first, naming it.
+                let split = match (headers.as_deref(), &decoded) {
+                    (Some(headers), Ok((_, key, payload))) => Some(
+                        headers
+                            .split(payload)
+                            .map_err(|reason| corrupt(&self.path, index, key, reason))?,
+                    ),
+                    _ => None,
+                };
                 if let Some(checksums) = checksums {
-                    let computed = crc32c::crc32c(value);
+                    let header = split.and_then(|(header, _)| header);
+                    let computed = stored_value_checksum(value, header);
                     if computed != checksums[index] {
                         let key = decoded
                             .as_ref()
@@ -1092,10 +1104,8 @@ impl RecordReader for LmdbReader {
                 }
                 let (label, key, payload) = decoded
                     .map_err(|reason| corrupt(&self.path, index, &format!("#{index}"), reason))?;
-                let payload = match headers {
-                    Some(headers) => headers
-                        .join(payload, &mut self.joined)
-                        .map_err(|reason| corrupt(&self.path, index, key, reason))?,
+                let payload = match split {
+                    Some((header, rest)) => shared_headers::join(header, rest, &mut self.joined),
                     None => payload,
                 };
                 (label, key, payload)

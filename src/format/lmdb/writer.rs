@@ -10,15 +10,17 @@ use heed::{Database, Env, EnvFlags, EnvOpenOptions, PutFlags};
 use crate::dataset::{DatasetInfo, FormatKind};
 use crate::error::{Error, IoContext as _, Result};
 use crate::format::InfoRecord;
-use crate::format::shared_headers::{HeaderDictionary, decode_header, encode_header};
+use crate::format::shared_headers::{
+    HeaderDictionary, decode_header, encode_header, stored_value_checksum,
+};
 use crate::format::staging;
 use crate::format::writer::{DatasetWriter, PackPlan, PackProgress, PackedRecord, WriterOptions};
 
 use super::foreign::holds_nothing;
 use super::{
-    CHECKSUMS_DB, CHECKSUMS_SINCE, HEADERS_DB, INFO_KEY, MAGIC, META_DB, PLAN_KEY, PROGRESS_KEY,
-    SAMPLES_DB, encode_value, from_json, header_key, parse_plan, parse_progress, sample_key,
-    to_json, version_written,
+    CHECKSUMS_DB, CHECKSUMS_SINCE, HEADERS_DB, HEADERS_KEY, INFO_KEY, MAGIC, META_DB, PLAN_KEY,
+    PROGRESS_KEY, SAMPLES_DB, encode_value, from_json, header_key, parse_plan, parse_progress,
+    sample_key, to_json, version_written,
 };
 
 /// Writes a dataset into `OUT.partial`, chunk by chunk, and renames it to `OUT` when finished.
@@ -49,6 +51,9 @@ struct SharedChunk {
     /// The chunk's stored payloads end to end, and where each ends.
     payloads: Vec<u8>,
     ends: Vec<usize>,
+    /// The length of the header each record refers to (`None`: stored whole): the record's
+    /// checksum covers it ([`stored_value_checksum`]).
+    header_lens: Vec<Option<usize>>,
     /// The headers the chunk adds to the dictionary: `(id, stored form)`.
     added: Vec<(u32, Vec<u8>)>,
 }
@@ -57,21 +62,31 @@ impl SharedChunk {
     fn prepare(&mut self, records: &[PackedRecord<'_>]) {
         self.payloads.clear();
         self.ends.clear();
+        self.header_lens.clear();
         self.added.clear();
         for record in records {
-            if let Some((id, len)) = self.dictionary.encode(record.payload, &mut self.payloads) {
-                let mut stored = Vec::with_capacity(len + 4);
-                encode_header(&record.payload[..len], &mut stored);
-                self.added.push((id, stored));
+            let encoded = self.dictionary.encode(record.payload, &mut self.payloads);
+            let header = &record.payload[..encoded.header_len];
+            if encoded.added {
+                let mut stored = Vec::with_capacity(header.len() + 4);
+                encode_header(encoded.reference, header, &mut stored);
+                self.added.push((encoded.reference, stored));
             }
             self.ends.push(self.payloads.len());
+            self.header_lens
+                .push((encoded.reference != 0).then_some(encoded.header_len));
         }
     }
 
-    /// Record `offset` of the prepared chunk, as stored.
-    fn payload(&self, offset: usize) -> &[u8] {
+    /// Record `offset` of the prepared chunk as stored, and the header it refers to.
+    fn payload<'a>(
+        &'a self,
+        offset: usize,
+        record: &PackedRecord<'a>,
+    ) -> (&'a [u8], Option<&'a [u8]>) {
         let start = offset.checked_sub(1).map_or(0, |before| self.ends[before]);
-        &self.payloads[start..self.ends[offset]]
+        let header = self.header_lens[offset].map(|len| &record.payload[..len]);
+        (&self.payloads[start..self.ends[offset]], header)
     }
 }
 
@@ -180,21 +195,25 @@ impl LmdbWriter {
         let first = progress.samples_written - records.len();
         let mut wtxn = self.env.write_txn()?;
         self.chunk_checksums.clear();
-        if let Some(shared) = &self.shared {
+        if let Some(shared) = &self.shared
+            && !shared.added.is_empty()
+        {
             for (id, stored) in &shared.added {
                 shared
                     .db
                     .put_with_flags(&mut wtxn, PutFlags::APPEND, &header_key(*id), stored)?;
             }
+            let count = shared.dictionary.len().to_string();
+            self.meta.put(&mut wtxn, HEADERS_KEY, &count)?;
         }
         for (offset, record) in records.iter().enumerate() {
-            let payload = match &self.shared {
-                Some(shared) => shared.payload(offset),
-                None => record.payload,
+            let (payload, header) = match &self.shared {
+                Some(shared) => shared.payload(offset, record),
+                None => (record.payload, None),
             };
             encode_value(&mut self.value, record.label, record.key, payload);
             self.chunk_checksums
-                .extend_from_slice(&crc32c::crc32c(&self.value).to_le_bytes());
+                .extend_from_slice(&stored_value_checksum(&self.value, header).to_le_bytes());
             // Keys only rise (sample indices, each chunk after the last committed one): with
             // APPEND a full leaf is left full and the next key starts a new one, where a plain
             // put splits it in half. Leaves ~95% full instead of ~65%: a smaller file to read.
@@ -334,10 +353,15 @@ impl DatasetWriter for LmdbWriter {
         };
         let shared = match headers {
             Some(db) => Some(SharedChunk {
-                dictionary: HeaderDictionary::resumed(stored_headers(&partial, &db, &wtxn)?),
+                dictionary: HeaderDictionary::resumed(stored_headers(
+                    &partial,
+                    (&db, &meta),
+                    &wtxn,
+                )?),
                 db,
                 payloads: Vec::new(),
                 ends: Vec::new(),
+                header_lens: Vec::new(),
                 added: Vec::new(),
             }),
             None => None,
@@ -411,34 +435,53 @@ impl DatasetWriter for LmdbWriter {
     }
 }
 
-/// The headers a resumed pack stored before, in id order, each checked: the pack goes on
-/// referring to them, so one that is not what was written stops it.
+/// The headers a resumed pack stored before, in id order, each checked, and as many as its
+/// commits recorded (`meta`'s [`HEADERS_KEY`]): the pack goes on referring to them, so one that
+/// is not what was written, or missing, stops it.
 fn stored_headers(
     partial: &Path,
-    db: &Database<Bytes, Bytes>,
+    (db, meta): (&Database<Bytes, Bytes>, &Database<Str, Str>),
     wtxn: &heed::RwTxn<'_>,
 ) -> Result<Vec<Vec<u8>>> {
+    let mismatch = |reason: String| Error::ResumeMismatch {
+        path: partial.to_path_buf(),
+        reason: format!("{reason}; pack again with --force"),
+    };
+    let recorded = match meta
+        .get(wtxn, HEADERS_KEY)
+        .map_err(|e| Error::lmdb(partial, e))?
+    {
+        None => 0,
+        Some(text) => text.parse::<usize>().map_err(|_| {
+            mismatch(format!(
+                "meta/{HEADERS_KEY} is {text:?}, not a number of headers"
+            ))
+        })?,
+    };
     let mut headers = Vec::new();
     for entry in db.iter(wtxn).map_err(|e| Error::lmdb(partial, e))? {
         let (key, value) = entry.map_err(|e| Error::lmdb(partial, e))?;
         let expected = header_key(headers.len() as u32 + 1);
         let header = if key == expected {
-            decode_header(value)
+            decode_header(headers.len() as u32 + 1, value)
         } else {
             Err(format!("key {key:02x?} where {expected:02x?} belongs"))
         };
         match header {
             Ok(header) => headers.push(header.to_vec()),
             Err(why) => {
-                return Err(Error::ResumeMismatch {
-                    path: partial.to_path_buf(),
-                    reason: format!(
-                        "its shared header {} is damaged ({why}); pack again with --force",
-                        headers.len() + 1
-                    ),
-                });
+                return Err(mismatch(format!(
+                    "its shared header {} is damaged ({why})",
+                    headers.len() + 1
+                )));
             }
         }
+    }
+    if headers.len() != recorded {
+        return Err(mismatch(format!(
+            "it holds {} shared headers where its commits recorded {recorded}",
+            headers.len()
+        )));
     }
     Ok(headers)
 }
