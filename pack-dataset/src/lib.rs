@@ -81,6 +81,10 @@ enum Command {
         /// Records output: store labels as class index + this (ImageNet TFRecords use 1).
         #[arg(long, default_value_t = 0)]
         label_base: u32,
+        /// LMDB output: store the JPEG headers files share once (as `imagefolder2lmdb
+        /// --shared-headers`).
+        #[arg(long)]
+        shared_headers: bool,
         /// Finish an interrupted join.
         #[arg(long)]
         resume: bool,
@@ -617,6 +621,7 @@ fn run(cli: Cli) -> Result<u8> {
             parts,
             shard_size,
             label_base,
+            shared_headers,
             resume,
             force,
             quiet,
@@ -624,7 +629,8 @@ fn run(cli: Cli) -> Result<u8> {
             let options = PackOptions::default()
                 .with_mode(StartMode { resume, force })
                 .with_shard_bytes(shard_size)
-                .with_label_base(label_base);
+                .with_label_base(label_base)
+                .with_shared_headers(shared_headers);
             let progress = Stoppable::new(quiet);
             let result = pack::join(&parts, &out, to, &options, &progress);
             progress.finish(result, || {

@@ -142,6 +142,7 @@ def join_parts(
     threads: Optional[int] = None,
     shard_bytes: Optional[int] = None,
     label_base: int = 0,
+    shared_headers: bool = False,
     quiet: bool = False,
 ) -> str: ...
 def inspect_dataset(paths: Sequence[_Path], reading: Optional[_Reading] = None) -> str: ...

@@ -143,6 +143,7 @@ def join(
     threads: Optional[int] = None,
     shard_bytes: Optional[int] = None,
     label_base: int = 0,
+    shared_headers: bool = False,
     progress: bool = True,
 ) -> PackSummary:
     """Joins the parts of a split pack (``pack(src, part_i, part=(i, n))`` for each i, in any
@@ -166,6 +167,8 @@ def join(
         Record shards: close a shard once it holds this many bytes.
     label_base : int, default 0
         Record shards: store ``label + label_base``.
+    shared_headers : bool, default False
+        LMDB output: store the JPEG headers files share once, as :func:`pack` does.
     progress : bool, default True
         Draw a progress bar on stderr.
 
@@ -177,7 +180,8 @@ def join(
     with errors.arguments("join"):
         summary = _native.join_parts(
             [os.fspath(p) for p in parts], os.fspath(out), format=format, resume=resume, force=force,
-            threads=threads, shard_bytes=shard_bytes, label_base=label_base, quiet=not progress,
+            threads=threads, shard_bytes=shard_bytes, label_base=label_base,
+            shared_headers=shared_headers, quiet=not progress,
         )
     result: PackSummary = json.loads(summary)
     return result

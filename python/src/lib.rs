@@ -204,7 +204,10 @@ where
 /// Joins the parts of a split pack (`pack(..., part=(i, n))`) into one dataset at `out`,
 /// identical to an unsplit pack; returns the summary as JSON.
 #[pyfunction]
-#[pyo3(signature = (parts, out, *, format, resume=false, force=false, threads=None, shard_bytes=None, label_base=0, quiet=false))]
+#[pyo3(signature = (
+    parts, out, *, format, resume=false, force=false, threads=None, shard_bytes=None,
+    label_base=0, shared_headers=false, quiet=false,
+))]
 #[allow(clippy::too_many_arguments)]
 fn join_parts(
     py: Python<'_>,
@@ -216,13 +219,15 @@ fn join_parts(
     threads: Option<usize>,
     shard_bytes: Option<u64>,
     label_base: u32,
+    shared_headers: bool,
     quiet: bool,
 ) -> PyResult<String> {
     let format = pack_format(format)?;
     let mut options = PackOptions::default()
         .with_mode(StartMode { resume, force })
         .with_threads(threads)
-        .with_label_base(label_base);
+        .with_label_base(label_base)
+        .with_shared_headers(shared_headers);
     if let Some(bytes) = shard_bytes {
         options.shard_bytes = bytes;
     }

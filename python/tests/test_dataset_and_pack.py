@@ -268,6 +268,14 @@ def test_a_split_pack_joins_into_the_unsplit_dataset(tree, tmp_path):
     assert imagefeed.verify(joined, against=tree)["ok"]
     with pytest.raises(imagefeed.Error):
         imagefeed.join(parts[:2], tmp_path / "short.lmdb", progress=False)
+    # Parts packed with shared headers join into a dataset with shared headers: the same files.
+    for i, part in enumerate(parts):
+        imagefeed.pack(tree, part, part=(i, 3), shared_headers=True, force=True, progress=False)
+    shared = tmp_path / "shared.lmdb"
+    imagefeed.join(parts, shared, shared_headers=True, progress=False)
+    c = imagefeed.Dataset(shared, decode="bytes")
+    assert all(a[i] == c[i] for i in range(240))
+    assert shared.stat().st_size < joined.stat().st_size
 
 
 def test_joined_record_parts_keep_the_label_base(tree, tmp_path):
