@@ -133,6 +133,19 @@ fn header_key(id: u32) -> [u8; 4] {
     id.to_be_bytes()
 }
 
+/// The number of the header stored under `key` after `before` others: headers are numbered
+/// from 1 without a gap, at most [`MAX_HEADERS`](crate::format::shared_headers::MAX_HEADERS).
+fn next_header_id(before: usize, key: &[u8]) -> std::result::Result<u32, String> {
+    use crate::format::shared_headers::MAX_HEADERS;
+    let id = u32::try_from(before + 1).unwrap_or(u32::MAX);
+    if id > MAX_HEADERS || key != header_key(id) {
+        return Err(format!(
+            "key {key:02x?} after {before} headers (at most {MAX_HEADERS}, numbered from 1)"
+        ));
+    }
+    Ok(id)
+}
+
 /// Encodes a sample's key in the `samples` database.
 fn sample_key(index: usize) -> [u8; 8] {
     (index as u64).to_be_bytes()

@@ -17,7 +17,7 @@ use heed::{Database, Env, EnvFlags, EnvOpenOptions, RoTxn, WithoutTls};
 use crate::dataset::{Dataset, DatasetInfo, FormatKind, Record, RecordReader};
 use crate::error::{Error, IoContext as _, Result};
 use crate::format::pickle;
-use crate::format::shared_headers::{self, MAX_HEADERS, SharedHeaders, stored_value_checksum};
+use crate::format::shared_headers::{self, SharedHeaders, stored_value_checksum};
 use crate::format::staging;
 use crate::format::writer::PackProgress;
 
@@ -25,8 +25,8 @@ use super::foreign::open_folder2lmdb;
 use super::tree::{Located, NotFound, Roots, SearchPages, TreeRoot};
 use super::{
     CHECKSUMS_DB, CHECKSUMS_SINCE, DATABASES, HEADERS_DB, INFO_KEY, LMDB_FILE_MAGIC, META_DB,
-    PROGRESS_KEY, SAMPLES_DB, SHARED_HEADERS_SINCE, corrupt, decode_value, header_key, parse_info,
-    parse_progress, sample_key, tree,
+    PROGRESS_KEY, SAMPLES_DB, SHARED_HEADERS_SINCE, corrupt, decode_value, next_header_id,
+    parse_info, parse_progress, sample_key, tree,
 };
 use crate::mapguard::copy_mapped;
 
@@ -383,14 +383,8 @@ fn read_checksums(
     let mut sums = Vec::with_capacity(stored);
     // Each entry copied out through the guard before it is parsed (see `copied`).
     let mut copy = Vec::new();
-    for entry in db.iter(rtxn).map_err(|e| Error::lmdb(path, e))? {
-        let (key, value) = entry.map_err(|e| Error::lmdb(path, e))?;
-        let (key, value) = bounds
-            .check(key)
-            .and_then(|key| Ok((key, bounds.check(value)?)))
-            .map_err(|reason| {
-                Error::not_a_dataset(path, format!("the checksums database: {reason}"))
-            })?;
+    for entry in checked_entries(path, bounds, &db, rtxn, "checksums")? {
+        let (key, value) = entry?;
         let first = <[u8; 8]>::try_from(key).ok().map(u64::from_be_bytes);
         let value = copy_mapped(path, bounds.map_of(value), value, &mut copy)?;
         let count = value.len() / 4;
@@ -421,6 +415,25 @@ fn read_checksums(
         ));
     }
     Ok(sums.into())
+}
+
+/// The entries of the named database `db` (`name` in messages) in key order, each key and
+/// value checked to lie inside the map (`bounds`) before anything reads them.
+fn checked_entries<'t>(
+    path: &'t Path,
+    bounds: &'t MapBounds,
+    db: &Database<Bytes, Bytes>,
+    rtxn: &'t RoTxn<'_, WithoutTls>,
+    name: &'t str,
+) -> Result<impl Iterator<Item = Result<(&'t [u8], &'t [u8])>> + 't> {
+    let entries = db.iter(rtxn).map_err(|e| Error::lmdb(path, e))?;
+    Ok(entries.map(move |entry| {
+        let (key, value) = entry.map_err(|e| Error::lmdb(path, e))?;
+        bounds
+            .check(key)
+            .and_then(|key| Ok((key, bounds.check(value)?)))
+            .map_err(|reason| Error::not_a_dataset(path, format!("the {name} database: {reason}")))
+    }))
 }
 
 /// Reads the `headers` database of a version-3 file ([`SharedHeaders`]): headers numbered
@@ -456,23 +469,12 @@ fn read_headers(
         }
     };
     let mut stored = Vec::new();
-    for entry in db.iter(rtxn).map_err(|e| Error::lmdb(path, e))? {
-        let (key, value) = entry.map_err(|e| Error::lmdb(path, e))?;
-        let (key, value) = bounds
-            .check(key)
-            .and_then(|key| Ok((key, bounds.check(value)?)))
-            .map_err(|reason| {
-                Error::not_a_dataset(path, format!("the headers database: {reason}"))
-            })?;
-        let id = stored.len() as u32 + 1;
-        if id > MAX_HEADERS || key != header_key(id) {
+    for entry in checked_entries(path, bounds, &db, rtxn, "headers")? {
+        let (key, value) = entry?;
+        if let Err(why) = next_header_id(stored.len(), key) {
             return Err(Error::not_a_dataset(
                 path,
-                format!(
-                    "the headers database is damaged: key {key:02x?} after {} headers (at most \
-                     {MAX_HEADERS}, numbered from 1)",
-                    stored.len()
-                ),
+                format!("the headers database is damaged: {why}"),
             ));
         }
         stored.push(copied(path, bounds, value)?);

@@ -917,15 +917,7 @@ mod tests {
     /// two-level tree, a few values on overflow pages, and a `meta` database.
     fn small_lmdb(dir: &Path) -> std::path::PathBuf {
         let path = dir.join("small.lmdb");
-        let mut options = EnvOpenOptions::new();
-        options.max_dbs(3).map_size(16 << 20);
-        // SAFETY: a fresh file this test alone opens.
-        let env = unsafe {
-            options
-                .flags(heed::EnvFlags::NO_SUB_DIR)
-                .open(&path)
-                .unwrap()
-        };
+        let env = open_env(&path, EnvOpenOptions::new().max_dbs(3).map_size(16 << 20));
         let mut txn = env.write_txn().unwrap();
         let samples: Database<Bytes, Bytes> =
             env.create_database(&mut txn, Some("samples")).unwrap();
@@ -943,9 +935,13 @@ mod tests {
 
     /// The LMDB file at `path`, opened with liblmdb to compare against.
     fn open_read_only(path: &Path) -> heed::Env {
-        let mut options = EnvOpenOptions::new();
-        options.max_dbs(3);
-        // SAFETY: read only, by the test that made the file alone.
+        open_env(path, EnvOpenOptions::new().max_dbs(3))
+    }
+
+    /// The single-file LMDB at `path` (created if missing) with `options`.
+    fn open_env(path: &Path, options: &mut EnvOpenOptions) -> heed::Env {
+        // SAFETY: test files, each opened by the test that made it alone (only one
+        // environment per file at a time).
         unsafe {
             options
                 .flags(heed::EnvFlags::NO_SUB_DIR)
@@ -1040,15 +1036,7 @@ mod tests {
     /// levels deep.
     fn string_keys_lmdb(dir: &Path) -> std::path::PathBuf {
         let path = dir.join("keys.lmdb");
-        let mut options = EnvOpenOptions::new();
-        options.map_size(64 << 20);
-        // SAFETY: a fresh file this test alone opens.
-        let env = unsafe {
-            options
-                .flags(heed::EnvFlags::NO_SUB_DIR)
-                .open(&path)
-                .unwrap()
-        };
+        let env = open_env(&path, EnvOpenOptions::new().map_size(64 << 20));
         let mut txn = env.write_txn().unwrap();
         let db: Database<Bytes, Bytes> = env.create_database(&mut txn, None).unwrap();
         for i in 0..20_000 {

@@ -19,8 +19,8 @@ use crate::format::writer::{DatasetWriter, PackPlan, PackProgress, PackedRecord,
 use super::foreign::holds_nothing;
 use super::{
     CHECKSUMS_DB, CHECKSUMS_SINCE, HEADERS_DB, HEADERS_KEY, INFO_KEY, MAGIC, META_DB, PLAN_KEY,
-    PROGRESS_KEY, SAMPLES_DB, encode_value, from_json, header_key, parse_plan, parse_progress,
-    sample_key, to_json, version_written,
+    PROGRESS_KEY, SAMPLES_DB, encode_value, from_json, header_key, next_header_id, parse_plan,
+    parse_progress, sample_key, to_json, version_written,
 };
 
 /// Writes a dataset into `OUT.partial`, chunk by chunk, and renames it to `OUT` when finished.
@@ -461,12 +461,7 @@ fn stored_headers(
     let mut headers = Vec::new();
     for entry in db.iter(wtxn).map_err(|e| Error::lmdb(partial, e))? {
         let (key, value) = entry.map_err(|e| Error::lmdb(partial, e))?;
-        let expected = header_key(headers.len() as u32 + 1);
-        let header = if key == expected {
-            decode_header(headers.len() as u32 + 1, value)
-        } else {
-            Err(format!("key {key:02x?} where {expected:02x?} belongs"))
-        };
+        let header = next_header_id(headers.len(), key).and_then(|id| decode_header(id, value));
         match header {
             Ok(header) => headers.push(header.to_vec()),
             Err(why) => {
