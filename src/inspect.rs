@@ -7,7 +7,8 @@ use serde::Serialize;
 
 use crate::dataset::{Dataset, PayloadKind, par_map_records};
 use crate::error::{Error, Result};
-use crate::format::{self, OpenOptions, lmdb::Lmdb, staging};
+use crate::format::lmdb::{Lmdb, SharedHeaderSummary};
+use crate::format::{self, OpenOptions, staging};
 use crate::pack;
 
 /// Samples of one class.
@@ -84,6 +85,10 @@ pub struct Inspection {
     pub resized_short_side: Option<u32>,
     /// Whether the JPEGs were rewritten with restart markers at pack time.
     pub restart_markers: bool,
+    /// The JPEG headers stored once and shared by the samples (an LMDB packed with
+    /// `--shared-headers`); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_headers: Option<SharedHeaderSummary>,
     /// Samples per class, in label order.
     pub classes: Vec<ClassCount>,
     /// Sum of payload sizes.
@@ -177,56 +182,58 @@ pub fn inspect_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Ins
     let opened = |path: &Path| -> Result<Box<dyn Dataset>> {
         Ok(Box::new(ArcDataset(format::open_with(path, &options)?)))
     };
-    let (dataset, complete, rejected_at_pack): (Box<dyn Dataset>, bool, Option<usize>) =
-        if (path.is_dir() && !path.join("data.mdb").is_file())
-            || (!path.exists() && format::shards::is_pattern(path))
-            || path.to_str().is_some_and(crate::remote::is_url)
-        {
-            (opened(path)?, true, None)
-        } else if format::hdf5::has_signature(path)
-            || format::tfrecord::is_shard_name(path)
-            || format::webdataset::is_shard_name(path)
-            || path
-                .file_name()
-                .is_some_and(|n| n == format::mds::index::INDEX)
-            || (!path.exists() && staging::partial_path(path).is_dir())
-        {
-            // Incomplete HDF5 and records outputs are refused with an error that says how to
-            // finish them.
-            (opened(path)?, true, None)
+    let (dataset, complete, rejected_at_pack, shared_headers): (
+        Box<dyn Dataset>,
+        bool,
+        Option<usize>,
+        Option<SharedHeaderSummary>,
+    ) = if (path.is_dir() && !path.join("data.mdb").is_file())
+        || (!path.exists() && format::shards::is_pattern(path))
+        || path.to_str().is_some_and(crate::remote::is_url)
+    {
+        (opened(path)?, true, None, None)
+    } else if format::hdf5::has_signature(path)
+        || format::tfrecord::is_shard_name(path)
+        || format::webdataset::is_shard_name(path)
+        || path
+            .file_name()
+            .is_some_and(|n| n == format::mds::index::INDEX)
+        || (!path.exists() && staging::partial_path(path).is_dir())
+    {
+        // Incomplete HDF5 and records outputs are refused with an error that says how to
+        // finish them.
+        (opened(path)?, true, None, None)
+    } else {
+        let path = &if path.is_dir() {
+            path.join("data.mdb")
         } else {
-            let path = &if path.is_dir() {
-                path.join("data.mdb")
-            } else {
-                path.to_path_buf()
-            };
-            let target = if !path.exists() && staging::partial_path(path).exists() {
-                staging::partial_path(path)
-            } else {
-                path.to_path_buf()
-            };
-            if !format::lmdb::has_magic(&target)? {
-                // Not LMDB either: the error `open` gives for what it cannot read.
-                return Err(format::open_with(path, &options).err().unwrap_or_else(|| {
-                    Error::not_a_dataset(path, "not an LMDB file (bad magic number)")
-                }));
-            }
-            let lmdb = Lmdb::open_incomplete(&target)?;
-            let rejected = lmdb
-                .info()
-                .rejected_at_pack
-                .or_else(|| lmdb.pack_progress().map(|p| p.rejected.len()));
-            // Under a staging name it is unfinished whatever it says: a kill between marking
-            // it complete and renaming it, or the old dataset of a replacement.
-            let complete = lmdb.is_complete() && !staging::is_staging_name(&target);
-            (Box::new(lmdb), complete, rejected)
+            path.to_path_buf()
         };
-    Ok(inspect_dataset(
-        path,
-        dataset.as_ref(),
-        complete,
-        rejected_at_pack,
-    ))
+        let target = if !path.exists() && staging::partial_path(path).exists() {
+            staging::partial_path(path)
+        } else {
+            path.to_path_buf()
+        };
+        if !format::lmdb::has_magic(&target)? {
+            // Not LMDB either: the error `open` gives for what it cannot read.
+            return Err(format::open_with(path, &options).err().unwrap_or_else(|| {
+                Error::not_a_dataset(path, "not an LMDB file (bad magic number)")
+            }));
+        }
+        let lmdb = Lmdb::open_incomplete(&target)?;
+        let rejected = lmdb
+            .info()
+            .rejected_at_pack
+            .or_else(|| lmdb.pack_progress().map(|p| p.rejected.len()));
+        // Under a staging name it is unfinished whatever it says: a kill between marking
+        // it complete and renaming it, or the old dataset of a replacement.
+        let complete = lmdb.is_complete() && !staging::is_staging_name(&target);
+        let shared = lmdb.shared_headers();
+        (Box::new(lmdb), complete, rejected, shared)
+    };
+    let mut inspection = inspect_dataset(path, dataset.as_ref(), complete, rejected_at_pack);
+    inspection.shared_headers = shared_headers;
+    Ok(inspection)
 }
 
 /// [`inspect`] for a list of shard files read as one dataset ([`format::open_files`]).
@@ -323,6 +330,7 @@ fn inspect_dataset(
         payload: info.payload,
         resized_short_side: info.resized_short_side,
         restart_markers: info.restart_markers,
+        shared_headers: None,
         classes: info
             .classes
             .iter()

@@ -557,6 +557,22 @@ fn format_inspection(i: &Inspection) -> String {
             "jpeg:        rewritten with restart markers (crops decode only what they need)"
         );
     }
+    if let Some(h) = &i.shared_headers {
+        w!(
+            o,
+            "jpeg:        {} shared header(s), {} stored once for all samples{}",
+            h.headers,
+            human_bytes(h.bytes),
+            if h.damaged > 0 {
+                format!(
+                    "; {} DAMAGED (the samples using them are bad records)",
+                    h.damaged
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
     if let Some(s) = i.resized_short_side {
         w!(o, "resized:     shorter side at most {s}");
     }

@@ -1554,6 +1554,21 @@ fn shared_headers_pack_a_smaller_lmdb_and_are_refused_for_record_shards() {
     ]));
     succeeded(&run(&[&"imagefolder2lmdb", &fixtures(), &plain]));
     succeeded(&run(&[&"verify", &shared, &"--against", &fixtures()]));
+    // `inspect` says how many headers are shared and their size; a plain pack has none.
+    let inspected = |p: &Path| -> serde_json::Value {
+        serde_json::from_str(&stdout(&run(&[&"inspect", &"--json", &p]))).unwrap()
+    };
+    let json = inspected(&shared);
+    let headers = &json["shared_headers"];
+    assert!(
+        headers["headers"].as_u64().is_some_and(|n| n >= 1),
+        "{json}"
+    );
+    assert!(headers["bytes"].as_u64().is_some_and(|n| n > 100), "{json}");
+    assert_eq!(headers["damaged"], 0, "{json}");
+    assert!(inspected(&plain).get("shared_headers").is_none());
+    let text = stdout(&run(&[&"inspect", &shared]));
+    assert!(text.contains("shared header"), "{text}");
     let len = |p: &Path| std::fs::metadata(p).unwrap().len();
     assert!(
         len(&shared) < len(&plain),

@@ -14,6 +14,7 @@ __all__ = [
     "ClassCount",
     "Spread",
     "SizeCount",
+    "SharedHeaders",
     "BadRecord",
     "Inspection",
     "Problem",
@@ -83,8 +84,20 @@ class BadRecord(TypedDict):
     reason: str
 
 
+class SharedHeaders(TypedDict):
+    """The JPEG headers an LMDB packed with ``shared_headers=True`` stores once for its samples:
+    how many, their bytes, and how many fail their check (each sample using one is a bad
+    record)."""
+
+    headers: int
+    bytes: int
+    damaged: int
+
+
 class _InspectionOptional(TypedDict, total=False):
     notices: List[str]
+    shared_headers: SharedHeaders
+    """Present for an LMDB packed with ``shared_headers=True``."""
     missing_shards: List[str]
     """Members missing from the dataset's shard set (the first of them)."""
     missing_shard_count: int

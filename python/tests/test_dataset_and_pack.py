@@ -177,6 +177,9 @@ def test_shared_headers_hand_back_the_files_from_a_smaller_lmdb(tmp_path):
     imagefeed.pack(src, shared, shared_headers=True, progress=False)
     assert shared.stat().st_size < plain.stat().st_size
     assert imagefeed.verify(shared, against=src)["ok"]
+    headers = imagefeed.inspect(shared)["shared_headers"]
+    assert headers["headers"] >= 1 and headers["bytes"] > 100 and headers["damaged"] == 0
+    assert "shared_headers" not in imagefeed.inspect(plain)
     ds = imagefeed.Dataset(shared, decode="bytes")
     assert all(ds[i][0] == (src / ds.key(i)).read_bytes() for i in range(len(ds)))
     with pytest.raises(imagefeed.ConfigError):

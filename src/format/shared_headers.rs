@@ -168,6 +168,18 @@ pub(crate) fn decode_header(id: u32, stored: &[u8]) -> Result<&[u8], String> {
     Ok(bytes)
 }
 
+/// What [`SharedHeaders::summary`] counts: the headers a dataset stores once for its samples
+/// (`pack-dataset inspect` reports it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SharedHeaderSummary {
+    /// Headers stored.
+    pub headers: usize,
+    /// Their bytes (those that pass their check).
+    pub bytes: u64,
+    /// Headers that fail their check: every sample that uses one is a bad record.
+    pub damaged: usize,
+}
+
 /// The reader's side: every header of a dataset, each checked (or why it is unusable).
 #[derive(Debug, Default)]
 pub(crate) struct SharedHeaders {
@@ -185,6 +197,21 @@ impl SharedHeaders {
                 .map(|(s, id)| decode_header(id, s).map(Box::from))
                 .collect(),
         }
+    }
+
+    /// How many headers there are, their bytes, and how many of them fail their check.
+    pub(crate) fn summary(&self) -> SharedHeaderSummary {
+        let mut summary = SharedHeaderSummary {
+            headers: self.headers.len(),
+            ..SharedHeaderSummary::default()
+        };
+        for header in &self.headers {
+            match header {
+                Ok(bytes) => summary.bytes += bytes.len() as u64,
+                Err(_) => summary.damaged += 1,
+            }
+        }
+        summary
     }
 
     /// A payload stored as `stored` (module docs), taken apart: the header it refers to, if

@@ -85,6 +85,7 @@ mod reader;
 mod tree;
 mod writer;
 
+pub use crate::format::shared_headers::SharedHeaderSummary;
 pub(crate) use foreign::is_own_file;
 pub use reader::{Lmdb, has_magic};
 #[cfg(feature = "fuzzing")]
@@ -349,6 +350,9 @@ mod tests {
         let out = packed_with(dir.path(), "damaged", (2, 6, 32), true);
         let whole: Vec<Vec<u8>> = {
             let lmdb = Lmdb::open(&out).unwrap();
+            let summary = lmdb.shared_headers().expect("packed with shared headers");
+            assert_eq!((summary.headers, summary.damaged), (1, 0), "{summary:?}");
+            assert!(summary.bytes > 100, "{summary:?}");
             let mut reader = lmdb.open_reader().unwrap();
             (0..lmdb.len())
                 .map(|i| reader.read(i).unwrap().payload.to_vec())
@@ -361,6 +365,8 @@ mod tests {
             headers.put(wtxn, &header_key(1), &header).unwrap();
         });
         let lmdb = Lmdb::open(&out).unwrap();
+        let summary = lmdb.shared_headers().unwrap();
+        assert_eq!((summary.headers, summary.bytes, summary.damaged), (1, 0, 1));
         let mut reader = lmdb.open_reader().unwrap();
         // The first image stored its header inline; the others refer to header 1.
         assert_eq!(reader.read(0).unwrap().payload, whole[0].as_slice());

@@ -17,7 +17,9 @@ use heed::{Database, Env, EnvFlags, EnvOpenOptions, RoTxn, WithoutTls};
 use crate::dataset::{Dataset, DatasetInfo, FormatKind, Record, RecordReader};
 use crate::error::{Error, IoContext as _, Result};
 use crate::format::pickle;
-use crate::format::shared_headers::{self, SharedHeaders, stored_value_checksum};
+use crate::format::shared_headers::{
+    self, SharedHeaderSummary, SharedHeaders, stored_value_checksum,
+};
 use crate::format::staging;
 use crate::format::writer::PackProgress;
 
@@ -355,6 +357,18 @@ impl Lmdb {
     /// True when the pack that wrote this file finished.
     pub fn is_complete(&self) -> bool {
         self.complete
+    }
+
+    /// The JPEG headers this file stores once and its samples share (layout version 3,
+    /// `--shared-headers`); `None` for a file without them.
+    pub fn shared_headers(&self) -> Option<SharedHeaderSummary> {
+        match &self.layout {
+            Layout::Imagefeed {
+                headers: Some(headers),
+                ..
+            } => Some(headers.summary()),
+            _ => None,
+        }
     }
 
     /// The pack's progress record: files consumed and files rejected (with reasons).
