@@ -35,7 +35,12 @@
 //! read-only map of it, where only the bytes checked are touched; any other is read a page at a
 //! time with `pread`, as the walk needs them (its leaves may lie far apart, between values'
 //! overflow pages), in the order the writer put them in the file, so that readahead serves a
-//! cold one.
+//! cold one. Those leaves lie far apart in a large file (between the values' overflow pages:
+//! a leaf every ~600 KiB of a 2.4 GB file of 3 KB values), each a disk read of its own, so once
+//! a `pread` shows the file cold the walk asks the kernel for the next 64 pages it will visit
+//! before reading them (`POSIX_FADV_WILLNEED`): they come in together, not one at a time. Cold
+//! opens of that 2.4 GB file (600,000 records, ~3,850 leaves) went from 1.24–1.42 to 0.89–0.96
+//! s, the walk itself to ~0.1 s.
 //! (A disk error is then an error, not SIGBUS.)
 //! The 10,000 CIFAR-10 test images (14 MB): 3.5 ms with `pread`, 1.2 ms in place.
 
@@ -94,6 +99,23 @@ fn u32_at(bytes: &[u8], at: usize) -> u32 {
 fn u64_at(bytes: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
 }
+
+/// Whether key `a` sorts before key `b` in liblmdb's order (`mdb_cmp_memn`: bytes, then the
+/// shorter first), which is the slices' order; two 8-byte keys (sample indices) compared as
+/// big-endian numbers, the same order without a `memcmp` call.
+fn key_below(a: &[u8], b: &[u8]) -> bool {
+    match (<[u8; 8]>::try_from(a), <[u8; 8]>::try_from(b)) {
+        (Ok(a), Ok(b)) => u64::from_be_bytes(a) < u64::from_be_bytes(b),
+        _ => a < b,
+    }
+}
+
+/// A `pread` of a page that takes this long came from the disk, not the page cache (a cached
+/// page takes a microsecond or two).
+const COLD_READ: std::time::Duration = std::time::Duration::from_micros(40);
+
+/// How many pages ahead of the walk a cold file's reads are started ([`Walk::read_ahead`]).
+const READ_AHEAD_PAGES: usize = 64;
 
 /// Checks every branch and leaf page of the main database of the LMDB file `file` (`path` in
 /// messages), `file_len` bytes long, as the live meta page describes it, and of the named
@@ -410,7 +432,21 @@ fn check_pages(
     opened: &[&str],
     locate: Option<&str>,
 ) -> Result<(Option<Locations>, Roots)> {
+    check_pages_from(path, pages, file_len, opened, locate, false)
+}
+
+/// [`check_pages`], the file taken for cold from the start (`cold`: its pages read ahead of
+/// the walk from the first; tests).
+fn check_pages_from(
+    path: &Path,
+    pages: Pages<'_>,
+    file_len: u64,
+    opened: &[&str],
+    locate: Option<&str>,
+    cold: bool,
+) -> Result<(Option<Locations>, Roots)> {
     let mut walk = Walk::start(path, pages, file_len)?;
+    walk.cold = cold;
     let main = walk.main;
     let mut named = Vec::new();
     walk.database("the main database", main, Some(&mut named))?;
@@ -454,6 +490,8 @@ struct Visit {
     level: u16,
     low: Option<Vec<u8>>,
     high: Option<Vec<u8>>,
+    /// Already asked of the kernel ahead of its read ([`Walk::read_ahead`]).
+    advised: bool,
 }
 
 /// One node of a page, as read: its flags, the two halves of its size or child page number,
@@ -515,6 +553,11 @@ struct Walk<'a> {
     mapped: &'a [u8],
     /// While walking the database to locate ([`check`]): its values' offsets and sizes.
     locations: Option<Locations>,
+    /// The nodes of the page last read (kept to reuse its allocation).
+    nodes: Vec<Node>,
+    /// Set once a `pread` of a page took as long as a disk read: from then on the pages next
+    /// in the walk are asked of the kernel ahead of their reads ([`Walk::read_ahead`]).
+    cold: bool,
 }
 
 impl<'a> Walk<'a> {
@@ -563,6 +606,8 @@ impl<'a> Walk<'a> {
             },
             mapped: &[],
             locations: None,
+            nodes: Vec::new(),
+            cold: false,
         })
     }
 
@@ -615,11 +660,13 @@ impl<'a> Walk<'a> {
             level: 1,
             low: None,
             high: None,
+            advised: false,
         }];
+        let mut nodes = std::mem::take(&mut self.nodes);
         while let Some(visit) = stack.pop() {
             let number = visit.number;
             let leaf = visit.level == db.depth;
-            let nodes = self.read_page(what, &visit, leaf, db.depth)?;
+            self.read_page(what, &visit, leaf, db.depth, &mut nodes)?;
             if !leaf {
                 // Child i holds the keys from node i's key (the parent's bound for node 0,
                 // whose key liblmdb leaves empty) up to node i + 1's. Pushed last to first, so
@@ -643,10 +690,13 @@ impl<'a> Walk<'a> {
                         level: visit.level + 1,
                         low,
                         high,
+                        advised: false,
                     });
                 }
+                self.read_ahead(&mut stack);
                 continue;
             }
+            self.read_ahead(&mut stack);
             entries += nodes.len() as u64;
             let overflow = self.leaf_values(what, number, &nodes, named.as_deref_mut())?;
             self.locate(number, &nodes);
@@ -662,6 +712,7 @@ impl<'a> Walk<'a> {
                 }
             }
         }
+        self.nodes = nodes;
         if entries != db.entries {
             return Err(self.damaged(format!(
                 "{what} holds {entries} entries but its record says {}",
@@ -760,7 +811,8 @@ impl<'a> Walk<'a> {
         visit: &Visit,
         leaf: bool,
         depth: u16,
-    ) -> Result<Vec<Node>> {
+        nodes: &mut Vec<Node>,
+    ) -> Result<()> {
         let number = visit.number;
         if number < 2 || number > self.last_page {
             return Err(self.damaged(format!(
@@ -775,10 +827,13 @@ impl<'a> Walk<'a> {
             std::io::Error::new(e.kind(), format!("reading page {number} at byte {at}: {e}"))
         };
         match self.pages {
-            Pages::Read(file) => file
-                .read_exact_at(&mut self.buffer, at)
-                .map_err(reading)
-                .at(self.path)?,
+            Pages::Read(file) => {
+                let started = std::time::Instant::now();
+                file.read_exact_at(&mut self.buffer, at)
+                    .map_err(reading)
+                    .at(self.path)?;
+                self.cold |= started.elapsed() >= COLD_READ;
+            }
             Pages::Mapped(map) => {
                 self.mapped = Pages::slice(map, at, self.page_size)
                     .map_err(reading)
@@ -816,7 +871,7 @@ impl<'a> Walk<'a> {
                 self.page_size
             )));
         }
-        let mut nodes = Vec::with_capacity((lower - PAGE_HEADER) / 2);
+        nodes.clear();
         for i in 0..(lower - PAGE_HEADER) / 2 {
             let at = u16_at(page, PAGE_HEADER + 2 * i) as usize;
             let key_at = at + NODE_HEADER;
@@ -836,27 +891,63 @@ impl<'a> Walk<'a> {
         }
         // liblmdb's order (`mdb_cmp_memn`: bytes, then the shorter first) is the slices' order.
         // A branch's first key is not used (liblmdb leaves it empty).
-        let keys: Vec<&[u8]> = nodes
-            .iter()
-            .skip(usize::from(!leaf))
-            .map(|n| &page[n.key.clone()])
-            .collect();
-        let in_order = keys.windows(2).all(|pair| pair[0] < pair[1])
+        let keys = &nodes[usize::from(!leaf)..];
+        let key = |node: &Node| &page[node.key.clone()];
+        let in_order = keys
+            .windows(2)
+            .all(|pair| key_below(key(&pair[0]), key(&pair[1])))
             && visit
                 .low
                 .as_deref()
-                .is_none_or(|low| keys.first().is_none_or(|k| *k >= low))
+                .is_none_or(|low| keys.first().is_none_or(|first| !key_below(key(first), low)))
             && visit
                 .high
                 .as_deref()
-                .is_none_or(|high| keys.last().is_none_or(|k| *k < high));
+                .is_none_or(|high| keys.last().is_none_or(|last| key_below(key(last), high)));
         if !in_order {
             return Err(self.damaged(format!(
                 "page {number} of {what} holds keys out of order (or outside what its parent \
                  gives it)"
             )));
         }
-        Ok(nodes)
+        Ok(())
+    }
+
+    /// Once the walk has found the file cold (a `pread` as slow as a disk read), asks the
+    /// kernel for the next [`READ_AHEAD_PAGES`] pages of the walk not yet asked for
+    /// (`POSIX_FADV_WILLNEED`, which starts their reads and returns), so that they come in
+    /// together instead of one read at a time: the leaves of a large file lie far apart, each
+    /// a disk read of its own. A file in the page cache never sets `cold`, and costs nothing.
+    fn read_ahead(&self, stack: &mut [Visit]) {
+        let Pages::Read(file) = self.pages else {
+            return;
+        };
+        if !self.cold {
+            return;
+        }
+        let page = self.page_size as i64;
+        for visit in stack.iter_mut().rev().take(READ_AHEAD_PAGES) {
+            if visit.advised {
+                continue;
+            }
+            visit.advised = true;
+            let Some(at) = i64::try_from(visit.number)
+                .ok()
+                .and_then(|n| n.checked_mul(page))
+            else {
+                continue;
+            };
+            // SAFETY: a plain syscall on a valid, open file descriptor; the advice is
+            // asynchronous and has no effect on what any read returns.
+            unsafe {
+                libc::posix_fadvise(
+                    std::os::fd::AsRawFd::as_raw_fd(file),
+                    at,
+                    page,
+                    libc::POSIX_FADV_WILLNEED,
+                )
+            };
+        }
     }
 
     /// Notes where the values of leaf page `number`'s `nodes` (just checked) lie, when locating
@@ -953,18 +1044,49 @@ mod tests {
     type Outcome = std::result::Result<Option<Locations>, String>;
 
     /// The outcome of checking `bytes` (the whole of the file at `path`, which `file` has open)
-    /// both ways the walk reads pages, locating the samples' values.
-    fn both_ways(path: &Path, file: &fs::File, bytes: &[u8]) -> (Outcome, Outcome) {
+    /// both ways the walk reads pages, locating the samples' values; with `cold_too`, the
+    /// `pread` walk also with the file taken for cold (its pages read ahead), which must find
+    /// the same.
+    fn both_ways(path: &Path, file: &fs::File, bytes: &[u8], cold_too: bool) -> (Outcome, Outcome) {
         let len = bytes.len() as u64;
         let opened = ["meta", "samples"];
         let locate = Some("samples");
-        let read = check_pages(path, Pages::Read(file), len, &opened, locate)
-            .map(|(located, _)| located)
-            .map_err(|e| e.to_string());
-        let mapped = check_pages(path, Pages::Mapped(bytes), len, &opened, locate)
-            .map(|(located, _)| located)
-            .map_err(|e| e.to_string());
-        (read, mapped)
+        let walk = |pages: Pages<'_>, cold: bool| {
+            check_pages_from(path, pages, len, &opened, locate, cold)
+                .map(|(located, _)| located)
+                .map_err(|e| e.to_string())
+        };
+        let read = walk(Pages::Read(file), false);
+        if cold_too {
+            assert_eq!(read, walk(Pages::Read(file), true), "read ahead");
+        }
+        (read, walk(Pages::Mapped(bytes), false))
+    }
+
+    #[test]
+    fn eight_byte_keys_compare_as_the_slices_do() {
+        let keys: Vec<Vec<u8>> = [
+            &b""[..],
+            b"\x00",
+            b"\x00\x00\x00\x00\x00\x00\x00\x00",
+            b"\x00\x00\x00\x00\x00\x00\x00\x01",
+            b"\x00\x00\x00\x00\x00\x00\x01\x00",
+            b"\x00\x00\x00\x00\x00\x00\x01\x00\x00",
+            b"\x01\x00\x00\x00\x00\x00\x00\x00",
+            b"\x7f\xff\xff\xff\xff\xff\xff\xff",
+            b"\x80\x00\x00\x00\x00\x00\x00\x00",
+            b"\xff\xff\xff\xff\xff\xff\xff",
+            b"\xff\xff\xff\xff\xff\xff\xff\xff",
+            b"meta",
+        ]
+        .iter()
+        .map(|k| k.to_vec())
+        .collect();
+        for a in &keys {
+            for b in &keys {
+                assert_eq!(key_below(a, b), a < b, "{a:02x?} < {b:02x?}");
+            }
+        }
     }
 
     #[test]
@@ -978,7 +1100,7 @@ mod tests {
             .write(true)
             .open(&path)
             .unwrap();
-        let (read, mapped) = both_ways(&path, &file, &bytes);
+        let (read, mapped) = both_ways(&path, &file, &bytes, true);
         assert_eq!(read, mapped);
         // Every sample's value located, and where liblmdb finds it.
         let (offsets, lens) = read.unwrap().expect("located");
@@ -1005,7 +1127,8 @@ mod tests {
             for flip in [0x01u8, 0xff] {
                 bytes[at] = pristine ^ flip;
                 file.write_all_at(&bytes[at..=at], at as u64).unwrap();
-                let (read, mapped) = both_ways(&path, &file, &bytes);
+                // (Read ahead at every fourth byte: the walk is the same, the advice aside.)
+                let (read, mapped) = both_ways(&path, &file, &bytes, at % 4 == 0);
                 assert_eq!(read, mapped, "byte {at} ^ {flip:#x}");
                 refused += usize::from(read.is_err());
             }
@@ -1017,7 +1140,7 @@ mod tests {
         // A file cut short (shorter than the meta page says) fails both ways alike.
         for cut in [bytes.len() - 1, bytes.len() / 2, 4096 * 3 + 17] {
             file.set_len(cut as u64).unwrap();
-            let (read, mapped) = both_ways(&path, &file, &bytes[..cut]);
+            let (read, mapped) = both_ways(&path, &file, &bytes[..cut], true);
             assert!(read.is_err(), "cut at {cut}");
             assert_eq!(read, mapped, "cut at {cut}");
         }
