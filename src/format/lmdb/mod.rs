@@ -344,6 +344,55 @@ mod tests {
     }
 
     #[test]
+    fn checksums_on_overflow_pages_are_read_from_their_place_in_the_file() {
+        // The open reads each entry of the checksums database with a `pread` at the place
+        // liblmdb's map puts it (not through the map): a chunk of 800 samples makes an entry of
+        // 3,200 bytes, on overflow pages. Every record checks against its own checksum, and a
+        // checksum changed in the file fails exactly its record.
+        use crate::dataset::Dataset as _;
+        use crate::pack::{NoProgress, PackFormat, PackOptions, pack_image_folder};
+        use crate::synthetic::{SyntheticSpec, write_image_folder};
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        let spec = SyntheticSpec {
+            classes: 2,
+            per_class: 400,
+            width: 8,
+            height: 8,
+            ..SyntheticSpec::default()
+        };
+        write_image_folder(&src, &spec).unwrap();
+        let out = dir.path().join("chunky.lmdb");
+        let options = PackOptions::default()
+            .with_lmdb_map_size(64 << 20)
+            .with_chunk_size(1000);
+        pack_image_folder(&src, &out, PackFormat::Lmdb, &options, &NoProgress).unwrap();
+        let read_all = |out: &Path| -> Vec<bool> {
+            let lmdb = Lmdb::open(out).unwrap();
+            let mut reader = lmdb.open_reader().unwrap();
+            (0..lmdb.len()).map(|i| reader.read(i).is_ok()).collect()
+        };
+        assert_eq!(read_all(&out), vec![true; 800]);
+        {
+            let (env, _) = open_write_env(&out, 64 << 20).unwrap();
+            let mut wtxn = env.write_txn().unwrap();
+            let db: heed::Database<heed::types::Bytes, heed::types::Bytes> =
+                env.create_database(&mut wtxn, Some(CHECKSUMS_DB)).unwrap();
+            let key = 0u64.to_be_bytes();
+            let mut sums = db.get(&wtxn, &key).unwrap().unwrap().to_vec();
+            assert_eq!(sums.len(), 3200, "one entry for the one chunk");
+            sums[4 * 517] ^= 0x40;
+            db.put(&mut wtxn, &key, &sums).unwrap();
+            wtxn.commit().unwrap();
+            drop(env);
+            let _ = fs::remove_file(format!("{}-lock", out.display()));
+        }
+        let read = read_all(&out);
+        assert!(!read[517]);
+        assert_eq!(read.iter().filter(|ok| **ok).count(), 799);
+    }
+
+    #[test]
     fn a_damaged_shared_header_makes_the_samples_that_use_it_bad_naming_it() {
         use crate::dataset::Dataset as _;
         let dir = tempfile::tempdir().unwrap();

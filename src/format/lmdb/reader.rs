@@ -303,7 +303,7 @@ impl Lmdb {
             located.and_then(|table| LocatedValues::anchor(table, &samples, &rtxn, &bounds));
         let mut notices = Vec::new();
         let checksums = if record.version >= CHECKSUMS_SINCE {
-            Some(read_checksums(path, (&env, &bounds), &rtxn, stored)?)
+            Some(read_checksums(path, (&env, &bounds, &file), &rtxn, stored)?)
         } else {
             // A version-1 file never has the checksums database: one that does had its info
             // record changed (a digit of "version"), which would switch the checks off.
@@ -381,7 +381,7 @@ impl Lmdb {
 /// chunks keyed by their first index, which must follow one another from 0 to `stored`.
 fn read_checksums(
     path: &Path,
-    (env, bounds): (&Env<WithoutTls>, &MapBounds),
+    (env, bounds, file): (&Env<WithoutTls>, &MapBounds, &fs::File),
     rtxn: &RoTxn<'_, WithoutTls>,
     stored: usize,
 ) -> Result<Arc<[u32]>> {
@@ -400,7 +400,7 @@ fn read_checksums(
     for entry in checked_entries(path, bounds, &db, rtxn, "checksums")? {
         let (key, value) = entry?;
         let first = <[u8; 8]>::try_from(key).ok().map(u64::from_be_bytes);
-        let value = copy_mapped(path, bounds.map_of(value), value, &mut copy)?;
+        let value = read_value(path, file, bounds, value, &mut copy)?;
         let count = value.len() / 4;
         if first != Some(sums.len() as u64) || value.len() % 4 != 0 || sums.len() + count > stored {
             return Err(Error::not_a_dataset(
@@ -429,6 +429,38 @@ fn read_checksums(
         ));
     }
     Ok(sums.into())
+}
+
+/// `value`, a value liblmdb returned from its map of `file` (at `path`), copied into `copy`:
+/// with one `pread` of exactly its bytes where its place in the file is known, else through the
+/// map (under the guard). A page fault on the map of a cold file reads the disk's whole
+/// read-around window (8 MiB on this VM's disk: 5.7 ms a fault, against 36 µs for a `pread` of
+/// 16 KiB), which the open paid once per entry of the checksums database: ~1 s for a 2.4 GB
+/// file of 600,000 records.
+fn read_value<'c>(
+    path: &Path,
+    file: &fs::File,
+    bounds: &MapBounds,
+    value: &[u8],
+    copy: &'c mut Vec<u8>,
+) -> Result<&'c [u8]> {
+    use std::os::unix::fs::FileExt as _;
+    let Some((start, _)) = bounds.map_of(value) else {
+        return copy_mapped(path, None, value, copy);
+    };
+    let at = (value.as_ptr() as usize - start) as u64;
+    copy.clear();
+    copy.resize(value.len(), 0);
+    file.read_exact_at(copy, at).map_err(|e| {
+        Error::io(
+            path,
+            std::io::Error::new(
+                e.kind(),
+                format!("reading {} bytes at byte {at}: {e}", value.len()),
+            ),
+        )
+    })?;
+    Ok(copy)
 }
 
 /// The entries of the named database `db` (`name` in messages) in key order, each key and
