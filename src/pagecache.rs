@@ -261,20 +261,62 @@ impl SetReadThrough {
 /// A read of the read-through that fails ([`read_through`]'s errors): the disk cannot read
 /// part of the file.
 pub fn prefetch_if_it_fits(file: &fs::File) -> std::io::Result<bool> {
+    prefetch(file).map(|done| matches!(done, Prefetched::InCache | Prefetched::Advised))
+}
+
+/// What [`prefetch`] did with a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Prefetched {
+    /// Read through, or wholly cached already: in the page cache now.
+    InCache,
+    /// Handed to the kernel to stream in the background (`POSIX_FADV_WILLNEED`).
+    Advised,
+    /// Neither: too large to read through or advise; read on demand.
+    NotRead,
+    /// Not read either, and larger than all the memory available: it cannot stay in the page
+    /// cache, so a read that brings in more than it needs (a page fault on a map of it reads
+    /// the disk's whole read-around window) evicts what other reads will need.
+    TooLarge,
+}
+
+/// [`prefetch_if_it_fits`], saying what it did, and whether a file it did not read is larger
+/// than the memory available ([`Prefetched::TooLarge`]): a reader of such a file reads each
+/// record with a `pread` of its own.
+pub(crate) fn prefetch(file: &fs::File) -> std::io::Result<Prefetched> {
     let Ok(len) = file.metadata().map(|m| m.len()) else {
-        return Ok(false);
+        return Ok(Prefetched::NotRead);
     };
-    let available = available_memory();
+    match prefetch_plan(len, available_memory()) {
+        Prefetched::InCache => read_through(file, len).map(|()| Prefetched::InCache),
+        Prefetched::Advised => {
+            // SAFETY: a plain syscall on a valid, open file descriptor; offset 0 and length 0
+            // mean "the whole file". The advice is asynchronous and has no effect on
+            // correctness.
+            let advised = unsafe {
+                libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_WILLNEED) == 0
+            };
+            Ok(if advised {
+                Prefetched::Advised
+            } else {
+                Prefetched::NotRead
+            })
+        }
+        other => Ok(other),
+    }
+}
+
+/// What [`prefetch`] does with a file of `len` bytes when `available` bytes of memory are
+/// (`None`: unknown): read it through ([`Prefetched::InCache`]), advise it, leave it, or leave
+/// it as larger than the memory.
+fn prefetch_plan(len: u64, available: Option<u64>) -> Prefetched {
     if fits_read_through(len, available) {
-        read_through(file, len)?;
-        return Ok(true);
+        return Prefetched::InCache;
     }
-    if available.is_none_or(|available| len > available / 2) {
-        return Ok(false);
+    match available {
+        Some(available) if len > available => Prefetched::TooLarge,
+        Some(available) if len <= available / 2 => Prefetched::Advised,
+        _ => Prefetched::NotRead,
     }
-    // SAFETY: a plain syscall on a valid, open file descriptor; offset 0 and length 0 mean
-    // "the whole file". The advice is asynchronous and has no effect on correctness.
-    Ok(unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_WILLNEED) == 0 })
 }
 
 /// Counts how much of the files at or below `path` is in the page cache.
@@ -500,6 +542,22 @@ mod tests {
         // Read through before the call returns (not merely advised): resident at once.
         let resident = residency(&path).unwrap();
         assert!(resident.resident_fraction() >= 0.99, "{resident:?}");
+    }
+
+    #[test]
+    fn a_file_is_read_through_advised_left_or_left_as_too_large_by_its_size() {
+        const MIB: u64 = 1 << 20;
+        let plan = prefetch_plan;
+        assert_eq!(plan(100 * MIB, Some(1024 * MIB)), Prefetched::InCache);
+        assert_eq!(plan(100 * MIB, None), Prefetched::InCache);
+        // Past a quarter of the memory, or past the read-through limit: advised up to half.
+        assert_eq!(plan(300 * MIB, Some(1024 * MIB)), Prefetched::Advised);
+        assert_eq!(plan(300 * MIB, Some(100 * 1024 * MIB)), Prefetched::Advised);
+        assert_eq!(plan(600 * MIB, Some(1024 * MIB)), Prefetched::NotRead);
+        assert_eq!(plan(1024 * MIB, Some(1024 * MIB)), Prefetched::NotRead);
+        assert_eq!(plan(1025 * MIB, Some(1024 * MIB)), Prefetched::TooLarge);
+        // Memory unknown: never called too large.
+        assert_eq!(plan(1 << 40, None), Prefetched::NotRead);
     }
 
     #[test]

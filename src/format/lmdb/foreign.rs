@@ -170,7 +170,7 @@ pub(super) fn open_folder2lmdb(
     path: &Path,
     (env, bounds, tree): (&Arc<ReadEnv>, MapBounds, Option<TreeRoot>),
     rtxn: RoTxn<'_, WithoutTls>,
-    file_len: u64,
+    (file_len, direct): (u64, Option<Arc<std::fs::File>>),
 ) -> Result<Lmdb> {
     let not_ours = || {
         Error::not_a_dataset(
@@ -291,6 +291,7 @@ pub(super) fn open_folder2lmdb(
         complete: true,
         progress: None,
         notices: notice.into_iter().collect(),
+        direct,
     })
 }
 
