@@ -362,6 +362,8 @@ mod tests {
         );
         let payloads = |lmdb: &Lmdb| -> Vec<Vec<u8>> {
             let mut reader = lmdb.open_reader().unwrap();
+            // (Reads planned ahead, as the loader does at each batch: advice only.)
+            reader.plan_reads(&(0..lmdb.len()).rev().collect::<Vec<_>>());
             (0..lmdb.len())
                 .map(|i| reader.read(i).unwrap().payload.to_vec())
                 .collect()

@@ -922,6 +922,12 @@ impl LocatedValues {
             .then_some(LocatedValues { table, base })
     }
 
+    /// Where record `index`'s value lies in the file, `(offset, len)`, when located and inside
+    /// the file.
+    fn place(&self, index: usize) -> Option<(usize, usize)> {
+        self.table.location(index)?.ok()
+    }
+
     /// The value of record `index` (`None`: not located; `Err`: its size runs past the file).
     /// `_txn` (a transaction of the environment this was anchored to) is only taken for its
     /// lifetime: the slice cannot outlive what keeps the map.
@@ -1246,6 +1252,28 @@ impl RecordReader for LmdbReader {
             label,
             payload,
         })
+    }
+
+    /// A file read with `pread` ([`Lmdb::direct`]: larger than the memory) has the reads of
+    /// the batch's values started now (`POSIX_FADV_WILLNEED` on exactly each value's bytes,
+    /// which returns at once), so they come from the disk together rather than one `pread`
+    /// at a time.
+    fn plan_reads(&mut self, indices: &[usize]) {
+        let (Some(file), Some(located)) = (&self.direct, &self.located) else {
+            return;
+        };
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&**file);
+        for &index in indices {
+            let Some((offset, len)) = located.place(index) else {
+                continue;
+            };
+            let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+                continue;
+            };
+            // SAFETY: a plain syscall on a valid, open file descriptor (the reader holds the
+            // file); the advice is asynchronous and changes nothing any read returns.
+            unsafe { libc::posix_fadvise(fd, offset, len, libc::POSIX_FADV_WILLNEED) };
+        }
     }
 
     fn prefetch(&mut self, index: usize) {
