@@ -90,6 +90,20 @@ pub fn available_memory() -> Option<u64> {
 /// leave below their limits: the least of limit minus usage over those with a limit; `None`
 /// where none has one. `read` reads a file's text (a parameter so tests can give the files).
 fn cgroup_headroom(read: &dyn Fn(&Path) -> Option<String>) -> Option<u64> {
+    cgroup_least(read, &|limit, usage| limit.saturating_sub(usage))
+}
+
+/// The least memory limit of this process's cgroups (its own and each one above it); `None`
+/// where none has one.
+fn cgroup_limit(read: &dyn Fn(&Path) -> Option<String>) -> Option<u64> {
+    cgroup_least(read, &|limit, _| limit)
+}
+
+/// The least of `of(limit, usage)` over this process's memory cgroups that have a limit.
+fn cgroup_least(
+    read: &dyn Fn(&Path) -> Option<String>,
+    of: &dyn Fn(u64, u64) -> u64,
+) -> Option<u64> {
     /// v1 writes "no limit" as a page-rounded `i64::MAX`; anything this large is none.
     const UNLIMITED: u64 = 1 << 60;
     let membership = read(Path::new("/proc/self/cgroup"))?;
@@ -124,7 +138,7 @@ fn cgroup_headroom(read: &dyn Fn(&Path) -> Option<String>) -> Option<u64> {
                 if let (Some(limit), Some(usage)) = (number(limit_file), number(usage_file))
                     && limit < UNLIMITED
                 {
-                    let left = limit.saturating_sub(usage);
+                    let left = of(limit, usage);
                     least = Some(least.map_or(left, |l| l.min(left)));
                 }
                 group = at.parent();
@@ -137,6 +151,20 @@ fn cgroup_headroom(read: &dyn Fn(&Path) -> Option<String>) -> Option<u64> {
 /// Installed memory in bytes (Linux `/proc/meminfo`); `None` elsewhere.
 pub fn total_memory() -> Option<u64> {
     meminfo_bytes("MemTotal:")
+}
+
+/// All the memory this process could have, page cache included: the installed memory, or a
+/// memory cgroup's limit where that is less; `None` where neither is known. (Unlike
+/// [`available_memory`], it does not shrink as the page cache fills the cgroup: a file that
+/// fits in it once filled it.)
+fn memory_ceiling() -> Option<u64> {
+    match (
+        total_memory(),
+        cgroup_limit(&|path| fs::read_to_string(path).ok()),
+    ) {
+        (Some(total), Some(limit)) => Some(total.min(limit)),
+        (total, limit) => total.or(limit),
+    }
 }
 
 fn meminfo_bytes(field: &str) -> Option<u64> {
@@ -273,9 +301,10 @@ pub(crate) enum Prefetched {
     Advised,
     /// Neither: too large to read through or advise; read on demand.
     NotRead,
-    /// Not read either, and larger than all the memory available: it cannot stay in the page
-    /// cache, so a read that brings in more than it needs (a page fault on a map of it reads
-    /// the disk's whole read-around window) evicts what other reads will need.
+    /// Not read either, and larger than all the memory the process could have (installed, or
+    /// its memory cgroup's limit): it cannot stay in the page cache, so a read that brings in
+    /// more than it needs (a page fault on a map of it reads the disk's whole read-around
+    /// window) evicts what other reads will need.
     TooLarge,
 }
 
@@ -286,7 +315,7 @@ pub(crate) fn prefetch(file: &fs::File) -> std::io::Result<Prefetched> {
     let Ok(len) = file.metadata().map(|m| m.len()) else {
         return Ok(Prefetched::NotRead);
     };
-    match prefetch_plan(len, available_memory()) {
+    match prefetch_plan(len, available_memory(), memory_ceiling()) {
         Prefetched::InCache => read_through(file, len).map(|()| Prefetched::InCache),
         Prefetched::Advised => {
             // SAFETY: a plain syscall on a valid, open file descriptor; offset 0 and length 0
@@ -305,15 +334,18 @@ pub(crate) fn prefetch(file: &fs::File) -> std::io::Result<Prefetched> {
     }
 }
 
-/// What [`prefetch`] does with a file of `len` bytes when `available` bytes of memory are
-/// (`None`: unknown): read it through ([`Prefetched::InCache`]), advise it, leave it, or leave
-/// it as larger than the memory.
-fn prefetch_plan(len: u64, available: Option<u64>) -> Prefetched {
+/// What [`prefetch`] does with a file of `len` bytes when `available` bytes of memory are free
+/// and the process could have `ceiling` in all ([`memory_ceiling`]; `None`: unknown): read it
+/// through ([`Prefetched::InCache`]), advise it, leave it, or leave it as larger than all the
+/// memory there is.
+fn prefetch_plan(len: u64, available: Option<u64>, ceiling: Option<u64>) -> Prefetched {
     if fits_read_through(len, available) {
         return Prefetched::InCache;
     }
+    if ceiling.is_some_and(|ceiling| len > ceiling) {
+        return Prefetched::TooLarge;
+    }
     match available {
-        Some(available) if len > available => Prefetched::TooLarge,
         Some(available) if len <= available / 2 => Prefetched::Advised,
         _ => Prefetched::NotRead,
     }
@@ -416,6 +448,7 @@ mod tests {
             ("/sys/fs/cgroup/pod/memory.current", "3000\n"),
         ]);
         assert_eq!(cgroup_headroom(&v2), Some(5000));
+        assert_eq!(cgroup_limit(&v2), Some(8000), "the limit, whatever is used");
         // cgroup v1's memory controller; "no limit" is a huge number.
         let v1 = files(&[
             ("/proc/self/cgroup", "4:memory:/job\n1:cpu:/\n"),
@@ -432,6 +465,7 @@ mod tests {
             Some(0),
             "usage past the limit leaves nothing"
         );
+        assert_eq!(cgroup_limit(&v1), Some(4096));
         let unlimited = files(&[
             ("/proc/self/cgroup", "4:memory:/\n0::/\n"),
             (
@@ -443,6 +477,7 @@ mod tests {
             ("/sys/fs/cgroup/memory.current", "1\n"),
         ]);
         assert_eq!(cgroup_headroom(&unlimited), None);
+        assert_eq!(cgroup_limit(&unlimited), None);
         assert_eq!(cgroup_headroom(&files(&[])), None);
     }
 
@@ -547,17 +582,32 @@ mod tests {
     #[test]
     fn a_file_is_read_through_advised_left_or_left_as_too_large_by_its_size() {
         const MIB: u64 = 1 << 20;
-        let plan = prefetch_plan;
-        assert_eq!(plan(100 * MIB, Some(1024 * MIB)), Prefetched::InCache);
-        assert_eq!(plan(100 * MIB, None), Prefetched::InCache);
-        // Past a quarter of the memory, or past the read-through limit: advised up to half.
-        assert_eq!(plan(300 * MIB, Some(1024 * MIB)), Prefetched::Advised);
-        assert_eq!(plan(300 * MIB, Some(100 * 1024 * MIB)), Prefetched::Advised);
-        assert_eq!(plan(600 * MIB, Some(1024 * MIB)), Prefetched::NotRead);
-        assert_eq!(plan(1024 * MIB, Some(1024 * MIB)), Prefetched::NotRead);
-        assert_eq!(plan(1025 * MIB, Some(1024 * MIB)), Prefetched::TooLarge);
+        // 1 GiB free of 2 GiB.
+        let plan = |len| prefetch_plan(len, Some(1024 * MIB), Some(2048 * MIB));
+        assert_eq!(plan(100 * MIB), Prefetched::InCache);
+        assert_eq!(prefetch_plan(100 * MIB, None, None), Prefetched::InCache);
+        // Past a quarter of the free memory, or past the read-through limit: advised up to
+        // half of it.
+        assert_eq!(plan(300 * MIB), Prefetched::Advised);
+        assert_eq!(
+            prefetch_plan(300 * MIB, Some(100 * 1024 * MIB), None),
+            Prefetched::Advised
+        );
+        assert_eq!(plan(600 * MIB), Prefetched::NotRead);
+        assert_eq!(plan(2048 * MIB), Prefetched::NotRead);
+        // Larger than all the memory there is, however much is free; a file that fits in
+        // it is not, even where the page cache has taken what was free.
+        assert_eq!(plan(2049 * MIB), Prefetched::TooLarge);
+        assert_eq!(
+            prefetch_plan(2049 * MIB, Some(4096 * MIB), Some(2048 * MIB)),
+            Prefetched::TooLarge
+        );
+        assert_eq!(
+            prefetch_plan(600 * MIB, Some(10 * MIB), Some(2048 * MIB)),
+            Prefetched::NotRead
+        );
         // Memory unknown: never called too large.
-        assert_eq!(plan(1 << 40, None), Prefetched::NotRead);
+        assert_eq!(prefetch_plan(1 << 40, None, None), Prefetched::NotRead);
     }
 
     #[test]

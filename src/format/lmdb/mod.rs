@@ -380,10 +380,21 @@ mod tests {
             .unwrap()
             .set_len(len / 2)
             .unwrap();
-        let changed = (0..lmdb.len())
-            .filter(|&i| matches!(reader.read(i), Err(Error::FileChanged { .. })))
-            .count();
-        assert!(changed > 0, "no value lay past the cut");
+        let (mut whole, mut changed) = (0, 0);
+        for (i, before) in through_map.iter().enumerate() {
+            match reader.read(i) {
+                Ok(record) => {
+                    assert_eq!(record.payload, before.as_slice(), "record {i}");
+                    whole += 1;
+                }
+                Err(Error::FileChanged { .. }) => changed += 1,
+                Err(e) => panic!("record {i}: {e:?}"),
+            }
+        }
+        assert!(
+            whole > 0 && changed > 0,
+            "{whole} read, {changed} past the cut"
+        );
     }
 
     #[test]

@@ -290,7 +290,18 @@ impl Lmdb {
             bounds,
             located,
             roots,
+            identity,
         } = shared_read_env(path, len)?;
+        // The checksums (and, for a file larger than memory, every value) are read from `file`
+        // at the places the map gives: it must be the file checked and mapped, not one the path
+        // named before a replacement (a rename over it) in between.
+        let opened = file.metadata().at(path)?;
+        if (opened.dev(), opened.ino()) != identity {
+            return Err(Error::FileChanged {
+                path: path.to_path_buf(),
+                change: "replaced on disk while it was being opened; open it again".into(),
+            });
+        }
         let rtxn = env.read_txn().map_err(|e| Error::lmdb(path, e))?;
         let meta: Option<Database<Str, Bytes>> = env
             .open_database(&rtxn, Some(META_DB))
@@ -467,20 +478,22 @@ fn read_value<'c>(
     copy.resize(value.len(), 0);
     match file.read_exact_at(copy, at) {
         Ok(()) => Ok(copy),
-        Err(e) => {
-            let shrank = (e.kind() == std::io::ErrorKind::UnexpectedEof)
-                .then(|| crate::mapguard::shrank(path, len, &format!(", and byte {at} is gone")))
-                .flatten();
-            Err(shrank.unwrap_or_else(|| {
-                Error::io(
-                    path,
-                    std::io::Error::new(
-                        e.kind(),
-                        format!("reading {} bytes at byte {at}: {e}", value.len()),
-                    ),
-                )
-            }))
-        }
+        // The value lies inside the file as it was at open: a read that ends early means the
+        // file was cut since.
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(Error::FileChanged {
+            path: path.to_path_buf(),
+            change: format!(
+                "cut short while open: it was {len} bytes and the {} at byte {at} are gone",
+                value.len()
+            ),
+        }),
+        Err(e) => Err(Error::io(
+            path,
+            std::io::Error::new(
+                e.kind(),
+                format!("reading {} bytes at byte {at}: {e}", value.len()),
+            ),
+        )),
     }
 }
 
@@ -734,13 +747,13 @@ pub(super) fn copied(path: &Path, bounds: &MapBounds, value: &[u8]) -> Result<Ve
 /// The process's environment for `path` (one per file, shared), where its map lies, and where
 /// the values of its samples database lie (when the open's check found them: [`Located`]).
 pub(super) fn shared_read_env(path: &Path, file_len: u64) -> Result<SharedEnv> {
-    let (env, located, roots) = read_env(path, file_len)?;
-    let meta = fs::metadata(path).at(path)?;
+    let (env, located, roots, (dev, ino)) = read_env(path, file_len)?;
     Ok(SharedEnv {
         env,
-        bounds: MapBounds::of(meta.dev(), meta.ino(), file_len),
+        bounds: MapBounds::of(dev, ino, file_len),
         located,
         roots,
+        identity: (dev, ino),
     })
 }
 
@@ -751,9 +764,16 @@ pub(super) struct SharedEnv {
     pub(super) located: Option<Arc<Located>>,
     /// The trees of the databases a reader opens, checked at open ([`TreeRoot::find`]).
     pub(super) roots: Roots,
+    /// The file checked and mapped (device, inode): one the caller opened earlier must be
+    /// this one before it reads from it at the places the map gives.
+    pub(super) identity: (u64, u64),
 }
 
-fn read_env(path: &Path, file_len: u64) -> Result<(Arc<ReadEnv>, Option<Arc<Located>>, Roots)> {
+/// What [`read_env`] returns: the environment, the located values, the checked trees, and the
+/// file's (device, inode).
+type ReadEnvParts = (Arc<ReadEnv>, Option<Arc<Located>>, Roots, (u64, u64));
+
+fn read_env(path: &Path, file_len: u64) -> Result<ReadEnvParts> {
     let canonical = fs::canonicalize(path).at(path)?;
     let meta = fs::metadata(&canonical).at(path)?;
     let (dev, ino) = (meta.dev(), meta.ino());
@@ -789,7 +809,7 @@ fn read_env(path: &Path, file_len: u64) -> Result<(Arc<ReadEnv>, Option<Arc<Loca
         let open = envs.get_mut(&canonical).expect("found above");
         open.located = located.as_ref().map(Arc::downgrade);
         open.roots = roots.clone();
-        return Ok((env, located, roots));
+        return Ok((env, located, roots, (dev, ino)));
     }
     drop(file);
     let mut options = EnvOpenOptions::new().read_txn_without_tls();
@@ -839,7 +859,7 @@ fn read_env(path: &Path, file_len: u64) -> Result<(Arc<ReadEnv>, Option<Arc<Loca
             txn_id,
         },
     );
-    Ok((env, located, roots))
+    Ok((env, located, roots, (dev, ino)))
 }
 
 impl Dataset for Lmdb {
@@ -1264,7 +1284,8 @@ impl RecordReader for LmdbReader {
         };
         let fd = std::os::fd::AsRawFd::as_raw_fd(&**file);
         for &index in indices {
-            let Some((offset, len)) = located.place(index) else {
+            // (A length of 0 would advise the rest of the file.)
+            let Some((offset, len)) = located.place(index).filter(|&(_, len)| len > 0) else {
                 continue;
             };
             let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
