@@ -231,9 +231,12 @@ pub fn inspect_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Ins
         let shared = lmdb.shared_headers();
         (Box::new(lmdb), complete, rejected, shared)
     };
-    let mut inspection = inspect_dataset(path, dataset.as_ref(), complete, rejected_at_pack);
-    inspection.shared_headers = shared_headers;
-    Ok(inspection)
+    Ok(inspect_dataset(
+        path,
+        dataset.as_ref(),
+        complete,
+        (rejected_at_pack, shared_headers),
+    ))
 }
 
 /// [`inspect`] for a list of shard files read as one dataset ([`format::open_files`]).
@@ -241,15 +244,16 @@ pub fn inspect_files(files: &[PathBuf], options: &OpenOptions) -> Result<Inspect
     let options = options.clone().with_allow_missing_shards(true);
     let dataset = format::open_files(files, &options)?;
     let label = files.first().map_or(Path::new(""), PathBuf::as_path);
-    Ok(inspect_dataset(label, dataset.as_ref(), true, None))
+    Ok(inspect_dataset(label, dataset.as_ref(), true, (None, None)))
 }
 
-/// Reads every record of an opened dataset for [`inspect`]; `path` names it in the report.
+/// Reads every record of an opened dataset for [`inspect`]; `path` names it in the report,
+/// with what the caller found of the files rejected at pack time and the shared headers.
 fn inspect_dataset(
     path: &Path,
     dataset: &dyn Dataset,
     complete: bool,
-    rejected_at_pack: Option<usize>,
+    (rejected_at_pack, shared_headers): (Option<usize>, Option<SharedHeaderSummary>),
 ) -> Inspection {
     let info = dataset.info().clone();
     let rejected_at_pack = rejected_at_pack.or(info.rejected_at_pack);
@@ -330,7 +334,7 @@ fn inspect_dataset(
         payload: info.payload,
         resized_short_side: info.resized_short_side,
         restart_markers: info.restart_markers,
-        shared_headers: None,
+        shared_headers,
         classes: info
             .classes
             .iter()

@@ -315,7 +315,14 @@ pub(crate) fn prefetch(file: &fs::File) -> std::io::Result<Prefetched> {
     let Ok(len) = file.metadata().map(|m| m.len()) else {
         return Ok(Prefetched::NotRead);
     };
-    match prefetch_plan(len, available_memory(), memory_ceiling()) {
+    let available = available_memory();
+    // (The ceiling is only asked of a file too large to read through.)
+    let ceiling = if fits_read_through(len, available) {
+        None
+    } else {
+        memory_ceiling()
+    };
+    match prefetch_plan(len, available, ceiling) {
         Prefetched::InCache => read_through(file, len).map(|()| Prefetched::InCache),
         Prefetched::Advised => {
             // SAFETY: a plain syscall on a valid, open file descriptor; offset 0 and length 0

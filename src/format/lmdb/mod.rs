@@ -298,10 +298,21 @@ mod tests {
     fn packed_with(
         dir: &Path,
         name: &str,
-        (classes, per_class, side): (usize, usize, u32),
+        dims: (usize, usize, u32),
         shared_headers: bool,
     ) -> PathBuf {
-        use crate::pack::{NoProgress, PackFormat, PackOptions, pack_image_folder};
+        let options = crate::pack::PackOptions::default().with_shared_headers(shared_headers);
+        packed_by(dir, name, dims, options)
+    }
+
+    /// [`packed`], with `options` (and a 64 MiB map).
+    fn packed_by(
+        dir: &Path,
+        name: &str,
+        (classes, per_class, side): (usize, usize, u32),
+        options: crate::pack::PackOptions,
+    ) -> PathBuf {
+        use crate::pack::{NoProgress, PackFormat, pack_image_folder};
         use crate::synthetic::{SyntheticSpec, write_image_folder};
         let src = dir.join(name);
         let spec = SyntheticSpec {
@@ -313,28 +324,26 @@ mod tests {
         };
         write_image_folder(&src, &spec).unwrap();
         let out = dir.join(format!("{name}.lmdb"));
-        let options = PackOptions::default()
-            .with_lmdb_map_size(64 << 20)
-            .with_shared_headers(shared_headers);
+        let options = options.with_lmdb_map_size(64 << 20);
         pack_image_folder(&src, &out, PackFormat::Lmdb, &options, &NoProgress).unwrap();
         out
     }
 
-    type Headers = heed::Database<heed::types::Bytes, heed::types::Bytes>;
+    type BytesDb = heed::Database<heed::types::Bytes, heed::types::Bytes>;
 
     /// Changes the published LMDB at `path` in one write transaction (a damaged file, for the
-    /// reader): `change` gets the transaction, the `meta` database and, when `headers`, the
-    /// `headers` database (created if missing).
+    /// reader): `change` gets the transaction, the `meta` database and, when `named`, that
+    /// database (`headers`, `checksums`; created if missing).
     fn rewrite(
         path: &Path,
-        headers: bool,
-        change: impl FnOnce(&mut heed::RwTxn<'_>, heed::Database<Str, Str>, Option<Headers>),
+        named: Option<&str>,
+        change: impl FnOnce(&mut heed::RwTxn<'_>, heed::Database<Str, Str>, Option<BytesDb>),
     ) {
         let (env, _) = open_write_env(path, 64 << 20).unwrap();
         let mut wtxn = env.write_txn().unwrap();
         let meta = env.create_database(&mut wtxn, Some(META_DB)).unwrap();
-        let headers = headers.then(|| env.create_database(&mut wtxn, Some(HEADERS_DB)).unwrap());
-        change(&mut wtxn, meta, headers);
+        let named = named.map(|name| env.create_database(&mut wtxn, Some(name)).unwrap());
+        change(&mut wtxn, meta, named);
         wtxn.commit().unwrap();
         drop(env);
         let _ = fs::remove_file(format!("{}-lock", path.display()));
@@ -404,43 +413,23 @@ mod tests {
         // 3,200 bytes, on overflow pages. Every record checks against its own checksum, and a
         // checksum changed in the file fails exactly its record.
         use crate::dataset::Dataset as _;
-        use crate::pack::{NoProgress, PackFormat, PackOptions, pack_image_folder};
-        use crate::synthetic::{SyntheticSpec, write_image_folder};
         let dir = tempfile::tempdir().unwrap();
-        let src = dir.path().join("src");
-        let spec = SyntheticSpec {
-            classes: 2,
-            per_class: 400,
-            width: 8,
-            height: 8,
-            ..SyntheticSpec::default()
-        };
-        write_image_folder(&src, &spec).unwrap();
-        let out = dir.path().join("chunky.lmdb");
-        let options = PackOptions::default()
-            .with_lmdb_map_size(64 << 20)
-            .with_chunk_size(1000);
-        pack_image_folder(&src, &out, PackFormat::Lmdb, &options, &NoProgress).unwrap();
+        let options = crate::pack::PackOptions::default().with_chunk_size(1000);
+        let out = packed_by(dir.path(), "chunky", (2, 400, 8), options);
         let read_all = |out: &Path| -> Vec<bool> {
             let lmdb = Lmdb::open(out).unwrap();
             let mut reader = lmdb.open_reader().unwrap();
             (0..lmdb.len()).map(|i| reader.read(i).is_ok()).collect()
         };
         assert_eq!(read_all(&out), vec![true; 800]);
-        {
-            let (env, _) = open_write_env(&out, 64 << 20).unwrap();
-            let mut wtxn = env.write_txn().unwrap();
-            let db: heed::Database<heed::types::Bytes, heed::types::Bytes> =
-                env.create_database(&mut wtxn, Some(CHECKSUMS_DB)).unwrap();
+        rewrite(&out, Some(CHECKSUMS_DB), |wtxn, _, sums_db| {
+            let sums_db = sums_db.unwrap();
             let key = 0u64.to_be_bytes();
-            let mut sums = db.get(&wtxn, &key).unwrap().unwrap().to_vec();
+            let mut sums = sums_db.get(wtxn, &key).unwrap().unwrap().to_vec();
             assert_eq!(sums.len(), 3200, "one entry for the one chunk");
             sums[4 * 517] ^= 0x40;
-            db.put(&mut wtxn, &key, &sums).unwrap();
-            wtxn.commit().unwrap();
-            drop(env);
-            let _ = fs::remove_file(format!("{}-lock", out.display()));
-        }
+            sums_db.put(wtxn, &key, &sums).unwrap();
+        });
         let read = read_all(&out);
         assert!(!read[517]);
         assert_eq!(read.iter().filter(|ok| **ok).count(), 799);
@@ -461,7 +450,7 @@ mod tests {
                 .map(|i| reader.read(i).unwrap().payload.to_vec())
                 .collect()
         };
-        rewrite(&out, true, |wtxn, _, headers| {
+        rewrite(&out, Some(HEADERS_DB), |wtxn, _, headers| {
             let headers = headers.unwrap();
             let mut header = headers.get(wtxn, &header_key(1)).unwrap().unwrap().to_vec();
             header[100] ^= 0x10;
@@ -509,7 +498,7 @@ mod tests {
             .with_lmdb_map_size(64 << 20)
             .with_shared_headers(true);
         pack_image_folder(&src, &out, PackFormat::Lmdb, &options, &NoProgress).unwrap();
-        let headers_of = |wtxn: &heed::RwTxn<'_>, headers: Headers| -> Vec<Vec<u8>> {
+        let headers_of = |wtxn: &heed::RwTxn<'_>, headers: BytesDb| -> Vec<Vec<u8>> {
             (1..=2)
                 .map(|id| {
                     headers
@@ -520,7 +509,7 @@ mod tests {
                 })
                 .collect()
         };
-        rewrite(&out, true, |wtxn, _, headers| {
+        rewrite(&out, Some(HEADERS_DB), |wtxn, _, headers| {
             let headers = headers.unwrap();
             let stored = headers_of(wtxn, headers);
             headers.put(wtxn, &header_key(1), &stored[1]).unwrap();
@@ -578,7 +567,7 @@ mod tests {
         let err = pack_image_folder(&src, &out, PackFormat::Lmdb, &options, &stop).unwrap_err();
         assert!(matches!(err, Error::Interrupted { .. }), "{err}");
         let partial = staging::partial_path(&out);
-        rewrite(&partial, true, |wtxn, _, headers| {
+        rewrite(&partial, Some(HEADERS_DB), |wtxn, _, headers| {
             let headers = headers.unwrap();
             assert!(headers.len(wtxn).unwrap() > 0, "a header was stored");
             headers.clear(wtxn).unwrap();
@@ -607,19 +596,19 @@ mod tests {
         };
         // Version 3 said to be 2: the references would be handed out as payload bytes.
         let out = packed_with(dir.path(), "older", (1, 3, 16), true);
-        rewrite(&out, false, |wtxn, meta, _| {
+        rewrite(&out, None, |wtxn, meta, _| {
             edit_info(wtxn, meta, "\"version\":3", "\"version\":2")
         });
         refused(&out, "yet the file holds their database");
         // A version-2 pack said to be 3: its headers database is missing.
         let out = packed_with(dir.path(), "newer", (1, 3, 16), false);
-        rewrite(&out, false, |wtxn, meta, _| {
+        rewrite(&out, None, |wtxn, meta, _| {
             edit_info(wtxn, meta, "\"version\":2", "\"version\":3")
         });
         refused(&out, "the headers database is missing");
         // Headers numbered with a gap.
         let out = packed_with(dir.path(), "gap", (1, 3, 16), true);
-        rewrite(&out, true, |wtxn, _, headers| {
+        rewrite(&out, Some(HEADERS_DB), |wtxn, _, headers| {
             let entry = [0u8; 4];
             headers.unwrap().put(wtxn, &header_key(9), &entry).unwrap();
         });

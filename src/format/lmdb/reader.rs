@@ -282,7 +282,8 @@ impl Lmdb {
         // part the disk cannot read is an error here: liblmdb reads through a map, where it
         // would be a SIGBUS.
         let prefetched = crate::pagecache::prefetch(&file).at(path)?;
-        let len = file.metadata().at(path)?.len();
+        let opened = file.metadata().at(path)?;
+        let len = opened.len();
         let file = Arc::new(file);
         let direct = (prefetched == Prefetched::TooLarge).then(|| Arc::clone(&file));
         let SharedEnv {
@@ -295,7 +296,6 @@ impl Lmdb {
         // The checksums (and, for a file larger than memory, every value) are read from `file`
         // at the places the map gives: it must be the file checked and mapped, not one the path
         // named before a replacement (a rename over it) in between.
-        let opened = file.metadata().at(path)?;
         if (opened.dev(), opened.ino()) != identity {
             return Err(Error::FileChanged {
                 path: path.to_path_buf(),
@@ -424,7 +424,7 @@ fn read_checksums(
     for entry in checked_entries(path, bounds, &db, rtxn, "checksums")? {
         let (key, value) = entry?;
         let first = <[u8; 8]>::try_from(key).ok().map(u64::from_be_bytes);
-        let value = read_value(path, file, bounds, value, &mut copy)?;
+        let value = read_value(path, file, bounds.map_of(value), value, &mut copy)?;
         let count = value.len() / 4;
         if first != Some(sums.len() as u64) || value.len() % 4 != 0 || sums.len() + count > stored {
             return Err(Error::not_a_dataset(
@@ -455,9 +455,9 @@ fn read_checksums(
     Ok(sums.into())
 }
 
-/// `value`, a value liblmdb returned from its map of `file` (at `path`), copied into `copy`:
-/// with one `pread` of exactly its bytes where its place in the file is known, else through the
-/// map (under the guard). A page fault on the map of a cold file reads the disk's whole
+/// `value`, a value liblmdb returned from its map of `file` (at `path`; `map`, where known, as
+/// [`MapBounds::map_of`] gives it), copied into `copy`: with one `pread` of exactly its bytes
+/// where its place in the file is known, else through the map (under the guard). A page fault on the map of a cold file reads the disk's whole
 /// read-around window (8 MiB on this VM's disk: 5.7 ms a fault, against 36 µs for a `pread` of
 /// 16 KiB), which the open paid once per entry of the checksums database: ~1 s for a 2.4 GB
 /// file of 600,000 records. A file now shorter than the value's end is
@@ -465,12 +465,12 @@ fn read_checksums(
 fn read_value<'c>(
     path: &Path,
     file: &fs::File,
-    bounds: &MapBounds,
+    map: Option<(usize, u64)>,
     value: &[u8],
     copy: &'c mut Vec<u8>,
 ) -> Result<&'c [u8]> {
     use std::os::unix::fs::FileExt as _;
-    let Some((start, len)) = bounds.map_of(value) else {
+    let Some((start, len)) = map else {
         return copy_mapped(path, None, value, copy);
     };
     let at = (value.as_ptr() as usize - start) as u64;
@@ -504,13 +504,13 @@ fn read_value<'c>(
 fn copy_value<'c>(
     path: &Path,
     direct: Option<&fs::File>,
-    bounds: &MapBounds,
+    map: Option<(usize, u64)>,
     value: &[u8],
     copy: &'c mut Vec<u8>,
 ) -> Result<&'c [u8]> {
     match direct {
-        Some(file) => read_value(path, file, bounds, value, copy),
-        None => copy_mapped(path, bounds.map_of(value), value, copy),
+        Some(file) => read_value(path, file, map, value, copy),
+        None => copy_mapped(path, map, value, copy),
     }
 }
 
@@ -1186,13 +1186,8 @@ impl RecordReader for LmdbReader {
                 .map_err(|reason| corrupt(&self.path, index, &format!("#{index}"), reason))?;
                 // Out of the map (or the file) before anything reads it (`mapguard`).
                 let map = self.bounds.map_of(value);
-                let value = copy_value(
-                    &self.path,
-                    self.direct.as_deref(),
-                    &self.bounds,
-                    value,
-                    &mut self.copied,
-                )?;
+                let direct = self.direct.as_deref();
+                let value = copy_value(&self.path, direct, map, value, &mut self.copied)?;
                 let decoded = decode_value(value);
                 // With shared headers (version 3): the header the payload refers to, which
                 // its checksum covers too. One that is damaged or not there fails the sample
@@ -1241,13 +1236,9 @@ impl RecordReader for LmdbReader {
                     .bounds
                     .check(value)
                     .map_err(|reason| corrupt(&self.path, index, key, reason))?;
-                let value = copy_value(
-                    &self.path,
-                    self.direct.as_deref(),
-                    &self.bounds,
-                    value,
-                    &mut self.copied,
-                )?;
+                let map = self.bounds.map_of(value);
+                let direct = self.direct.as_deref();
+                let value = copy_value(&self.path, direct, map, value, &mut self.copied)?;
                 let (image, label) = pickle::image_and_label(value)
                     .map_err(|reason| corrupt(&self.path, index, key, reason))?;
                 let label = self

@@ -145,10 +145,11 @@ pub(super) fn check(
         })
         .flatten()
         .filter(|map| crate::pagecache::is_resident(map));
-    let (found, roots) = match &map {
-        Some(map) => check_pages(path, Pages::Mapped(map), file_len, opened, locate)?,
-        None => check_pages(path, Pages::Read(file), file_len, opened, locate)?,
+    let pages = match &map {
+        Some(map) => Pages::Mapped(map),
+        None => Pages::Read(file),
     };
+    let (found, roots) = check_pages(path, pages, file_len, opened, locate, false)?;
     let located = found.map(|(offsets, lens)| Located {
         file_len,
         offsets,
@@ -424,20 +425,9 @@ impl Located {
 /// Offsets and sizes of the located database's values, by index ([`Located`]).
 type Locations = (Vec<u64>, Vec<u32>);
 
-/// [`check`] over pages read from `pages`.
+/// [`check`] over pages read from `pages`; with `cold`, the file taken for cold from the start
+/// (its pages read ahead of the walk from the first: tests; [`check`] lets the walk find out).
 fn check_pages(
-    path: &Path,
-    pages: Pages<'_>,
-    file_len: u64,
-    opened: &[&str],
-    locate: Option<&str>,
-) -> Result<(Option<Locations>, Roots)> {
-    check_pages_from(path, pages, file_len, opened, locate, false)
-}
-
-/// [`check_pages`], the file taken for cold from the start (`cold`: its pages read ahead of
-/// the walk from the first; tests).
-fn check_pages_from(
     path: &Path,
     pages: Pages<'_>,
     file_len: u64,
@@ -663,7 +653,13 @@ impl<'a> Walk<'a> {
             advised: false,
         }];
         let mut nodes = std::mem::take(&mut self.nodes);
-        while let Some(visit) = stack.pop() {
+        // Each page's read may show the file cold; the pages next in line are then asked for
+        // before the next is read.
+        loop {
+            self.read_ahead(&mut stack);
+            let Some(visit) = stack.pop() else {
+                break;
+            };
             let number = visit.number;
             let leaf = visit.level == db.depth;
             self.read_page(what, &visit, leaf, db.depth, &mut nodes)?;
@@ -693,10 +689,8 @@ impl<'a> Walk<'a> {
                         advised: false,
                     });
                 }
-                self.read_ahead(&mut stack);
                 continue;
             }
-            self.read_ahead(&mut stack);
             entries += nodes.len() as u64;
             let overflow = self.leaf_values(what, number, &nodes, named.as_deref_mut())?;
             self.locate(number, &nodes);
@@ -1052,7 +1046,7 @@ mod tests {
         let opened = ["meta", "samples"];
         let locate = Some("samples");
         let walk = |pages: Pages<'_>, cold: bool| {
-            check_pages_from(path, pages, len, &opened, locate, cold)
+            check_pages(path, pages, len, &opened, locate, cold)
                 .map(|(located, _)| located)
                 .map_err(|e| e.to_string())
         };
