@@ -20,7 +20,7 @@ LAYERS = [
     # The rectangle type crops are given in.
     ["geometry"],
     # Codecs and pure helpers.
-    ["decode", "resize", "rng", "pool"],
+    ["decode", "resize", "rng", "pool", "units"],
     # Errors (DecodeError is a source).
     ["error"],
     # Files, the page cache, reads through file maps.

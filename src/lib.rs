@@ -65,6 +65,7 @@ pub mod rng;
 pub mod sampler;
 pub mod synthetic;
 pub mod transform;
+pub mod units;
 pub mod verify;
 
 /// The README's Rust examples, compiled as doctests so they stay true to the API.

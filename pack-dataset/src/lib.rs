@@ -258,7 +258,7 @@ fn emit(text: &str) {
 
 /// Parses a byte count: `1000`, `64K`, `128MiB`, `1G`, ...
 fn parse_bytes(text: &str) -> Result<u64, String> {
-    imagefeed::cache::parse_bytes(text)
+    imagefeed::units::parse_bytes(text)
 }
 
 fn parse_threads(text: &str) -> Result<usize, String> {

@@ -1,0 +1,46 @@
+//! Byte counts as people write them in options and environment variables: `1000`, `64K`,
+//! `128MiB`, `1G`.
+
+/// Parses a byte count: `1000`, `64K`, `128MiB`, `1G`, ... (decimal K/M/G/T, binary
+/// KiB/MiB/GiB/TiB).
+pub fn parse_bytes(text: &str) -> std::result::Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?}: expected a number of bytes, e.g. 128MiB"))?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1_000,
+        "m" | "mb" => 1_000_000,
+        "g" | "gb" => 1_000_000_000,
+        "t" | "tb" => 1_000_000_000_000,
+        "kib" => 1 << 10,
+        "mib" => 1 << 20,
+        "gib" => 1 << 30,
+        "tib" => 1 << 40,
+        other => return Err(format!("{text:?}: unknown unit {other:?}")),
+    };
+    number
+        .checked_mul(scale)
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("{text:?}: must be between 1 byte and 16 EiB"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_counts_parse_with_units() {
+        assert_eq!(parse_bytes("128MiB"), Ok(128 << 20));
+        assert_eq!(parse_bytes("2G"), Ok(2_000_000_000));
+        assert_eq!(parse_bytes(" 7 "), Ok(7));
+        assert!(parse_bytes("0").is_err());
+        assert!(parse_bytes("5 parsecs").is_err());
+        assert!(parse_bytes("99999999999TiB").is_err());
+    }
+}
