@@ -75,15 +75,54 @@ pub fn evict(path: impl AsRef<Path>) -> Result<CacheStats> {
 
 /// Memory this process may still fill, in bytes: `MemAvailable` from `/proc/meminfo`, or less
 /// where a memory cgroup the process is in (a container's limit) leaves less below its limit
-/// ([`cgroup_headroom`]); `None` where neither can be read. In a container `MemAvailable` is
-/// the host's: a dataset advised or read into the page cache past the container's limit would
-/// only be read again.
+/// ([`cgroup_headroom`]), or [`MEMORY_LIMIT_ENV`] sets less; `None` where none of them is
+/// known. In a container `MemAvailable` is the host's: a dataset advised or read into the page
+/// cache past the container's limit would only be read again.
 pub fn available_memory() -> Option<u64> {
     let host = meminfo_bytes("MemAvailable:");
-    match (host, cgroup_headroom(&|path| fs::read_to_string(path).ok())) {
-        (Some(host), Some(cgroup)) => Some(host.min(cgroup)),
-        (host, cgroup) => host.or(cgroup),
+    let cgroup = cgroup_headroom(&|path| fs::read_to_string(path).ok());
+    least([host, cgroup, env_memory_limit()])
+}
+
+/// The least of the values that are known.
+fn least(values: [Option<u64>; 3]) -> Option<u64> {
+    values.into_iter().flatten().min()
+}
+
+/// The environment variable that caps the memory imagefeed plans its reads for: a size
+/// (`16GiB`, `512M`, bytes). Unset, it is the installed memory or the memory cgroup's limit.
+/// Set it lower where other work holds most of the memory: a dataset larger than the limit is
+/// read a record at a time rather than through the page cache's read-around
+/// (`format::shard_data::Mapped::ready_for`, `Lmdb::direct`).
+pub const MEMORY_LIMIT_ENV: &str = "IMAGEFEED_MEMORY_LIMIT";
+
+/// The limit [`MEMORY_LIMIT_ENV`] sets, `None` where it is unset or empty.
+///
+/// # Errors
+/// A value that is not a size ([`Error::Config`] naming the variable and the value). Opening
+/// a dataset checks it ([`crate::format::open_with`]); elsewhere an invalid value counts as
+/// unset.
+pub fn memory_limit_from_env() -> Result<Option<u64>> {
+    let text = match std::env::var(MEMORY_LIMIT_ENV) {
+        Err(std::env::VarError::NotPresent) => return Ok(None),
+        Err(std::env::VarError::NotUnicode(text)) => {
+            return Err(Error::Config(format!(
+                "{MEMORY_LIMIT_ENV}={text:?}: not a size (e.g. 16GiB)"
+            )));
+        }
+        Ok(text) => text,
+    };
+    if text.trim().is_empty() {
+        return Ok(None);
     }
+    crate::units::parse_bytes(&text)
+        .map(Some)
+        .map_err(|reason| Error::Config(format!("{MEMORY_LIMIT_ENV}: {reason}")))
+}
+
+/// [`memory_limit_from_env`], an invalid value counting as unset.
+fn env_memory_limit() -> Option<u64> {
+    memory_limit_from_env().ok().flatten()
 }
 
 /// What the memory cgroups of this process (its own and each one above it, cgroup v2 or v1)
@@ -154,17 +193,12 @@ pub fn total_memory() -> Option<u64> {
 }
 
 /// All the memory this process could have, page cache included: the installed memory, or a
-/// memory cgroup's limit where that is less; `None` where neither is known. (Unlike
-/// [`available_memory`], it does not shrink as the page cache fills the cgroup: a file that
-/// fits in it once filled it.)
+/// memory cgroup's limit or [`MEMORY_LIMIT_ENV`] where that is less; `None` where none is
+/// known. (Unlike [`available_memory`], it does not shrink as the page cache fills the cgroup:
+/// a file that fits in it once filled it.)
 fn memory_ceiling() -> Option<u64> {
-    match (
-        total_memory(),
-        cgroup_limit(&|path| fs::read_to_string(path).ok()),
-    ) {
-        (Some(total), Some(limit)) => Some(total.min(limit)),
-        (total, limit) => total.or(limit),
-    }
+    let limit = cgroup_limit(&|path| fs::read_to_string(path).ok());
+    least([total_memory(), limit, env_memory_limit()])
 }
 
 fn meminfo_bytes(field: &str) -> Option<u64> {
@@ -176,20 +210,15 @@ fn meminfo_bytes(field: &str) -> Option<u64> {
 
 /// Files up to this size are read through at open, in order, before their index is walked
 /// (at this disk's ~1.9 GB/s, 0.14 s at the limit), where a quarter of the available memory
-/// holds them ([`reads_through`]). Past 64 MiB it still pays: a cold 84 MB LMDB of 60,000
+/// holds them ([`fits_read_through`]). Past 64 MiB it still pays: a cold 84 MB LMDB of 60,000
 /// CIFAR images (an epoch of 0.19 s warm) had first epochs of 0.28–0.34 s with the background
 /// advice and 0.24–0.25 s read through; a 216 MB one of 2,000 ImageNet photos (1.0 s warm),
 /// 1.21–1.29 s against 1.15–1.16 s.
 pub(crate) const READ_THROUGH_BYTES: u64 = 256 << 20;
 
 /// Whether a file (or a set of shards) of `len` bytes is read through at open
-/// ([`prefetch_if_it_fits`]): at most [`READ_THROUGH_BYTES`], and at most a quarter of the
-/// available memory where that is known.
-fn reads_through(len: u64) -> bool {
-    fits_read_through(len, available_memory())
-}
-
-/// [`reads_through`] with the memory available already read.
+/// ([`prefetch_if_it_fits`]) when `available` bytes of memory are free: at most
+/// [`READ_THROUGH_BYTES`], and at most a quarter of the available memory where that is known.
 fn fits_read_through(len: u64, available: Option<u64>) -> bool {
     len <= READ_THROUGH_BYTES && available.is_none_or(|available| len <= available / 4)
 }
@@ -233,26 +262,29 @@ fn read_through(file: &fs::File, len: u64) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Reads the local shards of a set through at open, in order, when the set fits
-/// ([`reads_through`]): for the same reasons as [`prefetch_if_it_fits`], and so that a part of
-/// a shard the disk cannot read refuses the set with an error naming the shard and the byte,
-/// where the readers, which read shards through memory maps, would die of SIGBUS on it.
+/// What the open of a set of local shards does with their bytes, by the set's total size
+/// ([`prefetch_plan`]): reads each shard through as it opens it, in order, when the set fits
+/// ([`fits_read_through`]: for the same reasons as [`prefetch_if_it_fits`], and so that a part
+/// of a shard the disk cannot read refuses the set with an error naming the shard and the
+/// byte, where the readers, which read shards through memory maps, would die of SIGBUS on it);
+/// advises a larger set to stream in; and marks a set larger than all the memory the process
+/// could have as read at random (see `format::shard_data::Mapped::ready_for`).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct SetReadThrough {
-    on: bool,
+pub(crate) struct SetPrefetch {
+    plan: Prefetched,
 }
 
-impl SetReadThrough {
+impl SetPrefetch {
     /// For a set of `total` bytes.
-    pub(crate) fn for_total(total: u64) -> SetReadThrough {
-        SetReadThrough {
-            on: reads_through(total),
+    pub(crate) fn for_total(total: u64) -> SetPrefetch {
+        SetPrefetch {
+            plan: plan_for(total),
         }
     }
 
     /// For a set of `paths`, by their sizes now (a file that cannot be looked at counts as
     /// empty: opening it fails on its own).
-    pub(crate) fn for_files(paths: impl IntoIterator<Item = impl AsRef<Path>>) -> SetReadThrough {
+    pub(crate) fn for_files(paths: impl IntoIterator<Item = impl AsRef<Path>>) -> SetPrefetch {
         Self::for_total(
             paths
                 .into_iter()
@@ -261,14 +293,14 @@ impl SetReadThrough {
         )
     }
 
-    /// Whether the set is read through.
-    pub(crate) fn is_on(&self) -> bool {
-        self.on
+    /// What the open does with the set.
+    pub(crate) fn plan(&self) -> Prefetched {
+        self.plan
     }
 
     /// Reads `file` (`path` in messages, `len` bytes) through, when the set fits.
     pub(crate) fn read(&self, path: &Path, file: &fs::File, len: u64) -> Result<()> {
-        if self.on {
+        if self.plan == Prefetched::InCache {
             read_through(file, len).at(path)?;
         }
         Ok(())
@@ -315,14 +347,7 @@ pub(crate) fn prefetch(file: &fs::File) -> std::io::Result<Prefetched> {
     let Ok(len) = file.metadata().map(|m| m.len()) else {
         return Ok(Prefetched::NotRead);
     };
-    let available = available_memory();
-    // (The ceiling is only asked of a file too large to read through.)
-    let ceiling = if fits_read_through(len, available) {
-        None
-    } else {
-        memory_ceiling()
-    };
-    match prefetch_plan(len, available, ceiling) {
+    match plan_for(len) {
         Prefetched::InCache => read_through(file, len).map(|()| Prefetched::InCache),
         Prefetched::Advised => {
             // SAFETY: a plain syscall on a valid, open file descriptor; offset 0 and length 0
@@ -339,6 +364,18 @@ pub(crate) fn prefetch(file: &fs::File) -> std::io::Result<Prefetched> {
         }
         other => Ok(other),
     }
+}
+
+/// [`prefetch_plan`] for `len` bytes, with the memory there is now.
+fn plan_for(len: u64) -> Prefetched {
+    let available = available_memory();
+    // (The ceiling is only asked of a file too large to read through.)
+    let ceiling = if fits_read_through(len, available) {
+        None
+    } else {
+        memory_ceiling()
+    };
+    prefetch_plan(len, available, ceiling)
 }
 
 /// What [`prefetch`] does with a file of `len` bytes when `available` bytes of memory are free
@@ -491,6 +528,7 @@ mod tests {
     #[test]
     fn files_up_to_the_limit_are_read_through_where_memory_holds_them() {
         let available = available_memory().expect("Linux reports MemAvailable");
+        let reads_through = |len| fits_read_through(len, Some(available));
         assert_eq!(reads_through(1 << 20), available >= 4 << 20);
         assert_eq!(
             reads_through(READ_THROUGH_BYTES),
@@ -498,6 +536,7 @@ mod tests {
         );
         assert!(!reads_through(READ_THROUGH_BYTES + 1));
         assert!(!reads_through(u64::MAX));
+        assert!(fits_read_through(READ_THROUGH_BYTES, None));
     }
 
     #[test]
@@ -542,7 +581,7 @@ mod tests {
         let (a, b) = (dir.path().join("a.bin"), dir.path().join("b.bin"));
         fs::write(&a, vec![1u8; 1 << 20]).unwrap();
         fs::write(&b, vec![2u8; 1 << 20]).unwrap();
-        let set = SetReadThrough::for_files([&a, &b]);
+        let set = SetPrefetch::for_files([&a, &b]);
         evict(&a).unwrap();
         set.read(&a, &fs::File::open(&a).unwrap(), 1 << 20).unwrap();
         assert!(residency(&a).unwrap().resident_fraction() >= 0.99);
@@ -562,7 +601,7 @@ mod tests {
             .unwrap()
             .set_len(READ_THROUGH_BYTES + 1)
             .unwrap();
-        let past = SetReadThrough::for_files([&b, &large]);
+        let past = SetPrefetch::for_files([&b, &large]);
         past.read(dir.path(), &unreadable, 1 << 20).unwrap();
         evict(&b).unwrap();
         past.read(&b, &fs::File::open(&b).unwrap(), 1 << 20)

@@ -313,9 +313,14 @@ pub fn open(path: impl AsRef<Path>) -> Result<Arc<dyn Dataset>> {
 
 /// [`open`], with options for files other tools wrote and sets of shards. `path` may also be a
 /// pattern in its last component (`DIR/train-*`, quoted in a shell; see [`shards`]).
+///
+/// # Errors
+/// Besides the dataset's own: [`Error::Config`] for an invalid
+/// [`IMAGEFEED_MEMORY_LIMIT`](crate::pagecache::MEMORY_LIMIT_ENV).
 pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Arc<dyn Dataset>> {
     let path = path.as_ref();
     crate::mapguard::claim();
+    crate::pagecache::memory_limit_from_env()?;
     if let Some(text) = path.to_str()
         && crate::remote::is_url(text)
     {
@@ -405,6 +410,7 @@ pub fn open_files(files: &[std::path::PathBuf], options: &OpenOptions) -> Result
 /// Opens a selection of shards made by a pattern or a list: WebDataset when every file is a tar,
 /// else TFRecord shards.
 fn open_shards(selection: &shards::Selection, options: &OpenOptions) -> Result<Arc<dyn Dataset>> {
+    crate::pagecache::memory_limit_from_env()?;
     let files = match selection {
         shards::Selection::Pattern(pattern) => {
             shards::expand_selection(pattern, options.allow_missing_shards)?.0

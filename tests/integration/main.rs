@@ -19,6 +19,7 @@ mod formats;
 mod hdf5_filters;
 mod loader;
 mod mapped_files;
+mod memory_limit;
 mod object_storage;
 mod pack;
 mod readers;

@@ -160,7 +160,7 @@ impl Mds {
             &mut notices,
         )?;
         let mut shards = Vec::with_capacity(present.len());
-        let read_through = crate::pagecache::SetReadThrough::for_files(
+        let prefetch = crate::pagecache::SetPrefetch::for_files(
             present.iter().map(|entry| dir.join(&entry.raw.0)),
         );
         for entry in present {
@@ -187,7 +187,7 @@ impl Mds {
             };
             let mapped = match compression {
                 None => {
-                    read_through.read(&path, &file, len)?;
+                    prefetch.read(&path, &file, len)?;
                     Mapped::new(&path, file, false)?
                 }
                 Some(compression) => {
@@ -211,14 +211,17 @@ impl Mds {
                     Mapped::new(&path, copy.file, true)?
                 }
             };
-            shards.push(checked_shard(
+            let shard = checked_shard(
                 &path,
                 raw_name,
                 ShardData::local(&path, mapped),
                 entry.samples,
                 *raw_bytes,
                 &mut notices,
-            )?);
+            )?;
+            // A set larger than memory is read at random once opened (`Mapped::ready_for`).
+            shard.data.ready_for(&prefetch);
+            shards.push(shard);
         }
         let listed: std::collections::HashSet<&str> = index
             .shards
@@ -767,6 +770,46 @@ impl RecordReader for MdsReader {
             label,
             payload,
         })
+    }
+
+    /// A set larger than memory has the batch's samples read from the disk together
+    /// (`ShardData::plan_read`): their places in the offset tables first (small, and mostly
+    /// cached: every read of a shard reads its table), then the samples those give.
+    fn plan_reads(&mut self, indices: &[usize]) {
+        let shared = &*self.shared;
+        let planned = || {
+            indices
+                .iter()
+                .filter(|&&i| i < shared.info.num_samples)
+                .map(|&i| shared.locate(i))
+        };
+        for (number, within) in planned() {
+            for part in sample_place(within) {
+                shared.shards[number]
+                    .data
+                    .plan_read(part.start as u64, part.len() as u64);
+            }
+        }
+        for (number, within) in planned() {
+            let shard = &shared.shards[number];
+            // Only a shard read at random is worth reading the table of here (the read would
+            // be asked for and dropped otherwise); a table the disk cannot supply is the
+            // sample's read's to report.
+            if !shard.data.reads_at_random() {
+                continue;
+            }
+            let Some(mapped) = shard.data.get_if_resident() else {
+                continue;
+            };
+            let bytes = mapped.bytes();
+            if check_place_readable(&shard.path, bytes, within).is_ok()
+                && let Ok(span) = sample_span(bytes, shard.samples, within)
+            {
+                shard
+                    .data
+                    .plan_read(span.start as u64, (span.end - span.start) as u64);
+            }
+        }
     }
 
     fn prefetch(&mut self, index: usize) {

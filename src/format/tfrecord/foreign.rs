@@ -30,14 +30,13 @@ pub(super) fn open_foreign(
     let mut notices = set.notices(name);
     let mut cache = None;
     let mut shards = Vec::with_capacity(files.len());
-    let read_through = crate::pagecache::SetReadThrough::for_files(files);
+    let prefetch = crate::pagecache::SetPrefetch::for_files(files);
     for file in files {
-        shards.push(open_foreign_shard(
-            file,
-            options,
-            (&mut cache, read_through),
-            &mut notices,
-        )?);
+        let shard = open_foreign_shard(file, options, (&mut cache, prefetch), &mut notices)?;
+        // Once opened (a scan reads a shard in order): a set larger than memory is read at
+        // random from here on (`Mapped::ready_for`).
+        shard.data.ready_for(&prefetch);
+        shards.push(shard);
     }
     let single = match files {
         [one] => Some(one.as_path()),
@@ -115,7 +114,7 @@ pub(super) fn planner(shards: &[Shard]) -> Option<ShardPlanner> {
 pub(super) fn open_foreign_shard(
     path: &Path,
     options: &OpenOptions,
-    (cache, read_through): (&mut Option<Cache>, crate::pagecache::SetReadThrough),
+    (cache, prefetch): (&mut Option<Cache>, crate::pagecache::SetPrefetch),
     notices: &mut Vec<String>,
 ) -> Result<Shard> {
     let (file, len) = crate::file::open_regular(path)?;
@@ -157,7 +156,7 @@ pub(super) fn open_foreign_shard(
             unsaved_index: false,
         });
     }
-    read_through.read(path, &file, len)?;
+    prefetch.read(path, &file, len)?;
     let mapped = Mapped::new(path, file, false)?;
     if let Some(index_path) = index::find_index(path) {
         let records = parse_index(&index_path, &fs::read(&index_path).at(&index_path)?)?;

@@ -335,20 +335,21 @@ fn open_ours(dir: &Path, manifest_path: &Path, allow_missing: bool) -> Result<Re
     // Shards of up to 256 MiB together are read through as they are opened, in order, as a
     // small LMDB is (see `pagecache`): with only the advice, a cold epoch's workers faulted
     // pages in one by one in the sampler's order (CIFAR-10, one 11 MB shard: cold epochs ~58
-    // -> ~54 ms). Larger sets that fit in half the available memory are advised to stream in.
-    // The sizes are the manifest's, which each shard's index is checked against just after.
+    // -> ~54 ms). Larger sets that fit in half the available memory are advised to stream in;
+    // sets larger than memory are read at random (`Mapped::ready_for`). The sizes are the
+    // manifest's, which each shard's index is checked against just after.
     let total = manifest
         .shards
         .iter()
         .fold(0u64, |sum, entry| sum.saturating_add(entry.bytes));
-    let read_through = crate::pagecache::SetReadThrough::for_total(total);
+    let prefetch = crate::pagecache::SetPrefetch::for_total(total);
     let mut shards = Vec::with_capacity(manifest.shards.len());
     let mut lens = Vec::with_capacity(manifest.shards.len());
     for entry in &manifest.shards {
         let path = dir.join(&entry.file);
         let index_path = dir.join(&entry.index);
         let (file, file_len) = crate::file::open_regular(&path)?;
-        read_through.read(&path, &file, file_len)?;
+        prefetch.read(&path, &file, file_len)?;
         let mapped = Mapped::new(&path, file, false)?;
         let map = mapped.bytes();
         let index = {
@@ -369,15 +370,8 @@ fn open_ours(dir: &Path, manifest_path: &Path, allow_missing: bool) -> Result<Re
             unsaved_index: false,
         });
     }
-    if !read_through.is_on()
-        && crate::pagecache::available_memory().is_some_and(|available| total <= available / 2)
-    {
-        for shard in &shards {
-            // Advice only: failure changes nothing but speed.
-            if let Some(mapped) = shard.data.get_if_resident() {
-                mapped.will_need();
-            }
-        }
+    for shard in &shards {
+        shard.data.ready_for(&prefetch);
     }
     assemble_ours(dir, manifest_path, manifest, dropped, shards, &lens)
 }
@@ -740,8 +734,17 @@ impl RecordReader for RecordsReader {
             self.ahead.planned = indices.iter().copied().collect();
             self.ahead.top_up(&self.shared);
         }
-        #[cfg(not(feature = "remote"))]
-        let _ = indices;
+        // A set larger than memory: the batch's records are read from the disk together
+        // (`ShardData::plan_read`).
+        for &index in indices {
+            if index >= self.shared.info.num_samples {
+                continue;
+            }
+            let (number, within) = self.shared.locate_number(index);
+            let shard = &self.shared.shards[number];
+            let (offset, len) = shard.records[within];
+            shard.data.plan_read(offset, len);
+        }
     }
 
     fn rereads_are_cheap(&self) -> bool {

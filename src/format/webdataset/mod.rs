@@ -174,14 +174,13 @@ fn open_files(
     let mut notices = set.notices(name);
     let mut cache = None;
     let mut shards = Vec::with_capacity(files.len());
-    let read_through = crate::pagecache::SetReadThrough::for_files(files);
+    let prefetch = crate::pagecache::SetPrefetch::for_files(files);
     for file in files {
-        shards.push(open_shard(
-            file,
-            options,
-            (&mut cache, read_through),
-            &mut notices,
-        )?);
+        let shard = open_shard(file, options, (&mut cache, prefetch), &mut notices)?;
+        // Once opened (a scan reads a shard in order): a set larger than memory is read at
+        // random from here on (`Mapped::ready_for`).
+        shard.data.ready_for(&prefetch);
+        shards.push(shard);
     }
     assemble(name, shards, set, options, notices)
 }
@@ -254,7 +253,7 @@ pub(super) fn walked(path: &Path, mapped: Mapped, notices: &mut Vec<String>) -> 
 fn open_shard(
     path: &Path,
     options: &OpenOptions,
-    (cache, read_through): (&mut Option<Cache>, crate::pagecache::SetReadThrough),
+    (cache, prefetch): (&mut Option<Cache>, crate::pagecache::SetPrefetch),
     notices: &mut Vec<String>,
 ) -> Result<Shard> {
     let (file, len) = crate::file::open_regular(path)?;
@@ -274,7 +273,7 @@ fn open_shard(
             Mapped::new(path, copy.file, true)?
         }
         None => {
-            read_through.read(path, &file, len)?;
+            prefetch.read(path, &file, len)?;
             Mapped::new(path, file, false)?
         }
     };
@@ -444,6 +443,19 @@ impl RecordReader for WebDatasetReader {
             label,
             payload,
         })
+    }
+
+    /// A set larger than memory has the batch's samples read from the disk together
+    /// (`ShardData::plan_read`).
+    fn plan_reads(&mut self, indices: &[usize]) {
+        let shared = &*self.shared;
+        for &index in indices.iter().filter(|&&i| i < shared.info.num_samples) {
+            let (number, within) = shared.locate_number(index);
+            let shard = &shared.shards[number];
+            if let Some(span) = shard.samples.get(within) {
+                shard.data.plan_read(span.offset, span.len);
+            }
+        }
     }
 
     fn prefetch(&mut self, index: usize) {
