@@ -107,6 +107,8 @@ struct RemoteSource {
     cache: crate::cache::Cache,
     /// The mapping while the shard is in use.
     resident: Mutex<Option<Arc<Mapped>>>,
+    /// What the set's readers want of each mapping made ([`ShardData::ready_for`]).
+    set: Mutex<Option<SetPrefetch>>,
     /// Read record by record ([`ShardData::read_range`]), never fetched whole by the planner.
     ranged: bool,
 }
@@ -139,6 +141,7 @@ impl ShardData {
                 object,
                 cache,
                 resident: Mutex::new(None),
+                set: Mutex::new(None),
                 ranged: false,
             })),
         }
@@ -158,32 +161,42 @@ impl ShardData {
         data
     }
 
-    /// Readies a local shard's map for the readers of its set ([`Mapped::ready_for`]);
-    /// nothing for a remote shard (its bytes are a cache entry of imagefeed's own, mapped
-    /// when fetched).
+    /// Readies the shard's map for the readers of its set ([`Mapped::ready_for`]): a local
+    /// shard's now; a remote shard's (its cache entry, mapped once fetched) now if it is
+    /// mapped, and each time it is mapped again.
     pub(crate) fn ready_for(&self, set: &SetPrefetch) {
         match &self.source {
             Source::Local(mapped) => mapped.ready_for(set),
             #[cfg(feature = "remote")]
-            Source::Remote(_) => {}
+            Source::Remote(remote) => {
+                *remote.set.lock().expect("not poisoned") = Some(*set);
+                if let Some(mapped) = remote.resident.lock().expect("not poisoned").as_ref() {
+                    mapped.ready_for(set);
+                }
+            }
         }
     }
 
-    /// A hint that bytes `offset..offset + len` are read soon: where the shard is local and
+    /// A hint that bytes `offset..offset + len` are read soon: where the shard is mapped and
     /// read at random (a set larger than memory, [`Mapped::ready_for`]), their read starts now;
-    /// nothing otherwise.
+    /// nothing otherwise, and never a fetch.
     pub(crate) fn plan_read(&self, offset: u64, len: u64) {
         match &self.source {
             Source::Local(mapped) => mapped.will_need_range(offset, len),
             #[cfg(feature = "remote")]
-            Source::Remote(_) => {}
+            Source::Remote(remote) => {
+                if let Some(mapped) = remote.resident.lock().expect("not poisoned").as_ref() {
+                    mapped.will_need_range(offset, len);
+                }
+            }
         }
     }
 
-    /// True for a local shard read at random ([`Mapped::ready_for`]: its set is larger than
-    /// memory).
+    /// True for a shard mapped and read at random ([`Mapped::ready_for`]: its set is larger
+    /// than memory).
     pub(crate) fn reads_at_random(&self) -> bool {
-        matches!(&self.source, Source::Local(mapped) if mapped.at_random.load(Ordering::Relaxed))
+        self.get_if_resident()
+            .is_some_and(|mapped| mapped.at_random.load(Ordering::Relaxed))
     }
 
     /// True for a shard read record by record (made by `ShardData::ranged`).
@@ -274,7 +287,11 @@ impl ShardData {
                         other => break other?,
                     }
                 };
-                let mapped = Arc::new(Mapped::new(&cached.path, cached.file, true)?);
+                let mapped = Mapped::new(&cached.path, cached.file, true)?;
+                if let Some(set) = *remote.set.lock().expect("not poisoned") {
+                    mapped.ready_for(&set);
+                }
+                let mapped = Arc::new(mapped);
                 let mut resident = remote.resident.lock().expect("not poisoned");
                 Ok(Arc::clone(resident.get_or_insert(mapped)))
             }

@@ -18,6 +18,9 @@ use support::{
 
 /// Tells the child which directory holds the datasets.
 const CHILD_DIR: &str = "IMAGEFEED_TEST_MEMORY_LIMIT_DIR";
+/// Tells the child the URLs of the datasets in object storage, comma-separated (none where
+/// the suite has no S3 server).
+const CHILD_URLS: &str = "IMAGEFEED_TEST_MEMORY_LIMIT_URLS";
 
 /// Writes `rows` as an MDS set of `shards` shards (an image column `x`, `jpeg`, and an `int`
 /// label `y`), laid out as MDSWriter lays it out.
@@ -160,18 +163,38 @@ fn datasets_larger_than_the_memory_limit_read_the_same() {
     assert!(maps.len() >= 4, "{maps:?}");
     assert!(maps.iter().all(|(_, random)| !random), "{maps:?}");
     drop(open);
+    // The shard sets in object storage too, where the suite has a server: fetched into the
+    // cache, and read from there.
+    #[cfg_attr(not(feature = "remote"), allow(unused_mut))]
+    let mut urls: Vec<String> = Vec::new();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+    #[cfg(feature = "remote")]
+    if let Some(server) = support::s3::server() {
+        let bucket = server.bucket(&support::s3::unique_bucket("memory-limit"));
+        for name in ["records", "wds", "mds"] {
+            server.upload_dir(&dir.path().join(name), &bucket, name);
+            urls.push(format!("s3://{bucket}/{name}"));
+        }
+        for (key, value) in server.options() {
+            child.env(key.to_ascii_uppercase(), value);
+        }
+        child.env("IMAGEFEED_CACHE_DIR", dir.path().join("cache"));
+    }
+    child
+        .args([
+            "--exact",
+            &support::test_path(module_path!(), "larger_than_memory_child"),
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_DIR, dir.path())
+        .env(CHILD_URLS, urls.join(","));
+    let datasets = 5 + urls.len();
     for (limit, says) in [
-        ("1K", "read 5 datasets at random"),
-        ("lots", "an invalid limit is refused"),
+        ("1K", format!("read {datasets} datasets at random")),
+        ("lots", "an invalid limit is refused".to_string()),
     ] {
-        let output = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                &support::test_path(module_path!(), "larger_than_memory_child"),
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD_DIR, dir.path())
+        let output = child
             .env(pagecache::MEMORY_LIMIT_ENV, limit)
             .output()
             .unwrap();
@@ -180,7 +203,7 @@ fn datasets_larger_than_the_memory_limit_read_the_same() {
             String::from_utf8_lossy(&output.stderr),
         );
         assert!(output.status.success(), "{limit}: {stdout}{stderr}");
-        assert!(stdout.contains(says), "{limit}: {stdout}");
+        assert!(stdout.contains(&says), "{limit}: {stdout}");
     }
 }
 
@@ -191,11 +214,23 @@ fn larger_than_memory_child() {
         return;
     };
     let dir = Path::new(&dir);
-    let names = ["records", "foreign", "wds", "mds", "data.lmdb"];
+    let mut names: Vec<String> = ["records", "foreign", "wds", "mds", "data.lmdb"]
+        .iter()
+        .map(|name| dir.join(name).to_string_lossy().into_owned())
+        .collect();
+    let urls = std::env::var(CHILD_URLS).unwrap_or_default();
+    names.extend(
+        urls.split(',')
+            .filter(|u| !u.is_empty())
+            .map(str::to_string),
+    );
     if pagecache::memory_limit_from_env().is_err() {
-        for name in names {
-            let refused = format::open(dir.join(name)).map(|_| ());
-            assert!(matches!(refused, Err(Error::Config(_))), "{refused:?}");
+        for name in &names {
+            let refused = format::open(name).map(|_| ());
+            assert!(
+                matches!(refused, Err(Error::Config(_))),
+                "{name}: {refused:?}"
+            );
         }
         println!("an invalid limit is refused");
         return;
@@ -205,12 +240,13 @@ fn larger_than_memory_child() {
         .map(|(_, label, bytes)| (label, bytes))
         .collect();
     let mut open = Vec::new();
-    for name in names {
-        let dataset = format::open(dir.join(name)).unwrap();
+    for name in &names {
+        let dataset = format::open(name).unwrap();
         assert_eq!(read_in_batches(dataset.as_ref()), expected, "{name}");
         open.push(dataset);
     }
-    // Every shard map is read at random (LMDB reads with `pread`; its map is left as it is).
+    // Every shard map is read at random, cache entries of remote shards too (LMDB reads with
+    // `pread`; its map is left as it is).
     let shards: Vec<(String, bool)> = maps_under(dir)
         .into_iter()
         .filter(|(path, _)| !path.contains("data.lmdb"))

@@ -97,5 +97,11 @@ pub(crate) fn open(
             &mut notices,
         )?);
     }
+    // A set larger than memory is read at random from the cache (`Mapped::ready_for`).
+    let prefetch =
+        crate::pagecache::SetPrefetch::for_total(wanted.iter().map(|((o, _), _)| o.size).sum());
+    for shard in &shards {
+        shard.data.ready_for(&prefetch);
+    }
     assemble(&label, index.layout, shards, options, notices, missing)
 }

@@ -123,6 +123,7 @@ pub(crate) fn open_ours(
         })
     })?;
     let lens: Vec<u64> = entries.iter().map(|(shard, _, _)| shard.size).collect();
+    ready_for_set(&shards, lens.iter().sum());
     assemble_ours(&label, &manifest_label, manifest, dropped, shards, &lens)
 }
 
@@ -158,11 +159,21 @@ pub(crate) fn open_foreign(
             ),
         );
     }
+    ready_for_set(&shards, objects.iter().map(|o| o.size).sum());
     let single = match objects {
         [one] => Some(PathBuf::from(one.url.to_string())),
         _ => None,
     };
     assemble_foreign(&label, shards, set, options, single.as_deref(), notices)
+}
+
+/// Readies the shards of a set of `total` bytes for its readers: where the set is larger than
+/// memory, each shard's cache entry is read at random once fetched (`Mapped::ready_for`).
+fn ready_for_set(shards: &[Shard], total: u64) {
+    let set = crate::pagecache::SetPrefetch::for_total(total);
+    for shard in shards {
+        shard.data.ready_for(&set);
+    }
 }
 
 /// The damage a scan found in `shard`, for the notices.

@@ -59,5 +59,10 @@ pub(crate) fn open(
         }
         shards.push(walked(&path, mapped, &mut notices));
     }
+    // A set larger than memory is read at random from the cache (`Mapped::ready_for`).
+    let prefetch = crate::pagecache::SetPrefetch::for_total(objects.iter().map(|o| o.size).sum());
+    for shard in &shards {
+        shard.data.ready_for(&prefetch);
+    }
     assemble(&label, shards, set, options, notices)
 }
