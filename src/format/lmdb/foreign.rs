@@ -276,6 +276,9 @@ pub(super) fn open_folder2lmdb(
         restart_markers: false,
     };
     rtxn.commit().map_err(|e| Error::lmdb(path, e))?;
+    if direct.is_some() {
+        bounds.read_at_random();
+    }
     Ok(Lmdb {
         path: path.to_path_buf(),
         env: Arc::clone(env),

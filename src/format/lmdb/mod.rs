@@ -407,6 +407,56 @@ mod tests {
     }
 
     #[test]
+    fn a_folder2lmdb_file_read_with_pread_finds_and_starts_a_batch_when_announced() {
+        // A folder2lmdb file larger than memory: its map read at random, its values read with
+        // `pread`. Announcing a batch searches for its values and starts their reads.
+        use crate::dataset::Dataset as _;
+        let dir = tempfile::tempdir().unwrap();
+        let fixture =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/compat/folder2lmdb.lmdb");
+        let (sized, path) = (dir.path().join("sized.lmdb"), dir.path().join("f2l.lmdb"));
+        fs::copy(&fixture, &sized).unwrap();
+        fs::copy(&fixture, &path).unwrap();
+        // The payloads' bytes, read from another copy.
+        let payloads: u64 = {
+            let lmdb = Lmdb::open(&sized).unwrap();
+            let mut reader = lmdb.open_reader().unwrap();
+            (0..lmdb.len())
+                .map(|i| reader.read(i).unwrap().payload.len() as u64)
+                .sum()
+        };
+        let mut lmdb = Lmdb::open(&path).unwrap();
+        lmdb.direct = Some(Arc::new(fs::File::open(&path).unwrap()));
+        lmdb.bounds.read_at_random();
+        let mut reader = lmdb.open_reader().unwrap();
+        // Out of the page cache, the pages the open touched through the map too.
+        lmdb.bounds.page_out();
+        crate::pagecache::evict(&path).unwrap();
+        let resident = || crate::pagecache::residency(&path).unwrap().resident_bytes;
+        assert_eq!(resident(), 0);
+        let all: Vec<usize> = (0..lmdb.len()).collect();
+        reader.plan_reads(&all);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while resident() < payloads && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(
+            resident() >= payloads,
+            "{} of {payloads} bytes read",
+            resident()
+        );
+        // And read as from the map.
+        let mut through_map = Lmdb::open(&sized).unwrap().open_reader().unwrap();
+        for i in all {
+            assert_eq!(
+                reader.read(i).unwrap().payload,
+                through_map.read(i).unwrap().payload,
+                "record {i}"
+            );
+        }
+    }
+
+    #[test]
     fn checksums_on_overflow_pages_are_read_from_their_place_in_the_file() {
         // The open reads each entry of the checksums database with a `pread` at the place
         // liblmdb's map puts it (not through the map): a chunk of 800 samples makes an entry of

@@ -100,6 +100,33 @@ impl MapBounds {
         MapBounds((!ranges.is_empty()).then(|| ranges.into()))
     }
 
+    /// Marks the maps read at random (`MADV_RANDOM`), for a file larger than memory
+    /// ([`Lmdb::direct`]) once the open has read what it reads through them: a page fault
+    /// then reads only its page, not the disk's read-around window (up to 8 MiB), which for a
+    /// file the page cache cannot hold evicts what later reads need. What still faults is the
+    /// search for a folder2lmdb file's values (its leaf pages, mostly cached).
+    pub(super) fn read_at_random(&self) {
+        for &(start, end) in self.0.iter().flat_map(|ranges| ranges.iter()) {
+            // SAFETY: advice on a range liblmdb mapped in this process (read from
+            // /proc/self/maps: page-aligned, alive as long as the environment, which the
+            // caller holds); MADV_RANDOM changes no byte and no mapping, only read-ahead.
+            unsafe {
+                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_RANDOM);
+            }
+        }
+    }
+
+    /// Pages out what this process has mapped of the file (`MADV_PAGEOUT`), so that a test can
+    /// evict it from the page cache (a mapped page is not dropped).
+    #[cfg(test)]
+    pub(super) fn page_out(&self) {
+        for &(start, end) in self.0.iter().flat_map(|ranges| ranges.iter()) {
+            // SAFETY: advice on liblmdb's live, page-aligned map of the file; it changes no
+            // byte (a clean page paged out is read again when next touched).
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_PAGEOUT) };
+        }
+    }
+
     /// Whether the `len` bytes from address `start` lie inside one map of the file (or the
     /// maps are unknown).
     fn holds(&self, start: usize, len: u64) -> bool {
@@ -277,6 +304,7 @@ impl Lmdb {
     /// `len()` is the number of samples committed so far.
     pub fn open_incomplete(path: impl AsRef<Path>) -> Result<Lmdb> {
         let path = path.as_ref();
+        crate::pagecache::memory_limit_from_env()?;
         let file = check_lmdb_file(path)?;
         // Small datasets stream into the page cache in one sequential read; see pagecache. A
         // part the disk cannot read is an error here: liblmdb reads through a map, where it
@@ -358,6 +386,9 @@ impl Lmdb {
         info.format = FormatKind::Lmdb;
         // Database handles opened in a read transaction become usable by others after commit.
         rtxn.commit().map_err(|e| Error::lmdb(path, e))?;
+        if direct.is_some() {
+            bounds.read_at_random();
+        }
         Ok(Lmdb {
             path: path.to_path_buf(),
             map,
@@ -1269,22 +1300,51 @@ impl RecordReader for LmdbReader {
     /// the batch's values started now (`POSIX_FADV_WILLNEED` on exactly each value's bytes,
     /// which returns at once), so they come from the disk together rather than one `pread`
     /// at a time.
+    ///
+    /// A folder2lmdb file's values are found now (the search a read would make, its result
+    /// remembered for the read where the reader keeps a table, [`FOUND_TABLE_MAX_RECORDS`]).
     fn plan_reads(&mut self, indices: &[usize]) {
-        let (Some(file), Some(located)) = (&self.direct, &self.located) else {
+        let Some(file) = &self.direct else {
             return;
         };
         let fd = std::os::fd::AsRawFd::as_raw_fd(&**file);
-        for &index in indices {
+        let advise = |offset: usize, len: usize| {
             // (A length of 0 would advise the rest of the file.)
-            let Some((offset, len)) = located.place(index).filter(|&(_, len)| len > 0) else {
-                continue;
-            };
             let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+                return;
+            };
+            if len > 0 {
+                // SAFETY: a plain syscall on a valid, open file descriptor (the reader holds
+                // the file); the advice is asynchronous and changes nothing any read returns.
+                unsafe { libc::posix_fadvise(fd, offset, len, libc::POSIX_FADV_WILLNEED) };
+            }
+        };
+        if let Some(located) = &self.located {
+            for &index in indices {
+                if let Some((offset, len)) = located.place(index) {
+                    advise(offset, len);
+                }
+            }
+            return;
+        }
+        let Layout::Folder2Lmdb { db, keys } = &self.layout else {
+            return;
+        };
+        for &index in indices.iter().filter(|&&i| i < keys.len()) {
+            let key = keys[index].as_str();
+            let lookup = (&mut self.found[..], &self.bounds, self.search.as_mut());
+            // An error is the read's to report.
+            let Ok(Some(value)) = Self::value(
+                &self.txn,
+                lookup,
+                (&self.path, db),
+                (index, key, key.as_bytes()),
+            ) else {
                 continue;
             };
-            // SAFETY: a plain syscall on a valid, open file descriptor (the reader holds the
-            // file); the advice is asynchronous and changes nothing any read returns.
-            unsafe { libc::posix_fadvise(fd, offset, len, libc::POSIX_FADV_WILLNEED) };
+            if let Some((start, _)) = self.bounds.map_of(value) {
+                advise(value.as_ptr() as usize - start, value.len());
+            }
         }
     }
 
