@@ -514,7 +514,10 @@ pub trait RecordReader: Send {
     /// A hint that records `indices` will be read next, in that order (the loader gives each
     /// batch's as it starts the batch). A format whose reads wait on the network starts them
     /// now, a bounded number at a time, so a batch costs about one round trip rather than one
-    /// per record. Never blocks, fails or changes what `read` returns; the default does nothing.
+    /// per record; one whose file is larger than memory starts their disk reads together. Never
+    /// fails or changes what `read` returns, and waits for nothing the reads would not wait
+    /// for (a format that must search for a record's place may search now); the default does
+    /// nothing.
     fn plan_reads(&mut self, indices: &[usize]) {
         let _ = indices;
     }

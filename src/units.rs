@@ -22,12 +22,17 @@ pub fn parse_bytes(text: &str) -> std::result::Result<u64, String> {
         "mib" => 1 << 20,
         "gib" => 1 << 30,
         "tib" => 1 << 40,
-        other => return Err(format!("{text:?}: unknown unit {other:?}")),
+        other => {
+            return Err(format!(
+                "{text:?}: unknown unit {other:?} (a whole number, then B, K, M, G, T, KiB, \
+                 MiB, GiB or TiB)"
+            ));
+        }
     };
     number
         .checked_mul(scale)
         .filter(|&n| n > 0)
-        .ok_or_else(|| format!("{text:?}: must be between 1 byte and 16 EiB"))
+        .ok_or_else(|| format!("{text:?}: must be at least 1 byte and below 2^64 bytes"))
 }
 
 #[cfg(test)]

@@ -156,6 +156,22 @@ impl RecordReader for JoinedReader {
         Ok(record)
     }
 
+    /// Passes each part the records of its own, in order (numbered within the part).
+    fn plan_reads(&mut self, indices: &[usize]) {
+        let total = self.starts.last().copied().unwrap_or(0);
+        for (part, reader) in self.readers.iter_mut().enumerate() {
+            let (start, end) = (self.starts[part], self.starts[part + 1]);
+            let own: Vec<usize> = indices
+                .iter()
+                .filter(|&&i| i >= start && i < end && i < total)
+                .map(|&i| i - start)
+                .collect();
+            if !own.is_empty() {
+                reader.plan_reads(&own);
+            }
+        }
+    }
+
     /// Every part opened so far says so (parts open as they are first read; a batch that
     /// opens one that does not say so is the last one read twice).
     fn rereads_are_cheap(&self) -> bool {
@@ -163,5 +179,64 @@ impl RecordReader for JoinedReader {
             .iter()
             .filter(|r| r.is_open())
             .all(LazyReader::rereads_are_cheap)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pack::{NoProgress, PackFormat, PackOptions, Part, pack_image_folder};
+    use crate::synthetic::{SyntheticSpec, write_image_folder};
+
+    #[test]
+    fn the_parts_read_as_one_dataset_with_batches_announced_across_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        let spec = SyntheticSpec {
+            classes: 2,
+            per_class: 7,
+            width: 16,
+            height: 16,
+            ..SyntheticSpec::default()
+        };
+        write_image_folder(&src, &spec).unwrap();
+        let parts: Vec<PathBuf> = (0..3)
+            .map(|index| {
+                let out = dir.path().join(format!("part{index}.records"));
+                let options = PackOptions::default().with_part(Some(Part { index, count: 3 }));
+                pack_image_folder(&src, &out, PackFormat::Records, &options, &NoProgress).unwrap();
+                out
+            })
+            .collect();
+        let joined = JoinedParts::open(&parts).unwrap();
+        assert_eq!(joined.len(), 14);
+        let payloads = |plan: &[usize]| -> Vec<(u32, Vec<u8>)> {
+            let mut reader = joined.open_reader().unwrap();
+            // (A hint, with records of every part, past the end and repeated: changes nothing.)
+            reader.plan_reads(plan);
+            (0..joined.len())
+                .map(|i| {
+                    let record = reader.read(i).unwrap();
+                    assert_eq!(record.index, i);
+                    (record.label, record.payload.to_vec())
+                })
+                .collect()
+        };
+        let plain = payloads(&[]);
+        assert_eq!(payloads(&[13, 0, 5, 9, 14, 99, 5, usize::MAX]), plain);
+        // Each part's records, in order, as the part itself reads them.
+        let mut from_parts = Vec::new();
+        for part in &joined.parts {
+            let mut reader = part.open_reader().unwrap();
+            for i in 0..part.len() {
+                let record = reader.read(i).unwrap();
+                from_parts.push((record.label, record.payload.to_vec()));
+            }
+        }
+        assert_eq!(from_parts.len(), plain.len());
+        let (mut a, mut b) = (from_parts, plain);
+        a.sort();
+        b.sort();
+        assert_eq!(a, b);
     }
 }

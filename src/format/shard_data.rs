@@ -47,7 +47,7 @@ impl Mapped {
     /// than all the memory there is, marked read at random (`MADV_RANDOM`). A page fault on a
     /// map reads the disk's read-around window around the page (8 MiB on some disks): for a
     /// set the page cache cannot hold, each such read evicts what later reads need, and a
-    /// record shard of 407 MB in 256 MiB took 20–23 s an epoch against 2.1–2.3 s warm. At
+    /// record set of 407 MB in 256 MiB took 20–26 s an epoch against 2.0–2.1 s warm. At
     /// random, a fault reads only its page, and each batch's records are asked for together
     /// ahead of their reads ([`ShardData::plan_read`]).
     pub(crate) fn ready_for(&self, set: &SetPrefetch) {

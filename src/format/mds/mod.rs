@@ -160,9 +160,9 @@ impl Mds {
             &mut notices,
         )?;
         let mut shards = Vec::with_capacity(present.len());
-        let prefetch = crate::pagecache::SetPrefetch::for_files(
-            present.iter().map(|entry| dir.join(&entry.raw.0)),
-        );
+        // By the shards' sizes the index gives (a compressed shard's raw file may be absent).
+        let prefetch =
+            crate::pagecache::SetPrefetch::for_total(present.iter().map(|entry| entry.raw.1).sum());
         for entry in present {
             let (raw_name, raw_bytes) = &entry.raw;
             let raw = dir.join(raw_name);

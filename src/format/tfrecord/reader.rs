@@ -742,8 +742,11 @@ impl RecordReader for RecordsReader {
             }
             let (number, within) = self.shared.locate_number(index);
             let shard = &self.shared.shards[number];
-            let (offset, len) = shard.records[within];
-            shard.data.plan_read(offset, len);
+            // (A damaged stretch the open's scan found is never read.)
+            if !shard.damaged.contains_key(&within) {
+                let (offset, len) = shard.records[within];
+                shard.data.plan_read(offset, len);
+            }
         }
     }
 

@@ -452,7 +452,10 @@ impl RecordReader for WebDatasetReader {
         for &index in indices.iter().filter(|&&i| i < shared.info.num_samples) {
             let (number, within) = shared.locate_number(index);
             let shard = &shared.shards[number];
-            if let Some(span) = shard.samples.get(within) {
+            // (A damaged stretch the open's walk found is never read.)
+            if let Some(span) = shard.samples.get(within)
+                && !shard.damaged.contains_key(&within)
+            {
                 shard.data.plan_read(span.offset, span.len);
             }
         }
