@@ -158,12 +158,11 @@ impl RecordReader for JoinedReader {
 
     /// Passes each part the records of its own, in order (numbered within the part).
     fn plan_reads(&mut self, indices: &[usize]) {
-        let total = self.starts.last().copied().unwrap_or(0);
         for (part, reader) in self.readers.iter_mut().enumerate() {
             let (start, end) = (self.starts[part], self.starts[part + 1]);
             let own: Vec<usize> = indices
                 .iter()
-                .filter(|&&i| i >= start && i < end && i < total)
+                .filter(|&&i| i >= start && i < end)
                 .map(|&i| i - start)
                 .collect();
             if !own.is_empty() {

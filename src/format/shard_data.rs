@@ -94,6 +94,17 @@ impl Mapped {
     }
 }
 
+/// Readies every shard of a set of `total` bytes for its readers ([`ShardData::ready_for`]),
+/// by what [`SetPrefetch`] plans for that size: for a set opened without reading it through
+/// (one in object storage, fetched into the cache).
+#[cfg(feature = "remote")]
+pub(crate) fn ready_set<'a>(shards: impl IntoIterator<Item = &'a ShardData>, total: u64) {
+    let set = SetPrefetch::for_total(total);
+    for shard in shards {
+        shard.ready_for(&set);
+    }
+}
+
 /// Where a shard's bytes come from.
 enum Source {
     Local(Arc<Mapped>),

@@ -284,13 +284,8 @@ fn the_named_remedy_makes_a_plugin_filter_readable() {
         .unwrap();
     let plugins = String::from_utf8(plugins.stdout).unwrap();
     for (env, opens) in [(None, false), (Some(plugins.trim()), true)] {
-        let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+        let mut child = support::test_alone(module_path!(), "child_opens_a_file");
         child
-            .args([
-                "--exact",
-                &support::test_path(module_path!(), "child_opens_a_file"),
-                "--nocapture",
-            ])
             .env("IMAGEFEED_TEST_OPEN", dir.path().join("zstd.h5"))
             .env_remove("HDF5_PLUGIN_PATH");
         if let Some(path) = env {
@@ -447,12 +442,7 @@ fn chunked_pixel_arrays_read_as_h5py_reads_them_in_any_order() {
     // With the default cache (every row kept), then in a child with none (every chunk decoded
     // for each sample that needs it).
     check_chunked_files(dir.path());
-    let output = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            &support::test_path(module_path!(), "child_checks_chunked_files"),
-            "--nocapture",
-        ])
+    let output = support::test_alone(module_path!(), "child_checks_chunked_files")
         .env("IMAGEFEED_TEST_CHUNKED", dir.path())
         .env("IMAGEFEED_HDF5_CHUNK_CACHE_MIB", "0")
         .output()

@@ -1857,13 +1857,7 @@ fn a_record_damaged_on_disk_is_a_corrupt_bad_sample_naming_its_key() {
 /// no other test's thread is running when it forks.
 #[test]
 fn a_loader_dropped_in_a_forked_child_is_quiet() {
-    let output = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            &support::test_path(module_path!(), "loader_fork_child"),
-            "--nocapture",
-            "--test-threads=1",
-        ])
+    let output = support::test_alone(module_path!(), "loader_fork_child")
         .env("IMAGEFEED_TEST_LOADER_FORK", "1")
         .output()
         .unwrap();

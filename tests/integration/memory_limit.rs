@@ -172,7 +172,7 @@ fn datasets_larger_than_the_memory_limit_read_the_same() {
     // cache, and read from there.
     #[cfg_attr(not(feature = "remote"), allow(unused_mut))]
     let mut urls: Vec<String> = Vec::new();
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+    let mut child = support::test_alone(module_path!(), "larger_than_memory_child");
     #[cfg(feature = "remote")]
     if let Some(server) = support::s3::server() {
         let bucket = server.bucket(&support::s3::unique_bucket("memory-limit"));
@@ -186,12 +186,6 @@ fn datasets_larger_than_the_memory_limit_read_the_same() {
         child.env("IMAGEFEED_CACHE_DIR", dir.path().join("cache"));
     }
     child
-        .args([
-            "--exact",
-            &support::test_path(module_path!(), "larger_than_memory_child"),
-            "--nocapture",
-            "--test-threads=1",
-        ])
         .env(CHILD_DIR, dir.path())
         .env(CHILD_URLS, urls.join(","));
     let datasets = 6 + urls.len();

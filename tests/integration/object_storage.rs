@@ -373,13 +373,7 @@ fn a_forked_child_reads_from_s3_on_its_own() {
     let local = packed_records(dir.path());
     let bucket = server.bucket(&unique_bucket("fork"));
     server.upload_dir(&local, &bucket, "ds");
-    let output = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            &support::test_path(module_path!(), "fork_child"),
-            "--nocapture",
-            "--test-threads=1",
-        ])
+    let output = support::test_alone(module_path!(), "fork_child")
         .env("IMAGEFEED_TEST_FORK_URL", format!("s3://{bucket}/ds"))
         .env("IMAGEFEED_TEST_ENDPOINT", &server.endpoint)
         .env("IMAGEFEED_CACHE_DIR", dir.path().join("fork-cache"))

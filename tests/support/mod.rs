@@ -342,6 +342,20 @@ pub fn python_rows(python: &str, script: &str, args: &[&Path]) -> Vec<(String, u
         .collect()
 }
 
+/// A command that runs test `test` of this test binary alone in a child process (the caller's
+/// `module_path!()` as `module_path`, see [`test_path`]), its output not captured: for tests
+/// that need a process to themselves (a fork, or an environment of their own).
+pub fn test_alone(module_path: &str, test: &str) -> Command {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command.args([
+        "--exact",
+        &test_path(module_path, test),
+        "--nocapture",
+        "--test-threads=1",
+    ]);
+    command
+}
+
 /// The name libtest knows a test by, for re-running one test of this binary in a child process
 /// (`--exact`): `module_path` is the caller's `module_path!()`, whose first segment (the test
 /// crate) libtest leaves out.

@@ -106,24 +106,26 @@ impl MapBounds {
     /// file the page cache cannot hold evicts what later reads need. What still faults is the
     /// search for a folder2lmdb file's values (its leaf pages, mostly cached).
     pub(super) fn read_at_random(&self) {
-        for &(start, end) in self.0.iter().flat_map(|ranges| ranges.iter()) {
-            // SAFETY: advice on a range liblmdb mapped in this process (read from
-            // /proc/self/maps: page-aligned, alive as long as the environment, which the
-            // caller holds); MADV_RANDOM changes no byte and no mapping, only read-ahead.
-            unsafe {
-                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_RANDOM);
-            }
-        }
+        self.advise(libc::MADV_RANDOM);
     }
 
     /// Pages out what this process has mapped of the file (`MADV_PAGEOUT`), so that a test can
     /// evict it from the page cache (a mapped page is not dropped).
     #[cfg(test)]
     pub(super) fn page_out(&self) {
+        self.advise(libc::MADV_PAGEOUT);
+    }
+
+    /// `madvise(advice)` on every map of the file.
+    fn advise(&self, advice: libc::c_int) {
         for &(start, end) in self.0.iter().flat_map(|ranges| ranges.iter()) {
-            // SAFETY: advice on liblmdb's live, page-aligned map of the file; it changes no
-            // byte (a clean page paged out is read again when next touched).
-            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_PAGEOUT) };
+            // SAFETY: advice on a range liblmdb mapped in this process (read from
+            // /proc/self/maps: page-aligned, alive as long as the environment, which the
+            // caller holds); the advice used (random, page out) changes no byte and no
+            // mapping: a clean page paged out is read again when next touched.
+            unsafe {
+                libc::madvise(start as *mut libc::c_void, end - start, advice);
+            }
         }
     }
 

@@ -98,10 +98,7 @@ pub(crate) fn open(
         )?);
     }
     // A set larger than memory is read at random from the cache (`Mapped::ready_for`).
-    let prefetch =
-        crate::pagecache::SetPrefetch::for_total(wanted.iter().map(|((o, _), _)| o.size).sum());
-    for shard in &shards {
-        shard.data.ready_for(&prefetch);
-    }
+    let total = wanted.iter().map(|((object, _), _)| object.size).sum();
+    crate::format::shard_data::ready_set(shards.iter().map(|s| &*s.data), total);
     assemble(&label, index.layout, shards, options, notices, missing)
 }

@@ -123,7 +123,8 @@ pub(crate) fn open_ours(
         })
     })?;
     let lens: Vec<u64> = entries.iter().map(|(shard, _, _)| shard.size).collect();
-    ready_for_set(&shards, lens.iter().sum());
+    // A set larger than memory is read at random from the cache (`Mapped::ready_for`).
+    crate::format::shard_data::ready_set(shards.iter().map(|s| &*s.data), lens.iter().sum());
     assemble_ours(&label, &manifest_label, manifest, dropped, shards, &lens)
 }
 
@@ -159,21 +160,13 @@ pub(crate) fn open_foreign(
             ),
         );
     }
-    ready_for_set(&shards, objects.iter().map(|o| o.size).sum());
+    let total = objects.iter().map(|o| o.size).sum();
+    crate::format::shard_data::ready_set(shards.iter().map(|s| &*s.data), total);
     let single = match objects {
         [one] => Some(PathBuf::from(one.url.to_string())),
         _ => None,
     };
     assemble_foreign(&label, shards, set, options, single.as_deref(), notices)
-}
-
-/// Readies the shards of a set of `total` bytes for its readers: where the set is larger than
-/// memory, each shard's cache entry is read at random once fetched (`Mapped::ready_for`).
-fn ready_for_set(shards: &[Shard], total: u64) {
-    let set = crate::pagecache::SetPrefetch::for_total(total);
-    for shard in shards {
-        shard.data.ready_for(&set);
-    }
 }
 
 /// The damage a scan found in `shard`, for the notices.

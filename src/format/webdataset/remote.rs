@@ -60,9 +60,7 @@ pub(crate) fn open(
         shards.push(walked(&path, mapped, &mut notices));
     }
     // A set larger than memory is read at random from the cache (`Mapped::ready_for`).
-    let prefetch = crate::pagecache::SetPrefetch::for_total(objects.iter().map(|o| o.size).sum());
-    for shard in &shards {
-        shard.data.ready_for(&prefetch);
-    }
+    let total = objects.iter().map(|o| o.size).sum();
+    crate::format::shard_data::ready_set(shards.iter().map(|s| &*s.data), total);
     assemble(&label, shards, set, options, notices)
 }
