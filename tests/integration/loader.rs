@@ -1858,6 +1858,7 @@ fn a_record_damaged_on_disk_is_a_corrupt_bad_sample_naming_its_key() {
 #[test]
 fn a_loader_dropped_in_a_forked_child_is_quiet() {
     let output = support::test_alone(module_path!(), "loader_fork_child")
+        .arg("--test-threads=1")
         .env("IMAGEFEED_TEST_LOADER_FORK", "1")
         .output()
         .unwrap();

@@ -186,6 +186,7 @@ fn datasets_larger_than_the_memory_limit_read_the_same() {
         child.env("IMAGEFEED_CACHE_DIR", dir.path().join("cache"));
     }
     child
+        .arg("--test-threads=1")
         .env(CHILD_DIR, dir.path())
         .env(CHILD_URLS, urls.join(","));
     let datasets = 6 + urls.len();

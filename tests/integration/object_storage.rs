@@ -374,6 +374,7 @@ fn a_forked_child_reads_from_s3_on_its_own() {
     let bucket = server.bucket(&unique_bucket("fork"));
     server.upload_dir(&local, &bucket, "ds");
     let output = support::test_alone(module_path!(), "fork_child")
+        .arg("--test-threads=1")
         .env("IMAGEFEED_TEST_FORK_URL", format!("s3://{bucket}/ds"))
         .env("IMAGEFEED_TEST_ENDPOINT", &server.endpoint)
         .env("IMAGEFEED_CACHE_DIR", dir.path().join("fork-cache"))

@@ -344,15 +344,11 @@ pub fn python_rows(python: &str, script: &str, args: &[&Path]) -> Vec<(String, u
 
 /// A command that runs test `test` of this test binary alone in a child process (the caller's
 /// `module_path!()` as `module_path`, see [`test_path`]), its output not captured: for tests
-/// that need a process to themselves (a fork, or an environment of their own).
+/// that need a process to themselves (a fork, or an environment of their own). (With
+/// `--test-threads=1` added, libtest prints the test's name on the line its output starts.)
 pub fn test_alone(module_path: &str, test: &str) -> Command {
     let mut command = Command::new(std::env::current_exe().unwrap());
-    command.args([
-        "--exact",
-        &test_path(module_path, test),
-        "--nocapture",
-        "--test-threads=1",
-    ]);
+    command.args(["--exact", &test_path(module_path, test), "--nocapture"]);
     command
 }
 
