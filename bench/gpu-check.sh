@@ -62,7 +62,7 @@ for line in sys.stdin:
     done | sort -u | grep -v -E '/(libc|libm|libdl|libpthread|librt|libresolv|libgcc_s|ld-linux[^/]*)\.so' |
         while read -r lib; do cp -L "$lib" "$dir/payload/lib/"; done
     ldd --version | head -1 | awk '{print $NF}' >"$dir/payload/glibc-built-with"
-    cp bench/torch_baseline.py "$dir/payload/"
+    cp bench/torch_baseline.py bench/cold_warm.sh "$dir/payload/"
     echo "== the Python package: the wheel, its tests and pytest's wheels (the GPU machine has no network)"
     make python
     mkdir -p "$dir/payload/wheels" "$dir/payload/python" "$dir/payload/fixtures" "$dir/payload/examples"
@@ -311,6 +311,12 @@ EOF
             done
         fi
     fi
+    if [ "$part" != gpu ]; then
+        # Issue 34's cold target on this machine's disk: warm, reopened and cold epochs of the
+        # CIFAR-10 test set, 2 workers, plain and with shared JPEG headers.
+        step "pack CIFAR-10 test set as LMDB with shared headers" "$B/pack-dataset" imagefolder2lmdb work/cifar10-test work/cifar-shared.lmdb --shared-headers --force -q --threads "$(nproc)"
+        step "cold against warm, CIFAR-10 LMDB, 2 workers" bash payload/cold_warm.sh "$B/imagefeed-bench" 3 work/cifar.lmdb work/cifar-shared.lmdb
+    fi
     local w
     [ "$part" = gpu ] && LOAD_WORKERS=""
     for w in ${LOAD_WORKERS-1 2 4 8 16}; do
@@ -331,6 +337,7 @@ EOF
     # pytest -q ends with "N passed, M skipped in T s" at the start of a line (cargo's own
     # counts follow "test result:"), and python_loader.py prints a table of loops.
     summary python "^[0-9]+ (passed|failed|skipped|error)|^(FAILED|ERROR) |^\\| (Python|Rust|PyTorch)"
+    summary cold "^[0-9]+ cifar(-shared)?\\.lmdb (warm|reopen|cold) "
     summary load "^== (load|torch DataLoader)|^epoch [0-9]+: [0-9]+ images in|\"event\": \"epoch\""
     if [ ${#failures[@]} -gt 0 ]; then
         printf 'failed: %s\n' "${failures[@]}"

@@ -107,11 +107,20 @@ fn stand_in_package(dir: &Path) {
         "echo 'test result: FAILED. 1 passed; 1 failed'; exit 101",
     );
     stub("test-gpu", "echo 'test result: ok. 3 passed'");
-    stub("imagefeed-bench", "echo \"bench $*\"");
+    // With --json, one epoch of 30 ms: what bench/cold_warm.sh reads.
+    stub(
+        "imagefeed-bench",
+        "echo \"bench $*\"; case \"$*\" in *--json*) echo '{\"event\": \"epoch\", \"seconds\": 0.03}';; esac",
+    );
     stub("pack-dataset", "echo \"pack $*\"");
     stub("train_cifar_gpu", "echo 'epoch 0: mean loss 2.0'; exit 1");
     fs::write(check.join("payload/glibc-built-with"), "2.0\n").unwrap();
     fs::write(check.join("payload/torch_baseline.py"), "").unwrap();
+    fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("cold_warm.sh"),
+        check.join("payload/cold_warm.sh"),
+    )
+    .unwrap();
     let tar = |args: &[&str]| {
         let status = Command::new("tar")
             .args(args)
@@ -184,6 +193,7 @@ fn part_gpu_and_part_load_split_the_run_and_a_wrong_part_is_refused() {
         !out.contains("bench load"),
         "PART=gpu runs no loading step:\n{out}"
     );
+    assert!(!out.contains("== cold against warm"), "{out}");
 
     let load = run_part(&["run", "gpu-check"], dir.path(), Some("load"));
     let out = text(&load);
@@ -195,6 +205,22 @@ fn part_gpu_and_part_load_split_the_run_and_a_wrong_part_is_refused() {
         out.contains("bench load work/cifar.lmdb --batch-size 256 --workers 16"),
         "{out}"
     );
+    // Issue 34's cold target: warm, reopened and cold epochs of both CIFAR-10 packs, in the
+    // summary with their median epoch in ms.
+    assert!(
+        out.contains(
+            "pack imagefolder2lmdb work/cifar10-test work/cifar-shared.lmdb --shared-headers"
+        ),
+        "{out}"
+    );
+    let summary = out.split("== summary").nth(1).expect("a summary");
+    for line in [
+        "cold: 1 cifar.lmdb warm 30.0",
+        "cold: 3 cifar-shared.lmdb reopen 30.0",
+        "cold: 3 cifar-shared.lmdb cold 30.0",
+    ] {
+        assert!(summary.contains(line), "missing {line:?}:\n{summary}");
+    }
     assert!(
         !out.contains("== GPU"),
         "PART=load runs no GPU step:\n{out}"
