@@ -844,6 +844,39 @@ fn a_resumed_epoch_is_over_only_when_no_rank_has_a_batch_left() {
 }
 
 #[test]
+fn a_new_loader_writes_the_same_batches_over_memory_an_old_one_left() {
+    // Batch buffers of 1 MiB and more outlive their loader for a moment, and the process's
+    // next loader takes them as they were left: every byte a batch shows must be its own.
+    let dir = tempfile::tempdir().unwrap();
+    let (_, lmdb, _) = datasets(dir.path());
+    // 112x112 f32 slots, 8 a batch: 1.2 MB buffers; 30 samples, the last batch short.
+    let large = |seed| config(rrc(112), 2, 2).with_batch_size(8).with_seed(seed);
+    let digest = |seed| epoch_digest(&Loader::new(Arc::clone(&lmdb), large(seed)).unwrap(), 0);
+    let first = digest(7);
+    for seed in [8, 9] {
+        assert_ne!(digest(seed), first, "other pixels in the same buffers");
+    }
+    assert_eq!(digest(7), first);
+    // Batches the skip policy shortens (4 bad files of 20) and a short last batch.
+    let skipping = || {
+        Loader::new(
+            format::open(fixture_root()).unwrap(),
+            LoaderConfig::default()
+                .with_batch_size(8)
+                .with_workers(2)
+                .with_seed(1)
+                .with_transform(rrc(112))
+                .with_bad_samples(BadSamplePolicy::Skip)
+                .with_max_bad(None),
+        )
+        .unwrap()
+    };
+    let first = epoch_digest(&skipping(), 0);
+    assert_ne!(digest(8), first);
+    assert_eq!(epoch_digest(&skipping(), 0), first);
+}
+
+#[test]
 fn steady_state_allocates_no_batch_memory() {
     let dir = tempfile::tempdir().unwrap();
     let (_, lmdb, _) = datasets(dir.path());
