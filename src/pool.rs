@@ -143,6 +143,24 @@ impl AlignedBuffer {
     }
 }
 
+impl AlignedBuffer {
+    /// Whether a child forked later gets this mapping's contents (the default) or zeroed pages
+    /// in its place (`MADV_WIPEONFORK`, Linux 4.14+). Advice only; a heap block is left as it is.
+    fn inherit_on_fork(&self, inherit: bool) {
+        if self.mapped == 0 {
+            return;
+        }
+        let advice = if inherit {
+            libc::MADV_KEEPONFORK
+        } else {
+            libc::MADV_WIPEONFORK
+        };
+        // SAFETY: advice on exactly the private anonymous mapping this buffer owns; it changes
+        // no byte in this process.
+        unsafe { libc::madvise(self.ptr.as_ptr().cast(), self.mapped, advice) };
+    }
+}
+
 impl Drop for AlignedBuffer {
     fn drop(&mut self) {
         if self.mapped != 0 {
@@ -211,7 +229,12 @@ impl BatchAllocator for HeapAllocator {
     fn try_allocate(&self, bytes: usize) -> Option<Box<dyn BatchMemory>> {
         let buffer = match SPARE.take(bytes) {
             Some(spare) => spare,
-            None => AlignedBuffer::try_new(bytes)?,
+            // Where fresh memory cannot be had (`ulimit -v`, a full machine), the spares give
+            // theirs back first: keeping them must never fail an allocation.
+            None => AlignedBuffer::try_new(bytes).or_else(|| {
+                SPARE.clear();
+                AlignedBuffer::try_new(bytes)
+            })?,
         };
         Some(Box::new(HeapBlock {
             buffer: Some(buffer),
@@ -259,8 +282,11 @@ impl Drop for HeapBlock {
 /// ones no allocation took in time, and ends when none is left. Every lock on the shared list
 /// from an allocation or a drop is a `try_lock` that gives up when another thread holds it
 /// (the buffer is then mapped or unmapped as without the list), so a child forked while
-/// another thread held it never waits for it; and a child drops what it inherited from its
-/// parent instead of handing it out (it has no thread to unmap it in time).
+/// another thread held it never waits for it. Kept buffers are marked `MADV_WIPEONFORK`, so a
+/// forked child holds zeroed pages in their place rather than copies, and a child drops the
+/// list it inherited at its first allocation or drop instead of handing it out. A buffer
+/// serves a request of its size to half its size only: a next loader of another size maps
+/// fresh memory while these are kept (at most `limit` bytes for `kept_for` more).
 pub(crate) struct SpareBuffers {
     state: Mutex<SpareState>,
     limit: usize,
@@ -328,14 +354,30 @@ impl SpareBuffers {
                 .filter(|(_, (b, _))| b.len >= bytes && b.len / 2 <= bytes)
                 .min_by_key(|(_, (b, _))| b.len)
                 .map(|(i, _)| i);
-            let taken = best.map(|i| state.buffers.swap_remove(i).0);
+            // `remove`, not `swap_remove`: the list stays oldest first for `offer`.
+            let taken = best.map(|i| state.buffers.remove(i).0);
             if let Some(b) = &taken {
                 state.bytes -= b.len;
             }
             (taken, inherited)
         };
         drop(inherited);
+        if let Some(b) = &taken {
+            b.inherit_on_fork(true);
+        }
         taken
+    }
+
+    /// Unmaps every kept buffer (where no other thread holds the list).
+    fn clear(&self) {
+        let cleared = match self.try_state() {
+            Some(mut state) => {
+                state.bytes = 0;
+                std::mem::take(&mut state.buffers)
+            }
+            None => return,
+        };
+        drop(cleared);
     }
 
     /// Keeps `buffer` if it is mapped and fits under the limit (making room by unmapping the
@@ -344,6 +386,8 @@ impl SpareBuffers {
         if buffer.mapped == 0 || buffer.len > self.limit {
             return;
         }
+        // A child forked while it is kept gets zeroed pages in its place, not a copy of it.
+        buffer.inherit_on_fork(false);
         let Some(mut state) = self.try_state() else {
             return;
         };
@@ -795,6 +839,67 @@ mod tests {
         assert_eq!(inherited.len(), 1);
         assert!(state.buffers.is_empty());
         assert_eq!((state.bytes, state.reaping, state.pid), (0, false, 101));
+    }
+
+    #[test]
+    fn after_a_take_the_oldest_spare_is_still_the_first_unmapped() {
+        let spares = spares(6 << 20, Duration::from_secs(600));
+        let offer = |n: usize| {
+            let b = AlignedBuffer::new(2 << 20);
+            let addr = b.as_slice().as_ptr() as usize;
+            spares.offer(b);
+            (n, addr)
+        };
+        let (_, a) = offer(0);
+        let (_, b) = offer(1);
+        let (_, c) = offer(2);
+        let taken = spares.take(2 << 20).unwrap();
+        assert_eq!(
+            taken.as_slice().as_ptr() as usize,
+            a,
+            "the oldest fitting one"
+        );
+        offer(3);
+        // Full: a fifth makes room by unmapping the oldest left, `b`.
+        offer(4);
+        let mut left = Vec::new();
+        while let Some(x) = spares.take(2 << 20) {
+            left.push(x.as_slice().as_ptr() as usize);
+            std::mem::forget(x);
+        }
+        std::mem::forget(taken);
+        assert_eq!(left.len(), 3);
+        assert!(!left.contains(&b) && left.contains(&c), "{left:?}");
+    }
+
+    #[test]
+    fn a_forked_child_gets_zeroed_pages_where_a_spare_is_kept() {
+        let spares = spares(16 << 20, Duration::from_secs(600));
+        let mut buffer = AlignedBuffer::new(2 << 20);
+        buffer.as_mut_slice().fill(7);
+        let addr = buffer.as_slice().as_ptr() as usize;
+        spares.offer(buffer);
+        // SAFETY: the child only reads memory and exits without unwinding.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            // SAFETY: the kept buffer's mapping, still mapped in the child.
+            let wiped = unsafe { std::slice::from_raw_parts(addr as *const u8, 2 << 20) }
+                .iter()
+                .all(|&x| x == 0);
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(if wiped { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child just forked.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the child saw the parent's bytes (status {status})"
+        );
+        // In the parent the spare is as it was, and once taken again it is inherited as usual.
+        let taken = spares.take(2 << 20).unwrap();
+        assert!(taken.as_slice().iter().all(|&x| x == 7));
     }
 
     #[test]
