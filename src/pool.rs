@@ -124,6 +124,22 @@ impl AlignedBuffer {
         AlignedBuffer::advised(ptr, len, kept)
     }
 
+    /// Whether a child forked later gets this mapping's contents (the default) or zeroed pages
+    /// in its place (`MADV_WIPEONFORK`, Linux 4.14+). Advice only; a heap block is left as it is.
+    fn inherit_on_fork(&self, inherit: bool) {
+        if self.mapped == 0 {
+            return;
+        }
+        let advice = if inherit {
+            libc::MADV_KEEPONFORK
+        } else {
+            libc::MADV_WIPEONFORK
+        };
+        // SAFETY: advice on exactly the private anonymous mapping this buffer owns; it changes
+        // no byte in this process.
+        unsafe { libc::madvise(self.ptr.as_ptr().cast(), self.mapped, advice) };
+    }
+
     /// The buffer of `len` bytes at `ptr`, a mapping of `mapped` bytes, with `MADV_HUGEPAGE`
     /// over the whole huge pages inside `len`. Advice only; where it is refused, 4 KiB pages
     /// serve as well. (With THP's defrag set to "madvise", a first touch may compact memory to
@@ -140,24 +156,6 @@ impl AlignedBuffer {
             len,
             mapped,
         })
-    }
-}
-
-impl AlignedBuffer {
-    /// Whether a child forked later gets this mapping's contents (the default) or zeroed pages
-    /// in its place (`MADV_WIPEONFORK`, Linux 4.14+). Advice only; a heap block is left as it is.
-    fn inherit_on_fork(&self, inherit: bool) {
-        if self.mapped == 0 {
-            return;
-        }
-        let advice = if inherit {
-            libc::MADV_KEEPONFORK
-        } else {
-            libc::MADV_WIPEONFORK
-        };
-        // SAFETY: advice on exactly the private anonymous mapping this buffer owns; it changes
-        // no byte in this process.
-        unsafe { libc::madvise(self.ptr.as_ptr().cast(), self.mapped, advice) };
     }
 }
 
@@ -206,9 +204,9 @@ fn out_of_memory(len: usize) -> ! {
 }
 
 /// The default allocator: [`AlignedBuffer`]s, zeroed when new. Those of 1 MiB or more go to
-/// the process's spare buffers when dropped (kept at most 2 s, 256 MiB in all), and a later allocation of about their size
-/// takes one back as it is (holding what was last written to it) instead of mapping memory
-/// the kernel must zero.
+/// the process's spare buffers when dropped (kept at most 2 s, 256 MiB in all), and a later
+/// allocation of about their size takes one back as it is (holding what was last written to
+/// it) instead of mapping memory the kernel must zero.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct HeapAllocator;
 
@@ -236,38 +234,28 @@ impl BatchAllocator for HeapAllocator {
                 AlignedBuffer::try_new(bytes)
             })?,
         };
-        Some(Box::new(HeapBlock {
-            buffer: Some(buffer),
-            spares: &SPARE,
-        }))
+        Some(Box::new(HeapBlock(Some(buffer))))
     }
 }
 
-/// What [`HeapAllocator`] hands out: an [`AlignedBuffer`] that is offered to the process's
-/// spare buffers when dropped.
-struct HeapBlock {
-    /// Present until drop.
-    buffer: Option<AlignedBuffer>,
-    spares: &'static SpareBuffers,
-}
+/// What [`HeapAllocator`] hands out: an [`AlignedBuffer`] (present until drop) that is
+/// offered to the process's spare buffers when dropped.
+struct HeapBlock(Option<AlignedBuffer>);
 
 impl BatchMemory for HeapBlock {
     fn as_slice(&self) -> &[u8] {
-        self.buffer.as_ref().expect("present until drop").as_slice()
+        self.0.as_ref().expect("present until drop").as_slice()
     }
 
     fn as_mut_slice(&mut self) -> &mut [u8] {
-        self.buffer
-            .as_mut()
-            .expect("present until drop")
-            .as_mut_slice()
+        self.0.as_mut().expect("present until drop").as_mut_slice()
     }
 }
 
 impl Drop for HeapBlock {
     fn drop(&mut self) {
-        if let Some(buffer) = self.buffer.take() {
-            self.spares.offer(buffer);
+        if let Some(buffer) = self.0.take() {
+            SPARE.offer(buffer);
         }
     }
 }
@@ -296,15 +284,18 @@ pub(crate) struct SpareBuffers {
 struct SpareState {
     /// The process the buffers were kept in (0 before the first).
     pid: u32,
-    /// Each buffer with when it was offered.
+    /// Each buffer with when it was offered, oldest first.
     buffers: Vec<(AlignedBuffer, Instant)>,
-    /// Their bytes.
-    bytes: usize,
     /// Whether the thread that unmaps expired buffers is running.
     reaping: bool,
 }
 
 impl SpareState {
+    /// The bytes of the buffers kept.
+    fn bytes(&self) -> usize {
+        self.buffers.iter().map(|(b, _)| b.len).sum()
+    }
+
     /// Buffers inherited from another process (this one is a forked child): taken out, to be
     /// unmapped by the caller.
     fn adopt(&mut self, pid: u32) -> Vec<(AlignedBuffer, Instant)> {
@@ -312,7 +303,6 @@ impl SpareState {
             return Vec::new();
         }
         self.pid = pid;
-        self.bytes = 0;
         self.reaping = false;
         std::mem::take(&mut self.buffers)
     }
@@ -325,7 +315,6 @@ impl SpareBuffers {
             state: Mutex::new(SpareState {
                 pid: 0,
                 buffers: Vec::new(),
-                bytes: 0,
                 reaping: false,
             }),
             limit,
@@ -356,9 +345,6 @@ impl SpareBuffers {
                 .map(|(i, _)| i);
             // `remove`, not `swap_remove`: the list stays oldest first for `offer`.
             let taken = best.map(|i| state.buffers.remove(i).0);
-            if let Some(b) = &taken {
-                state.bytes -= b.len;
-            }
             (taken, inherited)
         };
         drop(inherited);
@@ -370,13 +356,11 @@ impl SpareBuffers {
 
     /// Unmaps every kept buffer (where no other thread holds the list).
     fn clear(&self) {
-        let cleared = match self.try_state() {
-            Some(mut state) => {
-                state.bytes = 0;
-                std::mem::take(&mut state.buffers)
-            }
-            None => return,
+        let Some(mut state) = self.try_state() else {
+            return;
         };
+        let cleared = std::mem::take(&mut state.buffers);
+        drop(state);
         drop(cleared);
     }
 
@@ -392,12 +376,9 @@ impl SpareBuffers {
             return;
         };
         let mut unmapped = state.adopt(std::process::id());
-        while state.bytes + buffer.len > self.limit && !state.buffers.is_empty() {
-            let (oldest, _) = state.buffers.remove(0);
-            state.bytes -= oldest.len;
-            unmapped.push((oldest, Instant::now()));
+        while state.bytes() + buffer.len > self.limit && !state.buffers.is_empty() {
+            unmapped.push(state.buffers.remove(0));
         }
-        state.bytes += buffer.len;
         state.buffers.push((buffer, Instant::now()));
         if !state.reaping {
             let started = std::thread::Builder::new()
@@ -406,10 +387,7 @@ impl SpareBuffers {
             // Without the thread nothing would unmap them in time: keep none.
             match started {
                 Ok(_) => state.reaping = true,
-                Err(_) => {
-                    state.bytes = 0;
-                    unmapped.append(&mut state.buffers);
-                }
+                Err(_) => unmapped.append(&mut state.buffers),
             }
         }
         drop(state);
@@ -426,7 +404,6 @@ impl SpareBuffers {
                     .into_iter()
                     .partition(|(_, at)| now.duration_since(*at) >= self.kept_for);
                 state.buffers = kept;
-                state.bytes = state.buffers.iter().map(|(b, _)| b.len).sum();
                 let next = state.buffers.iter().map(|(_, at)| *at).min();
                 if next.is_none() {
                     state.reaping = false;
@@ -447,7 +424,7 @@ impl SpareBuffers {
     /// Bytes kept now.
     #[cfg(test)]
     fn bytes(&self) -> usize {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).bytes
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).bytes()
     }
 }
 
@@ -817,7 +794,6 @@ mod tests {
         let mut state = SpareState {
             pid: 0,
             buffers: Vec::new(),
-            bytes: 0,
             reaping: false,
         };
         assert!(
@@ -827,7 +803,6 @@ mod tests {
         state
             .buffers
             .push((AlignedBuffer::new(2 << 20), Instant::now()));
-        state.bytes = 2 << 20;
         state.reaping = true;
         assert!(
             state.adopt(100).is_empty(),
@@ -838,7 +813,7 @@ mod tests {
         let inherited = state.adopt(101);
         assert_eq!(inherited.len(), 1);
         assert!(state.buffers.is_empty());
-        assert_eq!((state.bytes, state.reaping, state.pid), (0, false, 101));
+        assert_eq!((state.bytes(), state.reaping, state.pid), (0, false, 101));
     }
 
     #[test]
@@ -911,7 +886,7 @@ mod tests {
         assert!(spares.take(2 << 20).is_none());
         spares.offer(AlignedBuffer::new(2 << 20));
         assert_eq!(
-            held.bytes,
+            held.bytes(),
             2 << 20,
             "the second offer was unmapped, not kept"
         );
