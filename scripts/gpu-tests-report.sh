@@ -4,9 +4,12 @@
 # skipped, and why: under `cargo test` a skipped GPU test shows as "ok" among the rest.
 # CARGO_PROFILE_ARGS (e.g. --release) picks the build. REQUIRE_FAKE=1: fail unless every test
 # ran on the fake driver.
+# `--workspace`: the features every member asks of the library (cli, remote, fuzzing), as
+# `cargo test --workspace` just built it; `-p imagefeed` alone would build the library and a
+# dozen dependencies again with the library's own (~100 s of `make test` on 2 cores).
 set -uo pipefail
 cargo=${CARGO:-cargo}
-out=$($cargo test ${CARGO_PROFILE_ARGS:-} -p imagefeed --test gpu -- --nocapture --test-threads 1 2>&1)
+out=$($cargo test ${CARGO_PROFILE_ARGS:-} --workspace --test gpu -- --nocapture --test-threads 1 2>&1)
 status=$?
 # (With --nocapture a test's "ok" may land on a line of its own: count from the result line.)
 passed=$(grep -m1 '^test result:' <<<"$out" | grep -o '[0-9]* passed' | grep -o '[0-9]*')

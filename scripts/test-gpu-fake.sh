@@ -14,8 +14,9 @@ export LD_LIBRARY_PATH="$fake${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 REQUIRE_FAKE=1 CARGO=$cargo scripts/gpu-tests-report.sh
 
-$cargo build -q -p imagefeed --example train_cifar_gpu
-$cargo build -q -p pack-dataset
+# With the workspace's features and an example (so its dev-dependencies' features too) this is
+# what `cargo test --workspace` built: nothing compiles again in `make test`.
+$cargo build -q --workspace --example train_cifar_gpu --bin pack-dataset
 data=$root/target/gpu-fake-data
 if ! [ -d "$data" ]; then
     target/debug/pack-dataset synth "$data.tmp" --classes 10 --per-class 40 --size 32x32 >/dev/null
