@@ -764,6 +764,39 @@ mod tests {
     }
 
     #[test]
+    fn a_file_replaced_by_rename_while_open_is_refused_until_its_handle_goes() {
+        // A new pack renamed over a path this process still reads (how `pack-dataset` publishes
+        // one). The handle keeps reading the file it opened (its map holds that inode); a second
+        // open is FileChanged naming the path, not the new file's samples read through the old
+        // environment (liblmdb keeps one per path); once the handle is gone, the path opens as
+        // the new file.
+        use crate::dataset::Dataset as _;
+        let dir = tempfile::tempdir().unwrap();
+        let out = packed(dir.path(), "renamed", 2, 4, 32);
+        let newer = packed(dir.path(), "newer", 3, 2, 24);
+        let first = Lmdb::open(&out).unwrap();
+        let mut reader = first.open_reader().unwrap();
+        let mut read = |index| {
+            let record = reader.read(index).unwrap();
+            (record.label, record.key.to_owned(), record.payload.to_vec())
+        };
+        let before = read(7);
+        fs::rename(&newer, &out).unwrap();
+        match Lmdb::open(&out) {
+            Err(Error::FileChanged { path, .. }) => assert_eq!(path, out),
+            Err(other) => panic!("expected FileChanged, got {other}"),
+            Ok(_) => panic!("opened a file renamed over one this process holds open"),
+        }
+        assert_eq!(read(7), before);
+        drop(reader);
+        drop(first);
+        let again = Lmdb::open(&out).unwrap();
+        assert_eq!((again.info.num_samples, again.info.classes.len()), (6, 3));
+        let mut reader = again.open_reader().unwrap();
+        assert!(reader.read(5).unwrap().key.starts_with("class02/"));
+    }
+
+    #[test]
     fn value_layout_round_trips() {
         let mut buf = Vec::new();
         encode_value(&mut buf, 7, "cat/ü.jpg", b"\xff\xd8payload");
