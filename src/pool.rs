@@ -395,7 +395,11 @@ impl SpareBuffers {
     }
 
     /// The thread that unmaps buffers kept longer than `kept_for`; ends when none is left.
+    /// It starts with the buffer just offered the only one kept (`offer` starts it where none
+    /// runs), so it first sleeps that buffer's time out: taking the lock at once would make an
+    /// allocation or drop right after the offer find the list held, and pass it by.
     fn reap(&self) {
+        std::thread::sleep(self.kept_for);
         loop {
             let (expired, wait) = {
                 let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
