@@ -11,9 +11,8 @@ use crate::dataset::{DatasetInfo, FormatKind};
 use crate::error::{Error, IoContext as _, Result};
 use crate::format::{InfoRecord, pickle};
 
-use super::reader::{
-    Layout, LmdbMeta, MapBounds, ReadEnv, check_lmdb_file, copied, meta_text, shared_read_env,
-};
+use super::env::{LmdbMeta, MapBounds, ReadEnv, check_lmdb_file, shared_read_env};
+use super::reader::{Layout, copied, meta_text};
 use super::tree::TreeRoot;
 use super::{INFO_KEY, Lmdb, MAGIC, META_DB, from_json};
 
@@ -194,7 +193,7 @@ pub(super) fn open_folder2lmdb(
         }
     };
     let len_value = get(b"__len__")?.ok_or_else(not_ours)?;
-    let map = super::reader::EnvMap::of(&bounds, len_value);
+    let map = super::env::EnvMap::of(&bounds, len_value);
     let len = match pickle::parse(&copied(path, &bounds, len_value)?) {
         Ok(pickle::Value::Int(n)) if n >= 0 => n as u64,
         _ => {

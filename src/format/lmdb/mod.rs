@@ -85,16 +85,18 @@ use crate::format::staging;
 use crate::format::writer::{PackPlan, PackProgress};
 use crate::format::{InfoRecord, Recognizer};
 
+mod env;
 mod foreign;
 mod reader;
 mod tree;
 mod writer;
 
 pub use crate::format::shared_headers::SharedHeaderSummary;
-pub(crate) use foreign::is_own_file;
-pub use reader::{Lmdb, has_magic};
+pub use env::has_magic;
 #[cfg(feature = "fuzzing")]
-pub(crate) use reader::{LmdbMeta, META_PAGE_BYTES};
+pub(crate) use env::{LmdbMeta, META_PAGE_BYTES};
+pub(crate) use foreign::is_own_file;
+pub use reader::Lmdb;
 pub use writer::LmdbWriter;
 
 /// The `magic` value in `meta/info`.

@@ -554,7 +554,7 @@ impl<'a> Walk<'a> {
     /// Reads both meta pages and takes the one liblmdb takes: the later transaction.
     fn start(path: &'a Path, file: Pages<'a>, file_len: u64) -> Result<Walk<'a>> {
         let damaged = |why: String| Error::not_a_dataset(path, format!("damaged LMDB: {why}"));
-        let mut meta = [0u8; super::reader::META_PAGE_BYTES];
+        let mut meta = [0u8; super::env::META_PAGE_BYTES];
         file.read_exact_at(&mut meta, 0).at(path)?;
         let page_size = u32_at(&meta, 40) as usize;
         if !(512..=65536).contains(&page_size) || !page_size.is_power_of_two() {
@@ -562,7 +562,7 @@ impl<'a> Walk<'a> {
                 "meta page 0 gives a page size of {page_size}"
             )));
         }
-        let mut second = [0u8; super::reader::META_PAGE_BYTES];
+        let mut second = [0u8; super::env::META_PAGE_BYTES];
         file.read_exact_at(&mut second, page_size as u64).at(path)?;
         // liblmdb's choice (`mdb_env_pick_meta`): the later transaction, the first on a tie.
         // It then takes the page size from the page it chose: one that disagrees with the
