@@ -823,30 +823,28 @@ mod tests {
     #[test]
     fn after_a_take_the_oldest_spare_is_still_the_first_unmapped() {
         let spares = spares(6 << 20, Duration::from_secs(600));
-        let offer = |n: usize| {
+        let offer = || {
             let b = AlignedBuffer::new(2 << 20);
             let addr = b.as_slice().as_ptr() as usize;
             spares.offer(b);
-            (n, addr)
+            addr
         };
-        let (_, a) = offer(0);
-        let (_, b) = offer(1);
-        let (_, c) = offer(2);
+        let (a, b, c) = (offer(), offer(), offer());
         let taken = spares.take(2 << 20).unwrap();
         assert_eq!(
             taken.as_slice().as_ptr() as usize,
             a,
             "the oldest fitting one"
         );
-        offer(3);
+        offer();
         // Full: a fifth makes room by unmapping the oldest left, `b`.
-        offer(4);
-        let mut left = Vec::new();
-        while let Some(x) = spares.take(2 << 20) {
-            left.push(x.as_slice().as_ptr() as usize);
-            std::mem::forget(x);
-        }
-        std::mem::forget(taken);
+        offer();
+        // Held (not dropped) until the end, so no address is mapped again meanwhile.
+        let held: Vec<AlignedBuffer> = std::iter::from_fn(|| spares.take(2 << 20)).collect();
+        let left: Vec<usize> = held
+            .iter()
+            .map(|x| x.as_slice().as_ptr() as usize)
+            .collect();
         assert_eq!(left.len(), 3);
         assert!(!left.contains(&b) && left.contains(&c), "{left:?}");
     }

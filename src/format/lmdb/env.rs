@@ -59,8 +59,14 @@ impl MapBounds {
         let inode = ino.to_string();
         let mut ranges = Vec::new();
         for line in maps.lines() {
-            let fields: Vec<&str> = line.split_whitespace().take(5).collect();
-            let [range, _perms, offset, dev_field, ino_field] = fields[..] else {
+            let mut fields = line.split_whitespace();
+            let (Some(range), Some(_perms), Some(offset), Some(dev_field), Some(ino_field)) = (
+                fields.next(),
+                fields.next(),
+                fields.next(),
+                fields.next(),
+                fields.next(),
+            ) else {
                 continue;
             };
             if ino_field != inode
@@ -303,9 +309,7 @@ impl LmdbMeta {
             txn_id: u64_at(144),
         })
     }
-}
 
-impl LmdbMeta {
     /// The bytes the file must hold: every page up to the last one this meta page uses.
     pub(crate) fn needed_len(&self) -> u64 {
         self.last_page
