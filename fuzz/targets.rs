@@ -40,6 +40,9 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("tfrecord_shard", tfrecord_shard),
     ("records_index", records_index),
     ("records_dataset", records_dataset),
+    ("lmdb_file", lmdb_file),
+    ("webdataset_shard", webdataset_shard),
+    ("mds_dataset", mds_dataset),
     ("lmdb_value", lmdb_value),
     ("lmdb_meta", lmdb_meta),
     ("shared_headers", shared_headers),
@@ -212,7 +215,8 @@ fn fresh_dir(name: &str) -> PathBuf {
 
 static RECORDS_DECODED: AtomicUsize = AtomicUsize::new(0);
 
-/// How many records the file-level targets (`records_dataset`, `hdf5_dataset`) have read and
+/// How many records the file-level targets (`records_dataset`, `hdf5_dataset`, `lmdb_file`,
+/// `webdataset_shard`, `mds_dataset`) have read and
 /// decoded in this process: how the replay test checks that their seeds are real datasets that
 /// reach the record path, not inputs refused at the door.
 pub fn records_decoded() -> usize {
@@ -250,6 +254,44 @@ pub fn records_dataset(data: &[u8]) {
     std::fs::write(dir.join("s.tfrecord"), shard).expect("writing the shard");
     if let Ok(dataset) = tfrecord::Records::open(&dir) {
         read_everything(&dataset);
+    }
+}
+
+/// A whole LMDB file (ours of either layout, or another tool's such as folder2lmdb), the input
+/// byte for byte, opened as `open` finds it and read: the file's structure (meta pages, page
+/// headers, the B-trees the open's check walks, the nodes liblmdb then reads) is what is
+/// fuzzed. A structure the check lets through must never reach liblmdb as a page it
+/// misreads (a SIGSEGV or SIGBUS is a crash, a loop a hang).
+pub fn lmdb_file(data: &[u8]) {
+    let path = fresh_dir("lmdb").join("d.lmdb");
+    std::fs::write(&path, data).expect("writing the LMDB file");
+    if let Ok(dataset) = crate::format::open(&path) {
+        read_everything(dataset.as_ref());
+    }
+}
+
+/// One WebDataset shard (a tar file), the input byte for byte, opened and read: tar headers
+/// (sizes, names, checksums, long names, end blocks) and how members group into samples.
+pub fn webdataset_shard(data: &[u8]) {
+    let path = fresh_dir("webdataset").join("shard-000000.tar");
+    std::fs::write(&path, data).expect("writing the shard");
+    if let Ok(dataset) = crate::format::open(&path) {
+        read_everything(dataset.as_ref());
+    }
+}
+
+/// A Mosaic MDS dataset of one shard (`u16 length | index.json | shard.00000.mds bytes`),
+/// opened and read: the index's JSON against the shard, and the shard's sample offsets and
+/// column sizes.
+pub fn mds_dataset(data: &[u8]) {
+    let mut fields = Fields { rest: data };
+    let index = fields.field();
+    let shard = fields.rest;
+    let dir = fresh_dir("mds");
+    std::fs::write(dir.join("index.json"), index).expect("writing the index");
+    std::fs::write(dir.join("shard.00000.mds"), shard).expect("writing the shard");
+    if let Ok(dataset) = crate::format::open(&dir) {
+        read_everything(dataset.as_ref());
     }
 }
 
@@ -638,6 +680,24 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
             out.extend_from_slice(&bytes);
             vec![out]
         }
+        "lmdb_file" => lmdb_file_seeds(),
+        "webdataset_shard" => {
+            let long = format!("{}/n01440764_10026", "deep".repeat(30));
+            vec![
+                tar(&[
+                    ("000000.jpg", &jpeg),
+                    ("000000.cls", b"1"),
+                    ("000001.jpg", &tiny),
+                    ("000001.cls", b"0"),
+                    ("000001.json", b"{}"),
+                ]),
+                tar(&[
+                    (&format!("{long}.png"), &png),
+                    (&format!("{long}.cls"), b"2"),
+                ]),
+            ]
+        }
+        "mds_dataset" => vec![mds_seed()],
         "lmdb_value" => {
             let mut out = Vec::new();
             lmdb::encode_value(&mut out, 1, "class/a.jpg", &jpeg);
@@ -676,6 +736,69 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
         }
         _ => Vec::new(),
     }
+}
+
+/// A tar file of `members` (path, bytes) in order, as WebDataset's writers make them (GNU
+/// headers, a long-name entry where a path exceeds 100 bytes).
+fn tar(members: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    for (path, data) in members {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(data.len() as u64);
+        header.set_mode(0o644);
+        header.set_entry_type(tar::EntryType::Regular);
+        builder
+            .append_data(&mut header, path, *data)
+            .expect("an in-memory tar");
+    }
+    builder.into_inner().expect("an in-memory tar")
+}
+
+/// Small LMDB files the packer writes, in both layouts (plain, and shared JPEG headers), and a
+/// folder2lmdb file Python's `lmdb` package wrote (the compatibility fixture).
+fn lmdb_file_seeds() -> Vec<Vec<u8>> {
+    use crate::pack::{self, NoProgress, PackFormat, PackOptions};
+    let dir = fresh_dir("lmdb-seeds");
+    let src = dir.join("src");
+    let spec = crate::synthetic::SyntheticSpec {
+        classes: 2,
+        per_class: 2,
+        width: 16,
+        height: 8,
+        edge_cases: false,
+        ..crate::synthetic::SyntheticSpec::default()
+    };
+    crate::synthetic::write_image_folder(&src, &spec).expect("a synthetic tree");
+    let mut seeds: Vec<Vec<u8>> = [false, true]
+        .into_iter()
+        .map(|shared_headers| {
+            let out = dir.join(format!("shared-{shared_headers}.lmdb"));
+            let options = PackOptions::default()
+                .with_threads(Some(1))
+                .with_shared_headers(shared_headers);
+            pack::pack_image_folder(&src, &out, PackFormat::Lmdb, &options, &NoProgress)
+                .expect("packing the seed");
+            std::fs::read(&out).expect("reading the packed seed")
+        })
+        .collect();
+    seeds.push(include_bytes!("../fixtures/compat/folder2lmdb.lmdb").to_vec());
+    let _ = std::fs::remove_dir_all(&dir);
+    seeds
+}
+
+/// A one-shard MDS dataset (`u16 length | index.json | shard`): the first shard of the
+/// compatibility fixture (written by Mosaic's `streaming` package: an `int`, a `jpeg` and an
+/// `int` column, four samples) with an index naming only it.
+fn mds_seed() -> Vec<u8> {
+    let shard: &[u8] = include_bytes!("../fixtures/compat/mds/shard.00000.mds");
+    let index = format!(
+        r#"{{"shards": [{{"column_encodings": ["int", "jpeg", "int"], "column_names": ["i", "x", "y"], "column_sizes": [8, null, 8], "compression": null, "format": "mds", "hashes": [], "raw_data": {{"basename": "shard.00000.mds", "bytes": {}, "hashes": {{}}}}, "samples": 4, "size_limit": 8000, "version": 2, "zip_data": null}}], "version": 2}}"#,
+        shard.len()
+    );
+    let mut out = Vec::new();
+    with_len(&mut out, index.as_bytes());
+    out.extend_from_slice(shard);
+    out
 }
 
 /// A field with its `u16` length in front (how the composite targets take their parts).

@@ -44,7 +44,13 @@ fn every_seed_corpus_and_regression_input_runs_clean() {
 
     // The file-level seeds are datasets whose records decode: a seed refused at open would
     // leave the fuzzer outside the record path.
-    for name in ["records_dataset", "hdf5_dataset"] {
+    for name in [
+        "records_dataset",
+        "hdf5_dataset",
+        "lmdb_file",
+        "webdataset_shard",
+        "mds_dataset",
+    ] {
         let before = imagefeed::fuzzing::records_decoded();
         let Some(target) = imagefeed::fuzzing::target(name) else {
             // Only a build without the `hdf5` feature lacks a target.
