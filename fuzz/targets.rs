@@ -19,7 +19,7 @@ use crate::decode::{CropPlan, Decoder, RawImage};
 use crate::format::shared_headers::{
     HeaderDictionary, SharedHeaders, encode_header, join, stored_value_checksum,
 };
-use crate::format::{example, hdf5 as h5fmt, lmdb, pickle, tfrecord};
+use crate::format::{example, hdf5 as h5fmt, lmdb, pickle, tfrecord, webdataset};
 use crate::geometry::Rect;
 use crate::rng::SampleRng;
 use crate::transform::{SampleTransformer, Transform};
@@ -241,6 +241,14 @@ fn read_everything(dataset: &dyn Dataset) {
     }
 }
 
+/// Opens `path` as [`crate::format::open`] finds it and, if it opens, reads it through
+/// ([`read_everything`]).
+fn open_and_read(path: &Path) {
+    if let Ok(dataset) = crate::format::open(path) {
+        read_everything(dataset.as_ref());
+    }
+}
+
 /// A whole records dataset: a manifest, one index and one shard, each taken from the input
 /// (`u16 length | manifest JSON | u16 length | index text | shard bytes`), opened and read.
 pub fn records_dataset(data: &[u8]) {
@@ -265,9 +273,7 @@ pub fn records_dataset(data: &[u8]) {
 pub fn lmdb_file(data: &[u8]) {
     let path = fresh_dir("lmdb").join("d.lmdb");
     std::fs::write(&path, data).expect("writing the LMDB file");
-    if let Ok(dataset) = crate::format::open(&path) {
-        read_everything(dataset.as_ref());
-    }
+    open_and_read(&path);
 }
 
 /// One WebDataset shard (a tar file), the input byte for byte, opened and read: tar headers
@@ -275,9 +281,7 @@ pub fn lmdb_file(data: &[u8]) {
 pub fn webdataset_shard(data: &[u8]) {
     let path = fresh_dir("webdataset").join("shard-000000.tar");
     std::fs::write(&path, data).expect("writing the shard");
-    if let Ok(dataset) = crate::format::open(&path) {
-        read_everything(dataset.as_ref());
-    }
+    open_and_read(&path);
 }
 
 /// A Mosaic MDS dataset of one shard (`u16 length | index.json | shard.00000.mds bytes`),
@@ -290,9 +294,7 @@ pub fn mds_dataset(data: &[u8]) {
     let dir = fresh_dir("mds");
     std::fs::write(dir.join("index.json"), index).expect("writing the index");
     std::fs::write(dir.join("shard.00000.mds"), shard).expect("writing the shard");
-    if let Ok(dataset) = crate::format::open(&dir) {
-        read_everything(dataset.as_ref());
-    }
+    open_and_read(&dir);
 }
 
 /// A sample value of an imagefeed LMDB (`label | key length | key | payload`).
@@ -684,14 +686,14 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
         "webdataset_shard" => {
             let long = format!("{}/n01440764_10026", "deep".repeat(30));
             vec![
-                tar(&[
+                webdataset::tar(&[
                     ("000000.jpg", &jpeg),
                     ("000000.cls", b"1"),
                     ("000001.jpg", &tiny),
                     ("000001.cls", b"0"),
                     ("000001.json", b"{}"),
                 ]),
-                tar(&[
+                webdataset::tar(&[
                     (&format!("{long}.png"), &png),
                     (&format!("{long}.cls"), b"2"),
                 ]),
@@ -736,22 +738,6 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
         }
         _ => Vec::new(),
     }
-}
-
-/// A tar file of `members` (path, bytes) in order, as WebDataset's writers make them (GNU
-/// headers, a long-name entry where a path exceeds 100 bytes).
-fn tar(members: &[(&str, &[u8])]) -> Vec<u8> {
-    let mut builder = tar::Builder::new(Vec::new());
-    for (path, data) in members {
-        let mut header = tar::Header::new_gnu();
-        header.set_size(data.len() as u64);
-        header.set_mode(0o644);
-        header.set_entry_type(tar::EntryType::Regular);
-        builder
-            .append_data(&mut header, path, *data)
-            .expect("an in-memory tar");
-    }
-    builder.into_inner().expect("an in-memory tar")
 }
 
 /// Small LMDB files the packer writes, in both layouts (plain, and shared JPEG headers), and a

@@ -310,21 +310,26 @@ pub(super) fn slice(map: &[u8], span: Span) -> Option<&[u8]> {
     map.get(start..end)
 }
 
+/// A tar file of `members` (path, bytes) in order, as WebDataset's writers make them: GNU
+/// headers, with a long-name entry where a path exceeds 100 bytes. (For tests and fuzz seeds.)
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) fn tar(members: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    for (path, data) in members {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(data.len() as u64);
+        header.set_mode(0o644);
+        header.set_entry_type(tar::EntryType::Regular);
+        builder
+            .append_data(&mut header, path, *data)
+            .expect("an in-memory tar");
+    }
+    builder.into_inner().expect("an in-memory tar")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn tar(members: &[(&str, &[u8])]) -> Vec<u8> {
-        let mut builder = tar::Builder::new(Vec::new());
-        for (path, data) in members {
-            let mut header = tar::Header::new_gnu();
-            header.set_size(data.len() as u64);
-            header.set_mode(0o644);
-            header.set_entry_type(tar::EntryType::Regular);
-            builder.append_data(&mut header, path, *data).unwrap();
-        }
-        builder.into_inner().unwrap()
-    }
 
     #[test]
     fn a_walk_over_a_map_whose_file_was_cut_marks_the_rest_unreadable_not_sigbus() {

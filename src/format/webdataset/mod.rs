@@ -36,6 +36,8 @@ use crate::format::shards::{Selection, SetReport, check_sets};
 use crate::format::{OpenOptions, Recognizer, compressed};
 
 mod members;
+#[cfg(feature = "fuzzing")]
+pub(crate) use members::tar;
 #[cfg(feature = "remote")]
 pub(crate) mod remote;
 
