@@ -83,7 +83,13 @@ endif
 gpu-check: deps
 	bench/gpu-check.sh build gpu-check
 
-test: deps pyenv
+# The Python environment is set up (mostly downloads) while the tests compile; its output
+# follows the build's.
+test: deps
+	@mkdir -p target
+	@$(MAKE) --no-print-directory pyenv > target/pyenv.log 2>&1 & pyenv=$$!; \
+	$(CARGO) test --workspace --no-run; built=$$?; \
+	wait $$pyenv; cat target/pyenv.log; exit $$built
 	IMAGEFEED_PYTHON=$(CURDIR)/$(PYENV)/bin/python $(CARGO) test --workspace
 	$(MAKE) test-gpu-fake
 	$(MAKE) test-minimal
@@ -102,10 +108,13 @@ gpu-fake-mutants: deps
 	@CARGO=$(CARGO) scripts/gpu-fake-mutants.sh
 
 # The library as a trainer that reads LMDB, TFRecord or folders builds it, without default
-# features: no libhdf5 and no CUDA. Its tests run (the HDF5 ones are compiled out and a test
-# checks HDF5 paths are refused naming the feature), and its dependency tree must hold neither.
+# features: no libhdf5 and no CUDA. The integration suite runs on it (the HDF5 tests compiled
+# out, and one that checks HDF5 paths are refused naming the feature), and its dependency tree
+# must hold neither. The unit tests are the default build's less the HDF5 ones, and `make lint`
+# compiles them in this configuration (clippy --no-default-features --all-targets), so they are
+# not built and run a third time (that took 3 of `make test`'s minutes on a slow 2-core VM).
 test-minimal: deps
-	$(CARGO) test -q -p imagefeed --no-default-features
+	$(CARGO) test -q -p imagefeed --no-default-features --test integration
 	@if $(CARGO) tree -q -p imagefeed --no-default-features -e normal --prefix none \
 		| grep -E '^(hdf5|hdf5-metno|hdf5-sys|cudarc)'; then \
 		echo "error: the no-default-features build still depends on the crates above"; exit 1; \
