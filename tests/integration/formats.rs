@@ -569,6 +569,57 @@ fn a_complete_dataset_under_a_partial_name_is_never_opened_and_resume_says_to_fo
 }
 
 #[test]
+fn a_records_pack_stopped_at_its_rename_is_finished_by_resume_not_packed_again() {
+    // Regression: the records writer removed its progress record before its final rename, so
+    // a run stopped between the two left a complete dataset at OUT.partial with nothing to say
+    // it was this pack's, and `--resume` refused it ("use --force to pack again"). The kill loop
+    // found the kill; here the rename is refused instead: something was put at OUT meanwhile.
+    struct PutsAFileAtOut<'a>(&'a Path);
+    impl pack::PackObserver for PutsAFileAtOut<'_> {
+        fn advanced(&self, _done: usize, _payload_bytes: u64) {
+            let _ = fs::create_dir(self.0);
+            let _ = fs::write(self.0.join("notes.txt"), "mine");
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("k.records");
+    let partial = format::staging::partial_path(&out);
+    let err = pack::pack_image_folder(
+        &fixture_root(),
+        &out,
+        PackFormat::Records,
+        &small_options(),
+        &PutsAFileAtOut(&out),
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::NotReplaceable { .. }), "{err}");
+    assert_eq!(fs::read(out.join("notes.txt")).unwrap(), b"mine");
+    assert!(partial.join(format::tfrecord::MANIFEST).is_file());
+
+    // The user moves their file away and resumes: the staged dataset is published as it is.
+    fs::remove_dir_all(&out).unwrap();
+    let resume = small_options().with_mode(StartMode {
+        force: false,
+        resume: true,
+    });
+    let summary = pack::pack_image_folder(
+        &fixture_root(),
+        &out,
+        PackFormat::Records,
+        &resume,
+        &NoProgress,
+    )
+    .unwrap();
+    assert_eq!(
+        summary.resumed_from,
+        summary.samples + summary.rejected.len()
+    );
+    assert!(!partial.exists());
+    assert!(!out.join("progress.json").exists());
+    assert!(verify::verify(&out, Some(&fixture_root())).unwrap().is_ok());
+}
+
+#[test]
 fn a_manifest_naming_paths_outside_its_directory_or_a_shard_twice_is_refused() {
     // Regression: the manifest's shard and index names were joined to the directory as given,
     // so a manifest naming "../x" or "/etc/x" read files outside the dataset, and one naming a

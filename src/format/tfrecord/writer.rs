@@ -122,10 +122,10 @@ impl DatasetWriter for RecordsWriter {
             if !partial.join(PROGRESS).exists() && partial.join(MANIFEST).exists() {
                 return Err(Error::ResumeMismatch {
                     path: partial,
-                    reason: "it holds a complete records dataset (an interrupted --force \
-                             replacement, or a pack whose final rename was cut short), so \
-                             there is nothing to resume: use --force to pack again, or rename \
-                             it yourself if it is the dataset you want"
+                    reason: "it holds a complete records dataset that no interrupted pack \
+                             left (the old dataset of an interrupted --force replacement, or a \
+                             copy of a finished one), so there is nothing to resume: use --force \
+                             to pack again, or rename it yourself if it is the dataset you want"
                         .into(),
                 });
             }
@@ -262,8 +262,15 @@ impl DatasetWriter for RecordsWriter {
             &self.partial.join(MANIFEST),
             &serde_json::to_vec_pretty(&manifest).expect("manifest serializes"),
         )?;
-        let _ = fs::remove_file(self.partial.join(PROGRESS));
-        staging::publish(&self.partial, &self.out)
+        // The progress record goes only once the directory is published: a run killed between
+        // the manifest and the rename leaves a complete dataset at OUT.partial that `--resume`
+        // can tell is this pack's (the record holds its plan) and finishes by publishing it (the
+        // kill loop, pack-dataset/tests/kill_loop.rs, found that window refused when the record
+        // went first). A kill after the rename leaves the record beside OUT's manifest, where
+        // readers, `--force` and uploads pass it by.
+        staging::publish(&self.partial, &self.out)?;
+        let _ = fs::remove_file(self.out.join(PROGRESS));
+        Ok(())
     }
 
     fn abandon(self: Box<Self>) {
