@@ -11,7 +11,10 @@ use imagefeed::loader::{BadSamplePolicy, Loader, LoaderConfig};
 use imagefeed::pack::{self, NoProgress, PackFormat, PackOptions, Part, StartMode};
 use imagefeed::transform::Transform;
 use imagefeed::{Error, format, verify};
-use support::{BROKEN, Crash, Row, fixture_root, pack_as, records, small_options, writable};
+use support::{
+    BROKEN, Crash, Row, fixture_root, pack_as, records, small_options, small_resume_options,
+    writable,
+};
 
 fn all_records(path: &Path) -> Vec<Row> {
     records(format::open(path).unwrap().as_ref())
@@ -507,10 +510,7 @@ fn a_complete_dataset_under_a_partial_name_is_never_opened_and_resume_says_to_fo
     }
     // --resume on the records one has nothing to resume and says what to do.
     let out = dir.path().join("k.records");
-    let resume = small_options().with_mode(StartMode {
-        force: false,
-        resume: true,
-    });
+    let resume = small_resume_options();
     let err = pack::pack_image_folder(
         &fixture_root(),
         &out,
@@ -598,10 +598,7 @@ fn a_records_pack_stopped_at_its_rename_is_finished_by_resume_not_packed_again()
 
     // The user moves their file away and resumes: the staged dataset is published as it is.
     fs::remove_dir_all(&out).unwrap();
-    let resume = small_options().with_mode(StartMode {
-        force: false,
-        resume: true,
-    });
+    let resume = small_resume_options();
     let summary = pack::pack_image_folder(
         &fixture_root(),
         &out,
@@ -1069,10 +1066,7 @@ fn resume_after_a_kill_before_the_first_progress_record_starts_afresh() {
     // imagefeed HDF5 (no readable progress.json)"), although the error told the user to resume;
     // likewise an LMDB killed before its first commit ("meta/info is missing").
     let dir = tempfile::tempdir().unwrap();
-    let resume_lmdb = small_options().with_mode(StartMode {
-        force: false,
-        resume: true,
-    });
+    let resume_lmdb = small_resume_options();
     let out = dir.path().join("d.lmdb");
     let partial = format::staging::partial_path(&out);
     {
@@ -1092,10 +1086,7 @@ fn resume_after_a_kill_before_the_first_progress_record_starts_afresh() {
     )
     .unwrap();
     assert!(verify::verify(&out, Some(&fixture_root())).unwrap().is_ok());
-    let resume = small_options().with_mode(StartMode {
-        force: false,
-        resume: true,
-    });
+    let resume = small_resume_options();
     for (format, name) in writable([
         (PackFormat::Hdf5, "d.h5"),
         (PackFormat::Records, "d.records"),
@@ -1473,10 +1464,7 @@ fn without_the_hdf5_feature_hdf5_is_recognized_and_refused_naming_path_and_featu
         r#"{"magic":"imagefeed-hdf5"}"#,
     )
     .unwrap();
-    let resume = small_options().with_mode(StartMode {
-        force: false,
-        resume: true,
-    });
+    let resume = small_resume_options();
     disabled(
         pack::pack_image_folder(
             &fixture_root(),

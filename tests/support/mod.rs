@@ -60,6 +60,14 @@ pub fn small_options() -> PackOptions {
         .with_threads(Some(2))
 }
 
+/// [`small_options`] with `--resume`.
+pub fn small_resume_options() -> PackOptions {
+    small_options().with_mode(pack::StartMode {
+        force: false,
+        resume: true,
+    })
+}
+
 /// Packs `src` into `out` as LMDB.
 pub fn pack_lmdb(src: &Path, out: &Path, options: &PackOptions) -> PackSummary {
     try_pack_lmdb(src, out, options).expect("pack succeeds")
