@@ -1,6 +1,6 @@
 # imagefeed: two commands do all the setup on a fresh Debian/Ubuntu machine.
 #   make demo   build, make (or take SRC=) an ImageFolder tree, pack it, inspect, verify, read it, load it
-#   make test   every test, plus formatting and lint checks
+#   make test   every test, plus formatting and lint checks (scripts/make-test.sh)
 #   make compare  imagefeed vs the PyTorch DataLoader on SRC (TORCH=1: install torch first)
 #   make gpu-check  package the GPU checks for a CUDA machine (bench/gpu-check.sh)
 #   make test-gpu-fake  the GPU tests and the CUDA example on the fake CUDA driver, ptxas on the PTX
@@ -20,7 +20,7 @@ RELEASE := target/release
 DEMO_SRC := $(if $(SRC),$(SRC),$(DEMO_DIR)/imagefolder)
 
 .PHONY: fuzz kill-loop corrupt soak
-.PHONY: all deps build demo test test-minimal test-gpu-fake gpu-fake-mutants lint fixtures compat-fixtures mds-fixtures pyenv clean-demo compare gpu-check python test-python test-torch
+.PHONY: all deps build demo test test-minimal test-gpu-fake gpu-fake-mutants lint fixtures compat-fixtures mds-fixtures pyenv clean-demo compare gpu-check python test-python test-wheel test-torch
 
 # Python for the cross-tool tests (py-lmdb reads what we write; fixtures written by py-lmdb;
 # h5py and hdf5plugin write files through every HDF5 filter; webdataset writes tar shards;
@@ -83,18 +83,11 @@ endif
 gpu-check: deps
 	bench/gpu-check.sh build gpu-check
 
-# The Python environment is set up (mostly downloads) while the tests compile; its output
-# follows the build's.
+# Every phase of the test run (scripts/make-test.sh says what each is, and how they share the
+# two cores); a table of the phases' times and results at the end, their logs in
+# target/make-test/.
 test: deps
-	@mkdir -p target
-	@$(MAKE) --no-print-directory pyenv > target/pyenv.log 2>&1 & pyenv=$$!; \
-	$(CARGO) test --workspace --no-run; built=$$?; \
-	wait $$pyenv; cat target/pyenv.log; exit $$built
-	IMAGEFEED_PYTHON=$(CURDIR)/$(PYENV)/bin/python $(CARGO) test --workspace
-	$(MAKE) test-gpu-fake
-	$(MAKE) test-minimal
-	$(MAKE) test-python
-	$(MAKE) lint
+	@CARGO=$(CARGO) scripts/make-test.sh
 
 # The GPU path without a GPU (scripts/test-gpu-fake.sh): the fake CUDA driver of tests/fake_cuda
 # runs every GPU test (checking the order of each copy, kernel and free) and the CUDA training
@@ -108,17 +101,11 @@ gpu-fake-mutants: deps
 	@CARGO=$(CARGO) scripts/gpu-fake-mutants.sh
 
 # The library as a trainer that reads LMDB, TFRecord or folders builds it, without default
-# features: no libhdf5 and no CUDA. The integration suite runs on it (the HDF5 tests compiled
-# out, and one that checks HDF5 paths are refused naming the feature), and its dependency tree
-# must hold neither. The unit tests are the default build's less the HDF5 ones, and `make lint`
-# compiles them in this configuration (clippy --no-default-features --all-targets), so they are
-# not built and run a third time (that took 3 of `make test`'s minutes on a slow 2-core VM).
+# features: no libhdf5 and no CUDA. Every target is built (and linted) in this configuration
+# and the integration suite runs on it (the HDF5 tests compiled out, and one that checks HDF5
+# paths are refused naming the feature); its dependency tree must hold neither.
 test-minimal: deps
-	$(CARGO) test -q -p imagefeed --no-default-features --test integration
-	@if $(CARGO) tree -q -p imagefeed --no-default-features -e normal --prefix none \
-		| grep -E '^(hdf5|hdf5-metno|hdf5-sys|cudarc)'; then \
-		echo "error: the no-default-features build still depends on the crates above"; exit 1; \
-	else echo "test-minimal: the no-default-features build links neither libhdf5 nor CUDA"; fi
+	@CARGO=$(CARGO) scripts/make-test.sh minimal
 
 # The Python package: one abi3 wheel (CPython >= 3.9, Linux x86-64) built by maturin, installed
 # into the active virtual environment (VIRTUAL_ENV: yours, with torch), else .venv.
@@ -134,16 +121,16 @@ python: deps pyenv
 	$(PY_TARGET)/bin/python -m pip install -q --force-reinstall --no-deps $(WHEEL_DIR)/imagefeed-*.whl
 	@echo "installed imagefeed into $(PY_TARGET)"
 
-# The Python tests (python/tests) against a wheel built with the dev profile: its dependencies
-# are the ones `cargo test` has just built (a release build of them takes ~4 of CI's 20 minutes
-# on 2 cores), and debug assertions (overflow checks) stay on. The digest tests compare with the
+# The Python tests (python/tests) against a wheel built with the dev profile from what `cargo
+# test` built (the system's libhdf5, debug assertions on); the digest tests compare with the
 # imagefeed-bench that `cargo test` built. Tests that need torch skip here (see test-torch).
-TEST_WHEEL_DIR := target/wheels-test
 test-python: deps pyenv
-	rm -f $(TEST_WHEEL_DIR)/imagefeed-*.whl target/debug/deps/lib_native.so target/debug/lib_native.so
-	PATH=$(CURDIR)/$(PYENV)/bin:$$PATH $(PYENV)/bin/maturin build --profile dev -q -m python/Cargo.toml -o $(TEST_WHEEL_DIR) -i $(PYENV)/bin/python
-	$(PYENV)/bin/pip install -q --force-reinstall --no-deps $(TEST_WHEEL_DIR)/imagefeed-*.whl
-	IMAGEFEED_BENCH=$(CURDIR)/target/debug/imagefeed-bench $(PYENV)/bin/pytest -q -rs python/tests
+	@CARGO=$(CARGO) scripts/make-test.sh wheel python
+
+# The Python tests against the wheel as shipped: release, HDF5 2.x built in from source (the one
+# check `make test` skips: that the wheel carries its own HDF5). About 8 minutes on 2 cores.
+test-wheel: build python
+	IMAGEFEED_BENCH=$(CURDIR)/$(RELEASE)/imagefeed-bench $(PY_TARGET)/bin/pytest -q -rs python/tests
 
 test-torch: python
 	@test -x $(TORCH_VENV)/bin/python || python3 -m venv $(TORCH_VENV)
@@ -186,7 +173,7 @@ pyenv:
 	@if ! command -v python3 >/dev/null 2>&1; then \
 		echo "python3 not found: the cross-tool tests will skip"; \
 	elif ! $(PYENV)/bin/python -c "import lmdb, PIL, h5py, hdf5plugin, webdataset, moto, tfrecord, maturin, pytest, mypy, cmake, ruff" 2>/dev/null; then \
-		python3 -m venv $(PYENV) && $(PYENV)/bin/pip install -q $(PY_PACKAGES) $(PY_BUILD_PACKAGES) \
+		python3 -m venv $(PYENV) && $(PYENV)/bin/pip install -q --no-compile $(PY_PACKAGES) $(PY_BUILD_PACKAGES) \
 		|| echo "could not set up $(PYENV): the cross-tool tests will skip"; \
 	fi
 

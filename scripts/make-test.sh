@@ -1,0 +1,209 @@
+#!/usr/bin/env bash
+# `make test`: every test and check of the repository, scheduled for a 2-core machine.
+#
+# The work is the same as running these one after another (TESTING.md §7 has the figures):
+#   build     every test binary of the workspace, linted by clippy as it compiles
+#   wheel     the Python package built from that same build, installed into .venv
+#   rust      the Rust tests (cargo-nextest: a process per test, both cores kept busy;
+#             plain `cargo test` where nextest is not installed)
+#   gpu-fake  the GPU tests and the CUDA example on the fake CUDA driver, ptxas on the PTX
+#   minimal   the library without default features: every target built and linted, the
+#             integration suite run
+#   python    the Python package's tests (pytest)
+#   lint      the module layers, mypy, ruff, rustfmt
+# Compiling and testing overlap where one leaves a core idle: the build of `minimal` runs at low
+# priority beside the test runs, so the tests get the CPU they would have alone. Each phase's
+# output is printed whole when it ends (logs in target/make-test/), then a table of phases,
+# their times and results. Exit status 1 if any failed.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+cargo=${CARGO:-cargo}
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
+logs=target/make-test
+venv=.venv
+rm -rf "$logs"
+mkdir -p "$logs"
+export IMAGEFEED_PYTHON=$root/$venv/bin/python
+started=$(date +%s)
+summary=()
+failed=()
+
+# Runs phase NAME (a shell function or command) with its output in NAME.log; records its time
+# and result. `run_phase` waits for it; `start_phase` leaves it running (`end_phase` waits).
+declare -A phase_pid phase_start
+run_phase() {
+    local name=$1
+    shift
+    start_phase "$name" "$@"
+    end_phase "$name"
+}
+start_phase() {
+    local name=$1
+    shift
+    phase_start[$name]=$(date +%s)
+    echo "== $name: started at $((phase_start[$name] - started)) s"
+    ("$@") >"$logs/$name.log" 2>&1 &
+    phase_pid[$name]=$!
+}
+end_phase() {
+    local name=$1 status
+    wait "${phase_pid[$name]}"
+    status=$?
+    local took=$(($(date +%s) - phase_start[$name]))
+    echo "== $name ($took s)"
+    cat "$logs/$name.log"
+    if [ "$status" -eq 0 ]; then
+        summary+=("$(printf '%-9s %5d s  ok' "$name" "$took")")
+    else
+        summary+=("$(printf '%-9s %5d s  FAILED (exit %d; log: %s)' "$name" "$took" "$status" "$logs/$name.log")")
+        failed+=("$name")
+    fi
+    return "$status"
+}
+finish() {
+    echo
+    echo "== make test: $(($(date +%s) - started)) s"
+    printf '%s\n' "${summary[@]}"
+    if [ ${#failed[@]} -gt 0 ]; then
+        echo "make test: FAILED: ${failed[*]}"
+        exit 1
+    fi
+    echo "make test: every phase passed"
+}
+
+# Clippy lints each workspace crate while it compiles (clippy-driver as the workspace's rustc
+# wrapper, as `cargo clippy` sets it, but building instead of only checking), so no second,
+# check-mode build of the whole dependency tree: ~150 s less on 2 cores. Same lints, same
+# `-D warnings` as `make lint`; dependencies compile with plain rustc.
+clippy_driver=
+if command -v rustup >/dev/null 2>&1; then
+    clippy_driver=$(rustup which clippy-driver 2>/dev/null)
+fi
+[ -x "$clippy_driver" ] || clippy_driver=$(command -v clippy-driver || true)
+if [ -z "$clippy_driver" ]; then
+    echo "error: clippy is not installed; run: rustup component add clippy" >&2
+    exit 1
+fi
+export RUSTC_WORKSPACE_WRAPPER=$clippy_driver
+export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
+
+nextest=0
+if $cargo nextest --version >/dev/null 2>&1; then
+    nextest=1
+else
+    echo "make test: cargo-nextest not found: the Rust tests run one binary at a time" \
+        "(cargo install cargo-nextest --locked: a few minutes less)"
+fi
+
+# The Python environment (mostly downloads) is set up while the tests compile.
+pyenv() { make --no-print-directory pyenv; }
+build() {
+    $cargo test --workspace --no-run || return
+    if [ "$nextest" = 1 ]; then
+        # What nextest needs to run these binaries later without invoking cargo (which would
+        # wait for the build directory while `minimal` compiles).
+        $cargo metadata --format-version 1 >"$logs/cargo-metadata.json" &&
+            $cargo nextest list --workspace --list-type binaries-only --message-format json \
+                >"$logs/binaries-metadata.json"
+    fi
+}
+
+# The test wheel: the dev profile, the system's libhdf5 and the features `cargo test --workspace`
+# gave every crate, so that it links what the build just compiled (~40 s) instead of compiling
+# its own HDF5 from C and a dozen dependencies again (~300 s). The shipped wheel (`make python`,
+# `pip install ./python`) builds HDF5 2.x in; `make test-wheel` tests that one.
+wheel() {
+    local out=target/wheels-test
+    rm -f "$out"/imagefeed-*.whl target/debug/deps/lib_native.so target/debug/lib_native.so
+    PATH=$root/$venv/bin:$PATH $venv/bin/maturin build --profile dev -q --auditwheel skip \
+        --features workspace-features \
+        -m python/Cargo.toml -o "$out" -i "$venv/bin/python" &&
+        $venv/bin/pip install -q --force-reinstall --no-deps "$out"/imagefeed-*.whl
+}
+
+rust() {
+    if [ "$nextest" = 1 ]; then
+        $cargo nextest run --cargo-metadata "$logs/cargo-metadata.json" \
+            --binaries-metadata "$logs/binaries-metadata.json"
+    else
+        $cargo test --workspace
+    fi
+}
+
+gpu_fake() { CARGO=$cargo scripts/test-gpu-fake.sh; }
+
+minimal() {
+    nice -n 15 $cargo test -q -p imagefeed --no-default-features --all-targets --no-run || return
+    $cargo test -q -p imagefeed --no-default-features --test integration || return
+    if $cargo tree -q -p imagefeed --no-default-features -e normal --prefix none |
+        grep -E '^(hdf5|hdf5-metno|hdf5-sys|cudarc)'; then
+        echo "error: the no-default-features build still depends on the crates above"
+        return 1
+    fi
+    echo "minimal: the no-default-features build links neither libhdf5 nor CUDA"
+}
+
+python_tests() {
+    IMAGEFEED_TEST_WHEEL_HDF5=system IMAGEFEED_BENCH=$root/target/debug/imagefeed-bench \
+        $venv/bin/pytest -q -rs python/tests
+}
+
+lint() {
+    local status=0
+    python3 scripts/check_layers.py || status=1
+    if [ -x "$venv/bin/mypy" ]; then
+        (cd python && ../$venv/bin/mypy) || status=1
+        (cd python && ../$venv/bin/ruff check .) || status=1
+    else
+        echo "lint: no mypy or ruff in $venv (no python3?): the Python checks are skipped"
+    fi
+    $cargo fmt --all -- --check || status=1
+    return $status
+}
+
+# `scripts/make-test.sh PHASE...` runs only those phases, one after another (`make
+# test-minimal`, `make test-python`).
+if [ $# -gt 0 ]; then
+    for name in "$@"; do
+        case $name in
+        build | wheel | rust | minimal | lint) run_phase "$name" "$name" ;;
+        gpu-fake) run_phase gpu-fake gpu_fake ;;
+        python) run_phase python python_tests ;;
+        *)
+            echo "unknown phase: $name" >&2
+            exit 2
+            ;;
+        esac
+    done
+    finish
+fi
+
+start_phase pyenv pyenv
+if ! run_phase build build; then
+    end_phase pyenv
+    finish
+fi
+end_phase pyenv
+python_ok=0
+if [ -x "$venv/bin/maturin" ]; then
+    run_phase wheel wheel && python_ok=1
+else
+    echo "make test: no $venv (no python3?): the Python package's tests are skipped"
+fi
+
+start_phase rust rust
+# The fake-driver GPU tests use cargo, so they go before `minimal` takes the build directory;
+# then `minimal` compiles at low priority beside the test runs.
+start_phase gpu-fake gpu_fake
+start_phase lint lint
+end_phase lint
+end_phase gpu-fake
+start_phase minimal minimal
+end_phase rust
+if [ "$python_ok" = 1 ]; then
+    start_phase python python_tests
+    end_phase python
+fi
+end_phase minimal
+finish
