@@ -51,8 +51,9 @@ def replicated_tree(root: pathlib.Path, classes: int, per_class: int, size, dist
 @pytest.fixture(scope="session")
 def big_tree(tmp_path_factory) -> pathlib.Path:
     """2 classes x 48 photo-size JPEGs (1600x1200): one batch of 48 takes a worker long enough
-    that the main thread is seen waiting in Rust."""
-    return replicated_tree(tmp_path_factory.mktemp("big") / "big", 2, 48, (1600, 1200))
+    that the main thread is seen waiting in Rust. One image per class copied (synthesizing each
+    takes seconds in a debug build; decoding costs the same whatever the pixels)."""
+    return replicated_tree(tmp_path_factory.mktemp("big") / "big", 2, 48, (1600, 1200), distinct=1)
 
 
 @pytest.fixture(scope="session")

@@ -234,7 +234,7 @@ def test_ctrl_c_stops_a_pack_keeping_its_progress_and_resume_finishes_it(tmp_pat
     import time
 
     src, out = tmp_path / "src", tmp_path / "out.lmdb"
-    replicated_tree(src, classes=4, per_class=300, size=(256, 192), distinct=10)
+    replicated_tree(src, classes=4, per_class=100, size=(256, 192), distinct=10)
     partial = tmp_path / "out.lmdb.partial"
     proc = subprocess.Popen([sys.executable, "-c", PACK_SCRIPT, str(src), str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -243,7 +243,7 @@ def test_ctrl_c_stops_a_pack_keeping_its_progress_and_resume_finishes_it(tmp_pat
         deadline = time.monotonic() + 30
         while not partial.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.002)
-        proc.send_signal(signal.SIGINT)  # the pack is under way: 1,200 files, one thread
+        proc.send_signal(signal.SIGINT)  # the pack is under way: 400 files, one thread
         _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
@@ -252,7 +252,7 @@ def test_ctrl_c_stops_a_pack_keeping_its_progress_and_resume_finishes_it(tmp_pat
     with pytest.raises(imagefeed.IncompleteDatasetError):
         imagefeed.Dataset(out, decode="bytes")
     summary = imagefeed.pack(src, out, threads=1, resize=48, resume=True, progress=False)
-    assert summary["samples"] == 1200 and summary["resumed_from"] < 1200
+    assert summary["samples"] == 400 and summary["resumed_from"] < 400
     assert imagefeed.verify(out)["ok"]
 
 
@@ -350,7 +350,7 @@ def test_ctrl_c_stops_the_console_scripts_pack_saying_how_to_finish(tmp_path):
     import time
 
     src, out = tmp_path / "src", tmp_path / "out.lmdb"
-    replicated_tree(src, classes=4, per_class=300, size=(256, 192), distinct=10)
+    replicated_tree(src, classes=4, per_class=100, size=(256, 192), distinct=10)
     partial = tmp_path / "out.lmdb.partial"
     script = _console_script()
     proc = subprocess.Popen([script, "imagefolder2lmdb", str(src), str(out), "--threads", "1",
