@@ -12,9 +12,10 @@
 #   python    the Python package's tests (pytest)
 #   lint      the module layers, mypy, ruff, rustfmt
 # Compiling and testing overlap where one leaves a core idle: the build of `minimal` runs at low
-# priority beside the test runs, so the tests get the CPU they would have alone. Each phase's
-# output is printed whole when it ends (logs in target/make-test/), then a table of phases,
-# their times and results. Exit status 1 if any failed.
+# priority beside the test runs, so the tests get the CPU they would have alone; pytest runs
+# beside the Rust tests. Each phase's output is printed whole when it ends (logs in
+# target/make-test/), then a table of phases, their times and results. Exit status 1 if any
+# failed.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -43,14 +44,21 @@ start_phase() {
     shift
     phase_start[$name]=$(date +%s)
     echo "== $name: started at $((phase_start[$name] - started)) s"
-    ("$@") >"$logs/$name.log" 2>&1 &
+    # The phase notes when it ended: it may be waited for later than that.
+    (
+        "$@"
+        status=$?
+        date +%s >"$logs/$name.ended"
+        exit $status
+    ) >"$logs/$name.log" 2>&1 &
     phase_pid[$name]=$!
 }
 end_phase() {
-    local name=$1 status
+    local name=$1 status ended
     wait "${phase_pid[$name]}"
     status=$?
-    local took=$(($(date +%s) - phase_start[$name]))
+    ended=$(cat "$logs/$name.ended" 2>/dev/null || date +%s)
+    local took=$((ended - phase_start[$name]))
     echo "== $name ($took s)"
     cat "$logs/$name.log"
     if [ "$status" -eq 0 ]; then
@@ -194,15 +202,19 @@ fi
 
 start_phase rust rust
 # The fake-driver GPU tests use cargo, so they go before `minimal` takes the build directory;
-# then `minimal` compiles at low priority beside the test runs.
+# then `minimal` compiles at low priority beside the test runs. pytest (one process, CPU-bound)
+# needs the fake driver gpu-fake builds; it starts then too, so that the end of the run is the
+# Rust tests, which keep both cores busy, rather than pytest alone on one.
 start_phase gpu-fake gpu_fake
 start_phase lint lint
 end_phase lint
 end_phase gpu-fake
 start_phase minimal minimal
-end_phase rust
 if [ "$python_ok" = 1 ]; then
     start_phase python python_tests
+fi
+end_phase rust
+if [ "$python_ok" = 1 ]; then
     end_phase python
 fi
 end_phase minimal
