@@ -177,11 +177,13 @@ pyenv:
 		|| echo "could not set up $(PYENV): the cross-tool tests will skip"; \
 	fi
 
-# The library's modules depend only downward (the layers in ARCHITECTURE.md); the Python
-# package type-checks against the extension's stub (python/pyproject.toml's [tool.mypy]) and
-# passes ruff's checks ([tool.ruff]).
+# The library's modules depend only downward (the layers in ARCHITECTURE.md); workspace-hack
+# asks for no feature the workspace does not already enable; the Python package type-checks
+# against the extension's stub (python/pyproject.toml's [tool.mypy]) and passes ruff's checks
+# ([tool.ruff]).
 lint:
 	python3 scripts/check_layers.py
+	python3 scripts/check_workspace_hack.py
 	@if [ -x $(PYENV)/bin/mypy ]; then cd python && ../$(PYENV)/bin/mypy; \
 	else echo "lint: mypy is not in $(PYENV) (no python3?): the Python type check is skipped"; fi
 	@if [ -x $(PYENV)/bin/ruff ]; then cd python && ../$(PYENV)/bin/ruff check .; \
