@@ -10,18 +10,18 @@
 #   minimal   the library without default features: every target built and linted, the
 #             integration suite run
 #   python    the Python package's tests (pytest)
-#   lint      the module layers, mypy, ruff, rustfmt
+#   lint      the module layers, workspace-hack's features, mypy, ruff, rustfmt
 # Compiling and testing overlap where one leaves a core idle: the build of `minimal` runs at low
 # priority beside the test runs, so the tests get the CPU they would have alone; pytest runs
-# beside the Rust tests. Each phase's output is printed whole when it ends (logs in
-# target/make-test/), then a table of phases, their times and results. Exit status 1 if any
-# failed.
+# beside the Rust tests. Each phase's output is printed whole when the script waits for it (logs
+# in target/make-test/), then a table of phases, the time each took and its result. Exit status
+# 1 if any failed.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 cargo=${CARGO:-cargo}
 export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
-logs=target/make-test
+logs=$root/target/make-test
 venv=.venv
 rm -rf "$logs"
 mkdir -p "$logs"
@@ -132,9 +132,12 @@ wheel() {
 }
 
 rust() {
-    if [ "$nextest" = 1 ]; then
+    if [ "$nextest" = 1 ] && [ -f "$logs/binaries-metadata.json" ]; then
         $cargo nextest run --cargo-metadata "$logs/cargo-metadata.json" \
             --binaries-metadata "$logs/binaries-metadata.json"
+    elif [ "$nextest" = 1 ]; then
+        # `make-test.sh rust` alone: no build phase wrote the metadata; nextest builds.
+        $cargo nextest run --workspace
     else
         $cargo test --workspace
     fi
@@ -145,8 +148,9 @@ gpu_fake() { CARGO=$cargo scripts/test-gpu-fake.sh; }
 minimal() {
     nice -n 15 $cargo test -q -p imagefeed --no-default-features --all-targets --no-run || return
     $cargo test -q -p imagefeed --no-default-features --test integration || return
-    if $cargo tree -q -p imagefeed --no-default-features -e normal --prefix none |
-        grep -E '^(hdf5|hdf5-metno|hdf5-sys|cudarc)'; then
+    local tree
+    tree=$($cargo tree -q -p imagefeed --no-default-features -e normal --prefix none) || return
+    if grep -E '^(hdf5|hdf5-metno|hdf5-sys|cudarc)' <<<"$tree"; then
         echo "error: the no-default-features build still depends on the crates above"
         return 1
     fi
@@ -161,6 +165,7 @@ python_tests() {
 lint() {
     local status=0
     python3 scripts/check_layers.py || status=1
+    python3 scripts/check_workspace_hack.py || status=1
     if [ -x "$venv/bin/mypy" ]; then
         (cd python && ../$venv/bin/mypy) || status=1
         (cd python && ../$venv/bin/ruff check .) || status=1
@@ -171,14 +176,14 @@ lint() {
     return $status
 }
 
-# `scripts/make-test.sh PHASE...` runs only those phases, one after another (`make
-# test-minimal`, `make test-python`).
+# `scripts/make-test.sh PHASE...` runs only those phases, one after another, up to the first
+# that fails (`make test-minimal`, `make test-python`: no pytest on a stale wheel).
 if [ $# -gt 0 ]; then
     for name in "$@"; do
         case $name in
-        build | wheel | rust | minimal | lint) run_phase "$name" "$name" ;;
-        gpu-fake) run_phase gpu-fake gpu_fake ;;
-        python) run_phase python python_tests ;;
+        build | wheel | rust | minimal | lint) run_phase "$name" "$name" || finish ;;
+        gpu-fake) run_phase gpu-fake gpu_fake || finish ;;
+        python) run_phase python python_tests || finish ;;
         *)
             echo "unknown phase: $name" >&2
             exit 2
