@@ -234,7 +234,7 @@ def test_ctrl_c_stops_a_pack_keeping_its_progress_and_resume_finishes_it(tmp_pat
     import time
 
     src, out = tmp_path / "src", tmp_path / "out.lmdb"
-    replicated_tree(src, classes=4, per_class=100, size=(256, 192), distinct=10)
+    replicated_tree(src, classes=4, per_class=130, size=(256, 192), distinct=10)
     partial = tmp_path / "out.lmdb.partial"
     proc = subprocess.Popen([sys.executable, "-c", PACK_SCRIPT, str(src), str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -243,7 +243,9 @@ def test_ctrl_c_stops_a_pack_keeping_its_progress_and_resume_finishes_it(tmp_pat
         deadline = time.monotonic() + 30
         while not partial.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.002)
-        proc.send_signal(signal.SIGINT)  # the pack is under way: 400 files, one thread
+        # The pack is under way: 520 files, one thread. A stop is seen after each chunk of 256
+        # is committed, so the signal has until file 512 to land (the 8 after it, a third chunk).
+        proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
@@ -252,7 +254,7 @@ def test_ctrl_c_stops_a_pack_keeping_its_progress_and_resume_finishes_it(tmp_pat
     with pytest.raises(imagefeed.IncompleteDatasetError):
         imagefeed.Dataset(out, decode="bytes")
     summary = imagefeed.pack(src, out, threads=1, resize=48, resume=True, progress=False)
-    assert summary["samples"] == 400 and summary["resumed_from"] < 400
+    assert summary["samples"] == 520 and summary["resumed_from"] < 520
     assert imagefeed.verify(out)["ok"]
 
 
@@ -350,7 +352,7 @@ def test_ctrl_c_stops_the_console_scripts_pack_saying_how_to_finish(tmp_path):
     import time
 
     src, out = tmp_path / "src", tmp_path / "out.lmdb"
-    replicated_tree(src, classes=4, per_class=100, size=(256, 192), distinct=10)
+    replicated_tree(src, classes=4, per_class=130, size=(256, 192), distinct=10)
     partial = tmp_path / "out.lmdb.partial"
     script = _console_script()
     proc = subprocess.Popen([script, "imagefolder2lmdb", str(src), str(out), "--threads", "1",
