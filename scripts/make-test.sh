@@ -181,14 +181,15 @@ lint() {
 if [ $# -gt 0 ]; then
     for name in "$@"; do
         case $name in
-        build | wheel | rust | minimal | lint) run_phase "$name" "$name" || finish ;;
-        gpu-fake) run_phase gpu-fake gpu_fake || finish ;;
-        python) run_phase python python_tests || finish ;;
+        build | wheel | rust | minimal | lint) phase=$name ;;
+        gpu-fake) phase=gpu_fake ;;
+        python) phase=python_tests ;;
         *)
             echo "unknown phase: $name" >&2
             exit 2
             ;;
         esac
+        run_phase "$name" "$phase" || finish
     done
     finish
 fi
