@@ -33,6 +33,11 @@ struct OpenEnv {
     /// The live meta page's transaction when the file was checked: a file changed in place
     /// since (same inode, a new transaction) holds pages no check has seen.
     txn_id: u64,
+    /// Where the environment's map lies, found once when it was opened: it stays there for
+    /// the environment's life, also in a forked child (a DataLoader worker opens the dataset
+    /// the parent holds each epoch), and `/proc/self/maps` is slow to read where PyTorch is
+    /// loaded (thousands of maps: 2–4 ms an open, measured with 3,000).
+    bounds: MapBounds,
 }
 
 /// Environments open in this process, by canonical path, with the file's identity so that a
@@ -45,7 +50,7 @@ static OPEN_ENVS: Mutex<Option<HashMap<PathBuf, OpenEnv>>> = Mutex::new(None);
 /// the map, and reading it (a checksum, a parse) killed the process with SIGSEGV. Each value is
 /// checked against these bounds before anything reads it. (A file renamed while an environment
 /// under its old name is open gets a second environment and map: both count.)
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub(super) struct MapBounds(Option<Arc<[(usize, usize)]>>);
 
 impl MapBounds {
@@ -350,10 +355,10 @@ fn read_up_to(file: &mut fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
 /// The process's environment for `path` (one per file, shared), where its map lies, and where
 /// the values of its samples database lie (when the open's check found them: [`Located`]).
 pub(super) fn shared_read_env(path: &Path, file_len: u64) -> Result<SharedEnv> {
-    let (env, located, roots, (dev, ino)) = read_env(path, file_len)?;
+    let (env, bounds, located, roots, (dev, ino)) = read_env(path, file_len)?;
     Ok(SharedEnv {
         env,
-        bounds: MapBounds::of(dev, ino, file_len),
+        bounds,
         located,
         roots,
         identity: (dev, ino),
@@ -372,9 +377,15 @@ pub(super) struct SharedEnv {
     pub(super) identity: (u64, u64),
 }
 
-/// What [`read_env`] returns: the environment, the located values, the checked trees, and the
-/// file's (device, inode).
-type ReadEnvParts = (Arc<ReadEnv>, Option<Arc<Located>>, Roots, (u64, u64));
+/// What [`read_env`] returns: the environment, where its map lies, the located values, the
+/// checked trees, and the file's (device, inode).
+type ReadEnvParts = (
+    Arc<ReadEnv>,
+    MapBounds,
+    Option<Arc<Located>>,
+    Roots,
+    (u64, u64),
+);
 
 fn read_env(path: &Path, file_len: u64) -> Result<ReadEnvParts> {
     let canonical = fs::canonicalize(path).at(path)?;
@@ -412,7 +423,7 @@ fn read_env(path: &Path, file_len: u64) -> Result<ReadEnvParts> {
         let open = envs.get_mut(&canonical).expect("found above");
         open.located = located.as_ref().map(Arc::downgrade);
         open.roots = roots.clone();
-        return Ok((env, located, roots, (dev, ino)));
+        return Ok((env, open.bounds.clone(), located, roots, (dev, ino)));
     }
     drop(file);
     let mut options = EnvOpenOptions::new().read_txn_without_tls();
@@ -451,6 +462,7 @@ fn read_env(path: &Path, file_len: u64) -> Result<ReadEnvParts> {
         }
     };
     let env = Arc::new(env);
+    let bounds = MapBounds::of(dev, ino, file_len);
     envs.insert(
         canonical,
         OpenEnv {
@@ -460,7 +472,8 @@ fn read_env(path: &Path, file_len: u64) -> Result<ReadEnvParts> {
             located: located.as_ref().map(Arc::downgrade),
             roots: roots.clone(),
             txn_id,
+            bounds: bounds.clone(),
         },
     );
-    Ok((env, located, roots, (dev, ino)))
+    Ok((env, bounds, located, roots, (dev, ino)))
 }

@@ -707,6 +707,47 @@ mod tests {
     }
 
     #[test]
+    fn a_second_open_of_a_held_file_shares_its_map_and_checks_values_against_it() {
+        // The map's place is found once per environment (not by reading /proc/self/maps at
+        // every open); a second open must still check values against that map.
+        use crate::dataset::Dataset as _;
+        let dir = tempfile::tempdir().unwrap();
+        let out = packed(dir.path(), "twice", 2, 4, 32);
+        let first = Lmdb::open(&out).unwrap();
+        let second = Lmdb::open(&out).unwrap();
+        assert!(Arc::ptr_eq(&first.env, &second.env), "one environment");
+        assert_eq!(first.bounds, second.bounds);
+        let name = fs::canonicalize(&out).unwrap();
+        let name = name.to_str().unwrap();
+        let maps = fs::read_to_string("/proc/self/maps").unwrap();
+        let start =
+            maps.lines()
+                .filter(|line| line.ends_with(name))
+                .find_map(|line| {
+                    let mut fields = line.split_whitespace();
+                    let range = fields.next()?;
+                    let offset = fields.nth(1)?;
+                    offset.trim_start_matches('0').is_empty().then(|| {
+                        usize::from_str_radix(range.split_once('-').unwrap().0, 16).unwrap()
+                    })
+                })
+                .expect("the file is mapped");
+        let len = fs::metadata(&out).unwrap().len();
+        assert!(second.bounds.holds(start, len));
+        assert!(
+            !second.bounds.holds(start, len + 1),
+            "one byte past the end"
+        );
+        assert!(
+            !second.bounds.holds(start - 1, 1),
+            "one byte before the map"
+        );
+        drop(first);
+        // The second open keeps the environment, and its bounds, alive.
+        assert_eq!(second.open_reader().unwrap().read(1).unwrap().label, 0);
+    }
+
+    #[test]
     fn an_open_dataset_maps_its_file_once() {
         // liblmdb's map is sized so that a process under an address-space limit (`ulimit -v`)
         // can open the file; the located values are read from it, not from a second map.
