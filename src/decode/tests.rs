@@ -447,7 +447,11 @@ fn a_damaged_jpeg_with_restart_markers_is_an_error_or_the_same_pixels() {
     };
     let mut damaged = rewritten.clone();
     let (mut compared, mut failed) = (0, 0);
-    for at in (0..rewritten.len()).step_by(11) {
+    // Every 37th byte, and every marker byte (the restart markers, the stuffed 0xFF 0x00 pairs
+    // of the entropy-coded data, the headers'): damage there changes the file's structure.
+    // (Every 11th byte alone took 40 s of the test run.)
+    let marker = |at: usize| rewritten[at] == 0xFF || at > 0 && rewritten[at - 1] == 0xFF;
+    for at in (0..rewritten.len()).filter(|&at| at % 37 == 0 || marker(at)) {
         for value in [0x00, 0xFF, 0xD3, rewritten[at] ^ 0x10] {
             damaged.copy_from_slice(&rewritten);
             damaged[at] = value;
