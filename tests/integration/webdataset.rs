@@ -296,6 +296,18 @@ fn samples_without_an_image_or_label_are_bad_records_naming_them() {
         ("b.cls", b"0"),
         ("c.jpg", b"not read"),
         ("c.cls", b"one"),
+        // A writer that repeated a key: two samples' members in a row under one key (a
+        // hostile try found the second silently dropped, the shard "OK").
+        (
+            "d.jpg",
+            &fs::read(fixture_root().join("class00/img00000.jpg")).unwrap()[..],
+        ),
+        ("d.cls", b"0"),
+        (
+            "d.jpg",
+            &fs::read(fixture_root().join("class01/img00000.jpg")).unwrap()[..],
+        ),
+        ("d.cls", b"1"),
     ] {
         let mut header = tar::Header::new_gnu();
         header.set_size(data.len() as u64);
@@ -306,16 +318,17 @@ fn samples_without_an_image_or_label_are_bad_records_naming_them() {
     builder.finish().unwrap();
     drop(builder);
     let dataset = format::open(&path).unwrap();
-    assert_eq!(dataset.len(), 3);
+    assert_eq!(dataset.len(), 4);
     let mut reader = dataset.open_reader().unwrap();
     assert_eq!(reader.read(0).unwrap().label, 1);
     for (index, says) in [
         (1, "no image field (it has txt, cls)"),
         (2, "not an integer label"),
+        (3, "hold its .jpg (the key is repeated)"),
     ] {
         match reader.read(index) {
             Err(Error::CorruptRecord { key, reason, .. }) => {
-                assert_eq!(key, ["a", "b", "c"][index]);
+                assert_eq!(key, ["a", "b", "c", "d"][index]);
                 assert!(reason.contains(says), "{reason}");
             }
             other => panic!("{other:?}"),

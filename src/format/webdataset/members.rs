@@ -86,8 +86,9 @@ pub(super) fn walk_shard(bytes: &[u8]) -> Walk {
                     .last()
                     .map_or(from, |s| (s.offset + s.len).max(from));
                 let start = start.min(at);
-                walk.damaged.push((
-                    walk.samples.len(),
+                let reason = if start == next {
+                    format!("the shard ends at byte {start}: {problem}")
+                } else {
                     format!(
                         "bytes {start}..{next} of the shard are not tar members ({problem}){}",
                         if next == end {
@@ -95,8 +96,9 @@ pub(super) fn walk_shard(bytes: &[u8]) -> Walk {
                         } else {
                             "; the next member starts after them"
                         }
-                    ),
-                ));
+                    )
+                };
+                walk.damaged.push((walk.samples.len(), reason));
                 walk.samples.push(Span {
                     offset: start,
                     len: next - start,
@@ -230,6 +232,17 @@ fn walk_from(bytes: &[u8], from: u64, walk: &mut Walk) -> std::result::Result<()
                 .into(),
         ));
     }
+    // A tar ends with zero blocks (two; one is accepted, as GNU tar does). Without them the
+    // shard may have been cut between two members (a copy or an upload that stopped), with
+    // every later sample gone: that is a damaged end, never a complete shard.
+    if (tail.len() as u64) < BLOCK {
+        return Err((
+            last_end,
+            "the archive has no end-of-archive block after its last member: the shard was cut \
+             short there, or its writer never finished it"
+                .into(),
+        ));
+    }
     Ok(())
 }
 
@@ -237,6 +250,10 @@ fn walk_from(bytes: &[u8], from: u64, walk: &mut Walk) -> std::result::Result<()
 pub(super) struct Members<'a> {
     pub(super) key: String,
     pub(super) fields: Vec<(String, &'a [u8])>,
+    /// A field two members of the sample hold (`key.jpg` twice in a row: a writer that
+    /// repeated a key). Which image goes with which label is then unknown: the `webdataset`
+    /// package refuses such a shard, and the sample is a bad record.
+    pub(super) repeated: Option<String>,
 }
 
 /// Parses the members in a sample's bytes.
@@ -244,7 +261,8 @@ pub(super) fn members(span: &[u8]) -> std::result::Result<Members<'_>, String> {
     let mut archive = tar::Archive::new(GuardedCursor(Cursor::new(span)));
     let entries = archive.entries_with_seek().map_err(|e| e.to_string())?;
     let mut key = None;
-    let mut fields = Vec::new();
+    let mut fields: Vec<(String, &[u8])> = Vec::new();
+    let mut repeated = None;
     for entry in entries {
         let entry = entry.map_err(|e| e.to_string())?;
         if !entry.header().entry_type().is_file() {
@@ -258,11 +276,16 @@ pub(super) fn members(span: &[u8]) -> std::result::Result<Members<'_>, String> {
         let path = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
         let (k, field) = key_and_field(&path);
         key.get_or_insert_with(|| k.to_string());
-        fields.push((field.to_ascii_lowercase(), data));
+        let field = field.to_ascii_lowercase();
+        if repeated.is_none() && fields.iter().any(|(f, _)| *f == field) {
+            repeated = Some(field.clone());
+        }
+        fields.push((field, data));
     }
     Ok(Members {
         key: key.ok_or("no file in the sample")?,
         fields,
+        repeated,
     })
 }
 
@@ -449,8 +472,18 @@ mod tests {
                 walk.damaged
             );
         }
-        // Cutting only the end-of-archive zeros loses nothing.
+        // Without its end-of-archive blocks the shard may have been cut between two members
+        // (a hostile try found the later samples gone and the shard "OK"): its end is
+        // damaged; the members before it still read. One zero block is end enough.
         let walk = walk_shard(&bytes[..bytes.len() - 1024]);
+        assert_eq!(walk.samples.len(), 4, "{walk:?}");
+        assert_eq!(walk.damaged.len(), 1, "{walk:?}");
+        assert_eq!(walk.damaged[0].0, 3);
+        assert!(
+            walk.damaged[0].1.contains("no end-of-archive block"),
+            "{walk:?}"
+        );
+        let walk = walk_shard(&bytes[..bytes.len() - 512]);
         assert_eq!((walk.samples.len(), walk.damaged.len()), (3, 0));
     }
 

@@ -318,6 +318,7 @@ fn infer_classes(
             // (Members and labels are read through the map's guard: an unreadable sample is
             // left out here, and is a bad record when read.)
             if let Ok(members) = members(bytes)
+                && members.repeated.is_none()
                 && let Some(Ok(label)) = members.label()
             {
                 inference.see(
@@ -415,6 +416,15 @@ impl RecordReader for WebDatasetReader {
         // Out of the map before anything reads it (`mapguard`).
         let bytes = crate::mapguard::copy_readable(&shard.path, map, bytes, &mut self.copied)?;
         let members = members(bytes).map_err(|reason| corrupt(&unnamed(), reason))?;
+        if let Some(field) = &members.repeated {
+            return Err(corrupt(
+                &members.key,
+                format!(
+                    "two or more members in a row hold its .{field} (the key is repeated): which \
+                     image goes with which label is unknown"
+                ),
+            ));
+        }
         let payload = members.image().ok_or_else(|| {
             let fields: Vec<&str> = members.fields.iter().map(|(f, _)| f.as_str()).collect();
             corrupt(
