@@ -108,6 +108,21 @@ fn verify_dataset(
 ) -> Result<VerifyReport> {
     let source = against.map(ImageFolder::open).transpose()?;
     let mut problems = Vec::new();
+    // Records that are not there cannot fail a check: a member of a shard set holding none
+    // while the others hold some (a copy cut short, a file never written) is a problem of its
+    // own, as `inspect` calls such a set incomplete.
+    let empty = dataset.suspect_empty_shards();
+    if empty > 0 {
+        problems.push(Problem {
+            index: None,
+            key: "shards".into(),
+            kind: ProblemKind::Unreadable,
+            problem: format!(
+                "{empty} member(s) of the shard set hold no sample while the others do (a \
+                 copy cut short, or a file never written): `inspect` names them"
+            ),
+        });
+    }
     if let Some(source) = &source
         && source.classes() != dataset.classes()
     {

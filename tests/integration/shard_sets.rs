@@ -282,6 +282,17 @@ fn an_empty_member_among_full_ones_is_reported_and_inspect_says_incomplete() {
     let inspection = imagefeed::inspect::inspect(dir.path()).unwrap();
     assert_eq!(inspection.empty_shards, 1);
     assert!(!inspection.complete && !inspection.is_whole());
+    // verify fails too (a hostile try found it printing the notice, then "OK", exit 0).
+    let report = imagefeed::verify::verify(dir.path(), None).unwrap();
+    assert!(!report.is_ok());
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| p.kind == imagefeed::verify::ProblemKind::Unreadable && p.key == "shards"),
+        "{:?}",
+        report.problems
+    );
     // A whole set has no such notice.
     let whole = tempfile::tempdir().unwrap();
     foreign_set(whole.path(), "train", 3);
@@ -291,6 +302,11 @@ fn an_empty_member_among_full_ones_is_reported_and_inspect_says_incomplete() {
             .notices()
             .iter()
             .any(|n| n.contains("hold no sample"))
+    );
+    assert!(
+        imagefeed::verify::verify(whole.path(), None)
+            .unwrap()
+            .is_ok()
     );
 }
 
