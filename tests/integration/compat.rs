@@ -649,6 +649,26 @@ fn a_damaged_mds_shard_reads_as_bad_records_and_a_missing_one_is_named() {
         matches!(&err, imagefeed::Error::NotADataset { path, .. } if path.ends_with("shard.00000.mds")),
         "{err}"
     );
+    // An index saying 0 samples for a shard holding 4 (a hostile try found them gone, "OK"):
+    // its 4 records read as bad records naming the shard.
+    let shard1 = text.find("shard.00001.mds").unwrap();
+    let zero_at = shard1 + text[shard1..].find("\"samples\": 4").unwrap();
+    let zeroed = format!(
+        "{}\"samples\": 0{}",
+        &text[..zero_at],
+        &text[zero_at + "\"samples\": 4".len()..]
+    );
+    fs::write(&index, zeroed).unwrap();
+    let dataset = format::open(&mds).unwrap();
+    assert_eq!(dataset.len(), good.len());
+    let mut reader = dataset.open_reader().unwrap();
+    for (index, row) in good.iter().enumerate() {
+        match (index, reader.read(index)) {
+            (4..8, Err(imagefeed::Error::CorruptRecord { path, .. })) => assert_eq!(path, shard),
+            (4..8, other) => panic!("sample {index}: {:?}", other.map(|r| r.key.to_string())),
+            (_, read) => assert_eq!(read.unwrap().payload, &row.2[..]),
+        }
+    }
     fs::write(&index, text).unwrap();
     // A shard the index lists that is not there: refused naming it, read around on purpose.
     fs::remove_file(&shard).unwrap();

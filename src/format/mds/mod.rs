@@ -100,7 +100,13 @@ pub(super) struct Shard {
     /// same whether it is read compressed or not, locally or from object storage.
     name: String,
     data: Arc<ShardData>,
+    /// The samples the index says the shard holds.
     samples: usize,
+    /// The records the shard makes in the dataset: `samples`, or where the shard's own count
+    /// disagrees with the index (then every one is a bad record), the larger of the two, so
+    /// that an index saying 0 for a shard holding 100 costs 100 bad records, not 100 samples
+    /// gone without a word.
+    records: usize,
 }
 
 struct Shared {
@@ -308,14 +314,23 @@ pub(super) fn checked_shard(
             ),
         );
     }
+    let mut records = samples;
     if let Some(count) = read_u32(bytes, 0)
         && count as usize != samples
     {
+        // A count the shard cannot hold offsets for is damage, not a count: one bad record
+        // at least then.
+        let believable = (count as usize).saturating_mul(4).saturating_add(8) <= bytes.len();
+        records = if believable {
+            samples.max(count as usize)
+        } else {
+            samples.max(1)
+        };
         crate::dataset::notice(
             notices,
             format!(
-                "{}: holds {count} samples, but {INDEX} says {samples}: its samples read as \
-                 bad records",
+                "{}: holds {count} samples, but {INDEX} says {samples}: its {records} \
+                 records read as bad records",
                 path.display()
             ),
         );
@@ -325,6 +340,7 @@ pub(super) fn checked_shard(
         name: name.to_string(),
         data: Arc::new(data),
         samples,
+        records,
     })
 }
 
@@ -338,7 +354,7 @@ pub(super) fn assemble(
     mut notices: Vec<String>,
     missing_shards: crate::format::shards::MissingShards,
 ) -> Result<Mds> {
-    let starts = crate::format::shards::starts(shards.iter().map(|s| s.samples));
+    let starts = crate::format::shards::starts(shards.iter().map(|s| s.records));
     let total = *starts.last().expect("starts has a final entry");
     // No notice for empty shards: see `suspect_empty_shards`.
     let label_base = options.records.label_base.unwrap_or(0);
@@ -391,8 +407,8 @@ fn infer_classes(
         // The scan reads each sample's place and label, not its image: an unreadable one
         // (`crate::mapguard`) is left out here, and is a bad record when read.
         if read_u32(mapped.bytes(), 0) != u32::try_from(shard.samples).ok() {
-            // Not the shard the index describes: every sample is a bad record (a notice said).
-            samples += shard.samples;
+            // Not the shard the index describes: every record is bad (a notice said).
+            samples += shard.records;
             continue;
         }
         for within in 0..shard.samples {
