@@ -616,7 +616,8 @@ impl std::fmt::Display for ShardSetProblem {
                 write!(
                     f,
                     "holds {} sets of shards: {}; read one by naming it with a pattern, such as \
-                     DIR/{example} (quoted in a shell), or by listing its files",
+                     DIR/{example} (quoted in a shell), or by listing its files (several sets \
+                     are read as one only when listed, file by file or with a brace list)",
                     sets.len(),
                     listed.join(", ")
                 )

@@ -65,7 +65,8 @@ fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
         let dir = url.parent();
         let listing = store::list_dir(&dir, Patience::Open)?;
         let (objects, missing) = select(&url, &name, &listing, options)?;
-        (objects, false, missing)
+        let one_set = crate::format::shards::picks_by_wildcards(&name);
+        (objects, one_set, missing)
     } else if !url.key().is_empty()
         && !url.key().ends_with('/')
         && let Some(object) = store::head(&url, Patience::Open)?

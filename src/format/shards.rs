@@ -242,6 +242,28 @@ pub fn expand_pattern(pattern: &Path) -> Result<Vec<PathBuf>> {
     expand_selection(pattern, false).map(|(files, _)| files)
 }
 
+/// Whether a pattern's last component `name` picks files by wildcards alone (`*`, `?`, `[...]`:
+/// `DIR/*`, `DIR/*.tar`), not by a brace list. Such a pattern must match one set, as a
+/// directory must: `DIR/*` over `train-*-of-00004` and `validation-*-of-00002` is the obvious
+/// thing to type, and read as one dataset it merged both without a word (found by a hostile
+/// try). A brace list, or a list of files, names several sets on purpose.
+pub fn picks_by_wildcards(name: &str) -> bool {
+    name.contains(['*', '?', '[']) && !(name.contains('{') && name.contains('}'))
+}
+
+/// The last component of `pattern`, as text (empty where it has none).
+fn last_name(pattern: &Path) -> &str {
+    pattern
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default()
+}
+
+/// [`picks_by_wildcards`] for a local pattern.
+pub fn pattern_picks_by_wildcards(pattern: &Path) -> bool {
+    picks_by_wildcards(last_name(pattern))
+}
+
 /// [`expand_pattern`], returning also the brace-listed files that are missing when
 /// `allow_missing`.
 pub fn expand_selection(
@@ -657,9 +679,15 @@ mod tests {
             }
         );
         assert!(p.to_string().contains("DIR/train-*-of-00002"), "{p}");
-        // Chosen explicitly (a pattern or a list), both sets are read.
-        let report = check_sets(Path::new("/d/*"), &files, false, false).unwrap();
+        // Listed (files, or a brace list), both sets are read; a pattern of wildcards alone
+        // (`DIR/*`) must pick one, as a directory must.
+        let report = check_sets(Path::new("/d/x"), &files, false, false).unwrap();
         assert_eq!(report.sets.len(), 2);
+        assert!(picks_by_wildcards("*") && picks_by_wildcards("*.tar"));
+        assert!(picks_by_wildcards("train-0000[0-3]-of-*"));
+        assert!(!picks_by_wildcards("shard-{000000..000003}.tar"));
+        assert!(!picks_by_wildcards("{train,validation}-*"));
+        assert!(!picks_by_wildcards("train-00000-of-00002"));
     }
 
     #[test]

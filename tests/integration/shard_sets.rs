@@ -105,6 +105,25 @@ fn two_sets_in_one_directory_are_refused_and_each_is_read_by_pattern() {
         shard_set_problem(format::open(dir.path().join("test-*"))),
         ShardSetProblem::NoMatch
     );
+    // `DIR/*` picks by wildcards alone: like the directory, it must match one set (a hostile
+    // try found it read both sets as one, "OK"). A list names both on purpose.
+    for pattern in ["*", "*-of-*"] {
+        assert!(
+            matches!(
+                shard_set_problem(format::open(dir.path().join(pattern))),
+                ShardSetProblem::Mixed { .. }
+            ),
+            "{pattern}"
+        );
+    }
+    let mut all: Vec<PathBuf> = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains("-of-"))
+        .collect();
+    all.sort();
+    let both = format::open_files(&all, &OpenOptions::default()).unwrap();
+    assert_eq!(both.len(), 2 * (whole - support::BROKEN.len()));
 }
 
 #[test]

@@ -163,7 +163,8 @@ impl Records {
                         problem: crate::format::shards::ShardSetProblem::NoMatch,
                     });
                 }
-                (pattern.as_path(), files, false)
+                let one_set = crate::format::shards::pattern_picks_by_wildcards(pattern);
+                (pattern.as_path(), files, one_set)
             }
             Selection::List(files) => {
                 let Some(first) = files.first() else {

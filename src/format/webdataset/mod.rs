@@ -147,7 +147,8 @@ impl WebDataset {
                 let (files, missing) =
                     crate::format::shards::expand_selection(pattern, options.allow_missing_shards)?;
                 brace_missing = missing;
-                (pattern.clone(), files, false)
+                let one_set = crate::format::shards::pattern_picks_by_wildcards(pattern);
+                (pattern.clone(), files, one_set)
             }
             Selection::List(files) => {
                 let first = files
