@@ -24,7 +24,7 @@
 use std::fs;
 use std::os::fd::AsRawFd as _;
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::error::{Error, IoContext as _, Result};
 
@@ -227,7 +227,7 @@ impl Cache {
             .write(true)
             .open(&lock_path)
             .at(&lock_path)?;
-        flock(&lock, libc::LOCK_EX).at(&lock_path)?;
+        lock_saying_so(&lock, &lock_path, "fill this cache entry")?;
         // Filled by another process while this one waited.
         if let Some(hit) = open_entry(&path)? {
             return Ok(hit);
@@ -291,7 +291,7 @@ impl Cache {
             .write(true)
             .open(&path)
             .at(&path)?;
-        flock(&file, libc::LOCK_EX).at(&path)?;
+        lock_saying_so(&file, &path, "make room in the cache")?;
         Ok(file)
     }
 
@@ -445,6 +445,51 @@ fn evict(path: &Path) -> std::io::Result<bool> {
     Ok(true)
 }
 
+/// How long a process waits for another's exclusive lock on the cache before saying so.
+const LOCK_PATIENCE: Duration = Duration::from_secs(5);
+
+/// An exclusive lock on `file` (the lock file at `path`), taken to do `what`; a wait longer than
+/// [`LOCK_PATIENCE`] is reported (`log::warn!`) before it goes on. The holder may be filling
+/// the entry, or stopped while filling it (a job suspended with Ctrl-Z): a hostile try found
+/// the open waiting there without a word.
+fn lock_saying_so(file: &fs::File, path: &Path, what: &str) -> Result<()> {
+    lock_exclusive(file, LOCK_PATIENCE, || {
+        log::warn!(
+            "{}: waiting for another process's lock to {what} (it may be filling it, or be \
+             stopped while it does: `fuser -v {}` names it); going on once it is released",
+            path.display(),
+            path.display()
+        );
+    })
+    .at(path)
+}
+
+/// `flock(file, LOCK_EX)`, trying without blocking until `patience` has passed, then calling
+/// `waiting` once and blocking.
+fn lock_exclusive(
+    file: &fs::File,
+    patience: Duration,
+    waiting: impl FnOnce(),
+) -> std::io::Result<()> {
+    let started = Instant::now();
+    loop {
+        // SAFETY: flock on a descriptor `file` owns; no memory is passed.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => {}
+            _ => return Err(e),
+        }
+        if started.elapsed() >= patience {
+            waiting();
+            return flock(file, libc::LOCK_EX);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// `flock(file, operation)`, retried when a signal interrupts the wait.
 fn flock(file: &fs::File, operation: libc::c_int) -> std::io::Result<()> {
     loop {
@@ -528,6 +573,44 @@ pub(crate) fn keyed_name(hash: sha2::Sha256, name: &str) -> String {
 mod tests {
     use super::*;
     use std::io::Write as _;
+
+    #[test]
+    fn a_long_wait_for_another_holders_lock_is_reported_once_then_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.lock");
+        let open = || {
+            fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+                .unwrap()
+        };
+        // Free: taken at once, nothing reported.
+        let holder = open();
+        let mut said = 0;
+        lock_exclusive(&holder, Duration::from_millis(50), || said += 1).unwrap();
+        assert_eq!(said, 0);
+        // Held (a second open file description of the lock file is another holder): the
+        // wait is reported once, and the lock is had once the holder lets go.
+        let waiter = std::thread::spawn({
+            let waiter = open();
+            move || {
+                let said = std::sync::atomic::AtomicUsize::new(0);
+                let started = Instant::now();
+                lock_exclusive(&waiter, Duration::from_millis(50), || {
+                    said.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                })
+                .unwrap();
+                (said.into_inner(), started.elapsed())
+            }
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        drop(holder);
+        let (said, waited) = waiter.join().unwrap();
+        assert_eq!(said, 1);
+        assert!(waited >= Duration::from_millis(250), "{waited:?}");
+    }
 
     fn fill_with(bytes: usize) -> impl FnOnce(&mut Filling<'_>) -> Result<()> {
         move |file| {
