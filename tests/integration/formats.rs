@@ -1017,6 +1017,41 @@ fn bytes_appended_to_a_shard_of_ours_are_refused() {
 }
 
 #[test]
+fn a_deleted_index_of_ours_is_replaced_by_a_scan_that_must_match_the_manifest() {
+    // A damaged index's error says to delete it to have it rebuilt; a hostile try found the
+    // dataset then unreadable ("No such file or directory").
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ours.records");
+    pack_as(
+        &fixture_root(),
+        &path,
+        PackFormat::Records,
+        &small_options(),
+    );
+    let before = records(format::open(&path).unwrap().as_ref());
+    let index = path.join("shard-00000.index");
+    fs::remove_file(&index).unwrap();
+    let opened = format::open(&path).unwrap();
+    assert!(
+        opened
+            .notices()
+            .iter()
+            .any(|n| n.contains("shard-00000.index") && n.contains("scanned")),
+        "{:?}",
+        opened.notices()
+    );
+    assert_eq!(records(opened.as_ref()), before);
+    drop(opened);
+    // A shard that no longer holds what the manifest lists cannot stand in for its index.
+    append_garbage(&path.join("shard-00000.tfrecord"));
+    let err = format::open(&path).unwrap_err();
+    assert!(
+        matches!(&err, Error::NotADataset { path, reason } if path == &index && reason.contains("cannot stand in")),
+        "{err:?}"
+    );
+}
+
+#[test]
 fn a_staging_directory_killed_before_its_first_record_is_replaced_by_force_and_nothing_else_is() {
     let dir = tempfile::tempdir().unwrap();
     let forced = small_options().with_mode(StartMode {

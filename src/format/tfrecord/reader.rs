@@ -330,7 +330,7 @@ pub(super) fn parse_manifest(dir: &Path, at: &Path, text: &[u8]) -> Result<Manif
 fn open_ours(dir: &Path, manifest_path: &Path, allow_missing: bool) -> Result<Records> {
     let text = fs::read(manifest_path).at(manifest_path)?;
     let manifest = parse_manifest(dir, manifest_path, &text)?;
-    let (manifest, dropped) = drop_missing_shards(dir, manifest, allow_missing, |entry| {
+    let (manifest, mut dropped) = drop_missing_shards(dir, manifest, allow_missing, |entry| {
         crate::format::shards::is_gone(&dir.join(&entry.file))
     })?;
     // Shards of up to 256 MiB together are read through as they are opened, in order, as a
@@ -353,14 +353,34 @@ fn open_ours(dir: &Path, manifest_path: &Path, allow_missing: bool) -> Result<Re
         prefetch.read(&path, &file, file_len)?;
         let mapped = Mapped::new(&path, file, false)?;
         let map = mapped.bytes();
-        let index = {
-            use std::io::Read as _;
-            let (file, len) = crate::file::open_regular(&index_path)?;
-            let mut index = Vec::with_capacity(len.min(1 << 30) as usize);
-            file.take(len).read_to_end(&mut index).at(&index_path)?;
-            index
+        let index_gone = matches!(
+            fs::symlink_metadata(&index_path),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound
+        );
+        let records = if index_gone {
+            // Deleted (what a damaged index's error advises): the shard is scanned instead,
+            // and must hold exactly what the manifest lists.
+            let records = records_by_scan(&index_path, map, entry)?;
+            crate::dataset::notice(
+                &mut dropped.notices,
+                format!(
+                    "{}: missing; its shard was scanned instead (its {} records are those the \
+                     manifest lists), as it will be at every open until the index is back",
+                    index_path.display(),
+                    records.len()
+                ),
+            );
+            records
+        } else {
+            let index = {
+                use std::io::Read as _;
+                let (file, len) = crate::file::open_regular(&index_path)?;
+                let mut index = Vec::with_capacity(len.min(1 << 30) as usize);
+                file.take(len).read_to_end(&mut index).at(&index_path)?;
+                index
+            };
+            entry_records(&index_path, &index, entry, map.len() as u64)?
         };
-        let records = entry_records(&index_path, &index, entry, map.len() as u64)?;
         lens.push(map.len() as u64);
         let data = Arc::new(ShardData::local(&path, mapped));
         shards.push(Shard {
@@ -377,6 +397,34 @@ fn open_ours(dir: &Path, manifest_path: &Path, allow_missing: bool) -> Result<Re
     assemble_ours(dir, manifest_path, manifest, dropped, shards, &lens)
 }
 
+/// A shard's records found by scanning its frames (its index is gone), refused unless the scan
+/// finds no damage and exactly the records and bytes the manifest lists.
+fn records_by_scan(
+    index_path: &Path,
+    map: &[u8],
+    entry: &super::ShardEntry,
+) -> Result<Vec<(u64, u64)>> {
+    let scan = super::scan_shard(map);
+    if !scan.damaged.is_empty()
+        || scan.records.len() != entry.records
+        || map.len() as u64 != entry.bytes
+    {
+        return Err(Error::not_a_dataset(
+            index_path,
+            format!(
+                "missing, and its shard cannot stand in for it: a scan finds {} records in {} \
+                 bytes ({} damaged ranges) where the manifest lists {} records in {} bytes",
+                scan.records.len(),
+                map.len(),
+                scan.damaged.len(),
+                entry.records,
+                entry.bytes
+            ),
+        ));
+    }
+    Ok(scan.records)
+}
+
 /// One shard's records from its index, checked against what the manifest says of the shard
 /// and the shard's actual length: the index must list the shard as the manifest describes it.
 /// A shard cut short since leaves its last records unreadable, each a bad record that says so;
@@ -388,7 +436,7 @@ pub(super) fn entry_records(
     shard_len: u64,
 ) -> Result<Vec<(u64, u64)>> {
     let records = parse_index(index_path, index)?;
-    let end = check_index_covers(index_path, &records, entry.bytes)?;
+    let end = check_index_covers(index_path, &records, shard_len)?;
     if end != entry.bytes || shard_len > entry.bytes {
         return Err(Error::not_a_dataset(
             index_path,
