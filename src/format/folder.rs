@@ -266,6 +266,22 @@ fn collect_dirs(
         };
         match fs::metadata(entry.path()) {
             Ok(m) if m.is_dir() => subdirs.push((os_name, name, bad)),
+            // A path longer than the system allows (PATH_MAX) cannot be opened by it: every
+            // image below would be left out, and a hostile try found them counted as "files
+            // without an image extension". An error naming it, as an unreadable directory is.
+            Err(e) if e.raw_os_error() == Some(libc::ENAMETOOLONG) => {
+                return Err(Error::io(
+                    entry.path(),
+                    std::io::Error::new(
+                        e.kind(),
+                        format!(
+                            "{e}: a path of {} bytes, longer than this system opens; \
+                             nothing below it could be read",
+                            entry.path().as_os_str().len()
+                        ),
+                    ),
+                ));
+            }
             // Files, and dangling symlinks (os.walk lists them as files; reading one fails with
             // its path).
             _ => files.push((name, bad)),
@@ -358,6 +374,37 @@ mod tests {
         let path = root.join(rel);
         fs::create_dir_all(path.parent().unwrap()).unwrap();
         fs::write(path, rel.as_bytes()).unwrap();
+    }
+
+    /// Images below a path longer than PATH_MAX were left out as "files without an image
+    /// extension" (a hostile try); the scan now fails naming the path.
+    #[test]
+    fn a_directory_nested_past_the_path_limit_is_an_error_naming_it() {
+        use std::ffi::CString;
+        use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        touch(root, "a/1.jpg");
+        // Made relative to each level's descriptor (the whole path is too long to name).
+        let name = CString::new("d".repeat(200)).unwrap();
+        let mut at = OwnedFd::from(fs::File::open(root.join("a")).unwrap());
+        for _ in 0..22 {
+            // SAFETY: plain syscalls on a descriptor this test owns and a NUL-terminated name.
+            unsafe {
+                assert_eq!(libc::mkdirat(at.as_raw_fd(), name.as_ptr(), 0o755), 0);
+                let next = libc::openat(at.as_raw_fd(), name.as_ptr(), libc::O_DIRECTORY);
+                assert!(next >= 0);
+                at = OwnedFd::from_raw_fd(next);
+            }
+        }
+        match ImageFolder::open(root) {
+            Err(Error::Io { path, source }) => {
+                assert!(path.as_os_str().len() > libc::PATH_MAX as usize, "{path:?}");
+                assert_eq!(source.raw_os_error(), None, "wrapped with what it means");
+                assert!(source.to_string().contains("longer than"), "{source}");
+            }
+            other => panic!("{:?}", other.map(|f| f.len())),
+        }
     }
 
     /// A class directory whose name is not UTF-8 used to fail the whole scan (torchvision takes
