@@ -334,6 +334,29 @@ fn samples_without_an_image_or_label_are_bad_records_naming_them() {
             other => panic!("{other:?}"),
         }
     }
+    // A shard whose every sample repeats its key is refused at open, saying so.
+    let repeated = dir.path().join("repeated.tar");
+    let image = fs::read(fixture_root().join("class00/img00000.jpg")).unwrap();
+    let mut builder = tar::Builder::new(fs::File::create(&repeated).unwrap());
+    for (name, data) in [
+        ("k.jpg", &image[..]),
+        ("k.cls", b"0"),
+        ("k.jpg", &image[..]),
+        ("k.cls", b"1"),
+    ] {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(data.len() as u64);
+        header.set_mode(0o644);
+        header.set_entry_type(tar::EntryType::Regular);
+        builder.append_data(&mut header, name, data).unwrap();
+    }
+    builder.finish().unwrap();
+    drop(builder);
+    let err = format::open(&repeated).unwrap_err();
+    assert!(
+        matches!(&err, Error::NotADataset { reason, .. } if reason.contains("repeat their key")),
+        "{err}"
+    );
     // A shard with no labels at all is refused at open, saying which fields it looked for.
     let unlabeled = dir.path().join("unlabeled.tar");
     let mut builder = tar::Builder::new(fs::File::create(&unlabeled).unwrap());

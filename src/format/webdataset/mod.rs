@@ -306,6 +306,8 @@ fn infer_classes(
 ) -> Result<Vec<String>> {
     let mut inference = crate::dataset::ClassInference::default();
     let mut samples = 0usize;
+    // Samples left out because a key repeats in consecutive members (bad records when read).
+    let mut repeated = 0usize;
     for shard in shards {
         let mapped = shard.data.get()?;
         for (number, span) in shard.samples.iter().enumerate() {
@@ -318,16 +320,30 @@ fn infer_classes(
             };
             // (Members and labels are read through the map's guard: an unreadable sample is
             // left out here, and is a bad record when read.)
-            if let Ok(members) = members(bytes)
-                && members.repeated.is_none()
-                && let Some(Ok(label)) = members.label()
-            {
+            let Ok(members) = members(bytes) else {
+                continue;
+            };
+            if members.repeated.is_some() {
+                repeated += 1;
+                continue;
+            }
+            if let Some(Ok(label)) = members.label() {
                 inference.see(
                     || format!("{} sample {number} ({})", shard.path.display(), members.key),
                     label.checked_sub(i64::from(label_base)),
                 );
             }
         }
+    }
+    if samples > 0 && inference.is_empty() && repeated > 0 {
+        return Err(Error::not_a_dataset(
+            name,
+            format!(
+                "no sample can be read: {repeated} of {samples} repeat their key in \
+                 consecutive members (two .jpg under one key: which image goes with which \
+                 label is unknown), and the rest have no label"
+            ),
+        ));
     }
     if samples > 0 && inference.is_empty() {
         return Err(Error::not_a_dataset(
