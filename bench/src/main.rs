@@ -230,6 +230,34 @@ enum Command {
     },
 }
 
+/// Prints the library's notices (`log::warn!` and worse from `imagefeed`) to stderr as
+/// `note: …`, each text once: `--reopen` and `--cold` open the dataset every epoch.
+struct NoteLogger(std::sync::Mutex<Option<std::collections::HashSet<String>>>);
+
+static NOTES: NoteLogger = NoteLogger(std::sync::Mutex::new(None));
+
+impl log::Log for NoteLogger {
+    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+        metadata.level() <= log::Level::Warn && metadata.target().starts_with("imagefeed")
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        if !self.enabled(record.metadata()) {
+            return;
+        }
+        let text = record.args().to_string();
+        let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if seen
+            .get_or_insert_with(Default::default)
+            .insert(text.clone())
+        {
+            eprintln!("note: {text}");
+        }
+    }
+
+    fn flush(&self) {}
+}
+
 fn main() -> std::process::ExitCode {
     // Output piped into a reader that stops early (`| head`) ends the process quietly, as it
     // does `cat`, instead of panicking on the closed pipe (Rust ignores SIGPIPE by default).
@@ -237,6 +265,10 @@ fn main() -> std::process::ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    // Notices about the data (a shard set with an empty member, labels out of range, a cache
+    // lock waited on) go to stderr; a hostile try found every one invisible here.
+    log::set_logger(&NOTES).ok();
+    log::set_max_level(log::LevelFilter::Warn);
     match run() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {

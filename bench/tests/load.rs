@@ -147,3 +147,42 @@ fn an_epoch_with_bad_samples_names_the_first_and_why() {
         "{epoch}"
     );
 }
+
+#[test]
+fn the_datasets_notices_are_printed_once_each() {
+    // A hostile try found every notice (an empty shard, a wrong count) invisible in `load`.
+    // A class folder named in bytes that are not UTF-8 makes one; `--reopen` opens the
+    // dataset every epoch, and the notice is printed once.
+    use std::os::unix::ffi::OsStrExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("tree");
+    let spec = SyntheticSpec {
+        classes: 2,
+        per_class: 4,
+        width: 32,
+        height: 32,
+        ..SyntheticSpec::default()
+    };
+    synthetic::write_image_folder(&root, &spec).unwrap();
+    let odd = root.join(std::ffi::OsStr::from_bytes(b"\xf5"));
+    std::fs::create_dir(&odd).unwrap();
+    std::fs::copy(root.join("class00/img00000.jpg"), odd.join("a.jpg")).unwrap();
+    let (_, stderr) = load_with_stderr(&[
+        root.to_str().unwrap(),
+        "--workers",
+        "1",
+        "--batch-size",
+        "4",
+        "--warmup",
+        "0",
+        "--epochs",
+        "2",
+        "--reopen",
+        // (The odd class's files fail to read: bad samples, allowed here.)
+        "--max-bad",
+        "none",
+    ]);
+    let notes: Vec<&str> = stderr.lines().filter(|l| l.starts_with("note: ")).collect();
+    assert_eq!(notes.len(), 1, "{stderr}");
+    assert!(notes[0].contains("UTF-8"), "{stderr}");
+}
