@@ -473,14 +473,10 @@ fn lock_exclusive(
 ) -> std::io::Result<()> {
     let started = Instant::now();
     loop {
-        // SAFETY: flock on a descriptor `file` owns; no memory is passed.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-            return Ok(());
-        }
-        let e = std::io::Error::last_os_error();
-        match e.kind() {
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => {}
-            _ => return Err(e),
+        match flock(file, libc::LOCK_EX | libc::LOCK_NB) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
         }
         if started.elapsed() >= patience {
             waiting();
