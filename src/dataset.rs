@@ -320,6 +320,14 @@ pub trait Dataset: Send + Sync {
         0
     }
 
+    /// Shards of a format that keeps no count of their records anywhere (other tools' TFRecord
+    /// and WebDataset shards) that the scan at open found cut short at their end, by position
+    /// in the set, with their paths: the last record of each is a bad record standing for a
+    /// tail of unknown length ([`records_lost_at_cut_ends`] estimates it). Empty by default.
+    fn shards_cut_at_end(&self) -> Vec<(usize, &Path)> {
+        Vec::new()
+    }
+
     /// The shards the loader's next batches read, in the order it first reads them (the
     /// first ones are being read now). A dataset whose shards are fetched on demand (from
     /// object storage) fetches them ahead in this order and lets go of the shards not listed,
@@ -376,6 +384,37 @@ pub fn missing_list(names: &[String], count: u64) -> String {
 pub(crate) fn notice(notices: &mut Vec<String>, message: String) {
     log::warn!("{message}");
     notices.push(message);
+}
+
+/// About how many records the shards cut at their end ([`Dataset::shards_cut_at_end`]) took
+/// with them, beyond the bad record each still reads as: for each, the median record count of
+/// the set's shards not cut, less what it holds. Writers fill their shards alike (a record count
+/// or a byte size per shard; only the last is short), so the median is what a shard held. 0 when
+/// no shard is cut, or no whole shard gives a count to go by (a set of one).
+pub fn records_lost_at_cut_ends(dataset: &dyn Dataset) -> u64 {
+    let cut = dataset.shards_cut_at_end();
+    let Some(starts) = dataset.shard_starts() else {
+        return 0;
+    };
+    if cut.is_empty() {
+        return 0;
+    }
+    let counts: Vec<usize> = starts.windows(2).map(|w| w[1] - w[0]).collect();
+    let mut whole: Vec<usize> = counts
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !cut.iter().any(|(c, _)| c == i))
+        .map(|(_, &n)| n)
+        .collect();
+    if whole.is_empty() {
+        return 0;
+    }
+    whole.sort_unstable();
+    let typical = whole[whole.len() / 2];
+    cut.iter()
+        .filter_map(|(i, _)| counts.get(*i))
+        .map(|&held| typical.saturating_sub(held) as u64)
+        .sum()
 }
 
 /// The number of members of a set holding no sample while others do (`starts`: each member's

@@ -603,6 +603,21 @@ pub enum ShardSetProblem {
     },
     /// A pattern matched no file.
     NoMatch,
+    /// Shards of a format that counts its records nowhere (other tools' TFRecord or WebDataset
+    /// shards) end cut short, and the records they lost, estimated from the other shards'
+    /// counts ([`records_lost_at_cut_ends`](crate::dataset::records_lost_at_cut_ends)), are
+    /// more than the loader's bad-sample limit allows. Each cut shard reads as one bad record at
+    /// its end: counted so, a shard that lost most of its records would stay under any limit.
+    CutShort {
+        /// The cut shards' names (the first 10 when there are more).
+        shards: Vec<String>,
+        /// How many shards are cut.
+        count: usize,
+        /// About how many records they lost.
+        lost: u64,
+        /// The limit, as configured.
+        limit: String,
+    },
 }
 
 impl std::fmt::Display for ShardSetProblem {
@@ -642,6 +657,24 @@ impl std::fmt::Display for ShardSetProblem {
             ShardSetProblem::NoMatch => {
                 f.write_str("no file matches this pattern (index files and manifests do not count)")
             }
+            ShardSetProblem::CutShort {
+                shards,
+                count,
+                lost,
+                limit,
+            } => write!(
+                f,
+                "{count} shard(s) end cut short ({}{}): about {lost} records are lost with them \
+                 (by the other shards' record counts), more than the bad-sample limit ({limit}) \
+                 allows; restore them, or train on what is left on purpose with max_bad=None \
+                 (--max-bad None)",
+                shards.join(", "),
+                if *count > shards.len() {
+                    format!(" and {} more", count - shards.len())
+                } else {
+                    String::new()
+                }
+            ),
         }
     }
 }

@@ -121,8 +121,10 @@ pub struct Inspection {
     /// false: a copy cut short looks like this; the notices name them).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub empty_shards: u64,
-    /// How many of its shards are shorter than its index of them says (then `complete` is
-    /// false; the notices name them and their records past the cut are bad records).
+    /// How many of its shards are cut short (then `complete` is false): shorter than its index
+    /// of them says (their records past the cut are bad records), or, in a format that counts
+    /// its records nowhere, found cut at their end by the scan at open (a bad record there
+    /// stands for the lost tail). The notices name them.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub cut_shards: u64,
 }
@@ -162,6 +164,9 @@ impl Dataset for ArcDataset {
     }
     fn cut_shards(&self) -> usize {
         self.0.cut_shards()
+    }
+    fn shards_cut_at_end(&self) -> Vec<(usize, &Path)> {
+        self.0.shards_cut_at_end()
     }
     fn plan_shards(&self, upcoming: &[usize]) {
         self.0.plan_shards(upcoming)
@@ -260,7 +265,7 @@ fn inspect_dataset(
     let missing = dataset.missing_shards();
     let (missing_shards, missing_shard_count) = (missing.named.clone(), missing.count);
     let empty_shards = dataset.suspect_empty_shards() as u64;
-    let cut_shards = dataset.cut_shards() as u64;
+    let cut_shards = (dataset.cut_shards() + dataset.shards_cut_at_end().len()) as u64;
     let complete = complete && missing.is_empty() && empty_shards == 0 && cut_shards == 0;
 
     struct Seen {

@@ -70,8 +70,10 @@ class IncompleteDatasetError(DataError):
 
 class ShardSetError(DataError):
     """The shard files named are not one whole set: several sets in one directory (pick one
-    with a pattern such as ``"DIR/train-*"``), or members missing (``missing`` lists them;
-    ``allow_missing_shards=True`` reads the rest on purpose)."""
+    with a pattern such as ``"DIR/train-*"``), members missing (``missing`` lists them;
+    ``allow_missing_shards=True`` reads the rest on purpose), or, raised by a new ``Loader``,
+    shards cut short that lost more records than ``max_bad`` allows (``max_bad=None`` reads
+    the rest on purpose)."""
 
     missing: List[str] = []
 

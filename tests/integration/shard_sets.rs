@@ -329,6 +329,78 @@ fn an_empty_member_among_full_ones_is_reported_and_inspect_says_incomplete() {
     );
 }
 
+#[test]
+fn a_shard_cut_short_counts_its_lost_tail_against_the_bad_sample_limit() {
+    // Found by a hostile try: a member of a TFRecord set cut to a tenth read as one bad record
+    // at its end, so the epoch ended under the 1% limit with a fifth of the data gone.
+    let dir = tempfile::tempdir().unwrap();
+    let files = foreign_set(dir.path(), "train", 4);
+    let whole = format::open(dir.path()).unwrap();
+    let counts: Vec<usize> = whole
+        .shard_starts()
+        .unwrap()
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .collect();
+    assert!(whole.shards_cut_at_end().is_empty());
+    let bytes = fs::read(&files[1]).unwrap();
+    fs::write(&files[1], &bytes[..bytes.len() / 10 + 7]).unwrap();
+
+    let cut = format::open(dir.path()).unwrap();
+    let named: Vec<usize> = cut.shards_cut_at_end().iter().map(|(i, _)| *i).collect();
+    assert_eq!(named, [1]);
+    let held = cut.shard_starts().unwrap()[2] - cut.shard_starts().unwrap()[1];
+    assert!(held < counts[1], "{held} of {}", counts[1]);
+    let mut whole_counts = [counts[0], counts[2], counts[3]];
+    whole_counts.sort_unstable();
+    let lost = imagefeed::dataset::records_lost_at_cut_ends(cut.as_ref());
+    assert_eq!(lost, (whole_counts[1] - held) as u64);
+
+    // The loader refuses it under the default limit, naming the shard and the estimate ...
+    match Loader::new(cut.clone(), LoaderConfig::default()) {
+        Err(Error::ShardSet {
+            problem:
+                ShardSetProblem::CutShort {
+                    shards,
+                    count,
+                    lost: said,
+                    ..
+                },
+            ..
+        }) => {
+            assert_eq!(shards, ["train-00001-of-00004"]);
+            assert_eq!((count, said), (1, lost));
+        }
+        Err(other) => panic!("expected a cut-short error, got {other}"),
+        Ok(_) => panic!("a set missing {lost} records was loaded under the 1% limit"),
+    }
+    // ... reads what is left when the limit is lifted, or is high enough ...
+    let config = LoaderConfig::default().with_batch_size(4).with_seed(1);
+    for max_bad in [None, Some(imagefeed::loader::MaxBad::Count(lost + 1))] {
+        let loader = Loader::new(cut.clone(), config.clone().with_max_bad(max_bad)).unwrap();
+        let samples: usize = loader.epoch(0).map(|b| b.unwrap().len()).sum();
+        assert_eq!(samples, cut.len() - 1, "max_bad {max_bad:?}");
+    }
+    // ... and inspect calls the set incomplete.
+    let inspection = imagefeed::inspect::inspect(dir.path()).unwrap();
+    assert_eq!(inspection.cut_shards, 1);
+    assert!(!inspection.complete);
+
+    // Damage at a shard's end that cuts nothing off (its last record's data) is no cut.
+    let mut flipped = fs::read(&files[2]).unwrap();
+    fs::write(&files[1], &bytes).unwrap();
+    let at = flipped.len() - 10;
+    flipped[at] ^= 0x40;
+    fs::write(&files[2], &flipped).unwrap();
+    let damaged = format::open(dir.path()).unwrap();
+    assert!(damaged.shards_cut_at_end().is_empty());
+    assert_eq!(
+        imagefeed::dataset::records_lost_at_cut_ends(damaged.as_ref()),
+        0
+    );
+    Loader::new(damaged, LoaderConfig::default()).unwrap();
+}
+
 fn compat(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("fixtures/compat")

@@ -220,6 +220,57 @@ fn a_damaged_shard_costs_only_the_samples_it_touches() {
 }
 
 #[test]
+fn a_shard_cut_short_counts_its_lost_tail_against_the_bad_sample_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = rust_shards(dir.path(), "c", 3);
+    let whole = format::open(dir.path()).unwrap();
+    let starts = whole.shard_starts().unwrap().to_vec();
+    let bytes = fs::read(&files[0]).unwrap();
+    // Cut between two members (no end-of-archive block), as a copy that stopped leaves it.
+    let mut archive = tar::Archive::new(std::io::Cursor::new(&bytes[..]));
+    let third_sample = archive
+        .entries_with_seek()
+        .unwrap()
+        .nth(6)
+        .unwrap()
+        .unwrap()
+        .raw_header_position() as usize;
+    fs::write(&files[0], &bytes[..third_sample]).unwrap();
+
+    let cut = format::open(dir.path()).unwrap();
+    let named: Vec<usize> = cut.shards_cut_at_end().iter().map(|(i, _)| *i).collect();
+    assert_eq!(named, [0]);
+    let held = cut.shard_starts().unwrap()[1];
+    // Two samples and the bad record standing for the rest.
+    assert_eq!(held, 3);
+    let mut others = [starts[2] - starts[1], starts[3] - starts[2]];
+    others.sort_unstable();
+    let lost = imagefeed::dataset::records_lost_at_cut_ends(cut.as_ref());
+    assert_eq!(lost, (others[1] - held) as u64);
+    assert!(lost > 0);
+    match Loader::new(cut.clone(), LoaderConfig::default()) {
+        Err(Error::ShardSet {
+            problem:
+                ShardSetProblem::CutShort {
+                    shards, lost: said, ..
+                },
+            ..
+        }) => assert_eq!((shards, said), (vec!["c-000000.tar".to_string()], lost)),
+        Err(other) => panic!("expected a cut-short error, got {other}"),
+        Ok(_) => panic!("a set missing {lost} samples was loaded under the 1% limit"),
+    }
+    let lifted = LoaderConfig::default()
+        .with_batch_size(2)
+        .with_max_bad(None);
+    let samples: usize = Loader::new(cut.clone(), lifted)
+        .unwrap()
+        .epoch(0)
+        .map(|b| b.unwrap().len())
+        .sum();
+    assert_eq!(samples, cut.len() - 1);
+}
+
+#[test]
 fn shards_written_by_the_webdataset_package_and_tarfile_read_like_their_source() {
     let Some(python) = python_with("webdataset") else {
         return;

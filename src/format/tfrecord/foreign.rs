@@ -146,13 +146,18 @@ pub(super) fn open_foreign_shard(
                 ),
             );
         }
-        let ShardScan { records, damaged } = scan_decompressed(map, copy.damage);
+        let ShardScan {
+            records,
+            damaged,
+            cut_end,
+        } = scan_decompressed(map, copy.damage);
         report_damage(path, &damaged, notices);
         return Ok(Shard {
             path: path.to_path_buf(),
             data: Arc::new(ShardData::local(path, mapped)),
             records,
             damaged: damaged.into_iter().collect(),
+            cut_end,
             unsaved_index: false,
         });
     }
@@ -166,6 +171,7 @@ pub(super) fn open_foreign_shard(
             data: Arc::new(ShardData::local(path, mapped)),
             records,
             damaged: Default::default(),
+            cut_end: false,
             unsaved_index: false,
         });
     }
@@ -191,6 +197,7 @@ pub(super) fn open_foreign_shard(
         data: Arc::new(ShardData::local(path, mapped)),
         records: scan.records,
         damaged: scan.damaged.into_iter().collect(),
+        cut_end: scan.cut_end,
         unsaved_index: clean,
     })
 }
@@ -238,13 +245,16 @@ pub(super) fn tempfile_for_upload() -> Result<(PathBuf, fs::File)> {
 
 /// Scans a decompressed shard; when its stream was damaged (`damage`), the cut stream's
 /// partial last frame, if there is one, is that damage, else a record of no bytes at the end
-/// stands for what was lost.
+/// stands for what was lost, and the shard's end counts as cut (how much the stream held
+/// past the damage is unknown).
 pub(super) fn scan_decompressed(map: &[u8], damage: Option<String>) -> ShardScan {
     let ShardScan {
         mut records,
         mut damaged,
+        mut cut_end,
     } = scan_shard(map);
     if let Some(damage) = damage {
+        cut_end = true;
         let reason = format!("{damage} ({} records before it)", records.len());
         match damaged.last_mut() {
             Some((at, last)) if *at + 1 == records.len() => *last = reason,
@@ -254,7 +264,11 @@ pub(super) fn scan_decompressed(map: &[u8], damage: Option<String>) -> ShardScan
             }
         }
     }
-    ShardScan { records, damaged }
+    ShardScan {
+        records,
+        damaged,
+        cut_end,
+    }
 }
 
 /// A notice for each damaged range a scan found in the shard at `path`.

@@ -64,6 +64,10 @@ pub struct ShardScan {
     pub records: Vec<(u64, u64)>,
     /// `(position in records, what is wrong)` for each damaged range.
     pub damaged: Vec<(usize, String)>,
+    /// Whether the shard ends cut short: its last frame declares more bytes than are left, or
+    /// too few bytes for a frame are left. How many records the lost tail held is unknown;
+    /// the last entry (a damaged range) stands for all of them.
+    pub cut_end: bool,
 }
 
 /// Builds an index by walking the frames of a shard, from its first byte to its last.
@@ -84,6 +88,7 @@ pub fn scan_shard(bytes: &[u8]) -> ShardScan {
             }
             Err(problem) => {
                 let next = next_frame(bytes, offset + 1);
+                scan.cut_end = next == bytes.len() && runs_past_end(bytes, offset);
                 let reason = format!(
                     "bytes {offset}..{next} of the shard are not a TFRecord frame ({problem}){}",
                     if next == bytes.len() {
@@ -146,6 +151,23 @@ fn frame_at(bytes: &[u8], offset: usize) -> std::result::Result<usize, String> {
     Ok(total as usize)
 }
 
+/// Whether what starts at `offset` is a frame the shard's end cuts off: too few bytes left for
+/// a frame, or a header (its length CRC good) declaring more bytes than are left.
+fn runs_past_end(bytes: &[u8], offset: usize) -> bool {
+    let rest = &bytes[offset..];
+    if rest.len() < HEADER_BYTES + FOOTER_BYTES {
+        return true;
+    }
+    if crate::mapguard::fault_in(&rest[..HEADER_BYTES]).is_err() {
+        return false;
+    }
+    let len_bytes = &rest[..8];
+    let crc = u32::from_le_bytes(rest[8..12].try_into().expect("4 bytes"));
+    let len = u64::from_le_bytes(len_bytes.try_into().expect("8 bytes"));
+    masked_crc(len_bytes) == crc
+        && len.saturating_add((HEADER_BYTES + FOOTER_BYTES) as u64) > rest.len() as u64
+}
+
 /// Whether the frame at `offset` (whose header [`frame_at`] accepted) has a good data CRC too:
 /// the check that makes a place found by resynchronising a real frame.
 fn full_frame_ok(bytes: &[u8], offset: usize) -> bool {
@@ -206,6 +228,7 @@ mod tests {
         frame(&mut shard, b"second record");
         let scan = scan_shard(&shard);
         assert_eq!(scan.damaged, []);
+        assert!(!scan.cut_end);
         assert_eq!(scan.records, [(0, 21), (21, 29)]);
         assert_eq!(unframe(&shard[21..]).unwrap(), b"second record");
 
@@ -225,9 +248,16 @@ mod tests {
             scan.damaged
         );
         assert!(scan.damaged[0].1.contains("bad length CRC"));
+        // Damage at the end that is not a cut: the tail holds no more records.
+        assert!(!scan.cut_end);
 
+        // Cut inside the last frame's data, then inside its header: a cut end.
+        for cut in [45, 30] {
+            assert!(scan_shard(&shard[..cut]).cut_end, "cut at {cut}");
+        }
         let scan = scan_shard(&shard[..40]);
         assert_eq!(scan.records, [(0, 21), (21, 19)]);
+        assert!(scan.cut_end);
         assert_eq!(scan.damaged.len(), 1);
         assert!(
             scan.damaged[0]
@@ -254,6 +284,7 @@ mod tests {
             assert_eq!(scan.records, [(0, 21), (21, 29), (50, 21)], "{what}");
             assert_eq!(scan.damaged.len(), 1, "{what}");
             assert_eq!(scan.damaged[0].0, 1, "{what}");
+            assert!(!scan.cut_end, "{what}");
             assert!(
                 scan.damaged[0]
                     .1

@@ -65,6 +65,11 @@ pub(super) struct Shard {
     /// Records that are damaged byte ranges a scan could not frame, by position in `records`,
     /// with what the scan found; reading one is a bad record that says so.
     pub(super) damaged: std::collections::HashMap<usize, String>,
+    /// Whether the scan found the shard cut short at its end ([`ShardScan::cut_end`]): its last
+    /// record, a bad one, stands for a tail of unknown length.
+    ///
+    /// [`ShardScan::cut_end`]: super::ShardScan::cut_end
+    pub(super) cut_end: bool,
     /// Whether `records` came from scanning a shard that has no index file and scanned clean:
     /// an index [`Records::save_missing_indexes`] may save.
     pub(super) unsaved_index: bool,
@@ -388,6 +393,7 @@ fn open_ours(dir: &Path, manifest_path: &Path, allow_missing: bool) -> Result<Re
             data,
             records,
             damaged: Default::default(),
+            cut_end: false,
             unsaved_index: false,
         });
     }
@@ -583,6 +589,14 @@ impl Dataset for Records {
 
     fn cut_shards(&self) -> usize {
         self.shared.cut_shards
+    }
+
+    fn shards_cut_at_end(&self) -> Vec<(usize, &Path)> {
+        let shards = self.shared.shards.iter().enumerate();
+        shards
+            .filter(|(_, s)| s.cut_end)
+            .map(|(i, s)| (i, s.path.as_path()))
+            .collect()
     }
 
     fn missing_shards(&self) -> &crate::format::shards::MissingShards {

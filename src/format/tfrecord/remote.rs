@@ -119,6 +119,7 @@ pub(crate) fn open_ours(
             data: shard_data(shard, options, cache),
             records,
             damaged: Default::default(),
+            cut_end: false,
             unsaved_index: false,
         })
     })?;
@@ -198,6 +199,7 @@ fn open_foreign_shard(
                 data: shard_data(object, options, cache),
                 records,
                 damaged: Default::default(),
+                cut_end: false,
                 unsaved_index: false,
             },
             0,
@@ -229,6 +231,7 @@ fn open_foreign_shard(
             data: Arc::new(data),
             records: scan.records,
             damaged: scan.damaged.into_iter().collect(),
+            cut_end: scan.cut_end,
             unsaved_index: clean,
         },
         len,

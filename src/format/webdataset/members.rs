@@ -58,6 +58,10 @@ pub(super) struct Walk {
     pub(super) samples: Vec<Span>,
     /// `(sample position, reason)` of each damaged range.
     pub(super) damaged: Vec<(usize, String)>,
+    /// Whether the shard ends cut short: damage runs to its last byte, and it does not end with
+    /// a block of zeros (what a tar's end is). How many samples the lost tail held is unknown;
+    /// the last damaged range stands for all of them.
+    pub(super) cut_end: bool,
 }
 
 /// The key and field of a member's path: up to and after the first dot of its file name.
@@ -107,7 +111,22 @@ pub(super) fn walk_shard(bytes: &[u8]) -> Walk {
             }
         }
     }
+    let damage_to_the_end = walk.damaged.last().is_some_and(|&(at, _)| {
+        let span = walk.samples[at];
+        span.offset + span.len == end
+    });
+    walk.cut_end = damage_to_the_end && !ends_with_zero_block(bytes);
     walk
+}
+
+/// Whether `bytes` end with a whole block of zeros at a block boundary (an end-of-archive block).
+fn ends_with_zero_block(bytes: &[u8]) -> bool {
+    let len = bytes.len() as u64;
+    if len < BLOCK || !len.is_multiple_of(BLOCK) {
+        return false;
+    }
+    let last = &bytes[(len - BLOCK) as usize..];
+    crate::mapguard::fault_in(last).is_ok() && last.iter().all(|&b| b == 0)
 }
 
 /// The first block from `from` on (a multiple of [`BLOCK`]) that holds a valid tar header, or
@@ -452,6 +471,7 @@ mod tests {
         let (at, reason) = &walk.damaged[0];
         assert_eq!(*at, 1);
         assert!(reason.contains("next member starts after them"), "{reason}");
+        assert!(!walk.cut_end, "damage inside the shard is not a cut end");
         // a before it and b's label member, then c after it, still read.
         let keys: Vec<String> = walk
             .samples
@@ -471,6 +491,7 @@ mod tests {
                 "{:?}",
                 walk.damaged
             );
+            assert!(walk.cut_end, "cut at {cut_at}");
         }
         // Without its end-of-archive blocks the shard may have been cut between two members
         // (a hostile try found the later samples gone and the shard "OK"): its end is
@@ -483,8 +504,10 @@ mod tests {
             walk.damaged[0].1.contains("no end-of-archive block"),
             "{walk:?}"
         );
+        assert!(walk.cut_end);
         let walk = walk_shard(&bytes[..bytes.len() - 512]);
         assert_eq!((walk.samples.len(), walk.damaged.len()), (3, 0));
+        assert!(!walk.cut_end && !walk_shard(&bytes).cut_end);
     }
 
     #[test]

@@ -90,6 +90,8 @@ pub(super) struct Shard {
     samples: Vec<Span>,
     /// Samples that are damaged byte ranges, by position, with the reason.
     damaged: HashMap<usize, String>,
+    /// Whether the walk found the shard cut short at its end ([`members::Walk::cut_end`]).
+    cut_end: bool,
 }
 
 struct Shared {
@@ -248,6 +250,7 @@ pub(super) fn walked(path: &Path, mapped: Mapped, notices: &mut Vec<String>) -> 
         data: Arc::new(ShardData::local(path, mapped)),
         samples: walk.samples,
         damaged: walk.damaged.into_iter().collect(),
+        cut_end: walk.cut_end,
     }
 }
 
@@ -384,6 +387,14 @@ impl Dataset for WebDataset {
 
     fn shard_starts(&self) -> Option<&[usize]> {
         Some(&self.shared.starts)
+    }
+
+    fn shards_cut_at_end(&self) -> Vec<(usize, &Path)> {
+        let shards = self.shared.shards.iter().enumerate();
+        shards
+            .filter(|(_, s)| s.cut_end)
+            .map(|(i, s)| (i, s.path.as_path()))
+            .collect()
     }
 
     fn open_reader(&self) -> Result<Box<dyn RecordReader>> {
