@@ -393,13 +393,27 @@ pub struct SetReport {
     /// Each set's member numbers counted missing: its key and the span `start..end` whose
     /// numbers not present are missing (so a brace list's missing name is counted once).
     spans: Vec<(SetKey, u64, u64)>,
+    /// Sets picked whole whose numbers start at 1, each with the name its member 0 would have:
+    /// numbered from 1 on purpose, or missing their first member (a notice says so).
+    pub from_one: Vec<(String, String)>,
 }
 
 impl SetReport {
-    /// The notice that the set `name` is read with members missing, as asked (reported through
-    /// the log facade); none for a whole set.
+    /// The notices for the selection `name` (reported through the log facade): a set numbered
+    /// from 1 (its member 0 may be missing), and members missing, read without as asked. None
+    /// for a whole set numbered from 0.
     pub fn notices(&self, name: &Path) -> Vec<String> {
         let mut notices = Vec::new();
+        for (set, zero) in &self.from_one {
+            crate::dataset::notice(
+                &mut notices,
+                format!(
+                    "{}: set {set} is numbered from 1; if it was numbered from 0, as WebDataset's, \
+                     TensorFlow's and MDS's writers number shards, {zero} is missing",
+                    name.display()
+                ),
+            );
+        }
         if self.missing_count > 0 {
             crate::dataset::notice(
                 &mut notices,
@@ -546,11 +560,20 @@ pub fn check_sets(
         };
         let first = &members[0].0;
         // With a `-of-` count the set is 0..count; without, the span its numbers cover (a gap
-        // inside it is missing; members before the first or after the last cannot be known).
+        // inside it is missing; members after the last cannot be known). A whole set (a
+        // directory, a pattern of wildcards) starts at 0, as the writers of WebDataset,
+        // TensorFlow and MDS shards number them, or at 1 (a notice says its 0 may be missing):
+        // numbers that start later leave the first members missing (a hostile try found a set
+        // missing its first shards read without a word). A list or brace list picks its
+        // members on purpose.
         let (start, end) = match first.total {
             Some(total) => (0, total),
+            None if one_set && low > 1 => (0, high + 1),
             None => (low, high + 1),
         };
+        if first.total.is_none() && one_set && low == 1 {
+            report.from_one.push((first.set(), first.member(0)));
+        }
         let expected = end - start;
         let count = expected - numbers.len() as u64;
         if count == 0 {
@@ -744,6 +767,42 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_whole_set_numbered_past_one_is_missing_its_first_members() {
+        // Found by a hostile try: `shard-000001..3` with 000000 gone read as a whole set.
+        let late = paths(&["s-000002.tar", "s-000003.tar"]);
+        match problem(check_sets(Path::new("/d"), &late, true, false)) {
+            ShardSetProblem::Missing {
+                missing,
+                count,
+                expected,
+                ..
+            } => {
+                assert_eq!(missing, ["s-000000.tar", "s-000001.tar"]);
+                assert_eq!((count, expected), (2, 4));
+            }
+            other => panic!("{other:?}"),
+        }
+        let report = check_sets(Path::new("/d"), &late, true, true).unwrap();
+        assert_eq!(report.missing_count, 2);
+        // Listed (files, a brace list), the members are picked on purpose.
+        assert!(check_sets(Path::new("/d/x"), &late, false, false).is_ok());
+        // Numbered from 1: read, with a notice naming the member 0 that may be missing.
+        let from_one = paths(&["s-000001.tar", "s-000002.tar", "s-000003.tar"]);
+        let report = check_sets(Path::new("/d"), &from_one, true, false).unwrap();
+        assert_eq!(report.missing_count, 0);
+        let notices = report.notices(Path::new("/d"));
+        assert_eq!(notices.len(), 1, "{notices:?}");
+        assert!(
+            notices[0].contains("s-000000.tar is missing"),
+            "{notices:?}"
+        );
+        // From 0: no notice.
+        let from_zero = paths(&["s-000000.tar", "s-000001.tar"]);
+        let report = check_sets(Path::new("/d"), &from_zero, true, false).unwrap();
+        assert!(report.notices(Path::new("/d")).is_empty());
     }
 
     #[test]
