@@ -1620,6 +1620,7 @@ fn inspect_calls_an_interrupted_hdf5_or_records_pack_incomplete_with_exit_1() {
             part: None,
             restart_markers: false,
             shared_headers: false,
+            max_pixels: None,
         };
         let (mut writer, _) = start_writer(format, &out, &plan, &WriterOptions::default()).unwrap();
         let record = PackedRecord {

@@ -159,6 +159,11 @@ pub struct PackPlan {
     /// ([`shared_headers`](super::shared_headers)).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub shared_headers: bool,
+    /// `--max-pixels`: images larger are rejected, so a resume with another limit would keep
+    /// files the first run rejected, or the reverse (found by a hostile try). `None` in a
+    /// partial output written before it was recorded: any limit resumes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_pixels: Option<u64>,
 }
 
 impl PackPlan {
@@ -191,7 +196,13 @@ impl PackPlan {
                 self.num_sources, new.num_sources
             ));
         }
-        if self != new {
+        // A partial output that did not record its limit resumes under any.
+        let recorded = PackPlan {
+            max_pixels: self.max_pixels.and(new.max_pixels),
+            ..new.clone()
+        };
+        if *self != recorded {
+            let new = &recorded;
             let differ: Vec<&str> = [
                 (self.payload != new.payload, "--raw"),
                 (self.resize_short_side != new.resize_short_side, "--resize"),
@@ -205,12 +216,13 @@ impl PackPlan {
                     self.shared_headers != new.shared_headers,
                     "--shared-headers",
                 ),
+                (self.max_pixels != new.max_pixels, "--max-pixels"),
             ]
             .into_iter()
             .filter_map(|(differs, flag)| differs.then_some(flag))
             .collect();
             let which = if differ.is_empty() {
-                "other options (--raw/--resize/--quality/--part-index/--restart-markers/--shared-headers)"
+                "other options (--raw/--resize/--quality/--part-index/--restart-markers/--shared-headers/--max-pixels)"
                     .into()
             } else {
                 format!("other options: {} differ", differ.join(", "))

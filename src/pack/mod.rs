@@ -331,6 +331,7 @@ fn plan_for(
         part,
         restart_markers: options.restart_markers,
         shared_headers: options.shared_headers,
+        max_pixels: Some(options.max_pixels),
     })
 }
 

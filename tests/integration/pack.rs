@@ -255,6 +255,7 @@ fn resume_with_other_options_is_refused_naming_them() {
                 resuming().with_quality(50).with_resize_short_side(Some(8)),
                 "--resize, --quality",
             ),
+            (resuming().with_max_pixels(1 << 20), "--max-pixels"),
         ] {
             match try_pack(&fixture_root(), &out, format, &changed) {
                 Err(Error::ResumeMismatch { reason, .. }) => {

@@ -283,6 +283,7 @@ fn write_with(format: PackFormat, path: &Path, classes: &[&str], records: &[Pack
         part: None,
         restart_markers: false,
         shared_headers: false,
+        max_pixels: None,
     };
     let options = WriterOptions {
         lmdb_map_size: 16 << 20,
