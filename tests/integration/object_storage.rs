@@ -363,6 +363,45 @@ fn two_sets_under_one_prefix_are_refused_and_a_pattern_picks_one() {
     assert_eq!(train.len(), 8);
 }
 
+/// What a hostile try found in local sets holds for a prefix too: a shard cut short is
+/// counted by what it lost, and a set whose numbers start past 1 is missing its first shards.
+#[test]
+fn a_shard_cut_short_or_a_set_missing_its_first_shards_is_refused_from_s3() {
+    let Some(server) = server() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let bucket = server.bucket(&unique_bucket("cut"));
+    let options = reaching(server, dir.path());
+    let cut = dir.path().join("cut");
+    std::fs::create_dir(&cut).unwrap();
+    let files = crate::webdataset::rust_shards(&cut, "c", 3);
+    let bytes = std::fs::read(&files[0]).unwrap();
+    std::fs::write(&files[0], &bytes[..bytes.len() / 3 + 7]).unwrap();
+    server.upload_dir(&cut, &bucket, "cut");
+    let remote = format::open_with(format!("s3://{bucket}/cut"), &options).unwrap();
+    let named: Vec<usize> = remote.shards_cut_at_end().iter().map(|(i, _)| *i).collect();
+    assert_eq!(named, [0]);
+    match Loader::new(remote, LoaderConfig::default()) {
+        Err(Error::ShardSet {
+            problem: ShardSetProblem::CutShort { shards, .. },
+            ..
+        }) => assert_eq!(shards, ["c-000000.tar"]),
+        Err(other) => panic!("expected a cut-short error, got {other}"),
+        Ok(_) => panic!("a cut set was loaded under the 1% limit"),
+    }
+    let late = dir.path().join("late");
+    std::fs::create_dir(&late).unwrap();
+    let files = crate::webdataset::rust_shards(&late, "c", 3);
+    std::fs::remove_file(&files[0]).unwrap();
+    std::fs::remove_file(&files[1]).unwrap();
+    server.upload_dir(&late, &bucket, "late");
+    let err = format::open_with(format!("s3://{bucket}/late"), &options).unwrap_err();
+    assert!(
+        matches!(&err, Error::ShardSet { problem: ShardSetProblem::Missing { missing, .. }, .. }
+            if missing == &["c-000000.tar", "c-000001.tar"]),
+        "{err}"
+    );
+}
+
 /// A process that forks after reading from S3 (its runtime and connections are the
 /// parent's): the child opens and reads on its own, without hanging. Runs as a child of this
 /// test binary (`fork_child`), single-threaded until it forks.
