@@ -382,6 +382,15 @@ with h5py.File(os.path.join(out, "fill-never.h5"), "w") as f:
     f["images"][()].tofile(os.path.join(out, "fill-never.raw"))
 unstored("fill-never")
 print("fill-never")
+# Unfiltered, more chunks than imagefeed reads itself (libhdf5 reads them): rows 0..3000 of
+# 5,000 written, one chunk per row, as a writer that died at row 3,000 leaves it.
+with h5py.File(os.path.join(out, "many-gaps.h5"), "w") as f:
+    d = f.create_dataset("images", (5000, 2, 2, 3), np.uint8, chunks=(1, 2, 2, 3))
+    d[0:3000] = (np.arange(3000 * 12) % 251).astype(np.uint8).reshape(3000, 2, 2, 3)
+    f.create_dataset("labels", data=np.zeros(5000, np.int64))
+    f["images"][()].tofile(os.path.join(out, "many-gaps.raw"))
+unstored("many-gaps")
+print("many-gaps")
 # Unfiltered chunks whose index entry gives the wrong size (written as is): 196 and 7 bytes
 # for a 96-byte chunk. libhdf5 1.10 copies what the entry says into its reader's buffer.
 for name, cut in (("plain-long", None), ("plain-short", 7)):
@@ -429,6 +438,7 @@ fn check_chunked_files(dir: &Path) {
         ("grey", [13, 7, 9, 1]),
         ("gaps", [10, 5, 4, 3]),
         ("fill-never", [10, 5, 4, 3]),
+        ("many-gaps", [5000, 2, 2, 3]),
     ];
     for (name, shape) in files {
         let want = chunked_samples(dir, name, shape);
@@ -442,7 +452,7 @@ fn check_chunked_files(dir: &Path) {
                     .collect()
             })
             .unwrap_or_default();
-        if name == "gaps" || name == "fill-never" {
+        if ["gaps", "fill-never", "many-gaps"].contains(&name) {
             assert!(!unstored.is_empty(), "{name}: no chunk left unwritten");
         }
         let mut reader = dataset.open_reader().unwrap();

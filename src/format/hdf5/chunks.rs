@@ -111,25 +111,13 @@ impl ChunkLayout {
 
     /// How many chunks cover one element row.
     fn chunks_per_row(&self) -> usize {
-        self.dims[1..]
-            .iter()
-            .zip(&self.chunk[1..])
-            .map(|(&d, &c)| d.div_ceil(c))
-            .product()
+        chunks_per_row(&self.dims, &self.chunk)
     }
 
     /// The origin, in elements, of chunk `number` (in row-major order) of the chunk row that
     /// starts at `first`.
     fn origin(&self, first: usize, number: usize) -> Origin {
-        let mut origin = [0; MAX_RANK];
-        origin[0] = first as hsize_t;
-        let mut rest = number;
-        for d in (1..self.dims.len()).rev() {
-            let across = self.dims[d].div_ceil(self.chunk[d]);
-            origin[d] = ((rest % across) * self.chunk[d]) as hsize_t;
-            rest /= across;
-        }
-        origin
+        chunk_origin(&self.dims, &self.chunk, first, number)
     }
 
     /// Fills `out` with `len` bytes of the fill value: what a chunk never written holds.
@@ -179,6 +167,80 @@ impl ChunkLayout {
                 stored.len(),
                 self.chunk
             ));
+        }
+        Ok(())
+    }
+}
+
+/// How many chunks of shape `chunk` cover one element row of a dataset of shape `dims`.
+fn chunks_per_row(dims: &[usize], chunk: &[usize]) -> usize {
+    dims[1..]
+        .iter()
+        .zip(&chunk[1..])
+        .map(|(&d, &c)| d.div_ceil(c))
+        .product()
+}
+
+/// The origin, in elements, of chunk `number` (in row-major order) of the chunk row that starts
+/// at `first`, in a dataset of shape `dims` chunked as `chunk`.
+fn chunk_origin(dims: &[usize], chunk: &[usize], first: usize, number: usize) -> Origin {
+    let mut origin = [0; MAX_RANK];
+    origin[0] = first as hsize_t;
+    let mut rest = number;
+    for d in (1..dims.len()).rev() {
+        let across = dims[d].div_ceil(chunk[d]);
+        origin[d] = ((rest % across) * chunk[d]) as hsize_t;
+        rest /= across;
+    }
+    origin
+}
+
+/// The chunks of a chunked pixel array libhdf5 reads itself (a filter of its own, or too many
+/// unfiltered chunks for [`ChunkLayout`]): enough to ask its index, before a sample is read,
+/// whether the chunks holding it were ever stored. libhdf5 reads the fill value where they
+/// were not, which for an image array is an unfinished write, not black images.
+#[derive(Debug)]
+pub(super) struct ChunkGrid {
+    dims: Vec<usize>,
+    chunk: Vec<usize>,
+}
+
+impl ChunkGrid {
+    /// The grid of `dataset`; `None` when it is not chunked in a shape read here.
+    pub(super) fn of(dataset: &hdf5::Dataset) -> Option<ChunkGrid> {
+        let chunk = dataset.chunk()?;
+        let dims = dataset.shape();
+        let usable = chunk.len() == dims.len()
+            && !dims.is_empty()
+            && dims.len() <= MAX_RANK
+            && chunk.iter().all(|&c| c > 0);
+        usable.then_some(ChunkGrid { dims, chunk })
+    }
+
+    /// `Ok` when every chunk holding element row `index` is stored; otherwise why the row is
+    /// not to be read. One index lookup per chunk of the row (`H5Dget_chunk_storage_size`,
+    /// which fails, or gives 0 bytes, for a chunk never written). Runs inside the gate.
+    pub(super) fn check_row_stored(
+        &self,
+        dataset: &hdf5::Dataset,
+        index: usize,
+    ) -> std::result::Result<(), String> {
+        debug_assert!(gate::held());
+        let first = index - index % self.chunk[0];
+        for number in 0..chunks_per_row(&self.dims, &self.chunk) {
+            let origin = chunk_origin(&self.dims, &self.chunk, first, number);
+            let mut size: hsize_t = 0;
+            // SAFETY: the dataset id is valid while `dataset` lives; `origin` has a coordinate
+            // for each of its dimensions; `size` is a valid out-pointer.
+            let status =
+                unsafe { H5Dget_chunk_storage_size(dataset.id(), origin.as_ptr(), &mut size) };
+            if status < 0 || size == 0 {
+                return Err(format!(
+                    "its pixels lie in a chunk of the array the file's writer never stored (at \
+                     {:?}: an unfinished write?); h5py would read the fill value",
+                    &origin[..self.dims.len()]
+                ));
+            }
         }
         Ok(())
     }

@@ -11,7 +11,7 @@ use hdf5::types::{TypeDescriptor, VarLenUnicode};
 
 use super::CLASSES_ATTR;
 use super::Hdf5Names;
-use super::chunks::{self, ChunkLayout};
+use super::chunks::{self, ChunkGrid, ChunkLayout};
 use super::gate;
 use super::heap::{self, HeapId};
 use super::reader::{Layout, PixelStorage, Shared, checked_str};
@@ -194,7 +194,7 @@ fn pixel_layout(
                 .unwrap_or(0);
             match ChunkLayout::of(path, images, name, 1, vec![fill], file_len)? {
                 Some(layout) => PixelStorage::Chunked(Arc::new(layout)),
-                None => PixelStorage::Library,
+                None => PixelStorage::Library(ChunkGrid::of(images).map(Arc::new)),
             }
         }
     };

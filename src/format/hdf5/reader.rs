@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use hdf5::types::{VarLenArray, VarLenUnicode};
 
-use super::chunks::{ChunkLayout, ChunkReader};
+use super::chunks::{ChunkGrid, ChunkLayout, ChunkReader};
 use super::foreign::open_foreign;
 use super::gate::{self, Gated};
 use super::heap::{self, HeapId, HeapReader, Widths};
@@ -60,8 +60,10 @@ pub(super) enum PixelStorage {
     Contiguous(u64),
     /// In chunks read as stored and decoded by checked code (`chunks`).
     Chunked(Arc<ChunkLayout>),
-    /// Through a filter only the library undoes: read through it, sample by sample.
-    Library,
+    /// Through the library, sample by sample (a filter only it undoes, or more unfiltered
+    /// chunks than [`ChunkLayout`] reads); for a chunked array, its chunks, so that a sample in
+    /// a chunk never stored is a bad sample rather than the fill value.
+    Library(Option<Arc<ChunkGrid>>),
 }
 
 pub(super) struct Shared {
@@ -154,7 +156,7 @@ fn trial_reads(shared: Shared) {
         shared.layout,
         Layout::VarLenThroughLibrary { .. }
             | Layout::Pixels {
-                storage: PixelStorage::Chunked(_) | PixelStorage::Library,
+                storage: PixelStorage::Chunked(_) | PixelStorage::Library(_),
                 ..
             }
     ) {
@@ -572,13 +574,20 @@ impl Hdf5Reader {
                     .read_row(layout, dataset, index, &mut self.pixels)
                     .map_err(|reason| self.corrupt(index, &self.key, reason))
             }
-            PixelStorage::Library => {
+            PixelStorage::Library(grid) => {
                 let mut selection = vec![hdf5::SliceOrIndex::Index(index)];
                 selection.resize(rank, hdf5::SliceOrIndex::from(..));
-                let pixels = &mut self.pixels;
-                self.dataset
+                let dataset = self
+                    .dataset
                     .as_ref()
-                    .expect("library layouts open a dataset")
+                    .expect("library layouts open a dataset");
+                if let Some(grid) = grid {
+                    dataset
+                        .with(|dataset| grid.check_row_stored(dataset, index))
+                        .map_err(|reason| self.corrupt(index, &self.key, reason))?;
+                }
+                let pixels = &mut self.pixels;
+                dataset
                     .with(|dataset| {
                         let read = dataset
                             .read_slice::<u8, _, ndarray::IxDyn>(hdf5::Hyperslab::from(selection))
