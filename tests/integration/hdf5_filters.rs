@@ -577,3 +577,47 @@ fn a_damaged_chunk_is_a_bad_sample_naming_its_record_and_the_rest_read() {
     }
     assert_eq!(bad, (5..10).collect::<Vec<_>>());
 }
+
+#[test]
+fn virtual_and_external_datasets_are_refused_saying_where_their_data_lives() {
+    // Found by a hostile try: both were refused as declaring "more than the file can hold".
+    let Some(python) = python_with("h5py, numpy") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    run_python(
+        &python,
+        r#"
+import os, sys
+import h5py, numpy as np
+out = sys.argv[1]
+pixels = np.zeros((4, 8, 8, 3), np.uint8)
+with h5py.File(os.path.join(out, "source.h5"), "w") as f:
+    f.create_dataset("images", data=pixels)
+layout = h5py.VirtualLayout(shape=pixels.shape, dtype=np.uint8)
+layout[...] = h5py.VirtualSource(os.path.join(out, "source.h5"), "images", shape=pixels.shape)
+with h5py.File(os.path.join(out, "virtual.h5"), "w") as f:
+    f.create_virtual_dataset("images", layout)
+    f.create_dataset("labels", data=np.zeros(4, np.int64))
+pixels.tofile(os.path.join(out, "pixels.bin"))
+with h5py.File(os.path.join(out, "external.h5"), "w") as f:
+    f.create_dataset("images", pixels.shape, np.uint8,
+                     external=[(os.path.join(out, "pixels.bin"), 0, pixels.nbytes)])
+    f.create_dataset("labels", data=np.zeros(4, np.int64))
+"#,
+        &[dir.path()],
+    );
+    for (name, says) in [
+        ("virtual", "virtual dataset"),
+        ("external", "external file"),
+    ] {
+        let path = dir.path().join(format!("{name}.h5"));
+        match format::open(&path) {
+            Err(imagefeed::Error::Unsupported { what, .. }) => {
+                assert!(what.contains(says), "{name}: {what}")
+            }
+            Err(other) => panic!("{name}: expected Unsupported, got {other}"),
+            Ok(d) => panic!("{name}: opened {} samples", d.len()),
+        }
+    }
+}

@@ -134,6 +134,7 @@ pub(super) fn check_stored(
     name: &str,
     file_len: u64,
 ) -> Result<u64> {
+    refuse_data_elsewhere(path, dataset, name)?;
     let shape = dataset.shape();
     let element = dataset.dtype().map(|t| t.size()).unwrap_or(1).max(1) as u64;
     check_chunk_shape(path, dataset, name, element)?;
@@ -162,6 +163,46 @@ pub(super) fn check_stored(
             ),
         )),
     }
+}
+
+/// Refuses a dataset whose bytes live outside the file: a virtual dataset (h5py's
+/// `VirtualLayout`, data mapped from other files) or one with external storage (raw files named
+/// in its header), as [`Error::Unsupported`] saying so. Read as a plain dataset, its declared
+/// shape was measured against this file's size and it was refused as too large for it (a
+/// hostile try), which named the wrong reason.
+fn refuse_data_elsewhere(path: &Path, dataset: &hdf5::Dataset, name: &str) -> Result<()> {
+    use hdf5::plist::dataset_create::Layout;
+    let dcpl = dataset
+        .dcpl()
+        .map_err(|e| gate::error(path, &format!("reading the layout of {name:?}"), e))?;
+    let remedy = "imagefeed reads a dataset's bytes from its own file only; copy the data into \
+                  one file (h5py: `dst.create_dataset(name, data=src[name][()])`) and open that"
+        .to_string();
+    if !matches!(
+        dcpl.layout(),
+        Layout::Compact | Layout::Contiguous | Layout::Chunked
+    ) {
+        return Err(Error::Unsupported {
+            path: path.to_path_buf(),
+            what: format!(
+                "dataset {name:?} is a virtual dataset (its data is mapped from other files),"
+            ),
+            remedy,
+        });
+    }
+    let external = dcpl.external();
+    if let Some(first) = external.first() {
+        return Err(Error::Unsupported {
+            path: path.to_path_buf(),
+            what: format!(
+                "dataset {name:?} keeps its data in {} external file(s) ({:?} first),",
+                external.len(),
+                first.name
+            ),
+            remedy,
+        });
+    }
+    Ok(())
 }
 
 /// The file offset of a dataset's bytes, when they are one contiguous unfiltered run.
