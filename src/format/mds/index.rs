@@ -304,9 +304,14 @@ fn columns(shard: &RawShard) -> std::result::Result<Vec<Column>, String> {
 }
 
 fn describe(columns: &[Column]) -> String {
+    // The fixed size too: shards whose columns differ only there (a hostile try) must not be
+    // described by two identical lists.
     columns
         .iter()
-        .map(|c| format!("{}: {}", c.name, c.encoding))
+        .map(|c| match c.size {
+            Some(size) => format!("{}: {} ({size} bytes)", c.name, c.encoding),
+            None => format!("{}: {}", c.name, c.encoding),
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -545,6 +550,24 @@ mod tests {
             "column_sizes": [null, 4]"#,
         ));
         assert!(wrong_size.contains("not 8"), "{wrong_size}");
+        // Two shards whose columns differ only in a fixed size: the message shows the sizes.
+        let shard = |sizes: &str, number: u32| {
+            format!(
+                r#"{{"format": "mds", "version": 2, "column_names": ["x", "y"],
+                "column_encodings": ["jpeg", "bytes"], "column_sizes": {sizes},
+                "compression": null, "raw_data": {{"basename": "shard.{number:05}.mds",
+                "bytes": 100}}, "zip_data": null, "samples": 1}}"#
+            )
+        };
+        let merged = message(&format!(
+            r#"{{"version": 2, "shards": [{}, {}]}}"#,
+            shard("[null, 8]", 0),
+            shard("[null, 4]", 1)
+        ));
+        assert!(
+            merged.contains("y: bytes (4 bytes)") && merged.contains("y: bytes (8 bytes)"),
+            "{merged}"
+        );
         let brotli = message(
             &index(
                 r#""column_names": ["x", "y"], "column_encodings": ["jpeg", "int"],
