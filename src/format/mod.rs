@@ -403,7 +403,43 @@ pub fn open_files(files: &[std::path::PathBuf], options: &OpenOptions) -> Result
     match files {
         [] => Err(Error::Config("no dataset files given".into())),
         [one] => open_with(one, options),
-        _ => open_shards(&shards::Selection::List(files.to_vec()), options),
+        _ => {
+            // Several paths are one dataset's shards: a file of another format among them (`verify
+            // a.lmdb b.lmdb`) is named as what it is, not read as a damaged TFRecord shard.
+            for file in files {
+                if let Some(what) = not_a_shard(file) {
+                    return Err(Error::not_a_dataset(
+                        file,
+                        format!(
+                            "{what}, not a shard: several paths are read as the shards of one \
+                             dataset; name one dataset at a time"
+                        ),
+                    ));
+                }
+            }
+            open_shards(&shards::Selection::List(files.to_vec()), options)
+        }
+    }
+}
+
+/// What `path` is when it is plainly not a shard file (a directory, or a file another format
+/// recognises); `None` for anything that may be a shard.
+fn not_a_shard(path: &Path) -> Option<&'static str> {
+    if path.is_dir() {
+        return Some("a directory");
+    }
+    if tfrecord::is_shard_name(path) || webdataset::is_shard_name(path) {
+        return None;
+    }
+    let is = |recognizer: &Recognizer| (recognizer.holds)(path).unwrap_or(false);
+    if is(&hdf5::FILE) {
+        Some("an HDF5 file")
+    } else if is(&mds::INDEX_FILE) {
+        Some("an MDS index.json")
+    } else if is(&lmdb::FILE) {
+        Some("an LMDB file")
+    } else {
+        None
     }
 }
 

@@ -615,3 +615,39 @@ fn a_gzip_shard_written_by_hand_is_told_by_content_whatever_its_name() {
         dataset.notices()
     );
 }
+
+#[test]
+fn several_paths_that_are_not_shards_are_named_as_what_they_are() {
+    // Found by a hostile try: `verify a.lmdb b.lmdb` called both damaged TFRecord shards.
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.lmdb");
+    let b = dir.path().join("b.lmdb");
+    for out in [&a, &b] {
+        support::pack_as(&fixture_root(), out, PackFormat::Lmdb, &small_options());
+    }
+    let shards = foreign_set(dir.path(), "train", 2);
+    for (list, named, what) in [
+        (vec![a.clone(), b.clone()], &a, "an LMDB file"),
+        (vec![shards[0].clone(), b.clone()], &b, "an LMDB file"),
+        (
+            vec![shards[0].clone(), dir.path().to_path_buf()],
+            &dir.path().to_path_buf(),
+            "a directory",
+        ),
+    ] {
+        match format::open_files(&list, &OpenOptions::default()) {
+            Err(Error::NotADataset { path, reason }) => {
+                assert_eq!(&path, named, "{reason}");
+                assert!(reason.starts_with(what), "{reason}");
+            }
+            Err(other) => panic!("{list:?}: expected NotADataset, got {other}"),
+            Ok(d) => panic!("{list:?}: opened {} samples", d.len()),
+        }
+    }
+    // The set's own shards, listed, still read as one dataset.
+    let set = format::open_files(&shards, &OpenOptions::default()).unwrap();
+    assert_eq!(
+        set.len(),
+        format::open(dir.path().join("train-*")).unwrap().len()
+    );
+}
