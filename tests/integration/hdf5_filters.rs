@@ -621,3 +621,34 @@ with h5py.File(os.path.join(out, "external.h5"), "w") as f:
         }
     }
 }
+
+#[test]
+fn a_uint64_label_too_large_for_a_class_is_named_with_its_value() {
+    // Found by a hostile try: 2^64 - 1 was quoted as 9223372036854775807 (libhdf5 clips it).
+    let Some(python) = python_with("h5py, numpy") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    run_python(
+        &python,
+        r#"
+import os, sys
+import h5py, numpy as np
+out = sys.argv[1]
+for name, labels in (("huge", [0, 2**64 - 1]), ("fine", [0, 1])):
+    with h5py.File(os.path.join(out, name + ".h5"), "w") as f:
+        f.create_dataset("images", data=np.zeros((2, 4, 4, 3), np.uint8))
+        f.create_dataset("labels", data=np.array(labels, np.uint64))
+"#,
+        &[dir.path()],
+    );
+    match format::open(dir.path().join("huge.h5")) {
+        Err(imagefeed::Error::NotADataset { reason, .. }) => {
+            assert!(reason.contains("[1] is 18446744073709551615"), "{reason}")
+        }
+        Err(other) => panic!("expected NotADataset, got {other}"),
+        Ok(d) => panic!("opened {} samples", d.len()),
+    }
+    let fine = format::open(dir.path().join("fine.h5")).unwrap();
+    assert_eq!(records(fine.as_ref()).len(), 2);
+}

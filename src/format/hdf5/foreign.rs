@@ -30,9 +30,7 @@ pub(super) fn open_foreign(
     check_label_type(path, &labels_ds, &names.labels)?;
     check_stored(path, &labels_ds, &names.labels, file_len)?;
     check_stored(path, &images, &names.images, file_len)?;
-    let labels: Vec<i64> = labels_ds
-        .read_raw()
-        .map_err(|e| gate::error(path, &format!("reading {:?} as integers", names.labels), e))?;
+    let labels = read_labels(path, &labels_ds, &names.labels)?;
     let shape = images.shape();
     let n = shape.first().copied().unwrap_or(0);
     if labels.len() != n {
@@ -147,6 +145,32 @@ fn check_label_type(path: &Path, labels: &hdf5::Dataset, name: &str) -> Result<(
         ));
     }
     Ok(())
+}
+
+/// The labels as integers. A `uint64` label past `i64::MAX` is an error naming it: read as
+/// `i64`, libhdf5 clips it to `i64::MAX`, which messages then quoted as the label (a hostile
+/// try wrote 2^64 - 1).
+fn read_labels(path: &Path, labels: &hdf5::Dataset, name: &str) -> Result<Vec<i64>> {
+    let reading = |e| gate::error(path, &format!("reading {name:?} as integers"), e);
+    let unsigned64 = labels
+        .dtype()
+        .and_then(|t| t.to_descriptor())
+        .is_ok_and(|t| t == TypeDescriptor::Unsigned(hdf5::types::IntSize::U8));
+    if !unsigned64 {
+        return labels.read_raw::<i64>().map_err(reading);
+    }
+    let wide: Vec<u64> = labels.read_raw().map_err(reading)?;
+    wide.iter()
+        .enumerate()
+        .map(|(row, &label)| {
+            i64::try_from(label).map_err(|_| {
+                Error::not_a_dataset(
+                    path,
+                    format!("{name:?}[{row}] is {label}, too large for a class number"),
+                )
+            })
+        })
+        .collect()
 }
 
 /// How an `N×H×W×C` (or `N×H×W`) `uint8` pixel array is read: with `pread` when contiguous,
