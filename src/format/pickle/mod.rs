@@ -790,16 +790,37 @@ pub fn image_and_label(data: &[u8]) -> Result<(Image, i64), String> {
         });
     }
     let expected = "expected a pickled (bytes, label) tuple";
+    // What was found instead is named (a hostile try met only the generic message).
     match parse(data)? {
         Value::Tuple(items) => match items.as_slice() {
             [image, Value::Int(label), ..] => match image {
                 Value::Bytes(r) => Ok((Image::Stored(r.clone()), *label)),
                 Value::OwnedBytes(b) => Ok((Image::Decoded(b.to_vec()), *label)),
-                _ => Err(expected.into()),
+                other => Err(format!("{expected}; its image is {}", other.kind())),
             },
-            _ => Err(expected.into()),
+            [_, label, ..] => Err(format!(
+                "{expected}; its label is {}, not an integer (a class index)",
+                label.kind()
+            )),
+            short => Err(format!("{expected}; found a tuple of {}", short.len())),
         },
-        _ => Err(expected.into()),
+        other => Err(format!("{expected}; found {}", other.kind())),
+    }
+}
+
+impl Value {
+    /// What kind of Python value this is, for messages.
+    fn kind(&self) -> &'static str {
+        match self {
+            Value::Bytes(_) | Value::OwnedBytes(_) => "bytes",
+            Value::Str(_) => "a str",
+            Value::Int(_) => "an int",
+            Value::Tuple(_) => "a tuple",
+            Value::List(_) => "a list",
+            Value::Global(..) => "a class or function",
+            Value::IntDtype { .. } => "a NumPy dtype",
+            Value::Other => "None, a bool, a float, a dict or a set",
+        }
     }
 }
 

@@ -63,6 +63,37 @@ fn hostile_or_foreign_input_is_an_error_not_a_panic() {
 }
 
 #[test]
+fn a_value_that_is_not_bytes_and_an_int_says_what_it_holds() {
+    // pickle.dumps(v, protocol=4) for each v.
+    let cases: [(&[u8], &str); 5] = [
+        (
+            b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00C\x01x\x94G?\xf8\x00\x00\x00\x00\x00\x00\x86\x94.",
+            "its label is None, a bool, a float",
+        ),
+        (
+            b"\x80\x04\x95\r\x00\x00\x00\x00\x00\x00\x00C\x01x\x94\x8c\x03cat\x94\x86\x94.",
+            "its label is a str",
+        ),
+        (
+            b"\x80\x04\x95\x0b\x00\x00\x00\x00\x00\x00\x00\x8c\x03img\x94K\x03\x86\x94.",
+            "its image is a str",
+        ),
+        (
+            b"\x80\x04\x95\x07\x00\x00\x00\x00\x00\x00\x00C\x01x\x94\x85\x94.",
+            "found a tuple of 1",
+        ),
+        (
+            b"\x80\x04\x95\x0b\x00\x00\x00\x00\x00\x00\x00]\x94(C\x01x\x94K\x01e.",
+            "found a list",
+        ),
+    ];
+    for (pickle, says) in cases {
+        let err = image_and_label(pickle).unwrap_err();
+        assert!(err.contains(says), "{err}");
+    }
+}
+
+#[test]
 fn a_memo_index_near_two_to_the_32_allocates_nothing() {
     // Regression: LONG_BINPUT 0xFFFFFFF0 resized the memo to 2^32 entries (~137 GB).
     let data = b"\x80\x04K\x07r\xf0\xff\xff\xffj\xf0\xff\xff\xff\x86.";
