@@ -83,6 +83,7 @@ pub(super) fn walk_shard(bytes: &[u8]) -> Walk {
         match walk_from(bytes, from, &mut walk) {
             Ok(()) => break,
             Err((at, problem)) => {
+                let problem = readable_problem(bytes, at, problem);
                 // Resynchronise: the next block after the problem holding a valid header.
                 let next = next_header(bytes, (at / BLOCK + 1) * BLOCK);
                 let start = walk
@@ -117,6 +118,31 @@ pub(super) fn walk_shard(bytes: &[u8]) -> Walk {
     });
     walk.cut_end = damage_to_the_end && !ends_with_zero_block(bytes);
     walk
+}
+
+/// The reason a walk stopped at byte `at`, fit for a message. The tar reader's own error can
+/// quote a header's fields, raw bytes and all (a hostile try's random file filled the message
+/// with them): where no valid header stands that is said plainly instead; otherwise the text
+/// keeps at most 200 characters, anything unprintable replaced.
+fn readable_problem(bytes: &[u8], at: u64, problem: String) -> String {
+    let raw = |c: char| c.is_control() || c == '\u{fffd}';
+    if !problem.chars().any(raw) {
+        return problem;
+    }
+    let block = &bytes[(at as usize).min(bytes.len())..bytes.len().min(at as usize + 512)];
+    let header_ok = crate::mapguard::fault_in(block).is_ok() && is_tar_header(block);
+    if !header_ok {
+        return "no valid tar header there (its checksum does not match)".into();
+    }
+    let mut text: String = problem
+        .chars()
+        .map(|c| if raw(c) { '?' } else { c })
+        .take(200)
+        .collect();
+    if problem.chars().count() > 200 {
+        text.push('…');
+    }
+    text
 }
 
 /// Whether `bytes` end with a whole block of zeros at a block boundary (an end-of-archive block).
@@ -508,6 +534,33 @@ mod tests {
         let walk = walk_shard(&bytes[..bytes.len() - 512]);
         assert_eq!((walk.samples.len(), walk.damaged.len()), (3, 0));
         assert!(!walk.cut_end && !walk_shard(&bytes).cut_end);
+    }
+
+    #[test]
+    fn random_bytes_are_damage_described_in_words_not_quoted() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let noise: Vec<u8> = (0..20_000)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state >> 24) as u8
+            })
+            .collect();
+        let walk = walk_shard(&noise);
+        assert!(!walk.damaged.is_empty());
+        for (_, reason) in &walk.damaged {
+            assert!(
+                !reason.chars().any(|c| c.is_control() || c == '\u{fffd}'),
+                "{reason:?}"
+            );
+            assert!(reason.len() < 400, "{reason:?}");
+        }
+        assert!(
+            walk.damaged[0].1.contains("no valid tar header"),
+            "{:?}",
+            walk.damaged
+        );
     }
 
     #[test]
