@@ -1607,3 +1607,23 @@ fn an_hdf5_file_replaced_under_an_open_dataset_is_never_read_as_a_mix() {
     };
     assert!(matches!(err, Error::FileChanged { .. }), "{err}");
 }
+
+#[test]
+fn an_mds_index_whose_keys_are_not_sorted_is_read_as_mds() {
+    // Found by a hostile try: `{"version": 2, "shards": []}` (written by hand, keys unsorted)
+    // was refused as an ImageFolder without class directories.
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(
+        dir.path().join("index.json"),
+        r#"{"version": 2, "shards": []}"#,
+    )
+    .unwrap();
+    match format::open(dir.path()) {
+        Err(Error::NotADataset { path, reason }) => {
+            assert!(path.ends_with("index.json"), "{}", path.display());
+            assert!(reason.contains("no shards"), "{reason}");
+        }
+        Err(other) => panic!("expected the MDS index refused, got {other}"),
+        Ok(d) => panic!("opened {} samples", d.len()),
+    }
+}

@@ -48,22 +48,23 @@ pub(crate) mod remote;
 
 use index::{INDEX, ImageColumn, Index, LabelColumn, Layout, MAX_INDEX_BYTES, ShardCompression};
 
-/// True when the directory `path` is an MDS dataset: its `index.json` starts like Streaming's
-/// (`{"shards": ...`, which its sorted keys put first), or the directory holds `*.mds` shards
-/// beside it. Only the index's first bytes are read; opening parses it and says what is wrong
-/// with a damaged one.
+/// True when the directory `path` is an MDS dataset: its `index.json` is a JSON object naming
+/// `"shards"` in its first 4 KiB (Streaming's sorted keys put it first; one written by hand may
+/// not: a hostile try's `{"version": 2, "shards": []}` was then refused as an ImageFolder
+/// without class directories), or the directory holds `*.mds` shards beside it. Only the
+/// index's first bytes are read; opening parses it and says what is wrong with a damaged one.
 pub fn looks_like_mds(path: &Path) -> bool {
     let index = path.join(INDEX);
     if !index.is_file() {
         return false;
     }
-    let mut head = [0u8; 256];
-    let starts_like_index = fs::File::open(&index).is_ok_and(|mut file| {
-        let got = std::io::Read::read(&mut file, &mut head).unwrap_or(0);
-        let text = String::from_utf8_lossy(&head[..got]);
+    let mut head = Vec::with_capacity(4096);
+    let starts_like_index = fs::File::open(&index).is_ok_and(|file| {
+        use std::io::Read as _;
+        let _ = file.take(4096).read_to_end(&mut head);
+        let text = String::from_utf8_lossy(&head);
         let text = text.trim_start_matches('\u{feff}').trim_start();
-        text.strip_prefix('{')
-            .is_some_and(|rest| rest.trim_start().starts_with("\"shards\""))
+        text.starts_with('{') && text.contains("\"shards\"")
     });
     starts_like_index
         || fs::read_dir(path).is_ok_and(|entries| {
