@@ -61,12 +61,11 @@ fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
         return Ok(Opened::Other(Arc::new(dataset)));
     }
     let pattern = name.contains(['*', '?', '[']) || (name.contains('{') && name.contains('}'));
-    let (objects, one_set, brace_missing) = if pattern {
+    let (objects, picked, brace_missing) = if pattern {
         let dir = url.parent();
         let listing = store::list_dir(&dir, Patience::Open)?;
         let (objects, missing) = select(&url, &name, &listing, options)?;
-        let one_set = crate::format::shards::picks_by_wildcards(&name);
-        (objects, one_set, missing)
+        (objects, shards::Picked::by_pattern(&name), missing)
     } else if !url.key().is_empty()
         && !url.key().ends_with('/')
         && let Some(object) = store::head(&url, Patience::Open)?
@@ -75,7 +74,7 @@ fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
             refuse_ranged(options, &label, "a single-file dataset (LMDB, HDF5)")?;
             return open_single_file(&object, options, &cache).map(Opened::Other);
         }
-        (vec![object], false, Vec::new())
+        (vec![object], shards::Picked::ByName, Vec::new())
     } else {
         let listing = store::list_dir(&url, Patience::Open)?;
         if crate::format::upload::is_unfinished(&listing) {
@@ -114,14 +113,14 @@ fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
                 },
             ));
         }
-        (shards, true, Vec::new())
+        (shards, shards::Picked::All, Vec::new())
     };
     let names: Vec<PathBuf> = objects
         .iter()
         .map(|o| PathBuf::from(o.url.to_string()))
         .collect();
-    let mut set = if names.len() > 1 || one_set {
-        check_sets(&label, &names, one_set, options.allow_missing_shards)?
+    let mut set = if names.len() > 1 || picked != shards::Picked::ByName {
+        check_sets(&label, &names, picked, options.allow_missing_shards)?
     } else {
         shards::SetReport::default()
     };

@@ -169,6 +169,13 @@ impl ShardName {
         format!("{}{number:0width$}{}", self.prefix, self.suffix)
     }
 
+    /// Whether `number`, written in this name's width, has leading zeros: how shard writers
+    /// number their files (`shard-000002.tar`), where a number in a name (`cifar10.tar`) has
+    /// none.
+    fn padded(&self, number: u64) -> bool {
+        self.width > 1 && number.checked_ilog10().map_or(1, |l| l as usize + 1) < self.width
+    }
+
     /// This name's set without the member: what members of one set share.
     fn set_key(&self) -> (String, usize, String, Option<u64>) {
         (
@@ -257,11 +264,6 @@ fn last_name(pattern: &Path) -> &str {
         .file_name()
         .and_then(|n| n.to_str())
         .unwrap_or_default()
-}
-
-/// [`picks_by_wildcards`] for a local pattern.
-pub fn pattern_picks_by_wildcards(pattern: &Path) -> bool {
-    picks_by_wildcards(last_name(pattern))
 }
 
 /// [`expand_pattern`], returning also the brace-listed files that are missing when
@@ -490,14 +492,69 @@ pub fn empty_members_notice<'a>(
     ))
 }
 
-/// Checks the shard files of a selection: one set only when `one_set` (a directory), every
-/// set whole unless `allow_missing`. `path` names the selection in errors.
+/// How the files of a selection were picked, for [`check_sets`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Picked<'a> {
+    /// Named one by one (a list of files, a brace list): several sets may be read as one, and
+    /// a set's members are picked on purpose.
+    ByName,
+    /// Every shard of a directory or an object-storage prefix: one set, whole.
+    All,
+    /// The files a pattern of wildcards alone matches (the pattern's last component): one set,
+    /// whole as far as the pattern reaches.
+    ByWildcards(&'a str),
+}
+
+impl<'a> Picked<'a> {
+    /// How a pattern whose last component is `name` picks: by its wildcards
+    /// ([`picks_by_wildcards`]), else (a brace list) by name.
+    pub fn by_pattern(name: &'a str) -> Picked<'a> {
+        if picks_by_wildcards(name) {
+            Picked::ByWildcards(name)
+        } else {
+            Picked::ByName
+        }
+    }
+
+    /// [`Picked::by_pattern`] for a local pattern.
+    pub fn by_local_pattern(pattern: &'a Path) -> Picked<'a> {
+        Picked::by_pattern(last_name(pattern))
+    }
+
+    /// Whether the selection holds one set only.
+    fn one_set(self) -> bool {
+        self != Picked::ByName
+    }
+
+    /// Whether a file named `name` would have been picked, had it been there.
+    fn would_pick(self, name: &str) -> bool {
+        match self {
+            Picked::ByName => false,
+            Picked::All => true,
+            Picked::ByWildcards(pattern) => glob::Pattern::new(pattern).is_ok_and(|p| {
+                p.matches_with(
+                    name,
+                    glob::MatchOptions {
+                        case_sensitive: true,
+                        require_literal_separator: true,
+                        require_literal_leading_dot: true,
+                    },
+                )
+            }),
+        }
+    }
+}
+
+/// Checks the shard files of a selection: one set only when it was picked whole (a directory,
+/// a pattern of wildcards), every set whole unless `allow_missing`. `path` names the selection
+/// in errors.
 pub fn check_sets(
     path: &Path,
     files: &[PathBuf],
-    one_set: bool,
+    picked: Picked<'_>,
     allow_missing: bool,
 ) -> Result<SetReport> {
+    let one_set = picked.one_set();
     let error = |problem| Error::ShardSet {
         path: path.to_path_buf(),
         problem,
@@ -560,18 +617,21 @@ pub fn check_sets(
         };
         let first = &members[0].0;
         // With a `-of-` count the set is 0..count; without, the span its numbers cover (a gap
-        // inside it is missing; members after the last cannot be known). A whole set (a
-        // directory, a pattern of wildcards) starts at 0, as the writers of WebDataset,
-        // TensorFlow and MDS shards number them, or at 1 (a notice says its 0 may be missing):
-        // numbers that start later leave the first members missing (a hostile try found a set
-        // missing its first shards read without a word). A list or brace list picks its
-        // members on purpose.
+        // inside it is missing; members after the last cannot be known). A set written by a
+        // shard writer (its numbers zero-padded: `shard-000002`) starts at 0, as the writers of
+        // WebDataset, TensorFlow and MDS shards number them, or at 1 (a notice says its 0 may be
+        // missing): picked whole, numbers that start later leave its first members missing (a
+        // hostile try found a set missing its first shards read without a word), when the
+        // selection would have picked member 0. Names that merely end in a number
+        // (`cifar10.tar`, `photos-2019.tar`) and members picked by name are taken as they are.
+        let from_zero =
+            first.total.is_none() && first.padded(low) && picked.would_pick(&first.member(0));
         let (start, end) = match first.total {
             Some(total) => (0, total),
-            None if one_set && low > 1 => (0, high + 1),
+            None if from_zero && low > 1 => (0, high + 1),
             None => (low, high + 1),
         };
-        if first.total.is_none() && one_set && low == 1 {
+        if from_zero && low == 1 {
             report.from_one.push((first.set(), first.member(0)));
         }
         let expected = end - start;
@@ -690,7 +750,7 @@ mod tests {
             "train-00001-of-00002",
             "validation-00000-of-00001",
         ]);
-        let p = problem(check_sets(Path::new("/d"), &files, true, false));
+        let p = problem(check_sets(Path::new("/d"), &files, Picked::All, false));
         assert_eq!(
             p,
             ShardSetProblem::Mixed {
@@ -704,7 +764,7 @@ mod tests {
         assert!(p.to_string().contains("DIR/train-*-of-00002"), "{p}");
         // Listed (files, or a brace list), both sets are read; a pattern of wildcards alone
         // (`DIR/*`) must pick one, as a directory must.
-        let report = check_sets(Path::new("/d/x"), &files, false, false).unwrap();
+        let report = check_sets(Path::new("/d/x"), &files, Picked::ByName, false).unwrap();
         assert_eq!(report.sets.len(), 2);
         assert!(picks_by_wildcards("*") && picks_by_wildcards("*.tar"));
         assert!(picks_by_wildcards("train-0000[0-3]-of-*"));
@@ -716,10 +776,10 @@ mod tests {
     #[test]
     fn unnumbered_files_are_one_group_unless_they_look_like_splits() {
         let classes = paths(&["cats.tfrecord", "dogs.tfrecord"]);
-        assert!(check_sets(Path::new("/d"), &classes, true, false).is_ok());
+        assert!(check_sets(Path::new("/d"), &classes, Picked::All, false).is_ok());
         let splits = paths(&["train.tfrecord", "val.tfrecord"]);
         assert!(matches!(
-            problem(check_sets(Path::new("/d"), &splits, true, false)),
+            problem(check_sets(Path::new("/d"), &splits, Picked::All, false)),
             ShardSetProblem::Mixed { .. }
         ));
     }
@@ -735,7 +795,7 @@ mod tests {
             "train-00006-of-00008",
             "train-00007-of-00008",
         ]);
-        let p = problem(check_sets(Path::new("/d"), &files, true, false));
+        let p = problem(check_sets(Path::new("/d"), &files, Picked::All, false));
         assert_eq!(
             p,
             ShardSetProblem::Missing {
@@ -745,23 +805,23 @@ mod tests {
                 expected: 8
             }
         );
-        let report = check_sets(Path::new("/d"), &files, true, true).unwrap();
+        let report = check_sets(Path::new("/d"), &files, Picked::All, true).unwrap();
         assert_eq!(report.missing, vec!["train-00003-of-00008".to_string()]);
         // The last member missing is found too (the count says the set's size).
         let last = paths(&["x-00000-of-00002"]);
         assert!(matches!(
-            problem(check_sets(Path::new("/d"), &last, true, false)),
+            problem(check_sets(Path::new("/d"), &last, Picked::All, false)),
             ShardSetProblem::Missing { count: 1, .. }
         ));
         // Without a count, a gap between numbered members.
         let tars = paths(&["s-000000.tar", "s-000001.tar", "s-000003.tar"]);
-        match problem(check_sets(Path::new("/d"), &tars, true, false)) {
+        match problem(check_sets(Path::new("/d"), &tars, Picked::All, false)) {
             ShardSetProblem::Missing { missing, .. } => assert_eq!(missing, ["s-000002.tar"]),
             other => panic!("{other:?}"),
         }
         // Only the first ten are listed, with the count.
         let one = paths(&["big-00000-of-01000"]);
-        match problem(check_sets(Path::new("/d"), &one, true, false)) {
+        match problem(check_sets(Path::new("/d"), &one, Picked::All, false)) {
             ShardSetProblem::Missing { missing, count, .. } => {
                 assert_eq!((missing.len(), count), (10, 999));
             }
@@ -773,7 +833,7 @@ mod tests {
     fn a_whole_set_numbered_past_one_is_missing_its_first_members() {
         // Found by a hostile try: `shard-000001..3` with 000000 gone read as a whole set.
         let late = paths(&["s-000002.tar", "s-000003.tar"]);
-        match problem(check_sets(Path::new("/d"), &late, true, false)) {
+        match problem(check_sets(Path::new("/d"), &late, Picked::All, false)) {
             ShardSetProblem::Missing {
                 missing,
                 count,
@@ -785,13 +845,13 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        let report = check_sets(Path::new("/d"), &late, true, true).unwrap();
+        let report = check_sets(Path::new("/d"), &late, Picked::All, true).unwrap();
         assert_eq!(report.missing_count, 2);
         // Listed (files, a brace list), the members are picked on purpose.
-        assert!(check_sets(Path::new("/d/x"), &late, false, false).is_ok());
+        assert!(check_sets(Path::new("/d/x"), &late, Picked::ByName, false).is_ok());
         // Numbered from 1: read, with a notice naming the member 0 that may be missing.
         let from_one = paths(&["s-000001.tar", "s-000002.tar", "s-000003.tar"]);
-        let report = check_sets(Path::new("/d"), &from_one, true, false).unwrap();
+        let report = check_sets(Path::new("/d"), &from_one, Picked::All, false).unwrap();
         assert_eq!(report.missing_count, 0);
         let notices = report.notices(Path::new("/d"));
         assert_eq!(notices.len(), 1, "{notices:?}");
@@ -801,8 +861,55 @@ mod tests {
         );
         // From 0: no notice.
         let from_zero = paths(&["s-000000.tar", "s-000001.tar"]);
-        let report = check_sets(Path::new("/d"), &from_zero, true, false).unwrap();
+        let report = check_sets(Path::new("/d"), &from_zero, Picked::All, false).unwrap();
         assert!(report.notices(Path::new("/d")).is_empty());
+    }
+
+    #[test]
+    fn names_that_merely_end_in_a_number_and_subsets_by_pattern_are_not_missing_members() {
+        // Found by a hostile try of the rule above: each was refused as a set missing its
+        // first members.
+        for names in [
+            &["cifar10.tfrecord"][..],
+            &["cifar10.tar"],
+            &["photos-2019.tar", "photos-2020.tar"],
+        ] {
+            let report = check_sets(Path::new("/d"), &paths(names), Picked::All, false)
+                .unwrap_or_else(|e| panic!("{names:?}: {e}"));
+            assert!(report.notices(Path::new("/d")).is_empty(), "{names:?}");
+        }
+        // A pattern that could not have picked member 0 picks a subset on purpose ...
+        let late = paths(&["s-000002.tar", "s-000003.tar"]);
+        for pattern in ["s-00000[2-5].tar", "s-00000[3].tar", "s-0000[0-9][2-9].tar"] {
+            assert!(
+                check_sets(Path::new("/d"), &late, Picked::ByWildcards(pattern), false).is_ok(),
+                "{pattern}"
+            );
+        }
+        let from_one = paths(&["s-000001.tar", "s-000002.tar"]);
+        let report = check_sets(
+            Path::new("/d"),
+            &from_one,
+            Picked::ByWildcards("s-00000[1-5].tar"),
+            false,
+        )
+        .unwrap();
+        assert!(report.notices(Path::new("/d")).is_empty());
+        // ... one that would have picked it did not find it.
+        for pattern in ["*", "s-*.tar", "s-00000?.tar"] {
+            assert!(
+                matches!(
+                    problem(check_sets(
+                        Path::new("/d"),
+                        &late,
+                        Picked::ByWildcards(pattern),
+                        false
+                    )),
+                    ShardSetProblem::Missing { count: 2, .. }
+                ),
+                "{pattern}"
+            );
+        }
     }
 
     #[test]
@@ -810,7 +917,7 @@ mod tests {
         // Found by a hostile review: allowing missing members listed every one of them, so a
         // name ending `-of-99999999999999999` took all memory.
         let one = paths(&["x-00000-of-99999999999999999"]);
-        let report = check_sets(Path::new("/d"), &one, true, true).unwrap();
+        let report = check_sets(Path::new("/d"), &one, Picked::All, true).unwrap();
         assert_eq!(report.missing_count, 99_999_999_999_999_998);
         assert_eq!(report.missing.len(), NAMED_MISSING);
         assert_eq!(report.missing[0], "x-00001-of-99999999999999999");
@@ -821,7 +928,7 @@ mod tests {
         let mut report = check_sets(
             Path::new("/d"),
             &paths(&["t-00000-of-00004", "t-00002-of-00004"]),
-            true,
+            Picked::All,
             true,
         )
         .unwrap();
@@ -840,12 +947,12 @@ mod tests {
     fn numbers_that_do_not_fit_their_set_are_an_error() {
         let over = paths(&["x-00002-of-00002", "x-00000-of-00002", "x-00001-of-00002"]);
         assert!(matches!(
-            problem(check_sets(Path::new("/d"), &over, true, false)),
+            problem(check_sets(Path::new("/d"), &over, Picked::All, false)),
             ShardSetProblem::Inconsistent { .. }
         ));
         let twice = paths(&["y-1.tar", "y-01.tar"]);
         // Different widths are different sets (y-N.tar, y-NN.tar): mixed.
-        assert!(check_sets(Path::new("/d"), &twice, true, false).is_err());
+        assert!(check_sets(Path::new("/d"), &twice, Picked::All, false).is_err());
     }
 
     #[test]

@@ -14,7 +14,7 @@ use super::{MAGIC, MANIFEST, Manifest, PROGRESS, VERSION, features, is_shard_nam
 use crate::dataset::{Dataset, DatasetInfo, FormatKind, Record, RecordReader};
 use crate::error::{Error, IoContext as _, Result};
 use crate::format::shard_data::{HeldShard, Mapped, ShardData, ShardPlanner};
-use crate::format::shards::{Selection, SetReport, check_sets};
+use crate::format::shards::{Picked, Selection, SetReport, check_sets};
 use crate::format::{OpenOptions, example, staging};
 
 /// How to read TFRecord shards that carry no imagefeed manifest: `RecordsOptions::default()`
@@ -142,12 +142,12 @@ impl Records {
             return Self::open_url(text, options);
         }
         let mut brace_missing = Vec::new();
-        let (name, files, one_set) = match selection {
+        let (name, files, picked) = match selection {
             Selection::Directory(dir) => {
                 if let Some(records) = open_directory_of_ours(dir, options.allow_missing_shards)? {
                     return Ok(records);
                 }
-                (dir.as_path(), shard_files_in(dir)?, true)
+                (dir.as_path(), shard_files_in(dir)?, Picked::All)
             }
             Selection::Pattern(pattern) => {
                 let (files, missing) =
@@ -168,14 +168,13 @@ impl Records {
                         problem: crate::format::shards::ShardSetProblem::NoMatch,
                     });
                 }
-                let one_set = crate::format::shards::pattern_picks_by_wildcards(pattern);
-                (pattern.as_path(), files, one_set)
+                (pattern.as_path(), files, Picked::by_local_pattern(pattern))
             }
             Selection::List(files) => {
                 let Some(first) = files.first() else {
                     return Err(Error::Config("an empty list of shards".into()));
                 };
-                (first.as_path(), files.clone(), false)
+                (first.as_path(), files.clone(), Picked::ByName)
             }
             Selection::File(file) => {
                 staging::refuse_interrupted(file)?;
@@ -184,7 +183,7 @@ impl Records {
                 return open_foreign(file, std::slice::from_ref(file), set, options);
             }
         };
-        let mut set = check_sets(name, &files, one_set, options.allow_missing_shards)?;
+        let mut set = check_sets(name, &files, picked, options.allow_missing_shards)?;
         set.add_missing(brace_missing);
         open_foreign(name, &files, set, options)
     }

@@ -32,7 +32,7 @@ use crate::cache::Cache;
 use crate::dataset::{Dataset, DatasetInfo, FormatKind, PayloadKind, Record, RecordReader};
 use crate::error::{Error, IoContext as _, Result};
 use crate::format::shard_data::{HeldShard, Mapped, ShardData};
-use crate::format::shards::{Selection, SetReport, check_sets};
+use crate::format::shards::{Picked, Selection, SetReport, check_sets};
 use crate::format::{OpenOptions, Recognizer, compressed};
 
 mod members;
@@ -132,7 +132,7 @@ impl WebDataset {
     /// shard, checked as [`crate::format::shards`] says.
     pub fn open_selection(selection: &Selection, options: &OpenOptions) -> Result<WebDataset> {
         let mut brace_missing = Vec::new();
-        let (name, files, one_set) = match selection {
+        let (name, files, picked) = match selection {
             Selection::Directory(dir) => {
                 let mut files: Vec<PathBuf> = fs::read_dir(dir)
                     .at(dir)?
@@ -143,25 +143,24 @@ impl WebDataset {
                 if files.is_empty() {
                     return Err(Error::not_a_dataset(dir, "no WebDataset shards (*.tar)"));
                 }
-                (dir.clone(), files, true)
+                (dir.clone(), files, Picked::All)
             }
             Selection::Pattern(pattern) => {
                 let (files, missing) =
                     crate::format::shards::expand_selection(pattern, options.allow_missing_shards)?;
                 brace_missing = missing;
-                let one_set = crate::format::shards::pattern_picks_by_wildcards(pattern);
-                (pattern.clone(), files, one_set)
+                (pattern.clone(), files, Picked::by_local_pattern(pattern))
             }
             Selection::List(files) => {
                 let first = files
                     .first()
                     .ok_or_else(|| Error::Config("an empty list of shards".into()))?;
-                (first.clone(), files.clone(), false)
+                (first.clone(), files.clone(), Picked::ByName)
             }
-            Selection::File(file) => (file.clone(), vec![file.clone()], false),
+            Selection::File(file) => (file.clone(), vec![file.clone()], Picked::ByName),
         };
-        let mut set = if files.len() > 1 || one_set {
-            check_sets(&name, &files, one_set, options.allow_missing_shards)?
+        let mut set = if files.len() > 1 || picked != Picked::ByName {
+            check_sets(&name, &files, picked, options.allow_missing_shards)?
         } else {
             SetReport::default()
         };
