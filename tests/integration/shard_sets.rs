@@ -644,6 +644,37 @@ fn several_paths_that_are_not_shards_are_named_as_what_they_are() {
             Ok(d) => panic!("{list:?}: opened {} samples", d.len()),
         }
     }
+    // What a shell makes of `DIR/*` over our records directory, and a TFRecord shard beside a
+    // tar: named, not read as damaged TFRecord shards.
+    let ours = dir.path().join("ours.records");
+    support::pack_as(
+        &fixture_root(),
+        &ours,
+        PackFormat::Records,
+        &small_options(),
+    );
+    let mut everything: Vec<PathBuf> = fs::read_dir(&ours)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    everything.sort();
+    match format::open_files(&everything, &OpenOptions::default()) {
+        Err(Error::NotADataset { reason, .. }) => assert!(
+            reason.starts_with("a shard's index file")
+                || reason.starts_with("a file of an imagefeed records dataset"),
+            "{reason}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    let tar = dir.path().join("x-000000.tar");
+    fs::write(&tar, b"").unwrap();
+    match format::open_files(&[shards[0].clone(), tar.clone()], &OpenOptions::default()) {
+        Err(Error::NotADataset { path, reason }) => {
+            assert_eq!(path, shards[0]);
+            assert!(reason.contains("not a WebDataset shard"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
     // The set's own shards, listed, still read as one dataset.
     let set = format::open_files(&shards, &OpenOptions::default()).unwrap();
     assert_eq!(

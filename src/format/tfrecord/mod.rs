@@ -62,7 +62,7 @@ pub(crate) mod remote;
 mod writer;
 
 pub use framing::{ShardScan, frame, masked_crc, scan_shard, starts_with_frame, unframe};
-pub use index::{INDEX_DIR, find_index, index_path_for, saved_index_path};
+pub use index::{INDEX_DIR, find_index, index_path_for, is_index_name, saved_index_path};
 #[cfg_attr(not(feature = "fuzzing"), allow(unused_imports))]
 pub(crate) use index::{check_index_covers, parse_index};
 pub use reader::{Records, RecordsOptions};
