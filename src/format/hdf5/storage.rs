@@ -142,8 +142,14 @@ pub(super) fn check_stored(
         .iter()
         .try_fold(element, |n, &d| n.checked_mul(d as u64));
     let filtered = !readable_filters(path, dataset, name)?.is_empty();
+    // Chunks never written take no room: an unfiltered chunked array with some (a writer that
+    // stopped) declares more than its file holds, and was refused whole where its unwritten
+    // rows are bad samples (a hostile try). Its bound is that of a filtered one.
+    let chunked = dataset.is_chunked();
     let can_hold = if filtered {
         dataset.storage_size().saturating_mul(MAX_COMPRESSION)
+    } else if chunked {
+        file_len.max(dataset.storage_size().saturating_mul(MAX_COMPRESSION))
     } else {
         file_len
     };
@@ -155,7 +161,7 @@ pub(super) fn check_stored(
                 "dataset {name:?} declares shape {shape:?} ({} bytes), more than the {} can hold \
                  ({can_hold} bytes)",
                 bytes.map_or("over 2^64".to_string(), |b| b.to_string()),
-                if filtered {
+                if filtered || chunked {
                     "storage allocated for it"
                 } else {
                     "file"
