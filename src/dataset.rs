@@ -17,7 +17,7 @@
 //! disk can cause (a missing file, a corrupt record, a label out of range) returns `Err` naming the
 //! file and record.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -323,7 +323,7 @@ pub trait Dataset: Send + Sync {
     /// Shards of a format that keeps no count of their records anywhere (other tools' TFRecord
     /// and WebDataset shards) that the scan at open found cut short at their end, by position
     /// in the set, with their paths: the last record of each is a bad record standing for a
-    /// tail of unknown length ([`records_lost_at_cut_ends`] estimates it). Empty by default.
+    /// tail of unknown length ([`cut_loss`] estimates it). Empty by default.
     fn shards_cut_at_end(&self) -> Vec<(usize, &Path)> {
         Vec::new()
     }
@@ -386,35 +386,60 @@ pub(crate) fn notice(notices: &mut Vec<String>, message: String) {
     notices.push(message);
 }
 
-/// About how many records the shards cut at their end ([`Dataset::shards_cut_at_end`]) took
-/// with them, beyond the bad record each still reads as: for each, the median record count of
-/// the set's shards not cut, less what it holds. Writers fill their shards alike (a record count
-/// or a byte size per shard; only the last is short), so the median is what a shard held. 0 when
-/// no shard is cut, or no whole shard gives a count to go by (a set of one).
-pub fn records_lost_at_cut_ends(dataset: &dyn Dataset) -> u64 {
-    let cut = dataset.shards_cut_at_end();
-    let Some(starts) = dataset.shard_starts() else {
-        return 0;
-    };
-    if cut.is_empty() {
-        return 0;
-    }
+/// What the shards of a set that lost records nobody counted may have lost: shards cut short at
+/// their end ([`Dataset::shards_cut_at_end`]; each reads as one bad record at its end) and
+/// members holding no record while the others hold some (a copy cut to nothing; the open's
+/// notices name them). Found by [`cut_loss`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CutLoss {
+    /// The shards cut short at their end: position in the set, and path.
+    pub cut: Vec<(usize, PathBuf)>,
+    /// How many members hold no record while others do.
+    pub empty: usize,
+    /// About how many records they lost beyond the bad record each cut one reads as, by the
+    /// set's whole shards (the median count of those neither cut, nor empty, nor last: writers
+    /// fill their shards alike and leave the last one short), at most, since a cut last shard
+    /// may have been short already. `None` when no such shard gives a count to go by (a set of
+    /// one or two, or every shard cut): the loss is then unknown.
+    pub lost: Option<u64>,
+}
+
+/// What `dataset`'s shards cut short or emptied lost ([`CutLoss`]); `None` when none is.
+pub fn cut_loss(dataset: &dyn Dataset) -> Option<CutLoss> {
+    let starts = dataset.shard_starts()?;
     let counts: Vec<usize> = starts.windows(2).map(|w| w[1] - w[0]).collect();
-    let mut whole: Vec<usize> = counts
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| !cut.iter().any(|(c, _)| c == i))
-        .map(|(_, &n)| n)
+    let cut: Vec<(usize, PathBuf)> = dataset
+        .shards_cut_at_end()
+        .into_iter()
+        .map(|(i, path)| (i, path.to_path_buf()))
         .collect();
-    if whole.is_empty() {
-        return 0;
+    let is_cut = |i: usize| cut.iter().any(|(c, _)| *c == i);
+    let empty: Vec<usize> = if empty_members(starts) > 0 {
+        (0..counts.len())
+            .filter(|&i| counts[i] == 0 && !is_cut(i))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    if cut.is_empty() && empty.is_empty() {
+        return None;
     }
+    let last = counts.len().saturating_sub(1);
+    let mut whole: Vec<usize> = (0..counts.len())
+        .filter(|&i| i != last && counts[i] > 0 && !is_cut(i))
+        .map(|i| counts[i])
+        .collect();
     whole.sort_unstable();
-    let typical = whole[whole.len() / 2];
-    cut.iter()
-        .filter_map(|(i, _)| counts.get(*i))
-        .map(|&held| typical.saturating_sub(held) as u64)
-        .sum()
+    let lost = whole.get(whole.len() / 2).map(|&typical| {
+        let short = |i: usize| typical.saturating_sub(counts[i]) as u64;
+        cut.iter().map(|(i, _)| short(*i)).sum::<u64>()
+            + empty.iter().map(|&i| short(i)).sum::<u64>()
+    });
+    Some(CutLoss {
+        cut,
+        empty: empty.len(),
+        lost,
+    })
 }
 
 /// The number of members of a set holding no sample while others do (`starts`: each member's

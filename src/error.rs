@@ -604,17 +604,21 @@ pub enum ShardSetProblem {
     /// A pattern matched no file.
     NoMatch,
     /// Shards of a format that counts its records nowhere (other tools' TFRecord or WebDataset
-    /// shards) end cut short, and the records they lost, estimated from the other shards'
-    /// counts ([`records_lost_at_cut_ends`](crate::dataset::records_lost_at_cut_ends)), are
-    /// more than the loader's bad-sample limit allows. Each cut shard reads as one bad record at
-    /// its end: counted so, a shard that lost most of its records would stay under any limit.
+    /// shards) end cut short or hold nothing, and the records they lost, estimated from the
+    /// set's whole shards ([`cut_loss`](crate::dataset::cut_loss)), are more than the loader's
+    /// bad-sample limit allows, or cannot be estimated. Each cut shard reads as one bad record
+    /// at its end: counted so, a shard that lost most of its records would stay under any
+    /// limit.
     CutShort {
         /// The cut shards' names (the first 10 when there are more).
         shards: Vec<String>,
         /// How many shards are cut.
         count: usize,
-        /// About how many records they lost.
-        lost: u64,
+        /// How many members hold no record while the others do.
+        empty: usize,
+        /// About how many records they lost (at most), or `None` when no whole shard of the
+        /// set gives a count to go by.
+        lost: Option<u64>,
         /// The limit, as configured.
         limit: String,
     },
@@ -660,21 +664,45 @@ impl std::fmt::Display for ShardSetProblem {
             ShardSetProblem::CutShort {
                 shards,
                 count,
+                empty,
                 lost,
                 limit,
-            } => write!(
-                f,
-                "{count} shard(s) end cut short ({}{}): about {lost} records are lost with them \
-                 (by the other shards' record counts), more than the bad-sample limit ({limit}) \
-                 allows; restore them, or train on what is left on purpose with max_bad=None \
-                 (--max-bad None)",
-                shards.join(", "),
-                if *count > shards.len() {
-                    format!(" and {} more", count - shards.len())
-                } else {
-                    String::new()
+            } => {
+                let mut what = Vec::new();
+                if *count > 0 {
+                    what.push(format!(
+                        "{count} shard(s) end cut short ({}{})",
+                        shards.join(", "),
+                        if *count > shards.len() {
+                            format!(" and {} more", count - shards.len())
+                        } else {
+                            String::new()
+                        }
+                    ));
                 }
-            ),
+                if *empty > 0 {
+                    what.push(format!(
+                        "{empty} shard(s) hold no record while the others do (the notices name them)"
+                    ));
+                }
+                write!(f, "{}: ", what.join("; "))?;
+                match lost {
+                    Some(lost) => write!(
+                        f,
+                        "up to about {lost} records are lost with them (by the set's whole \
+                         shards' record counts), more than the bad-sample limit ({limit}) allows"
+                    )?,
+                    None => write!(
+                        f,
+                        "how many records are lost with them cannot be estimated (no whole shard \
+                         of the set to compare with), and the bad-sample limit is {limit}"
+                    )?,
+                }
+                f.write_str(
+                    "; restore them, or train on what is left on purpose with max_bad=None \
+                     (--max-bad None)",
+                )
+            }
         }
     }
 }

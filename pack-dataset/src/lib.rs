@@ -540,8 +540,8 @@ fn format_inspection(i: &Inspection) -> String {
             )
         } else if i.cut_shards > 0 {
             format!(
-                "NO: {} shard(s) are shorter than the manifest lists (a copy or a write cut \
-                 off?): see the notices",
+                "NO: {} shard(s) are cut short (shorter than the dataset's index says, or \
+                 ending inside a record: a copy or a write cut off?): see the notices",
                 i.cut_shards
             )
         } else if i.complete {

@@ -138,21 +138,26 @@ impl Drop for Inner {
     }
 }
 
-/// Refuses a dataset whose shards cut short at their end lost more records than `max_bad`
-/// allows ([`ShardSetProblem::CutShort`](crate::error::ShardSetProblem::CutShort)). Each such shard reads as one bad record, however
-/// much of it is gone (a hostile try: a TFRecord shard cut to a tenth lost 67 of 300 records,
-/// counted 1 bad, and the epoch ended "complete" under the 1% limit). The estimate comes from
-/// the other shards' counts ([`crate::dataset::records_lost_at_cut_ends`]), taken against the
-/// dataset as if it were whole.
-fn refuse_cut_ends_past_max_bad(dataset: &dyn Dataset, max_bad: Option<MaxBad>) -> Result<()> {
+/// Refuses a dataset whose shards cut short (or emptied) lost more records than `max_bad`
+/// allows, or an unknown number of them ([`ShardSetProblem::CutShort`](crate::error::ShardSetProblem::CutShort)).
+/// Each cut shard reads as one bad record, however much of it is gone (a hostile try: a
+/// TFRecord shard cut to a tenth lost 67 of 300 records, counted 1 bad, and the epoch ended
+/// "complete" under the 1% limit). The estimate ([`crate::dataset::cut_loss`]) is taken
+/// against the dataset as if it were whole; where it cannot be made (a set of one or two, every
+/// shard cut) the loss is unknown and the dataset is refused, as TensorFlow and the
+/// `webdataset` package stop at a truncated shard.
+fn refuse_cut_shards_past_max_bad(dataset: &dyn Dataset, max_bad: Option<MaxBad>) -> Result<()> {
     let Some(cap) = max_bad else {
         return Ok(());
     };
-    let lost = crate::dataset::records_lost_at_cut_ends(dataset);
-    if lost == 0 || !cap.exceeded_by(lost, dataset.len() as u64 + lost) {
+    let Some(loss) = crate::dataset::cut_loss(dataset) else {
+        return Ok(());
+    };
+    if let Some(lost) = loss.lost
+        && (lost == 0 || !cap.exceeded_by(lost, dataset.len() as u64 + lost))
+    {
         return Ok(());
     }
-    let cut = dataset.shards_cut_at_end();
     let name = |path: &std::path::Path| {
         path.file_name()
             .unwrap_or(path.as_os_str())
@@ -162,9 +167,15 @@ fn refuse_cut_ends_past_max_bad(dataset: &dyn Dataset, max_bad: Option<MaxBad>) 
     Err(Error::ShardSet {
         path: dataset.path().to_path_buf(),
         problem: crate::error::ShardSetProblem::CutShort {
-            shards: cut.iter().take(10).map(|(_, path)| name(path)).collect(),
-            count: cut.len(),
-            lost,
+            shards: loss
+                .cut
+                .iter()
+                .take(10)
+                .map(|(_, path)| name(path))
+                .collect(),
+            count: loss.cut.len(),
+            empty: loss.empty,
+            lost: loss.lost,
             limit: cap.to_string(),
         },
     })
@@ -195,7 +206,7 @@ impl Loader {
                 )));
             }
         }
-        refuse_cut_ends_past_max_bad(dataset.as_ref(), config.max_bad)?;
+        refuse_cut_shards_past_max_bad(dataset.as_ref(), config.max_bad)?;
         if config.sampling.world_size > dataset.len().max(1) {
             return Err(Error::Config(format!(
                 "world_size {} exceeds the dataset's {} samples: some ranks would get none",

@@ -351,10 +351,11 @@ fn a_shard_cut_short_counts_its_lost_tail_against_the_bad_sample_limit() {
     assert_eq!(named, [1]);
     let held = cut.shard_starts().unwrap()[2] - cut.shard_starts().unwrap()[1];
     assert!(held < counts[1], "{held} of {}", counts[1]);
-    let mut whole_counts = [counts[0], counts[2], counts[3]];
-    whole_counts.sort_unstable();
-    let lost = imagefeed::dataset::records_lost_at_cut_ends(cut.as_ref());
-    assert_eq!(lost, (whole_counts[1] - held) as u64);
+    // Estimated by the whole shards that are not the last (a writer leaves that one short):
+    // the median of 0 and 2.
+    let loss = imagefeed::dataset::cut_loss(cut.as_ref()).unwrap();
+    let lost = (counts[0].max(counts[2]) - held) as u64;
+    assert_eq!((loss.lost, loss.empty), (Some(lost), 0));
 
     // The loader refuses it under the default limit, naming the shard and the estimate ...
     match Loader::new(cut.clone(), LoaderConfig::default()) {
@@ -369,7 +370,7 @@ fn a_shard_cut_short_counts_its_lost_tail_against_the_bad_sample_limit() {
             ..
         }) => {
             assert_eq!(shards, ["train-00001-of-00004"]);
-            assert_eq!((count, said), (1, lost));
+            assert_eq!((count, said), (1, Some(lost)));
         }
         Err(other) => panic!("expected a cut-short error, got {other}"),
         Ok(_) => panic!("a set missing {lost} records was loaded under the 1% limit"),
@@ -394,11 +395,70 @@ fn a_shard_cut_short_counts_its_lost_tail_against_the_bad_sample_limit() {
     fs::write(&files[2], &flipped).unwrap();
     let damaged = format::open(dir.path()).unwrap();
     assert!(damaged.shards_cut_at_end().is_empty());
-    assert_eq!(
-        imagefeed::dataset::records_lost_at_cut_ends(damaged.as_ref()),
-        0
-    );
+    assert_eq!(imagefeed::dataset::cut_loss(damaged.as_ref()), None);
     Loader::new(damaged, LoaderConfig::default()).unwrap();
+}
+
+/// The loader's refusal of `dataset` under the default bad-sample limit: the cut and empty
+/// shards it counted and its estimate.
+fn cut_short_refusal(
+    dataset: std::sync::Arc<dyn imagefeed::Dataset>,
+) -> (usize, usize, Option<u64>) {
+    match Loader::new(dataset, LoaderConfig::default()) {
+        Err(Error::ShardSet {
+            problem:
+                ShardSetProblem::CutShort {
+                    count, empty, lost, ..
+                },
+            ..
+        }) => (count, empty, lost),
+        Err(other) => panic!("expected a cut-short error, got {other}"),
+        Ok(_) => panic!("a set with shards cut short was loaded under the 1% limit"),
+    }
+}
+
+#[test]
+fn shards_cut_with_nothing_to_compare_with_or_emptied_are_refused_too() {
+    // Found by a hostile try of the estimate: each of these read "1 bad" per shard or nothing.
+    let dir = tempfile::tempdir().unwrap();
+    let cut = |path: &Path, keep: f64| {
+        let bytes = fs::read(path).unwrap();
+        fs::write(path, &bytes[..(bytes.len() as f64 * keep) as usize + 3]).unwrap();
+    };
+    // Two shards, the first cut: the only whole one is the last, which a writer leaves short.
+    let two = dir.path().join("two");
+    fs::create_dir(&two).unwrap();
+    let files = foreign_set(&two, "train", 2);
+    cut(&files[0], 0.5);
+    assert_eq!(cut_short_refusal(format::open(&two).unwrap()), (1, 0, None));
+    // Every shard cut.
+    let all = dir.path().join("all");
+    fs::create_dir(&all).unwrap();
+    for file in foreign_set(&all, "train", 3) {
+        cut(&file, 0.85);
+    }
+    assert_eq!(cut_short_refusal(format::open(&all).unwrap()), (3, 0, None));
+    // A member cut to nothing among whole ones: the estimate counts what it held.
+    let empty = dir.path().join("empty");
+    fs::create_dir(&empty).unwrap();
+    let files = foreign_set(&empty, "train", 4);
+    let held = format::open(&empty).unwrap().shard_starts().unwrap()[2];
+    fs::write(&files[1], b"").unwrap();
+    let (count, emptied, lost) = cut_short_refusal(format::open(&empty).unwrap());
+    assert_eq!((count, emptied), (0, 1));
+    assert!(lost.is_some_and(|l| l > 0 && l <= held as u64), "{lost:?}");
+    // One shard cut in a set of one: nothing to estimate from either.
+    let one = dir.path().join("one");
+    fs::create_dir(&one).unwrap();
+    let files = foreign_set(&one, "train", 1);
+    cut(&files[0], 0.3);
+    assert_eq!(
+        cut_short_refusal(format::open(&files[0]).unwrap()),
+        (1, 0, None)
+    );
+    // Lifting the limit reads what is left.
+    let config = LoaderConfig::default().with_max_bad(None);
+    Loader::new(format::open(&all).unwrap(), config).unwrap();
 }
 
 fn compat(name: &str) -> PathBuf {
@@ -566,12 +626,17 @@ fn a_damaged_compressed_shard_reads_what_it_can_and_reports_the_rest() {
         })
         .unwrap_or(0);
     assert_eq!(kept, 0);
-    // The loader's default cap stops an epoch that lost this much.
-    let loader = Loader::new(dataset, LoaderConfig::default().with_batch_size(2)).unwrap();
-    let stopped = loader.epoch(0).find_map(Result::err);
+    // The loader's default cap refuses a set whose one shard lost an unknown part of itself.
+    let refused = Loader::new(dataset, LoaderConfig::default().with_batch_size(2)).err();
     assert!(
-        matches!(stopped, Some(Error::TooManyBadSamples { .. })),
-        "{stopped:?}"
+        matches!(
+            refused,
+            Some(Error::ShardSet {
+                problem: ShardSetProblem::CutShort { lost: None, .. },
+                ..
+            })
+        ),
+        "{refused:?}"
     );
 }
 

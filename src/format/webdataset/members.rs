@@ -58,9 +58,9 @@ pub(super) struct Walk {
     pub(super) samples: Vec<Span>,
     /// `(sample position, reason)` of each damaged range.
     pub(super) damaged: Vec<(usize, String)>,
-    /// Whether the shard ends cut short: damage runs to its last byte, and it does not end with
-    /// a block of zeros (what a tar's end is). How many samples the lost tail held is unknown;
-    /// the last damaged range stands for all of them.
+    /// Whether the shard ends cut short: damage runs to its last byte, so the walk never met
+    /// the archive's end. How many samples the lost tail held is unknown; the last damaged
+    /// range stands for all of them.
     pub(super) cut_end: bool,
 }
 
@@ -112,11 +112,13 @@ pub(super) fn walk_shard(bytes: &[u8]) -> Walk {
             }
         }
     }
-    let damage_to_the_end = walk.damaged.last().is_some_and(|&(at, _)| {
+    // Damage that runs to the last byte means the walk never met the archive's end: where
+    // the shard was cut, what followed is unknown. (Zeros at the file's end do not show an end
+    // block: a cut inside a member's zero data looks the same, found by a hostile try.)
+    walk.cut_end = walk.damaged.last().is_some_and(|&(at, _)| {
         let span = walk.samples[at];
         span.offset + span.len == end
     });
-    walk.cut_end = damage_to_the_end && !ends_with_zero_block(bytes);
     walk
 }
 
@@ -143,16 +145,6 @@ fn readable_problem(bytes: &[u8], at: u64, problem: String) -> String {
         text.push('…');
     }
     text
-}
-
-/// Whether `bytes` end with a whole block of zeros at a block boundary (an end-of-archive block).
-fn ends_with_zero_block(bytes: &[u8]) -> bool {
-    let len = bytes.len() as u64;
-    if len < BLOCK || !len.is_multiple_of(BLOCK) {
-        return false;
-    }
-    let last = &bytes[(len - BLOCK) as usize..];
-    crate::mapguard::fault_in(last).is_ok() && last.iter().all(|&b| b == 0)
 }
 
 /// The first block from `from` on (a multiple of [`BLOCK`]) that holds a valid tar header, or
@@ -561,6 +553,25 @@ mod tests {
             "{:?}",
             walk.damaged
         );
+    }
+
+    #[test]
+    fn a_cut_inside_zeros_is_still_a_cut_end() {
+        // Found by a hostile try: cut at a block boundary inside a member of zeros (an .npy),
+        // the file ended in zero blocks and the cut went unseen.
+        let zeros = [0u8; 8192];
+        let bytes = tar(&[
+            ("a.jpg", b"J"),
+            ("a.npy", &zeros),
+            ("a.cls", b"0"),
+            ("b.jpg", b"K"),
+            ("b.cls", b"1"),
+        ]);
+        let cut = 1536 + 4096;
+        assert!(bytes[cut - 512..cut].iter().all(|&b| b == 0));
+        let walk = walk_shard(&bytes[..cut]);
+        assert!(walk.cut_end, "{walk:?}");
+        assert!(!walk_shard(&bytes).cut_end);
     }
 
     #[test]
