@@ -203,23 +203,63 @@ impl PackPlan {
         };
         if *self != recorded {
             let new = &recorded;
-            let differ: Vec<&str> = [
-                (self.payload != new.payload, "--raw"),
-                (self.resize_short_side != new.resize_short_side, "--resize"),
-                (self.quality != new.quality, "--quality"),
-                (self.part != new.part, "--num-parts/--part-index"),
+            // Each with the first run's value and this one's: "use the same ones" needs them.
+            let shown = |value: Option<String>| value.unwrap_or_else(|| "none".into());
+            let differ: Vec<String> = [
+                (
+                    self.payload != new.payload,
+                    "--raw",
+                    format!("{:?}", self.payload),
+                    format!("{:?}", new.payload),
+                ),
+                (
+                    self.resize_short_side != new.resize_short_side,
+                    "--resize",
+                    shown(self.resize_short_side.map(|s| s.to_string())),
+                    shown(new.resize_short_side.map(|s| s.to_string())),
+                ),
+                (
+                    self.quality != new.quality,
+                    "--quality",
+                    self.quality.to_string(),
+                    new.quality.to_string(),
+                ),
+                (
+                    self.part != new.part,
+                    "--num-parts/--part-index",
+                    shown(
+                        self.part
+                            .as_ref()
+                            .map(|p| format!("{} of {}", p.index, p.count)),
+                    ),
+                    shown(
+                        new.part
+                            .as_ref()
+                            .map(|p| format!("{} of {}", p.index, p.count)),
+                    ),
+                ),
                 (
                     self.restart_markers != new.restart_markers,
                     "--restart-markers",
+                    self.restart_markers.to_string(),
+                    new.restart_markers.to_string(),
                 ),
                 (
                     self.shared_headers != new.shared_headers,
                     "--shared-headers",
+                    self.shared_headers.to_string(),
+                    new.shared_headers.to_string(),
                 ),
-                (self.max_pixels != new.max_pixels, "--max-pixels"),
+                (
+                    self.max_pixels != new.max_pixels,
+                    "--max-pixels",
+                    shown(self.max_pixels.map(|p| p.to_string())),
+                    shown(new.max_pixels.map(|p| p.to_string())),
+                ),
             ]
             .into_iter()
-            .filter_map(|(differs, flag)| differs.then_some(flag))
+            .filter(|(differs, ..)| *differs)
+            .map(|(_, flag, then, now)| format!("{flag} ({then} then, {now} now)"))
             .collect();
             let which = if differ.is_empty() {
                 "other options (--raw/--resize/--quality/--part-index/--restart-markers/--shared-headers/--max-pixels)"

@@ -249,17 +249,29 @@ fn resume_with_other_options_is_refused_naming_them() {
     let dir = tempfile::tempdir().unwrap();
     for (format, out) in outputs(dir.path(), "changed-options") {
         crash_after(&fixture_root(), &out, format, &small_options(), 1);
-        for (changed, flag) in [
-            (resuming().with_restart_markers(true), "--restart-markers"),
+        let default_pixels = small_options().max_pixels;
+        for (changed, flags) in [
+            (
+                resuming().with_restart_markers(true),
+                vec!["--restart-markers (false then, true now)".to_string()],
+            ),
             (
                 resuming().with_quality(50).with_resize_short_side(Some(8)),
-                "--resize, --quality",
+                vec![
+                    "--resize (none then, 8 now)".to_string(),
+                    format!("--quality ({} then, 50 now)", small_options().quality),
+                ],
             ),
-            (resuming().with_max_pixels(1 << 20), "--max-pixels"),
+            (
+                resuming().with_max_pixels(1 << 20),
+                vec![format!("--max-pixels ({default_pixels} then, 1048576 now)")],
+            ),
         ] {
             match try_pack(&fixture_root(), &out, format, &changed) {
                 Err(Error::ResumeMismatch { reason, .. }) => {
-                    assert!(reason.contains(flag), "{format:?}: {reason}")
+                    for flag in &flags {
+                        assert!(reason.contains(flag.as_str()), "{format:?}: {reason}")
+                    }
                 }
                 other => panic!("{format:?}: {other:?}"),
             }
