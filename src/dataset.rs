@@ -388,13 +388,13 @@ pub(crate) fn notice(notices: &mut Vec<String>, message: String) {
 
 /// What the shards of a set that lost records nobody counted may have lost: shards cut short at
 /// their end ([`Dataset::shards_cut_at_end`]; each reads as one bad record at its end) and
-/// members holding no record while the others hold some (a copy cut to nothing; the open's
-/// notices name them). Found by [`cut_loss`].
+/// members other than the last holding no record while the others hold some (a copy cut to
+/// nothing; the open's notices name them). Found by [`cut_loss`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CutLoss {
     /// The shards cut short at their end: position in the set, and path.
     pub cut: Vec<(usize, PathBuf)>,
-    /// How many members hold no record while others do.
+    /// How many members other than the last hold no record while others do.
     pub empty: usize,
     /// About how many records they lost beyond the bad record each cut one reads as, by the
     /// set's whole shards (the median count of those neither cut, nor empty, nor last: writers
@@ -414,9 +414,12 @@ pub fn cut_loss(dataset: &dyn Dataset) -> Option<CutLoss> {
         .map(|(i, path)| (i, path.to_path_buf()))
         .collect();
     let is_cut = |i: usize| cut.iter().any(|(c, _)| *c == i);
+    // The last member may be empty by design (a writer with fewer records than shards): only
+    // the others count (a hostile try's healthy [150, 150, 0] set was refused).
+    let last = counts.len().saturating_sub(1);
     let empty: Vec<usize> = if empty_members(starts) > 0 {
         (0..counts.len())
-            .filter(|&i| counts[i] == 0 && !is_cut(i))
+            .filter(|&i| i != last && counts[i] == 0 && !is_cut(i))
             .collect()
     } else {
         Vec::new()
@@ -424,7 +427,6 @@ pub fn cut_loss(dataset: &dyn Dataset) -> Option<CutLoss> {
     if cut.is_empty() && empty.is_empty() {
         return None;
     }
-    let last = counts.len().saturating_sub(1);
     let mut whole: Vec<usize> = (0..counts.len())
         .filter(|&i| i != last && counts[i] > 0 && !is_cut(i))
         .map(|i| counts[i])

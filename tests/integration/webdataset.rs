@@ -273,6 +273,37 @@ fn a_shard_cut_short_counts_its_lost_tail_against_the_bad_sample_limit() {
         .map(|b| b.unwrap().len())
         .sum();
     assert_eq!(samples, cut.len() - 1);
+
+    // A set whose every tar ends without the end-of-archive block was written so (Python's
+    // tarfile reads such tars): no shard is cut, and the loader starts.
+    let unterminated = dir.path().join("unterminated");
+    fs::create_dir(&unterminated).unwrap();
+    for file in rust_shards(&unterminated, "u", 3) {
+        let bytes = fs::read(&file).unwrap();
+        let end = bytes.len() - bytes.iter().rev().take_while(|&&b| b == 0).count();
+        fs::write(&file, &bytes[..end.div_ceil(512) * 512]).unwrap();
+    }
+    let written_so = format::open(&unterminated).unwrap();
+    assert!(written_so.shards_cut_at_end().is_empty());
+    assert_eq!(records(written_so.as_ref()).len(), whole.len());
+    assert!(
+        !written_so.notices().iter().any(|n| n.contains("damaged")),
+        "{:?}",
+        written_so.notices()
+    );
+    Loader::new(written_so, LoaderConfig::default()).unwrap();
+    // One of them cut between two members, beside whole ones with their end blocks: cut.
+    let files = rust_shards(dir.path(), "m", 3);
+    let bytes = fs::read(&files[1]).unwrap();
+    let end = bytes.len() - bytes.iter().rev().take_while(|&&b| b == 0).count();
+    fs::write(&files[1], &bytes[..end.div_ceil(512) * 512]).unwrap();
+    let one_cut = format::open(dir.path().join("m-*.tar")).unwrap();
+    let named: Vec<usize> = one_cut
+        .shards_cut_at_end()
+        .iter()
+        .map(|(i, _)| *i)
+        .collect();
+    assert_eq!(named, [1]);
 }
 
 #[test]

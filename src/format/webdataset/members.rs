@@ -62,6 +62,9 @@ pub(super) struct Walk {
     /// the archive's end. How many samples the lost tail held is unknown; the last damaged
     /// range stands for all of them.
     pub(super) cut_end: bool,
+    /// Whether the shard ends right after a whole member, without the end-of-archive block: cut
+    /// between two members, or written by a writer that never writes one. (`cut_end` too.)
+    pub(super) unterminated: bool,
 }
 
 /// The key and field of a member's path: up to and after the first dot of its file name.
@@ -273,6 +276,7 @@ fn walk_from(bytes: &[u8], from: u64, walk: &mut Walk) -> std::result::Result<()
     // shard may have been cut between two members (a copy or an upload that stopped), with
     // every later sample gone: that is a damaged end, never a complete shard.
     if (tail.len() as u64) < BLOCK {
+        walk.unterminated = true;
         return Err((
             last_end,
             "the archive has no end-of-archive block after its last member: the shard was cut \
@@ -522,7 +526,7 @@ mod tests {
             walk.damaged[0].1.contains("no end-of-archive block"),
             "{walk:?}"
         );
-        assert!(walk.cut_end);
+        assert!(walk.cut_end && walk.unterminated);
         let walk = walk_shard(&bytes[..bytes.len() - 512]);
         assert_eq!((walk.samples.len(), walk.damaged.len()), (3, 0));
         assert!(!walk.cut_end && !walk_shard(&bytes).cut_end);

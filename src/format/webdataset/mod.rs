@@ -92,6 +92,9 @@ pub(super) struct Shard {
     damaged: HashMap<usize, String>,
     /// Whether the walk found the shard cut short at its end ([`members::Walk::cut_end`]).
     cut_end: bool,
+    /// Whether it ends after a whole member without the end-of-archive block
+    /// ([`members::Walk::unterminated`]).
+    unterminated: bool,
 }
 
 struct Shared {
@@ -193,11 +196,12 @@ fn open_files(
 /// sample's label), counts and notices.
 pub(super) fn assemble(
     name: &Path,
-    shards: Vec<Shard>,
+    mut shards: Vec<Shard>,
     set: SetReport,
     options: &OpenOptions,
     mut notices: Vec<String>,
 ) -> Result<WebDataset> {
+    accept_unterminated_sets(name, &mut shards, &mut notices);
     let starts = crate::format::shards::starts(shards.iter().map(|s| s.samples.len()));
     let total = *starts.last().expect("starts has a final entry");
     if let Some(notice) =
@@ -232,17 +236,61 @@ pub(super) fn assemble(
     })
 }
 
+/// A set of several shards, every one ending right after a whole member without the
+/// end-of-archive block, was written so (a writer that never writes one; Python's tarfile reads
+/// such tars): a copy cut short, or a writer killed mid-set, leaves one shard so, not every one
+/// alike. Its shards are then whole: the bad record that stood for each missing end goes (a
+/// hostile try's healthy set was refused as cut). One shard alone so is a cut end (it may have
+/// been cut between two members).
+/// Otherwise each such shard's missing end is a bad record, and its notice is given here (the
+/// walk leaves it to this).
+fn accept_unterminated_sets(name: &Path, shards: &mut [Shard], notices: &mut Vec<String>) {
+    if shards.len() < 2 || !shards.iter().all(|s| s.unterminated) {
+        for shard in shards.iter().filter(|s| s.unterminated) {
+            let last = shard.samples.len() - 1;
+            if let Some(reason) = shard.damaged.get(&last) {
+                damage_notice(&shard.path, last, reason, notices);
+            }
+        }
+        return;
+    }
+    for shard in shards.iter_mut() {
+        let last = shard.samples.len() - 1;
+        if shard.samples[last].len == 0 && shard.damaged.remove(&last).is_some() {
+            shard.samples.pop();
+            shard.cut_end = false;
+            shard.unterminated = false;
+        }
+    }
+    crate::dataset::notice(
+        notices,
+        format!(
+            "{}: every shard ends without the end-of-archive block (its writer never writes \
+             one): read as whole",
+            name.display()
+        ),
+    );
+}
+
+/// The notice that sample `number` of the shard at `path` is damaged.
+fn damage_notice(path: &Path, number: usize, reason: &str, notices: &mut Vec<String>) {
+    crate::dataset::notice(
+        notices,
+        format!(
+            "{}: sample {number} is damaged and reads as a bad record: {reason}",
+            path.display()
+        ),
+    );
+}
+
 /// A shard walked into samples, with a notice for each damaged range.
 pub(super) fn walked(path: &Path, mapped: Mapped, notices: &mut Vec<String>) -> Shard {
     let walk = walk_shard(mapped.bytes());
-    for (number, reason) in &walk.damaged {
-        crate::dataset::notice(
-            notices,
-            format!(
-                "{}: sample {number} is damaged and reads as a bad record: {reason}",
-                path.display()
-            ),
-        );
+    // A missing end-of-archive block is told once the whole set is walked
+    // (`accept_unterminated_sets`).
+    let told = walk.damaged.len() - usize::from(walk.unterminated);
+    for (number, reason) in &walk.damaged[..told] {
+        damage_notice(path, *number, reason, notices);
     }
     Shard {
         path: path.to_path_buf(),
@@ -250,6 +298,7 @@ pub(super) fn walked(path: &Path, mapped: Mapped, notices: &mut Vec<String>) -> 
         samples: walk.samples,
         damaged: walk.damaged.into_iter().collect(),
         cut_end: walk.cut_end,
+        unterminated: walk.unterminated,
     }
 }
 
