@@ -269,3 +269,39 @@ def test_a_sigbus_handler_installed_after_the_first_read_goes_behind_the_guard(t
     assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
     changed, total = map(int, run.stdout.split())
     assert changed > total // 2
+
+
+def _tar_set(directory: pathlib.Path, shards: int) -> list[pathlib.Path]:
+    """The fixture tree's good JPEGs as WebDataset tars written by Python's tarfile."""
+    import io
+    import tarfile
+
+    images = sorted(p for p in FIXTURE_TREE.glob("*/*.jpg") if not p.name.startswith("bad"))
+    directory.mkdir()
+    paths = []
+    for shard in range(shards):
+        path = directory / f"s-{shard:06d}.tar"
+        with tarfile.open(path, "w") as tar:
+            for i, image in enumerate(images):
+                if i % shards != shard:
+                    continue
+                for field, data in (("jpg", image.read_bytes()), ("cls", str(i % 3).encode())):
+                    info = tarfile.TarInfo(f"k{i:04d}.{field}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        paths.append(path)
+    return paths
+
+
+def test_a_set_with_a_shard_cut_short_raises_unless_max_bad_is_lifted(tmp_path):
+    shards = _tar_set(tmp_path / "wds", 3)
+    whole = len(imagefeed.Dataset(str(tmp_path / "wds"), decode="bytes"))
+    data = shards[0].read_bytes()
+    shards[0].write_bytes(data[: len(data) // 3 + 7])
+    with pytest.raises(imagefeed.ShardSetError) as e:
+        imagefeed.Loader(tmp_path / "wds", output="numpy")
+    assert "s-000000.tar" in str(e.value) and "cut short" in str(e.value)
+    rest = imagefeed.Loader(tmp_path / "wds", output="numpy", max_bad=None, batch_size=4,
+                            transform=T.Compose([T.Resize(8), T.CenterCrop(8)]))
+    read = sum(len(y) for _, y in rest)
+    assert 0 < read < whole
