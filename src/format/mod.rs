@@ -407,23 +407,17 @@ pub fn open_files(files: &[std::path::PathBuf], options: &OpenOptions) -> Result
             // Several paths are one dataset's shards: a file of another format among them (`verify
             // a.lmdb b.lmdb`) is named as what it is, not read as a damaged TFRecord shard.
             // Tars are read as WebDataset and anything else as TFRecord: a mix is two sets.
-            let tars = files
-                .iter()
-                .filter(|f| webdataset::is_shard_name(f))
-                .count();
-            if tars > 0 && tars < files.len() {
-                let tar = files.iter().find(|f| webdataset::is_shard_name(f));
-                let other = files.iter().find(|f| !webdataset::is_shard_name(f));
-                if let (Some(tar), Some(other)) = (tar, other) {
-                    return Err(Error::not_a_dataset(
-                        other,
-                        format!(
-                            "not a WebDataset shard, while {} is: several paths are read as the \
-                             shards of one dataset, of one format",
-                            tar.display()
-                        ),
-                    ));
-                }
+            let tar = files.iter().find(|f| webdataset::is_shard_name(f));
+            let other = files.iter().find(|f| !webdataset::is_shard_name(f));
+            if let (Some(tar), Some(other)) = (tar, other) {
+                return Err(Error::not_a_dataset(
+                    other,
+                    format!(
+                        "not a WebDataset shard, while {} is: several paths are read as the \
+                         shards of one dataset, of one format",
+                        tar.display()
+                    ),
+                ));
             }
             for file in files {
                 if let Some(what) = not_a_shard(file) {

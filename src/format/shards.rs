@@ -378,6 +378,19 @@ pub(crate) fn listed_members_missing(
     Ok(missing)
 }
 
+/// Which members of a set are cut short at their end, by position, with their paths, from each
+/// member's `(cut, path)`: what [`Dataset::shards_cut_at_end`](crate::dataset::Dataset::shards_cut_at_end)
+/// gives for formats whose scan marks them.
+pub(crate) fn cut_at_end<'a>(
+    members: impl Iterator<Item = (bool, &'a Path)>,
+) -> Vec<(usize, &'a Path)> {
+    members
+        .enumerate()
+        .filter(|(_, (cut, _))| *cut)
+        .map(|(i, (_, path))| (i, path))
+        .collect()
+}
+
 /// How many missing members a [`SetReport`] names (the count says how many there are: a
 /// deliberate subset of a set of 100,000 shards must not make a notice of 100,000 names).
 pub const NAMED_MISSING: usize = 20;

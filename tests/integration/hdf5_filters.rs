@@ -415,9 +415,15 @@ for name, cut in (("plain-long", None), ("plain-short", 7)):
 
 /// A directory holding what `WRITE_CHUNKED` writes; `None` (skipped, saying why) without h5py.
 fn write_chunked_files() -> Option<tempfile::TempDir> {
+    written_by_h5py(WRITE_CHUNKED)
+}
+
+/// A directory holding what the h5py `script` writes into `sys.argv[1]`; `None` (skipped,
+/// saying why) without h5py.
+fn written_by_h5py(script: &str) -> Option<tempfile::TempDir> {
     let python = python_with("h5py, numpy")?;
     let dir = tempfile::tempdir().unwrap();
-    run_python(&python, WRITE_CHUNKED, &[dir.path()]);
+    run_python(&python, script, &[dir.path()]);
     Some(dir)
 }
 
@@ -591,12 +597,7 @@ fn a_damaged_chunk_is_a_bad_sample_naming_its_record_and_the_rest_read() {
 #[test]
 fn virtual_and_external_datasets_are_refused_saying_where_their_data_lives() {
     // Found by a hostile try: both were refused as declaring "more than the file can hold".
-    let Some(python) = python_with("h5py, numpy") else {
-        return;
-    };
-    let dir = tempfile::tempdir().unwrap();
-    run_python(
-        &python,
+    let Some(dir) = written_by_h5py(
         r#"
 import os, sys
 import h5py, numpy as np
@@ -615,8 +616,9 @@ with h5py.File(os.path.join(out, "external.h5"), "w") as f:
                      external=[(os.path.join(out, "pixels.bin"), 0, pixels.nbytes)])
     f.create_dataset("labels", data=np.zeros(4, np.int64))
 "#,
-        &[dir.path()],
-    );
+    ) else {
+        return;
+    };
     for (name, says) in [
         ("virtual", "virtual dataset"),
         ("external", "external file"),
@@ -635,12 +637,7 @@ with h5py.File(os.path.join(out, "external.h5"), "w") as f:
 #[test]
 fn a_uint64_label_too_large_for_a_class_is_named_with_its_value() {
     // Found by a hostile try: 2^64 - 1 was quoted as 9223372036854775807 (libhdf5 clips it).
-    let Some(python) = python_with("h5py, numpy") else {
-        return;
-    };
-    let dir = tempfile::tempdir().unwrap();
-    run_python(
-        &python,
+    let Some(dir) = written_by_h5py(
         r#"
 import os, sys
 import h5py, numpy as np
@@ -650,8 +647,9 @@ for name, labels in (("huge", [0, 2**64 - 1]), ("fine", [0, 1])):
         f.create_dataset("images", data=np.zeros((2, 4, 4, 3), np.uint8))
         f.create_dataset("labels", data=np.array(labels, np.uint64))
 "#,
-        &[dir.path()],
-    );
+    ) else {
+        return;
+    };
     match format::open(dir.path().join("huge.h5")) {
         Err(imagefeed::Error::NotADataset { reason, .. }) => {
             assert!(reason.contains("[1] is 18446744073709551615"), "{reason}")

@@ -66,6 +66,13 @@ pub(crate) fn rust_shards(dir: &Path, name: &str, n: usize) -> Vec<PathBuf> {
     paths
 }
 
+/// Cuts the tar at `path` right after its last member, leaving out its end-of-archive blocks.
+fn drop_end_blocks(path: &Path) {
+    let bytes = fs::read(path).unwrap();
+    let end = bytes.len() - bytes.iter().rev().take_while(|&&b| b == 0).count();
+    fs::write(path, &bytes[..end.div_ceil(512) * 512]).unwrap();
+}
+
 /// (label, bytes) of rows, for comparing what has no file names for keys.
 fn labels_and_bytes(rows: Vec<Row>) -> Vec<(u32, Vec<u8>)> {
     rows.into_iter().map(|(_, l, b)| (l, b)).collect()
@@ -279,9 +286,7 @@ fn a_shard_cut_short_counts_its_lost_tail_against_the_bad_sample_limit() {
     let unterminated = dir.path().join("unterminated");
     fs::create_dir(&unterminated).unwrap();
     for file in rust_shards(&unterminated, "u", 3) {
-        let bytes = fs::read(&file).unwrap();
-        let end = bytes.len() - bytes.iter().rev().take_while(|&&b| b == 0).count();
-        fs::write(&file, &bytes[..end.div_ceil(512) * 512]).unwrap();
+        drop_end_blocks(&file);
     }
     let written_so = format::open(&unterminated).unwrap();
     assert!(written_so.shards_cut_at_end().is_empty());
@@ -294,9 +299,7 @@ fn a_shard_cut_short_counts_its_lost_tail_against_the_bad_sample_limit() {
     Loader::new(written_so, LoaderConfig::default()).unwrap();
     // One of them cut between two members, beside whole ones with their end blocks: cut.
     let files = rust_shards(dir.path(), "m", 3);
-    let bytes = fs::read(&files[1]).unwrap();
-    let end = bytes.len() - bytes.iter().rev().take_while(|&&b| b == 0).count();
-    fs::write(&files[1], &bytes[..end.div_ceil(512) * 512]).unwrap();
+    drop_end_blocks(&files[1]);
     let one_cut = format::open(dir.path().join("m-*.tar")).unwrap();
     let named: Vec<usize> = one_cut
         .shards_cut_at_end()

@@ -27,8 +27,7 @@ use crate::error::{Error, Result};
 /// the chunks pass through and what unwritten storage reads as.
 #[derive(Debug)]
 pub(super) struct ChunkLayout {
-    dims: Vec<usize>,
-    chunk: Vec<usize>,
+    grid: ChunkGrid,
     element: usize,
     /// The filters in the order they were applied when writing.
     filters: Vec<Filter>,
@@ -42,7 +41,7 @@ pub(super) struct ChunkLayout {
 /// coordinates live on the stack on the per-sample path.
 const MAX_RANK: usize = 4;
 
-/// A chunk's coordinates, in elements; the first `ChunkLayout::dims.len()` are used.
+/// A chunk's coordinates, in elements; the first `ChunkGrid::dims.len()` are used.
 type Origin = [hsize_t; MAX_RANK];
 
 /// What each chunk of a cached row costs beyond its bytes: its slot in the row.
@@ -65,15 +64,10 @@ impl ChunkLayout {
         fill: Vec<u8>,
         file_len: u64,
     ) -> Result<Option<ChunkLayout>> {
-        let Some(chunk) = dataset.chunk() else {
+        let Some(grid) = ChunkGrid::of(dataset) else {
             return Ok(None);
         };
-        let dims = dataset.shape();
-        if chunk.len() != dims.len()
-            || dims.is_empty()
-            || dims.len() > MAX_RANK
-            || fill.len() != element
-        {
+        if fill.len() != element {
             return Ok(None);
         }
         let dcpl = dataset
@@ -82,16 +76,16 @@ impl ChunkLayout {
         let Some(filters) = pipeline(dcpl.id()) else {
             return Ok(None);
         };
-        let chunks = dims
+        let chunks = grid
+            .dims
             .iter()
-            .zip(&chunk)
+            .zip(&grid.chunk)
             .try_fold(1usize, |n, (&d, &c)| n.checked_mul(d.div_ceil(c)));
         if filters.is_empty() && chunks.is_none_or(|n| n > MAX_UNFILTERED_CHUNKS) {
             return Ok(None);
         }
         Ok(Some(ChunkLayout {
-            dims,
-            chunk,
+            grid,
             element,
             filters,
             fill,
@@ -101,23 +95,23 @@ impl ChunkLayout {
 
     /// The bytes of one decoded chunk (checked at open to be at most 4 GiB).
     fn chunk_bytes(&self) -> usize {
-        self.chunk.iter().product::<usize>() * self.element
+        self.grid.chunk.iter().product::<usize>() * self.element
     }
 
     /// The bytes of one element row: everything of one index along the first dimension.
     pub(super) fn row_bytes(&self) -> usize {
-        self.dims[1..].iter().product::<usize>() * self.element
+        self.grid.dims[1..].iter().product::<usize>() * self.element
     }
 
     /// How many chunks cover one element row.
     fn chunks_per_row(&self) -> usize {
-        chunks_per_row(&self.dims, &self.chunk)
+        self.grid.chunks_per_row()
     }
 
     /// The origin, in elements, of chunk `number` (in row-major order) of the chunk row that
     /// starts at `first`.
     fn origin(&self, first: usize, number: usize) -> Origin {
-        chunk_origin(&self.dims, &self.chunk, first, number)
+        self.grid.origin(first, number)
     }
 
     /// Fills `out` with `len` bytes of the fill value: what a chunk never written holds.
@@ -165,40 +159,18 @@ impl ChunkLayout {
             return Err(format!(
                 "a chunk decodes to {} bytes, not the {want} of its shape {:?}",
                 stored.len(),
-                self.chunk
+                self.grid.chunk
             ));
         }
         Ok(())
     }
 }
 
-/// How many chunks of shape `chunk` cover one element row of a dataset of shape `dims`.
-fn chunks_per_row(dims: &[usize], chunk: &[usize]) -> usize {
-    dims[1..]
-        .iter()
-        .zip(&chunk[1..])
-        .map(|(&d, &c)| d.div_ceil(c))
-        .product()
-}
-
-/// The origin, in elements, of chunk `number` (in row-major order) of the chunk row that starts
-/// at `first`, in a dataset of shape `dims` chunked as `chunk`.
-fn chunk_origin(dims: &[usize], chunk: &[usize], first: usize, number: usize) -> Origin {
-    let mut origin = [0; MAX_RANK];
-    origin[0] = first as hsize_t;
-    let mut rest = number;
-    for d in (1..dims.len()).rev() {
-        let across = dims[d].div_ceil(chunk[d]);
-        origin[d] = ((rest % across) * chunk[d]) as hsize_t;
-        rest /= across;
-    }
-    origin
-}
-
-/// The chunks of a chunked pixel array libhdf5 reads itself (a filter of its own, or too many
-/// unfiltered chunks for [`ChunkLayout`]): enough to ask its index, before a sample is read,
-/// whether the chunks holding it were ever stored. libhdf5 reads the fill value where they
-/// were not, which for an image array is an unfinished write, not black images.
+/// How a chunked dataset's chunks lie: its shape and the chunk shape. Part of a
+/// [`ChunkLayout`]; alone, for a pixel array libhdf5 reads itself (a filter of its own, or too
+/// many unfiltered chunks for [`ChunkLayout`]), enough to ask its index, before a sample is
+/// read, whether the chunks holding it were ever stored. libhdf5 reads the fill value where
+/// they were not, which for an image array is an unfinished write, not black images.
 #[derive(Debug)]
 pub(super) struct ChunkGrid {
     dims: Vec<usize>,
@@ -217,6 +189,29 @@ impl ChunkGrid {
         usable.then_some(ChunkGrid { dims, chunk })
     }
 
+    /// How many chunks cover one element row.
+    fn chunks_per_row(&self) -> usize {
+        self.dims[1..]
+            .iter()
+            .zip(&self.chunk[1..])
+            .map(|(&d, &c)| d.div_ceil(c))
+            .product()
+    }
+
+    /// The origin, in elements, of chunk `number` (in row-major order) of the chunk row that
+    /// starts at `first`.
+    fn origin(&self, first: usize, number: usize) -> Origin {
+        let mut origin = [0; MAX_RANK];
+        origin[0] = first as hsize_t;
+        let mut rest = number;
+        for d in (1..self.dims.len()).rev() {
+            let across = self.dims[d].div_ceil(self.chunk[d]);
+            origin[d] = ((rest % across) * self.chunk[d]) as hsize_t;
+            rest /= across;
+        }
+        origin
+    }
+
     /// `Ok` when every chunk holding element row `index` is stored; otherwise why the row is
     /// not to be read. One index lookup per chunk of the row (`H5Dget_chunk_storage_size`,
     /// which fails, or gives 0 bytes, for a chunk never written). Runs inside the gate.
@@ -227,8 +222,8 @@ impl ChunkGrid {
     ) -> std::result::Result<(), String> {
         debug_assert!(gate::held());
         let first = index - index % self.chunk[0];
-        for number in 0..chunks_per_row(&self.dims, &self.chunk) {
-            let origin = chunk_origin(&self.dims, &self.chunk, first, number);
+        for number in 0..self.chunks_per_row() {
+            let origin = self.origin(first, number);
             let mut size: hsize_t = 0;
             // SAFETY: the dataset id is valid while `dataset` lives; `origin` has a coordinate
             // for each of its dimensions; `size` is a valid out-pointer.
@@ -302,7 +297,7 @@ fn read_stored(
     stored: &mut Vec<u8>,
 ) -> std::result::Result<Option<u32>, String> {
     debug_assert!(gate::held());
-    let origin = &origin[..layout.dims.len()];
+    let origin = &origin[..layout.grid.dims.len()];
     let file_len = layout.file_len;
     let size = if layout.filters.is_empty() {
         let (address, size) = index_entry(dataset, origin)?;
@@ -398,7 +393,7 @@ fn read_stored(
 /// Errors are ignored: reads meet them again as bad samples. Runs inside the gate.
 pub(super) fn walk_index(layout: &ChunkLayout, dataset: &hdf5::Dataset, deadline: Instant) {
     let per_row = layout.chunks_per_row();
-    for first in (0..layout.dims[0]).step_by(layout.chunk[0]) {
+    for first in (0..layout.grid.dims[0]).step_by(layout.grid.chunk[0]) {
         for number in 0..per_row {
             let origin = layout.origin(first, number);
             let mut size: hsize_t = 0;
@@ -490,7 +485,7 @@ impl ChunkReader {
         index: usize,
         out: &mut Vec<u8>,
     ) -> std::result::Result<(), String> {
-        let first = index - index % layout.chunk[0];
+        let first = index - index % layout.grid.chunk[0];
         let per_row = layout.chunks_per_row();
         // What a cached row costs: its decoded chunks and a slot for each (tiny chunks make the
         // slots the larger part).
@@ -546,8 +541,8 @@ impl ChunkReader {
 /// Copies the part of element row `plane` of a decoded chunk whose coordinates start at
 /// `origin` (the first, the chunk row's, is not used) into `out`, the whole element row.
 fn copy_part(layout: &ChunkLayout, chunk: &[u8], plane: usize, origin: &Origin, out: &mut [u8]) {
-    let dims = &layout.dims[1..];
-    let shape = &layout.chunk[1..];
+    let dims = &layout.grid.dims[1..];
+    let shape = &layout.grid.chunk[1..];
     let element = layout.element;
     let rank = dims.len();
     // How far the chunk reaches into the dataset along each dimension (edge chunks reach
@@ -595,16 +590,16 @@ pub(super) fn read_all(
     layout: &ChunkLayout,
     dataset: &hdf5::Dataset,
 ) -> Result<Vec<u8>> {
-    debug_assert_eq!(layout.dims.len(), 1);
-    let n = layout.dims[0];
+    debug_assert_eq!(layout.grid.dims.len(), 1);
+    let n = layout.grid.dims[0];
     let damaged = |reason: String| Error::not_a_dataset(path, format!("{name:?}: {reason}"));
     let mut all = Vec::new();
     all.try_reserve_exact(n * layout.element)
         .map_err(|_| damaged(format!("no memory for {n} element descriptors")))?;
     let (mut stored, mut scratch) = (Vec::new(), Vec::new());
-    for first in (0..n).step_by(layout.chunk[0]) {
+    for first in (0..n).step_by(layout.grid.chunk[0]) {
         let origin = layout.origin(first, 0);
-        let count = layout.chunk[0].min(n - first);
+        let count = layout.grid.chunk[0].min(n - first);
         match read_stored(dataset, &origin, layout, &mut stored).map_err(damaged)? {
             Some(skipped) => {
                 layout
@@ -624,8 +619,10 @@ mod tests {
 
     fn layout(dims: &[usize], chunk: &[usize], filters: Vec<Filter>) -> ChunkLayout {
         ChunkLayout {
-            dims: dims.to_vec(),
-            chunk: chunk.to_vec(),
+            grid: ChunkGrid {
+                dims: dims.to_vec(),
+                chunk: chunk.to_vec(),
+            },
             element: 1,
             filters,
             fill: vec![0],

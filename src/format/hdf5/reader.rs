@@ -577,26 +577,23 @@ impl Hdf5Reader {
             PixelStorage::Library(grid) => {
                 let mut selection = vec![hdf5::SliceOrIndex::Index(index)];
                 selection.resize(rank, hdf5::SliceOrIndex::from(..));
-                let dataset = self
-                    .dataset
-                    .as_ref()
-                    .expect("library layouts open a dataset");
-                if let Some(grid) = grid {
-                    dataset
-                        .with(|dataset| grid.check_row_stored(dataset, index))
-                        .map_err(|reason| self.corrupt(index, &self.key, reason))?;
-                }
                 let pixels = &mut self.pixels;
-                dataset
+                // One turn of the gate: the chunks' check, then the read.
+                self.dataset
+                    .as_ref()
+                    .expect("library layouts open a dataset")
                     .with(|dataset| {
+                        if let Some(grid) = grid {
+                            grid.check_row_stored(dataset, index)?;
+                        }
                         let read = dataset
                             .read_slice::<u8, _, ndarray::IxDyn>(hdf5::Hyperslab::from(selection))
-                            .map_err(|e| e.to_string())?;
+                            .map_err(|e| format!("HDF5: {e}"))?;
                         pixels.clear();
                         pixels.extend(read.iter().copied());
                         Ok(())
                     })
-                    .map_err(|e: String| self.corrupt(index, &self.key, format!("HDF5: {e}")))
+                    .map_err(|reason: String| self.corrupt(index, &self.key, reason))
             }
         }
     }

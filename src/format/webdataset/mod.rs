@@ -438,11 +438,8 @@ impl Dataset for WebDataset {
     }
 
     fn shards_cut_at_end(&self) -> Vec<(usize, &Path)> {
-        let shards = self.shared.shards.iter().enumerate();
-        shards
-            .filter(|(_, s)| s.cut_end)
-            .map(|(i, s)| (i, s.path.as_path()))
-            .collect()
+        let shards = self.shared.shards.iter();
+        crate::format::shards::cut_at_end(shards.map(|s| (s.cut_end, s.path.as_path())))
     }
 
     fn open_reader(&self) -> Result<Box<dyn RecordReader>> {
