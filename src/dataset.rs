@@ -312,6 +312,15 @@ pub trait Dataset: Send + Sync {
         self.shard_starts().map_or(0, empty_members)
     }
 
+    /// Shards of a set holding fewer than half the samples its other shards hold, the last
+    /// not compared ([`short_members`](crate::format::shards::short_members)), in a format that
+    /// keeps no count of them: a shard cut exactly between two records looks so, and nothing
+    /// else tells. A notice names them; `inspect` says so beside "complete", which it cannot
+    /// deny (uneven shards are legal). 0 by default.
+    fn short_shards(&self) -> usize {
+        0
+    }
+
     /// Shards shorter than the dataset's own index of them says (a copy cut short, a write cut
     /// off): their last records are unreadable (bad records), the notices name each, and
     /// `inspect` does not call such a dataset complete. 0 where the format keeps no such

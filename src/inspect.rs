@@ -127,6 +127,12 @@ pub struct Inspection {
     /// stands for the lost tail). The notices name them.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub cut_shards: u64,
+    /// How many of its shards hold fewer than half the samples the set's others hold, the last
+    /// not compared, in a format that counts its records nowhere: what a shard cut exactly
+    /// between two records looks like, which nothing else tells. `complete` cannot say no
+    /// (uneven shards are legal); the notices name them.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub short_shards: u64,
 }
 
 impl Inspection {
@@ -167,6 +173,9 @@ impl Dataset for ArcDataset {
     }
     fn shards_cut_at_end(&self) -> Vec<(usize, &Path)> {
         self.0.shards_cut_at_end()
+    }
+    fn short_shards(&self) -> usize {
+        self.0.short_shards()
     }
     fn plan_shards(&self, upcoming: &[usize]) {
         self.0.plan_shards(upcoming)
@@ -267,6 +276,7 @@ fn inspect_dataset(
     let empty_shards = dataset.suspect_empty_shards() as u64;
     let cut_shards = (dataset.cut_shards() + dataset.shards_cut_at_end().len()) as u64;
     let complete = complete && missing.is_empty() && empty_shards == 0 && cut_shards == 0;
+    let short_shards = dataset.short_shards() as u64;
 
     struct Seen {
         label: u32,
@@ -362,6 +372,7 @@ fn inspect_dataset(
         missing_shard_count,
         empty_shards,
         cut_shards,
+        short_shards,
     }
 }
 

@@ -544,6 +544,12 @@ fn format_inspection(i: &Inspection) -> String {
                  ending inside a record: a copy or a write cut off?): see the notices",
                 i.cut_shards
             )
+        } else if i.complete && i.short_shards > 0 {
+            format!(
+                "yes, as far as its files tell: {} shard(s) hold under half the samples the \
+                 others do (cut between two records?): see the notices",
+                i.short_shards
+            )
         } else if i.complete {
             "yes".to_string()
         } else {

@@ -103,6 +103,10 @@ class _InspectionOptional(TypedDict, total=False):
     missing_shard_count: int
     empty_shards: int
     cut_shards: int
+    short_shards: int
+    """Shards holding under half the samples the set's others hold (a TFRecord or tar set, the
+    last shard not compared): a shard cut between two records looks so. ``complete`` stays
+    true (uneven shards are legal); the notices name them."""
 
 
 class Inspection(_InspectionOptional):

@@ -505,6 +505,85 @@ pub fn empty_members_notice<'a>(
     ))
 }
 
+/// The fewest samples the other members of a set must hold (their median) before one holding
+/// under half of them is called short by [`short_members`]: small sets vary by chance.
+const SHORT_MEMBER_TYPICAL: usize = 8;
+
+/// Members of one set that hold fewer than half the samples its other members hold (the median
+/// of those neither last, empty nor `cut(i)`, at least [`SHORT_MEMBER_TYPICAL`]), as `(member,
+/// count, median)`. A shard cut exactly between two records looks so: TFRecord framing cannot
+/// tell such a cut from the end of a shard, and neither can a tar that its writer never ended.
+/// Writers fill a set's shards alike and leave the last one short, so the last is not compared;
+/// empty and cut members are reported on their own.
+pub fn short_members(starts: &[usize], cut: impl Fn(usize) -> bool) -> Vec<(usize, usize, usize)> {
+    let counts: Vec<usize> = starts.windows(2).map(|w| w[1] - w[0]).collect();
+    let compared: Vec<usize> = (0..counts.len().saturating_sub(1))
+        .filter(|&i| counts[i] > 0 && !cut(i))
+        .collect();
+    compared
+        .iter()
+        .filter_map(|&i| {
+            let mut others: Vec<usize> = compared
+                .iter()
+                .filter(|&&j| j != i)
+                .map(|&j| counts[j])
+                .collect();
+            others.sort_unstable();
+            let typical = *others.get(others.len() / 2)?;
+            (typical >= SHORT_MEMBER_TYPICAL && counts[i] * 2 < typical)
+                .then_some((i, counts[i], typical))
+        })
+        .collect()
+}
+
+/// [`short_members`] of `set`'s selection, with a notice naming them (`path(i)`: member
+/// `i`'s name); how many there are. Only a selection that is one set is compared: unrelated
+/// shards listed together differ as they please.
+pub(crate) fn note_short_members<'a>(
+    name: &Path,
+    set: &SetReport,
+    starts: &[usize],
+    cut: impl Fn(usize) -> bool,
+    path: impl Fn(usize) -> &'a Path,
+    notices: &mut Vec<String>,
+) -> usize {
+    if set.sets.len() != 1 {
+        return 0;
+    }
+    let short = short_members(starts, cut);
+    if short.is_empty() {
+        return 0;
+    }
+    let named: Vec<String> = short
+        .iter()
+        .take(NAMED_MISSING)
+        .map(|&(i, count, typical)| format!("{} ({count} of about {typical})", path(i).display()))
+        .collect();
+    let lost: usize = short
+        .iter()
+        .map(|&(_, count, typical)| typical - count)
+        .sum();
+    crate::dataset::notice(
+        notices,
+        format!(
+            "{}: {} of its {} shards {} fewer than half the samples the others hold: {}. A \
+             shard cut between two samples looks so (its framing cannot tell); if {} cut, \
+             about {lost} samples are lost. The last shard is not compared",
+            name.display(),
+            short.len(),
+            starts.len() - 1,
+            if short.len() == 1 { "holds" } else { "hold" },
+            missing_list(&named, short.len() as u64),
+            if short.len() == 1 {
+                "it was"
+            } else {
+                "they were"
+            },
+        ),
+    );
+    short.len()
+}
+
 /// How the files of a selection were picked, for [`check_sets`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Picked<'a> {
@@ -708,6 +787,35 @@ fn one_unnumbered_group(sets: &Sets) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_member_under_half_the_others_is_short_but_never_the_last() {
+        let starts = |counts: &[usize]| starts(counts.iter().copied());
+        let none = |_| false;
+        // The middle member holds a third of the others; the short last one is not compared.
+        assert_eq!(
+            short_members(&starts(&[300, 100, 300, 20]), none),
+            [(1, 100, 300)]
+        );
+        // Half exactly, or the usual spread of a hash-partitioned writer, is not short.
+        assert!(short_members(&starts(&[300, 150, 300, 20]), none).is_empty());
+        assert!(short_members(&starts(&[310, 270, 295, 20]), none).is_empty());
+        // The first member is compared as any other.
+        assert_eq!(
+            short_members(&starts(&[40, 300, 300, 300]), none),
+            [(0, 40, 300)]
+        );
+        // Empty and cut members are told of on their own, and do not make the median.
+        assert!(short_members(&starts(&[300, 0, 300, 20]), none).is_empty());
+        assert!(short_members(&starts(&[300, 100, 300, 20]), |i| i == 1).is_empty());
+        assert_eq!(
+            short_members(&starts(&[300, 100, 2, 20]), |i| i == 2),
+            [(1, 100, 300)]
+        );
+        // Sets too small to tell: two members (only one compared), or shards of a few samples.
+        assert!(short_members(&starts(&[300, 100]), none).is_empty());
+        assert!(short_members(&starts(&[6, 2, 6, 1]), none).is_empty());
+    }
 
     #[test]
     fn names_group_into_sets() {

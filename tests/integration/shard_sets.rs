@@ -54,6 +54,18 @@ fn foreign_set(dir: &Path, name: &str, shards: usize) -> Vec<PathBuf> {
     files
 }
 
+/// The frames of a TFRecord shard (length, its CRC, data, the data's CRC), each whole.
+fn tfrecord_frames(bytes: &[u8]) -> Vec<Vec<u8>> {
+    let mut frames = Vec::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        let len = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap()) as usize;
+        frames.push(bytes[at..at + len + 16].to_vec());
+        at += len + 16;
+    }
+    frames
+}
+
 fn shard_set_problem(
     result: imagefeed::Result<std::sync::Arc<dyn imagefeed::Dataset>>,
 ) -> ShardSetProblem {
@@ -397,6 +409,65 @@ fn a_shard_cut_short_counts_its_lost_tail_against_the_bad_sample_limit() {
     assert!(damaged.shards_cut_at_end().is_empty());
     assert_eq!(imagefeed::dataset::cut_loss(damaged.as_ref()), None);
     Loader::new(damaged, LoaderConfig::default()).unwrap();
+}
+
+#[test]
+fn a_shard_cut_between_two_records_is_named_when_it_holds_under_half_the_others() {
+    // Found by a hostile try: a middle TFRecord shard cut exactly between two records reads
+    // as whole (its framing cannot tell), and inspect said "complete: yes" without a word.
+    let dir = tempfile::tempdir().unwrap();
+    let files = foreign_set(dir.path(), "train", 4);
+    // Shards of 40 records each (the fixture's frames over again), so each has a typical count.
+    let frames: Vec<Vec<u8>> = files
+        .iter()
+        .flat_map(|file| tfrecord_frames(&fs::read(file).unwrap()))
+        .collect();
+    for (i, file) in files.iter().enumerate() {
+        let bytes: Vec<u8> = (0..40)
+            .flat_map(|n| frames[(i * 40 + n) % frames.len()].clone())
+            .collect();
+        fs::write(file, bytes).unwrap();
+    }
+    let whole = format::open(dir.path()).unwrap();
+    assert_eq!(whole.short_shards(), 0);
+    assert!(
+        whole
+            .notices()
+            .iter()
+            .all(|n| !n.contains("fewer than half"))
+    );
+
+    // Shard 1 cut exactly after its tenth record.
+    let keep: Vec<u8> = tfrecord_frames(&fs::read(&files[1]).unwrap())[..10].concat();
+    fs::write(&files[1], keep).unwrap();
+    let keep = 10;
+
+    let cut = format::open(dir.path()).unwrap();
+    assert!(cut.shards_cut_at_end().is_empty(), "the framing is whole");
+    assert_eq!(
+        cut.shard_starts().unwrap()[2] - cut.shard_starts().unwrap()[1],
+        keep
+    );
+    assert_eq!(cut.short_shards(), 1);
+    let notice = cut
+        .notices()
+        .iter()
+        .find(|n| n.contains("fewer than half"))
+        .expect("a notice naming the short shard");
+    assert!(notice.contains("train-00001-of-00004"), "{notice}");
+    let inspection = imagefeed::inspect::inspect(dir.path()).unwrap();
+    assert_eq!(inspection.short_shards, 1);
+    // Uneven shards are legal: the set is still read, and not called incomplete.
+    assert!(inspection.complete);
+    Loader::new(cut, LoaderConfig::default()).unwrap();
+
+    // The same shards listed with a shard of another set are not compared.
+    let other = dir.path().join("extra-00000-of-00001");
+    fs::copy(&files[0], &other).unwrap();
+    let mut listed = files.clone();
+    listed.push(other);
+    let mixed = format::open_files(&listed, &OpenOptions::default()).unwrap();
+    assert_eq!(mixed.short_shards(), 0);
 }
 
 /// The loader's refusal of `dataset` under the default bad-sample limit: the cut and empty

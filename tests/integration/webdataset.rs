@@ -310,6 +310,49 @@ fn a_shard_cut_short_counts_its_lost_tail_against_the_bad_sample_limit() {
 }
 
 #[test]
+fn a_tar_cut_between_two_samples_in_an_unended_set_is_named_when_short() {
+    // A set of tars its writer never ended (no end-of-archive blocks) cannot show a copy cut
+    // between two samples: a shard left with under half the others' samples is named.
+    let dir = tempfile::tempdir().unwrap();
+    let rows = expected();
+    for shard in 0..4 {
+        let path = dir.path().join(format!("u-{shard:06}.tar"));
+        let mut builder = tar::Builder::new(Vec::new());
+        let samples = if shard == 1 { 10 } else { 40 };
+        for n in 0..samples {
+            let (_, label, bytes) = &rows[(shard * 40 + n) % rows.len()];
+            for (field, data) in [
+                ("jpg", bytes.clone()),
+                ("cls", label.to_string().into_bytes()),
+            ] {
+                let mut header = tar::Header::new_gnu();
+                header.set_size(data.len() as u64);
+                header.set_mode(0o644);
+                header.set_entry_type(tar::EntryType::Regular);
+                builder
+                    .append_data(&mut header, format!("s{shard}_{n:03}.{field}"), &data[..])
+                    .unwrap();
+            }
+        }
+        fs::write(&path, builder.into_inner().unwrap()).unwrap();
+        drop_end_blocks(&path);
+    }
+    let dataset = format::open(dir.path()).unwrap();
+    assert!(dataset.shards_cut_at_end().is_empty());
+    assert_eq!(dataset.len(), 130);
+    assert_eq!(dataset.short_shards(), 1);
+    assert!(
+        dataset
+            .notices()
+            .iter()
+            .any(|n| n.contains("fewer than half") && n.contains("u-000001.tar")),
+        "{:?}",
+        dataset.notices()
+    );
+    Loader::new(dataset, LoaderConfig::default()).unwrap();
+}
+
+#[test]
 fn shards_written_by_the_webdataset_package_and_tarfile_read_like_their_source() {
     let Some(python) = python_with("webdataset") else {
         return;

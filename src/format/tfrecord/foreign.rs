@@ -64,6 +64,14 @@ pub(super) fn assemble_foreign(
     {
         crate::dataset::notice(&mut notices, notice);
     }
+    let short_shards = crate::format::shards::note_short_members(
+        name,
+        &set,
+        &starts,
+        |i| shards[i].cut_end,
+        |i| &shards[i].path,
+        &mut notices,
+    );
     let classes = match options.records.given_classes()? {
         Some(classes) => classes,
         // Finding the classes reads every record's label: with ranged reads that would fetch
@@ -99,6 +107,7 @@ pub(super) fn assemble_foreign(
             // a shard without one is scanned (its cut tail is a notice of damage).
             cut_shards: 0,
             missing_shards: set.missing_shards(),
+            short_shards,
         }),
     })
 }

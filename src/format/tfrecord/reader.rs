@@ -87,6 +87,9 @@ pub(super) struct Shared {
     pub(super) cut_shards: usize,
     /// Members of the set that are missing, when that was allowed.
     pub(super) missing_shards: crate::format::shards::MissingShards,
+    /// Other tools' shards holding under half the records the others do
+    /// ([`Dataset::short_shards`]).
+    pub(super) short_shards: usize,
     /// Fetches remote shards ahead of the loader; `None` when every shard is local.
     pub(super) planner: Option<ShardPlanner>,
 }
@@ -557,6 +560,8 @@ pub(super) fn assemble_ours(
             notices,
             cut_shards,
             missing_shards: missing,
+            // Our manifest counts every shard's records.
+            short_shards: 0,
         }),
     })
 }
@@ -593,6 +598,10 @@ impl Dataset for Records {
     fn shards_cut_at_end(&self) -> Vec<(usize, &Path)> {
         let shards = self.shared.shards.iter();
         crate::format::shards::cut_at_end(shards.map(|s| (s.cut_end, s.path.as_path())))
+    }
+
+    fn short_shards(&self) -> usize {
+        self.shared.short_shards
     }
 
     fn missing_shards(&self) -> &crate::format::shards::MissingShards {

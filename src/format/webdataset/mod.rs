@@ -106,6 +106,8 @@ struct Shared {
     starts: Vec<usize>,
     notices: Vec<String>,
     missing_shards: crate::format::shards::MissingShards,
+    /// Members holding under half the samples the others do ([`Dataset::short_shards`]).
+    short_shards: usize,
 }
 
 impl Shared {
@@ -209,6 +211,14 @@ pub(super) fn assemble(
     {
         crate::dataset::notice(&mut notices, notice);
     }
+    let short_shards = crate::format::shards::note_short_members(
+        name,
+        &set,
+        &starts,
+        |i| shards[i].cut_end,
+        |i| &shards[i].path,
+        &mut notices,
+    );
     let label_base = options.records.label_base.unwrap_or(0);
     let classes = match options.records.given_classes()? {
         Some(classes) => classes,
@@ -232,6 +242,7 @@ pub(super) fn assemble(
             starts,
             notices,
             missing_shards: set.missing_shards(),
+            short_shards,
         }),
     })
 }
@@ -440,6 +451,10 @@ impl Dataset for WebDataset {
     fn shards_cut_at_end(&self) -> Vec<(usize, &Path)> {
         let shards = self.shared.shards.iter();
         crate::format::shards::cut_at_end(shards.map(|s| (s.cut_end, s.path.as_path())))
+    }
+
+    fn short_shards(&self) -> usize {
+        self.shared.short_shards
     }
 
     fn open_reader(&self) -> Result<Box<dyn RecordReader>> {
