@@ -65,6 +65,11 @@ pub(super) struct Walk {
     /// Whether the shard ends right after a whole member, without the end-of-archive block: cut
     /// between two members, or written by a writer that never writes one. (`cut_end` too.)
     pub(super) unterminated: bool,
+    /// Where the bytes that are not the archive's start, when the shard ends in some: after a
+    /// whole end-of-archive marker, holding no tar header, and not ending in a marker of their
+    /// own (text appended to a finished tar). tar and Python's tarfile stop at the marker and
+    /// never read them; neither does the walk.
+    pub(super) trailing: Option<u64>,
 }
 
 /// The key and field of a member's path: up to and after the first dot of its file name.
@@ -265,6 +270,10 @@ fn walk_from(bytes: &[u8], from: u64, walk: &mut Walk) -> std::result::Result<()
         ));
     }
     if tail.iter().any(|&b| b != 0) {
+        if let Some(at) = trailing_junk(bytes, last_end) {
+            walk.trailing = Some(at);
+            return Ok(());
+        }
         return Err((
             last_end,
             "the archive ends early: a header is cut short, or a block of zeros stands where a \
@@ -285,6 +294,25 @@ fn walk_from(bytes: &[u8], from: u64, walk: &mut Walk) -> std::result::Result<()
         ));
     }
     Ok(())
+}
+
+/// Where bytes appended to a finished tar start, when the tail after its last member (from
+/// `last_end`) is such: the end-of-archive marker (two zero blocks), then bytes holding no tar
+/// header that do not end in a marker of their own. Anything else that is not zeros is damage:
+/// zeros over a header with its member's data left after them, and the archive's own marker
+/// after that, end in zeros; a zeroed stretch before more members has a header after it.
+fn trailing_junk(bytes: &[u8], last_end: u64) -> Option<u64> {
+    let tail = &bytes[last_end as usize..];
+    let zeros = tail.iter().take_while(|&&b| b == 0).count() as u64;
+    if zeros < 2 * BLOCK {
+        return None;
+    }
+    let junk = last_end + zeros / BLOCK * BLOCK;
+    let ends_in_marker = tail.len() as u64 >= 2 * BLOCK
+        && tail[tail.len() - 2 * BLOCK as usize..]
+            .iter()
+            .all(|&b| b == 0);
+    (!ends_in_marker && next_header(bytes, junk) == bytes.len() as u64).then_some(junk)
 }
 
 /// The members of one sample: its key, and each field's name and data range in `span`.
@@ -435,6 +463,60 @@ mod tests {
         // One before it reads as it did.
         let early = members(slice(&map, clean.samples[1]).unwrap()).unwrap();
         assert_eq!(early.label(), Some(Ok(1)));
+    }
+
+    #[test]
+    fn bytes_appended_after_the_end_of_archive_are_left_out_as_tar_leaves_them() {
+        // A hostile try: text appended to a finished tar read as one damaged sample, and the
+        // shard as cut short, where tar and Python's tarfile read it whole.
+        let bytes = tar(&[
+            ("a.jpg", &[1u8; 600]),
+            ("a.cls", b"0"),
+            ("b.jpg", b"B"),
+            ("b.cls", b"1"),
+        ]);
+        let clean = walk_shard(&bytes);
+        let mut appended = bytes.clone();
+        appended.extend(b"trailing junk\n".repeat(10));
+        let walk = walk_shard(&appended);
+        assert_eq!(walk.samples, clean.samples);
+        assert_eq!(walk.damaged, []);
+        assert!(!walk.cut_end && !walk.unterminated);
+        let marker = clean.samples[1].offset + clean.samples[1].len;
+        assert_eq!(walk.trailing, Some(bytes.len() as u64));
+        assert!(bytes.len() as u64 >= marker + 2 * BLOCK);
+        assert_eq!(clean.trailing, None);
+
+        // Zeros over the last member's header, its data left after them and the archive's own
+        // marker after that: damage, not junk (it ends in a marker).
+        let mut zeroed = bytes.clone();
+        let b_at = clean.samples[1].offset as usize;
+        zeroed[b_at..b_at + 3 * BLOCK as usize].fill(0);
+        let walk = walk_shard(&zeroed);
+        assert_eq!(walk.trailing, None);
+        assert_eq!(walk.damaged.len(), 1, "{walk:?}");
+        // Bytes right after the last member, with one zero block or none: damage too.
+        for zeros in [0, 512] {
+            let mut short = bytes[..marker as usize + zeros].to_vec();
+            short.extend(b"junk".repeat(300));
+            let walk = walk_shard(&short);
+            assert_eq!(walk.trailing, None, "{zeros} zeros");
+            assert_eq!(walk.damaged.len(), 1, "{zeros} zeros: {walk:?}");
+        }
+        // A second archive after the first one's marker (`cat a.tar b.tar`) is read, not left
+        // out: its header is found after the zeros.
+        let second = tar(&[("c.jpg", b"C"), ("c.cls", b"2")]);
+        let mut joined = bytes[..marker as usize + 2 * BLOCK as usize].to_vec();
+        joined.extend(&second);
+        let walk = walk_shard(&joined);
+        assert_eq!(walk.trailing, None);
+        let readable = walk
+            .samples
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !walk.damaged.iter().any(|(d, _)| d == i))
+            .count();
+        assert_eq!(readable, 3, "{walk:?}");
     }
 
     #[test]

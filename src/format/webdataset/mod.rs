@@ -303,6 +303,17 @@ pub(super) fn walked(path: &Path, mapped: Mapped, notices: &mut Vec<String>) -> 
     for (number, reason) in &walk.damaged[..told] {
         damage_notice(path, *number, reason, notices);
     }
+    if let Some(at) = walk.trailing {
+        crate::dataset::notice(
+            notices,
+            format!(
+                "{}: bytes {at}..{} follow the end-of-archive blocks and are not tar members: \
+                 left out, as tar and Python's tarfile leave them",
+                path.display(),
+                mapped.bytes().len()
+            ),
+        );
+    }
     Shard {
         path: path.to_path_buf(),
         data: Arc::new(ShardData::local(path, mapped)),
