@@ -640,6 +640,8 @@ class Loader:
         # each `yield`, with no call in between, so no signal handler can run between the two.
         try:
             while True:
+                # A fork's child copy of a loop under way: the workers stayed in the parent.
+                self._check_process()
                 if gen != self._gen:
                     raise errors.ConfigError(
                         "this iterator was superseded: a newer loop over the loader started"
@@ -683,10 +685,10 @@ class Loader:
             try:
                 # A loop left early (break, an exception, Ctrl-C) cancels the batches in flight
                 # and keeps the position for state_dict(), without batches never handed over.
-                if gen == self._gen:
+                if gen == self._gen and os.getpid() == self._pid:
                     native.stop(self._handed)
             finally:
-                if cuda is not None:
+                if cuda is not None and os.getpid() == self._pid:
                     cuda.drain()
 
     def _convert(self, array: Any) -> Any:

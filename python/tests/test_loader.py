@@ -911,6 +911,34 @@ def test_a_loader_used_in_a_forked_child_raises_instead_of_hanging(lmdb_path):
     assert message.startswith("ConfigError") and "fork" in message, message
 
 
+def _continue_in_child(it, conn):
+    try:
+        next(it)
+        conn.send("iterated")
+    except imagefeed.ConfigError as e:
+        conn.send(f"ConfigError: {e}")
+
+
+def test_an_iterator_under_way_at_a_fork_raises_in_the_child(lmdb_path):
+    # A hostile try: the child of a fork continued the parent's loop, got a batch the parent
+    # delivers too, then waited forever for the parent's worker threads.
+    import multiprocessing
+
+    l = loader(lmdb_path, workers=2, prefetch=2)
+    it = iter(l)
+    next(it)
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_continue_in_child, args=(it, child))
+    proc.start()
+    assert parent.poll(30), "the child hung"
+    message = parent.recv()
+    proc.join(30)
+    assert message.startswith("ConfigError") and "another process" in message, message
+    # The parent's loop goes on.
+    assert sum(1 for _ in it) == len(l) - 1
+
+
 def test_the_decode_mode_is_part_of_the_stream_a_state_resumes(lmdb_path):
     fast = loader(lmdb_path, transform=T.Compose([T.Resize(16), T.CenterCrop(12)]))
     state = fast.state_dict()

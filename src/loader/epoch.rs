@@ -64,6 +64,7 @@ impl Epoch {
             rank: s.rank,
             world_size: s.world_size,
             dataset: self.loader.fingerprint.clone(),
+            dataset_listing: self.loader.listing.clone(),
             start: self.start,
             next_batch: self.next_deliver,
             samples_before_start: self.samples_before_part,
@@ -141,6 +142,18 @@ impl Epoch {
     fn next_until(&mut self, deadline: Option<Instant>) -> Wait<Option<Result<Batch>>> {
         if self.done || self.next_deliver >= self.batches.len() {
             return Wait::Ready(None);
+        }
+        if self.loader.inline.is_none() && std::process::id() != self.loader.process {
+            // A forked child's copy of an epoch under way: the workers are the parent's
+            // threads, which a fork does not copy. Waiting would be forever, and a batch they
+            // had finished before the fork is the parent's too (a hostile try had the child
+            // read one, then hang).
+            return Wait::Ready(Some(Err(Error::Config(
+                "this epoch is read in a process forked from the one that made its loader: the \
+                 worker threads are the parent's, which a fork does not copy; make the loader \
+                 in the process that reads it"
+                    .into(),
+            ))));
         }
         self.plan_shards();
         let shared = &self.loader.shared;

@@ -1929,12 +1929,30 @@ fn loader_fork_child() {
     let (_, encoded, _) = datasets(dir.path());
     let loader = Loader::new(encoded, config(Transform::none(), 2, 2)).unwrap();
     let before = epoch_digest(&loader, 0);
-    // SAFETY: the child drops the loader and leaves with _exit; nothing else runs in it.
+    // An epoch under way at the fork, its next batches queued or built already.
+    let mut running = loader.epoch(1);
+    let first = running.next().unwrap().unwrap();
+    // SAFETY: the child reads the epoch, drops both and leaves with _exit; nothing else runs
+    // in it.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
-        let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(loader)));
+        // The child's copy of the epoch refuses (a hostile try had it read a batch the parent
+        // also delivers, then wait forever for the parent's threads).
+        let refused = matches!(running.next(), Some(Err(Error::Config(_))));
+        let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            drop(running);
+            drop(loader)
+        }));
         // SAFETY: ends the child without the parent's destructors or atexit handlers.
-        unsafe { libc::_exit(if dropped.is_ok() { 0 } else { 1 }) };
+        unsafe {
+            libc::_exit(if !refused {
+                2
+            } else if dropped.is_ok() {
+                0
+            } else {
+                1
+            })
+        };
     }
     let mut status = 0;
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -1953,8 +1971,13 @@ fn loader_fork_child() {
     }
     assert!(
         libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        "the child's drop failed: status {status}"
+        "the child's read or drop failed: status {status} (exit 2: it read the epoch)"
     );
+    // The parent's epoch goes on with every batch after the first.
+    let rest: Vec<_> = running.map(|b| b.unwrap().samples).collect();
+    let whole: Vec<_> = loader.epoch(1).map(|b| b.unwrap().samples).collect();
+    assert_eq!(whole[0], first.samples);
+    assert_eq!(rest, whole[1..]);
     assert_eq!(epoch_digest(&loader, 0), before);
     println!("the child dropped its loader; the parent's next epoch matches");
 }
