@@ -51,7 +51,8 @@ class Dataset(ImageFolderListing):
     and what identifies the dataset first opened: a process that opens the path again and finds
     another dataset there (replaced or rewritten since, so indices would mean other samples)
     raises :class:`~imagefeed.DatasetChangedError` rather than read it. For a local dataset that
-    is its format, sample count, classes and fingerprint (eight probed records); for one in
+    is its format, sample count, classes, fingerprint (eight probed records) and, for an image
+    folder or one of imagefeed's packs, every record's key and label or checksum; for one in
     object storage the format, count and classes (probing would download shards), and each
     shard is fetched only as the version listed when the process opened it.
 
@@ -138,6 +139,9 @@ class Dataset(ImageFolderListing):
         }
         if not native.remote:
             identity["fingerprint"] = native.fingerprint
+            listing = native.listing
+            if listing is not None:
+                identity["listing"] = listing
         return identity
 
     def _handle(self) -> "_native.NativeDataset":
@@ -166,6 +170,7 @@ class Dataset(ImageFolderListing):
             "samples": f"{self._identity['samples']} -> {found['samples']} samples",
             "classes": "other classes",
             "fingerprint": "other records at the probed positions",
+            "listing": "other keys, labels or checksums of its records",
         }
         reason = ", ".join(what[name] for name in differ)
         error = errors.DatasetChangedError(

@@ -105,6 +105,15 @@ impl NativeDataset {
         py.detach(|| imagefeed::dataset::fingerprint(dataset.as_ref()))
     }
 
+    /// A digest of every record's key and label (an image folder) or stored checksum
+    /// (imagefeed's packs), `None` for other formats: what tells a reopened path from the
+    /// dataset first opened where the fingerprint's probes do not look.
+    #[getter]
+    fn listing(&self, py: Python<'_>) -> Option<String> {
+        let dataset = &self.dataset;
+        py.detach(|| imagefeed::dataset::listing_digest(dataset.as_ref()))
+    }
+
     /// True for a dataset in object storage (opened from a URL).
     #[getter]
     fn remote(&self) -> bool {

@@ -911,6 +911,48 @@ def test_a_loader_used_in_a_forked_child_raises_instead_of_hanging(lmdb_path):
     assert message.startswith("ConfigError") and "fork" in message, message
 
 
+def _two_trees(tmp_path):
+    """Two image folders of the same classes and size: in the second, sample 2 (none of the
+    fingerprint's eight probes) is another file name, sorted in the same place."""
+    import shutil
+
+    trees = [tmp_path / "a", tmp_path / "b"]
+    for tree in trees:
+        for image in sorted(FIXTURE_TREE.glob("class*/img*.jpg")):
+            name = image.name
+            if tree.name == "b" and image.parent.name == "class00" and name == "img00002.jpg":
+                name = "img00002b.jpg"
+            (tree / image.parent.name).mkdir(parents=True, exist_ok=True)
+            shutil.copy(image, tree / image.parent.name / name)
+    return trees
+
+
+def test_a_state_does_not_resume_on_a_folder_differing_between_the_probes(tmp_path):
+    # A hostile try resumed a checkpoint on another folder of the same size and classes.
+    a, b = _two_trees(tmp_path)
+    assert imagefeed.Dataset(a).key(2) != imagefeed.Dataset(b).key(2)
+    small = T.Compose([T.Resize(8), T.CenterCrop(8)])
+    saved = loader(a, batch_size=4, transform=small)
+    next(iter(saved))
+    state = saved.state_dict()
+    with pytest.raises(imagefeed.StateMismatchError) as e:
+        loader(b, batch_size=4, transform=small).load_state_dict(state)
+    assert e.value.setting == "dataset"
+    loader(a, batch_size=4, transform=small).load_state_dict(state)
+
+
+def test_a_pickled_dataset_refuses_a_folder_changed_between_the_probes(tmp_path):
+    import pickle
+
+    a, b = _two_trees(tmp_path)
+    data = pickle.dumps(imagefeed.Dataset(a, decode="bytes"))
+    a.rename(tmp_path / "old")
+    b.rename(a)
+    with pytest.raises(imagefeed.DatasetChangedError) as e:
+        pickle.loads(data)[0]
+    assert "keys, labels or checksums" in str(e.value)
+
+
 def _continue_in_child(it, conn):
     try:
         next(it)

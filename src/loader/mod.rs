@@ -37,7 +37,7 @@ use crossbeam_channel::Sender;
 
 use crate::batch::Batch;
 use crate::dataset::Dataset;
-use crate::dataset::{fingerprint, hex};
+use crate::dataset::{fingerprint, hex, listing_digest};
 use crate::error::{Error, Result};
 use crate::pool::{BatchAllocator, BufferPool, HeapAllocator};
 use crate::rng::SampleRng;
@@ -105,6 +105,8 @@ struct Inner {
     sampler: Sampler,
     /// [`fingerprint`] of the dataset, taken when the loader was made.
     fingerprint: String,
+    /// [`listing_digest`] of the dataset, taken when the loader was made.
+    listing: Option<String>,
     /// [`LoaderState::transform`] for this loader's transform and pixel limit.
     transform_digest: String,
     jobs: Option<Sender<Job>>,
@@ -220,6 +222,7 @@ impl Loader {
             shards: dataset.shard_starts().map(Arc::from),
         };
         let fingerprint = fingerprint(dataset.as_ref());
+        let listing = listing_digest(dataset.as_ref());
         let transform_digest = {
             use sha2::{Digest as _, Sha256};
             let digest = Sha256::digest(
@@ -267,6 +270,7 @@ impl Loader {
                 shared,
                 sampler,
                 fingerprint,
+                listing,
                 transform_digest,
                 jobs: Some(jobs),
                 inline,
@@ -411,6 +415,12 @@ impl Loader {
                 state.world_size, state.batch_size
             )));
         }
+        if state.rank >= state.world_size {
+            return Err(Error::Config(format!(
+                "the state's rank ({}) must be below its world size ({})",
+                state.rank, state.world_size
+            )));
+        }
         // The epoch as it was being dealt out when the state was saved.
         let saved = Sampler {
             len: sampler.len,
@@ -455,7 +465,13 @@ impl Loader {
         let s = &self.inner.sampler.sampling;
         let config = &self.inner.shared.config;
         // (setting, in the state, in this loader), in the order they are checked.
-        let settings: [(&'static str, String, String); 9] = [
+        // Every record's listing, where both the state and this loader have one (states saved
+        // before it existed do not).
+        let listing = |digest: &Option<String>| match (digest, &self.inner.listing) {
+            (Some(digest), Some(_)) => format!("listing {digest}"),
+            (_, current) => format!("listing {}", current.as_deref().unwrap_or("none")),
+        };
+        let settings: [(&'static str, String, String); 10] = [
             (
                 "state version",
                 state.version.to_string(),
@@ -465,6 +481,11 @@ impl Loader {
                 "dataset",
                 format!("fingerprint {}", state.dataset),
                 format!("fingerprint {}", self.inner.fingerprint),
+            ),
+            (
+                "dataset",
+                listing(&state.dataset_listing),
+                listing(&self.inner.listing),
             ),
             ("seed", state.seed.to_string(), s.seed.to_string()),
             (

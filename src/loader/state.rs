@@ -46,6 +46,11 @@ pub struct LoaderState {
     pub world_size: usize,
     /// [`fingerprint`] of the dataset.
     pub dataset: String,
+    /// [`listing_digest`](crate::dataset::listing_digest) of the dataset, where it has one
+    /// (imagefeed's packs, image folders): compared on resume when both sides have it. Absent
+    /// in states saved before it existed, which resume on the fingerprint alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataset_listing: Option<String>,
     /// Samples of the epoch's order given out before the current world size took over: 0,
     /// unless the epoch was resumed at another world size.
     pub start: usize,

@@ -320,6 +320,76 @@ fn whole_decode_resizes_the_full_image_and_is_part_of_the_stream() {
 }
 
 #[test]
+fn a_state_does_not_resume_on_a_dataset_differing_only_between_the_probes() {
+    // A hostile try: two folders of the same size and classes, one file renamed where none of
+    // the fingerprint's eight probes looks, resumed each other's checkpoints.
+    let dir = tempfile::tempdir().unwrap();
+    let (folder, lmdb, _) = datasets(dir.path());
+    let other_src = dir.path().join("other");
+    let class = std::fs::read_dir(dir.path().join("src"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .min()
+        .unwrap();
+    std::fs::create_dir(&other_src).unwrap();
+    for entry in std::fs::read_dir(dir.path().join("src")).unwrap() {
+        let from = entry.unwrap().path();
+        let to = other_src.join(from.file_name().unwrap());
+        std::fs::create_dir(&to).unwrap();
+        let mut files: Vec<_> = std::fs::read_dir(&from)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        files.sort();
+        for (i, file) in files.iter().enumerate() {
+            let mut name = file.file_name().unwrap().to_string_lossy().into_owned();
+            // Sample 1 (the first class's second file), renamed where it sorts the same.
+            if from == class && i == 1 {
+                name.insert(name.find('.').unwrap(), 'b');
+            }
+            std::fs::copy(file, to.join(name)).unwrap();
+        }
+    }
+    let other_folder = format::open(&other_src).unwrap();
+    assert_ne!(folder.listed(1), other_folder.listed(1));
+    assert_eq!(
+        imagefeed::dataset::fingerprint(folder.as_ref()),
+        imagefeed::dataset::fingerprint(other_folder.as_ref()),
+        "the probes do not see it"
+    );
+    pack_lmdb(&other_src, &dir.path().join("other.lmdb"), &small_options());
+    let other_lmdb = format::open(dir.path().join("other.lmdb")).unwrap();
+    for (saved_on, resumed_on) in [(folder, other_folder), (lmdb, other_lmdb)] {
+        let saved = Loader::new(Arc::clone(&saved_on), config(Transform::none(), 2, 2)).unwrap();
+        let mut epoch = saved.epoch(0);
+        epoch.next().unwrap().unwrap();
+        let state = epoch.state();
+        assert!(state.dataset_listing.is_some());
+        let other = Loader::new(resumed_on, config(Transform::none(), 2, 2)).unwrap();
+        match other.resume(&state) {
+            Err(Error::StateMismatch { setting, .. }) => assert_eq!(setting, "dataset"),
+            Err(e) => panic!("expected a dataset mismatch, got {e}"),
+            Ok(_) => panic!("resumed on another dataset"),
+        }
+        // The same dataset resumes; so does a state saved before the listing existed.
+        let same = Loader::new(saved_on, config(Transform::none(), 2, 2)).unwrap();
+        assert!(same.resume(&state).is_ok());
+        let older = LoaderState {
+            dataset_listing: None,
+            ..state.clone()
+        };
+        assert!(other.resume(&older).is_ok());
+        // A rank past its world size is no state.
+        let rank = LoaderState {
+            rank: 2,
+            world_size: 2,
+            ..state
+        };
+        assert!(matches!(same.resume(&rank), Err(Error::Config(_))));
+    }
+}
+
+#[test]
 fn seed_and_epoch_change_the_stream() {
     let dir = tempfile::tempdir().unwrap();
     let (_, lmdb, _) = datasets(dir.path());

@@ -374,6 +374,13 @@ impl Dataset for Hdf5 {
         &self.shared.path
     }
 
+    fn record_checksums(&self) -> Option<&[u32]> {
+        match &self.shared.layout {
+            Layout::Imagefeed { checksums, .. } => checksums.as_deref(),
+            _ => None,
+        }
+    }
+
     fn open_reader(&self) -> Result<Box<dyn RecordReader>> {
         let shared = Arc::clone(&self.shared);
         let path = &shared.path;

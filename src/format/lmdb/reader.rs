@@ -469,6 +469,13 @@ impl Dataset for Lmdb {
         &self.path
     }
 
+    fn record_checksums(&self) -> Option<&[u32]> {
+        match &self.layout {
+            Layout::Imagefeed { checksums, .. } => checksums.as_deref(),
+            Layout::Folder2Lmdb { .. } => None,
+        }
+    }
+
     fn open_reader(&self) -> Result<Box<dyn RecordReader>> {
         self.map.check_meta_pages(&self.path)?;
         let txn = ReadEnv::clone(&self.env)
