@@ -305,3 +305,51 @@ def test_a_set_with_a_shard_cut_short_raises_unless_max_bad_is_lifted(tmp_path):
                             transform=T.Compose([T.Resize(8), T.CenterCrop(8)]))
     read = sum(len(y) for _, y in rest)
     assert 0 < read < whole
+
+
+def _unended_tars(directory: pathlib.Path, counts: list[int]) -> list[pathlib.Path]:
+    """Tars of ``counts`` samples each (the fixture's good JPEGs over again), written by
+    tarfile and then stripped of their end-of-archive blocks, as some streaming writers leave
+    them."""
+    import io
+    import tarfile
+
+    images = sorted(p for p in FIXTURE_TREE.glob("*/*.jpg") if not p.name.startswith("bad"))
+    directory.mkdir()
+    paths = []
+    for shard, count in enumerate(counts):
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            for n in range(count):
+                image = images[(shard * 40 + n) % len(images)]
+                for field, data in (("jpg", image.read_bytes()), ("cls", str(n % 3).encode())):
+                    info = tarfile.TarInfo(f"s{shard}_{n:03d}.{field}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        data = buffer.getvalue()
+        path = directory / f"u-{shard:06d}.tar"
+        path.write_bytes(data[: (len(data.rstrip(b"\0")) + 511) // 512 * 512])
+        paths.append(path)
+    return paths
+
+
+def test_a_shard_holding_under_half_the_others_is_counted_by_inspect(tmp_path):
+    # Cut between two samples, a tar its writer never ended looks whole: only its count tells.
+    _unended_tars(tmp_path / "wds", [40, 10, 40, 40])
+    report = imagefeed.inspect(tmp_path / "wds")
+    assert report["short_shards"] == 1
+    assert report["complete"] and not report["bad_records"]
+    assert any("u-000001.tar" in n and "fewer than half" in n for n in report["notices"])
+    even = imagefeed.inspect(_unended_tars(tmp_path / "even", [40, 40, 40, 10])[0].parent)
+    assert "short_shards" not in even
+
+
+def test_bytes_appended_after_a_tars_end_are_left_out_with_a_notice(tmp_path):
+    shards = _tar_set(tmp_path / "wds", 3)
+    whole = imagefeed.inspect(tmp_path / "wds")
+    with open(shards[2], "ab") as f:
+        f.write(b"trailing junk\n" * 10)
+    report = imagefeed.inspect(tmp_path / "wds")
+    assert report["whole"] and report["num_samples"] == whole["num_samples"]
+    assert any("s-000002.tar" in n and "end-of-archive" in n for n in report["notices"])
+
