@@ -405,10 +405,20 @@ impl Error {
         }
     }
 
+    /// The error liblmdb (through heed) reported for the file at `path`: an I/O error is
+    /// [`Error::Io`], as any other format's (a read-only or full file system is not a problem
+    /// of the LMDB file; a hostile try met Python's `DataError` for LMDB where HDF5 and record
+    /// shards raised `FileError`, an `OSError`); the rest are [`Error::Lmdb`].
     pub(crate) fn lmdb(path: impl AsRef<Path>, source: heed::Error) -> Self {
-        Error::Lmdb {
-            path: path.as_ref().to_path_buf(),
-            source,
+        match source {
+            heed::Error::Io(source) => Error::Io {
+                path: path.as_ref().to_path_buf(),
+                source,
+            },
+            source => Error::Lmdb {
+                path: path.as_ref().to_path_buf(),
+                source,
+            },
         }
     }
 
@@ -494,6 +504,20 @@ pub fn display_chain(err: &(dyn std::error::Error + 'static)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_io_error_liblmdb_reports_is_an_io_error() {
+        let read_only = io::Error::from_raw_os_error(libc::EROFS);
+        match Error::lmdb("/ro/out.lmdb.partial", heed::Error::Io(read_only)) {
+            Error::Io { path, source } => {
+                assert_eq!(path, Path::new("/ro/out.lmdb.partial"));
+                assert_eq!(source.raw_os_error(), Some(libc::EROFS));
+            }
+            other => panic!("expected an I/O error, got {other:?}"),
+        }
+        let own = heed::Error::Mdb(heed::MdbError::Corrupted);
+        assert!(matches!(Error::lmdb("/d/x.lmdb", own), Error::Lmdb { .. }));
+    }
 
     #[test]
     fn chain_skips_causes_already_in_the_message() {
