@@ -458,7 +458,12 @@ impl Worker {
                         return Ok(Outcome::Bad {
                             key: match &e {
                                 Error::CorruptRecord { key, .. } => key.clone(),
-                                _ => format!("#{index}"),
+                                // A listed key (an image folder's file, deleted since the
+                                // listing) names it as any other bad sample of the dataset.
+                                _ => shared.dataset.listed(index).map_or_else(
+                                    || format!("#{index}"),
+                                    |(key, _)| key.to_string(),
+                                ),
                             },
                             kind: BadSampleKind::of_read_error(&e),
                             reason: e.to_string(),

@@ -614,6 +614,23 @@ fn fixture_loader(policy: BadSamplePolicy, max_bad: Option<MaxBad>, workers: usi
 }
 
 #[test]
+fn a_file_deleted_after_the_listing_is_a_bad_sample_named_by_its_key() {
+    // A hostile try: a deleted file was reported as "#200", a truncated one by its key.
+    let dir = tempfile::tempdir().unwrap();
+    let (folder, _, _) = datasets(dir.path());
+    let (key, _) = folder.listed(5).unwrap();
+    let key = key.to_string();
+    std::fs::remove_file(dir.path().join("src").join(&key)).unwrap();
+    let loader = Loader::new(folder, config(Transform::none(), 2, 2).with_max_bad(None)).unwrap();
+    let bad: Vec<_> = loader
+        .epoch(0)
+        .flat_map(|b| b.unwrap().bad)
+        .map(|b| (b.key, b.kind))
+        .collect();
+    assert_eq!(bad, [(key, BadSampleKind::Unreadable)]);
+}
+
+#[test]
 fn skip_policy_reports_every_bad_sample_and_shrinks_batches() {
     let loader = fixture_loader(BadSamplePolicy::Skip, None, 2);
     let batches: Vec<_> = loader.epoch(0).map(Result::unwrap).collect();
