@@ -701,8 +701,8 @@ impl NativeLoader {
     /// progress: the next batch is the one the state points at. Returns the epoch and the
     /// batches left in it.
     fn resume(&self, py: Python<'_>, state: &str) -> PyResult<(u64, usize, bool)> {
-        let state: LoaderState =
-            serde_json::from_str(state).map_err(|e| config(format!("not a loader state: {e}")))?;
+        let state: LoaderState = serde_json::from_str(state)
+            .map_err(|e| config(format!("not a loader state: {}", state_error(state, &e))))?;
         let epoch = py.detach(|| self.loader.resume(&state)).map_err(to_py)?;
         let (number, remaining) = (epoch.number(), epoch.remaining());
         let over = epoch.is_over_for_every_rank();
@@ -841,5 +841,30 @@ impl NativeLoader {
         d.set_item("bad_samples", s.bad_samples)?;
         d.set_item("stacked", s.stacked)?;
         Ok(d)
+    }
+}
+
+/// What is wrong with the JSON `text` of a state, by the key whose value `error` is about:
+/// serde_json says where in the text it stopped (a text the user never sees, made by
+/// `json.dumps` from their dict), so the key before that place is named instead (a hostile try
+/// met "invalid type: null, expected u64 at line 1 column 27").
+fn state_error(text: &str, error: &serde_json::Error) -> String {
+    let message = error.to_string();
+    let message = match message.rfind(" at line ") {
+        Some(at) => message[..at].to_string(),
+        None => message,
+    };
+    // A missing field is named by serde_json; its place is the object's end.
+    if error.line() != 1 || message.starts_with("missing field") {
+        return message;
+    }
+    let prefix: String = text.chars().take(error.column()).collect();
+    let key = prefix.rfind("\": ").and_then(|end| {
+        let start = prefix[..end].rfind('"')? + 1;
+        Some(&prefix[start..end])
+    });
+    match key {
+        Some(key) => format!("{key}: {message}"),
+        None => message,
     }
 }

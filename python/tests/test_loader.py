@@ -358,6 +358,25 @@ def test_a_state_from_other_settings_is_refused_naming_the_setting(lmdb_path):
         loader(lmdb_path).load_state_dict({"something": "else"})
 
 
+@pytest.mark.parametrize(
+    "key, value, said",
+    [("seed", None, "seed: invalid type: null"), ("epoch", 2**64, "epoch: invalid type"),
+     ("next_batch", float("nan"), "next_batch: "), ("start", -1, "start: invalid value"),
+     ("rank", 2, "rank (2) must be below its world size (1)")],
+)
+def test_a_damaged_state_is_refused_naming_its_key(lmdb_path, key, value, said):
+    # A hostile try met "invalid type: null, expected u64 at line 1 column 27", the place in a
+    # JSON text it never saw.
+    state = loader(lmdb_path, seed=1).state_dict()
+    state["imagefeed_loader_state"][key] = value
+    with pytest.raises(imagefeed.ConfigError) as e:
+        loader(lmdb_path, seed=1).load_state_dict(state)
+    assert said in str(e.value) and "column" not in str(e.value), str(e.value)
+    del state["imagefeed_loader_state"][key]
+    with pytest.raises(imagefeed.ConfigError, match=f"missing field `{key}`"):
+        loader(lmdb_path, seed=1).load_state_dict(state)
+
+
 def test_a_state_resumes_at_another_batch_size_mid_epoch_or_at_its_end(lmdb_path):
     """#32 finding 4: a checkpoint refused a loader of another batch size, even at an epoch's end."""
     def labels_of(batches):
