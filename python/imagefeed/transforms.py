@@ -26,7 +26,7 @@ import numbers
 import operator
 from typing import Any, Dict, List, Literal, Optional, Sequence, Set, Tuple, Union
 
-from . import _native
+from . import _native, errors
 
 __all__ = [
     "Transform",
@@ -74,15 +74,15 @@ def _hw(size: Size, what: str) -> Tuple[int, int]:
     """``size`` as (height, width), torchvision style: an int (NumPy's too) is a square, a
     sequence of one int too."""
     if isinstance(size, (bool, str, bytes)):
-        raise ValueError(f"{what}: size {size!r} must be an int or (height, width)")
+        raise errors.ConfigError(f"{what}: size {size!r} must be an int or (height, width)")
     if isinstance(size, numbers.Integral):
         values = [size, size]
     elif isinstance(size, (list, tuple)) and len(size) in (1, 2):
         values = list(size) * (3 - len(size))
     else:
-        raise ValueError(f"{what}: size {size!r} must be an int or (height, width)")
+        raise errors.ConfigError(f"{what}: size {size!r} must be an int or (height, width)")
     if any(isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 1 <= v < 2**31 for v in values):
-        raise ValueError(f"{what}: size {size!r} must be positive integers below 2**31")
+        raise errors.ConfigError(f"{what}: size {size!r} must be positive integers below 2**31")
     return operator.index(values[0]), operator.index(values[1])
 
 
@@ -101,9 +101,9 @@ def _interpolation(mode: Any, antialias: Optional[bool], what: str) -> str:
     """torchvision's ``interpolation`` (an ``InterpolationMode`` or its name) as a name."""
     name = getattr(mode, "value", mode)
     if name not in ("nearest", "bilinear", "bicubic"):
-        raise ValueError(f"{what}: interpolation {mode!r} must be nearest, bilinear or bicubic")
+        raise errors.ConfigError(f"{what}: interpolation {mode!r} must be nearest, bilinear or bicubic")
     if antialias is False:
-        raise ValueError(
+        raise errors.ConfigError(
             f"{what}: antialias=False is not supported: the loader filters as PIL does when "
             "shrinking (torchvision's behaviour on PIL images and its default on tensors)"
         )
@@ -124,7 +124,7 @@ class Resize(_Step):
             size = operator.index(size[0])  # torchvision: a one-element sequence is the shorter side
         if isinstance(size, numbers.Integral) and not isinstance(size, bool):
             if not 1 <= int(size) < 2**31:
-                raise ValueError(f"Resize: size {size!r} must be a positive int (the shorter side)")
+                raise errors.ConfigError(f"Resize: size {size!r} must be a positive int (the shorter side)")
             self.size: Union[int, Tuple[int, int]] = operator.index(size)
         else:
             self.size = _hw(size, "Resize")  # type: ignore[arg-type]
@@ -132,7 +132,7 @@ class Resize(_Step):
 
     def _apply(self, spec: Dict[str, Any]) -> None:
         if spec["geometry"] != "native":
-            raise ValueError("Resize must come before any crop, and only once")
+            raise errors.ConfigError("Resize must come before any crop, and only once")
         if isinstance(self.size, tuple):
             h, w = self.size
             spec.update(geometry="resize_to", width=w, height=h, interpolation=self.interpolation)
@@ -153,7 +153,7 @@ class CenterCrop(_Step):
         elif spec["geometry"] == "resize":
             spec.update(geometry="resize_center_crop", width=w, height=h)
         else:
-            raise ValueError("CenterCrop can follow only Resize with an int size (the shorter side)")
+            raise errors.ConfigError("CenterCrop can follow only Resize with an int size (the shorter side)")
 
 
 class RandomCrop(_Step):
@@ -189,12 +189,12 @@ class RandomCrop(_Step):
     ):
         self.size = _hw(size, "RandomCrop")
         if padding_mode not in _PADDING_MODES:
-            raise ValueError(
+            raise errors.ConfigError(
                 f"RandomCrop: padding_mode {padding_mode!r} is none of {', '.join(_PADDING_MODES)}"
             )
         self.padding = _padding(padding)
         if not isinstance(pad_if_needed, bool):
-            raise ValueError(f"RandomCrop: pad_if_needed {pad_if_needed!r} must be True or False")
+            raise errors.ConfigError(f"RandomCrop: pad_if_needed {pad_if_needed!r} must be True or False")
         self.pad_if_needed = pad_if_needed
         self.fill = _fill(fill, "RandomCrop")
         self.padding_mode = padding_mode
@@ -203,7 +203,7 @@ class RandomCrop(_Step):
         # After a Resize (Compose([Resize(256), RandomCrop(224)])) the window is drawn on the
         # resized image; "short" stays in the spec.
         if spec["geometry"] not in ("native", "resize"):
-            raise ValueError("RandomCrop can follow only Resize with an int size (the shorter side)")
+            raise errors.ConfigError("RandomCrop can follow only Resize with an int size (the shorter side)")
         h, w = self.size
         spec.update(
             geometry="random_crop",
@@ -232,7 +232,7 @@ def _padding(padding: Union[int, Sequence[int], None]) -> Tuple[int, int, int, i
     if len(values) not in (1, 2, 4) or any(
         isinstance(v, bool) or not isinstance(v, numbers.Integral) or not 0 <= int(v) <= MAX_PADDING for v in values
     ):
-        raise ValueError(
+        raise errors.ConfigError(
             f"RandomCrop: padding {padding!r} must be an int in 0..{MAX_PADDING} or a sequence of 2 or 4 of them"
         )
     v = [operator.index(x) for x in values]
@@ -267,7 +267,7 @@ class RandomResizedCrop(_Step):
 
     def _apply(self, spec: Dict[str, Any]) -> None:
         if spec["geometry"] != "native":
-            raise ValueError("RandomResizedCrop replaces Resize/CenterCrop: use it alone")
+            raise errors.ConfigError("RandomResizedCrop replaces Resize/CenterCrop: use it alone")
         h, w = self.size
         spec.update(
             geometry="random_resized_crop",
@@ -284,7 +284,7 @@ class RandomHorizontalFlip(_Step):
 
     def __init__(self, p: float = 0.5):
         if not 0.0 <= float(p) <= 1.0:
-            raise ValueError(f"RandomHorizontalFlip: p {p!r} must be in [0, 1]")
+            raise errors.ConfigError(f"RandomHorizontalFlip: p {p!r} must be in [0, 1]")
         self.p = float(p)
 
     def _apply(self, spec: Dict[str, Any]) -> None:
@@ -312,23 +312,23 @@ class RandomErasing(_Step):
         inplace: bool = False,
     ):
         if not 0.0 <= float(p) <= 1.0:
-            raise ValueError(f"RandomErasing: p {p!r} must be in [0, 1]")
+            raise errors.ConfigError(f"RandomErasing: p {p!r} must be in [0, 1]")
         self.p = float(p)
         self.scale = (float(scale[0]), float(scale[1]))
         self.ratio = (float(ratio[0]), float(ratio[1]))
         if not 0.0 <= self.scale[0] <= self.scale[1] <= 1.0:
-            raise ValueError(f"RandomErasing: scale {scale!r} must satisfy 0 <= min <= max <= 1")
+            raise errors.ConfigError(f"RandomErasing: scale {scale!r} must satisfy 0 <= min <= max <= 1")
         if not 0.0 < self.ratio[0] <= self.ratio[1]:
-            raise ValueError(f"RandomErasing: ratio {ratio!r} must satisfy 0 < min <= max")
+            raise errors.ConfigError(f"RandomErasing: ratio {ratio!r} must satisfy 0 < min <= max")
         self.value: Union[str, Tuple[float, float, float]]
         if isinstance(value, str):
             if value != "random":
-                raise ValueError(f"RandomErasing: value {value!r} must be a number, 3 numbers or 'random'")
+                raise errors.ConfigError(f"RandomErasing: value {value!r} must be a number, 3 numbers or 'random'")
             self.value = "random"
         else:
             values = [float(value)] if isinstance(value, (int, float)) else [float(v) for v in value]
             if len(values) not in (1, 3) or not all(math.isfinite(v) for v in values):
-                raise ValueError(f"RandomErasing: value {value!r} must be a number, 3 numbers or 'random'")
+                raise errors.ConfigError(f"RandomErasing: value {value!r} must be a number, 3 numbers or 'random'")
             v = values if len(values) == 3 else values * 3
             self.value = (v[0], v[1], v[2])
 
@@ -343,7 +343,7 @@ def _pixel_step(spec: Dict[str, Any], step: Dict[str, Any]) -> None:
     """Appends a step on the cropped and flipped image's pixels, in the order listed."""
     steps = spec.setdefault("pixel_steps", [])
     if len(steps) == MAX_PIXEL_STEPS:
-        raise ValueError(
+        raise errors.ConfigError(
             f"at most {MAX_PIXEL_STEPS} augmentation, ColorJitter, RandomGrayscale and GaussianBlur steps"
         )
     steps.append(step)
@@ -352,7 +352,7 @@ def _pixel_step(spec: Dict[str, Any], step: Dict[str, Any]) -> None:
 def _nearest_only(mode: Any, what: str) -> None:
     """The automatic augmentations sample with nearest neighbours (torchvision's default)."""
     if getattr(mode, "value", mode) != "nearest":
-        raise ValueError(
+        raise errors.ConfigError(
             f"{what}: interpolation {mode!r} is not supported: the loader's geometric ops "
             "sample nearest neighbours, torchvision's default for this step"
         )
@@ -368,14 +368,14 @@ def _fill(fill: Union[int, Sequence[int], None], what: str) -> Tuple[int, int, i
         values = list(fill)  # type: ignore[arg-type]
     else:
         # A set has no order, a dict's keys are not colours.
-        raise ValueError(f"{what}: fill {fill!r} must be an int in 0..255 or three of them")
+        raise errors.ConfigError(f"{what}: fill {fill!r} must be an int in 0..255 or three of them")
     ints: List[int] = []
     for value in values:
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= int(value) <= 255:
-            raise ValueError(f"{what}: fill {fill!r} must be an int in 0..255 or three of them")
+            raise errors.ConfigError(f"{what}: fill {fill!r} must be an int in 0..255 or three of them")
         ints.append(operator.index(value))
     if len(ints) not in (1, 3):
-        raise ValueError(f"{what}: fill {fill!r} must be an int in 0..255 or three of them")
+        raise errors.ConfigError(f"{what}: fill {fill!r} must be an int in 0..255 or three of them")
     v = ints * 3 if len(ints) == 1 else ints
     return (v[0], v[1], v[2])
 
@@ -384,7 +384,7 @@ def _bins(num_magnitude_bins: int, what: str) -> int:
     if isinstance(num_magnitude_bins, bool) or not isinstance(num_magnitude_bins, int) or not (
         2 <= num_magnitude_bins <= 1 << 16
     ):
-        raise ValueError(f"{what}: num_magnitude_bins {num_magnitude_bins!r} must be an int in 2..65536")
+        raise errors.ConfigError(f"{what}: num_magnitude_bins {num_magnitude_bins!r} must be an int in 2..65536")
     return num_magnitude_bins
 
 
@@ -415,7 +415,7 @@ class AutoAugment(_Augmentation):
     ):
         name = getattr(policy, "value", policy)
         if name not in ("imagenet", "cifar10", "svhn"):
-            raise ValueError(f"AutoAugment: policy {policy!r} must be imagenet, cifar10 or svhn")
+            raise errors.ConfigError(f"AutoAugment: policy {policy!r} must be imagenet, cifar10 or svhn")
         _nearest_only(interpolation, "AutoAugment")
         self.policy = str(name)
         self.fill = _fill(fill, "AutoAugment")
@@ -438,9 +438,9 @@ class RandAugment(_Augmentation):
     ):
         self.num_magnitude_bins = _bins(num_magnitude_bins, "RandAugment")
         if isinstance(num_ops, bool) or not isinstance(num_ops, int) or not 0 <= num_ops <= 64:
-            raise ValueError(f"RandAugment: num_ops {num_ops!r} must be an int in 0..64")
+            raise errors.ConfigError(f"RandAugment: num_ops {num_ops!r} must be an int in 0..64")
         if isinstance(magnitude, bool) or not isinstance(magnitude, int) or not 0 <= magnitude < num_magnitude_bins:
-            raise ValueError(
+            raise errors.ConfigError(
                 f"RandAugment: magnitude {magnitude!r} must be an int below num_magnitude_bins ({num_magnitude_bins})"
             )
         _nearest_only(interpolation, "RandAugment")
@@ -487,7 +487,7 @@ class TimmRandAugment(_Step):
         _timm_config(config_str)
         name = getattr(interpolation, "value", interpolation)
         if name not in ("random", "nearest", "bilinear", "bicubic"):
-            raise ValueError(
+            raise errors.ConfigError(
                 f"TimmRandAugment: interpolation {interpolation!r} is none of random, nearest, bilinear, bicubic"
             )
         self.config_str = config_str
@@ -510,7 +510,7 @@ def _timm_config(config: Any) -> None:
     """Checks a timm RandAugment config as the loader will read it (the loader's own parser):
     a ``ConfigError``, a ``ValueError``, naming what is wrong."""
     if not isinstance(config, str):
-        raise ValueError(f"TimmRandAugment: config {config!r} must be a string such as 'rand-m9-mstd0.5-inc1'")
+        raise errors.ConfigError(f"TimmRandAugment: config {config!r} must be a string such as 'rand-m9-mstd0.5-inc1'")
     _native._check_timm_config(config)
 
 
@@ -546,7 +546,7 @@ def _jitter_range(
         raise TypeError(f"ColorJitter: {name} must be a number or a (min, max) pair, not a bool")
     if isinstance(value, numbers.Real):
         if value < 0:
-            raise ValueError(f"ColorJitter: {name} {value!r} must be non-negative")
+            raise errors.ConfigError(f"ColorJitter: {name} {value!r} must be non-negative")
         low, high = center - float(value), center + float(value)
         if center == 1.0:
             low = max(low, 0.0)
@@ -555,7 +555,7 @@ def _jitter_range(
     else:
         raise TypeError(f"ColorJitter: {name} must be a number or a (min, max) pair, not {value!r}")
     if not (bound[0] <= low <= high <= bound[1]) or not math.isfinite(high):
-        raise ValueError(f"ColorJitter: {name} range ({low}, {high}) must be ordered within {bound}")
+        raise errors.ConfigError(f"ColorJitter: {name} range ({low}, {high}) must be ordered within {bound}")
     return None if low == high == center else (low, high)
 
 
@@ -601,17 +601,19 @@ class GaussianBlur(_Step):
         if len(sizes) != 2 or any(
             isinstance(k, bool) or not isinstance(k, int) or k <= 0 or k % 2 == 0 or k > 1024 for k in sizes
         ):
-            raise ValueError(f"GaussianBlur: kernel_size {kernel_size!r} must be odd and positive (at most 1024)")
+            raise errors.ConfigError(
+                f"GaussianBlur: kernel_size {kernel_size!r} must be odd and positive (at most 1024)"
+            )
         if isinstance(sigma, (int, float)) and not isinstance(sigma, bool):
             if not 0 < sigma < math.inf:
-                raise ValueError(f"GaussianBlur: sigma {sigma!r} must be positive")
+                raise errors.ConfigError(f"GaussianBlur: sigma {sigma!r} must be positive")
             low = high = float(sigma)
         elif isinstance(sigma, (tuple, list)) and len(sigma) == 2:
             low, high = float(sigma[0]), float(sigma[1])
             if not 0.0 < low <= high < math.inf:
-                raise ValueError(f"GaussianBlur: sigma {sigma!r} must be (min, max) with 0 < min <= max")
+                raise errors.ConfigError(f"GaussianBlur: sigma {sigma!r} must be (min, max) with 0 < min <= max")
         else:
-            raise ValueError(f"GaussianBlur: sigma {sigma!r} must be a number or a (min, max) pair")
+            raise errors.ConfigError(f"GaussianBlur: sigma {sigma!r} must be a number or a (min, max) pair")
         self.kernel_size = (sizes[0], sizes[1])
         self.sigma = (low, high)
         self.p = 1.0
@@ -628,11 +630,11 @@ class RandomApply(_Step):
     def __init__(self, transforms: Sequence[_Step], p: float = 0.5):
         steps = list(transforms)
         if len(steps) != 1 or not isinstance(steps[0], (ColorJitter, GaussianBlur)):
-            raise ValueError(
+            raise errors.ConfigError(
                 "RandomApply: the loader applies only [ColorJitter(...)] or [GaussianBlur(...)] with a probability"
             )
         if not 0.0 <= float(p) <= 1.0:
-            raise ValueError(f"RandomApply: p {p!r} must be in [0, 1]")
+            raise errors.ConfigError(f"RandomApply: p {p!r} must be in [0, 1]")
         step = copy.copy(steps[0])
         step.p = float(p)
         self.step: Union[ColorJitter, GaussianBlur] = step
@@ -647,7 +649,7 @@ class RandomGrayscale(_Step):
 
     def __init__(self, p: float = 0.1):
         if not 0.0 <= _real(p, "RandomGrayscale: p") <= 1.0:
-            raise ValueError(f"RandomGrayscale: p {p!r} must be in [0, 1]")
+            raise errors.ConfigError(f"RandomGrayscale: p {p!r} must be in [0, 1]")
         self.p = float(p)
 
     def _apply(self, spec: Dict[str, Any]) -> None:
@@ -657,13 +659,17 @@ class RandomGrayscale(_Step):
 class Normalize(_Step):
     """torchvision ``Normalize(mean, std)`` after ``ToTensor`` (statistics on the 0..1 scale)."""
 
-    def __init__(self, mean: Sequence[float], std: Sequence[float]):
+    def __init__(self, mean: Union[float, Sequence[float]], std: Union[float, Sequence[float]]):
+        # One number stands for all three channels, as torchvision's broadcast reads it.
+        means: Sequence[float] = (mean,) * 3 if isinstance(mean, numbers.Real) else mean  # type: ignore[assignment]
+        stds: Sequence[float] = (std,) * 3 if isinstance(std, numbers.Real) else std  # type: ignore[assignment]
+        mean, std = means, stds
         if len(mean) != 3 or len(std) != 3:
-            raise ValueError("Normalize: mean and std need three values (RGB)")
+            raise errors.ConfigError("Normalize: mean and std need three values (RGB)")
         if not all(math.isfinite(float(m)) for m in mean):
-            raise ValueError(f"Normalize: mean {tuple(mean)!r} must be finite")
+            raise errors.ConfigError(f"Normalize: mean {tuple(mean)!r} must be finite")
         if not all(math.isfinite(float(s)) and float(s) >= 1e-6 for s in std):
-            raise ValueError(f"Normalize: std {tuple(std)!r} must be finite and at least 1e-6")
+            raise errors.ConfigError(f"Normalize: std {tuple(std)!r} must be finite and at least 1e-6")
         self.mean = tuple(float(m) for m in mean)
         self.std = tuple(float(s) for s in std)
 
@@ -727,7 +733,7 @@ class Compose(Transform):
             kind = next((k for k in once if isinstance(step, k)), None)
             if kind is not None:
                 if kind in seen_once:
-                    raise ValueError(
+                    raise errors.ConfigError(
                         f"a second {kind.__name__}: the loader runs it once per sample "
                         "(two flips would cancel, two normalizations compound in torchvision); "
                         "list it once"
@@ -736,7 +742,7 @@ class Compose(Transform):
             listed = len(spec.get("pixel_steps", []))
             if _is_geometry(step):
                 if before_geometry is not None and listed != before_geometry:
-                    raise ValueError(
+                    raise errors.ConfigError(
                         f"{type(step).__name__} after a pixel step that follows the Resize: the "
                         "loader resizes and crops in one step, list the pixel steps before or after both"
                     )
@@ -756,7 +762,7 @@ class Compose(Transform):
             # The loader flips right before the geometry, or right after it.
             lo, hi = (flip_at, before_geometry) if flip_before_geometry else (before_geometry, flip_at)
             if any(lo <= i < hi for i in moving):
-                raise ValueError(
+                raise errors.ConfigError(
                     "RandomHorizontalFlip and an automatic augmentation are listed in an order the "
                     "loader cannot run (the flip happens right before or right after the crop): "
                     "list the flip next to the crop"
@@ -802,7 +808,7 @@ def _integer(value: Any, what: str) -> int:
 def _alpha(alpha: float, what: str) -> float:
     value = _real(alpha, f"{what}: alpha")
     if not 0 < value <= 1e12:
-        raise ValueError(f"{what}: alpha {alpha!r} must be positive and at most 1e12")
+        raise errors.ConfigError(f"{what}: alpha {alpha!r} must be positive and at most 1e12")
     return value
 
 
@@ -811,7 +817,7 @@ def _classes(num_classes: Optional[int], what: str) -> Optional[int]:
         return None
     value = _integer(num_classes, f"{what}: num_classes")
     if not 1 <= value <= 1 << 20:
-        raise ValueError(f"{what}: num_classes {num_classes!r} must be in 1..1048576 (or None)")
+        raise errors.ConfigError(f"{what}: num_classes {num_classes!r} must be in 1..1048576 (or None)")
     return value
 
 
@@ -851,13 +857,13 @@ class RandomChoice(BatchTransform):
         mixups = [s for s in steps if isinstance(s, MixUp)]
         cutmixes = [s for s in steps if isinstance(s, CutMix)]
         if len(steps) != 2 or len(mixups) != 1 or len(cutmixes) != 1:
-            raise ValueError("RandomChoice: the loader chooses only between one MixUp and one CutMix")
+            raise errors.ConfigError("RandomChoice: the loader chooses only between one MixUp and one CutMix")
         if p is not None and (
             len(p) != 2 or not 0 < float(p[0]) < math.inf or float(p[0]) != float(p[1])
         ):
-            raise ValueError(f"RandomChoice: p {p!r}: only equal, positive odds are supported")
+            raise errors.ConfigError(f"RandomChoice: p {p!r}: only equal, positive odds are supported")
         if mixups[0].num_classes != cutmixes[0].num_classes:
-            raise ValueError("RandomChoice: MixUp and CutMix must have the same num_classes")
+            raise errors.ConfigError("RandomChoice: MixUp and CutMix must have the same num_classes")
         self.mixup, self.cutmix = mixups[0], cutmixes[0]
 
     def spec(self) -> Dict[str, Any]:
@@ -948,7 +954,7 @@ def imagenet_train(
     """
     for name, value, top in (("mixup", mixup, 1e12), ("cutmix", cutmix, 1e12), ("random_erase", random_erase, 1.0)):
         if not 0.0 <= _real(value, f"imagenet_train: {name}") <= top:
-            raise ValueError(f"imagenet_train: {name} {value!r} must be in 0..{top:g} (0: off)")
+            raise errors.ConfigError(f"imagenet_train: {name} {value!r} must be in 0..{top:g} (0: off)")
     steps: List[_Step] = [RandomResizedCrop(size, interpolation=interpolation), RandomHorizontalFlip(0.5)]
     if auto_augment == "ta_wide":
         steps.append(TrivialAugmentWide())
@@ -960,7 +966,7 @@ def imagenet_train(
         # timm's create_transform: its RandAugment, filling with the normalization mean and
         # sampling as the crop does (timm passes a non-random interpolation on).
         if ra_magnitude is not None:
-            raise ValueError("imagenet_train: ra_magnitude is for 'ra'; a timm config gives its own ('m9')")
+            raise errors.ConfigError("imagenet_train: ra_magnitude is for 'ra'; a timm config gives its own ('m9')")
         steps.append(
             TimmRandAugment(
                 auto_augment,
@@ -969,7 +975,7 @@ def imagenet_train(
             )
         )
     elif auto_augment is not None:
-        raise ValueError(
+        raise errors.ConfigError(
             f"imagenet_train: auto_augment {auto_augment!r} must be None, 'ta_wide', 'ra', "
             "'imagenet', 'cifar10', 'svhn' or a timm RandAugment config ('rand-m9-mstd0.5-inc1'; "
             "torchvision's 'augmix' is not supported)"

@@ -695,3 +695,19 @@ def test_the_new_steps_resume_mid_epoch_to_the_same_batches(lmdb_path):
     other = loader(lmdb_path, workers=1, **{**kw, "transform": T.Compose([T.RandomCrop(20, padding=4)])})
     with pytest.raises(imagefeed.StateMismatchError):
         other.load_state_dict(state)
+
+
+def test_bad_transform_settings_raise_config_error_and_normalize_takes_one_number():
+    # A hostile try: constructors raised plain ValueError where the docs promise imagefeed.Error
+    # subclasses, and Normalize(0.5, 0.5), which torchvision broadcasts, a TypeError.
+    for bad in (
+        lambda: T.Normalize((float("nan"),) * 3, (0.5,) * 3),
+        lambda: T.RandomResizedCrop(0),
+        lambda: T.MixUp(alpha=float("nan")),
+        lambda: T.RandomHorizontalFlip(2.0),
+        lambda: T.Normalize(0.5, 0.0),
+    ):
+        with pytest.raises(imagefeed.ConfigError):
+            bad()
+    assert T.Normalize(0.5, 0.25).mean == (0.5, 0.5, 0.5)
+    assert T.Normalize(0.5, 0.25).std == (0.25, 0.25, 0.25)
