@@ -580,7 +580,9 @@ class Loader:
 
     @property
     def epoch(self) -> int:
-        """The epoch of the loop in progress, else the one the next loop runs."""
+        """The epoch of the loop in progress, or of the last one run (the epoch just finished,
+        for logging after the loop); the one ``set_epoch`` chose or a restored state holds, once
+        either is called; before any loop, the one the first loop runs."""
         if self._empty_loop is not None:
             return self._empty_loop
         if self._epoch_set is not None and not self._resumed:
