@@ -133,6 +133,49 @@ fn loopback_http(endpoint: &str) -> bool {
     host == "localhost" || host.starts_with("127.") || host == "[::1]"
 }
 
+/// Why `endpoint` (`AWS_ENDPOINT_URL`, or the `aws_endpoint` option) cannot be used, if it
+/// cannot: object_store takes any string and panics when it first builds a request from one
+/// that is not a URL (a hostile try: `127.0.0.1:9000`, MinIO's docs' way of writing it, a port
+/// past 65535, `http://`, a space), so it is checked here first.
+fn check_endpoint(endpoint: &str) -> std::result::Result<(), String> {
+    let Some(rest) = endpoint
+        .strip_prefix("http://")
+        .or_else(|| endpoint.strip_prefix("https://"))
+    else {
+        return Err("must start with http:// or https:// (e.g. http://127.0.0.1:9000)".into());
+    };
+    if let Some(c) = endpoint
+        .chars()
+        .find(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(format!("holds {c:?}, which no URL may"));
+    }
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let authority = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    let (host, port) = match authority.strip_prefix('[') {
+        // An IPv6 address: `[::1]:9000`.
+        Some(v6) => match v6.split_once(']') {
+            Some((host, after)) => (host, after.strip_prefix(':')),
+            None => return Err("has an IPv6 address without its closing ']'".into()),
+        },
+        None => match authority.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        },
+    };
+    if host.is_empty() {
+        return Err("names no host".into());
+    }
+    if let Some(port) = port
+        && port.parse::<u16>().is_err()
+    {
+        return Err(format!("has the port {port:?}, not a number in 0..65535"));
+    }
+    Ok(())
+}
+
 /// The client for the store `url` is in, with `patience`'s retries.
 fn store(url: &RemoteUrl, patience: Patience) -> Result<Arc<dyn ObjectStore>> {
     let state = state()?;
@@ -173,6 +216,12 @@ fn build(url: &RemoteUrl, patience: Patience) -> Result<Arc<dyn ObjectStore>> {
             let endpoint = given(&["aws_endpoint", "aws_endpoint_url", "endpoint"])
                 .or_else(|| env("AWS_ENDPOINT_URL"))
                 .or_else(|| env("AWS_ENDPOINT"));
+            if let Some(endpoint) = &endpoint {
+                check_endpoint(endpoint).map_err(|reason| Error::BadUrl {
+                    url: url.to_string(),
+                    reason: format!("the S3 endpoint {endpoint:?} {reason}"),
+                })?;
+            }
             let allow_http = endpoint.as_deref().is_some_and(loopback_http)
                 || given(&["aws_allow_http", "allow_http"])
                     .or_else(|| env("AWS_ALLOW_HTTP"))
@@ -690,6 +739,30 @@ pub fn delete(url: &RemoteUrl) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn endpoints_object_store_would_panic_on_are_refused() {
+        for good in [
+            "http://127.0.0.1:9000",
+            "https://s3.example.com",
+            "http://localhost:9000/",
+            "http://[::1]:9000",
+            "https://minio.internal:443/base",
+        ] {
+            assert_eq!(check_endpoint(good), Ok(()), "{good}");
+        }
+        for bad in [
+            "127.0.0.1:9000",
+            "http://127.0.0.1:99999",
+            "http://",
+            "http://127.0.0.1:9000/some path",
+            "http://:9000",
+            "http://[::1:9000",
+            "ftp://host",
+        ] {
+            assert!(check_endpoint(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn plain_http_only_to_the_loopback_interface() {
