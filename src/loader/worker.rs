@@ -384,11 +384,23 @@ impl Worker {
                 self.stacked.clear();
                 return None;
             }
-            if let Ok(record) = self.reader.read(index)
-                && self.transformer.stack_offer(position, record.payload)
-            {
-                self.stacked.keep(position, record.label, record.key);
-                offered += 1;
+            match self.reader.read(index) {
+                Ok(record) => {
+                    if self.transformer.stack_offer(position, record.payload) {
+                        self.stacked.keep(position, record.label, record.key);
+                        offered += 1;
+                    }
+                }
+                // No room in the cache for the sample's shard: every read waited for room
+                // first (seconds), so reading on for the stack cost minutes a batch (a hostile
+                // try). No stack for this batch; its own read of the sample says why.
+                Err(Error::CacheFull { .. }) => {
+                    self.transformer.stack_clear();
+                    self.stacked.clear();
+                    return None;
+                }
+                // A sample that cannot be read is the batch's to report, when it gets there.
+                Err(_) => {}
             }
             // A dataset of large or unstackable images gives up after a few reads.
             if position == from + 3 && offered == 0 {
