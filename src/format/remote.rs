@@ -47,6 +47,52 @@ pub(crate) fn open_records_url(text: &str, options: &OpenOptions) -> Result<tfre
     }
 }
 
+/// The shards of ours a pattern under `dir` would pick that are not in `listing`, when `dir`
+/// is a prefix of ours: every shard its manifest lists whose name the pattern matches
+/// (`picked`) and that is not among `objects` (an error naming them unless missing shards are
+/// allowed). An upload of ours that did not finish is refused as its prefix is: a hostile try
+/// killed a pack to S3 and read `PREFIX/shard-*` as a whole dataset of a third of the records.
+fn missing_from_our_manifest(
+    dir: &RemoteUrl,
+    label: &std::path::Path,
+    listing: &[ObjectInfo],
+    picked: shards::Picked<'_>,
+    objects: &[ObjectInfo],
+    options: &OpenOptions,
+) -> Result<Vec<String>> {
+    if crate::format::upload::is_unfinished(listing) {
+        return Err(Error::Incomplete {
+            path: label.to_path_buf(),
+            reason: format!(
+                "its shards are an upload of ours that did not finish ({dir} has no manifest \
+                 yet): rerun the pack with --resume to finish it"
+            ),
+        });
+    }
+    if !listing
+        .iter()
+        .any(|o| o.url.file_name() == tfrecord::MANIFEST)
+    {
+        return Ok(Vec::new());
+    }
+    let missing: Vec<String> = tfrecord::remote::manifest_shards(dir)?
+        .into_iter()
+        .filter(|name| {
+            picked.would_pick(name) && !objects.iter().any(|o| o.url.file_name() == name)
+        })
+        .collect();
+    let expected = objects.len() + missing.len();
+    let mut notices = Vec::new();
+    shards::listed_members_missing(
+        label,
+        missing.clone(),
+        expected,
+        options.allow_missing_shards,
+        &mut notices,
+    )?;
+    Ok(missing)
+}
+
 fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
     let url = RemoteUrl::parse(text)?.with_options(&options.storage_options);
     let cache = options.cache_or_env()?;
@@ -64,8 +110,12 @@ fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
     let (objects, picked, brace_missing) = if pattern {
         let dir = url.parent();
         let listing = store::list_dir(&dir, Patience::Open)?;
-        let (objects, missing) = select(&url, &name, &listing, options)?;
-        (objects, shards::Picked::by_pattern(&name), missing)
+        let (objects, mut missing) = select(&url, &name, &listing, options)?;
+        let picked = shards::Picked::by_pattern(&name);
+        missing.extend(missing_from_our_manifest(
+            &dir, &label, &listing, picked, &objects, options,
+        )?);
+        (objects, picked, missing)
     } else if !url.key().is_empty()
         && !url.key().ends_with('/')
         && let Some(object) = store::head(&url, Patience::Open)?

@@ -619,7 +619,7 @@ impl<'a> Picked<'a> {
     }
 
     /// Whether a file named `name` would have been picked, had it been there.
-    fn would_pick(self, name: &str) -> bool {
+    pub(crate) fn would_pick(self, name: &str) -> bool {
         match self {
             Picked::ByName => false,
             Picked::All => true,

@@ -572,6 +572,10 @@ fn an_upload_cut_short_never_opens_and_resume_finishes_it() {
     let url = format!("s3://{bucket}/ds");
     let err = format::open_with(&url, &reaching(server, dir.path())).unwrap_err();
     assert!(matches!(err, Error::Incomplete { .. }), "{err}");
+    // So does a pattern over its shards (a hostile try read them as a whole dataset).
+    let pattern = format!("{url}/shard-*");
+    let err = format::open_with(&pattern, &reaching(server, dir.path())).unwrap_err();
+    assert!(matches!(err, Error::Incomplete { .. }), "{err}");
     // A plain pack refuses it; --resume finishes it (only what is missing goes up).
     let plain = pack_image_folder(
         &src,
@@ -601,6 +605,22 @@ fn an_upload_cut_short_never_opens_and_resume_finishes_it() {
         records(remote.as_ref()),
         records(format::open(&local).unwrap().as_ref())
     );
+    // Finished, a pattern over its shards is checked against its manifest: one gone is named.
+    assert_eq!(
+        format::open_with(&pattern, &reaching(server, dir.path()))
+            .unwrap()
+            .len(),
+        remote.len()
+    );
+    server.delete(&bucket, "ds/shard-00001.tfrecord");
+    match format::open_with(&pattern, &reaching(server, dir.path())) {
+        Err(Error::ShardSet {
+            problem: ShardSetProblem::Missing { missing, .. },
+            ..
+        }) => assert_eq!(missing, ["shard-00001.tfrecord"]),
+        Err(other) => panic!("expected the missing shard named, got {other}"),
+        Ok(d) => panic!("opened {} samples with a shard gone", d.len()),
+    }
 }
 
 /// Options reaching the S3 server through `proxy`, with transfers' retries bounded by

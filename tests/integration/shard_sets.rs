@@ -240,6 +240,51 @@ fn a_shard_missing_from_our_records_is_refused_naming_it_unless_allowed() {
 }
 
 #[test]
+fn a_pattern_over_our_records_is_checked_against_the_manifest() {
+    // A hostile try: with the last shards of a pack of ours gone, `DIR/shard-*` read the rest
+    // as a whole dataset (inspect "complete: yes"), where the directory was refused.
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.records");
+    support::pack_as(
+        &fixture_root(),
+        &out,
+        PackFormat::Records,
+        &small_options().with_shard_bytes(9_000),
+    );
+    let last = (0..)
+        .take_while(|n| out.join(format!("shard-{n:05}.tfrecord")).exists())
+        .last()
+        .unwrap();
+    assert!(last >= 2, "{last}");
+    let pattern = out.join("shard-*");
+    let whole = format::open(&pattern).unwrap().len();
+    fs::remove_file(out.join(format!("shard-{last:05}.tfrecord"))).unwrap();
+    match shard_set_problem(format::open(&pattern)) {
+        ShardSetProblem::Missing { missing, count, .. } => {
+            assert_eq!(missing, [format!("shard-{last:05}.tfrecord")]);
+            assert_eq!(count, 1);
+        }
+        other => panic!("{other:?}"),
+    }
+    let allowed = OpenOptions::default().with_allow_missing_shards(true);
+    let partial = format::open_with(&pattern, &allowed).unwrap();
+    assert!(partial.len() < whole);
+    assert_eq!(partial.missing_shards().count, 1);
+    assert!(!imagefeed::inspect::inspect(&pattern).unwrap().complete);
+    // A subset picked on purpose is not missing anything.
+    let first_two = out.join("shard-0000[01].tfrecord");
+    assert!(format::open(&first_two).unwrap().len() < whole);
+    // The staging directory of a pack that did not finish is refused by pattern too.
+    let staging = dir.path().join("staged.records.partial");
+    fs::rename(&out, &staging).unwrap();
+    fs::remove_file(staging.join(format::tfrecord::MANIFEST)).unwrap();
+    assert!(matches!(
+        format::open(staging.join("shard-*")),
+        Err(Error::Incomplete { .. })
+    ));
+}
+
+#[test]
 fn saved_indexes_are_out_of_the_sets_pattern_and_found_again() {
     let dir = tempfile::tempdir().unwrap();
     foreign_set(dir.path(), "train", 2);

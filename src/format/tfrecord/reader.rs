@@ -171,6 +171,20 @@ impl Records {
                         problem: crate::format::shards::ShardSetProblem::NoMatch,
                     });
                 }
+                let dir = pattern.parent().unwrap_or(Path::new("."));
+                let listed = missing_from_our_manifest(dir, pattern, &files)?;
+                if !listed.is_empty() {
+                    let mut notices = Vec::new();
+                    let expected = files.len() + listed.len();
+                    crate::format::shards::listed_members_missing(
+                        pattern,
+                        listed.clone(),
+                        expected,
+                        options.allow_missing_shards,
+                        &mut notices,
+                    )?;
+                    brace_missing.extend(listed);
+                }
                 (pattern.as_path(), files, Picked::by_local_pattern(pattern))
             }
             Selection::List(files) => {
@@ -261,6 +275,16 @@ fn open_directory_of_ours(dir: &Path, allow_missing: bool) -> Result<Option<Reco
     if manifest_path.is_file() {
         return open_ours(dir, &manifest_path, allow_missing).map(Some);
     }
+    refuse_staging_dir(dir)?;
+    Ok(None)
+}
+
+/// Refuses `dir` when it is the staging directory of a pack of ours (interrupted, or being
+/// replaced), which holds only some of the records; without a manifest of ours.
+fn refuse_staging_dir(dir: &Path) -> Result<()> {
+    if dir.join(MANIFEST).is_file() {
+        return Ok(());
+    }
     if staging::staged_magic(dir, PROGRESS).as_deref() == Some(MAGIC)
         || staging::is_being_deleted(dir)
         || dir
@@ -275,7 +299,32 @@ fn open_directory_of_ours(dir: &Path, allow_missing: bool) -> Result<Option<Reco
                 .into(),
         });
     }
-    Ok(None)
+    Ok(())
+}
+
+/// The shards of ours a pattern in `dir` would pick that are gone, when `dir` is a directory of
+/// ours: every shard its manifest lists whose name the pattern matches and that is not among
+/// `files`. A pattern picks shards by their names alone, so a pack whose last shards were lost
+/// (a copy cut short) read as whole by `DIR/shard-*` (found by a hostile try); the directory
+/// itself was refused naming them. A staging directory (a pack killed, or not yet published)
+/// is refused as the directory is.
+fn missing_from_our_manifest(dir: &Path, pattern: &Path, files: &[PathBuf]) -> Result<Vec<String>> {
+    refuse_staging_dir(dir)?;
+    let manifest_path = dir.join(MANIFEST);
+    if !manifest_path.is_file() {
+        return Ok(Vec::new());
+    }
+    let text = fs::read(&manifest_path).at(&manifest_path)?;
+    let manifest = parse_manifest(dir, &manifest_path, &text)?;
+    let picked = Picked::by_local_pattern(pattern);
+    let present: std::collections::HashSet<&std::ffi::OsStr> =
+        files.iter().filter_map(|f| f.file_name()).collect();
+    Ok(manifest
+        .shards
+        .into_iter()
+        .map(|entry| entry.file)
+        .filter(|name| picked.would_pick(name) && !present.contains(std::ffi::OsStr::new(name)))
+        .collect())
 }
 
 /// The TFRecord shards in `dir`, by name ([`is_shard_name`]), in name order.

@@ -75,6 +75,22 @@ fn shard_data(object: &ObjectInfo, options: &OpenOptions, cache: &Cache) -> Arc<
     })
 }
 
+/// The shard files the manifest of ours at `dir` lists.
+pub(crate) fn manifest_shards(dir: &RemoteUrl) -> Result<Vec<String>> {
+    let manifest_url = dir.join(MANIFEST);
+    let text = store::get_small(&manifest_url, SMALL, Patience::Open)?;
+    let manifest = parse_manifest(
+        &PathBuf::from(dir.to_string()),
+        &PathBuf::from(manifest_url.to_string()),
+        &text,
+    )?;
+    Ok(manifest
+        .shards
+        .into_iter()
+        .map(|entry| entry.file)
+        .collect())
+}
+
 /// Opens records of ours at `dir` (the manifest is `manifest`, listed in `listing`).
 pub(crate) fn open_ours(
     dir: &RemoteUrl,
