@@ -383,15 +383,30 @@ fn retrying<T>(
     call()
 }
 
-fn store_path(url: &RemoteUrl) -> StorePath {
-    StorePath::from(url.key())
+/// The key of `url` as object_store's path, exactly as written: `StorePath::from` would
+/// percent-encode every non-ASCII character and `%`, so a pack to `s3://b/uml-ü` went to the
+/// key `uml-%C3%BC` and was read back from `uml-%25C3%25BC` (a hostile try). A key it cannot
+/// hold as written (a control character) is an error naming it.
+fn store_path(url: &RemoteUrl) -> Result<StorePath> {
+    key_path(url, url.key())
+}
+
+/// [`store_path`] for `key`, a key or prefix of `url`'s bucket.
+fn key_path(url: &RemoteUrl, key: &str) -> Result<StorePath> {
+    StorePath::parse(key).map_err(|e| Error::BadUrl {
+        url: url.to_string(),
+        reason: format!("the key {key:?} cannot be used as written: {e}"),
+    })
 }
 
 /// Every object under the prefix `url` (taken as a directory), in key order.
 pub fn list(url: &RemoteUrl, patience: Patience) -> Result<Vec<ObjectInfo>> {
     let store = store(url, patience)?;
     let prefix = url.key().trim_end_matches('/');
-    let prefix = (!prefix.is_empty()).then(|| StorePath::from(prefix));
+    let prefix = match prefix {
+        "" => None,
+        prefix => Some(key_path(url, prefix)?),
+    };
     let metas: Vec<object_store::ObjectMeta> =
         block_on(async move { store.list(prefix.as_ref()).try_collect::<Vec<_>>().await })?
             .map_err(|e| Error::remote(url, "listing", e))?;
@@ -412,7 +427,10 @@ pub fn list(url: &RemoteUrl, patience: Patience) -> Result<Vec<ObjectInfo>> {
 pub fn list_dir(url: &RemoteUrl, patience: Patience) -> Result<Vec<ObjectInfo>> {
     let store = store(url, patience)?;
     let prefix = url.key().trim_end_matches('/');
-    let prefix = (!prefix.is_empty()).then(|| StorePath::from(prefix));
+    let prefix = match prefix {
+        "" => None,
+        prefix => Some(key_path(url, prefix)?),
+    };
     let result = retrying(patience, || {
         block_on(async { store.list_with_delimiter(prefix.as_ref()).await })
     })?
@@ -433,7 +451,7 @@ pub fn list_dir(url: &RemoteUrl, patience: Patience) -> Result<Vec<ObjectInfo>> 
 /// The object at `url`, when there is one.
 pub fn head(url: &RemoteUrl, patience: Patience) -> Result<Option<ObjectInfo>> {
     let store = store(url, patience)?;
-    let path = store_path(url);
+    let path = store_path(url)?;
     match retrying(patience, || block_on(async { store.head(&path).await }))? {
         Ok(meta) => Ok(Some(ObjectInfo {
             url: url.clone(),
@@ -449,7 +467,7 @@ pub fn head(url: &RemoteUrl, patience: Patience) -> Result<Option<ObjectInfo>> {
 /// index: small, and read into memory).
 pub fn get_small(url: &RemoteUrl, limit: u64, patience: Patience) -> Result<Vec<u8>> {
     let store = store(url, patience)?;
-    let path = store_path(url);
+    let path = store_path(url)?;
     let bytes = retrying(patience, || {
         block_on(async {
             let result = store.get(&path).await?;
@@ -504,7 +522,7 @@ pub fn start_range(object: &ObjectInfo, offset: u64, len: u64) -> Result<Pending
         None
     } else {
         let store = store(url, Patience::Transfer)?;
-        let location = store_path(url);
+        let location = store_path(url)?;
         let options = GetOptions::new()
             .with_if_match(object.etag.clone())
             .with_range(Some(offset..end));
@@ -612,7 +630,7 @@ pub fn download(
 ) -> Result<u64> {
     let url = &object.url;
     let store = store(url, Patience::Transfer)?;
-    let location = store_path(url);
+    let location = store_path(url)?;
     let mut written = 0u64;
     let outcome = retrying(Patience::Transfer, || {
         // A new attempt writes the file over from its start (its length stays, so a cache
@@ -666,7 +684,7 @@ const MULTIPART_FROM: u64 = 64 << 20;
 /// in parts after a check that nothing is there ([`Error::AlreadyExists`] either way).
 pub fn upload(path: &Path, url: &RemoteUrl, create: bool) -> Result<()> {
     let store = store(url, Patience::Transfer)?;
-    let location = store_path(url);
+    let location = store_path(url)?;
     let len = fs::metadata(path).at(path)?.len();
     let exists = || Error::AlreadyExists {
         path: url.to_string().into(),
@@ -729,7 +747,7 @@ pub fn upload(path: &Path, url: &RemoteUrl, create: bool) -> Result<()> {
 /// Deletes the object at `url` (nothing there is not an error).
 pub fn delete(url: &RemoteUrl) -> Result<()> {
     let store = store(url, Patience::Transfer)?;
-    let location = store_path(url);
+    let location = store_path(url)?;
     match block_on(async move { store.delete(&location).await })? {
         Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
         Err(e) => Err(Error::remote(url, "deleting", e)),

@@ -546,6 +546,36 @@ fn packing_to_s3_uploads_a_dataset_that_reads_like_a_local_pack_and_never_overwr
 }
 
 #[test]
+fn keys_with_non_ascii_characters_and_percent_signs_are_used_as_written() {
+    // A hostile try: a pack to `s3://b/k/uml-ü` went to the key `k/uml-%C3%BC` (object_store's
+    // path encoding) and was read back from `k/uml-%25C3%25BC`; a dataset that boto3 put under
+    // `daten-ü/` was "no object under this prefix".
+    use imagefeed::pack::{NoProgress, pack_image_folder};
+    let Some(server) = server() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let local = packed_records(dir.path());
+    let bucket = server.bucket(&unique_bucket("keys"));
+    server.upload_dir(&local, &bucket, "daten-ü %41");
+    let here = format::open(&local).unwrap();
+    let url = format!("s3://{bucket}/daten-ü %41");
+    let there = format::open_with(&url, &reaching(server, dir.path())).unwrap();
+    assert_eq!(records(there.as_ref()), records(here.as_ref()));
+    // Packed there by imagefeed, read back by the same URL.
+    let src = support::small_tree(dir.path());
+    let packed = format!("s3://{bucket}/gepackt-ü%");
+    pack_image_folder(
+        &src,
+        Path::new(&packed),
+        PackFormat::Records,
+        &pack_options(server, dir.path()),
+        &NoProgress,
+    )
+    .unwrap();
+    let back = format::open_with(&packed, &reaching(server, dir.path())).unwrap();
+    assert_eq!(back.len(), format::open(&src).unwrap().len());
+}
+
+#[test]
 fn an_upload_cut_short_never_opens_and_resume_finishes_it() {
     use imagefeed::pack::{NoProgress, StartMode, pack_image_folder};
     let Some(server) = server() else { return };
