@@ -371,7 +371,8 @@ pub(crate) fn listed_members_missing(
     crate::dataset::notice(
         notices,
         format!(
-            "{}: reading with {count} of its {expected} shard(s) missing, as asked: {missing}",
+            "{}: reading with {count} of its {expected} shard(s) missing (missing shards \
+             allowed): {missing}",
             dataset.display()
         ),
     );
@@ -433,7 +434,7 @@ impl SetReport {
             crate::dataset::notice(
                 &mut notices,
                 format!(
-                    "{}: reading a set with {} shard(s) missing, as asked: {}",
+                    "{}: reading a set with {} shard(s) missing (missing shards allowed): {}",
                     name.display(),
                     self.missing_count,
                     missing_list(&self.missing, self.missing_count)
