@@ -448,6 +448,9 @@ fn not_a_shard(path: &Path) -> Option<&'static str> {
     if name == tfrecord::MANIFEST || name == tfrecord::PROGRESS {
         return Some("a file of an imagefeed records dataset (name its directory)");
     }
+    if shards::is_pack_report(name) {
+        return Some("a pack's report (name the dataset it describes)");
+    }
     if tfrecord::is_shard_name(path) || webdataset::is_shard_name(path) {
         return None;
     }

@@ -303,7 +303,10 @@ fn select(
         .filter(|o| matcher.matches_with(o.url.file_name(), options_glob))
         .filter(|o| {
             let n = o.url.file_name();
-            !n.ends_with(".index") && !n.ends_with(".idx") && n != tfrecord::MANIFEST
+            !n.ends_with(".index")
+                && !n.ends_with(".idx")
+                && n != tfrecord::MANIFEST
+                && !shards::is_pack_report(n)
         })
         .cloned()
         .collect();

@@ -585,6 +585,16 @@ pub(crate) fn note_short_members<'a>(
     short.len()
 }
 
+/// What a pack's report file is named after its output (`OUT.report.json`).
+pub const REPORT_SUFFIX: &str = ".report.json";
+
+/// Whether a file named `name` is a pack's report (`OUT.report.json`, beside its output), never
+/// a shard whatever a pattern matches: a hostile try's `s3://b/re*` read `rec.report.json`
+/// as a damaged TFRecord shard.
+pub fn is_pack_report(name: &str) -> bool {
+    name.ends_with(REPORT_SUFFIX)
+}
+
 /// How the files of a selection were picked, for [`check_sets`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Picked<'a> {

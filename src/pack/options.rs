@@ -316,7 +316,7 @@ pub struct PackSummary {
 /// `OUT.report.json`: the machine-readable pack report.
 pub fn report_path(out: &Path) -> PathBuf {
     let mut name = out.as_os_str().to_owned();
-    name.push(".report.json");
+    name.push(crate::format::shards::REPORT_SUFFIX);
     PathBuf::from(name)
 }
 

@@ -330,7 +330,7 @@ fn a_set_picked_by_pattern_converts() {
 }
 
 #[test]
-fn a_pattern_matching_only_index_files_matches_no_data() {
+fn index_files_and_pack_reports_are_never_read_as_shards() {
     // Found by a hostile review: `DIR/index/*` opened as an empty, complete dataset.
     let dir = tempfile::tempdir().unwrap();
     foreign_set(dir.path(), "train", 2);
@@ -340,6 +340,19 @@ fn a_pattern_matching_only_index_files_matches_no_data() {
         .unwrap();
     let only_indexes = format::open(dir.path().join("index/*"));
     assert_eq!(shard_set_problem(only_indexes), ShardSetProblem::NoMatch);
+    // Nor is a pack's report beside the shards data (a hostile try's `re*` read one as a
+    // damaged shard); named in a list, it is refused saying what it is.
+    let whole = format::open(dir.path()).unwrap().len();
+    let report = dir.path().join("train.report.json");
+    fs::write(&report, b"{\"packed\": 16}").unwrap();
+    let matched = format::open(dir.path().join("train*")).unwrap();
+    assert_eq!(matched.len(), whole);
+    assert!(matched.notices().iter().all(|n| !n.contains("report")));
+    let listed = vec![dir.path().join("train-00000-of-00002"), report];
+    assert!(matches!(
+        format::open_files(&listed, &OpenOptions::default()),
+        Err(Error::NotADataset { reason, .. }) if reason.contains("report")
+    ));
 }
 
 #[test]

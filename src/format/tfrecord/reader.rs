@@ -161,7 +161,10 @@ impl Records {
                     .into_iter()
                     .filter(|f| {
                         let name = f.file_name().and_then(|n| n.to_str()).unwrap_or("");
-                        !index::is_index_name(f) && name != MANIFEST && name != PROGRESS
+                        !index::is_index_name(f)
+                            && name != MANIFEST
+                            && name != PROGRESS
+                            && !crate::format::shards::is_pack_report(name)
                     })
                     .collect();
                 // A pattern that matched only those matched no data (not an empty dataset).
