@@ -183,6 +183,30 @@ impl Cache {
         Ok(Cache { root, limit })
     }
 
+    /// Makes the cache directory if it is not there, and checks this process may write in it:
+    /// a directory that cannot hold the cache (`/dev/null/x`, a regular file, a read-only
+    /// mount) is an error naming it when a dataset that needs the cache is opened, where a
+    /// hostile try met it only mid-epoch, as every sample bad ("256 bad samples ... Not a
+    /// directory").
+    pub fn check_writable(&self) -> Result<()> {
+        let root = &self.root;
+        fs::create_dir_all(root).at(root)?;
+        let text = std::ffi::CString::new(root.as_os_str().as_encoded_bytes())
+            .map_err(|_| Error::io(root, std::io::Error::other("a NUL byte in the path")))?;
+        // SAFETY: a NUL-terminated path; access(2) only reads it.
+        if unsafe { libc::access(text.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
+            let why = std::io::Error::last_os_error();
+            return Err(Error::io(
+                root,
+                std::io::Error::new(
+                    why.kind(),
+                    format!("{why}: the cache directory (IMAGEFEED_CACHE_DIR) cannot be written"),
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// A cache at `root`, with an optional byte limit.
     pub fn at(root: impl Into<PathBuf>, limit: Option<u64>) -> Cache {
         Cache {
@@ -568,6 +592,22 @@ pub(crate) fn keyed_name(hash: sha2::Sha256, name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_directory_that_cannot_hold_the_cache_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let fresh = Cache::at(dir.path().join("a/b"), None);
+        fresh.check_writable().unwrap();
+        assert!(dir.path().join("a/b").is_dir());
+        let file = dir.path().join("file");
+        fs::write(&file, b"x").unwrap();
+        for root in [file.clone(), file.join("below"), "/dev/null/x".into()] {
+            match Cache::at(&root, None).check_writable() {
+                Err(Error::Io { path, .. }) => assert!(root.starts_with(&path), "{path:?}"),
+                other => panic!("{root:?}: {other:?}"),
+            }
+        }
+    }
     use std::io::Write as _;
 
     #[test]

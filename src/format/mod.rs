@@ -243,10 +243,12 @@ pub struct OpenOptions {
 impl OpenOptions {
     /// The cache derived files go into: the one set, else the environment's.
     pub(crate) fn cache_or_env(&self) -> Result<crate::cache::Cache> {
-        match &self.cache {
-            Some(cache) => Ok(cache.clone()),
-            None => crate::cache::Cache::from_env(),
-        }
+        let cache = match &self.cache {
+            Some(cache) => cache.clone(),
+            None => crate::cache::Cache::from_env()?,
+        };
+        cache.check_writable()?;
+        Ok(cache)
     }
 
     /// The datasets holding images and labels in an h5py file.
