@@ -356,6 +356,16 @@ pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Arc<dy
             return (format.open)(path, options);
         }
     }
+    if path.is_file() && path.file_name().and_then(|n| n.to_str()) == Some(tfrecord::MANIFEST) {
+        return Err(Error::not_a_dataset(
+            path,
+            format!(
+                "the manifest of an imagefeed records dataset, not the dataset: name its \
+                 directory, {}",
+                path.parent().unwrap_or(Path::new(".")).display()
+            ),
+        ));
+    }
     if path.is_file() {
         // The recognizers read a file's first bytes and take a failed read for a format
         // mismatch: an unreadable file is said to be one.

@@ -106,6 +106,17 @@ fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
         let dataset = mds::remote::open(&dir, &listing, options, &cache)?;
         return Ok(Opened::Other(Arc::new(dataset)));
     }
+    if name == tfrecord::MANIFEST {
+        // Fetched, it would be named by its cache file (a hostile try's message was).
+        return Err(Error::not_a_dataset(
+            &label,
+            format!(
+                "the manifest of an imagefeed records dataset, not the dataset: name its \
+                 prefix, {}",
+                url.parent()
+            ),
+        ));
+    }
     let pattern = name.contains(['*', '?', '[']) || (name.contains('{') && name.contains('}'));
     let (objects, picked, brace_missing) = if pattern {
         let dir = url.parent();

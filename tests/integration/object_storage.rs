@@ -635,6 +635,12 @@ fn an_upload_cut_short_never_opens_and_resume_finishes_it() {
         records(remote.as_ref()),
         records(format::open(&local).unwrap().as_ref())
     );
+    // Its manifest's URL is not the dataset's (it was named by its cache file).
+    let manifest = format!("{url}/{}", format::tfrecord::MANIFEST);
+    assert!(matches!(
+        format::open_with(&manifest, &reaching(server, dir.path())),
+        Err(Error::NotADataset { reason, .. }) if reason.contains("name its prefix")
+    ));
     // Finished, a pattern over its shards is checked against its manifest: one gone is named.
     assert_eq!(
         format::open_with(&pattern, &reaching(server, dir.path()))

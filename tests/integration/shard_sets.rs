@@ -274,6 +274,12 @@ fn a_pattern_over_our_records_is_checked_against_the_manifest() {
     // A subset picked on purpose is not missing anything.
     let first_two = out.join("shard-0000[01].tfrecord");
     assert!(format::open(&first_two).unwrap().len() < whole);
+    // Its manifest named instead of its directory says so (it read as "neither a directory
+    // nor a dataset file").
+    assert!(matches!(
+        format::open(out.join(format::tfrecord::MANIFEST)),
+        Err(Error::NotADataset { reason, .. }) if reason.contains("name its directory")
+    ));
     // The staging directory of a pack that did not finish is refused by pattern too.
     let staging = dir.path().join("staged.records.partial");
     fs::rename(&out, &staging).unwrap();
