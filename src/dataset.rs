@@ -519,15 +519,42 @@ pub fn fingerprint(dataset: &dyn Dataset) -> String {
         // cost ~0.6 ms of a 3.4 ms open and new loader of CIFAR-10's test set packed.
         let mut reader = dataset.open_reader().ok();
         let mut fetched = false;
+        let mut tight = false;
         for (probe, &index) in indices.iter().enumerate() {
             let started = Instant::now();
-            match reader.as_mut().map(|r| r.read(index)) {
-                Some(Ok(record)) => {
-                    field(record.key.as_bytes());
-                    field(&record.label.to_le_bytes());
-                    field(record.payload);
+            // A shard cache too small to hold every probe's shard at once (they stay fetched
+            // until a loader plans its reads): the probes so far are let go and the probe
+            // read again with a fresh reader, so the fingerprint does not depend on the
+            // cache's size (a hostile try's probes each waited 5 s for room, then counted as
+            // unreadable).
+            for attempt in 0..2 {
+                // The first read does not wait for room; the one after the probes' shards
+                // were let go waits for the planner to let them go.
+                let read = if attempt == 0 {
+                    without_waiting_for_room(|| reader.as_mut().map(|r| r.read(index)))
+                } else {
+                    reader.as_mut().map(|r| r.read(index))
+                };
+                match read {
+                    Some(Ok(record)) => {
+                        field(record.key.as_bytes());
+                        field(&record.label.to_le_bytes());
+                        field(record.payload);
+                        break;
+                    }
+                    Some(Err(crate::Error::CacheFull { .. })) if attempt == 0 => tight = true,
+                    _ => {
+                        field(b"unreadable");
+                        break;
+                    }
                 }
-                _ => field(b"unreadable"),
+                dataset.plan_shards(&[]);
+                reader = dataset.open_reader().ok();
+            }
+            // Once the cache was found too small, each probe's shard is let go after it.
+            if tight {
+                dataset.plan_shards(&[]);
+                reader = dataset.open_reader().ok();
             }
             if !fetched && started.elapsed() >= FETCHES_AFTER {
                 warm_up(dataset, &indices[probe + 1..]);
@@ -579,15 +606,40 @@ fn warm_up(dataset: &dyn Dataset, indices: &[usize]) {
             let spawned = std::thread::Builder::new()
                 .name("imagefeed-fingerprint".into())
                 .spawn_scoped(scope, move || {
-                    if let Ok(mut reader) = dataset.open_reader() {
-                        let _ = reader.read(index);
-                    }
+                    without_waiting_for_room(|| {
+                        if let Ok(mut reader) = dataset.open_reader() {
+                            let _ = reader.read(index);
+                        }
+                    })
                 });
             if spawned.is_err() {
                 break;
             }
         }
     });
+}
+
+thread_local! {
+    /// Whether reads on this thread wait for room in a full shard cache
+    /// ([`without_waiting_for_room`]).
+    static WAITS_FOR_ROOM: std::cell::Cell<bool> = const { std::cell::Cell::new(true) };
+}
+
+/// Runs `f` with reads on this thread never waiting for room in a full shard cache: the
+/// [`fingerprint`]'s probes, which nothing else frees room for before a loader plans its reads
+/// (each waited 5 s in a hostile try), and which let their shards go instead.
+fn without_waiting_for_room<T>(f: impl FnOnce() -> T) -> T {
+    let before = WAITS_FOR_ROOM.with(|w| w.replace(false));
+    let result = f();
+    WAITS_FOR_ROOM.with(|w| w.set(before));
+    result
+}
+
+/// Whether a read on this thread that finds the shard cache full waits for readers to free
+/// room (false inside [`without_waiting_for_room`]).
+#[cfg(feature = "remote")]
+pub(crate) fn waits_for_room() -> bool {
+    WAITS_FOR_ROOM.with(std::cell::Cell::get)
 }
 
 /// Lower-case hex of a digest.

@@ -290,7 +290,7 @@ impl ShardData {
                 let cached = loop {
                     match crate::remote::fetch::fetch(&remote.object, &remote.cache) {
                         Err(crate::Error::CacheFull { in_use, .. })
-                            if in_use > 0 && waits < 100 =>
+                            if in_use > 0 && waits < 100 && crate::dataset::waits_for_room() =>
                         {
                             waits += 1;
                             std::thread::sleep(std::time::Duration::from_millis(50));

@@ -139,6 +139,18 @@ fn a_shard_window_keeps_the_cache_within_its_limit() {
         cached <= limit,
         "{cached} bytes cached over the {limit} limit"
     );
+    // A cache of two shards cannot hold the fingerprint's eight probes' shards at once: they
+    // are let go as it goes, so it is the same as with room for all (a hostile try's probes
+    // each waited 5 s for room, then counted as unreadable).
+    let mut tiny = reaching(server, dir.path());
+    tiny.cache = Some(Cache::at(dir.path().join("tiny-cache"), Some(largest * 2)));
+    let cramped = format::open_with(format!("s3://{bucket}/ds"), &tiny).unwrap();
+    let roomy =
+        format::open_with(format!("s3://{bucket}/ds"), &reaching(server, dir.path())).unwrap();
+    assert_eq!(
+        imagefeed::dataset::fingerprint(cramped.as_ref()),
+        imagefeed::dataset::fingerprint(roomy.as_ref())
+    );
 }
 
 #[test]
