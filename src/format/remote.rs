@@ -47,11 +47,11 @@ pub(crate) fn open_records_url(text: &str, options: &OpenOptions) -> Result<tfre
     }
 }
 
-/// The shards of ours a pattern under `dir` would pick that are not in `listing`, when `dir`
-/// is a prefix of ours: every shard its manifest lists whose name the pattern matches
-/// (`picked`) and that is not among `objects` (an error naming them unless missing shards are
-/// allowed). An upload of ours that did not finish is refused as its prefix is: a hostile try
-/// killed a pack to S3 and read `PREFIX/shard-*` as a whole dataset of a third of the records.
+/// The shards of ours a pattern (`picked`) under `dir` would pick and that are not among
+/// `objects`, what it picked, when `dir` is a prefix of ours
+/// ([`picked_members_missing`](shards::picked_members_missing)). An upload of ours that did not
+/// finish is refused as its prefix is: a hostile try killed a pack to S3 and read
+/// `PREFIX/shard-*` as a whole dataset of a third of the records.
 fn missing_from_our_manifest(
     dir: &RemoteUrl,
     label: &std::path::Path,
@@ -75,22 +75,14 @@ fn missing_from_our_manifest(
     {
         return Ok(Vec::new());
     }
-    let missing: Vec<String> = tfrecord::remote::manifest_shards(dir)?
-        .into_iter()
-        .filter(|name| {
-            picked.would_pick(name) && !objects.iter().any(|o| o.url.file_name() == name)
-        })
-        .collect();
-    let expected = objects.len() + missing.len();
-    let mut notices = Vec::new();
-    shards::listed_members_missing(
+    shards::picked_members_missing(
         label,
-        missing.clone(),
-        expected,
+        tfrecord::remote::manifest_shards(dir)?,
+        picked,
+        |name| objects.iter().any(|o| o.url.file_name() == name),
+        objects.len(),
         options.allow_missing_shards,
-        &mut notices,
-    )?;
-    Ok(missing)
+    )
 }
 
 fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
@@ -312,13 +304,7 @@ fn select(
     let found: Vec<ObjectInfo> = listing
         .iter()
         .filter(|o| matcher.matches_with(o.url.file_name(), options_glob))
-        .filter(|o| {
-            let n = o.url.file_name();
-            !n.ends_with(".index")
-                && !n.ends_with(".idx")
-                && n != tfrecord::MANIFEST
-                && !shards::is_pack_report(n)
-        })
+        .filter(|o| !tfrecord::is_never_a_shard(o.url.file_name()))
         .cloned()
         .collect();
     if found.is_empty() {

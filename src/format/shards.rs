@@ -379,6 +379,30 @@ pub(crate) fn listed_members_missing(
     Ok(missing)
 }
 
+/// The members a manifest of ours `listed` that a pattern (`picked`) would pick and that are
+/// not `present`: a pattern picks shards by their names alone, so a pack whose last shards are
+/// gone (a copy cut short, an upload killed) read as whole by `DIR/shard-*` where its
+/// directory was refused (a hostile try). An error naming them (`label`: the pattern), unless
+/// `allow_missing`; `found`: how many members the pattern did pick.
+pub(crate) fn picked_members_missing(
+    label: &Path,
+    listed: Vec<String>,
+    picked: Picked<'_>,
+    present: impl Fn(&str) -> bool,
+    found: usize,
+    allow_missing: bool,
+) -> Result<Vec<String>> {
+    let missing: Vec<String> = listed
+        .into_iter()
+        .filter(|name| picked.would_pick(name) && !present(name))
+        .collect();
+    if !allow_missing {
+        let expected = found + missing.len();
+        listed_members_missing(label, missing.clone(), expected, false, &mut Vec::new())?;
+    }
+    Ok(missing)
+}
+
 /// Which members of a set are cut short at their end, by position, with their paths, from each
 /// member's `(cut, path)`: what [`Dataset::shards_cut_at_end`](crate::dataset::Dataset::shards_cut_at_end)
 /// gives for formats whose scan marks them.
@@ -537,10 +561,12 @@ pub fn short_members(starts: &[usize], cut: impl Fn(usize) -> bool) -> Vec<(usiz
         .collect()
 }
 
-/// [`short_members`] of `set`'s selection, with a notice naming them (`path(i)`: member
-/// `i`'s name); how many there are. Only a selection that is one set is compared: unrelated
-/// shards listed together differ as they please.
-pub(crate) fn note_short_members<'a>(
+/// The notices for a set of other tools' shards, which count their samples nowhere, whose
+/// members hold no sample ([`empty_members_notice`]) or under half of what the others hold
+/// ([`short_members`]), `path(i)` naming member `i`; returns how many are short. Only a
+/// selection that is one set is compared for short members: unrelated shards listed together
+/// differ as they please.
+pub(crate) fn note_uneven_members<'a>(
     name: &Path,
     set: &SetReport,
     starts: &[usize],
@@ -548,6 +574,9 @@ pub(crate) fn note_short_members<'a>(
     path: impl Fn(usize) -> &'a Path,
     notices: &mut Vec<String>,
 ) -> usize {
+    if let Some(notice) = empty_members_notice(name, starts, &path) {
+        crate::dataset::notice(notices, notice);
+    }
     if set.sets.len() != 1 {
         return 0;
     }

@@ -465,11 +465,11 @@ impl Loader {
         let s = &self.inner.sampler.sampling;
         let config = &self.inner.shared.config;
         // (setting, in the state, in this loader), in the order they are checked.
-        // Every record's listing, where both the state and this loader have one (states saved
-        // before it existed do not).
-        let listing = |digest: &Option<String>| match (digest, &self.inner.listing) {
-            (Some(digest), Some(_)) => format!("listing {digest}"),
-            (_, current) => format!("listing {}", current.as_deref().unwrap_or("none")),
+        // Every record's listing, compared where both the state and this loader have one
+        // (states saved before it existed do not).
+        let (saved_listing, listing) = match (&state.dataset_listing, &self.inner.listing) {
+            (Some(saved), Some(current)) => (saved.as_str(), current.as_str()),
+            _ => ("", ""),
         };
         let settings: [(&'static str, String, String); 10] = [
             (
@@ -484,8 +484,8 @@ impl Loader {
             ),
             (
                 "dataset",
-                listing(&state.dataset_listing),
-                listing(&self.inner.listing),
+                format!("listing {saved_listing}"),
+                format!("listing {listing}"),
             ),
             ("seed", state.seed.to_string(), s.seed.to_string()),
             (

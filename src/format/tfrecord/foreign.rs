@@ -59,12 +59,7 @@ pub(super) fn assemble_foreign(
     let label_base = options.records.label_base.unwrap_or(0);
     let starts = starts(&shards);
     let num_samples = *starts.last().expect("starts has a total");
-    if let Some(notice) =
-        crate::format::shards::empty_members_notice(name, &starts, |i| &shards[i].path)
-    {
-        crate::dataset::notice(&mut notices, notice);
-    }
-    let short_shards = crate::format::shards::note_short_members(
+    let short_shards = crate::format::shards::note_uneven_members(
         name,
         &set,
         &starts,

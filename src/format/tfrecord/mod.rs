@@ -71,6 +71,15 @@ pub use writer::RecordsWriter;
 /// The progress record inside a writer's staging directory.
 pub(crate) const PROGRESS: &str = "progress.json";
 
+/// Whether a file named `name`, found beside shards, is never one, whatever a pattern matches:
+/// an index file, our manifest or progress record, or a pack's report.
+pub(crate) fn is_never_a_shard(name: &str) -> bool {
+    is_index_name(std::path::Path::new(name))
+        || name == MANIFEST
+        || name == PROGRESS
+        || crate::format::shards::is_pack_report(name)
+}
+
 /// The `magic` value in the manifest.
 pub const MAGIC: &str = "imagefeed-records";
 /// The layout version this build writes and the newest it reads.

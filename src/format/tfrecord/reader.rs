@@ -156,15 +156,14 @@ impl Records {
                 let (files, missing) =
                     crate::format::shards::expand_selection(pattern, options.allow_missing_shards)?;
                 brace_missing = missing;
-                // Index files and our manifests are never data, whatever a pattern matches.
+                // Index files, our manifests and reports are never data, whatever a pattern
+                // matches.
                 let files: Vec<PathBuf> = files
                     .into_iter()
                     .filter(|f| {
-                        let name = f.file_name().and_then(|n| n.to_str()).unwrap_or("");
-                        !index::is_index_name(f)
-                            && name != MANIFEST
-                            && name != PROGRESS
-                            && !crate::format::shards::is_pack_report(name)
+                        !super::is_never_a_shard(
+                            f.file_name().and_then(|n| n.to_str()).unwrap_or(""),
+                        )
                     })
                     .collect();
                 // A pattern that matched only those matched no data (not an empty dataset).
@@ -175,19 +174,7 @@ impl Records {
                     });
                 }
                 let dir = pattern.parent().unwrap_or(Path::new("."));
-                let listed = missing_from_our_manifest(dir, pattern, &files)?;
-                if !listed.is_empty() {
-                    let mut notices = Vec::new();
-                    let expected = files.len() + listed.len();
-                    crate::format::shards::listed_members_missing(
-                        pattern,
-                        listed.clone(),
-                        expected,
-                        options.allow_missing_shards,
-                        &mut notices,
-                    )?;
-                    brace_missing.extend(listed);
-                }
+                brace_missing.extend(missing_from_our_manifest(dir, pattern, &files, options)?);
                 (pattern.as_path(), files, Picked::by_local_pattern(pattern))
             }
             Selection::List(files) => {
@@ -282,12 +269,9 @@ fn open_directory_of_ours(dir: &Path, allow_missing: bool) -> Result<Option<Reco
     Ok(None)
 }
 
-/// Refuses `dir` when it is the staging directory of a pack of ours (interrupted, or being
-/// replaced), which holds only some of the records; without a manifest of ours.
+/// Refuses `dir`, a directory without a manifest of ours, when it is the staging directory of a
+/// pack of ours (interrupted, or being replaced), which holds only some of the records.
 fn refuse_staging_dir(dir: &Path) -> Result<()> {
-    if dir.join(MANIFEST).is_file() {
-        return Ok(());
-    }
     if staging::staged_magic(dir, PROGRESS).as_deref() == Some(MAGIC)
         || staging::is_being_deleted(dir)
         || dir
@@ -305,29 +289,37 @@ fn refuse_staging_dir(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The shards of ours a pattern in `dir` would pick that are gone, when `dir` is a directory of
-/// ours: every shard its manifest lists whose name the pattern matches and that is not among
-/// `files`. A pattern picks shards by their names alone, so a pack whose last shards were lost
-/// (a copy cut short) read as whole by `DIR/shard-*` (found by a hostile try); the directory
-/// itself was refused naming them. A staging directory (a pack killed, or not yet published)
+/// The shards of ours that `pattern` (in `dir`) would pick and that are gone, when `dir` is a
+/// directory of ours ([`picked_members_missing`](crate::format::shards::picked_members_missing));
+/// `files`: what the pattern picked. A staging directory (a pack killed, or not yet published)
 /// is refused as the directory is.
-fn missing_from_our_manifest(dir: &Path, pattern: &Path, files: &[PathBuf]) -> Result<Vec<String>> {
-    refuse_staging_dir(dir)?;
+fn missing_from_our_manifest(
+    dir: &Path,
+    pattern: &Path,
+    files: &[PathBuf],
+    options: &OpenOptions,
+) -> Result<Vec<String>> {
     let manifest_path = dir.join(MANIFEST);
     if !manifest_path.is_file() {
+        refuse_staging_dir(dir)?;
         return Ok(Vec::new());
     }
     let text = fs::read(&manifest_path).at(&manifest_path)?;
     let manifest = parse_manifest(dir, &manifest_path, &text)?;
-    let picked = Picked::by_local_pattern(pattern);
     let present: std::collections::HashSet<&std::ffi::OsStr> =
         files.iter().filter_map(|f| f.file_name()).collect();
-    Ok(manifest
-        .shards
-        .into_iter()
-        .map(|entry| entry.file)
-        .filter(|name| picked.would_pick(name) && !present.contains(std::ffi::OsStr::new(name)))
-        .collect())
+    crate::format::shards::picked_members_missing(
+        pattern,
+        manifest
+            .shards
+            .into_iter()
+            .map(|entry| entry.file)
+            .collect(),
+        Picked::by_local_pattern(pattern),
+        |name| present.contains(std::ffi::OsStr::new(name)),
+        files.len(),
+        options.allow_missing_shards,
+    )
 }
 
 /// The TFRecord shards in `dir`, by name ([`is_shard_name`]), in name order.

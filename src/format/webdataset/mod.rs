@@ -206,12 +206,7 @@ pub(super) fn assemble(
     accept_unterminated_sets(name, &mut shards, &mut notices);
     let starts = crate::format::shards::starts(shards.iter().map(|s| s.samples.len()));
     let total = *starts.last().expect("starts has a final entry");
-    if let Some(notice) =
-        crate::format::shards::empty_members_notice(name, &starts, |i| &shards[i].path)
-    {
-        crate::dataset::notice(&mut notices, notice);
-    }
-    let short_shards = crate::format::shards::note_short_members(
+    let short_shards = crate::format::shards::note_uneven_members(
         name,
         &set,
         &starts,
