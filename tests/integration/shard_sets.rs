@@ -20,16 +20,21 @@ use imagefeed::pack::PackFormat;
 use imagefeed::transform::Transform;
 use support::{fixture_root, records, small_options};
 
+/// Packs the fixture tree into record shards of ours at `out`, several shards of a few records.
+fn pack_fixture_records(out: &Path) {
+    support::pack_as(
+        &fixture_root(),
+        out,
+        PackFormat::Records,
+        &small_options().with_shard_bytes(9_000),
+    );
+}
+
 /// Writes the fixture tree as TFRecord shards named as TensorFlow names them, without the
 /// manifest or indexes that would make them ours: `NAME-0000i-of-0000n` in `dir`.
 fn foreign_set(dir: &Path, name: &str, shards: usize) -> Vec<PathBuf> {
     let packed = dir.join(format!(".{name}.packed"));
-    support::pack_as(
-        &fixture_root(),
-        &packed,
-        PackFormat::Records,
-        &small_options().with_shard_bytes(9_000),
-    );
+    pack_fixture_records(&packed);
     let mut made: Vec<Vec<u8>> = Vec::new();
     let mut number = 0;
     while let Ok(bytes) = fs::read(packed.join(format!("shard-{number:05}.tfrecord"))) {
@@ -195,12 +200,7 @@ fn a_set_with_a_shard_missing_is_refused_naming_it_unless_allowed() {
 fn a_shard_missing_from_our_records_is_refused_naming_it_unless_allowed() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.records");
-    support::pack_as(
-        &fixture_root(),
-        &out,
-        PackFormat::Records,
-        &small_options().with_shard_bytes(9_000),
-    );
+    pack_fixture_records(&out);
     let whole = records(format::open(&out).unwrap().as_ref());
     let shard = out.join("shard-00001.tfrecord");
     let in_shard = fs::read_to_string(out.join("shard-00001.index"))
@@ -245,12 +245,7 @@ fn a_pattern_over_our_records_is_checked_against_the_manifest() {
     // as a whole dataset (inspect "complete: yes"), where the directory was refused.
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out.records");
-    support::pack_as(
-        &fixture_root(),
-        &out,
-        PackFormat::Records,
-        &small_options().with_shard_bytes(9_000),
-    );
+    pack_fixture_records(&out);
     let last = (0..)
         .take_while(|n| out.join(format!("shard-{n:05}.tfrecord")).exists())
         .last()
