@@ -2163,12 +2163,7 @@ fn a_truncated_jpeg_among_stacked_ones_is_reported_and_spoils_no_other() {
         }
         let label = format!("{}", i % 3);
         for (ext, bytes) in [("jpg", &jpeg[..]), ("cls", label.as_bytes())] {
-            let mut header = tar::Header::new_gnu();
-            header.set_size(bytes.len() as u64);
-            header.set_mode(0o644);
-            header.set_entry_type(tar::EntryType::Regular);
-            tar.append_data(&mut header, format!("s{i:03}.{ext}"), bytes)
-                .unwrap();
+            support::append_tar_member(&mut tar, format!("s{i:03}.{ext}"), bytes);
         }
     }
     tar.finish().unwrap();

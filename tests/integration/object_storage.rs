@@ -179,13 +179,7 @@ fn webdataset_and_tensorflow_shards_read_from_s3_as_from_disk() {
                 ("jpg", bytes.clone()),
                 ("cls", label.to_string().into_bytes()),
             ] {
-                let mut header = tar::Header::new_gnu();
-                header.set_size(data.len() as u64);
-                header.set_mode(0o644);
-                header.set_entry_type(tar::EntryType::Regular);
-                builder
-                    .append_data(&mut header, format!("k{i:04}.{field}"), &data[..])
-                    .unwrap();
+                support::append_tar_member(&mut builder, format!("k{i:04}.{field}"), &data[..]);
             }
         }
         builder.finish().unwrap();
@@ -934,13 +928,7 @@ fn ranged_reads_give_the_local_records_without_fetching_a_shard() {
     let wds = dir.path().join("wds");
     std::fs::create_dir(&wds).unwrap();
     let mut builder = tar::Builder::new(std::fs::File::create(wds.join("s-000000.tar")).unwrap());
-    let mut header = tar::Header::new_gnu();
-    header.set_size(1);
-    header.set_mode(0o644);
-    header.set_entry_type(tar::EntryType::Regular);
-    builder
-        .append_data(&mut header, "k.cls", &b"0"[..])
-        .unwrap();
+    support::append_tar_member(&mut builder, "k.cls", &b"0"[..]);
     builder.finish().unwrap();
     drop(builder);
     server.upload_dir(&wds, &bucket, "wds");

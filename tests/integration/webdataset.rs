@@ -51,13 +51,7 @@ pub(crate) fn rust_shards(dir: &Path, name: &str, n: usize) -> Vec<PathBuf> {
                 ("cls", label.to_string().into_bytes()),
                 ("json", b"{}".to_vec()),
             ] {
-                let mut header = tar::Header::new_gnu();
-                header.set_size(data.len() as u64);
-                header.set_mode(0o644);
-                header.set_entry_type(tar::EntryType::Regular);
-                builder
-                    .append_data(&mut header, format!("{stem}.{field}"), &data[..])
-                    .unwrap();
+                support::append_tar_member(&mut builder, format!("{stem}.{field}"), &data[..]);
             }
         }
         builder.finish().unwrap();
@@ -325,13 +319,11 @@ fn a_tar_cut_between_two_samples_in_an_unended_set_is_named_when_short() {
                 ("jpg", bytes.clone()),
                 ("cls", label.to_string().into_bytes()),
             ] {
-                let mut header = tar::Header::new_gnu();
-                header.set_size(data.len() as u64);
-                header.set_mode(0o644);
-                header.set_entry_type(tar::EntryType::Regular);
-                builder
-                    .append_data(&mut header, format!("s{shard}_{n:03}.{field}"), &data[..])
-                    .unwrap();
+                support::append_tar_member(
+                    &mut builder,
+                    format!("s{shard}_{n:03}.{field}"),
+                    &data[..],
+                );
             }
         }
         fs::write(&path, builder.into_inner().unwrap()).unwrap();
@@ -442,11 +434,7 @@ fn samples_without_an_image_or_label_are_bad_records_naming_them() {
         ),
         ("d.cls", b"1"),
     ] {
-        let mut header = tar::Header::new_gnu();
-        header.set_size(data.len() as u64);
-        header.set_mode(0o644);
-        header.set_entry_type(tar::EntryType::Regular);
-        builder.append_data(&mut header, name, data).unwrap();
+        support::append_tar_member(&mut builder, name, data);
     }
     builder.finish().unwrap();
     drop(builder);
@@ -477,11 +465,7 @@ fn samples_without_an_image_or_label_are_bad_records_naming_them() {
         ("k.jpg", &image[..]),
         ("k.cls", b"1"),
     ] {
-        let mut header = tar::Header::new_gnu();
-        header.set_size(data.len() as u64);
-        header.set_mode(0o644);
-        header.set_entry_type(tar::EntryType::Regular);
-        builder.append_data(&mut header, name, data).unwrap();
+        support::append_tar_member(&mut builder, name, data);
     }
     builder.finish().unwrap();
     drop(builder);
@@ -493,13 +477,7 @@ fn samples_without_an_image_or_label_are_bad_records_naming_them() {
     // A shard with no labels at all is refused at open, saying which fields it looked for.
     let unlabeled = dir.path().join("unlabeled.tar");
     let mut builder = tar::Builder::new(fs::File::create(&unlabeled).unwrap());
-    let mut header = tar::Header::new_gnu();
-    header.set_size(1);
-    header.set_mode(0o644);
-    header.set_entry_type(tar::EntryType::Regular);
-    builder
-        .append_data(&mut header, "x.jpg", &b"x"[..])
-        .unwrap();
+    support::append_tar_member(&mut builder, "x.jpg", &b"x"[..]);
     builder.finish().unwrap();
     drop(builder);
     let err = format::open(&unlabeled).unwrap_err();

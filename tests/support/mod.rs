@@ -144,6 +144,20 @@ pub fn packed_small_records(dir: &Path, name: &str) -> PathBuf {
     out
 }
 
+/// Appends a regular file member `path` holding `data` to a tar being built (GNU header, mode
+/// 0644), as the `webdataset` package's writer does.
+pub fn append_tar_member<W: std::io::Write>(
+    builder: &mut tar::Builder<W>,
+    path: impl AsRef<Path>,
+    data: &[u8],
+) {
+    let mut header = tar::Header::new_gnu();
+    header.set_size(data.len() as u64);
+    header.set_mode(0o644);
+    header.set_entry_type(tar::EntryType::Regular);
+    builder.append_data(&mut header, path, data).unwrap();
+}
+
 /// Copies a directory tree.
 pub fn copy_tree(src: &Path, dst: &Path) {
     fs::create_dir_all(dst).unwrap();
