@@ -907,9 +907,10 @@ def test_state_dict_after_set_epoch_starts_that_epoch(lmdb_path):
     assert epoch_digest(fresh) == epoch_digest(l)
 
 
-def _iterate_in_child(l, conn):
+def _next_in_child(step, conn):
+    """Runs ``step`` (a call that takes a batch) in a forked child; sends what came of it."""
     try:
-        next(iter(l))
+        step()
         conn.send("iterated")
     except imagefeed.ConfigError as e:
         conn.send(f"ConfigError: {e}")
@@ -922,7 +923,7 @@ def test_a_loader_used_in_a_forked_child_raises_instead_of_hanging(lmdb_path):
     next(iter(l))
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_iterate_in_child, args=(l, child))
+    proc = ctx.Process(target=_next_in_child, args=(lambda: next(iter(l)), child))
     proc.start()
     assert parent.poll(30), "the child hung"
     message = parent.recv()
@@ -972,14 +973,6 @@ def test_a_pickled_dataset_refuses_a_folder_changed_between_the_probes(tmp_path)
     assert "keys, labels or checksums" in str(e.value)
 
 
-def _continue_in_child(it, conn):
-    try:
-        next(it)
-        conn.send("iterated")
-    except imagefeed.ConfigError as e:
-        conn.send(f"ConfigError: {e}")
-
-
 def test_an_iterator_under_way_at_a_fork_raises_in_the_child(lmdb_path):
     # A hostile try: the child of a fork continued the parent's loop, got a batch the parent
     # delivers too, then waited forever for the parent's worker threads.
@@ -990,7 +983,7 @@ def test_an_iterator_under_way_at_a_fork_raises_in_the_child(lmdb_path):
     next(it)
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_continue_in_child, args=(it, child))
+    proc = ctx.Process(target=_next_in_child, args=(lambda: next(it), child))
     proc.start()
     assert parent.poll(30), "the child hung"
     message = parent.recv()
