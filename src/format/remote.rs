@@ -49,9 +49,9 @@ pub(crate) fn open_records_url(text: &str, options: &OpenOptions) -> Result<tfre
 
 /// The shards of ours a pattern (`picked`) under `dir` would pick and that are not among
 /// `objects`, what it picked, when `dir` is a prefix of ours
-/// ([`picked_members_missing`](shards::picked_members_missing)). An upload of ours that did not
-/// finish is refused as its prefix is: a hostile try killed a pack to S3 and read
-/// `PREFIX/shard-*` as a whole dataset of a third of the records.
+/// ([`picked_members_missing`](shards::picked_members_missing)), and its manifest. An upload
+/// of ours that did not finish is refused as its prefix is: a hostile try killed a pack to S3
+/// and read `PREFIX/shard-*` as a whole dataset of a third of the records.
 fn missing_from_our_manifest(
     dir: &RemoteUrl,
     label: &std::path::Path,
@@ -59,7 +59,7 @@ fn missing_from_our_manifest(
     picked: shards::Picked<'_>,
     objects: &[ObjectInfo],
     options: &OpenOptions,
-) -> Result<Vec<String>> {
+) -> Result<(Vec<String>, Option<tfrecord::Manifest>)> {
     if crate::format::upload::is_unfinished(listing) {
         return Err(Error::Incomplete {
             path: label.to_path_buf(),
@@ -73,16 +73,18 @@ fn missing_from_our_manifest(
         .iter()
         .any(|o| o.url.file_name() == tfrecord::MANIFEST)
     {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), None));
     }
-    shards::picked_members_missing(
+    let manifest = tfrecord::remote::our_manifest(dir)?;
+    let missing = shards::picked_members_missing(
         label,
-        tfrecord::remote::manifest_shards(dir)?,
+        manifest.shard_files(),
         picked,
         |name| objects.iter().any(|o| o.url.file_name() == name),
         objects.len(),
         options.allow_missing_shards,
-    )
+    )?;
+    Ok((missing, Some(manifest)))
 }
 
 fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
@@ -110,15 +112,21 @@ fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
         ));
     }
     let pattern = name.contains(['*', '?', '[']) || (name.contains('{') && name.contains('}'));
-    let (objects, picked, brace_missing) = if pattern {
+    // The index files beside the shards (ours, `shard-NNNNN.index`; the `tfrecord` package's
+    // `NAME.index`), from the listing that found the shards; the manifest of ours beside the
+    // shards a pattern picks (its classes, not inferred).
+    let mut ours = None;
+    let (objects, picked, brace_missing, beside) = if pattern {
         let dir = url.parent();
         let listing = store::list_dir(&dir, Patience::Open)?;
         let (objects, mut missing) = select(&url, &name, &listing, options)?;
         let picked = shards::Picked::by_pattern(&name);
-        missing.extend(missing_from_our_manifest(
-            &dir, &label, &listing, picked, &objects, options,
-        )?);
-        (objects, picked, missing)
+        let (gone, manifest) =
+            missing_from_our_manifest(&dir, &label, &listing, picked, &objects, options)?;
+        missing.extend(gone);
+        // Only shards it lists are ours (another tool's beside them are read as theirs).
+        ours = manifest.filter(|m| objects.iter().all(|o| m.lists(o.url.file_name())));
+        (objects, picked, missing, index_objects(listing))
     } else if !url.key().is_empty()
         && !url.key().ends_with('/')
         && let Some(object) = store::head(&url, Patience::Open)?
@@ -127,7 +135,18 @@ fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
             refuse_ranged(options, &label, "a single-file dataset (LMDB, HDF5)")?;
             return open_single_file(&object, options, &cache).map(Opened::Other);
         }
-        (vec![object], shards::Picked::ByName, Vec::new())
+        let beside_url = object
+            .url
+            .parent()
+            .join(&tfrecord::remote::beside_index_name(object.url.file_name()));
+        let beside = store::head(&beside_url, Patience::Open)?;
+        ours = manifest_listing(&object)?;
+        (
+            vec![object],
+            shards::Picked::ByName,
+            Vec::new(),
+            beside.into_iter().collect(),
+        )
     } else {
         let listing = store::list_dir(&url, Patience::Open)?;
         if crate::format::upload::is_unfinished(&listing) {
@@ -166,7 +185,12 @@ fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
                 },
             ));
         }
-        (shards, shards::Picked::All, Vec::new())
+        (
+            shards,
+            shards::Picked::All,
+            Vec::new(),
+            index_objects(listing),
+        )
     };
     let names: Vec<PathBuf> = objects
         .iter()
@@ -193,9 +217,30 @@ fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
     let dir = objects
         .first()
         .map_or_else(|| url.clone(), |o| o.url.parent());
-    let indexes = store::list_dir(&dir.join(tfrecord::INDEX_DIR), Patience::Open)?;
-    tfrecord::remote::open_foreign(&url, &objects, set, &indexes, options, &cache)
+    let indexes = tfrecord::remote::Indexes {
+        saved: store::list_dir(&dir.join(tfrecord::INDEX_DIR), Patience::Open)?,
+        beside,
+    };
+    tfrecord::remote::open_foreign(&url, &objects, (set, ours), &indexes, options, &cache)
         .map(Opened::Records)
+}
+
+/// The manifest of the dataset of ours that lists the shard `object`, if one does.
+fn manifest_listing(object: &ObjectInfo) -> Result<Option<tfrecord::Manifest>> {
+    let dir = object.url.parent();
+    if store::head(&dir.join(tfrecord::MANIFEST), Patience::Open)?.is_none() {
+        return Ok(None);
+    }
+    let manifest = tfrecord::remote::our_manifest(&dir)?;
+    Ok(manifest.lists(object.url.file_name()).then_some(manifest))
+}
+
+/// The objects of `listing` named like index files.
+fn index_objects(listing: Vec<ObjectInfo>) -> Vec<ObjectInfo> {
+    listing
+        .into_iter()
+        .filter(|o| tfrecord::is_index_name(std::path::Path::new(o.url.file_name())))
+        .collect()
 }
 
 /// With [`OpenOptions::ranged_reads`], a dataset of `format` is refused: its records' places

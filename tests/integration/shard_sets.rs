@@ -285,6 +285,37 @@ fn a_pattern_over_our_records_is_checked_against_the_manifest() {
     ));
 }
 
+/// Shards of ours picked by a pattern read as the dataset's own: its classes (not those of the
+/// labels the pick happens to hold), its label base, how the pack stored the images.
+#[test]
+fn a_pattern_over_our_records_keeps_what_the_manifest_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.records");
+    support::pack_as(
+        &fixture_root(),
+        &out,
+        PackFormat::Records,
+        &small_options()
+            .with_shard_bytes(9_000)
+            .with_label_base(1)
+            .with_resize_short_side(Some(24))
+            .with_restart_markers(true),
+    );
+    let whole = format::open(&out).unwrap();
+    let first = format::open(out.join("shard-00000.tfrecord")).unwrap();
+    let picked = format::open(out.join("shard-0000[01].tfrecord")).unwrap();
+    for opened in [&first, &picked] {
+        let info = opened.info();
+        assert_eq!(info.classes, whole.info().classes);
+        assert_eq!(info.resized_short_side, Some(24));
+        assert!(info.restart_markers);
+        // Read with the pack's label base 1: the whole dataset's records, labels and all.
+        let rows = records(opened.as_ref());
+        assert!(!rows.is_empty());
+        assert_eq!(rows, records(whole.as_ref())[..rows.len()]);
+    }
+}
+
 #[test]
 fn saved_indexes_are_out_of_the_sets_pattern_and_found_again() {
     let dir = tempfile::tempdir().unwrap();

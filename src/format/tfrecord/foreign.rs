@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::framing::unframe;
 use super::index::{self, check_index_covers, parse_index};
-use super::{ShardScan, features, scan_shard, starts_with_frame};
+use super::{Manifest, ShardScan, features, scan_shard, starts_with_frame};
 use crate::cache::Cache;
 use crate::dataset::{DatasetInfo, FormatKind, PayloadKind};
 use crate::error::{Error, IoContext as _, Result};
@@ -20,12 +20,14 @@ use crate::format::{OpenOptions, example};
 use super::reader::{Records, Shard, Shared, record_bytes, starts};
 
 /// Opens shards other tools wrote (no manifest): `files`, named `name` in messages, after the
-/// shard-set checks found `set`.
+/// shard-set checks found `set`. Shards of ours a pattern picked open here too, with `ours`,
+/// their dataset's manifest ([`assemble_foreign`]).
 pub(super) fn open_foreign(
     name: &Path,
     files: &[PathBuf],
     set: SetReport,
     options: &OpenOptions,
+    ours: Option<Manifest>,
 ) -> Result<Records> {
     let mut notices = set.notices(name);
     let mut cache = None;
@@ -42,21 +44,27 @@ pub(super) fn open_foreign(
         [one] => Some(one.as_path()),
         _ => None,
     };
-    assemble_foreign(name, shards, set, options, single, notices)
+    assemble_foreign(name, shards, set, options, single, ours, notices)
 }
 
 /// Records over other tools' shards, once each shard's records are found: the classes (given,
 /// or inferred from every record's label), counts and notices. `single` is the one shard
-/// opened alone, if that is what was opened.
+/// opened alone, if that is what was opened. Shards of ours that a pattern picked (`ours`:
+/// their dataset's manifest) keep what the manifest says: its classes (a pick need not hold
+/// every class), label base, and how the pack stored the images.
 pub(super) fn assemble_foreign(
     name: &Path,
     shards: Vec<Shard>,
     set: SetReport,
     options: &OpenOptions,
     single: Option<&Path>,
+    ours: Option<Manifest>,
     mut notices: Vec<String>,
 ) -> Result<Records> {
-    let label_base = options.records.label_base.unwrap_or(0);
+    let label_base = match &ours {
+        Some(manifest) => manifest.label_base,
+        None => options.records.label_base.unwrap_or(0),
+    };
     let starts = starts(&shards);
     let num_samples = *starts.last().expect("starts has a total");
     let short_shards = crate::format::shards::note_uneven_members(
@@ -67,18 +75,20 @@ pub(super) fn assemble_foreign(
         |i| &shards[i].path,
         &mut notices,
     );
-    let classes = match options.records.given_classes()? {
-        Some(classes) => classes,
+    let packed = ours.map(|manifest| manifest.info);
+    let classes = match (&packed, options.records.given_classes()?) {
+        (Some(info), _) => info.classes.clone(),
+        (None, Some(classes)) => classes,
         // Finding the classes reads every record's label: with ranged reads that would fetch
         // every shard whole (and hold it), which the option asked not to do.
-        None if shards.iter().any(|s| s.data.is_ranged()) => {
+        (None, None) if shards.iter().any(|s| s.data.is_ranged()) => {
             return Err(Error::Config(format!(
                 "{}: ranged reads of TFRecord shards without our manifest need the number of \
                  classes (num_classes, --num-classes): finding it would read every record",
                 name.display()
             )));
         }
-        None => infer_classes(name, &shards, options, single, &mut notices)?,
+        (None, None) => infer_classes(name, &shards, options, single, &mut notices)?,
     };
     Ok(Records {
         shared: Arc::new(Shared {
@@ -87,11 +97,12 @@ pub(super) fn assemble_foreign(
                 format: FormatKind::Records,
                 classes,
                 num_samples,
-                payload: PayloadKind::Encoded,
-                resized_short_side: None,
+                payload: packed.as_ref().map_or(PayloadKind::Encoded, |i| i.payload),
+                resized_short_side: packed.as_ref().and_then(|i| i.resized_short_side),
                 part: None,
+                // What the pack left out is the whole dataset's, not a pick's.
                 rejected_at_pack: None,
-                restart_markers: false,
+                restart_markers: packed.as_ref().is_some_and(|i| i.restart_markers),
             },
             label_base,
             planner: planner(&shards),

@@ -124,8 +124,9 @@ pub struct ShardEntry {
     pub bytes: u64,
 }
 
+/// The manifest of a records dataset of ours ([`MANIFEST`]).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct Manifest {
+pub(crate) struct Manifest {
     magic: String,
     version: u32,
     complete: bool,
@@ -133,6 +134,18 @@ struct Manifest {
     shards: Vec<ShardEntry>,
     #[serde(flatten)]
     info: DatasetInfo,
+}
+
+impl Manifest {
+    /// The shard files it lists, in order.
+    pub(crate) fn shard_files(&self) -> Vec<String> {
+        self.shards.iter().map(|entry| entry.file.clone()).collect()
+    }
+
+    /// Whether it lists the shard file `name`.
+    pub(crate) fn lists(&self, name: &str) -> bool {
+        self.shards.iter().any(|entry| entry.file == name)
+    }
 }
 
 /// True when the directory `path` is a records dataset or staging directory an imagefeed writer

@@ -145,6 +145,8 @@ impl Records {
             return Self::open_url(text, options);
         }
         let mut brace_missing = Vec::new();
+        // The manifest of ours beside the shards a pattern picks: its classes, not inferred.
+        let mut ours = None;
         let (name, files, picked) = match selection {
             Selection::Directory(dir) => {
                 if let Some(records) = open_directory_of_ours(dir, options.allow_missing_shards)? {
@@ -174,7 +176,16 @@ impl Records {
                     });
                 }
                 let dir = pattern.parent().unwrap_or(Path::new("."));
-                brace_missing.extend(missing_from_our_manifest(dir, pattern, &files, options)?);
+                let (missing, manifest) = missing_from_our_manifest(dir, pattern, &files, options)?;
+                brace_missing.extend(missing);
+                // Only shards it lists are ours (another tool's beside them are read as theirs).
+                ours = manifest.filter(|m| {
+                    files.iter().all(|f| {
+                        f.file_name()
+                            .and_then(|n| n.to_str())
+                            .is_some_and(|n| m.lists(n))
+                    })
+                });
                 (pattern.as_path(), files, Picked::by_local_pattern(pattern))
             }
             Selection::List(files) => {
@@ -187,12 +198,13 @@ impl Records {
                 staging::refuse_interrupted(file)?;
                 fs::metadata(file).at(file)?;
                 let set = SetReport::default();
-                return open_foreign(file, std::slice::from_ref(file), set, options);
+                let ours = manifest_listing(file)?;
+                return open_foreign(file, std::slice::from_ref(file), set, options, ours);
             }
         };
         let mut set = check_sets(name, &files, picked, options.allow_missing_shards)?;
         set.add_missing(brace_missing);
-        open_foreign(name, &files, set, options)
+        open_foreign(name, &files, set, options, ours)
     }
 
     /// Opens the TFRecord shards a URL names (`s3://bucket/prefix/`; feature `remote`).
@@ -291,35 +303,48 @@ fn refuse_staging_dir(dir: &Path) -> Result<()> {
 
 /// The shards of ours that `pattern` (in `dir`) would pick and that are gone, when `dir` is a
 /// directory of ours ([`picked_members_missing`](crate::format::shards::picked_members_missing));
-/// `files`: what the pattern picked. A staging directory (a pack killed, or not yet published)
-/// is refused as the directory is.
+/// `files`: what the pattern picked; and the manifest. A staging directory (a pack killed, or not
+/// yet published) is refused as the directory is.
 fn missing_from_our_manifest(
     dir: &Path,
     pattern: &Path,
     files: &[PathBuf],
     options: &OpenOptions,
-) -> Result<Vec<String>> {
-    let manifest_path = dir.join(MANIFEST);
-    if !manifest_path.is_file() {
+) -> Result<(Vec<String>, Option<Manifest>)> {
+    let Some(manifest) = manifest_in(dir)? else {
         refuse_staging_dir(dir)?;
-        return Ok(Vec::new());
-    }
-    let text = fs::read(&manifest_path).at(&manifest_path)?;
-    let manifest = parse_manifest(dir, &manifest_path, &text)?;
+        return Ok((Vec::new(), None));
+    };
     let present: std::collections::HashSet<&std::ffi::OsStr> =
         files.iter().filter_map(|f| f.file_name()).collect();
-    crate::format::shards::picked_members_missing(
+    let missing = crate::format::shards::picked_members_missing(
         pattern,
-        manifest
-            .shards
-            .into_iter()
-            .map(|entry| entry.file)
-            .collect(),
+        manifest.shard_files(),
         Picked::by_local_pattern(pattern),
         |name| present.contains(std::ffi::OsStr::new(name)),
         files.len(),
         options.allow_missing_shards,
-    )
+    )?;
+    Ok((missing, Some(manifest)))
+}
+
+/// The manifest of the dataset of ours that lists the shard `file`, if one does.
+fn manifest_listing(file: &Path) -> Result<Option<Manifest>> {
+    let dir = file.parent().unwrap_or(Path::new("."));
+    let Some(name) = file.file_name().and_then(|n| n.to_str()) else {
+        return Ok(None);
+    };
+    Ok(manifest_in(dir)?.filter(|manifest| manifest.lists(name)))
+}
+
+/// The manifest of ours in `dir`, if it has one.
+fn manifest_in(dir: &Path) -> Result<Option<Manifest>> {
+    let manifest_path = dir.join(MANIFEST);
+    if !manifest_path.is_file() {
+        return Ok(None);
+    }
+    let text = fs::read(&manifest_path).at(&manifest_path)?;
+    parse_manifest(dir, &manifest_path, &text).map(Some)
 }
 
 /// The TFRecord shards in `dir`, by name ([`is_shard_name`]), in name order.

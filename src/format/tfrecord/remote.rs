@@ -1,15 +1,16 @@
 //! Record shards in object storage (feature `remote`): ours (the manifest says what each shard
 //! holds, and each shard's index gives its records, so opening reads only those small files),
-//! and other tools' shards (their `index/NAME.index` when `pack-dataset index` saved one, else
-//! the shard itself, fetched and scanned at open). Shards are fetched into the cache directory
-//! when first read, or ahead of need ([`crate::format::shard_data`]).
+//! and other tools' shards (their `index/NAME.index` when `pack-dataset index` saved one, or
+//! the index beside the shard, else the shard itself, fetched and scanned at open). Shards are
+//! fetched into the cache directory when first read, or ahead of need
+//! ([`crate::format::shard_data`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::foreign::{assemble_foreign, report_damage, scan_decompressed};
 use super::reader::{Shard, assemble_ours, drop_missing_shards, entry_records, parse_manifest};
-use super::{MANIFEST, Records, check_index_covers, parse_index, starts_with_frame};
+use super::{MANIFEST, Manifest, Records, check_index_covers, parse_index, starts_with_frame};
 use crate::cache::Cache;
 use crate::error::Result;
 use crate::format::OpenOptions;
@@ -75,20 +76,15 @@ fn shard_data(object: &ObjectInfo, options: &OpenOptions, cache: &Cache) -> Arc<
     })
 }
 
-/// The shard files the manifest of ours at `dir` lists.
-pub(crate) fn manifest_shards(dir: &RemoteUrl) -> Result<Vec<String>> {
+/// The manifest of ours at `dir`.
+pub(crate) fn our_manifest(dir: &RemoteUrl) -> Result<Manifest> {
     let manifest_url = dir.join(MANIFEST);
     let text = store::get_small(&manifest_url, SMALL, Patience::Open)?;
-    let manifest = parse_manifest(
+    parse_manifest(
         &PathBuf::from(dir.to_string()),
         &PathBuf::from(manifest_url.to_string()),
         &text,
-    )?;
-    Ok(manifest
-        .shards
-        .into_iter()
-        .map(|entry| entry.file)
-        .collect())
+    )
 }
 
 /// Opens records of ours at `dir` (the manifest is `manifest`, listed in `listing`).
@@ -98,11 +94,9 @@ pub(crate) fn open_ours(
     options: &OpenOptions,
     cache: &Cache,
 ) -> Result<Records> {
-    let manifest_url = dir.join(MANIFEST);
     let label = PathBuf::from(dir.to_string());
-    let manifest_label = PathBuf::from(manifest_url.to_string());
-    let text = store::get_small(&manifest_url, SMALL, Patience::Open)?;
-    let manifest = parse_manifest(&label, &manifest_label, &text)?;
+    let manifest_label = PathBuf::from(dir.join(MANIFEST).to_string());
+    let manifest = our_manifest(dir)?;
     let in_store = |name: &str| listing.iter().any(|o| o.url.file_name() == name);
     let (manifest, dropped) =
         drop_missing_shards(&label, manifest, options.allow_missing_shards, |entry| {
@@ -145,13 +139,44 @@ pub(crate) fn open_ours(
     assemble_ours(&label, &manifest_label, manifest, dropped, shards, &lens)
 }
 
+/// The index files a set of remote shards may have, looked for as a local set's are
+/// ([`find_index`](super::index::find_index)).
+pub(crate) struct Indexes {
+    /// The objects of the shards' `index/` directory (where `pack-dataset index` saves them).
+    pub saved: Vec<ObjectInfo>,
+    /// The index files beside the shards (ours, the `tfrecord` package's).
+    pub beside: Vec<ObjectInfo>,
+}
+
+impl Indexes {
+    /// The index of the shard `object`: its saved one, else the one beside it.
+    fn of(&self, object: &ObjectInfo) -> Option<&ObjectInfo> {
+        let shard = object.url.file_name();
+        let saved = format!("{shard}.index");
+        let beside = beside_index_name(shard);
+        self.saved
+            .iter()
+            .find(|i| i.url.file_name() == saved)
+            .or_else(|| self.beside.iter().find(|i| i.url.file_name() == beside))
+    }
+}
+
+/// The name of the index beside the shard named `shard`
+/// ([`index_path_for`](super::index::index_path_for)).
+pub(crate) fn beside_index_name(shard: &str) -> String {
+    super::index::index_path_for(Path::new(shard))
+        .to_string_lossy()
+        .into_owned()
+}
+
 /// Opens other tools' shards `objects` (named `name`), after the set checks found `set`;
-/// `indexes` lists the objects of the shards' `index/` directory.
+/// `indexes` are the index files found for them. Our own shards named by a pattern open here
+/// too, through the indexes beside them, with `ours`, their dataset's manifest.
 pub(crate) fn open_foreign(
     name: &RemoteUrl,
     objects: &[ObjectInfo],
-    set: SetReport,
-    indexes: &[ObjectInfo],
+    (set, ours): (SetReport, Option<Manifest>),
+    indexes: &Indexes,
     options: &OpenOptions,
     cache: &Cache,
 ) -> Result<Records> {
@@ -183,7 +208,15 @@ pub(crate) fn open_foreign(
         [one] => Some(PathBuf::from(one.url.to_string())),
         _ => None,
     };
-    assemble_foreign(&label, shards, set, options, single.as_deref(), notices)
+    assemble_foreign(
+        &label,
+        shards,
+        set,
+        options,
+        single.as_deref(),
+        ours,
+        notices,
+    )
 }
 
 /// The damage a scan found in `shard`, for the notices.
@@ -198,13 +231,12 @@ fn shard_damage(shard: &Shard) -> Vec<(usize, String)> {
 /// compressed one decompressed first). Returns the bytes scanned.
 fn open_foreign_shard(
     object: &ObjectInfo,
-    indexes: &[ObjectInfo],
+    indexes: &Indexes,
     options: &OpenOptions,
     cache: &Cache,
 ) -> Result<(Shard, u64)> {
     let path = PathBuf::from(object.url.to_string());
-    let index_name = format!("{}.index", object.url.file_name());
-    if let Some(index) = indexes.iter().find(|i| i.url.file_name() == index_name) {
+    if let Some(index) = indexes.of(object) {
         let index_label = PathBuf::from(index.url.to_string());
         let bytes = store::get_small(&index.url, SMALL, Patience::Open)?;
         let records = parse_index(&index_label, &bytes)?;
@@ -222,10 +254,12 @@ fn open_foreign_shard(
         ));
     }
     if options.ranged_reads {
+        let shard = object.url.file_name();
         return Err(crate::error::Error::Config(format!(
-            "{}: ranged reads need the shard's index, and it has none (no {index_name} in \
-             index/): `pack-dataset index` saves the indexes of a set once",
-            object.url
+            "{}: ranged reads need the shard's index, and it has none (no index/{shard}.index, \
+             no {} beside it): `pack-dataset index` saves the indexes of a set once",
+            object.url,
+            beside_index_name(shard)
         )));
     }
     let cached = fetch::fetch(object, cache)?;
