@@ -339,7 +339,7 @@ fn inspect_dataset(
     let file_bytes = if info.format == crate::dataset::FormatKind::Folder {
         payload_bytes
     } else {
-        pack::disk_bytes(dataset.path())
+        selected_bytes(dataset.path())
     };
     Inspection {
         path: path.to_path_buf(),
@@ -398,4 +398,18 @@ fn most_common_sizes(sizes: BTreeMap<(u32, u32), usize>, n: usize) -> Vec<SizeCo
 /// Whether `n` is zero (serde: a count left out of the JSON when none).
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+/// Bytes on disk of what `path` names: a file, a directory's files, or the files a pattern
+/// picks (0 for a URL).
+fn selected_bytes(path: &Path) -> u64 {
+    let is_url = path.to_str().is_some_and(crate::remote::is_url);
+    match format::shards::Selection::of(path) {
+        format::shards::Selection::Pattern(pattern) if !is_url => {
+            format::shards::expand_selection(&pattern, true)
+                .map(|(files, _)| files.iter().map(|f| pack::disk_bytes(f)).sum())
+                .unwrap_or(0)
+        }
+        _ => pack::disk_bytes(path),
+    }
 }

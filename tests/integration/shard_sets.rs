@@ -314,6 +314,15 @@ fn a_pattern_over_our_records_keeps_what_the_manifest_says() {
         assert!(!rows.is_empty());
         assert_eq!(rows, records(whole.as_ref())[..rows.len()]);
     }
+    // inspect counts the bytes of the files picked (it said 0 B on disk).
+    let size = |n: u32| {
+        fs::metadata(out.join(format!("shard-{n:05}.tfrecord")))
+            .unwrap()
+            .len()
+    };
+    let inspection = imagefeed::inspect::inspect(out.join("shard-0000[01].tfrecord")).unwrap();
+    assert_eq!(inspection.file_bytes, size(0) + size(1));
+    assert_eq!(inspection.classes.len(), whole.info().classes.len());
 }
 
 #[test]
