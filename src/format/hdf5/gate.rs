@@ -180,12 +180,31 @@ pub(crate) fn held() -> bool {
 }
 
 /// [`Error::Hdf5`] for a libhdf5 error met while `doing` something to `path`; the library's
-/// error (and its handle) is turned into text here, inside the gate.
+/// error (and its handle) is turned into text here, inside the gate. A failed system call
+/// (a full disk, a read error) is [`Error::Io`] with its `errno`, as for any other format,
+/// not the library's dump of the call.
 pub(crate) fn error(path: &Path, doing: &str, e: hdf5::Error) -> Error {
     debug_assert!(held(), "an hdf5::Error is read outside the HDF5 gate");
     let message = e.to_string();
     drop(e);
-    Error::hdf5(path, doing, message)
+    match os_error_in(&message) {
+        Some(code) => {
+            let os = std::io::Error::from_raw_os_error(code);
+            Error::io(
+                path,
+                std::io::Error::new(os.kind(), format!("HDF5, {doing}: {os}")),
+            )
+        }
+        None => Error::hdf5(path, doing, message),
+    }
+}
+
+/// The `errno` libhdf5's file driver put in its message for a failed read or write
+/// (`..., errno = 28, error message = 'No space left on device', ...`).
+fn os_error_in(message: &str) -> Option<i32> {
+    let (_, after) = message.split_once("errno = ")?;
+    let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok().filter(|&code| code > 0)
 }
 
 /// A libhdf5 handle that is only used, and dropped, inside the gate.
@@ -221,6 +240,20 @@ impl<T> Drop for Gated<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_errno_of_a_failed_file_call_is_found_in_the_message() {
+        let message = "H5Dwrite(): can't write data: file write failed: time = Sun Nov 29 \
+            12:15:58 2026\n, filename = 'x.h5', file descriptor = 6, errno = 28, error message = \
+            'No space left on device', buf = 0x7f30, total write size = 60179";
+        assert_eq!(os_error_in(message), Some(28));
+        assert_eq!(
+            os_error_in("H5Fopen(): unable to open file: bad signature"),
+            None
+        );
+        assert_eq!(os_error_in("errno = 0, error message = 'Success'"), None);
+        assert_eq!(os_error_in("errno = x"), None);
+    }
 
     #[test]
     fn the_gate_is_reentrant_and_opens_after_a_panic() {
