@@ -116,11 +116,44 @@ pub fn convert_with(
     )
 }
 
+/// The pack pipeline ([`pack_steps`]); a full disk, whichever file met it, is an error that
+/// says what to do ([`full_disk_advice`]).
+fn pack_source(
+    items: &Source<'_>,
+    source: &Path,
+    out: &Path,
+    format: PackFormat,
+    options: &PackOptions,
+    observer: &dyn PackObserver,
+) -> Result<PackSummary> {
+    pack_steps(items, source, out, format, options, observer).map_err(full_disk_advice)
+}
+
+/// A pack's error for a full disk (`StorageFull`) says that the pack can go on once there is
+/// room: every format's, as the LMDB writer's did.
+fn full_disk_advice(error: Error) -> Error {
+    match error {
+        Error::Io { path, source } if source.kind() == std::io::ErrorKind::StorageFull => {
+            Error::Io {
+                path,
+                source: std::io::Error::new(
+                    std::io::ErrorKind::StorageFull,
+                    format!(
+                        "{source}; free some space and rerun with --resume: it goes on from \
+                         the last chunk written"
+                    ),
+                ),
+            }
+        }
+        other => other,
+    }
+}
+
 /// The pack pipeline, in its steps: check the options and the share of the source this run
 /// packs ([`part_range`]), make the plan the writer records ([`plan_for`]), start the writer
 /// (which resumes where an interrupted run stopped), check and commit the items chunk by chunk
 /// ([`write_chunks`]), seal and publish the output, and write the report ([`report`]).
-fn pack_source(
+fn pack_steps(
     items: &Source<'_>,
     source: &Path,
     out: &Path,
@@ -515,4 +548,33 @@ pub fn join(
         options,
         observer,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_disk_says_how_to_go_on_and_other_errors_stay_as_they_are() {
+        let full = Error::io(
+            "out.records.partial/shard-00000.tfrecord",
+            std::io::Error::from_raw_os_error(libc::ENOSPC),
+        );
+        match full_disk_advice(full) {
+            Error::Io { path, source } => {
+                assert_eq!(path, Path::new("out.records.partial/shard-00000.tfrecord"));
+                assert_eq!(source.kind(), std::io::ErrorKind::StorageFull);
+                assert!(source.to_string().contains("--resume"), "{source}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let denied = Error::io("out.h5", std::io::Error::from_raw_os_error(libc::EACCES));
+        match full_disk_advice(denied) {
+            Error::Io { source, .. } => {
+                assert_eq!(source.kind(), std::io::ErrorKind::PermissionDenied);
+                assert!(!source.to_string().contains("--resume"));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }

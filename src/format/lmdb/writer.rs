@@ -177,7 +177,7 @@ fn write_error(path: &Path, needed: u64, e: heed::Error) -> Error {
                 std::io::ErrorKind::StorageFull,
                 format!(
                     "no space left on the device ({free} bytes free, about {needed} needed; \
-                     LMDB said: {e}); free some and rerun with --resume"
+                     LMDB said: {e})"
                 ),
             ),
         );
