@@ -122,6 +122,32 @@ struct RemoteSource {
     set: Mutex<Option<SetPrefetch>>,
     /// Read record by record ([`ShardData::read_range`]), never fetched whole by the planner.
     ranged: bool,
+    /// What the store said once the object was found changed since it was listed
+    /// ([`crate::Error::FileChanged`]): every later read of it is refused at once, without
+    /// asking the store again (a hostile try saw one refused GET per record of the shard).
+    changed: std::sync::OnceLock<String>,
+}
+
+#[cfg(feature = "remote")]
+impl RemoteSource {
+    /// [`crate::Error::FileChanged`] when a read found the object changed.
+    fn refuse_if_changed(&self, name: &Path) -> Result<()> {
+        match self.changed.get() {
+            Some(change) => Err(crate::Error::FileChanged {
+                path: name.to_path_buf(),
+                change: change.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// `result`, remembering what a [`crate::Error::FileChanged`] said.
+    fn remember_change<T>(&self, result: Result<T>) -> Result<T> {
+        if let Err(crate::Error::FileChanged { change, .. }) = &result {
+            let _ = self.changed.set(change.clone());
+        }
+        result
+    }
 }
 
 /// One shard's bytes (see the module docs).
@@ -154,6 +180,7 @@ impl ShardData {
                 resident: Mutex::new(None),
                 set: Mutex::new(None),
                 ranged: false,
+                changed: std::sync::OnceLock::new(),
             })),
         }
     }
@@ -240,8 +267,24 @@ impl ShardData {
             }
             #[cfg(feature = "remote")]
             Source::Remote(remote) => {
-                crate::remote::store::get_range(&remote.object, offset, len, out)
+                remote.refuse_if_changed(&self.name)?;
+                remote.remember_change(crate::remote::store::get_range(
+                    &remote.object,
+                    offset,
+                    len,
+                    out,
+                ))
             }
+        }
+    }
+
+    /// `result`, of a read of this shard started earlier ([`ShardData::start_range`]); a
+    /// [`crate::Error::FileChanged`] is remembered, as [`ShardData::read_range`] remembers it.
+    #[cfg(feature = "remote")]
+    pub(crate) fn remember_change<T>(&self, result: Result<T>) -> Result<T> {
+        match &self.source {
+            Source::Remote(remote) => remote.remember_change(result),
+            Source::Local(_) => result,
         }
     }
 
@@ -282,13 +325,15 @@ impl ShardData {
                 if let Some(mapped) = remote.resident.lock().expect("not poisoned").as_ref() {
                     return Ok(Arc::clone(mapped));
                 }
+                remote.refuse_if_changed(&self.name)?;
                 // Fetched outside the lock (readers of other shards go on); the cache makes
                 // concurrent fetches of one shard a single download. A full cache whose
                 // entries readers still hold frees up as the loader moves on: waited for a
                 // while before it is an error.
                 let mut waits = 0;
                 let cached = loop {
-                    match crate::remote::fetch::fetch(&remote.object, &remote.cache) {
+                    let fetched = crate::remote::fetch::fetch(&remote.object, &remote.cache);
+                    match remote.remember_change(fetched) {
                         Err(crate::Error::CacheFull { in_use, .. })
                             if in_use > 0 && waits < 100 && crate::dataset::waits_for_room() =>
                         {
@@ -352,7 +397,7 @@ impl ShardData {
         len: u64,
     ) -> Option<crate::remote::store::PendingRange> {
         match &self.source {
-            Source::Remote(remote) if remote.ranged => {
+            Source::Remote(remote) if remote.ranged && remote.changed.get().is_none() => {
                 crate::remote::store::start_range(&remote.object, offset, len).ok()
             }
             _ => None,

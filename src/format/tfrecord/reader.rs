@@ -799,7 +799,7 @@ impl RecordReader for RecordsReader {
             {
                 let started = self.ahead.take(index);
                 let read = match started {
-                    Some(read) => read.wait(&mut self.copied),
+                    Some(read) => shard.data.remember_change(read.wait(&mut self.copied)),
                     None => shard.data.read_range(offset, len, &mut self.copied),
                 };
                 self.ahead.top_up(shared);
