@@ -1004,7 +1004,10 @@ fn a_killed_forced_replacement_leaves_the_old_dataset_or_the_complete_new_one() 
                 std::fs::copy(&pristine, &out).unwrap();
             }
         };
-        // How long an uninterrupted replacement takes, then kills spread over that time.
+        // How long an uninterrupted replacement takes, then kills spread over twice that; the
+        // last of them waits for the run to end when none has yet (a loaded machine makes
+        // later runs slower than the one timed: every kill of one run landed before the
+        // publish).
         restore();
         let started = Instant::now();
         assert!(pack(&new_src, &out, true).status().unwrap().success());
@@ -1022,7 +1025,9 @@ fn a_killed_forced_replacement_leaves_the_old_dataset_or_the_complete_new_one() 
         for step in 0..spread + at_publish {
             restore();
             let mut child = pack(&new_src, &out, true).spawn().unwrap();
-            if step < spread {
+            if step + 1 == spread && new_seen == 0 {
+                child.wait().unwrap();
+            } else if step < spread {
                 std::thread::sleep(full * step / (spread / 2));
             } else {
                 // Polled every ~0.1 ms (a sleep's least on Linux): spinning would take a core
