@@ -633,6 +633,8 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
         out.extend_from_slice(b"\x86.");
         out
     };
+    // (Class "b", label 1 of the `records_dataset` seed's manifest: a records dataset of ours
+    // checks each record's class name against its manifest.)
     let example = |image: &[u8], label: i64| {
         let mut out = Vec::new();
         example::encode(
@@ -640,6 +642,7 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
             &[
                 ("image/encoded", example::FeatureValue::Bytes(image)),
                 ("image/class/label", example::FeatureValue::Int64(label)),
+                ("image/class/synset", example::FeatureValue::Bytes(b"b")),
             ],
         );
         out

@@ -171,6 +171,73 @@ fn locate(dir: &Path, index: usize) -> (PathBuf, u64, u64) {
     panic!("no record {index}");
 }
 
+/// Our manifest is a text file a flipped byte or an edit can change: a label base or class
+/// names that no longer match the records make bad records (each names its class), never
+/// labels shifted or renamed without a word.
+#[test]
+fn a_records_manifest_changed_since_packing_makes_bad_records_not_other_labels() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("edited.records");
+    pack_as(
+        &fixture_root(),
+        &path,
+        PackFormat::Records,
+        &small_options(),
+    );
+    let whole = records(format::open(&path).unwrap().as_ref());
+    let manifest_path = path.join("imagefeed-records.json");
+    let original: serde_json::Value =
+        serde_json::from_slice(&fs::read(&manifest_path).unwrap()).unwrap();
+    let classes = original["classes"].as_array().unwrap().clone();
+    assert!(classes.len() >= 2);
+    // Each edit, and the packed labels whose records it leaves wrong.
+    type Edit = (
+        &'static str,
+        Box<dyn Fn(&mut serde_json::Value)>,
+        fn(u32) -> bool,
+    );
+    let edits: [Edit; 3] = [
+        (
+            "label base",
+            Box::new(|m| m["label_base"] = 1.into()),
+            |_| true,
+        ),
+        (
+            "classes swapped",
+            Box::new(|m| m["classes"].as_array_mut().unwrap().swap(0, 1)),
+            |label| label < 2,
+        ),
+        (
+            "class renamed",
+            Box::new(|m| m["classes"][0] = "renamed".into()),
+            |label| label == 0,
+        ),
+    ];
+    for (what, edit, wrong) in edits {
+        let mut manifest = original.clone();
+        edit(&mut manifest);
+        fs::write(&manifest_path, serde_json::to_vec(&manifest).unwrap()).unwrap();
+        let dataset = format::open(&path).unwrap();
+        let mut reader = dataset.open_reader().unwrap();
+        for (index, (key, label, _)) in whole.iter().enumerate() {
+            match reader.read(index) {
+                Ok(record) => assert!(
+                    !wrong(*label) && record.label == *label,
+                    "{what}: {key} read as label {} (packed: {label})",
+                    record.label
+                ),
+                Err(err) => assert!(
+                    wrong(*label)
+                        && matches!(&err, Error::CorruptRecord { key: k, .. } if k == key),
+                    "{what}: {key} (label {label}): {err}"
+                ),
+            }
+        }
+        let report = imagefeed::verify::verify(&path, None).unwrap();
+        assert!(!report.is_ok(), "{what}: verify passed");
+    }
+}
+
 #[test]
 fn corrupt_and_truncated_shards_are_bad_samples_naming_shard_and_record() {
     let dir = tempfile::tempdir().unwrap();

@@ -114,6 +114,7 @@ pub(super) fn assemble_foreign(
             cut_shards: 0,
             missing_shards: set.missing_shards(),
             short_shards,
+            names_checked: packed.is_some(),
         }),
     })
 }

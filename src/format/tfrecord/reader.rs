@@ -92,6 +92,11 @@ pub(super) struct Shared {
     pub(super) short_shards: usize,
     /// Fetches remote shards ahead of the loader; `None` when every shard is local.
     pub(super) planner: Option<ShardPlanner>,
+    /// Whether the classes are those of our manifest, whose writer put each record's class
+    /// name in it ([`features::SYNSET`]): every read checks that name against the class its
+    /// label gives, so a manifest changed since packing (its label base or classes) makes
+    /// bad records instead of labels silently shifted or renamed.
+    pub(super) names_checked: bool,
 }
 
 impl Shared {
@@ -631,6 +636,7 @@ pub(super) fn assemble_ours(
             missing_shards: missing,
             // Our manifest counts every shard's records.
             short_shards: 0,
+            names_checked: true,
         }),
     })
 }
@@ -855,6 +861,21 @@ impl RecordReader for RecordsReader {
         let label = shared
             .info
             .check_stored_label(&shard.path, index, key, stored - base)?;
+        if shared.names_checked {
+            let class = &shared.info.classes[label as usize];
+            let named = example::bytes(&features, features::SYNSET).unwrap_or_default();
+            if named != class.as_bytes() {
+                return Err(corrupt(
+                    key,
+                    format!(
+                        "it names its class {:?}, but its label {stored} is class {class:?} by \
+                         the manifest (label base {base}): the manifest's classes or label base \
+                         changed since packing, or the record did",
+                        String::from_utf8_lossy(named)
+                    ),
+                ));
+            }
+        }
         Ok(Record {
             index,
             key,
