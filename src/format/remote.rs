@@ -124,8 +124,15 @@ fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
         let (gone, manifest) =
             missing_from_our_manifest(&dir, &label, &listing, picked, &objects, options)?;
         missing.extend(gone);
-        // Only shards it lists are ours (another tool's beside them are read as theirs).
-        ours = manifest.filter(|m| objects.iter().all(|o| m.lists(o.url.file_name())));
+        // Only shards it lists are ours (another tool's beside them are read as theirs; one
+        // named like ours that it does not list is refused).
+        let names = objects.iter().map(|o| o.url.file_name());
+        ours = match manifest {
+            Some(m) => m
+                .claims(&PathBuf::from(dir.to_string()), names)?
+                .then_some(m),
+            None => None,
+        };
         (objects, picked, missing, index_objects(listing))
     } else if !url.key().is_empty()
         && !url.key().ends_with('/')
@@ -232,7 +239,11 @@ fn manifest_listing(object: &ObjectInfo) -> Result<Option<tfrecord::Manifest>> {
         return Ok(None);
     }
     let manifest = tfrecord::remote::our_manifest(&dir)?;
-    Ok(manifest.lists(object.url.file_name()).then_some(manifest))
+    let claimed = manifest.claims(
+        &PathBuf::from(dir.to_string()),
+        std::iter::once(object.url.file_name()),
+    )?;
+    Ok(claimed.then_some(manifest))
 }
 
 /// The objects of `listing` named like index files.

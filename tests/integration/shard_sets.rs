@@ -325,6 +325,59 @@ fn a_pattern_over_our_records_keeps_what_the_manifest_says() {
     assert_eq!(inspection.classes.len(), whole.info().classes.len());
 }
 
+/// Shards picked by a pattern or named alone are checked against what the manifest lists for
+/// them, as the directory's are: a shard (or an index) copied in from another pack of the same
+/// classes is refused, not read as this pack's.
+#[test]
+fn a_picked_shard_that_is_not_the_one_the_manifest_lists_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.records");
+    pack_fixture_records(&out);
+    let other = dir.path().join("other.records");
+    support::pack_as(
+        &fixture_root(),
+        &other,
+        PackFormat::Records,
+        &small_options().with_shard_bytes(5_000),
+    );
+    let refused = |opened: imagefeed::Result<std::sync::Arc<dyn imagefeed::Dataset>>| match opened {
+        Err(Error::NotADataset { path, .. }) => path.to_string_lossy().contains("shard-00001."),
+        Err(other) => panic!("{other:?}"),
+        Ok(dataset) => panic!("opened, {} records", dataset.len()),
+    };
+    for (what, files) in [
+        (
+            "shard and index",
+            &["shard-00001.tfrecord", "shard-00001.index"][..],
+        ),
+        ("index", &["shard-00001.index"][..]),
+    ] {
+        for file in files {
+            fs::copy(other.join(file), out.join(file)).unwrap();
+        }
+        assert!(format::open(&out).is_err(), "{what}: the directory opened");
+        assert!(
+            refused(format::open(out.join("shard-*"))),
+            "{what}: pattern"
+        );
+        assert!(
+            refused(format::open(out.join("shard-00001.tfrecord"))),
+            "{what}: alone"
+        );
+        fs::remove_dir_all(&out).unwrap();
+        pack_fixture_records(&out);
+    }
+    // A shard the manifest no longer lists (an edited manifest): not read as another tool's,
+    // its classes inferred from its own labels.
+    let manifest_path = out.join(format::tfrecord::MANIFEST);
+    let mut manifest: serde_json::Value =
+        serde_json::from_slice(&fs::read(&manifest_path).unwrap()).unwrap();
+    manifest["shards"].as_array_mut().unwrap().remove(1);
+    fs::write(&manifest_path, serde_json::to_vec(&manifest).unwrap()).unwrap();
+    assert!(refused(format::open(out.join("shard-0000[12].tfrecord"))));
+    assert!(refused(format::open(out.join("shard-00001.tfrecord"))));
+}
+
 #[test]
 fn saved_indexes_are_out_of_the_sets_pattern_and_found_again() {
     let dir = tempfile::tempdir().unwrap();

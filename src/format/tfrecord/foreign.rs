@@ -17,7 +17,7 @@ use crate::format::shard_data::{Mapped, ShardData, ShardPlanner};
 use crate::format::shards::SetReport;
 use crate::format::{OpenOptions, example};
 
-use super::reader::{Records, Shard, Shared, record_bytes, starts};
+use super::reader::{Records, Shard, Shared, check_picked_shard, record_bytes, starts};
 
 /// Opens shards other tools wrote (no manifest): `files`, named `name` in messages, after the
 /// shard-set checks found `set`. Shards of ours a pattern picked open here too, with `ours`,
@@ -65,6 +65,11 @@ pub(super) fn assemble_foreign(
         Some(manifest) => manifest.label_base,
         None => options.records.label_base.unwrap_or(0),
     };
+    if let Some(manifest) = &ours {
+        for shard in &shards {
+            check_picked_shard(manifest, shard)?;
+        }
+    }
     let starts = starts(&shards);
     let num_samples = *starts.last().expect("starts has a total");
     let short_shards = crate::format::shards::note_uneven_members(

@@ -146,6 +146,32 @@ impl Manifest {
     pub(crate) fn lists(&self, name: &str) -> bool {
         self.shards.iter().any(|entry| entry.file == name)
     }
+
+    /// Whether the shards `names`, picked in its directory `dir`, are all its own (then they
+    /// read as this dataset's: [`Manifest::lists`]); one named like its writer's shards that
+    /// it does not list is an error naming it (a hostile try took a shard left out of an
+    /// edited manifest for another tool's, its classes inferred from its own labels).
+    pub(crate) fn claims<'a>(
+        &self,
+        dir: &Path,
+        mut names: impl Iterator<Item = &'a str>,
+    ) -> crate::error::Result<bool> {
+        names.try_fold(true, |all, name| {
+            if self.lists(name) {
+                Ok(all)
+            } else if is_writer_file(name) {
+                Err(crate::error::Error::not_a_dataset(
+                    dir.join(name),
+                    format!(
+                        "named as a shard of the records dataset of ours beside it, whose {MANIFEST} \
+                         does not list it: the manifest or the directory changed since packing"
+                    ),
+                ))
+            } else {
+                Ok(false)
+            }
+        })
+    }
 }
 
 /// True when the directory `path` is a records dataset or staging directory an imagefeed writer

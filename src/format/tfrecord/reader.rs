@@ -183,14 +183,15 @@ impl Records {
                 let dir = pattern.parent().unwrap_or(Path::new("."));
                 let (missing, manifest) = missing_from_our_manifest(dir, pattern, &files, options)?;
                 brace_missing.extend(missing);
-                // Only shards it lists are ours (another tool's beside them are read as theirs).
-                ours = manifest.filter(|m| {
-                    files.iter().all(|f| {
-                        f.file_name()
-                            .and_then(|n| n.to_str())
-                            .is_some_and(|n| m.lists(n))
-                    })
-                });
+                // Only shards it lists are ours (another tool's beside them are read as
+                // theirs; one named like ours that it does not list is refused).
+                let names = files
+                    .iter()
+                    .map(|f| f.file_name().and_then(|n| n.to_str()).unwrap_or_default());
+                ours = match manifest {
+                    Some(m) => m.claims(dir, names)?.then_some(m),
+                    None => None,
+                };
                 (pattern.as_path(), files, Picked::by_local_pattern(pattern))
             }
             Selection::List(files) => {
@@ -339,7 +340,12 @@ fn manifest_listing(file: &Path) -> Result<Option<Manifest>> {
     let Some(name) = file.file_name().and_then(|n| n.to_str()) else {
         return Ok(None);
     };
-    Ok(manifest_in(dir)?.filter(|manifest| manifest.lists(name)))
+    match manifest_in(dir)? {
+        Some(manifest) => Ok(manifest
+            .claims(dir, std::iter::once(name))?
+            .then_some(manifest)),
+        None => Ok(None),
+    }
 }
 
 /// The manifest of ours in `dir`, if it has one.
@@ -540,6 +546,40 @@ pub(super) fn entry_records(
         ));
     }
     Ok(records)
+}
+
+/// A shard of ours picked by a pattern or named alone, its records found through its index
+/// (or a scan): they must be those `manifest` lists for it, as when the directory is opened
+/// ([`entry_records`]). A hostile try copied a shard of another pack of the same classes into
+/// a pack and read it by pattern as the pack's; an index taken from another pack made every
+/// record of its shard bad instead of refusing.
+pub(super) fn check_picked_shard(manifest: &Manifest, shard: &Shard) -> Result<()> {
+    let name = shard
+        .path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    let Some(entry) = manifest.shards.iter().find(|e| e.file == name) else {
+        return Ok(());
+    };
+    let end = shard
+        .records
+        .last()
+        .map_or(0, |&(offset, len)| offset + len);
+    if shard.records.len() != entry.records || end != entry.bytes {
+        return Err(Error::not_a_dataset(
+            &shard.path,
+            format!(
+                "its index (or a scan) finds {} records in {end} bytes, where the manifest \
+                 beside it lists {} records in {} bytes: not the shard this pack wrote (copied \
+                 from another?), or it or its index changed since",
+                shard.records.len(),
+                entry.records,
+                entry.bytes
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The shards a manifest of ours lists that are gone
