@@ -257,6 +257,7 @@ fn pack_to_url(
     observer: &dyn PackObserver,
 ) -> Result<PackSummary> {
     let url = crate::remote::RemoteUrl::parse(url)?.with_options(&options.storage_options);
+    options::refuse_remote_source_as_output(&url, &items.paths())?;
     #[cfg(feature = "remote")]
     {
         options.validate()?;

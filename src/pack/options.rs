@@ -373,6 +373,43 @@ pub(crate) fn refuse_source_as_output(out: &Path, sources: &[&Path]) -> Result<(
     Ok(())
 }
 
+/// [`refuse_source_as_output`] for an output in object storage: a source at the URL `out`, or
+/// under it, is refused whatever the mode (a hostile try converted `s3://b/x` onto itself with
+/// `--force`, replacing the full-size images with a 16-pixel copy, and joined parts into one
+/// of themselves).
+pub(crate) fn refuse_remote_source_as_output(
+    out: &crate::remote::RemoteUrl,
+    sources: &[&Path],
+) -> Result<()> {
+    let prefix = out.key().trim_end_matches('/');
+    for source in sources {
+        let Some(url) = source
+            .to_str()
+            .filter(|text| crate::remote::is_url(text))
+            .and_then(|text| crate::remote::RemoteUrl::parse(text).ok())
+        else {
+            continue;
+        };
+        let key = url.key().trim_end_matches('/');
+        let within = prefix.is_empty()
+            || key == prefix
+            || key
+                .strip_prefix(prefix)
+                .is_some_and(|rest| rest.starts_with('/'));
+        if url.scheme() == out.scheme() && url.bucket() == out.bucket() && within {
+            return Err(Error::NotReplaceable {
+                path: PathBuf::from(out.to_string()),
+                reason: if key == prefix {
+                    "it is the source being packed; write the output elsewhere".into()
+                } else {
+                    format!("it holds the source being packed ({url}); write the output elsewhere")
+                },
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Bytes a dataset takes: a file's length, or the total of the files in a directory (record
 /// shards, indexes and manifest).
 pub fn disk_bytes(path: &Path) -> u64 {

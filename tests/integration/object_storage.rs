@@ -548,6 +548,29 @@ fn packing_to_s3_uploads_a_dataset_that_reads_like_a_local_pack_and_never_overwr
             resume: false,
         });
         pack_image_folder(&src, Path::new(&url), format, &forced, &NoProgress).unwrap();
+        // A dataset converted onto itself, or into the prefix holding it, is refused even
+        // with --force (a hostile try replaced one with its 16-pixel copy), and stays whole.
+        let reach = reaching(server, dir.path());
+        for out in [url.clone(), format!("s3://{bucket}")] {
+            let onto = imagefeed::pack::convert_with(
+                Path::new(&url),
+                Path::new(&out),
+                format,
+                &forced.clone().with_resize_short_side(Some(8)),
+                &reach,
+                &NoProgress,
+            );
+            assert!(
+                matches!(onto, Err(Error::NotReplaceable { .. })),
+                "{out}: {onto:?}"
+            );
+        }
+        let remote = format::open_with(&url, &reach).unwrap();
+        assert_eq!(
+            records(remote.as_ref()),
+            records(format::open(&local).unwrap().as_ref()),
+            "{url}"
+        );
     }
 }
 
