@@ -114,6 +114,10 @@ pub struct PartInfo {
     pub source_fingerprint: String,
     /// Number of source items in the whole listing.
     pub source_items: usize,
+    /// The JPEG quality images were re-encoded at (`--resize` without `--raw`; `None`: none
+    /// were): parts re-encoded at different qualities never join.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quality: Option<u8>,
 }
 
 impl PartInfo {

@@ -177,8 +177,13 @@ struct PackArgs {
     /// Shrink images whose shorter side exceeds this, re-encoding them as JPEG.
     #[arg(long, value_name = "SHORT_SIDE", value_parser = clap::value_parser!(u32).range(1..))]
     resize: Option<u32>,
-    /// JPEG quality for re-encoded images.
-    #[arg(long, default_value_t = 90, value_parser = clap::value_parser!(u8).range(1..=100))]
+    /// JPEG quality for re-encoded images (with --resize: only they are re-encoded).
+    #[arg(
+        long,
+        default_value_t = 90,
+        requires = "resize",
+        value_parser = clap::value_parser!(u8).range(1..=100)
+    )]
     quality: u8,
     /// Store decoded RGB pixels instead of the encoded files.
     #[arg(long)]

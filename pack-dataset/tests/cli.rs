@@ -1254,6 +1254,8 @@ fn impossible_counts_are_usage_errors_before_anything_runs() {
         ),
         ("--resize", "0", "--resize"),
         ("--max-pixels", "0", "--max-pixels"),
+        // Only images --resize re-encodes have a quality: alone it did nothing, silently.
+        ("--quality", "50", "--resize"),
     ] {
         let o = run(&[
             &"imagefolder2records",

@@ -63,6 +63,12 @@ impl JoinedParts {
             {
                 return mismatch(path, "the payload kind (--raw/--resize/--restart-markers)");
             }
+            if part.quality != reference.quality {
+                return mismatch(
+                    path,
+                    "the JPEG quality images were re-encoded at (--quality)",
+                );
+            }
         }
         let have: Vec<usize> = parts.iter().map(|(p, _)| p.index).collect();
         let want: Vec<usize> = (0..reference.count).collect();

@@ -338,6 +338,7 @@ fn part_range(
         count,
         source_fingerprint: items.fingerprint()?,
         source_items: items.len(),
+        quality: (options.resize_short_side.is_some() && !options.raw).then_some(options.quality),
     };
     Ok((Some(part), range))
 }

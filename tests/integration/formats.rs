@@ -401,6 +401,26 @@ fn a_split_conversion_joins_into_exactly_the_unsplit_dataset() {
             && err.to_string().contains("not a part of a split conversion"),
         "{err:?}"
     );
+    // Parts resized alike but re-encoded at different qualities (a hostile try joined 90, 50
+    // and 90 into one dataset whose plan said 90).
+    let resized: Vec<PathBuf> = [90, 50]
+        .into_iter()
+        .enumerate()
+        .map(|(i, quality)| {
+            let part = dir.path().join(format!("resized-{i}.lmdb"));
+            let options = small_options()
+                .with_resize_short_side(Some(8))
+                .with_quality(quality)
+                .with_part(Some(Part { index: i, count: 2 }));
+            pack_as(&src, &part, PackFormat::Lmdb, &options);
+            part
+        })
+        .collect();
+    let err = join(&resized);
+    assert!(
+        matches!(&err, Error::NotADataset { reason, .. } if reason.contains("--quality")),
+        "{err:?}"
+    );
     assert!(!out.exists());
 
     // A part index past the count is a configuration error, not a panic.
