@@ -61,12 +61,21 @@ def _distributed_rank() -> Tuple[int, int]:
     """(rank, world_size) from torch.distributed when it is initialised, else RANK/WORLD_SIZE,
     else (0, 1). torch is not imported for this: a process group can only be initialised where
     torch.distributed was imported already (importing torch costs seconds and hundreds of MB to
-    a loader that gives NumPy arrays)."""
+    a loader that gives NumPy arrays). One of RANK and WORLD_SIZE without the other is an error
+    (WORLD_SIZE=1 alone aside), as the arguments are: taken as rank 0, every process of a
+    launcher that set only WORLD_SIZE would read the same share and the rest none."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
+    rank, world_size = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if (rank is None) != (world_size is None) and world_size != "1":
+        given, missing = ("RANK", "WORLD_SIZE") if world_size is None else ("WORLD_SIZE", "RANK")
+        raise errors.ConfigError(
+            f"{given} is set in the environment but {missing} is not: set both (as torchrun "
+            "does), or pass rank= and world_size="
+        )
     try:
-        return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+        return int(rank or "0"), int(world_size or "1")
     except ValueError as e:
         raise errors.ConfigError(f"RANK/WORLD_SIZE are not integers: {e}") from None
 

@@ -560,6 +560,20 @@ def test_rank_comes_from_the_environment(lmdb_path, monkeypatch):
     monkeypatch.setenv("RANK", "x")
     with pytest.raises(imagefeed.ConfigError):
         imagefeed.Loader(lmdb_path, output="numpy")
+    # One without the other: every process of such a launch would take rank 0 (a hostile try
+    # saw WORLD_SIZE=4 alone read the same quarter in each process, silently).
+    monkeypatch.delenv("RANK")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(imagefeed.ConfigError, match="RANK"):
+        imagefeed.Loader(lmdb_path, output="numpy")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert imagefeed.Loader(lmdb_path, output="numpy").world_size == 1
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.setenv("RANK", "2")
+    with pytest.raises(imagefeed.ConfigError, match="WORLD_SIZE"):
+        imagefeed.Loader(lmdb_path, output="numpy")
+    # Given as arguments, the environment is not read.
+    assert imagefeed.Loader(lmdb_path, output="numpy", rank=0, world_size=2).world_size == 2
 
 
 class _FakeDistributed:
