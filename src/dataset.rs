@@ -323,6 +323,16 @@ pub trait Dataset: Send + Sync {
         None
     }
 
+    /// Where each record lies, for a format that keeps no checksum of each but an index of
+    /// its records (record shards): every shard's file name, then the byte offset and length
+    /// of each of its records, fed to `feed` in order. What [`listing_digest`] hashes where
+    /// there are no [`record_checksums`](Self::record_checksums): a record replaced by one of
+    /// another size moves every offset after it. `false` (nothing fed) by default.
+    fn feed_record_extents(&self, feed: &mut dyn FnMut(&[u8])) -> bool {
+        let _ = feed;
+        false
+    }
+
     /// Shards of a set holding fewer than half the samples its other shards hold, the last
     /// not compared ([`short_members`](crate::format::shards::short_members)), in a format that
     /// keeps no count of them: a shard cut exactly between two records looks so, and nothing
@@ -571,8 +581,10 @@ pub fn fingerprint(dataset: &dyn Dataset) -> String {
 
 /// A short hex digest of every record of a dataset that says what each holds without reading
 /// it: the stored checksums of imagefeed's own packs ([`Dataset::record_checksums`]: label,
-/// key and payload of every record), else the key and label of every record of a dataset that
-/// lists them (an image folder, [`Dataset::listed`]); `None` for other formats. Where
+/// key and payload of every record), else where each record lies in a format with an index of
+/// them (record shards, [`Dataset::feed_record_extents`]), else the key and label of every
+/// record of a dataset that lists them (an image folder, [`Dataset::listed`]); `None` for
+/// other formats. Where
 /// [`fingerprint`] probes eight records, this covers them all, so a checkpoint of one dataset is
 /// not resumed on another of the same size and classes (a hostile try resumed on a folder with
 /// 30 of 300 files changed). Cheap: a pass over what the open already holds.
@@ -584,6 +596,9 @@ pub fn listing_digest(dataset: &dyn Dataset) -> Option<String> {
         for sum in sums {
             hash.update(sum.to_le_bytes());
         }
+    } else if dataset.feed_record_extents(&mut |_| {}) {
+        hash.update(b"extents");
+        dataset.feed_record_extents(&mut |bytes| hash.update(bytes));
     } else {
         dataset.listed(0)?;
         hash.update(b"listing");

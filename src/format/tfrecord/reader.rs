@@ -723,6 +723,23 @@ impl Dataset for Records {
         &self.shared.missing_shards
     }
 
+    fn feed_record_extents(&self, feed: &mut dyn FnMut(&[u8])) -> bool {
+        for shard in &self.shared.shards {
+            let name = shard
+                .path
+                .file_name()
+                .map_or(&[][..], |n| n.as_encoded_bytes());
+            feed(&(name.len() as u64).to_le_bytes());
+            feed(name);
+            feed(&(shard.records.len() as u64).to_le_bytes());
+            for &(offset, len) in &shard.records {
+                feed(&offset.to_le_bytes());
+                feed(&len.to_le_bytes());
+            }
+        }
+        true
+    }
+
     fn shard_starts(&self) -> Option<&[usize]> {
         Some(&self.shared.starts)
     }
