@@ -1284,24 +1284,27 @@ fn impossible_counts_are_usage_errors_before_anything_runs() {
     ]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("--num-classes"), "{}", stderr(&o));
-    // More parts than files: the empty part is an option error, not "all 0 files rejected".
-    let o = run(&[
-        &"imagefolder2records",
-        &"-q",
-        &"--num-parts",
-        &"100000",
-        &"--part-index",
-        &"0",
-        &fixtures(),
-        &out,
-    ]);
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(
-        stderr(&o).contains("holds none of the") && stderr(&o).contains("--num-parts 100000"),
-        "{}",
-        stderr(&o)
-    );
-    assert!(!out.exists() && !partial(&out).exists());
+    // More parts than files: an option error, not "all 0 files rejected", for the parts that
+    // would be empty and for those that would hold a file (no join could ever take them).
+    for index in ["0", "99999"] {
+        let o = run(&[
+            &"imagefolder2records",
+            &"-q",
+            &"--num-parts",
+            &"100000",
+            &"--part-index",
+            &index,
+            &fixtures(),
+            &out,
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{index}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("--num-parts 100000") && stderr(&o).contains("split into at most"),
+            "{index}: {}",
+            stderr(&o)
+        );
+        assert!(!out.exists() && !partial(&out).exists());
+    }
 }
 
 #[test]

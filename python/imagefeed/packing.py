@@ -177,6 +177,12 @@ def join(
     PackSummary
         What :func:`pack` returns, for the joined dataset.
     """
+    if isinstance(parts, (str, bytes, os.PathLike)):
+        # A path is a sequence too: of its characters, the first of them "/".
+        raise errors.ConfigError(
+            f"join takes a list of parts, not one path ({os.fspath(parts)!r}): "
+            "join([part0, part1, ...], out)"
+        )
     with errors.arguments("join"):
         summary = _native.join_parts(
             [os.fspath(p) for p in parts], os.fspath(out), format=format, resume=resume, force=force,

@@ -273,6 +273,11 @@ def test_a_split_pack_joins_into_the_unsplit_dataset(tree, tmp_path):
     assert imagefeed.verify(joined, against=tree)["ok"]
     with pytest.raises(imagefeed.Error):
         imagefeed.join(parts[:2], tmp_path / "short.lmdb", progress=False)
+    # One path for the list (a hostile try's `join("parts")` opened "/" as an image folder).
+    for one in (str(parts[0]), parts[0]):
+        with pytest.raises(imagefeed.ConfigError, match="list of parts"):
+            imagefeed.join(one, tmp_path / "one.lmdb", progress=False)  # type: ignore[arg-type]
+    assert not (tmp_path / "one.lmdb").exists()
     # Parts packed with shared headers join into a dataset with shared headers: the same files.
     for i, part in enumerate(parts):
         imagefeed.pack(tree, part, part=(i, 3), shared_headers=True, force=True, progress=False)

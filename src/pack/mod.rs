@@ -325,9 +325,12 @@ fn part_range(
         )));
     }
     let range = PartInfo::range(items.len(), index, count);
-    if range.is_empty() {
+    // More parts than files leaves some parts empty, which are refused: so is every part of
+    // such a split (a hostile try packed the parts that held a file, and no join could ever
+    // take them).
+    if count > items.len() {
         return Err(Error::Config(format!(
-            "--part-index {index} of --num-parts {count} holds none of the {} source files; \
+            "--num-parts {count} is more than the {} source files: some parts would hold none; \
              split into at most {} parts",
             items.len(),
             items.len().max(1)
