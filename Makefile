@@ -101,8 +101,8 @@ gpu-fake-mutants: deps
 	@CARGO=$(CARGO) scripts/gpu-fake-mutants.sh
 
 # The library as a trainer that reads LMDB, TFRecord or folders builds it, without default
-# features: no libhdf5 and no CUDA. Every target is built (and linted) in this configuration
-# and the integration suite runs on it (the HDF5 tests compiled out, and one that checks HDF5
+# features: no libhdf5 and no CUDA. The library and its integration-test targets are built
+# (and linted) in this configuration and the integration suite runs on it (the HDF5 tests compiled out, and one that checks HDF5
 # paths are refused naming the feature); its dependency tree must hold neither.
 test-minimal: deps
 	@CARGO=$(CARGO) scripts/make-test.sh minimal

@@ -7,13 +7,12 @@
 #   rust      the Rust tests (cargo-nextest: a process per test, both cores kept busy;
 #             plain `cargo test` where nextest is not installed)
 #   gpu-fake  the GPU tests and the CUDA example on the fake CUDA driver, ptxas on the PTX
-#   minimal   the library without default features: every target built and linted, the
-#             integration suite run
+#   minimal   the library without default features: it and its integration-test targets
+#             built and linted, the integration suite run
 #   python    the Python package's tests (pytest)
 #   lint      the module layers, workspace-hack's features, mypy, ruff, rustfmt
-# Compiling and testing overlap where one leaves a core idle: the build of `minimal` runs at low
-# priority beside the test runs, so the tests get the CPU they would have alone; pytest runs
-# beside the Rust tests. Each phase's output is printed whole when the script waits for it (logs
+# Compiling and testing overlap where one leaves a core idle: the wheel, and the build of
+# `minimal` at low priority, run beside the Rust tests; pytest runs beside them too. Each phase's output is printed whole when the script waits for it (logs
 # in target/make-test/), then a table of phases, the time each took and its result. Exit status
 # 1 if any failed.
 set -uo pipefail
@@ -146,7 +145,9 @@ rust() {
 gpu_fake() { CARGO=$cargo scripts/test-gpu-fake.sh; }
 
 minimal() {
-    nice -n 15 $cargo test -q -p imagefeed --no-default-features --all-targets --no-run || return
+    # The library and its integration-test targets (the suite run below among them); not the
+    # library's unit-test binary, a second compile of every module that nothing here runs.
+    nice -n 15 $cargo test -q -p imagefeed --no-default-features --test '*' --no-run || return
     $cargo test -q -p imagefeed --no-default-features --test integration || return
     local tree
     tree=$($cargo tree -q -p imagefeed --no-default-features -e normal --prefix none) || return
@@ -200,20 +201,22 @@ if ! run_phase build build; then
     finish
 fi
 end_phase pyenv
+
+# The Rust tests run from the build's binaries (no cargo), so the wheel links beside them
+# instead of before them. The fake-driver GPU tests use cargo, so they go after the wheel and
+# before `minimal` takes the build directory; then `minimal` compiles at low priority beside
+# the test runs. pytest (one process, CPU-bound) needs the wheel and the fake driver gpu-fake
+# builds; it starts then too, so that the end of the run is the Rust tests, which keep both
+# cores busy, rather than pytest alone on one.
+start_phase rust rust
+start_phase lint lint
 python_ok=0
 if [ -x "$venv/bin/maturin" ]; then
     run_phase wheel wheel && python_ok=1
 else
     echo "make test: no $venv (no python3?): the Python package's tests are skipped"
 fi
-
-start_phase rust rust
-# The fake-driver GPU tests use cargo, so they go before `minimal` takes the build directory;
-# then `minimal` compiles at low priority beside the test runs. pytest (one process, CPU-bound)
-# needs the fake driver gpu-fake builds; it starts then too, so that the end of the run is the
-# Rust tests, which keep both cores busy, rather than pytest alone on one.
 start_phase gpu-fake gpu_fake
-start_phase lint lint
 end_phase lint
 end_phase gpu-fake
 start_phase minimal minimal
