@@ -592,6 +592,7 @@ pub(crate) fn keyed_name(hash: sha2::Sha256, name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write as _;
 
     #[test]
     fn a_directory_that_cannot_hold_the_cache_is_an_error_naming_it() {
@@ -608,7 +609,6 @@ mod tests {
             }
         }
     }
-    use std::io::Write as _;
 
     #[test]
     fn a_long_wait_for_another_holders_lock_is_reported_once_then_goes_on() {

@@ -590,24 +590,24 @@ pub fn fingerprint(dataset: &dyn Dataset) -> String {
 /// 30 of 300 files changed). Cheap: a pass over what the open already holds.
 pub fn listing_digest(dataset: &dyn Dataset) -> Option<String> {
     use sha2::{Digest as _, Sha256};
-    let mut hash = Sha256::new();
     if let Some(sums) = dataset.record_checksums() {
-        hash.update(b"checksums");
+        let mut hash = Sha256::new_with_prefix(b"checksums");
         for sum in sums {
             hash.update(sum.to_le_bytes());
         }
-    } else if dataset.feed_record_extents(&mut |_| {}) {
-        hash.update(b"extents");
-        dataset.feed_record_extents(&mut |bytes| hash.update(bytes));
-    } else {
-        dataset.listed(0)?;
-        hash.update(b"listing");
-        for index in 0..dataset.len() {
-            let (key, label) = dataset.listed(index)?;
-            hash.update((key.len() as u64).to_le_bytes());
-            hash.update(key.as_bytes());
-            hash.update(label.to_le_bytes());
-        }
+        return Some(hex(&hash.finalize()[..16]));
+    }
+    let mut extents = Sha256::new_with_prefix(b"extents");
+    if dataset.feed_record_extents(&mut |bytes| extents.update(bytes)) {
+        return Some(hex(&extents.finalize()[..16]));
+    }
+    dataset.listed(0)?;
+    let mut hash = Sha256::new_with_prefix(b"listing");
+    for index in 0..dataset.len() {
+        let (key, label) = dataset.listed(index)?;
+        hash.update((key.len() as u64).to_le_bytes());
+        hash.update(key.as_bytes());
+        hash.update(label.to_le_bytes());
     }
     Some(hex(&hash.finalize()[..16]))
 }

@@ -357,11 +357,10 @@ pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Arc<dy
         }
     }
     if path.is_file() && path.file_name().and_then(|n| n.to_str()) == Some(tfrecord::MANIFEST) {
-        return Err(Error::not_a_dataset(
+        return Err(tfrecord::manifest_named(
             path,
-            format!(
-                "the manifest of an imagefeed records dataset, not the dataset: name its \
-                 directory, {}",
+            format_args!(
+                "its directory, {}",
                 path.parent().unwrap_or(Path::new(".")).display()
             ),
         ));

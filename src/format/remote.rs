@@ -49,7 +49,8 @@ pub(crate) fn open_records_url(text: &str, options: &OpenOptions) -> Result<tfre
 
 /// The shards of ours a pattern (`picked`) under `dir` would pick and that are not among
 /// `objects`, what it picked, when `dir` is a prefix of ours
-/// ([`picked_members_missing`](shards::picked_members_missing)), and its manifest. An upload
+/// ([`picked_members_missing`](shards::picked_members_missing)), and its manifest when the
+/// objects are all its shards ([`claiming`](tfrecord::Manifest::claiming)). An upload
 /// of ours that did not finish is refused as its prefix is: a hostile try killed a pack to S3
 /// and read `PREFIX/shard-*` as a whole dataset of a third of the records.
 fn missing_from_our_manifest(
@@ -84,7 +85,11 @@ fn missing_from_our_manifest(
         objects.len(),
         options.allow_missing_shards,
     )?;
-    Ok((missing, Some(manifest)))
+    let names = objects.iter().map(|o| o.url.file_name());
+    Ok((
+        missing,
+        manifest.claiming(&PathBuf::from(dir.to_string()), names)?,
+    ))
 }
 
 fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
@@ -101,14 +106,9 @@ fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
         return Ok(Opened::Other(Arc::new(dataset)));
     }
     if name == tfrecord::MANIFEST {
-        // Fetched, it would be named by its cache file (a hostile try's message was).
-        return Err(Error::not_a_dataset(
+        return Err(tfrecord::manifest_named(
             &label,
-            format!(
-                "the manifest of an imagefeed records dataset, not the dataset: name its \
-                 prefix, {}",
-                url.parent()
-            ),
+            format_args!("its prefix, {}", url.parent()),
         ));
     }
     let pattern = name.contains(['*', '?', '[']) || (name.contains('{') && name.contains('}'));
@@ -124,15 +124,7 @@ fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
         let (gone, manifest) =
             missing_from_our_manifest(&dir, &label, &listing, picked, &objects, options)?;
         missing.extend(gone);
-        // Only shards it lists are ours (another tool's beside them are read as theirs; one
-        // named like ours that it does not list is refused).
-        let names = objects.iter().map(|o| o.url.file_name());
-        ours = match manifest {
-            Some(m) => m
-                .claims(&PathBuf::from(dir.to_string()), names)?
-                .then_some(m),
-            None => None,
-        };
+        ours = manifest;
         (objects, picked, missing, index_objects(listing))
     } else if !url.key().is_empty()
         && !url.key().ends_with('/')
@@ -238,12 +230,10 @@ fn manifest_listing(object: &ObjectInfo) -> Result<Option<tfrecord::Manifest>> {
     if store::head(&dir.join(tfrecord::MANIFEST), Patience::Open)?.is_none() {
         return Ok(None);
     }
-    let manifest = tfrecord::remote::our_manifest(&dir)?;
-    let claimed = manifest.claims(
+    tfrecord::remote::our_manifest(&dir)?.claiming(
         &PathBuf::from(dir.to_string()),
         std::iter::once(object.url.file_name()),
-    )?;
-    Ok(claimed.then_some(manifest))
+    )
 }
 
 /// The objects of `listing` named like index files.

@@ -286,13 +286,18 @@ fn pack_to_url(
             .and_then(|text| serde_json::from_slice::<PackSummary>(&text).ok());
         let mut summary = match finished {
             Some(summary) => summary,
-            None => pack_source(items, source, &staging, format, &local, observer)?,
+            // (pack_steps: the advice for a full disk is added once, by the outer pack_source.)
+            None => pack_steps(items, source, &staging, format, &local, observer)?,
         };
         crate::format::upload::publish(&staging, &url, options.mode)?;
         let report = report_path(&staging);
         let _ = crate::remote::store::upload(
             &report,
-            &url.with_key(&format!("{}.report.json", url.key().trim_end_matches('/'))),
+            &url.with_key(&format!(
+                "{}{}",
+                url.key().trim_end_matches('/'),
+                crate::format::shards::REPORT_SUFFIX
+            )),
             false,
         );
         let _ = std::fs::remove_file(&report);

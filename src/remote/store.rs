@@ -399,14 +399,19 @@ fn key_path(url: &RemoteUrl, key: &str) -> Result<StorePath> {
     })
 }
 
+/// The key of `url` taken as a directory, as object_store's path ([`key_path`]); `None` for the
+/// bucket's root.
+fn prefix_path(url: &RemoteUrl) -> Result<Option<StorePath>> {
+    match url.key().trim_end_matches('/') {
+        "" => Ok(None),
+        prefix => key_path(url, prefix).map(Some),
+    }
+}
+
 /// Every object under the prefix `url` (taken as a directory), in key order.
 pub fn list(url: &RemoteUrl, patience: Patience) -> Result<Vec<ObjectInfo>> {
     let store = store(url, patience)?;
-    let prefix = url.key().trim_end_matches('/');
-    let prefix = match prefix {
-        "" => None,
-        prefix => Some(key_path(url, prefix)?),
-    };
+    let prefix = prefix_path(url)?;
     let metas: Vec<object_store::ObjectMeta> =
         block_on(async move { store.list(prefix.as_ref()).try_collect::<Vec<_>>().await })?
             .map_err(|e| Error::remote(url, "listing", e))?;
@@ -426,11 +431,7 @@ pub fn list(url: &RemoteUrl, patience: Patience) -> Result<Vec<ObjectInfo>> {
 /// sub-directories), in key order.
 pub fn list_dir(url: &RemoteUrl, patience: Patience) -> Result<Vec<ObjectInfo>> {
     let store = store(url, patience)?;
-    let prefix = url.key().trim_end_matches('/');
-    let prefix = match prefix {
-        "" => None,
-        prefix => Some(key_path(url, prefix)?),
-    };
+    let prefix = prefix_path(url)?;
     let result = retrying(patience, || {
         block_on(async { store.list_with_delimiter(prefix.as_ref()).await })
     })?

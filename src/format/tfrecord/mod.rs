@@ -147,16 +147,17 @@ impl Manifest {
         self.shards.iter().any(|entry| entry.file == name)
     }
 
-    /// Whether the shards `names`, picked in its directory `dir`, are all its own (then they
-    /// read as this dataset's: [`Manifest::lists`]); one named like its writer's shards that
-    /// it does not list is an error naming it (a hostile try took a shard left out of an
-    /// edited manifest for another tool's, its classes inferred from its own labels).
-    pub(crate) fn claims<'a>(
-        &self,
+    /// The manifest, when the shards `names`, picked in its directory `dir`, are all its own
+    /// (then they read as this dataset's: [`Manifest::lists`]); `None` when some are another
+    /// tool's. One named like its writer's shards that it does not list is an error naming it
+    /// (a hostile try took a shard left out of an edited manifest for another tool's, its
+    /// classes inferred from its own labels).
+    pub(crate) fn claiming<'a>(
+        self,
         dir: &Path,
         mut names: impl Iterator<Item = &'a str>,
-    ) -> crate::error::Result<bool> {
-        names.try_fold(true, |all, name| {
+    ) -> crate::error::Result<Option<Manifest>> {
+        let all = names.try_fold(true, |all, name| {
             if self.lists(name) {
                 Ok(all)
             } else if is_writer_file(name) {
@@ -170,8 +171,19 @@ impl Manifest {
             } else {
                 Ok(false)
             }
-        })
+        })?;
+        Ok(all.then_some(self))
     }
+}
+
+/// The error for our manifest (`label`) named where its dataset was due: fetched or opened, it
+/// would be named by whatever read it next (a hostile try's message named a cache file).
+/// `holder`: the directory or prefix to name instead.
+pub(crate) fn manifest_named(label: &Path, holder: impl std::fmt::Display) -> crate::error::Error {
+    crate::error::Error::not_a_dataset(
+        label,
+        format!("the manifest of an imagefeed records dataset, not the dataset: name {holder}"),
+    )
 }
 
 /// True when the directory `path` is a records dataset or staging directory an imagefeed writer

@@ -183,15 +183,7 @@ impl Records {
                 let dir = pattern.parent().unwrap_or(Path::new("."));
                 let (missing, manifest) = missing_from_our_manifest(dir, pattern, &files, options)?;
                 brace_missing.extend(missing);
-                // Only shards it lists are ours (another tool's beside them are read as
-                // theirs; one named like ours that it does not list is refused).
-                let names = files
-                    .iter()
-                    .map(|f| f.file_name().and_then(|n| n.to_str()).unwrap_or_default());
-                ours = match manifest {
-                    Some(m) => m.claims(dir, names)?.then_some(m),
-                    None => None,
-                };
+                ours = manifest;
                 (pattern.as_path(), files, Picked::by_local_pattern(pattern))
             }
             Selection::List(files) => {
@@ -309,8 +301,9 @@ fn refuse_staging_dir(dir: &Path) -> Result<()> {
 
 /// The shards of ours that `pattern` (in `dir`) would pick and that are gone, when `dir` is a
 /// directory of ours ([`picked_members_missing`](crate::format::shards::picked_members_missing));
-/// `files`: what the pattern picked; and the manifest. A staging directory (a pack killed, or not
-/// yet published) is refused as the directory is.
+/// `files`: what the pattern picked; and the manifest when the files are all its shards
+/// ([`Manifest::claiming`]). A staging directory (a pack killed, or not yet published) is
+/// refused as the directory is.
 fn missing_from_our_manifest(
     dir: &Path,
     pattern: &Path,
@@ -331,7 +324,10 @@ fn missing_from_our_manifest(
         files.len(),
         options.allow_missing_shards,
     )?;
-    Ok((missing, Some(manifest)))
+    let names = files
+        .iter()
+        .map(|f| f.file_name().and_then(|n| n.to_str()).unwrap_or_default());
+    Ok((missing, manifest.claiming(dir, names)?))
 }
 
 /// The manifest of the dataset of ours that lists the shard `file`, if one does.
@@ -341,9 +337,7 @@ fn manifest_listing(file: &Path) -> Result<Option<Manifest>> {
         return Ok(None);
     };
     match manifest_in(dir)? {
-        Some(manifest) => Ok(manifest
-            .claims(dir, std::iter::once(name))?
-            .then_some(manifest)),
+        Some(manifest) => manifest.claiming(dir, std::iter::once(name)),
         None => Ok(None),
     }
 }
