@@ -61,59 +61,58 @@ pub fn draw(title: &str, unit: &str, bars: &[Bar], path: &Path) -> Result<()> {
     let highest = bars.iter().map(|b| b.value).fold(0.0, f64::max).max(1.0);
     let n = bars.len();
     let height = 90 + 28 * n as u32;
-    let root = BitMapBackend::new(path, (900, height)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(36)
-        .y_label_area_size(300)
-        .build_cartesian_2d(0f64..highest * 1.18, (0..n).into_segmented())
-        .map_err(|e| anyhow!("{e}"))?;
-    // Bar i is drawn at row n - 1 - i, so the first bar is at the top.
-    let label_of = |v: &SegmentValue<usize>| match v {
-        SegmentValue::CenterOf(row) if *row < n => bars[n - 1 - row].label.clone(),
-        _ => String::new(),
-    };
-    chart
-        .configure_mesh()
-        .disable_y_mesh()
-        .y_labels(n)
-        .y_label_formatter(&label_of)
-        .x_desc(unit)
-        .x_label_formatter(&|v| thousands(*v))
-        .draw()
-        .map_err(|e| anyhow!("{e}"))?;
-    for (i, bar) in bars.iter().enumerate() {
-        let row = n - 1 - i;
-        let group = groups.iter().position(|g| *g == bar.group).unwrap_or(0);
-        let color = PALETTE[group % PALETTE.len()];
-        chart
-            .draw_series(std::iter::once({
-                let mut rectangle = Rectangle::new(
-                    [
-                        (0.0, SegmentValue::Exact(row)),
-                        (bar.value, SegmentValue::Exact(row + 1)),
-                    ],
-                    color.filled(),
-                );
-                rectangle.set_margin(4, 4, 0, 0);
-                rectangle
-            }))
+    crate::png_canvas::draw_png(path, (900, height), |root| {
+        let mut chart = ChartBuilder::on(root)
+            .caption(title, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(300)
+            .build_cartesian_2d(0f64..highest * 1.18, (0..n).into_segmented())
             .map_err(|e| anyhow!("{e}"))?;
+        // Bar i is drawn at row n - 1 - i, so the first bar is at the top.
+        let label_of = |v: &SegmentValue<usize>| match v {
+            SegmentValue::CenterOf(row) if *row < n => bars[n - 1 - row].label.clone(),
+            _ => String::new(),
+        };
         chart
-            .draw_series(std::iter::once(Text::new(
-                format!(" {}", thousands(bar.value)),
-                (bar.value, SegmentValue::CenterOf(row)),
-                ("sans-serif", 14)
-                    .into_font()
-                    .color(&BLACK)
-                    .pos(Pos::new(HPos::Left, VPos::Center)),
-            )))
+            .configure_mesh()
+            .disable_y_mesh()
+            .y_labels(n)
+            .y_label_formatter(&label_of)
+            .x_desc(unit)
+            .x_label_formatter(&|v| thousands(*v))
+            .draw()
             .map_err(|e| anyhow!("{e}"))?;
-    }
-    root.present().map_err(|e| anyhow!("{e}"))?;
-    Ok(())
+        for (i, bar) in bars.iter().enumerate() {
+            let row = n - 1 - i;
+            let group = groups.iter().position(|g| *g == bar.group).unwrap_or(0);
+            let color = PALETTE[group % PALETTE.len()];
+            chart
+                .draw_series(std::iter::once({
+                    let mut rectangle = Rectangle::new(
+                        [
+                            (0.0, SegmentValue::Exact(row)),
+                            (bar.value, SegmentValue::Exact(row + 1)),
+                        ],
+                        color.filled(),
+                    );
+                    rectangle.set_margin(4, 4, 0, 0);
+                    rectangle
+                }))
+                .map_err(|e| anyhow!("{e}"))?;
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    format!(" {}", thousands(bar.value)),
+                    (bar.value, SegmentValue::CenterOf(row)),
+                    ("sans-serif", 14)
+                        .into_font()
+                        .color(&BLACK)
+                        .pos(Pos::new(HPos::Left, VPos::Center)),
+                )))
+                .map_err(|e| anyhow!("{e}"))?;
+        }
+        Ok(())
+    })
 }
 
 #[cfg(test)]
@@ -142,8 +141,13 @@ mod tests {
             .map(|t| Bar::parse(t).unwrap())
             .collect();
         draw("test", "images/s", &bars, &path).unwrap();
-        let bytes = std::fs::read(&path).unwrap();
-        assert_eq!(&bytes[1..4], b"PNG");
+        let png = image::open(&path).unwrap().to_rgb8();
+        assert_eq!(png.dimensions(), (900, 90 + 28 * 3));
+        // Each group's bars are drawn in its colour: "local" the first, "s3" the second.
+        for RGBColor(r, g, b) in &PALETTE[..2] {
+            assert!(png.pixels().any(|p| p.0 == [*r, *g, *b]), "{r},{g},{b}");
+        }
+        assert!(!png.pixels().any(|p| p.0 == [238, 76, 44]));
         assert!(draw("empty", "images/s", &[], &path).is_err());
     }
 }

@@ -26,6 +26,7 @@ mod compare;
 #[cfg(feature = "cuda")]
 mod gpu;
 mod latency_proxy;
+mod png_canvas;
 mod report;
 mod soak;
 
