@@ -584,7 +584,7 @@ fn keys_with_non_ascii_characters_and_percent_signs_are_used_as_written() {
     let dir = tempfile::tempdir().unwrap();
     let local = packed_records(dir.path());
     let bucket = server.bucket(&unique_bucket("keys"));
-    server.upload_dir(&local, &bucket, "daten-ü %41");
+    server.upload_dir_with_boto3(&local, &bucket, "daten-ü %41");
     let here = format::open(&local).unwrap();
     let url = format!("s3://{bucket}/daten-ü %41");
     let there = format::open_with(&url, &reaching(server, dir.path())).unwrap();

@@ -10,6 +10,7 @@ use imagefeed::synthetic::SyntheticSpec;
 
 pub mod fault_proxy;
 pub mod lmdb_pages;
+#[cfg(feature = "remote")]
 pub mod s3;
 
 /// The entries of `list` whose format this build writes (HDF5 needs the `hdf5` feature), so one
