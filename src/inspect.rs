@@ -93,7 +93,8 @@ pub struct Inspection {
     pub classes: Vec<ClassCount>,
     /// Sum of payload sizes.
     pub payload_bytes: u64,
-    /// Size on disk (the file, or all sample files of a folder).
+    /// Size on disk (the file, or all sample files of a folder); for a URL, of the objects it
+    /// names in storage.
     pub file_bytes: u64,
     /// Spread of widths.
     pub width: Spread,
@@ -250,6 +251,7 @@ pub fn inspect_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Ins
         dataset.as_ref(),
         complete,
         (rejected_at_pack, shared_headers),
+        &options,
     ))
 }
 
@@ -258,7 +260,13 @@ pub fn inspect_files(files: &[PathBuf], options: &OpenOptions) -> Result<Inspect
     let options = options.clone().with_allow_missing_shards(true);
     let dataset = format::open_files(files, &options)?;
     let label = files.first().map_or(Path::new(""), PathBuf::as_path);
-    Ok(inspect_dataset(label, dataset.as_ref(), true, (None, None)))
+    Ok(inspect_dataset(
+        label,
+        dataset.as_ref(),
+        true,
+        (None, None),
+        &options,
+    ))
 }
 
 /// Reads every record of an opened dataset for [`inspect`]; `path` names it in the report,
@@ -268,6 +276,7 @@ fn inspect_dataset(
     dataset: &dyn Dataset,
     complete: bool,
     (rejected_at_pack, shared_headers): (Option<usize>, Option<SharedHeaderSummary>),
+    options: &OpenOptions,
 ) -> Inspection {
     let info = dataset.info().clone();
     let rejected_at_pack = rejected_at_pack.or(info.rejected_at_pack);
@@ -339,7 +348,7 @@ fn inspect_dataset(
     let file_bytes = if info.format == crate::dataset::FormatKind::Folder {
         payload_bytes
     } else {
-        selected_bytes(dataset.path())
+        selected_bytes(dataset.path(), options)
     };
     Inspection {
         path: path.to_path_buf(),
@@ -401,11 +410,19 @@ fn is_zero(n: &u64) -> bool {
 }
 
 /// Bytes on disk of what `path` names: a file, a directory's files, or the files a pattern
-/// picks (0 for a URL).
-fn selected_bytes(path: &Path) -> u64 {
-    let is_url = path.to_str().is_some_and(crate::remote::is_url);
+/// picks; for a URL, of the objects it names in storage (0 where they cannot be listed now).
+fn selected_bytes(path: &Path, options: &OpenOptions) -> u64 {
+    if let Some(url) = path.to_str().filter(|p| crate::remote::is_url(p)) {
+        #[cfg(feature = "remote")]
+        return format::remote::stored_bytes(url, options).unwrap_or(0);
+        #[cfg(not(feature = "remote"))]
+        return {
+            let _ = (url, options);
+            0
+        };
+    }
     match format::shards::Selection::of(path) {
-        format::shards::Selection::Pattern(pattern) if !is_url => {
+        format::shards::Selection::Pattern(pattern) => {
             format::shards::expand_selection(&pattern, true)
                 .map(|(files, _)| files.iter().map(|f| pack::disk_bytes(f)).sum())
                 .unwrap_or(0)

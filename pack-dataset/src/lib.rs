@@ -589,9 +589,14 @@ fn format_inspection(i: &Inspection) -> String {
     }
     w!(
         o,
-        "bytes:       {} payload, {} on disk",
+        "bytes:       {} payload, {} {}",
         human_bytes(i.payload_bytes),
-        human_bytes(i.file_bytes)
+        human_bytes(i.file_bytes),
+        if i.path.to_str().is_some_and(imagefeed::remote::is_url) {
+            "in storage"
+        } else {
+            "on disk"
+        }
     );
     w!(
         o,

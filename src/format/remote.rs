@@ -224,6 +224,30 @@ fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
         .map(Opened::Records)
 }
 
+/// What the objects `text` (a URL) names take in storage, as [`open`] selects them: the
+/// objects a pattern or brace list picks, the one object named, or every object directly under
+/// a prefix (the dataset's own files, as a local directory's are counted).
+pub(crate) fn stored_bytes(text: &str, options: &OpenOptions) -> Result<u64> {
+    let url = RemoteUrl::parse(text)?.with_options(&options.storage_options);
+    let name = url.file_name().to_string();
+    let pattern = name.contains(['*', '?', '[']) || (name.contains('{') && name.contains('}'));
+    let objects = if pattern {
+        let listing = store::list_dir(&url.parent(), Patience::Open)?;
+        let options = options.clone().with_allow_missing_shards(true);
+        select(&url, &name, &listing, &options)?.0
+    } else if name == mds::index::INDEX {
+        store::list_dir(&url.parent(), Patience::Open)?
+    } else if !url.key().is_empty()
+        && !url.key().ends_with('/')
+        && let Some(object) = store::head(&url, Patience::Open)?
+    {
+        vec![object]
+    } else {
+        store::list_dir(&url, Patience::Open)?
+    };
+    Ok(objects.iter().map(|o| o.size).sum())
+}
+
 /// The manifest of the dataset of ours that lists the shard `object`, if one does.
 fn manifest_listing(object: &ObjectInfo) -> Result<Option<tfrecord::Manifest>> {
     let dir = object.url.parent();

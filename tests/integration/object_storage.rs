@@ -87,6 +87,17 @@ fn records_of_ours_read_from_s3_give_the_local_records_and_digests() {
     // A trailing slash names the same prefix.
     let slash = format::open_with(format!("{url}/"), &options).unwrap();
     assert_eq!(slash.len(), here.len());
+    // `inspect` counts the objects' bytes in storage as the files' on disk (it said 0 B): the
+    // prefix's, the objects a pattern picks, one shard's.
+    let picks = ["", "/shard-0000[01].tfrecord", "/shard-00002.tfrecord"];
+    for pick in picks {
+        let there = imagefeed::inspect::inspect_with(format!("{url}{pick}"), &options).unwrap();
+        let here_path = format!("{}{pick}", local.display());
+        let here = imagefeed::inspect::inspect(&here_path).unwrap();
+        assert_eq!(there.num_samples, here.num_samples, "{pick:?}");
+        assert!(here.file_bytes > here.payload_bytes, "{pick:?}");
+        assert_eq!(there.file_bytes, here.file_bytes, "{pick:?}");
+    }
 }
 
 #[test]
