@@ -38,14 +38,14 @@ impl JoinedParts {
         }
         parts.sort_by_key(|(part, _)| part.index);
         let (reference, reference_set) = (&parts[0].0, &parts[0].1);
+        // The parts are readable, only not of one conversion: which parts to join is the
+        // caller's choice, as a part given twice is.
         let mismatch = |path: &Path, what: &str| {
-            Err(Error::not_a_dataset(
-                path,
-                format!(
-                    "{what} differs from {}'s: parts of different conversions",
-                    reference_set.path().display()
-                ),
-            ))
+            Err(Error::Config(format!(
+                "cannot join {} with {}: {what} differs: parts of different conversions",
+                path.display(),
+                reference_set.path().display()
+            )))
         };
         for (part, dataset) in &parts[1..] {
             let path = dataset.path();
