@@ -191,8 +191,9 @@ impl PackPlan {
         };
         if self.source_fingerprint != new.source_fingerprint {
             return mismatch(format!(
-                "the source tree changed since the interrupted run ({} files then, {} now, or different \
-                 names/sizes); use --force to start over",
+                "the source is not the interrupted run's ({} samples then, {} now, or other names \
+                 or sizes: another source, or one changed since); resume with the same source, \
+                 or use --force to start over",
                 self.num_sources, new.num_sources
             ));
         }
