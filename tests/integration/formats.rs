@@ -171,9 +171,10 @@ fn locate(dir: &Path, index: usize) -> (PathBuf, u64, u64) {
     panic!("no record {index}");
 }
 
-/// Our manifest is a text file a flipped byte or an edit can change: a label base or class
-/// names that no longer match the records make bad records (each names its class), never
-/// labels shifted or renamed without a word.
+/// Our manifest is a text file a flipped byte or an edit can change: a label base, class
+/// names or a payload kind that no longer match the records make bad records (each names its
+/// class or format), never labels shifted or renamed, or JPEGs read as raw pixels, without a
+/// word.
 #[test]
 fn a_records_manifest_changed_since_packing_makes_bad_records_not_other_labels() {
     let dir = tempfile::tempdir().unwrap();
@@ -196,10 +197,15 @@ fn a_records_manifest_changed_since_packing_makes_bad_records_not_other_labels()
         Box<dyn Fn(&mut serde_json::Value)>,
         fn(u32) -> bool,
     );
-    let edits: [Edit; 3] = [
+    let edits: [Edit; 4] = [
         (
             "label base",
             Box::new(|m| m["label_base"] = 1.into()),
+            |_| true,
+        ),
+        (
+            "payload kind",
+            Box::new(|m| m["payload"] = "raw-rgb8".into()),
             |_| true,
         ),
         (

@@ -86,6 +86,8 @@ pub const MAGIC: &str = "imagefeed-records";
 pub const VERSION: u32 = 1;
 /// The manifest's file name inside a records directory.
 pub const MANIFEST: &str = "imagefeed-records.json";
+/// The `image/format` our writer gives raw pixels ([`RawImage`](crate::decode::RawImage)).
+pub const RAW_FORMAT_NAME: &str = "RAW-RGB8";
 /// Default shard size: large enough for efficient streaming, small enough to spread over
 /// machines (TensorFlow's guidance is 100–200 MB per file).
 pub const DEFAULT_SHARD_BYTES: u64 = 128 << 20;

@@ -10,8 +10,10 @@ use super::foreign::save_remote_index;
 use super::foreign::{open_foreign, planner};
 use super::framing::unframe;
 use super::index::{self, check_index_covers, parse_index, push_index_line};
-use super::{MAGIC, MANIFEST, Manifest, PROGRESS, VERSION, features, is_shard_name};
-use crate::dataset::{Dataset, DatasetInfo, FormatKind, Record, RecordReader};
+use super::{
+    MAGIC, MANIFEST, Manifest, PROGRESS, RAW_FORMAT_NAME, VERSION, features, is_shard_name,
+};
+use crate::dataset::{Dataset, DatasetInfo, FormatKind, PayloadKind, Record, RecordReader};
 use crate::error::{Error, IoContext as _, Result};
 use crate::format::shard_data::{HeldShard, Mapped, ShardData, ShardPlanner};
 use crate::format::shards::{Picked, Selection, SetReport, check_sets};
@@ -923,6 +925,21 @@ impl RecordReader for RecordsReader {
                          the manifest (label base {base}): the manifest's classes or label base \
                          changed since packing, or the record did",
                         String::from_utf8_lossy(named)
+                    ),
+                ));
+            }
+            // Our writer names raw pixels `RAW-RGB8`, anything else by its encoding: a
+            // manifest whose payload kind was edited would read every record as the other.
+            let stored = example::bytes(&features, features::FORMAT).unwrap_or_default();
+            let raw = stored == RAW_FORMAT_NAME.as_bytes();
+            if !stored.is_empty() && raw != (shared.info.payload == PayloadKind::RawRgb8) {
+                return Err(corrupt(
+                    key,
+                    format!(
+                        "it is stored as {:?}, but the manifest says the payloads are {}: the \
+                         manifest's payload kind changed since packing, or the record did",
+                        String::from_utf8_lossy(stored),
+                        if raw { "encoded images" } else { "raw pixels" }
                     ),
                 ));
             }

@@ -205,7 +205,7 @@ impl DatasetWriter for RecordsWriter {
                             path: PathBuf::from(record.key),
                             reason: e.to_string(),
                         })?;
-                    ("RAW-RGB8", w, h)
+                    (super::RAW_FORMAT_NAME, w, h)
                 }
                 _ => {
                     let header =
@@ -287,6 +287,6 @@ fn format_name(format: PayloadFormat) -> &'static str {
         PayloadFormat::Pnm => "PNM",
         PayloadFormat::Tiff => "TIFF",
         PayloadFormat::WebP => "WEBP",
-        PayloadFormat::Raw => "RAW-RGB8",
+        PayloadFormat::Raw => super::RAW_FORMAT_NAME,
     }
 }
