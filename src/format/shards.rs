@@ -18,7 +18,8 @@
 //! members, unless missing shards are allowed on purpose ([`check_sets`]'s `allow_missing`, the
 //! `--allow-missing-shards` flag), when they are reported instead.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
 pub use crate::dataset::{MissingShards, empty_members, missing_list};
@@ -692,7 +693,21 @@ pub fn check_sets(
         problem,
     };
     let mut sets = Sets::new();
+    // A file named twice under other names (a link to it) would be read twice: a hostile try
+    // read a 60-record shard and a symlink to it as 120 samples.
+    let mut seen: HashMap<(u64, u64), &Path> = HashMap::new();
     for file in files {
+        if let Ok(meta) = std::fs::metadata(file)
+            && let Some(other) = seen.insert((meta.dev(), meta.ino()), file)
+        {
+            return Err(error(ShardSetProblem::Inconsistent {
+                file: file.display().to_string(),
+                reason: format!(
+                    "is the same file as {} (a link to it): its records would be read twice",
+                    other.display()
+                ),
+            }));
+        }
         let name = file
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())

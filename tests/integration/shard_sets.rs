@@ -978,3 +978,45 @@ fn several_paths_that_are_not_shards_are_named_as_what_they_are() {
         format::open(dir.path().join("train-*")).unwrap().len()
     );
 }
+
+#[test]
+fn a_shard_named_twice_through_a_link_is_refused_not_read_twice() {
+    // A hostile try read a 60-record shard and a symlink to it, listed together, as 120
+    // samples; naming the same path twice was already refused.
+    let dir = tempfile::tempdir().unwrap();
+    let files = foreign_set(dir.path(), "train", 2);
+    let symlink = dir.path().join("alias.tfrecord");
+    std::os::unix::fs::symlink(&files[0], &symlink).unwrap();
+    let hard = dir.path().join("copy.tfrecord");
+    fs::hard_link(&files[1], &hard).unwrap();
+    let options = OpenOptions::default();
+    for (list, linked) in [
+        (vec![files[0].clone(), symlink.clone()], &symlink),
+        (
+            vec![files[1].clone(), files[0].clone(), hard.clone()],
+            &hard,
+        ),
+    ] {
+        match shard_set_problem(format::open_files(&list, &options)) {
+            ShardSetProblem::Inconsistent { file, reason } => {
+                assert_eq!(file, linked.display().to_string());
+                assert!(reason.contains("same file"), "{reason}");
+            }
+            other => panic!("{list:?}: {other:?}"),
+        }
+    }
+    // The set alone, and in a directory holding a link beside it, as one set by pattern.
+    let whole = format::open_files(&files, &options).unwrap().len();
+    let pattern = dir.path().join("train-*");
+    assert_eq!(format::open_with(&pattern, &options).unwrap().len(), whole);
+    // A link named as a member of the set is refused by a directory read too.
+    fs::remove_file(&symlink).unwrap();
+    fs::remove_file(&hard).unwrap();
+    let member = dir.path().join("train-00001-of-00002");
+    fs::remove_file(&member).unwrap();
+    std::os::unix::fs::symlink(&files[0], &member).unwrap();
+    assert!(matches!(
+        shard_set_problem(format::open_with(dir.path(), &options)),
+        ShardSetProblem::Inconsistent { .. }
+    ));
+}
