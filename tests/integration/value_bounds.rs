@@ -549,6 +549,48 @@ fn a_folder2lmdb_keys_list_repeating_one_long_text_is_refused_before_copying() {
     }
 }
 
+/// Found by a hostile try of the Python package: `__keys__` listing the key "0" twelve times
+/// (of twelve records) read as twelve copies of record 0, the other eleven never read, with no
+/// error. A key listed twice is refused at open, naming it.
+#[test]
+fn a_folder2lmdb_keys_list_naming_a_key_twice_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys_pickle = |keys: &[&str]| {
+        let mut out = b"\x80\x04](".to_vec();
+        for key in keys {
+            out.push(b'C');
+            out.push(key.len() as u8);
+            out.extend_from_slice(key.as_bytes());
+        }
+        out.extend_from_slice(b"e.");
+        out
+    };
+    for (keys, twice) in [
+        (vec!["0", "0", "0"], Some("0")),
+        (vec!["0", "1", "2", "1"], Some("1")),
+        (vec!["2", "0", "1"], None),
+    ] {
+        let path = dir.path().join(format!("keys-{}.lmdb", keys.join("")));
+        let mut entries: Vec<(Vec<u8>, Vec<u8>)> = (0..keys.len())
+            .map(|i| (i.to_string().into_bytes(), pickled(&jpeg(), i as i64)))
+            .collect();
+        entries.push((b"__len__".to_vec(), pickled_int(keys.len() as i64)));
+        entries.push((b"__keys__".to_vec(), keys_pickle(&keys)));
+        write_folder2lmdb(&path, &entries);
+        match (format::open(&path), twice) {
+            (Err(Error::NotADataset { reason, .. }), Some(key)) => {
+                assert!(
+                    reason.contains(&format!("the key {key:?} more than once")),
+                    "{reason}"
+                )
+            }
+            (Ok(dataset), None) => assert_eq!(dataset.len(), keys.len()),
+            (Err(other), _) => panic!("{keys:?}: {other}"),
+            (Ok(_), Some(_)) => panic!("{keys:?}: opened"),
+        }
+    }
+}
+
 /// The overflow page number and the first key of the live leaf of a folder2lmdb file's main
 /// database (one leaf: a small file): (offset of node `i`'s header, of its overflow number).
 fn folder2lmdb_leaf_nodes(bytes: &[u8]) -> Vec<(usize, Option<usize>)> {
