@@ -177,9 +177,18 @@ fn not_a_class_dir(path: &Path) -> Error {
     }
 }
 
+/// The most classes a synthetic tree holds: as many as a dataset may have (the loader's
+/// `dataset::MAX_CLASSES`, a module of the same layer; a test checks they agree).
+pub const MAX_CLASSES: usize = 1 << 20;
+
+/// The most images a synthetic tree holds (a billion files is already past what a file system
+/// lists in a reasonable time).
+pub const MAX_IMAGES: usize = 1 << 32;
+
 /// Writes the tree described by `spec` under `root` (created if needed). A file already at one
 /// of the names written is replaced (a link there is replaced by the file, never followed);
-/// nothing else in `root` is touched. Refuses, before writing anything, an empty spec, a side
+/// nothing else in `root` is touched. Refuses, before writing anything, an empty spec, more
+/// than [`MAX_CLASSES`] classes or [`MAX_IMAGES`] images, a side
 /// longer than [`MAX_SIDE`], and a class directory that exists as a link or a file.
 pub fn write_image_folder(root: impl AsRef<Path>, spec: &SyntheticSpec) -> Result<SyntheticTree> {
     let root = root.as_ref();
@@ -189,6 +198,30 @@ pub fn write_image_folder(root: impl AsRef<Path>, spec: &SyntheticSpec) -> Resul
             reason:
                 "synthetic spec needs at least one class, one image per class and a non-zero size"
                     .into(),
+        });
+    }
+    // Checked before the class names are made: a hostile try asked for 10^9 classes and the
+    // list of names alone (24 GB) aborted the process.
+    if spec.classes > MAX_CLASSES {
+        return Err(Error::BadImageFolder {
+            path: root.to_path_buf(),
+            reason: format!(
+                "at most {MAX_CLASSES} classes (what a dataset may have); asked for {}",
+                spec.classes
+            ),
+        });
+    }
+    if spec
+        .classes
+        .checked_mul(spec.per_class)
+        .is_none_or(|n| n > MAX_IMAGES)
+    {
+        return Err(Error::BadImageFolder {
+            path: root.to_path_buf(),
+            reason: format!(
+                "at most {MAX_IMAGES} images; asked for {} classes of {}",
+                spec.classes, spec.per_class
+            ),
         });
     }
     if spec.width > MAX_SIDE || spec.height > MAX_SIDE {

@@ -1336,6 +1336,30 @@ fn synth_refuses_huge_sizes_and_never_writes_through_links() {
     let err = synthetic::write_image_folder(&out, &too_big).unwrap_err();
     assert!(err.to_string().contains("at most 8192x8192"), "{err}");
     assert!(!out.exists());
+    // Counts past what a dataset may hold are refused before anything is made (10^9 classes
+    // aborted the process: their names alone were 24 GB), as is a count that overflows.
+    assert_eq!(synthetic::MAX_CLASSES, imagefeed::dataset::MAX_CLASSES);
+    for (classes, per_class, says) in [
+        ("1000000000", "1", "classes"),
+        ("1048577", "1", "classes"),
+        ("1000", "18446744073709551615", "images"),
+    ] {
+        let o = run(&[
+            &"synth",
+            &out,
+            &"--classes",
+            &classes,
+            &"--per-class",
+            &per_class,
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{classes}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("at most") && stderr(&o).contains(says),
+            "{classes} x {per_class}: {}",
+            stderr(&o)
+        );
+        assert!(!out.exists(), "{classes}: wrote {}", out.display());
+    }
 
     let precious = dir.path().join("precious.txt");
     std::fs::write(&precious, "irreplaceable").unwrap();
