@@ -61,9 +61,8 @@ def reading_options(
     for flag, setting in (("allow_missing_shards", allow_missing_shards), ("ranged_reads", ranged_reads)):
         if not isinstance(setting, bool):
             raise errors.ConfigError(f"{flag} {setting!r}: must be True or False")
-    for name, value in (("label_base", label_base), ("num_classes", num_classes)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise errors.ConfigError(f"{name} {value!r}: must be a non-negative int")
+    label_base = errors.optional_whole_number("label_base", label_base, high=errors.U32_MAX)
+    num_classes = errors.optional_whole_number("num_classes", num_classes)
     if storage_options is not None and (
         not isinstance(storage_options, dict)
         or not all(isinstance(k, str) and isinstance(v, str) for k, v in storage_options.items())

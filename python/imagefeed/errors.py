@@ -9,7 +9,8 @@ few more on the classes below. Catch :class:`Error` for everything imagefeed rai
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, List
+import operator
+from typing import Iterator, List, Optional
 
 __all__ = [
     "Error",
@@ -159,6 +160,25 @@ class RankWarning(UserWarning):
 class ResumeWarning(UserWarning):
     """``Loader.set_epoch`` named another epoch than the one ``load_state_dict`` restored a position
     in: the restored position was dropped."""
+
+
+U32_MAX = 2**32 - 1
+U64_MAX = 2**64 - 1
+
+
+def whole_number(name: str, value: object, *, low: int = 0, high: int = U64_MAX) -> int:
+    """``value`` as an ``int`` in ``low..=high`` (Python and NumPy integers; never a bool), else a
+    :class:`ConfigError` naming the setting ``name``."""
+    if not isinstance(value, bool) and hasattr(type(value), "__index__"):
+        number = operator.index(value)  # type: ignore[arg-type]
+        if low <= number <= high:
+            return number
+    raise ConfigError(f"{name} {value!r}: must be an int in {low}..{high}")
+
+
+def optional_whole_number(name: str, value: object, *, low: int = 0, high: int = U64_MAX) -> Optional[int]:
+    """:func:`whole_number`, with ``None`` passed through."""
+    return None if value is None else whole_number(name, value, low=low, high=high)
 
 
 @contextlib.contextmanager

@@ -385,16 +385,17 @@ class Loader:
             # Drawn, as torch draws its base seed: kept in .seed and in state_dict(), and taken
             # back from a state restored into a loader whose seed was drawn too.
             seed = int.from_bytes(os.urandom(8), "little")
-        for name, value in (("batch_size", batch_size), ("workers", workers), ("seed", seed),
-                            ("rank", rank), ("world_size", world_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise errors.ConfigError(f"{name} {value!r}: must be a non-negative int")
+        batch_size = errors.whole_number("batch_size", batch_size)
+        workers = errors.whole_number("workers", workers)
+        seed = errors.whole_number("seed", seed)
+        rank = errors.whole_number("rank", rank)
+        world_size = errors.whole_number("world_size", world_size)
         for name, value in (("shuffle", shuffle), ("drop_last", drop_last), ("scaled_decode", scaled_decode)):
             if not isinstance(value, bool):
                 raise errors.ConfigError(f"{name} {value!r}: must be True or False")
-        for name, limit in (("prefetch", prefetch), ("max_pixels", max_pixels), ("shard_window", shard_window)):
-            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-                raise errors.ConfigError(f"{name} {limit!r}: must be a non-negative int")
+        prefetch = errors.optional_whole_number("prefetch", prefetch)
+        max_pixels = errors.optional_whole_number("max_pixels", max_pixels)
+        shard_window = errors.optional_whole_number("shard_window", shard_window)
         for name, text in (("dtype", dtype), ("layout", layout), ("uneven", uneven), ("bad_samples", bad_samples)):
             if not isinstance(text, str):
                 raise errors.ConfigError(f"{name} {text!r}: must be a string")
@@ -564,8 +565,7 @@ class Loader:
         epoch's end gives an empty loop, then the next epoch). Another epoch drops the restored
         position, with a :class:`~imagefeed.errors.ResumeWarning`, and starts that epoch from its
         first batch."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch < 2**64 - 1:
-            raise errors.ConfigError(f"epoch {epoch!r}: must be an int in 0..2**64-1")
+        epoch = errors.whole_number("epoch", epoch, high=errors.U64_MAX - 1)
         self._empty_loop = None
         if self._restored_end is not None:
             if epoch == self._restored_end:

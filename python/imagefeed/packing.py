@@ -105,10 +105,20 @@ def pack(
     hdf5_images, hdf5_labels, input_label_base, num_classes, allow_missing_shards, storage_options, ranged_reads
         How to read a source other tools wrote, as :class:`~imagefeed.Loader` takes them.
     """
+    resize = errors.optional_whole_number("resize", resize, high=errors.U32_MAX)
+    quality = errors.whole_number("quality", quality, high=255)
+    threads = errors.optional_whole_number("threads", threads)
+    shard_bytes = errors.optional_whole_number("shard_bytes", shard_bytes)
+    label_base = errors.whole_number("label_base", label_base, high=errors.U32_MAX)
+    max_pixels = errors.optional_whole_number("max_pixels", max_pixels)
+    if part is not None:
+        if isinstance(part, (str, bytes)) or not hasattr(part, "__len__") or len(part) != 2:
+            raise errors.ConfigError(f"part {part!r}: must be a pair (index, count)")
+        part = (errors.whole_number("part index", part[0]), errors.whole_number("part count", part[1]))
     with errors.arguments("pack"):
         summary = _native.pack_dataset(
-            os.fspath(source),
-            os.fspath(out),
+            os.fsdecode(source),
+            os.fsdecode(out),
             format=format,
             resize=resize,
             quality=quality,
@@ -183,9 +193,12 @@ def join(
             f"join takes a list of parts, not one path ({os.fspath(parts)!r}): "
             "join([part0, part1, ...], out)"
         )
+    threads = errors.optional_whole_number("threads", threads)
+    shard_bytes = errors.optional_whole_number("shard_bytes", shard_bytes)
+    label_base = errors.whole_number("label_base", label_base, high=errors.U32_MAX)
     with errors.arguments("join"):
         summary = _native.join_parts(
-            [os.fspath(p) for p in parts], os.fspath(out), format=format, resume=resume, force=force,
+            [os.fsdecode(p) for p in parts], os.fsdecode(out), format=format, resume=resume, force=force,
             threads=threads, shard_bytes=shard_bytes, label_base=label_base,
             shared_headers=shared_headers, quiet=not progress,
         )
@@ -269,7 +282,7 @@ def verify(
     )
     with errors.arguments("verify"):
         report: VerifyReport = json.loads(
-            _native.verify_dataset(dataset_paths(path), None if against is None else os.fspath(against), reading)
+            _native.verify_dataset(dataset_paths(path), None if against is None else os.fsdecode(against), reading)
         )
     report["ok"] = not report.get("problems")
     return report
@@ -307,8 +320,13 @@ def synthesize(
     int
         The number of image files written.
     """
-    width, height = size
-    return _native.synthesize(
-        os.fspath(root), classes=classes, per_class=per_class, width=width, height=height,
-        seed=seed, edge_cases=edge_cases,
-    )
+    if isinstance(size, (str, bytes)) or not hasattr(size, "__len__") or len(size) != 2:
+        raise errors.ConfigError(f"size {size!r}: must be a pair (width, height)")
+    width = errors.whole_number("width", size[0], high=errors.U32_MAX)
+    height = errors.whole_number("height", size[1], high=errors.U32_MAX)
+    with errors.arguments("synthesize"):
+        return _native.synthesize(
+            os.fsdecode(root), classes=errors.whole_number("classes", classes),
+            per_class=errors.whole_number("per_class", per_class), width=width, height=height,
+            seed=errors.whole_number("seed", seed), edge_cases=edge_cases,
+        )

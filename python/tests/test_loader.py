@@ -1040,6 +1040,39 @@ def test_wrong_argument_types_and_ranges_are_imagefeed_errors(lmdb_path):
         imagefeed.Dataset(lmdb_path, max_pixels=-1, decode="bytes")
 
 
+def test_integer_arguments_name_the_setting_and_take_numpy_ints(lmdb_path, tmp_path):
+    # A hostile try: out-of-range ints said "int too big to convert" or "out of range integral
+    # type conversion attempted" without the setting; pack(part=(1, 2, 3)) and
+    # synthesize(per_class=-1) raised builtins' ValueError/OverflowError; a NumPy batch size
+    # was "must be a non-negative int".
+    for bad, named in [(dict(batch_size=2**64), "batch_size"), (dict(seed=2**64), "seed"),
+                       (dict(workers=-1), "workers"), (dict(prefetch=True), "prefetch"),
+                       (dict(label_base=2**32), "label_base")]:
+        with pytest.raises(imagefeed.ConfigError, match=named):
+            loader(lmdb_path, **bad)
+    a = loader(lmdb_path, batch_size=np.int64(5), seed=np.uint32(3), workers=np.int8(1))
+    b = loader(lmdb_path, batch_size=5, seed=3, workers=1)
+    a.set_epoch(np.int64(2))
+    b.set_epoch(2)
+    assert [y.tolist() for _, y in a] == [y.tolist() for _, y in b]
+    out = tmp_path / "out.lmdb"
+    for bad, named in [(dict(part=(1, 2, 3)), "part"), (dict(part=(-1, 2)), "part index"),
+                       (dict(quality=-1, resize=8), "quality"), (dict(resize=-1), "resize"),
+                       (dict(label_base=-1), "label_base"), (dict(threads=2**64), "threads")]:
+        with pytest.raises(imagefeed.ConfigError, match=named):
+            imagefeed.pack(lmdb_path, out, progress=False, **bad)
+    assert not out.exists()
+    for bad, named in [(dict(per_class=-1), "per_class"), (dict(size=(1, 2, 3)), "size"),
+                       (dict(classes=10**9), "classes")]:
+        with pytest.raises(imagefeed.Error, match=named):
+            imagefeed.synthesize(tmp_path / "tree", **bad)
+    assert imagefeed.synthesize(tmp_path / "tree", classes=np.int64(2), per_class=2, size=(8, 8)) == 4
+    # Bytes paths, as Loader, Dataset and inspect take them.
+    summary = imagefeed.pack(os.fsencode(tmp_path / "tree"), os.fsencode(out), progress=False)
+    assert summary["samples"] == 4
+    assert imagefeed.verify(out, against=os.fsencode(tmp_path / "tree"))["ok"]
+
+
 def test_the_position_leaves_out_batches_returned_but_not_handed_over(lmdb_path):
     # What the CUDA path relies on: one batch staged ahead on the GPU, one more held when an
     # exception hits. The native loader remembers the positions before its last two batches.
