@@ -820,6 +820,7 @@ where
                     Err(UnreadRecord {
                         key: format!("#{index}"),
                         message: format!("cannot open a reader: {e}"),
+                        reason: format!("cannot open a reader: {e}"),
                     }),
                 ),
             },
@@ -847,7 +848,7 @@ pub fn keys_and_labels(dataset: &dyn Dataset) -> Result<Vec<(String, u32)>> {
     par_map_records(dataset, |_, record| {
         record
             .map(|r| (r.key.to_owned(), r.label))
-            .map_err(|unread| (unread.key, unread.message))
+            .map_err(|unread| (unread.key, unread.reason))
     })
     .into_iter()
     .enumerate()
@@ -867,18 +868,21 @@ pub fn keys_and_labels(dataset: &dyn Dataset) -> Result<Vec<(String, u32)>> {
 pub(crate) struct UnreadRecord {
     pub key: String,
     pub message: String,
+    /// Why, without the dataset and record the message names first.
+    pub reason: String,
 }
 
 impl UnreadRecord {
     /// Record `index`, which failed with `e`.
     fn of(index: usize, e: Error) -> Self {
-        let key = match &e {
-            Error::CorruptRecord { key, .. } => key.clone(),
-            _ => format!("#{index}"),
+        let (key, reason) = match &e {
+            Error::CorruptRecord { key, reason, .. } => (key.clone(), reason.clone()),
+            _ => (format!("#{index}"), e.to_string()),
         };
         UnreadRecord {
             key,
             message: e.to_string(),
+            reason,
         }
     }
 }

@@ -361,11 +361,14 @@ fn label_out_of_range_is_an_error_naming_the_record() {
         );
         assert!(message.contains("label 7 is outside 0..3"), "{message}");
         // Listing every label (Python's `targets`) stops at that record, naming it.
+        // (Named once: the reason was the whole message, dataset and record again.)
         let err = imagefeed::dataset::keys_and_labels(dataset.as_ref()).unwrap_err();
         assert!(
-            matches!(&err, Error::CorruptRecord { index: 1, key, .. } if key == "c/bad.jpg"),
+            matches!(&err, Error::CorruptRecord { index: 1, key, reason, .. }
+                if key == "c/bad.jpg" && reason.starts_with("label 7")),
             "{name}: {err}"
         );
+        assert_eq!(err.to_string().matches("c/bad.jpg").count(), 1, "{err}");
     }
 }
 
