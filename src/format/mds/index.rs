@@ -236,10 +236,22 @@ impl Index {
         let layout = choose(columns).map_err(bad)?;
         let mut notes = Vec::new();
         let label = &layout.columns[layout.label.0];
-        if !LABEL_NAMES
-            .iter()
-            .any(|n| label.name.eq_ignore_ascii_case(n))
+        let named_like_a_label =
+            |c: &Column| LABEL_NAMES.iter().any(|n| c.name.eq_ignore_ascii_case(n));
+        // A column named like the label that is not an integer column, beside the one integer
+        // column taken instead (a hostile try: Streaming's ImageNet layout with `y` as float32
+        // read the sample index `i` as the label, 60 classes of one sample).
+        if !named_like_a_label(label)
+            && let Some(named) = layout.columns.iter().find(|c| named_like_a_label(c))
         {
+            return Err(bad(format!(
+                "column {:?} ({}) is named like the label but does not hold integers; the only \
+                 integer column is {:?} ({}), which is not named like one: imagefeed reads \
+                 integer labels (int, int8..int64, uint8..uint64, str_int)",
+                named.name, named.encoding, label.name, label.encoding
+            )));
+        }
+        if !named_like_a_label(label) {
             notes.push(format!(
                 "{}: the label is column {:?} ({}), the only integer column; no column is \
                  named {}",
@@ -617,5 +629,23 @@ mod tests {
         ))
         .unwrap();
         assert!(named.notes.is_empty(), "{:?}", named.notes);
+    }
+
+    #[test]
+    fn a_label_named_column_that_is_not_integers_refuses_the_index_column() {
+        // Streaming's ImageNet layout with the label stored as float32: `i` (the sample index)
+        // was taken as the label, without a word.
+        let Err(err) = parse(&index(
+            r#""column_names": ["i", "x", "y"], "column_encodings": ["int", "jpeg", "float32"],
+            "column_sizes": [8, null, 4]"#,
+        )) else {
+            panic!("opened");
+        };
+        assert!(
+            matches!(&err, Error::NotADataset { reason, .. }
+                if reason.contains("\"y\" (float32) is named like the label")
+                    && reason.contains("\"i\"")),
+            "{err}"
+        );
     }
 }

@@ -255,7 +255,9 @@ impl Mds {
                 ),
             );
         }
-        notices.extend(index.notes.iter().cloned());
+        for note in &index.notes {
+            crate::dataset::notice(&mut notices, note.clone());
+        }
         assemble(dir, index.layout, shards, options, notices, missing_shards)
     }
 }
