@@ -1020,3 +1020,27 @@ fn a_shard_named_twice_through_a_link_is_refused_not_read_twice() {
         ShardSetProblem::Inconsistent { .. }
     ));
 }
+
+#[test]
+fn webdataset_tars_beside_tfrecord_shards_are_another_set_not_passed_over() {
+    // A hostile try read a directory of TFRecord shards and WebDataset tars as the TFRecords
+    // alone, "complete: yes".
+    let dir = tempfile::tempdir().unwrap();
+    let files = foreign_set(dir.path(), "train", 2);
+    fs::write(dir.path().join("shard-000000.tar"), vec![0u8; 1024]).unwrap();
+    let options = OpenOptions::default();
+    match shard_set_problem(format::open_with(dir.path(), &options)) {
+        ShardSetProblem::Mixed { sets, example } => {
+            assert_eq!(sets.len(), 2, "{sets:?}");
+            assert!(sets[1].0.starts_with("WebDataset"), "{sets:?}");
+            assert_eq!(example, "train-*-of-00002");
+        }
+        other => panic!("{other:?}"),
+    }
+    // The pattern the error suggests reads the TFRecords.
+    let picked = format::open_with(dir.path().join("train-*-of-00002"), &options).unwrap();
+    assert_eq!(
+        picked.len(),
+        format::open_files(&files, &options).unwrap().len()
+    );
+}

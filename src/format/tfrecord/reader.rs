@@ -356,12 +356,33 @@ fn manifest_in(dir: &Path) -> Result<Option<Manifest>> {
 
 /// The TFRecord shards in `dir`, by name ([`is_shard_name`]), in name order.
 fn shard_files_in(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut found: Vec<PathBuf> = fs::read_dir(dir)
+    let files: Vec<PathBuf> = fs::read_dir(dir)
         .at(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_file() && is_shard_name(p))
+        .filter(|p| p.is_file())
         .collect();
+    let (mut found, tars): (Vec<PathBuf>, Vec<PathBuf>) = files
+        .into_iter()
+        .filter(|p| is_shard_name(p) || crate::format::webdataset::is_shard_name(p))
+        .partition(|p| is_shard_name(p));
     found.sort();
+    // WebDataset tars beside the TFRecord shards are another set, never passed over (a hostile
+    // try read a directory of 20 TFRecords and 40 samples in tars as 20 samples, "complete").
+    if let (Some(first), Some(tar)) = (found.first(), tars.iter().min()) {
+        let name = |p: &Path| {
+            crate::format::shards::shard_name(&p.file_name().unwrap_or_default().to_string_lossy())
+        };
+        return Err(Error::ShardSet {
+            path: dir.to_path_buf(),
+            problem: crate::format::shards::ShardSetProblem::Mixed {
+                sets: vec![
+                    (format!("TFRecord {}", name(first).set()), found.len()),
+                    (format!("WebDataset {}", name(tar).set()), tars.len()),
+                ],
+                example: name(first).pattern(),
+            },
+        });
+    }
     if found.is_empty() {
         return Err(Error::not_a_dataset(
             dir,
