@@ -106,6 +106,21 @@ pub fn convert_with(
         return pack_image_folder(source, out, format, options, observer);
     }
     let dataset = crate::format::open_with(source, input)?;
+    // Members of a shard set holding nothing while the others hold records are records that
+    // cannot be copied and cannot be counted as rejected: `inspect` calls such a set
+    // incomplete, and so does convert (a hostile try converted a set with a 0-byte member
+    // into an output that said "complete: yes", exit 0).
+    let empty = dataset.suspect_empty_shards();
+    if empty > 0 {
+        return Err(Error::Incomplete {
+            path: source.to_path_buf(),
+            reason: format!(
+                "{empty} member(s) of its shard set hold no sample while the others do (a copy \
+                 cut short, or a file never written; `inspect` names them): their records \
+                 would be missing from the output"
+            ),
+        });
+    }
     pack_source(
         &Source::Records(dataset.as_ref()),
         source,

@@ -476,6 +476,22 @@ fn an_empty_member_among_full_ones_is_reported_and_inspect_says_incomplete() {
         "{:?}",
         report.problems
     );
+    // convert refuses it, writing nothing (a hostile try's convert exited 0 with an output
+    // that said "complete: yes", the member's records gone).
+    let out = dir.path().join("converted.lmdb");
+    let err = imagefeed::pack::convert(
+        dir.path(),
+        &out,
+        PackFormat::Lmdb,
+        &small_options(),
+        &imagefeed::pack::NoProgress,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, Error::Incomplete { reason, .. } if reason.contains("1 member(s)")),
+        "{err}"
+    );
+    assert!(!out.exists());
     // A whole set has no such notice.
     let whole = tempfile::tempdir().unwrap();
     foreign_set(whole.path(), "train", 3);
@@ -491,6 +507,15 @@ fn an_empty_member_among_full_ones_is_reported_and_inspect_says_incomplete() {
             .unwrap()
             .is_ok()
     );
+    let converted = imagefeed::pack::convert(
+        whole.path(),
+        &out,
+        PackFormat::Lmdb,
+        &small_options(),
+        &imagefeed::pack::NoProgress,
+    )
+    .unwrap();
+    assert_eq!(converted.samples, opened.len());
 }
 
 #[test]
