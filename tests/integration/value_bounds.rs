@@ -344,6 +344,37 @@ fn hostile_h5py_labels_are_bad_records_and_float_labels_are_refused() {
         err.contains("shape.h5") && err.contains("declares shape"),
         "{err}"
     );
+
+    // One label per image: (4,), (4, 1) and (1, 4) read alike; (2, 2), four values, was
+    // flattened into four labels, and a one-hot (4, 2) is no list of class numbers.
+    let shaped = |name: &str, shape: &[usize], values: &[i64]| {
+        make(name, &|f| {
+            f.new_dataset_builder()
+                .with_data(&ndarray::ArrayD::from_shape_vec(shape, values.to_vec()).unwrap())
+                .create("labels")
+                .unwrap();
+        })
+    };
+    for shape in [&[4usize][..], &[4, 1], &[1, 4]] {
+        let path = shaped(&format!("labels-{shape:?}.h5"), shape, &[0, 1, 1, 0]);
+        let labels: Vec<u32> = support::records(format::open(&path).unwrap().as_ref())
+            .into_iter()
+            .map(|(_, label, _)| label)
+            .collect();
+        assert_eq!(labels, [0, 1, 1, 0], "{shape:?}");
+    }
+    for (shape, values) in [
+        (&[2usize, 2][..], &[0i64, 1, 1, 0][..]),
+        (&[4, 2], &[1, 0, 0, 1, 0, 1, 1, 0]),
+        (&[4, 1, 1], &[0, 1, 1, 0]),
+    ] {
+        let path = shaped(&format!("labels-{shape:?}.h5"), shape, values);
+        let err = format::open(&path).unwrap_err();
+        assert!(
+            matches!(&err, Error::NotADataset { reason, .. } if reason.contains("one integer per image")),
+            "{shape:?}: {err}"
+        );
+    }
 }
 
 #[cfg(feature = "hdf5")]

@@ -30,6 +30,21 @@ pub(super) fn open_foreign(
     check_label_type(path, &labels_ds, &names.labels)?;
     check_stored(path, &labels_ds, &names.labels, file_len)?;
     check_stored(path, &images, &names.images, file_len)?;
+    // One integer per image: (N,), or a column or row of them. A 2-D array of N values in
+    // another shape was flattened (a hostile try's (20, 2) labels for 40 images read as 40
+    // labels), and a one-hot (N, C) array was "has N*C labels".
+    let label_shape = labels_ds.shape();
+    if label_shape.len() > 2 || (label_shape.len() == 2 && !label_shape.contains(&1)) {
+        return Err(Error::not_a_dataset(
+            path,
+            format!(
+                "{:?} has shape {label_shape:?}: labels are one integer per image, of shape \
+                 (N,), (N, 1) or (1, N) (one-hot or multi-label arrays are not read; store \
+                 the class numbers)",
+                names.labels
+            ),
+        ));
+    }
     let labels = read_labels(path, &labels_ds, &names.labels)?;
     let shape = images.shape();
     let n = shape.first().copied().unwrap_or(0);
