@@ -363,6 +363,35 @@ fn hostile_h5py_labels_are_bad_records_and_float_labels_are_refused() {
             .collect();
         assert_eq!(labels, [0, 1, 1, 0], "{shape:?}");
     }
+    // Class names from the `classes` attribute, unless two classes share one (a hostile try:
+    // `class_to_idx` kept only one of them): then numbers, with a notice.
+    for (listed, expected) in [
+        (["cat", "dog"], ["cat", "dog"]),
+        (["cat", "cat"], ["0", "1"]),
+    ] {
+        let path = make(&format!("classes-{}.h5", listed.join("-")), &|f| {
+            f.new_dataset_builder()
+                .with_data(&[0i64, 1, 1, 0][..])
+                .create("labels")
+                .unwrap();
+            let names: Vec<hdf5::types::VarLenUnicode> =
+                listed.iter().map(|n| n.parse().unwrap()).collect();
+            f.new_attr::<hdf5::types::VarLenUnicode>()
+                .shape(2)
+                .create("classes")
+                .unwrap()
+                .write(&names)
+                .unwrap();
+        });
+        let dataset = format::open(&path).unwrap();
+        assert_eq!(dataset.classes(), expected, "{listed:?}");
+        assert_eq!(
+            dataset.notices().iter().any(|n| n.contains("alike")),
+            listed[0] == listed[1],
+            "{:?}",
+            dataset.notices()
+        );
+    }
     for (shape, values) in [
         (&[2usize, 2][..], &[0i64, 1, 1, 0][..]),
         (&[4, 2], &[1, 0, 0, 1, 0, 1, 1, 0]),

@@ -88,9 +88,30 @@ pub(super) fn open_foreign(
         }
     };
     let mut notices = Vec::new();
-    let classes = class_names(file, file_len)
-        .or_else(|| class_names(&labels_ds, file_len))
-        .unwrap_or_else(|| inferred_classes(&names.labels, &labels, &mut notices));
+    let named = class_names(file, file_len).or_else(|| class_names(&labels_ds, file_len));
+    let classes = match named {
+        // Two classes of one name: a name-to-class table (Python's `class_to_idx`) would keep
+        // only one of them (found by a hostile try).
+        Some(listed)
+            if listed
+                .iter()
+                .collect::<std::collections::HashSet<_>>()
+                .len()
+                < listed.len() =>
+        {
+            crate::dataset::notice(
+                &mut notices,
+                format!(
+                    "{}: its {CLASSES_ATTR:?} attribute names two classes alike: classes are \
+                     named by number",
+                    path.display()
+                ),
+            );
+            inferred_classes(&names.labels, &labels, &mut notices)
+        }
+        Some(listed) => listed,
+        None => inferred_classes(&names.labels, &labels, &mut notices),
+    };
     Ok(Shared {
         path: path.to_path_buf(),
         info: DatasetInfo {

@@ -450,10 +450,92 @@ impl ClassNames {
             );
             return numbered;
         }
-        numbered
-            .into_iter()
+        // One name for two classes would make a name-to-class table (Python's `class_to_idx`)
+        // keep only the later one, and a converted copy hold two classes of one name.
+        let mut owner: std::collections::HashMap<&str, i64> = std::collections::HashMap::new();
+        let mut classes: Vec<(&i64, &String)> = self.names.iter().collect();
+        classes.sort();
+        for (&class, name) in classes {
+            if let Some(other) = owner.insert(name.as_str(), class) {
+                crate::dataset::notice(
+                    notices,
+                    format!(
+                        "{}: classes {other} and {class} are both named {name:?}: classes are \
+                         named by number",
+                        path.display()
+                    ),
+                );
+                return numbered;
+            }
+        }
+        let named: Vec<String> = numbered
+            .iter()
+            .cloned()
             .enumerate()
             .map(|(class, number)| self.names.get(&(class as i64)).cloned().unwrap_or(number))
-            .collect()
+            .collect();
+        // A class without records keeps its number, which a record may use as its name.
+        let mut seen = std::collections::HashSet::new();
+        if named.iter().all(|n| seen.insert(n.as_str())) {
+            named
+        } else {
+            crate::dataset::notice(
+                notices,
+                format!(
+                    "{}: a class name is also another class's number: classes are named by \
+                     number",
+                    path.display()
+                ),
+            );
+            numbered
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn named(seen: &[(i64, Option<&str>)], classes: usize) -> (Vec<String>, Vec<String>) {
+        let mut names = ClassNames::default();
+        for &(class, name) in seen {
+            names.see(Some(class), name);
+        }
+        let mut notices = Vec::new();
+        let numbered = (0..classes).map(|c| c.to_string()).collect();
+        let classes = names.apply(numbered, Path::new("x.tfrecord"), &mut notices);
+        (classes, notices)
+    }
+
+    #[test]
+    fn classes_take_their_records_names_only_where_each_name_is_one_class() {
+        let (classes, notices) = named(&[(0, Some("cat")), (1, Some("dog")), (0, Some("cat"))], 2);
+        assert_eq!(
+            (classes, notices.len()),
+            (vec!["cat".into(), "dog".into()], 0)
+        );
+        // A class without records keeps its number.
+        let (classes, _) = named(&[(0, Some("cat")), (2, Some("dog"))], 3);
+        assert_eq!(classes, ["cat", "1", "dog"]);
+        // One class with two names, a record without a name: numbers, with a notice.
+        for seen in [
+            &[(0, Some("cat")), (0, Some("kitten"))][..],
+            &[(0, Some("cat")), (1, None)],
+        ] {
+            let (classes, notices) = named(seen, 2);
+            assert_eq!(classes, ["0", "1"], "{seen:?}");
+            assert_eq!(notices.len(), 1, "{seen:?}");
+        }
+        // Two classes of one name (a hostile try: `class_to_idx` kept only the later one), or
+        // a name that is another class's number: numbers, with a notice naming it.
+        let (classes, notices) = named(&[(0, Some("cat")), (1, Some("dog")), (2, Some("cat"))], 3);
+        assert_eq!(classes, ["0", "1", "2"]);
+        assert!(
+            notices[0].contains("classes 0 and 2 are both named \"cat\""),
+            "{notices:?}"
+        );
+        let (classes, notices) = named(&[(0, Some("1")), (2, Some("two"))], 3);
+        assert_eq!(classes, ["0", "1", "2"]);
+        assert_eq!(notices.len(), 1);
     }
 }
