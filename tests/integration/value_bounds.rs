@@ -651,6 +651,33 @@ fn a_folder2lmdb_keys_list_naming_a_key_twice_is_refused() {
     }
 }
 
+/// A folder2lmdb file without `__keys__` whose `__len__` is short of its records: they are
+/// read as folder2lmdb reads them (keys 0..__len__), with a notice that more are stored (a
+/// hostile try's 30 records under `__len__` 20 read as 20 without a word).
+#[test]
+fn a_folder2lmdb_len_short_of_its_records_is_read_with_a_notice() {
+    let dir = tempfile::tempdir().unwrap();
+    for (len, stored, noticed) in [(2usize, 3usize, true), (3, 3, false)] {
+        let path = dir.path().join(format!("len-{len}-{stored}.lmdb"));
+        let mut entries: Vec<(Vec<u8>, Vec<u8>)> = (0..stored)
+            .map(|i| (i.to_string().into_bytes(), pickled(&jpeg(), 0)))
+            .collect();
+        entries.push((b"__len__".to_vec(), pickled_int(len as i64)));
+        write_folder2lmdb(&path, &entries);
+        let dataset = format::open(&path).unwrap();
+        assert_eq!(dataset.len(), len);
+        assert_eq!(
+            dataset
+                .notices()
+                .iter()
+                .any(|n| n.contains(&format!("under the key \"{len}\", past __len__"))),
+            noticed,
+            "{:?}",
+            dataset.notices()
+        );
+    }
+}
+
 /// The overflow page number and the first key of the live leaf of a folder2lmdb file's main
 /// database (one leaf: a small file): (offset of node `i`'s header, of its overflow number).
 fn folder2lmdb_leaf_nodes(bytes: &[u8]) -> Vec<(usize, Option<usize>)> {

@@ -230,8 +230,24 @@ pub(super) fn open_folder2lmdb(
         ));
     }
     let len = len as usize;
+    let mut notices = Vec::new();
     let keys: Vec<String> = match get(b"__keys__")? {
-        None => (0..len).map(|i| i.to_string()).collect(),
+        None => {
+            // Keys 0..__len__: a record under the next key is one __len__ leaves out (a
+            // hostile try's file of 30 records and `__len__` 20 read as 20 without a word).
+            if get(len.to_string().as_bytes()).ok().flatten().is_some() {
+                crate::dataset::notice(
+                    &mut notices,
+                    format!(
+                        "{}: a record is stored under the key \"{len}\", past __len__ ({len}; \
+                         the database holds {entries} entries): only the keys 0..{len} are \
+                         read, as folder2lmdb reads them",
+                        path.display()
+                    ),
+                );
+            }
+            (0..len).map(|i| i.to_string()).collect()
+        }
         Some(value) => folder2lmdb_keys(path, &copied(path, &bounds, value)?, len)?,
     };
     if keys.len() != len {
@@ -304,7 +320,7 @@ pub(super) fn open_folder2lmdb(
         info,
         complete: true,
         progress: None,
-        notices: notice.into_iter().collect(),
+        notices: notices.into_iter().chain(notice).collect(),
         direct,
     })
 }
