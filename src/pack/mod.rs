@@ -102,6 +102,7 @@ pub fn convert_with(
         && !source.join("data.mdb").is_file()
         && !crate::format::tfrecord::looks_like_records(source)
         && !crate::format::webdataset::looks_like_webdataset(source)
+        && !crate::format::mds::looks_like_mds(source)
     {
         return pack_image_folder(source, out, format, options, observer);
     }

@@ -542,6 +542,24 @@ fn mosaic_mds_datasets_read_like_their_source_tree() {
     // Named by its index.json, the same dataset.
     let by_index = format::open(compat("mds/index.json")).unwrap();
     assert_eq!(records(by_index.as_ref()), rows);
+    // convert takes the directory as inspect and the loader do (it was read as an image
+    // folder: "no class directories").
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("from-mds.lmdb");
+    let summary = imagefeed::pack::convert(
+        &compat("mds"),
+        &out,
+        imagefeed::pack::PackFormat::Lmdb,
+        &small_options(),
+        &imagefeed::pack::NoProgress,
+    )
+    .unwrap();
+    // (The truncated JPEG, which PIL opens lazily, is rejected by convert's full decode.)
+    assert_eq!(summary.samples + summary.rejected.len(), rows.len());
+    assert_eq!(summary.rejected.len(), 1, "{:?}", summary.rejected);
+    let converted = records(format::open(&out).unwrap().as_ref());
+    assert_eq!(converted.len(), summary.samples);
+    assert!(converted.iter().all(|r| rows.contains(r)));
 }
 
 /// Streaming's CIFAR converter stores PIL's raw pixels (`pil`): read as raw RGB payloads, the
