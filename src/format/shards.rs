@@ -722,10 +722,29 @@ pub fn check_sets(
         .map(|members| (members[0].0.set(), members.len()))
         .collect();
     if one_set && sets.len() > 1 && !one_unnumbered_group(&sets) {
+        // A pattern that picks the first set alone: `*` where no other set shares its prefix
+        // and suffix, else one `?` a digit (a hostile try's `train-0.tar`…`train-2.tar` beside
+        // `train-001.tar` was told to use `train-*.tar`, which picked both again).
         let example = sets
             .values()
             .next()
-            .map(|m| m[0].0.pattern())
+            .map(|m| {
+                let first = &m[0].0;
+                let alike = sets
+                    .keys()
+                    .filter(|k| k.0 == first.prefix && k.2 == first.suffix)
+                    .count();
+                if alike > 1 && first.width > 0 {
+                    format!(
+                        "{}{}{}",
+                        first.prefix,
+                        "?".repeat(first.width),
+                        first.suffix
+                    )
+                } else {
+                    first.pattern()
+                }
+            })
             .unwrap_or_default();
         return Err(error(ShardSetProblem::Mixed {
             sets: summary,
@@ -947,6 +966,37 @@ mod tests {
         assert!(!picks_by_wildcards("shard-{000000..000003}.tar"));
         assert!(!picks_by_wildcards("{train,validation}-*"));
         assert!(!picks_by_wildcards("train-00000-of-00002"));
+    }
+
+    #[test]
+    fn the_pattern_a_mixed_set_error_suggests_picks_that_set_alone() {
+        // Sets told apart only by their numbers' width: `train-*.tar` picks both.
+        let files = paths(&["train-0.tar", "train-1.tar", "train-2.tar", "train-001.tar"]);
+        let ShardSetProblem::Mixed { example, .. } =
+            problem(check_sets(Path::new("/d"), &files, Picked::All, false))
+        else {
+            panic!("not refused as mixed");
+        };
+        let picks = glob::Pattern::new(&example).unwrap();
+        let picked: Vec<&str> = ["train-0.tar", "train-1.tar", "train-2.tar", "train-001.tar"]
+            .into_iter()
+            .filter(|n| picks.matches(n))
+            .collect();
+        assert_eq!(
+            picked.len(),
+            if picked.contains(&"train-001.tar") {
+                1
+            } else {
+                3
+            }
+        );
+        let set: Vec<PathBuf> = files
+            .iter()
+            .filter(|f| picks.matches(&f.file_name().unwrap().to_string_lossy()))
+            .cloned()
+            .collect();
+        let picked_by = Picked::ByWildcards(&example);
+        assert!(check_sets(Path::new("/d/x"), &set, picked_by, false).is_ok());
     }
 
     #[test]
