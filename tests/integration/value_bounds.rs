@@ -200,6 +200,44 @@ fn write_shard(dir: &Path, records: &[(i64, &[u8])]) -> PathBuf {
 }
 
 #[test]
+fn tfrecords_without_an_integer_label_are_refused_saying_what_the_label_is() {
+    // A hostile try's float-list labels were "no record has an image/class/label in
+    // 0..1048576", which says nothing of what the records hold.
+    let dir = tempfile::tempdir().unwrap();
+    let image = jpeg();
+    let mut shard = Vec::new();
+    let mut record = Vec::new();
+    for _ in 0..3 {
+        example::encode(
+            &mut record,
+            &[
+                (
+                    tfrecord::features::ENCODED,
+                    example::FeatureValue::Bytes(&image),
+                ),
+                (
+                    tfrecord::features::LABEL,
+                    example::FeatureValue::Bytes(b"3.0"),
+                ),
+            ],
+        );
+        tfrecord::frame(&mut shard, &record);
+    }
+    let path = dir.path().join("labels-as-text.tfrecord");
+    fs::write(&path, shard).unwrap();
+    match format::open(&path) {
+        Err(Error::NotADataset { reason, .. }) => assert!(
+            reason.contains("the first without")
+                && reason.contains("record 0")
+                && reason.contains("is not an int64_list"),
+            "{reason}"
+        ),
+        Err(other) => panic!("{other}"),
+        Ok(_) => panic!("opened"),
+    }
+}
+
+#[test]
 fn hostile_tfrecord_labels_and_label_bases_are_bad_records_not_panics() {
     // Regression: a label of 2^63-1 or 2^40 made a huge class table; --input-label-base 1 with
     // a label of 0 or i64::MIN panicked with "capacity overflow".

@@ -335,6 +335,9 @@ pub(super) fn infer_classes(
     let label_base = options.records.label_base.unwrap_or(0);
     let mut inference = crate::dataset::ClassInference::default();
     let mut names = ClassNames::default();
+    // Why the first record without a usable label has none (a float list, several values, no
+    // feature): what the error says when no record has one.
+    let mut first_without = None;
     for shard in shards {
         let mapped = shard.data.get()?;
         for (number, &(offset, len)) in shard.records.iter().enumerate() {
@@ -342,8 +345,16 @@ pub(super) fn infer_classes(
                 && crate::mapguard::fault_in(bytes).is_ok()
                 && let Ok(data) = unframe(bytes)
                 && let Ok(features) = example::parse(data)
-                && let Ok(label) = example::int64(&features, features::LABEL)
             {
+                let label = match example::int64(&features, features::LABEL) {
+                    Ok(label) => label,
+                    Err(reason) => {
+                        first_without.get_or_insert_with(|| {
+                            format!("{} record {number}: {reason}", shard.path.display())
+                        });
+                        continue;
+                    }
+                };
                 let class = label.checked_sub(i64::from(label_base));
                 inference.see(
                     || format!("{} record {number}", shard.path.display()),
@@ -363,9 +374,10 @@ pub(super) fn infer_classes(
             name,
             format!(
                 "no record has an {} in {label_base}..{} (the label base and the most classes \
-                 allowed)",
+                 allowed){}",
                 features::LABEL,
-                i64::from(label_base) + crate::dataset::MAX_CLASSES as i64
+                i64::from(label_base) + crate::dataset::MAX_CLASSES as i64,
+                first_without.map_or(String::new(), |why| format!("; the first without: {why}"))
             ),
         ));
     }
