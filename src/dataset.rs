@@ -409,6 +409,17 @@ pub fn missing_list(names: &[String], count: u64) -> String {
     }
 }
 
+/// The positions of the first name that `names` holds twice: where it first was, and where it
+/// came again. Keys or class names must be unique: one listed twice is a record read twice,
+/// or a class a name-to-class table cannot tell from the other.
+pub(crate) fn first_repeat<'a>(names: impl IntoIterator<Item = &'a str>) -> Option<(usize, usize)> {
+    let mut first = std::collections::HashMap::new();
+    names
+        .into_iter()
+        .enumerate()
+        .find_map(|(at, name)| first.insert(name, at).map(|before| (before, at)))
+}
+
 /// Adds `message` to a dataset's notices ([`Dataset::notices`]) and reports it through the
 /// [`log`] facade.
 pub(crate) fn notice(notices: &mut Vec<String>, message: String) {

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
-from typing import Iterator, List, Optional
+from typing import Any, Iterator, List, Optional, Tuple
 
 __all__ = [
     "Error",
@@ -174,6 +174,15 @@ def whole_number(name: str, value: object, *, low: int = 0, high: int = U64_MAX)
         if low <= number <= high:
             return number
     raise ConfigError(f"{name} {value!r}: must be an int in {low}..{high}")
+
+
+def pair(name: str, value: Any, what: str) -> Tuple[object, object]:
+    """``value`` as its two items (anything of length two but a string: a tuple, a list, a
+    NumPy array), else a :class:`ConfigError` naming the setting ``name`` and ``what`` the
+    two are."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
+        raise ConfigError(f"{name} {value!r}: must be a pair ({what})")
+    return value[0], value[1]
 
 
 def optional_whole_number(name: str, value: object, *, low: int = 0, high: int = U64_MAX) -> Optional[int]:

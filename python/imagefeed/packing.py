@@ -112,9 +112,8 @@ def pack(
     label_base = errors.whole_number("label_base", label_base, high=errors.U32_MAX)
     max_pixels = errors.optional_whole_number("max_pixels", max_pixels)
     if part is not None:
-        if isinstance(part, (str, bytes)) or not hasattr(part, "__len__") or len(part) != 2:
-            raise errors.ConfigError(f"part {part!r}: must be a pair (index, count)")
-        part = (errors.whole_number("part index", part[0]), errors.whole_number("part count", part[1]))
+        index, count = errors.pair("part", part, "index, count")
+        part = (errors.whole_number("part index", index), errors.whole_number("part count", count))
     with errors.arguments("pack"):
         summary = _native.pack_dataset(
             os.fsdecode(source),
@@ -320,10 +319,9 @@ def synthesize(
     int
         The number of image files written.
     """
-    if isinstance(size, (str, bytes)) or not hasattr(size, "__len__") or len(size) != 2:
-        raise errors.ConfigError(f"size {size!r}: must be a pair (width, height)")
-    width = errors.whole_number("width", size[0], high=errors.U32_MAX)
-    height = errors.whole_number("height", size[1], high=errors.U32_MAX)
+    width, height = errors.pair("size", size, "width, height")
+    width = errors.whole_number("width", width, high=errors.U32_MAX)
+    height = errors.whole_number("height", height, high=errors.U32_MAX)
     with errors.arguments("synthesize"):
         return _native.synthesize(
             os.fsdecode(root), classes=errors.whole_number("classes", classes),

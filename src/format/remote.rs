@@ -111,7 +111,7 @@ fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
             format_args!("its prefix, {}", url.parent()),
         ));
     }
-    let pattern = name.contains(['*', '?', '[']) || (name.contains('{') && name.contains('}'));
+    let pattern = names_a_pattern(&name);
     // The index files beside the shards (ours, `shard-NNNNN.index`; the `tfrecord` package's
     // `NAME.index`), from the listing that found the shards; the manifest of ours beside the
     // shards a pattern picks (its classes, not inferred).
@@ -224,13 +224,19 @@ fn open(text: &str, options: &OpenOptions) -> Result<Opened> {
         .map(Opened::Records)
 }
 
+/// Whether the last part of a URL (`name`) is a pattern or brace list rather than an object's
+/// or prefix's name.
+fn names_a_pattern(name: &str) -> bool {
+    name.contains(['*', '?', '[']) || (name.contains('{') && name.contains('}'))
+}
+
 /// What the objects `text` (a URL) names take in storage, as [`open`] selects them: the
 /// objects a pattern or brace list picks, the one object named, or every object directly under
 /// a prefix (the dataset's own files, as a local directory's are counted).
 pub(crate) fn stored_bytes(text: &str, options: &OpenOptions) -> Result<u64> {
     let url = RemoteUrl::parse(text)?.with_options(&options.storage_options);
     let name = url.file_name().to_string();
-    let pattern = name.contains(['*', '?', '[']) || (name.contains('{') && name.contains('}'));
+    let pattern = names_a_pattern(&name);
     let objects = if pattern {
         let listing = store::list_dir(&url.parent(), Patience::Open)?;
         let options = options.clone().with_allow_missing_shards(true);

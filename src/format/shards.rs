@@ -164,6 +164,21 @@ impl ShardName {
         format!("{}*{}", self.prefix, self.suffix)
     }
 
+    /// A pattern that picks this set alone among `sets`: [`pattern`](Self::pattern) where no
+    /// other set shares its prefix and suffix, else one `?` a digit (a hostile try's
+    /// `train-0.tar`…`train-2.tar` beside `train-001.tar` was told to use `train-*.tar`, which
+    /// picked both again).
+    fn pattern_among<'a>(&self, sets: impl Iterator<Item = &'a SetKey>) -> String {
+        let alike = sets
+            .filter(|(prefix, _, suffix, _)| *prefix == self.prefix && *suffix == self.suffix)
+            .count();
+        if alike > 1 && self.width > 0 {
+            format!("{}{}{}", self.prefix, "?".repeat(self.width), self.suffix)
+        } else {
+            self.pattern()
+        }
+    }
+
     /// The file name of member `number` of this set.
     pub fn member(&self, number: u64) -> String {
         let width = self.width;
@@ -722,29 +737,10 @@ pub fn check_sets(
         .map(|members| (members[0].0.set(), members.len()))
         .collect();
     if one_set && sets.len() > 1 && !one_unnumbered_group(&sets) {
-        // A pattern that picks the first set alone: `*` where no other set shares its prefix
-        // and suffix, else one `?` a digit (a hostile try's `train-0.tar`…`train-2.tar` beside
-        // `train-001.tar` was told to use `train-*.tar`, which picked both again).
         let example = sets
             .values()
             .next()
-            .map(|m| {
-                let first = &m[0].0;
-                let alike = sets
-                    .keys()
-                    .filter(|k| k.0 == first.prefix && k.2 == first.suffix)
-                    .count();
-                if alike > 1 && first.width > 0 {
-                    format!(
-                        "{}{}{}",
-                        first.prefix,
-                        "?".repeat(first.width),
-                        first.suffix
-                    )
-                } else {
-                    first.pattern()
-                }
-            })
+            .map(|m| m[0].0.pattern_among(sets.keys()))
             .unwrap_or_default();
         return Err(error(ShardSetProblem::Mixed {
             sets: summary,

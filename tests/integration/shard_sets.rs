@@ -479,14 +479,16 @@ fn an_empty_member_among_full_ones_is_reported_and_inspect_says_incomplete() {
     // convert refuses it, writing nothing (a hostile try's convert exited 0 with an output
     // that said "complete: yes", the member's records gone).
     let out = dir.path().join("converted.lmdb");
-    let err = imagefeed::pack::convert(
-        dir.path(),
-        &out,
-        PackFormat::Lmdb,
-        &small_options(),
-        &imagefeed::pack::NoProgress,
-    )
-    .unwrap_err();
+    let convert = |src: &Path| {
+        imagefeed::pack::convert(
+            src,
+            &out,
+            PackFormat::Lmdb,
+            &small_options(),
+            &imagefeed::pack::NoProgress,
+        )
+    };
+    let err = convert(dir.path()).unwrap_err();
     assert!(
         matches!(&err, Error::Incomplete { reason, .. } if reason.contains("1 member(s)")),
         "{err}"
@@ -507,14 +509,7 @@ fn an_empty_member_among_full_ones_is_reported_and_inspect_says_incomplete() {
             .unwrap()
             .is_ok()
     );
-    let converted = imagefeed::pack::convert(
-        whole.path(),
-        &out,
-        PackFormat::Lmdb,
-        &small_options(),
-        &imagefeed::pack::NoProgress,
-    )
-    .unwrap();
+    let converted = convert(whole.path()).unwrap();
     assert_eq!(converted.samples, opened.len());
 }
 

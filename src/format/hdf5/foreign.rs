@@ -93,11 +93,7 @@ pub(super) fn open_foreign(
         // Two classes of one name: a name-to-class table (Python's `class_to_idx`) would keep
         // only one of them (found by a hostile try).
         Some(listed)
-            if listed
-                .iter()
-                .collect::<std::collections::HashSet<_>>()
-                .len()
-                < listed.len() =>
+            if crate::dataset::first_repeat(listed.iter().map(String::as_str)).is_some() =>
         {
             crate::dataset::notice(
                 &mut notices,

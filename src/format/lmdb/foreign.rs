@@ -107,13 +107,13 @@ fn folder2lmdb_keys(path: &Path, value: &[u8], len: usize) -> Result<Vec<String>
     };
     // A key listed twice is one record read twice, and some other record never (a hostile try
     // read a file whose __keys__ named "0" twelve times as twelve copies of record 0).
-    let mut seen = std::collections::HashSet::with_capacity(keys.len());
-    if let Some(twice) = keys.iter().find(|key| !seen.insert(key.as_str())) {
+    if let Some((_, again)) = crate::dataset::first_repeat(keys.iter().map(String::as_str)) {
         return Err(Error::not_a_dataset(
             path,
             format!(
-                "__keys__ lists the key {twice:?} more than once: its record would be read \
-                 twice and another never"
+                "__keys__ lists the key {:?} more than once: its record would be read twice \
+                 and another never",
+                keys[again]
             ),
         ));
     }

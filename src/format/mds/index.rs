@@ -128,7 +128,7 @@ pub struct Index {
     pub shards: Vec<ShardEntry>,
     /// Their columns.
     pub layout: Layout,
-    /// What opening should say about the choice of columns.
+    /// What opening says about the choice of columns (logged as notices when parsed).
     pub notes: Vec<String>,
 }
 
@@ -241,25 +241,26 @@ impl Index {
         // A column named like the label that is not an integer column, beside the one integer
         // column taken instead (a hostile try: Streaming's ImageNet layout with `y` as float32
         // read the sample index `i` as the label, 60 classes of one sample).
-        if !named_like_a_label(label)
-            && let Some(named) = layout.columns.iter().find(|c| named_like_a_label(c))
-        {
-            return Err(bad(format!(
-                "column {:?} ({}) is named like the label but does not hold integers; the only \
-                 integer column is {:?} ({}), which is not named like one: imagefeed reads \
-                 integer labels (int, int8..int64, uint8..uint64, str_int)",
-                named.name, named.encoding, label.name, label.encoding
-            )));
-        }
         if !named_like_a_label(label) {
-            notes.push(format!(
-                "{}: the label is column {:?} ({}), the only integer column; no column is \
-                 named {}",
-                path.display(),
-                label.name,
-                label.encoding,
-                LABEL_NAMES.join(" or ")
-            ));
+            if let Some(named) = layout.columns.iter().find(|c| named_like_a_label(c)) {
+                return Err(bad(format!(
+                    "column {:?} ({}) is named like the label but does not hold integers; the \
+                     only integer column is {:?} ({}), which is not named like one: imagefeed \
+                     reads integer labels (int, int8..int64, uint8..uint64, str_int)",
+                    named.name, named.encoding, label.name, label.encoding
+                )));
+            }
+            crate::dataset::notice(
+                &mut notes,
+                format!(
+                    "{}: the label is column {:?} ({}), the only integer column; no column is \
+                     named {}",
+                    path.display(),
+                    label.name,
+                    label.encoding,
+                    LABEL_NAMES.join(" or ")
+                ),
+            );
         }
         let image = &layout.columns[layout.image.0];
         if image.encoding == "bytes"
@@ -267,11 +268,14 @@ impl Index {
                 .iter()
                 .any(|n| image.name.eq_ignore_ascii_case(n))
         {
-            notes.push(format!(
-                "{}: the images are column {:?} (bytes), the only bytes column",
-                path.display(),
-                image.name
-            ));
+            crate::dataset::notice(
+                &mut notes,
+                format!(
+                    "{}: the images are column {:?} (bytes), the only bytes column",
+                    path.display(),
+                    image.name
+                ),
+            );
         }
         Ok(Index {
             shards,

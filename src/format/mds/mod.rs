@@ -255,9 +255,7 @@ impl Mds {
                 ),
             );
         }
-        for note in &index.notes {
-            crate::dataset::notice(&mut notices, note.clone());
-        }
+        notices.extend(index.notes.iter().cloned());
         assemble(dir, index.layout, shards, options, notices, missing_shards)
     }
 }

@@ -57,10 +57,7 @@ pub(crate) fn open(
             None => gone.push(entry.raw.0.clone()),
         }
     }
-    let mut notices = Vec::new();
-    for note in &index.notes {
-        crate::dataset::notice(&mut notices, note.clone());
-    }
+    let mut notices = index.notes.clone();
     let missing = crate::format::shards::listed_members_missing(
         &label,
         gone,

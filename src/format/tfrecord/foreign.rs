@@ -462,44 +462,28 @@ impl ClassNames {
             );
             return numbered;
         }
-        // One name for two classes would make a name-to-class table (Python's `class_to_idx`)
-        // keep only the later one, and a converted copy hold two classes of one name.
-        let mut owner: std::collections::HashMap<&str, i64> = std::collections::HashMap::new();
-        let mut classes: Vec<(&i64, &String)> = self.names.iter().collect();
-        classes.sort();
-        for (&class, name) in classes {
-            if let Some(other) = owner.insert(name.as_str(), class) {
+        let named: Vec<String> = numbered
+            .iter()
+            .enumerate()
+            .map(|(class, number)| self.names.get(&(class as i64)).unwrap_or(number).clone())
+            .collect();
+        // One name for two classes (two records' names, or a name that is a class's number)
+        // would make a name-to-class table (Python's `class_to_idx`) keep only the later one,
+        // and a converted copy hold two classes of one name.
+        match crate::dataset::first_repeat(named.iter().map(String::as_str)) {
+            None => named,
+            Some((before, again)) => {
                 crate::dataset::notice(
                     notices,
                     format!(
-                        "{}: classes {other} and {class} are both named {name:?}: classes are \
+                        "{}: classes {before} and {again} are both named {:?}: classes are \
                          named by number",
-                        path.display()
+                        path.display(),
+                        named[again]
                     ),
                 );
-                return numbered;
+                numbered
             }
-        }
-        let named: Vec<String> = numbered
-            .iter()
-            .cloned()
-            .enumerate()
-            .map(|(class, number)| self.names.get(&(class as i64)).cloned().unwrap_or(number))
-            .collect();
-        // A class without records keeps its number, which a record may use as its name.
-        let mut seen = std::collections::HashSet::new();
-        if named.iter().all(|n| seen.insert(n.as_str())) {
-            named
-        } else {
-            crate::dataset::notice(
-                notices,
-                format!(
-                    "{}: a class name is also another class's number: classes are named by \
-                     number",
-                    path.display()
-                ),
-            );
-            numbered
         }
     }
 }
