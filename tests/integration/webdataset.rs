@@ -440,11 +440,20 @@ fn samples_without_an_image_or_label_are_bad_records_naming_them() {
     drop(builder);
     let dataset = format::open(&path).unwrap();
     assert_eq!(dataset.len(), 4);
+    // The open says that a sample's label is not an integer, and which.
+    assert!(
+        dataset
+            .notices()
+            .iter()
+            .any(|n| n.contains("1 of 4 samples' labels are not integers") && n.contains("(c)")),
+        "{:?}",
+        dataset.notices()
+    );
     let mut reader = dataset.open_reader().unwrap();
     assert_eq!(reader.read(0).unwrap().label, 1);
     for (index, says) in [
         (1, "no image field (it has txt, cls)"),
-        (2, "not an integer label"),
+        (2, "its .cls holds \"one\", not an integer label"),
         (3, "hold its .jpg (the key is repeated)"),
     ] {
         match reader.read(index) {
@@ -484,5 +493,72 @@ fn samples_without_an_image_or_label_are_bad_records_naming_them() {
     assert!(
         matches!(&err, Error::NotADataset { reason, .. } if reason.contains(".cls")),
         "{err}"
+    );
+    // One whose labels are all floats is refused saying what the first holds (a hostile try
+    // found only "no sample has a label").
+    let floats = dir.path().join("floats.tar");
+    let mut builder = tar::Builder::new(fs::File::create(&floats).unwrap());
+    support::append_tar_member(&mut builder, "x.jpg", &image[..]);
+    support::append_tar_member(&mut builder, "x.cls", &b"3.0\n"[..]);
+    builder.finish().unwrap();
+    drop(builder);
+    let err = format::open(&floats).unwrap_err();
+    assert!(
+        matches!(&err, Error::NotADataset { reason, .. }
+            if reason.contains("its .cls holds \"3.0\", not an integer label")),
+        "{err}"
+    );
+}
+
+/// A sample with a second image (a segmentation mask, a depth map) is read as its first image
+/// field, and the open says so, naming the fields, rather than dropping the other unannounced.
+#[test]
+fn samples_with_several_images_say_which_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("masks.tar");
+    let photo = fs::read(fixture_root().join("class00/img00000.jpg")).unwrap();
+    let mask = fs::read(fixture_root().join("class01/img00000.jpg")).unwrap();
+    let mut builder = tar::Builder::new(fs::File::create(&path).unwrap());
+    for (name, data) in [
+        ("a.seg.jpg", &mask[..]),
+        ("a.jpg", &photo[..]),
+        ("a.cls", &b"1"[..]),
+        ("b.jpg", &photo[..]),
+        ("b.cls", &b"0"[..]),
+    ] {
+        support::append_tar_member(&mut builder, name, data);
+    }
+    builder.finish().unwrap();
+    drop(builder);
+    let dataset = format::open(&path).unwrap();
+    assert_eq!(dataset.len(), 2);
+    let notice = dataset
+        .notices()
+        .iter()
+        .find(|n| n.contains("more than one image"))
+        .unwrap_or_else(|| panic!("{:?}", dataset.notices()));
+    assert!(
+        notice.contains("1 of 2 samples")
+            && notice.contains("(a) holds .seg.jpg, .jpg; .jpg is read"),
+        "{notice}"
+    );
+    // The photo is what is read, not the mask that comes first in the tar.
+    let mut reader = dataset.open_reader().unwrap();
+    assert_eq!(reader.read(0).unwrap().payload, &photo[..]);
+    // A set of one image per sample says nothing of the kind.
+    let single = dir.path().join("single.tar");
+    let mut builder = tar::Builder::new(fs::File::create(&single).unwrap());
+    support::append_tar_member(&mut builder, "b.jpg", &photo[..]);
+    support::append_tar_member(&mut builder, "b.cls", &b"0"[..]);
+    builder.finish().unwrap();
+    drop(builder);
+    let dataset = format::open(&single).unwrap();
+    assert!(
+        !dataset
+            .notices()
+            .iter()
+            .any(|n| n.contains("more than one image")),
+        "{:?}",
+        dataset.notices()
     );
 }

@@ -362,17 +362,25 @@ impl<'a> Members<'a> {
     /// The image: the first field named exactly like an image, else the first whose last part
     /// is (`seg.png`).
     pub(super) fn image(&self) -> Option<&'a [u8]> {
+        self.image_field().map(|(_, data)| data)
+    }
+
+    /// The image's field name and data (see [`Members::image`]).
+    pub(super) fn image_field(&self) -> Option<(&str, &'a [u8])> {
         IMAGE_FIELDS
             .iter()
             .find_map(|name| self.fields.iter().find(|(f, _)| f == name))
-            .or_else(|| {
-                self.fields.iter().find(|(f, _)| {
-                    f.rsplit('.')
-                        .next()
-                        .is_some_and(|last| IMAGE_FIELDS.contains(&last))
-                })
-            })
-            .map(|(_, data)| *data)
+            .or_else(|| self.fields.iter().find(|(f, _)| is_image_field(f)))
+            .map(|(f, data)| (f.as_str(), *data))
+    }
+
+    /// The names of every field that holds an image (`jpg`, `seg.png`, ...): more than one
+    /// when a sample carries a second image (a mask, a depth map) beside the one read.
+    pub(super) fn image_fields(&self) -> impl Iterator<Item = &str> {
+        self.fields
+            .iter()
+            .map(|(f, _)| f.as_str())
+            .filter(|f| is_image_field(f))
     }
 
     /// The label field's text as an integer, when there is one; `Err` when it is not an integer.
@@ -389,10 +397,38 @@ impl<'a> Members<'a> {
             .ok()
             .map(str::trim)
             .filter(|t| !t.is_empty());
-        Some(
-            text.and_then(|t| t.parse::<i64>().ok())
-                .ok_or_else(|| format!("its .{field} is not an integer label")),
-        )
+        Some(text.and_then(|t| t.parse::<i64>().ok()).ok_or_else(|| {
+            format!(
+                "its .{field} holds {}, not an integer label",
+                describe_text(data)
+            )
+        }))
+    }
+}
+
+/// True for a field named like an image, or whose last part is (`seg.png`).
+fn is_image_field(field: &str) -> bool {
+    field
+        .rsplit('.')
+        .next()
+        .is_some_and(|last| IMAGE_FIELDS.contains(&last))
+}
+
+/// What a label field holds, for a message: its text quoted (the first 24 characters), or
+/// that it is empty or not text.
+fn describe_text(data: &[u8]) -> String {
+    match std::str::from_utf8(data) {
+        Ok(text) if text.trim().is_empty() => "nothing".to_string(),
+        Ok(text) => {
+            let text = text.trim();
+            let shown: String = text.chars().take(24).collect();
+            if shown.len() < text.len() {
+                format!("{shown:?}... ({} bytes)", data.len())
+            } else {
+                format!("{shown:?}")
+            }
+        }
+        Err(_) => format!("{} bytes that are not text", data.len()),
     }
 }
 

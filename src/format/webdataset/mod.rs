@@ -41,7 +41,7 @@ pub(crate) use members::tar;
 #[cfg(feature = "remote")]
 pub(crate) mod remote;
 
-use members::{LABEL_FIELDS, Span, is_tar_header, members, slice, walk_shard};
+use members::{IMAGE_FIELDS, LABEL_FIELDS, Span, is_tar_header, members, slice, walk_shard};
 
 /// True when `path` is named like a WebDataset shard: `*.tar`, `*.tar.gz`, `*.tgz`.
 pub fn is_shard_name(path: &Path) -> bool {
@@ -376,6 +376,12 @@ fn infer_classes(
     let mut samples = 0usize;
     // Samples left out because a key repeats in consecutive members (bad records when read).
     let mut repeated = 0usize;
+    // Samples whose label field holds no integer (bad records when read), and the first's.
+    let mut unreadable_labels = 0usize;
+    let mut first_unreadable: Option<String> = None;
+    // Samples holding more than one image, and the first's key, fields and the one read.
+    let mut several_images = 0usize;
+    let mut first_several: Option<String> = None;
     for shard in shards {
         let mapped = shard.data.get()?;
         for (number, span) in shard.samples.iter().enumerate() {
@@ -395,13 +401,54 @@ fn infer_classes(
                 repeated += 1;
                 continue;
             }
-            if let Some(Ok(label)) = members.label() {
-                inference.see(
-                    || format!("{} sample {number} ({})", shard.path.display(), members.key),
-                    label.checked_sub(i64::from(label_base)),
-                );
+            let record = || format!("{} sample {number} ({})", shard.path.display(), members.key);
+            match members.label() {
+                Some(Ok(label)) => {
+                    inference.see(record, label.checked_sub(i64::from(label_base)));
+                }
+                Some(Err(reason)) => {
+                    unreadable_labels += 1;
+                    first_unreadable.get_or_insert_with(|| format!("{}: {reason}", record()));
+                }
+                None => {}
+            }
+            let images: Vec<&str> = members.image_fields().collect();
+            if images.len() > 1 {
+                several_images += 1;
+                first_several.get_or_insert_with(|| {
+                    let read = members.image_field().map_or("", |(field, _)| field);
+                    format!(
+                        "{} holds .{}; .{read} is read",
+                        record(),
+                        images.join(", .")
+                    )
+                });
             }
         }
+    }
+    if let Some(first) = first_several {
+        crate::dataset::notice(
+            notices,
+            format!(
+                "{}: {several_images} of {samples} samples hold more than one image (the first, \
+                 {first}): each sample's one image is read (the first of .{}), the others \
+                 are not",
+                name.display(),
+                IMAGE_FIELDS.join(", .")
+            ),
+        );
+    }
+    if let Some(first) = &first_unreadable
+        && !inference.is_empty()
+    {
+        crate::dataset::notice(
+            notices,
+            format!(
+                "{}: {unreadable_labels} of {samples} samples' labels are not integers (the \
+                 first, {first}); they are bad records when read",
+                name.display()
+            ),
+        );
     }
     if samples > 0 && inference.is_empty() && repeated > 0 {
         return Err(Error::not_a_dataset(
@@ -417,14 +464,18 @@ fn infer_classes(
         return Err(Error::not_a_dataset(
             name,
             format!(
-                "no sample has a label ({} holding an integer in {label_base}..{}); imagefeed \
+                "no sample has a label ({} holding an integer in {label_base}..{}){}; imagefeed \
                  reads labelled image samples",
                 LABEL_FIELDS
                     .iter()
                     .map(|f| format!(".{f}"))
                     .collect::<Vec<_>>()
                     .join(", "),
-                i64::from(label_base) + crate::dataset::MAX_CLASSES as i64
+                i64::from(label_base) + crate::dataset::MAX_CLASSES as i64,
+                first_unreadable.map_or(String::new(), |first| format!(
+                    ": {unreadable_labels} of {samples} hold one that is not an integer (the \
+                     first, {first})"
+                ))
             ),
         ));
     }
