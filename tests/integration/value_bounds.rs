@@ -352,6 +352,42 @@ fn hostile_h5py_labels_are_bad_records_and_float_labels_are_refused() {
     );
     assert_eq!(verify::verify(&path, None).unwrap().problems.len(), 2);
 
+    // Labels that name no class at all (all negative; all past the two named classes) opened
+    // and failed at the first batch: refused at open, saying what the first is.
+    let negative = make("negative.h5", &|f| {
+        f.new_dataset_builder()
+            .with_data(&[-1i64, -2, -1, -7][..])
+            .create("labels")
+            .unwrap();
+    });
+    let past_names = make("past-names.h5", &|f| {
+        f.new_dataset_builder()
+            .with_data(&[2i64, 3, 2, 5][..])
+            .create("labels")
+            .unwrap();
+        let names: Vec<hdf5::types::VarLenUnicode> =
+            ["cat", "dog"].iter().map(|n| n.parse().unwrap()).collect();
+        f.new_attr::<hdf5::types::VarLenUnicode>()
+            .shape(2)
+            .create("classes")
+            .unwrap()
+            .write(&names)
+            .unwrap();
+    });
+    for (path, says) in [
+        (
+            negative,
+            "is a class number in 0..1048576 (the first is -1)",
+        ),
+        (past_names, "is a class number in 0..2 (the first is 2)"),
+    ] {
+        let err = format::open(&path).unwrap_err();
+        assert!(
+            matches!(&err, Error::NotADataset { reason, .. } if reason.contains(says)),
+            "{err}"
+        );
+    }
+
     // Float labels were cut to integers silently; now the file is refused, saying why.
     let path = make("float.h5", &|f| {
         f.new_dataset_builder()
@@ -430,6 +466,55 @@ fn hostile_h5py_labels_are_bad_records_and_float_labels_are_refused() {
             dataset.notices()
         );
     }
+    // Fixed-length names (h5py's `np.array(names, dtype="S")`), ASCII and UTF-8, short and
+    // long: a hostile try found them ignored, the classes named by number without a word.
+    fn fixed_names<const N: usize>(f: &hdf5::File, listed: &[&str]) {
+        let names: Vec<hdf5::types::FixedAscii<N>> = listed
+            .iter()
+            .map(|n| hdf5::types::FixedAscii::from_ascii(n.as_bytes()).unwrap())
+            .collect();
+        f.new_attr::<hdf5::types::FixedAscii<N>>()
+            .shape(listed.len())
+            .create("classes")
+            .unwrap()
+            .write(&names)
+            .unwrap();
+    }
+    let long = "n".repeat(300);
+    for (name, listed) in [
+        ("fixed-short.h5", ["cat", "dog"]),
+        ("fixed-long.h5", ["a", long.as_str()]),
+    ] {
+        let path = make(name, &|f| {
+            f.new_dataset_builder()
+                .with_data(&[0i64, 1, 1, 0][..])
+                .create("labels")
+                .unwrap();
+            if listed[1].len() > 8 {
+                fixed_names::<512>(f, &listed);
+            } else {
+                fixed_names::<8>(f, &listed);
+            }
+        });
+        assert_eq!(format::open(&path).unwrap().classes(), listed, "{name}");
+    }
+    let path = make("fixed-utf8.h5", &|f| {
+        f.new_dataset_builder()
+            .with_data(&[0i64, 1, 1, 0][..])
+            .create("labels")
+            .unwrap();
+        let names: Vec<hdf5::types::FixedUnicode<12>> = ["chat", "chien é"]
+            .iter()
+            .map(|n| n.parse().unwrap())
+            .collect();
+        f.new_attr::<hdf5::types::FixedUnicode<12>>()
+            .shape(2)
+            .create("classes")
+            .unwrap()
+            .write(&names)
+            .unwrap();
+    });
+    assert_eq!(format::open(&path).unwrap().classes(), ["chat", "chien é"]);
     for (shape, values) in [
         (&[2usize, 2][..], &[0i64, 1, 1, 0][..]),
         (&[4, 2], &[1, 0, 0, 1, 0, 1, 1, 0]),

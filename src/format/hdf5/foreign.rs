@@ -108,6 +108,27 @@ pub(super) fn open_foreign(
         Some(listed) => listed,
         None => inferred_classes(&names.labels, &labels, &mut notices),
     };
+    // Every record bad (all labels negative, say) would open and fail at the first batch.
+    if let Some(&first) = labels.first()
+        && !labels
+            .iter()
+            .any(|&l| usize::try_from(l).is_ok_and(|l| l < classes.len()))
+    {
+        return Err(Error::not_a_dataset(
+            path,
+            format!(
+                "no label in {:?} is a class number in 0..{} (the first is {first}): every \
+                 record would be bad",
+                names.labels,
+                // (Without class names, the most a file may have.)
+                if classes.is_empty() {
+                    crate::dataset::MAX_CLASSES
+                } else {
+                    classes.len()
+                }
+            ),
+        ));
+    }
     Ok(Shared {
         path: path.to_path_buf(),
         info: DatasetInfo {
@@ -409,12 +430,36 @@ pub(super) fn class_names(location: &hdf5::Location, file_len: u64) -> Option<Ve
             .map(|s| checked_str(s.as_bytes()).map(str::to_owned))
             .collect();
     }
-    attr.read_raw::<hdf5::types::VarLenAscii>()
-        .ok()
-        .and_then(|names| {
-            names
-                .iter()
-                .map(|s| checked_str(s.as_bytes()).map(str::to_owned))
-                .collect()
-        })
+    if let Ok(names) = attr.read_raw::<hdf5::types::VarLenAscii>() {
+        return names
+            .iter()
+            .map(|s| checked_str(s.as_bytes()).map(str::to_owned))
+            .collect();
+    }
+    // Fixed-length strings (`np.array(names, dtype="S")`, h5py's default for a list of bytes):
+    // read into the smallest of a few widths that holds the declared one, which libhdf5
+    // converts to without cutting a name.
+    let declared = attr.dtype().ok()?.size();
+    match declared {
+        0..=16 => fixed_strings::<16>(&attr),
+        17..=64 => fixed_strings::<64>(&attr),
+        65..=256 => fixed_strings::<256>(&attr),
+        257..=1024 => fixed_strings::<1024>(&attr),
+        _ => None,
+    }
+}
+
+/// An attribute of fixed-length strings (ASCII or UTF-8) at most `N` bytes each, as strings.
+fn fixed_strings<const N: usize>(attr: &hdf5::Attribute) -> Option<Vec<String>> {
+    if let Ok(names) = attr.read_raw::<hdf5::types::FixedAscii<N>>() {
+        return names
+            .iter()
+            .map(|s| checked_str(s.as_bytes()).map(str::to_owned))
+            .collect();
+    }
+    attr.read_raw::<hdf5::types::FixedUnicode<N>>()
+        .ok()?
+        .iter()
+        .map(|s| checked_str(s.as_bytes()).map(str::to_owned))
+        .collect()
 }
