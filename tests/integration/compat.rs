@@ -591,6 +591,52 @@ fn mosaic_mds_pil_pixels_read_as_raw_rgb() {
     }
 }
 
+/// A `pil` column in a mode imagefeed does not read (PIL's `HSV` here) spoiled every record
+/// while the open succeeded (a hostile try): refused at open where every shard starts so,
+/// named in a notice where only some do.
+#[test]
+fn mosaic_mds_pil_pixels_in_another_mode_are_refused_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = copied("mds-pil", dir.path());
+    let shard = fs::read(set.join("shard.00000.mds")).unwrap();
+    let hsv = {
+        let mut bytes = shard.clone();
+        let rgb = b"\x03\x00\x00\x00RGB";
+        let mut at = 0;
+        while let Some(found) = bytes[at..].windows(rgb.len()).position(|w| w == rgb) {
+            bytes[at + found + 4..at + found + 7].copy_from_slice(b"HSV");
+            at += found + rgb.len();
+        }
+        assert_ne!(bytes, shard, "the fixture holds RGB images");
+        bytes
+    };
+    fs::write(set.join("shard.00000.mds"), &hsv).unwrap();
+    let err = format::open(&set).unwrap_err();
+    assert!(
+        matches!(&err, Error::NotADataset { reason, .. }
+            if reason.contains("PIL mode \"HSV\"") && reason.contains("shard.00000.mds#0")),
+        "{err}"
+    );
+    // Beside a shard of RGB images, the set opens and says which shard starts in HSV.
+    fs::write(set.join("shard.00001.mds"), &shard).unwrap();
+    let mut index: serde_json::Value =
+        serde_json::from_slice(&fs::read(set.join("index.json")).unwrap()).unwrap();
+    let mut second = index["shards"][0].clone();
+    second["raw_data"]["basename"] = "shard.00001.mds".into();
+    index["shards"].as_array_mut().unwrap().push(second);
+    fs::write(set.join("index.json"), index.to_string()).unwrap();
+    let dataset = format::open(&set).unwrap();
+    assert_eq!(dataset.len(), 12);
+    assert!(
+        dataset
+            .notices()
+            .iter()
+            .any(|n| n.contains("1 of 2 shards start with an image") && n.contains("HSV")),
+        "{:?}",
+        dataset.notices()
+    );
+}
+
 /// A copy of `compat/NAME` to damage.
 pub(crate) fn copied(name: &str, into: &Path) -> std::path::PathBuf {
     let to = into.join(name);

@@ -365,7 +365,10 @@ pub(super) fn assemble(
     };
     let payload = match layout.image.1 {
         ImageColumn::Encoded => PayloadKind::Encoded,
-        ImageColumn::Pil => PayloadKind::RawRgb8,
+        ImageColumn::Pil => {
+            check_pil_modes(name, &layout, &shards, &mut notices)?;
+            PayloadKind::RawRgb8
+        }
     };
     Ok(Mds {
         shared: Arc::new(Shared {
@@ -388,6 +391,57 @@ pub(super) fn assemble(
             missing_shards,
         }),
     })
+}
+
+/// Refuses a `pil` image column whose every shard starts with an image in a mode imagefeed
+/// does not read (`P`, `CMYK`, `I;16`: every record would be bad), and gives a notice naming
+/// the shards that do while others do not. One sample a shard is looked at: PIL's mode is the
+/// converter's choice, the same for a whole set as a rule.
+fn check_pil_modes(
+    name: &Path,
+    layout: &Layout,
+    shards: &[Shard],
+    notices: &mut Vec<String>,
+) -> Result<()> {
+    let mut looked = 0usize;
+    let mut refused: Vec<(String, String)> = Vec::new();
+    for shard in shards.iter().filter(|s| s.samples > 0) {
+        let mapped = shard.data.get()?;
+        let Ok(columns) = sample_columns(mapped.bytes(), shard.samples, 0, layout) else {
+            continue;
+        };
+        let head = &columns.image[..columns.image.len().min(64)];
+        if crate::mapguard::fault_in(head).is_err() {
+            continue;
+        }
+        let Ok((_, _, mode)) = pil_header(columns.image) else {
+            continue;
+        };
+        looked += 1;
+        if let Err(reason) = pil_channels(mode) {
+            refused.push((sample_key(&shard.name, 0), reason));
+        }
+    }
+    let Some((first, reason)) = refused.first() else {
+        return Ok(());
+    };
+    let column = &layout.columns[layout.image.0].name;
+    if refused.len() == looked {
+        return Err(Error::not_a_dataset(
+            name,
+            format!("column {column:?} holds images in {reason} (the first, {first})"),
+        ));
+    }
+    crate::dataset::notice(
+        notices,
+        format!(
+            "{}: {} of {looked} shards start with an image in column {column:?} in {reason} \
+             (the first, {first}): those images are bad records",
+            name.display(),
+            refused.len()
+        ),
+    );
+    Ok(())
 }
 
 /// Classes `0..=largest label` over the samples' labels (label base taken off).
@@ -624,8 +678,8 @@ fn decode_label(value: &[u8], column: LabelColumn) -> std::result::Result<i64, S
     }
 }
 
-/// A `pil` value as a raw RGB payload in `out` ([`crate::decode::RawImage`]).
-fn pil_to_raw(value: &[u8], out: &mut Vec<u8>) -> std::result::Result<(), String> {
+/// A `pil` value's width, height and mode.
+fn pil_header(value: &[u8]) -> std::result::Result<(u32, u32, &[u8]), String> {
     let (Some(width), Some(height), Some(mode_len)) =
         (read_u32(value, 0), read_u32(value, 4), read_u32(value, 8))
     else {
@@ -635,18 +689,27 @@ fn pil_to_raw(value: &[u8], out: &mut Vec<u8>) -> std::result::Result<(), String
         .checked_add(mode_len as usize)
         .and_then(|end| value.get(12..end))
         .ok_or("a PIL image shorter than its mode")?;
+    Ok((width, height, mode))
+}
+
+/// The channels of a PIL mode imagefeed reads; `Err` naming any other.
+fn pil_channels(mode: &[u8]) -> std::result::Result<usize, String> {
+    match mode {
+        b"RGB" => Ok(3),
+        b"L" => Ok(1),
+        b"RGBA" => Ok(4),
+        other => Err(format!(
+            "PIL mode {:?}; imagefeed reads RGB, L and RGBA",
+            String::from_utf8_lossy(&other[..other.len().min(16)])
+        )),
+    }
+}
+
+/// A `pil` value as a raw RGB payload in `out` ([`crate::decode::RawImage`]).
+fn pil_to_raw(value: &[u8], out: &mut Vec<u8>) -> std::result::Result<(), String> {
+    let (width, height, mode) = pil_header(value)?;
     let pixels = &value[12 + mode.len()..];
-    let channels: usize = match mode {
-        b"RGB" => 3,
-        b"L" => 1,
-        b"RGBA" => 4,
-        other => {
-            return Err(format!(
-                "PIL mode {:?}; imagefeed reads RGB, L and RGBA",
-                String::from_utf8_lossy(&other[..other.len().min(16)])
-            ));
-        }
-    };
+    let channels = pil_channels(mode)?;
     let pixels_count = width as u64 * height as u64;
     if pixels_count > crate::decode::DEFAULT_MAX_PIXELS {
         return Err(format!(
