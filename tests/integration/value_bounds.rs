@@ -118,6 +118,57 @@ fn huge_labels_in_a_folder2lmdb_file_are_bad_records_not_a_huge_class_table() {
     assert_eq!((summary.samples, summary.rejected.len()), (3, 4));
 }
 
+/// A folder2lmdb file none of whose values has a usable label is refused saying what the first
+/// holds (a hostile try met only "no value holds a pickled (bytes, label)").
+#[test]
+fn a_folder2lmdb_file_without_a_usable_label_says_what_the_first_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = jpeg();
+    // (bytes, 3.0): BINFLOAT, 8 bytes big-endian.
+    let float = {
+        let mut out = b"\x80\x04B".to_vec();
+        out.extend_from_slice(&(image.len() as u32).to_le_bytes());
+        out.extend_from_slice(&image);
+        out.push(b'G');
+        out.extend_from_slice(&3.0f64.to_be_bytes());
+        out.extend_from_slice(b"\x86.");
+        out
+    };
+    for (name, value, says) in [
+        (
+            "float.lmdb",
+            float,
+            "record 0 (key \"0\"): expected a pickled (bytes, label) tuple; its label is",
+        ),
+        (
+            "negative.lmdb",
+            pickled(&image, -4),
+            "record 0 (key \"0\"): label -4",
+        ),
+        (
+            "text.lmdb",
+            b"\x80\x04\x95".to_vec(),
+            "record 0 (key \"0\"): ",
+        ),
+    ] {
+        let path = dir.path().join(name);
+        write_folder2lmdb(
+            &path,
+            &[
+                (b"0".to_vec(), value.clone()),
+                (b"1".to_vec(), value),
+                (b"__len__".to_vec(), pickled_int(2)),
+            ],
+        );
+        let err = format::open(&path).unwrap_err();
+        assert!(
+            matches!(&err, Error::NotADataset { reason, .. }
+                if reason.contains("no value holds a pickled (bytes, label)") && reason.contains(says)),
+            "{name}: {err}"
+        );
+    }
+}
+
 #[test]
 fn a_folder2lmdb_len_larger_than_the_file_is_refused_before_listing_keys() {
     // Regression: __len__ of 10^8 or 10^12 with no __keys__ made 10^12 key strings (abort).

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use heed::types::{Bytes, Str};
 use heed::{Database, RoTxn, WithoutTls};
 
-use crate::dataset::{DatasetInfo, FormatKind};
+use crate::dataset::{DatasetInfo, FormatKind, MAX_CLASSES};
 use crate::error::{Error, IoContext as _, Result};
 use crate::format::{InfoRecord, pickle};
 
@@ -124,24 +124,25 @@ fn folder2lmdb_keys(path: &Path, value: &[u8], len: usize) -> Result<Vec<String>
 /// copied out of the map through the SIGBUS guard, never from the map itself (which a file cut
 /// or failing meanwhile turns into SIGBUS): where the pickle (protocol 3 on) opens with the
 /// image as one bytes item, everything but the image is copied, with an empty bytes item in its
-/// place; anything else is copied whole. `None`: unreadable, or not such a pickle (left to the
-/// reader, which reports the record). `copy` is the scan's buffer.
-fn scan_label(value: &[u8], copy: &mut Vec<u8>) -> Option<i64> {
+/// place; anything else is copied whole. `Err`: unreadable, or not such a pickle, saying what
+/// it is (left to the reader, which reports the record). `copy` is the scan's buffer.
+fn scan_label(value: &[u8], copy: &mut Vec<u8>) -> std::result::Result<i64, String> {
+    let unreadable = |_| "its value could not be read (an I/O error)".to_string();
     let mut head = [0u8; 32];
     let head = &mut head[..value.len().min(32)];
-    crate::mapguard::copy_to_slice(head, &value[..head.len()]).ok()?;
+    crate::mapguard::copy_to_slice(head, &value[..head.len()]).map_err(unreadable)?;
     match image_bytes(head).filter(|(_, image)| image.end <= value.len()) {
         Some((opcode, image)) => {
-            crate::mapguard::copy_into(&value[..opcode], copy).ok()?;
+            crate::mapguard::copy_into(&value[..opcode], copy).map_err(unreadable)?;
             copy.extend_from_slice(b"C\x00"); // SHORT_BINBYTES of no bytes
             let rest = &value[image.end..];
             let at = copy.len();
             copy.resize(at + rest.len(), 0);
-            crate::mapguard::copy_to_slice(&mut copy[at..], rest).ok()?;
+            crate::mapguard::copy_to_slice(&mut copy[at..], rest).map_err(unreadable)?;
         }
-        None => crate::mapguard::copy_into(value, copy).ok()?,
+        None => crate::mapguard::copy_into(value, copy).map_err(unreadable)?,
     }
-    pickle::image_and_label(copy).ok().map(|(_, label)| label)
+    pickle::image_and_label(copy).map(|(_, label)| label)
 }
 
 /// Where the image's bytes item lies in a pickle that begins with `head` (its opcode's offset)
@@ -263,6 +264,8 @@ pub(super) fn open_folder2lmdb(
     let mut pages = super::tree::SearchPages::default();
     let mut copy = Vec::new();
     let whole = map.bytes(&rtxn);
+    // The first value without a usable label and why, for a refusal when none has one.
+    let mut first_unusable: Option<String> = None;
     for (index, key) in keys.iter().enumerate() {
         // A damaged or unreadable value is left to the reader too (it reports it as a bad
         // sample). Found by the guarded search where the map is known (a file too large to
@@ -276,18 +279,29 @@ pub(super) fn open_folder2lmdb(
             },
             None => get(key.as_bytes()).ok().flatten(),
         };
-        if let Some(value) = value
-            && let Some(label) = scan_label(value, &mut copy)
-        {
-            inference.see(|| format!("{index} (key {key:?})"), Some(label));
+        let record = || format!("record {index} (key {key:?})");
+        match value.map(|value| scan_label(value, &mut copy)) {
+            Some(Ok(label)) => {
+                if first_unusable.is_none() && !(0..MAX_CLASSES as i64).contains(&label) {
+                    first_unusable = Some(format!("{}: label {label}", record()));
+                }
+                inference.see(record, Some(label));
+            }
+            Some(Err(reason)) => {
+                first_unusable.get_or_insert_with(|| format!("{}: {reason}", record()));
+            }
+            None => {
+                first_unusable.get_or_insert_with(|| format!("{}: not found or damaged", record()));
+            }
         }
     }
     if len > 0 && inference.is_empty() {
         return Err(Error::not_a_dataset(
             path,
             format!(
-                "no value holds a pickled (bytes, label) with a label in 0..{}",
-                crate::dataset::MAX_CLASSES
+                "no value holds a pickled (bytes, label) with a label in 0..{MAX_CLASSES} (the \
+                 first, {})",
+                first_unusable.unwrap_or_default()
             ),
         ));
     }
@@ -338,15 +352,17 @@ mod tests {
         value.extend_from_slice(b"K\x07\x86.");
         let mut copy = Vec::new();
         let (_dir, _path, map) = crate::mapguard::map_then_cut(&value, value.len() as u64);
-        assert_eq!(scan_label(&map, &mut copy), Some(7));
+        assert_eq!(scan_label(&map, &mut copy), Ok(7));
         // The last page cut away, and the label with it.
         let (_dir, _path, map) = crate::mapguard::map_then_cut(&value, 3 * 4096);
-        assert_eq!(scan_label(&map, &mut copy), None);
+        assert_eq!(
+            scan_label(&map, &mut copy),
+            Err("its value could not be read (an I/O error)".into())
+        );
         // Anything else is copied whole and parsed as it is: a str image is no (bytes, label).
         let text = [&b"\x80\x02X\x03\x00\x00\x00abc"[..], b"K\x09\x86."].concat();
-        assert_eq!(
-            scan_label(&text, &mut copy),
-            None,
+        assert!(
+            scan_label(&text, &mut copy).is_err_and(|reason| reason.contains("its image is a str")),
             "a str image is no (bytes, label)"
         );
         // Where the image lies: after a frame, in each bytes opcode; none for text or protocol 2.
