@@ -566,6 +566,77 @@ fn hostile_h5py_labels_are_bad_records_and_float_labels_are_refused() {
             .unwrap();
     });
     assert_eq!(format::open(&path).unwrap().classes(), ["chat", "chien é"]);
+    // An attribute that is no list of names is not read, with a notice: a (3, 2) array of
+    // synsets and names was read as six classes (label 1 named "tench"), a scalar string as
+    // one class, an empty list gave a refusal about labels.
+    let vlen = |names: &[&str]| -> Vec<hdf5::types::VarLenUnicode> {
+        names.iter().map(|n| n.parse().unwrap()).collect()
+    };
+    let pairs = vlen(&["n0", "tench", "n1", "goldfish", "n2", "shark"]);
+    let labelled = |f: &hdf5::File| {
+        f.new_dataset_builder()
+            .with_data(&[0i64, 1, 2, 0][..])
+            .create("labels")
+            .unwrap();
+    };
+    for (name, shape, names, says) in [
+        (
+            "pairs.h5",
+            vec![3usize, 2],
+            pairs.clone(),
+            "has shape [3, 2]",
+        ),
+        ("scalar.h5", vec![], vlen(&["cat,dog,eel"]), "has shape []"),
+        ("none.h5", vec![0], vec![], "names no class"),
+    ] {
+        let path = make(name, &|f| {
+            labelled(f);
+            f.new_attr::<hdf5::types::VarLenUnicode>()
+                .shape(shape.clone())
+                .create("classes")
+                .unwrap()
+                .write_raw(&names)
+                .unwrap();
+        });
+        let dataset = format::open(&path).unwrap();
+        assert_eq!(dataset.classes(), ["0", "1", "2"], "{name}");
+        assert!(
+            dataset
+                .notices()
+                .iter()
+                .any(|n| n.contains("the file's \"classes\" attribute") && n.contains(says)),
+            "{name}: {:?}",
+            dataset.notices()
+        );
+    }
+    // The file's names and the labels dataset's differ: the file's are read, and a notice says.
+    let path = make("two-lists.h5", &|f| {
+        labelled(f);
+        f.new_attr::<hdf5::types::VarLenUnicode>()
+            .shape(3)
+            .create("classes")
+            .unwrap()
+            .write(&vlen(&["a", "b", "c"]))
+            .unwrap();
+        f.dataset("labels")
+            .unwrap()
+            .new_attr::<hdf5::types::VarLenUnicode>()
+            .shape(3)
+            .create("classes")
+            .unwrap()
+            .write(&vlen(&["x", "y", "z"]))
+            .unwrap();
+    });
+    let dataset = format::open(&path).unwrap();
+    assert_eq!(dataset.classes(), ["a", "b", "c"]);
+    assert!(
+        dataset
+            .notices()
+            .iter()
+            .any(|n| n.contains("attributes differ")),
+        "{:?}",
+        dataset.notices()
+    );
     for (shape, values) in [
         (&[2usize, 2][..], &[0i64, 1, 1, 0][..]),
         (&[4, 2], &[1, 0, 0, 1, 0, 1, 1, 0]),

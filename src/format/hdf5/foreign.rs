@@ -88,7 +88,15 @@ pub(super) fn open_foreign(
         }
     };
     let mut notices = Vec::new();
-    let named = class_names(file, file_len).or_else(|| class_names(&labels_ds, file_len));
+    let named = chosen_class_names(
+        path,
+        &names.labels,
+        [
+            class_names(file, file_len),
+            class_names(&labels_ds, file_len),
+        ],
+        &mut notices,
+    );
     let classes = match named {
         // Two classes of one name: a name-to-class table (Python's `class_to_idx`) would keep
         // only one of them (found by a hostile try).
@@ -285,6 +293,46 @@ fn pixel_layout(
     })
 }
 
+/// The class names of the file's `classes` attribute, else of its labels dataset's, with a
+/// notice for each that is there but not read, and for two that differ.
+fn chosen_class_names(
+    path: &Path,
+    labels_name: &str,
+    [on_file, on_labels]: [ClassNames; 2],
+    notices: &mut Vec<String>,
+) -> Option<Vec<String>> {
+    let places = ["the file's", &format!("{labels_name:?}'s")];
+    let mut found = Vec::new();
+    for (place, names) in places.iter().zip([on_file, on_labels]) {
+        match names {
+            ClassNames::Absent => {}
+            ClassNames::Names(names) => found.push((place, names)),
+            ClassNames::Unread(reason) => crate::dataset::notice(
+                notices,
+                format!(
+                    "{}: {place} {CLASSES_ATTR:?} attribute {reason}: it is not read",
+                    path.display()
+                ),
+            ),
+        }
+    }
+    if let [(first, one), (second, other)] = &found[..]
+        && one != other
+    {
+        crate::dataset::notice(
+            notices,
+            format!(
+                "{}: {first} and {second} {CLASSES_ATTR:?} attributes differ ({} and {} \
+                 names): {first} is read",
+                path.display(),
+                one.len(),
+                other.len()
+            ),
+        );
+    }
+    found.into_iter().next().map(|(_, names)| names)
+}
+
 /// Class names for a file without a `classes` attribute: `"0"..="max label"`, with a notice
 /// when labels are left out.
 fn inferred_classes(name: &str, labels: &[i64], notices: &mut Vec<String>) -> Vec<String> {
@@ -409,43 +457,83 @@ fn descriptor_storage(
     })
 }
 
-/// The `classes` attribute of `location` as strings, when it has one. An attribute declaring
-/// more strings than the file can hold is not read (libhdf5 would allocate and convert them
-/// all: a damaged dimension took gigabytes and minutes).
-pub(super) fn class_names(location: &hdf5::Location, file_len: u64) -> Option<Vec<String>> {
-    let attr = location.attr(CLASSES_ATTR).ok()?;
+/// What a `classes` attribute gave.
+#[derive(Debug)]
+pub(super) enum ClassNames {
+    /// There is no such attribute.
+    Absent,
+    /// One name per class.
+    Names(Vec<String>),
+    /// An attribute that is no list of names imagefeed reads, and why: classes are then named
+    /// by number, with a notice (a hostile try's `(N, 2)` array of synsets and names was read
+    /// as 2N classes, every class but the first misnamed).
+    Unread(String),
+}
+
+/// The `classes` attribute of `location`: a one-dimensional array of strings, variable-length
+/// or fixed-length (up to 1,024 bytes), each UTF-8. An attribute declaring more strings than
+/// the file can hold is not read (libhdf5 would allocate and convert them all: a damaged
+/// dimension took gigabytes and minutes).
+pub(super) fn class_names(location: &hdf5::Location, file_len: u64) -> ClassNames {
+    let Ok(attr) = location.attr(CLASSES_ATTR) else {
+        return ClassNames::Absent;
+    };
+    let shape = attr.shape();
+    let [strings] = shape[..] else {
+        return ClassNames::Unread(format!(
+            "has shape {shape:?}, not a list of names (one dimension)"
+        ));
+    };
+    if strings == 0 {
+        return ClassNames::Unread("names no class".into());
+    }
+    let Ok(descriptor) = attr.dtype().and_then(|t| t.to_descriptor()) else {
+        return ClassNames::Unread("has a type this build cannot read".into());
+    };
     // Each string's stored element (a variable-length string's descriptor, or a fixed-length
     // string's bytes) is at least 10 bytes, or the size its type declares.
-    let element = attr.dtype().ok()?.size().max(10) as u64;
-    let strings = attr
-        .shape()
-        .iter()
-        .try_fold(1u64, |n, &d| n.checked_mul(d as u64))?;
-    if strings.saturating_mul(element) > file_len {
-        return None;
+    let element = attr.dtype().map_or(0, |t| t.size()).max(10) as u64;
+    if (strings as u64).saturating_mul(element) > file_len {
+        return ClassNames::Unread(format!(
+            "declares {strings} names, more than the file can hold"
+        ));
     }
-    if let Ok(names) = attr.read_raw::<VarLenUnicode>() {
-        return names
-            .iter()
-            .map(|s| checked_str(s.as_bytes()).map(str::to_owned))
-            .collect();
-    }
-    if let Ok(names) = attr.read_raw::<hdf5::types::VarLenAscii>() {
-        return names
-            .iter()
-            .map(|s| checked_str(s.as_bytes()).map(str::to_owned))
-            .collect();
-    }
-    // Fixed-length strings (`np.array(names, dtype="S")`, h5py's default for a list of bytes):
-    // read into the smallest of a few widths that holds the declared one, which libhdf5
-    // converts to without cutting a name.
-    let declared = attr.dtype().ok()?.size();
-    match declared {
-        0..=16 => fixed_strings::<16>(&attr),
-        17..=64 => fixed_strings::<64>(&attr),
-        65..=256 => fixed_strings::<256>(&attr),
-        257..=1024 => fixed_strings::<1024>(&attr),
-        _ => None,
+    let names: Option<Vec<String>> = match descriptor {
+        TypeDescriptor::VarLenUnicode => attr.read_raw::<VarLenUnicode>().ok().and_then(|names| {
+            names
+                .iter()
+                .map(|s| checked_str(s.as_bytes()).map(str::to_owned))
+                .collect()
+        }),
+        TypeDescriptor::VarLenAscii => {
+            attr.read_raw::<hdf5::types::VarLenAscii>()
+                .ok()
+                .and_then(|names| {
+                    names
+                        .iter()
+                        .map(|s| checked_str(s.as_bytes()).map(str::to_owned))
+                        .collect()
+                })
+        }
+        // Fixed-length strings (`np.array(names, dtype="S")`, h5py's default for a list of
+        // bytes): read into the smallest of a few widths that holds the declared one, which
+        // libhdf5 converts to without cutting a name.
+        TypeDescriptor::FixedAscii(width) | TypeDescriptor::FixedUnicode(width) => match width {
+            0..=16 => fixed_strings::<16>(&attr),
+            17..=64 => fixed_strings::<64>(&attr),
+            65..=256 => fixed_strings::<256>(&attr),
+            257..=1024 => fixed_strings::<1024>(&attr),
+            _ => {
+                return ClassNames::Unread(format!(
+                    "holds names of {width} bytes, more than the 1,024 imagefeed reads"
+                ));
+            }
+        },
+        other => return ClassNames::Unread(format!("is {other}, not strings")),
+    };
+    match names {
+        Some(names) => ClassNames::Names(names),
+        None => ClassNames::Unread("holds a name that is not UTF-8".into()),
     }
 }
 
