@@ -896,6 +896,84 @@ fn a_folder2lmdb_keys_list_naming_a_key_twice_is_refused() {
     }
 }
 
+/// Records `__keys__` does not name are not read, as folder2lmdb reads them, and the open says
+/// how many (a hostile try's 12 records under 8 keys read as 8 without a word); a listing that
+/// names every record says nothing.
+#[test]
+fn a_folder2lmdb_file_holding_records_its_keys_do_not_name_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys_pickle = |keys: &[String]| {
+        let mut out = b"\x80\x04](".to_vec();
+        for key in keys {
+            out.push(b'C');
+            out.push(key.len() as u8);
+            out.extend_from_slice(key.as_bytes());
+        }
+        out.extend_from_slice(b"e.");
+        out
+    };
+    for (stored, listed) in [(12usize, 8usize), (5, 5)] {
+        let path = dir.path().join(format!("keys-{stored}-{listed}.lmdb"));
+        let keys: Vec<String> = (0..listed).map(|i| format!("k{i}")).collect();
+        let mut entries: Vec<(Vec<u8>, Vec<u8>)> = (0..stored)
+            .map(|i| {
+                (
+                    format!("k{i}").into_bytes(),
+                    pickled(&jpeg(), (i % 2) as i64),
+                )
+            })
+            .collect();
+        entries.push((b"__len__".to_vec(), pickled_int(listed as i64)));
+        entries.push((b"__keys__".to_vec(), keys_pickle(&keys)));
+        write_folder2lmdb(&path, &entries);
+        let dataset = format::open(&path).unwrap();
+        assert_eq!(dataset.len(), listed);
+        let said = dataset.notices().iter().any(|n| {
+            n.contains(&format!(
+                "holds {} entries that __keys__ does not name",
+                stored - listed
+            ))
+        });
+        assert_eq!(said, stored > listed, "{:?}", dataset.notices());
+    }
+}
+
+/// Values of more than (image, label) are read as folder2lmdb's loader reads them (the first
+/// two items), and the open says so rather than take the second of (image, coarse, fine)
+/// without a word.
+#[test]
+fn folder2lmdb_values_longer_than_image_and_label_are_named_in_a_notice() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = jpeg();
+    // (bytes, coarse, fine): TUPLE3.
+    let triple = |coarse: u8, fine: u8| {
+        let mut out = b"\x80\x04B".to_vec();
+        out.extend_from_slice(&(image.len() as u32).to_le_bytes());
+        out.extend_from_slice(&image);
+        out.extend_from_slice(&[b'K', coarse, b'K', fine, 0x87, b'.']);
+        out
+    };
+    let path = dir.path().join("triples.lmdb");
+    write_folder2lmdb(
+        &path,
+        &[
+            (b"0".to_vec(), triple(1, 7)),
+            (b"1".to_vec(), triple(0, 3)),
+            (b"__len__".to_vec(), pickled_int(2)),
+        ],
+    );
+    let dataset = format::open(&path).unwrap();
+    assert_eq!(dataset.classes(), ["0", "1"]);
+    assert!(
+        dataset.notices().iter().any(|n| n
+            .contains("2 values are tuples of more than (image, label) (the first, record 0 (key \"0\"), of 3 items)")),
+        "{:?}",
+        dataset.notices()
+    );
+    let mut reader = dataset.open_reader().unwrap();
+    assert_eq!(reader.read(0).unwrap().label, 1);
+}
+
 /// A folder2lmdb file without `__keys__` whose `__len__` is short of its records: they are
 /// read as folder2lmdb reads them (keys 0..__len__), with a notice that more are stored (a
 /// hostile try's 30 records under `__len__` 20 read as 20 without a word).

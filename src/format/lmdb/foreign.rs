@@ -126,7 +126,7 @@ fn folder2lmdb_keys(path: &Path, value: &[u8], len: usize) -> Result<Vec<String>
 /// image as one bytes item, everything but the image is copied, with an empty bytes item in its
 /// place; anything else is copied whole. `Err`: unreadable, or not such a pickle, saying what
 /// it is (left to the reader, which reports the record). `copy` is the scan's buffer.
-fn scan_label(value: &[u8], copy: &mut Vec<u8>) -> std::result::Result<i64, String> {
+fn scan_label(value: &[u8], copy: &mut Vec<u8>) -> std::result::Result<(i64, usize), String> {
     let unreadable = |_| "its value could not be read (an I/O error)".to_string();
     let mut head = [0u8; 32];
     let head = &mut head[..value.len().min(32)];
@@ -142,7 +142,7 @@ fn scan_label(value: &[u8], copy: &mut Vec<u8>) -> std::result::Result<i64, Stri
         }
         None => crate::mapguard::copy_into(value, copy).map_err(unreadable)?,
     }
-    pickle::image_and_label(copy).map(|(_, label)| label)
+    pickle::image_label_and_items(copy).map(|(_, label, items)| (label, items))
 }
 
 /// Where the image's bytes item lies in a pickle that begins with `head` (its opcode's offset)
@@ -232,7 +232,10 @@ pub(super) fn open_folder2lmdb(
     }
     let len = len as usize;
     let mut notices = Vec::new();
-    let keys: Vec<String> = match get(b"__keys__")? {
+    let listed_keys = get(b"__keys__")?;
+    // The entries that are no sample: `__len__`, and `__keys__` where there is one.
+    let bookkeeping = 1 + u64::from(listed_keys.is_some());
+    let keys: Vec<String> = match listed_keys {
         None => {
             // Keys 0..__len__: a record under the next key is one __len__ leaves out (a
             // hostile try's file of 30 records and `__len__` 20 read as 20 without a word).
@@ -266,6 +269,11 @@ pub(super) fn open_folder2lmdb(
     let whole = map.bytes(&rtxn);
     // The first value without a usable label and why, for a refusal when none has one.
     let mut first_unusable: Option<String> = None;
+    // Listed keys the database holds a value under.
+    let mut found = 0u64;
+    // Values that are tuples of more than (image, label), and the first's record and length.
+    let mut longer = 0usize;
+    let mut first_longer: Option<(String, usize)> = None;
     for (index, key) in keys.iter().enumerate() {
         // A damaged or unreadable value is left to the reader too (it reports it as a bad
         // sample). Found by the guarded search where the map is known (a file too large to
@@ -280,8 +288,13 @@ pub(super) fn open_folder2lmdb(
             None => get(key.as_bytes()).ok().flatten(),
         };
         let record = || format!("record {index} (key {key:?})");
+        found += u64::from(value.is_some());
         match value.map(|value| scan_label(value, &mut copy)) {
-            Some(Ok(label)) => {
+            Some(Ok((label, items))) => {
+                if items > 2 {
+                    longer += 1;
+                    first_longer.get_or_insert_with(|| (record(), items));
+                }
                 if first_unusable.is_none() && !(0..MAX_CLASSES as i64).contains(&label) {
                     first_unusable = Some(format!("{}: label {label}", record()));
                 }
@@ -294,6 +307,36 @@ pub(super) fn open_folder2lmdb(
                 first_unusable.get_or_insert_with(|| format!("{}: not found or damaged", record()));
             }
         }
+    }
+    // Records no listed key names are not read (folder2lmdb's loader never reads them): said,
+    // where a hostile try's 12 records under 8 `__keys__` read as 8 without a word. (Keys
+    // 0..__len__ with a record past them have their own notice above.)
+    let unlisted = entries.saturating_sub(bookkeeping + found);
+    if unlisted > 0 && notices.is_empty() {
+        crate::dataset::notice(
+            &mut notices,
+            format!(
+                "{}: the database holds {unlisted} entries that {} not name ({entries} entries \
+                 in all): they are not read, as folder2lmdb reads only the keys it lists",
+                path.display(),
+                if bookkeeping == 2 {
+                    "__keys__ does"
+                } else {
+                    "the keys 0..__len__ do"
+                }
+            ),
+        );
+    }
+    if let Some((first, items)) = first_longer {
+        crate::dataset::notice(
+            &mut notices,
+            format!(
+                "{}: {longer} values are tuples of more than (image, label) (the first, \
+                 {first}, of {items} items): their first two items are read as the image and \
+                 the label, as folder2lmdb's loader reads them",
+                path.display()
+            ),
+        );
     }
     if len > 0 && inference.is_empty() {
         return Err(Error::not_a_dataset(
@@ -352,7 +395,7 @@ mod tests {
         value.extend_from_slice(b"K\x07\x86.");
         let mut copy = Vec::new();
         let (_dir, _path, map) = crate::mapguard::map_then_cut(&value, value.len() as u64);
-        assert_eq!(scan_label(&map, &mut copy), Ok(7));
+        assert_eq!(scan_label(&map, &mut copy), Ok((7, 2)));
         // The last page cut away, and the label with it.
         let (_dir, _path, map) = crate::mapguard::map_then_cut(&value, 3 * 4096);
         assert_eq!(

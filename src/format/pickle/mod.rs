@@ -781,6 +781,13 @@ pub enum Image {
 
 /// Splits a folder2lmdb value, `(image_bytes, label)`, into the image and the label.
 pub fn image_and_label(data: &[u8]) -> Result<(Image, i64), String> {
+    image_label_and_items(data).map(|(image, label, _)| (image, label))
+}
+
+/// [`image_and_label`], and how many items the tuple holds: more than two where a writer
+/// stored more beside them (`(image, coarse, fine)`), of which folder2lmdb's loader reads the
+/// first two as these do.
+pub fn image_label_and_items(data: &[u8]) -> Result<(Image, i64, usize), String> {
     let looks_pickled = matches!(data.first(), Some(0x80 | b'(' | b'c' | b'S' | b'U' | b'T'));
     if !looks_pickled {
         return Err(if data.is_empty() {
@@ -794,8 +801,8 @@ pub fn image_and_label(data: &[u8]) -> Result<(Image, i64), String> {
     match parse(data)? {
         Value::Tuple(items) => match items.as_slice() {
             [image, Value::Int(label), ..] => match image {
-                Value::Bytes(r) => Ok((Image::Stored(r.clone()), *label)),
-                Value::OwnedBytes(b) => Ok((Image::Decoded(b.to_vec()), *label)),
+                Value::Bytes(r) => Ok((Image::Stored(r.clone()), *label, items.len())),
+                Value::OwnedBytes(b) => Ok((Image::Decoded(b.to_vec()), *label, items.len())),
                 other => Err(format!("{expected}; its image is {}", other.kind())),
             },
             [_, label, ..] => Err(format!(
