@@ -442,17 +442,16 @@ fn samples_without_an_image_or_label_are_bad_records_naming_them() {
     assert_eq!(dataset.len(), 4);
     // The open says that a sample's label is not an integer, and which.
     assert!(
-        dataset
-            .notices()
-            .iter()
-            .any(|n| n.contains("1 of 4 samples' labels are not integers") && n.contains("(c)")),
+        dataset.notices().iter().any(|n| n
+            .contains("1 of 4 samples hold a label that is not an integer")
+            && n.contains("(c)")),
         "{:?}",
         dataset.notices()
     );
     let mut reader = dataset.open_reader().unwrap();
     assert_eq!(reader.read(0).unwrap().label, 1);
     for (index, says) in [
-        (1, "no image field (it has txt, cls)"),
+        (1, "no image field (it has .txt, .cls)"),
         (2, "its .cls holds \"one\", not an integer label"),
         (3, "hold its .jpg (the key is repeated)"),
     ] {
@@ -561,4 +560,115 @@ fn samples_with_several_images_say_which_is_read() {
         "{:?}",
         dataset.notices()
     );
+}
+
+/// Writes a tar of `members` at `path`.
+fn tar_of(path: &Path, members: &[(&str, &[u8])]) {
+    let mut builder = tar::Builder::new(fs::File::create(path).unwrap());
+    for (name, data) in members {
+        support::append_tar_member(&mut builder, name, data);
+    }
+    builder.finish().unwrap();
+}
+
+/// A tar not grouped by sample (`tar cf x.tar *.jpg *.cls`: every image, then every label)
+/// opened as twice the samples, every one bad; it is refused, saying that keys come back later
+/// in the shard. All labels negative are refused quoting the first.
+#[test]
+fn a_tar_not_grouped_by_sample_is_refused_saying_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = fs::read(fixture_root().join("class00/img00000.jpg")).unwrap();
+    let ungrouped = dir.path().join("ungrouped.tar");
+    tar_of(
+        &ungrouped,
+        &[
+            ("s0.jpg", &image),
+            ("s1.jpg", &image),
+            ("s0.cls", b"0"),
+            ("s1.cls", b"1"),
+        ],
+    );
+    let err = format::open(&ungrouped).unwrap_err();
+    assert!(
+        matches!(&err, Error::NotADataset { reason, .. }
+            if reason.contains("no sample has both an image and a label")
+                && reason.contains("\"s0\", samples 0 and 2")
+                && reason.contains("not grouped by sample")),
+        "{err}"
+    );
+    let negative = dir.path().join("negative.tar");
+    tar_of(&negative, &[("s0.jpg", &image), ("s0.cls", b"-1")]);
+    let err = format::open(&negative).unwrap_err();
+    assert!(
+        matches!(&err, Error::NotADataset { reason, .. }
+            if reason.contains("hold a label outside 0..") && reason.contains("(s0) holds -1")),
+        "{err}"
+    );
+}
+
+/// What a readable set does that its user should hear of, each in a notice: a key met again
+/// later in its shard (read as two samples, as the webdataset package reads it), label fields
+/// that disagree (the first is read), two shards starting with one key (a copy), an image
+/// member that is a link (not read, and the bad record says so).
+#[test]
+fn keys_met_twice_differing_labels_and_copied_shards_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = fs::read(fixture_root().join("class00/img00000.jpg")).unwrap();
+    let set = dir.path().join("set");
+    fs::create_dir(&set).unwrap();
+    let first = set.join("shard-000000.tar");
+    tar_of(
+        &first,
+        &[
+            ("s0.jpg", &image),
+            ("s0.cls", b"0"),
+            ("s1.jpg", &image),
+            ("s1.cls", b"1"),
+            ("s1.class", b"2"),
+            ("s0.jpg", &image),
+            ("s0.cls", b"0"),
+        ],
+    );
+    fs::copy(&first, set.join("shard-000001.tar")).unwrap();
+    let dataset = format::open(&set).unwrap();
+    assert_eq!(dataset.len(), 6);
+    let notices = dataset.notices();
+    for says in [
+        "have a key met earlier in their shard",
+        "\"s0\", samples 0 and 2 of",
+        "hold label fields that differ",
+        "holds .cls 1, .class 2",
+        "start with the key another starts with",
+    ] {
+        assert!(
+            notices.iter().any(|n| n.contains(says)),
+            "{says}: {notices:?}"
+        );
+    }
+    let mut reader = dataset.open_reader().unwrap();
+    assert_eq!(reader.read(1).unwrap().label, 1, ".cls is read");
+
+    // An image member that is a symbolic link: the sample's bad record names it.
+    let linked = dir.path().join("linked.tar");
+    let mut builder = tar::Builder::new(fs::File::create(&linked).unwrap());
+    support::append_tar_member(&mut builder, "a.jpg", &image);
+    support::append_tar_member(&mut builder, "a.cls", b"0");
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(tar::EntryType::Symlink);
+    header.set_size(0);
+    builder.append_link(&mut header, "b.jpg", "a.jpg").unwrap();
+    support::append_tar_member(&mut builder, "b.cls", b"1");
+    builder.finish().unwrap();
+    drop(builder);
+    let dataset = format::open(&linked).unwrap();
+    let mut reader = dataset.open_reader().unwrap();
+    match reader.read(1) {
+        Err(Error::CorruptRecord { reason, .. }) => assert!(
+            reason.contains(
+                "no image field (it has .cls; b.jpg is a symbolic link, which is not read)"
+            ),
+            "{reason}"
+        ),
+        other => panic!("{other:?}"),
+    }
 }

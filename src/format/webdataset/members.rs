@@ -246,7 +246,7 @@ fn walk_from(bytes: &[u8], from: u64, walk: &mut Walk) -> std::result::Result<()
         }
         let padded_end = data_end.div_ceil(BLOCK) * BLOCK;
         last_end = padded_end.min(bytes.len() as u64);
-        if !entry.header().entry_type().is_file() {
+        if not_a_file(entry.header().entry_type()).is_some_and(|what| what.is_none()) {
             continue;
         }
         let path = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
@@ -323,6 +323,26 @@ pub(super) struct Members<'a> {
     /// repeated a key). Which image goes with which label is then unknown: the `webdataset`
     /// package refuses such a shard, and the sample is a bad record.
     pub(super) repeated: Option<String>,
+    /// Members that are no file (`key.jpg` as a symbolic or hard link, a FIFO), named with
+    /// what they are: never read (as the `webdataset` package skips them), named in messages.
+    pub(super) not_files: Vec<String>,
+}
+
+/// What a member of type `kind` is when it is no file: `Some(Some(what))` for one named like
+/// a sample's member yet not read (a link, a FIFO, a device: part of its key's sample, so that
+/// the sample's bad record can say so), `Some(None)` for one that is no member of a sample (a
+/// directory, a global PAX header), `None` for a file.
+fn not_a_file(kind: tar::EntryType) -> Option<Option<&'static str>> {
+    if kind.is_file() {
+        return None;
+    }
+    Some(match kind {
+        tar::EntryType::Symlink => Some("a symbolic link"),
+        tar::EntryType::Link => Some("a hard link"),
+        tar::EntryType::Fifo => Some("a FIFO"),
+        tar::EntryType::Char | tar::EntryType::Block => Some("a device"),
+        _ => None,
+    })
 }
 
 /// Parses the members in a sample's bytes.
@@ -332,9 +352,15 @@ pub(super) fn members(span: &[u8]) -> std::result::Result<Members<'_>, String> {
     let mut key = None;
     let mut fields: Vec<(String, &[u8])> = Vec::new();
     let mut repeated = None;
+    let mut not_files = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|e| e.to_string())?;
-        if !entry.header().entry_type().is_file() {
+        if let Some(what) = not_a_file(entry.header().entry_type()) {
+            if let Some(what) = what {
+                let path = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+                let name = path.rsplit('/').next().unwrap_or(&path).to_string();
+                not_files.push(format!("{name} is {what}"));
+            }
             continue;
         }
         let start = usize::try_from(entry.raw_file_position()).map_err(|e| e.to_string())?;
@@ -351,10 +377,17 @@ pub(super) fn members(span: &[u8]) -> std::result::Result<Members<'_>, String> {
         }
         fields.push((field, data));
     }
+    let Some(key) = key else {
+        return Err(match not_files.first() {
+            Some(what) => format!("no file in the sample ({what}, which is not read)"),
+            None => "no file in the sample".into(),
+        });
+    };
     Ok(Members {
-        key: key.ok_or("no file in the sample")?,
+        key,
         fields,
         repeated,
+        not_files,
     })
 }
 
@@ -381,6 +414,42 @@ impl<'a> Members<'a> {
             .iter()
             .map(|(f, _)| f.as_str())
             .filter(|f| is_image_field(f))
+    }
+
+    /// The fields' names, dotted (`.jpg, .cls`), and the members that are no file: what a
+    /// message says a sample holds.
+    pub(super) fn described(&self) -> String {
+        let mut parts: Vec<String> = self.fields.iter().map(|(f, _)| format!(".{f}")).collect();
+        if parts.is_empty() {
+            parts.push("no file".into());
+        }
+        let mut text = parts.join(", ");
+        for what in &self.not_files {
+            text.push_str(&format!("; {what}, which is not read"));
+        }
+        text
+    }
+
+    /// Two label fields holding different integers (`.cls` 0 and `.class` 1), as `.cls 0,
+    /// .class 1`: the first is what [`Members::label`] reads.
+    pub(super) fn differing_labels(&self) -> Option<String> {
+        let found: Vec<(&str, i64)> = LABEL_FIELDS
+            .iter()
+            .filter_map(|name| self.fields.iter().find(|(f, _)| f == name))
+            .filter_map(|(field, data)| {
+                crate::mapguard::fault_in(data).ok()?;
+                let value = std::str::from_utf8(data).ok()?.trim().parse().ok()?;
+                Some((field.as_str(), value))
+            })
+            .collect();
+        let differ = found.windows(2).any(|pair| pair[0].1 != pair[1].1);
+        differ.then(|| {
+            found
+                .iter()
+                .map(|(field, value)| format!(".{field} {value}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
     }
 
     /// The label field's text as an integer, when there is one; `Err` when it is not an integer.

@@ -36,12 +36,14 @@ use crate::format::shards::{Picked, Selection, SetReport, check_sets};
 use crate::format::{OpenOptions, Recognizer, compressed};
 
 mod members;
+mod survey;
 #[cfg(feature = "fuzzing")]
 pub(crate) use members::tar;
 #[cfg(feature = "remote")]
 pub(crate) mod remote;
 
-use members::{IMAGE_FIELDS, LABEL_FIELDS, Span, is_tar_header, members, slice, walk_shard};
+use members::{Span, is_tar_header, members, slice, walk_shard};
+use survey::Survey;
 
 /// True when `path` is named like a WebDataset shard: `*.tar`, `*.tar.gz`, `*.tgz`.
 pub fn is_shard_name(path: &Path) -> bool {
@@ -365,123 +367,31 @@ fn read_head(file: &fs::File, head: &mut [u8]) -> std::io::Result<usize> {
     Ok(filled)
 }
 
-/// Classes `0..=largest label` over the samples' labels (label base taken off).
+/// Classes `0..=largest label` over the samples' labels (label base taken off), and what else
+/// the samples' members tell ([`survey`]).
 fn infer_classes(
     name: &Path,
     shards: &[Shard],
     label_base: u32,
     notices: &mut Vec<String>,
 ) -> Result<Vec<String>> {
-    let mut inference = crate::dataset::ClassInference::default();
-    let mut samples = 0usize;
-    // Samples left out because a key repeats in consecutive members (bad records when read).
-    let mut repeated = 0usize;
-    // Samples whose label field holds no integer (bad records when read), and the first's.
-    let mut unreadable_labels = 0usize;
-    let mut first_unreadable: Option<String> = None;
-    // Samples holding more than one image, and the first's key, fields and the one read.
-    let mut several_images = 0usize;
-    let mut first_several: Option<String> = None;
+    let mut survey = Survey::new(label_base);
     for shard in shards {
         let mapped = shard.data.get()?;
+        survey.shard(&shard.path);
         for (number, span) in shard.samples.iter().enumerate() {
-            samples += 1;
-            if shard.damaged.contains_key(&number) {
-                continue;
-            }
-            let Some(bytes) = slice(mapped.bytes(), *span) else {
-                continue;
-            };
             // (Members and labels are read through the map's guard: an unreadable sample is
             // left out here, and is a bad record when read.)
-            let Ok(members) = members(bytes) else {
-                continue;
-            };
-            if members.repeated.is_some() {
-                repeated += 1;
-                continue;
-            }
-            let record = || format!("{} sample {number} ({})", shard.path.display(), members.key);
-            match members.label() {
-                Some(Ok(label)) => {
-                    inference.see(record, label.checked_sub(i64::from(label_base)));
-                }
-                Some(Err(reason)) => {
-                    unreadable_labels += 1;
-                    first_unreadable.get_or_insert_with(|| format!("{}: {reason}", record()));
-                }
-                None => {}
-            }
-            let images: Vec<&str> = members.image_fields().collect();
-            if images.len() > 1 {
-                several_images += 1;
-                first_several.get_or_insert_with(|| {
-                    let read = members.image_field().map_or("", |(field, _)| field);
-                    format!(
-                        "{} holds .{}; .{read} is read",
-                        record(),
-                        images.join(", .")
-                    )
-                });
+            let parsed = slice(mapped.bytes(), *span)
+                .filter(|_| !shard.damaged.contains_key(&number))
+                .and_then(|bytes| members(bytes).ok());
+            match parsed {
+                Some(members) => survey.sample(number, &members),
+                None => survey.unread(),
             }
         }
     }
-    if let Some(first) = first_several {
-        crate::dataset::notice(
-            notices,
-            format!(
-                "{}: {several_images} of {samples} samples hold more than one image (the first, \
-                 {first}): each sample's one image is read (the first of .{}), the others \
-                 are not",
-                name.display(),
-                IMAGE_FIELDS.join(", .")
-            ),
-        );
-    }
-    if let Some(first) = &first_unreadable
-        && !inference.is_empty()
-    {
-        crate::dataset::notice(
-            notices,
-            format!(
-                "{}: {unreadable_labels} of {samples} samples' labels are not integers (the \
-                 first, {first}); they are bad records when read",
-                name.display()
-            ),
-        );
-    }
-    if samples > 0 && inference.is_empty() && repeated > 0 {
-        return Err(Error::not_a_dataset(
-            name,
-            format!(
-                "no sample can be read: {repeated} of {samples} repeat their key in \
-                 consecutive members (two .jpg under one key: which image goes with which \
-                 label is unknown), and the rest have no label"
-            ),
-        ));
-    }
-    if samples > 0 && inference.is_empty() {
-        return Err(Error::not_a_dataset(
-            name,
-            format!(
-                "no sample has a label ({} holding an integer in {label_base}..{}){}; imagefeed \
-                 reads labelled image samples",
-                LABEL_FIELDS
-                    .iter()
-                    .map(|f| format!(".{f}"))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                i64::from(label_base) + crate::dataset::MAX_CLASSES as i64,
-                first_unreadable.map_or(String::new(), |first| format!(
-                    ": {unreadable_labels} of {samples} hold one that is not an integer (the \
-                     first, {first})"
-                ))
-            ),
-        ));
-    }
-    let (classes, notice) = inference.classes();
-    notices.extend(notice);
-    Ok(classes)
+    survey.finish(name, notices)
 }
 
 impl Dataset for WebDataset {
@@ -571,10 +481,9 @@ impl RecordReader for WebDatasetReader {
             ));
         }
         let payload = members.image().ok_or_else(|| {
-            let fields: Vec<&str> = members.fields.iter().map(|(f, _)| f.as_str()).collect();
             corrupt(
                 &members.key,
-                format!("no image field (it has {})", fields.join(", ")),
+                format!("no image field (it has {})", members.described()),
             )
         })?;
         let stored = match members.label() {
