@@ -288,6 +288,58 @@ fn tfrecords_without_an_integer_label_are_refused_saying_what_the_label_is() {
     }
 }
 
+/// TFRecords whose labels read but whose images the reader never takes (an image under another
+/// feature name; a hostile try's two values in `image/encoded`) opened, every record bad at the
+/// first batch: refused at open naming the first, with a notice where only some are so.
+#[test]
+fn tfrecords_without_an_image_the_reader_takes_are_refused_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = jpeg();
+    let write = |name: &str, imageless: &[bool]| {
+        let mut shard = Vec::new();
+        let mut record = Vec::new();
+        for &without in imageless {
+            let feature = if without {
+                "image/raw"
+            } else {
+                tfrecord::features::ENCODED
+            };
+            example::encode(
+                &mut record,
+                &[
+                    (feature, example::FeatureValue::Bytes(&image)),
+                    (tfrecord::features::LABEL, example::FeatureValue::Int64(1)),
+                ],
+            );
+            tfrecord::frame(&mut shard, &record);
+        }
+        let path = dir.path().join(name);
+        fs::write(&path, shard).unwrap();
+        path
+    };
+    let none = write("none.tfrecord", &[true, true, true]);
+    match format::open(&none) {
+        Err(Error::NotADataset { reason, .. }) => assert!(
+            reason.contains("no labelled record has an image")
+                && reason.contains("record 0: no image/encoded feature"),
+            "{reason}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    let some = write("some.tfrecord", &[false, true, false]);
+    let dataset = format::open(&some).unwrap();
+    assert_eq!(dataset.len(), 3);
+    assert!(
+        dataset
+            .notices()
+            .iter()
+            .any(|n| n.contains("1 of 3 records have a label and no image")
+                && n.contains("record 1: no image/encoded feature")),
+        "{:?}",
+        dataset.notices()
+    );
+}
+
 #[test]
 fn hostile_tfrecord_labels_and_label_bases_are_bad_records_not_panics() {
     // Regression: a label of 2^63-1 or 2^40 made a huge class table; --input-label-base 1 with

@@ -338,6 +338,12 @@ pub(super) fn infer_classes(
     // Why the first record without a usable label has none (a float list, several values, no
     // feature): what the error says when no record has one.
     let mut first_without = None;
+    // Records with a label and an image the reader takes, and why the first with a label has
+    // no image (two values in `image/encoded`, no such feature): a set in which none has one
+    // opened, and every record was bad at the first batch.
+    let mut with_image = 0usize;
+    let mut imageless = 0usize;
+    let mut first_imageless = None;
     for shard in shards {
         let mapped = shard.data.get()?;
         for (number, &(offset, len)) in shard.records.iter().enumerate() {
@@ -355,6 +361,15 @@ pub(super) fn infer_classes(
                         continue;
                     }
                 };
+                match example::bytes(&features, features::ENCODED) {
+                    Ok(_) => with_image += 1,
+                    Err(reason) => {
+                        imageless += 1;
+                        first_imageless.get_or_insert_with(|| {
+                            format!("{} record {number}: {reason}", shard.path.display())
+                        });
+                    }
+                }
                 let class = label.checked_sub(i64::from(label_base));
                 inference.see(
                     || format!("{} record {number}", shard.path.display()),
@@ -380,6 +395,27 @@ pub(super) fn infer_classes(
                 first_without.map_or(String::new(), |why| format!("; the first without: {why}"))
             ),
         ));
+    }
+    if let Some(why) = first_imageless {
+        if with_image == 0 {
+            return Err(Error::not_a_dataset(
+                name,
+                format!(
+                    "no labelled record has an image the reader takes (one value in {}); the \
+                     first: {why}",
+                    features::ENCODED
+                ),
+            ));
+        }
+        crate::dataset::notice(
+            notices,
+            format!(
+                "{}: {imageless} of {num_samples} records have a label and no image the reader \
+                 takes (one value in {}; the first, {why}): they are bad records when read",
+                name.display(),
+                features::ENCODED
+            ),
+        );
     }
     if options.records.label_base.is_none()
         && let Some(smallest) = inference.smallest()
