@@ -591,33 +591,65 @@ fn mosaic_mds_pil_pixels_read_as_raw_rgb() {
     }
 }
 
-/// A `pil` column in a mode imagefeed does not read (PIL's `HSV` here) spoiled every record
-/// while the open succeeded (a hostile try): refused at open where every shard starts so,
-/// named in a notice where only some do.
+/// A `pil` column in a mode imagefeed does not read (PIL's `HSV` and `P` here) spoiled every
+/// record while the open succeeded (a hostile try): refused at open where every image looked at
+/// is so, named in a notice where only some are (one odd image first in a shard had refused a
+/// set of RGB images).
 #[test]
 fn mosaic_mds_pil_pixels_in_another_mode_are_refused_at_open() {
     let dir = tempfile::tempdir().unwrap();
     let set = copied("mds-pil", dir.path());
     let shard = fs::read(set.join("shard.00000.mds")).unwrap();
-    let hsv = {
+    // The fixture's six images alternate RGB and L; `relabelled` renames the modes of the first
+    // `limit` of each kind.
+    let relabelled = |limit: usize| {
         let mut bytes = shard.clone();
-        let rgb = b"\x03\x00\x00\x00RGB";
-        let mut at = 0;
-        while let Some(found) = bytes[at..].windows(rgb.len()).position(|w| w == rgb) {
-            bytes[at + found + 4..at + found + 7].copy_from_slice(b"HSV");
-            at += found + rgb.len();
+        for (from, to) in [
+            (&b"\x03\x00\x00\x00RGB"[..], &b"HSV"[..]),
+            (b"\x01\x00\x00\x00L", b"P"),
+        ] {
+            let mut at = 0;
+            let mut done = 0;
+            while let Some(found) = bytes[at..].windows(from.len()).position(|w| w == from) {
+                if done == limit {
+                    break;
+                }
+                bytes[at + found + 4..at + found + 4 + to.len()].copy_from_slice(to);
+                at += found + from.len();
+                done += 1;
+            }
         }
-        assert_ne!(bytes, shard, "the fixture holds RGB images");
+        assert_ne!(bytes, shard, "the fixture holds RGB and L images");
         bytes
     };
-    fs::write(set.join("shard.00000.mds"), &hsv).unwrap();
+    fs::write(set.join("shard.00000.mds"), relabelled(usize::MAX)).unwrap();
     let err = format::open(&set).unwrap_err();
     assert!(
         matches!(&err, Error::NotADataset { reason, .. }
-            if reason.contains("PIL mode \"HSV\"") && reason.contains("shard.00000.mds#0")),
+            if reason.contains("PIL mode \"HSV\"")
+                && reason.contains("every one of the 6 looked at")
+                && reason.contains("shard.00000.mds#0")),
         "{err}"
     );
-    // Beside a shard of RGB images, the set opens and says which shard starts in HSV.
+    // The first two images odd (HSV, P), the rest RGB and L: read, the notice naming them.
+    fs::write(set.join("shard.00000.mds"), relabelled(1)).unwrap();
+    let notices = |dataset: &dyn imagefeed::dataset::Dataset| {
+        dataset
+            .notices()
+            .iter()
+            .find(|n| n.contains("looked at in column \"x\""))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let dataset = format::open(&set).unwrap();
+    assert_eq!(dataset.len(), 6);
+    let notice = notices(dataset.as_ref());
+    assert!(
+        notice.contains("2 of 6 images") && notice.contains("mds#0"),
+        "{notice}"
+    );
+    // Every image odd, beside a shard of RGB and L images: read, with the notice.
+    fs::write(set.join("shard.00000.mds"), relabelled(usize::MAX)).unwrap();
     fs::write(set.join("shard.00001.mds"), &shard).unwrap();
     let mut index: serde_json::Value =
         serde_json::from_slice(&fs::read(set.join("index.json")).unwrap()).unwrap();
@@ -627,13 +659,10 @@ fn mosaic_mds_pil_pixels_in_another_mode_are_refused_at_open() {
     fs::write(set.join("index.json"), index.to_string()).unwrap();
     let dataset = format::open(&set).unwrap();
     assert_eq!(dataset.len(), 12);
+    let notice = notices(dataset.as_ref());
     assert!(
-        dataset
-            .notices()
-            .iter()
-            .any(|n| n.contains("1 of 2 shards start with an image") && n.contains("HSV")),
-        "{:?}",
-        dataset.notices()
+        notice.contains("6 of 12 images") && notice.contains("HSV"),
+        "{notice}"
     );
 }
 

@@ -393,10 +393,10 @@ pub(super) fn assemble(
     })
 }
 
-/// Refuses a `pil` image column whose every shard starts with an image in a mode imagefeed
-/// does not read (`P`, `CMYK`, `I;16`: every record would be bad), and gives a notice naming
-/// the shards that do while others do not. One sample a shard is looked at: PIL's mode is the
-/// converter's choice, the same for a whole set as a rule.
+/// Refuses a `pil` image column whose images are in a mode imagefeed does not read (`P`,
+/// `CMYK`, `I;16`: every record would be bad), looking at up to [`PIL_PROBES`] images spread
+/// over each shard (their headers only); where only some of them are, a notice names the first.
+/// (One odd image at a shard's start refused a hostile try's set of 99 RGB images.)
 fn check_pil_modes(
     name: &Path,
     layout: &Layout,
@@ -404,45 +404,56 @@ fn check_pil_modes(
     notices: &mut Vec<String>,
 ) -> Result<()> {
     let mut looked = 0usize;
-    let mut refused: Vec<(String, String)> = Vec::new();
+    let mut refused = 0usize;
+    let mut first: Option<(String, String)> = None;
     for shard in shards.iter().filter(|s| s.samples > 0) {
         let mapped = shard.data.get()?;
-        let Ok(columns) = sample_columns(mapped.bytes(), shard.samples, 0, layout) else {
-            continue;
-        };
-        let head = &columns.image[..columns.image.len().min(64)];
-        if crate::mapguard::fault_in(head).is_err() {
-            continue;
-        }
-        let Ok((_, _, mode)) = pil_header(columns.image) else {
-            continue;
-        };
-        looked += 1;
-        if let Err(reason) = pil_channels(mode) {
-            refused.push((sample_key(&shard.name, 0), reason));
+        let probes = shard.samples.min(PIL_PROBES);
+        for probe in 0..probes {
+            let within = probe * shard.samples / probes;
+            let Ok(columns) = sample_columns(mapped.bytes(), shard.samples, within, layout) else {
+                continue;
+            };
+            let head = &columns.image[..columns.image.len().min(64)];
+            if crate::mapguard::fault_in(head).is_err() {
+                continue;
+            }
+            let Ok((_, _, mode)) = pil_header(columns.image) else {
+                continue;
+            };
+            looked += 1;
+            if let Err(reason) = pil_channels(mode) {
+                refused += 1;
+                first.get_or_insert_with(|| (sample_key(&shard.name, within), reason));
+            }
         }
     }
-    let Some((first, reason)) = refused.first() else {
+    let Some((first, reason)) = first else {
         return Ok(());
     };
     let column = &layout.columns[layout.image.0].name;
-    if refused.len() == looked {
+    if refused == looked {
         return Err(Error::not_a_dataset(
             name,
-            format!("column {column:?} holds images in {reason} (the first, {first})"),
+            format!(
+                "column {column:?} holds images in {reason}: every one of the {looked} looked \
+                 at (the first, {first})"
+            ),
         ));
     }
     crate::dataset::notice(
         notices,
         format!(
-            "{}: {} of {looked} shards start with an image in column {column:?} in {reason} \
-             (the first, {first}): those images are bad records",
+            "{}: {refused} of {looked} images looked at in column {column:?} are in a mode \
+             imagefeed does not read (the first, {first}: {reason}): such images are bad records",
             name.display(),
-            refused.len()
         ),
     );
     Ok(())
 }
+
+/// How many images of each shard [`check_pil_modes`] looks at.
+const PIL_PROBES: usize = 16;
 
 /// Classes `0..=largest label` over the samples' labels (label base taken off).
 fn infer_classes(
