@@ -241,10 +241,7 @@ fn inflate(
         Ok(())
     };
     let problem = match compression {
-        Compression::Gzip => {
-            let mut decoder = flate2::bufread::MultiGzDecoder::new(input);
-            pump(&mut decoder, &mut buffer, &mut write)
-        }
+        Compression::Gzip => gunzip_members(input, &mut buffer, &mut write),
         Compression::Zlib => {
             let mut decoder = flate2::bufread::ZlibDecoder::new(input);
             match pump(&mut decoder, &mut buffer, &mut write) {
@@ -279,6 +276,38 @@ fn inflate(
             compression.name()
         )
     }))
+}
+
+/// Every gzip member of `input` in turn through `write`, as gzip and Python's `gzip` read a
+/// file: concatenated members are one stream, and zero bytes after a member (a tape's or a
+/// writer's block padding) are padding, not a damaged next member (a hostile try's padded shard
+/// was reported damaged, though every record read). Returns why the stream stopped early.
+fn gunzip_members<R: std::io::BufRead>(
+    mut input: R,
+    buffer: &mut [u8],
+    write: &mut dyn FnMut(&[u8]) -> Result<()>,
+) -> Result<Option<String>> {
+    loop {
+        let mut member = flate2::bufread::GzDecoder::new(input);
+        if let Some(problem) = pump(&mut member, buffer, write)? {
+            return Ok(Some(problem));
+        }
+        input = member.into_inner();
+        loop {
+            let rest = match input.fill_buf() {
+                Ok(rest) => rest,
+                Err(e) => return Ok(Some(e.to_string())),
+            };
+            if rest.is_empty() {
+                return Ok(None);
+            }
+            let zeros = rest.iter().take_while(|&&b| b == 0).count();
+            if zeros == 0 {
+                break; // another member
+            }
+            input.consume(zeros);
+        }
+    }
 }
 
 /// Copies `reader` through `write` until it ends; a read error is returned as the reason the
@@ -383,6 +412,18 @@ mod tests {
         let mut two = gzip(&plain[..21]);
         two.extend(gzip(&plain[21..]));
         assert_eq!(decompressed(&two).0, plain);
+        // Zero padding after a member, between two members too, is no damage (gzip and
+        // Python's gzip skip it); anything else after the padding is.
+        let mut padded = gzip(&plain[..21]);
+        padded.extend([0u8; 700]);
+        padded.extend(gzip(&plain[21..]));
+        padded.extend([0u8; 1024]);
+        let (bytes, d, _dir) = decompressed(&padded);
+        assert_eq!((bytes, d.damage), (plain.clone(), None));
+        padded.extend_from_slice(b"junk");
+        let (bytes, d, _dir) = decompressed(&padded);
+        assert_eq!(bytes, plain);
+        assert!(d.damage.is_some());
     }
 
     #[test]
