@@ -278,6 +278,24 @@ fn inflate(
     }))
 }
 
+/// The compression whose magic number `head` starts with, among those no shard is read in
+/// (bzip2, xz, zstd, LZ4, 7-Zip, ZIP): for a message that names it rather than call the
+/// bytes damage. (Gzip and zlib are [`sniff`]'s.)
+pub fn unread_compression(head: &[u8]) -> Option<&'static str> {
+    const MAGIC: &[(&[u8], &str)] = &[
+        (b"BZh", "bzip2"),
+        (b"\xFD7zXZ\x00", "xz"),
+        (b"\x28\xB5\x2F\xFD", "zstd"),
+        (b"\x04\x22\x4D\x18", "LZ4"),
+        (b"7z\xBC\xAF\x27\x1C", "7-Zip"),
+        (b"PK\x03\x04", "ZIP"),
+    ];
+    MAGIC
+        .iter()
+        .find(|(magic, _)| head.starts_with(magic))
+        .map(|(_, name)| *name)
+}
+
 /// Every gzip member of `input` in turn through `write`, as gzip and Python's `gzip` read a
 /// file: concatenated members are one stream, and zero bytes after a member (a tape's or a
 /// writer's block padding) are padding, not a damaged next member (a hostile try's padded shard
@@ -373,6 +391,11 @@ mod tests {
         assert_eq!(sniff_tfrecord(b""), None);
         assert_eq!(sniff_tfrecord(b"\x1f"), None);
         assert_eq!(sniff_tfrecord(b"hello, world, not a shard"), None);
+        // Compressions no shard is read in are named, not taken for damage.
+        assert_eq!(unread_compression(b"BZh91AY&SY"), Some("bzip2"));
+        assert_eq!(unread_compression(b"\xFD7zXZ\x00\x00"), Some("xz"));
+        assert_eq!(unread_compression(&gzip(&plain)), None);
+        assert_eq!(unread_compression(&plain), None);
     }
 
     fn decompressed(compressed: &[u8]) -> (Vec<u8>, Decompressed, tempfile::TempDir) {

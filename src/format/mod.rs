@@ -375,11 +375,26 @@ pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Arc<dy
                  killed before it wrote anything, or a copy that never started?)",
             ));
         }
+        // A compressed file (`x.tar.xz`): say so, rather than that it is no dataset file.
+        use crate::error::IoContext as _;
+        let mut head = [0u8; 8];
+        let got = std::fs::File::open(path)
+            .and_then(|file| std::os::unix::fs::FileExt::read_at(&file, &mut head, 0))
+            .at(path)?;
+        if let Some(compression) = compressed::unread_compression(&head[..got]) {
+            return Err(Error::Unsupported {
+                path: path.to_path_buf(),
+                what: format!("the file is {compression}-compressed"),
+                remedy: "imagefeed reads LMDB and HDF5 files, and TFRecord and WebDataset \
+                         (tar) shards plain or gzipped: decompress it first"
+                    .into(),
+            });
+        }
     }
     Err(Error::not_a_dataset(
         path,
         "neither a directory (ImageFolder tree, records shards) nor a dataset file this build \
-         reads (LMDB, HDF5, *.tfrecord)",
+         reads (LMDB, HDF5, *.tfrecord, *.tar)",
     ))
 }
 

@@ -672,3 +672,25 @@ fn keys_met_twice_differing_labels_and_copied_shards_are_named() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A shard compressed in a way imagefeed does not read (bzip2 data named `.tar`, an
+/// `x.tar.xz`) was "bytes 0..N are not tar members ... no sample has a label", or "nor a
+/// dataset file this build reads": both now name the compression.
+#[test]
+fn shards_compressed_in_an_unread_way_are_named_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let bzip2 = dir.path().join("shard-000000.tar");
+    fs::write(&bzip2, b"BZh91AY&SY\x12\x34 and the rest of a bzip2 stream").unwrap();
+    let err = format::open(&bzip2).unwrap_err();
+    assert!(
+        matches!(&err, Error::Unsupported { what, .. } if what.contains("bzip2-compressed")),
+        "{err}"
+    );
+    let xz = dir.path().join("shard-000000.tar.xz");
+    fs::write(&xz, b"\xFD7zXZ\x00\x00\x04 and the rest of an xz stream").unwrap();
+    let err = format::open(&xz).unwrap_err();
+    assert!(
+        matches!(&err, Error::Unsupported { what, .. } if what.contains("xz-compressed")),
+        "{err}"
+    );
+}

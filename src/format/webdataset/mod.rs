@@ -346,6 +346,17 @@ fn open_shard(
             Mapped::new(path, copy.file, true)?
         }
         None => {
+            if !is_tar_header(head)
+                && let Some(compression) = compressed::unread_compression(head)
+            {
+                return Err(Error::Unsupported {
+                    path: path.to_path_buf(),
+                    what: format!("the shard is {compression}-compressed"),
+                    remedy: "imagefeed reads WebDataset shards as tar files, plain or gzipped: \
+                             decompress it, or recompress it with gzip"
+                        .into(),
+                });
+            }
             prefetch.read(path, &file, len)?;
             Mapped::new(path, file, false)?
         }
