@@ -42,8 +42,24 @@ pub enum Value {
         /// Byte order: true for little-endian (`<`, `|`, `=` on the machines we run on).
         little: bool,
     },
-    /// `None`, `True`, `False`, floats, dicts, sets (as they may appear in forks' extra fields).
-    Other,
+    /// `None`, `True`, `False`, floats, dicts, sets (as they may appear in forks' extra fields):
+    /// what kind, for messages only.
+    Other(OtherKind),
+}
+
+/// Which of the values a label or image never is [`Value::Other`] stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OtherKind {
+    /// `None`.
+    None,
+    /// `True` or `False`.
+    Bool,
+    /// A `float`.
+    Float,
+    /// A `dict` (its items are dropped).
+    Dict,
+    /// A `set` (its items are dropped).
+    Set,
 }
 
 impl Value {
@@ -131,7 +147,8 @@ fn items_since_mark(
 /// What to say about a value this reader does not make, with what to do instead.
 const CONVERT: &str = "this reader takes only bytes, str, int, NumPy integer scalars, tuples \
                        and lists; repack from the source images with `pack-dataset \
-                       imagefolder2lmdb`, or convert the file's images yourself";
+                       imagefolder2lmdb`, or rewrite the file with plain bytes images and int \
+                       labels";
 
 /// Decodes one pickle.
 ///
@@ -369,7 +386,7 @@ impl<'a> Machine<'a> {
                 let text =
                     std::str::from_utf8(&self.data[r]).map_err(|_| "an INT that is not text")?;
                 match (op, text) {
-                    (b'I', "00" | "01") => Value::Other,
+                    (b'I', "00" | "01") => Value::Other(OtherKind::Bool),
                     _ => Value::Int(
                         text.strip_suffix('L')
                             .unwrap_or(text)
@@ -392,13 +409,14 @@ impl<'a> Machine<'a> {
             }
             b'F' => {
                 self.line()?;
-                Value::Other
+                Value::Other(OtherKind::Float)
             }
             b'G' => {
                 self.take(8)?;
-                Value::Other
+                Value::Other(OtherKind::Float)
             }
-            _ => Value::Other,
+            b'N' => Value::Other(OtherKind::None),
+            _ => Value::Other(OtherKind::Bool), // NEWTRUE, NEWFALSE
         };
         self.push_leaf(value)
     }
@@ -408,7 +426,8 @@ impl<'a> Machine<'a> {
     fn container_or_stack(&mut self, op: u8) -> Result<(), String> {
         match op {
             // EMPTY_DICT, EMPTY_SET: opaque; SETITEM(S)/ADDITEMS below fill nothing in.
-            b'}' | 0x8f => self.push_leaf(Value::Other)?,
+            b'}' => self.push_leaf(Value::Other(OtherKind::Dict))?,
+            0x8f => self.push_leaf(Value::Other(OtherKind::Set))?,
             b')' => self.push(Item::container(Vec::new(), false)?, 1)?,
             b']' => self.push(Item::container(Vec::new(), true)?, 1)?,
             0x85..=0x87 => {
@@ -449,7 +468,10 @@ impl<'a> Machine<'a> {
                 } else {
                     items_since_mark(&mut self.stack, &mut self.marks, "SETITEMS")?;
                 }
-                if !matches!(self.stack.last().map(|i| &i.value), Some(Value::Other)) {
+                if !matches!(
+                    self.stack.last().map(|i| &i.value),
+                    Some(Value::Other(OtherKind::Dict | OtherKind::Set))
+                ) {
                     return Err(if op == b's' {
                         "SETITEM onto something that is not a dict".into()
                     } else {
@@ -826,7 +848,11 @@ impl Value {
             Value::List(_) => "a list",
             Value::Global(..) => "a class or function",
             Value::IntDtype { .. } => "a NumPy dtype",
-            Value::Other => "None, a bool, a float, a dict or a set",
+            Value::Other(OtherKind::None) => "None",
+            Value::Other(OtherKind::Bool) => "a bool",
+            Value::Other(OtherKind::Float) => "a float",
+            Value::Other(OtherKind::Dict) => "a dict",
+            Value::Other(OtherKind::Set) => "a set",
         }
     }
 }

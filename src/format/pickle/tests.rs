@@ -65,11 +65,16 @@ fn hostile_or_foreign_input_is_an_error_not_a_panic() {
 #[test]
 fn a_value_that_is_not_bytes_and_an_int_says_what_it_holds() {
     // pickle.dumps(v, protocol=4) for each v.
-    let cases: [(&[u8], &str); 5] = [
+    let cases: [(&[u8], &str); 9] = [
         (
             b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00C\x01x\x94G?\xf8\x00\x00\x00\x00\x00\x00\x86\x94.",
-            "its label is None, a bool, a float",
+            "its label is a float,",
         ),
+        // (b"x", None), (b"x", True), (b"x", {}), (b"x", set()): each named for what it is.
+        (b"\x80\x04C\x01xN\x86.", "its label is None,"),
+        (b"\x80\x04C\x01x\x88\x86.", "its label is a bool,"),
+        (b"\x80\x04C\x01x}\x86.", "its label is a dict,"),
+        (b"\x80\x04C\x01x\x8f\x86.", "its label is a set,"),
         (
             b"\x80\x04\x95\r\x00\x00\x00\x00\x00\x00\x00C\x01x\x94\x8c\x03cat\x94\x86\x94.",
             "its label is a str",
