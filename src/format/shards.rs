@@ -717,10 +717,15 @@ pub fn check_sets(
         {
             return Err(error(ShardSetProblem::Inconsistent {
                 file: file.display().to_string(),
-                reason: format!(
-                    "is the same file as {} (a link to it): its records would be read twice",
-                    other.display()
-                ),
+                reason: if file.as_path() == other {
+                    "is named twice: its records would be read twice".to_string()
+                } else {
+                    format!(
+                        "is the same file as {} (named twice, or a link to it): its records \
+                         would be read twice",
+                        other.display()
+                    )
+                },
             }));
         }
         let name = file

@@ -1025,6 +1025,16 @@ fn a_shard_named_twice_through_a_link_is_refused_not_read_twice() {
             other => panic!("{list:?}: {other:?}"),
         }
     }
+    // One path named twice is said to be so (it was called "a link to it").
+    match shard_set_problem(format::open_files(
+        &[files[0].clone(), files[0].clone()],
+        &options,
+    )) {
+        ShardSetProblem::Inconsistent { reason, .. } => {
+            assert!(reason.contains("is named twice"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
     // The set alone, and in a directory holding a link beside it, as one set by pattern.
     let whole = format::open_files(&files, &options).unwrap().len();
     let pattern = dir.path().join("train-*");
