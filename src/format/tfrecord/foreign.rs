@@ -461,11 +461,15 @@ pub(super) struct ClassNames {
     names: std::collections::HashMap<i64, String>,
     /// A class seen without a name, or with two names: `(class, what)`.
     unusable: Option<(i64, String)>,
+    /// Whether any record names its class: where none does, classes are numbers without a
+    /// word; where some do and the names cannot be used, a notice says why.
+    any_named: bool,
 }
 
 impl ClassNames {
     fn see(&mut self, class: Option<i64>, name: Option<&str>) {
         let Some(class) = class else { return };
+        self.any_named |= name.is_some_and(|n| !n.is_empty());
         if self.unusable.is_some() {
             return;
         }
@@ -485,7 +489,7 @@ impl ClassNames {
 
     /// `numbered` named where every class in it that has records has one name.
     fn apply(self, numbered: Vec<String>, path: &Path, notices: &mut Vec<String>) -> Vec<String> {
-        if self.names.is_empty() {
+        if !self.any_named {
             return numbered;
         }
         if let Some((class, what)) = self.unusable {
@@ -550,9 +554,11 @@ mod tests {
         let (classes, _) = named(&[(0, Some("cat")), (2, Some("dog"))], 3);
         assert_eq!(classes, ["cat", "1", "dog"]);
         // One class with two names, a record without a name: numbers, with a notice.
+        // (A first record without one hid the later records' names without a word.)
         for seen in [
             &[(0, Some("cat")), (0, Some("kitten"))][..],
             &[(0, Some("cat")), (1, None)],
+            &[(1, None), (0, Some("cat"))],
         ] {
             let (classes, notices) = named(seen, 2);
             assert_eq!(classes, ["0", "1"], "{seen:?}");
@@ -569,5 +575,8 @@ mod tests {
         let (classes, notices) = named(&[(0, Some("1")), (2, Some("two"))], 3);
         assert_eq!(classes, ["0", "1", "2"]);
         assert_eq!(notices.len(), 1);
+        // No record names its class: numbers, nothing said.
+        let (classes, notices) = named(&[(0, None), (1, Some(""))], 2);
+        assert_eq!((classes, notices.len()), (vec!["0".into(), "1".into()], 0));
     }
 }
