@@ -455,6 +455,34 @@ fn hostile_h5py_labels_are_bad_records_and_float_labels_are_refused() {
     );
     assert_eq!(verify::verify(&path, None).unwrap().problems.len(), 2);
 
+    // h5py's bool labels (an enum of FALSE and TRUE) are classes 0 and 1; they were refused as
+    // values "that would be cut silently".
+    let path = make("bool.h5", &|f| {
+        f.new_dataset_builder()
+            .with_data(&[false, true, true, false][..])
+            .create("labels")
+            .unwrap();
+    });
+    let labels: Vec<u32> = support::records(format::open(&path).unwrap().as_ref())
+        .into_iter()
+        .map(|(_, label, _)| label)
+        .collect();
+    assert_eq!(labels, [0, 1, 1, 0]);
+    // A stored value that is neither (2, written over a TRUE) reads as label 2 (the classes,
+    // inferred from the labels, are then 0..=2), never as an invalid Rust bool.
+    let mut bytes = fs::read(&path).unwrap();
+    let at = bytes
+        .windows(4)
+        .position(|w| w == [0, 1, 1, 0])
+        .expect("the labels are stored as they are");
+    bytes[at + 1] = 2;
+    fs::write(&path, &bytes).unwrap();
+    let labels: Vec<u32> = support::records(format::open(&path).unwrap().as_ref())
+        .into_iter()
+        .map(|(_, label, _)| label)
+        .collect();
+    assert_eq!(labels, [0, 2, 1, 0]);
+
     // Labels that name no class at all (all negative; all past the two named classes) opened
     // and failed at the first batch: refused at open, saying what the first is.
     let negative = make("negative.h5", &|f| {

@@ -187,7 +187,8 @@ fn open_datasets(
     Ok((open(&names.images)?, open(&names.labels)?))
 }
 
-/// Refuses labels not stored as integers (class indices): other types would be cut silently.
+/// Refuses labels not stored as integers (class indices) or booleans (classes 0 and 1): other
+/// types would be cut silently.
 fn check_label_type(path: &Path, labels: &hdf5::Dataset, name: &str) -> Result<()> {
     let label_type = labels
         .dtype()
@@ -195,7 +196,7 @@ fn check_label_type(path: &Path, labels: &hdf5::Dataset, name: &str) -> Result<(
         .map_err(|e| gate::error(path, &format!("reading the type of {name:?}"), e))?;
     if !matches!(
         label_type,
-        TypeDescriptor::Integer(_) | TypeDescriptor::Unsigned(_)
+        TypeDescriptor::Integer(_) | TypeDescriptor::Unsigned(_) | TypeDescriptor::Boolean
     ) {
         return Err(Error::not_a_dataset(
             path,
@@ -213,10 +214,14 @@ fn check_label_type(path: &Path, labels: &hdf5::Dataset, name: &str) -> Result<(
 /// try wrote 2^64 - 1).
 fn read_labels(path: &Path, labels: &hdf5::Dataset, name: &str) -> Result<Vec<i64>> {
     let reading = |e| gate::error(path, &format!("reading {name:?} as integers"), e);
-    let unsigned64 = labels
-        .dtype()
-        .and_then(|t| t.to_descriptor())
-        .is_ok_and(|t| t == TypeDescriptor::Unsigned(hdf5::types::IntSize::U8));
+    let descriptor = labels.dtype().and_then(|t| t.to_descriptor()).ok();
+    // h5py's bool (an HDF5 enum of FALSE and TRUE): classes 0 and 1. Read as the enum's
+    // integers (never into Rust `bool`s, which a stored 2 would make invalid).
+    if descriptor == Some(TypeDescriptor::Boolean) {
+        let flags: Vec<i8> = labels.read_raw().map_err(reading)?;
+        return Ok(flags.into_iter().map(i64::from).collect());
+    }
+    let unsigned64 = descriptor == Some(TypeDescriptor::Unsigned(hdf5::types::IntSize::U8));
     if !unsigned64 {
         return labels.read_raw::<i64>().map_err(reading);
     }
