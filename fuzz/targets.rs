@@ -700,9 +700,17 @@ pub fn seeds(name: &str) -> Vec<Vec<u8>> {
                     (&format!("{long}.png"), &png),
                     (&format!("{long}.cls"), b"2"),
                 ]),
+                // A second image beside the one read, and a label that is no integer.
+                webdataset::tar(&[
+                    ("a.seg.png", &png),
+                    ("a.jpg", &jpeg),
+                    ("a.cls", b"1"),
+                    ("b.jpg", &tiny),
+                    ("b.cls", b"3.0"),
+                ]),
             ]
         }
-        "mds_dataset" => vec![mds_seed()],
+        "mds_dataset" => vec![mds_seed(), mds_pil_seed()],
         "lmdb_value" => {
             let mut out = Vec::new();
             lmdb::encode_value(&mut out, 1, "class/a.jpg", &jpeg);
@@ -786,6 +794,16 @@ fn mds_seed() -> Vec<u8> {
     );
     let mut out = Vec::new();
     with_len(&mut out, index.as_bytes());
+    out.extend_from_slice(shard);
+    out
+}
+
+/// The `mds-pil` fixture (PIL's raw pixels, RGB and L) in the `mds_dataset` target's layout.
+fn mds_pil_seed() -> Vec<u8> {
+    let index: &[u8] = include_bytes!("../fixtures/compat/mds-pil/index.json");
+    let shard: &[u8] = include_bytes!("../fixtures/compat/mds-pil/shard.00000.mds");
+    let mut out = Vec::new();
+    with_len(&mut out, index);
     out.extend_from_slice(shard);
     out
 }
