@@ -187,8 +187,9 @@ pub(crate) struct ClassInference {
 
 impl ClassInference {
     /// Counts one record's label (`None`: a label that is not even an integer in range, such as
-    /// `i64::MIN` minus a label base). `record` names the record, for the notice.
-    pub fn see(&mut self, record: impl FnOnce() -> String, label: Option<i64>) {
+    /// `i64::MIN` minus a label base). `record` names the record, for the notice. Returns
+    /// whether the label is a class (in `0..MAX_CLASSES`); one that is not is left out.
+    pub fn see(&mut self, record: impl FnOnce() -> String, label: Option<i64>) -> bool {
         match label
             .and_then(|l| usize::try_from(l).ok())
             .filter(|&l| l < MAX_CLASSES)
@@ -196,12 +197,14 @@ impl ClassInference {
             Some(label) => {
                 self.largest = Some(self.largest.map_or(label, |m| m.max(label)));
                 self.smallest = Some(self.smallest.map_or(label, |m| m.min(label)));
+                true
             }
             None => {
                 self.ignored += 1;
                 if self.first_ignored.is_none() {
                     self.first_ignored = Some((record(), label.unwrap_or(i64::MIN)));
                 }
+                false
             }
         }
     }
@@ -425,6 +428,16 @@ pub(crate) fn first_repeat<'a>(names: impl IntoIterator<Item = &'a str>) -> Opti
 pub(crate) fn notice(notices: &mut Vec<String>, message: String) {
     log::warn!("{message}");
     notices.push(message);
+}
+
+/// `count` and the noun, `one` or `many` as the count asks: for notices ("1 entry", "3
+/// entries").
+pub(crate) fn plural(count: usize, one: &str, many: &str) -> String {
+    if count == 1 {
+        format!("1 {one}")
+    } else {
+        format!("{count} {many}")
+    }
 }
 
 /// What the shards of a set that lost records nobody counted may have lost: shards cut short at

@@ -296,6 +296,20 @@ pub fn unread_compression(head: &[u8]) -> Option<&'static str> {
         .map(|(_, name)| *name)
 }
 
+/// [`Error::Unsupported`] naming the compression when `head`, the start of the file at
+/// `path`, is compressed in a way no shard is read in ([`unread_compression`]); `reads` says
+/// what is read instead ("WebDataset shards as tar files, plain or gzipped").
+pub fn refuse_unread(path: &Path, head: &[u8], reads: &str) -> Result<()> {
+    match unread_compression(head) {
+        Some(compression) => Err(Error::Unsupported {
+            path: path.to_path_buf(),
+            what: format!("the file is {compression}-compressed"),
+            remedy: format!("imagefeed reads {reads}: decompress it first"),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Every gzip member of `input` in turn through `write`, as gzip and Python's `gzip` read a
 /// file: concatenated members are one stream, and zero bytes after a member (a tape's or a
 /// writer's block padding) are padding, not a damaged next member (a hostile try's padded shard

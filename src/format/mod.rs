@@ -381,15 +381,11 @@ pub fn open_with(path: impl AsRef<Path>, options: &OpenOptions) -> Result<Arc<dy
         let got = std::fs::File::open(path)
             .and_then(|file| std::os::unix::fs::FileExt::read_at(&file, &mut head, 0))
             .at(path)?;
-        if let Some(compression) = compressed::unread_compression(&head[..got]) {
-            return Err(Error::Unsupported {
-                path: path.to_path_buf(),
-                what: format!("the file is {compression}-compressed"),
-                remedy: "imagefeed reads LMDB and HDF5 files, and TFRecord and WebDataset \
-                         (tar) shards plain or gzipped: decompress it first"
-                    .into(),
-            });
-        }
+        compressed::refuse_unread(
+            path,
+            &head[..got],
+            "LMDB and HDF5 files, and TFRecord and WebDataset (tar) shards plain or gzipped",
+        )?;
     }
     Err(Error::not_a_dataset(
         path,

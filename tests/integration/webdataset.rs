@@ -596,6 +596,48 @@ fn a_tar_not_grouped_by_sample_is_refused_saying_so() {
                 && reason.contains("not grouped by sample")),
         "{err}"
     );
+    // A directory's listing order (hash order on ext4): a few samples whole by chance, most
+    // split; refused too, where half the samples meet a key again.
+    let listed = dir.path().join("listed.tar");
+    tar_of(
+        &listed,
+        &[
+            ("s2.cls", b"2"),
+            ("s0.jpg", &image),
+            ("s0.cls", b"0"),
+            ("s3.jpg", &image),
+            ("s1.cls", b"1"),
+            ("s2.jpg", &image),
+            ("s3.cls", b"0"),
+            ("s1.jpg", &image),
+        ],
+    );
+    let err = format::open(&listed).unwrap_err();
+    assert!(
+        matches!(&err, Error::NotADataset { reason, .. }
+            if reason.contains("only 1 of the samples have both an image and a label")
+                && reason.contains("not grouped by sample")),
+        "{err}"
+    );
+    // Each whole sample twice (a writer that ran twice into one tar): read, with a notice.
+    let twice = dir.path().join("twice.tar");
+    let pass: [(&str, &[u8]); 4] = [
+        ("s0.jpg", &image),
+        ("s0.cls", b"0"),
+        ("s1.jpg", &image),
+        ("s1.cls", b"1"),
+    ];
+    tar_of(&twice, &[pass, pass].concat());
+    let dataset = format::open(&twice).unwrap();
+    assert_eq!(dataset.len(), 4);
+    assert!(
+        dataset
+            .notices()
+            .iter()
+            .any(|n| n.contains("2 of 4 samples have a key met earlier")),
+        "{:?}",
+        dataset.notices()
+    );
     let negative = dir.path().join("negative.tar");
     tar_of(&negative, &[("s0.jpg", &image), ("s0.cls", b"-1")]);
     let err = format::open(&negative).unwrap_err();
@@ -638,7 +680,7 @@ fn keys_met_twice_differing_labels_and_copied_shards_are_named() {
         "\"s0\", samples 0 and 2 of",
         "hold label fields that differ",
         "holds .cls 1, .class 2",
-        "start with the key another starts with",
+        "1 shard looks like a copy of another",
     ] {
         assert!(
             notices.iter().any(|n| n.contains(says)),
@@ -647,6 +689,18 @@ fn keys_met_twice_differing_labels_and_copied_shards_are_named() {
     }
     let mut reader = dataset.open_reader().unwrap();
     assert_eq!(reader.read(1).unwrap().label, 1, ".cls is read");
+    // Shards that only start with the same key (one writer per worker, keys counted within
+    // each shard) are no copies.
+    let workers = dir.path().join("workers");
+    fs::create_dir(&workers).unwrap();
+    for (n, label) in [(0, b"0"), (1, b"1")] {
+        tar_of(
+            &workers.join(format!("shard-{n:06}.tar")),
+            &[("000000.jpg", &image), ("000000.cls", label)],
+        );
+    }
+    let dataset = format::open(&workers).unwrap();
+    assert!(dataset.notices().is_empty(), "{:?}", dataset.notices());
 
     // An image member that is a symbolic link: the sample's bad record names it.
     let linked = dir.path().join("linked.tar");
@@ -658,9 +712,17 @@ fn keys_met_twice_differing_labels_and_copied_shards_are_named() {
     header.set_size(0);
     builder.append_link(&mut header, "b.jpg", "a.jpg").unwrap();
     support::append_tar_member(&mut builder, "b.cls", b"1");
+    // A stray link of a key of its own makes no sample (the webdataset package skips it).
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(tar::EntryType::Symlink);
+    header.set_size(0);
+    builder
+        .append_link(&mut header, "latest.jpg", "a.jpg")
+        .unwrap();
     builder.finish().unwrap();
     drop(builder);
     let dataset = format::open(&linked).unwrap();
+    assert_eq!(dataset.len(), 2);
     let mut reader = dataset.open_reader().unwrap();
     match reader.read(1) {
         Err(Error::CorruptRecord { reason, .. }) => assert!(

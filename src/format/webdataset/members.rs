@@ -211,6 +211,11 @@ fn walk_from(bytes: &[u8], from: u64, walk: &mut Walk) -> std::result::Result<()
         .map_err(|e| (from, e.to_string()))?;
     // The sample being gathered: key, first header offset, end of its last member's data.
     let mut open: Option<(String, u64, u64)> = None;
+    // A link (or FIFO, device) under a key no sample is gathering yet, and where it starts:
+    // the sample of its key starts there if a file of that key follows it (so that the
+    // sample's bad record can name it); otherwise it is skipped, as the webdataset package
+    // skips such members, and makes no sample.
+    let mut pending: Option<(String, u64)> = None;
     let close = |open: &mut Option<(String, u64, u64)>, walk: &mut Walk| {
         if let Some((_, start, end)) = open.take() {
             walk.samples.push(Span {
@@ -246,17 +251,30 @@ fn walk_from(bytes: &[u8], from: u64, walk: &mut Walk) -> std::result::Result<()
         }
         let padded_end = data_end.div_ceil(BLOCK) * BLOCK;
         last_end = padded_end.min(bytes.len() as u64);
-        if not_a_file(entry.header().entry_type()).is_some_and(|what| what.is_none()) {
+        let kind = member_kind(entry.header().entry_type());
+        if kind == MemberKind::NoMember {
             continue;
         }
         let path = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
         let (key, _) = key_and_field(&path);
         match &mut open {
             Some((current, _, end)) if current == key => *end = last_end,
+            _ if kind != MemberKind::File => {
+                if pending.as_ref().is_none_or(|(k, _)| k != key) {
+                    pending = Some((key.to_string(), member_at));
+                }
+            }
             _ => {
                 close(&mut open, walk);
-                open = Some((key.to_string(), member_at, last_end));
+                let start = match pending.take() {
+                    Some((k, at)) if k == key => at,
+                    _ => member_at,
+                };
+                open = Some((key.to_string(), start, last_end));
             }
+        }
+        if kind == MemberKind::File {
+            pending = None;
         }
     }
     close(&mut open, walk);
@@ -323,26 +341,32 @@ pub(super) struct Members<'a> {
     /// repeated a key). Which image goes with which label is then unknown: the `webdataset`
     /// package refuses such a shard, and the sample is a bad record.
     pub(super) repeated: Option<String>,
-    /// Members that are no file (`key.jpg` as a symbolic or hard link, a FIFO), named with
-    /// what they are: never read (as the `webdataset` package skips them), named in messages.
+    /// Members of the sample's key that are no file (`key.jpg` as a symbolic or hard link, a
+    /// FIFO), named with what they are: never read (the `webdataset` package skips them),
+    /// named in messages.
     pub(super) not_files: Vec<String>,
 }
 
-/// What a member of type `kind` is when it is no file: `Some(Some(what))` for one named like
-/// a sample's member yet not read (a link, a FIFO, a device: part of its key's sample, so that
-/// the sample's bad record can say so), `Some(None)` for one that is no member of a sample (a
-/// directory, a global PAX header), `None` for a file.
-fn not_a_file(kind: tar::EntryType) -> Option<Option<&'static str>> {
-    if kind.is_file() {
-        return None;
+/// What a tar member is to a sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MemberKind {
+    /// A file: one of its key's fields.
+    File,
+    /// Named like a field, never read: a link, a FIFO, a device (what it is, for messages).
+    Unread(&'static str),
+    /// No member of a sample: a directory, a global PAX header.
+    NoMember,
+}
+
+fn member_kind(kind: tar::EntryType) -> MemberKind {
+    match kind {
+        _ if kind.is_file() => MemberKind::File,
+        tar::EntryType::Symlink => MemberKind::Unread("a symbolic link"),
+        tar::EntryType::Link => MemberKind::Unread("a hard link"),
+        tar::EntryType::Fifo => MemberKind::Unread("a FIFO"),
+        tar::EntryType::Char | tar::EntryType::Block => MemberKind::Unread("a device"),
+        _ => MemberKind::NoMember,
     }
-    Some(match kind {
-        tar::EntryType::Symlink => Some("a symbolic link"),
-        tar::EntryType::Link => Some("a hard link"),
-        tar::EntryType::Fifo => Some("a FIFO"),
-        tar::EntryType::Char | tar::EntryType::Block => Some("a device"),
-        _ => None,
-    })
 }
 
 /// Parses the members in a sample's bytes.
@@ -352,16 +376,20 @@ pub(super) fn members(span: &[u8]) -> std::result::Result<Members<'_>, String> {
     let mut key = None;
     let mut fields: Vec<(String, &[u8])> = Vec::new();
     let mut repeated = None;
-    let mut not_files = Vec::new();
+    // Unread members with their keys: only the sample's own are named.
+    let mut not_files: Vec<(String, String)> = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|e| e.to_string())?;
-        if let Some(what) = not_a_file(entry.header().entry_type()) {
-            if let Some(what) = what {
+        match member_kind(entry.header().entry_type()) {
+            MemberKind::File => {}
+            MemberKind::Unread(what) => {
                 let path = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
-                let name = path.rsplit('/').next().unwrap_or(&path).to_string();
-                not_files.push(format!("{name} is {what}"));
+                let name = path.rsplit('/').next().unwrap_or(&path);
+                let (k, _) = key_and_field(&path);
+                not_files.push((k.to_string(), format!("{name} is {what}")));
+                continue;
             }
-            continue;
+            MemberKind::NoMember => continue,
         }
         let start = usize::try_from(entry.raw_file_position()).map_err(|e| e.to_string())?;
         let len = usize::try_from(entry.size()).map_err(|e| e.to_string())?;
@@ -377,12 +405,13 @@ pub(super) fn members(span: &[u8]) -> std::result::Result<Members<'_>, String> {
         }
         fields.push((field, data));
     }
-    let Some(key) = key else {
-        return Err(match not_files.first() {
-            Some(what) => format!("no file in the sample ({what}, which is not read)"),
-            None => "no file in the sample".into(),
-        });
-    };
+    // (The walk makes no sample of unread members alone.)
+    let key = key.ok_or("no file in the sample")?;
+    let not_files = not_files
+        .into_iter()
+        .filter(|(k, _)| *k == key)
+        .map(|(_, what)| what)
+        .collect();
     Ok(Members {
         key,
         fields,
@@ -419,10 +448,7 @@ impl<'a> Members<'a> {
     /// The fields' names, dotted (`.jpg, .cls`), and the members that are no file: what a
     /// message says a sample holds.
     pub(super) fn described(&self) -> String {
-        let mut parts: Vec<String> = self.fields.iter().map(|(f, _)| format!(".{f}")).collect();
-        if parts.is_empty() {
-            parts.push("no file".into());
-        }
+        let parts: Vec<String> = self.fields.iter().map(|(f, _)| format!(".{f}")).collect();
         let mut text = parts.join(", ");
         for what in &self.not_files {
             text.push_str(&format!("; {what}, which is not read"));

@@ -346,22 +346,25 @@ fn open_shard(
             Mapped::new(path, copy.file, true)?
         }
         None => {
-            if !is_tar_header(head)
-                && let Some(compression) = compressed::unread_compression(head)
-            {
-                return Err(Error::Unsupported {
-                    path: path.to_path_buf(),
-                    what: format!("the shard is {compression}-compressed"),
-                    remedy: "imagefeed reads WebDataset shards as tar files, plain or gzipped: \
-                             decompress it, or recompress it with gzip"
-                        .into(),
-                });
-            }
+            refuse_unread_compression(path, head)?;
             prefetch.read(path, &file, len)?;
             Mapped::new(path, file, false)?
         }
     };
     Ok(walked(path, mapped, notices))
+}
+
+/// Refuses a shard that is no tar and starts like a compression imagefeed does not read
+/// (bzip2 data named `.tar`), naming it.
+pub(super) fn refuse_unread_compression(path: &Path, head: &[u8]) -> Result<()> {
+    if is_tar_header(head) {
+        return Ok(());
+    }
+    compressed::refuse_unread(
+        path,
+        head,
+        "WebDataset shards as tar files, plain or gzipped",
+    )
 }
 
 fn read_head(file: &fs::File, head: &mut [u8]) -> std::io::Result<usize> {
@@ -389,15 +392,14 @@ fn infer_classes(
     let mut survey = Survey::new(label_base);
     for shard in shards {
         let mapped = shard.data.get()?;
-        survey.shard(&shard.path);
+        survey.shard(&shard.path, mapped.bytes().len() as u64);
         for (number, span) in shard.samples.iter().enumerate() {
             // (Members and labels are read through the map's guard: an unreadable sample is
             // left out here, and is a bad record when read.)
-            let parsed = slice(mapped.bytes(), *span)
-                .filter(|_| !shard.damaged.contains_key(&number))
-                .and_then(|bytes| members(bytes).ok());
-            match parsed {
-                Some(members) => survey.sample(number, &members),
+            let bytes =
+                slice(mapped.bytes(), *span).filter(|_| !shard.damaged.contains_key(&number));
+            match bytes.and_then(|bytes| Some((members(bytes).ok()?, bytes))) {
+                Some((members, bytes)) => survey.sample(number, &members, bytes),
                 None => survey.unread(),
             }
         }

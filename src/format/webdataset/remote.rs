@@ -48,7 +48,10 @@ pub(crate) fn open(
                         copy.damage,
                     )
                 }
-                None => (path, Mapped::new(&cached.path, cached.file, true)?, None),
+                None => {
+                    super::refuse_unread_compression(&path, head)?;
+                    (path, Mapped::new(&cached.path, cached.file, true)?, None)
+                }
             })
         },
     )?;

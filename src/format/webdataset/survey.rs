@@ -1,15 +1,16 @@
 //! What the open learns from every sample's members when it reads their labels for the classes
 //! (`--num-classes` skips it): the classes, the ways the set is read that its user should hear
 //! of (a second image beside the one read, label fields that disagree, labels that are no
-//! integer, a key met again later in its shard, two shards starting with one key), and the
-//! refusal of a set in which no sample holds both an image and a label, saying what the samples
-//! hold instead.
+//! integer, a key met again later in its shard, a shard that is a copy of another), and the
+//! refusal of a set whose samples are (almost) all unreadable for a reason the set shows, saying
+//! what the samples hold instead.
 
 use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 
 use super::members::{IMAGE_FIELDS, LABEL_FIELDS, Members};
-use crate::dataset::{ClassInference, MAX_CLASSES, notice};
+use crate::dataset::{ClassInference, MAX_CLASSES, notice, plural};
 use crate::error::{Error, Result};
 
 /// How many samples showed a trait, and the first of them, described.
@@ -28,6 +29,15 @@ impl Tally {
     }
 }
 
+/// A shard's first sample, to tell a copy of a shard: its key, the hash of its bytes and the
+/// shard's length.
+#[derive(PartialEq, Eq, Hash)]
+struct ShardStart {
+    key: String,
+    bytes: u64,
+    shard_len: u64,
+}
+
 /// Every sample's members, seen one shard after another ([`Survey::shard`], then
 /// [`Survey::sample`] or [`Survey::unread`] for each of its samples).
 pub(super) struct Survey {
@@ -36,6 +46,8 @@ pub(super) struct Survey {
     samples: usize,
     /// Samples with an image and a label the classes count.
     usable: usize,
+    /// Samples whose members could not be parsed (damaged, unreadable).
+    unparsed: usize,
     repeated: Tally,
     no_label: Tally,
     no_image: Tally,
@@ -44,12 +56,33 @@ pub(super) struct Survey {
     several_images: Tally,
     differing_labels: Tally,
     key_again: Tally,
-    /// The current shard, and where in it each key was first met.
+    /// The current shard, its length, and where in it each key (by its 64-bit hash: a
+    /// collision costs at most a wrong notice, 10⁻⁷ for a million keys) was first met.
     shard: PathBuf,
-    keys: HashMap<String, usize>,
-    /// Each shard's first key, and the shard.
-    first_keys: HashMap<String, PathBuf>,
-    same_start: Tally,
+    shard_len: u64,
+    keys: HashMap<u64, usize>,
+    /// The shards read so far by their first sample.
+    starts: HashMap<ShardStart, PathBuf>,
+    copies: Tally,
+}
+
+fn hash_of(value: impl Hash) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    value.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// The label fields, dotted, for messages (`.cls, .class, .label, .target`).
+fn label_fields() -> String {
+    dotted(LABEL_FIELDS)
+}
+
+fn dotted(fields: &[&str]) -> String {
+    fields
+        .iter()
+        .map(|f| format!(".{f}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 impl Survey {
@@ -59,6 +92,7 @@ impl Survey {
             inference: ClassInference::default(),
             samples: 0,
             usable: 0,
+            unparsed: 0,
             repeated: Tally::default(),
             no_label: Tally::default(),
             no_image: Tally::default(),
@@ -68,15 +102,17 @@ impl Survey {
             differing_labels: Tally::default(),
             key_again: Tally::default(),
             shard: PathBuf::new(),
+            shard_len: 0,
             keys: HashMap::new(),
-            first_keys: HashMap::new(),
-            same_start: Tally::default(),
+            starts: HashMap::new(),
+            copies: Tally::default(),
         }
     }
 
-    /// The samples that follow are the shard at `path`'s.
-    pub(super) fn shard(&mut self, path: &Path) {
+    /// The samples that follow are those of the shard at `path`, `len` bytes long.
+    pub(super) fn shard(&mut self, path: &Path, len: u64) {
         self.shard = path.to_path_buf();
+        self.shard_len = len;
         self.keys.clear();
     }
 
@@ -84,38 +120,50 @@ impl Survey {
     /// read, counted here only.
     pub(super) fn unread(&mut self) {
         self.samples += 1;
+        self.unparsed += 1;
     }
 
-    /// Sample `number` of the current shard.
-    pub(super) fn sample(&mut self, number: usize, members: &Members<'_>) {
+    /// Sample `number` of the current shard: its members, parsed from `bytes`.
+    pub(super) fn sample(&mut self, number: usize, members: &Members<'_>, bytes: &[u8]) {
         self.samples += 1;
         let shard = &self.shard;
         let record = || format!("{} sample {number} ({})", shard.display(), members.key);
-        if let Some(earlier) = self.keys.get(&members.key) {
-            self.key_again.add(|| {
+        let first_in_shard = self.keys.is_empty();
+        match self.keys.get(&hash_of(&members.key)) {
+            Some(earlier) => self.key_again.add(|| {
                 format!(
                     "{:?}, samples {earlier} and {number} of {}",
                     members.key,
                     shard.display()
                 )
-            });
-        } else {
-            if self.keys.is_empty() {
-                match self.first_keys.get(&members.key) {
-                    Some(other) => self.same_start.add(|| {
-                        format!(
-                            "{} and {} both start with {:?}",
-                            other.display(),
-                            shard.display(),
-                            members.key
-                        )
-                    }),
-                    None => {
-                        self.first_keys.insert(members.key.clone(), shard.clone());
-                    }
+            }),
+            None => {
+                self.keys.insert(hash_of(&members.key), number);
+            }
+        }
+        // A shard whose first sample is another's, byte for byte, and of the other's length:
+        // a copy. (Shards written one writer per worker all start with key "000000".) Read
+        // through the map's guard, as the members were.
+        if first_in_shard && crate::mapguard::fault_in(bytes).is_ok() {
+            let start = ShardStart {
+                key: members.key.clone(),
+                bytes: hash_of(bytes),
+                shard_len: self.shard_len,
+            };
+            match self.starts.get(&start) {
+                Some(other) => self.copies.add(|| {
+                    format!(
+                        "{} and {}, both {} bytes starting with the same sample {:?}",
+                        other.display(),
+                        shard.display(),
+                        start.shard_len,
+                        start.key
+                    )
+                }),
+                None => {
+                    self.starts.insert(start, shard.clone());
                 }
             }
-            self.keys.insert(members.key.clone(), number);
         }
         if members.repeated.is_some() {
             self.repeated.add(record);
@@ -149,24 +197,29 @@ impl Survey {
             }
         };
         let class = label.checked_sub(i64::from(self.label_base));
-        if !class.is_some_and(|c| (0..MAX_CLASSES as i64).contains(&c)) {
+        let is_class = self.inference.see(record, class);
+        if !is_class {
             self.out_of_range
                 .add(|| format!("{} holds {label}", record()));
         }
-        self.inference.see(record, class);
         if images.is_empty() {
             self.no_image
                 .add(|| format!("{}, holding {}", record(), members.described()));
-        } else if class.is_some_and(|c| (0..MAX_CLASSES as i64).contains(&c)) {
+        } else if is_class {
             self.usable += 1;
         }
     }
 
-    /// The classes `0..=largest label`, and the notices; an error when samples there are but
-    /// none holds both an image and a label the classes count.
+    /// The classes `0..=largest label`, and the notices. An error where samples there are but
+    /// none holds both an image and a label the classes count, and where at least half of the
+    /// keys come back later in their shard while fewer than half the samples are whole (a tar
+    /// in the order a directory listing gave, one file at a time; a tar holding each whole
+    /// sample twice is read, with a notice).
     pub(super) fn finish(self, name: &Path, notices: &mut Vec<String>) -> Result<Vec<String>> {
         let samples = self.samples;
-        if samples > 0 && self.usable == 0 {
+        let again = self.key_again.count;
+        let scattered = again * 2 >= samples - again && self.usable * 2 < samples;
+        if samples > 0 && (self.usable == 0 || scattered) {
             return Err(Error::not_a_dataset(name, self.nothing_to_read()));
         }
         let shown = name.display();
@@ -174,34 +227,35 @@ impl Survey {
             (
                 &self.several_images,
                 format!(
-                    "hold more than one image; each sample's one image is read (the first of \
-                     .{}), the others are not",
-                    IMAGE_FIELDS.join(", .")
+                    "hold more than one image; one is read: a field named exactly {} (the first \
+                     of them in that order), else the first in the tar whose name ends in one",
+                    dotted(IMAGE_FIELDS)
                 ),
             ),
             (
                 &self.differing_labels,
-                "hold label fields that differ; the first of .cls, .class, .label, .target is \
-                 read"
-                    .to_string(),
+                format!(
+                    "hold label fields that differ; the first of {} is read",
+                    label_fields()
+                ),
             ),
             (
                 &self.not_integer,
-                "hold a label that is not an integer; they are bad records when read".into(),
+                "hold a label that is not an integer: bad records when read".into(),
             ),
             (
                 &self.no_label,
-                "hold no label field; they are bad records when read".into(),
+                "hold no label field: bad records when read".into(),
             ),
             (
                 &self.no_image,
-                "hold a label and no image; they are bad records when read".into(),
+                "hold a label and no image: bad records when read".into(),
             ),
             (
                 &self.key_again,
-                "have a key met earlier in their shard, each read as a sample of its own (the \
-                 webdataset package reads them so too); a tar whose members are not grouped by \
-                 sample is not read as its writer meant"
+                "have a key met earlier in their shard, each read as a sample of its own (as the \
+                 webdataset package reads them); a tar whose members are not grouped by sample is \
+                 not read as its writer meant"
                     .into(),
             ),
         ];
@@ -211,18 +265,18 @@ impl Survey {
                     notices,
                     format!(
                         "{shown}: {} of {samples} samples {what} (the first, {first})",
-                        tally.count
+                        tally.count,
                     ),
                 );
             }
         }
-        if let Some(first) = &self.same_start.first {
+        if let Some(first) = &self.copies.first {
             notice(
                 notices,
                 format!(
-                    "{shown}: {} shard(s) start with the key another starts with ({first}): a \
-                     copy of a shard would be read twice",
-                    self.same_start.count
+                    "{shown}: {} like a copy of another (the first, {first}): a copied \
+                     shard's samples are read twice",
+                    plural(self.copies.count, "shard looks", "shards look")
                 ),
             );
         }
@@ -231,14 +285,8 @@ impl Survey {
         Ok(classes)
     }
 
-    /// Why no sample can be read: what the samples hold instead.
+    /// Why the set cannot be read: what its samples hold instead.
     fn nothing_to_read(&self) -> String {
-        let samples = self.samples;
-        let labels = LABEL_FIELDS
-            .iter()
-            .map(|f| format!(".{f}"))
-            .collect::<Vec<_>>()
-            .join(", ");
         let mut parts = Vec::new();
         if self.repeated.count > 0 {
             parts.push(format!(
@@ -247,8 +295,11 @@ impl Survey {
                 self.repeated.count
             ));
         }
-        let counted = [
-            (&self.no_label, format!("have no label field ({labels})")),
+        let counts = [
+            (
+                &self.no_label,
+                format!("have no label field ({})", label_fields()),
+            ),
             (
                 &self.not_integer,
                 "hold a label that is not an integer".into(),
@@ -262,29 +313,46 @@ impl Survey {
                 ),
             ),
             (&self.no_image, "hold a label and no image".into()),
+            (
+                &self.key_again,
+                "have a key met earlier in their shard".into(),
+            ),
         ];
-        for (tally, what) in counted {
+        for (tally, what) in counts {
             if let Some(first) = &tally.first {
                 parts.push(format!("{} {what} (the first, {first})", tally.count));
             }
         }
-        if let Some(first) = &self.key_again.first {
-            parts.push(format!(
-                "keys are met again later in their shard (the first, {first}): a tar whose \
-                 members are not grouped by sample (all images, then all labels), where \
-                 WebDataset needs each sample's members one after another"
-            ));
+        if self.unparsed > 0 {
+            parts.push(format!("{} could not be parsed", self.unparsed));
         }
-        format!(
-            "no sample has both an image and a label (an integer in {}..{} in {labels}); \
-             imagefeed reads labelled image samples. Of {samples} samples, {}",
-            self.label_base,
-            i64::from(self.label_base) + MAX_CLASSES as i64,
-            if parts.is_empty() {
-                "none could be read".to_string()
+        let mut reason = format!(
+            "{}: of {} samples, {}",
+            if self.usable == 0 {
+                format!(
+                    "no sample has both an image and a label (an integer in {}..{} in {}); \
+                     imagefeed reads labelled image samples",
+                    self.label_base,
+                    i64::from(self.label_base) + MAX_CLASSES as i64,
+                    label_fields()
+                )
             } else {
-                parts.join("; ")
-            }
-        )
+                format!(
+                    "only {} of the samples have both an image and a label",
+                    self.usable
+                )
+            },
+            self.samples,
+            parts.join("; ")
+        );
+        if self.key_again.count > 0 {
+            reason.push_str(
+                ". Keys met again later in their shard mean a tar whose members are not grouped \
+                 by sample (all images, then all labels; or a directory's listing order), where \
+                 WebDataset needs each sample's members one after another: write it with \
+                 `tar --sort=name` or the webdataset package's TarWriter",
+            );
+        }
+        reason
     }
 }
