@@ -627,7 +627,7 @@ fn mosaic_mds_pil_pixels_in_another_mode_are_refused_at_open() {
     assert!(
         matches!(&err, Error::NotADataset { reason, .. }
             if reason.contains("PIL mode \"HSV\"")
-                && reason.contains("every one of the 6 looked at")
+                && reason.contains("every one of the 6 images looked at in column \"x\"")
                 && reason.contains("shard.00000.mds#0")),
         "{err}"
     );

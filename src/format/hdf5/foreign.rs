@@ -306,7 +306,7 @@ fn chosen_class_names(
     [on_file, on_labels]: [ClassNames; 2],
     notices: &mut Vec<String>,
 ) -> Option<Vec<String>> {
-    let places = ["the file's", &format!("{labels_name:?}'s")];
+    let places = ["the file's", &format!("the {labels_name:?} dataset's")];
     let mut found = Vec::new();
     for (place, names) in places.iter().zip([on_file, on_labels]) {
         match names {
@@ -327,15 +327,25 @@ fn chosen_class_names(
         crate::dataset::notice(
             notices,
             format!(
-                "{}: {first} and {second} {CLASSES_ATTR:?} attributes differ ({} and {} \
-                 names): {first} is read",
+                "{}: {first} and {second} {CLASSES_ATTR:?} attributes name different classes \
+                 ({} and {}): {first} are read",
                 path.display(),
-                one.len(),
-                other.len()
+                shown_names(one),
+                shown_names(other)
             ),
         );
     }
     found.into_iter().next().map(|(_, names)| names)
+}
+
+/// Up to the first five of `names`, for a message: `"a", "b", ... (1000 names)`.
+fn shown_names(names: &[String]) -> String {
+    let first: Vec<String> = names.iter().take(5).map(|n| format!("{n:?}")).collect();
+    if names.len() > 5 {
+        format!("{}, ... ({} names)", first.join(", "), names.len())
+    } else {
+        first.join(", ")
+    }
 }
 
 /// Class names for a file without a `classes` attribute: `"0"..="max label"`, with a notice

@@ -235,11 +235,15 @@ pub(super) fn open_folder2lmdb(
     let listed_keys = get(b"__keys__")?;
     // The entries that are no sample: `__len__`, and `__keys__` where there is one.
     let bookkeeping = 1 + u64::from(listed_keys.is_some());
+    // Whether the notice of a record past `__len__` was given (the count of unlisted entries
+    // below would repeat it).
+    let mut told_past_len = false;
     let keys: Vec<String> = match listed_keys {
         None => {
             // Keys 0..__len__: a record under the next key is one __len__ leaves out (a
             // hostile try's file of 30 records and `__len__` 20 read as 20 without a word).
             if get(len.to_string().as_bytes()).ok().flatten().is_some() {
+                told_past_len = true;
                 crate::dataset::notice(
                     &mut notices,
                     format!(
@@ -269,7 +273,7 @@ pub(super) fn open_folder2lmdb(
     let whole = map.bytes(&rtxn);
     // The first value without a usable label and why, for a refusal when none has one.
     let mut first_unusable: Option<String> = None;
-    // Listed keys the database holds a value under.
+    // Listed keys the database holds (a damaged value's too).
     let mut found = 0u64;
     // Values that are tuples of more than (image, label), and the first's record and length.
     let mut longer = 0usize;
@@ -278,27 +282,35 @@ pub(super) fn open_folder2lmdb(
         // A damaged or unreadable value is left to the reader too (it reports it as a bad
         // sample). Found by the guarded search where the map is known (a file too large to
         // read through at open is read here one value at a time, where a disk error was SIGBUS).
-        let value = match tree.zip(whole) {
+        // (A search that meets damage, or a value past the map, counts as held: the record is
+        // there, and bad.)
+        let (held, value) = match tree.zip(whole) {
             Some((tree, whole)) => match tree.find(path, whole, key.as_bytes(), &mut pages) {
-                Ok(Some((offset, len))) => usize::try_from(offset)
-                    .ok()
-                    .and_then(|at| whole.get(at..at.checked_add(len)?)),
-                Ok(None) | Err(_) => None,
+                Ok(Some((offset, len))) => (
+                    true,
+                    usize::try_from(offset)
+                        .ok()
+                        .and_then(|at| whole.get(at..at.checked_add(len)?)),
+                ),
+                Ok(None) => (false, None),
+                Err(_) => (true, None),
             },
-            None => get(key.as_bytes()).ok().flatten(),
+            None => match get(key.as_bytes()) {
+                Ok(value) => (value.is_some(), value),
+                Err(_) => (true, None),
+            },
         };
         let record = || format!("record {index} (key {key:?})");
-        found += u64::from(value.is_some());
+        found += u64::from(held);
         match value.map(|value| scan_label(value, &mut copy)) {
             Some(Ok((label, items))) => {
                 if items > 2 {
                     longer += 1;
                     first_longer.get_or_insert_with(|| (record(), items));
                 }
-                if first_unusable.is_none() && !(0..MAX_CLASSES as i64).contains(&label) {
+                if !inference.see(record, Some(label)) && first_unusable.is_none() {
                     first_unusable = Some(format!("{}: label {label}", record()));
                 }
-                inference.see(record, Some(label));
             }
             Some(Err(reason)) => {
                 first_unusable.get_or_insert_with(|| format!("{}: {reason}", record()));
@@ -312,13 +324,14 @@ pub(super) fn open_folder2lmdb(
     // where a hostile try's 12 records under 8 `__keys__` read as 8 without a word. (Keys
     // 0..__len__ with a record past them have their own notice above.)
     let unlisted = entries.saturating_sub(bookkeeping + found);
-    if unlisted > 0 && notices.is_empty() {
+    if unlisted > 0 && !told_past_len {
         crate::dataset::notice(
             &mut notices,
             format!(
-                "{}: the database holds {unlisted} entries that {} not name ({entries} entries \
-                 in all): they are not read, as folder2lmdb reads only the keys it lists",
+                "{}: the database holds {} that {} not name ({entries} in all): they are not \
+                 read, as folder2lmdb reads only the keys it lists",
                 path.display(),
+                crate::dataset::plural(unlisted as usize, "entry", "entries"),
                 if bookkeeping == 2 {
                     "__keys__ does"
                 } else {
@@ -331,10 +344,10 @@ pub(super) fn open_folder2lmdb(
         crate::dataset::notice(
             &mut notices,
             format!(
-                "{}: {longer} values are tuples of more than (image, label) (the first, \
-                 {first}, of {items} items): their first two items are read as the image and \
-                 the label, as folder2lmdb's loader reads them",
-                path.display()
+                "{}: {longer} of {len} values are tuples of more than (image, label) (the \
+                 first, {first}, of {items} items): their first two items are read as the image \
+                 and the label, as folder2lmdb's loader reads them",
+                path.display(),
             ),
         );
     }

@@ -436,8 +436,8 @@ fn check_pil_modes(
         return Err(Error::not_a_dataset(
             name,
             format!(
-                "column {column:?} holds images in {reason}: every one of the {looked} looked \
-                 at (the first, {first})"
+                "every one of the {looked} images looked at in column {column:?} is in a mode \
+                 imagefeed does not read (the first, {first}: {reason})"
             ),
         ));
     }

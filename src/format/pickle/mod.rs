@@ -416,7 +416,8 @@ impl<'a> Machine<'a> {
                 Value::Other(OtherKind::Float)
             }
             b'N' => Value::Other(OtherKind::None),
-            _ => Value::Other(OtherKind::Bool), // NEWTRUE, NEWFALSE
+            0x88 | 0x89 => Value::Other(OtherKind::Bool), // NEWTRUE, NEWFALSE
+            other => return Err(format!("opcode {other:#04x} is no number or constant")),
         };
         self.push_leaf(value)
     }
@@ -468,15 +469,17 @@ impl<'a> Machine<'a> {
                 } else {
                     items_since_mark(&mut self.stack, &mut self.marks, "SETITEMS")?;
                 }
-                if !matches!(
-                    self.stack.last().map(|i| &i.value),
-                    Some(Value::Other(OtherKind::Dict | OtherKind::Set))
-                ) {
-                    return Err(if op == b's' {
-                        "SETITEM onto something that is not a dict".into()
-                    } else {
-                        "SETITEMS onto something that is not a dict or set".into()
-                    });
+                // SETITEM(S) fill a dict, ADDITEMS a set.
+                let (target, what) = match op {
+                    0x90 => (OtherKind::Set, "ADDITEMS onto something that is not a set"),
+                    b's' => (OtherKind::Dict, "SETITEM onto something that is not a dict"),
+                    _ => (
+                        OtherKind::Dict,
+                        "SETITEMS onto something that is not a dict",
+                    ),
+                };
+                if self.stack.last().map(|i| &i.value) != Some(&Value::Other(target)) {
+                    return Err(what.into());
                 }
             }
             b'0' => {
