@@ -216,10 +216,11 @@ fn read_labels(path: &Path, labels: &hdf5::Dataset, name: &str) -> Result<Vec<i6
     let reading = |e| gate::error(path, &format!("reading {name:?} as integers"), e);
     let descriptor = labels.dtype().and_then(|t| t.to_descriptor()).ok();
     // h5py's bool (an HDF5 enum of FALSE and TRUE): classes 0 and 1. Read as the enum's
-    // integers (never into Rust `bool`s, which a stored 2 would make invalid).
+    // integers (never into Rust `bool`s, which a stored 2 would make invalid), any value but 0
+    // being true, as h5py reads it.
     if descriptor == Some(TypeDescriptor::Boolean) {
         let flags: Vec<i8> = labels.read_raw().map_err(reading)?;
-        return Ok(flags.into_iter().map(i64::from).collect());
+        return Ok(flags.into_iter().map(|flag| i64::from(flag != 0)).collect());
     }
     let unsigned64 = descriptor == Some(TypeDescriptor::Unsigned(hdf5::types::IntSize::U8));
     if !unsigned64 {
