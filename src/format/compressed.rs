@@ -303,7 +303,7 @@ pub fn refuse_unread(path: &Path, head: &[u8], reads: &str) -> Result<()> {
     match unread_compression(head) {
         Some(compression) => Err(Error::Unsupported {
             path: path.to_path_buf(),
-            what: format!("the file is {compression}-compressed"),
+            what: format!("its {compression}-compressed data"),
             remedy: format!("imagefeed reads {reads}: decompress it first"),
         }),
         None => Ok(()),
