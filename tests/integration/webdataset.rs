@@ -756,3 +756,39 @@ fn shards_compressed_in_an_unread_way_are_named_so() {
         "{err}"
     );
 }
+
+/// Members whose names are no `key.field` (macOS tar's `._a.jpg` AppleDouble companions,
+/// `.DS_Store`, a `README`) are skipped as the webdataset package skips them, with a notice:
+/// they had made a macOS tar look ungrouped (refused) and others' samples bad.
+#[test]
+fn members_named_like_no_sample_are_skipped_with_a_notice() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = fs::read(fixture_root().join("class00/img00000.jpg")).unwrap();
+    let path = dir.path().join("mac.tar");
+    tar_of(
+        &path,
+        &[
+            ("./._s0.jpg", b"\x00\x05\x16\x07 AppleDouble"),
+            ("./s0.jpg", &image),
+            ("./._s0.cls", b"\x00\x05\x16\x07 AppleDouble"),
+            ("./s0.cls", b"0"),
+            ("./s1.jpg", &image),
+            ("README", b"a dataset"),
+            ("./s1.cls", b"1"),
+            ("./.DS_Store", b"junk"),
+        ],
+    );
+    let dataset = format::open(&path).unwrap();
+    assert_eq!(dataset.len(), 2);
+    let notices = dataset.notices();
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    assert!(
+        notices[0].contains("4 members are no sample's (the first, \"._s0.jpg\""),
+        "{notices:?}"
+    );
+    let labels: Vec<u32> = support::records(dataset.as_ref())
+        .into_iter()
+        .map(|(_, label, _)| label)
+        .collect();
+    assert_eq!(labels, [0, 1]);
+}

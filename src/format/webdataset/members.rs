@@ -70,6 +70,18 @@ pub(super) struct Walk {
     /// own (text appended to a finished tar). tar and Python's tarfile stop at the marker and
     /// never read them; neither does the walk.
     pub(super) trailing: Option<u64>,
+    /// Members whose file name is no `key.field` (`README`, `.DS_Store`, macOS's `._a.jpg`),
+    /// skipped as the webdataset package skips them: how many, and the first's path.
+    pub(super) nameless: usize,
+    pub(super) first_nameless: Option<String>,
+}
+
+/// Whether a member's path names a sample's field: its file name holds a dot after at least one
+/// other character (`a.jpg`, `dir/a.seg.png`); not `README`, `.DS_Store` or `._a.jpg` (macOS's
+/// AppleDouble companions), which the webdataset package skips too.
+pub(super) fn names_a_field(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name.find('.').is_some_and(|dot| dot > 0)
 }
 
 /// The key and field of a member's path: up to and after the first dot of its file name.
@@ -256,6 +268,11 @@ fn walk_from(bytes: &[u8], from: u64, walk: &mut Walk) -> std::result::Result<()
             continue;
         }
         let path = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+        if !names_a_field(&path) {
+            walk.nameless += 1;
+            walk.first_nameless.get_or_insert(path);
+            continue;
+        }
         let (key, _) = key_and_field(&path);
         match &mut open {
             Some((current, _, end)) if current == key => *end = last_end,
@@ -380,6 +397,9 @@ pub(super) fn members(span: &[u8]) -> std::result::Result<Members<'_>, String> {
     let mut not_files: Vec<(String, String)> = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|e| e.to_string())?;
+        if !names_a_field(&String::from_utf8_lossy(&entry.path_bytes())) {
+            continue;
+        }
         match member_kind(entry.header().entry_type()) {
             MemberKind::File => {}
             MemberKind::Unread(what) => {

@@ -300,6 +300,18 @@ pub(super) fn walked(path: &Path, mapped: Mapped, notices: &mut Vec<String>) -> 
     for (number, reason) in &walk.damaged[..told] {
         damage_notice(path, *number, reason, notices);
     }
+    if let Some(first) = &walk.first_nameless {
+        crate::dataset::notice(
+            notices,
+            format!(
+                "{}: {} no sample's (the first, {first:?}: a name that is no key.field, such as \
+                 README, .DS_Store or macOS's ._a.jpg): skipped, as the webdataset package skips \
+                 them",
+                path.display(),
+                crate::dataset::plural(walk.nameless, "member is", "members are")
+            ),
+        );
+    }
     if let Some(at) = walk.trailing {
         crate::dataset::notice(
             notices,
