@@ -122,7 +122,33 @@ pub struct Decompressed {
     /// Whether this call decompressed the shard (else it found the copy an earlier open made).
     pub fresh: bool,
     /// Why decompression stopped early, with how far it got; `None` when the stream was whole.
-    pub damage: Option<String>,
+    pub damage: Option<Damage>,
+}
+
+/// A compressed stream that did not decompress whole.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Damage {
+    /// Why, with how far decompression got (what a notice says).
+    pub reason: String,
+    /// How many of the decompressed bytes are as their writer wrote them, as far as the stream
+    /// can tell: all that came out of a stream cut short (decoded, only its end missing) or
+    /// followed by other bytes; none where its own check failed or its data is corrupt (gzip's
+    /// checksum is only checked at the end, and a flipped byte anywhere before it changes what
+    /// comes out without another sign: a hostile try's tar read a label changed so as sound).
+    pub sound: u64,
+}
+
+impl std::fmt::Display for Damage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
+/// Why a stream stopped before its end: the decoder's error (its kind tells a stream cut short
+/// from a corrupt one), or bytes after a whole stream.
+enum Stop {
+    Failed(std::io::Error),
+    TrailingBytes,
 }
 
 /// The cache section decompressed copies go into.
@@ -160,10 +186,11 @@ pub fn decompress_at_most(
     let cached = cache.get_or_fill(SECTION, &key, hint, |out| {
         fresh = true;
         let out_path = out.path().to_path_buf();
-        if let Some(reason) = inflate(path, file, compression, out, &out_path, expected)? {
+        if let Some(damage) = inflate(path, file, compression, out, &out_path, expected)? {
             // A damaged stream is never cached (the next open must see the damage too), but
             // what it yielded is read: kept in an unnamed file.
-            damaged = Some((out.detach()?, reason.clone()));
+            let reason = damage.reason.clone();
+            damaged = Some((out.detach()?, damage));
             return Err(Error::NotADataset {
                 path: path.to_path_buf(),
                 reason,
@@ -178,11 +205,11 @@ pub fn decompress_at_most(
             fresh,
             damage: None,
         }),
-        (Err(_), Some((copy, reason))) => Ok(Decompressed {
+        (Err(_), Some((copy, damage))) => Ok(Decompressed {
             file: copy,
             cached_at: None,
             fresh: true,
-            damage: Some(reason),
+            damage: Some(damage),
         }),
         (Err(e), None) => Err(e),
     }
@@ -219,7 +246,7 @@ fn inflate(
     out: &mut impl std::io::Write,
     out_path: &Path,
     expected: Option<u64>,
-) -> Result<Option<String>> {
+) -> Result<Option<Damage>> {
     // A clone shares the file's offset: start from the first byte whatever read it before.
     let mut source = file.try_clone().at(path)?;
     std::io::Seek::seek(&mut source, std::io::SeekFrom::Start(0)).at(path)?;
@@ -246,13 +273,14 @@ fn inflate(
             let mut decoder = flate2::bufread::ZlibDecoder::new(input);
             match pump(&mut decoder, &mut buffer, &mut write) {
                 Ok(None) => {
-                    // The zlib stream ended: anything after it is not part of it.
+                    // The zlib stream ended (its checksum checked): anything after it is not
+                    // part of it.
                     use std::io::BufRead as _;
                     let mut rest = decoder.into_inner();
                     Ok(match rest.fill_buf() {
                         Ok([]) => None,
-                        Ok(_) => Some("bytes follow the end of the zlib stream".to_string()),
-                        Err(e) => Some(e.to_string()),
+                        Ok(_) => Some(Stop::TrailingBytes),
+                        Err(e) => Some(Stop::Failed(e)),
                     })
                 }
                 other => other,
@@ -260,22 +288,45 @@ fn inflate(
         }
         Compression::Zstd => match zstd::stream::read::Decoder::with_buffer(input) {
             Ok(mut decoder) => pump(&mut decoder, &mut buffer, &mut write),
-            Err(e) => Ok(Some(e.to_string())),
+            Err(e) => Ok(Some(Stop::Failed(e))),
         },
     };
-    let problem = match (problem, expected) {
-        (Err(_), Some(expected)) if too_long.get() => Some(format!(
-            "it decompresses to more than the {expected} bytes its index says (stopped there)"
-        )),
-        (problem, _) => problem?,
+    let name = compression.name();
+    let damage = match (problem, expected) {
+        (Err(_), Some(expected)) if too_long.get() => Damage {
+            reason: format!(
+                "the {name} stream decompresses to more than the {expected} bytes its index \
+                 says (stopped there): none of it can be trusted"
+            ),
+            sound: 0,
+        },
+        (problem, _) => match problem? {
+            None => return Ok(None),
+            Some(Stop::TrailingBytes) => Damage {
+                reason: format!(
+                    "bytes follow the end of the {name} stream ({written} decompressed bytes): \
+                     left out"
+                ),
+                sound: written,
+            },
+            // Cut short: what came out is sound, the rest is missing.
+            Some(Stop::Failed(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => Damage {
+                reason: format!(
+                    "the {name} stream is cut short after {written} decompressed bytes ({e}): \
+                     the records after that point cannot be read"
+                ),
+                sound: written,
+            },
+            Some(Stop::Failed(e)) => Damage {
+                reason: format!(
+                    "the {name} stream is damaged ({e}, after {written} decompressed bytes): \
+                     any of its bytes may be wrong, so none of its records can be trusted"
+                ),
+                sound: 0,
+            },
+        },
     };
-    Ok(problem.map(|problem| {
-        format!(
-            "the {} stream is damaged after {written} decompressed bytes: {problem}; the records \
-             after that point cannot be read",
-            compression.name()
-        )
-    }))
+    Ok(Some(damage))
 }
 
 /// The compression whose magic number `head` starts with, among those no shard is read in
@@ -318,7 +369,7 @@ fn gunzip_members<R: std::io::BufRead>(
     mut input: R,
     buffer: &mut [u8],
     write: &mut dyn FnMut(&[u8]) -> Result<()>,
-) -> Result<Option<String>> {
+) -> Result<Option<Stop>> {
     loop {
         let mut member = flate2::bufread::GzDecoder::new(input);
         if let Some(problem) = pump(&mut member, buffer, write)? {
@@ -328,7 +379,7 @@ fn gunzip_members<R: std::io::BufRead>(
         loop {
             let rest = match input.fill_buf() {
                 Ok(rest) => rest,
-                Err(e) => return Ok(Some(e.to_string())),
+                Err(e) => return Ok(Some(Stop::Failed(e))),
             };
             if rest.is_empty() {
                 return Ok(None);
@@ -348,13 +399,13 @@ fn pump(
     reader: &mut dyn std::io::Read,
     buffer: &mut [u8],
     write: &mut dyn FnMut(&[u8]) -> Result<()>,
-) -> Result<Option<String>> {
+) -> Result<Option<Stop>> {
     loop {
         match reader.read(buffer) {
             Ok(0) => return Ok(None),
             Ok(n) => write(&buffer[..n])?,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Ok(Some(e.to_string())),
+            Err(e) => return Ok(Some(Stop::Failed(e))),
         }
     }
 }
@@ -471,7 +522,12 @@ mod tests {
         let (bytes, d, dir) = decompressed(cut);
         assert!(plain.starts_with(&bytes));
         let damage = d.damage.expect("damage reported");
-        assert!(damage.contains("GZIP stream is damaged"), "{damage}");
+        assert!(
+            damage.reason.contains("GZIP stream is cut short"),
+            "{damage}"
+        );
+        // Cut short: what came out is sound.
+        assert_eq!(damage.sound, bytes.len() as u64);
         assert_eq!(d.cached_at, None);
         // Nothing of it was cached.
         let left: Vec<_> = fs::read_dir(dir.path().join("cache").join(SECTION))
@@ -486,17 +542,31 @@ mod tests {
         let middle = flipped.len() / 2;
         flipped[middle] ^= 0x55;
         let (_, d, _dir) = decompressed(&flipped);
-        assert!(d.damage.is_some());
+        assert_eq!(d.damage.map(|d| d.sound), Some(0), "nothing of it is sound");
+        // The data whole and its checksum wrong: every byte came out, none is vouched for.
+        let mut checksum = whole.clone();
+        let at = checksum.len() - 8;
+        checksum[at] ^= 0xFF;
+        let (bytes, d, _dir) = decompressed(&checksum);
+        assert_eq!(bytes, plain);
+        let damage = d.damage.expect("damage reported");
+        assert_eq!(damage.sound, 0);
+        assert!(
+            damage.reason.contains("none of its records can be trusted"),
+            "{damage}"
+        );
         // Bytes after a zlib stream.
         let mut trailing = zlib(&plain);
         trailing.extend_from_slice(b"junk");
         let (bytes, d, _dir) = decompressed(&trailing);
         assert_eq!(bytes, plain);
+        let damage = d.damage.unwrap();
         assert!(
-            d.damage
-                .unwrap()
-                .contains("follow the end of the zlib stream")
+            damage.reason.contains("follow the end of the ZLIB stream"),
+            "{damage}"
         );
+        // Its checksum checked, the stream is sound; only the bytes after it are left out.
+        assert_eq!(damage.sound, plain.len() as u64);
     }
 
     /// Decompresses `compressed` into a cache of `limit` bytes.

@@ -792,3 +792,62 @@ fn members_named_like_no_sample_are_skipped_with_a_notice() {
         .collect();
     assert_eq!(labels, [0, 1]);
 }
+
+/// A gzipped shard whose checksum fails: a tar has no checksums of its own, so every sample is
+/// a bad record saying why (a hostile try's flipped byte changed a label to 2, read as sound,
+/// `verify` OK). A shard cut short keeps the samples before the cut.
+#[test]
+fn a_gzipped_shard_failing_its_checksum_reads_as_bad_records() {
+    use std::io::Write as _;
+    let dir = tempfile::tempdir().unwrap();
+    let image = fs::read(fixture_root().join("class00/img00000.jpg")).unwrap();
+    let plain = dir.path().join("plain.tar");
+    tar_of(
+        &plain,
+        &[
+            ("s0.jpg", &image),
+            ("s0.cls", b"0"),
+            ("s1.jpg", &image),
+            ("s1.cls", b"1"),
+        ],
+    );
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&fs::read(&plain).unwrap()).unwrap();
+    let whole = gz.finish().unwrap();
+    let mut checksum = whole.clone();
+    let at = checksum.len() - 8; // the CRC-32 in the trailer
+    checksum[at] ^= 0xFF;
+    let set = dir.path().join("set");
+    fs::create_dir(&set).unwrap();
+    fs::write(set.join("shard-000000.tar.gz"), &whole).unwrap();
+    fs::write(set.join("shard-000001.tar.gz"), &checksum).unwrap();
+    let options = OpenOptions::default().with_cache(Cache::at(dir.path().join("cache"), None));
+    let dataset = format::open_with(&set, &options).unwrap();
+    assert_eq!(dataset.len(), 4);
+    let mut reader = dataset.open_reader().unwrap();
+    assert_eq!(reader.read(1).unwrap().label, 1);
+    for index in 2..4 {
+        match reader.read(index) {
+            Err(Error::CorruptRecord { reason, .. }) => {
+                assert!(
+                    reason.contains("none of its records can be trusted"),
+                    "{reason}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // That shard alone: nothing can be read, and the refusal says why.
+    let err = format::open_with(set.join("shard-000001.tar.gz"), &options).unwrap_err();
+    assert!(
+        matches!(&err, Error::NotADataset { reason, .. }
+            if reason.contains("2 are damaged") && reason.contains("can be trusted")),
+        "{err}"
+    );
+    // Cut short near its end: the first sample reads.
+    let cut = dir.path().join("cut.tar.gz");
+    fs::write(&cut, &whole[..whole.len() - 30]).unwrap();
+    let dataset = format::open_with(&cut, &options).unwrap();
+    let mut reader = dataset.open_reader().unwrap();
+    assert_eq!(reader.read(0).unwrap().label, 0);
+}

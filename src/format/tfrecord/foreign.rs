@@ -171,7 +171,7 @@ pub(super) fn open_foreign_shard(
             records,
             damaged,
             cut_end,
-        } = scan_decompressed(map, copy.damage);
+        } = scan_decompressed(map, copy.damage.map(|d| d.reason));
         report_damage(path, &damaged, notices);
         return Ok(Shard {
             path: path.to_path_buf(),

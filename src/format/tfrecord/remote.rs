@@ -304,7 +304,11 @@ fn scanned_copy(
     match compressed::sniff(head, starts_with_frame, super::framing::HEADER_BYTES) {
         Some(compression) => {
             let copy = compressed::decompress(&cached.path, &cached.file, compression, cache)?;
-            Ok((Mapped::new(path, copy.file, true)?, copy.damage, true))
+            Ok((
+                Mapped::new(path, copy.file, true)?,
+                copy.damage.map(|d| d.reason),
+                true,
+            ))
         }
         None => Ok((Mapped::new(&cached.path, cached.file, true)?, None, false)),
     }

@@ -291,6 +291,33 @@ fn damage_notice(path: &Path, number: usize, reason: &str, notices: &mut Vec<Str
     );
 }
 
+/// A decompressed shard walked into samples ([`walked`]), the stream's damage in a notice, and
+/// every sample whose bytes reach past what the stream vouches for a bad record: a tar has no
+/// checksums of its own, and a gzip checksum that fails at the end is the only sign that a
+/// label or image changed (a hostile try's flipped byte read as a healthy label 2).
+pub(super) fn walked_copy(
+    path: &Path,
+    mapped: Mapped,
+    damage: Option<&compressed::Damage>,
+    notices: &mut Vec<String>,
+) -> Shard {
+    if let Some(damage) = damage {
+        crate::dataset::notice(notices, format!("{}: {damage}", path.display()));
+    }
+    let mut shard = walked(path, mapped, notices);
+    if let Some(damage) = damage {
+        for (number, span) in shard.samples.iter().enumerate() {
+            if span.offset.saturating_add(span.len) > damage.sound {
+                shard
+                    .damaged
+                    .entry(number)
+                    .or_insert_with(|| damage.reason.clone());
+            }
+        }
+    }
+    shard
+}
+
 /// A shard walked into samples, with a notice for each damaged range.
 pub(super) fn walked(path: &Path, mapped: Mapped, notices: &mut Vec<String>) -> Shard {
     let walk = walk_shard(mapped.bytes());
@@ -352,10 +379,8 @@ fn open_shard(
                 None => cache.insert(options.cache_or_env()?),
             };
             let copy = compressed::decompress(path, &file, compression, cache)?;
-            if let Some(damage) = &copy.damage {
-                crate::dataset::notice(notices, format!("{}: {damage}", path.display()));
-            }
-            Mapped::new(path, copy.file, true)?
+            let mapped = Mapped::new(path, copy.file, true)?;
+            return Ok(walked_copy(path, mapped, copy.damage.as_ref(), notices));
         }
         None => {
             refuse_unread_compression(path, head)?;
@@ -408,8 +433,11 @@ fn infer_classes(
         for (number, span) in shard.samples.iter().enumerate() {
             // (Members and labels are read through the map's guard: an unreadable sample is
             // left out here, and is a bad record when read.)
-            let bytes =
-                slice(mapped.bytes(), *span).filter(|_| !shard.damaged.contains_key(&number));
+            if let Some(reason) = shard.damaged.get(&number) {
+                survey.damaged(number, reason);
+                continue;
+            }
+            let bytes = slice(mapped.bytes(), *span);
             match bytes.and_then(|bytes| Some((members(bytes).ok()?, bytes))) {
                 Some((members, bytes)) => survey.sample(number, &members, bytes),
                 None => survey.unread(),

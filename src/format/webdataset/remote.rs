@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use super::members::is_tar_header;
-use super::{Shard, WebDataset, assemble, walked};
+use super::{Shard, WebDataset, assemble, walked_copy};
 use crate::cache::Cache;
 use crate::error::Result;
 use crate::format::OpenOptions;
@@ -29,7 +29,7 @@ pub(crate) fn open(
     let fetched = in_parallel(
         objects,
         SHARDS_AT_ONCE,
-        |object| -> Result<(PathBuf, Mapped, Option<String>)> {
+        |object| -> Result<(PathBuf, Mapped, Option<compressed::Damage>)> {
             let path = PathBuf::from(object.url.to_string());
             let cached = fetch::fetch(object, cache)?;
             let mut head = [0u8; compressed::SNIFF_BYTES];
@@ -57,10 +57,7 @@ pub(crate) fn open(
     )?;
     let mut shards: Vec<Shard> = Vec::with_capacity(fetched.len());
     for (path, mapped, damage) in fetched {
-        if let Some(damage) = damage {
-            crate::dataset::notice(&mut notices, format!("{}: {damage}", path.display()));
-        }
-        shards.push(walked(&path, mapped, &mut notices));
+        shards.push(walked_copy(&path, mapped, damage.as_ref(), &mut notices));
     }
     // A set larger than memory is read at random from the cache (`Mapped::ready_for`).
     let total = objects.iter().map(|o| o.size).sum();

@@ -46,8 +46,10 @@ pub(super) struct Survey {
     samples: usize,
     /// Samples with an image and a label the classes count.
     usable: usize,
-    /// Samples whose members could not be parsed (damaged, unreadable).
+    /// Samples whose members could not be parsed (unreadable).
     unparsed: usize,
+    /// Samples the walk or the decompression found damaged, and the first's reason.
+    damaged: Tally,
     repeated: Tally,
     no_label: Tally,
     no_image: Tally,
@@ -93,6 +95,7 @@ impl Survey {
             samples: 0,
             usable: 0,
             unparsed: 0,
+            damaged: Tally::default(),
             repeated: Tally::default(),
             no_label: Tally::default(),
             no_image: Tally::default(),
@@ -116,11 +119,20 @@ impl Survey {
         self.keys.clear();
     }
 
-    /// A sample whose members could not be parsed (damaged, unreadable): a bad record when
-    /// read, counted here only.
+    /// A sample whose members could not be parsed (unreadable): a bad record when read,
+    /// counted here only.
     pub(super) fn unread(&mut self) {
         self.samples += 1;
         self.unparsed += 1;
+    }
+
+    /// Sample `number` of the current shard, damaged for `reason` (its bytes, or its shard's
+    /// compressed stream): a bad record when read, its notice already given.
+    pub(super) fn damaged(&mut self, number: usize, reason: &str) {
+        self.samples += 1;
+        let shard = &self.shard;
+        self.damaged
+            .add(|| format!("{} sample {number}: {reason}", shard.display()));
     }
 
     /// Sample `number` of the current shard: its members, parsed from `bytes`.
@@ -322,6 +334,12 @@ impl Survey {
             if let Some(first) = &tally.first {
                 parts.push(format!("{} {what} (the first, {first})", tally.count));
             }
+        }
+        if let Some(first) = &self.damaged.first {
+            parts.push(format!(
+                "{} are damaged (the first, {first})",
+                self.damaged.count
+            ));
         }
         if self.unparsed > 0 {
             parts.push(format!("{} could not be parsed", self.unparsed));
