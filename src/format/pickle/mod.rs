@@ -824,7 +824,8 @@ pub fn image_label_and_items(data: &[u8]) -> Result<(Image, i64, usize), String>
     let expected = "expected a pickled (bytes, label) tuple";
     // What was found instead is named (a hostile try met only the generic message).
     match parse(data)? {
-        Value::Tuple(items) => match items.as_slice() {
+        // A list reads as folder2lmdb's loader reads it (`value[0]`, `value[1]`): as a tuple.
+        Value::Tuple(items) | Value::List(items) => match items.as_slice() {
             [image, Value::Int(label), ..] => match image {
                 Value::Bytes(r) => Ok((Image::Stored(r.clone()), *label, items.len())),
                 Value::OwnedBytes(b) => Ok((Image::Decoded(b.to_vec()), *label, items.len())),
@@ -834,7 +835,10 @@ pub fn image_label_and_items(data: &[u8]) -> Result<(Image, i64, usize), String>
                 "{expected}; its label is {}, not an integer (a class index)",
                 label.kind()
             )),
-            short => Err(format!("{expected}; found a tuple of {}", short.len())),
+            short => Err(format!(
+                "{expected}; found a tuple or list of {}",
+                short.len()
+            )),
         },
         other => Err(format!("{expected}; found {}", other.kind())),
     }

@@ -85,17 +85,23 @@ fn a_value_that_is_not_bytes_and_an_int_says_what_it_holds() {
         ),
         (
             b"\x80\x04\x95\x07\x00\x00\x00\x00\x00\x00\x00C\x01x\x94\x85\x94.",
-            "found a tuple of 1",
+            "found a tuple or list of 1",
         ),
-        (
-            b"\x80\x04\x95\x0b\x00\x00\x00\x00\x00\x00\x00]\x94(C\x01x\x94K\x01e.",
-            "found a list",
-        ),
+        (b"\x80\x04]\x94C\x01x\x94a.", "found a tuple or list of 1"),
     ];
     for (pickle, says) in cases {
         let err = image_and_label(pickle).unwrap_err();
         assert!(err.contains(says), "{err}");
     }
+}
+
+#[test]
+fn a_list_reads_as_folder2lmdb_reads_it() {
+    // pickle.dumps([b"x", 1], protocol=4): folder2lmdb's loader takes value[0] and value[1].
+    let pickle = b"\x80\x04\x95\x0b\x00\x00\x00\x00\x00\x00\x00]\x94(C\x01x\x94K\x01e.";
+    let (image, label) = image_and_label(pickle).unwrap();
+    assert_eq!(label, 1);
+    assert!(matches!(image, Image::Stored(ref r) if pickle[r.clone()] == *b"x"));
 }
 
 #[test]
