@@ -70,6 +70,23 @@ pub(super) fn assemble_foreign(
             check_picked_shard(manifest, shard)?;
         }
     }
+    // One notice for the shards scanned for want of an index (a set of 1,024 said it 1,024
+    // times, burying the others).
+    let scanned: Vec<&Shard> = shards.iter().filter(|s| s.unsaved_index).collect();
+    if let Some(first) = scanned.first() {
+        crate::dataset::notice(
+            &mut notices,
+            format!(
+                "{}: {} of {} have no index: built by scanning ({} records), kept in memory \
+                 (`pack-dataset index` saves them; the first, {})",
+                name.display(),
+                crate::dataset::plural(scanned.len(), "shard", "shards"),
+                shards.len(),
+                scanned.iter().map(|s| s.records.len()).sum::<usize>(),
+                first.path.display()
+            ),
+        );
+    }
     let starts = starts(&shards);
     let num_samples = *starts.last().expect("starts has a total");
     let short_shards = crate::format::shards::note_uneven_members(
@@ -197,21 +214,20 @@ pub(super) fn open_foreign_shard(
         });
     }
     let scan = scan_shard(mapped.bytes());
+    // A clean scan is counted in one notice for the set (`assemble_foreign`); one with damage
+    // is scanned again at every open, and says so every time.
     let clean = scan.damaged.is_empty();
-    crate::dataset::notice(
-        notices,
-        format!(
-            "{}: no index; built one by scanning ({} records), {}",
-            path.display(),
-            scan.records.len() - scan.damaged.len(),
-            if clean {
-                "kept in memory (`pack-dataset index` saves it)"
-            } else {
-                // One with damage is scanned again at every open, and says so every time.
-                "not saved: the shard is damaged"
-            }
-        ),
-    );
+    if !clean {
+        crate::dataset::notice(
+            notices,
+            format!(
+                "{}: no index; built one by scanning ({} records), not saved: the shard is \
+                 damaged",
+                path.display(),
+                scan.records.len() - scan.damaged.len(),
+            ),
+        );
+    }
     report_damage(path, &scan.damaged, notices);
     Ok(Shard {
         path: path.to_path_buf(),
