@@ -689,6 +689,19 @@ fn keys_met_twice_differing_labels_and_copied_shards_are_named() {
     }
     let mut reader = dataset.open_reader().unwrap();
     assert_eq!(reader.read(1).unwrap().label, 1, ".cls is read");
+    // With the classes given (no label scan), the layout is still told: the key met twice and
+    // the copy (a hostile re-try read both twice without a word).
+    let given = format::open_with(&set, &OpenOptions::default().with_num_classes(3)).unwrap();
+    for says in [
+        "have a key met earlier in their shard",
+        "1 shard looks like a copy",
+    ] {
+        assert!(
+            given.notices().iter().any(|n| n.contains(says)),
+            "{says}: {:?}",
+            given.notices()
+        );
+    }
     // Shards that only start with the same key (one writer per worker, keys counted within
     // each shard) are no copies.
     let workers = dir.path().join("workers");

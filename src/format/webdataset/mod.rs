@@ -97,6 +97,10 @@ pub(super) struct Shard {
     /// Whether it ends after a whole member without the end-of-archive block
     /// ([`members::Walk::unterminated`]).
     unterminated: bool,
+    /// Samples whose key an earlier sample of the shard has, and the first
+    /// ([`members::Walk::keys_again`]).
+    keys_again: usize,
+    first_key_again: Option<String>,
 }
 
 struct Shared {
@@ -217,9 +221,11 @@ pub(super) fn assemble(
         &mut notices,
     );
     let label_base = options.records.label_base.unwrap_or(0);
+    // Read whether the classes are given or not (a copied shard, a key met twice read twice).
+    let keys_again = survey::structure_notices(name, &shards, &mut notices)?;
     let classes = match options.records.given_classes()? {
         Some(classes) => classes,
-        None => infer_classes(name, &shards, label_base, &mut notices)?,
+        None => infer_classes(name, &shards, label_base, keys_again, &mut notices)?,
     };
     Ok(WebDataset {
         shared: Arc::new(Shared {
@@ -357,6 +363,8 @@ pub(super) fn walked(path: &Path, mapped: Mapped, notices: &mut Vec<String>) -> 
         damaged: walk.damaged.into_iter().collect(),
         cut_end: walk.cut_end,
         unterminated: walk.unterminated,
+        keys_again: walk.keys_again,
+        first_key_again: walk.first_key_again,
     }
 }
 
@@ -424,12 +432,13 @@ fn infer_classes(
     name: &Path,
     shards: &[Shard],
     label_base: u32,
+    keys_again: survey::KeysAgain,
     notices: &mut Vec<String>,
 ) -> Result<Vec<String>> {
-    let mut survey = Survey::new(label_base);
+    let mut survey = Survey::new(label_base, keys_again);
     for shard in shards {
         let mapped = shard.data.get()?;
-        survey.shard(&shard.path, mapped.bytes().len() as u64);
+        survey.shard(&shard.path);
         for (number, span) in shard.samples.iter().enumerate() {
             // (Members and labels are read through the map's guard: an unreadable sample is
             // left out here, and is a bad record when read.)
@@ -438,8 +447,8 @@ fn infer_classes(
                 continue;
             }
             let bytes = slice(mapped.bytes(), *span);
-            match bytes.and_then(|bytes| Some((members(bytes).ok()?, bytes))) {
-                Some((members, bytes)) => survey.sample(number, &members, bytes),
+            match bytes.and_then(|bytes| members(bytes).ok()) {
+                Some(members) => survey.sample(number, &members),
                 None => survey.unread(),
             }
         }

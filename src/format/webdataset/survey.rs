@@ -1,9 +1,10 @@
-//! What the open learns from every sample's members when it reads their labels for the classes
-//! (`--num-classes` skips it): the classes, the ways the set is read that its user should hear
-//! of (a second image beside the one read, label fields that disagree, labels that are no
-//! integer, a key met again later in its shard, a shard that is a copy of another), and the
-//! refusal of a set whose samples are (almost) all unreadable for a reason the set shows, saying
-//! what the samples hold instead.
+//! What the open learns from the samples: whatever the classes, how the set is laid out (a key
+//! met again later in its shard, a shard that is a copy of another: [`structure_notices`]);
+//! and from every sample's members when it reads their labels for the classes (`--num-classes`
+//! skips that: [`Survey`]), the classes, the ways the set is read that its user should hear of
+//! (a second image beside the one read, label fields that disagree, labels that are no
+//! integer), and the refusal of a set whose samples are (almost) all unreadable for a reason
+//! the set shows, saying what the samples hold instead.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -57,16 +58,14 @@ pub(super) struct Survey {
     out_of_range: Tally,
     several_images: Tally,
     differing_labels: Tally,
+    /// Samples whose key an earlier sample of their shard has (the walk counts them).
     key_again: Tally,
-    /// The current shard, its length, and where in it each key (by its 64-bit hash: a
-    /// collision costs at most a wrong notice, 10⁻⁷ for a million keys) was first met.
+    /// The current shard.
     shard: PathBuf,
-    shard_len: u64,
-    keys: HashMap<u64, usize>,
-    /// The shards read so far by their first sample.
-    starts: HashMap<ShardStart, PathBuf>,
-    copies: Tally,
 }
+
+/// Samples whose key an earlier sample of their shard has, over a set, and the first.
+pub(super) type KeysAgain = (usize, Option<String>);
 
 fn hash_of(value: impl Hash) -> u64 {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
@@ -87,8 +86,94 @@ fn dotted(fields: &[&str]) -> String {
         .join(", ")
 }
 
+/// The notices about how the set is laid out, given whether the classes are read or not: keys
+/// met again later in their shard (each read as a sample of its own), and shards whose length
+/// and first sample are another's (a copy, read twice). Returns the keys met again, for the
+/// [`Survey`]'s refusal of a tar not grouped by sample.
+pub(super) fn structure_notices(
+    name: &Path,
+    shards: &[super::Shard],
+    notices: &mut Vec<String>,
+) -> Result<KeysAgain> {
+    let samples: usize = shards.iter().map(|s| s.samples.len()).sum();
+    let mut again = Tally::default();
+    let mut starts: HashMap<ShardStart, &Path> = HashMap::new();
+    let mut copies = Tally::default();
+    for shard in shards {
+        if let Some(first) = &shard.first_key_again {
+            again.count += shard.keys_again;
+            again
+                .first
+                .get_or_insert_with(|| format!("{first} of {}", shard.path.display()));
+        }
+        // A shard whose first sample is another's, byte for byte, and of the other's length:
+        // a copy. (Shards written one writer per worker all start with key "000000".) Read
+        // through the map's guard, as the members are.
+        let Some(mapped) = shard.data.get_if_resident() else {
+            continue;
+        };
+        let Some(bytes) = shard
+            .samples
+            .first()
+            .filter(|_| !shard.damaged.contains_key(&0))
+            .and_then(|span| super::slice(mapped.bytes(), *span))
+        else {
+            continue;
+        };
+        let Ok(members) = super::members(bytes) else {
+            continue;
+        };
+        if crate::mapguard::fault_in(bytes).is_err() {
+            continue;
+        }
+        let start = ShardStart {
+            key: members.key.clone(),
+            bytes: hash_of(bytes),
+            shard_len: mapped.bytes().len() as u64,
+        };
+        match starts.get(&start) {
+            Some(other) => copies.add(|| {
+                format!(
+                    "{} and {}, both {} bytes starting with the same sample {:?}",
+                    other.display(),
+                    shard.path.display(),
+                    start.shard_len,
+                    start.key
+                )
+            }),
+            None => {
+                starts.insert(start, &shard.path);
+            }
+        }
+    }
+    let shown = name.display();
+    if let Some(first) = &again.first {
+        notice(
+            notices,
+            format!(
+                "{shown}: {} of {samples} samples have a key met earlier in their shard, each \
+                 read as a sample of its own (as the webdataset package reads them); a tar whose \
+                 members are not grouped by sample is not read as its writer meant (the first, \
+                 {first})",
+                again.count
+            ),
+        );
+    }
+    if let Some(first) = &copies.first {
+        notice(
+            notices,
+            format!(
+                "{shown}: {} like a copy of another (the first, {first}): a copied shard's \
+                 samples are read twice",
+                plural(copies.count, "shard looks", "shards look")
+            ),
+        );
+    }
+    Ok((again.count, again.first))
+}
+
 impl Survey {
-    pub(super) fn new(label_base: u32) -> Self {
+    pub(super) fn new(label_base: u32, (again, first_again): KeysAgain) -> Self {
         Survey {
             label_base,
             inference: ClassInference::default(),
@@ -103,20 +188,17 @@ impl Survey {
             out_of_range: Tally::default(),
             several_images: Tally::default(),
             differing_labels: Tally::default(),
-            key_again: Tally::default(),
+            key_again: Tally {
+                count: again,
+                first: first_again,
+            },
             shard: PathBuf::new(),
-            shard_len: 0,
-            keys: HashMap::new(),
-            starts: HashMap::new(),
-            copies: Tally::default(),
         }
     }
 
-    /// The samples that follow are those of the shard at `path`, `len` bytes long.
-    pub(super) fn shard(&mut self, path: &Path, len: u64) {
+    /// The samples that follow are those of the shard at `path`.
+    pub(super) fn shard(&mut self, path: &Path) {
         self.shard = path.to_path_buf();
-        self.shard_len = len;
-        self.keys.clear();
     }
 
     /// A sample whose members could not be parsed (unreadable): a bad record when read,
@@ -135,48 +217,11 @@ impl Survey {
             .add(|| format!("{} sample {number}: {reason}", shard.display()));
     }
 
-    /// Sample `number` of the current shard: its members, parsed from `bytes`.
-    pub(super) fn sample(&mut self, number: usize, members: &Members<'_>, bytes: &[u8]) {
+    /// Sample `number` of the current shard: its members.
+    pub(super) fn sample(&mut self, number: usize, members: &Members<'_>) {
         self.samples += 1;
         let shard = &self.shard;
         let record = || format!("{} sample {number} ({})", shard.display(), members.key);
-        let first_in_shard = self.keys.is_empty();
-        match self.keys.get(&hash_of(&members.key)) {
-            Some(earlier) => self.key_again.add(|| {
-                format!(
-                    "{:?}, samples {earlier} and {number} of {}",
-                    members.key,
-                    shard.display()
-                )
-            }),
-            None => {
-                self.keys.insert(hash_of(&members.key), number);
-            }
-        }
-        // A shard whose first sample is another's, byte for byte, and of the other's length:
-        // a copy. (Shards written one writer per worker all start with key "000000".) Read
-        // through the map's guard, as the members were.
-        if first_in_shard && crate::mapguard::fault_in(bytes).is_ok() {
-            let start = ShardStart {
-                key: members.key.clone(),
-                bytes: hash_of(bytes),
-                shard_len: self.shard_len,
-            };
-            match self.starts.get(&start) {
-                Some(other) => self.copies.add(|| {
-                    format!(
-                        "{} and {}, both {} bytes starting with the same sample {:?}",
-                        other.display(),
-                        shard.display(),
-                        start.shard_len,
-                        start.key
-                    )
-                }),
-                None => {
-                    self.starts.insert(start, shard.clone());
-                }
-            }
-        }
         if members.repeated.is_some() {
             self.repeated.add(record);
             return;
@@ -263,13 +308,6 @@ impl Survey {
                 &self.no_image,
                 "hold a label and no image: bad records when read".into(),
             ),
-            (
-                &self.key_again,
-                "have a key met earlier in their shard, each read as a sample of its own (as the \
-                 webdataset package reads them); a tar whose members are not grouped by sample is \
-                 not read as its writer meant"
-                    .into(),
-            ),
         ];
         for (tally, what) in said {
             if let Some(first) = &tally.first {
@@ -281,16 +319,6 @@ impl Survey {
                     ),
                 );
             }
-        }
-        if let Some(first) = &self.copies.first {
-            notice(
-                notices,
-                format!(
-                    "{shown}: {} like a copy of another (the first, {first}): a copied \
-                     shard's samples are read twice",
-                    plural(self.copies.count, "shard looks", "shards look")
-                ),
-            );
         }
         let (classes, notice_text) = self.inference.classes();
         notices.extend(notice_text);
