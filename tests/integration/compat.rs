@@ -860,3 +860,47 @@ fn walk_sizes(dir: &Path) -> u64 {
         })
         .sum()
 }
+
+/// A gzipped MDS shard (`compression="gz"`) whose stream fails its checksum: MDS samples carry
+/// no checksums of their own, so each of that shard's samples is a bad record saying the stream
+/// is damaged, where they were read as sound with only a notice.
+#[test]
+fn an_mds_shard_failing_its_gzip_checksum_reads_as_bad_records() {
+    use std::io::Write as _;
+    let dir = tempfile::tempdir().unwrap();
+    let set = copied("mds-zstd", dir.path());
+    let zip = set.join("shard.00002.mds.zstd");
+    let raw = zstd::decode_all(&fs::read(&zip).unwrap()[..]).unwrap();
+    fs::remove_file(&zip).unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&raw).unwrap();
+    let mut gzipped = gz.finish().unwrap();
+    let at = gzipped.len() - 8; // the CRC-32 in the trailer
+    gzipped[at] ^= 0xFF;
+    fs::write(set.join("shard.00002.mds.gz"), &gzipped).unwrap();
+    let mut index: serde_json::Value =
+        serde_json::from_slice(&fs::read(set.join("index.json")).unwrap()).unwrap();
+    index["shards"][2]["compression"] = "gz".into();
+    index["shards"][2]["zip_data"]["basename"] = "shard.00002.mds.gz".into();
+    index["shards"][2]["zip_data"]["bytes"] = gzipped.len().into();
+    fs::write(set.join("index.json"), index.to_string()).unwrap();
+    let in_shard = index["shards"][2]["samples"].as_u64().unwrap() as usize;
+    assert!(in_shard > 0);
+    let options = format::OpenOptions::default()
+        .with_cache(imagefeed::cache::Cache::at(dir.path().join("cache"), None));
+    let dataset = format::open_with(&set, &options).unwrap();
+    let mut reader = dataset.open_reader().unwrap();
+    let mut untrusted = 0;
+    for index in 0..dataset.len() {
+        match reader.read(index) {
+            Ok(_) => {}
+            Err(Error::CorruptRecord { reason, .. })
+                if reason.contains("none of its records can be trusted") =>
+            {
+                untrusted += 1
+            }
+            Err(other) => panic!("{other}"),
+        }
+    }
+    assert_eq!(untrusted, in_shard);
+}

@@ -108,6 +108,9 @@ pub(super) struct Shard {
     /// that an index saying 0 for a shard holding 100 costs 100 bad records, not 100 samples
     /// gone without a word.
     records: usize,
+    /// Where a compressed shard's damaged stream stops vouching for its bytes, and why: a
+    /// sample reaching past it is a bad record (MDS samples carry no checksums of their own).
+    unsound: Option<(u64, String)>,
 }
 
 struct Shared {
@@ -192,6 +195,7 @@ impl Mds {
                     (zip, opened, Some(*compression))
                 }
             };
+            let mut damage = None;
             let mapped = match compression {
                 None => {
                     prefetch.read(&path, &file, len)?;
@@ -209,19 +213,14 @@ impl Mds {
                         cache,
                         Some(*raw_bytes),
                     )?;
-                    if let Some(damage) = &copy.damage {
-                        crate::dataset::notice(
-                            &mut notices,
-                            format!("{}: {damage}", path.display()),
-                        );
-                    }
+                    damage = copy.damage;
                     Mapped::new(&path, copy.file, true)?
                 }
             };
             let shard = checked_shard(
                 &path,
                 raw_name,
-                ShardData::local(&path, mapped),
+                (ShardData::local(&path, mapped), damage),
                 entry.samples,
                 *raw_bytes,
                 &mut notices,
@@ -284,11 +283,14 @@ fn missing(dir: &Path, name: &str) -> Error {
 pub(super) fn checked_shard(
     path: &Path,
     name: &str,
-    data: ShardData,
+    (data, damage): (ShardData, Option<compressed::Damage>),
     samples: usize,
     expected_bytes: u64,
     notices: &mut Vec<String>,
 ) -> Result<Shard> {
+    if let Some(damage) = &damage {
+        crate::dataset::notice(notices, format!("{}: {damage}", path.display()));
+    }
     let mapped = data.get()?;
     let bytes = mapped.bytes();
     // The offsets alone take 4 bytes a sample: a count the file cannot hold offsets for is
@@ -342,7 +344,18 @@ pub(super) fn checked_shard(
         data: Arc::new(data),
         samples,
         records,
+        unsound: damage.map(|d| (d.sound, d.reason)),
     })
+}
+
+impl Shard {
+    /// Why the sample at `span` of the shard is not vouched for, if it is not.
+    fn unsound(&self, span: &std::ops::Range<usize>) -> Option<&str> {
+        self.unsound
+            .as_ref()
+            .filter(|(sound, _)| span.end as u64 > *sound)
+            .map(|(_, reason)| reason.as_str())
+    }
 }
 
 /// The dataset over `shards`: classes (given, or inferred from every sample's label), counts
@@ -411,6 +424,11 @@ fn check_pil_modes(
         let probes = shard.samples.min(PIL_PROBES);
         for probe in 0..probes {
             let within = probe * shard.samples / probes;
+            if sample_span(mapped.bytes(), shard.samples, within)
+                .is_ok_and(|span| shard.unsound(&span).is_some())
+            {
+                continue;
+            }
             let Ok(columns) = sample_columns(mapped.bytes(), shard.samples, within, layout) else {
                 continue;
             };
@@ -479,6 +497,12 @@ fn infer_classes(
         }
         for within in 0..shard.samples {
             samples += 1;
+            // (A sample past what a damaged stream vouches for is a bad record, not counted.)
+            if sample_span(mapped.bytes(), shard.samples, within)
+                .is_ok_and(|span| shard.unsound(&span).is_some())
+            {
+                continue;
+            }
             let Ok(columns) = sample_columns(mapped.bytes(), shard.samples, within, layout) else {
                 continue;
             };
@@ -823,6 +847,9 @@ impl RecordReader for MdsReader {
         check_place_readable(&shard.path, bytes, within)?;
         let span = sample_span(bytes, shard.samples, within)
             .map_err(|reason| corrupt(&self.key, reason))?;
+        if let Some(reason) = shard.unsound(&span) {
+            return Err(corrupt(&self.key, reason.to_string()));
+        }
         // Out of the map before anything reads it (`mapguard`).
         let sample =
             crate::mapguard::copy_readable(&shard.path, bytes, &bytes[span], &mut self.copied)?;

@@ -85,13 +85,10 @@ pub(crate) fn open(
     })?;
     let mut shards = Vec::with_capacity(fetched.len());
     for ((path, mapped, damage), (_, entry)) in fetched.into_iter().zip(&wanted) {
-        if let Some(damage) = damage {
-            crate::dataset::notice(&mut notices, format!("{}: {damage}", path.display()));
-        }
         shards.push(checked_shard(
             &path,
             &entry.raw.0,
-            ShardData::local(&path, mapped),
+            (ShardData::local(&path, mapped), damage),
             entry.samples,
             entry.raw.1,
             &mut notices,
