@@ -748,8 +748,8 @@ fn keys_met_twice_differing_labels_and_copied_shards_are_named() {
     }
 }
 
-/// A shard compressed in a way imagefeed does not read (bzip2 data named `.tar`, an
-/// `x.tar.xz`) was "bytes 0..N are not tar members ... no sample has a label", or "nor a
+/// A shard compressed in a way imagefeed does not read (bzip2 data named `.tar` or like a
+/// TFRecord shard, an `x.tar.xz`) was "bytes 0..N are not tar members ... no sample has a label", or "nor a
 /// dataset file this build reads": both now name the compression.
 #[test]
 fn shards_compressed_in_an_unread_way_are_named_so() {
@@ -757,6 +757,18 @@ fn shards_compressed_in_an_unread_way_are_named_so() {
     let bzip2 = dir.path().join("shard-000000.tar");
     fs::write(&bzip2, b"BZh91AY&SY\x12\x34 and the rest of a bzip2 stream").unwrap();
     let err = format::open(&bzip2).unwrap_err();
+    assert!(
+        matches!(&err, Error::Unsupported { what, .. } if what.contains("bzip2-compressed")),
+        "{err}"
+    );
+    // The same under a TFRecord shard's name.
+    let tfrecord = dir.path().join("train-00000-of-00001");
+    fs::write(
+        &tfrecord,
+        b"BZh91AY&SY\x12\x34 and the rest of a bzip2 stream",
+    )
+    .unwrap();
+    let err = format::open(&tfrecord).unwrap_err();
     assert!(
         matches!(&err, Error::Unsupported { what, .. } if what.contains("bzip2-compressed")),
         "{err}"

@@ -199,6 +199,14 @@ pub(super) fn open_foreign_shard(
             unsaved_index: false,
         });
     }
+    // bzip2 or xz data named like a shard: named so, not scanned into "not a TFRecord frame".
+    if !starts_with_frame(head) {
+        compressed::refuse_unread(
+            path,
+            head,
+            "TFRecord shards plain or with TensorFlow's GZIP or ZLIB compression",
+        )?;
+    }
     prefetch.read(path, &file, len)?;
     let mapped = Mapped::new(path, file, false)?;
     if let Some(index_path) = index::find_index(path) {
