@@ -138,6 +138,14 @@ pub struct Damage {
     pub sound: u64,
 }
 
+impl Damage {
+    /// Whether bytes up to `end` of the decompressed copy reach past what the stream vouches
+    /// for: a record there is not to be read as sound.
+    pub fn spoils(&self, end: u64) -> bool {
+        end > self.sound
+    }
+}
+
 impl std::fmt::Display for Damage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.reason)

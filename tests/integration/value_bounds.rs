@@ -30,6 +30,19 @@ fn pickled(image: &[u8], label: i64) -> Vec<u8> {
     out
 }
 
+/// A folder2lmdb `__keys__` value: a pickled list of keys as short bytes (protocol 4).
+fn pickled_keys(keys: &[impl AsRef<str>]) -> Vec<u8> {
+    let mut out = b"\x80\x04](".to_vec();
+    for key in keys {
+        let key = key.as_ref();
+        out.push(b'C');
+        out.push(key.len() as u8);
+        out.extend_from_slice(key.as_bytes());
+    }
+    out.extend_from_slice(b"e.");
+    out
+}
+
 /// A pickled int as LONG1.
 fn pickled_int(n: i64) -> Vec<u8> {
     let mut out = b"\x80\x04\x8a\x08".to_vec();
@@ -942,16 +955,6 @@ fn a_folder2lmdb_keys_list_repeating_one_long_text_is_refused_before_copying() {
 #[test]
 fn a_folder2lmdb_keys_list_naming_a_key_twice_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let keys_pickle = |keys: &[&str]| {
-        let mut out = b"\x80\x04](".to_vec();
-        for key in keys {
-            out.push(b'C');
-            out.push(key.len() as u8);
-            out.extend_from_slice(key.as_bytes());
-        }
-        out.extend_from_slice(b"e.");
-        out
-    };
     for (keys, twice) in [
         (vec!["0", "0", "0"], Some("0")),
         (vec!["0", "1", "2", "1"], Some("1")),
@@ -962,7 +965,7 @@ fn a_folder2lmdb_keys_list_naming_a_key_twice_is_refused() {
             .map(|i| (i.to_string().into_bytes(), pickled(&jpeg(), i as i64)))
             .collect();
         entries.push((b"__len__".to_vec(), pickled_int(keys.len() as i64)));
-        entries.push((b"__keys__".to_vec(), keys_pickle(&keys)));
+        entries.push((b"__keys__".to_vec(), pickled_keys(&keys)));
         write_folder2lmdb(&path, &entries);
         match (format::open(&path), twice) {
             (Err(Error::NotADataset { reason, .. }), Some(key)) => {
@@ -984,16 +987,6 @@ fn a_folder2lmdb_keys_list_naming_a_key_twice_is_refused() {
 #[test]
 fn a_folder2lmdb_file_holding_records_its_keys_do_not_name_says_so() {
     let dir = tempfile::tempdir().unwrap();
-    let keys_pickle = |keys: &[String]| {
-        let mut out = b"\x80\x04](".to_vec();
-        for key in keys {
-            out.push(b'C');
-            out.push(key.len() as u8);
-            out.extend_from_slice(key.as_bytes());
-        }
-        out.extend_from_slice(b"e.");
-        out
-    };
     for (stored, listed) in [(12usize, 8usize), (5, 5)] {
         let path = dir.path().join(format!("keys-{stored}-{listed}.lmdb"));
         let keys: Vec<String> = (0..listed).map(|i| format!("k{i}")).collect();
@@ -1006,7 +999,7 @@ fn a_folder2lmdb_file_holding_records_its_keys_do_not_name_says_so() {
             })
             .collect();
         entries.push((b"__len__".to_vec(), pickled_int(listed as i64)));
-        entries.push((b"__keys__".to_vec(), keys_pickle(&keys)));
+        entries.push((b"__keys__".to_vec(), pickled_keys(&keys)));
         write_folder2lmdb(&path, &entries);
         let dataset = format::open(&path).unwrap();
         assert_eq!(dataset.len(), listed);

@@ -562,6 +562,19 @@ fn samples_with_several_images_say_which_is_read() {
     );
 }
 
+/// A JPEG of the fixture tree, for samples' images.
+fn fixture_jpeg() -> Vec<u8> {
+    fs::read(fixture_root().join("class00/img00000.jpg")).unwrap()
+}
+
+/// Appends a symbolic link member `name` → `target` to a tar being built.
+fn append_symlink<W: std::io::Write>(builder: &mut tar::Builder<W>, name: &str, target: &str) {
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(tar::EntryType::Symlink);
+    header.set_size(0);
+    builder.append_link(&mut header, name, target).unwrap();
+}
+
 /// Writes a tar of `members` at `path`.
 fn tar_of(path: &Path, members: &[(&str, &[u8])]) {
     let mut builder = tar::Builder::new(fs::File::create(path).unwrap());
@@ -577,7 +590,7 @@ fn tar_of(path: &Path, members: &[(&str, &[u8])]) {
 #[test]
 fn a_tar_not_grouped_by_sample_is_refused_saying_so() {
     let dir = tempfile::tempdir().unwrap();
-    let image = fs::read(fixture_root().join("class00/img00000.jpg")).unwrap();
+    let image = fixture_jpeg();
     let ungrouped = dir.path().join("ungrouped.tar");
     tar_of(
         &ungrouped,
@@ -655,7 +668,7 @@ fn a_tar_not_grouped_by_sample_is_refused_saying_so() {
 #[test]
 fn keys_met_twice_differing_labels_and_copied_shards_are_named() {
     let dir = tempfile::tempdir().unwrap();
-    let image = fs::read(fixture_root().join("class00/img00000.jpg")).unwrap();
+    let image = fixture_jpeg();
     let set = dir.path().join("set");
     fs::create_dir(&set).unwrap();
     let first = set.join("shard-000000.tar");
@@ -720,18 +733,10 @@ fn keys_met_twice_differing_labels_and_copied_shards_are_named() {
     let mut builder = tar::Builder::new(fs::File::create(&linked).unwrap());
     support::append_tar_member(&mut builder, "a.jpg", &image);
     support::append_tar_member(&mut builder, "a.cls", b"0");
-    let mut header = tar::Header::new_gnu();
-    header.set_entry_type(tar::EntryType::Symlink);
-    header.set_size(0);
-    builder.append_link(&mut header, "b.jpg", "a.jpg").unwrap();
+    append_symlink(&mut builder, "b.jpg", "a.jpg");
     support::append_tar_member(&mut builder, "b.cls", b"1");
     // A stray link of a key of its own makes no sample (the webdataset package skips it).
-    let mut header = tar::Header::new_gnu();
-    header.set_entry_type(tar::EntryType::Symlink);
-    header.set_size(0);
-    builder
-        .append_link(&mut header, "latest.jpg", "a.jpg")
-        .unwrap();
+    append_symlink(&mut builder, "latest.jpg", "a.jpg");
     builder.finish().unwrap();
     drop(builder);
     let dataset = format::open(&linked).unwrap();
@@ -788,7 +793,7 @@ fn shards_compressed_in_an_unread_way_are_named_so() {
 #[test]
 fn members_named_like_no_sample_are_skipped_with_a_notice() {
     let dir = tempfile::tempdir().unwrap();
-    let image = fs::read(fixture_root().join("class00/img00000.jpg")).unwrap();
+    let image = fixture_jpeg();
     let path = dir.path().join("mac.tar");
     tar_of(
         &path,
@@ -825,7 +830,7 @@ fn members_named_like_no_sample_are_skipped_with_a_notice() {
 fn a_gzipped_shard_failing_its_checksum_reads_as_bad_records() {
     use std::io::Write as _;
     let dir = tempfile::tempdir().unwrap();
-    let image = fs::read(fixture_root().join("class00/img00000.jpg")).unwrap();
+    let image = fixture_jpeg();
     let plain = dir.path().join("plain.tar");
     tar_of(
         &plain,
@@ -846,7 +851,7 @@ fn a_gzipped_shard_failing_its_checksum_reads_as_bad_records() {
     fs::create_dir(&set).unwrap();
     fs::write(set.join("shard-000000.tar.gz"), &whole).unwrap();
     fs::write(set.join("shard-000001.tar.gz"), &checksum).unwrap();
-    let options = OpenOptions::default().with_cache(Cache::at(dir.path().join("cache"), None));
+    let options = cached(dir.path());
     let dataset = format::open_with(&set, &options).unwrap();
     assert_eq!(dataset.len(), 4);
     let mut reader = dataset.open_reader().unwrap();

@@ -515,36 +515,27 @@ pub(super) fn class_names(location: &hdf5::Location, file_len: u64) -> ClassName
         ));
     }
     let names: Option<Vec<String>> = match descriptor {
-        TypeDescriptor::VarLenUnicode => attr.read_raw::<VarLenUnicode>().ok().and_then(|names| {
-            names
-                .iter()
-                .map(|s| checked_str(s.as_bytes()).map(str::to_owned))
-                .collect()
-        }),
+        TypeDescriptor::VarLenUnicode => read_names::<VarLenUnicode>(&attr, |s| s.as_bytes()),
         TypeDescriptor::VarLenAscii => {
-            attr.read_raw::<hdf5::types::VarLenAscii>()
-                .ok()
-                .and_then(|names| {
-                    names
-                        .iter()
-                        .map(|s| checked_str(s.as_bytes()).map(str::to_owned))
-                        .collect()
-                })
+            read_names::<hdf5::types::VarLenAscii>(&attr, |s| s.as_bytes())
         }
         // Fixed-length strings (`np.array(names, dtype="S")`, h5py's default for a list of
         // bytes): read into the smallest of a few widths that holds the declared one, which
         // libhdf5 converts to without cutting a name.
-        TypeDescriptor::FixedAscii(width) | TypeDescriptor::FixedUnicode(width) => match width {
-            0..=16 => fixed_strings::<16>(&attr),
-            17..=64 => fixed_strings::<64>(&attr),
-            65..=256 => fixed_strings::<256>(&attr),
-            257..=1024 => fixed_strings::<1024>(&attr),
-            _ => {
-                return ClassNames::Unread(format!(
-                    "holds names of {width} bytes, more than the 1,024 imagefeed reads"
-                ));
+        TypeDescriptor::FixedAscii(width) | TypeDescriptor::FixedUnicode(width) => {
+            let unicode = matches!(descriptor, TypeDescriptor::FixedUnicode(_));
+            match width {
+                0..=16 => fixed_strings::<16>(&attr, unicode),
+                17..=64 => fixed_strings::<64>(&attr, unicode),
+                65..=256 => fixed_strings::<256>(&attr, unicode),
+                257..=1024 => fixed_strings::<1024>(&attr, unicode),
+                _ => {
+                    return ClassNames::Unread(format!(
+                        "holds names of {width} bytes, more than the 1,024 imagefeed reads"
+                    ));
+                }
             }
-        },
+        }
         other => return ClassNames::Unread(format!("is {other}, not strings")),
     };
     match names {
@@ -553,17 +544,25 @@ pub(super) fn class_names(location: &hdf5::Location, file_len: u64) -> ClassName
     }
 }
 
-/// An attribute of fixed-length strings (ASCII or UTF-8) at most `N` bytes each, as strings.
-fn fixed_strings<const N: usize>(attr: &hdf5::Attribute) -> Option<Vec<String>> {
-    if let Ok(names) = attr.read_raw::<hdf5::types::FixedAscii<N>>() {
-        return names
-            .iter()
-            .map(|s| checked_str(s.as_bytes()).map(str::to_owned))
-            .collect();
+/// An attribute of fixed-length strings at most `N` bytes each (UTF-8 where `unicode`, else
+/// ASCII), as strings.
+fn fixed_strings<const N: usize>(attr: &hdf5::Attribute, unicode: bool) -> Option<Vec<String>> {
+    if unicode {
+        read_names::<hdf5::types::FixedUnicode<N>>(attr, |s| s.as_bytes())
+    } else {
+        read_names::<hdf5::types::FixedAscii<N>>(attr, |s| s.as_bytes())
     }
-    attr.read_raw::<hdf5::types::FixedUnicode<N>>()
+}
+
+/// The strings of `attr` read as `T`, each UTF-8 (`bytes` gives a string's bytes); `None` when
+/// the read fails or one is not UTF-8.
+fn read_names<T: hdf5::H5Type>(
+    attr: &hdf5::Attribute,
+    bytes: impl Fn(&T) -> &[u8],
+) -> Option<Vec<String>> {
+    attr.read_raw::<T>()
         .ok()?
         .iter()
-        .map(|s| checked_str(s.as_bytes()).map(str::to_owned))
+        .map(|s| checked_str(bytes(s)).map(str::to_owned))
         .collect()
 }

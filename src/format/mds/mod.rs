@@ -108,9 +108,9 @@ pub(super) struct Shard {
     /// that an index saying 0 for a shard holding 100 costs 100 bad records, not 100 samples
     /// gone without a word.
     records: usize,
-    /// Where a compressed shard's damaged stream stops vouching for its bytes, and why: a
-    /// sample reaching past it is a bad record (MDS samples carry no checksums of their own).
-    unsound: Option<(u64, String)>,
+    /// A compressed shard's damaged stream: a sample reaching past what it vouches for is a
+    /// bad record (MDS samples carry no checksums of their own).
+    damage: Option<compressed::Damage>,
 }
 
 struct Shared {
@@ -344,17 +344,37 @@ pub(super) fn checked_shard(
         data: Arc::new(data),
         samples,
         records,
-        unsound: damage.map(|d| (d.sound, d.reason)),
+        damage,
     })
 }
 
 impl Shard {
     /// Why the sample at `span` of the shard is not vouched for, if it is not.
     fn unsound(&self, span: &std::ops::Range<usize>) -> Option<&str> {
-        self.unsound
+        self.damage
             .as_ref()
-            .filter(|(sound, _)| span.end as u64 > *sound)
-            .map(|(_, reason)| reason.as_str())
+            .filter(|damage| damage.spoils(span.end as u64))
+            .map(|damage| damage.reason.as_str())
+    }
+
+    /// Sample `within`'s columns in `bytes`, the shard's, read through the map's guard
+    /// ([`sample_columns`]); `Err` too for one past what a damaged stream vouches for.
+    fn columns<'a>(
+        &self,
+        bytes: &'a [u8],
+        within: usize,
+        layout: &Layout,
+    ) -> std::result::Result<SampleColumns<'a>, String> {
+        let columns = sample_columns(bytes, self.samples, within, layout)?;
+        // (The offsets are readable: `sample_columns` read them through the guard.)
+        if self.damage.is_some()
+            && let Some(reason) = sample_span(bytes, self.samples, within)
+                .ok()
+                .and_then(|span| self.unsound(&span))
+        {
+            return Err(reason.to_string());
+        }
+        Ok(columns)
     }
 }
 
@@ -424,12 +444,7 @@ fn check_pil_modes(
         let probes = shard.samples.min(PIL_PROBES);
         for probe in 0..probes {
             let within = probe * shard.samples / probes;
-            if sample_span(mapped.bytes(), shard.samples, within)
-                .is_ok_and(|span| shard.unsound(&span).is_some())
-            {
-                continue;
-            }
-            let Ok(columns) = sample_columns(mapped.bytes(), shard.samples, within, layout) else {
+            let Ok(columns) = shard.columns(mapped.bytes(), within, layout) else {
                 continue;
             };
             let head = &columns.image[..columns.image.len().min(64)];
@@ -498,12 +513,7 @@ fn infer_classes(
         for within in 0..shard.samples {
             samples += 1;
             // (A sample past what a damaged stream vouches for is a bad record, not counted.)
-            if sample_span(mapped.bytes(), shard.samples, within)
-                .is_ok_and(|span| shard.unsound(&span).is_some())
-            {
-                continue;
-            }
-            let Ok(columns) = sample_columns(mapped.bytes(), shard.samples, within, layout) else {
+            let Ok(columns) = shard.columns(mapped.bytes(), within, layout) else {
                 continue;
             };
             if crate::mapguard::fault_in(columns.label).is_err() {

@@ -71,13 +71,11 @@ pub(super) struct Walk {
     /// never read them; neither does the walk.
     pub(super) trailing: Option<u64>,
     /// Members whose file name is no `key.field` (`README`, `.DS_Store`, macOS's `._a.jpg`),
-    /// skipped as the webdataset package skips them: how many, and the first's path.
-    pub(super) nameless: usize,
-    pub(super) first_nameless: Option<String>,
+    /// skipped as the webdataset package skips them; the first named by its path.
+    pub(super) nameless: Tally,
     /// Samples whose key an earlier sample of the shard has (a tar not grouped by sample, or
-    /// one holding a sample twice): how many, and the first as `"key", samples A and B`.
-    pub(super) keys_again: usize,
-    pub(super) first_key_again: Option<String>,
+    /// one holding a sample twice); the first as `"key", samples A and B`.
+    pub(super) key_again: Tally,
     /// Where each key was first met, by its 64-bit hash (a collision costs at most a wrong
     /// count: about 10⁻⁷ for a million keys), not the text (a one-tar ImageNet held ~100 MB).
     keys: std::collections::HashMap<u64, usize>,
@@ -86,21 +84,40 @@ pub(super) struct Walk {
 impl Walk {
     /// Counts sample `number`'s key, met once more if an earlier sample had it.
     fn meet(&mut self, key: &str, number: usize) {
-        use std::hash::{Hash, Hasher};
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        key.hash(&mut hasher);
-        match self.keys.entry(hasher.finish()) {
-            std::collections::hash_map::Entry::Occupied(earlier) => {
-                self.keys_again += 1;
-                self.first_key_again.get_or_insert_with(|| {
-                    format!("{key:?}, samples {} and {number}", earlier.get())
-                });
-            }
+        match self.keys.entry(hash_of(key)) {
+            std::collections::hash_map::Entry::Occupied(earlier) => self
+                .key_again
+                .add(|| format!("{key:?}, samples {} and {number}", earlier.get())),
             std::collections::hash_map::Entry::Vacant(slot) => {
                 slot.insert(number);
             }
         }
     }
+}
+
+/// How many samples (or members) showed a trait, and the first of them, described: what a
+/// notice counts and names.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(super) struct Tally {
+    pub(super) count: usize,
+    pub(super) first: Option<String>,
+}
+
+impl Tally {
+    pub(super) fn add(&mut self, first: impl FnOnce() -> String) {
+        self.count += 1;
+        if self.first.is_none() {
+            self.first = Some(first());
+        }
+    }
+}
+
+/// A 64-bit hash of `value`, for telling keys and shard starts apart without keeping them.
+pub(super) fn hash_of(value: impl std::hash::Hash) -> u64 {
+    use std::hash::Hasher as _;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    value.hash(&mut hasher);
+    hasher.finish()
 }
 
 /// Whether a member's path names a sample's field: its file name holds a dot after at least one
@@ -296,8 +313,7 @@ fn walk_from(bytes: &[u8], from: u64, walk: &mut Walk) -> std::result::Result<()
         }
         let path = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
         if !names_a_field(&path) {
-            walk.nameless += 1;
-            walk.first_nameless.get_or_insert(path);
+            walk.nameless.add(|| path);
             continue;
         }
         let (key, _) = key_and_field(&path);
@@ -425,15 +441,17 @@ pub(super) fn members(span: &[u8]) -> std::result::Result<Members<'_>, String> {
     let mut not_files: Vec<(String, String)> = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|e| e.to_string())?;
-        if !names_a_field(&String::from_utf8_lossy(&entry.path_bytes())) {
+        // (Borrowed, not copied, where the name is UTF-8: this runs for every member read.)
+        let path_bytes = entry.path_bytes();
+        let path = String::from_utf8_lossy(&path_bytes);
+        if !names_a_field(&path) {
             continue;
         }
+        let (k, field) = key_and_field(&path);
         match member_kind(entry.header().entry_type()) {
             MemberKind::File => {}
             MemberKind::Unread(what) => {
-                let path = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
                 let name = path.rsplit('/').next().unwrap_or(&path);
-                let (k, _) = key_and_field(&path);
                 not_files.push((k.to_string(), format!("{name} is {what}")));
                 continue;
             }
@@ -444,8 +462,6 @@ pub(super) fn members(span: &[u8]) -> std::result::Result<Members<'_>, String> {
         let data = span
             .get(start..start.saturating_add(len))
             .ok_or("a member runs past its sample's bytes")?;
-        let path = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
-        let (k, field) = key_and_field(&path);
         key.get_or_insert_with(|| k.to_string());
         let field = field.to_ascii_lowercase();
         if repeated.is_none() && fields.iter().any(|(f, _)| *f == field) {
@@ -507,6 +523,15 @@ impl<'a> Members<'a> {
     /// Two label fields holding different integers (`.cls` 0 and `.class` 1), as `.cls 0,
     /// .class 1`: the first is what [`Members::label`] reads.
     pub(super) fn differing_labels(&self) -> Option<String> {
+        // (Nothing to compare, and nothing allocated, in the usual sample of one label field.)
+        let label_fields = self
+            .fields
+            .iter()
+            .filter(|(f, _)| LABEL_FIELDS.contains(&f.as_str()))
+            .count();
+        if label_fields < 2 {
+            return None;
+        }
         let found: Vec<(&str, i64)> = LABEL_FIELDS
             .iter()
             .filter_map(|name| self.fields.iter().find(|(f, _)| f == name))

@@ -97,10 +97,8 @@ pub(super) struct Shard {
     /// Whether it ends after a whole member without the end-of-archive block
     /// ([`members::Walk::unterminated`]).
     unterminated: bool,
-    /// Samples whose key an earlier sample of the shard has, and the first
-    /// ([`members::Walk::keys_again`]).
-    keys_again: usize,
-    first_key_again: Option<String>,
+    /// Samples whose key an earlier sample of the shard has ([`members::Walk::key_again`]).
+    key_again: members::Tally,
 }
 
 struct Shared {
@@ -222,10 +220,10 @@ pub(super) fn assemble(
     );
     let label_base = options.records.label_base.unwrap_or(0);
     // Read whether the classes are given or not (a copied shard, a key met twice read twice).
-    let keys_again = survey::structure_notices(name, &shards, &mut notices)?;
+    let key_again = survey::structure_notices(name, &shards, &mut notices);
     let classes = match options.records.given_classes()? {
         Some(classes) => classes,
-        None => infer_classes(name, &shards, label_base, keys_again, &mut notices)?,
+        None => infer_classes(name, &shards, label_base, key_again, &mut notices)?,
     };
     Ok(WebDataset {
         shared: Arc::new(Shared {
@@ -313,7 +311,7 @@ pub(super) fn walked_copy(
     let mut shard = walked(path, mapped, notices);
     if let Some(damage) = damage {
         for (number, span) in shard.samples.iter().enumerate() {
-            if span.offset.saturating_add(span.len) > damage.sound {
+            if damage.spoils(span.offset.saturating_add(span.len)) {
                 shard
                     .damaged
                     .entry(number)
@@ -333,7 +331,7 @@ pub(super) fn walked(path: &Path, mapped: Mapped, notices: &mut Vec<String>) -> 
     for (number, reason) in &walk.damaged[..told] {
         damage_notice(path, *number, reason, notices);
     }
-    if let Some(first) = &walk.first_nameless {
+    if let Some(first) = &walk.nameless.first {
         crate::dataset::notice(
             notices,
             format!(
@@ -341,7 +339,7 @@ pub(super) fn walked(path: &Path, mapped: Mapped, notices: &mut Vec<String>) -> 
                  README, .DS_Store or macOS's ._a.jpg): skipped, as the webdataset package skips \
                  them",
                 path.display(),
-                crate::dataset::plural(walk.nameless, "member is", "members are")
+                crate::dataset::plural(walk.nameless.count, "member is", "members are")
             ),
         );
     }
@@ -363,8 +361,7 @@ pub(super) fn walked(path: &Path, mapped: Mapped, notices: &mut Vec<String>) -> 
         damaged: walk.damaged.into_iter().collect(),
         cut_end: walk.cut_end,
         unterminated: walk.unterminated,
-        keys_again: walk.keys_again,
-        first_key_again: walk.first_key_again,
+        key_again: walk.key_again,
     }
 }
 
@@ -432,10 +429,10 @@ fn infer_classes(
     name: &Path,
     shards: &[Shard],
     label_base: u32,
-    keys_again: survey::KeysAgain,
+    key_again: members::Tally,
     notices: &mut Vec<String>,
 ) -> Result<Vec<String>> {
-    let mut survey = Survey::new(label_base, keys_again);
+    let mut survey = Survey::new(label_base, key_again);
     for shard in shards {
         let mapped = shard.data.get()?;
         survey.shard(&shard.path);

@@ -7,28 +7,11 @@
 //! the set shows, saying what the samples hold instead.
 
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 
-use super::members::{IMAGE_FIELDS, LABEL_FIELDS, Members};
+use super::members::{IMAGE_FIELDS, LABEL_FIELDS, Members, Tally, hash_of};
 use crate::dataset::{ClassInference, MAX_CLASSES, notice, plural};
 use crate::error::{Error, Result};
-
-/// How many samples showed a trait, and the first of them, described.
-#[derive(Default)]
-struct Tally {
-    count: usize,
-    first: Option<String>,
-}
-
-impl Tally {
-    fn add(&mut self, first: impl FnOnce() -> String) {
-        self.count += 1;
-        if self.first.is_none() {
-            self.first = Some(first());
-        }
-    }
-}
 
 /// A shard's first sample, to tell a copy of a shard: its key, the hash of its bytes and the
 /// shard's length.
@@ -51,7 +34,8 @@ pub(super) struct Survey {
     unparsed: usize,
     /// Samples the walk or the decompression found damaged, and the first's reason.
     damaged: Tally,
-    repeated: Tally,
+    /// Samples repeating their key in consecutive members.
+    repeated: usize,
     no_label: Tally,
     no_image: Tally,
     not_integer: Tally,
@@ -62,15 +46,6 @@ pub(super) struct Survey {
     key_again: Tally,
     /// The current shard.
     shard: PathBuf,
-}
-
-/// Samples whose key an earlier sample of their shard has, over a set, and the first.
-pub(super) type KeysAgain = (usize, Option<String>);
-
-fn hash_of(value: impl Hash) -> u64 {
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    value.hash(&mut hasher);
-    hasher.finish()
 }
 
 /// The label fields, dotted, for messages (`.cls, .class, .label, .target`).
@@ -94,14 +69,14 @@ pub(super) fn structure_notices(
     name: &Path,
     shards: &[super::Shard],
     notices: &mut Vec<String>,
-) -> Result<KeysAgain> {
+) -> Tally {
     let samples: usize = shards.iter().map(|s| s.samples.len()).sum();
     let mut again = Tally::default();
     let mut starts: HashMap<ShardStart, &Path> = HashMap::new();
     let mut copies = Tally::default();
     for shard in shards {
-        if let Some(first) = &shard.first_key_again {
-            again.count += shard.keys_again;
+        if let Some(first) = &shard.key_again.first {
+            again.count += shard.key_again.count;
             again
                 .first
                 .get_or_insert_with(|| format!("{first} of {}", shard.path.display()));
@@ -169,11 +144,12 @@ pub(super) fn structure_notices(
             ),
         );
     }
-    Ok((again.count, again.first))
+    again
 }
 
 impl Survey {
-    pub(super) fn new(label_base: u32, (again, first_again): KeysAgain) -> Self {
+    /// A survey of a set whose samples met `key_again` ([`structure_notices`]).
+    pub(super) fn new(label_base: u32, key_again: Tally) -> Self {
         Survey {
             label_base,
             inference: ClassInference::default(),
@@ -181,17 +157,14 @@ impl Survey {
             usable: 0,
             unparsed: 0,
             damaged: Tally::default(),
-            repeated: Tally::default(),
+            repeated: 0,
             no_label: Tally::default(),
             no_image: Tally::default(),
             not_integer: Tally::default(),
             out_of_range: Tally::default(),
             several_images: Tally::default(),
             differing_labels: Tally::default(),
-            key_again: Tally {
-                count: again,
-                first: first_again,
-            },
+            key_again,
             shard: PathBuf::new(),
         }
     }
@@ -223,17 +196,18 @@ impl Survey {
         let shard = &self.shard;
         let record = || format!("{} sample {number} ({})", shard.display(), members.key);
         if members.repeated.is_some() {
-            self.repeated.add(record);
+            self.repeated += 1;
             return;
         }
-        let images: Vec<&str> = members.image_fields().collect();
-        if images.len() > 1 {
+        let images = members.image_fields().count();
+        if images > 1 {
             self.several_images.add(|| {
                 let read = members.image_field().map_or("", |(field, _)| field);
+                let fields: Vec<&str> = members.image_fields().collect();
                 format!(
                     "{} holds .{}; .{read} is read",
                     record(),
-                    images.join(", .")
+                    fields.join(", .")
                 )
             });
         }
@@ -259,7 +233,7 @@ impl Survey {
             self.out_of_range
                 .add(|| format!("{} holds {label}", record()));
         }
-        if images.is_empty() {
+        if images == 0 {
             self.no_image
                 .add(|| format!("{}, holding {}", record(), members.described()));
         } else if is_class {
@@ -275,7 +249,7 @@ impl Survey {
     pub(super) fn finish(self, name: &Path, notices: &mut Vec<String>) -> Result<Vec<String>> {
         let samples = self.samples;
         let again = self.key_again.count;
-        let scattered = again * 2 >= samples - again && self.usable * 2 < samples;
+        let scattered = again * 2 >= samples.saturating_sub(again) && self.usable * 2 < samples;
         if samples > 0 && (self.usable == 0 || scattered) {
             return Err(Error::not_a_dataset(name, self.nothing_to_read()));
         }
@@ -328,11 +302,11 @@ impl Survey {
     /// Why the set cannot be read: what its samples hold instead.
     fn nothing_to_read(&self) -> String {
         let mut parts = Vec::new();
-        if self.repeated.count > 0 {
+        if self.repeated > 0 {
             parts.push(format!(
                 "{} repeat their key in consecutive members (two .jpg under one key: which image \
                  goes with which label is unknown)",
-                self.repeated.count
+                self.repeated
             ));
         }
         let counts = [
