@@ -108,6 +108,35 @@ def test_a_filter_hdf5_cannot_undo_is_an_error_at_open_naming_it(tmp_path):
     assert len(batches) == 1 and len(batches[0][1]) == 4
 
 
+def test_h5py_class_names_in_a_dataset_or_an_enum_are_read(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    import numpy as np
+
+    jpeg = (REPO / "fixtures" / "imagefolder" / "class00" / "img00000.jpg").read_bytes()
+
+    def images(f):
+        ds = f.create_dataset("images", (4,), dtype=h5py.vlen_dtype(np.uint8))
+        for i in range(4):
+            ds[i] = np.frombuffer(jpeg, np.uint8)
+
+    # `f["classes"] = names`, the common way to keep them beside the labels, was ignored.
+    named = tmp_path / "named.h5"
+    with h5py.File(named, "w") as f:
+        images(f)
+        f["labels"] = np.array([1, 0, 2, 1])
+        f["classes"] = ["tench", "goldfish", "shark"]
+    ds = imagefeed.Dataset(named, decode="bytes")
+    assert ds.classes == ["tench", "goldfish", "shark"] and ds[0][1] == 1
+    # h5py's enum labels were refused; their members name the classes.
+    enum = tmp_path / "enum.h5"
+    kinds = h5py.enum_dtype({"cat": 0, "dog": 1}, basetype="u1")
+    with h5py.File(enum, "w") as f:
+        images(f)
+        f.create_dataset("labels", data=np.array([1, 1, 0, 1], np.uint8), dtype=kinds)
+    ds = imagefeed.Dataset(enum, decode="bytes")
+    assert ds.classes == ["cat", "dog"] and [ds[i][1] for i in range(4)] == [1, 1, 0, 1]
+
+
 def test_mosaic_mds_reads_in_the_dataset_and_loader_by_one_path():
     # Written by MosaicML Streaming's MDSWriter (scripts/make_mds_fixtures.py).
     ds = imagefeed.Dataset(COMPAT / "mds-zstd", decode="bytes")

@@ -728,10 +728,91 @@ fn hostile_h5py_labels_are_bad_records_and_float_labels_are_refused() {
         dataset
             .notices()
             .iter()
-            .any(|n| n.contains("attributes name different classes (\"a\", \"b\", \"c\" and \"x\"")),
+            .any(|n| n.contains("attribute name different classes (\"a\", \"b\", \"c\" and \"x\"")),
         "{:?}",
         dataset.notices()
     );
+    // Names in a root `classes` dataset (`f["classes"] = names`) or on the images dataset were
+    // ignored without a word (a hostile try): read, the root attribute first, a notice where
+    // two places differ.
+    let names_dataset = |f: &hdf5::File, names: &[&str]| {
+        f.new_dataset_builder()
+            .with_data(vlen(names).as_slice())
+            .create("classes")
+            .unwrap();
+    };
+    let path = make("names-dataset.h5", &|f| {
+        labelled(f);
+        names_dataset(f, &["tench", "goldfish", "shark"]);
+    });
+    let dataset = format::open(&path).unwrap();
+    assert_eq!(dataset.classes(), ["tench", "goldfish", "shark"]);
+    assert!(dataset.notices().is_empty(), "{:?}", dataset.notices());
+    let path = make("names-on-images.h5", &|f| {
+        labelled(f);
+        f.dataset("images")
+            .unwrap()
+            .new_attr::<hdf5::types::VarLenUnicode>()
+            .shape(3)
+            .create("classes")
+            .unwrap()
+            .write(&vlen(&["p", "q", "r"]))
+            .unwrap();
+        names_dataset(f, &["p", "q", "s"]);
+    });
+    let dataset = format::open(&path).unwrap();
+    assert_eq!(dataset.classes(), ["p", "q", "r"]);
+    assert!(
+        dataset.notices().iter().any(|n| n.contains(
+            "the \"images\" dataset's \"classes\" attribute and the \"classes\" dataset name \
+             different classes"
+        )),
+        "{:?}",
+        dataset.notices()
+    );
+    // A `classes` dataset of numbers is no list of names: a notice, classes by number.
+    let path = make("numbers-dataset.h5", &|f| {
+        labelled(f);
+        f.new_dataset_builder()
+            .with_data(&[7i64, 8, 9][..])
+            .create("classes")
+            .unwrap();
+    });
+    let dataset = format::open(&path).unwrap();
+    assert_eq!(dataset.classes(), ["0", "1", "2"]);
+    assert!(
+        dataset
+            .notices()
+            .iter()
+            .any(|n| n.contains("the \"classes\" dataset is int64, not strings")),
+        "{:?}",
+        dataset.notices()
+    );
+    // The labels dataset itself named `classes` is not taken for names.
+    let dir2 = tempfile::tempdir().unwrap();
+    let path = dir2.path().join("labels-named-classes.h5");
+    {
+        let f = hdf5::File::create(&path).unwrap();
+        let images: Vec<hdf5::types::VarLenArray<u8>> = (0..4)
+            .map(|_| hdf5::types::VarLenArray::from_slice(&jpeg()))
+            .collect();
+        f.new_dataset_builder()
+            .with_data(images.as_slice())
+            .create("images")
+            .unwrap();
+        f.new_dataset_builder()
+            .with_data(&[0i64, 1, 1, 0][..])
+            .create("classes")
+            .unwrap();
+    }
+    let names = imagefeed::format::hdf5::Hdf5Names {
+        images: "images".into(),
+        labels: "classes".into(),
+    };
+    let dataset = imagefeed::format::hdf5::Hdf5::open_with(&path, &names).unwrap();
+    let dataset: &dyn imagefeed::Dataset = &dataset;
+    assert_eq!(dataset.classes(), ["0", "1"]);
+    assert!(dataset.notices().is_empty(), "{:?}", dataset.notices());
     for (shape, values) in [
         (&[2usize, 2][..], &[0i64, 1, 1, 0][..]),
         (&[4, 2], &[1, 0, 0, 1, 0, 1, 1, 0]),
@@ -744,6 +825,75 @@ fn hostile_h5py_labels_are_bad_records_and_float_labels_are_refused() {
             "{shape:?}: {err}"
         );
     }
+}
+
+#[cfg(feature = "hdf5")]
+#[test]
+fn h5py_enum_labels_are_classes_named_by_their_members() {
+    // h5py's `enum_dtype({"cat": 0, "dog": 1, "eel": 2}, basetype="u1")` labels were refused
+    // ("holds enum values").
+    #[derive(hdf5::H5Type, Clone, Copy)]
+    #[repr(u8)]
+    enum Animal {
+        Cat = 0,
+        Dog = 1,
+        Eel = 2,
+    }
+    #[derive(hdf5::H5Type, Clone, Copy)]
+    #[repr(i16)]
+    enum Gapped {
+        Low = 0,
+        High = 5,
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let make = |name: &str, labels: &dyn Fn(&hdf5::File)| -> PathBuf {
+        let path = dir.path().join(name);
+        let file = hdf5::File::create(&path).unwrap();
+        let images: Vec<hdf5::types::VarLenArray<u8>> = (0..4)
+            .map(|_| hdf5::types::VarLenArray::from_slice(&jpeg()))
+            .collect();
+        file.new_dataset_builder()
+            .with_data(images.as_slice())
+            .create("images")
+            .unwrap();
+        labels(&file);
+        path
+    };
+    let labels_of = |dataset: &dyn imagefeed::Dataset| -> Vec<u32> {
+        support::records(dataset)
+            .into_iter()
+            .map(|(_, label, _)| label)
+            .collect()
+    };
+    let path = make("enum.h5", &|f| {
+        f.new_dataset_builder()
+            .with_data(&[Animal::Eel, Animal::Cat, Animal::Dog, Animal::Eel][..])
+            .create("labels")
+            .unwrap();
+    });
+    let dataset = format::open(&path).unwrap();
+    assert_eq!(dataset.classes(), ["Cat", "Dog", "Eel"]);
+    assert!(dataset.notices().is_empty(), "{:?}", dataset.notices());
+    assert_eq!(labels_of(dataset.as_ref()), [2, 0, 1, 2]);
+
+    // Members not numbered 0..N: the values are still the classes, named by number.
+    let path = make("gapped.h5", &|f| {
+        f.new_dataset_builder()
+            .with_data(&[Gapped::High, Gapped::Low, Gapped::Low, Gapped::High][..])
+            .create("labels")
+            .unwrap();
+    });
+    let dataset = format::open(&path).unwrap();
+    assert_eq!(dataset.classes(), ["0", "1", "2", "3", "4", "5"]);
+    assert_eq!(labels_of(dataset.as_ref()), [5, 0, 0, 5]);
+    assert!(
+        dataset
+            .notices()
+            .iter()
+            .any(|n| n.contains("enum type numbers its 2 members otherwise than 0..2")),
+        "{:?}",
+        dataset.notices()
+    );
 }
 
 #[cfg(feature = "hdf5")]

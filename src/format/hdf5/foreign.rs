@@ -1,6 +1,7 @@
 //! The layouts h5py users already have (see the parent module): encoded images in a
 //! variable-length `uint8` dataset, whose element descriptors are read here for `heap`, and
-//! fixed-shape pixel arrays; labels of any integer type; class names from a `classes` attribute.
+//! fixed-shape pixel arrays; labels of any integer or enum type; class names from a `classes`
+//! attribute or dataset, or the labels' enum members.
 
 use std::fs;
 use std::os::unix::fs::FileExt as _;
@@ -27,7 +28,7 @@ pub(super) fn open_foreign(
     file_len: u64,
 ) -> Result<Shared> {
     let (images, labels_ds) = open_datasets(path, file, names)?;
-    check_label_type(path, &labels_ds, &names.labels)?;
+    let label_type = check_label_type(path, &labels_ds, &names.labels)?;
     check_stored(path, &labels_ds, &names.labels, file_len)?;
     check_stored(path, &images, &names.images, file_len)?;
     // One integer per image: (N,), or a column or row of them. A 2-D array of N values in
@@ -45,7 +46,7 @@ pub(super) fn open_foreign(
             ),
         ));
     }
-    let labels = read_labels(path, &labels_ds, &names.labels)?;
+    let labels = read_labels(path, &labels_ds, &names.labels, &label_type)?;
     let shape = images.shape();
     let n = shape.first().copied().unwrap_or(0);
     if labels.len() != n {
@@ -90,11 +91,11 @@ pub(super) fn open_foreign(
     let mut notices = Vec::new();
     let named = chosen_class_names(
         path,
-        &names.labels,
-        [
-            class_names(file, file_len),
-            class_names(&labels_ds, file_len),
-        ],
+        file,
+        names,
+        [&labels_ds, &images],
+        &label_type,
+        file_len,
         &mut notices,
     );
     let classes = match named {
@@ -187,16 +188,20 @@ fn open_datasets(
     Ok((open(&names.images)?, open(&names.labels)?))
 }
 
-/// Refuses labels not stored as integers (class indices) or booleans (classes 0 and 1): other
+/// The labels' type, refused unless they are integers (class indices), booleans (classes 0
+/// and 1) or an enum of integers (h5py's `enum_dtype`: its values are the classes): other
 /// types would be cut silently.
-fn check_label_type(path: &Path, labels: &hdf5::Dataset, name: &str) -> Result<()> {
+fn check_label_type(path: &Path, labels: &hdf5::Dataset, name: &str) -> Result<TypeDescriptor> {
     let label_type = labels
         .dtype()
         .and_then(|t| t.to_descriptor())
         .map_err(|e| gate::error(path, &format!("reading the type of {name:?}"), e))?;
     if !matches!(
         label_type,
-        TypeDescriptor::Integer(_) | TypeDescriptor::Unsigned(_) | TypeDescriptor::Boolean
+        TypeDescriptor::Integer(_)
+            | TypeDescriptor::Unsigned(_)
+            | TypeDescriptor::Boolean
+            | TypeDescriptor::Enum(_)
     ) {
         return Err(Error::not_a_dataset(
             path,
@@ -206,24 +211,32 @@ fn check_label_type(path: &Path, labels: &hdf5::Dataset, name: &str) -> Result<(
             ),
         ));
     }
-    Ok(())
+    Ok(label_type)
 }
 
 /// The labels as integers. A `uint64` label past `i64::MAX` is an error naming it: read as
 /// `i64`, libhdf5 clips it to `i64::MAX`, which messages then quoted as the label (a hostile
 /// try wrote 2^64 - 1).
-fn read_labels(path: &Path, labels: &hdf5::Dataset, name: &str) -> Result<Vec<i64>> {
+fn read_labels(
+    path: &Path,
+    labels: &hdf5::Dataset,
+    name: &str,
+    label_type: &TypeDescriptor,
+) -> Result<Vec<i64>> {
     let reading = |e| gate::error(path, &format!("reading {name:?} as integers"), e);
-    let descriptor = labels.dtype().and_then(|t| t.to_descriptor()).ok();
     // h5py's bool (an HDF5 enum of FALSE and TRUE): classes 0 and 1. Read as the enum's
     // integers (never into Rust `bool`s, which a stored 2 would make invalid), any value but 0
     // being true, as h5py reads it.
-    if descriptor == Some(TypeDescriptor::Boolean) {
+    if *label_type == TypeDescriptor::Boolean {
         let flags: Vec<i8> = labels.read_raw().map_err(reading)?;
         return Ok(flags.into_iter().map(|flag| i64::from(flag != 0)).collect());
     }
-    let unsigned64 = descriptor == Some(TypeDescriptor::Unsigned(hdf5::types::IntSize::U8));
-    if !unsigned64 {
+    // An enum's values are read as its base integer type's (h5py reads them so too).
+    let base = match label_type {
+        TypeDescriptor::Enum(enumerated) => enumerated.base_type(),
+        other => other.clone(),
+    };
+    if base != TypeDescriptor::Unsigned(hdf5::types::IntSize::U8) {
         return labels.read_raw::<i64>().map_err(reading);
     }
     let wide: Vec<u64> = labels.read_raw().map_err(reading)?;
@@ -299,44 +312,115 @@ fn pixel_layout(
     })
 }
 
-/// The class names of the file's `classes` attribute, else of its labels dataset's, with a
-/// notice for each that is there but not read, and for two that differ.
+/// The class names h5py users store, from the first of these places that has them: a `classes`
+/// attribute on the root, on the labels dataset or on the images dataset, else a `classes`
+/// dataset in the root (`f["classes"] = names`, which was ignored without a word). A notice for
+/// each place that holds something not read, and for names that differ from the ones read.
 fn chosen_class_names(
     path: &Path,
-    labels_name: &str,
-    [on_file, on_labels]: [ClassNames; 2],
+    file: &hdf5::File,
+    names: &Hdf5Names,
+    [labels, images]: [&hdf5::Dataset; 2],
+    label_type: &TypeDescriptor,
+    file_len: u64,
     notices: &mut Vec<String>,
 ) -> Option<Vec<String>> {
-    let places = ["the file's", &format!("the {labels_name:?} dataset's")];
-    let mut found = Vec::new();
-    for (place, names) in places.iter().zip([on_file, on_labels]) {
-        match names {
+    let mut places = vec![
+        (
+            format!("the file's {CLASSES_ATTR:?} attribute"),
+            attribute_names(file, file_len),
+        ),
+        (
+            format!(
+                "the {:?} dataset's {CLASSES_ATTR:?} attribute",
+                names.labels
+            ),
+            attribute_names(labels, file_len),
+        ),
+        (
+            format!(
+                "the {:?} dataset's {CLASSES_ATTR:?} attribute",
+                names.images
+            ),
+            attribute_names(images, file_len),
+        ),
+    ];
+    // A root dataset of that name, unless it is the labels or images themselves.
+    if ![&names.labels, &names.images]
+        .iter()
+        .any(|n| n.trim_start_matches('/') == CLASSES_ATTR)
+        && file.link_exists(CLASSES_ATTR)
+    {
+        let place = format!("the {CLASSES_ATTR:?} dataset");
+        match file.dataset(CLASSES_ATTR) {
+            Ok(dataset) => places.push((place, strings_of(&dataset, file_len))),
+            // A group of that name, say.
+            Err(_) => places.push((
+                format!("the root's {CLASSES_ATTR:?} member"),
+                ClassNames::Unread("is no dataset".into()),
+            )),
+        }
+    }
+    if let TypeDescriptor::Enum(enumerated) = label_type {
+        places.push((
+            format!("the {:?} dataset's enum type", names.labels),
+            enum_names(enumerated),
+        ));
+    }
+    let mut found: Vec<(String, Vec<String>)> = Vec::new();
+    for (place, listed) in places {
+        match listed {
             ClassNames::Absent => {}
-            ClassNames::Names(names) => found.push((place, names)),
+            ClassNames::Names(listed) => found.push((place, listed)),
             ClassNames::Unread(reason) => crate::dataset::notice(
                 notices,
-                format!(
-                    "{}: {place} {CLASSES_ATTR:?} attribute {reason}: it is not read",
-                    path.display()
-                ),
+                format!("{}: {place} {reason}: it is not read", path.display()),
             ),
         }
     }
-    if let [(first, one), (second, other)] = &found[..]
-        && one != other
-    {
-        crate::dataset::notice(
-            notices,
-            format!(
-                "{}: {first} and {second} {CLASSES_ATTR:?} attributes name different classes \
-                 ({} and {}): {first} are read",
-                path.display(),
-                shown_names(one),
-                shown_names(other)
-            ),
-        );
+    let mut found = found.into_iter();
+    let (first, read) = found.next()?;
+    for (other, listed) in found {
+        if listed != read {
+            crate::dataset::notice(
+                notices,
+                format!(
+                    "{}: {first} and {other} name different classes ({} and {}): {first} are \
+                     read",
+                    path.display(),
+                    shown_names(&read),
+                    shown_names(&listed)
+                ),
+            );
+        }
     }
-    found.into_iter().next().map(|(_, names)| names)
+    Some(read)
+}
+
+/// The member names of an enum label type as class names, when its values are exactly the
+/// classes `0..N` (h5py's `enum_dtype({"cat": 0, "dog": 1})`).
+fn enum_names(enumerated: &hdf5::types::EnumType) -> ClassNames {
+    let count = enumerated.members.len();
+    let mut named = vec![None; count];
+    for member in &enumerated.members {
+        // A signed enum's negative values are stored sign-extended: past any class.
+        let slot = usize::try_from(member.value)
+            .ok()
+            .and_then(|value| named.get_mut(value));
+        match slot {
+            Some(slot @ None) => *slot = Some(member.name.clone()),
+            _ => {
+                return ClassNames::Unread(format!(
+                    "numbers its {count} members otherwise than 0..{count} ({:?} is {})",
+                    member.name, member.value as i64
+                ));
+            }
+        }
+    }
+    match named.into_iter().collect::<Option<Vec<String>>>() {
+        Some(names) if !names.is_empty() => ClassNames::Names(names),
+        _ => ClassNames::Unread("names no class".into()),
+    }
 }
 
 /// Up to the first five of `names`, for a message: `"a", "b", ... (1000 names)`.
@@ -486,15 +570,20 @@ pub(super) enum ClassNames {
     Unread(String),
 }
 
-/// The `classes` attribute of `location`: a one-dimensional array of strings, variable-length
-/// or fixed-length (up to 1,024 bytes), each UTF-8. An attribute declaring more strings than
-/// the file can hold is not read (libhdf5 would allocate and convert them all: a damaged
+/// The `classes` attribute of `location`, read by [`strings_of`].
+pub(super) fn attribute_names(location: &hdf5::Location, file_len: u64) -> ClassNames {
+    match location.attr(CLASSES_ATTR) {
+        Ok(attr) => strings_of(&attr, file_len),
+        Err(_) => ClassNames::Absent,
+    }
+}
+
+/// An attribute's or dataset's strings as class names: a one-dimensional array of strings,
+/// variable-length or fixed-length (up to 1,024 bytes), each UTF-8. One declaring more strings
+/// than the file can hold is not read (libhdf5 would allocate and convert them all: a damaged
 /// dimension took gigabytes and minutes).
-pub(super) fn class_names(location: &hdf5::Location, file_len: u64) -> ClassNames {
-    let Ok(attr) = location.attr(CLASSES_ATTR) else {
-        return ClassNames::Absent;
-    };
-    let shape = attr.shape();
+fn strings_of(list: &hdf5::Container, file_len: u64) -> ClassNames {
+    let shape = list.shape();
     let [strings] = shape[..] else {
         return ClassNames::Unread(format!(
             "has shape {shape:?}, not a list of names (one dimension)"
@@ -503,21 +592,21 @@ pub(super) fn class_names(location: &hdf5::Location, file_len: u64) -> ClassName
     if strings == 0 {
         return ClassNames::Unread("names no class".into());
     }
-    let Ok(descriptor) = attr.dtype().and_then(|t| t.to_descriptor()) else {
+    let Ok(descriptor) = list.dtype().and_then(|t| t.to_descriptor()) else {
         return ClassNames::Unread("has a type this build cannot read".into());
     };
     // Each string's stored element (a variable-length string's descriptor, or a fixed-length
     // string's bytes) is at least 10 bytes, or the size its type declares.
-    let element = attr.dtype().map_or(0, |t| t.size()).max(10) as u64;
+    let element = list.dtype().map_or(0, |t| t.size()).max(10) as u64;
     if (strings as u64).saturating_mul(element) > file_len {
         return ClassNames::Unread(format!(
             "declares {strings} names, more than the file can hold"
         ));
     }
     let names: Option<Vec<String>> = match descriptor {
-        TypeDescriptor::VarLenUnicode => read_names::<VarLenUnicode>(&attr, |s| s.as_bytes()),
+        TypeDescriptor::VarLenUnicode => read_names::<VarLenUnicode>(list, |s| s.as_bytes()),
         TypeDescriptor::VarLenAscii => {
-            read_names::<hdf5::types::VarLenAscii>(&attr, |s| s.as_bytes())
+            read_names::<hdf5::types::VarLenAscii>(list, |s| s.as_bytes())
         }
         // Fixed-length strings (`np.array(names, dtype="S")`, h5py's default for a list of
         // bytes): read into the smallest of a few widths that holds the declared one, which
@@ -525,10 +614,10 @@ pub(super) fn class_names(location: &hdf5::Location, file_len: u64) -> ClassName
         TypeDescriptor::FixedAscii(width) | TypeDescriptor::FixedUnicode(width) => {
             let unicode = matches!(descriptor, TypeDescriptor::FixedUnicode(_));
             match width {
-                0..=16 => fixed_strings::<16>(&attr, unicode),
-                17..=64 => fixed_strings::<64>(&attr, unicode),
-                65..=256 => fixed_strings::<256>(&attr, unicode),
-                257..=1024 => fixed_strings::<1024>(&attr, unicode),
+                0..=16 => fixed_strings::<16>(list, unicode),
+                17..=64 => fixed_strings::<64>(list, unicode),
+                65..=256 => fixed_strings::<256>(list, unicode),
+                257..=1024 => fixed_strings::<1024>(list, unicode),
                 _ => {
                     return ClassNames::Unread(format!(
                         "holds names of {width} bytes, more than the 1,024 imagefeed reads"
@@ -544,23 +633,23 @@ pub(super) fn class_names(location: &hdf5::Location, file_len: u64) -> ClassName
     }
 }
 
-/// An attribute of fixed-length strings at most `N` bytes each (UTF-8 where `unicode`, else
-/// ASCII), as strings.
-fn fixed_strings<const N: usize>(attr: &hdf5::Attribute, unicode: bool) -> Option<Vec<String>> {
+/// An attribute or dataset of fixed-length strings at most `N` bytes each (UTF-8 where
+/// `unicode`, else ASCII), as strings.
+fn fixed_strings<const N: usize>(list: &hdf5::Container, unicode: bool) -> Option<Vec<String>> {
     if unicode {
-        read_names::<hdf5::types::FixedUnicode<N>>(attr, |s| s.as_bytes())
+        read_names::<hdf5::types::FixedUnicode<N>>(list, |s| s.as_bytes())
     } else {
-        read_names::<hdf5::types::FixedAscii<N>>(attr, |s| s.as_bytes())
+        read_names::<hdf5::types::FixedAscii<N>>(list, |s| s.as_bytes())
     }
 }
 
-/// The strings of `attr` read as `T`, each UTF-8 (`bytes` gives a string's bytes); `None` when
+/// The strings of `list` read as `T`, each UTF-8 (`bytes` gives a string's bytes); `None` when
 /// the read fails or one is not UTF-8.
 fn read_names<T: hdf5::H5Type>(
-    attr: &hdf5::Attribute,
+    list: &hdf5::Container,
     bytes: impl Fn(&T) -> &[u8],
 ) -> Option<Vec<String>> {
-    attr.read_raw::<T>()
+    list.read_raw::<T>()
         .ok()?
         .iter()
         .map(|s| checked_str(bytes(s)).map(str::to_owned))

@@ -56,8 +56,11 @@
 //!   library, sample by sample. Samples come
 //!   out as raw RGB payloads (grey replicated to three channels, a fourth channel dropped).
 //!
-//! with a labels dataset of any integer type. Class names come from a `classes` attribute on the
-//! root or on the labels dataset when there is one, else they are `"0"..="max label"`.
+//! with a labels dataset of any integer type, booleans (classes 0 and 1) or an enum (h5py's
+//! `enum_dtype`; its values are the classes). Class names come from the first of: a `classes`
+//! attribute on the root, on the labels dataset or on the images dataset, a `classes` dataset
+//! in the root, the labels' enum members (when numbered `0..N`); else they are
+//! `"0"..="max label"`. Names found in two places that differ are a notice.
 //!
 //! # Fork
 //!
