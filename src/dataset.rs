@@ -440,6 +440,12 @@ pub(crate) fn plural(count: usize, one: &str, many: &str) -> String {
     }
 }
 
+/// Up to the first `shown` of `items` joined by ", ", then how many more there are: for messages
+/// that would otherwise list a whole directory ("a, b, c and 148 more").
+pub(crate) fn first_of(items: &[String], shown: usize) -> String {
+    missing_list(&items[..items.len().min(shown)], items.len() as u64)
+}
+
 /// What the shards of a set that lost records nobody counted may have lost: shards cut short at
 /// their end ([`Dataset::shards_cut_at_end`]; each reads as one bad record at its end) and
 /// members other than the last holding no record while the others hold some (a copy cut to

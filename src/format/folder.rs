@@ -142,8 +142,16 @@ impl ImageFolder {
             return Err(Error::BadImageFolder {
                 path: root,
                 reason: format!(
-                    "no image file in class folder(s) {} (extensions: {})",
-                    empty.join(", "),
+                    "no image file in {} (extensions: {})",
+                    match &empty[..] {
+                        [one] => format!("class folder {one}"),
+                        // A root one level too high (the user's home, /tmp) lists hundreds.
+                        many => format!(
+                            "{} class folders: {}",
+                            many.len(),
+                            crate::dataset::first_of(many, 5)
+                        ),
+                    },
                     IMAGE_EXTENSIONS.join(" ")
                 ),
             });
@@ -511,8 +519,19 @@ mod tests {
         touch(dir.path(), "dog/readme.txt");
         let err = ImageFolder::open(dir.path()).unwrap_err();
         assert!(
-            err.to_string()
-                .contains("no image file in class folder(s) dog"),
+            matches!(&err, Error::BadImageFolder { reason, .. }
+                if reason.starts_with("no image file in class folder dog (")),
+            "{err}"
+        );
+        // A root one level too high: hundreds of "classes" without images, not all listed.
+        for i in 0..200 {
+            fs::create_dir(dir.path().join(format!("empty{i:03}"))).unwrap();
+        }
+        let err = ImageFolder::open(dir.path()).unwrap_err();
+        assert!(
+            matches!(&err, Error::BadImageFolder { reason, .. }
+                if reason.starts_with("no image file in 201 class folders: dog, empty000, \
+                                       empty001, empty002, empty003 and 196 more (")),
             "{err}"
         );
     }
