@@ -34,6 +34,19 @@ impl JoinedParts {
                     "not a part of a split conversion (packed without --num-parts/--part-index)",
                 )
             })?;
+            // Written by pack-dataset, which never splits into more parts than files; numbers
+            // past that are damage (a hostile file's count of 10^12 had the check below
+            // allocate 8 TB and abort).
+            if part.index >= part.count || part.count > part.source_items {
+                return Err(Error::not_a_dataset(
+                    path,
+                    format!(
+                        "its metadata says it is part {} of {} of a listing of {} items, which \
+                         no split conversion writes (damaged?)",
+                        part.index, part.count, part.source_items
+                    ),
+                ));
+            }
             parts.push((part, dataset));
         }
         parts.sort_by_key(|(part, _)| part.index);
@@ -70,14 +83,22 @@ impl JoinedParts {
                 );
             }
         }
+        // Sorted: parts 0..count exactly once is each index at its own position.
         let have: Vec<usize> = parts.iter().map(|(p, _)| p.index).collect();
-        let want: Vec<usize> = (0..reference.count).collect();
-        if have != want {
-            let missing: Vec<String> = want
-                .iter()
-                .filter(|i| !have.contains(i))
-                .map(|i| i.to_string())
-                .collect();
+        if have.len() != reference.count || have.iter().enumerate().any(|(i, &p)| i != p) {
+            let mut given = have.clone();
+            given.dedup();
+            // The first few gaps, without listing all of 0..count (any count a file can say).
+            let mut missing = Vec::new();
+            let mut next = 0;
+            for &index in given.iter().chain(std::iter::once(&reference.count)) {
+                missing.extend(
+                    (next..index)
+                        .take(10 - missing.len())
+                        .map(|i| i.to_string()),
+                );
+                next = index + 1;
+            }
             let dupes: Vec<String> = have
                 .windows(2)
                 .filter(|w| w[0] == w[1])
@@ -86,7 +107,7 @@ impl JoinedParts {
             return Err(Error::Config(format!(
                 "join needs parts 0..{} exactly once; missing: [{}], given twice: [{}]",
                 reference.count,
-                missing.join(", "),
+                crate::dataset::missing_list(&missing, (reference.count - given.len()) as u64),
                 dupes.join(", ")
             )));
         }

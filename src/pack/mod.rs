@@ -345,7 +345,6 @@ fn part_range(
             "--part-index {index} must be below --num-parts {count}"
         )));
     }
-    let range = PartInfo::range(items.len(), index, count);
     // More parts than files leaves some parts empty, which are refused: so is every part of
     // such a split (a hostile try packed the parts that held a file, and no join could ever
     // take them).
@@ -357,6 +356,8 @@ fn part_range(
             items.len().max(1)
         )));
     }
+    // (After that check: `items * (index + 1)` cannot overflow.)
+    let range = PartInfo::range(items.len(), index, count);
     let part = PartInfo {
         index,
         count,

@@ -408,6 +408,52 @@ fn a_split_conversion_joins_into_exactly_the_unsplit_dataset() {
             && err.to_string().contains("not a part of a split conversion"),
         "{err:?}"
     );
+    // Part numbers no split writes, every part agreeing (a hostile try: a count of 10^12 had
+    // the join list the parts it wanted, allocate 8 TB and abort).
+    let with_part = |from: &Path, name: &str, fields: &[(&str, u64)]| {
+        let to = dir.path().join(name);
+        fs::copy(from, &to).unwrap();
+        support::edit_lmdb(&to, |env, wtxn| {
+            let meta: heed::Database<heed::types::Str, heed::types::Str> =
+                env.open_database(wtxn, Some("meta")).unwrap().unwrap();
+            let mut info: serde_json::Value =
+                serde_json::from_str(meta.get(wtxn, "info").unwrap().unwrap()).unwrap();
+            for &(field, value) in fields {
+                info["part"][field] = value.into();
+            }
+            meta.put(wtxn, "info", &info.to_string()).unwrap();
+        });
+        to
+    };
+    let huge: Vec<PathBuf> = parts
+        .iter()
+        .enumerate()
+        .map(|(i, part)| with_part(part, &format!("huge-{i}.lmdb"), &[("count", 1 << 40)]))
+        .collect();
+    let past = [with_part(&parts[0], "past.lmdb", &[("index", 4)])];
+    for hostile in [&huge[..], &past[..]] {
+        let err = join(hostile);
+        assert!(
+            matches!(&err, Error::NotADataset { reason, .. }
+                if reason.contains("which no split conversion writes")),
+            "{err:?}"
+        );
+    }
+    // Many parts of a real split missing: the first ten named, the rest counted.
+    let many: Vec<PathBuf> = parts
+        .iter()
+        .enumerate()
+        .map(|(i, part)| {
+            let fields = [("count", 20), ("source_items", 20)];
+            with_part(part, &format!("many-{i}.lmdb"), &fields)
+        })
+        .collect();
+    let err = join(&many[..3]);
+    assert!(
+        matches!(&err, Error::Config(m)
+            if m.contains("missing: [0, 4, 5, 6, 7, 8, 9, 10, 11, 12 and 7 more]")),
+        "{err:?}"
+    );
     // Parts resized alike but re-encoded at different qualities (a hostile try joined 90, 50
     // and 90 into one dataset whose plan said 90).
     let resized: Vec<PathBuf> = [90, 50]
@@ -1392,35 +1438,24 @@ fn version_1_lmdb_and_hdf5_files_without_checksums_still_read() {
 /// Rewrites an imagefeed LMDB's info record to say layout version 1, and with `drop_checksums`
 /// removes its checksums database too (what a real version-1 file looks like).
 fn set_lmdb_version_1(lmdb: &Path, drop_checksums: bool) {
-    {
-        let mut options = heed::EnvOpenOptions::new();
-        options.max_dbs(3);
-        // SAFETY: test-only; nothing else has this file open.
-        let env = unsafe { options.flags(heed::EnvFlags::NO_SUB_DIR).open(lmdb) }.unwrap();
-        let mut wtxn = env.write_txn().unwrap();
+    support::edit_lmdb(lmdb, |env, wtxn| {
         let meta: heed::Database<heed::types::Str, heed::types::Str> =
-            env.open_database(&wtxn, Some("meta")).unwrap().unwrap();
-        let info = meta.get(&wtxn, "info").unwrap().unwrap().to_string();
+            env.open_database(wtxn, Some("meta")).unwrap().unwrap();
+        let info = meta.get(wtxn, "info").unwrap().unwrap().to_string();
         assert!(info.contains(r#""version":2"#), "{info}");
         meta.put(
-            &mut wtxn,
+            wtxn,
             "info",
             &info.replace(r#""version":2"#, r#""version":1"#),
         )
         .unwrap();
         if drop_checksums {
-            let sums: heed::Database<heed::types::Bytes, heed::types::Bytes> = env
-                .open_database(&wtxn, Some("checksums"))
-                .unwrap()
-                .unwrap();
+            let sums: heed::Database<heed::types::Bytes, heed::types::Bytes> =
+                env.open_database(wtxn, Some("checksums")).unwrap().unwrap();
             // SAFETY: test-only; no other handle to this database is open.
-            unsafe { sums.remove(&mut wtxn) }.unwrap();
+            unsafe { sums.remove(wtxn) }.unwrap();
         }
-        wtxn.commit().unwrap();
-    }
-    let mut lock = lmdb.as_os_str().to_owned();
-    lock.push("-lock");
-    let _ = fs::remove_file(lock);
+    });
 }
 
 #[cfg(feature = "hdf5")]

@@ -307,24 +307,6 @@ fn write_lmdb(path: &Path, classes: &[&str], records: &[PackedRecord<'_>]) {
     write_with(PackFormat::Lmdb, path, classes, records);
 }
 
-/// Changes the single-file LMDB at `path` in one write transaction (`edit`), as a writer other
-/// than ours would, and removes the lock file that leaves.
-fn edit_lmdb(path: &Path, edit: impl FnOnce(&heed::Env, &mut heed::RwTxn<'_>)) {
-    let mut options = heed::EnvOpenOptions::new();
-    options.max_dbs(3);
-    // SAFETY: test-only; nothing else has this file open.
-    unsafe { options.flags(heed::EnvFlags::NO_SUB_DIR) };
-    // SAFETY: as above.
-    let env = unsafe { options.open(path) }.unwrap();
-    let mut wtxn = env.write_txn().unwrap();
-    edit(&env, &mut wtxn);
-    wtxn.commit().unwrap();
-    env.prepare_for_closing().wait();
-    let mut lock = path.as_os_str().to_owned();
-    lock.push("-lock");
-    let _ = fs::remove_file(lock);
-}
-
 #[test]
 fn label_out_of_range_is_an_error_naming_the_record() {
     let dir = tempfile::tempdir().unwrap();
@@ -485,7 +467,7 @@ fn a_sample_whose_key_is_gone_is_a_bad_record_and_its_neighbours_still_read() {
         .collect();
     write_lmdb(&path, &["a"], &records);
     let gone = 70u64;
-    edit_lmdb(&path, |env, wtxn| {
+    support::edit_lmdb(&path, |env, wtxn| {
         let samples: heed::Database<heed::types::Bytes, heed::types::Bytes> =
             env.open_database(wtxn, Some("samples")).unwrap().unwrap();
         // Sample 70's value moves under the key of sample 1000: the count stays 150.
@@ -534,7 +516,7 @@ fn an_lmdb_from_a_newer_layout_is_refused() {
             payload: &jpeg,
         }],
     );
-    edit_lmdb(&path, |env, wtxn| {
+    support::edit_lmdb(&path, |env, wtxn| {
         let meta: heed::Database<heed::types::Str, heed::types::Str> =
             env.open_database(wtxn, Some("meta")).unwrap().unwrap();
         let mut info: serde_json::Value =

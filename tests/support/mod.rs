@@ -384,3 +384,21 @@ pub fn test_path(module_path: &str, test: &str) -> String {
         None => test.to_string(),
     }
 }
+
+/// Changes the single-file LMDB at `path` in one write transaction (`edit`), as a writer other
+/// than ours would, and removes the lock file that leaves.
+pub fn edit_lmdb(path: &Path, edit: impl FnOnce(&heed::Env, &mut heed::RwTxn<'_>)) {
+    let mut options = heed::EnvOpenOptions::new();
+    options.max_dbs(3);
+    // SAFETY: test-only; nothing else has this file open.
+    unsafe { options.flags(heed::EnvFlags::NO_SUB_DIR) };
+    // SAFETY: as above.
+    let env = unsafe { options.open(path) }.unwrap();
+    let mut wtxn = env.write_txn().unwrap();
+    edit(&env, &mut wtxn);
+    wtxn.commit().unwrap();
+    env.prepare_for_closing().wait();
+    let mut lock = path.as_os_str().to_owned();
+    lock.push("-lock");
+    let _ = fs::remove_file(lock);
+}
