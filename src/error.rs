@@ -616,6 +616,10 @@ pub enum ShardSetProblem {
         count: u64,
         /// How many the set should have (its `-of-` count, or the span of its numbers).
         expected: u64,
+        /// What stands under a named member's name, or beside it, that is not read as it:
+        /// `(name, what)`, such as `("x-00001-of-00004", "a FIFO (named pipe), not a regular
+        /// file")` or `(.., "x-00001-of-00004.xz is there instead")`.
+        in_their_place: Vec<(String, String)>,
     },
     /// A file's number does not fit its set (`train-00009-of-00008`), or two files claim one
     /// number (`x-00001-of-00002` and `x-00001-of-00002.gz`).
@@ -670,11 +674,21 @@ impl std::fmt::Display for ShardSetProblem {
                 missing,
                 count,
                 expected,
+                in_their_place,
             } => write!(
                 f,
                 "set {set} is missing {count} of its {expected} shards: {}{}; restore them, or \
                  read the rest on purpose with --allow-missing-shards (allow_missing_shards)",
-                missing.join(", "),
+                missing
+                    .iter()
+                    .map(
+                        |name| match in_their_place.iter().find(|(n, _)| n == name) {
+                            Some((_, what)) => format!("{name} ({what})"),
+                            None => name.clone(),
+                        }
+                    )
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 if *count > missing.len() as u64 {
                     format!(" and {} more", count - missing.len() as u64)
                 } else {

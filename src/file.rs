@@ -20,7 +20,7 @@ use crate::error::{Error, IoContext as _, Result};
 pub const SNIFF_BYTES: usize = 64 << 10;
 
 /// What a file that is not a regular file is, for messages.
-fn kind(file_type: fs::FileType) -> &'static str {
+pub(crate) fn kind(file_type: fs::FileType) -> &'static str {
     if file_type.is_dir() {
         "a directory"
     } else if file_type.is_fifo() {

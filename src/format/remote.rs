@@ -359,6 +359,7 @@ fn select(
                     count: missing.len() as u64,
                     expected: (missing.len() + found.len()) as u64,
                     missing: missing.into_iter().take(10).collect(),
+                    in_their_place: Vec::new(),
                 },
             });
         }

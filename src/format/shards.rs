@@ -307,6 +307,7 @@ pub fn expand_selection(
                     set: text.to_string(),
                     count: missing.len() as u64,
                     expected: (missing.len() + present.len()) as u64,
+                    in_their_place: in_their_place(dir, &missing[..missing.len().min(10)]),
                     missing: missing.into_iter().take(10).collect(),
                 },
             });
@@ -377,6 +378,7 @@ pub(crate) fn listed_members_missing(
                 count,
                 expected: expected as u64,
                 missing: missing.into_iter().take(10).collect(),
+                in_their_place: Vec::new(),
             },
         });
     }
@@ -818,8 +820,15 @@ pub fn check_sets(
             .map(|n| first.member(n))
             .collect();
         if !allow_missing {
+            // The members' directory: where the set's first file is.
+            let dir = files
+                .iter()
+                .find(|f| f.file_name().is_some_and(|n| *n == *members[0].1))
+                .and_then(|f| f.parent())
+                .unwrap_or(Path::new("."));
             return Err(error(ShardSetProblem::Missing {
                 set: first.set(),
+                in_their_place: in_their_place(dir, &missing),
                 missing,
                 count,
                 expected,
@@ -830,6 +839,44 @@ pub fn check_sets(
         report.spans.push((first.set_key(), start, end));
     }
     Ok(report)
+}
+
+/// What stands in `dir` in the place of the missing members `names`, for those where
+/// something does: a directory, a FIFO or a link to nothing under the name (a hostile try found
+/// each reported as plainly missing), or the member compressed otherwise (`shard-3.tar.xz`
+/// among `.tar`s).
+fn in_their_place(dir: &Path, names: &[String]) -> Vec<(String, String)> {
+    // The same member with a compression suffix added, or with its own taken off.
+    const COMPRESSED: [&str; 6] = [".gz", ".xz", ".zst", ".bz2", ".lz4", ".tgz"];
+    let what = |name: &str| -> Option<String> {
+        let path = dir.join(name);
+        if let Ok(meta) = std::fs::symlink_metadata(&path) {
+            return Some(match std::fs::metadata(&path) {
+                // Beside the others, only not selected (a list naming some of a set's files).
+                Ok(target) if target.is_file() => "there, but not among the files given".into(),
+                Ok(target) => format!(
+                    "{}, not a regular file",
+                    crate::file::kind(target.file_type())
+                ),
+                Err(_) if meta.file_type().is_symlink() => "a link to nothing".to_string(),
+                Err(e) => e.to_string(),
+            });
+        }
+        let stripped = COMPRESSED
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+            .map(str::to_owned);
+        COMPRESSED
+            .iter()
+            .map(|suffix| format!("{name}{suffix}"))
+            .chain(stripped)
+            .find(|other| dir.join(other).is_file())
+            .map(|other| format!("{other} is there instead"))
+    };
+    names
+        .iter()
+        .filter_map(|name| Some((name.clone(), what(name)?)))
+        .collect()
 }
 
 /// Files whose names hold no number (`cats.tfrecord`, `dogs.tfrecord`) each form a set of one:
@@ -1029,7 +1076,8 @@ mod tests {
                 set: "train-NNNNN-of-00008".into(),
                 missing: vec!["train-00003-of-00008".into()],
                 count: 1,
-                expected: 8
+                expected: 8,
+                in_their_place: Vec::new(),
             }
         );
         let report = check_sets(Path::new("/d"), &files, Picked::All, true).unwrap();

@@ -157,7 +157,9 @@ fn a_set_with_a_shard_missing_is_refused_naming_it_unless_allowed() {
                 missing,
                 count,
                 expected,
+                in_their_place,
             } => {
+                assert_eq!(in_their_place, []);
                 assert_eq!(set, "train-NNNNN-of-00004");
                 assert_eq!(missing, ["train-00002-of-00004"]);
                 assert_eq!((count, expected), (1, 4));
@@ -192,6 +194,81 @@ fn a_set_with_a_shard_missing_is_refused_naming_it_unless_allowed() {
     assert_eq!(inspection.missing_shards, ["train-00003-of-00004"]);
     // One shard opened on its own is a deliberate subset: no check.
     assert!(format::open(&files[0]).is_ok());
+}
+
+#[test]
+fn a_member_that_is_there_but_unread_is_named_as_what_it_is_not_missing() {
+    // A hostile try: a member replaced by a directory, a FIFO, a link to nothing, or the same
+    // member compressed (`.xz`) was reported as plainly "missing".
+    let dir = tempfile::tempdir().unwrap();
+    let files = foreign_set(dir.path(), "train", 4);
+    let name = |i: usize| files[i].file_name().unwrap().to_string_lossy().into_owned();
+    // The names as they are (what a caller may look for), and in the message what stands there.
+    let missing_of = |selection: &Path| match shard_set_problem(format::open(selection)) {
+        problem @ ShardSetProblem::Missing { .. } => {
+            let ShardSetProblem::Missing {
+                missing,
+                in_their_place,
+                ..
+            } = &problem
+            else {
+                unreachable!()
+            };
+            assert_eq!(missing.len(), 1);
+            let text = problem.to_string();
+            match &in_their_place[..] {
+                [(n, what)] if n == &missing[0] => {
+                    assert!(text.contains(&format!("{n} ({what})")), "{text}");
+                    vec![format!("{n} ({what})")]
+                }
+                [] => missing.clone(),
+                other => panic!("{other:?}"),
+            }
+        }
+        other => panic!("{other:?}"),
+    };
+    let brace = dir.path().join("train-{00000..00003}-of-00004");
+    for (replace, says) in [
+        (
+            &(|p: &Path| fs::create_dir(p).unwrap()) as &dyn Fn(&Path),
+            "(a directory, not a regular file)",
+        ),
+        (
+            &|p: &Path| {
+                let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+                // SAFETY: a valid NUL-terminated path.
+                assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+            },
+            "(a FIFO (named pipe), not a regular file)",
+        ),
+        (
+            &|p: &Path| std::os::unix::fs::symlink("nowhere", p).unwrap(),
+            "(a link to nothing)",
+        ),
+    ] {
+        let bytes = fs::read(&files[1]).unwrap();
+        fs::remove_file(&files[1]).unwrap();
+        replace(&files[1]);
+        for selection in [dir.path(), &brace] {
+            assert_eq!(
+                missing_of(selection),
+                [format!("{} {says}", name(1))],
+                "{selection:?}"
+            );
+        }
+        let _ = fs::remove_dir(&files[1]).or_else(|_| fs::remove_file(&files[1]));
+        fs::write(&files[1], bytes).unwrap();
+    }
+    // The member compressed under another name.
+    let xz = dir.path().join(format!("{}.xz", name(2)));
+    fs::rename(&files[2], &xz).unwrap();
+    assert_eq!(
+        missing_of(&brace),
+        [format!("{} ({}.xz is there instead)", name(2), name(2))]
+    );
+    // Gone for good: the name alone.
+    fs::remove_file(&xz).unwrap();
+    assert_eq!(missing_of(&brace), [name(2)]);
 }
 
 /// A records dataset of ours lists its shards in its manifest: one gone is refused naming it,
