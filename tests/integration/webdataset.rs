@@ -443,7 +443,7 @@ fn samples_without_an_image_or_label_are_bad_records_naming_them() {
     // The open says that a sample's label is not an integer, and which.
     assert!(
         dataset.notices().iter().any(|n| n
-            .contains("1 of 4 samples hold a label that is not an integer")
+            .contains("1 of 4 samples hold a label that is no integer class number")
             && n.contains("(c)")),
         "{:?}",
         dataset.notices()
@@ -507,6 +507,25 @@ fn samples_without_an_image_or_label_are_bad_records_naming_them() {
             if reason.contains("its .cls holds \"3.0\", not an integer label")),
         "{err}"
     );
+    // Twenty digits are an integer, too large for a class (it was "not an integer"); a sign
+    // alone is none.
+    for (label, says) in [
+        ("12345678901234567890", "an integer past any class"),
+        ("-", "not an integer label"),
+    ] {
+        let path = dir.path().join("label.tar");
+        let mut builder = tar::Builder::new(fs::File::create(&path).unwrap());
+        support::append_tar_member(&mut builder, "x.jpg", &image[..]);
+        support::append_tar_member(&mut builder, "x.cls", label.as_bytes());
+        builder.finish().unwrap();
+        drop(builder);
+        let err = format::open(&path).unwrap_err();
+        assert!(
+            matches!(&err, Error::NotADataset { reason, .. }
+                if reason.contains(&format!("holds {label:?}, {says}"))),
+            "{err}"
+        );
+    }
 }
 
 /// A sample with a second image (a segmentation mask, a depth map) is read as its first image

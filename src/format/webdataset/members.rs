@@ -566,10 +566,17 @@ impl<'a> Members<'a> {
             .map(str::trim)
             .filter(|t| !t.is_empty());
         Some(text.and_then(|t| t.parse::<i64>().ok()).ok_or_else(|| {
-            format!(
-                "its .{field} holds {}, not an integer label",
-                describe_text(data)
-            )
+            // Digits past i64 are an integer all the same, only no class (a hostile try's
+            // 20-digit label was "not an integer").
+            let digits = text
+                .map(|t| t.strip_prefix(['-', '+']).unwrap_or(t))
+                .is_some_and(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()));
+            let what = if digits {
+                "an integer past any class"
+            } else {
+                "not an integer label"
+            };
+            format!("its .{field} holds {}, {what}", describe_text(data))
         }))
     }
 }

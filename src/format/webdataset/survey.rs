@@ -272,7 +272,7 @@ impl Survey {
             ),
             (
                 &self.not_integer,
-                "hold a label that is not an integer: bad records when read".into(),
+                "hold a label that is no integer class number: bad records when read".into(),
             ),
             (
                 &self.no_label,
@@ -316,7 +316,7 @@ impl Survey {
             ),
             (
                 &self.not_integer,
-                "hold a label that is not an integer".into(),
+                "hold a label that is no integer class number".into(),
             ),
             (
                 &self.out_of_range,
