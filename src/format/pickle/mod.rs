@@ -60,6 +60,8 @@ pub enum OtherKind {
     Dict,
     /// A `set` (its items are dropped).
     Set,
+    /// A `frozenset` (its items are dropped).
+    FrozenSet,
 }
 
 impl Value {
@@ -237,6 +239,7 @@ impl<'a> Machine<'a> {
             | b'a'
             | b'u'
             | 0x90
+            | 0x91
             | b's'
             | b'0'
             | b'1'
@@ -422,8 +425,8 @@ impl<'a> Machine<'a> {
         self.push_leaf(value)
     }
 
-    /// Tuples and lists (made and filled), opaque dicts and sets (whose items are dropped), and
-    /// the stack's own opcodes (MARK, POP, POP_MARK, DUP).
+    /// Tuples and lists (made and filled), opaque dicts, sets and frozensets (whose items are
+    /// dropped), and the stack's own opcodes (MARK, POP, POP_MARK, DUP).
     fn container_or_stack(&mut self, op: u8) -> Result<(), String> {
         match op {
             // EMPTY_DICT, EMPTY_SET: opaque; SETITEM(S)/ADDITEMS below fill nothing in.
@@ -481,6 +484,11 @@ impl<'a> Machine<'a> {
                 if self.stack.last().map(|i| &i.value) != Some(&Value::Other(target)) {
                     return Err(what.into());
                 }
+            }
+            0x91 => {
+                // FROZENSET: the items since the mark, dropped.
+                items_since_mark(&mut self.stack, &mut self.marks, "FROZENSET")?;
+                self.push_leaf(Value::Other(OtherKind::FrozenSet))?;
             }
             b'0' => {
                 self.pop("POP")?;
@@ -860,6 +868,7 @@ impl Value {
             Value::Other(OtherKind::Float) => "a float",
             Value::Other(OtherKind::Dict) => "a dict",
             Value::Other(OtherKind::Set) => "a set",
+            Value::Other(OtherKind::FrozenSet) => "a frozenset",
         }
     }
 }

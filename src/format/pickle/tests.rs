@@ -65,7 +65,7 @@ fn hostile_or_foreign_input_is_an_error_not_a_panic() {
 #[test]
 fn a_value_that_is_not_bytes_and_an_int_says_what_it_holds() {
     // pickle.dumps(v, protocol=4) for each v.
-    let cases: [(&[u8], &str); 9] = [
+    let cases: [(&[u8], &str); 10] = [
         (
             b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00C\x01x\x94G?\xf8\x00\x00\x00\x00\x00\x00\x86\x94.",
             "its label is a float,",
@@ -75,6 +75,11 @@ fn a_value_that_is_not_bytes_and_an_int_says_what_it_holds() {
         (b"\x80\x04C\x01x\x88\x86.", "its label is a bool,"),
         (b"\x80\x04C\x01x}\x86.", "its label is a dict,"),
         (b"\x80\x04C\x01x\x8f\x86.", "its label is a set,"),
+        // (b"x", frozenset({1, 2})): was "unsupported pickle opcode 0x91".
+        (
+            b"\x80\x04\x95\x0e\x00\x00\x00\x00\x00\x00\x00C\x01x\x94(K\x01K\x02\x91\x94\x86\x94.",
+            "its label is a frozenset,",
+        ),
         (
             b"\x80\x04\x95\r\x00\x00\x00\x00\x00\x00\x00C\x01x\x94\x8c\x03cat\x94\x86\x94.",
             "its label is a str",
