@@ -853,6 +853,39 @@ fn tensorflow_gzip_and_zlib_shards_read_like_their_source() {
         base0.notices()
     );
     assert_eq!(base0.classes(), ["0", "class00"]);
+    // A list naming part of a set: the rest is named as there, only not given.
+    let err = format::open_files(
+        &[
+            compat("tfrecord-gzip/train-00000-of-00002.tfrecord.gz"),
+            compat("tfrecord-zlib/val-00000-of-00001"),
+        ],
+        &options,
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("train-00001-of-00002.tfrecord.gz (there, but not among the files given)"),
+        "{err}"
+    );
+    // A list mixing both: one notice for the copies, naming both compressions.
+    let mixed = format::open_files(
+        &[
+            compat("tfrecord-gzip/train-00000-of-00002.tfrecord.gz"),
+            compat("tfrecord-gzip/train-00001-of-00002.tfrecord.gz"),
+            compat("tfrecord-zlib/val-00000-of-00001"),
+        ],
+        &OpenOptions::default().with_cache(Cache::at(dir.path().join("mixed"), None)),
+    )
+    .unwrap();
+    let said: Vec<&String> = mixed
+        .notices()
+        .iter()
+        .filter(|n| n.contains("decompressed once"))
+        .collect();
+    assert!(
+        matches!(&said[..], [one] if one.contains("3 shards of 3 compressed (GZIP and ZLIB;")),
+        "{said:?}"
+    );
 }
 
 #[test]
@@ -904,6 +937,22 @@ fn compressed_shards_give_the_same_stream_as_uncompressed_ones_and_are_decompres
             .count()
     };
     assert_eq!(copies(), 2);
+    // One notice for the set, not one per shard (a set of 1,024 said it 1,024 times).
+    let fresh = format::open_with(
+        compat("tfrecord-gzip"),
+        &OpenOptions::default().with_cache(Cache::at(dir.path().join("cache2"), None)),
+    )
+    .unwrap();
+    let said: Vec<&String> = fresh
+        .notices()
+        .iter()
+        .filter(|n| n.contains("decompressed once"))
+        .collect();
+    assert!(
+        matches!(&said[..], [one] if one.contains("2 shards of 2 compressed (GZIP; the first: ")
+            && one.contains("cache2/decompressed for random access")),
+        "{said:?}"
+    );
     let again = format::open_with(compat("tfrecord-gzip"), &options).unwrap();
     assert!(
         again

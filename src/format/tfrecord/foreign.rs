@@ -19,6 +19,57 @@ use crate::format::{OpenOptions, example};
 
 use super::reader::{Records, Shard, Shared, check_picked_shard, record_bytes, starts};
 
+/// The shards an open decompressed into the cache for the first time, told in one notice (a
+/// set of 1,024 gzip shards said it 1,024 times, burying the others).
+#[derive(Default)]
+pub(super) struct DecompressedCopies {
+    count: usize,
+    bytes: u64,
+    /// The compressions met, in the order met (a set may mix GZIP and ZLIB shards).
+    compressions: Vec<&'static str>,
+    /// The first shard, and where its copy is.
+    first: Option<(PathBuf, PathBuf)>,
+}
+
+impl DecompressedCopies {
+    fn add(&mut self, path: &Path, compression: &'static str, bytes: u64, copy: PathBuf) {
+        self.count += 1;
+        self.bytes += bytes;
+        if !self.compressions.contains(&compression) {
+            self.compressions.push(compression);
+        }
+        self.first.get_or_insert_with(|| (path.to_path_buf(), copy));
+    }
+
+    /// The notice for the set `name` of `shards`, if any was decompressed.
+    fn notice(self, name: &Path, shards: usize, notices: &mut Vec<String>) {
+        let Some((first, copy)) = self.first else {
+            return;
+        };
+        let dir = copy.parent().unwrap_or(&copy);
+        let compressions = self.compressions.join(" and ");
+        let what = if shards == 1 {
+            format!("{}: {compressions}-compressed", first.display())
+        } else {
+            format!(
+                "{}: {} of {shards} compressed ({compressions}; the first: {})",
+                name.display(),
+                crate::dataset::plural(self.count, "shard", "shards"),
+                first.display()
+            )
+        };
+        crate::dataset::notice(
+            notices,
+            format!(
+                "{what}; decompressed once ({} bytes) into {} for random access, kept for \
+                 later opens",
+                self.bytes,
+                dir.display()
+            ),
+        );
+    }
+}
+
 /// Opens shards other tools wrote (no manifest): `files`, named `name` in messages, after the
 /// shard-set checks found `set`. Shards of ours a pattern picked open here too, with `ours`,
 /// their dataset's manifest ([`assemble_foreign`]).
@@ -33,13 +84,21 @@ pub(super) fn open_foreign(
     let mut cache = None;
     let mut shards = Vec::with_capacity(files.len());
     let prefetch = crate::pagecache::SetPrefetch::for_files(files);
+    let mut copies = DecompressedCopies::default();
     for file in files {
-        let shard = open_foreign_shard(file, options, (&mut cache, prefetch), &mut notices)?;
+        let shard = open_foreign_shard(
+            file,
+            options,
+            (&mut cache, prefetch),
+            &mut copies,
+            &mut notices,
+        )?;
         // Once opened (a scan reads a shard in order): a set larger than memory is read at
         // random from here on (`Mapped::ready_for`).
         shard.data.ready_for(&prefetch);
         shards.push(shard);
     }
+    copies.notice(name, files.len(), &mut notices);
     let single = match files {
         [one] => Some(one.as_path()),
         _ => None,
@@ -153,6 +212,7 @@ pub(super) fn open_foreign_shard(
     path: &Path,
     options: &OpenOptions,
     (cache, prefetch): (&mut Option<Cache>, crate::pagecache::SetPrefetch),
+    copies: &mut DecompressedCopies,
     notices: &mut Vec<String>,
 ) -> Result<Shard> {
     let (file, len) = crate::file::open_regular(path)?;
@@ -170,19 +230,9 @@ pub(super) fn open_foreign_shard(
         let mapped = Mapped::new(path, copy.file, true)?;
         let map = mapped.bytes();
         if copy.fresh
-            && let Some(at) = &copy.cached_at
+            && let Some(at) = copy.cached_at
         {
-            crate::dataset::notice(
-                notices,
-                format!(
-                    "{}: {}-compressed; decompressed once ({} bytes) into {} for random access, \
-                     kept for later opens",
-                    path.display(),
-                    compression.name(),
-                    map.len(),
-                    at.display()
-                ),
-            );
+            copies.add(path, compression.name(), map.len() as u64, at);
         }
         let ShardScan {
             records,
