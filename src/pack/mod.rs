@@ -210,6 +210,7 @@ fn pack_steps(
     let plan = plan_for(items, options, part, range.len())?;
     refuse_foreign_report(&std::path::absolute(out).at(out)?)?;
     let (mut writer, mut progress) = start_writer(format, out, &plan, &options.writer_options())?;
+    check_progress(out, &progress, range.len())?;
     let resumed_from = progress.sources_done;
     observer.started(range.len(), resumed_from);
     let pool = rayon::ThreadPoolBuilder::new()
@@ -260,6 +261,30 @@ fn pack_steps(
         resumed_from,
         started,
     )
+}
+
+/// Refuses to resume from a progress record that does not add up: every source done is one
+/// sample written or one file rejected, and no more are done than the run has. A hostile try
+/// edited `sources_done` in a staged pack: past the end (10^18), the resume published a
+/// "complete" dataset missing half its sources, that plain `verify` passed; at 0, it packed
+/// every source again after the ones stored, a "complete" dataset of duplicates.
+fn check_progress(out: &Path, progress: &PackProgress, sources: usize) -> Result<()> {
+    let accounted = progress
+        .samples_written
+        .checked_add(progress.rejected.len());
+    if accounted == Some(progress.sources_done) && progress.sources_done <= sources {
+        return Ok(());
+    }
+    Err(Error::ResumeMismatch {
+        path: partial_path(out),
+        reason: format!(
+            "its progress record says {} of {sources} source files are done, but {} samples \
+             were written and {} files rejected (damaged or edited?): pack again with --force",
+            progress.sources_done,
+            progress.samples_written,
+            progress.rejected.len()
+        ),
+    })
 }
 
 /// [`pack_source`] into object storage: packed into a local staging copy (crash-safe and

@@ -243,6 +243,60 @@ fn an_interrupted_pack_is_never_accepted_and_resume_completes_it() {
     );
 }
 
+/// Rewrites the progress record of `out`'s staged pack (in `OUT.partial`, a file for LMDB, and
+/// in a directory's `progress.json` for the others) through `edit`.
+fn edit_progress(out: &Path, format: PackFormat, edit: impl Fn(&mut serde_json::Value)) {
+    let partial = format::staging::partial_path(out);
+    if format == PackFormat::Lmdb {
+        support::edit_lmdb(&partial, |env, wtxn| {
+            let meta: heed::Database<heed::types::Str, heed::types::Str> =
+                env.open_database(wtxn, Some("meta")).unwrap().unwrap();
+            let mut progress: serde_json::Value =
+                serde_json::from_str(meta.get(wtxn, "pack-progress").unwrap().unwrap()).unwrap();
+            edit(&mut progress);
+            meta.put(wtxn, "pack-progress", &progress.to_string())
+                .unwrap();
+        });
+    } else {
+        let file = partial.join("progress.json");
+        let mut staged: serde_json::Value =
+            serde_json::from_slice(&fs::read(&file).unwrap()).unwrap();
+        edit(&mut staged["progress"]);
+        fs::write(&file, staged.to_string()).unwrap();
+    }
+}
+
+#[test]
+fn a_progress_record_that_does_not_add_up_is_never_resumed() {
+    // A hostile try edited `sources_done`: past the end, the resume published a "complete"
+    // dataset missing the sources after the stored ones (plain `verify` passed it); at 0, it
+    // packed every source again after them, a "complete" dataset of duplicates.
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixture_root();
+    for (format, out) in outputs(dir.path(), "edited") {
+        crash_after(&src, &out, format, &small_options(), 3);
+        for done in [1u64 << 60, 0, 11, 13] {
+            edit_progress(&out, format, |p| p["sources_done"] = done.into());
+            let err = try_pack(&src, &out, format, &resuming()).unwrap_err();
+            assert!(
+                matches!(&err, Error::ResumeMismatch { reason, .. }
+                    if reason.contains(&format!("says {done} of 20 source files are done"))),
+                "{format:?} {done}: {err}"
+            );
+            assert!(!out.exists(), "{format:?}");
+        }
+        // Put back as it was, the staged pack resumes: nothing was lost by refusing.
+        edit_progress(&out, format, |p| p["sources_done"] = 12.into());
+        let summary = pack(&src, &out, format, &resuming());
+        assert_eq!(
+            (summary.resumed_from, summary.samples),
+            (12, 16),
+            "{format:?}"
+        );
+        assert!(verify::verify(&out, Some(&src)).unwrap().is_ok());
+    }
+}
+
 /// A resume with other pack options is refused, naming the options that differ.
 #[test]
 fn resume_with_other_options_is_refused_naming_them() {
