@@ -449,7 +449,31 @@ fn a_picked_shard_that_is_not_the_one_the_manifest_lists_is_refused() {
     let manifest_path = out.join(format::tfrecord::MANIFEST);
     let mut manifest: serde_json::Value =
         serde_json::from_slice(&fs::read(&manifest_path).unwrap()).unwrap();
-    manifest["shards"].as_array_mut().unwrap().remove(1);
+    let entry = manifest["shards"].as_array_mut().unwrap().remove(1);
+    let edited = serde_json::to_vec(&manifest).unwrap();
+    // Left so, its count no longer adds up: the manifest itself is refused, naming it.
+    fs::write(&manifest_path, &edited).unwrap();
+    let err = format::open(&out).unwrap_err();
+    assert!(
+        matches!(&err, Error::NotADataset { path, reason }
+            if *path == manifest_path && reason.contains("shards' counts add up to")),
+        "{err:?}"
+    );
+    // Counts past any sum (2^63 each; a missing shard had them summed, and overflow).
+    let mut huge = manifest.clone();
+    for entry in huge["shards"].as_array_mut().unwrap() {
+        entry["records"] = (1u64 << 63).into();
+    }
+    fs::write(&manifest_path, serde_json::to_vec(&huge).unwrap()).unwrap();
+    let err = format::open(&out).unwrap_err();
+    assert!(
+        matches!(&err, Error::NotADataset { reason, .. }
+            if reason.contains("counts add up to more than any count")),
+        "{err:?}"
+    );
+    // Its count made to agree too.
+    let count = manifest["num_samples"].as_u64().unwrap() - entry["records"].as_u64().unwrap();
+    manifest["num_samples"] = count.into();
     fs::write(&manifest_path, serde_json::to_vec(&manifest).unwrap()).unwrap();
     assert!(refused(format::open(out.join("shard-0000[12].tfrecord"))));
     assert!(refused(format::open(out.join("shard-00001.tfrecord"))));

@@ -3,7 +3,7 @@
 
 const MASK_DELTA: u32 = 0xa282_ead8;
 pub(crate) const HEADER_BYTES: usize = 12;
-const FOOTER_BYTES: usize = 4;
+pub(crate) const FOOTER_BYTES: usize = 4;
 
 /// TFRecord's masked CRC-32C.
 pub fn masked_crc(data: &[u8]) -> u32 {

@@ -64,6 +64,10 @@ pub(super) fn push_index_line(index: &mut String, offset: u64, len: u64) {
     let _ = writeln!(index, "{offset} {len}");
 }
 
+/// The shortest TFRecord frame: its header (length and its checksum) and the data's checksum,
+/// around no data.
+const MIN_FRAME_BYTES: u64 = (super::framing::HEADER_BYTES + super::framing::FOOTER_BYTES) as u64;
+
 /// Parses an index: one `"<offset> <length>"` line per record.
 pub(crate) fn parse_index(path: &Path, text: &[u8]) -> Result<Vec<(u64, u64)>> {
     let text = std::str::from_utf8(text)
@@ -75,6 +79,21 @@ pub(crate) fn parse_index(path: &Path, text: &[u8]) -> Result<Vec<(u64, u64)>> {
             let mut parts = line.split_whitespace();
             let parse = |s: Option<&str>| s.and_then(|s| s.parse::<u64>().ok());
             match (parse(parts.next()), parse(parts.next()), parts.next()) {
+                // No frame is shorter than its header and footer: a hostile index of three
+                // million `0 0` lines opened as three million records and took 2 GB to
+                // inspect; and an end past u64 overflowed the sums made of it.
+                (Some(offset), Some(len), None)
+                    if len < MIN_FRAME_BYTES || offset.checked_add(len).is_none() =>
+                {
+                    Err(Error::not_a_dataset(
+                        path,
+                        format!(
+                            "index line {} lists a record of {len} bytes at {offset}, which no \
+                             shard holds (a frame takes at least {MIN_FRAME_BYTES} bytes)",
+                            number + 1
+                        ),
+                    ))
+                }
                 (Some(offset), Some(len), None) => Ok((offset, len)),
                 _ => Err(Error::not_a_dataset(
                     path,
@@ -147,5 +166,29 @@ mod tests {
         );
         let gap = check_index_covers(path, &[(0, 21), (30, 20)], 50).unwrap_err();
         assert!(gap.to_string().contains("record 1 starts at byte 30"));
+    }
+
+    #[test]
+    fn an_index_line_no_frame_fits_is_refused() {
+        let path = Path::new("x.index");
+        assert_eq!(
+            parse_index(path, b"0 16\n16 20\n").unwrap(),
+            [(0, 16), (16, 20)]
+        );
+        // Records shorter than a frame (a hostile index of millions of `0 0` lines opened as
+        // millions of records), and one ending past u64 (its sums overflowed).
+        for (text, line) in [
+            (&b"0 0\n0 0\n"[..], 1),
+            (b"0 16\n16 15\n", 2),
+            (b"16 18446744073709551600\n", 1),
+            (b"0 16\n18446744073709551600 100\n", 2),
+        ] {
+            let err = parse_index(path, text).unwrap_err();
+            assert!(
+                matches!(&err, Error::NotADataset { reason, .. }
+                    if reason.starts_with(&format!("index line {line} lists a record of"))),
+                "{err}"
+            );
+        }
     }
 }

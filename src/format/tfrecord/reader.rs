@@ -428,6 +428,23 @@ pub(super) fn parse_manifest(dir: &Path, at: &Path, text: &[u8]) -> Result<Manif
             ));
         }
     }
+    // Its shards' records add up to its count (the writer's own sum): a hostile manifest's
+    // counts of 2^63 each overflowed the sum made when a shard is missing.
+    let listed = manifest
+        .shards
+        .iter()
+        .try_fold(0usize, |sum, entry| sum.checked_add(entry.records));
+    if listed != Some(manifest.info.num_samples) {
+        return Err(Error::not_a_dataset(
+            at,
+            format!(
+                "the manifest says {} records, but its shards' counts add up to {}: not as \
+                 its writer left it",
+                manifest.info.num_samples,
+                listed.map_or("more than any count".to_string(), |n| n.to_string())
+            ),
+        ));
+    }
     Ok(manifest)
 }
 
