@@ -127,9 +127,10 @@ impl PartInfo {
     /// When `count == 0` or `index >= count`.
     pub fn range(items: usize, index: usize, count: usize) -> std::ops::Range<usize> {
         assert!(index < count, "part {index} of {count}");
-        let start = items * index / count;
-        let end = items * (index + 1) / count;
-        start..end
+        // In u128: the products overflow usize for numbers a damaged part's metadata may say
+        // (2^40 items), and the quotients are at most `items`.
+        let at = |part: usize| (items as u128 * part as u128 / count as u128) as usize;
+        at(index)..at(index + 1)
     }
 }
 

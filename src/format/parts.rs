@@ -47,6 +47,21 @@ impl JoinedParts {
                     ),
                 ));
             }
+            // Each item of its range is one sample or one rejected file: a part holding
+            // otherwise lost samples, or says it rejected what it never had (a hostile part's
+            // `rejected_at_pack` of u64::MAX overflowed the join's sum).
+            let range = PartInfo::range(part.source_items, part.index, part.count).len();
+            let rejected = dataset.info().rejected_at_pack.unwrap_or(0);
+            if dataset.len().checked_add(rejected) != Some(range) {
+                return Err(Error::not_a_dataset(
+                    path,
+                    format!(
+                        "it holds {} samples and says it rejected {rejected} files, where its \
+                         part of the listing has {range}: not as the split conversion left it",
+                        dataset.len()
+                    ),
+                ));
+            }
             parts.push((part, dataset));
         }
         parts.sort_by_key(|(part, _)| part.index);

@@ -381,7 +381,6 @@ fn part_range(
             items.len().max(1)
         )));
     }
-    // (After that check: `items * (index + 1)` cannot overflow.)
     let range = PartInfo::range(items.len(), index, count);
     let part = PartInfo {
         index,

@@ -410,7 +410,7 @@ fn a_split_conversion_joins_into_exactly_the_unsplit_dataset() {
     );
     // Part numbers no split writes, every part agreeing (a hostile try: a count of 10^12 had
     // the join list the parts it wanted, allocate 8 TB and abort).
-    let with_part = |from: &Path, name: &str, fields: &[(&str, u64)]| {
+    let with_info = |from: &Path, name: &str, edit: &dyn Fn(&mut serde_json::Value)| {
         let to = dir.path().join(name);
         fs::copy(from, &to).unwrap();
         support::edit_lmdb(&to, |env, wtxn| {
@@ -418,9 +418,7 @@ fn a_split_conversion_joins_into_exactly_the_unsplit_dataset() {
                 env.open_database(wtxn, Some("meta")).unwrap().unwrap();
             let mut info: serde_json::Value =
                 serde_json::from_str(meta.get(wtxn, "info").unwrap().unwrap()).unwrap();
-            for &(field, value) in fields {
-                info["part"][field] = value.into();
-            }
+            edit(&mut info);
             meta.put(wtxn, "info", &info.to_string()).unwrap();
         });
         to
@@ -428,9 +426,15 @@ fn a_split_conversion_joins_into_exactly_the_unsplit_dataset() {
     let huge: Vec<PathBuf> = parts
         .iter()
         .enumerate()
-        .map(|(i, part)| with_part(part, &format!("huge-{i}.lmdb"), &[("count", 1 << 40)]))
+        .map(|(i, part)| {
+            with_info(part, &format!("huge-{i}.lmdb"), &|info| {
+                info["part"]["count"] = (1u64 << 40).into();
+            })
+        })
         .collect();
-    let past = [with_part(&parts[0], "past.lmdb", &[("index", 4)])];
+    let past = [with_info(&parts[0], "past.lmdb", &|info| {
+        info["part"]["index"] = 4.into();
+    })];
     for hostile in [&huge[..], &past[..]] {
         let err = join(hostile);
         assert!(
@@ -439,19 +443,57 @@ fn a_split_conversion_joins_into_exactly_the_unsplit_dataset() {
             "{err:?}"
         );
     }
-    // Many parts of a real split missing: the first ten named, the rest counted.
-    let many: Vec<PathBuf> = parts
-        .iter()
-        .enumerate()
-        .map(|(i, part)| {
-            let fields = [("count", 20), ("source_items", 20)];
-            with_part(part, &format!("many-{i}.lmdb"), &fields)
+    // Numbers whose range overflowed u64 (2^40 items, the last of 2^40 parts): a part that
+    // does not hold its range, not a panic.
+    let vast = [with_info(&parts[0], "vast.lmdb", &|info| {
+        info["part"]["index"] = ((1u64 << 40) - 1).into();
+        info["part"]["count"] = (1u64 << 40).into();
+        info["part"]["source_items"] = (1u64 << 40).into();
+    })];
+    let err = join(&vast);
+    assert!(
+        matches!(&err, Error::NotADataset { reason, .. }
+            if reason.contains("where its part of the listing has 1:")),
+        "{err:?}"
+    );
+    // Parts that do not hold their range (each item one sample or one rejected file): a count
+    // of rejections past any sum (it overflowed the join's), and one too many.
+    type Edit<'a> = &'a dyn Fn(&mut serde_json::Value);
+    let edits: [(&str, Edit<'_>); 2] = [
+        ("overflow", &|info| {
+            info["rejected_at_pack"] = u64::MAX.into()
+        }),
+        ("one-more", &|info| {
+            let was = info["rejected_at_pack"].as_u64().unwrap();
+            info["rejected_at_pack"] = (was + 1).into();
+        }),
+    ];
+    for (name, edit) in edits {
+        let mut edited = parts.clone();
+        edited[0] = with_info(&parts[0], &format!("{name}.lmdb"), edit);
+        let err = join(&edited);
+        assert!(
+            matches!(&err, Error::NotADataset { reason, path }
+                if path.ends_with(format!("{name}.lmdb"))
+                    && reason.contains("files, where its part of the listing has 5")),
+            "{err:?}"
+        );
+    }
+    // Many parts of a split missing: the first ten named, the rest counted.
+    let tree = support::small_tree(dir.path());
+    let many: Vec<PathBuf> = [0, 4, 19]
+        .into_iter()
+        .map(|index| {
+            let part = dir.path().join(format!("many-{index}.lmdb"));
+            let options = small_options().with_part(Some(Part { index, count: 20 }));
+            pack_as(&tree, &part, PackFormat::Lmdb, &options);
+            part
         })
         .collect();
-    let err = join(&many[..3]);
+    let err = join(&many);
     assert!(
         matches!(&err, Error::Config(m)
-            if m.contains("missing: [0, 4, 5, 6, 7, 8, 9, 10, 11, 12 and 7 more]")),
+            if m.contains("missing: [1, 2, 3, 5, 6, 7, 8, 9, 10, 11 and 7 more]")),
         "{err:?}"
     );
     // Parts resized alike but re-encoded at different qualities (a hostile try joined 90, 50
