@@ -416,7 +416,9 @@ pub fn missing_list(names: &[String], count: u64) -> String {
 /// The positions of the first name that `names` holds twice: where it first was, and where it
 /// came again. Keys or class names must be unique: one listed twice is a record read twice,
 /// or a class a name-to-class table cannot tell from the other.
-pub(crate) fn first_repeat<'a>(names: impl IntoIterator<Item = &'a str>) -> Option<(usize, usize)> {
+pub(crate) fn first_repeat<T: std::hash::Hash + Eq>(
+    names: impl IntoIterator<Item = T>,
+) -> Option<(usize, usize)> {
     let mut first = std::collections::HashMap::new();
     names
         .into_iter()

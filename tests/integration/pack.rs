@@ -836,6 +836,48 @@ fn shared_headers_make_a_smaller_lmdb_that_reads_back_the_source_files() {
         matches!(&err, Error::ResumeMismatch { reason, .. } if reason.contains("--shared-headers")),
         "{err}"
     );
+    // One header stored twice (each copy checked under its own number): the resumed pack's
+    // dictionary came out a number short and its next header collided with a stored one
+    // ("MDB_KEYEXIST", a hostile try). Refused, naming them; the staged pack is kept.
+    let doubled = dir.path().join("doubled.lmdb");
+    fs::copy(
+        format::staging::partial_path(&resumed),
+        format::staging::partial_path(&doubled),
+    )
+    .unwrap();
+    let mut stored = 0;
+    support::edit_lmdb(&format::staging::partial_path(&doubled), |env, wtxn| {
+        let meta: heed::Database<heed::types::Str, heed::types::Str> =
+            env.open_database(wtxn, Some("meta")).unwrap().unwrap();
+        let headers: heed::Database<heed::types::Bytes, heed::types::Bytes> =
+            env.open_database(wtxn, Some("headers")).unwrap().unwrap();
+        stored = meta
+            .get(wtxn, "pack-headers")
+            .unwrap()
+            .unwrap()
+            .parse::<u32>()
+            .unwrap();
+        let first = headers.get(wtxn, &1u32.to_be_bytes()).unwrap().unwrap()[4..].to_vec();
+        let key = (stored + 1).to_be_bytes();
+        let sum = crc32c::crc32c_append(crc32c::crc32c(&key), &first);
+        let value = [&sum.to_le_bytes()[..], &first].concat();
+        headers.put(wtxn, &key, &value).unwrap();
+        meta.put(wtxn, "pack-headers", &(stored + 1).to_string())
+            .unwrap();
+    });
+    let err = try_pack(
+        &fixtures,
+        &doubled,
+        PackFormat::Lmdb,
+        &resuming().with_shared_headers(true),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, Error::ResumeMismatch { reason, .. }
+            if reason.contains(&format!("one shared header twice, as headers 1 and {}", stored + 1))),
+        "{err}"
+    );
+    assert!(format::staging::partial_path(&doubled).exists());
     let summary = pack(
         &fixtures,
         &resumed,

@@ -478,6 +478,16 @@ fn stored_headers(
             headers.len()
         )));
     }
+    // The writer stores each header once: one stored twice (damage, or an edit) would leave
+    // the resumed dictionary short of a number, and the next new header collided with a stored
+    // one ("MDB_KEYEXIST", a hostile try).
+    if let Some((first, second)) = crate::dataset::first_repeat(headers.iter()) {
+        return Err(mismatch(format!(
+            "it holds one shared header twice, as headers {} and {}",
+            first + 1,
+            second + 1
+        )));
+    }
     Ok(headers)
 }
 
