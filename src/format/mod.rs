@@ -174,6 +174,24 @@ pub(crate) fn check_layout(
     Ok(())
 }
 
+/// Refuses a class list of ours naming one class twice: the writers take class names from
+/// directory names, which are unique, and a repeat makes two classes a name-to-class table
+/// (Python's `class_to_idx`) cannot tell apart (a hostile try's `["cat", "cat", "cat"]`
+/// passed `verify`, and `class_to_idx` came out `{"cat": 2}`).
+pub(crate) fn check_classes(path: &Path, classes: &[String]) -> Result<()> {
+    match crate::dataset::first_repeat(classes.iter().map(String::as_str)) {
+        None => Ok(()),
+        Some((first, second)) => Err(Error::not_a_dataset(
+            path,
+            format!(
+                "its metadata names classes {first} and {second} alike ({:?}): not as a pack of \
+                 ours writes it",
+                classes[first]
+            ),
+        )),
+    }
+}
+
 /// The metadata record imagefeed stores in an LMDB (`meta/info`) or HDF5 file (the `imagefeed`
 /// attribute): layout magic and version, whether the pack finished, and the dataset's info.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -562,3 +562,92 @@ fn an_lmdb_pack_fills_its_leaf_pages() {
         assert_eq!(reader.read(i).unwrap().payload, &payload[..]);
     }
 }
+
+#[test]
+fn a_class_list_of_ours_naming_one_class_twice_is_refused() {
+    // A hostile try's `["cat", "cat", "cat"]` in an LMDB's metadata passed `verify`, and
+    // Python's `class_to_idx` came out `{"cat": 2}`; a records manifest took one too.
+    let dir = tempfile::tempdir().unwrap();
+    let repeat = |classes: &mut serde_json::Value| {
+        classes[2] = classes[0].clone();
+    };
+    let lmdb = dir.path().join("twice.lmdb");
+    pack_lmdb(&fixture_root(), &lmdb, &small_options());
+    support::edit_lmdb(&lmdb, |env, wtxn| {
+        let meta: heed::Database<heed::types::Str, heed::types::Str> =
+            env.open_database(wtxn, Some("meta")).unwrap().unwrap();
+        let mut info: serde_json::Value =
+            serde_json::from_str(meta.get(wtxn, "info").unwrap().unwrap()).unwrap();
+        repeat(&mut info["classes"]);
+        meta.put(wtxn, "info", &info.to_string()).unwrap();
+    });
+    let records = dir.path().join("twice.records");
+    pack_as(
+        &fixture_root(),
+        &records,
+        pack::PackFormat::Records,
+        &small_options(),
+    );
+    let manifest = records.join(format::tfrecord::MANIFEST);
+    let mut listed: serde_json::Value =
+        serde_json::from_slice(&fs::read(&manifest).unwrap()).unwrap();
+    repeat(&mut listed["classes"]);
+    fs::write(&manifest, listed.to_string()).unwrap();
+    for path in [&lmdb, &records] {
+        let err = format::open(path).unwrap_err();
+        assert!(
+            matches!(&err, Error::NotADataset { reason, .. }
+                if reason.contains("names classes 0 and 2 alike (\"class00\")")),
+            "{path:?}: {err}"
+        );
+    }
+}
+
+#[cfg(feature = "hdf5")]
+#[test]
+fn an_hdf5_of_ours_whose_two_class_lists_differ_says_so_or_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("classes.h5");
+    pack_as(
+        &fixture_root(),
+        &path,
+        pack::PackFormat::Hdf5,
+        &small_options(),
+    );
+    let vlen = |names: &[&str]| -> Vec<hdf5::types::VarLenUnicode> {
+        names.iter().map(|n| n.parse().unwrap()).collect()
+    };
+    // The `classes` attribute h5py users read, edited: read by the metadata, with a notice.
+    {
+        let file = hdf5::File::open_rw(&path).unwrap();
+        file.attr("classes")
+            .unwrap()
+            .write(&vlen(&["class00", "class02", "class01"]))
+            .unwrap();
+    }
+    let dataset = format::open(&path).unwrap();
+    assert_eq!(dataset.classes(), ["class00", "class01", "class02"]);
+    assert!(
+        dataset
+            .notices()
+            .iter()
+            .any(|n| n.contains("names other classes than its metadata")),
+        "{:?}",
+        dataset.notices()
+    );
+    // The metadata naming one class twice: refused.
+    {
+        let file = hdf5::File::open_rw(&path).unwrap();
+        let attr = file.attr("imagefeed").unwrap();
+        let text: hdf5::types::VarLenUnicode = attr.read_scalar().unwrap();
+        let edited = text.as_str().replacen("\"class02\"", "\"class00\"", 1);
+        assert_ne!(edited, text.as_str());
+        attr.write_scalar(&edited.parse::<hdf5::types::VarLenUnicode>().unwrap())
+            .unwrap();
+    }
+    let err = format::open(&path).unwrap_err();
+    assert!(
+        matches!(&err, Error::NotADataset { reason, .. } if reason.contains("alike (\"class00\")")),
+        "{err}"
+    );
+}

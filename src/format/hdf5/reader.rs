@@ -270,6 +270,7 @@ fn open_imagefeed(path: &Path, file: &hdf5::File, file_len: u64) -> Result<Share
         VERSION,
     )?;
     crate::format::require_complete(path, record.complete, "the file")?;
+    crate::format::check_classes(path, &record.info.classes)?;
     let mut info = record.info;
     info.format = FormatKind::Hdf5;
     let n = info.num_samples;
@@ -283,6 +284,22 @@ fn open_imagefeed(path: &Path, file: &hdf5::File, file_len: u64) -> Result<Share
     let labels: Vec<i64> = open(LABELS)?.read_raw().map_err(h5("reading labels"))?;
     let keys: Vec<VarLenUnicode> = open(KEYS)?.read_raw().map_err(h5("reading keys"))?;
     let mut notices = Vec::new();
+    // The writer puts the class names in the metadata and, for h5py users, in a `classes`
+    // attribute: two lists that differ (an edit) would have h5py and imagefeed label alike
+    // images differently (a hostile try).
+    if let super::foreign::ClassNames::Names(listed) =
+        super::foreign::attribute_names(file, file_len)
+        && listed != info.classes
+    {
+        crate::dataset::notice(
+            &mut notices,
+            format!(
+                "{}: its \"classes\" attribute (what h5py reads) names other classes than its \
+                 metadata; the metadata's are read",
+                path.display()
+            ),
+        );
+    }
     let checksums: Option<Vec<u32>> = if record.version >= CHECKSUMS_SINCE {
         let sums: Vec<u32> = open(CHECKSUMS)?
             .read_raw()

@@ -211,6 +211,7 @@ pub(crate) fn parse_info(path: &Path, text: &str) -> Result<InfoRecord> {
         record.version,
         VERSION,
     )?;
+    crate::format::check_classes(path, &record.info.classes)?;
     Ok(record)
 }
 

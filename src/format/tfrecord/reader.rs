@@ -410,6 +410,7 @@ pub(super) fn parse_manifest(dir: &Path, at: &Path, text: &[u8]) -> Result<Manif
         VERSION,
     )?;
     crate::format::require_complete(dir, manifest.complete, "the manifest")?;
+    crate::format::check_classes(at, &manifest.info.classes)?;
     // Every shard and index the manifest names is a plain file name inside `dir`, named once:
     // a manifest naming `../x`, an absolute path or one shard twice is not one we wrote.
     let mut named = std::collections::HashSet::new();
