@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::dataset::{Dataset, PayloadKind, par_map_records};
+use crate::dataset::{Dataset, PayloadKind, par_map_chunks};
 use crate::error::{Error, Result};
 use crate::format::lmdb::{Lmdb, SharedHeaderSummary};
 use crate::format::{self, OpenOptions, staging};
@@ -32,16 +32,29 @@ pub struct Spread {
 }
 
 impl Spread {
-    fn of(mut values: Vec<u32>) -> Spread {
-        if values.is_empty() {
+    /// The spread of values given as `(value, how many)` pairs, in any order.
+    fn of(counted: impl IntoIterator<Item = (u32, usize)>) -> Spread {
+        let mut histogram: BTreeMap<u32, usize> = BTreeMap::new();
+        for (value, count) in counted.into_iter().filter(|&(_, count)| count > 0) {
+            *histogram.entry(value).or_default() += count;
+        }
+        let total: usize = histogram.values().sum();
+        let (Some((&min, _)), Some((&max, _))) =
+            (histogram.first_key_value(), histogram.last_key_value())
+        else {
             return Spread::default();
-        }
-        values.sort_unstable();
-        Spread {
-            min: values[0],
-            median: values[(values.len() - 1) / 2],
-            max: values[values.len() - 1],
-        }
+        };
+        // The lower middle: the value at position (total - 1) / 2 in sorted order.
+        let middle = (total - 1) / 2;
+        let mut before = 0;
+        let median = histogram
+            .iter()
+            .find(|&(_, &count)| {
+                before += count;
+                before > middle
+            })
+            .map_or(max, |(&value, _)| value);
+        Spread { min, median, max }
     }
 }
 
@@ -66,6 +79,10 @@ pub struct BadRecord {
     /// What went wrong.
     pub reason: String,
 }
+
+/// How many bad records an [`Inspection`] lists; it counts them all
+/// ([`Inspection::bad_record_count`]).
+pub const LISTED_BAD_RECORDS: usize = 1000;
 
 /// The result of [`inspect`].
 #[derive(Debug, Clone, Serialize)]
@@ -104,8 +121,10 @@ pub struct Inspection {
     pub common_sizes: Vec<SizeCount>,
     /// Samples per payload format (jpeg, png, raw-rgb8, ...).
     pub payload_formats: BTreeMap<String, usize>,
-    /// Records that could not be read or parsed.
+    /// Records that could not be read or parsed: the first [`LISTED_BAD_RECORDS`] of them.
     pub bad_records: Vec<BadRecord>,
+    /// How many records could not be read or parsed in all.
+    pub bad_record_count: usize,
     /// Files rejected when the dataset was packed (packed formats only).
     pub rejected_at_pack: Option<usize>,
     /// What opening the dataset reported (e.g. an index built for a TFRecord shard).
@@ -140,7 +159,7 @@ impl Inspection {
     /// True when the dataset is complete and every record read: what `pack-dataset inspect`
     /// exits 0 for.
     pub fn is_whole(&self) -> bool {
-        self.complete && self.bad_records.is_empty()
+        self.complete && self.bad_record_count == 0
     }
 }
 
@@ -293,57 +312,64 @@ fn inspect_dataset(
         size: Option<(u32, u32, &'static str)>,
         error: Option<BadRecord>,
     }
-    let seen = par_map_records(dataset, |decoder, record| match record {
-        Ok(record) => {
-            let header = decoder.header(record.payload);
-            Seen {
-                label: record.label,
-                bytes: record.payload.len() as u64,
-                size: header
-                    .as_ref()
-                    .ok()
-                    .map(|h| (h.width, h.height, h.format.name())),
-                error: header.err().map(|e| BadRecord {
-                    index: record.index,
-                    key: record.key.to_string(),
-                    reason: e.to_string(),
-                }),
-            }
-        }
-        Err(unread) => Seen {
-            label: u32::MAX,
-            bytes: 0,
-            size: None,
-            error: Some(BadRecord {
-                index: usize::MAX,
-                key: unread.key,
-                reason: unread.message,
-            }),
-        },
-    });
-
     let mut counts = vec![0usize; info.classes.len()];
     let mut sizes: BTreeMap<(u32, u32), usize> = BTreeMap::new();
     let mut formats = BTreeMap::new();
-    let (mut widths, mut heights) = (Vec::new(), Vec::new());
     let mut bad_records = Vec::new();
+    let mut bad_record_count = 0;
     let mut payload_bytes = 0;
-    for (index, s) in seen.into_iter().enumerate() {
-        if let Some(c) = counts.get_mut(s.label as usize) {
-            *c += 1;
-        }
-        payload_bytes += s.bytes;
-        if let Some((w, h, fmt)) = s.size {
-            *sizes.entry((w, h)).or_default() += 1;
-            *formats.entry(fmt.to_string()).or_default() += 1;
-            widths.push(w);
-            heights.push(h);
-        }
-        if let Some(mut bad) = s.error {
-            bad.index = index;
-            bad_records.push(bad);
-        }
-    }
+    par_map_chunks(
+        dataset,
+        |decoder, record| match record {
+            Ok(record) => {
+                let header = decoder.header(record.payload);
+                Seen {
+                    label: record.label,
+                    bytes: record.payload.len() as u64,
+                    size: header
+                        .as_ref()
+                        .ok()
+                        .map(|h| (h.width, h.height, h.format.name())),
+                    error: header.err().map(|e| BadRecord {
+                        index: record.index,
+                        key: record.key.to_string(),
+                        reason: e.to_string(),
+                    }),
+                }
+            }
+            Err(unread) => Seen {
+                label: u32::MAX,
+                bytes: 0,
+                size: None,
+                error: Some(BadRecord {
+                    index: usize::MAX,
+                    key: unread.key,
+                    reason: unread.message,
+                }),
+            },
+        },
+        |first, seen| {
+            for (index, s) in (first..).zip(seen) {
+                if let Some(c) = counts.get_mut(s.label as usize) {
+                    *c += 1;
+                }
+                payload_bytes += s.bytes;
+                if let Some((w, h, fmt)) = s.size {
+                    *sizes.entry((w, h)).or_default() += 1;
+                    *formats.entry(fmt.to_string()).or_default() += 1;
+                }
+                if let Some(mut bad) = s.error {
+                    bad_record_count += 1;
+                    if bad_records.len() < LISTED_BAD_RECORDS {
+                        bad.index = index;
+                        bad_records.push(bad);
+                    }
+                }
+            }
+        },
+    );
+    let width = Spread::of(sizes.iter().map(|(&(w, _), &n)| (w, n)));
+    let height = Spread::of(sizes.iter().map(|(&(_, h), &n)| (h, n)));
     let common_sizes = most_common_sizes(sizes, 5);
     let file_bytes = if info.format == crate::dataset::FormatKind::Folder {
         payload_bytes
@@ -370,11 +396,12 @@ fn inspect_dataset(
             .collect(),
         payload_bytes,
         file_bytes,
-        width: Spread::of(widths),
-        height: Spread::of(heights),
+        width,
+        height,
         common_sizes,
         payload_formats: formats,
         bad_records,
+        bad_record_count,
         rejected_at_pack,
         notices: dataset.notices().to_vec(),
         missing_shards,
@@ -428,5 +455,36 @@ fn selected_bytes(path: &Path, options: &OpenOptions) -> u64 {
                 .unwrap_or(0)
         }
         _ => pack::disk_bytes(path),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spread_from_counts_is_the_spread_of_the_values_they_count() {
+        // Against the values themselves, sorted: min, lower middle, max.
+        let cases: [&[(u32, usize)]; 5] = [
+            &[(5, 1), (1, 2), (9, 1)],
+            &[(7, 1)],
+            &[(3, 2), (4, 2)],
+            &[(10, 0), (2, 3), (8, 1), (2, 1)],
+            &[(640, 1000), (480, 999), (1, 1)],
+        ];
+        for counted in cases {
+            let mut values: Vec<u32> = counted
+                .iter()
+                .flat_map(|&(v, n)| std::iter::repeat_n(v, n))
+                .collect();
+            values.sort_unstable();
+            let expected = Spread {
+                min: values[0],
+                median: values[(values.len() - 1) / 2],
+                max: values[values.len() - 1],
+            };
+            assert_eq!(Spread::of(counted.iter().copied()), expected, "{counted:?}");
+        }
+        assert_eq!(Spread::of([]), Spread::default());
     }
 }

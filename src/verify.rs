@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::dataset::{Dataset, PayloadKind, par_map_records};
+use crate::dataset::{Dataset, PayloadKind, par_map_chunks};
 use crate::decode::{Decoder, RawImage};
 use crate::error::Result;
 use crate::format::{self, folder::ImageFolder};
@@ -60,14 +60,46 @@ pub struct VerifyReport {
     pub checked: usize,
     /// Source files that are not decodable images (expected to be absent from the dataset).
     pub source_rejects: usize,
-    /// Everything wrong; empty when the dataset is good.
+    /// What is wrong: the first [`LISTED_PROBLEMS`] problems of records, by record, then the
+    /// first [`LISTED_PROBLEMS`] of the dataset as a whole (source files missing from it, its
+    /// classes, empty shards); empty when the dataset is good.
     pub problems: Vec<Problem>,
+    /// How many problems were found in all.
+    pub problem_count: usize,
 }
 
 impl VerifyReport {
     /// True when nothing is wrong.
     pub fn is_ok(&self) -> bool {
-        self.problems.is_empty()
+        self.problem_count == 0
+    }
+}
+
+/// How many problems a [`VerifyReport`] lists; it counts them all
+/// ([`VerifyReport::problem_count`]). A dataset packed with the wrong options can have a
+/// problem in every one of millions of records.
+pub const LISTED_PROBLEMS: usize = 1000;
+
+/// The problems found so far: the first [`LISTED_PROBLEMS`] of records and of the dataset as a
+/// whole (a list full of records' problems would leave out a source file missing), and how
+/// many in all.
+#[derive(Default)]
+struct Found {
+    of_records: Vec<Problem>,
+    of_dataset: Vec<Problem>,
+    count: usize,
+}
+
+impl Found {
+    fn push(&mut self, problem: Problem) {
+        self.count += 1;
+        let listed = match problem.index {
+            Some(_) => &mut self.of_records,
+            None => &mut self.of_dataset,
+        };
+        if listed.len() < LISTED_PROBLEMS {
+            listed.push(problem);
+        }
     }
 }
 
@@ -107,7 +139,7 @@ fn verify_dataset(
     against: Option<&Path>,
 ) -> Result<VerifyReport> {
     let source = against.map(ImageFolder::open).transpose()?;
-    let mut problems = Vec::new();
+    let mut problems = Found::default();
     // Records that are not there cannot fail a check: a member of a shard set holding none
     // while the others hold some (a copy cut short, a file never written) is a problem of its
     // own, as `inspect` calls such a set incomplete.
@@ -153,30 +185,35 @@ fn verify_dataset(
         by_key: &by_key,
     };
 
-    // One parallel pass: read, decode, compare. Each result: (source index, problems).
-    let results = par_map_records(dataset, |decoder, record| checker.check(decoder, record));
+    // A parallel pass: read, decode, compare. Each result: (source index, problems).
     let mut last_source_index = None;
     let mut in_dataset = vec![false; source.as_ref().map_or(0, |s| s.len())];
-    for (index, (source_index, found)) in results.into_iter().enumerate() {
-        problems.extend(found.into_iter().map(|mut p| {
-            p.index = Some(index);
-            p
-        }));
-        if let Some(si) = source_index {
-            in_dataset[si] = true;
-            if last_source_index.is_some_and(|last| si <= last) {
-                problems.push(Problem {
-                    index: Some(index),
-                    kind: ProblemKind::Mismatch,
-                    key: source.as_ref().expect("source set").entries()[si]
-                        .key
-                        .clone(),
-                    problem: "out of source order (ImageFolder order differs)".into(),
-                });
+    par_map_chunks(
+        dataset,
+        |decoder, record| checker.check(decoder, record),
+        |first, results| {
+            for (index, (source_index, found)) in (first..).zip(results) {
+                for mut problem in found {
+                    problem.index = Some(index);
+                    problems.push(problem);
+                }
+                if let Some(si) = source_index {
+                    in_dataset[si] = true;
+                    if last_source_index.is_some_and(|last| si <= last) {
+                        problems.push(Problem {
+                            index: Some(index),
+                            kind: ProblemKind::Mismatch,
+                            key: source.as_ref().expect("source set").entries()[si]
+                                .key
+                                .clone(),
+                            problem: "out of source order (ImageFolder order differs)".into(),
+                        });
+                    }
+                    last_source_index = Some(si);
+                }
             }
-            last_source_index = Some(si);
-        }
-    }
+        },
+    );
 
     // Source files absent from the dataset must be ones packing rejects.
     let mut source_rejects = 0;
@@ -203,13 +240,20 @@ fn verify_dataset(
             }
         }
     }
-    problems.sort_by_key(|p| p.index.unwrap_or(usize::MAX));
+    let Found {
+        of_records: mut problems,
+        of_dataset,
+        count: problem_count,
+    } = problems;
+    problems.sort_by_key(|p| p.index);
+    problems.extend(of_dataset);
     Ok(VerifyReport {
         dataset: path.to_path_buf(),
         against: against.map(Path::to_path_buf),
         checked: dataset.len(),
         source_rejects,
         problems,
+        problem_count,
     })
 }
 
@@ -354,5 +398,34 @@ impl Checker<'_> {
             }
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_list_full_of_records_problems_still_lists_the_datasets() {
+        let problem = |index| Problem {
+            index,
+            key: "k".into(),
+            kind: ProblemKind::Mismatch,
+            problem: "p".into(),
+        };
+        let mut found = Found::default();
+        for index in 0..LISTED_PROBLEMS + 500 {
+            found.push(problem(Some(index)));
+        }
+        for _ in 0..3 {
+            found.push(problem(None));
+        }
+        assert_eq!(found.count, LISTED_PROBLEMS + 503);
+        assert_eq!(found.of_records.len(), LISTED_PROBLEMS);
+        assert_eq!(
+            found.of_records.last().unwrap().index,
+            Some(LISTED_PROBLEMS - 1)
+        );
+        assert_eq!(found.of_dataset.len(), 3);
     }
 }

@@ -627,15 +627,23 @@ fn format_inspection(i: &Inspection) -> String {
     for (label, c) in i.classes.iter().enumerate() {
         w!(o, "  {label:>5}  {:<30} {}", c.name, c.count);
     }
-    if !i.bad_records.is_empty() {
+    if i.bad_record_count > 0 {
         w!(
             o,
             "unreadable records: {} of {}",
-            i.bad_records.len(),
+            i.bad_record_count,
             i.num_samples
         );
         for b in &i.bad_records {
             w!(o, "  {} ({}): {}", b.index, b.key, b.reason);
+        }
+        if i.bad_record_count > i.bad_records.len() {
+            w!(
+                o,
+                "  ... and {} more (the first {} are listed)",
+                i.bad_record_count - i.bad_records.len(),
+                i.bad_records.len()
+            );
         }
     }
     o
@@ -734,6 +742,13 @@ fn run(cli: Cli) -> Result<u8> {
                         None => out!("{kind} {}: {}", p.key, p.problem),
                     }
                 }
+                if report.problem_count > report.problems.len() {
+                    out!(
+                        "... and {} more problems (the first {} are listed)",
+                        report.problem_count - report.problems.len(),
+                        report.problems.len()
+                    );
+                }
                 let against = match &report.against {
                     Some(src) => format!(
                         " against {} ({} undecodable source files skipped, as packing rejects them)",
@@ -749,7 +764,7 @@ fn run(cli: Cli) -> Result<u8> {
                     if report.is_ok() {
                         "OK".to_string()
                     } else {
-                        format!("{} problems", report.problems.len())
+                        format!("{} problems", report.problem_count)
                     }
                 );
             }

@@ -240,7 +240,7 @@ def inspect(
     )
     with errors.arguments("inspect"):
         report: Inspection = json.loads(_native.inspect_dataset(dataset_paths(path), reading))
-    report["whole"] = bool(report.get("complete")) and not report.get("bad_records")
+    report["whole"] = bool(report.get("complete")) and not report.get("bad_record_count")
     return report
 
 
@@ -283,7 +283,7 @@ def verify(
         report: VerifyReport = json.loads(
             _native.verify_dataset(dataset_paths(path), None if against is None else os.fsdecode(against), reading)
         )
-    report["ok"] = not report.get("problems")
+    report["ok"] = not report.get("problem_count")
     return report
 
 

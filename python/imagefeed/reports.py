@@ -130,6 +130,9 @@ class Inspection(_InspectionOptional):
     common_sizes: List[SizeCount]
     payload_formats: Dict[str, int]
     bad_records: List[BadRecord]
+    """The first 1,000 records that could not be read or parsed."""
+    bad_record_count: int
+    """How many records could not be read or parsed in all."""
     rejected_at_pack: Optional[int]
     whole: bool
     """True when the dataset is complete and every record read (added in Python)."""
@@ -155,6 +158,9 @@ class VerifyReport(TypedDict):
     checked: int
     source_rejects: int
     problems: List[Problem]
+    """The first 1,000 problems, by record."""
+    problem_count: int
+    """How many problems were found in all."""
     ok: bool
     """True when no problem was found (added in Python)."""
 

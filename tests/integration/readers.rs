@@ -651,3 +651,43 @@ fn an_hdf5_of_ours_whose_two_class_lists_differ_says_so_or_is_refused() {
         "{err}"
     );
 }
+
+#[test]
+fn inspect_and_verify_list_the_first_thousand_problems_and_count_them_all() {
+    // 65,536 good records (one pass of the parallel reading), then 1,500 that are no image:
+    // `inspect` and `verify` held every record's result at once, with every message (a hostile
+    // set of three million phantom records took 2 GB to inspect). The bad ones all fall in the
+    // second pass, which must number them from where it starts.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("junk.lmdb");
+    let mut tiny = Vec::new();
+    image::codecs::jpeg::JpegEncoder::new(&mut tiny)
+        .encode(&[128, 64, 32], 1, 1, image::ExtendedColorType::Rgb8)
+        .unwrap();
+    const GOOD: usize = 1 << 16;
+    const BAD: usize = 1_500;
+    let keys: Vec<String> = (0..GOOD + BAD).map(|i| format!("c/{i:05}.jpg")).collect();
+    let records: Vec<PackedRecord<'_>> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, key)| PackedRecord {
+            label: (i % 2) as u32,
+            key,
+            payload: if i < GOOD { &tiny } else { b"not an image" },
+        })
+        .collect();
+    write_lmdb(&path, &["a", "b"], &records);
+    let seen = imagefeed::inspect::inspect(&path).unwrap();
+    assert_eq!(seen.bad_record_count, BAD);
+    assert!(!seen.is_whole());
+    let listed: Vec<usize> = seen.bad_records.iter().map(|b| b.index).collect();
+    let first: Vec<usize> = (GOOD..GOOD + imagefeed::inspect::LISTED_BAD_RECORDS).collect();
+    assert_eq!(listed, first);
+    let counted: Vec<usize> = seen.classes.iter().map(|c| c.count).collect();
+    assert_eq!(counted, [(GOOD + BAD) / 2; 2]);
+    let report = imagefeed::verify::verify(&path, None).unwrap();
+    assert_eq!((report.checked, report.problem_count), (GOOD + BAD, BAD));
+    assert!(!report.is_ok());
+    let listed: Vec<usize> = report.problems.iter().filter_map(|p| p.index).collect();
+    assert_eq!(listed, first);
+}
