@@ -110,9 +110,31 @@ impl ImageFolder {
             })
             .collect();
         if classes.is_empty() {
+            // A class folder given as the root (one level too deep) is the usual reason.
+            let images = fs::read_dir(&root)
+                .map(|entries| {
+                    entries
+                        .filter_map(|e| e.ok())
+                        .filter(|e| e.file_name().to_str().is_some_and(has_image_extension))
+                        .count()
+                })
+                .unwrap_or(0);
+            // (Given as `class00`, the directory above is `.`.)
+            let parent = std::path::absolute(&root)
+                .ok()
+                .and_then(|r| r.parent().map(Path::to_path_buf));
+            let hint = match parent {
+                Some(parent) if images > 0 => format!(
+                    "; it holds {} itself: a class folder? The root is the directory above \
+                     its class folders ({})",
+                    crate::dataset::plural(images, "image file", "image files"),
+                    parent.display()
+                ),
+                _ => String::new(),
+            };
             return Err(Error::BadImageFolder {
                 path: root,
-                reason: "no class directories (expected root/<class>/<image files>)".into(),
+                reason: format!("no class directories (expected root/<class>/<image files>){hint}"),
             });
         }
         let mut entries = Vec::new();
@@ -514,7 +536,24 @@ mod tests {
     fn empty_class_and_empty_root_are_errors() {
         let dir = tempfile::tempdir().unwrap();
         let err = ImageFolder::open(dir.path()).unwrap_err();
-        assert!(err.to_string().contains("no class directories"), "{err}");
+        assert!(
+            matches!(&err, Error::BadImageFolder { reason, .. }
+                if reason == "no class directories (expected root/<class>/<image files>)"),
+            "{err}"
+        );
+        // A class folder given as the root: says so, naming the directory above.
+        let class = dir.path().join("cat");
+        touch(dir.path(), "cat/1.jpg");
+        touch(dir.path(), "cat/2.png");
+        let err = ImageFolder::open(&class).unwrap_err();
+        assert!(
+            matches!(&err, Error::BadImageFolder { reason, .. }
+                if reason.ends_with(&format!("it holds 2 image files itself: a class folder? \
+                    The root is the directory above its class folders ({})",
+                    dir.path().display()))),
+            "{err}"
+        );
+        fs::remove_dir_all(&class).unwrap();
         touch(dir.path(), "cat/1.jpg");
         touch(dir.path(), "dog/readme.txt");
         let err = ImageFolder::open(dir.path()).unwrap_err();
