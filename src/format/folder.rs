@@ -94,7 +94,7 @@ impl ImageFolder {
         let classes: Vec<String> = class_dirs
             .iter()
             .map(|name| {
-                let lossy = name.to_string_lossy().into_owned();
+                let lossy = escaped_name(name.as_bytes());
                 if name.to_str().is_none() {
                     crate::dataset::notice(
                         &mut notices,
@@ -109,6 +109,18 @@ impl ImageFolder {
                 lossy
             })
             .collect();
+        // Two names alike are two classes nothing downstream tells apart (a name-to-class
+        // table keeps one): only a name escaped as another spells it can make them.
+        if let Some((first, second)) = crate::dataset::first_repeat(classes.iter()) {
+            return Err(Error::BadImageFolder {
+                path: root,
+                reason: format!(
+                    "class directories {:?} and {:?} are both named {:?} once their bytes that \
+                     are not UTF-8 are escaped: rename one",
+                    class_dirs[first], class_dirs[second], classes[first]
+                ),
+            });
+        }
         if classes.is_empty() {
             // A class folder given as the root (one level too deep) is the usual reason.
             let images = fs::read_dir(&root)
@@ -227,7 +239,7 @@ fn read_entry(root: &Path, entry: &FolderEntry, buffer: &mut Vec<u8>) -> Result<
         return Err(Error::RefusedFile {
             path,
             reason: "its name, or a directory's on its path, is not valid UTF-8 (shown with \
-                     U+FFFD in its place); rename it"
+                     U+FFFD in its place, or as \\xNN in a class directory's name); rename it"
                 .into(),
         });
     }
@@ -330,6 +342,21 @@ fn collect_dirs(
         )?;
     }
     Ok(())
+}
+
+/// A class directory's name as text: UTF-8 as it is, every byte that is not valid UTF-8 as
+/// `\xNN`. (A lossy conversion made every such byte U+FFFD, so `caf\xe9` and `caf\xe8` were
+/// two classes of one name, which a pack wrote and every reader then refused.)
+fn escaped_name(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    let mut name = String::with_capacity(bytes.len());
+    for chunk in bytes.utf8_chunks() {
+        name.push_str(chunk.valid());
+        for byte in chunk.invalid() {
+            let _ = write!(name, "\\x{byte:02x}");
+        }
+    }
+    name
 }
 
 /// The order Python (and so torchvision) sorts a file name in: by code point, after decoding
@@ -454,7 +481,7 @@ mod tests {
         fs::write(odd.join("2.jpg"), b"x").unwrap();
 
         let folder = ImageFolder::open(root).unwrap();
-        assert_eq!(folder.info().classes, ["a", "\u{FFFD}", "\u{E000}"]);
+        assert_eq!(folder.info().classes, ["a", "\\xf5", "\u{E000}"]);
         assert_eq!(folder.notices().len(), 1, "{:?}", folder.notices());
         assert!(folder.notices()[0].contains("not valid UTF-8"));
         let labels: Vec<(u32, bool)> = folder
@@ -471,6 +498,27 @@ mod tests {
         assert!(
             b"\xf5".as_slice() > "\u{E000}".as_bytes(),
             "byte order differs"
+        );
+
+        // Two such names are two classes (lossily, both were "caf\u{FFFD}": a pack wrote two
+        // classes of one name, which every reader then refused).
+        for name in [&b"caf\xe9"[..], b"caf\xe8"] {
+            let class = root.join(std::ffi::OsStr::from_bytes(name));
+            fs::create_dir(&class).unwrap();
+            fs::write(class.join("1.jpg"), b"x").unwrap();
+        }
+        let folder = ImageFolder::open(root).unwrap();
+        assert_eq!(
+            folder.info().classes,
+            ["a", "caf\\xe8", "caf\\xe9", "\\xf5", "\u{E000}"]
+        );
+        // Only a name spelling another's escape reads alike: refused, naming both.
+        touch(root, "caf\\xe9/1.jpg");
+        let err = ImageFolder::open(root).unwrap_err();
+        assert!(
+            matches!(&err, Error::BadImageFolder { reason, .. }
+                if reason.contains("are both named \"caf\\\\xe9\"")),
+            "{err}"
         );
     }
 
