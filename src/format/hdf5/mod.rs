@@ -107,6 +107,8 @@ use crate::format::writer::{DatasetWriter, PackPlan, PackProgress, WriterOptions
 #[cfg(feature = "hdf5")]
 mod chunks;
 #[cfg(feature = "hdf5")]
+mod class_names;
+#[cfg(feature = "hdf5")]
 mod filters;
 #[cfg(feature = "hdf5")]
 mod foreign;

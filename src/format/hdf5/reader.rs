@@ -287,16 +287,17 @@ fn open_imagefeed(path: &Path, file: &hdf5::File, file_len: u64) -> Result<Share
     // The writer puts the class names in the metadata and, for h5py users, in a `classes`
     // attribute: two lists that differ (an edit) would have h5py and imagefeed label alike
     // images differently (a hostile try).
-    if let super::foreign::ClassNames::Names(listed) =
-        super::foreign::attribute_names(file, file_len)
+    if let super::class_names::ClassNames::Names(listed) =
+        super::class_names::attribute_names(file, file_len)
         && listed != info.classes
     {
         crate::dataset::notice(
             &mut notices,
             format!(
-                "{}: its \"classes\" attribute (what h5py reads) names other classes than its \
-                 metadata; the metadata's are read",
-                path.display()
+                "{}: its {:?} attribute (what h5py reads) names other classes than \
+                 its metadata; the metadata's are read",
+                path.display(),
+                super::CLASSES_ATTR
             ),
         );
     }
