@@ -677,23 +677,20 @@ impl std::fmt::Display for ShardSetProblem {
                 in_their_place,
             } => write!(
                 f,
-                "set {set} is missing {count} of its {expected} shards: {}{}; restore them, or \
+                "set {set} is missing {count} of its {expected} shards: {}; restore them, or \
                  read the rest on purpose with --allow-missing-shards (allow_missing_shards)",
-                missing
-                    .iter()
-                    .map(
-                        |name| match in_their_place.iter().find(|(n, _)| n == name) {
-                            Some((_, what)) => format!("{name} ({what})"),
-                            None => name.clone(),
-                        }
-                    )
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                if *count > missing.len() as u64 {
-                    format!(" and {} more", count - missing.len() as u64)
-                } else {
-                    String::new()
-                }
+                crate::dataset::missing_list(
+                    &missing
+                        .iter()
+                        .map(
+                            |name| match in_their_place.iter().find(|(n, _)| n == name) {
+                                Some((_, what)) => format!("{name} ({what})"),
+                                None => name.clone(),
+                            }
+                        )
+                        .collect::<Vec<_>>(),
+                    *count
+                )
             ),
             ShardSetProblem::Inconsistent { file, reason } => write!(f, "{file}: {reason}"),
             ShardSetProblem::NoMatch => {
@@ -709,13 +706,8 @@ impl std::fmt::Display for ShardSetProblem {
                 let mut what = Vec::new();
                 if *count > 0 {
                     what.push(format!(
-                        "{count} shard(s) end cut short ({}{})",
-                        shards.join(", "),
-                        if *count > shards.len() {
-                            format!(" and {} more", count - shards.len())
-                        } else {
-                            String::new()
-                        }
+                        "{count} shard(s) end cut short ({})",
+                        crate::dataset::missing_list(shards, *count as u64)
                     ));
                 }
                 if *empty > 0 {
