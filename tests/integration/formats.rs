@@ -413,14 +413,7 @@ fn a_split_conversion_joins_into_exactly_the_unsplit_dataset() {
     let with_info = |from: &Path, name: &str, edit: &dyn Fn(&mut serde_json::Value)| {
         let to = dir.path().join(name);
         fs::copy(from, &to).unwrap();
-        support::edit_lmdb(&to, |env, wtxn| {
-            let meta: heed::Database<heed::types::Str, heed::types::Str> =
-                env.open_database(wtxn, Some("meta")).unwrap().unwrap();
-            let mut info: serde_json::Value =
-                serde_json::from_str(meta.get(wtxn, "info").unwrap().unwrap()).unwrap();
-            edit(&mut info);
-            meta.put(wtxn, "info", &info.to_string()).unwrap();
-        });
+        support::edit_lmdb_meta(&to, "info", edit);
         to
     };
     let huge: Vec<PathBuf> = parts

@@ -248,15 +248,7 @@ fn an_interrupted_pack_is_never_accepted_and_resume_completes_it() {
 fn edit_progress(out: &Path, format: PackFormat, edit: impl Fn(&mut serde_json::Value)) {
     let partial = format::staging::partial_path(out);
     if format == PackFormat::Lmdb {
-        support::edit_lmdb(&partial, |env, wtxn| {
-            let meta: heed::Database<heed::types::Str, heed::types::Str> =
-                env.open_database(wtxn, Some("meta")).unwrap().unwrap();
-            let mut progress: serde_json::Value =
-                serde_json::from_str(meta.get(wtxn, "pack-progress").unwrap().unwrap()).unwrap();
-            edit(&mut progress);
-            meta.put(wtxn, "pack-progress", &progress.to_string())
-                .unwrap();
-        });
+        support::edit_lmdb_meta(&partial, "pack-progress", edit);
     } else {
         let file = partial.join("progress.json");
         let mut staged: serde_json::Value =

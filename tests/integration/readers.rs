@@ -516,14 +516,9 @@ fn an_lmdb_from_a_newer_layout_is_refused() {
             payload: &jpeg,
         }],
     );
-    support::edit_lmdb(&path, |env, wtxn| {
-        let meta: heed::Database<heed::types::Str, heed::types::Str> =
-            env.open_database(wtxn, Some("meta")).unwrap().unwrap();
-        let mut info: serde_json::Value =
-            serde_json::from_str(meta.get(wtxn, "info").unwrap().unwrap()).unwrap();
+    support::edit_lmdb_meta(&path, "info", |info| {
         assert!(info["version"].as_u64().unwrap() <= imagefeed::format::lmdb::VERSION as u64);
         info["version"] = 99.into();
-        meta.put(wtxn, "info", &info.to_string()).unwrap();
     });
     let err = Lmdb::open(&path).unwrap_err();
     assert!(
@@ -573,14 +568,7 @@ fn a_class_list_of_ours_naming_one_class_twice_is_refused() {
     };
     let lmdb = dir.path().join("twice.lmdb");
     pack_lmdb(&fixture_root(), &lmdb, &small_options());
-    support::edit_lmdb(&lmdb, |env, wtxn| {
-        let meta: heed::Database<heed::types::Str, heed::types::Str> =
-            env.open_database(wtxn, Some("meta")).unwrap().unwrap();
-        let mut info: serde_json::Value =
-            serde_json::from_str(meta.get(wtxn, "info").unwrap().unwrap()).unwrap();
-        repeat(&mut info["classes"]);
-        meta.put(wtxn, "info", &info.to_string()).unwrap();
-    });
+    support::edit_lmdb_meta(&lmdb, "info", |info| repeat(&mut info["classes"]));
     let records = dir.path().join("twice.records");
     pack_as(
         &fixture_root(),
@@ -614,9 +602,7 @@ fn an_hdf5_of_ours_whose_two_class_lists_differ_says_so_or_is_refused() {
         pack::PackFormat::Hdf5,
         &small_options(),
     );
-    let vlen = |names: &[&str]| -> Vec<hdf5::types::VarLenUnicode> {
-        names.iter().map(|n| n.parse().unwrap()).collect()
-    };
+    let vlen = support::vlen_strings;
     // The `classes` attribute h5py users read, edited: read by the metadata, with a notice.
     {
         let file = hdf5::File::open_rw(&path).unwrap();

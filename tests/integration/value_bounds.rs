@@ -19,6 +19,23 @@ fn jpeg() -> Vec<u8> {
     fs::read(fixture_root().join("class02/img00000.jpg")).unwrap()
 }
 
+/// An h5py-layout file at `path`: four copies of [`jpeg`] in a variable-length `uint8` dataset
+/// `images`, and whatever `rest` adds (the labels, mostly).
+#[cfg(feature = "hdf5")]
+fn h5py_file(path: &Path, rest: &dyn Fn(&hdf5::File)) -> PathBuf {
+    let file = hdf5::File::create(path).unwrap();
+    let image = jpeg();
+    let images: Vec<hdf5::types::VarLenArray<u8>> = (0..4)
+        .map(|_| hdf5::types::VarLenArray::from_slice(&image))
+        .collect();
+    file.new_dataset_builder()
+        .with_data(images.as_slice())
+        .create("images")
+        .unwrap();
+    rest(&file);
+    path.to_path_buf()
+}
+
 /// `pickle.dumps((image, label), protocol=4)` with the label as LONG1 (any i64).
 fn pickled(image: &[u8], label: i64) -> Vec<u8> {
     let mut out = b"\x80\x04B".to_vec();
@@ -437,21 +454,8 @@ fn a_nul_in_a_filename_is_a_rejected_record_when_converting_to_hdf5() {
 #[test]
 fn hostile_h5py_labels_are_bad_records_and_float_labels_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let image = jpeg();
     // h5py's layout: `images` (variable-length uint8, one element per sample) and `labels`.
-    let make = |name: &str, labels: &dyn Fn(&hdf5::File)| -> PathBuf {
-        let path = dir.path().join(name);
-        let file = hdf5::File::create(&path).unwrap();
-        let images: Vec<hdf5::types::VarLenArray<u8>> = (0..4)
-            .map(|_| hdf5::types::VarLenArray::from_slice(&image))
-            .collect();
-        file.new_dataset_builder()
-            .with_data(images.as_slice())
-            .create("images")
-            .unwrap();
-        labels(&file);
-        path
-    };
+    let make = |name: &str, labels: &dyn Fn(&hdf5::File)| h5py_file(&dir.path().join(name), labels);
     // Labels 2^40 and 2^31-1 beside 0 and 1: classes 0..=1, two bad records.
     let path = make("big.h5", &|f| {
         f.new_dataset_builder()
@@ -666,9 +670,7 @@ fn hostile_h5py_labels_are_bad_records_and_float_labels_are_refused() {
     // An attribute that is no list of names is not read, with a notice: a (3, 2) array of
     // synsets and names was read as six classes (label 1 named "tench"), a scalar string as
     // one class, an empty list gave a refusal about labels.
-    let vlen = |names: &[&str]| -> Vec<hdf5::types::VarLenUnicode> {
-        names.iter().map(|n| n.parse().unwrap()).collect()
-    };
+    let vlen = support::vlen_strings;
     let pairs = vlen(&["n0", "tench", "n1", "goldfish", "n2", "shark"]);
     let labelled = |f: &hdf5::File| {
         f.new_dataset_builder()
@@ -792,21 +794,12 @@ fn hostile_h5py_labels_are_bad_records_and_float_labels_are_refused() {
     );
     // The labels dataset itself named `classes` is not taken for names.
     let dir2 = tempfile::tempdir().unwrap();
-    let path = dir2.path().join("labels-named-classes.h5");
-    {
-        let f = hdf5::File::create(&path).unwrap();
-        let images: Vec<hdf5::types::VarLenArray<u8>> = (0..4)
-            .map(|_| hdf5::types::VarLenArray::from_slice(&jpeg()))
-            .collect();
-        f.new_dataset_builder()
-            .with_data(images.as_slice())
-            .create("images")
-            .unwrap();
+    let path = h5py_file(&dir2.path().join("labels-named-classes.h5"), &|f| {
         f.new_dataset_builder()
             .with_data(&[0i64, 1, 1, 0][..])
             .create("classes")
             .unwrap();
-    }
+    });
     let names = imagefeed::format::hdf5::Hdf5Names {
         images: "images".into(),
         labels: "classes".into(),
@@ -848,19 +841,7 @@ fn h5py_enum_labels_are_classes_named_by_their_members() {
         High = 5,
     }
     let dir = tempfile::tempdir().unwrap();
-    let make = |name: &str, labels: &dyn Fn(&hdf5::File)| -> PathBuf {
-        let path = dir.path().join(name);
-        let file = hdf5::File::create(&path).unwrap();
-        let images: Vec<hdf5::types::VarLenArray<u8>> = (0..4)
-            .map(|_| hdf5::types::VarLenArray::from_slice(&jpeg()))
-            .collect();
-        file.new_dataset_builder()
-            .with_data(images.as_slice())
-            .create("images")
-            .unwrap();
-        labels(&file);
-        path
-    };
+    let make = |name: &str, labels: &dyn Fn(&hdf5::File)| h5py_file(&dir.path().join(name), labels);
     let labels_of = |dataset: &dyn imagefeed::Dataset| -> Vec<u32> {
         support::records(dataset)
             .into_iter()

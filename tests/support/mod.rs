@@ -402,3 +402,22 @@ pub fn edit_lmdb(path: &Path, edit: impl FnOnce(&heed::Env, &mut heed::RwTxn<'_>
     lock.push("-lock");
     let _ = fs::remove_file(lock);
 }
+
+/// Rewrites the JSON record `key` of the `meta` database of the single-file LMDB at `path`
+/// through `edit` ([`edit_lmdb`]).
+pub fn edit_lmdb_meta(path: &Path, key: &str, edit: impl FnOnce(&mut serde_json::Value)) {
+    edit_lmdb(path, |env, wtxn| {
+        let meta: heed::Database<heed::types::Str, heed::types::Str> =
+            env.open_database(wtxn, Some("meta")).unwrap().unwrap();
+        let mut value: serde_json::Value =
+            serde_json::from_str(meta.get(wtxn, key).unwrap().unwrap()).unwrap();
+        edit(&mut value);
+        meta.put(wtxn, key, &value.to_string()).unwrap();
+    });
+}
+
+/// `names` as HDF5 variable-length UTF-8 strings (what h5py writes for a list of `str`).
+#[cfg(feature = "hdf5")]
+pub fn vlen_strings(names: &[&str]) -> Vec<hdf5::types::VarLenUnicode> {
+    names.iter().map(|n| n.parse().unwrap()).collect()
+}
