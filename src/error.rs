@@ -607,6 +607,7 @@ pub enum ShardSetProblem {
         example: String,
     },
     /// Members of a set are missing.
+    #[non_exhaustive]
     Missing {
         /// The set.
         set: String,

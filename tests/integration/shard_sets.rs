@@ -158,6 +158,7 @@ fn a_set_with_a_shard_missing_is_refused_naming_it_unless_allowed() {
                 count,
                 expected,
                 in_their_place,
+                ..
             } => {
                 assert_eq!(in_their_place, []);
                 assert_eq!(set, "train-NNNNN-of-00004");
