@@ -544,7 +544,8 @@ pub enum BadSampleKind {
     Corrupt,
     /// The payload is not an image format this build decodes.
     UnknownFormat,
-    /// The image declares more pixels than the decoder's limit (a decompression bomb).
+    /// The image declares more pixels than the decoder's limit (a decompression bomb), or the
+    /// transform would resize it past that limit (a very long, thin image).
     TooLarge,
     /// The payload is an image whose bytes do not decode: truncated or corrupt data, an empty
     /// or zero-sized image, a raw payload whose header does not match its length; or one too
@@ -565,7 +566,9 @@ impl BadSampleKind {
     pub fn of_decode_error(error: &DecodeError) -> BadSampleKind {
         match error {
             DecodeError::UnknownFormat(_) => BadSampleKind::UnknownFormat,
-            DecodeError::TooLarge { .. } => BadSampleKind::TooLarge,
+            DecodeError::TooLarge { .. } | DecodeError::ResizedTooLarge { .. } => {
+                BadSampleKind::TooLarge
+            }
             DecodeError::Empty
             | DecodeError::ZeroSized
             | DecodeError::Implausible { .. }

@@ -6,13 +6,18 @@ use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer
 use crate::geometry::Rect;
 
 /// The size torchvision's `Resize(short)` produces: the shorter side becomes `short`, the longer
-/// one `int(short * long / shorter)` (truncated), keeping the orientation.
+/// one `int(short * long / shorter)` (truncated), keeping the orientation. A longer side past
+/// `u32::MAX` is `u32::MAX` (it wrapped: a 2097152x1 image under `Resize(2048)` came out 0 wide),
+/// which no pixel limit lets through.
 pub fn short_side_size(width: u32, height: u32, short: u32) -> (u32, u32) {
     let (w, h) = (width as u64, height as u64);
+    let long = |long: u64, shorter: u64| {
+        u32::try_from((short as u64 * long / shorter).max(1)).unwrap_or(u32::MAX)
+    };
     if w <= h {
-        (short, ((short as u64 * h) / w).max(1) as u32)
+        (short, long(h, w))
     } else {
-        (((short as u64 * w) / h).max(1) as u32, short)
+        (long(w, h), short)
     }
 }
 
@@ -205,6 +210,9 @@ mod tests {
         assert_eq!(short_side_size(500, 375, 256), (341, 256));
         assert_eq!(short_side_size(375, 500, 256), (256, 341));
         assert_eq!(short_side_size(32, 32, 16), (16, 16));
+        // A long side past u32 saturates (it wrapped to 0).
+        assert_eq!(short_side_size(2_097_152, 1, 2048), (u32::MAX, 2048));
+        assert_eq!(short_side_size(1, 2_097_153, 2048), (2048, u32::MAX));
     }
 
     #[test]

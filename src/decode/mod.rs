@@ -115,6 +115,23 @@ pub enum DecodeError {
         /// The window's height.
         crop_height: u32,
     },
+    /// The transform would resize the image to more pixels than allowed (a 20000x1 image under
+    /// `Resize(1000)` is 20,000,000x1000: its allocation aborted the process).
+    #[error(
+        "{width}x{height} image resized to {to_width}x{to_height} would have more than {limit} pixels (max_pixels)"
+    )]
+    ResizedTooLarge {
+        /// The image's width.
+        width: u32,
+        /// The image's height.
+        height: u32,
+        /// The width it would be resized to.
+        to_width: u64,
+        /// The height it would be resized to.
+        to_height: u64,
+        /// The limit in force.
+        limit: u64,
+    },
 }
 
 /// The container format of a payload, from its leading bytes.

@@ -169,10 +169,11 @@ impl SampleTransformer {
         };
         // Steps before the geometry see the whole image at full size.
         let whole_image = !transform.before_geometry.is_empty();
+        let max_pixels = self.decoder.max_pixels();
         // One header parse: the crop box (drawn from `rng`, crop first, then flip) decides the
         // decode scale and region.
         let plan_for = |header: &ImageHeader| {
-            let planned = plan_crop(transform, header, rng);
+            let planned = plan_crop(transform, header, rng, max_pixels);
             let crop = planned.as_ref().ok().map(|&(crop, out_w, out_h, _)| {
                 if whole_image {
                     CropPlan {
@@ -447,13 +448,31 @@ fn plan_crop(
     transform: &Transform,
     header: &ImageHeader,
     rng: &mut SampleRng,
+    max_pixels: u64,
 ) -> Result<(Rect, u32, u32, bool), DecodeError> {
     let (w, h) = (header.width, header.height);
+    // Every image the plan makes (a resized whole image, which a padded crop is cut from, or
+    // the output) within the pixel limit: a sample's error, never an allocation that aborts.
+    // (A crop inside the resized image is cut from the source: nothing of that size is made.)
+    let within = |to_width: u32, to_height: u32| {
+        let (to_width, to_height) = (u64::from(to_width), u64::from(to_height));
+        if to_width * to_height > max_pixels {
+            return Err(DecodeError::ResizedTooLarge {
+                width: w,
+                height: h,
+                to_width,
+                to_height,
+                limit: max_pixels,
+            });
+        }
+        Ok(())
+    };
     let (crop, out_w, out_h) = match transform.geometry {
         Geometry::Native => (Rect::full(w, h), w, h),
         Geometry::ResizeTo { width, height } => (Rect::full(w, h), width, height),
         Geometry::Resize { short } => {
             let (rw, rh) = short_side_size(w, h, short);
+            within(rw, rh)?;
             (Rect::full(w, h), rw, rh)
         }
         Geometry::CenterCrop { width, height } => (center_crop(w, h, width, height), width, height),
@@ -468,6 +487,10 @@ fn plan_crop(
             // With a Resize first, the window is drawn on the resized image and mapped back.
             let (rw, rh) = resize.map_or((w, h), |short| short_side_size(w, h, short));
             let window = random_crop(rng, rw, rh, width, height, padding, pad_if_needed)?;
+            // Only a window reaching into the padding has the whole resized image made.
+            if !window.is_inside(f64::from(rw), f64::from(rh)) {
+                within(rw, rh)?;
+            }
             let crop = window.scaled(w as f64 / rw as f64, h as f64 / rh as f64);
             (crop, width, height)
         }
@@ -478,6 +501,9 @@ fn plan_crop(
         } => {
             let (rw, rh) = short_side_size(w, h, short);
             let c = center_crop(rw, rh, width, height);
+            if !c.is_inside(f64::from(rw), f64::from(rh)) {
+                within(rw, rh)?;
+            }
             let crop = c.scaled(w as f64 / rw as f64, h as f64 / rh as f64);
             (crop, width, height)
         }
@@ -521,6 +547,82 @@ mod tests {
             geometry: g,
             ..Transform::none()
         }
+    }
+
+    #[test]
+    fn a_resize_past_the_pixel_limit_is_the_samples_error_not_an_allocation() {
+        // A 20000x1 image under Resize(1000) is 20,000,000x1000 (60 GB: the process aborted);
+        // a 2097152x1 one under Resize(2048) has a long side past u32 (it wrapped to 0 wide).
+        let mut t = SampleTransformer::default();
+        let cases = [
+            (
+                ramp(20_000, 1),
+                Geometry::Resize { short: 1000 },
+                20_000_000,
+            ),
+            (
+                ramp(2_097_152, 1),
+                Geometry::Resize { short: 2048 },
+                u64::from(u32::MAX),
+            ),
+            (
+                ramp(20_000, 1),
+                Geometry::ResizeCenterCrop {
+                    short: 1000,
+                    width: 1001,
+                    height: 1001,
+                },
+                20_000_000,
+            ),
+            (
+                ramp(20_000, 1),
+                Geometry::RandomCrop {
+                    width: 1001,
+                    height: 1001,
+                    padding: [0; 4],
+                    pad_if_needed: true,
+                    fill: [0; 3],
+                    padding_mode: PaddingMode::Constant,
+                    resize: Some(1000),
+                },
+                20_000_000,
+            ),
+        ];
+        for (payload, g, wide) in cases {
+            let err = t
+                .apply(&geometry(g), &payload, &mut SampleRng::new(0, 0, 0))
+                .unwrap_err();
+            assert!(
+                matches!(err, DecodeError::ResizedTooLarge { to_width, limit, .. }
+                    if to_width == wide && limit == crate::decode::DEFAULT_MAX_PIXELS),
+                "{g:?}: {err:?}"
+            );
+        }
+        // A crop inside a resized image too large to make is cut from the source: no error (a
+        // hostile try: 40x32 images, max_pixels 4096, Resize(64) + CenterCrop(48) were all
+        // refused as "resized to 80x64").
+        let mut small = SampleTransformer::new(4096);
+        let p = small
+            .apply(
+                &geometry(Geometry::ResizeCenterCrop {
+                    short: 64,
+                    width: 48,
+                    height: 48,
+                }),
+                &ramp(40, 32),
+                &mut SampleRng::new(0, 0, 0),
+            )
+            .unwrap();
+        assert_eq!((p.width, p.height), (48, 48));
+        // Within the limit, the same geometry resizes as torchvision does.
+        let p = t
+            .apply(
+                &geometry(Geometry::Resize { short: 2 }),
+                &ramp(200, 1),
+                &mut SampleRng::new(0, 0, 0),
+            )
+            .unwrap();
+        assert_eq!((p.width, p.height), (400, 2));
     }
 
     #[test]
