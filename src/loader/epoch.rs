@@ -229,7 +229,7 @@ impl Epoch {
             .iter()
             .filter(|b| b.while_replacing.is_none())
             .count() as u64;
-        let bad_samples = self.bad_samples + own_bad;
+        let bad_samples = self.bad_samples.saturating_add(own_bad);
         let c = &shared.counters;
         c.samples.fetch_add(batch.len() as u64, Ordering::Relaxed);
         c.batches.fetch_add(1, Ordering::Relaxed);

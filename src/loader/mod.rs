@@ -440,6 +440,29 @@ impl Loader {
                 state.next_batch, state.start, state.world_size
             )));
         }
+        // The counters must fit the position: `max_bad` is judged by them (a hostile state's
+        // `samples_before_start` of 10^12 at position 0 made a 20%-bad epoch pass a 10% limit,
+        // and `bad_samples` of u64::MAX overflowed at the next bad sample).
+        let most_seen = (state.next_batch as u64)
+            .checked_mul(state.batch_size as u64)
+            .and_then(|slots| slots.checked_add(state.samples_before_start));
+        if state.samples_before_start > sampler.len as u64
+            || state.samples_seen < state.samples_before_start
+            || most_seen.is_none_or(|most| state.samples_seen > most)
+            || state.bad_samples > state.samples_seen
+        {
+            return Err(Error::Config(format!(
+                "the state's counters ({} samples seen, {} before its part, {} bad) do not fit \
+                 its position (batch {} of {} samples, of an epoch of {}): not as a loader \
+                 saved it",
+                state.samples_seen,
+                state.samples_before_start,
+                state.bad_samples,
+                state.next_batch,
+                state.batch_size,
+                sampler.len
+            )));
+        }
         // The same deal goes on where it stopped; another world size or batch size deals the
         // samples not yet given out again, from where the saved deal had got to (the order of
         // the epoch's samples depends on neither).

@@ -1700,6 +1700,35 @@ fn forged_states_and_changed_settings_are_errors_never_panics_or_hangs() {
     );
     let state = epoch.state();
     assert_eq!((state.next_batch, state.samples_seen), (2, 8));
+    assert!(failing.resume(&state).is_ok());
+    // Counters that do not fit the position (a hostile try: `samples_before_start` of 10^12
+    // at position 0 made a 20%-bad epoch pass a 10% limit; `bad_samples` of u64::MAX overflowed
+    // at the next bad sample).
+    let forged = [
+        LoaderState {
+            samples_before_start: 1_000_000_000_000,
+            samples_seen: 1_000_000_000_008,
+            ..state.clone()
+        },
+        LoaderState {
+            bad_samples: u64::MAX,
+            ..state.clone()
+        },
+        LoaderState {
+            samples_seen: 9,
+            ..state.clone()
+        },
+        LoaderState {
+            samples_before_start: 9,
+            ..state.clone()
+        },
+    ];
+    for forged in forged {
+        assert!(
+            matches!(&failing.resume(&forged), Err(Error::Config(m)) if m.contains("counters")),
+            "{forged:?}"
+        );
+    }
 }
 
 #[test]
