@@ -306,13 +306,61 @@ fn the_named_remedy_makes_a_plugin_filter_readable() {
     }
 }
 
-/// Opens `IMAGEFEED_TEST_OPEN` and prints what happened (run by the test above).
+/// The HDF5 settings in the environment: a value that is no number of theirs is an error
+/// naming the variable (a hostile try: `IMAGEFEED_HDF5_OPEN_SECONDS=1e20` panicked at every
+/// open, and "abc" or "-5" in any of them was taken silently as the default).
+#[test]
+fn hdf5_settings_in_the_environment_are_numbers_or_an_error_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("labels.h5");
+    support::pack_as(
+        &support::fixture_root(),
+        &path,
+        imagefeed::pack::PackFormat::Hdf5,
+        &support::small_options(),
+    );
+    for (name, value, opens) in [
+        ("IMAGEFEED_HDF5_OPEN_SECONDS", "1e20", false),
+        ("IMAGEFEED_HDF5_OPEN_SECONDS", "-5", false),
+        ("IMAGEFEED_HDF5_OPEN_SECONDS", "0", true),
+        ("IMAGEFEED_HDF5_OPEN_SECONDS", "2.5", true),
+        ("IMAGEFEED_HDF5_OPEN_MIB", "abc", false),
+        ("IMAGEFEED_HDF5_OPEN_MIB", "2048", true),
+        ("IMAGEFEED_HDF5_CHUNK_CACHE_MIB", "-1", false),
+        ("IMAGEFEED_HDF5_CHUNK_CACHE_MIB", "", true),
+    ] {
+        let output = support::test_alone(module_path!(), "child_opens_a_file")
+            .env("IMAGEFEED_TEST_OPEN", &path)
+            .env(name, value)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{name}={value}: {stdout}");
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with("opened:"))
+            .unwrap_or_else(|| panic!("{stdout}"));
+        if opens {
+            assert_eq!(line, "opened: 16 samples", "{name}={value}");
+        } else {
+            assert!(
+                line.contains("invalid configuration") && line.contains(name),
+                "{name}={value}: {line}"
+            );
+        }
+    }
+}
+
+/// Opens `IMAGEFEED_TEST_OPEN` and prints what happened (run by the tests above).
 #[test]
 fn child_opens_a_file() {
     let Some(path) = std::env::var_os("IMAGEFEED_TEST_OPEN") else {
         return;
     };
     match format::open(Path::new(&path)) {
+        Ok(dataset) if dataset.info().payload == imagefeed::dataset::PayloadKind::Encoded => {
+            println!("opened: {} samples", dataset.len());
+        }
         Ok(dataset) => {
             let rows = records(dataset.as_ref());
             assert_eq!(RawImage::parse(&rows[5].2).unwrap().2, expected_pixels(5));

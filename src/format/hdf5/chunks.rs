@@ -431,17 +431,21 @@ pub(super) struct ChunkReader {
 /// The bytes of decoded chunks each reader keeps: `IMAGEFEED_HDF5_CHUNK_CACHE_MIB`, default 64
 /// (the CIFAR-10 test set as h5py's gzip array decodes to 31 MB: all of it). libhdf5's own
 /// chunk cache is 1 MiB per dataset, too little for one of h5py's default chunk rows.
-fn cache_budget() -> usize {
-    std::env::var("IMAGEFEED_HDF5_CHUNK_CACHE_MIB")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .unwrap_or(64)
-        .saturating_mul(1 << 20)
+///
+/// # Errors
+/// A value that is not a number of MiB: checked at each open ([`super::probe`]); a reader made
+/// later takes the default for it.
+pub(super) fn cache_budget() -> crate::error::Result<usize> {
+    Ok(
+        super::probe::env_number::<usize>("IMAGEFEED_HDF5_CHUNK_CACHE_MIB")?
+            .unwrap_or(64)
+            .saturating_mul(1 << 20),
+    )
 }
 
 impl ChunkReader {
     pub(super) fn new() -> ChunkReader {
-        ChunkReader::with_budget(cache_budget())
+        ChunkReader::with_budget(cache_budget().unwrap_or(64 << 20))
     }
 
     fn with_budget(budget: usize) -> ChunkReader {

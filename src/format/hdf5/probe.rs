@@ -46,28 +46,48 @@ fn passed() -> MutexGuard<'static, Option<HashSet<Identity>>> {
     PASSED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn limit() -> Option<Duration> {
-    let seconds = std::env::var("IMAGEFEED_HDF5_OPEN_SECONDS")
-        .ok()
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .unwrap_or(DEFAULT_SECONDS as f64);
-    (seconds > 0.0).then(|| Duration::from_secs_f64(seconds))
+/// The number an environment variable of ours holds, `None` where it is unset or empty.
+///
+/// # Errors
+/// A value that is not such a number ([`Error::Config`] naming the variable): "abc", "-5" and
+/// "1e20" seconds were taken silently as the default, or panicked.
+pub(super) fn env_number<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
+    match std::env::var(name) {
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Ok(text) if text.trim().is_empty() => Ok(None),
+        Ok(text) if let Ok(value) = text.trim().parse() => Ok(Some(value)),
+        Ok(text) => Err(Error::Config(format!(
+            "{name}={text:?}: not a valid number"
+        ))),
+        Err(std::env::VarError::NotUnicode(text)) => Err(Error::Config(format!(
+            "{name}={text:?}: not a valid number"
+        ))),
+    }
+}
+
+/// The time a trial may take (`IMAGEFEED_HDF5_OPEN_SECONDS`, at most a day), `None` when the
+/// trial is off (0).
+fn limit() -> Result<Option<Duration>> {
+    const NAME: &str = "IMAGEFEED_HDF5_OPEN_SECONDS";
+    let seconds = env_number::<f64>(NAME)?.unwrap_or(DEFAULT_SECONDS as f64);
+    if !(0.0..=86_400.0).contains(&seconds) {
+        return Err(Error::Config(format!(
+            "{NAME}={seconds}: seconds from 0 (no trial) to 86400"
+        )));
+    }
+    Ok((seconds > 0.0).then(|| Duration::from_secs_f64(seconds)))
 }
 
 /// What a trial may allocate beyond the process's memory at the fork: `IMAGEFEED_HDF5_OPEN_MIB`,
 /// else 1 GiB plus twice the file's size (an index of millions of records is read into memory
 /// at open). A damaged type size or count makes libhdf5 allocate without bound: one byte of
 /// h5py's variable-length fixture made it take 12 GB in 30 s.
-fn memory_budget(path: &Path) -> u64 {
-    if let Some(mib) = std::env::var("IMAGEFEED_HDF5_OPEN_MIB")
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-    {
-        return mib.saturating_mul(1 << 20);
+fn memory_budget(path: &Path) -> Result<u64> {
+    if let Some(mib) = env_number::<u64>("IMAGEFEED_HDF5_OPEN_MIB")? {
+        return Ok(mib.saturating_mul(1 << 20));
     }
     let len = std::fs::metadata(path).map_or(0, |m| m.len());
-    (1u64 << 30).saturating_add(len.saturating_mul(2))
+    Ok((1u64 << 30).saturating_add(len.saturating_mul(2)))
 }
 
 /// Ends the trial child `pid`, not yet reaped, and reaps it.
@@ -96,7 +116,10 @@ fn resident_bytes(pid: Option<libc::pid_t>) -> Option<u64> {
 /// Runs `open` (the whole open of `path`, metadata reads included) in a forked child first;
 /// `Err` (not-a-dataset, naming `path`) when the child crashed or did not finish in time.
 pub(super) fn try_in_child(path: &Path, open: impl FnOnce()) -> Result<()> {
-    let Some(limit) = limit() else {
+    // Each of the HDF5 settings checked once per open, the readers' cache size too.
+    super::chunks::cache_budget()?;
+    let budget = memory_budget(path)?;
+    let Some(limit) = limit()? else {
         return Ok(());
     };
     let identity: Option<Identity> = std::fs::metadata(path).ok().map(|m| {
@@ -113,7 +136,6 @@ pub(super) fn try_in_child(path: &Path, open: impl FnOnce()) -> Result<()> {
     }
     // What the child may take: the process's resident memory now (the child shares it) plus
     // the budget.
-    let budget = memory_budget(path);
     let ceiling = resident_bytes(None).map(|now| now.saturating_add(budget));
     // The fork handlers take the HDF5 gate around the fork (see `gate`): no other thread is
     // inside libhdf5, and the child gets a fresh gate.
