@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, bail};
 use clap::{Parser, Subcommand};
 use imagefeed::cli::{MaxBadArg, ReadingArgs};
 use imagefeed::decode::Decoder;
@@ -431,7 +431,10 @@ fn load(args: LoadArgs) -> Result<()> {
     let mut finished = Stats::default();
     let mut baseline = Stats::default();
     let mut before = None;
-    for epoch in 0..warmup + epochs {
+    let Some(all_epochs) = warmup.checked_add(epochs) else {
+        bail!("--warmup {warmup} plus --epochs {epochs} is more epochs than can be counted");
+    };
+    for epoch in 0..all_epochs {
         let timed = epoch >= warmup;
         if timed && epoch == warmup {
             baseline = loader.as_ref().map(Loader::stats).unwrap_or_default();
@@ -752,7 +755,14 @@ fn run() -> Result<()> {
             cold,
         } => {
             let options = input.open_options();
-            let threads = threads.max(1);
+            // As `load --workers` and `pack-dataset --threads` are: a million spawned threads
+            // until the system refused, or a capacity overflow, was a panic.
+            if !(1..=imagefeed::MAX_THREADS).contains(&threads) {
+                bail!(
+                    "--threads {threads}: 1 to {} reader threads",
+                    imagefeed::MAX_THREADS
+                );
+            }
             for epoch in 0..epochs {
                 let cache = if cold {
                     let stats = imagefeed::pagecache::evict(&dataset)?;
