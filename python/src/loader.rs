@@ -7,6 +7,7 @@
 //! `state_dict`, counting only the batches it handed to the trainer).
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
 
@@ -122,6 +123,9 @@ impl Current {
 pub struct NativeLoader {
     loader: Loader,
     current: Mutex<Current>,
+    /// Threads waiting for `current` (see [`NativeLoader::current`]): the iterating thread
+    /// lets them in between batches.
+    waiting: AtomicUsize,
     /// The page-locked allocator, when batches are bound for a GPU.
     pinned: Option<Arc<imagefeed::gpu::PinnedAllocator>>,
 }
@@ -133,15 +137,37 @@ impl NativeLoader {
     /// The current-epoch lock, taken without holding the GIL while it is busy: a thread that
     /// holds it may be waiting for a batch with the GIL released, and must be able to take the
     /// GIL back when the batch comes.
+    ///
+    /// A waiting thread counts itself in `waiting`, and the thread iterating lets it in at its
+    /// next batch boundary ([`Self::let_waiting_in`]): otherwise the iterating thread, which
+    /// holds the lock while a batch is made and takes it back within microseconds, kept it
+    /// from a `state_dict()` called from another thread for a whole epoch (48 s; found by a
+    /// hostile try).
     fn current(&self, py: Python<'_>) -> MutexGuard<'_, Current> {
-        loop {
+        let mut counted = false;
+        let guard = loop {
             match self.current.try_lock() {
-                Ok(guard) => return guard,
-                Err(TryLockError::Poisoned(e)) => return e.into_inner(),
+                Ok(guard) => break guard,
+                Err(TryLockError::Poisoned(e)) => break e.into_inner(),
                 Err(TryLockError::WouldBlock) => {
+                    if !counted {
+                        self.waiting.fetch_add(1, Ordering::SeqCst);
+                        counted = true;
+                    }
                     py.detach(|| std::thread::sleep(Duration::from_micros(200)))
                 }
             }
+        };
+        if counted {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+        }
+        guard
+    }
+
+    /// Waits, holding neither the lock nor the GIL, while other threads wait for the lock.
+    fn let_waiting_in(&self, py: Python<'_>) {
+        while self.waiting.load(Ordering::SeqCst) > 0 {
+            py.detach(|| std::thread::sleep(Duration::from_micros(200)));
         }
     }
 }
@@ -656,6 +682,7 @@ impl NativeLoader {
         Ok(NativeLoader {
             loader,
             current: Mutex::new(Current::default()),
+            waiting: AtomicUsize::new(0),
             pinned,
         })
     }
@@ -715,6 +742,7 @@ impl NativeLoader {
     /// The next batch of the epoch in progress, or None at its end. Releases the GIL while
     /// waiting; a signal handler that raises (Ctrl-C) puts the epoch aside and propagates.
     fn next_batch(&self, py: Python<'_>) -> PyResult<Option<BatchParts>> {
+        self.let_waiting_in(py);
         let mut current = self.current(py);
         let generation = current.generation;
         let Some(epoch) = current.epoch.as_mut() else {
@@ -738,6 +766,7 @@ impl NativeLoader {
                     // caller's `stop` puts it aside at the batches it actually handed over.
                     drop(current);
                     py.check_signals()?;
+                    self.let_waiting_in(py);
                     current = self.current(py);
                 }
             }

@@ -1164,6 +1164,32 @@ def test_a_signal_handler_may_take_state_dict_while_the_loop_waits(big_tree):
     assert batches == "2" and int(saved) > 0 and ordered == "True", out.stdout
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_state_dict_from_another_thread_gets_in_between_batches(big_tree, workers):
+    # A checkpoint or watchdog thread's state_dict() waited for the whole epoch (48 s): the
+    # iterating thread held the loader's lock while each batch was made and took it back within
+    # microseconds. 24 batches of 4 photo-size images; the thread asks after the first.
+    import threading
+
+    loader = imagefeed.Loader(big_tree, batch_size=4, workers=workers, prefetch=1, output="numpy",
+                              transform=T.imagenet_eval(224, 224), shuffle=False)
+    first = threading.Event()
+    got = []
+
+    def checkpoint():
+        first.wait()
+        got.append(loader.state_dict()["imagefeed_loader_state"]["next_batch"])
+
+    thread = threading.Thread(target=checkpoint)
+    thread.start()
+    batches = 0
+    for _ in loader:
+        batches += 1
+        first.set()
+    thread.join()
+    assert batches == 24 and got and got[0] <= 6, (batches, got)
+
+
 def test_finding_the_rank_never_imports_torch(lmdb_path, tmp_path):
     # A stand-in torch on the path: importing it is recorded. A NumPy loader must not import
     # it (the real one costs seconds and hundreds of MB); a process group the script set up
