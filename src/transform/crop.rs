@@ -55,10 +55,13 @@ pub fn random_resized_crop(
         }
     }
     let in_ratio = w_img / h_img;
+    // At least one row and column: a ratio range far from the image's (100 to 200 on a
+    // square) rounded the box to none, which resized to a black image without a word
+    // (torchvision raises there; a hostile try).
     let (w, h) = if in_ratio < ratio.0.min(ratio.1) {
-        (w_img, py_round(w_img / ratio.0.min(ratio.1)))
+        (w_img, py_round(w_img / ratio.0.min(ratio.1)).max(1.0))
     } else if in_ratio > ratio.0.max(ratio.1) {
-        (py_round(h_img * ratio.0.max(ratio.1)), h_img)
+        (py_round(h_img * ratio.0.max(ratio.1)).max(1.0), h_img)
     } else {
         (w_img, h_img)
     };
@@ -268,6 +271,17 @@ mod tests {
         let mut rng = SampleRng::new(0, 0, 0);
         let b = random_resized_crop(&mut rng, 1000, 10, (0.9, 1.0), (3.0 / 4.0, 4.0 / 3.0));
         assert_eq!((b.top, b.left, b.height, b.width), (0.0, 493.0, 10.0, 13.0));
+        // A ratio range far from the image's: at least a row or a column, never an empty box
+        // (which resized to a black image; a hostile try).
+        for (ratio, (height, width)) in [
+            ((100.0, 200.0), (1.0, 32.0)),
+            ((1e-3, 1e-2), (32.0, 1.0)),
+            ((1e300, 1e300), (1.0, 32.0)),
+        ] {
+            let b = random_resized_crop(&mut rng, 32, 32, (0.08, 1.0), ratio);
+            assert_eq!((b.height, b.width), (height, width), "{ratio:?}");
+            assert!(b.top >= 0.0 && b.top + b.height <= 32.0, "{b:?}");
+        }
     }
 
     #[test]
