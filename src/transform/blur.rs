@@ -99,7 +99,12 @@ pub struct BlurScratch {
 
 /// torchvision's `_get_gaussian_kernel1d` into `out`: `exp(-0.5 (x / sigma)²)` at `x` in
 /// `linspace(-(k-1)/2, (k-1)/2, k)`, normalized to sum 1, in `float32`.
+///
+/// A sigma that is 0 in `float32` (drawn from a range like 1e-46, which is positive in
+/// `float64`) counts as the smallest normal one: the kernel is the identity, where 0 / 0 made
+/// every weight NaN and every image black (a hostile try).
 fn kernel1d(size: u32, sigma: f32, out: &mut Vec<f32>) {
+    let sigma = sigma.max(f32::MIN_POSITIVE);
     let half = (size as f32 - 1.0) * 0.5;
     out.clear();
     out.extend((0..size).map(|i| {
@@ -232,5 +237,17 @@ mod tests {
         g.sigma = (0.0, 1.0);
         assert!(g.validate().is_err());
         assert!(GaussianBlur::new(23).validate().is_ok());
+        // A sigma positive in f64 and 0 in f32: the identity, never NaN weights (a hostile
+        // try's images came out black).
+        g.sigma = (1e-46, 1e-46);
+        assert!(g.validate().is_ok());
+        let mut k = Vec::new();
+        kernel1d(5, 0.0, &mut k);
+        assert_eq!(k, [0.0, 0.0, 1.0, 0.0, 0.0]);
+        let (w, h) = (4, 3);
+        let mut ramp: Vec<u8> = (0..(w * h * 3) as u8).collect();
+        let before = ramp.clone();
+        g.apply(&mut SampleRng::new(0, 0, 0), &mut ramp, &mut scratch, w, h);
+        assert_eq!(ramp, before);
     }
 }
