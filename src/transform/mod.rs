@@ -448,6 +448,21 @@ impl Transform {
         if let Some(normalize) = self.output.normalize {
             normalize.validate()?;
         }
+        // Every value a float16 batch could hold: Normalize(std=1e-5) made its pixels ±inf
+        // without a word (a hostile try). (bfloat16 and float32 reach 3.4e38.)
+        if self.output.dtype == DType::F16 {
+            let (scale, bias) = Normalize::pixel_affine(self.output.normalize);
+            let largest = (0..3)
+                .flat_map(|c| [bias[c], 255.0 * scale[c] + bias[c]])
+                .fold(0.0f32, |most, v| most.max(v.abs()));
+            if largest > f32::from(half::f16::MAX) {
+                return Err(format!(
+                    "normalized pixels reach {largest:e}, past float16's largest \
+                     ({}): use float32 or bfloat16, or another mean and std",
+                    half::f16::MAX
+                ));
+            }
+        }
         if self.output.dtype == DType::U8 && self.output.normalize.is_some() {
             return Err(
                 "normalization needs a float output (float32, float16 or bfloat16), not \
@@ -504,6 +519,27 @@ impl Transform {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_float16_output_refuses_a_normalization_past_its_range() {
+        // Normalize(std=1e-5) made a float16 batch's pixels ±inf without a word.
+        let with = |dtype, std: f32, mean: f32| {
+            let mut t = Transform::imagenet_train(224);
+            t.output.dtype = dtype;
+            t.output.normalize = Some(Normalize {
+                mean: [mean; 3],
+                std: [std; 3],
+            });
+            t.validate()
+        };
+        assert!(with(DType::F16, 0.229, 0.485).is_ok());
+        for (std, mean) in [(1e-5, 0.0), (1e-3, 100.0)] {
+            let err = with(DType::F16, std, mean).unwrap_err();
+            assert!(err.contains("past float16's largest"), "{err}");
+            assert!(with(DType::F32, std, mean).is_ok());
+            assert!(with(DType::Bf16, std, mean).is_ok());
+        }
+    }
 
     #[test]
     fn the_fingerprint_names_only_the_steps_that_are_on() {
