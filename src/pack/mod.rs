@@ -199,6 +199,17 @@ fn pack_steps(
             format.name()
         )));
     }
+    // A label base asked of another format was dropped without a word (a hostile try's
+    // `label_base=1` packed 0-based LMDB labels). (A shard size changes nothing another format
+    // stores, so scripts may pass one to every format.)
+    if format != PackFormat::Records && options.label_base != 0 {
+        return Err(Error::Config(format!(
+            "--label-base {}: only record shards store labels with a base, not {} (its labels \
+             are class indices from 0)",
+            options.label_base,
+            format.name()
+        )));
+    }
     let (part, range) = part_range(items, options)?;
     refuse_source_as_output(out, &items.paths())?;
     if let Some(class) = items.classes().iter().find(|c| c.contains('\0')) {

@@ -892,3 +892,23 @@ fn shared_headers_make_a_smaller_lmdb_that_reads_back_the_source_files() {
         assert!(!out.exists() && !format::staging::partial_path(&out).exists());
     }
 }
+
+#[test]
+fn a_label_base_is_refused_for_formats_that_store_class_indices() {
+    // A hostile try's `label_base=1` packed LMDB and HDF5 labels from 0 without a word.
+    let dir = tempfile::tempdir().unwrap();
+    let options = small_options().with_label_base(1);
+    for (format, out) in outputs(dir.path(), "based") {
+        let result = try_pack(&fixture_root(), &out, format, &options);
+        if format == PackFormat::Records {
+            result.unwrap();
+            continue;
+        }
+        let err = result.unwrap_err();
+        assert!(
+            matches!(&err, Error::Config(m) if m.starts_with("--label-base 1: only record shards")),
+            "{format:?}: {err}"
+        );
+        assert!(!out.exists() && !format::staging::partial_path(&out).exists());
+    }
+}
