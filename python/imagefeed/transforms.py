@@ -97,6 +97,16 @@ class _Step:
         return f"{type(self).__name__}({fields})"
 
 
+def _range(value: Any, name: str, what: str) -> Tuple[float, float]:
+    """A ``(min, max)`` pair of numbers (a one-number or three-number ``scale`` was an
+    ``IndexError`` or taken in part)."""
+    try:
+        low, high = value
+        return float(low), float(high)
+    except (TypeError, ValueError):
+        raise errors.ConfigError(f"{what}: {name} {value!r} must be a (min, max) pair of numbers") from None
+
+
 def _interpolation(mode: Any, antialias: Optional[bool], what: str) -> str:
     """torchvision's ``interpolation`` (an ``InterpolationMode`` or its name) as a name."""
     name = getattr(mode, "value", mode)
@@ -261,8 +271,8 @@ class RandomResizedCrop(_Step):
         antialias: Optional[bool] = True,
     ):
         self.size = _hw(size, "RandomResizedCrop")
-        self.scale = (float(scale[0]), float(scale[1]))
-        self.ratio = (float(ratio[0]), float(ratio[1]))
+        self.scale = _range(scale, "scale", "RandomResizedCrop")
+        self.ratio = _range(ratio, "ratio", "RandomResizedCrop")
         self.interpolation = _interpolation(interpolation, antialias, "RandomResizedCrop")
 
     def _apply(self, spec: Dict[str, Any]) -> None:
@@ -314,8 +324,8 @@ class RandomErasing(_Step):
         if not 0.0 <= float(p) <= 1.0:
             raise errors.ConfigError(f"RandomErasing: p {p!r} must be in [0, 1]")
         self.p = float(p)
-        self.scale = (float(scale[0]), float(scale[1]))
-        self.ratio = (float(ratio[0]), float(ratio[1]))
+        self.scale = _range(scale, "scale", "RandomErasing")
+        self.ratio = _range(ratio, "ratio", "RandomErasing")
         if not 0.0 <= self.scale[0] <= self.scale[1] <= 1.0:
             raise errors.ConfigError(f"RandomErasing: scale {scale!r} must satisfy 0 <= min <= max <= 1")
         if not 0.0 < self.ratio[0] <= self.ratio[1]:

@@ -205,6 +205,15 @@ def test_presets_and_refusals(lmdb_path):
     ):
         with pytest.raises(ValueError):
             bad()
+    # A scale or ratio that is no pair (one number was an IndexError, three taken in part).
+    for bad in (
+        lambda: T.RandomResizedCrop(32, scale=(0.5,)),
+        lambda: T.RandomResizedCrop(32, ratio=(0.5, 1.0, 2.0)),
+        lambda: T.RandomErasing(scale=0.5),
+        lambda: T.RandomErasing(ratio=("a", 1)),
+    ):
+        with pytest.raises(imagefeed.ConfigError, match="must be a \\(min, max\\) pair"):
+            bad()
     # The loader itself checks a hand-written description too.
     step = {"kind": "augment", "policy": "rand_augment", "num_ops": 2, "magnitude": 40}
     spec = dict(FLIP_NORMALIZE.spec(), pixel_steps=[step])
