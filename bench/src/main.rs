@@ -531,7 +531,12 @@ fn load_config(args: &LoadArgs) -> (LoaderConfig, Transform) {
     let config = LoaderConfig::default()
         .with_batch_size(args.batch_size)
         .with_workers(args.workers)
-        .with_prefetch(args.prefetch.unwrap_or(2 * args.workers))
+        // Two per worker, one with none (`--workers 0` was refused as "prefetch 0", and a huge
+        // count overflowed here before the loader could refuse it).
+        .with_prefetch(
+            args.prefetch
+                .unwrap_or(args.workers.saturating_mul(2).max(1)),
+        )
         .with_seed(args.seed)
         .with_shuffle(!args.no_shuffle)
         .with_shard_window(args.shard_window)

@@ -47,4 +47,11 @@ fn thread_and_epoch_counts_past_what_can_run_are_errors_naming_the_flag() {
     }
     let (ok, stderr) = bench(&["read", "FIXTURES", "--threads", "2", "--max-bad", "none"]);
     assert!(ok, "{stderr}");
+    // `load --workers 0` builds batches in the calling thread (it was refused as "prefetch
+    // 0"); a worker count past any machine is refused by the loader, not an overflow.
+    let (ok, stderr) = bench(&["load", "FIXTURES", "--workers", "0", "--max-bad", "none"]);
+    assert!(ok, "{stderr}");
+    let (ok, stderr) = bench(&["load", "FIXTURES", "--workers", "9223372036854775808"]);
+    assert!(!ok && stderr.contains("workers"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
 }
