@@ -222,6 +222,7 @@ fn pack_steps(
     refuse_foreign_report(&std::path::absolute(out).at(out)?)?;
     let (mut writer, mut progress) = start_writer(format, out, &plan, &options.writer_options())?;
     check_progress(out, &progress, range.len())?;
+    check_rejections(out, &progress, items, range.start)?;
     let resumed_from = progress.sources_done;
     observer.started(range.len(), resumed_from);
     let pool = rayon::ThreadPoolBuilder::new()
@@ -296,6 +297,67 @@ fn check_progress(out: &Path, progress: &PackProgress, sources: usize) -> Result
             progress.rejected.len()
         ),
     })
+}
+
+/// Refuses to resume from a progress record whose rejected files are not among the sources
+/// done, or are named twice: a hostile try added invented rejections (keys in no source) to a
+/// record that then added up, and the resume published a "complete" dataset missing the
+/// sources they stood in for. The keys of a tree's files, and of a dataset's records where it
+/// lists them, are known without reading anything; an unreadable record is rejected under its
+/// number.
+fn check_rejections(
+    out: &Path,
+    progress: &PackProgress,
+    items: &Source<'_>,
+    first: usize,
+) -> Result<()> {
+    if progress.rejected.is_empty() {
+        return Ok(());
+    }
+    let done = first..first + progress.sources_done;
+    let stray = |rejection: &Rejection, why: &str| Error::ResumeMismatch {
+        path: partial_path(out),
+        reason: format!(
+            "its progress record rejects {:?}, {why} (damaged or edited?): pack again with \
+             --force",
+            rejection.key
+        ),
+    };
+    // Each rejected key once; then the done sources' keys cross off the ones they name.
+    let mut unmatched: std::collections::HashMap<&str, &Rejection> = Default::default();
+    for rejection in &progress.rejected {
+        if unmatched
+            .insert(rejection.key.as_str(), rejection)
+            .is_some()
+        {
+            return Err(stray(rejection, "twice"));
+        }
+    }
+    let mut cross_off = |key: &str| {
+        unmatched.remove(key);
+    };
+    match items {
+        Source::Folder(folder) => {
+            for entry in &folder.entries()[done] {
+                cross_off(&entry.key);
+            }
+        }
+        Source::Records(_) | Source::Joined(_) => {
+            let dataset = items.dataset().expect("a dataset-backed source");
+            for index in done {
+                match dataset.listed(index) {
+                    Some((key, _)) => cross_off(key),
+                    // Keys only a read would give: nothing to check them against.
+                    None => return Ok(()),
+                }
+                cross_off(&index.to_string());
+            }
+        }
+    }
+    match unmatched.values().next() {
+        None => Ok(()),
+        Some(rejection) => Err(stray(rejection, "which is none of the source files done")),
+    }
 }
 
 /// [`pack_source`] into object storage: packed into a local staging copy (crash-safe and

@@ -277,8 +277,54 @@ fn a_progress_record_that_does_not_add_up_is_never_resumed() {
             );
             assert!(!out.exists(), "{format:?}");
         }
+        // Records that add up but are not true: an invented rejection standing in for a
+        // source (a hostile try's resume then published a dataset missing it), a rejection
+        // named twice, and samples counted that were never staged.
+        type Edit<'a> = &'a dyn Fn(&mut serde_json::Value);
+        let forged: [(Edit<'_>, &str); 3] = [
+            (
+                &|p| {
+                    p["sources_done"] = 13.into();
+                    let rejected = p["rejected"].as_array_mut().unwrap();
+                    rejected.push(serde_json::json!({"key": "nowhere/fake.jpg", "reason": "x"}));
+                },
+                "rejects \"nowhere/fake.jpg\", which is none of the source files done",
+            ),
+            (
+                &|p| {
+                    p["sources_done"] = 13.into();
+                    let rejected = p["rejected"].as_array_mut().unwrap();
+                    let again = rejected[0].clone();
+                    rejected.push(again);
+                },
+                "twice",
+            ),
+            (
+                &|p| {
+                    p["sources_done"] = 14.into();
+                    p["samples_written"] = (p["samples_written"].as_u64().unwrap() + 2).into();
+                },
+                "but the progress record says",
+            ),
+        ];
+        let truth = std::cell::RefCell::new(serde_json::Value::Null);
+        edit_progress(&out, format, |p| {
+            p["sources_done"] = 12.into();
+            *truth.borrow_mut() = p.clone();
+        });
+        for (edit, says) in forged {
+            edit_progress(&out, format, |p| {
+                *p = truth.borrow().clone();
+                edit(p);
+            });
+            let err = try_pack(&src, &out, format, &resuming()).unwrap_err();
+            assert!(
+                matches!(&err, Error::ResumeMismatch { reason, .. } if reason.contains(says)),
+                "{format:?} {says}: {err}"
+            );
+        }
         // Put back as it was, the staged pack resumes: nothing was lost by refusing.
-        edit_progress(&out, format, |p| p["sources_done"] = 12.into());
+        edit_progress(&out, format, |p| *p = truth.borrow().clone());
         let summary = pack(&src, &out, format, &resuming());
         assert_eq!(
             (summary.resumed_from, summary.samples),
