@@ -248,7 +248,10 @@ fn pack_steps(
         }
         return Err(err);
     }
-    if progress.samples_written == 0 {
+    // A part of a split may hold nothing but rejected files (its range all broken): written,
+    // empty, it lets the split be joined, where refusing it left no run that could complete
+    // the split (a hostile try). A whole pack of nothing is refused.
+    if progress.samples_written == 0 && options.part.is_none() {
         writer.abandon();
         return Err(Error::BadImageFolder {
             path: source.to_path_buf(),

@@ -1791,3 +1791,60 @@ fn an_mds_index_whose_keys_are_not_sorted_is_read_as_mds() {
         Ok(d) => panic!("opened {} samples", d.len()),
     }
 }
+
+#[test]
+fn a_part_of_nothing_but_rejected_files_is_written_and_joins() {
+    // The fixture split in 5: part 2 is exactly its four broken files. It was refused ("all 4
+    // files were rejected; nothing to pack") and no join of that split could ever run.
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixture_root();
+    let whole = dir.path().join("whole.records");
+    pack_as(&src, &whole, PackFormat::Records, &small_options());
+    for format in support::writable([
+        (PackFormat::Lmdb, ()),
+        (PackFormat::Hdf5, ()),
+        (PackFormat::Records, ()),
+    ])
+    .into_iter()
+    .map(|(f, _)| f)
+    {
+        let parts: Vec<PathBuf> = (0..5)
+            .map(|index| {
+                let part = dir.path().join(format!("part-{index}-{format:?}"));
+                let options = small_options().with_part(Some(Part { index, count: 5 }));
+                let summary = pack_as(&src, &part, format, &options);
+                if index == 2 {
+                    assert_eq!((summary.samples, summary.rejected.len()), (0, 4));
+                    let empty = format::open(&part).unwrap();
+                    assert_eq!(empty.len(), 0);
+                    assert_eq!(empty.info().rejected_at_pack, Some(4));
+                }
+                part
+            })
+            .collect();
+        let joined = dir.path().join(format!("joined-{format:?}.lmdb"));
+        let summary = pack::join(
+            &parts,
+            &joined,
+            PackFormat::Lmdb,
+            &small_options(),
+            &NoProgress,
+        )
+        .unwrap();
+        assert_eq!(summary.samples, 16, "{format:?}");
+        assert!(all_records(&joined) == all_records(&whole), "{format:?}");
+    }
+    // A whole pack of nothing is still refused.
+    let broken = dir.path().join("broken");
+    fs::create_dir_all(broken.join("a")).unwrap();
+    fs::write(broken.join("a/x.jpg"), b"not an image").unwrap();
+    let err = pack::pack_image_folder(
+        &broken,
+        &dir.path().join("never.lmdb"),
+        PackFormat::Lmdb,
+        &small_options(),
+        &NoProgress,
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::BadImageFolder { .. }), "{err}");
+}
