@@ -536,9 +536,13 @@ fn parse_max_bad(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<MaxBad>> {
             ))),
         };
     }
+    // Shown as Python shows it: a string "1" read as `max_bad 1`, like the count it is not.
     let fraction: f64 = value.extract().map_err(|_| {
+        let shown = value
+            .repr()
+            .map_or_else(|_| value.to_string(), |r| r.to_string());
         config(format!(
-            "max_bad {value}: a count (int >= 0) or a fraction (float)"
+            "max_bad {shown}: a count (int >= 0) or a fraction (float)"
         ))
     })?;
     Ok(Some(MaxBad::Fraction(fraction)))

@@ -756,6 +756,9 @@ def test_max_bad_counts_numpy_integers_and_the_same_samples_under_every_policy()
     for bad in [-1, 2**64, np.int64(-3)]:
         with pytest.raises(imagefeed.ConfigError, match="count"):
             fixture_loader(max_bad=bad)
+    # A string is shown as one (it read "max_bad 1", like the count it is not).
+    with pytest.raises(imagefeed.ConfigError, match="max_bad '1': a count"):
+        fixture_loader(max_bad="1")
 
 
 # -- errors -------------------------------------------------------------------------------------
