@@ -103,21 +103,7 @@ pub const MEMORY_LIMIT_ENV: &str = "IMAGEFEED_MEMORY_LIMIT";
 /// a dataset checks it ([`crate::format::open_with`]); elsewhere an invalid value counts as
 /// unset.
 pub fn memory_limit_from_env() -> Result<Option<u64>> {
-    let text = match std::env::var(MEMORY_LIMIT_ENV) {
-        Err(std::env::VarError::NotPresent) => return Ok(None),
-        Err(std::env::VarError::NotUnicode(text)) => {
-            return Err(Error::Config(format!(
-                "{MEMORY_LIMIT_ENV}={text:?}: not a size (e.g. 16GiB)"
-            )));
-        }
-        Ok(text) => text,
-    };
-    if text.trim().is_empty() {
-        return Ok(None);
-    }
-    crate::units::parse_bytes(&text)
-        .map(Some)
-        .map_err(|reason| Error::Config(format!("{MEMORY_LIMIT_ENV}: {reason}")))
+    crate::units::from_env(MEMORY_LIMIT_ENV, crate::units::parse_bytes).map_err(Error::Config)
 }
 
 /// [`memory_limit_from_env`], an invalid value counting as unset.

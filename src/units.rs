@@ -1,6 +1,25 @@
 //! Byte counts as people write them in options and environment variables: `1000`, `64K`,
 //! `128MiB`, `1G`.
 
+/// The environment variable `name` read by `parse`: `None` where it is unset or blank.
+///
+/// # Errors
+/// A message naming the variable, where its value is not UTF-8 or `parse` refuses it (its
+/// reason says what the value is).
+pub fn from_env<T>(
+    name: &str,
+    parse: impl FnOnce(&str) -> std::result::Result<T, String>,
+) -> std::result::Result<Option<T>, String> {
+    match std::env::var(name) {
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(text)) => Err(format!("{name}={text:?}: not UTF-8")),
+        Ok(text) if text.trim().is_empty() => Ok(None),
+        Ok(text) => parse(&text)
+            .map(Some)
+            .map_err(|reason| format!("{name}: {reason}")),
+    }
+}
+
 /// Parses a byte count: `1000`, `64K`, `128MiB`, `1G`, ... (decimal K/M/G/T, binary
 /// KiB/MiB/GiB/TiB).
 pub fn parse_bytes(text: &str) -> std::result::Result<u64, String> {

@@ -384,6 +384,26 @@ pub(crate) fn cut_to_committed(file: &fs::File, path: &Path, committed: u64) -> 
     file.set_len(committed).at(path)
 }
 
+/// Refuses to resume the staged output `partial` when the samples it holds (`staged`) are not
+/// the ones its progress record counts: every writer checks this when it starts, so that a
+/// record edited to count more never resumes past sources it never packed (a hostile try).
+pub(crate) fn check_staged_samples(
+    partial: &Path,
+    staged: u64,
+    progress: &super::writer::PackProgress,
+) -> Result<()> {
+    if staged == progress.samples_written as u64 {
+        return Ok(());
+    }
+    Err(Error::ResumeMismatch {
+        path: partial.to_path_buf(),
+        reason: format!(
+            "{staged} samples staged but the progress record says {}",
+            progress.samples_written
+        ),
+    })
+}
+
 /// Opens the file `name` in the staging directory `partial` for reading and writing, creating
 /// it when `create` (empty) and never truncating it: a resume cuts it back to what was
 /// committed ([`cut_to_committed`]).

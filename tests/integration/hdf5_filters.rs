@@ -291,15 +291,9 @@ fn the_named_remedy_makes_a_plugin_filter_readable() {
         if let Some(path) = env {
             child.env("HDF5_PLUGIN_PATH", path);
         }
-        let output = child.output().unwrap();
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(output.status.success(), "{stdout}");
-        let line = stdout
-            .lines()
-            .find(|l| l.starts_with("opened:"))
-            .unwrap_or_else(|| panic!("{stdout}"));
+        let line = opened_in_child(&mut child);
         if opens {
-            assert_eq!(line, "opened: 12 samples", "{stdout}");
+            assert_eq!(line, "opened: 12 samples");
         } else {
             assert!(line.contains("zstd filter"), "{line}");
         }
@@ -329,17 +323,11 @@ fn hdf5_settings_in_the_environment_are_numbers_or_an_error_naming_them() {
         ("IMAGEFEED_HDF5_CHUNK_CACHE_MIB", "-1", false),
         ("IMAGEFEED_HDF5_CHUNK_CACHE_MIB", "", true),
     ] {
-        let output = support::test_alone(module_path!(), "child_opens_a_file")
-            .env("IMAGEFEED_TEST_OPEN", &path)
-            .env(name, value)
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        assert!(output.status.success(), "{name}={value}: {stdout}");
-        let line = stdout
-            .lines()
-            .find(|l| l.starts_with("opened:"))
-            .unwrap_or_else(|| panic!("{stdout}"));
+        let line = opened_in_child(
+            support::test_alone(module_path!(), "child_opens_a_file")
+                .env("IMAGEFEED_TEST_OPEN", &path)
+                .env(name, value),
+        );
         if opens {
             assert_eq!(line, "opened: 16 samples", "{name}={value}");
         } else {
@@ -349,6 +337,19 @@ fn hdf5_settings_in_the_environment_are_numbers_or_an_error_naming_them() {
             );
         }
     }
+}
+
+/// Runs `child` ([`child_opens_a_file`] with its environment) and returns the line it prints
+/// about the open: `opened: N samples`, or `opened: ERROR`.
+fn opened_in_child(child: &mut std::process::Command) -> String {
+    let output = child.output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    stdout
+        .lines()
+        .find(|l| l.starts_with("opened:"))
+        .unwrap_or_else(|| panic!("{stdout}"))
+        .to_string()
 }
 
 /// Opens `IMAGEFEED_TEST_OPEN` and prints what happened (run by the tests above).

@@ -902,15 +902,18 @@ fn tensorflow_gzip_and_zlib_shards_read_like_their_source() {
         &OpenOptions::default().with_cache(Cache::at(dir.path().join("mixed"), None)),
     )
     .unwrap();
-    let said: Vec<&String> = mixed
-        .notices()
-        .iter()
-        .filter(|n| n.contains("decompressed once"))
-        .collect();
+    let said = decompression_notices(mixed.as_ref());
     assert!(
         matches!(&said[..], [one] if one.contains("3 shards of 3 compressed (GZIP and ZLIB;")),
         "{said:?}"
     );
+}
+
+/// The notices of `dataset` telling of shards decompressed into the cache.
+fn decompression_notices(dataset: &dyn imagefeed::Dataset) -> Vec<&String> {
+    (dataset.notices().iter())
+        .filter(|n| n.contains("decompressed once"))
+        .collect()
 }
 
 #[test]
@@ -968,11 +971,7 @@ fn compressed_shards_give_the_same_stream_as_uncompressed_ones_and_are_decompres
         &OpenOptions::default().with_cache(Cache::at(dir.path().join("cache2"), None)),
     )
     .unwrap();
-    let said: Vec<&String> = fresh
-        .notices()
-        .iter()
-        .filter(|n| n.contains("decompressed once"))
-        .collect();
+    let said = decompression_notices(fresh.as_ref());
     assert!(
         matches!(&said[..], [one] if one.contains("2 shards of 2 compressed (GZIP; the first: ")
             && one.contains("cache2/decompressed for random access")),

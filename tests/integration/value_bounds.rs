@@ -515,14 +515,7 @@ fn hostile_h5py_labels_are_bad_records_and_float_labels_are_refused() {
             .with_data(&[2i64, 3, 2, 5][..])
             .create("labels")
             .unwrap();
-        let names: Vec<hdf5::types::VarLenUnicode> =
-            ["cat", "dog"].iter().map(|n| n.parse().unwrap()).collect();
-        f.new_attr::<hdf5::types::VarLenUnicode>()
-            .shape(2)
-            .create("classes")
-            .unwrap()
-            .write(&names)
-            .unwrap();
+        support::classes_attribute(f, &["cat", "dog"]);
     });
     for (path, says) in [
         (
@@ -598,14 +591,7 @@ fn hostile_h5py_labels_are_bad_records_and_float_labels_are_refused() {
                 .with_data(&[0i64, 1, 1, 0][..])
                 .create("labels")
                 .unwrap();
-            let names: Vec<hdf5::types::VarLenUnicode> =
-                listed.iter().map(|n| n.parse().unwrap()).collect();
-            f.new_attr::<hdf5::types::VarLenUnicode>()
-                .shape(2)
-                .create("classes")
-                .unwrap()
-                .write(&names)
-                .unwrap();
+            support::classes_attribute(f, &listed);
         });
         let dataset = format::open(&path).unwrap();
         assert_eq!(dataset.classes(), expected, "{listed:?}");
@@ -711,20 +697,8 @@ fn hostile_h5py_labels_are_bad_records_and_float_labels_are_refused() {
     // The file's names and the labels dataset's differ: the file's are read, and a notice says.
     let path = make("two-lists.h5", &|f| {
         labelled(f);
-        f.new_attr::<hdf5::types::VarLenUnicode>()
-            .shape(3)
-            .create("classes")
-            .unwrap()
-            .write(&vlen(&["a", "b", "c"]))
-            .unwrap();
-        f.dataset("labels")
-            .unwrap()
-            .new_attr::<hdf5::types::VarLenUnicode>()
-            .shape(3)
-            .create("classes")
-            .unwrap()
-            .write(&vlen(&["x", "y", "z"]))
-            .unwrap();
+        support::classes_attribute(f, &["a", "b", "c"]);
+        support::classes_attribute(&f.dataset("labels").unwrap(), &["x", "y", "z"]);
     });
     let dataset = format::open(&path).unwrap();
     assert_eq!(dataset.classes(), ["a", "b", "c"]);
@@ -754,14 +728,7 @@ fn hostile_h5py_labels_are_bad_records_and_float_labels_are_refused() {
     assert!(dataset.notices().is_empty(), "{:?}", dataset.notices());
     let path = make("names-on-images.h5", &|f| {
         labelled(f);
-        f.dataset("images")
-            .unwrap()
-            .new_attr::<hdf5::types::VarLenUnicode>()
-            .shape(3)
-            .create("classes")
-            .unwrap()
-            .write(&vlen(&["p", "q", "r"]))
-            .unwrap();
+        support::classes_attribute(&f.dataset("images").unwrap(), &["p", "q", "r"]);
         names_dataset(f, &["p", "q", "s"]);
     });
     let dataset = format::open(&path).unwrap();

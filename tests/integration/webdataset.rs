@@ -514,11 +514,7 @@ fn samples_without_an_image_or_label_are_bad_records_naming_them() {
         ("-", "not an integer label"),
     ] {
         let path = dir.path().join("label.tar");
-        let mut builder = tar::Builder::new(fs::File::create(&path).unwrap());
-        support::append_tar_member(&mut builder, "x.jpg", &image[..]);
-        support::append_tar_member(&mut builder, "x.cls", label.as_bytes());
-        builder.finish().unwrap();
-        drop(builder);
+        tar_of(&path, &[("x.jpg", &image), ("x.cls", label.as_bytes())]);
         let err = format::open(&path).unwrap_err();
         assert!(
             matches!(&err, Error::NotADataset { reason, .. }

@@ -421,3 +421,16 @@ pub fn edit_lmdb_meta(path: &Path, key: &str, edit: impl FnOnce(&mut serde_json:
 pub fn vlen_strings(names: &[&str]) -> Vec<hdf5::types::VarLenUnicode> {
     names.iter().map(|n| n.parse().unwrap()).collect()
 }
+
+/// Gives `location` (the file, or a dataset) a `classes` attribute of `names`, as h5py writes
+/// `obj.attrs["classes"] = names`.
+#[cfg(feature = "hdf5")]
+pub fn classes_attribute(location: &hdf5::Location, names: &[&str]) {
+    location
+        .new_attr::<hdf5::types::VarLenUnicode>()
+        .shape(names.len())
+        .create("classes")
+        .unwrap()
+        .write(&vlen_strings(names))
+        .unwrap();
+}

@@ -52,17 +52,10 @@ fn passed() -> MutexGuard<'static, Option<HashSet<Identity>>> {
 /// A value that is not such a number ([`Error::Config`] naming the variable): "abc", "-5" and
 /// "1e20" seconds were taken silently as the default, or panicked.
 pub(super) fn env_number<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
-    match std::env::var(name) {
-        Err(std::env::VarError::NotPresent) => Ok(None),
-        Ok(text) if text.trim().is_empty() => Ok(None),
-        Ok(text) if let Ok(value) = text.trim().parse() => Ok(Some(value)),
-        Ok(text) => Err(Error::Config(format!(
-            "{name}={text:?}: not a valid number"
-        ))),
-        Err(std::env::VarError::NotUnicode(text)) => Err(Error::Config(format!(
-            "{name}={text:?}: not a valid number"
-        ))),
-    }
+    crate::units::from_env(name, |text| {
+        (text.trim().parse()).map_err(|_| format!("{text:?}: not a valid number"))
+    })
+    .map_err(Error::Config)
 }
 
 /// The time a trial may take (`IMAGEFEED_HDF5_OPEN_SECONDS`, at most a day), `None` when the

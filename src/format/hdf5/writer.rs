@@ -381,9 +381,6 @@ impl DatasetWriter for Hdf5Writer {
             staged.payload_bytes,
         )?;
         staging::cut_to_committed(&index, &partial.join(STAGED_INDEX), staged.index_bytes)?;
-        // The staged samples are the ones the progress record counts (as the LMDB writer checks
-        // its stored ones): a record edited to count more was packed to the end and refused
-        // only then (a hostile try).
         // (Read through a handle of its own: finishing reads `index` from where it stands.)
         let index_path = partial.join(STAGED_INDEX);
         let index_bytes = fs::read(&index_path).at(&index_path)?;
@@ -394,15 +391,7 @@ impl DatasetWriter for Hdf5Writer {
             })?
             .2
             .len();
-        if staged_samples != staged.progress.samples_written {
-            return Err(Error::ResumeMismatch {
-                path: partial,
-                reason: format!(
-                    "{staged_samples} samples staged but the progress record says {}",
-                    staged.progress.samples_written
-                ),
-            });
-        }
+        staging::check_staged_samples(&partial, staged_samples as u64, &staged.progress)?;
         let writer = Hdf5Writer {
             _lock: lock,
             partial,

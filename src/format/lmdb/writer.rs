@@ -340,15 +340,7 @@ impl DatasetWriter for LmdbWriter {
             old_plan.check_resumable(plan, &partial)?;
             let progress = parse_progress(&partial, &get(PROGRESS_KEY)?)?;
             let written = samples.len(&wtxn).map_err(|e| Error::lmdb(&partial, e))?;
-            if written != progress.samples_written as u64 {
-                return Err(Error::ResumeMismatch {
-                    path: partial,
-                    reason: format!(
-                        "{written} samples stored but the progress record says {}",
-                        progress.samples_written
-                    ),
-                });
-            }
+            staging::check_staged_samples(&partial, written, &progress)?;
             progress
         };
         let shared = match headers {

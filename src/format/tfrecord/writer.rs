@@ -153,20 +153,10 @@ impl DatasetWriter for RecordsWriter {
                     });
                 }
             }
-            // The committed shards hold the samples the record counts (as the LMDB writer
-            // checks its stored ones): one edited to count more resumed past sources it never
-            // packed (a hostile try).
-            let staged_samples = (staged.shards.iter())
-                .fold(0usize, |sum, (entry, _)| sum.saturating_add(entry.records));
-            if staged_samples != staged.progress.samples_written {
-                return Err(Error::ResumeMismatch {
-                    path: partial,
-                    reason: format!(
-                        "{staged_samples} samples staged but the progress record says {}",
-                        staged.progress.samples_written
-                    ),
-                });
-            }
+            let staged_samples = (staged.shards.iter()).fold(0u64, |sum, (entry, _)| {
+                sum.saturating_add(entry.records as u64)
+            });
+            staging::check_staged_samples(&partial, staged_samples, &staged.progress)?;
             staged
         } else {
             StagedProgress {
