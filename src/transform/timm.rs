@@ -268,7 +268,17 @@ impl TimmRandAugment {
             };
             match key {
                 "m" => ra.magnitude = whole()?,
-                "n" => ra.num_ops = whole()?.min(f64::from(u32::MAX)) as u32,
+                "n" => {
+                    // Checked here, as written: clamped first, 2^32 was reported as 2^32 - 1.
+                    let n = whole()?;
+                    if n > f64::from(MAX_TIMM_OPS) {
+                        return Err(format!(
+                            "timm RandAugment config {config:?}: n{value} is more than \
+                             {MAX_TIMM_OPS} operations"
+                        ));
+                    }
+                    ra.num_ops = n as u32;
+                }
                 "p" => ra.prob = decimal()?,
                 "mstd" => {
                     let std = decimal()?;
@@ -435,6 +445,13 @@ mod tests {
         ] {
             assert!(TimmRandAugment::from_config(bad).is_err(), "{bad}");
         }
+        // A count past u32 is named as written, not as the largest u32.
+        let err = TimmRandAugment::from_config("rand-m9-n4294967296").unwrap_err();
+        assert!(err.contains("n4294967296"), "{err}");
+        assert_eq!(
+            TimmRandAugment::from_config("rand-n64").unwrap().num_ops,
+            MAX_TIMM_OPS
+        );
     }
 
     #[test]
