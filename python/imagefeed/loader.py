@@ -389,7 +389,7 @@ class Loader:
         workers = errors.whole_number("workers", workers)
         seed = errors.whole_number("seed", seed)
         rank = errors.whole_number("rank", rank)
-        world_size = errors.whole_number("world_size", world_size)
+        world_size = errors.whole_number("world_size", world_size, low=1)
         for name, value in (("shuffle", shuffle), ("drop_last", drop_last), ("scaled_decode", scaled_decode)):
             if not isinstance(value, bool):
                 raise errors.ConfigError(f"{name} {value!r}: must be True or False")
@@ -565,7 +565,9 @@ class Loader:
         epoch's end gives an empty loop, then the next epoch). Another epoch drops the restored
         position, with a :class:`~imagefeed.errors.ResumeWarning`, and starts that epoch from its
         first batch."""
-        epoch = errors.whole_number("epoch", epoch, high=errors.U64_MAX - 1)
+        # Every epoch a loop can run (a loop after epoch 2**64 - 2 ran 2**64 - 1, which this
+        # refused).
+        epoch = errors.whole_number("epoch", epoch)
         self._empty_loop = None
         if self._restored_end is not None:
             if epoch == self._restored_end:

@@ -787,6 +787,10 @@ def test_every_error_is_an_imagefeed_exception_with_the_path(tmp_path, lmdb_path
                 dict(rank=2, world_size=2), dict(rank=1), dict(transform="imagenet")]:
         with pytest.raises(imagefeed.ConfigError):
             loader(lmdb_path, **bad)
+    # A world of no ranks is named as such, not as rank 0 outside 0..0.
+    for world_size in (0, -1):
+        with pytest.raises(imagefeed.ConfigError, match=r"world_size -?[01]: must be an int in 1\.\."):
+            loader(lmdb_path, rank=0, world_size=world_size)
     assert issubclass(imagefeed.ConfigError, ValueError)
 
     try:

@@ -264,7 +264,10 @@ impl LoaderConfig {
         if s.shard_window == Some(0) {
             return invalid("shard_window must be at least 1 shard".into());
         }
-        if s.world_size == 0 || s.rank >= s.world_size {
+        if s.world_size == 0 {
+            return invalid("world_size must be at least 1 (the number of ranks)".into());
+        }
+        if s.rank >= s.world_size {
             return invalid(format!(
                 "rank {} is not in 0..{} (world_size)",
                 s.rank, s.world_size

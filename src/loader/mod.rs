@@ -513,8 +513,8 @@ impl Loader {
             ("seed", state.seed.to_string(), s.seed.to_string()),
             (
                 "bad_sample_policy",
-                format!("{:?}", state.bad_sample_policy),
-                format!("{:?}", config.bad_samples),
+                setting_name(&state.bad_sample_policy),
+                setting_name(&config.bad_samples),
             ),
             (
                 "transform",
@@ -524,8 +524,8 @@ impl Loader {
             ("shuffle", state.shuffle.to_string(), s.shuffle.to_string()),
             (
                 "shard_window",
-                format!("{:?}", state.shard_window),
-                format!("{:?}", self.inner.sampler.effective_shard_window()),
+                shard_window_name(state.shard_window),
+                shard_window_name(self.inner.sampler.effective_shard_window()),
             ),
             (
                 "drop_last",
@@ -534,8 +534,8 @@ impl Loader {
             ),
             (
                 "uneven",
-                format!("{:?}", state.uneven),
-                format!("{:?}", s.uneven),
+                setting_name(&state.uneven),
+                setting_name(&s.uneven),
             ),
         ];
         match settings
@@ -546,6 +546,14 @@ impl Loader {
             Some((setting, saved, mut current)) => {
                 if setting == "dataset" {
                     current.push_str(&format!(" ({})", self.dataset().path().display()));
+                }
+                if setting == "transform" {
+                    // One digest of all that makes a sample's pixels from its bytes, said so: a
+                    // hostile try changed only the dtype and read "transform digest".
+                    current.push_str(
+                        " (of the transform chain with its output dtype, layout and \
+                         normalization, max_pixels, the decode mode and the batch mix)",
+                    );
                 }
                 Err(Error::StateMismatch {
                     setting,
@@ -594,4 +602,17 @@ impl Loader {
             stacked: c.stacked.load(Ordering::Relaxed),
         }
     }
+}
+
+/// A setting as the state and the Python package spell it (`"exact"`, `"replace"`).
+fn setting_name(value: &impl serde::Serialize) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(name)) => format!("{name:?}"),
+        _ => "?".into(),
+    }
+}
+
+/// A shard window as a user gives it: a number of shards, or none.
+fn shard_window_name(window: Option<usize>) -> String {
+    window.map_or_else(|| "none".into(), |shards| shards.to_string())
 }

@@ -1198,6 +1198,11 @@ fn invalid_configurations_are_refused() {
             .unwrap()
             .contains("rank 2")
     );
+    assert!(
+        bad(LoaderConfig::default().with_rank(0, 0))
+            .unwrap()
+            .contains("world_size must be at least 1")
+    );
     let mut t = Transform::cifar();
     t.output.dtype = DType::U8;
     assert!(
@@ -1416,6 +1421,10 @@ fn a_state_resumes_only_a_loader_that_gives_the_same_stream_and_names_what_diffe
                 assert_eq!(named, setting, "{err}");
                 assert_ne!(saved, current, "{err}");
                 assert!(err.to_string().contains(setting), "{err}");
+                // Settings are named as the state and the Python package spell them.
+                if setting == "uneven" {
+                    assert_eq!((saved.as_str(), current.as_str()), ("\"pad\"", "\"drop\""));
+                }
             }
             other => panic!(
                 "{setting}: expected a mismatch, got {:?}",
