@@ -611,10 +611,12 @@ class Loader:
             )
 
     def __len__(self) -> int:
-        """Batches per epoch on this rank (the whole epoch, also after a restore: the restored
-        loop gives only the batches not yet delivered)."""
+        """Batches per epoch on this rank: of the whole epoch (after a restore, the loop gives
+        only the batches not yet delivered), or, after a restore of a state saved at another
+        world size or batch size, of the part of the epoch dealt out again (the loop gives them
+        all)."""
         self._check_ranks(settle=False)
-        return len(self._native)
+        return self._native.batches_per_rank(self.epoch)
 
     def __iter__(self) -> Iterator[Tuple[Any, Any]]:
         self._check_process()
@@ -742,9 +744,13 @@ class Loader:
     def load_state_dict(self, state: Union[LoaderState, Dict[str, Any]]) -> None:
         """Makes the next ``for`` loop continue the saved epoch at its next batch. Raises
         :class:`~imagefeed.errors.StateMismatchError` when the state was saved with another seed
-        (a loader made with ``seed=None`` takes the saved one),
-        batch size, shuffle, transform, bad-sample policy or dataset (the rank and world size may
-        differ: the rest of the epoch is dealt out again)."""
+        (a loader made with ``seed=None`` takes the saved one), shuffle, ``drop_last``,
+        ``uneven``, transform (output dtype and layout included), bad-sample policy, shard
+        window or dataset. The rank, world size and batch size may differ: the samples no rank
+        had been given are dealt out again. Under ``uneven="exact"``, a state a shorter rank
+        saved after its last batch, resumed on another rank or at another world size, warns with
+        a :class:`~imagefeed.errors.ResumeWarning` (the longer ranks' last batches come again if
+        they had been taken): resume from rank 0's state."""
         self._check_process()
         self._check_ranks(settle=False)
         if not isinstance(state, dict) or not isinstance(state.get("imagefeed_loader_state"), dict):
@@ -757,7 +763,9 @@ class Loader:
             # This loader drew its seed: the run being resumed drew another, which it continues.
             native = self._make_native(self.rank, self.world_size, seed=saved_seed)
         # Nothing changes until the state is accepted: a refused state leaves the loader as it was.
-        epoch, remaining, over = native.resume(inner)
+        epoch, remaining, over, notice = native.resume(inner)
+        if notice is not None:
+            warnings.warn(notice, errors.ResumeWarning, stacklevel=2)
         if native is not self._native:
             self._native.stop(self._handed)
             self._native = native

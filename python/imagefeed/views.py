@@ -23,9 +23,12 @@ class LoaderSampler:
     ``len(sampler)`` is the number of samples an epoch gives this rank (padding included under
     ``uneven="pad"``; under ``uneven="exact"`` the first ``len(dataset) % world_size`` ranks
     get one more than the rest); iterating gives their dataset indices, in the order the
-    epoch's batches hold them (before bad-sample replacement), for the epoch the next loop
-    runs (the whole epoch: after :meth:`~imagefeed.Loader.load_state_dict` restored a position
-    inside it, the loop gives only the rest). ``set_epoch`` is the loader's.
+    epoch's batches hold them (before bad-sample replacement), for the loader's
+    :attr:`~imagefeed.Loader.epoch`. After :meth:`~imagefeed.Loader.load_state_dict` restored
+    a position inside that epoch, the loop gives only the rest of this list; a state saved at
+    another world size or batch size deals out again only the samples no rank had been given,
+    and the list is then that part of the epoch (what the loop gives, whole). ``set_epoch`` is
+    the loader's.
     """
 
     def __init__(self, loader: "Loader"):
@@ -33,7 +36,7 @@ class LoaderSampler:
 
     def __len__(self) -> int:
         self._loader._check_ranks(settle=False)
-        return self._loader._native.samples_per_rank
+        return self._loader._native.samples_per_rank(self._loader.epoch)
 
     def __iter__(self) -> Iterator[int]:
         self._loader._check_ranks(settle=False)

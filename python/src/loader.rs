@@ -729,18 +729,32 @@ impl NativeLoader {
     }
 
     /// Checks `state` (JSON of a `LoaderState`) against this loader and makes it the epoch in
-    /// progress: the next batch is the one the state points at. Returns the epoch and the
-    /// batches left in it.
-    fn resume(&self, py: Python<'_>, state: &str) -> PyResult<(u64, usize, bool)> {
+    /// progress: the next batch is the one the state points at. Returns the epoch, the
+    /// batches left in it, whether no rank has any left, and what the resume cannot know
+    /// ([`Loader::resume_notice`], for a warning).
+    fn resume(&self, py: Python<'_>, state: &str) -> PyResult<(u64, usize, bool, Option<String>)> {
         let state: LoaderState = serde_json::from_str(state)
             .map_err(|e| config(format!("not a loader state: {}", state_error(state, &e))))?;
         let epoch = py.detach(|| self.loader.resume(&state)).map_err(to_py)?;
         let (number, remaining) = (epoch.number(), epoch.remaining());
         let over = epoch.is_over_for_every_rank();
+        let notice = self.loader.resume_notice(&state);
         let mut current = self.current(py);
         current.epoch = Some(epoch);
         current.reset();
-        Ok((number, remaining, over))
+        Ok((number, remaining, over, notice))
+    }
+
+    /// Where in epoch `epoch`'s order the part this loader runs of it begins: 0, unless the
+    /// epoch in progress (or put aside) was resumed at another world size or batch size, which
+    /// deals out only what was left of it.
+    fn part_start(&self, py: Python<'_>, epoch: u64) -> usize {
+        let current = self.current(py);
+        match (&current.epoch, &current.stopped) {
+            (Some(e), _) if e.number() == epoch => e.part_start(),
+            (None, Some(stopped)) if stopped.epoch == epoch => stopped.start,
+            _ => 0,
+        }
     }
 
     /// The next batch of the epoch in progress, or None at its end. Releases the GIL while
@@ -797,15 +811,24 @@ impl NativeLoader {
         batch_parts(batch, 0)
     }
 
-    /// The samples epoch `epoch` gives this rank, in order (padding included).
+    /// The samples epoch `epoch` gives this rank, in order (padding included): of the part
+    /// this loader runs of it, which is the whole epoch unless it was resumed at another world
+    /// size or batch size.
     fn rank_indices(&self, py: Python<'_>, epoch: u64) -> Vec<usize> {
-        py.detach(|| self.loader.sampler().rank_indices(epoch))
+        let start = self.part_start(py, epoch);
+        py.detach(|| self.loader.sampler().rank_indices_from(epoch, start))
     }
 
-    /// How many samples an epoch gives this rank.
-    #[getter]
-    fn samples_per_rank(&self) -> usize {
-        self.loader.sampler().samples_per_rank()
+    /// How many batches epoch `epoch` gives this rank (of the part this loader runs of it).
+    fn batches_per_rank(&self, py: Python<'_>, epoch: u64) -> usize {
+        let start = self.part_start(py, epoch);
+        self.loader.sampler().batches_per_epoch_from(start)
+    }
+
+    /// How many samples epoch `epoch` gives this rank (of the part this loader runs of it).
+    fn samples_per_rank(&self, py: Python<'_>, epoch: u64) -> usize {
+        let start = self.part_start(py, epoch);
+        self.loader.sampler().samples_per_rank_from(start)
     }
 
     /// JSON of where the epoch in progress stands for a trainer handed `handed` of the batches

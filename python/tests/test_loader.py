@@ -474,6 +474,70 @@ def test_a_rank_left_without_a_share_of_a_resumed_epoch_runs_it_empty_beside_the
     assert len(before | set(rest)) == 240 and epochs == {0}
 
 
+def test_after_an_elastic_restore_the_sampler_lists_what_the_loop_gives(lmdb_path):
+    """Hostile finding: restored at another world size, loader.sampler still listed the whole
+    epoch's deal at the new size, of which the loop gave none in order (the rest is dealt out
+    again)."""
+    plain = dict(transform=T.none(), dtype="uint8", layout="NHWC", batch_size=8)
+    first = loader(lmdb_path, world_size=2, uneven="drop", **plain)
+    it = iter(first)
+    for _ in range(2):
+        next(it)
+    state = first.state_dict()
+    del it
+    given = []
+    for rank in range(3):
+        l = loader(lmdb_path, rank=rank, world_size=3, uneven="drop", **plain)
+        whole = list(l.sampler)
+        l.load_state_dict(state)
+        listed = list(l.sampler)
+        assert listed != whole[-len(listed):], "a re-deal, not a tail of the whole epoch's list"
+        assert len(l.sampler) == len(listed) and len(l) == -(-len(listed) // 8)
+        got = [im.tobytes() for images, _ in l for im in images]
+        assert got == [l.dataset[i][0].tobytes() for i in listed], rank
+        assert list(l.sampler) == listed, "the finished part's epoch still lists its part"
+        given.extend(listed)
+        l.set_epoch(1)
+        fresh = loader(lmdb_path, rank=rank, world_size=3, uneven="drop", **plain)
+        fresh.set_epoch(1)
+        assert list(l.sampler) == list(fresh.sampler) and len(l) == len(fresh)
+    # 32 samples given before the state (2 batches of 8 on 2 ranks; not a multiple of 3, so the
+    # new deal is no tail of the old one): the rest of the 240, each once, less what "drop"
+    # leaves out.
+    assert len(given) == len(set(given)) == 240 - 32 - (240 - 32) % 3
+
+
+def test_a_shorter_ranks_state_from_its_last_batch_warns_where_it_repeats_a_batch(lmdb_path):
+    """Hostile finding: under uneven="exact" a shorter rank's state after its last batch says
+    the longer ranks still have theirs; loaded elsewhere it gives them again if they had taken
+    them (chained through elastic restarts, one sample came eight times). Now a ResumeWarning."""
+    # 240 samples over 7 ranks in batches of 34: ranks 0-1 take 35 (two batches), ranks 2-6
+    # take 34 (one).
+    def at(rank, world_size=7):
+        return loader(lmdb_path, batch_size=34, rank=rank, world_size=world_size, uneven="exact")
+
+    short = at(6)
+    assert len(short) == 1 and len(at(0)) == 2
+    for _ in short:
+        pass
+    state = short.state_dict()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        at(6).load_state_dict(state)  # its own rank: nothing left, nothing unknown
+    # Rank 0's second batch (one sample) comes whether or not rank 0 had taken it; rank 3 has
+    # none left; at world size 2 the two samples left go one to each rank.
+    for other, sizes in ((at(0), [1]), (at(3), []), (at(0, world_size=2), [1])):
+        with pytest.warns(imagefeed.ResumeWarning, match="rank 6 of 7 after its last batch"):
+            other.load_state_dict(state)
+        assert [len(labels) for _, labels in other] == sizes
+    longest = at(0)
+    for _ in longest:
+        pass
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        at(6).load_state_dict(longest.state_dict())
+
+
 def test_the_sampler_names_the_padding_and_follows_set_epoch(lmdb_path):
     # 240 samples over 7 ranks, padded: 35 each, 5 samples given twice.
     per_rank = []

@@ -80,6 +80,13 @@ impl Epoch {
         self.epoch
     }
 
+    /// Where in the epoch's order this part of it begins: 0, unless it was resumed at another
+    /// world size or batch size, which deals out again only what was left
+    /// ([`Sampler::rank_indices_from`](crate::sampler::Sampler::rank_indices_from)).
+    pub fn part_start(&self) -> usize {
+        self.start
+    }
+
     /// Batches left in this epoch.
     pub fn remaining(&self) -> usize {
         self.batches.len().saturating_sub(self.next_deliver)

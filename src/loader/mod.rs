@@ -41,9 +41,7 @@ use crate::dataset::{fingerprint, hex, listing_digest};
 use crate::error::{Error, Result};
 use crate::pool::{BatchAllocator, BufferPool, HeapAllocator};
 use crate::rng::SampleRng;
-#[cfg(doc)]
-use crate::sampler::Uneven;
-use crate::sampler::{Sampler, Sampling};
+use crate::sampler::{Sampler, Sampling, Uneven};
 
 mod config;
 mod epoch;
@@ -562,6 +560,49 @@ impl Loader {
                 })
             }
         }
+    }
+
+    /// What resuming `state` here cannot know, as a sentence for the user, or None.
+    ///
+    /// Under [`Uneven::Exact`] ranks do not run in lockstep at an epoch's end: the first ranks
+    /// may have one batch more than the others. A state saved by a shorter rank after its last
+    /// batch says the epoch goes on with those longer ranks' last batches (it cannot know
+    /// whether they had taken them); resumed on another rank or at another world size or batch
+    /// size, it gives them again if they had. Resumed on its own rank, at its world and batch
+    /// size, it is exact (that rank has nothing left), and so is a state of the rank with the
+    /// most batches, rank 0.
+    pub fn resume_notice(&self, state: &LoaderState) -> Option<String> {
+        let here = &self.inner.sampler.sampling;
+        if state.uneven != Uneven::Exact
+            || state.world_size == 0
+            || state.batch_size == 0
+            || state.rank >= state.world_size
+            || (state.rank, state.world_size, state.batch_size)
+                == (here.rank, here.world_size, here.batch_size)
+        {
+            return None;
+        }
+        let saved = |rank| Sampler {
+            len: self.inner.sampler.len,
+            sampling: Sampling {
+                rank,
+                world_size: state.world_size,
+                batch_size: state.batch_size,
+                ..self.inner.sampler.sampling
+            },
+            shards: None,
+        };
+        let own = saved(state.rank).batches_per_epoch_from(state.start);
+        let longest = saved(0).batches_per_epoch_from(state.start);
+        (state.next_batch == own && own < longest).then(|| {
+            format!(
+                "this state was saved by rank {} of {} after its last batch of epoch {}, when \
+                 the first ranks had one batch more (uneven \"exact\"); whether they had taken \
+                 it is not in the state, so the resume gives those batches, again if they had: \
+                 resume from rank 0's state, the rank with the most batches",
+                state.rank, state.world_size, state.epoch
+            )
+        })
     }
 
     /// The part of `epoch` from position `start` of its order, from batch `first` of that part.

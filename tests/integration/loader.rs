@@ -957,6 +957,77 @@ fn a_resumed_epoch_is_over_only_when_no_rank_has_a_batch_left() {
     }
 }
 
+/// Under the exact split a shorter rank's last batch leaves the longer ranks one more: its
+/// state there cannot say whether they took it, and resumed elsewhere it is named for what it
+/// is (found by a hostile try: such states chained through elastic restarts delivered one
+/// sample eight times in an epoch).
+#[test]
+fn a_shorter_ranks_state_at_its_end_is_named_where_it_may_repeat_a_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, lmdb, _) = datasets(dir.path());
+    // 30 samples in batches of 7 over 4 ranks: ranks 0-1 take 8 (two batches, the second of
+    // one sample), ranks 2-3 take 7 (one batch).
+    let at = |rank, world, batch| {
+        Loader::new(
+            Arc::clone(&lmdb),
+            config(Transform::none(), 1, 1)
+                .with_batch_size(batch)
+                .with_rank(rank, world)
+                .with_uneven(Uneven::Exact),
+        )
+        .unwrap()
+    };
+    let (world, batch) = (4, 7);
+    assert_eq!(
+        (0..world)
+            .map(|r| at(r, world, batch).batches_per_epoch())
+            .collect::<Vec<_>>(),
+        [2, 2, 1, 1]
+    );
+    let end_of = |rank| {
+        let mut epoch = at(rank, world, batch).epoch(1);
+        for b in epoch.by_ref() {
+            b.unwrap();
+        }
+        epoch.state()
+    };
+    let short_end = end_of(3);
+    // On its own rank, at its world and batch size, nothing is left and nothing is unknown.
+    let own = at(3, world, batch);
+    assert!(own.resume_notice(&short_end).is_none());
+    assert_eq!(own.resume(&short_end).unwrap().remaining(), 0);
+    // Anywhere else the longer ranks' batches come again, and the notice says so.
+    for (rank, w, b) in [
+        (0, world, batch),
+        (2, world, batch),
+        (0, 1, batch),
+        (0, 4, 3),
+    ] {
+        let loader = at(rank, w, b);
+        let notice = loader.resume_notice(&short_end);
+        assert!(
+            notice.as_deref().is_some_and(|n| n.contains("rank 3 of 4")),
+            "rank {rank} of {w}, batch {b}: {notice:?}"
+        );
+        assert!(!loader.resume(&short_end).unwrap().is_over_for_every_rank());
+    }
+    // Rank 0's state at its end, a shorter rank's state before its end, and any state under
+    // another rule are exact: no notice.
+    let rank0_end = end_of(0);
+    let mut mid = at(3, world, batch).epoch(1);
+    let before_end = mid.state();
+    mid.next().unwrap().unwrap();
+    assert_eq!(mid.state().next_batch, 1);
+    for state in [&rank0_end, &before_end] {
+        assert!(at(1, 2, batch).resume_notice(state).is_none());
+    }
+    let padded_end = LoaderState {
+        uneven: Uneven::Pad,
+        ..short_end.clone()
+    };
+    assert!(at(0, 2, batch).resume_notice(&padded_end).is_none());
+}
+
 #[test]
 fn a_new_loader_writes_the_same_batches_over_memory_an_old_one_left() {
     // Batch buffers of 1 MiB and more outlive their loader for a moment, and the process's
