@@ -183,6 +183,16 @@ class _CudaFeed:
         return out, dev_labels
 
 
+class _LoopCount:
+    """The batches one loop has handed to the trainer. Each loop has its own, so that a loop
+    superseded on another thread cannot count into the newer loop's position."""
+
+    __slots__ = ("handed",)
+
+    def __init__(self) -> None:
+        self.handed = 0
+
+
 class Loader:
     """Batches of a dataset, built by Rust worker threads, delivered as tensors without a copy.
 
@@ -493,7 +503,8 @@ class Loader:
         self._last_bad: List[BadSample] = []
         # Each loop gets a generation: an old, abandoned iterator must not stop a newer loop.
         self._gen = 0
-        self._handed = 0
+        # The batches the current loop handed to the trainer (each loop counts in its own).
+        self._count = _LoopCount()
         self._pid = os.getpid()
         # Buffers a loader needs with nothing kept: one per batch in flight, the one being
         # handed over, and the one the trainer is using (with a GPU: two being copied).
@@ -636,20 +647,24 @@ class Loader:
             if epoch >= 2**64:
                 raise errors.ConfigError(f"epoch {epoch}: past the last epoch there is (2**64 - 1)")
             self._native.begin(epoch)
-            self._handed = 0
+            self._count = _LoopCount()
             self._gen += 1
             self._epoch = epoch
             self._bad = []
         assert self._epoch is not None  # set by begin() or by load_state_dict()
         self._next_epoch = self._epoch + 1
-        return self._batches(self._gen)
+        return self._batches(self._gen, self._count, self._native.generation)
 
-    def _batches(self, gen: int) -> Iterator[Tuple[Any, Any]]:
+    def _batches(self, gen: int, count: "_LoopCount", ticket: int) -> Iterator[Tuple[Any, Any]]:
+        """The loop started as generation ``gen`` (``ticket`` on the native side), counting the
+        batches it hands over in ``count``. A loop superseded by a newer one, even on another
+        thread between its check and its call, gets no batch of the newer loop and adds
+        nothing to its count."""
         native = self._native
         convert = self._convert
         cuda = self._cuda
         pending = None  # CUDA: the batch whose copy is under way, not handed over yet
-        # self._handed counts the batches handed to the trainer in this epoch. The native side
+        # count.handed counts the batches handed to the trainer in this epoch. The native side
         # counts the batches it returned; the difference (a batch held when an exception hits,
         # one staged ahead on the GPU) is left out of the position. It is counted right before
         # each `yield`, with no call in between, so no signal handler can run between the two.
@@ -662,7 +677,7 @@ class Loader:
                         "this iterator was superseded: a newer loop over the loader started"
                     )
                 try:
-                    parts = native.next_batch()
+                    parts = native.next_batch(ticket)
                 except errors.TooManyBadSamplesError as e:
                     e.keys = [b.key for b in self._bad] + ([e.key] if e.key is not None else [])
                     raise
@@ -678,7 +693,7 @@ class Loader:
                     self._warn_growth()
                 if cuda is None:
                     item = (convert(images), convert(labels))
-                    self._handed += 1
+                    count.handed += 1
                     yield item
                     continue
                 # One batch ahead: this batch's copy is issued before the previous one is
@@ -689,19 +704,19 @@ class Loader:
                     continue
                 item = cuda.finish(pending)
                 pending = staged
-                self._handed += 1
+                count.handed += 1
                 yield item
             if pending is not None:
                 assert cuda is not None  # only a CUDA feed stages a batch
                 item, pending = cuda.finish(pending), None
-                self._handed += 1
+                count.handed += 1
                 yield item
         finally:
             try:
                 # A loop left early (break, an exception, Ctrl-C) cancels the batches in flight
                 # and keeps the position for state_dict(), without batches never handed over.
                 if gen == self._gen and os.getpid() == self._pid:
-                    native.stop(self._handed)
+                    native.stop(count.handed)
             finally:
                 if cuda is not None and os.getpid() == self._pid:
                     cuda.drain()
@@ -738,7 +753,7 @@ class Loader:
         self._check_process()
         self._check_ranks(settle=False)
         fresh = self._epoch_set is not None and not self._resumed
-        state = self._native.state(self.epoch, fresh=fresh, handed=self._handed)
+        state = self._native.state(self.epoch, fresh=fresh, handed=self._count.handed)
         return {"imagefeed_loader_state": json.loads(state)}
 
     def load_state_dict(self, state: Union[LoaderState, Dict[str, Any]]) -> None:
@@ -767,11 +782,11 @@ class Loader:
         if notice is not None:
             warnings.warn(notice, errors.ResumeWarning, stacklevel=2)
         if native is not self._native:
-            self._native.stop(self._handed)
+            self._native.stop(self._count.handed)
             self._native = native
             self._native_args["seed"] = saved_seed
             self.seed = saved_seed
-        self._handed = 0
+        self._count = _LoopCount()
         self._gen += 1
         self._empty_loop = None
         self._restored = inner

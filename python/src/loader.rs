@@ -757,11 +757,29 @@ impl NativeLoader {
         }
     }
 
+    /// Counts the epochs begun, resumed or put aside: a loop takes it when it starts, and
+    /// [`next_batch`](Self::next_batch) with it refuses once another loop has begun.
+    #[getter]
+    fn generation(&self, py: Python<'_>) -> u64 {
+        self.current(py).generation
+    }
+
     /// The next batch of the epoch in progress, or None at its end. Releases the GIL while
     /// waiting; a signal handler that raises (Ctrl-C) puts the epoch aside and propagates.
-    fn next_batch(&self, py: Python<'_>) -> PyResult<Option<BatchParts>> {
+    ///
+    /// `generation`: the [`generation`](Self::generation) the calling loop started at. Once a
+    /// newer loop has begun, the call is refused instead of taking that loop's batch (a hostile
+    /// try had a loop on another thread, superseded between its check and this call, take a
+    /// batch of the next epoch, which its own loop then never saw).
+    #[pyo3(signature = (generation=None))]
+    fn next_batch(&self, py: Python<'_>, generation: Option<u64>) -> PyResult<Option<BatchParts>> {
         self.let_waiting_in(py);
         let mut current = self.current(py);
+        if generation.is_some_and(|g| g != current.generation) {
+            return Err(config(
+                "this iterator was superseded: a newer loop over the loader started",
+            ));
+        }
         let generation = current.generation;
         let Some(epoch) = current.epoch.as_mut() else {
             return Err(config("no epoch in progress: iterate the loader"));

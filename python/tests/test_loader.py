@@ -897,6 +897,47 @@ def test_transforms_refuse_impossible_chains():
     )
 
 
+def test_a_loop_superseded_between_its_check_and_its_call_takes_no_batch_of_the_new_one(lmdb_path):
+    """Hostile finding: a loop on another thread, superseded after its check and before its
+    call for the next batch, took a batch of the new epoch; the new loop never saw it and
+    state_dict() counted it as trained. The window is made deterministic here: the new loop
+    starts from inside the old loop's call."""
+    plain = dict(seed=4, transform=T.none(), dtype="uint8", layout="NHWC")
+    reference = loader(lmdb_path, **plain)
+    reference.set_epoch(1)
+    expected = [images.copy() for images, _ in reference]
+
+    l = loader(lmdb_path, **plain)
+    real = l._native
+    new_loop = {}
+
+    class StartsTheNextLoopFirst:
+        armed = False
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def next_batch(self, *args):
+            if self.armed:
+                self.armed = False
+                new_loop["iter"] = iter(l)  # epoch 1 begins
+                new_loop["first"] = next(new_loop["iter"])[0].copy()
+            return real.next_batch(*args)
+
+    proxy = StartsTheNextLoopFirst()
+    l._native = proxy
+    old = iter(l)
+    next(old)
+    proxy.armed = True
+    with pytest.raises(imagefeed.ConfigError, match="superseded"):
+        next(old)
+    rest = [images.copy() for images, _ in new_loop["iter"]]
+    got = [new_loop["first"], *rest]
+    assert len(got) == len(expected) and all(np.array_equal(a, b) for a, b in zip(got, expected))
+    state = l.state_dict()["imagefeed_loader_state"]
+    assert (state["epoch"], state["next_batch"]) == (1, len(expected))
+
+
 def test_breaking_out_keeps_the_position_and_an_old_iterator_cannot_disturb_a_new_loop(lmdb_path):
     l = loader(lmdb_path, seed=4)
     old = iter(l)
