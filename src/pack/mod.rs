@@ -42,7 +42,7 @@ pub use options::{
     NoProgress, PackObserver, PackOptions, PackSummary, Part, disk_bytes, report_path,
     source_fingerprint,
 };
-use worker::{Fetched, PackWorker, Source};
+use worker::{Checked, Fetched, PackWorker, Source, Unfetched};
 
 /// Packs the ImageFolder tree at `source` into `out`.
 ///
@@ -532,6 +532,11 @@ fn write_chunks(
         });
         let result = (|| {
             for (chunk, results) in todo.chunks(chunk_size).zip(receiver.iter()) {
+                // An item the source as a whole failed on stops the pack before this chunk.
+                let results = results
+                    .into_iter()
+                    .map(Unfetched::checked)
+                    .collect::<Result<Vec<Checked>>>()?;
                 let records = accept_chunk(items, chunk, &results, options, observer, progress)?;
                 writer.write_chunk(&records, progress)?;
                 observer.advanced(progress.sources_done, progress.payload_bytes);
@@ -559,7 +564,7 @@ fn write_chunks(
 fn accept_chunk<'r>(
     items: &Source<'_>,
     chunk: &[usize],
-    results: &'r [Fetched],
+    results: &'r [Checked],
     options: &PackOptions,
     observer: &dyn PackObserver,
     progress: &mut PackProgress,

@@ -130,8 +130,55 @@ impl Source<'_> {
     }
 }
 
-/// One fetched item: (key, label, payload to store), or (key, rejection reason).
-pub(super) type Fetched = std::result::Result<(String, u32, Vec<u8>), (String, String)>;
+/// One checked item: (key, label, payload to store), or (key, rejection reason).
+pub(super) type Checked = std::result::Result<(String, u32, Vec<u8>), (String, String)>;
+
+/// One fetched item: what to store, or why not.
+pub(super) type Fetched = std::result::Result<(String, u32, Vec<u8>), Unfetched>;
+
+/// Why an item was not fetched.
+pub(super) enum Unfetched {
+    /// The item itself is unusable: rejected by its key, with the reason, and the pack goes on.
+    Rejected(String, String),
+    /// The source dataset as a whole cannot be read on: it changed or was cut short since it
+    /// was opened, a read or the object store failed. The pack stops with this error (the
+    /// chunks committed so far kept for `--resume`): rejecting every item after it would
+    /// publish a complete-looking part of the source. (A hostile try cut a 10,000-image LMDB
+    /// to a third while it was converted: the output was published with 3,324 samples and
+    /// 6,676 "rejected" images.)
+    Source(Error),
+}
+
+impl Unfetched {
+    /// A fetched item as a checked one, or the error that stops the pack.
+    pub(super) fn checked(fetched: Fetched) -> Result<Checked> {
+        match fetched {
+            Ok(item) => Ok(Ok(item)),
+            Err(Unfetched::Rejected(key, reason)) => Ok(Err((key, reason))),
+            Err(Unfetched::Source(error)) => Err(error),
+        }
+    }
+}
+
+/// Whether a dataset reader's error is the whole source's (the pack stops) rather than one
+/// record's (it is rejected).
+fn is_the_sources(error: &Error) -> bool {
+    #[cfg(feature = "remote")]
+    if matches!(error, Error::Remote { .. }) {
+        return true;
+    }
+    matches!(
+        error,
+        Error::Io { .. }
+            | Error::FileChanged { .. }
+            | Error::Lmdb { .. }
+            | Error::CacheFull { .. }
+            | Error::ShardSet { .. }
+            | Error::Incomplete { .. }
+            | Error::OutOfMemory { .. }
+            | Error::Cancelled
+    )
+}
 
 /// Per-thread state for checking and transforming files.
 pub(super) struct PackWorker {
@@ -164,24 +211,26 @@ impl PackWorker {
                 let mut bytes = Vec::new();
                 match folder.read_file(index, &mut bytes) {
                     Ok(()) => Ok((entry.key.clone(), entry.label, bytes)),
-                    Err(Error::RefusedFile { reason, .. }) => Err((entry.key.clone(), reason)),
-                    Err(e) => Err((entry.key.clone(), format!("cannot read: {e}"))),
+                    Err(Error::RefusedFile { reason, .. }) => {
+                        Err(Unfetched::Rejected(entry.key.clone(), reason))
+                    }
+                    Err(e) => Err(Unfetched::Rejected(
+                        entry.key.clone(),
+                        format!("cannot read: {e}"),
+                    )),
                 }
             }
             Source::Records(_) | Source::Joined(_) => {
                 let dataset = source.dataset().expect("a dataset-backed source");
                 let reader = match &mut self.reader {
                     Some(reader) => reader,
-                    slot @ None => match dataset.open_reader() {
-                        Ok(reader) => slot.insert(reader),
-                        Err(e) => {
-                            return Err((index.to_string(), format!("cannot open a reader: {e}")));
-                        }
-                    },
+                    // A reader that cannot be opened reads no item: the source's error.
+                    slot @ None => slot.insert(dataset.open_reader().map_err(Unfetched::Source)?),
                 };
                 match reader.read(index) {
                     Ok(r) => Ok((r.key.to_string(), r.label, r.payload.to_vec())),
-                    Err(e) => Err((index.to_string(), e.to_string())),
+                    Err(e) if is_the_sources(&e) => Err(Unfetched::Source(e)),
+                    Err(e) => Err(Unfetched::Rejected(index.to_string(), e.to_string())),
                 }
             }
         }
@@ -198,14 +247,17 @@ impl PackWorker {
         if key.contains('\0') {
             // A key is a path relative to the source root, which cannot hold a NUL; HDF5's
             // strings cannot store one either.
-            return Err((key.replace('\0', "\\0"), "its key holds a NUL byte".into()));
+            return Err(Unfetched::Rejected(
+                key.replace('\0', "\\0"),
+                "its key holds a NUL byte".into(),
+            ));
         }
         if let Source::Joined(_) = source {
             return Ok((key, label, bytes));
         }
         match self.prepare_bytes(bytes, options) {
             Ok(payload) => Ok((key, label, payload)),
-            Err(reason) => Err((key, reason)),
+            Err(reason) => Err(Unfetched::Rejected(key, reason)),
         }
     }
 

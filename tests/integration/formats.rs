@@ -132,6 +132,33 @@ fn hdf5_offsets_past_the_data_and_truncated_files_are_reported() {
     let err = err.to_string();
     assert!(err.contains("cut.h5"), "{err}");
 
+    // Cut short after it was opened: the file changed, as LMDB and record shards say, not one
+    // bad record after another.
+    let shrinking = dir.path().join("shrinking.h5");
+    pack_as(
+        &fixture_root(),
+        &shrinking,
+        PackFormat::Hdf5,
+        &small_options(),
+    );
+    let dataset = format::open(&shrinking).unwrap();
+    let mut reader = dataset.open_reader().unwrap();
+    let last = dataset.len() - 1;
+    assert!(reader.read(last).is_ok());
+    let len = fs::metadata(&shrinking).unwrap().len();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&shrinking)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let err = reader.read(last).unwrap_err();
+    assert!(
+        matches!(&err, Error::FileChanged { path, change }
+            if *path == shrinking && change.contains(&format!("from {len} to {}", len / 2))),
+        "{err:?}"
+    );
+
     let garbage = dir.path().join("garbage.h5");
     let mut fake = imagefeed::format::hdf5::SIGNATURE.to_vec();
     fake.extend_from_slice(&[0u8; 600]);

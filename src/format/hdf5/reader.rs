@@ -624,14 +624,11 @@ impl Hdf5Reader {
     }
 }
 
-impl RecordReader for Hdf5Reader {
-    fn read(&mut self, index: usize) -> Result<Record<'_>> {
+impl Hdf5Reader {
+    /// Reads record `index`'s payload into `self.buffer`, or says where in the heap collection
+    /// read for it it lies (h5py's variable-length elements).
+    fn load(&mut self, index: usize) -> Result<Option<std::ops::Range<usize>>> {
         let shared = Arc::clone(&self.shared);
-        assert!(
-            index < shared.info.num_samples,
-            "index {index} out of range for {} samples",
-            shared.info.num_samples
-        );
         let mut from_heap = None;
         match &shared.layout {
             Layout::Imagefeed { .. } => self.read_imagefeed(index)?,
@@ -664,6 +661,47 @@ impl RecordReader for Hdf5Reader {
                 self.pixels_to_raw(*height, *width, *channels);
             }
         }
+        Ok(from_heap)
+    }
+
+    /// A record's error as the file's where the file is shorter than when it was opened: each
+    /// record past the cut was a bad sample of its own, so a loader counted them up to its
+    /// `max_bad` and a conversion published what came before the cut as a whole dataset (a
+    /// hostile try). LMDB and record shards, read through maps, say the same at the first
+    /// byte that is gone.
+    fn or_cut_short(&self, error: Error) -> Error {
+        let (Error::CorruptRecord { .. }, Some(identity)) = (&error, &self.shared.identity) else {
+            return error;
+        };
+        let len = match &self.file {
+            Some(file) => file.metadata().map(|m| m.len()),
+            None => fs::metadata(&self.shared.path).map(|m| m.len()),
+        };
+        match len {
+            Ok(len) if len < identity.len => Error::FileChanged {
+                path: self.shared.path.clone(),
+                change: format!(
+                    "its size went from {} to {len} bytes since it was opened",
+                    identity.len
+                ),
+            },
+            _ => error,
+        }
+    }
+}
+
+impl RecordReader for Hdf5Reader {
+    fn read(&mut self, index: usize) -> Result<Record<'_>> {
+        let shared = Arc::clone(&self.shared);
+        assert!(
+            index < shared.info.num_samples,
+            "index {index} out of range for {} samples",
+            shared.info.num_samples
+        );
+        let from_heap = match self.load(index) {
+            Ok(from_heap) => from_heap,
+            Err(error) => return Err(self.or_cut_short(error)),
+        };
         let key: &str = match &self.shared.layout {
             Layout::Imagefeed { keys, .. } => keys[index].as_str(),
             _ => self.key.as_str(),
