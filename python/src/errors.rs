@@ -200,14 +200,47 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
     };
     if let Some((path, reason)) = located {
         attrs.set_item("path", path.to_string_lossy().into_owned())?;
-        attrs.set_item("reason", reason)?;
+        attrs.set_item("reason", in_python(&reason))?;
+    } else if let Some(reason) = attrs.get_item("reason")? {
+        attrs.set_item("reason", in_python(&reason.extract::<String>()?))?;
     }
     let module = py.import("imagefeed.errors")?;
-    let exception = module.getattr(class)?.call1((err.to_string(),))?;
+    let exception = module
+        .getattr(class)?
+        .call1((in_python(&err.to_string()),))?;
     for (name, value) in attrs.iter() {
         exception.setattr(name.cast_into::<pyo3::types::PyString>()?, value)?;
     }
     Ok(PyErr::from_value(exception))
+}
+
+/// A message as a Python user acts on it: the command-line options it names are the keyword
+/// arguments of the Python calls (`--restart-markers` is `restart_markers`, `--resume` and
+/// `--force` are `resume=True` and `force=True`; a hostile try was told to "rerun it with
+/// --resume" by a Python call).
+fn in_python(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find("--") {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 2..];
+        let len = after
+            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'))
+            .unwrap_or(after.len());
+        let name = &after[..len];
+        if !name.starts_with(|c: char| c.is_ascii_lowercase()) {
+            out.push_str("--");
+            rest = after;
+            continue;
+        }
+        out.push_str(&name.replace('-', "_"));
+        if name == "resume" || name == "force" {
+            out.push_str("=True");
+        }
+        rest = &after[len..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// A configuration error raised from the bindings' own checks.

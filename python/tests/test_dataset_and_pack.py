@@ -144,6 +144,8 @@ def test_pack_inspect_verify_round_trip(tree, tmp_path, capfd):
     with pytest.raises(imagefeed.OutputExistsError) as e:
         imagefeed.pack(tree, tmp_path / "data.lmdb", "lmdb", progress=False)
     assert isinstance(e.value, FileExistsError)
+    # Named as the Python call takes it, not as the command line's --force.
+    assert "force=True" in str(e.value) and "--force" not in str(e.value) + e.value.reason
     again = imagefeed.pack(tree, tmp_path / "data.lmdb", "lmdb", force=True, progress=False)
     assert again["samples"] == 240
 
@@ -253,6 +255,10 @@ def test_ctrl_c_stops_a_pack_keeping_its_progress_and_resume_finishes_it(tmp_pat
     assert partial.exists() and not out.exists(), "what was committed is kept, nothing looks complete"
     with pytest.raises(imagefeed.IncompleteDatasetError):
         imagefeed.Dataset(out, decode="bytes")
+    # Other options are refused, named as this call takes them (not --resize, --force).
+    with pytest.raises(imagefeed.ConfigError) as e:
+        imagefeed.pack(src, out, threads=1, resize=64, resume=True, progress=False)
+    assert "resize" in str(e.value) and "force=True" in str(e.value) and "--" not in str(e.value)
     summary = imagefeed.pack(src, out, threads=1, resize=48, resume=True, progress=False)
     assert summary["samples"] == 520 and summary["resumed_from"] < 520
     assert imagefeed.verify(out)["ok"]
