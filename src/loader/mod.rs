@@ -444,8 +444,17 @@ impl Loader {
         let most_seen = (state.next_batch as u64)
             .checked_mul(state.batch_size as u64)
             .and_then(|slots| slots.checked_add(state.samples_before_start));
+        // Every batch taken but the last was full, and none was empty (a hostile try's
+        // `samples_seen: 0` at batch 2 was accepted).
+        let least_seen = match state.next_batch as u64 {
+            0 => Some(state.samples_before_start),
+            taken => (taken - 1)
+                .checked_mul(state.batch_size as u64)
+                .and_then(|full| full.checked_add(1))
+                .and_then(|slots| slots.checked_add(state.samples_before_start)),
+        };
         if state.samples_before_start > sampler.len as u64
-            || state.samples_seen < state.samples_before_start
+            || least_seen.is_none_or(|least| state.samples_seen < least)
             || most_seen.is_none_or(|most| state.samples_seen > most)
             || state.bad_samples > state.samples_seen
         {

@@ -1802,7 +1802,26 @@ fn forged_states_and_changed_settings_are_errors_never_panics_or_hangs() {
             samples_before_start: 9,
             ..state.clone()
         },
+        // Fewer than the batches taken hold (a hostile try's `samples_seen: 0` at batch 2
+        // was accepted): every batch but a rank's last is full, and none is empty.
+        LoaderState {
+            samples_seen: 0,
+            ..state.clone()
+        },
+        LoaderState {
+            samples_seen: 4,
+            ..state.clone()
+        },
     ];
+    // The least a loader saves there: one full batch and one of a single sample.
+    assert!(
+        failing
+            .resume(&LoaderState {
+                samples_seen: 5,
+                ..state.clone()
+            })
+            .is_ok()
+    );
     for forged in forged {
         assert!(
             matches!(&failing.resume(&forged), Err(Error::Config(m)) if m.contains("counters")),
