@@ -397,6 +397,15 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 impl Error {
+    /// Whether this error from reading one record is the whole dataset's rather than the
+    /// record's: its file or object changed since it was opened (replaced, rewritten, cut
+    /// short), or the shard cache has no room for it. Every later record would fail the same
+    /// way or read another version's bytes, so a loader fails the batch and a pack stops,
+    /// where a record's own error is a bad sample or a rejection.
+    pub fn is_dataset_wide(&self) -> bool {
+        matches!(self, Error::FileChanged { .. } | Error::CacheFull { .. })
+    }
+
     /// Wraps an I/O error with the path it happened on.
     pub fn io(path: impl AsRef<Path>, source: io::Error) -> Self {
         Error::Io {

@@ -458,14 +458,11 @@ impl Worker {
                 times.read += times.clock.lap();
                 match record {
                     Ok(record) => (record.label, record.key, Source::Payload(record.payload)),
-                    // Not the sample's fault: the cache has no room for its shard. Going on
-                    // would make every later sample of that shard bad too; the batch fails,
-                    // saying what to do.
-                    Err(e @ Error::CacheFull { .. }) => return Err(e),
-                    // The dataset's file was replaced or rewritten since it was opened: every
-                    // later sample would be bad too, or another file's. The batch fails,
-                    // naming the file.
-                    Err(e @ Error::FileChanged { .. }) => return Err(e),
+                    // Not the sample's fault: the cache has no room for its shard, or the
+                    // dataset's file was replaced or rewritten since it was opened. Every later
+                    // sample would be bad too, or another file's; the batch fails, naming the
+                    // file and what to do.
+                    Err(e) if e.is_dataset_wide() => return Err(e),
                     Err(e) => {
                         return Ok(Outcome::Bad {
                             key: match &e {

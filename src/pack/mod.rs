@@ -497,8 +497,9 @@ fn plan_for(
 
 /// Checks the items `todo` on a thread pool a chunk at a time, and commits each chunk, in
 /// source order, through `writer` with the progress so far. A producer thread checks chunk
-/// k+1 while this thread commits chunk k. Stops at the first rejection when strict, or when
-/// the observer asks (after a commit, so the work done is kept for `--resume`).
+/// k+1 while this thread commits chunk k. Stops at the first rejection when strict, at the
+/// first item the source as a whole failed on (before committing its chunk), or when the
+/// observer asks (after a commit, so the work done is kept for `--resume`).
 #[allow(clippy::too_many_arguments)]
 fn write_chunks(
     items: &Source<'_>,

@@ -141,7 +141,8 @@ pub(super) enum Unfetched {
     /// The item itself is unusable: rejected by its key, with the reason, and the pack goes on.
     Rejected(String, String),
     /// The source dataset as a whole cannot be read on: it changed or was cut short since it
-    /// was opened, a read or the object store failed. The pack stops with this error (the
+    /// was opened, or the object store failed ([`is_source_wide`]). The pack stops with this
+    /// error (the
     /// chunks committed so far kept for `--resume`): rejecting every item after it would
     /// publish a complete-looking part of the source. (A hostile try cut a 10,000-image LMDB
     /// to a third while it was converted: the output was published with 3,324 samples and
@@ -160,24 +161,16 @@ impl Unfetched {
     }
 }
 
-/// Whether a dataset reader's error is the whole source's (the pack stops) rather than one
-/// record's (it is rejected).
-fn is_the_sources(error: &Error) -> bool {
+/// Whether a dataset reader's error stops the pack rather than rejecting the record: the
+/// dataset's own ([`Error::is_dataset_wide`], as for a loader), and, since a rejection is
+/// permanent where a loader's bad sample lasts an epoch, a read that failed for a reason that
+/// is not the record's (the object store after its retries, memory).
+fn is_source_wide(error: &Error) -> bool {
     #[cfg(feature = "remote")]
     if matches!(error, Error::Remote { .. }) {
         return true;
     }
-    matches!(
-        error,
-        Error::Io { .. }
-            | Error::FileChanged { .. }
-            | Error::Lmdb { .. }
-            | Error::CacheFull { .. }
-            | Error::ShardSet { .. }
-            | Error::Incomplete { .. }
-            | Error::OutOfMemory { .. }
-            | Error::Cancelled
-    )
+    error.is_dataset_wide() || matches!(error, Error::OutOfMemory { .. } | Error::Cancelled)
 }
 
 /// Per-thread state for checking and transforming files.
@@ -229,7 +222,7 @@ impl PackWorker {
                 };
                 match reader.read(index) {
                     Ok(r) => Ok((r.key.to_string(), r.label, r.payload.to_vec())),
-                    Err(e) if is_the_sources(&e) => Err(Unfetched::Source(e)),
+                    Err(e) if is_source_wide(&e) => Err(Unfetched::Source(e)),
                     Err(e) => Err(Unfetched::Rejected(index.to_string(), e.to_string())),
                 }
             }

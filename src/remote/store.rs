@@ -589,10 +589,12 @@ impl PendingRange {
                 e => Error::remote(url, "reading a range of", e),
             })?;
         if bytes.len() as u64 != self.len {
-            return Err(Error::BadUrl {
-                url: url.to_string(),
-                reason: format!(
-                    "a ranged read of bytes {}..{} gave {} bytes (cut short since listed?)",
+            // The object is not the one listed (a store without ETags cannot refuse the
+            // request): every later read of it would fail or read another version.
+            return Err(Error::FileChanged {
+                path: url.to_string().into(),
+                change: format!(
+                    "a ranged read of bytes {}..{} gave {} bytes: cut short since it was listed",
                     self.offset,
                     self.offset + self.len,
                     bytes.len()
@@ -666,9 +668,9 @@ pub fn download(
         })?
         .at(path)?;
     if written != object.size {
-        return Err(Error::BadUrl {
-            url: url.to_string(),
-            reason: format!(
+        return Err(Error::FileChanged {
+            path: url.to_string().into(),
+            change: format!(
                 "the download gave {written} bytes, but the object was listed with {}",
                 object.size
             ),
