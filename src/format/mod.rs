@@ -100,7 +100,18 @@ impl FileIdentity {
     /// Checks that `path` is still this file.
     pub(crate) fn check(&self, path: &Path) -> Result<()> {
         use crate::error::IoContext as _;
-        let now = FileIdentity::of(&std::fs::metadata(path).at(path)?);
+        self.compare(&std::fs::metadata(path).at(path)?, path)
+    }
+
+    /// Checks that `file`, opened from `path` as this file, was neither cut short nor
+    /// rewritten since (whatever is at `path` now).
+    pub(crate) fn check_open(&self, file: &std::fs::File, path: &Path) -> Result<()> {
+        use crate::error::IoContext as _;
+        self.compare(&file.metadata().at(path)?, path)
+    }
+
+    fn compare(&self, meta: &std::fs::Metadata, path: &Path) -> Result<()> {
+        let now = FileIdentity::of(meta);
         if now == *self {
             return Ok(());
         }

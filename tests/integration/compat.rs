@@ -292,6 +292,31 @@ fn h5py_pixel_arrays_read_as_raw_images_chunked_or_contiguous() {
         .flat_map(|y| (0..2).flat_map(move |x| [fixture_pixel(3, y, x, 0); 3]))
         .collect();
     assert_eq!(pixels, want);
+    use std::os::unix::fs::FileExt as _;
+    // Rewritten in place after it was opened (h5py.File(path, "w") keeps the inode): the
+    // file's error, not the new file's pixels under the old file's labels (a hostile try).
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("gray.h5");
+    fs::copy(compat("h5py-gray.h5"), &copy).unwrap();
+    let opened = format::open(&copy).unwrap();
+    let mut reader = opened.open_reader().unwrap();
+    assert_eq!(reader.read(3).unwrap().payload, &rows[3].2[..]);
+    let mut bytes = fs::read(&copy).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff; // a pixel of the last sample, the size unchanged
+    std::thread::sleep(std::time::Duration::from_millis(20)); // a later modification time
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&copy)
+        .unwrap()
+        .write_all_at(&bytes, 0)
+        .unwrap();
+    match reader.read(3) {
+        Err(Error::FileChanged { path, change }) => {
+            assert_eq!((path, change.as_str()), (copy.clone(), "it was modified"));
+        }
+        other => panic!("{:?}", other.map(|r| r.payload.to_vec())),
+    }
     // Wrong names are a clear error listing what the file has.
     let err = format::open(compat("h5py-pixels.h5")).unwrap_err();
     assert!(matches!(err, Error::NotADataset { .. }), "{err:?}");

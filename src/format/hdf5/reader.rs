@@ -664,28 +664,41 @@ impl Hdf5Reader {
         Ok(from_heap)
     }
 
-    /// A record's error as the file's where the file is shorter than when it was opened: each
-    /// record past the cut was a bad sample of its own, so a loader counted them up to its
-    /// `max_bad` and a conversion published what came before the cut as a whole dataset (a
-    /// hostile try). LMDB and record shards, read through maps, say the same at the first
-    /// byte that is gone.
-    fn or_cut_short(&self, error: Error) -> Error {
-        let (Error::CorruptRecord { .. }, Some(identity)) = (&error, &self.shared.identity) else {
-            return error;
+    /// What a read of a record gave, or the file's error where the file changed since it was
+    /// opened. Cut short, each record past the cut was a bad sample of its own, so a loader
+    /// counted them up to its `max_bad` and a conversion published what came before as a whole
+    /// dataset; rewritten in place, an h5py file gave the new file's pixels under the old
+    /// file's labels (two hostile tries). LMDB and record shards, read through maps, say so
+    /// at the first byte that is gone. Records with checksums (imagefeed's layout) are checked
+    /// when their read fails: a `pread` of the file as opened fails past its end, and a
+    /// rewritten record fails its checksum. Every other read is checked after it is made: the
+    /// library reads the path, and its reads past the end of a file may give zeros.
+    fn checked<T>(&self, read: Result<T>) -> Result<T> {
+        let Some(identity) = &self.shared.identity else {
+            return read;
         };
-        let len = match &self.file {
-            Some(file) => file.metadata().map(|m| m.len()),
-            None => fs::metadata(&self.shared.path).map(|m| m.len()),
-        };
-        match len {
-            Ok(len) if len < identity.len => Error::FileChanged {
-                path: self.shared.path.clone(),
-                change: format!(
-                    "its size went from {} to {len} bytes since it was opened",
-                    identity.len
-                ),
-            },
-            _ => error,
+        let path = &self.shared.path;
+        let checksummed = matches!(
+            self.shared.layout,
+            Layout::Imagefeed {
+                checksums: Some(_),
+                ..
+            }
+        );
+        match (&self.file, read) {
+            (Some(file), read @ Err(Error::CorruptRecord { .. })) => {
+                identity.check_open(file, path)?;
+                read
+            }
+            (Some(_), read) if checksummed => read,
+            (Some(file), read) => {
+                identity.check_open(file, path)?;
+                read
+            }
+            (None, read) => {
+                identity.check(path)?;
+                read
+            }
         }
     }
 }
@@ -698,10 +711,8 @@ impl RecordReader for Hdf5Reader {
             "index {index} out of range for {} samples",
             shared.info.num_samples
         );
-        let from_heap = match self.load(index) {
-            Ok(from_heap) => from_heap,
-            Err(error) => return Err(self.or_cut_short(error)),
-        };
+        let loaded = self.load(index);
+        let from_heap = self.checked(loaded)?;
         let key: &str = match &self.shared.layout {
             Layout::Imagefeed { keys, .. } => keys[index].as_str(),
             _ => self.key.as_str(),
