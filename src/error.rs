@@ -691,7 +691,7 @@ impl std::fmt::Display for ShardSetProblem {
             } => write!(
                 f,
                 "set {set} is missing {count} of its {expected} shards: {}; restore them, or \
-                 read the rest on purpose with --allow-missing-shards (allow_missing_shards)",
+                 read the rest on purpose with --allow-missing-shards",
                 crate::dataset::missing_list(
                     &missing
                         .iter()

@@ -214,30 +214,59 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
     Ok(PyErr::from_value(exception))
 }
 
-/// A message as a Python user acts on it: the command-line options it names are the keyword
-/// arguments of the Python calls (`--restart-markers` is `restart_markers`, `--resume` and
-/// `--force` are `resume=True` and `force=True`; a hostile try was told to "rerun it with
-/// --resume" by a Python call).
+/// The command-line options messages name, and the keyword arguments of the Python calls
+/// that take their place.
+const AS_KEYWORDS: [(&str, &str); 20] = [
+    ("--resume", "resume=True"),
+    ("--force", "force=True"),
+    ("--restart-markers", "restart_markers"),
+    ("--restart-rows", "restart_markers"),
+    ("--shared-headers", "shared_headers"),
+    ("--raw", "raw"),
+    ("--resize", "resize"),
+    ("--quality", "quality"),
+    ("--max-pixels", "max_pixels"),
+    ("--threads", "threads"),
+    ("--shard-size", "shard_bytes"),
+    ("--part-index", "part=(i, n)"),
+    ("--num-parts", "part=(i, n)"),
+    ("--label-base", "label_base"),
+    ("--input-label-base", "input_label_base"),
+    ("--num-classes", "num_classes"),
+    ("--allow-missing-shards", "allow_missing_shards=True"),
+    ("--max-bad", "max_bad"),
+    ("--against", "against"),
+    ("--strict", "strict=True"),
+];
+
+/// A message as a Python user acts on it: the packer's command-line options it names are the
+/// keyword arguments of the Python calls (a hostile try was told to "rerun it with --resume"
+/// by a Python call). Only those options, each as a word of its own: a path, key or URL that
+/// holds `--` is left as it is, and so is advice for other tools (`tar --sort=name`).
 fn in_python(message: &str) -> String {
     let mut out = String::with_capacity(message.len());
     let mut rest = message;
     while let Some(at) = rest.find("--") {
-        out.push_str(&rest[..at]);
-        let after = &rest[at + 2..];
-        let len = after
+        let (before, from) = rest.split_at(at);
+        out.push_str(before);
+        let starts_a_word = out
+            .chars()
+            .next_back()
+            .is_none_or(|c| c.is_whitespace() || "(\"'`,;".contains(c));
+        let name_len = from[2..]
             .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'))
-            .unwrap_or(after.len());
-        let name = &after[..len];
-        if !name.starts_with(|c: char| c.is_ascii_lowercase()) {
-            out.push_str("--");
-            rest = after;
-            continue;
+            .map_or(from.len(), |n| n + 2);
+        let (flag, after) = from.split_at(name_len);
+        let ends_a_word = match after.chars().next() {
+            Some('=' | '/') => false,
+            Some('.') => !after[1..].starts_with(char::is_alphanumeric),
+            _ => true,
+        };
+        match AS_KEYWORDS.iter().find(|(cli, _)| *cli == flag) {
+            Some((_, keyword)) if starts_a_word && ends_a_word => out.push_str(keyword),
+            _ => out.push_str(flag),
         }
-        out.push_str(&name.replace('-', "_"));
-        if name == "resume" || name == "force" {
-            out.push_str("=True");
-        }
-        rest = &after[len..];
+        rest = after;
     }
     out.push_str(rest);
     out

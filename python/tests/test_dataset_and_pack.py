@@ -144,8 +144,14 @@ def test_pack_inspect_verify_round_trip(tree, tmp_path, capfd):
     with pytest.raises(imagefeed.OutputExistsError) as e:
         imagefeed.pack(tree, tmp_path / "data.lmdb", "lmdb", progress=False)
     assert isinstance(e.value, FileExistsError)
-    # Named as the Python call takes it, not as the command line's --force.
+    # Named as the Python call takes it, not as the command line's --force; a path holding
+    # "--force" is left as it is.
     assert "force=True" in str(e.value) and "--force" not in str(e.value) + e.value.reason
+    odd = tmp_path / "a--force" / "b--resume.lmdb"
+    imagefeed.pack(tree, odd, "lmdb", progress=False)
+    with pytest.raises(imagefeed.OutputExistsError) as e:
+        imagefeed.pack(tree, odd, "lmdb", progress=False)
+    assert str(e.value) == f"{odd}: already exists (use force=True to replace it)"
     again = imagefeed.pack(tree, tmp_path / "data.lmdb", "lmdb", force=True, progress=False)
     assert again["samples"] == 240
 

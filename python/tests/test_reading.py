@@ -57,6 +57,7 @@ def test_a_set_with_a_missing_shard_raises_naming_it_unless_allowed(two_sets):
     with pytest.raises(imagefeed.ShardSetError) as e:
         imagefeed.Dataset(pattern, label_base=1, decode="bytes")
     assert e.value.missing == ["train-00001-of-00002.tfrecord.gz"]
+    assert "on purpose with allow_missing_shards=True" in str(e.value), e.value
     partial = imagefeed.Dataset(pattern, label_base=1, allow_missing_shards=True, decode="bytes")
     assert len(partial) == 4
     report = imagefeed.inspect(pattern, label_base=1)
