@@ -183,6 +183,10 @@ class _CudaFeed:
         return out, dev_labels
 
 
+# What a loop that a newer loop over the same loader superseded raises.
+_SUPERSEDED = "this iterator was superseded: a newer loop over the loader started"
+
+
 class _LoopCount:
     """The batches one loop has handed to the trainer. Each loop has its own, so that a loop
     superseded on another thread cannot count into the newer loop's position."""
@@ -503,6 +507,8 @@ class Loader:
         self._last_bad: List[BadSample] = []
         # Each loop gets a generation: an old, abandoned iterator must not stop a newer loop.
         self._gen = 0
+        # What a restore could not know (Loader::resume_notice), until the ranks are settled.
+        self._resume_notice: Optional[str] = None
         # The batches the current loop handed to the trainer (each loop counts in its own).
         self._count = _LoopCount()
         self._pid = os.getpid()
@@ -559,11 +565,15 @@ class Loader:
             native = self._make_native(rank, world_size)
             if self._restored is not None:
                 # Continue the restored position at these ranks (an elastic resume).
-                native.resume(self._restored)
+                self._resume_notice = native.resume(self._restored)[3]
             self._native = native
             self.rank, self.world_size = rank, world_size
         if settle:
             self._ranks_settled = True
+            if self._resume_notice is not None:
+                # Said once the ranks it depends on are known.
+                notice, self._resume_notice = self._resume_notice, None
+                warnings.warn(notice, errors.ResumeWarning, stacklevel=3)
 
     # -- the epoch -------------------------------------------------------------------------
 
@@ -613,6 +623,11 @@ class Loader:
             return self._epoch
         return self._next_epoch
 
+    def _continuing(self) -> bool:
+        """Whether :attr:`epoch`'s loop is the epoch in progress, restored or last run, rather
+        than one ``set_epoch`` asked for, which begins that epoch whole."""
+        return self._epoch_set is None
+
     def _check_process(self) -> None:
         if os.getpid() != self._pid:
             raise errors.ConfigError(
@@ -627,7 +642,7 @@ class Loader:
         world size or batch size, of the part of the epoch dealt out again (the loop gives them
         all)."""
         self._check_ranks(settle=False)
-        return self._native.batches_per_rank(self.epoch)
+        return self._native.batches_per_rank(self.epoch, self._continuing())
 
     def __iter__(self) -> Iterator[Tuple[Any, Any]]:
         self._check_process()
@@ -641,19 +656,20 @@ class Loader:
             return iter(())
         if self._resumed:
             self._resumed = False
+            ticket = self._native.generation
         else:
             epoch = self._epoch_set if self._epoch_set is not None else self._next_epoch
             self._epoch_set = None
             if epoch >= 2**64:
                 raise errors.ConfigError(f"epoch {epoch}: past the last epoch there is (2**64 - 1)")
-            self._native.begin(epoch)
+            ticket = self._native.begin(epoch)
             self._count = _LoopCount()
             self._gen += 1
             self._epoch = epoch
             self._bad = []
         assert self._epoch is not None  # set by begin() or by load_state_dict()
         self._next_epoch = self._epoch + 1
-        return self._batches(self._gen, self._count, self._native.generation)
+        return self._batches(self._gen, self._count, ticket)
 
     def _batches(self, gen: int, count: "_LoopCount", ticket: int) -> Iterator[Tuple[Any, Any]]:
         """The loop started as generation ``gen`` (``ticket`` on the native side), counting the
@@ -673,13 +689,15 @@ class Loader:
                 # A fork's child copy of a loop under way: the workers stayed in the parent.
                 self._check_process()
                 if gen != self._gen:
-                    raise errors.ConfigError(
-                        "this iterator was superseded: a newer loop over the loader started"
-                    )
+                    raise errors.ConfigError(_SUPERSEDED)
                 try:
                     parts = native.next_batch(ticket)
                 except errors.TooManyBadSamplesError as e:
                     e.keys = [b.key for b in self._bad] + ([e.key] if e.key is not None else [])
+                    raise
+                except errors.ConfigError as e:
+                    if e.reason == _SUPERSEDED:  # the native side's check: one message for both
+                        raise errors.ConfigError(_SUPERSEDED) from None
                     raise
                 if parts is None:
                     break
@@ -716,7 +734,7 @@ class Loader:
                 # A loop left early (break, an exception, Ctrl-C) cancels the batches in flight
                 # and keeps the position for state_dict(), without batches never handed over.
                 if gen == self._gen and os.getpid() == self._pid:
-                    native.stop(count.handed)
+                    native.stop(count.handed, ticket)
             finally:
                 if cuda is not None and os.getpid() == self._pid:
                     cuda.drain()
@@ -779,8 +797,14 @@ class Loader:
             native = self._make_native(self.rank, self.world_size, seed=saved_seed)
         # Nothing changes until the state is accepted: a refused state leaves the loader as it was.
         epoch, remaining, over, notice = native.resume(inner)
+        self._resume_notice = None
         if notice is not None:
-            warnings.warn(notice, errors.ResumeWarning, stacklevel=2)
+            if self._ranks_given or self._ranks_settled:
+                warnings.warn(notice, errors.ResumeWarning, stacklevel=2)
+            else:
+                # The ranks may still change (init_process_group after this): said when the
+                # first epoch settles them, for the ranks it runs at.
+                self._resume_notice = notice
         if native is not self._native:
             self._native.stop(self._count.handed)
             self._native = native

@@ -36,11 +36,11 @@ class LoaderSampler:
 
     def __len__(self) -> int:
         self._loader._check_ranks(settle=False)
-        return self._loader._native.samples_per_rank(self._loader.epoch)
+        return self._loader._native.samples_per_rank(self._loader.epoch, self._loader._continuing())
 
     def __iter__(self) -> Iterator[int]:
         self._loader._check_ranks(settle=False)
-        return iter(self._loader._native.rank_indices(self._loader.epoch))
+        return iter(self._loader._native.rank_indices(self._loader.epoch, self._loader._continuing()))
 
     def set_epoch(self, epoch: int) -> None:
         """The loader's :meth:`~imagefeed.Loader.set_epoch`."""

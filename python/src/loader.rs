@@ -134,6 +134,22 @@ pub struct NativeLoader {
 type BatchParts = (HostArray, HostArray, Vec<usize>, Vec<BadTuple>);
 
 impl NativeLoader {
+    /// Where in epoch `epoch`'s order the part this loader runs of it begins: 0, unless the
+    /// epoch in progress (or put aside) was resumed at another world size or batch size, which
+    /// deals out only what was left of it, and `continuing` says the loop in question is that
+    /// one (not a new loop of the same epoch, which begins it whole).
+    fn part_start(&self, py: Python<'_>, epoch: u64, continuing: bool) -> usize {
+        if !continuing {
+            return 0;
+        }
+        let current = self.current(py);
+        match (&current.epoch, &current.stopped) {
+            (Some(e), _) if e.number() == epoch => e.part_start(),
+            (None, Some(stopped)) if stopped.epoch == epoch => stopped.start,
+            _ => 0,
+        }
+    }
+
     /// The current-epoch lock, taken without holding the GIL while it is busy: a thread that
     /// holds it may be waiting for a batch with the GIL released, and must be able to take the
     /// GIL back when the batch comes.
@@ -691,11 +707,6 @@ impl NativeLoader {
         })
     }
 
-    /// Batches per epoch on this rank.
-    fn __len__(&self) -> usize {
-        self.loader.batches_per_epoch()
-    }
-
     /// Samples in the dataset.
     #[getter]
     fn num_samples(&self) -> usize {
@@ -721,11 +732,13 @@ impl NativeLoader {
     }
 
     /// Starts epoch `epoch` from its first batch (cancelling any epoch in progress).
-    fn begin(&self, py: Python<'_>, epoch: u64) {
+    /// Returns the epoch's [`generation`](Self::generation), the ticket of the loop that runs it.
+    fn begin(&self, py: Python<'_>, epoch: u64) -> u64 {
         let mut current = self.current(py);
         current.epoch = None; // cancels its batches in flight before the new ones are queued
         current.reset();
         current.epoch = Some(self.loader.epoch(epoch));
+        current.generation
     }
 
     /// Checks `state` (JSON of a `LoaderState`) against this loader and makes it the epoch in
@@ -743,18 +756,6 @@ impl NativeLoader {
         current.epoch = Some(epoch);
         current.reset();
         Ok((number, remaining, over, notice))
-    }
-
-    /// Where in epoch `epoch`'s order the part this loader runs of it begins: 0, unless the
-    /// epoch in progress (or put aside) was resumed at another world size or batch size, which
-    /// deals out only what was left of it.
-    fn part_start(&self, py: Python<'_>, epoch: u64) -> usize {
-        let current = self.current(py);
-        match (&current.epoch, &current.stopped) {
-            (Some(e), _) if e.number() == epoch => e.part_start(),
-            (None, Some(stopped)) if stopped.epoch == epoch => stopped.start,
-            _ => 0,
-        }
     }
 
     /// Counts the epochs begun, resumed or put aside: a loop takes it when it starts, and
@@ -832,20 +833,23 @@ impl NativeLoader {
     /// The samples epoch `epoch` gives this rank, in order (padding included): of the part
     /// this loader runs of it, which is the whole epoch unless it was resumed at another world
     /// size or batch size.
-    fn rank_indices(&self, py: Python<'_>, epoch: u64) -> Vec<usize> {
-        let start = self.part_start(py, epoch);
+    #[pyo3(signature = (epoch, continuing=true))]
+    fn rank_indices(&self, py: Python<'_>, epoch: u64, continuing: bool) -> Vec<usize> {
+        let start = self.part_start(py, epoch, continuing);
         py.detach(|| self.loader.sampler().rank_indices_from(epoch, start))
     }
 
     /// How many batches epoch `epoch` gives this rank (of the part this loader runs of it).
-    fn batches_per_rank(&self, py: Python<'_>, epoch: u64) -> usize {
-        let start = self.part_start(py, epoch);
+    #[pyo3(signature = (epoch, continuing=true))]
+    fn batches_per_rank(&self, py: Python<'_>, epoch: u64, continuing: bool) -> usize {
+        let start = self.part_start(py, epoch, continuing);
         self.loader.sampler().batches_per_epoch_from(start)
     }
 
     /// How many samples epoch `epoch` gives this rank (of the part this loader runs of it).
-    fn samples_per_rank(&self, py: Python<'_>, epoch: u64) -> usize {
-        let start = self.part_start(py, epoch);
+    #[pyo3(signature = (epoch, continuing=true))]
+    fn samples_per_rank(&self, py: Python<'_>, epoch: u64, continuing: bool) -> usize {
+        let start = self.part_start(py, epoch, continuing);
         self.loader.sampler().samples_per_rank_from(start)
     }
 
@@ -873,9 +877,15 @@ impl NativeLoader {
     /// Puts the epoch in progress aside: its batches in flight are cancelled, and the position
     /// kept for `state` is the one for a trainer handed `handed` of the batches returned (None:
     /// all of them).
-    #[pyo3(signature = (handed=None))]
-    fn stop(&self, py: Python<'_>, handed: Option<usize>) {
+    ///
+    /// `generation`: the ticket of the loop asking; a loop a newer one superseded puts nothing
+    /// aside (its check and this call are not one step: the newer loop's epoch would go).
+    #[pyo3(signature = (handed=None, generation=None))]
+    fn stop(&self, py: Python<'_>, handed: Option<usize>, generation: Option<u64>) {
         let mut current = self.current(py);
+        if generation.is_some_and(|g| g != current.generation) {
+            return;
+        }
         if let Some(epoch) = current.epoch.take() {
             let position = current.position(&epoch, handed);
             current.stopped = Some(position);
