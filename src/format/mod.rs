@@ -75,8 +75,8 @@ pub(crate) fn checksum_mismatch(stored: u32, computed: u32) -> String {
 /// What tells one file from another at a path: device, inode, size and modification time,
 /// taken when a dataset is opened. A reader that opens the path again later checks it, so a
 /// file replaced or rewritten in between is a named error, not another file's records.
-/// (HDF5 readers use it: the other formats map their files at open.)
-#[cfg(feature = "hdf5")]
+/// (HDF5 readers use it, as a pack does for its source's files before it publishes: the
+/// other formats map their files at open.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct FileIdentity {
     dev: u64,
@@ -85,7 +85,6 @@ pub(crate) struct FileIdentity {
     modified: Option<std::time::SystemTime>,
 }
 
-#[cfg(feature = "hdf5")]
 impl FileIdentity {
     pub(crate) fn of(meta: &std::fs::Metadata) -> FileIdentity {
         use std::os::unix::fs::MetadataExt as _;
@@ -105,6 +104,7 @@ impl FileIdentity {
 
     /// Checks that `file`, opened from `path` as this file, was neither cut short nor
     /// rewritten since (whatever is at `path` now).
+    #[cfg(feature = "hdf5")]
     pub(crate) fn check_open(&self, file: &std::fs::File, path: &Path) -> Result<()> {
         use crate::error::IoContext as _;
         self.compare(&file.metadata().at(path)?, path)

@@ -34,6 +34,7 @@ use crate::format::writer::{DatasetWriter, PackPlan, PackProgress, PackedRecord,
 pub use crate::format::writer::{PackFormat, Rejection, StartMode};
 
 mod options;
+mod unchanged;
 mod worker;
 
 use options::refuse_foreign_report;
@@ -107,21 +108,7 @@ pub fn convert_with(
         return pack_image_folder(source, out, format, options, observer);
     }
     let dataset = crate::format::open_with(source, input)?;
-    // Members of a shard set holding nothing while the others hold records are records that
-    // cannot be copied and cannot be counted as rejected: `inspect` calls such a set
-    // incomplete, and so does convert (a hostile try converted a set with a 0-byte member
-    // into an output that said "complete: yes", exit 0).
-    let empty = dataset.suspect_empty_shards();
-    if empty > 0 {
-        return Err(Error::Incomplete {
-            path: source.to_path_buf(),
-            reason: format!(
-                "{empty} member(s) of its shard set hold no sample while the others do (a copy \
-                 cut short, or a file never written; `inspect` names them): their records \
-                 would be missing from the output"
-            ),
-        });
-    }
+    refuse_incomplete_source(dataset.as_ref())?;
     pack_source(
         &Source::Records(dataset.as_ref()),
         source,
@@ -130,6 +117,55 @@ pub fn convert_with(
         options,
         observer,
     )
+}
+
+/// Refuses a source that `inspect` would not call complete: a conversion or join publishes a
+/// whole dataset, and records that cannot be copied would be missing from it, or each a
+/// rejection of an output that says "complete" (hostile tries: a set with a 0-byte member
+/// converted with exit 0; a part with a shard cut short joined into 9,203 samples).
+fn refuse_incomplete_source(dataset: &dyn Dataset) -> Result<()> {
+    let incomplete = |reason: String| {
+        Err(Error::Incomplete {
+            path: dataset.path().to_path_buf(),
+            reason,
+        })
+    };
+    let empty = dataset.suspect_empty_shards();
+    if empty > 0 {
+        return incomplete(format!(
+            "{empty} member(s) of its shard set hold no sample while the others do (a copy cut \
+             short, or a file never written; `inspect` names them): their records would be \
+             missing from the output"
+        ));
+    }
+    let at_end = dataset.shards_cut_at_end();
+    let cut = dataset.cut_shards() + at_end.len();
+    if cut > 0 {
+        let named: Vec<String> = at_end
+            .iter()
+            .take(10)
+            .map(|(_, path)| {
+                path.file_name()
+                    .unwrap_or(path.as_os_str())
+                    .to_string_lossy()
+            })
+            .map(String::from)
+            .collect();
+        let named = if named.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " ({})",
+                crate::dataset::missing_list(&named, at_end.len() as u64)
+            )
+        };
+        return incomplete(format!(
+            "{cut} of its shard(s) end cut short{named}, shorter than their records (`inspect` \
+             names them): the records past each cut cannot be copied, and the output would be \
+             missing them; restore the shards"
+        ));
+    }
+    Ok(())
 }
 
 /// The pack pipeline ([`pack_steps`]); a full disk, whichever file met it, is an error that
@@ -231,6 +267,7 @@ fn pack_steps(
         .build()
         .map_err(|e| Error::io(source, std::io::Error::other(e)))?;
     let todo: Vec<usize> = (range.start + resumed_from..range.end).collect();
+    let source_files = unchanged::SourceFiles::of(items)?;
     let outcome = write_chunks(
         items,
         &pool,
@@ -265,6 +302,8 @@ fn pack_steps(
         Source::Folder(_) | Source::Records(_) => 0,
     };
     info.rejected_at_pack = Some(progress.rejected.len() + earlier);
+    // The source read must be the one opened, or the output is not a copy of it.
+    source_files.check()?;
     writer.finish(&info, &progress)?;
     report(
         items,
@@ -662,6 +701,9 @@ pub fn join(
 ) -> Result<PackSummary> {
     format.require(out)?;
     let joined = JoinedParts::open(parts)?;
+    for part in joined.parts() {
+        refuse_incomplete_source(part.as_ref())?;
+    }
     if options.raw
         || options.resize_short_side.is_some()
         || options.part.is_some()

@@ -959,19 +959,26 @@ fn a_label_base_is_refused_for_formats_that_store_class_indices() {
     }
 }
 
-/// Cuts the largest file under `path` to a third once the first chunk is committed: the source
-/// of a conversion damaged (another job rewriting it, a copy still being written) while it is
-/// read.
-struct CutsTheSourceShort {
-    file: PathBuf,
+/// Runs `change` once the first chunk is committed: a source changed while it is read
+/// (another job rewriting it, a copy still being written, a tree moved away).
+struct AfterFirstChunk<F: Fn() + Sync> {
+    change: F,
     done: std::sync::atomic::AtomicBool,
 }
 
-impl pack::PackObserver for CutsTheSourceShort {
+impl<F: Fn() + Sync> AfterFirstChunk<F> {
+    fn new(change: F) -> Self {
+        AfterFirstChunk {
+            change,
+            done: Default::default(),
+        }
+    }
+}
+
+impl<F: Fn() + Sync> pack::PackObserver for AfterFirstChunk<F> {
     fn advanced(&self, _done: usize, _payload_bytes: u64) {
         if !self.done.swap(true, std::sync::atomic::Ordering::SeqCst) {
-            let file = fs::OpenOptions::new().write(true).open(&self.file).unwrap();
-            file.set_len(file.metadata().unwrap().len() / 3).unwrap();
+            (self.change)();
         }
     }
 }
@@ -1000,10 +1007,10 @@ fn a_source_cut_short_while_it_is_converted_stops_the_conversion() {
         pack(&fixture_root(), &src, format, &small_options());
         let cut = largest_file(&src);
         let out = dir.path().join(format!("from-{format:?}.lmdb"));
-        let observer = CutsTheSourceShort {
-            file: cut.clone(),
-            done: Default::default(),
-        };
+        let observer = AfterFirstChunk::new(|| {
+            let file = fs::OpenOptions::new().write(true).open(&cut).unwrap();
+            file.set_len(file.metadata().unwrap().len() / 3).unwrap();
+        });
         let result = pack::convert(&src, &out, PackFormat::Lmdb, &small_options(), &observer);
         let err = match result {
             Err(err) => err,
@@ -1026,4 +1033,102 @@ fn a_source_cut_short_while_it_is_converted_stops_the_conversion() {
         assert!(!out.exists(), "{format:?}: a part published as the whole");
         assert!(format::staging::partial_path(&out).exists(), "{format:?}");
     }
+}
+
+#[test]
+fn a_source_rewritten_in_place_or_moved_away_while_packed_is_never_published() {
+    // Found by a hostile re-try: a source rewritten in place (the same size or larger) while
+    // converted had every record after it "rejected" (checksum mismatches) and the rest
+    // published as complete; an image folder moved away mid-pack, every later file rejected,
+    // exit 0.
+    use std::os::unix::fs::FileExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    for (format, src) in outputs(dir.path(), "src") {
+        pack(&fixture_root(), &src, format, &small_options());
+        let file = largest_file(&src);
+        let out = dir.path().join(format!("rewritten-{format:?}.lmdb"));
+        let observer = AfterFirstChunk::new(|| {
+            let len = fs::metadata(&file).unwrap().len();
+            let handle = fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&file)
+                .unwrap();
+            let mut byte = [0u8];
+            handle.read_at(&mut byte, len * 3 / 4).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(20)); // a later mtime
+            handle.write_all_at(&[byte[0] ^ 0xff], len * 3 / 4).unwrap();
+        });
+        let err = pack::convert(&src, &out, PackFormat::Lmdb, &small_options(), &observer)
+            .expect_err("a rewritten source is not published");
+        assert!(
+            matches!(err, Error::FileChanged { .. }),
+            "{format:?}: {err}"
+        );
+        assert!(!out.exists() && format::staging::partial_path(&out).exists());
+    }
+
+    let tree = dir.path().join("tree");
+    copy_tree(&fixture_root(), &tree);
+    let moved = dir.path().join("moved");
+    let out = dir.path().join("from-moved-tree.lmdb");
+    let observer = AfterFirstChunk::new(|| fs::rename(&tree, &moved).unwrap());
+    let err = pack::pack_image_folder(&tree, &out, PackFormat::Lmdb, &small_options(), &observer)
+        .expect_err("a tree moved away is not published");
+    assert!(
+        matches!(&err, Error::FileChanged { path, change } if *path == tree && change.contains("gone")),
+        "{err}"
+    );
+    assert!(!out.exists());
+}
+
+#[test]
+fn a_source_with_a_shard_cut_short_is_refused_before_it_is_converted_or_joined() {
+    // Found by a hostile re-try: a records part with a shard cut short converted into 2,536
+    // samples and joined into 9,203, each output inspecting "complete", the lost records
+    // listed as rejections.
+    let dir = tempfile::tempdir().unwrap();
+    let cut_100_bytes = |path: &Path| {
+        let shard = largest_file(path);
+        let len = fs::metadata(&shard).unwrap().len();
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&shard)
+            .unwrap()
+            .set_len(len - 100)
+            .unwrap();
+    };
+    let src = dir.path().join("src.records");
+    pack(&fixture_root(), &src, PackFormat::Records, &small_options());
+    cut_100_bytes(&src);
+    let out = dir.path().join("out.lmdb");
+    let err = pack::convert(&src, &out, PackFormat::Lmdb, &small_options(), &NoProgress)
+        .expect_err("a cut source is refused");
+    assert!(
+        matches!(&err, Error::Incomplete { path, reason } if *path == src && reason.contains("cut short")),
+        "{err}"
+    );
+    assert!(!out.exists() && !format::staging::partial_path(&out).exists());
+    let parts: Vec<PathBuf> = (0..2)
+        .map(|index| {
+            let part = dir.path().join(format!("part{index}.records"));
+            let options = small_options().with_part(Some(Part { index, count: 2 }));
+            pack(&fixture_root(), &part, PackFormat::Records, &options);
+            part
+        })
+        .collect();
+    cut_100_bytes(&parts[1]);
+    let err = pack::join(
+        &parts,
+        &out,
+        PackFormat::Lmdb,
+        &small_options(),
+        &NoProgress,
+    )
+    .expect_err("a cut part is refused");
+    assert!(
+        matches!(&err, Error::Incomplete { path, .. } if *path == parts[1]),
+        "{err}"
+    );
+    assert!(!out.exists());
 }
