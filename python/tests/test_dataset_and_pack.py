@@ -152,6 +152,9 @@ def test_pack_inspect_verify_round_trip(tree, tmp_path, capfd):
     with pytest.raises(imagefeed.OutputExistsError) as e:
         imagefeed.pack(tree, odd, "lmdb", progress=False)
     assert str(e.value) == f"{odd}: already exists (use force=True to replace it)"
+    with pytest.raises(imagefeed.ConfigError) as e:
+        imagefeed.pack(tree, tmp_path / "parts.lmdb", part=(3, 2), progress=False)
+    assert e.value.reason == "part 3 of 2: a part's index must be below the number of parts"
     again = imagefeed.pack(tree, tmp_path / "data.lmdb", "lmdb", force=True, progress=False)
     assert again["samples"] == 240
 

@@ -482,7 +482,7 @@ fn part_range(
     };
     if count == 0 || index >= count {
         return Err(Error::Config(format!(
-            "--part-index {index} must be below --num-parts {count}"
+            "part {index} of {count}: a part's index must be below the number of parts"
         )));
     }
     // More parts than files leaves some parts empty, which are refused: so is every part of

@@ -548,7 +548,7 @@ fn a_split_conversion_joins_into_exactly_the_unsplit_dataset() {
     )
     .unwrap_err();
     assert!(
-        matches!(err, Error::Config(_)) && err.to_string().contains("--part-index 4"),
+        matches!(err, Error::Config(_)) && err.to_string().contains("part 4 of 4"),
         "{err}"
     );
 }

@@ -931,7 +931,7 @@ fn ranged_reads_give_the_local_records_without_fetching_a_shard() {
     foreign.cache = Some(Cache::at(&foreign_cache, None));
     let err = format::open_with(&tf_url, &foreign).unwrap_err();
     assert!(
-        matches!(&err, Error::Config(message) if message.contains("num_classes")),
+        matches!(&err, Error::Config(message) if message.contains("--num-classes")),
         "{err}"
     );
     let remote_tf = format::open_with(&tf_url, &foreign.clone().with_num_classes(3)).unwrap();

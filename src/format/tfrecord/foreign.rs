@@ -165,7 +165,7 @@ pub(super) fn assemble_foreign(
         (None, None) if shards.iter().any(|s| s.data.is_ranged()) => {
             return Err(Error::Config(format!(
                 "{}: ranged reads of TFRecord shards without our manifest need the number of \
-                 classes (num_classes, --num-classes): finding it would read every record",
+                 classes (--num-classes): finding it would read every record",
                 name.display()
             )));
         }
