@@ -1301,7 +1301,8 @@ fn impossible_counts_are_usage_errors_before_anything_runs() {
         ]);
         assert_eq!(o.status.code(), Some(2), "{index}: {}", stderr(&o));
         assert!(
-            stderr(&o).contains("--num-parts 100000") && stderr(&o).contains("split into at most"),
+            stderr(&o).contains("100000 parts are more than")
+                && stderr(&o).contains("split into at most"),
             "{index}: {}",
             stderr(&o)
         );

@@ -108,7 +108,7 @@ pub fn convert_with(
         return pack_image_folder(source, out, format, options, observer);
     }
     let dataset = crate::format::open_with(source, input)?;
-    refuse_incomplete_source(dataset.as_ref())?;
+    refuse_incomplete_source(dataset.as_ref(), input.allow_missing_shards)?;
     pack_source(
         &Source::Records(dataset.as_ref()),
         source,
@@ -122,8 +122,11 @@ pub fn convert_with(
 /// Refuses a source that `inspect` would not call complete: a conversion or join publishes a
 /// whole dataset, and records that cannot be copied would be missing from it, or each a
 /// rejection of an output that says "complete" (hostile tries: a set with a 0-byte member
-/// converted with exit 0; a part with a shard cut short joined into 9,203 samples).
-fn refuse_incomplete_source(dataset: &dyn Dataset) -> Result<()> {
+/// converted with exit 0; a part with a shard cut short joined into 9,203 samples). With
+/// `on_purpose` (`--allow-missing-shards`), other tools' shards found cut at their end are
+/// converted as they are, each cut record a rejection (a tar written without its end block
+/// reads so, and could not be converted at all).
+fn refuse_incomplete_source(dataset: &dyn Dataset, on_purpose: bool) -> Result<()> {
     let incomplete = |reason: String| {
         Err(Error::Incomplete {
             path: dataset.path().to_path_buf(),
@@ -138,7 +141,11 @@ fn refuse_incomplete_source(dataset: &dyn Dataset) -> Result<()> {
              missing from the output"
         ));
     }
-    let at_end = dataset.shards_cut_at_end();
+    let at_end = if on_purpose {
+        Vec::new()
+    } else {
+        dataset.shards_cut_at_end()
+    };
     let cut = dataset.cut_shards() + at_end.len();
     if cut > 0 {
         let named: Vec<String> = at_end
@@ -162,7 +169,8 @@ fn refuse_incomplete_source(dataset: &dyn Dataset) -> Result<()> {
         return incomplete(format!(
             "{cut} of its shard(s) end cut short{named}, shorter than their records (`inspect` \
              names them): the records past each cut cannot be copied, and the output would be \
-             missing them; restore the shards"
+             missing them; restore the shards, or convert what is left of other tools' shards \
+             on purpose with --allow-missing-shards"
         ));
     }
     Ok(())
@@ -254,7 +262,9 @@ fn pack_steps(
             format!("class name {class:?} holds a NUL byte, which no output can store"),
         ));
     }
-    let plan = plan_for(items, options, part, range.len())?;
+    // Before the staging output exists (a pattern source may match it).
+    let source_files = unchanged::SourceFiles::of(items, out)?;
+    let plan = plan_for(items, options, part, range.len(), &source_files)?;
     refuse_foreign_report(&std::path::absolute(out).at(out)?)?;
     let (mut writer, mut progress) = start_writer(format, out, &plan, &options.writer_options())?;
     check_progress(out, &progress, range.len())?;
@@ -267,7 +277,6 @@ fn pack_steps(
         .build()
         .map_err(|e| Error::io(source, std::io::Error::other(e)))?;
     let todo: Vec<usize> = (range.start + resumed_from..range.end).collect();
-    let source_files = unchanged::SourceFiles::of(items)?;
     let outcome = write_chunks(
         items,
         &pool,
@@ -490,7 +499,7 @@ fn part_range(
     // take them).
     if count > items.len() {
         return Err(Error::Config(format!(
-            "--num-parts {count} is more than the {} source files: some parts would hold none; \
+            "{count} parts are more than the {} source files: some parts would hold none; \
              split into at most {} parts",
             items.len(),
             items.len().max(1)
@@ -514,10 +523,14 @@ fn plan_for(
     options: &PackOptions,
     part: Option<PartInfo>,
     num_sources: usize,
+    files: &unchanged::SourceFiles,
 ) -> Result<PackPlan> {
     let source_raw = items.payload() == PayloadKind::RawRgb8;
     Ok(PackPlan {
-        source_fingerprint: items.fingerprint()?,
+        // The source's own fingerprint, and its files' identities: a resume refuses a
+        // source rewritten in place between the runs (a hostile try's resume mixed two
+        // versions of a WebDataset set, the same sizes throughout).
+        source_fingerprint: format!("{} files {}", items.fingerprint()?, files.digest()),
         num_sources,
         classes: items.classes().to_vec(),
         payload: if options.raw || (source_raw && options.resize_short_side.is_none()) {
@@ -702,7 +715,7 @@ pub fn join(
     format.require(out)?;
     let joined = JoinedParts::open(parts)?;
     for part in joined.parts() {
-        refuse_incomplete_source(part.as_ref())?;
+        refuse_incomplete_source(part.as_ref(), false)?;
     }
     if options.raw
         || options.resize_short_side.is_some()

@@ -207,6 +207,21 @@ impl PackWorker {
                     Err(Error::RefusedFile { reason, .. }) => {
                         Err(Unfetched::Rejected(entry.key.clone(), reason))
                     }
+                    // Listed, and now nothing at all at its path (a dangling link is still
+                    // there, and rejected): the tree changed while it was packed, as when a
+                    // class directory is moved away (a hostile try's pack "rejected" every
+                    // file after that and published the rest, exit 0).
+                    Err(Error::Io { path, source })
+                        if source.kind() == std::io::ErrorKind::NotFound
+                            && fs::symlink_metadata(&path).is_err() =>
+                    {
+                        Err(Unfetched::Source(Error::FileChanged {
+                            path,
+                            change: "it was listed, and is gone: the tree changed while it was \
+                                     packed"
+                                .into(),
+                        }))
+                    }
                     Err(e) => Err(Unfetched::Rejected(
                         entry.key.clone(),
                         format!("cannot read: {e}"),
