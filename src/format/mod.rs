@@ -120,7 +120,9 @@ impl FileIdentity {
         } else if now.len != self.len {
             format!("its size went from {} to {} bytes", self.len, now.len)
         } else {
-            "it was modified".to_string()
+            "its modification time changed (rewritten in place; or only touched, or opened \
+             for writing, the bytes the same)"
+                .to_string()
         };
         Err(Error::FileChanged {
             path: path.to_path_buf(),

@@ -313,7 +313,11 @@ fn h5py_pixel_arrays_read_as_raw_images_chunked_or_contiguous() {
         .unwrap();
     match reader.read(3) {
         Err(Error::FileChanged { path, change }) => {
-            assert_eq!((path, change.as_str()), (copy.clone(), "it was modified"));
+            assert_eq!(path, copy);
+            assert!(
+                change.starts_with("its modification time changed"),
+                "{change}"
+            );
         }
         other => panic!("{:?}", other.map(|r| r.payload.to_vec())),
     }

@@ -671,8 +671,8 @@ impl Hdf5Reader {
     /// file's labels (two hostile tries). LMDB and record shards, read through maps, say so
     /// at the first byte that is gone. Records with checksums (imagefeed's layout) are checked
     /// when their read fails: a `pread` of the file as opened fails past its end, and a
-    /// rewritten record fails its checksum. Every other read is checked after it is made: the
-    /// library reads the path, and its reads past the end of a file may give zeros.
+    /// rewritten record fails its checksum. Every other read is checked after it is made (the
+    /// library's reads past the end of a file may give zeros).
     fn checked<T>(&self, read: Result<T>) -> Result<T> {
         let Some(identity) = &self.shared.identity else {
             return read;
@@ -685,7 +685,11 @@ impl Hdf5Reader {
                 ..
             }
         );
-        match (&self.file, read) {
+        // The descriptor opened with the dataset: the file the library's handle reads too (it
+        // was checked to be the same file when the reader opened), whatever is at the path now
+        // (a file renamed under a reader reads on).
+        let opened = self.file.as_deref().or(self.shared.opened.as_deref());
+        match (opened, read) {
             (Some(file), read @ Err(Error::CorruptRecord { .. })) => {
                 identity.check_open(file, path)?;
                 read
