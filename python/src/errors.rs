@@ -198,16 +198,28 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
             "Error"
         }
     };
+    // The path and key the error names are kept as they are where the message quotes them.
+    let mut quoted: Vec<String> = Vec::new();
+    if let Some((path, _)) = &located {
+        quoted.push(path.to_string_lossy().into_owned());
+    }
+    for name in ["path", "key"] {
+        if let Some(value) = attrs.get_item(name)?
+            && let Ok(text) = value.extract::<String>()
+        {
+            quoted.push(text);
+        }
+    }
     if let Some((path, reason)) = located {
         attrs.set_item("path", path.to_string_lossy().into_owned())?;
-        attrs.set_item("reason", in_python(&reason))?;
+        attrs.set_item("reason", in_python(&reason, &quoted))?;
     } else if let Some(reason) = attrs.get_item("reason")? {
-        attrs.set_item("reason", in_python(&reason.extract::<String>()?))?;
+        attrs.set_item("reason", in_python(&reason.extract::<String>()?, &quoted))?;
     }
     let module = py.import("imagefeed.errors")?;
     let exception = module
         .getattr(class)?
-        .call1((in_python(&err.to_string()),))?;
+        .call1((in_python(&err.to_string(), &quoted),))?;
     for (name, value) in attrs.iter() {
         exception.setattr(name.cast_into::<pyo3::types::PyString>()?, value)?;
     }
@@ -241,29 +253,57 @@ const AS_KEYWORDS: [(&str, &str); 20] = [
 
 /// A message as a Python user acts on it: the packer's command-line options it names are the
 /// keyword arguments of the Python calls (a hostile try was told to "rerun it with --resume"
-/// by a Python call). Only those options, each as a word of its own: a path, key or URL that
-/// holds `--` is left as it is, and so is advice for other tools (`tar --sort=name`).
-fn in_python(message: &str) -> String {
+/// by a Python call). Only those options, each as a word of its own, and never inside the
+/// `quoted` path or key the error names (a path `src --force x/` stays as it is), nor advice
+/// for other tools (`tar --sort=name`).
+fn in_python(message: &str, quoted: &[String]) -> String {
+    let first = quoted
+        .iter()
+        .filter(|q| !q.is_empty())
+        .filter_map(|q| message.find(q.as_str()).map(|at| (at, q.len())))
+        .min();
+    match first {
+        Some((at, len)) => format!(
+            "{}{}{}",
+            options_as_keywords(&message[..at]),
+            &message[at..at + len],
+            in_python(&message[at + len..], quoted)
+        ),
+        None => options_as_keywords(message),
+    }
+}
+
+/// [`in_python`] of text that quotes no path or key.
+fn options_as_keywords(message: &str) -> String {
     let mut out = String::with_capacity(message.len());
     let mut rest = message;
+    // Where the last option rewritten ends in `out`: a `/` right after it continues a list.
+    let mut option_end = None;
     while let Some(at) = rest.find("--") {
         let (before, from) = rest.split_at(at);
         out.push_str(before);
-        let starts_a_word = out
-            .chars()
-            .next_back()
-            .is_none_or(|c| c.is_whitespace() || "(\"'`,;".contains(c));
+        let in_a_list = before == "/" && option_end == Some(out.len() - 1);
+        let starts_a_word = in_a_list
+            || out
+                .chars()
+                .next_back()
+                .is_none_or(|c| c.is_whitespace() || "(\"'`,;".contains(c));
         let name_len = from[2..]
             .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'))
             .map_or(from.len(), |n| n + 2);
         let (flag, after) = from.split_at(name_len);
         let ends_a_word = match after.chars().next() {
-            Some('=' | '/') => false,
+            // A list of options (`--raw/--resize`) is one of options.
+            Some('/') => after.starts_with("/--"),
+            Some('=') => false,
             Some('.') => !after[1..].starts_with(char::is_alphanumeric),
             _ => true,
         };
         match AS_KEYWORDS.iter().find(|(cli, _)| *cli == flag) {
-            Some((_, keyword)) if starts_a_word && ends_a_word => out.push_str(keyword),
+            Some((_, keyword)) if starts_a_word && ends_a_word => {
+                out.push_str(keyword);
+                option_end = Some(out.len());
+            }
             _ => out.push_str(flag),
         }
         rest = after;

@@ -147,11 +147,11 @@ def test_pack_inspect_verify_round_trip(tree, tmp_path, capfd):
     # Named as the Python call takes it, not as the command line's --force; a path holding
     # "--force" is left as it is.
     assert "force=True" in str(e.value) and "--force" not in str(e.value) + e.value.reason
-    odd = tmp_path / "a--force" / "b--resume.lmdb"
-    imagefeed.pack(tree, odd, "lmdb", progress=False)
-    with pytest.raises(imagefeed.OutputExistsError) as e:
+    for odd in (tmp_path / "a--force" / "b--resume.lmdb", tmp_path / "src --force x" / "c --raw.lmdb"):
         imagefeed.pack(tree, odd, "lmdb", progress=False)
-    assert str(e.value) == f"{odd}: already exists (use force=True to replace it)"
+        with pytest.raises(imagefeed.OutputExistsError) as e:
+            imagefeed.pack(tree, odd, "lmdb", progress=False)
+        assert str(e.value) == f"{odd}: already exists (use force=True to replace it)"
     with pytest.raises(imagefeed.ConfigError) as e:
         imagefeed.pack(tree, tmp_path / "parts.lmdb", part=(3, 2), progress=False)
     assert e.value.reason == "part 3 of 2: a part's index must be below the number of parts"
