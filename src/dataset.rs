@@ -403,6 +403,20 @@ impl std::fmt::Display for MissingShards {
     }
 }
 
+/// The file names of the first ten of `paths`: the names a message lists ([`missing_list`]).
+pub(crate) fn first_names<'p>(paths: impl IntoIterator<Item = &'p Path>) -> Vec<String> {
+    paths
+        .into_iter()
+        .take(10)
+        .map(|path| {
+            path.file_name()
+                .unwrap_or(path.as_os_str())
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect()
+}
+
 /// `names` (the first of `count` missing members), with how many more there are.
 pub fn missing_list(names: &[String], count: u64) -> String {
     let more = count.saturating_sub(names.len() as u64);

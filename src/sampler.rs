@@ -282,6 +282,21 @@ impl Sampler {
         batches
     }
 
+    /// The same epochs dealt to `rank` of `world_size` in batches of `batch_size`: how another
+    /// rank, or the run a state was saved in, sees them.
+    pub fn dealt(&self, rank: usize, world_size: usize, batch_size: usize) -> Sampler {
+        Sampler {
+            len: self.len,
+            sampling: Sampling {
+                rank,
+                world_size,
+                batch_size,
+                ..self.sampling
+            },
+            shards: self.shards.clone(),
+        }
+    }
+
     /// How many samples of the epoch's order every rank together has been given once each rank
     /// has taken `delivered` batches of the part of the epoch that began at `start`: where that
     /// part continues, at this or any other world size. Ranks take their samples round-robin,
@@ -291,14 +306,7 @@ impl Sampler {
     /// same on every rank: under [`Uneven::Exact`] the epoch is over only once rank 0, which
     /// holds the most batches, has taken its last.
     pub fn position_after(&self, start: usize, delivered: usize) -> usize {
-        let first_rank = Sampler {
-            len: self.len,
-            sampling: Sampling {
-                rank: 0,
-                ..self.sampling
-            },
-            shards: None,
-        };
+        let first_rank = self.dealt(0, self.sampling.world_size, self.sampling.batch_size);
         if delivered >= first_rank.batches_per_epoch_from(start) {
             return self.len;
         }

@@ -589,30 +589,13 @@ def test_a_superseded_loops_end_puts_nothing_of_the_new_loop_aside(lmdb_path):
     the epoch aside; a loop begun on another thread between the two lost its epoch. The
     window is made deterministic: the new loop begins from inside the old loop's call."""
     l = loader(lmdb_path, seed=2)
-    real = l._native
-    new_loop = {}
-
-    class StartsTheNextLoopFirst:
-        armed = False
-
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-        def stop(self, *args):
-            if self.armed:
-                self.armed = False
-                new_loop["iter"] = iter(l)
-                new_loop["first"] = next(new_loop["iter"])
-            return real.stop(*args)
-
-    proxy = StartsTheNextLoopFirst()
-    l._native = proxy
+    proxy = _NextLoopInside(l, "stop")
     old = iter(l)
     next(old)
     proxy.armed = True
     old.close()  # its end: the check passes, the new loop begins, then its stop() call
-    assert "iter" in new_loop
-    rest = sum(1 for _ in new_loop["iter"])
+    assert proxy.new_loop is not None
+    rest = sum(1 for _ in proxy.new_loop)
     assert 1 + rest == len(l), "the new loop kept its epoch"
     assert l.state_dict()["imagefeed_loader_state"]["next_batch"] == len(l)
 
@@ -976,6 +959,33 @@ def test_transforms_refuse_impossible_chains():
     )
 
 
+class _NextLoopInside:
+    """Stands in for loader ``l``'s native side: once ``armed``, its call ``method`` first begins
+    a new loop over ``l`` (``new_loop``, whose first images are kept in ``first``), then goes
+    through. The window between a loop's check and its call, made deterministic."""
+
+    def __init__(self, l, method):
+        self._real, self._loader, self._method = l._native, l, method
+        self.armed = False
+        self.new_loop = None
+        self.first = None
+        l._native = self
+
+    def __getattr__(self, name):
+        attr = getattr(self._real, name)
+        if name != self._method:
+            return attr
+
+        def call(*args):
+            if self.armed:
+                self.armed = False
+                self.new_loop = iter(self._loader)
+                self.first = next(self.new_loop)[0].copy()
+            return attr(*args)
+
+        return call
+
+
 def test_a_loop_superseded_between_its_check_and_its_call_takes_no_batch_of_the_new_one(lmdb_path):
     """Hostile finding: a loop on another thread, superseded after its check and before its
     call for the next batch, took a batch of the new epoch; the new loop never saw it and
@@ -987,24 +997,7 @@ def test_a_loop_superseded_between_its_check_and_its_call_takes_no_batch_of_the_
     expected = [images.copy() for images, _ in reference]
 
     l = loader(lmdb_path, **plain)
-    real = l._native
-    new_loop = {}
-
-    class StartsTheNextLoopFirst:
-        armed = False
-
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-        def next_batch(self, *args):
-            if self.armed:
-                self.armed = False
-                new_loop["iter"] = iter(l)  # epoch 1 begins
-                new_loop["first"] = next(new_loop["iter"])[0].copy()
-            return real.next_batch(*args)
-
-    proxy = StartsTheNextLoopFirst()
-    l._native = proxy
+    proxy = _NextLoopInside(l, "next_batch")  # the new loop runs epoch 1
     old = iter(l)
     next(old)
     proxy.armed = True
@@ -1012,8 +1005,8 @@ def test_a_loop_superseded_between_its_check_and_its_call_takes_no_batch_of_the_
         next(old)
     # Said as the loop's own check says it (the native check's message had a prefix of its own).
     assert str(e.value) == "this iterator was superseded: a newer loop over the loader started"
-    rest = [images.copy() for images, _ in new_loop["iter"]]
-    got = [new_loop["first"], *rest]
+    rest = [images.copy() for images, _ in proxy.new_loop]
+    got = [proxy.first, *rest]
     assert len(got) == len(expected) and all(np.array_equal(a, b) for a, b in zip(got, expected))
     state = l.state_dict()["imagefeed_loader_state"]
     assert (state["epoch"], state["next_batch"]) == (1, len(expected))

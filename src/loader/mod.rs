@@ -41,7 +41,7 @@ use crate::dataset::{fingerprint, hex, listing_digest};
 use crate::error::{Error, Result};
 use crate::pool::{BatchAllocator, BufferPool, HeapAllocator};
 use crate::rng::SampleRng;
-use crate::sampler::{Sampler, Sampling, Uneven};
+use crate::sampler::{Sampler, Uneven};
 
 mod config;
 mod epoch;
@@ -158,21 +158,10 @@ fn refuse_cut_shards_past_max_bad(dataset: &dyn Dataset, max_bad: Option<MaxBad>
     {
         return Ok(());
     }
-    let name = |path: &std::path::Path| {
-        path.file_name()
-            .unwrap_or(path.as_os_str())
-            .to_string_lossy()
-            .into_owned()
-    };
     Err(Error::ShardSet {
         path: dataset.path().to_path_buf(),
         problem: crate::error::ShardSetProblem::CutShort {
-            shards: loss
-                .cut
-                .iter()
-                .take(10)
-                .map(|(_, path)| name(path))
-                .collect(),
+            shards: crate::dataset::first_names(loss.cut.iter().map(|(_, path)| path.as_path())),
             count: loss.cut.len(),
             empty: loss.empty,
             lost: loss.lost,
@@ -420,16 +409,7 @@ impl Loader {
             )));
         }
         // The epoch as it was being dealt out when the state was saved.
-        let saved = Sampler {
-            len: sampler.len,
-            sampling: Sampling {
-                rank: 0,
-                world_size: state.world_size,
-                batch_size: state.batch_size,
-                ..sampler.sampling
-            },
-            shards: sampler.shards.clone(),
-        };
+        let saved = sampler.dealt(0, state.world_size, state.batch_size);
         let batches = saved.batches_per_epoch_from(state.start);
         if state.world_size == 0 || state.start > sampler.len || state.next_batch > batches {
             return Err(Error::Config(format!(
@@ -591,15 +571,10 @@ impl Loader {
         {
             return None;
         }
-        let saved = |rank| Sampler {
-            len: self.inner.sampler.len,
-            sampling: Sampling {
-                rank,
-                world_size: state.world_size,
-                batch_size: state.batch_size,
-                ..self.inner.sampler.sampling
-            },
-            shards: None,
+        let saved = |rank| {
+            self.inner
+                .sampler
+                .dealt(rank, state.world_size, state.batch_size)
         };
         let own = saved(state.rank).batches_per_epoch_from(state.start);
         let longest = saved(0).batches_per_epoch_from(state.start);

@@ -148,16 +148,7 @@ fn refuse_incomplete_source(dataset: &dyn Dataset, on_purpose: bool) -> Result<(
     };
     let cut = dataset.cut_shards() + at_end.len();
     if cut > 0 {
-        let named: Vec<String> = at_end
-            .iter()
-            .take(10)
-            .map(|(_, path)| {
-                path.file_name()
-                    .unwrap_or(path.as_os_str())
-                    .to_string_lossy()
-            })
-            .map(String::from)
-            .collect();
+        let named = crate::dataset::first_names(at_end.iter().map(|(_, path)| *path));
         let named = if named.is_empty() {
             String::new()
         } else {

@@ -983,6 +983,22 @@ impl<F: Fn() + Sync> pack::PackObserver for AfterFirstChunk<F> {
     }
 }
 
+/// Flips the byte `numerator / denominator` of the way into `file`, in place (the same inode
+/// and size), with a later modification time: a file rewritten where it lies.
+fn flip_a_byte_in_place(file: &Path, numerator: u64, denominator: u64) {
+    use std::os::unix::fs::FileExt as _;
+    let at = fs::metadata(file).unwrap().len() * numerator / denominator;
+    let handle = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(file)
+        .unwrap();
+    let mut byte = [0u8];
+    handle.read_at(&mut byte, at).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20)); // a later mtime
+    handle.write_all_at(&[byte[0] ^ 0xff], at).unwrap();
+}
+
 fn largest_file(path: &Path) -> PathBuf {
     if path.is_file() {
         return path.to_path_buf();
@@ -1041,24 +1057,12 @@ fn a_source_rewritten_in_place_or_moved_away_while_packed_is_never_published() {
     // converted had every record after it "rejected" (checksum mismatches) and the rest
     // published as complete; an image folder moved away mid-pack, every later file rejected,
     // exit 0.
-    use std::os::unix::fs::FileExt as _;
     let dir = tempfile::tempdir().unwrap();
     for (format, src) in outputs(dir.path(), "src") {
         pack(&fixture_root(), &src, format, &small_options());
         let file = largest_file(&src);
         let out = dir.path().join(format!("rewritten-{format:?}.lmdb"));
-        let observer = AfterFirstChunk::new(|| {
-            let len = fs::metadata(&file).unwrap().len();
-            let handle = fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&file)
-                .unwrap();
-            let mut byte = [0u8];
-            handle.read_at(&mut byte, len * 3 / 4).unwrap();
-            std::thread::sleep(std::time::Duration::from_millis(20)); // a later mtime
-            handle.write_all_at(&[byte[0] ^ 0xff], len * 3 / 4).unwrap();
-        });
+        let observer = AfterFirstChunk::new(|| flip_a_byte_in_place(&file, 3, 4));
         let err = pack::convert(&src, &out, PackFormat::Lmdb, &small_options(), &observer)
             .expect_err("a rewritten source is not published");
         assert!(
@@ -1156,7 +1160,6 @@ fn a_source_with_a_shard_cut_short_is_refused_before_it_is_converted_or_joined()
 fn resume_refuses_a_source_rewritten_in_place_between_the_runs() {
     // Found by a hostile try: a WebDataset set rewritten in place (the same sizes) between an
     // interrupted conversion and its resume was accepted, and the output mixed both versions.
-    use std::os::unix::fs::FileExt as _;
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("src.records");
     pack(&fixture_root(), &src, PackFormat::Records, &small_options());
@@ -1166,17 +1169,7 @@ fn resume_refuses_a_source_rewritten_in_place_between_the_runs() {
         seen: Default::default(),
     };
     pack::convert(&src, &out, PackFormat::Lmdb, &small_options(), &stop).unwrap_err();
-    let shard = largest_file(&src);
-    let len = fs::metadata(&shard).unwrap().len();
-    let file = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&shard)
-        .unwrap();
-    let mut byte = [0u8];
-    file.read_at(&mut byte, len / 2).unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(20));
-    file.write_all_at(&[byte[0] ^ 0xff], len / 2).unwrap();
+    flip_a_byte_in_place(&largest_file(&src), 1, 2);
     let err = pack::convert(&src, &out, PackFormat::Lmdb, &resuming(), &NoProgress).unwrap_err();
     assert!(
         matches!(&err, Error::ResumeMismatch { reason, .. }
